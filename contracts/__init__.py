@@ -1,0 +1,1 @@
+"""Reusable contracts (checks, strategies, property tests) for the PyPTO DeepSeek-V4 kernel ABI."""

@@ -1,0 +1,170 @@
+"""Backend registry: an operator is a named callable with documented inputs/outputs; a backend is a set
+of operators. Contracts take the implementation under test from the selected backend.
+
+Built in: ``torch`` (the Torch references) and ``pypto`` (the upstream A5 kernels, available only
+where ``import pypto.language`` works). Out-of-tree backends load with
+``--backend-module pkg.module:OBJECT`` where OBJECT is a Backend, or a zero-argument callable
+returning one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    """The documented signature of one operator."""
+
+    name: str
+    signature: str
+    returns: str
+    spec: str
+
+
+OPERATORS: dict[str, OperatorSpec] = {
+    s.name: s
+    for s in (
+        OperatorSpec("build_forward_metadata",
+                     "(query_start_loc [B+1], kv_seq_lens [B], window_block_table [B,P], "
+                     "compressed_block_tables {src: [B,P]}, state_block_tables {src: I32 [B,1]}, *, config, "
+                     "tp_size=1, capacity=None)",
+                     "ForwardMetadata (kernels.metadata)", "§3"),
+        OperatorSpec("sp_bounds", "(active_tokens, tp, capacity=None)",
+                     "tuple[SlabBounds] with .first/.count/.width per rank", "§7.1"),
+        OperatorSpec("sp_shard", "(x [T,D], token_ids [T], positions [T], *, tp, capacity=None)",
+                     "list[Slab] (payload [width,D], token_ids, positions, valid)", "§7.1"),
+        OperatorSpec("sp_gather", "(slabs, *, active_tokens, capacity=None)",
+                     "(x [T,D], token_ids [T], positions [T]); raises ValueError on a padding breach", "§7.1"),
+        OperatorSpec("check_row_precision", "(actual, expected, *, name)", "CheckResult", "§6"),
+        OperatorSpec("check_output_budget", "(actual, expected, *, name)", "CheckResult", "§6"),
+        OperatorSpec("check_active_split", "(actual, expected, num_tokens, *, leaf, name)", "CheckResult", "§6"),
+        OperatorSpec("check_owner_rows", "(actual_slabs, expected, bounds, *, leaf, require_zero_padding, name)",
+                     "CheckResult", "§6/§7.1"),
+        OperatorSpec("check_replicas_identical", "(replicas, *, name)", "CheckResult", "§6"),
+    )
+}
+
+
+class BackendError(LookupError):
+    """A backend that cannot be found, loaded, or that names an unknown operator."""
+
+
+class MissingOperator(BackendError):
+    def __init__(self, backend: Backend, op: str):
+        self.backend, self.op = backend, op
+        reason = f": {backend.unavailable}" if backend.unavailable else ""
+        super().__init__(f"backend {backend.name!r} has no operator {op!r}{reason}")
+
+
+class Backend:
+    """A named set of operators (``name -> callable``), optionally on a platform.
+
+    ``unavailable`` is a one-line reason when the backend cannot run here (every operator is
+    then missing and contracts skip with that reason).
+    """
+
+    def __init__(self, name: str, operators: Mapping[str, Callable], *, platform: str = "cpu",
+                 unavailable: str | None = None, description: str = ""):
+        unknown = sorted(set(operators) - set(OPERATORS))
+        if unknown:
+            raise BackendError(f"backend {name!r}: unknown operator(s) {unknown}; known: {sorted(OPERATORS)}")
+        self.name = name
+        self.platform = platform
+        self.unavailable = unavailable
+        self.description = description
+        self._ops = dict(operators) if unavailable is None else {}
+
+    def has(self, op: str) -> bool:
+        return op in self._ops
+
+    def get(self, op: str) -> Callable:
+        if op not in OPERATORS:
+            raise BackendError(f"unknown operator {op!r}; known: {sorted(OPERATORS)}")
+        if op not in self._ops:
+            raise MissingOperator(self, op)
+        return self._ops[op]
+
+    @property
+    def operators(self) -> tuple[str, ...]:
+        return tuple(sorted(self._ops))
+
+    def derive(self, name: str, *, description: str = "", **overrides: Callable) -> Backend:
+        """A copy with some operators replaced (how seeded defects and partial backends are built)."""
+        return Backend(name, {**self._ops, **overrides}, platform=self.platform, description=description)
+
+    def without(self, name: str, *ops: str) -> Backend:
+        return Backend(name, {k: v for k, v in self._ops.items() if k not in ops}, platform=self.platform)
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name!r}, platform={self.platform!r}, ops={len(self._ops)})"
+
+
+@cache
+def torch_backend() -> Backend:
+    """The Torch reference implementations."""
+    from contracts.checks import precision
+    from kernels import metadata, sequence_parallel
+
+    return Backend("torch", {
+        "build_forward_metadata": metadata.build_forward_metadata,
+        "sp_bounds": sequence_parallel.sequence_parallel_bounds,
+        "sp_shard": sequence_parallel.shard_rows,
+        "sp_gather": sequence_parallel.gather_rows,
+        "check_row_precision": precision.check_row_precision,
+        "check_output_budget": precision.check_output_budget,
+        "check_active_split": precision.check_active_split,
+        "check_owner_rows": precision.check_owner_rows,
+        "check_replicas_identical": precision.check_replicas_identical,
+    }, description="Torch reference (CPU)")
+
+
+def pypto_backend(platform: str = "a5sim") -> Backend:
+    from kernels.pypto_backend import make_backend
+
+    return make_backend(platform)
+
+
+BUILTIN: dict[str, Callable[..., Backend]] = {"torch": lambda platform=None: torch_backend(),
+                                              "pypto": lambda platform=None: pypto_backend(platform or "a5sim")}
+
+
+def get_backend(name: str, *, platform: str | None = None) -> Backend:
+    try:
+        factory = BUILTIN[name]
+    except KeyError:
+        raise BackendError(f"unknown backend {name!r}; built in: {sorted(BUILTIN)} "
+                           "(load others with --backend-module pkg.module:OBJECT)") from None
+    return factory(platform)
+
+
+def load_backend_module(target: str) -> Backend:
+    """Load ``pkg.module:OBJECT``; OBJECT is a Backend or a zero-argument callable returning one."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise BackendError(f"--backend-module expects 'pkg.module:OBJECT', got {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        cwd = os.getcwd()
+        if cwd in sys.path or exc.name != module_name.split(".")[0]:
+            raise BackendError(f"--backend-module {target!r}: cannot import {module_name!r}: {exc}") from exc
+        sys.path.insert(0, cwd)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc2:
+            raise BackendError(f"--backend-module {target!r}: cannot import {module_name!r}: {exc2}") from exc2
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise BackendError(f"--backend-module {target!r}: module {module_name!r} has no attribute {attr!r}") from None
+    if callable(obj) and not isinstance(obj, Backend):
+        obj = obj()
+    if not isinstance(obj, Backend):
+        raise BackendError(f"--backend-module {target!r}: expected a Backend, got {type(obj).__name__}")
+    return obj

@@ -1,0 +1,1 @@
+"""Pure check functions: each returns a CheckResult naming the worst element, row and bound."""

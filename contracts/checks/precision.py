@@ -1,0 +1,280 @@
+"""Precision comparators of the V4.1 kernels, as pure checks.
+
+All arithmetic is FP64 on upcast copies, so BF16/FP16/FP32 (and FP8) inputs compare
+without ``torch.allclose``. A row is every leading index of the tensor (one token on one
+rank); messages name the worst row, its error and its bound.
+
+Spec: §6 (comparator table), §7.1 (owner rows), upstream_checks §15 C-4 (variants).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from contracts.result import CheckResult, Violation, failed, first_failure, passed
+
+Leaf = Callable[..., CheckResult]
+
+
+@dataclass(frozen=True)
+class RowBound:
+    """Per-row rule ``RMS(a-e) <= rms_atol + rms_rtol*RMS(e)`` and ``max|a-e| <= peak_atol + peak_rtol*RMS(e)``."""
+
+    rms_atol: float = 1e-6
+    rms_rtol: float = 0.01
+    peak_atol: float = 1e-5
+    peak_rtol: float = 0.05
+
+
+@dataclass(frozen=True)
+class OutputBudget:
+    """Decode SWA/C2A "FP8 budget": global and per-row relative L2, cosine."""
+
+    global_rel_l2: float = 0.01
+    row_rel_l2: float = 0.02
+    min_cosine: float = 0.9999
+
+
+ROW_BOUND = RowBound()  # §6, prefill C1A `_compare_attention_rows` (the current rule)
+FP8_BUDGET = OutputBudget()  # §6, decode SWA / C2A `compare_output`
+
+
+def _row_index(row: int, lead_shape: tuple[int, ...]) -> tuple[int, ...]:
+    if not lead_shape:
+        return ()
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(row), lead_shape))
+
+
+def _pair_problem(check: str, spec: str, name: str, actual: torch.Tensor, expected: torch.Tensor
+                  ) -> CheckResult | None:
+    if tuple(actual.shape) != tuple(expected.shape):
+        return failed(check, spec, 1, 1, Violation(f"{name}.shape", (), tuple(actual.shape), tuple(expected.shape)))
+    if actual.dtype != expected.dtype:
+        return failed(check, spec, 1, 1, Violation(f"{name}.dtype", (), actual.dtype, expected.dtype))
+    if actual.numel() == 0:
+        return failed(check, spec, 1, 1, Violation(f"{name}.numel", (), 0, "> 0"))
+    return None
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().cpu().to(torch.float64)
+    return t.reshape(1, -1) if t.ndim <= 1 else t.reshape(-1, t.shape[-1])
+
+
+def check_row_precision(actual: torch.Tensor, expected: torch.Tensor, *, bound: RowBound = ROW_BOUND,
+                        name: str = "output") -> CheckResult:
+    """Every row: RMS and peak error within the row bound; any non-finite value fails; no outlier quota.
+
+    ``actual``/``expected`` [..., D] with equal shape and dtype, numel > 0. Spec: §6.
+    """
+    check, spec = "check_row_precision", "§6"
+    problem = _pair_problem(check, spec, name, actual, expected)
+    if problem is not None:
+        return problem
+    a, e = _rows(actual), _rows(expected)
+    lead = tuple(actual.shape[:-1]) if actual.ndim > 1 else ()
+    finite = torch.isfinite(a).all(dim=1) & torch.isfinite(e).all(dim=1)
+    diff = (a - e).nan_to_num(nan=math.inf, posinf=math.inf, neginf=math.inf)
+    ref_rms = e.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).pow(2).mean(dim=1).sqrt()
+    err_rms = diff.pow(2).mean(dim=1).sqrt()
+    err_peak = diff.abs().amax(dim=1)
+    rms_bound = bound.rms_atol + bound.rms_rtol * ref_rms
+    peak_bound = bound.peak_atol + bound.peak_rtol * ref_rms
+    rms_excess = err_rms / rms_bound
+    peak_excess = err_peak / peak_bound
+    bad = ~finite | (err_rms > rms_bound) | (err_peak > peak_bound)
+    n_rows = a.shape[0]
+    if not bool(bad.any()):
+        return passed(check, spec, n_rows)
+    nonfinite = (~finite).nonzero().flatten()
+    if nonfinite.numel():
+        row = int(nonfinite[0])
+        col = int((~torch.isfinite(a[row]) | ~torch.isfinite(e[row])).nonzero()[0, 0])
+        worst = Violation(name, (*_row_index(row, lead), col), float(a[row, col]), float(e[row, col]),
+                          note=f"non-finite value in row {_row_index(row, lead) or row}")
+        return failed(check, spec, n_rows, int(bad.sum()), worst)
+    score = torch.maximum(rms_excess, peak_excess).masked_fill(~bad, -1.0)
+    row = int(score.argmax())
+    idx = _row_index(row, lead)
+    if rms_excess[row] >= peak_excess[row]:
+        worst = Violation(f"{name} row", idx, float(err_rms[row]), 0.0, float(rms_bound[row]),
+                          note=f"RMS(a-e) > {bound.rms_atol:g} + {bound.rms_rtol:g}*RMS(e={float(ref_rms[row]):.6g})")
+    else:
+        col = int(diff[row].abs().argmax())
+        worst = Violation(f"{name} row", idx, float(err_peak[row]), 0.0, float(peak_bound[row]),
+                          note=f"max|a-e| at column {col} (a={float(a[row, col]):.6g}, e={float(e[row, col]):.6g}) "
+                               f"> {bound.peak_atol:g} + {bound.peak_rtol:g}*RMS(e={float(ref_rms[row]):.6g})")
+    return failed(check, spec, n_rows, int(bad.sum()), worst)
+
+
+def check_output_budget(actual: torch.Tensor, expected: torch.Tensor, *, budget: OutputBudget = FP8_BUDGET,
+                        name: str = "output") -> CheckResult:
+    """Finite; global rel L2 <= 1 %; every row rel L2 <= 2 %; cosine >= 0.9999 (waived for a zero reference);
+    rows whose reference is all zero must be exactly zero. Spec: §6 (decode SWA/C2A compare_output).
+    """
+    check, spec = "check_output_budget", "§6"
+    problem = _pair_problem(check, spec, name, actual, expected)
+    if problem is not None:
+        return problem
+    a, e = _rows(actual), _rows(expected)
+    lead = tuple(actual.shape[:-1]) if actual.ndim > 1 else ()
+    n_rows = a.shape[0]
+    bad_elems = ~torch.isfinite(a) | ~torch.isfinite(e)
+    if bool(bad_elems.any()):
+        row, col = (int(v) for v in bad_elems.nonzero()[0])
+        return failed(check, spec, n_rows, int(bad_elems.any(dim=1).sum()),
+                      Violation(name, (*_row_index(row, lead), col), float(a[row, col]), float(e[row, col]),
+                                note="non-finite value"))
+    diff_norm = (a - e).norm(dim=1)
+    ref_norm = e.norm(dim=1)
+    zero_ref = ref_norm == 0
+    nonzero_on_zero = zero_ref & (a != 0).any(dim=1)
+    if bool(nonzero_on_zero.any()):
+        row = int(nonzero_on_zero.nonzero()[0, 0])
+        return failed(check, spec, n_rows, int(nonzero_on_zero.sum()),
+                      Violation(f"{name} row", _row_index(row, lead), float(a[row].abs().max()), 0.0, 0.0,
+                                note="reference row is all zero, so the output row must be exactly zero"))
+    row_rel = torch.where(zero_ref, torch.zeros_like(diff_norm), diff_norm / ref_norm.clamp_min(1e-300))
+    over = row_rel > budget.row_rel_l2
+    if bool(over.any()):
+        row = int(row_rel.argmax())
+        return failed(check, spec, n_rows, int(over.sum()),
+                      Violation(f"{name} row", _row_index(row, lead), float(row_rel[row]), 0.0,
+                                budget.row_rel_l2, note="row relative L2"))
+    total_ref = float(e.norm())
+    if total_ref > 0:
+        global_rel = float((a - e).norm()) / total_ref
+        if global_rel > budget.global_rel_l2:
+            return failed(check, spec, n_rows, n_rows,
+                          Violation(name, (), global_rel, 0.0, budget.global_rel_l2, note="global relative L2"))
+        cosine = float((a * e).sum() / (a.norm() * e.norm()).clamp_min(1e-300))
+        if cosine < budget.min_cosine:
+            return failed(check, spec, n_rows, n_rows,
+                          Violation(name, (), cosine, f">= {budget.min_cosine}", None, note="cosine similarity"))
+    return passed(check, spec, n_rows)
+
+
+def check_ratio_allclose(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float,
+                         max_error_ratio: float = 0.005, name: str = "output") -> CheckResult:
+    """Older comparator: ``|a-e| <= atol + rtol*|e|`` with at most ``max_error_ratio`` of elements failing;
+    NaN/Inf always fail. Spec: §6 (`ratio_allclose`), upstream_checks §15 C-4.
+    """
+    check, spec = "check_ratio_allclose", "§6"
+    problem = _pair_problem(check, spec, name, actual, expected)
+    if problem is not None:
+        return problem
+    a = actual.detach().cpu().to(torch.float64)
+    e = expected.detach().cpu().to(torch.float64)
+    n = a.numel()
+    nonfinite = ~torch.isfinite(a) | ~torch.isfinite(e)
+    allowed = atol + rtol * e.abs()
+    excess = ((a - e).abs() - allowed).nan_to_num(nan=math.inf)
+    bad = (excess > 0) | nonfinite
+    n_bad = int(bad.sum())
+    if n_bad == 0:
+        return passed(check, spec, n)
+    flat = int(torch.where(nonfinite, torch.full_like(excess, math.inf), excess).flatten().argmax())
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape))
+    worst = Violation(name, idx, float(a[idx]), float(e[idx]), float(allowed[idx]),
+                      note=f"{n_bad}/{n} elements out of atol={atol:g}, rtol={rtol:g}; quota {max_error_ratio:g}")
+    if bool(nonfinite.any()) or n_bad > max_error_ratio * n:
+        return failed(check, spec, n, n_bad, worst)
+    return passed(check, spec, n)
+
+
+def check_active_split(actual: torch.Tensor, expected: torch.Tensor, num_tokens: int, *,
+                       leaf: Leaf = check_row_precision, name: str = "output") -> CheckResult:
+    """Compare active rows ``[:num_tokens]`` and the inactive suffix separately with ``leaf``.
+
+    Padding can therefore neither dilute nor inflate the active error. ``actual`` [T, ...]. Spec: §6
+    (`make_compare_attention_hidden`).
+    """
+    check, spec = "check_active_split", "§6"
+    if tuple(actual.shape) != tuple(expected.shape) or actual.ndim == 0:
+        return failed(check, spec, 1, 1, Violation(f"{name}.shape", (), tuple(actual.shape), tuple(expected.shape)))
+    total = actual.shape[0]
+    if not 0 <= num_tokens <= total:
+        return failed(check, spec, 1, 1, Violation("num_tokens", (), num_tokens, f"in [0, {total}]"))
+    results = []
+    if num_tokens > 0:
+        results.append(leaf(actual[:num_tokens], expected[:num_tokens], name=f"{name}[active rows]"))
+    if num_tokens < total:
+        results.append(leaf(actual[num_tokens:], expected[num_tokens:], name=f"{name}[inactive suffix from {num_tokens}]"))
+    return first_failure(results)
+
+
+def check_owner_rows(actual_slabs: Sequence[torch.Tensor], expected: torch.Tensor,
+                     bounds: Sequence[tuple[int, int, int]], *, leaf: Leaf = check_row_precision,
+                     require_zero_padding: bool = True, name: str = "output") -> CheckResult:
+    """Per rank, compare its owned rows (``first, count, width``) with ``leaf``; padding rows must be 0.
+
+    ``actual_slabs[r]`` [width, D]; ``expected`` [T_active, D]. Ranks with count 0 have only padding.
+    Spec: §6 (`compare_owner_rows(require_zero_padding=True)`), §7.1.
+    """
+    check, spec = "check_owner_rows", "§6/§7.1"
+    if len(actual_slabs) != len(bounds):
+        return failed(check, spec, 1, 1, Violation(f"{name}.ranks", (), len(actual_slabs), len(bounds)))
+    results = []
+    for rank, (slab, (first, count, width)) in enumerate(zip(actual_slabs, bounds, strict=True)):
+        if slab.shape[0] != width:
+            return failed(check, spec, 1, 1, Violation(f"{name}.rank{rank}.rows", (), slab.shape[0], width))
+        if count:
+            results.append(leaf(slab[:count], expected[first:first + count], name=f"{name}.rank{rank}"))
+        if require_zero_padding and count < width:
+            pad = slab[count:].detach().cpu().to(torch.float64)
+            nz = (pad != 0) | ~torch.isfinite(pad)
+            if bool(nz.any()):
+                row, col = (int(v) for v in nz.reshape(pad.shape[0], -1).nonzero()[0])
+                results.append(failed(check, spec, width - count, int(nz.reshape(pad.shape[0], -1).any(1).sum()),
+                                      Violation(f"{name}.rank{rank} padding row", (count + row, col),
+                                                float(pad.reshape(pad.shape[0], -1)[row, col]), 0.0,
+                                                note="inactive rows must be exactly zero")))
+            else:
+                results.append(passed(check, spec, width - count))
+    if not results:
+        return passed(check, spec, 0)
+    return first_failure(results)
+
+
+def check_replicas_identical(replicas: Sequence[torch.Tensor], *, name: str = "output") -> CheckResult:
+    """Every TP replica is byte-identical to replica 0. Spec: §6 (`compare_reduced`)."""
+    check, spec = "check_replicas_identical", "§6"
+    if not replicas:
+        return failed(check, spec, 1, 1, Violation(f"{name}.replicas", (), 0, ">= 1"))
+    ref = replicas[0]
+    ref_bytes = ref.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    for rank, rep in enumerate(replicas[1:], start=1):
+        if rep.dtype != ref.dtype or tuple(rep.shape) != tuple(ref.shape):
+            return failed(check, spec, len(replicas), 1,
+                          Violation(f"{name}.replica{rank}", (), f"{rep.dtype}{list(rep.shape)}",
+                                    f"{ref.dtype}{list(ref.shape)}"))
+        rep_bytes = rep.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        diff = rep_bytes != ref_bytes
+        if bool(diff.any()):
+            byte = int(diff.nonzero()[0, 0])
+            elem = byte // ref.element_size()
+            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(elem), ref.shape)) if ref.ndim else ()
+            return failed(check, spec, len(replicas), int((rep != ref).sum()) or 1,
+                          Violation(f"{name}.replica{rank}", idx, rep.reshape(-1)[elem].item(),
+                                    ref.reshape(-1)[elem].item(), note="replica bytes differ from replica 0"))
+    return passed(check, spec, len(replicas))
+
+
+COMPARATORS: dict[str, Leaf] = {
+    "row_rms_peak": check_row_precision,  # current rule (§6 prefill C1A)
+    "fp8_budget": check_output_budget,  # decode SWA / C2A
+    "ratio_allclose_c1a_decode": lambda a, e, **kw: check_ratio_allclose(
+        a, e, atol=1e-2, rtol=1e-2, max_error_ratio=0.01, **kw),  # older decode C1A rule
+}
+
+
+def comparator(name: str) -> Leaf:
+    """Look a comparator up by name (every upstream variant stays selectable)."""
+    try:
+        return COMPARATORS[name]
+    except KeyError:
+        raise ValueError(f"comparator: expected one of {sorted(COMPARATORS)}, got {name!r}") from None

@@ -1,0 +1,198 @@
+"""Hypothesis strategies for engine batches and sequence-parallel shapes.
+
+Hypothesis draws the structure (request kinds, lengths, which pages are spare or freed,
+which state blocks are inactive) and a seed; bulk values (page permutations, payloads)
+come from a generator seeded by it. Strategies validate their arguments when built and
+shrink toward one short request.
+
+Edges aimed at on purpose: empty requests, decode rows 1..6, odd resume positions,
+kv lengths of thousands, trailing token padding, permuted (nonidentity) physical pages,
+spare unmapped pages, pages freed behind the sliding window, -1 state blocks, T < TP and
+padding-only ranks.
+
+Spec: §3 (inputs), §7.1 (slabs).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from kernels.config import FLASH_TINY, V41Config
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{name}={value!r} must be a positive int")
+
+
+def _nonneg(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"{name}={value!r} must be a non-negative int")
+
+
+@dataclass(frozen=True)
+class BatchCase:
+    """One packed engine batch; ``materialize`` turns it into build_forward_metadata inputs."""
+
+    config: V41Config
+    query_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    padding: int  # trailing token rows past num_tokens
+    tp: int
+    inactive_state: tuple[bool, ...]  # per request: state block -1
+    spare_pages: int  # unmapped (-1) table columns past the needed ones
+    free_behind_window: bool  # pages wholly older than the window are freed (-1)
+    seed: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    @property
+    def capacity(self) -> int:
+        return self.num_tokens + self.padding
+
+
+def _pages(n_rows: int, block: int) -> int:
+    return -(-n_rows // block)
+
+
+def materialize(case: BatchCase) -> dict[str, object]:
+    """Tensors for ``build_forward_metadata`` (plus ``config``, ``tp_size``, ``capacity``) from ``case``.
+
+    Physical ids are a seeded permutation of a pool larger than needed, so tables are
+    nonidentity and some physical pages stay unmapped.
+    """
+    c = case.config
+    rng = random.Random(case.seed)
+    bs, window = c.block_size, c.sliding_window
+    qsl = [0]
+    for q in case.query_lens:
+        qsl.append(qsl[-1] + q)
+    new_kv = [k + q for k, q in zip(case.kv_lens, case.query_lens, strict=True)]
+    batch = len(case.query_lens)
+
+    def table(rows_per_request: list[int], *, freeable_before: list[int] | None) -> torch.Tensor:
+        need = [_pages(n, bs) for n in rows_per_request]
+        width = max([*need, 0]) + case.spare_pages
+        pool = list(range(sum(need) + case.spare_pages + 3))
+        rng.shuffle(pool)
+        it = iter(pool)
+        out = torch.full((batch, max(width, 1)), -1, dtype=torch.int32)
+        for r, n in enumerate(need):
+            for p in range(n):
+                out[r, p] = next(it)
+            if freeable_before is not None and case.free_behind_window:
+                # pages whose last position is older than the window of the chunk's first token
+                oldest_visible = max(0, freeable_before[r] - window + 1)
+                for p in range(n):
+                    if (p + 1) * bs <= oldest_visible:
+                        out[r, p] = -1
+        return out
+
+    window_table = table(new_kv, freeable_before=list(case.kv_lens))
+    by_ratio: dict[int, torch.Tensor] = {}
+    compressed = {}
+    for src in c.kv_source_layer_ids:
+        ratio = c.compress_ratios[src]
+        if ratio not in by_ratio:
+            by_ratio[ratio] = table([n // ratio for n in new_kv], freeable_before=None)
+        compressed[src] = by_ratio[ratio].clone()
+    blocks = list(range(batch + 2))
+    rng.shuffle(blocks)
+    state_col = [(-1 if case.inactive_state[r] else blocks[r]) for r in range(batch)]
+    states = {src: torch.tensor(state_col, dtype=torch.int32).reshape(batch, 1)
+              for src in c.kv_source_layer_ids if c.compress_ratios[src] > 1}
+    return dict(query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+                kv_seq_lens=torch.tensor(case.kv_lens, dtype=torch.int32),
+                window_block_table=window_table, compressed_block_tables=compressed,
+                state_block_tables=states, config=c, tp_size=case.tp, capacity=case.capacity)
+
+
+def kv_lengths(*, max_kv: int) -> st.SearchStrategy[int]:
+    """0, any length up to ``max_kv``, odd resume positions, and page/window edges."""
+    _nonneg("max_kv", max_kv)
+    return st.one_of(
+        st.just(0),
+        st.integers(0, max_kv),
+        st.integers(0, max(0, (max_kv - 1) // 2)).map(lambda h: 2 * h + 1),
+        st.sampled_from([v for v in (1, 15, 16, 17, 127, 128, 129, 255, 256, 257) if v <= max_kv] or [0]),
+    )
+
+
+def request_batches(*, config: V41Config = FLASH_TINY, min_requests: int = 1, max_requests: int = 8,
+                    max_kv: int = 3000, max_prefill: int = 40, max_padding: int = 5,
+                    tps: tuple[int, ...] = (1, 2, 4, 8)) -> st.SearchStrategy[BatchCase]:
+    """Packed batches of empty requests, decode rows (1..6) and prefill chunks (1..max_prefill).
+
+    Shrinks toward one empty request with no history. Spec: §3.
+    """
+    _positive("min_requests", min_requests)
+    _positive("max_requests", max_requests)
+    if min_requests > max_requests:
+        raise InvalidArgument(f"min_requests={min_requests} is larger than max_requests={max_requests}")
+    _nonneg("max_kv", max_kv)
+    _positive("max_prefill", max_prefill)
+    _nonneg("max_padding", max_padding)
+    if not tps or any(t not in (1, 2, 4, 8) for t in tps):
+        raise InvalidArgument(f"tps={tps!r} must be a non-empty subset of (1, 2, 4, 8)")
+    max_kv = min(max_kv, config.max_position_embeddings - max_prefill)
+    decode_rows = config.decode_rows_per_request
+
+    query_len = st.one_of(st.just(0), st.integers(1, decode_rows), st.integers(1, max_prefill))
+
+    @st.composite
+    def build(draw: st.DrawFn) -> BatchCase:
+        batch = draw(st.integers(min_requests, max_requests))
+        qlens = tuple(draw(st.lists(query_len, min_size=batch, max_size=batch)))
+        kvs = tuple(draw(st.lists(kv_lengths(max_kv=max_kv), min_size=batch, max_size=batch)))
+        inactive = tuple(draw(st.lists(st.booleans(), min_size=batch, max_size=batch)))
+        return BatchCase(config=config, query_lens=qlens, kv_lens=kvs,
+                         padding=draw(st.integers(0, max_padding)), tp=draw(st.sampled_from(tps)),
+                         inactive_state=inactive, spare_pages=draw(st.integers(0, 2)),
+                         free_behind_window=draw(st.booleans()), seed=draw(st.integers(0, 2**32 - 1)))
+
+    return build()
+
+
+@dataclass(frozen=True)
+class SlabCase:
+    """A sequence-parallel batch: ``active`` rows in a capacity of ``capacity`` over ``tp`` ranks."""
+
+    active: int
+    capacity: int
+    tp: int
+    width: int  # payload row width D
+    dtype: torch.dtype
+    seed: int
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [active, D] (no zero rows, so a padding slip is visible), token ids, positions."""
+        g = torch.Generator().manual_seed(self.seed)
+        x = (torch.rand((self.active, self.width), generator=g) + 0.5).to(self.dtype)
+        tokens = torch.randperm(max(self.active, 1), generator=g)[: self.active].to(torch.int32) + 17
+        positions = torch.randint(0, 5000, (self.active,), generator=g, dtype=torch.int32)
+        return x, tokens, positions
+
+
+def slab_cases(*, max_capacity: int = 40, tps: tuple[int, ...] = (1, 2, 4, 8),
+               dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)) -> st.SearchStrategy[SlabCase]:
+    """TP / capacity / active shapes including T < TP, padding-only ranks and T = 0. Spec: §7.1."""
+    _positive("max_capacity", max_capacity)
+    if not tps or any(not isinstance(t, int) or t < 1 for t in tps):
+        raise InvalidArgument(f"tps={tps!r} must be positive ints")
+
+    @st.composite
+    def build(draw: st.DrawFn) -> SlabCase:
+        tp = draw(st.sampled_from(tps))
+        capacity = draw(st.one_of(st.integers(0, tp), st.integers(0, max_capacity)))
+        active = draw(st.one_of(st.just(capacity), st.integers(0, capacity)))
+        return SlabCase(active, capacity, tp, draw(st.sampled_from((1, 8))), draw(st.sampled_from(dtypes)),
+                        draw(st.integers(0, 2**32 - 1)))
+
+    return build()

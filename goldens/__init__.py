@@ -1,0 +1,1 @@
+"""Versioned golden replay trees (filled in by the golden-store work)."""

@@ -1,0 +1,1 @@
+"""Model facts, Torch references and engine-side lowering for the DeepSeek-V4 kernels."""
