@@ -35,6 +35,8 @@ OPERATORS: dict[str, OperatorSpec] = {
                      "compressed_block_tables {src: [B,P]}, state_block_tables {src: I32 [B,1]}, *, config, "
                      "tp_size=1, capacity=None)",
                      "ForwardMetadata (kernels.metadata)", "§3"),
+        OperatorSpec("resolve_schedule", "(config: V41Config)",
+                     "tuple[LayerConfig] (mode, kind, kv_source, index_source per layer)", "§1"),
         OperatorSpec("sp_bounds", "(active_tokens, tp, capacity=None)",
                      "tuple[SlabBounds] with .first/.count/.width per rank", "§7.1"),
         OperatorSpec("sp_shard", "(x [T,D], token_ids [T], positions [T], *, tp, capacity=None)",
@@ -112,6 +114,7 @@ def torch_backend() -> Backend:
     from kernels import metadata, sequence_parallel
 
     return Backend("torch", {
+        "resolve_schedule": lambda config: config.schedule,
         "build_forward_metadata": metadata.build_forward_metadata,
         "sp_bounds": sequence_parallel.sequence_parallel_bounds,
         "sp_shard": sequence_parallel.shard_rows,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from contracts.result import CheckResult, Violation, failed, first_failure, passed
+from contracts.tensors import byte_view
 
 Leaf = Callable[..., CheckResult]
 
@@ -246,13 +247,13 @@ def check_replicas_identical(replicas: Sequence[torch.Tensor], *, name: str = "o
     if not replicas:
         return failed(check, spec, 1, 1, Violation(f"{name}.replicas", (), 0, ">= 1"))
     ref = replicas[0]
-    ref_bytes = ref.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    ref_bytes = byte_view(ref)
     for rank, rep in enumerate(replicas[1:], start=1):
         if rep.dtype != ref.dtype or tuple(rep.shape) != tuple(ref.shape):
             return failed(check, spec, len(replicas), 1,
                           Violation(f"{name}.replica{rank}", (), f"{rep.dtype}{list(rep.shape)}",
                                     f"{ref.dtype}{list(ref.shape)}"))
-        rep_bytes = rep.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        rep_bytes = byte_view(rep)
         diff = rep_bytes != ref_bytes
         if bool(diff.any()):
             byte = int(diff.nonzero()[0, 0])

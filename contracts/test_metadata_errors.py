@@ -1,0 +1,143 @@
+"""Bad engine input raises a ValueError naming the field, the request row and the offending value.
+Spec: §3 (input rules, allocation check, state tables, paged_slots G2), §1 (TP).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from contracts.plugin import op
+from contracts.strategies import materialize, request_batches
+
+BATCHES = request_batches(min_requests=2)
+
+
+def _active(case) -> list[int]:
+    return [r for r, q in enumerate(case.query_lens) if q > 0]
+
+
+def _raises(build, inputs, pattern: str) -> None:
+    with pytest.raises(ValueError) as info:
+        build(**inputs)
+    assert re.search(pattern, str(info.value)), f"error {str(info.value)!r} does not name {pattern!r}"
+
+
+@given(case=BATCHES, data=st.data())
+def test_metadata_rejects_decreasing_query_start_loc(backend, case, data):
+    build = op(backend, "build_forward_metadata")
+    active = _active(case)
+    assume(active)
+    r = data.draw(st.sampled_from(active))
+    inputs = materialize(case)
+    qsl = inputs["query_start_loc"].clone()
+    qsl[r + 1] = qsl[r] - 1
+    inputs["query_start_loc"] = qsl
+    _raises(build, inputs, rf"query_start_loc\[{r + 1}\]")
+
+
+@given(case=BATCHES, data=st.data(), value=st.integers(-5000, -1))
+def test_metadata_rejects_negative_kv_length(backend, case, data, value):
+    build = op(backend, "build_forward_metadata")
+    r = data.draw(st.integers(0, len(case.query_lens) - 1))
+    inputs = materialize(case)
+    kv = inputs["kv_seq_lens"].clone()
+    kv[r] = value
+    inputs["kv_seq_lens"] = kv
+    _raises(build, inputs, rf"kv_seq_lens\[{r}\].*{value}")
+
+
+@given(case=BATCHES, data=st.data())
+def test_metadata_rejects_unmapped_window_page_in_visible_range(backend, case, data):
+    """The page holding a token's own position is -1 (page -1 in a visible range)."""
+    build = op(backend, "build_forward_metadata")
+    active = _active(case)
+    assume(active)
+    r = data.draw(st.sampled_from(active))
+    pos = case.kv_lens[r] + data.draw(st.integers(0, case.query_lens[r] - 1))
+    page = pos // case.config.block_size
+    inputs = materialize(case)
+    table = inputs["window_block_table"].clone()
+    table[r, page] = -1
+    inputs["window_block_table"] = table
+    _raises(build, inputs, rf"window_block_table\[{r}\]\[{page}\].*-1")
+
+
+@given(case=BATCHES, data=st.data())
+def test_metadata_rejects_missing_visible_compressed_page(backend, case, data):
+    """A visible compressed page of an active request is -1 ("missing visible compressed pages")."""
+    build = op(backend, "build_forward_metadata")
+    c = case.config
+    ratio = data.draw(st.sampled_from((1, 2)))
+    candidates = [r for r in _active(case) if (case.kv_lens[r] + case.query_lens[r]) // ratio > 0]
+    assume(candidates)
+    r = data.draw(st.sampled_from(candidates))
+    visible = (case.kv_lens[r] + case.query_lens[r]) // ratio
+    page = data.draw(st.integers(0, (visible - 1) // c.block_size))
+    inputs = materialize(case)
+    tables = {}
+    for src, t in inputs["compressed_block_tables"].items():
+        t = t.clone()
+        if c.compress_ratios[src] == ratio:
+            t[r, page] = -1
+        tables[src] = t
+    inputs["compressed_block_tables"] = tables
+    _raises(build, inputs, rf"compressed_block_tables\[\d+\]\[{r}\]\[{page}\].*missing visible compressed pages")
+
+
+@given(case=BATCHES, data=st.data())
+def test_metadata_rejects_duplicate_state_block(backend, case, data):
+    build = op(backend, "build_forward_metadata")
+    batch = len(case.query_lens)
+    a, b = data.draw(st.lists(st.integers(0, batch - 1), min_size=2, max_size=2, unique=True))
+    inputs = materialize(case)
+    src = data.draw(st.sampled_from(sorted(inputs["state_block_tables"])))
+    first, second = min(a, b), max(a, b)
+    t = inputs["state_block_tables"][src].clone()
+    t[first, 0] = 1000 if t[first, 0] < 0 else t[first, 0]
+    t[second, 0] = t[first, 0]
+    inputs["state_block_tables"] = {**inputs["state_block_tables"], src: t}
+    _raises(build, inputs, rf"state_block_tables\[{src}\]\[{second}\]\[0\].*distinct.*got {int(t[first, 0])}")
+
+
+@given(case=BATCHES, data=st.data(), value=st.integers(-100, -2))
+def test_metadata_rejects_state_block_below_minus_one(backend, case, data, value):
+    build = op(backend, "build_forward_metadata")
+    r = data.draw(st.integers(0, len(case.query_lens) - 1))
+    inputs = materialize(case)
+    t = inputs["state_block_tables"][2].clone()
+    t[r, 0] = value
+    inputs["state_block_tables"] = {**inputs["state_block_tables"], 2: t}
+    _raises(build, inputs, rf"state_block_tables\[2\]\[{r}\]\[0\].*{value}")
+
+
+@given(case=BATCHES, tp=st.sampled_from((0, 3, 5, 6, 16, -4)))
+def test_metadata_rejects_unsupported_tp(backend, case, tp):
+    build = op(backend, "build_forward_metadata")
+    _raises(build, {**materialize(case), "tp_size": tp}, rf"tp_size.*{tp}")
+
+
+@given(case=BATCHES)
+def test_metadata_rejects_structural_mistakes(backend, case):
+    """Wrong state dtype/shape, diverging same-ratio tables, a missing source table, short capacity."""
+    build = op(backend, "build_forward_metadata")
+    inputs = materialize(case)
+    states = inputs["state_block_tables"]
+    _raises(build, {**inputs, "state_block_tables": {**states, 8: states[8].to(torch.int64)}},
+            r"state_block_tables\[8\].*INT32")
+    _raises(build, {**inputs, "state_block_tables": {k: v for k, v in states.items() if k != 14}},
+            r"state_block_tables\[14\].*missing")
+    tables = inputs["compressed_block_tables"]
+    _raises(build, {**inputs, "compressed_block_tables": {**tables, 8: tables[8] + 1}},
+            r"compressed_block_tables\[8\].*same table as source 2")
+    _raises(build, {**inputs, "compressed_block_tables": {k: v for k, v in tables.items() if k != 20}},
+            r"compressed_block_tables\[20\].*missing")
+    _raises(build, {**inputs, "query_start_loc": inputs["query_start_loc"] + 1}, r"query_start_loc\[0\]")
+    _raises(build, {**inputs, "query_start_loc": inputs["query_start_loc"][:-1]}, r"query_start_loc")
+    _raises(build, {**inputs, "window_block_table": inputs["window_block_table"][:-1]}, r"window_block_table")
+    if case.num_tokens:
+        _raises(build, {**inputs, "capacity": case.num_tokens - 1}, r"capacity")

@@ -1,0 +1,169 @@
+"""Layer schedule, presets and deployment mapping. Spec: §1, §8."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contracts.plugin import op
+from kernels.config import (
+    FLASH,
+    FLASH_TINY,
+    PRESETS,
+    SUPPORTED_EP,
+    SUPPORTED_TP,
+    V4_FLASH,
+    V4_PRO,
+    ConfigError,
+    Deployment,
+    LayerKind,
+    V41Config,
+)
+
+EXPECTED_COUNTS = {LayerKind.SWA: 2, LayerKind.C2A_FULL: 3, LayerKind.C2A_REUSE: 15, LayerKind.C1A_FULL: 1,
+                   LayerKind.C1A_REINDEX: 4, LayerKind.C1A_REUSE: 15}
+REPRESENTATIVE = {0: LayerKind.SWA, 2: LayerKind.C2A_FULL, 3: LayerKind.C2A_REUSE, 20: LayerKind.C1A_FULL,
+                  24: LayerKind.C1A_REINDEX, 21: LayerKind.C1A_REUSE}
+
+
+@pytest.mark.parametrize("config", [FLASH, FLASH_TINY], ids=lambda c: c.name)
+def test_schedule_mode_counts(backend, config):
+    """40 layers resolve to SWA 2, C2A_FULL 3, C2A_REUSE 15, C1A_FULL 1, C1A_REINDEX 4, C1A_REUSE 15. Spec: §1."""
+    schedule = op(backend, "resolve_schedule")(config)
+    assert len(schedule) == 40
+    counts = {kind: sum(1 for layer in schedule if layer.kind == kind) for kind in LayerKind}
+    assert counts == EXPECTED_COUNTS, f"kind counts {counts} != {EXPECTED_COUNTS} (§1)"
+
+
+def test_schedule_representative_layers(backend):
+    """Layers 0, 2, 3, 20, 24, 21 resolve to their own kind. Spec: §1."""
+    schedule = op(backend, "resolve_schedule")(FLASH)
+    for layer, kind in REPRESENTATIVE.items():
+        assert schedule[layer].kind == kind, f"layer {layer}: kind {schedule[layer].kind}, expected {kind} (§1)"
+
+
+def test_schedule_sources_same_ratio_at_or_before(backend):
+    """Every compressed layer's KV and index source is the last same-ratio source <= the layer;
+    SWA layers have none; FULL layers are their own source. Spec: §1 source rule."""
+    schedule = op(backend, "resolve_schedule")(FLASH)
+    for layer in schedule:
+        if layer.compress_ratio == 0:
+            assert layer.kv_source is None and layer.index_source is None, f"SWA layer {layer.layer_id} has sources"
+            continue
+        for name, sources in (("kv_source", FLASH.kv_source_layer_ids),
+                              ("index_source", FLASH.index_source_layer_ids)):
+            want = max(s for s in sources if s <= layer.layer_id
+                       and FLASH.compress_ratios[s] == layer.compress_ratio)
+            got = getattr(layer, name)
+            assert got == want, f"layer {layer.layer_id}.{name} = {got}, expected {want} (§1)"
+            assert FLASH.compress_ratios[got] == layer.compress_ratio
+
+
+def test_schedule_source_resolution_table(backend):
+    """kv(2)=2, idx(7)=2, kv(8)=8, idx(19)=14, idx(23)=20, idx(24)=24, idx(39)=36; 20 is the candidate source.
+    Spec: §1 table (SC-14)."""
+    s = op(backend, "resolve_schedule")(FLASH)
+    got = (s[2].kv_source, s[7].index_source, s[8].kv_source, s[19].index_source, s[23].index_source,
+           s[24].index_source, s[39].index_source, s[30].kv_source)
+    assert got == (2, 2, 8, 14, 20, 24, 36, 20), got
+    assert [layer.layer_id for layer in s if layer.is_candidate_source] == [20]
+
+
+def test_flash_constants():
+    """FLASH preset constants and derived dims. Spec: §1 (SC-12, SC-17, SC-18)."""
+    c = FLASH
+    assert c.compress_ratios == (0, 0) + (2,) * 18 + (1,) * 20
+    assert (c.kv_source_layer_ids, c.index_source_layer_ids) == ((2, 8, 14, 20), (2, 8, 14, 20, 24, 28, 32, 36))
+    assert (c.index_topk, c.candidate_topk_blocks, c.candidate_block_size) == (512, 2048, 8)
+    assert (c.hidden_size, c.num_attention_heads, c.head_dim, c.qk_rope_head_dim, c.nope_head_dim) == (
+        5120, 64, 512, 64, 448)
+    assert (c.o_group_in, c.hc_dim, c.mix_hc, c.state_width, c.mx_group) == (4096, 20480, 24, 1024, 32)
+    assert (c.rms_norm_eps, c.hc_eps, c.hc_sinkhorn_iters) == (1e-20, 1e-6, 20)
+    assert (c.block_size, c.state_capacity, c.max_batch_per_dp, c.decode_rows_per_request,
+            c.decode_max_tokens, c.prefill_max_tokens, c.moe_tokens) == (128, 4, 32, 6, 192, 4096, 16)
+    assert (c.window_cache_group, c.compressed_cache_group, c.index_cache_group) == (32, 16, 32)
+
+
+def test_tiny_presets_keep_structure():
+    """Tiny twins keep schedule, sources, ring capacity and MX groups; only listed dims shrink."""
+    for full, tiny in ((FLASH, FLASH_TINY), (V4_PRO, PRESETS["v4-pro-tiny"]), (V4_FLASH, PRESETS["v4-flash-tiny"])):
+        assert tiny.compress_ratios == full.compress_ratios
+        for f in dataclasses.fields(full):
+            if f.name in ("name", "shrunk") or f.name in tiny.shrunk:
+                continue
+            assert getattr(tiny, f.name) == getattr(full, f.name), f"{tiny.name}.{f.name} changed but is not in shrunk"
+    assert FLASH_TINY.kind_counts() == EXPECTED_COUNTS
+
+
+def test_v4_presets():
+    """V4-Pro 62 ratios: 128 at 0,1,3,5,...,59; 4 at 2,4,...,60; 0 at 61 (MTP). V4-Flash 44. Spec: §8."""
+    r = V4_PRO.compress_ratios
+    assert len(r) == 62
+    assert [i for i, v in enumerate(r) if v == 128] == [0, 1, *range(3, 60, 2)]
+    assert [i for i, v in enumerate(r) if v == 4] == list(range(2, 61, 2))
+    assert [i for i, v in enumerate(r) if v == 0] == [61]
+    f = V4_FLASH.compress_ratios
+    assert len(f) == 44 and (f.count(4), f.count(128), f.count(0)) == (21, 20, 3) and f[:2] == (0, 0) and f[-1] == 0
+    assert (V4_PRO.hidden_size, V4_PRO.num_attention_heads, V4_PRO.index_topk, V4_PRO.num_hash_layers) == (
+        7168, 128, 1024, 3)
+    assert V4_PRO.kernel_preset().max_position_embeddings == 16384
+    assert (V4_PRO.decode_tokens, V4_PRO.moe_tokens, V4_PRO.prefill_seq) == (8, 8, 128)
+    assert V4_PRO.experts_per_rank(8) == 48 and V4_PRO.vocab_shard(8, 129280) == 16160
+    with pytest.raises(ConfigError, match="--ep"):
+        V4_PRO.experts_per_rank(3)
+
+
+@given(tp=st.sampled_from(SUPPORTED_TP), ep=st.sampled_from(SUPPORTED_EP), data=st.data())
+def test_deployment_mapping(tp, ep, data):
+    """tp_rank = rank % TP, group_base = rank - tp_rank, DP = EP/TP, local shards cover the whole. Spec: §1."""
+    if ep % tp:
+        with pytest.raises(ConfigError, match="deployment.ep"):
+            Deployment(FLASH, tp=tp, ep=ep)
+        return
+    rank = data.draw(st.integers(0, ep - 1))
+    d = Deployment(FLASH, tp=tp, ep=ep, rank=rank)
+    assert (d.tp_rank, d.group_base, d.dp, d.dp_rank) == (rank % tp, rank - rank % tp, ep // tp, rank // tp)
+    assert d.local_heads * tp == FLASH.num_attention_heads
+    assert d.local_o_groups * tp == FLASH.o_groups and d.local_o_width == d.local_o_groups * 1024
+    assert d.n_local_experts * ep == FLASH.n_routed_experts
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(tp=3), "deployment.tp"), (dict(tp=0), "deployment.tp"), (dict(ep=1), "deployment.ep"),
+    (dict(tp=8, ep=4), "deployment.ep"), (dict(rank=8), "deployment.rank"), (dict(rank=-1), "deployment.rank"),
+], ids=["tp3", "tp0", "ep1", "ep<tp", "rank8", "rank-1"])
+def test_deployment_rejects(kwargs, field):
+    with pytest.raises(ConfigError, match=field):
+        Deployment(FLASH, **kwargs)
+
+
+BAD_CONFIGS = [
+    (dict(compress_ratios=(0, 0) + (2,) * 18 + (1,) * 19), "compress_ratios: expected 40 entries"),
+    (dict(compress_ratios=(0, 0) + (2,) * 17 + (3,) + (1,) * 20), r"compress_ratios\[19\]"),
+    (dict(kv_source_layer_ids=(8, 14, 20)), "layer 2 .* no KV source"),
+    (dict(index_source_layer_ids=(2, 8, 14, 24)), "layer 20 .* no index source"),
+    (dict(kv_source_layer_ids=(0, 2, 8, 14, 20)), "source layer 0 has compress ratio 0"),
+    (dict(candidate_source_layer_id=24), "candidate_source_layer_id"),
+    (dict(index_source_layer_ids=(2, 5, 8, 14, 20)), "not one of the six"),
+    (dict(o_groups=7), "o_groups"),
+    (dict(qk_rope_head_dim=512), "qk_rope_head_dim"),
+    (dict(num_experts_per_tok=500), "n_routed_experts"),
+    (dict(engram_layer_ids=(1, 40)), "engram_layer_ids"),
+    (dict(hidden_size=0), "hidden_size"),
+]
+
+
+@pytest.mark.parametrize("changes, message", BAD_CONFIGS, ids=[m.split(":")[0][:30] for _, m in BAD_CONFIGS])
+def test_config_validation_rejects(changes, message):
+    """A bad ratio list, source list or dimension raises a ConfigError naming the field. Spec: §1."""
+    with pytest.raises(ConfigError, match=message):
+        V41Config(**changes)
+
+
+@pytest.mark.parametrize("layer", [-1, 40, True, 2.0])
+def test_layer_config_rejects_out_of_range(layer):
+    with pytest.raises(ConfigError, match=r"layer_id must be in \[0, 39\]"):
+        FLASH.layer_config(layer)

@@ -1,0 +1,15 @@
+# Sourced by the two entry scripts: create .venv if missing and (re)install when pyproject.toml changes.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+STAMP=.venv/.pto-contracts-installed
+WANT="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+    # torch is pinned to 2.13.0 in pyproject.toml: the CPU wheel on this machine, never a CUDA download.
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+    echo "$WANT" > "$STAMP"
+fi

@@ -1,0 +1,21 @@
+"""Seeded schedule defects."""
+
+from dataclasses import replace
+
+from contracts.backends import torch_backend
+
+
+def _first_source_schedule(config):
+    """Wrong: resolves each source to the FIRST same-ratio source instead of the last one <= layer."""
+    out = []
+    for layer in config.schedule:
+        if layer.compress_ratio == 0:
+            out.append(layer)
+            continue
+        kv = min(s for s in config.kv_source_layer_ids if config.compress_ratios[s] == layer.compress_ratio)
+        idx = min(s for s in config.index_source_layer_ids if config.compress_ratios[s] == layer.compress_ratio)
+        out.append(replace(layer, kv_source=kv, index_source=idx))
+    return tuple(out)
+
+
+FIRST_SOURCE = torch_backend().derive("defect:first-source", resolve_schedule=_first_source_schedule)
