@@ -1,0 +1,244 @@
+"""MX quantization codecs of the V4.1 caches (vectorized torch).
+
+Formats: MXFP8 E4M3 payload with E8M0 group-32 scales (window KV); packed MXFP4 E2M1 with E4M3
+group-16 scales (compressed KV) or E8M0 group-32 scales (index keys). Every upstream rounding
+variant is a named ``QuantRule`` (``RULES``); the cache defaults are ``window`` (device rule),
+``compressed`` and ``index`` (ties toward zero).
+
+Non-finite inputs: a NaN or +-Inf anywhere in a group poisons the whole group: its scale is the
+NaN code (E8M0 0xFF, E4M3 0x7F) and every element decodes to NaN. No NaN becomes a finite code.
+Zero groups get the floor scale and zero payload (-0.0 keeps its sign bit). Finite values beyond
+the format saturate (E4M3 +-448; E2M1 +-6 after the E4M3 scale clamp at 448).
+
+Spec: §2.2 (codecs, tie rules, nibble order), upstream_checks §15 C-6.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.errors import ContractInputError
+
+SPEC = "§2.2"
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+FP4_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+E4M3_MAX = 448.0
+E8M0_NAN = 0xFF
+E4M3_NAN = 0x7F
+
+
+class CodecError(ContractInputError):
+    """Bad codec input (width not a multiple of the group, unknown rule, wrong dtype)."""
+
+
+@dataclass(frozen=True)
+class QuantRule:
+    """One named rounding variant.
+
+    ``scale_floor`` floors amax/qmax before the power-of-two ceiling (E8M0); ``amax_floor`` floors
+    amax first (device/CED 1e-4); ``tie`` is ``toward_zero`` or ``even`` (E2M1 midpoints);
+    ``bf16_io`` rounds the input to BF16 first and the decoded output back to BF16 (CED).
+    """
+
+    name: str
+    fmt: str  # "mxfp8" | "mxfp4"
+    group: int
+    scale_format: str  # "e8m0" | "e4m3"
+    amax_floor: float = 0.0
+    scale_floor: float = 2.0**-127
+    tie: str = "toward_zero"
+    e4m3_scale_max: float = E4M3_MAX
+    bf16_io: bool = False
+    pow2: str = "frexp"  # "frexp" (exact ceil) | "bits" (device (bits + 0x7FFFFF) >> 23)
+
+    @property
+    def qmax(self) -> float:
+        return E4M3_MAX if self.fmt == "mxfp8" else 6.0
+
+
+RULES: dict[str, QuantRule] = {r.name: r for r in (
+    # window KV: device publish_window (1e-4 amax floor, bit-trick ceiling) is the cache default
+    QuantRule("window", "mxfp8", 32, "e8m0", amax_floor=1e-4, pow2="bits"),
+    QuantRule("window_host", "mxfp8", 32, "e8m0"),  # quantize_mxfp8_cache: 2^-127 floor, log2 ceiling
+    QuantRule("compressed", "mxfp4", 16, "e4m3", scale_floor=2.0**-9),  # argmin: ties toward zero
+    QuantRule("index", "mxfp4", 32, "e8m0", scale_floor=2.0**-9),
+    QuantRule("ced_mxfp8", "mxfp8", 32, "e8m0", amax_floor=1e-4, bf16_io=True),
+    QuantRule("ced_kv_fp4", "mxfp4", 16, "e4m3", scale_floor=2.0**-9, tie="even", bf16_io=True),
+    QuantRule("ced_index_fp4", "mxfp4", 32, "e8m0", scale_floor=2.0**-126, tie="even", bf16_io=True),
+    QuantRule("compressed_even", "mxfp4", 16, "e4m3", scale_floor=2.0**-9, tie="even"),
+    QuantRule("index_even", "mxfp4", 32, "e8m0", scale_floor=2.0**-9, tie="even"),
+)}
+
+
+def rule(name: str | QuantRule) -> QuantRule:
+    if isinstance(name, QuantRule):
+        return name
+    try:
+        return RULES[name]
+    except KeyError:
+        raise CodecError("rule", None, f"one of {sorted(RULES)}", repr(name), SPEC) from None
+
+
+@dataclass(frozen=True)
+class MXTensor:
+    """A quantized tensor: ``payload`` [..., D] float8_e4m3fn (MXFP8) or [..., D/2] uint8 (packed E2M1);
+    ``scale`` [..., D/group] float8_e8m0fnu or float8_e4m3fn."""
+
+    payload: torch.Tensor
+    scale: torch.Tensor
+    rule: str
+
+
+# ---------------------------------------------------------------------------
+# E8M0
+
+
+def e8m0_decode(code: torch.Tensor, *, device: bool = False) -> torch.Tensor:
+    """E8M0 code -> FP32 scale. Host: ``2^(code-127)`` with 255 = NaN. Device: reinterpret
+    ``max(code << 23, 0x00400000)`` as FP32 (code 0 -> 2^-127, 255 -> +inf). Spec: §2.2."""
+    c = code.view(torch.uint8).to(torch.int32) if code.dtype != torch.uint8 else code.to(torch.int32)
+    if device:
+        return torch.clamp_min(c << 23, 0x00400000).view(torch.float32)
+    value = torch.ldexp(torch.ones_like(c, dtype=torch.float32), c - 127)
+    return torch.where(c == E8M0_NAN, torch.full_like(value, float("nan")), value)
+
+
+def e8m0_encode(scale: torch.Tensor) -> torch.Tensor:
+    """Power-of-two FP32 scale -> E8M0 code (uint8): ``round(log2 s).clamp(-127, 127) + 127``; NaN/Inf -> 255."""
+    s = scale.to(torch.float32)
+    exp = torch.round(torch.log2(s.clamp_min(2.0**-149))).clamp(-127, 127).to(torch.int32) + 127
+    return torch.where(torch.isfinite(s), exp, E8M0_NAN).to(torch.uint8)
+
+
+def _ceil_pow2_exponent(v: torch.Tensor, method: str) -> torch.Tensor:
+    """Exponent e with 2^e the smallest power of two >= v (v > 0, finite, FP32)."""
+    if method == "bits":
+        bits = v.to(torch.float32).view(torch.int32).to(torch.int64)
+        return ((bits + 0x7FFFFF) >> 23) - 127
+    mant, exp = torch.frexp(v.to(torch.float32))
+    return exp.to(torch.int64) - (mant == 0.5).to(torch.int64)
+
+
+# ---------------------------------------------------------------------------
+# E2M1
+
+
+def e2m1_encode(normalized: torch.Tensor, tie: str = "toward_zero") -> torch.Tensor:
+    """Normalized values (already divided by the scale) -> 4-bit codes (uint8 0..15).
+
+    Magnitude code = number of midpoints strictly below |v| (an exact midpoint goes toward
+    zero); ``tie="even"`` moves an exact midpoint to the even code. Sign = signbit (bit 3),
+    so -0 encodes as 8. Values beyond 6 saturate. Spec: §2.2, CQ-14.
+    """
+    if tie not in ("toward_zero", "even"):
+        raise CodecError("tie", None, "'toward_zero' or 'even'", repr(tie), SPEC)
+    v = normalized.to(torch.float32)
+    mag = v.abs().clamp(max=6.0)
+    mids = torch.tensor(FP4_MIDPOINTS, dtype=torch.float32)
+    code = (mag.unsqueeze(-1) > mids).sum(-1)
+    if tie == "even":
+        on_mid = (mag.unsqueeze(-1) == mids).any(-1)
+        code = code + (on_mid & (code % 2 == 1)).to(code.dtype)
+    return (code | (torch.signbit(v).to(code.dtype) << 3)).to(torch.uint8)
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    table = torch.tensor(FP4_VALUES + tuple(-x for x in FP4_VALUES), dtype=torch.float32)
+    return table[codes.to(torch.long)]
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """[..., D] codes -> [..., D/2] bytes, even element in the low nibble. Spec: §2.2."""
+    c = codes.to(torch.uint8)
+    return c[..., 0::2] | (c[..., 1::2] << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """[..., D/2] bytes -> [..., D] codes."""
+    p = packed.to(torch.uint8)
+    return torch.stack((p & 0xF, p >> 4), dim=-1).flatten(-2)
+
+
+# ---------------------------------------------------------------------------
+# quantize / dequantize
+
+
+def _groups(x: torch.Tensor, r: QuantRule) -> torch.Tensor:
+    if x.ndim == 0 or x.shape[-1] % r.group:
+        raise CodecError("x", None, f"a last dim divisible by the group size {r.group} (rule {r.name})",
+                         f"shape {tuple(x.shape)}", SPEC)
+    if not x.dtype.is_floating_point:
+        raise CodecError("x", None, "a floating-point tensor", x.dtype, SPEC)
+    x = x.to(torch.bfloat16) if r.bf16_io else x
+    return x.to(torch.float32).unflatten(-1, (-1, r.group))
+
+
+def mx_quantize(x: torch.Tensor, rule_name: str | QuantRule) -> MXTensor:
+    """Quantize ``x`` [..., D] with the named rule. Spec: §2.2."""
+    r = rule(rule_name)
+    g = _groups(x, r)
+    poisoned = ~torch.isfinite(g).all(-1, keepdim=True)
+    amax = g.abs().amax(-1, keepdim=True).nan_to_num(0.0, 0.0, 0.0)
+    amax = torch.where(poisoned, torch.zeros_like(amax), amax).clamp_min(r.amax_floor)
+    if r.scale_format == "e8m0":
+        raw = torch.maximum(amax / r.qmax, torch.tensor(r.scale_floor, dtype=torch.float32))
+        exp = _ceil_pow2_exponent(raw, r.pow2).clamp(-127, 127)
+        scale_value = torch.ldexp(torch.ones_like(raw), exp.to(torch.int32))
+        scale_code = torch.where(poisoned, E8M0_NAN, exp + 127).to(torch.uint8)
+        scale = scale_code.squeeze(-1).view(torch.float8_e8m0fnu)
+    else:
+        raw = (amax / r.qmax).clamp_min(r.scale_floor).clamp(max=r.e4m3_scale_max)
+        stored = raw.to(torch.float8_e4m3fn)
+        scale_value = stored.to(torch.float32)
+        bits = torch.where(poisoned, E4M3_NAN, stored.view(torch.uint8).to(torch.int32)).to(torch.uint8)
+        scale = bits.squeeze(-1).view(torch.float8_e4m3fn)
+    normalized = g / scale_value
+    if r.fmt == "mxfp8":
+        q = normalized.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        nan_byte = torch.tensor(E4M3_NAN, dtype=torch.uint8)
+        qb = torch.where(poisoned, nan_byte, q.view(torch.uint8))
+        payload = qb.flatten(-2).view(torch.float8_e4m3fn)
+    else:
+        codes = e2m1_encode(torch.where(poisoned, torch.zeros_like(normalized), normalized), r.tie)
+        payload = pack_fp4(codes.flatten(-2))
+    return MXTensor(payload.contiguous(), scale.contiguous(), r.name)
+
+
+def scale_values(q: MXTensor, *, device: bool = True) -> torch.Tensor:
+    """Per-group FP32 scales [..., D/group] (E8M0 decoded with the device rule by default)."""
+    r = rule(q.rule)
+    if r.scale_format == "e8m0":
+        return e8m0_decode(q.scale.view(torch.uint8), device=device)
+    return q.scale.to(torch.float32)
+
+
+def mx_dequantize(q: MXTensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode to ``dtype``: element = payload value * its group scale; NaN groups decode to NaN."""
+    r = rule(q.rule)
+    scale = scale_values(q)
+    if r.scale_format == "e8m0":
+        scale = torch.where(q.scale.view(torch.uint8) == E8M0_NAN, torch.full_like(scale, float("nan")), scale)
+    if r.fmt == "mxfp8":
+        values = q.payload.to(torch.float32)
+    else:
+        values = e2m1_decode(unpack_fp4(q.payload))
+    out = (values.unflatten(-1, (-1, r.group)) * scale.unsqueeze(-1)).flatten(-2)
+    if r.bf16_io:
+        out = out.to(torch.bfloat16)
+    return out.to(dtype)
+
+
+def quant_dequant(x: torch.Tensor, rule_name: str | QuantRule, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return mx_dequantize(mx_quantize(x, rule_name), dtype=dtype)
+
+
+def half_step(normalized_q: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Half the quantization step around a decoded payload value (in units of the scale)."""
+    m = normalized_q.abs().to(torch.float32)
+    if fmt == "mxfp4":
+        return torch.where(m <= 2.0, 0.25, torch.where(m <= 4.0, 0.5, 1.0))
+    # E4M3: 3 mantissa bits; subnormal step 2^-9 below 2^-6
+    exp = torch.floor(torch.log2(m.clamp_min(2.0**-6)))
+    return torch.ldexp(torch.ones_like(m), (exp - 4).to(torch.int32))
