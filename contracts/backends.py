@@ -43,6 +43,11 @@ OPERATORS: dict[str, OperatorSpec] = {
                      "list[Slab] (payload [width,D], token_ids, positions, valid)", "§7.1"),
         OperatorSpec("sp_gather", "(slabs, *, active_tokens, capacity=None)",
                      "(x [T,D], token_ids [T], positions [T]); raises ValueError on a padding breach", "§7.1"),
+        OperatorSpec("mx_quantize", "(x [..., D] float, rule_name)", "MXTensor(payload, scale, rule)", "§2.2"),
+        OperatorSpec("mx_dequantize", "(q: MXTensor, *, dtype=float32)", "[..., D] decoded values", "§2.2"),
+        OperatorSpec("cache_publish", "(cache: QuantCache, values [N, logical], slots [N])",
+                     "new QuantCache; only rows with slot >= 0 change", "§2.3"),
+        OperatorSpec("cache_read", "(cache: QuantCache, *, dtype=bfloat16)", "[blocks, rows, 1, logical]", "§2.3"),
         OperatorSpec("check_row_precision", "(actual, expected, *, name)", "CheckResult", "§6"),
         OperatorSpec("check_output_budget", "(actual, expected, *, name)", "CheckResult", "§6"),
         OperatorSpec("check_active_split", "(actual, expected, num_tokens, *, leaf, name)", "CheckResult", "§6"),
@@ -111,7 +116,7 @@ class Backend:
 def torch_backend() -> Backend:
     """The Torch reference implementations."""
     from contracts.checks import precision
-    from kernels import metadata, sequence_parallel
+    from kernels import cache, metadata, quant, sequence_parallel
 
     return Backend("torch", {
         "resolve_schedule": lambda config: config.schedule,
@@ -119,6 +124,10 @@ def torch_backend() -> Backend:
         "sp_bounds": sequence_parallel.sequence_parallel_bounds,
         "sp_shard": sequence_parallel.shard_rows,
         "sp_gather": sequence_parallel.gather_rows,
+        "mx_quantize": quant.mx_quantize,
+        "mx_dequantize": quant.mx_dequantize,
+        "cache_publish": cache.publish,
+        "cache_read": cache.read,
         "check_row_precision": precision.check_row_precision,
         "check_output_budget": precision.check_output_budget,
         "check_active_split": precision.check_active_split,

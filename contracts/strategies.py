@@ -196,3 +196,64 @@ def slab_cases(*, max_capacity: int = 40, tps: tuple[int, ...] = (1, 2, 4, 8),
                         draw(st.integers(0, 2**32 - 1)))
 
     return build()
+
+
+GROUP_KINDS = ("normal", "midpoints", "saturating", "zero", "subnormal", "huge", "tiny")
+
+
+@dataclass(frozen=True)
+class MXCase:
+    """Rows of MX groups; each group drawn from one kind of GROUP_KINDS at exponent ``exps[i]``."""
+
+    rows: int
+    width: int
+    group: int
+    kinds: tuple[str, ...]  # per group (row-major)
+    exps: tuple[int, ...]
+    seed: int
+
+    def tensor(self) -> torch.Tensor:
+        """FP32 [rows, width]; exact E2M1 midpoints and saturating groups are built on purpose."""
+        g = torch.Generator().manual_seed(self.seed)
+        n = self.rows * self.width // self.group
+        out = torch.empty((n, self.group), dtype=torch.float32)
+        mids = torch.tensor((0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.0, 0.5, 3.0), dtype=torch.float32)
+        for i, (kind, e) in enumerate(zip(self.kinds, self.exps, strict=True)):
+            scale = 2.0 ** e
+            if kind == "normal":
+                out[i] = torch.randn(self.group, generator=g) * scale
+            elif kind == "midpoints":  # values on E2M1 midpoints of scale 2^e; 6*2^e anchors the scale
+                pick = mids[torch.randint(0, len(mids), (self.group,), generator=g)]
+                sign = torch.where(torch.rand(self.group, generator=g) < 0.5, -1.0, 1.0)
+                out[i] = pick * sign * scale
+                out[i, int(torch.randint(0, self.group, (1,), generator=g))] = 6.0 * scale
+            elif kind == "saturating":  # amax between 240*6 and 448*6 (E4M3 scale clamp region) and near 448
+                out[i] = (torch.rand(self.group, generator=g) * 2 - 1) * 448.0
+                out[i, 0] = float(1440 + torch.rand(1, generator=g) * 1240)
+            elif kind == "zero":
+                out[i] = torch.where(torch.rand(self.group, generator=g) < 0.5, -0.0, 0.0)
+            elif kind == "subnormal":
+                out[i] = torch.randn(self.group, generator=g) * 1e-40
+            elif kind == "huge":
+                out[i] = torch.randn(self.group, generator=g) * 1e37
+            else:  # tiny but normal: below the 1e-4 amax floor
+                out[i] = torch.randn(self.group, generator=g) * 1e-6
+        return out.reshape(self.rows, self.width)
+
+
+def mx_cases(*, group: int, max_rows: int = 4, max_groups_per_row: int = 4) -> st.SearchStrategy[MXCase]:
+    """MX inputs aimed at the edges: exact midpoints, saturating groups, zero/subnormal/huge groups. Spec: §2.2."""
+    _positive("group", group)
+    _positive("max_rows", max_rows)
+    _positive("max_groups_per_row", max_groups_per_row)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> MXCase:
+        rows = draw(st.integers(1, max_rows))
+        per_row = draw(st.integers(1, max_groups_per_row))
+        n = rows * per_row
+        kinds = tuple(draw(st.lists(st.sampled_from(GROUP_KINDS), min_size=n, max_size=n)))
+        exps = tuple(draw(st.lists(st.integers(-20, 20), min_size=n, max_size=n)))
+        return MXCase(rows, per_row * group, group, kinds, exps, draw(st.integers(0, 2**31)))
+
+    return build()

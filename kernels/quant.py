@@ -238,7 +238,7 @@ def half_step(normalized_q: torch.Tensor, fmt: str) -> torch.Tensor:
     """Half the quantization step around a decoded payload value (in units of the scale)."""
     m = normalized_q.abs().to(torch.float32)
     if fmt == "mxfp4":
-        return torch.where(m <= 2.0, 0.25, torch.where(m <= 4.0, 0.5, 1.0))
+        return torch.where(m < 2.0, 0.25, torch.where(m < 4.0, 0.5, 1.0))
     # E4M3: 3 mantissa bits; subnormal step 2^-9 below 2^-6
     exp = torch.floor(torch.log2(m.clamp_min(2.0**-6)))
     return torch.ldexp(torch.ones_like(m), (exp - 4).to(torch.int32))

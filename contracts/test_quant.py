@@ -1,0 +1,238 @@
+"""MX codec contracts: scales, rounding bounds, re-quantization, nibble order, tie rules and special
+values, against the backend's ``mx_quantize`` / ``mx_dequantize``. Spec: §2.2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contracts.plugin import op
+from contracts.strategies import mx_cases
+from kernels.quant import FP4_MIDPOINTS, RULES, e8m0_decode, half_step, unpack_fp4
+
+RULE_NAMES = sorted(RULES)
+CACHE_RULES = ("window", "window_host", "compressed", "index")
+
+
+def _scales(q, r) -> torch.Tensor:
+    if r.scale_format == "e8m0":
+        return e8m0_decode(q.scale.view(torch.uint8), device=True)
+    return q.scale.to(torch.float32)
+
+
+def test_e8m0_host_and_device_decode_agree():
+    """Codes 0..254 decode to 2^(code-127) on both paths (code 0 = 2^-127 on the device); 255 is NaN/inf."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    host, dev = e8m0_decode(codes), e8m0_decode(codes, device=True)
+    want = torch.tensor([math.ldexp(1.0, c - 127) for c in range(255)], dtype=torch.float32)
+    assert torch.equal(host[:255], want) and torch.equal(dev[:255], want)
+    assert float(dev[0]) == 2.0**-127 and math.isnan(float(host[255])) and math.isinf(float(dev[255]))
+
+
+# Hand-computed from spec §2.2 (not produced by the code): first payload byte of a group whose last
+# element is 6.0 (so the scale is exactly 1) and whose first two elements are (a, b):
+# byte = code(a) | code(b) << 4, sign in bit 3, E2M1 codes 0..7 = 0, .5, 1, 1.5, 2, 3, 4, 6.
+NIBBLE_VECTORS = [
+    ((0.5, -1.0), "index", 0xA1),  # 1 | (8|2)<<4
+    ((-0.0, 0.0), "index", 0x08),  # -0 encodes as 8 in the low nibble
+    ((1.5, 3.0), "index", 0x53),
+    ((6.0, -6.0), "compressed", 0xF7),
+    ((0.75, 1.75), "index", 0x31),  # midpoints toward zero: codes 1, 3
+    ((0.75, 1.75), "index_even", 0x42),  # midpoints to even: codes 2, 4
+    ((3.5, -0.75), "compressed", 0x95),  # 5 | (8|1)<<4
+    ((3.5, -0.75), "compressed_even", 0xA6),  # 6 | (8|2)<<4
+    ((2.5, -5.0), "index", 0xE4),  # 2.5 -> code 4 and 5.0 -> code 6 under both rules
+]
+
+
+@pytest.mark.parametrize("pair, rule_name, byte", NIBBLE_VECTORS, ids=[f"{p}-{r}" for p, r, _ in NIBBLE_VECTORS])
+def test_fp4_nibble_order_hand_vectors(backend, pair, rule_name, byte):
+    r = RULES[rule_name]
+    x = torch.zeros((1, r.group))
+    x[0, 0], x[0, 1], x[0, -1] = pair[0], pair[1], 6.0
+    q = op(backend, "mx_quantize")(x, rule_name)
+    got = int(q.payload.view(torch.uint8)[0, 0])
+    assert got == byte, f"{rule_name} {pair}: payload[0][0] = 0x{got:02x}, expected 0x{byte:02x} (§2.2 nibble order)"
+    last = int(q.payload.view(torch.uint8)[0, -1])
+    assert last == 0x70, f"{rule_name}: last byte 0x{last:02x}, expected 0x70 (6.0 in the high nibble)"
+
+
+def test_mxfp8_hand_vector(backend):
+    """[1, -2, 448, 0...]: amax 448 -> scale 2^0 (E8M0 127); E4M3 bytes 0x38, 0xC0, 0x7E."""
+    x = torch.zeros((1, 32))
+    x[0, :3] = torch.tensor([1.0, -2.0, 448.0])
+    for name in ("window", "window_host"):
+        q = op(backend, "mx_quantize")(x, name)
+        assert q.payload.view(torch.uint8)[0, :3].tolist() == [0x38, 0xC0, 0x7E], name
+        assert q.scale.view(torch.uint8).tolist() == [[127]], name
+
+
+@pytest.mark.parametrize("rule_name", RULE_NAMES)
+@given(case=st.data())
+def test_scales_are_powers_of_two_and_cover_amax(backend, rule_name, case):
+    """E8M0 scales are powers of two with scale*qmax >= amax (floors aside); E4M3 scales are the nearest
+    E4M3 of clamp(max(amax/6, 2^-9), 448). Spec: §2.2."""
+    r = RULES[rule_name]
+    x = case.draw(mx_cases(group=r.group)).tensor()
+    q = op(backend, "mx_quantize")(x, rule_name)
+    xs = (x.to(torch.bfloat16) if r.bf16_io else x).float().unflatten(-1, (-1, r.group))
+    amax = xs.abs().amax(-1)
+    s = _scales(q, r)
+    if r.scale_format == "e8m0":
+        mant, _ = torch.frexp(s)
+        bad = (mant != 0.5) | ~(s * r.qmax >= amax)
+        if bool(bad.any()):
+            i = tuple(int(v) for v in bad.nonzero()[0])
+            raise AssertionError(f"{rule_name} scale{list(i)} = {float(s[i])!r} does not cover amax {float(amax[i])!r}"
+                                 f" (needs a power of two >= amax/{r.qmax})")
+    else:
+        raw = (amax / 6).clamp_min(r.scale_floor).clamp(max=448.0)
+        want = raw.to(torch.float8_e4m3fn).float()
+        bad = s != want
+        if bool(bad.any()):
+            i = tuple(int(v) for v in bad.nonzero()[0])
+            raise AssertionError(f"{rule_name} scale{list(i)} = {float(s[i])}, expected E4M3({float(raw[i])}) = "
+                                 f"{float(want[i])}")
+
+
+@pytest.mark.parametrize("rule_name", RULE_NAMES)
+@given(case=st.data())
+def test_dequantized_within_half_step(backend, rule_name, case):
+    """Every decoded element is within half a quantization step (times its group scale) of the input
+    clamped to +-qmax*scale. Spec: §2.2."""
+    r = RULES[rule_name]
+    x = case.draw(mx_cases(group=r.group)).tensor()
+    q = op(backend, "mx_quantize")(x, rule_name)
+    d = op(backend, "mx_dequantize")(q).float()
+    xs = (x.to(torch.bfloat16) if r.bf16_io else x).float().unflatten(-1, (-1, r.group))
+    s = _scales(q, r).unsqueeze(-1)
+    dq = d.unflatten(-1, (-1, r.group))
+    clamped = torch.maximum(torch.minimum(xs, r.qmax * s), -r.qmax * s)
+    bound = half_step(dq / s, r.fmt) * s
+    if r.bf16_io:
+        bound = bound + dq.abs() * 2.0**-8  # output rounded back to BF16
+    err = (dq.double() - clamped.double()).abs()
+    bad = ~(err <= bound.double())
+    if bool(bad.any()):
+        i = tuple(int(v) for v in bad.nonzero()[0])
+        raise AssertionError(f"{rule_name} element [{i[0]}][{i[1] * r.group + i[2]}]: decoded {float(dq[i])!r}, input "
+                             f"{float(xs[i])!r}, error {float(err[i]):.6g} > half step {float(bound[i]):.6g} "
+                             f"(scale {float(s[i[:-1]][0]):.6g})")
+
+
+E8M0_RULES = sorted(n for n, r in RULES.items() if r.scale_format == "e8m0")
+
+
+@pytest.mark.parametrize("rule_name", E8M0_RULES)
+@given(case=st.data())
+def test_requantization_is_stable(backend, rule_name, case):
+    """quant(dequant(quant(x))) decodes to exactly dequant(quant(x)); its bytes equal quant(x) except in
+    groups where the re-encoding picks a smaller scale (amax landed on a power-of-two boundary after
+    rounding), never a larger one. E8M0 rules only: with E4M3 scales (compressed KV) the re-derived
+    scale amax'/6 need not divide the decoded values, so re-publishing a decoded compressed cache is
+    lossy (bounded by the half-step contract). Spec: §2.2."""
+    r = RULES[rule_name]
+    x = case.draw(mx_cases(group=r.group)).tensor()
+    quantize, dequantize = op(backend, "mx_quantize"), op(backend, "mx_dequantize")
+    q1 = quantize(x, rule_name)
+    v1 = dequantize(q1).float()
+    q2 = quantize(v1, rule_name)
+    v2 = dequantize(q2).float()
+    same = (v1 == v2) | (v1.isnan() & v2.isnan())
+    if not bool(same.all()):
+        i = tuple(int(v) for v in (~same).nonzero()[0])
+        raise AssertionError(f"{rule_name} element {list(i)}: re-quantized value {float(v2[i])} != {float(v1[i])}")
+    s1, s2 = _scales(q1, r), _scales(q2, r)
+    p1 = q1.payload.view(torch.uint8).unflatten(-1, (s1.shape[-1], -1))
+    p2 = q2.payload.view(torch.uint8).unflatten(-1, (s1.shape[-1], -1))
+    changed = (p1 != p2).any(-1) | (q1.scale.view(torch.uint8) != q2.scale.view(torch.uint8))
+    grew = changed & ~(s2 < s1)
+    if bool(grew.any()):
+        i = tuple(int(v) for v in grew.nonzero()[0])
+        raise AssertionError(f"{rule_name} group {list(i)}: bytes changed on re-quantization without a smaller "
+                             f"scale ({float(s1[i])} -> {float(s2[i])})")
+
+
+@pytest.mark.parametrize("fmt_rules", [("index", "index_even"), ("compressed", "compressed_even")], ids=str)
+@given(exp=st.integers(-8, 8), data=st.data())
+def test_tie_rules_differ_exactly_on_midpoints(backend, fmt_rules, exp, data):
+    """Toward-zero and to-even agree everywhere except exact midpoints 0.75, 1.75 and 3.5 (x scale),
+    where to-even takes the next code. Spec: §2.2, upstream_checks CQ-14 / C-6."""
+    tz, ev = fmt_rules
+    group = RULES[tz].group
+    scale = 2.0**exp if RULES[tz].scale_format == "e8m0" else 1.0
+    off_grid = data.draw(st.lists(st.floats(0, 6, allow_nan=False, width=32), min_size=group - 1, max_size=group - 1))
+    mids = list(FP4_MIDPOINTS) + [-m for m in FP4_MIDPOINTS]
+    values = torch.tensor(mids + off_grid, dtype=torch.float32)[: 2 * group - 1]
+    rows = []
+    for start in range(0, values.numel(), group - 1):
+        row = torch.zeros(group)
+        chunk = values[start:start + group - 1]
+        row[: chunk.numel()] = chunk
+        row[-1] = 6.0
+        rows.append(row)
+    x = torch.stack(rows) * scale
+    quantize = op(backend, "mx_quantize")
+    ct = unpack_fp4(quantize(x, tz).payload)
+    ce = unpack_fp4(quantize(x, ev).payload)
+    mag = (x / scale).abs()
+    expect_diff = (mag == 0.75) | (mag == 1.75) | (mag == 3.5)
+    got_diff = ct != ce
+    if not torch.equal(got_diff, expect_diff):
+        i = tuple(int(v) for v in (got_diff != expect_diff).nonzero()[0])
+        raise AssertionError(f"value {float(x[i])} (= {float(mag[i])} x scale): codes {int(ct[i])} (toward zero) vs "
+                             f"{int(ce[i])} (even); they must differ exactly on the midpoints 0.75, 1.75, 3.5")
+    assert torch.equal((ce - ct)[expect_diff], torch.ones_like(ce[expect_diff])), "to-even must take the next code"
+    want_tz = {0.25: 0, 0.75: 1, 1.25: 2, 1.75: 3, 2.5: 4, 3.5: 5, 5.0: 6}
+    for m, code in want_tz.items():
+        pos = (mag == m) & (x > 0)
+        assert bool((ct[pos] == code).all()), f"{tz}: midpoint {m} -> {ct[pos].tolist()}, expected code {code}"
+
+
+@pytest.mark.parametrize("rule_name", CACHE_RULES)
+@pytest.mark.parametrize("special", ["nan", "inf", "-inf"])
+def test_non_finite_poisons_its_group_only(backend, rule_name, special):
+    """NaN/Inf never becomes a finite code: its group's scale is the NaN code and decodes to NaN; the
+    other groups are unaffected."""
+    r = RULES[rule_name]
+    x = torch.randn((2, 2 * r.group))
+    x[1, r.group + 3] = float(special)
+    q = op(backend, "mx_quantize")(x, rule_name)
+    d = op(backend, "mx_dequantize")(q)
+    assert bool(d[1, r.group:].isnan().all()), f"{rule_name}: group with {special} decodes to finite values"
+    nan_code = 0xFF if r.scale_format == "e8m0" else 0x7F
+    assert int(q.scale.view(torch.uint8)[1, 1]) == nan_code
+    assert bool(torch.isfinite(d[0]).all()) and bool(torch.isfinite(d[1, : r.group]).all())
+
+
+@pytest.mark.parametrize("rule_name", CACHE_RULES)
+def test_zero_subnormal_and_huge_groups(backend, rule_name):
+    """Zero groups decode to (signed) zeros; subnormal and huge (1e37) finite groups decode finite.
+    (Above ~2^127 an E8M0 group can decode past FP32: 4 x 2^126 = 2^128 -> inf; see the next test.)"""
+    r = RULES[rule_name]
+    x = torch.zeros((3, r.group))
+    x[0, 1] = -0.0
+    x[1] = torch.linspace(-1, 1, r.group) * 1e-40
+    x[2] = torch.linspace(-1, 1, r.group) * 1e37
+    q = op(backend, "mx_quantize")(x, rule_name)
+    d = op(backend, "mx_dequantize")(q)
+    assert bool((d[0] == 0).all()) and bool(torch.signbit(d[0, 1])), f"{rule_name}: -0.0 lost its sign"
+    assert bool(torch.isfinite(d).all()), f"{rule_name}: finite input decoded to non-finite"
+    if r.fmt == "mxfp8":
+        rel = float(((d[2].double() - x[2].double()).norm() / x[2].double().norm()))
+        assert rel < 0.05, f"{rule_name}: huge group relative error {rel}"
+
+
+def test_e8m0_fp4_decode_can_overflow_fp32(backend):
+    """Documented edge: +-3e38 in an index group gets scale 2^126 and code 4.0, decoding to -inf in FP32."""
+    x = torch.linspace(-1, 1, 32).reshape(1, 32) * 3e38
+    q = op(backend, "mx_quantize")(x, "index")
+    d = op(backend, "mx_dequantize")(q)
+    assert int(q.scale.view(torch.uint8)[0, 0]) == 126 + 127
+    assert float(d[0, 0]) == float("-inf") and float(d[0, -1]) == float("inf")
+    assert bool(torch.isfinite(d[0, 1:-1]).all())
