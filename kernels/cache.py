@@ -150,8 +150,8 @@ def publish(cache: QuantCache, values: torch.Tensor, slots: torch.Tensor) -> Qua
         flat[rows] = values[live].to(torch.float32)
         return out
     q = quant.mx_quantize(values[live], cache.layout.rule)
-    out.payload.reshape(cache.rows, -1)[rows] = q.payload
-    out.scale.reshape(cache.rows, -1)[rows] = q.scale
+    out.payload.view(torch.uint8).reshape(cache.rows, -1)[rows] = q.payload.view(torch.uint8)
+    out.scale.view(torch.uint8).reshape(cache.rows, -1)[rows] = q.scale.view(torch.uint8)
     return out
 
 

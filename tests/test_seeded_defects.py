@@ -46,6 +46,16 @@ CASES = [
     ("slabs:SHARD_STALE_PADDING", "test_slabs:test_slab_padding_contract_on_every_rank", "payload not zero"),
     ("slabs:GATHER_REVERSED", "test_slabs:test_slab_gather_of_shard_is_byte_exact", "differs"),
     ("slabs:GATHER_UNCHECKED", "test_slabs:test_slab_gather_rejects_a_padding_breach", "DID NOT RAISE"),
+    # MX codecs (§2.2)
+    ("quant:SWAPPED_NIBBLES", "test_quant:test_fp4_nibble_order_hand_vectors", "nibble order"),
+    ("quant:ROUND_HALF_UP", "test_quant:test_tie_rules_differ_exactly_on_midpoints", "midpoint"),
+    ("quant:ROUND_HALF_UP", "test_quant:test_fp4_nibble_order_hand_vectors", "payload[0][0]"),
+    ("quant:SCALE_FLOOR", "test_quant:test_scales_are_powers_of_two_and_cover_amax", "does not cover amax"),
+    ("quant:OFF_BY_ONE_GROUP", "test_quant:test_dequantized_within_half_step", "half step"),
+    ("quant:E4M3_CLAMP_240", "test_quant:test_scales_are_powers_of_two_and_cover_amax", "expected E4M3"),
+    ("quant:E4M3_CLAMP_240", "test_quant:test_dequantized_within_half_step", "half step"),
+    # quantized cache ABI (§2.3, §6)
+    ("quant:PUBLISH_UNMAPPED", "test_cache:test_publish_touches_only_mapped_rows", "unmapped row changed"),
     # precision (§6)
     ("precision:AVERAGING_ROWS", "test_precision:test_row_precision_one_bad_row_is_not_diluted", "good rows passed"),
     ("precision:NAN_BLIND", "test_precision:test_row_precision_nonfinite_fails", "passed"),

@@ -1,0 +1,100 @@
+"""Seeded codec and publisher defects."""
+
+from dataclasses import replace
+
+import torch
+
+from contracts.backends import torch_backend
+from kernels import cache, quant
+
+QUANTIZE = quant.mx_quantize
+
+
+def _swapped_nibbles(x, rule_name):
+    """Wrong: odd element in the low nibble."""
+    q = QUANTIZE(x, rule_name)
+    if quant.rule(rule_name).fmt != "mxfp4":
+        return q
+    p = q.payload
+    return quant.MXTensor(((p & 0xF) << 4) | (p >> 4), q.scale, q.rule)
+
+
+def _recode(x, rule_name, *, scale_fn=None, code_fn=None, amax_shift=0):
+    """Re-encode ``x`` with a modified scale or E2M1 code function (the defects' shared skeleton)."""
+    r = quant.rule(rule_name)
+    q = QUANTIZE(x.roll(amax_shift, -1) if amax_shift else x, r)
+    if amax_shift == 0 and scale_fn is None and code_fn is None:
+        return q
+    s = quant.scale_values(q)
+    if scale_fn is not None:
+        s = scale_fn(s, x, r)
+        code = (torch.frexp(s)[1] - 1 + 127).clamp(0, 254).to(torch.uint8)
+        scale = code.view(torch.float8_e8m0fnu) if r.scale_format == "e8m0" else s.to(torch.float8_e4m3fn)
+    else:
+        scale = q.scale
+    g = x.float().unflatten(-1, (-1, r.group)) / s.unsqueeze(-1)
+    if r.fmt == "mxfp8":
+        payload = g.clamp(-448, 448).to(torch.float8_e4m3fn).flatten(-2)
+    else:
+        codes = (code_fn or (lambda v: quant.e2m1_encode(v, r.tie)))(g)
+        payload = quant.pack_fp4(codes.flatten(-2))
+    return quant.MXTensor(payload.contiguous(), scale.contiguous(), r.name)
+
+
+def _round_half_up(x, rule_name):
+    """Wrong: exact E2M1 midpoints round away from zero."""
+    def code(v):
+        mids = torch.tensor(quant.FP4_MIDPOINTS)
+        mag = v.abs().clamp(max=6)
+        c = (mag.unsqueeze(-1) >= mids).sum(-1)
+        return (c | (torch.signbit(v).to(c.dtype) << 3)).to(torch.uint8)
+    if quant.rule(rule_name).fmt != "mxfp4":
+        return QUANTIZE(x, rule_name)
+    return _recode(x, rule_name, code_fn=code)
+
+
+def _scale_floor(x, rule_name):
+    """Wrong: E8M0 scale by floor(log2) instead of ceil."""
+    r = quant.rule(rule_name)
+    if r.scale_format != "e8m0":
+        return QUANTIZE(x, rule_name)
+
+    def floor_scale(s, x, r):
+        amax = x.float().unflatten(-1, (-1, r.group)).abs().amax(-1).clamp_min(r.amax_floor)
+        raw = torch.maximum(amax / r.qmax, torch.tensor(r.scale_floor))
+        return torch.ldexp(torch.ones_like(raw), torch.floor(torch.log2(raw)).to(torch.int32))
+    return _recode(x, rule_name, scale_fn=floor_scale)
+
+
+def _off_by_one_group(x, rule_name):
+    """Wrong: group amax taken over elements shifted by one (group boundary off by one)."""
+    return _recode(x, rule_name, amax_shift=1)
+
+
+def _e4m3_clamp_240(x, rule_name):
+    """Wrong: E4M3 scale clamped at 240 instead of 448."""
+    r = quant.rule(rule_name)
+    if r.scale_format != "e4m3":
+        return QUANTIZE(x, rule_name)
+    return QUANTIZE(x, replace(r, e4m3_scale_max=240.0))
+
+
+def _publish_unmapped(c, values, slots):
+    """Wrong: rows with slot -1 are written to the last physical row instead of skipped."""
+    slots = torch.as_tensor(slots).clone()
+    if bool((slots < 0).any()):
+        keep = slots >= 0
+        last = c.rows - 1
+        if not bool((slots == last).any()):
+            idx = int((~keep).nonzero()[0, 0])
+            slots[idx] = last
+    return cache.publish(c, values, slots)
+
+
+_base = torch_backend()
+SWAPPED_NIBBLES = _base.derive("defect:swapped-nibbles", mx_quantize=_swapped_nibbles)
+ROUND_HALF_UP = _base.derive("defect:round-half-up", mx_quantize=_round_half_up)
+SCALE_FLOOR = _base.derive("defect:scale-floor", mx_quantize=_scale_floor)
+OFF_BY_ONE_GROUP = _base.derive("defect:off-by-one-group", mx_quantize=_off_by_one_group)
+E4M3_CLAMP_240 = _base.derive("defect:e4m3-clamp-240", mx_quantize=_e4m3_clamp_240)
+PUBLISH_UNMAPPED = _base.derive("defect:publish-unmapped", cache_publish=_publish_unmapped)
