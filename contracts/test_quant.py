@@ -229,7 +229,7 @@ def test_zero_subnormal_and_huge_groups(backend, rule_name):
     assert bool((d[0] == 0).all()) and bool(torch.signbit(d[0, 1])), f"{rule_name}: -0.0 lost its sign"
     assert bool(torch.isfinite(d).all()), f"{rule_name}: finite input decoded to non-finite"
     if r.fmt == "mxfp8":
-        rel = float(((d[2].double() - x[2].double()).norm() / x[2].double().norm()))
+        rel = float((d[2].double() - x[2].double()).norm() / x[2].double().norm())
         assert rel < 0.05, f"{rule_name}: huge group relative error {rel}"
 
 
@@ -241,3 +241,16 @@ def test_e8m0_fp4_decode_can_overflow_fp32(backend):
     assert int(q.scale.view(torch.uint8)[0, 0]) == 126 + 127
     assert float(d[0, 0]) == float("-inf") and float(d[0, -1]) == float("inf")
     assert bool(torch.isfinite(d[0, 1:-1]).all())
+
+
+@pytest.mark.parametrize("rule_name", CACHE_RULES)
+def test_codec_rejects_bad_input(backend, rule_name):
+    """A width not divisible by the group, an integer tensor or an unknown rule raise a ValueError naming it."""
+    r = RULES[rule_name]
+    quantize = op(backend, "mx_quantize")
+    with pytest.raises(ValueError, match=rf"divisible by the group size {r.group}"):
+        quantize(torch.randn(2, r.group + 1), rule_name)
+    with pytest.raises(ValueError, match="floating-point"):
+        quantize(torch.ones(2, r.group, dtype=torch.int32), rule_name)
+    with pytest.raises(ValueError, match="rule"):
+        quantize(torch.randn(2, r.group), rule_name + "_nope")

@@ -137,9 +137,10 @@ def e2m1_encode(normalized: torch.Tensor, tie: str = "toward_zero") -> torch.Ten
     v = normalized.to(torch.float32)
     mag = v.abs().clamp(max=6.0)
     mids = torch.tensor(FP4_MIDPOINTS, dtype=torch.float32)
-    code = (mag.unsqueeze(-1) > mids).sum(-1)
+    # bucketize(right=False) counts the midpoints strictly below |v|: exact midpoints stay low.
+    code = torch.bucketize(mag, mids, out_int32=True)
     if tie == "even":
-        on_mid = (mag.unsqueeze(-1) == mids).any(-1)
+        on_mid = mids[code.clamp(max=len(FP4_MIDPOINTS) - 1)] == mag
         code = code + (on_mid & (code % 2 == 1)).to(code.dtype)
     return (code | (torch.signbit(v).to(code.dtype) << 3)).to(torch.uint8)
 
@@ -220,10 +221,7 @@ def mx_dequantize(q: MXTensor, *, dtype: torch.dtype = torch.float32) -> torch.T
     scale = scale_values(q)
     if r.scale_format == "e8m0":
         scale = torch.where(q.scale.view(torch.uint8) == E8M0_NAN, torch.full_like(scale, float("nan")), scale)
-    if r.fmt == "mxfp8":
-        values = q.payload.to(torch.float32)
-    else:
-        values = e2m1_decode(unpack_fp4(q.payload))
+    values = q.payload.to(torch.float32) if r.fmt == "mxfp8" else e2m1_decode(unpack_fp4(q.payload))
     out = (values.unflatten(-1, (-1, r.group)) * scale.unsqueeze(-1)).flatten(-2)
     if r.bf16_io:
         out = out.to(torch.bfloat16)
