@@ -15,32 +15,37 @@ import torch
 from kernels.quant import mx_quantize
 
 
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+def _once(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     x = (torch.randn((4096, 512), generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16)
-    floor = _time(lambda: x.float().abs().amax(-1), args.repeats)
-    mb = x.numel() * x.element_size() / 1e6
-    print(f"input [4096, 512] bf16 ({mb:.1f} MB), torch threads {torch.get_num_threads()}, median of {args.repeats}")
-    print(f"{'operation':<34} {'ms':>8} {'MB/s':>9} {'ratio vs floor':>15}")
-    print(f"{'floor: x.float().abs().amax(-1)':<34} {floor * 1e3:8.3f} {mb / floor:9.0f} {1.0:15.3f}")
+    ops = {"floor: x.float().abs().amax(-1)": lambda: x.float().abs().amax(-1)}
     for rule in ("window", "compressed", "index"):
-        t = _time(lambda rule=rule: mx_quantize(x, rule), args.repeats)
-        print(f"{'quantize+pack ' + rule:<34} {t * 1e3:8.3f} {mb / t:9.0f} {floor / t:15.3f}")
+        ops[f"quantize+pack {rule}"] = lambda rule=rule: mx_quantize(x, rule)
+    for fn in ops.values():
+        fn()  # warm-up
+    samples: dict[str, list[float]] = {name: [] for name in ops}
+    for _ in range(args.repeats):  # interleaved, so machine noise hits floor and codec alike
+        for name, fn in ops.items():
+            samples[name].append(_once(fn))
+    floor = statistics.median(samples["floor: x.float().abs().amax(-1)"])
+    mb = x.numel() * x.element_size() / 1e6
+    print(f"input [4096, 512] bf16 ({mb:.1f} MB), torch threads {torch.get_num_threads()}, "
+          f"median of {args.repeats} interleaved runs")
+    print(f"{'operation':<34} {'ms':>8} {'MB/s':>9} {'ratio vs floor':>15}")
+    for name in ops:
+        t = statistics.median(samples[name])
+        print(f"{name:<34} {t * 1e3:8.3f} {mb / t:9.0f} {floor / t:15.3f}")
 
 
 if __name__ == "__main__":

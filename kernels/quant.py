@@ -172,38 +172,111 @@ def _groups(x: torch.Tensor, r: QuantRule) -> torch.Tensor:
                          f"shape {tuple(x.shape)}", SPEC)
     if not x.dtype.is_floating_point:
         raise CodecError("x", None, "a floating-point tensor", x.dtype, SPEC)
-    x = x.to(torch.bfloat16) if r.bf16_io else x
-    return x.to(torch.float32).unflatten(-1, (-1, r.group))
+    if r.bf16_io and x.dtype != torch.bfloat16:
+        x = x.to(torch.bfloat16)
+    elif x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        x = x.to(torch.float32)
+    return x.unflatten(-1, (-1, r.group))
+
+
+def _fp4_luts() -> dict[str, torch.Tensor]:
+    """Packed-byte tables for pairs of E2M1 elements.
+
+    An element scaled by 4 (``s = 4*v``) is reduced to ``j = ceil(|s|)`` (0..24) and, for the
+    to-even rule, ``exact = (|s| == j)``. The E2M1 midpoints times 4 are the integers 1, 3, 5, 7, 10,
+    14, 20, so ``count(t < j)`` is the code with exact midpoints going toward zero; to-even adds one
+    on an exact midpoint whose lower code is odd. Element index ``e``: toward zero 25 + j (positive)
+    or 24 - j (sign bit set, -0 included); to even (25 + j)*2 + exact or (24 - j)*2 + exact. A pair
+    (even element a, odd element b) maps to ``code(a) | code(b) << 4`` at ``e_a + K*e_b``
+    (K = 50 or 100), so one gather both encodes and packs.
+    """
+    thresholds = [int(4 * m) for m in FP4_MIDPOINTS]
+    tz = [0] * 50
+    ev = [0] * 100
+    for neg in (0, 1):
+        for j in range(25):
+            lower = sum(t < j for t in thresholds)
+            e = 24 - j if neg else 25 + j
+            tz[e] = lower | neg << 3
+            for exact in (0, 1):
+                up = 1 if exact and j in thresholds and lower % 2 == 1 else 0
+                ev[e * 2 + exact] = (lower + up) | neg << 3
+    out = {}
+    for name, single in (("toward_zero", tz), ("even", ev)):
+        t = torch.tensor(single, dtype=torch.int32)
+        k = len(single)
+        out[name] = (t.repeat(k) | (t.repeat_interleave(k) << 4)).to(torch.uint8)
+    return out
+
+
+_FP4_PAIR = _fp4_luts()
+
+
+def _e2m1_pack(y4: torch.Tensor, tie: str, sign_of: torch.Tensor | None = None) -> torch.Tensor:
+    """Scaled-by-4 FP32 values [..., D] (|y4| <= 24) -> packed E2M1 bytes [..., D/2]. Spec: §2.2.
+
+    ``y4`` is consumed (modified in place). ``sign_of`` (default ``y4``) supplies the signs, so -0.0
+    keeps its sign bit: ``copysign(j + 0.5, sign)`` then ``+ 24.5`` is the element index of
+    ``_fp4_luts`` (25 + j or 24 - j).
+    """
+    sign_of = y4.clone() if sign_of is None else sign_of
+    if tie == "even":
+        quad = y4.abs_()
+        j = quad.ceil()
+        exact = torch.eq(quad, j).to(j.dtype)
+        e = j.add_(0.5).copysign_(sign_of).add_(24.5).mul_(2.0).add_(exact)
+        k = 100.0
+        pairs = e.unflatten(-1, (-1, 2))
+        flat = pairs[..., 0].add(pairs[..., 1], alpha=k).to(torch.int32)
+    else:
+        e = y4.abs_().ceil_().add_(0.5).copysign_(sign_of)  # +-(j + 0.5), in place
+        k = 50.0
+        pairs = e.unflatten(-1, (-1, 2))
+        # (a + 24.5) + 50 (b + 24.5) is a non-negative integer
+        flat = pairs[..., 0].add(pairs[..., 1], alpha=k).add_(24.5 + 24.5 * k).to(torch.int32)
+    return _FP4_PAIR[tie].index_select(0, flat.reshape(-1)).reshape(flat.shape)
 
 
 def mx_quantize(x: torch.Tensor, rule_name: str | QuantRule) -> MXTensor:
     """Quantize ``x`` [..., D] with the named rule. Spec: §2.2."""
     r = rule(rule_name)
-    g = _groups(x, r)
-    poisoned = ~torch.isfinite(g).all(-1, keepdim=True)
-    amax = g.abs().amax(-1, keepdim=True).nan_to_num(0.0, 0.0, 0.0)
-    amax = torch.where(poisoned, torch.zeros_like(amax), amax).clamp_min(r.amax_floor)
+    g = _groups(x, r).float()
+    amax = g.abs().amax(-1, keepdim=True)
+    poisoned = ~torch.isfinite(amax)  # NaN propagates through aminmax; +-Inf gives amax inf
+    any_poison = bool(poisoned.any())
+    if any_poison:
+        amax = torch.where(poisoned, torch.zeros_like(amax), amax)
+        g = torch.where(poisoned, torch.zeros((), dtype=g.dtype), g)
+    amax = amax.clamp_min(r.amax_floor)
     if r.scale_format == "e8m0":
         raw = torch.maximum(amax / r.qmax, torch.tensor(r.scale_floor, dtype=torch.float32))
         exp = _ceil_pow2_exponent(raw, r.pow2).clamp(-127, 127)
-        scale_value = torch.ldexp(torch.ones_like(raw), exp.to(torch.int32))
-        scale_code = torch.where(poisoned, E8M0_NAN, exp + 127).to(torch.uint8)
+        inv = torch.ldexp(torch.ones_like(raw), (-exp).to(torch.int32))  # exact: powers of two
+        scale_code = (exp + 127).to(torch.uint8)
+        if any_poison:
+            scale_code = torch.where(poisoned, E8M0_NAN, scale_code).to(torch.uint8)
         scale = scale_code.squeeze(-1).view(torch.float8_e8m0fnu)
+        y = g * inv  # a covering power-of-two scale: |y| <= qmax, no clamp needed
+        if r.fmt == "mxfp4":
+            y.mul_(4.0)  # E2M1 is encoded from 4*v (see _e2m1_pack); separate so 2^126*4 cannot overflow
     else:
         raw = (amax / r.qmax).clamp_min(r.scale_floor).clamp(max=r.e4m3_scale_max)
         stored = raw.to(torch.float8_e4m3fn)
-        scale_value = stored.to(torch.float32)
-        bits = torch.where(poisoned, E4M3_NAN, stored.view(torch.uint8).to(torch.int32)).to(torch.uint8)
+        bits = stored.view(torch.uint8)
+        if any_poison:
+            bits = torch.where(poisoned, E4M3_NAN, bits.to(torch.int32)).to(torch.uint8)
         scale = bits.squeeze(-1).view(torch.float8_e4m3fn)
-    normalized = g / scale_value
+        y = (g / stored.to(torch.float32)).clamp_(-r.qmax, r.qmax)  # E4M3 may round below amax/qmax
+        y.mul_(4.0)  # E2M1 is encoded from 4*v (see _e2m1_pack)
+    if y.dtype != torch.float32:
+        y = y.float()
     if r.fmt == "mxfp8":
-        q = normalized.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-        nan_byte = torch.tensor(E4M3_NAN, dtype=torch.uint8)
-        qb = torch.where(poisoned, nan_byte, q.view(torch.uint8))
+        qb = y.to(torch.float8_e4m3fn).view(torch.uint8)
+        if any_poison:
+            qb = torch.where(poisoned, torch.tensor(E4M3_NAN, dtype=torch.uint8), qb)
         payload = qb.flatten(-2).view(torch.float8_e4m3fn)
     else:
-        codes = e2m1_encode(torch.where(poisoned, torch.zeros_like(normalized), normalized), r.tie)
-        payload = pack_fp4(codes.flatten(-2))
+        payload = _e2m1_pack(y, r.tie, sign_of=g).flatten(-2)  # g and y share signs (scale > 0)
     return MXTensor(payload.contiguous(), scale.contiguous(), r.name)
 
 
