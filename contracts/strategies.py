@@ -198,7 +198,7 @@ def slab_cases(*, max_capacity: int = 40, tps: tuple[int, ...] = (1, 2, 4, 8),
     return build()
 
 
-GROUP_KINDS = ("normal", "midpoints", "saturating", "zero", "subnormal", "huge", "tiny")
+GROUP_KINDS = ("normal", "boundary_peak", "midpoints", "saturating", "zero", "subnormal", "huge", "tiny")
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,8 @@ class MXCase:
     seed: int
 
     def tensor(self) -> torch.Tensor:
-        """FP32 [rows, width]; exact E2M1 midpoints and saturating groups are built on purpose."""
+        """FP32 [rows, width]; exact E2M1 midpoints, group-boundary peaks and saturating groups are built
+        on purpose."""
         g = torch.Generator().manual_seed(self.seed)
         n = self.rows * self.width // self.group
         out = torch.empty((n, self.group), dtype=torch.float32)
@@ -222,6 +223,10 @@ class MXCase:
             scale = 2.0 ** e
             if kind == "normal":
                 out[i] = torch.randn(self.group, generator=g) * scale
+            elif kind == "boundary_peak":  # the group's amax sits on its first or last element
+                out[i] = torch.randn(self.group, generator=g) * scale
+                edge = 0 if bool(torch.rand(1, generator=g) < 0.5) else self.group - 1
+                out[i, edge] = (-8.0 if bool(torch.rand(1, generator=g) < 0.5) else 8.0) * scale
             elif kind == "midpoints":  # values on E2M1 midpoints of scale 2^e; 6*2^e anchors the scale
                 pick = mids[torch.randint(0, len(mids), (self.group,), generator=g)]
                 sign = torch.where(torch.rand(self.group, generator=g) < 0.5, -1.0, 1.0)
