@@ -48,6 +48,20 @@ OPERATORS: dict[str, OperatorSpec] = {
         OperatorSpec("cache_publish", "(cache: QuantCache, values [N, logical], slots [N])",
                      "new QuantCache; only rows with slot >= 0 change", "§2.3"),
         OperatorSpec("cache_read", "(cache: QuantCache, *, dtype=bfloat16)", "[blocks, rows, 1, logical]", "§2.3"),
+        OperatorSpec("compressor_ratio2",
+                     "(x [T,hidden], query_start_loc, position_ids, token_to_req_indices, state_block_table [B,1], "
+                     "state_cache [blocks,cap,2D] FP32, weights, *, eps, num_tokens)",
+                     "(latent [T,D], publish [T] bool, new state_cache)", "§4.1"),
+        OperatorSpec("materialize_rope_rows",
+                     "(freqs_cos [L,R], freqs_sin, position_ids [T], num_tokens, rope_cos [T,R], rope_sin) in place",
+                     "None (writes rope_cos/rope_sin rows < num_tokens)", "§4.2"),
+        OperatorSpec("index_scores",
+                     "(q [T,H,Dk], head_weights [T,H], keys [rows,Dk], block_table, request_ids, compressed_lens, *, "
+                     "block_size, width, candidates)", "scores [T, L] FP32, -inf where masked", "§5.1"),
+        OperatorSpec("select_topk", "(scores [T,L], block_table, request_ids, *, topk, block_size)",
+                     "[T, topk] INT32 physical rows, logical order, -1 padded", "§5.1"),
+        OperatorSpec("candidate_blocks", "(scores [T,L], compressed_lens [T], *, block, topk_blocks, width)",
+                     "U8 mask [T, width]", "§5.2"),
         OperatorSpec("check_row_precision", "(actual, expected, *, name)", "CheckResult", "§6"),
         OperatorSpec("check_output_budget", "(actual, expected, *, name)", "CheckResult", "§6"),
         OperatorSpec("check_active_split", "(actual, expected, num_tokens, *, leaf, name)", "CheckResult", "§6"),
@@ -117,6 +131,7 @@ def torch_backend() -> Backend:
     """The Torch reference implementations."""
     from contracts.checks import precision
     from kernels import cache, metadata, quant, sequence_parallel
+    from kernels.reference import compressor, indexer, rope
 
     return Backend("torch", {
         "resolve_schedule": lambda config: config.schedule,
@@ -128,6 +143,11 @@ def torch_backend() -> Backend:
         "mx_dequantize": quant.mx_dequantize,
         "cache_publish": cache.publish,
         "cache_read": cache.read,
+        "compressor_ratio2": compressor.compressor_ratio2_paged,
+        "materialize_rope_rows": rope.materialize_rope_rows,
+        "index_scores": indexer.paged_index_scores,
+        "select_topk": indexer.select_topk,
+        "candidate_blocks": indexer.select_candidate_blocks,
         "check_row_precision": precision.check_row_precision,
         "check_output_budget": precision.check_output_budget,
         "check_active_split": precision.check_active_split,

@@ -1,0 +1,140 @@
+"""Top-K validity (§5.3) and the C2A set-overlap variant, as pure checks.
+
+A selection is [T, K] physical rows padded with -1. The caller supplies each token's request-local
+mapping (block table, request id, compressed length) and the reference scores [T, L] over logical
+positions, recomputed from reference inputs; device outputs never define the scores used for the
+cutoff rule (FULL layers: the device-published index cache is an input the caller chooses).
+
+Spec: §5.3, upstream_checks IX-07..IX-12, §15 C-5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from contracts.result import CheckResult, Tally, Violation, failed, passed
+
+CUTOFF_ATOL = 5e-5
+CUTOFF_RTOL = 1.5e-2
+MIN_OVERLAP = 0.98
+
+
+@dataclass(frozen=True)
+class TopKContext:
+    """What a Top-K row may legally contain: per-token request rows and visible lengths."""
+
+    block_table: torch.Tensor  # [B, pages]
+    request_ids: torch.Tensor  # [T]
+    compressed_lens: torch.Tensor  # [T]
+    block_size: int
+    rank: int = 0
+
+    def logical_of(self, t: int) -> dict[int, int]:
+        """physical row -> logical position over the token's visible range."""
+        r = int(self.request_ids[t])
+        table = self.block_table[r].tolist()
+        out = {}
+        for j in range(int(self.compressed_lens[t])):
+            page = j // self.block_size
+            if page < len(table) and table[page] >= 0:
+                out[table[page] * self.block_size + j % self.block_size] = j
+        return out
+
+
+def check_topk_validity(actual: torch.Tensor, expected: torch.Tensor, ctx: TopKContext, scores: torch.Tensor, *,
+                        order: bool = True, trailing: bool = True, name: str = "topk_indices") -> CheckResult:
+    """Shape/dtype; no value < -1; -1 padding trailing; exact match passes; else per token: nominal count,
+    no duplicates, rows inside the token's request, strictly increasing logical positions, and on set
+    differences sorted missing vs extra reference scores within 5e-5 + 1.5e-2*|missing|. Messages name
+    rank, token and index. ``order``/``trailing`` False gives the decode C1A variant. Spec: §5.3."""
+    check, spec = "check_topk_validity", "§5.3"
+    if tuple(actual.shape) != tuple(expected.shape) or actual.dtype != expected.dtype:
+        return failed(check, spec, 1, 1, Violation(f"{name}.layout", (), f"{actual.dtype}{list(actual.shape)}",
+                                                   f"{expected.dtype}{list(expected.shape)}"))
+    t_ = Tally(check, spec)
+    a = actual.to(torch.int64)
+    low = a < -1
+    if bool(low.any()):
+        t, k = (int(v) for v in low.nonzero()[0])
+        return failed(check, spec, a.numel(), int(low.sum()),
+                      Violation(f"rank{ctx.rank} {name}", (t, k), int(a[t, k]), ">= -1"))
+    valid = a >= 0
+    if trailing and a.shape[-1] > 1:
+        hole = valid[:, 1:] & ~valid[:, :-1]
+        if bool(hole.any()):
+            t, k = (int(v) for v in hole.nonzero()[0])
+            return failed(check, spec, a.shape[0], int(hole.any(1).sum()),
+                          Violation(f"rank{ctx.rank} {name}", (t, k + 1), int(a[t, k + 1]), "-1",
+                                    note=f"-1 padding at [{t}][{k}] is followed by a valid row"))
+    if torch.equal(actual, expected):
+        return passed(check, spec, a.shape[0])
+    e = expected.to(torch.int64)
+    for t in range(a.shape[0]):
+        t_.n_checked += 1
+        got = [int(v) for v in a[t] if v >= 0]
+        want = [int(v) for v in e[t] if v >= 0]
+        where = f"rank{ctx.rank} {name}"
+        if len(got) != len(want):
+            t_.fail(Violation(where, (t,), f"{len(got)} valid rows", f"{len(want)} (nominal count)"))
+            continue
+        if len(set(got)) != len(got):
+            dup = next(v for v in got if got.count(v) > 1)
+            t_.fail(Violation(where, (t, got.index(dup, got.index(dup) + 1)), dup, "no duplicates",
+                              note="row selected twice"))
+            continue
+        logical = ctx.logical_of(t)
+        outside = [(k, v) for k, v in enumerate(got) if v not in logical]
+        if outside:
+            k, v = outside[0]
+            t_.fail(Violation(where, (t, k), v, f"a row of request {int(ctx.request_ids[t])}'s visible range "
+                                                f"(compressed_len {int(ctx.compressed_lens[t])})",
+                              note="outside its request"))
+            continue
+        pos = [logical[v] for v in got]
+        if order and any(b <= a_ for a_, b in zip(pos, pos[1:], strict=False)):
+            k = next(i + 1 for i, (a_, b) in enumerate(zip(pos, pos[1:], strict=False)) if b <= a_)
+            t_.fail(Violation(where, (t, k), f"logical {pos[k]}", f"> logical {pos[k - 1]}",
+                              note="logical positions must strictly increase"))
+            continue
+        want_logical = {ctx.logical_of(t).get(v, -1) for v in want}
+        missing = sorted((float(scores[t, j]) for j in want_logical - set(pos)), reverse=True)
+        extra = sorted((float(scores[t, j]) for j in set(pos) - want_logical), reverse=True)
+        for m, x in zip(missing, extra, strict=True):
+            bound = CUTOFF_ATOL + CUTOFF_RTOL * abs(m)
+            if not m - x <= bound:
+                t_.fail(Violation(where, (t,), f"extra score {x:.6g}", f"missing score {m:.6g}", bound,
+                                  note="cutoff swap beyond tolerance"))
+                break
+    return t_.result()
+
+
+def check_topk_overlap(actual: torch.Tensor, expected: torch.Tensor, *, min_overlap: float = MIN_OVERLAP,
+                       rank: int = 0, name: str = "topk_indices") -> CheckResult:
+    """C2A variant: per row a set of physical rows; no duplicates, equal counts, worst-row overlap >=
+    0.98. Spec: §5.3 variants, upstream_checks IX-11."""
+    t_ = Tally("check_topk_overlap", "§5.3")
+    for t in range(actual.shape[0]):
+        got = [int(v) for v in actual[t] if v >= 0]
+        want = {int(v) for v in expected[t] if v >= 0}
+        t_.n_checked += 1
+        where = f"rank{rank} {name}"
+        if len(set(got)) != len(got):
+            t_.fail(Violation(where, (t,), "duplicate rows", "distinct rows"))
+        elif len(got) != len(want):
+            t_.fail(Violation(where, (t,), f"{len(got)} rows", f"{len(want)} rows"))
+        elif want and len(set(got) & want) / len(want) < min_overlap:
+            t_.fail(Violation(where, (t,), f"overlap {len(set(got) & want) / len(want):.4f}", f">= {min_overlap}"))
+    return t_.result()
+
+
+def selected_output_reference(selection: torch.Tensor, validity: CheckResult, reference_caches: object,
+                              attention_reference: Callable[[torch.Tensor, object], torch.Tensor]) -> torch.Tensor:
+    """Reference output for an accepted alternative selection, recomputed from the *reference* caches and
+    original weights (bound into ``attention_reference``). An invalid selection never redefines the
+    reference: it raises. Spec: §5.3 "Accepted alternative selection", IX-12."""
+    if not validity.ok:
+        raise ValueError(f"an invalid Top-K selection cannot define the output reference: {validity.message()}")
+    return attention_reference(selection, reference_caches)

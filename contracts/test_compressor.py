@@ -1,0 +1,233 @@
+"""Ratio-2 compressor ring contracts against the backend's ``compressor_ratio2``. Spec: §4.1.
+
+Fixtures follow upstream_checks S-7: nonidentity state blocks, other blocks holding random sentinel
+rows that must survive byte for byte, trailing padding rows with garbage request ids and positions.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contracts.checks.cache import check_bytes_outside
+from contracts.plugin import op
+from contracts.tensors import byte_rows
+from kernels.config import FLASH, FLASH_TINY
+from kernels.reference.compressor import CompressorWeights
+
+DIMS = [pytest.param(FLASH_TINY, id="tiny"), pytest.param(FLASH, id="flash")]
+CAPACITIES = (1, 2, 4, 7)
+
+
+@dataclass
+class Ring:
+    """A state cache of ``blocks`` blocks filled with sentinels, plus weights and per-request inputs."""
+
+    config: object
+    capacity: int
+    blocks: int
+    seed: int
+
+    def __post_init__(self):
+        g = torch.Generator().manual_seed(self.seed)
+        hidden, d = self.config.hidden_size, self.config.head_dim
+        self.weights = CompressorWeights(torch.randn((hidden, d), generator=g) / hidden**0.5,
+                                         torch.randn((hidden, d), generator=g) / hidden**0.5,
+                                         torch.rand(d, generator=g) + 0.5)
+        self.state = torch.randn((self.blocks, self.capacity, 2 * d), generator=g) * 3
+        self.gen = g
+
+    def tokens(self, n: int) -> torch.Tensor:
+        return torch.randn((n, self.config.hidden_size), generator=self.gen).to(torch.bfloat16)
+
+
+def call(backend, ring: Ring, state, chunks, *, padding: int = 0):
+    """One batch: ``chunks`` = [(x rows, first position, state block)] in batch-row order."""
+    xs, qsl, pos, req = [], [0], [], []
+    for r, (x, p0, _block) in enumerate(chunks):
+        xs.append(x)
+        qsl.append(qsl[-1] + x.shape[0])
+        pos += list(range(p0, p0 + x.shape[0]))
+        req += [r] * x.shape[0]
+    x = torch.cat(xs + [torch.randn((padding, ring.config.hidden_size)).to(torch.bfloat16)])
+    pos += [-999] * padding
+    req += [999] * padding
+    table = torch.tensor([[b] for _x, _p, b in chunks], dtype=torch.int32).reshape(-1, 1)
+    return op(backend, "compressor_ratio2")(
+        x, torch.tensor(qsl, dtype=torch.int32), torch.tensor(pos, dtype=torch.int32),
+        torch.tensor(req, dtype=torch.int32), table, state, ring.weights)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(byte_rows(a), byte_rows(b))
+
+
+def _first_diff(a: torch.Tensor, b: torch.Tensor) -> int:
+    return int((byte_rows(a) != byte_rows(b)).any(1).nonzero()[0, 0])
+
+
+def splits(n: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """Every way to cut n tokens into chunks (drawn as cut points)."""
+    return st.sets(st.integers(1, max(n - 1, 1)), max_size=n).map(
+        lambda cuts: tuple(b - a for a, b in zip([0, *sorted(c for c in cuts if c < n)],
+                                                  [*sorted(c for c in cuts if c < n), n], strict=True)))
+
+
+@pytest.mark.parametrize("config", DIMS)
+@given(capacity=st.sampled_from(CAPACITIES), data=st.data(), seed=st.integers(0, 2**31),
+       padding=st.integers(0, 3))
+def test_compressor_chunked_equals_unchunked(backend, config, capacity, data, seed, padding):
+    """Any split of a request into chunks gives bit-identical latents, publish flags and final ring state
+    (other blocks untouched) to one unchunked call, for capacity in {1, 2, 4, 7}. Spec: §4.1 (CS-10)."""
+    n = data.draw(st.integers(1, 12 if config is FLASH_TINY else 5))
+    cut = data.draw(splits(n))
+    ring = Ring(config, capacity, blocks=3, seed=seed)
+    block = data.draw(st.integers(0, 2))
+    x = ring.tokens(n)
+    whole_latent, whole_pub, whole_state = call(backend, ring, ring.state, [(x, 0, block)], padding=padding)
+    state, start, lat, pub = ring.state, 0, [], []
+    for size in cut:
+        latent, publish, state = call(backend, ring, state, [(x[start:start + size], start, block)], padding=padding)
+        lat.append(latent[:size])
+        pub.append(publish[:size])
+        start += size
+    lat, pub = torch.cat(lat), torch.cat(pub)
+    assert torch.equal(pub, whole_pub[:n]), f"publish flags {pub.tolist()} != {whole_pub[:n].tolist()} (split {cut})"
+    assert pub.tolist() == [p % 2 == 1 for p in range(n)], "only odd positions publish"
+    assert _same(lat, whole_latent[:n]), f"latent row {_first_diff(lat, whole_latent[:n])} differs (split {cut})"
+    flat_c, flat_w = state.reshape(-1, state.shape[-1]), whole_state.reshape(-1, state.shape[-1])
+    assert _same(flat_c, flat_w), f"ring slot {_first_diff(flat_c, flat_w)} differs after split {cut}"
+    others = [b for b in range(3) if b != block]
+    assert _same(state[others], ring.state[others]), "a block the request does not own changed"
+
+
+@given(capacity=st.sampled_from(CAPACITIES), seed=st.integers(0, 2**31), data=st.data())
+def test_compressor_reorder_departure_admission_block_reuse(backend, capacity, seed, data):
+    """Requests scheduled in shuffled batch rows, departing and freeing blocks that admitted requests
+    reuse, each match their own unchunked run bit for bit. Spec: §4.1 (CS-11)."""
+    ring = Ring(FLASH_TINY, capacity, blocks=4, seed=seed)
+    rng = random.Random(seed)
+    n_req = data.draw(st.integers(2, 5))
+    lengths = [data.draw(st.integers(1, 9)) for _ in range(n_req)]
+    xs = [ring.tokens(n) for n in lengths]
+    pool = rng.sample(range(4), 2)  # fewer blocks than requests: departures free blocks for admissions
+    owner: dict[int, int] = {}
+    done = [0] * n_req
+    out_lat = [[] for _ in range(n_req)]
+    out_pub = [[] for _ in range(n_req)]
+    state = ring.state
+    waiting = list(range(n_req))
+    for _step in range(60):
+        while pool and waiting:
+            owner[waiting.pop(0)] = pool.pop(0)
+        active = [r for r in owner if done[r] < lengths[r]]
+        if not active:
+            break
+        rows = data.draw(st.permutations(active))
+        chunks = []
+        for r in rows:
+            size = data.draw(st.integers(1, lengths[r] - done[r]))
+            chunks.append((r, size))
+        latent, publish, state = call(backend, ring, state,
+                                      [(xs[r][done[r]:done[r] + s], done[r], owner[r]) for r, s in chunks])
+        start = 0
+        for r, s in chunks:
+            out_lat[r].append(latent[start:start + s])
+            out_pub[r].append(publish[start:start + s])
+            start += s
+            done[r] += s
+        for r in [r for r in list(owner) if done[r] == lengths[r]]:
+            pool.append(owner.pop(r))  # departure: the block may be reused by the next admission
+    assert all(d == n for d, n in zip(done, lengths, strict=True)), "scheduler did not finish"
+    for r in range(n_req):
+        ref_lat, ref_pub, _ = call(backend, ring, torch.zeros_like(ring.state), [(xs[r], 0, 0)])
+        lat = torch.cat(out_lat[r])
+        assert torch.equal(torch.cat(out_pub[r]), ref_pub), f"request {r}: publish flags differ"
+        assert _same(lat, ref_lat), f"request {r} (length {lengths[r]}): latent row {_first_diff(lat, ref_lat)} " \
+                                    "differs from its unchunked run"
+
+
+@given(capacity=st.sampled_from(CAPACITIES), seed=st.integers(0, 2**31), n=st.integers(1, 8),
+       bad_block=st.sampled_from((-1, 99)))
+def test_compressor_inactive_block_means_no_state_access(backend, capacity, seed, n, bad_block):
+    """A request whose state block is -1 (or out of range) publishes nothing, has zero latents and leaves
+    the ring untouched; its batch neighbour is unaffected. Spec: §4.1 skip rules (CS-12)."""
+    ring = Ring(FLASH_TINY, capacity, blocks=3, seed=seed)
+    xa, xb = ring.tokens(n), ring.tokens(n)
+    latent, publish, state = call(backend, ring, ring.state, [(xa, 0, bad_block), (xb, 0, 1)], padding=2)
+    assert not bool(publish[:n].any()), "inactive request published"
+    assert not bool(latent[:n].ne(0).any()), "inactive request has non-zero latent rows"
+    assert not bool(publish[2 * n:].any()) and not bool(latent[2 * n:].ne(0).any()), "padding rows produced output"
+    assert _same(state[[0, 2]], ring.state[[0, 2]]), "ring blocks other than the live request's changed"
+    ref_lat, ref_pub, ref_state = call(backend, ring, ring.state, [(xb, 0, 1)])
+    assert _same(latent[n:2 * n], ref_lat) and torch.equal(publish[n:2 * n], ref_pub)
+    assert _same(state, ref_state)
+
+
+@given(capacity=st.sampled_from(CAPACITIES), seed=st.integers(0, 2**31), data=st.data())
+def test_compressor_untouched_ring_slots_are_byte_identical(backend, capacity, seed, data):
+    """Only slots block*cap + p%cap of each request's last min(chunk, cap) tokens may change. Spec: §4.1 (CS-15)."""
+    ring = Ring(FLASH_TINY, capacity, blocks=4, seed=seed)
+    n_req = data.draw(st.integers(1, 3))
+    blocks = data.draw(st.permutations(range(4)))[:n_req]
+    chunks, touched = [], torch.zeros(4 * capacity, dtype=torch.bool)
+    for b in blocks:
+        size, p0 = data.draw(st.integers(0, 9)), data.draw(st.integers(0, 20))
+        if size:
+            chunks.append((ring.tokens(size), p0, b))
+            for p in range(max(p0, p0 + size - capacity), p0 + size):
+                touched[b * capacity + p % capacity] = True
+    if not chunks:
+        return
+    _lat, _pub, state = call(backend, ring, ring.state, chunks, padding=data.draw(st.integers(0, 3)))
+    result = check_bytes_outside("state_cache", state.reshape(4 * capacity, -1),
+                                 ring.state.reshape(4 * capacity, -1), touched)
+    assert result.ok, result.message()
+
+
+@given(capacity=st.sampled_from(CAPACITIES), seed=st.integers(0, 2**31), data=st.data())
+def test_compressor_restored_odd_prefix_equals_uninterrupted(backend, capacity, seed, data):
+    """Resuming at an odd position with the predecessor's ring restored (into another block id) equals the
+    uninterrupted run; a zeroed ring does not. Spec: §4.1 ownership (CS-13)."""
+    ring = Ring(FLASH_TINY, capacity, blocks=3, seed=seed)
+    prefix = 2 * data.draw(st.integers(0, 4)) + 1
+    rest = data.draw(st.integers(1, 6))
+    x = ring.tokens(prefix + rest)
+    whole, _, _ = call(backend, ring, ring.state, [(x, 0, 0)])
+    _, _, after_prefix = call(backend, ring, ring.state, [(x[:prefix], 0, 0)])
+    restored = ring.state.clone()
+    restored[2] = after_prefix[0]  # engine moves the request to block 2 with its ring
+    resumed, _, _ = call(backend, ring, restored, [(x[prefix:], prefix, 2)])
+    assert _same(resumed[:rest], whole[prefix:]), f"restored resume differs at row {_first_diff(resumed[:rest], whole[prefix:])}"
+    zeroed = ring.state.clone()
+    zeroed[2] = 0
+    cold, _, _ = call(backend, ring, zeroed, [(x[prefix:], prefix, 2)])
+    assert not _same(cold[:1], whole[prefix:prefix + 1]), "a zeroed ring reproduced the pair partner"
+
+
+@given(seed=st.integers(0, 2**31), rows=st.integers(1, 5))
+def test_compressor_num_tokens_zero_touches_nothing(backend, seed, rows):
+    """num_tokens = 0 with a padded extent: no publish, zero latents, state unchanged. Spec: §4.1 (CS-09)."""
+    ring = Ring(FLASH_TINY, 4, blocks=2, seed=seed)
+    x = ring.tokens(rows)
+    latent, publish, state = op(backend, "compressor_ratio2")(
+        x, torch.tensor([0, 0], dtype=torch.int32), torch.arange(rows, dtype=torch.int32),
+        torch.zeros(rows, dtype=torch.int32), torch.tensor([[1]], dtype=torch.int32), ring.state, ring.weights)
+    assert not bool(publish.any()) and not bool(latent.ne(0).any())
+    assert _same(state, ring.state)
+
+
+def test_compressor_rejects_bad_state_cache(backend):
+    ring = Ring(FLASH_TINY, 4, blocks=2, seed=0)
+    fn = op(backend, "compressor_ratio2")
+    args = (ring.tokens(2), torch.tensor([0, 2]), torch.arange(2), torch.zeros(2, dtype=torch.int32),
+            torch.tensor([[0]], dtype=torch.int32))
+    with pytest.raises(ValueError, match="state_cache"):
+        fn(*args, ring.state.double(), ring.weights)
+    with pytest.raises(ValueError, match="state_cache"):
+        fn(*args, ring.state[:, :, :-1], ring.weights)

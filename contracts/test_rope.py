@@ -1,0 +1,101 @@
+"""RoPE tables and rows. Spec: §4.2."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contracts.plugin import op
+from kernels.config import FLASH, FLASH_TINY
+from kernels.reference.rope import precompute_rope_tables, rope_frequencies, rope_interleave
+
+SENTINEL_COS, SENTINEL_SIN = 17.0, 19.0
+
+
+def _independent_freqs(compressed: bool, c) -> list[float]:
+    """FP64 transcription of the spec formula (not the code under test)."""
+    dim = c.qk_rope_head_dim
+    base = c.compress_rope_theta if compressed else c.rope_theta
+    freqs = [base ** (-(2 * i) / dim) for i in range(dim // 2)]
+    if not compressed:
+        return freqs
+
+    def corr(rot):
+        return dim * math.log(c.original_max_position_embeddings / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(corr(c.beta_fast)), 0), min(math.ceil(corr(c.beta_slow)), dim - 1)
+    out = []
+    for i, f in enumerate(freqs):
+        ramp = min(max((i - low) / max(high - low, 1e-3), 0.0), 1.0)
+        smooth = 1 - ramp
+        out.append(f / c.rope_factor * (1 - smooth) + f * smooth)
+    return out
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "compressed"])
+@pytest.mark.parametrize("config", [FLASH, FLASH_TINY], ids=lambda c: c.name)
+def test_rope_tables_match_the_spec_formula(compressed, config):
+    """Plain: theta 1e4; compressed: theta 1.6e5 with YaRN (factor 16, beta 32/1, orig 65536). Spec: §4.2."""
+    got = rope_frequencies(compressed, config).double()
+    want = torch.tensor(_independent_freqs(compressed, config), dtype=torch.float64)
+    assert torch.allclose(got, want, rtol=2e-6, atol=0), f"max rel {float(((got - want) / want).abs().max())}"
+    cos, sin = precompute_rope_tables(300, compressed, config)
+    assert cos.dtype == torch.float32 and cos.shape == (300, config.qk_rope_head_dim // 2)
+    assert torch.equal(cos[0], torch.ones_like(cos[0])) and torch.equal(sin[0], torch.zeros_like(sin[0]))
+    if compressed:  # YaRN slows the low-frequency end by the factor
+        plain_base = _independent_freqs(False, config)
+        assert got[-1] < plain_base[-1]
+
+
+def test_rope_interleave_rotates_adjacent_pairs():
+    x = torch.zeros(1, 8)
+    x[0, 4], x[0, 5] = 1.0, 0.0
+    cos, sin = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+    y = rope_interleave(x, cos, sin)
+    assert y[0, 4:].tolist() == [1.0, 0.0, 0.0, 0.0]  # pair 0 identity, pair 1 (zeros) rotated by 90 degrees
+    x[0, 6] = 1.0
+    y = rope_interleave(x, cos, sin)
+    assert y[0, 6:].tolist() == [0.0, 1.0], "(x[2i], x[2i+1]) rotation by 90 degrees maps (1, 0) to (0, 1)"
+    assert torch.allclose(rope_interleave(y, cos, sin, inverse=True), x)
+
+
+@given(capacity=st.sampled_from((1, 17, 257)), tokens=st.integers(0, 70), data=st.data(),
+       compressed=st.booleans())
+def test_rope_rows_exact_identity_and_untouched(backend, capacity, tokens, data, compressed):
+    """t < num_tokens: table row p exactly (p >= 0) or identity (p < 0); rows >= num_tokens keep the 17/19
+    sentinels; num_tokens = 0 writes nothing. Spec: §4.2 (RR-04, RR-06)."""
+    materialize = op(backend, "materialize_rope_rows")
+    cos, sin = precompute_rope_tables(capacity, compressed, FLASH_TINY)
+    count = data.draw(st.integers(0, tokens))
+    edge = [p for p in (capacity - 1, 0, -1, -9, 3, 129, 256) if p < capacity]
+    positions = torch.tensor(data.draw(st.lists(st.one_of(st.integers(-20, capacity - 1), st.sampled_from(edge)),
+                                                min_size=tokens, max_size=tokens)), dtype=torch.int32)
+    positions[count:] = torch.randint(capacity, 999_999, (tokens - count,), dtype=torch.int32)  # beyond count
+    rc = torch.full((tokens, cos.shape[1]), SENTINEL_COS)
+    rs = torch.full((tokens, cos.shape[1]), SENTINEL_SIN)
+    materialize(cos, sin, positions, count, rc, rs)
+    for t in range(tokens):
+        p = int(positions[t])
+        if t >= count:
+            assert bool((rc[t] == SENTINEL_COS).all() and (rs[t] == SENTINEL_SIN).all()), \
+                f"row {t} >= num_tokens {count} was written (sentinels 17/19 lost)"
+        elif p >= 0:
+            assert torch.equal(rc[t], cos[p]) and torch.equal(rs[t], sin[p]), f"row {t}: not table row {p}"
+        else:
+            assert bool((rc[t] == 1).all() and (rs[t] == 0).all()), f"row {t} (position {p}): not identity"
+
+
+def test_rope_rows_reject_position_beyond_capacity(backend):
+    materialize = op(backend, "materialize_rope_rows")
+    cos, sin = precompute_rope_tables(8, False, FLASH_TINY)
+    rc, rs = torch.zeros(3, cos.shape[1]), torch.zeros(3, cos.shape[1])
+    with pytest.raises(ValueError, match=r"position_ids\[1\].*capacity 8.*got 8"):
+        materialize(cos, sin, torch.tensor([0, 8, 1], dtype=torch.int32), 3, rc, rs)
+    with pytest.raises(ValueError, match="num_tokens"):
+        materialize(cos, sin, torch.tensor([0, 1, 1], dtype=torch.int32), 4, rc, rs)
+    with pytest.raises(ValueError, match="position_ids"):
+        materialize(cos, sin, torch.tensor([0.0, 1.0, 1.0]), 3, rc, rs)

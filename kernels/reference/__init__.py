@@ -1,0 +1,1 @@
+"""Torch references (goldens) of the V4.1 operators."""

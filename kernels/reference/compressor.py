@@ -1,0 +1,137 @@
+"""Ratio-2 paged compressor with the G2 state ring, the ratio-1 path, and publication of compressed
+values and index keys through the quantized cache ABI.
+
+Spec: §4.1 (ring contract), §2.3 (publish), §3 (metadata inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import cache as cache_abi
+from kernels.errors import ContractInputError
+from kernels.reference.rope import rope_interleave
+
+SPEC = "§4.1"
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-20) -> torch.Tensor:
+    """FP32 RMSNorm times weight, returned in x's dtype."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """FP32 ``x @ weight`` accumulated in FP64, so a row's result does not depend on how many rows share
+    the call (chunked and unchunked runs agree bit for bit)."""
+    return (x.double() @ weight.double()).float()
+
+
+@dataclass(frozen=True)
+class CompressorWeights:
+    """``wkv``/``wgate`` [hidden, head_dim], ``norm`` [head_dim]."""
+
+    wkv: torch.Tensor
+    wgate: torch.Tensor
+    norm: torch.Tensor
+
+
+def compressor_ratio2_paged(
+    x: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    position_ids: torch.Tensor,
+    token_to_req_indices: torch.Tensor,
+    state_block_table: torch.Tensor,
+    state_cache: torch.Tensor,
+    weights: CompressorWeights,
+    *,
+    eps: float = 1e-20,
+    num_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One ratio-2 compressor call -> (latent [T, D] in x's dtype, publish [T] bool, new state cache).
+
+    ``x`` [T, hidden] (T may include trailing padding; ``num_tokens`` defaults to qsl[-1]);
+    ``state_cache`` [blocks, capacity, 2*D] FP32, returned updated (the input is not modified).
+    Odd positions close a pair with the previous chunk row or ring slot ``block*cap + (p-1)%cap``;
+    pooled = sum(kv * softmax(score)) per channel in FP32, rounded to x's dtype, RMSNorm * w, rounded.
+    All reads precede the writes of the last min(chunk, capacity) rows to ``p % cap``. Requests with
+    an empty span or a block outside [0, blocks) and tokens of another request or with p < 0 are
+    skipped. Spec: §4.1.
+    """
+    if state_cache.ndim != 3 or state_cache.dtype != torch.float32 or state_cache.shape[1] < 1:
+        raise ContractInputError("state_cache", None, "FP32 [blocks, capacity >= 1, 2*head_dim]",
+                                 f"{state_cache.dtype}{list(state_cache.shape)}", SPEC)
+    head_dim = weights.wkv.shape[1]
+    if state_cache.shape[2] != 2 * head_dim:
+        raise ContractInputError("state_cache", None, f"last dim 2*head_dim = {2 * head_dim}",
+                                 state_cache.shape[2], SPEC)
+    blocks, capacity, _ = state_cache.shape
+    qsl = [int(v) for v in query_start_loc.tolist()]
+    total = qsl[-1] if num_tokens is None else int(num_tokens)
+    if not 0 <= total <= x.shape[0]:
+        raise ContractInputError("num_tokens", None, f"in [0, {x.shape[0]}]", total, SPEC)
+    state = state_cache.clone()
+    latent = torch.zeros((x.shape[0], head_dim), dtype=x.dtype)
+    publish = torch.zeros(x.shape[0], dtype=torch.bool)
+    if total == 0:
+        return latent, publish, state
+    kv = project(x[:total], weights.wkv)
+    score = project(x[:total], weights.wgate)
+    req_of = token_to_req_indices.tolist()
+    pos_of = position_ids.tolist()
+    writes: list[tuple[int, int, int]] = []
+    for r in range(state_block_table.shape[0]):
+        start, end = qsl[r], min(qsl[r + 1], total)
+        block = int(state_block_table[r, 0])
+        if start >= end or not 0 <= block < blocks:
+            continue
+        for t in range(start, end):
+            p = int(pos_of[t])
+            if int(req_of[t]) != r or p < 0:
+                continue
+            if p % 2 == 1:
+                if t > start:
+                    prev_kv, prev_score = kv[t - 1], score[t - 1]
+                else:
+                    slot = state_cache[block, (p - 1) % capacity]
+                    prev_kv, prev_score = slot[:head_dim], slot[head_dim:]
+                pair_kv = torch.stack((prev_kv, kv[t]))
+                weight = torch.stack((prev_score, score[t])).softmax(dim=0)
+                pooled = (pair_kv * weight).sum(dim=0)
+                latent[t] = rms_norm(pooled.to(x.dtype), weights.norm, eps)
+                publish[t] = True
+        for t in range(max(start, end - capacity), end):
+            p = int(pos_of[t])
+            if int(req_of[t]) == r and p >= 0:
+                writes.append((block, p % capacity, t))
+    for block, slot, t in writes:  # every historical read above happened before any write
+        state[block, slot, :head_dim] = kv[t]
+        state[block, slot, head_dim:] = score[t]
+    return latent, publish, state
+
+
+def compressor_ratio1(x: torch.Tensor, weights: CompressorWeights, *, eps: float = 1e-20,
+                      num_tokens: int | None = None) -> torch.Tensor:
+    """Ratio 1: latent = RMSNorm(x @ wkv) * w for active rows (padding rows zero). Spec: §2.3."""
+    total = x.shape[0] if num_tokens is None else int(num_tokens)
+    out = torch.zeros((x.shape[0], weights.wkv.shape[1]), dtype=x.dtype)
+    if total:
+        out[:total] = rms_norm(project(x[:total], weights.wkv).to(x.dtype), weights.norm, eps)
+    return out
+
+
+def publish_compressed(latent: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, slots: torch.Tensor,
+                       compressed: cache_abi.QuantCache, index: cache_abi.QuantCache, index_wk: torch.Tensor,
+                       index_norm: torch.Tensor, *, eps: float = 1e-20
+                       ) -> tuple[cache_abi.QuantCache, cache_abi.QuantCache]:
+    """Publish compressed values (latent with compressed RoPE on its last dims, g16 E4M3) and index keys
+    (RMSNorm(unrotated latent @ index_wk) * w, then compressed RoPE, g32 E8M0) at ``slots`` (-1 skips).
+    ``rope_cos``/``rope_sin`` [T, rope/2] are the compressed-profile rows. Spec: §2.3, RR-11.
+    """
+    value = rope_interleave(latent, rope_cos, rope_sin)
+    key = rms_norm(project(latent, index_wk).to(latent.dtype), index_norm, eps)
+    key = rope_interleave(key, rope_cos, rope_sin)
+    return (cache_abi.publish(compressed, value.float(), slots),
+            cache_abi.publish(index, key.float(), slots))

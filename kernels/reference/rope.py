@@ -1,0 +1,92 @@
+"""RoPE tables, adjacent-pair rotation and row materialization.
+
+Spec: §4.2 (tables, profiles, ``materialize_rope_rows``), upstream_checks RR-01..RR-05.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels.config import FLASH, V41Config
+from kernels.errors import ContractInputError
+
+SPEC = "§4.2"
+
+
+def rope_frequencies(compressed: bool, config: V41Config = FLASH) -> torch.Tensor:
+    """FP32 [rope/2] frequencies: base ``compress_rope_theta`` + YaRN for compressed, else ``rope_theta``."""
+    dim = config.qk_rope_head_dim
+    base = config.compress_rope_theta if compressed else config.rope_theta
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    if not compressed:
+        return freqs
+
+    def corrected(rotations: float) -> float:
+        return dim * math.log(config.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(corrected(config.beta_fast)), 0)
+    high = min(math.ceil(corrected(config.beta_slow)), dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)).clamp(0, 1)
+    smooth = 1 - ramp
+    return freqs / config.rope_factor * (1 - smooth) + freqs * smooth
+
+
+def precompute_rope_tables(length: int, compressed: bool, config: V41Config = FLASH
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP32 cos/sin tables [length, rope/2] for adjacent-pair rotation. Spec: §4.2."""
+    if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+        raise ContractInputError("length", None, "a positive int", repr(length), SPEC)
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), rope_frequencies(compressed, config))
+    return angles.cos(), angles.sin()
+
+
+def rope_interleave(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inverse: bool = False) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) of the last 2*len(cos) dims in FP32; returns x's dtype.
+
+    ``x`` [..., D], ``cos``/``sin`` [..., rope/2] broadcastable to x's rows. Spec: §4.2.
+    """
+    width = cos.shape[-1] * 2
+    head, tail = x[..., :-width], x[..., -width:].float()
+    pairs = tail.unflatten(-1, (-1, 2))
+    a, b = pairs[..., 0], pairs[..., 1]
+    s = -sin if inverse else sin
+    rotated = torch.stack((a * cos - b * s, a * s + b * cos), dim=-1).flatten(-2)
+    return torch.cat((head.float(), rotated), dim=-1).to(x.dtype)
+
+
+def materialize_rope_rows(freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, position_ids: torch.Tensor,
+                          num_tokens: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> None:
+    """Write rows t < num_tokens of ``rope_cos``/``rope_sin`` [T, rope/2] in place: table row p for p >= 0,
+    the identity rotation (1, 0) for p < 0. Rows >= num_tokens are untouched; num_tokens = 0 does nothing.
+    A position >= the table capacity raises (upstream leaves this unchecked: RR-05). Spec: §4.2.
+    """
+    if freqs_cos.ndim != 2 or freqs_cos.shape != freqs_sin.shape or freqs_cos.dtype != freqs_sin.dtype:
+        raise ContractInputError("freqs_cos/freqs_sin", None, "two 2-D tables of one shape and dtype",
+                                 f"{freqs_cos.dtype}{list(freqs_cos.shape)} / {freqs_sin.dtype}{list(freqs_sin.shape)}",
+                                 SPEC)
+    if freqs_cos.shape[0] == 0:
+        raise ContractInputError("freqs_cos", None, "a nonzero capacity", 0, SPEC)
+    if position_ids.dtype not in (torch.int32, torch.int64) or position_ids.ndim != 1:
+        raise ContractInputError("position_ids", None, "a 1-D INT32/INT64 tensor",
+                                 f"{position_ids.dtype}{list(position_ids.shape)}", SPEC)
+    rows = position_ids.shape[0]
+    for name, out in (("rope_cos", rope_cos), ("rope_sin", rope_sin)):
+        if out.shape != (rows, freqs_cos.shape[1]) or out.dtype != freqs_cos.dtype:
+            raise ContractInputError(name, None, f"{freqs_cos.dtype}[{rows}, {freqs_cos.shape[1]}]",
+                                     f"{out.dtype}{list(out.shape)}", SPEC)
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= rows:
+        raise ContractInputError("num_tokens", None, f"an int in [0, {rows}]", repr(num_tokens), SPEC)
+    if num_tokens == 0:
+        return
+    pos = position_ids[:num_tokens].to(torch.int64)
+    capacity = freqs_cos.shape[0]
+    bad = pos >= capacity
+    if bool(bad.any()):
+        t = int(bad.nonzero()[0, 0])
+        raise ContractInputError("position_ids", (t,), f"< table capacity {capacity}", int(pos[t]), SPEC)
+    valid = (pos >= 0).unsqueeze(-1)
+    idx = pos.clamp_min(0)
+    rope_cos[:num_tokens] = torch.where(valid, freqs_cos[idx], torch.ones((), dtype=freqs_cos.dtype))
+    rope_sin[:num_tokens] = torch.where(valid, freqs_sin[idx], torch.zeros((), dtype=freqs_sin.dtype))
