@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import Phase, settings
 
 from contracts.backends import load_backend_module
 
@@ -56,6 +57,20 @@ CASES = [
     ("quant:E4M3_CLAMP_240", "test_quant:test_dequantized_within_half_step", "half step"),
     # quantized cache ABI (§2.3, §6)
     ("quant:PUBLISH_UNMAPPED", "test_cache:test_publish_touches_only_mapped_rows", "unmapped row changed"),
+    # compressor ring (§4.1)
+    ("reference:COMPRESSOR_ALL_ROWS_WRITE", "test_compressor:test_compressor_chunked_equals_unchunked", "ring slot"),
+    ("reference:COMPRESSOR_PARTNER_WRONG_SLOT", "test_compressor:test_compressor_chunked_equals_unchunked",
+     "latent row"),
+    ("reference:COMPRESSOR_PARTNER_WRONG_SLOT", "test_compressor:test_compressor_restored_odd_prefix_equals_uninterrupted",
+     "restored resume differs"),
+    # RoPE rows (§4.2)
+    ("reference:ROPE_INTO_PADDING", "test_rope:test_rope_rows_exact_identity_and_untouched", "sentinels 17/19 lost"),
+    # Top-K (§5.3)
+    ("reference:TOPK_DUPLICATE", "test_topk:test_topk_selection_is_valid", "row selected twice"),
+    ("reference:TOPK_HOLE", "test_topk:test_topk_selection_is_valid", "followed by a valid row"),
+    ("reference:TOPK_REVERSED", "test_topk:test_topk_selection_is_valid", "strictly increase"),
+    ("reference:TOPK_OUTSIDE", "test_topk:test_topk_selection_is_valid", "outside its request"),
+    ("reference:TOPK_CUTOFF_SWAP", "test_topk:test_topk_selection_is_valid", "cutoff swap beyond tolerance"),
     # precision (§6)
     ("precision:AVERAGING_ROWS", "test_precision:test_row_precision_one_bad_row_is_not_diluted", "good rows passed"),
     ("precision:NAN_BLIND", "test_precision:test_row_precision_nonfinite_fails", "passed"),
@@ -83,12 +98,29 @@ def _parametrized_args(fn) -> list[dict]:
         new = []
         for base in sets:
             for values in mark.args[1]:
-                values = values if len(names) > 1 else (values,)
+                if hasattr(values, "marks") and hasattr(values, "values"):  # pytest.param(...)
+                    values = values.values
+                elif len(names) == 1:
+                    values = (values,)
                 new.append({**base, **dict(zip(names, values, strict=True))})
         sets = new
     return sets
 
 
+@pytest.fixture
+def falsify_without_shrinking():
+    """Same examples as the active profile, but stop at the first failure (no shrinking): here only
+    *whether* the contract fails matters. The previous profile is restored afterwards."""
+    previous = settings.get_current_profile_name()
+    settings.register_profile("pto-defects", settings(settings.get_profile(previous),
+                                                      phases=[Phase.explicit, Phase.reuse, Phase.generate],
+                                                      report_multiple_bugs=False))
+    settings.load_profile("pto-defects")
+    yield
+    settings.load_profile(previous)
+
+
+@pytest.mark.usefixtures("falsify_without_shrinking")
 @pytest.mark.parametrize("defect, contract, mentions", CASES, ids=[f"{d}->{c.split(':')[1]}" for d, c, _ in CASES])
 def test_contract_catches_seeded_defect(defect, contract, mentions):
     backend = load_backend_module(f"tests.defects.{defect}")

@@ -1,0 +1,260 @@
+"""Indexer Top-K and hierarchical candidate contracts. Spec: §5.1-§5.3.
+
+The backend's ``index_scores`` + ``select_topk`` selection must pass the §5.3 validity check against
+the reference selection and reference scores (ties at the cutoff may legitimately differ).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contracts.checks.topk import (
+    TopKContext,
+    check_topk_overlap,
+    check_topk_validity,
+    selected_output_reference,
+)
+from contracts.plugin import op
+from kernels.config import FLASH, FLASH_TINY
+from kernels.reference import indexer as ref
+
+
+@dataclass(frozen=True)
+class IndexerCase:
+    """Tokens of several requests scoring paged index keys; pages permuted, spare pages unmapped."""
+
+    lens_per_token: tuple[tuple[int, ...], ...]  # per request: compressed_lens of its tokens
+    topk: int
+    heads: int
+    dim: int
+    block: int
+    tie_rows: bool  # duplicate key rows so scores tie at the cutoff
+    seed: int
+
+    def build(self) -> dict:
+        g = torch.Generator().manual_seed(self.seed)
+        rng = random.Random(self.seed)
+        batch = len(self.lens_per_token)
+        need = [max([*lens, 1]) for lens in self.lens_per_token]
+        pages = [-(-n // self.block) for n in need]
+        width = max(pages) + 1  # one spare unmapped column
+        pool = list(range(sum(pages) + 2))
+        rng.shuffle(pool)
+        it = iter(pool)
+        table = torch.full((batch, width), -1, dtype=torch.int32)
+        for r, n in enumerate(pages):
+            for p in range(n):
+                table[r, p] = next(it)
+        rows = (max(pool) + 1) * self.block
+        keys = torch.randn((rows, self.dim), generator=g).to(torch.bfloat16)
+        if self.tie_rows:
+            keys[1::2] = keys[0::2][: keys[1::2].shape[0]]
+        request_ids = torch.tensor([r for r, lens in enumerate(self.lens_per_token) for _ in lens], dtype=torch.int32)
+        lens = torch.tensor([n for lens in self.lens_per_token for n in lens], dtype=torch.int32)
+        tokens = lens.numel()
+        q = torch.randn((tokens, self.heads, self.dim), generator=g).to(torch.bfloat16)
+        w = torch.rand((tokens, self.heads), generator=g).to(torch.bfloat16)
+        return dict(q=q, head_weights=w, keys=keys, block_table=table, request_ids=request_ids,
+                    compressed_lens=lens)
+
+
+def indexer_cases(*, max_len: int = 40, topk: int = 16) -> st.SearchStrategy[IndexerCase]:
+    lens = st.one_of(st.integers(0, max_len), st.sampled_from((0, 1, topk - 1, topk, topk + 1, max_len)))
+    return st.builds(IndexerCase,
+                     lens_per_token=st.lists(st.lists(lens, min_size=1, max_size=3).map(tuple), min_size=1,
+                                             max_size=4).map(tuple),
+                     topk=st.just(topk), heads=st.sampled_from((1, 4)), dim=st.just(32),
+                     block=st.sampled_from((4, 16)), tie_rows=st.booleans(), seed=st.integers(0, 2**31))
+
+
+def _reference(inputs: dict, case: IndexerCase, width: int):
+    scores = ref.paged_index_scores(**inputs, block_size=case.block, width=width)
+    sel = ref.select_topk(scores, inputs["block_table"], inputs["request_ids"], topk=case.topk, block_size=case.block)
+    return scores, sel
+
+
+def _ctx(inputs: dict, case: IndexerCase) -> TopKContext:
+    return TopKContext(inputs["block_table"], inputs["request_ids"], inputs["compressed_lens"], case.block)
+
+
+@given(case=indexer_cases())
+def test_topk_selection_is_valid(backend, case):
+    """Backend scoring + selection pass the §5.3 validity check against the reference. Spec: §5.1, §5.3."""
+    inputs = case.build()
+    width = int(inputs["compressed_lens"].max())
+    scores, expected = _reference(inputs, case, width)
+    actual_scores = op(backend, "index_scores")(**inputs, block_size=case.block, width=width)
+    actual = op(backend, "select_topk")(actual_scores, inputs["block_table"], inputs["request_ids"], topk=case.topk,
+                                        block_size=case.block)
+    result = check_topk_validity(actual, expected, _ctx(inputs, case), scores)
+    assert result.ok, result.message()
+
+
+@given(case=indexer_cases())
+def test_topk_reference_is_sorted_compacted_and_complete(case):
+    """The reference keeps min(topk, visible) rows, in logical order, left-compacted, -1 padded."""
+    inputs = case.build()
+    width = int(inputs["compressed_lens"].max())
+    scores, sel = _reference(inputs, case, width)
+    ctx = _ctx(inputs, case)
+    assert check_topk_validity(sel, sel.clone(), ctx, scores).ok
+    for t in range(sel.shape[0]):
+        rows = [int(v) for v in sel[t] if v >= 0]
+        assert len(rows) == min(case.topk, int(inputs["compressed_lens"][t])), f"token {t}: {len(rows)} rows"
+        logical = ctx.logical_of(t)
+        pos = [logical[v] for v in rows]
+        assert pos == sorted(pos) and all(v >= 0 for v in sel[t, : len(rows)].tolist())
+
+
+def _tie_case():
+    """One token, 6 visible positions, topk 3, a tie between positions 2 and 5 at the cutoff."""
+    table = torch.tensor([[3]], dtype=torch.int32)
+    ctx = TopKContext(table, torch.tensor([0]), torch.tensor([6]), 8)
+    scores = torch.tensor([[9.0, 1.0, 5.0, 7.0, 0.5, 5.0]])
+    phys = [3 * 8 + j for j in range(6)]
+    expected = torch.tensor([[phys[0], phys[2], phys[3]]], dtype=torch.int32)
+    return ctx, scores, phys, expected
+
+
+def test_topk_tied_cutoff_swap_is_accepted():
+    """Taking position 5 (tied with 2 at the cutoff) instead of 2 is a legal selection. Spec: §5.3 step 6."""
+    ctx, scores, phys, expected = _tie_case()
+    alt = torch.tensor([[phys[0], phys[3], phys[5]]], dtype=torch.int32)
+    result = check_topk_validity(alt, expected, ctx, scores)
+    assert result.ok, result.message()
+    near = scores.clone()
+    near[0, 5] = 5.0 - 0.9 * (5e-5 + 1.5e-2 * 5.0)  # within the cutoff tolerance
+    assert check_topk_validity(alt, expected, ctx, near).ok
+
+
+@pytest.mark.parametrize("alt, why", [
+    ([0, 3, 4], "cutoff swap beyond tolerance"),  # 0.5 for 5.0
+    ([2, 3, 5], "cutoff swap beyond tolerance"),  # drops the best (9.0)
+    ([0, 2, 2], "row selected twice"),
+    ([0, 3, 2], "strictly increase"),
+], ids=["low-for-cutoff", "drop-best", "duplicate", "order"])
+def test_topk_other_swaps_are_rejected(alt, why):
+    ctx, scores, phys, expected = _tie_case()
+    result = check_topk_validity(torch.tensor([[phys[j] for j in alt]], dtype=torch.int32), expected, ctx, scores)
+    assert not result.ok and why in result.message() and "rank0" in result.message(), result.message()
+
+
+def test_topk_structural_violations_are_named():
+    ctx, scores, phys, expected = _tie_case()
+    cases = {
+        "padding": ([phys[0], -1, phys[3]], "followed by a valid row"),
+        "below": ([phys[0], phys[2], -2], ">= -1"),
+        "outside": ([phys[0], phys[2], 7 * 8], "outside its request"),
+        "count": ([phys[0], phys[2], -1], "nominal count"),
+    }
+    for name, (row, text) in cases.items():
+        result = check_topk_validity(torch.tensor([row], dtype=torch.int32), expected, ctx, scores)
+        assert not result.ok and text in result.message(), f"{name}: {result.message()}"
+    result = check_topk_validity(expected.to(torch.int64), expected, ctx, scores)
+    assert not result.ok and "layout" in result.message()
+
+
+def test_topk_overlap_variant():
+    a = torch.tensor([list(range(100))])
+    b = a.clone()
+    b[0, 0] = 500
+    assert check_topk_overlap(b, a).ok  # 99 % overlap
+    b[0, 1] = 501
+    b[0, 2] = 502
+    assert not check_topk_overlap(b, a).ok  # 97 %
+    b = a.clone()
+    b[0, 1] = 0
+    assert "duplicate" in check_topk_overlap(b, a).message()
+
+
+def test_invalid_selection_cannot_define_the_reference():
+    ctx, scores, phys, expected = _tie_case()
+    bad = torch.tensor([[phys[0], phys[0], phys[3]]], dtype=torch.int32)
+    validity = check_topk_validity(bad, expected, ctx, scores)
+    with pytest.raises(ValueError, match="cannot define the output reference"):
+        selected_output_reference(bad, validity, "reference caches", lambda sel, caches: sel)
+    alt = torch.tensor([[phys[0], phys[3], phys[5]]], dtype=torch.int32)
+    seen = []
+    out = selected_output_reference(alt, check_topk_validity(alt, expected, ctx, scores), "reference caches",
+                                    lambda sel, caches: seen.append(caches) or sel.float())
+    assert seen == ["reference caches"] and torch.equal(out, alt.float())
+
+
+@given(case=indexer_cases(), seed=st.integers(0, 2**31))
+def test_topk_page_permutation_changes_physical_ids_not_logical_selection(backend, case, seed):
+    """Relabelling physical pages (keys move with them) changes only the physical ids. Spec: §2.1, §5.1."""
+    inputs = case.build()
+    width = int(inputs["compressed_lens"].max())
+    score_fn, select = op(backend, "index_scores"), op(backend, "select_topk")
+    base = select(score_fn(**inputs, block_size=case.block, width=width), inputs["block_table"],
+                  inputs["request_ids"], topk=case.topk, block_size=case.block)
+    n_pages = inputs["keys"].shape[0] // case.block
+    perm = list(range(n_pages))
+    random.Random(seed).shuffle(perm)
+    perm_t = torch.tensor(perm)
+    table = inputs["block_table"]
+    moved_table = torch.where(table >= 0, perm_t[table.clamp_min(0).long()].to(table.dtype), table)
+    keys = torch.empty_like(inputs["keys"])
+    keys.view(n_pages, case.block, -1)[perm_t] = inputs["keys"].view(n_pages, case.block, -1)
+    moved_inputs = {**inputs, "block_table": moved_table, "keys": keys}
+    moved = select(score_fn(**moved_inputs, block_size=case.block, width=width), moved_table,
+                   inputs["request_ids"], topk=case.topk, block_size=case.block)
+    mapped = torch.where(base >= 0, perm_t[(base.clamp_min(0) // case.block).long()] * case.block
+                         + base.clamp_min(0) % case.block, base).to(torch.int32)
+    assert torch.equal(moved, mapped), "selection changed beyond the physical relabelling"
+
+
+@given(case=indexer_cases(), data=st.data())
+def test_candidate_mask_keeps_the_last_visible_block(backend, case, data):
+    """The block holding compressed_len-1 is always selected; at most topk_blocks blocks; empty tokens get
+    an all-zero mask; a reindex selection stays inside the mask. Spec: §5.2."""
+    inputs = case.build()
+    width = max(int(inputs["compressed_lens"].max()), 1)
+    scores = ref.paged_index_scores(**inputs, block_size=case.block, width=width)
+    topk_blocks = data.draw(st.integers(1, 3))
+    mask = op(backend, "candidate_blocks")(scores, inputs["compressed_lens"], block=8, topk_blocks=topk_blocks,
+                                           width=width)
+    assert mask.dtype == torch.uint8 and tuple(mask.shape) == (scores.shape[0], width)
+    for t, n in enumerate(inputs["compressed_lens"].tolist()):
+        if n == 0:
+            assert not bool(mask[t].any()), f"token {t} with no visible position has candidates"
+            continue
+        last = (n - 1) // 8
+        assert bool(mask[t, last * 8: min(last * 8 + 8, width)].all()), f"token {t}: last visible block {last} dropped"
+        assert int(mask[t].sum()) <= topk_blocks * 8
+    re_scores = ref.paged_index_scores(**inputs, block_size=case.block, width=width, candidates=mask)
+    sel = ref.select_topk(re_scores, inputs["block_table"], inputs["request_ids"], topk=case.topk,
+                          block_size=case.block)
+    ctx = _ctx(inputs, case)
+    for t in range(sel.shape[0]):
+        logical = ctx.logical_of(t)
+        for v in sel[t].tolist():
+            if v >= 0:
+                assert mask[t, logical[v]] == 1, f"reindex token {t} selected logical {logical[v]} outside the mask"
+
+
+def test_candidate_selection_smoke_at_flash_size(backend):
+    """2050*8 descending scores: the last 8 positions are kept and at most 2048*8 are selected (IX-05)."""
+    width = 2050 * 8
+    scores = torch.arange(width, 0, -1, dtype=torch.float32).reshape(1, width)
+    mask = op(backend, "candidate_blocks")(scores, torch.tensor([width]), block=FLASH.candidate_block_size,
+                                           topk_blocks=FLASH.candidate_topk_blocks, width=width)
+    assert bool(mask[0, -8:].all()) and int(mask.sum()) <= 2048 * 8 and bool(mask[0, :8].all())
+
+
+def test_indexer_scores_round_at_the_spec_boundaries():
+    """One head, one key: score = bf16(bf16(relu(bf16(q.k)) * w)) exactly. Spec: §5.1 steps 3-5."""
+    q = torch.tensor([[[1.0, 1.0 / 3]]]).to(torch.bfloat16)
+    k = torch.tensor([[3.0, 1.0]]).to(torch.bfloat16)
+    w = torch.tensor([[0.7]]).to(torch.bfloat16)
+    s = ref.paged_index_scores(q, w, k, torch.tensor([[0]], dtype=torch.int32), torch.tensor([0]),
+                               torch.tensor([1]), block_size=FLASH_TINY.block_size)
+    dot = (q.float() * k.float()).sum().to(torch.bfloat16).float()
+    want = (torch.relu(dot) * w.float()).to(torch.bfloat16).float()
+    assert float(s[0, 0]) == float(want)

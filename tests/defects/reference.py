@@ -1,0 +1,105 @@
+"""Seeded defects of the compressor ring, RoPE rows and Top-K selection."""
+
+import torch
+
+from contracts.backends import torch_backend
+from kernels.reference import compressor as comp
+from kernels.reference import indexer as ix
+from kernels.reference import rope
+
+REF = comp.compressor_ratio2_paged
+
+
+def _all_rows_write(x, qsl, pos, req, table, state, weights, **kw):
+    """Wrong: every chunk row writes its ring slot (two writers per slot when chunk > capacity); the race
+    is modelled by the earliest writer landing last."""
+    latent, publish, _ = REF(x, qsl, pos, req, table, state, weights, **kw)
+    new = state.clone()
+    total = int(qsl[-1])
+    kv, score = comp.project(x[:total], weights.wkv), comp.project(x[:total], weights.wgate)
+    d = weights.wkv.shape[1]
+    cap = state.shape[1]
+    for r in range(table.shape[0]):
+        block = int(table[r, 0])
+        if not 0 <= block < state.shape[0]:
+            continue
+        for t in reversed(range(int(qsl[r]), min(int(qsl[r + 1]), total))):
+            if int(req[t]) == r and int(pos[t]) >= 0:
+                new[block, int(pos[t]) % cap, :d] = kv[t]
+                new[block, int(pos[t]) % cap, d:] = score[t]
+    return latent, publish, new
+
+
+def _partner_wrong_slot(x, qsl, pos, req, table, state, weights, **kw):
+    """Wrong: a chunk-start partner is read from slot p % cap instead of (p - 1) % cap."""
+    shifted = state.roll(-1, dims=1)  # shifted[:, (s-1) % cap] = state[:, s]
+    latent, publish, _ = REF(x, qsl, pos, req, table, shifted, weights, **kw)
+    _, _, new = REF(x, qsl, pos, req, table, state, weights, **kw)
+    return latent, publish, new
+
+
+def _rope_into_padding(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos, rope_sin):
+    """Wrong: rows >= num_tokens are overwritten with the identity rotation."""
+    rope.materialize_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos, rope_sin)
+    rope_cos[num_tokens:] = 1.0
+    rope_sin[num_tokens:] = 0.0
+
+
+def _wrap_topk(mutate):
+    def select(scores, block_table, request_ids, *, topk, block_size):
+        out = ix.select_topk(scores, block_table, request_ids, topk=topk, block_size=block_size)
+        for t in range(out.shape[0]):
+            mutate(out, t, scores, block_table, request_ids, block_size)
+        return out
+    return select
+
+
+def _duplicate(out, t, *_):
+    n = int((out[t] >= 0).sum())
+    if n >= 2:
+        out[t, 1] = out[t, 0]
+
+
+def _hole(out, t, *_):
+    n = int((out[t] >= 0).sum())
+    if 0 < n < out.shape[1]:
+        out[t, 1:n + 1] = out[t, :n].clone()
+        out[t, 0] = -1
+
+
+def _reversed(out, t, *_):
+    n = int((out[t] >= 0).sum())
+    out[t, :n] = out[t, :n].flip(0)
+
+
+def _outside(out, t, scores, block_table, request_ids, block_size):
+    n = int((out[t] >= 0).sum())
+    if n:
+        out[t, n - 1] = (int(block_table.max()) + 1) * block_size  # a page no request owns
+
+
+def _cutoff_swap(out, t, scores, block_table, request_ids, block_size):
+    """Replace the best selected position with the worst finite unselected one (kept in logical order)."""
+    row = scores[t]
+    finite = torch.isfinite(row).nonzero().flatten().tolist()
+    n = int((out[t] >= 0).sum())
+    if n == 0 or len(finite) <= n:
+        return
+    chosen = sorted(torch.sort(-row, stable=True).indices[:n].tolist())
+    best = max(chosen, key=lambda j: float(row[j]))
+    worst = min((j for j in finite if j not in chosen), key=lambda j: float(row[j]))
+    new = sorted([j for j in chosen if j != best] + [worst])
+    phys = ix.logical_to_physical(block_table, request_ids[t:t + 1], torch.tensor([new]), block_size)
+    out[t, :n] = phys[0].to(torch.int32)
+
+
+_base = torch_backend()
+COMPRESSOR_ALL_ROWS_WRITE = _base.derive("defect:compressor-all-rows-write", compressor_ratio2=_all_rows_write)
+COMPRESSOR_PARTNER_WRONG_SLOT = _base.derive("defect:compressor-partner-wrong-slot",
+                                             compressor_ratio2=_partner_wrong_slot)
+ROPE_INTO_PADDING = _base.derive("defect:rope-into-padding", materialize_rope_rows=_rope_into_padding)
+TOPK_DUPLICATE = _base.derive("defect:topk-duplicate", select_topk=_wrap_topk(_duplicate))
+TOPK_HOLE = _base.derive("defect:topk-hole", select_topk=_wrap_topk(_hole))
+TOPK_REVERSED = _base.derive("defect:topk-reversed", select_topk=_wrap_topk(_reversed))
+TOPK_OUTSIDE = _base.derive("defect:topk-outside", select_topk=_wrap_topk(_outside))
+TOPK_CUTOFF_SWAP = _base.derive("defect:topk-cutoff-swap", select_topk=_wrap_topk(_cutoff_swap))
