@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -107,20 +108,23 @@ def _parametrized_args(fn) -> list[dict]:
     return sets
 
 
-@pytest.fixture
-def falsify_without_shrinking():
-    """Same examples as the active profile, but stop at the first failure (no shrinking): here only
-    *whether* the contract fails matters. The previous profile is restored afterwards."""
-    previous = settings.get_current_profile_name()
-    settings.register_profile("pto-defects", settings(settings.get_profile(previous),
-                                                      phases=[Phase.explicit, Phase.reuse, Phase.generate],
-                                                      report_multiple_bugs=False))
-    settings.load_profile("pto-defects")
-    yield
-    settings.load_profile(previous)
+@contextmanager
+def falsify_without_shrinking(fn):
+    """Run ``fn`` with its own examples but stop at the first failure (no shrinking): here only *whether*
+    the contract fails matters. Hypothesis snapshots settings onto a @given test when it is decorated,
+    so the override goes on that attribute and is restored afterwards; a plain test runs unchanged."""
+    attr = "_hypothesis_internal_use_settings"
+    old = getattr(fn, attr, None)
+    if old is not None:
+        setattr(fn, attr, settings(old, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+                                   report_multiple_bugs=False, database=None))
+    try:
+        yield
+    finally:
+        if old is not None:
+            setattr(fn, attr, old)
 
 
-@pytest.mark.usefixtures("falsify_without_shrinking")
 @pytest.mark.parametrize("defect, contract, mentions", CASES, ids=[f"{d}->{c.split(':')[1]}" for d, c, _ in CASES])
 def test_contract_catches_seeded_defect(defect, contract, mentions):
     backend = load_backend_module(f"tests.defects.{defect}")
@@ -129,7 +133,8 @@ def test_contract_catches_seeded_defect(defect, contract, mentions):
     failures = []
     for kwargs in _parametrized_args(fn):
         try:
-            fn(backend=backend, **kwargs)
+            with falsify_without_shrinking(fn):
+                fn(backend=backend, **kwargs)
         except BaseException as exc:  # AssertionError, pytest.fail's Failed, or a hypothesis group
             if isinstance(exc, KeyboardInterrupt):
                 raise
