@@ -231,3 +231,44 @@ def test_compressor_rejects_bad_state_cache(backend):
         fn(*args, ring.state.double(), ring.weights)
     with pytest.raises(ValueError, match="state_cache"):
         fn(*args, ring.state[:, :, :-1], ring.weights)
+
+
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 6), data=st.data())
+def test_publish_compressed_values_and_index_keys(seed, n, data):
+    """Compressed value = latent with compressed RoPE on its last dims (g16 E4M3); index key =
+    RMSNorm(unrotated latent @ index_wk) * w, then RoPE (g32 E8M0); only slots >= 0 are written.
+    Spec: §2.3, RR-10, RR-11."""
+    from kernels import cache as cache_abi
+    from kernels import quant
+    from kernels.reference.compressor import project, publish_compressed, rms_norm
+    from kernels.reference.rope import precompute_rope_tables, rope_interleave
+
+    c = FLASH_TINY
+    g = torch.Generator().manual_seed(seed)
+    latent = torch.randn((n, c.head_dim), generator=g).to(torch.bfloat16)
+    wk = torch.randn((c.head_dim, c.index_head_dim), generator=g) / c.head_dim**0.5
+    wn = torch.rand(c.index_head_dim, generator=g) + 0.5
+    positions = torch.tensor(data.draw(st.lists(st.integers(-1, 30), min_size=n, max_size=n)))
+    cos_t, sin_t = precompute_rope_tables(32, True, c)
+    cos = torch.where((positions >= 0).unsqueeze(-1), cos_t[positions.clamp_min(0)], 1.0)
+    sin = torch.where((positions >= 0).unsqueeze(-1), sin_t[positions.clamp_min(0)], 0.0)
+    lay = cache_abi.layouts(c)
+    comp = cache_abi.empty_cache(lay["compressed_r2"], 1, generator=g)
+    index = cache_abi.empty_cache(lay["index"], 1, generator=g)
+    rows = c.block_size
+    slots = torch.tensor([(-1 if data.draw(st.booleans()) else r) for r in data.draw(st.permutations(range(rows)))[:n]])
+    new_comp, new_index = publish_compressed(latent, cos, sin, slots, comp, index, wk, wn)
+    live = slots >= 0
+    want_value = quant.quant_dequant(rope_interleave(latent, cos, sin).float()[live], "compressed")
+    key = rope_interleave(rms_norm(project(latent, wk).to(latent.dtype), wn), cos, sin)
+    want_key = quant.quant_dequant(key.float()[live], "index")
+    got_value = cache_abi.read(new_comp, dtype=torch.float32).reshape(rows, -1)[slots[live]]
+    got_key = cache_abi.read(new_index, dtype=torch.float32).reshape(rows, -1)[slots[live]]
+    assert torch.equal(got_value, want_value), "compressed value is not quant(rope(latent))"
+    assert torch.equal(got_key, want_key), "index key is not quant(rope(rmsnorm(unrotated latent @ wk)))"
+    mapped = torch.zeros(rows, dtype=torch.bool)
+    mapped[slots[live]] = True
+    for name, before, after in (("compressed", comp, new_comp), ("index", index, new_index)):
+        result = check_bytes_outside(f"{name}.payload", after.payload.reshape(rows, -1),
+                                     before.payload.reshape(rows, -1), mapped)
+        assert result.ok, result.message()

@@ -64,12 +64,12 @@ def test_rope_interleave_rotates_adjacent_pairs():
 
 
 @given(capacity=st.sampled_from((1, 17, 257)), tokens=st.integers(0, 70), data=st.data(),
-       compressed=st.booleans())
-def test_rope_rows_exact_identity_and_untouched(backend, capacity, tokens, data, compressed):
+       compressed=st.booleans(), config=st.sampled_from((FLASH_TINY, FLASH)))
+def test_rope_rows_exact_identity_and_untouched(backend, capacity, tokens, data, compressed, config):
     """t < num_tokens: table row p exactly (p >= 0) or identity (p < 0); rows >= num_tokens keep the 17/19
     sentinels; num_tokens = 0 writes nothing. Spec: §4.2 (RR-04, RR-06)."""
     materialize = op(backend, "materialize_rope_rows")
-    cos, sin = precompute_rope_tables(capacity, compressed, FLASH_TINY)
+    cos, sin = precompute_rope_tables(capacity, compressed, config)
     count = data.draw(st.integers(0, tokens))
     edge = [p for p in (capacity - 1, 0, -1, -9, 3, 129, 256) if p < capacity]
     positions = torch.tensor(data.draw(st.lists(st.one_of(st.integers(-20, capacity - 1), st.sampled_from(edge)),

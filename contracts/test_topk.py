@@ -64,13 +64,19 @@ class IndexerCase:
                     compressed_lens=lens)
 
 
-def indexer_cases(*, max_len: int = 40, topk: int = 16) -> st.SearchStrategy[IndexerCase]:
+def indexer_cases(*, max_len: int = 40, topk: int = 16, heads: tuple[int, ...] = (1, 4), dim: int = 32,
+                  blocks: tuple[int, ...] = (4, 16), max_tokens: int = 3) -> st.SearchStrategy[IndexerCase]:
+    """Tokens with compressed lengths around the Top-K size (0, 1, topk +- 1, long), permuted pages."""
     lens = st.one_of(st.integers(0, max_len), st.sampled_from((0, 1, topk - 1, topk, topk + 1, max_len)))
     return st.builds(IndexerCase,
-                     lens_per_token=st.lists(st.lists(lens, min_size=1, max_size=3).map(tuple), min_size=1,
+                     lens_per_token=st.lists(st.lists(lens, min_size=1, max_size=max_tokens).map(tuple), min_size=1,
                                              max_size=4).map(tuple),
-                     topk=st.just(topk), heads=st.sampled_from((1, 4)), dim=st.just(32),
-                     block=st.sampled_from((4, 16)), tie_rows=st.booleans(), seed=st.integers(0, 2**31))
+                     topk=st.just(topk), heads=st.sampled_from(heads), dim=st.just(dim),
+                     block=st.sampled_from(blocks), tie_rows=st.booleans(), seed=st.integers(0, 2**31))
+
+
+FLASH_CASES = indexer_cases(max_len=700, topk=FLASH.index_topk, heads=(FLASH.index_n_heads,),
+                            dim=FLASH.index_head_dim, blocks=(FLASH.block_size,), max_tokens=2)
 
 
 def _reference(inputs: dict, case: IndexerCase, width: int):
@@ -83,9 +89,13 @@ def _ctx(inputs: dict, case: IndexerCase) -> TopKContext:
     return TopKContext(inputs["block_table"], inputs["request_ids"], inputs["compressed_lens"], case.block)
 
 
-@given(case=indexer_cases())
-def test_topk_selection_is_valid(backend, case):
-    """Backend scoring + selection pass the §5.3 validity check against the reference. Spec: §5.1, §5.3."""
+@pytest.mark.parametrize("cases", [pytest.param(indexer_cases(), id="tiny"),
+                                   pytest.param(FLASH_CASES, id="flash")])
+@given(data=st.data())
+def test_topk_selection_is_valid(backend, cases, data):
+    """Backend scoring + selection pass the §5.3 validity check against the reference, at tiny and at FLASH
+    index dims (32 heads x 128, Top-K 512). Spec: §5.1, §5.3."""
+    case = data.draw(cases)
     inputs = case.build()
     width = int(inputs["compressed_lens"].max())
     scores, expected = _reference(inputs, case, width)
@@ -258,3 +268,13 @@ def test_indexer_scores_round_at_the_spec_boundaries():
     dot = (q.float() * k.float()).sum().to(torch.bfloat16).float()
     want = (torch.relu(dot) * w.float()).to(torch.bfloat16).float()
     assert float(s[0, 0]) == float(want)
+
+
+def test_topk_decode_c1a_variant_skips_order_and_padding_rules():
+    """Decode C1A applies count, duplicate, request and tie rules but not order/trailing -1 (IX-09)."""
+    ctx, scores, phys, expected = _tie_case()
+    shuffled = torch.tensor([[phys[3], phys[0], phys[2]]], dtype=torch.int32)
+    assert not check_topk_validity(shuffled, expected, ctx, scores).ok
+    assert check_topk_validity(shuffled, expected, ctx, scores, order=False, trailing=False).ok
+    dup = torch.tensor([[phys[3], phys[3], phys[2]]], dtype=torch.int32)
+    assert not check_topk_validity(dup, expected, ctx, scores, order=False, trailing=False).ok
