@@ -262,3 +262,53 @@ def mx_cases(*, group: int, max_rows: int = 4, max_groups_per_row: int = 4) -> s
         return MXCase(rows, per_row * group, group, kinds, exps, draw(st.integers(0, 2**31)))
 
     return build()
+
+
+@dataclass(frozen=True)
+class IndexerCase:
+    """Tokens of several requests scoring paged index keys; pages permuted, spare pages unmapped."""
+
+    lens_per_token: tuple[tuple[int, ...], ...]  # per request: compressed_lens of its tokens
+    topk: int
+    heads: int
+    dim: int
+    block: int
+    tie_rows: bool  # duplicate key rows so scores tie at the cutoff
+    seed: int
+
+    def build(self) -> dict:
+        g = torch.Generator().manual_seed(self.seed)
+        rng = random.Random(self.seed)
+        batch = len(self.lens_per_token)
+        need = [max([*lens, 1]) for lens in self.lens_per_token]
+        pages = [-(-n // self.block) for n in need]
+        width = max(pages) + 1  # one spare unmapped column
+        pool = list(range(sum(pages) + 2))
+        rng.shuffle(pool)
+        it = iter(pool)
+        table = torch.full((batch, width), -1, dtype=torch.int32)
+        for r, n in enumerate(pages):
+            for p in range(n):
+                table[r, p] = next(it)
+        rows = (max(pool) + 1) * self.block
+        keys = torch.randn((rows, self.dim), generator=g).to(torch.bfloat16)
+        if self.tie_rows:
+            keys[1::2] = keys[0::2][: keys[1::2].shape[0]]
+        request_ids = torch.tensor([r for r, lens in enumerate(self.lens_per_token) for _ in lens], dtype=torch.int32)
+        lens = torch.tensor([n for lens in self.lens_per_token for n in lens], dtype=torch.int32)
+        tokens = lens.numel()
+        q = torch.randn((tokens, self.heads, self.dim), generator=g).to(torch.bfloat16)
+        w = torch.rand((tokens, self.heads), generator=g).to(torch.bfloat16)
+        return dict(q=q, head_weights=w, keys=keys, block_table=table, request_ids=request_ids,
+                    compressed_lens=lens)
+
+
+def indexer_cases(*, max_len: int = 40, topk: int = 16, heads: tuple[int, ...] = (1, 4), dim: int = 32,
+                  blocks: tuple[int, ...] = (4, 16), max_tokens: int = 3) -> st.SearchStrategy[IndexerCase]:
+    """Tokens with compressed lengths around the Top-K size (0, 1, topk +- 1, long), permuted pages."""
+    lens = st.one_of(st.integers(0, max_len), st.sampled_from((0, 1, topk - 1, topk, topk + 1, max_len)))
+    return st.builds(IndexerCase,
+                     lens_per_token=st.lists(st.lists(lens, min_size=1, max_size=max_tokens).map(tuple), min_size=1,
+                                             max_size=4).map(tuple),
+                     topk=st.just(topk), heads=st.sampled_from(heads), dim=st.just(dim),
+                     block=st.sampled_from(blocks), tie_rows=st.booleans(), seed=st.integers(0, 2**31))

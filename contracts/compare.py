@@ -1,0 +1,156 @@
+"""One comparison pipeline for replayed outputs: a comparator is named, takes the output under test,
+its expected value and the case context, and returns a CheckResult. The golden CLI, the pytest replay
+and the contracts share it.
+
+Spec: §6 (comparators), §5.3 (Top-K), §4.1 (state), §7.3 (compare_fn receives actual, expected and
+the inputs/outputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from contracts.checks import cache as cache_checks
+from contracts.checks import precision
+from contracts.checks.topk import TopKContext, check_topk_validity
+from contracts.result import CheckResult, Violation, failed, first_failure, passed
+from contracts.tensors import byte_rows
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a comparator may look at besides the pair it compares."""
+
+    inputs: Mapping[str, torch.Tensor]
+    actual_outputs: Mapping[str, torch.Tensor]
+    expected_outputs: Mapping[str, torch.Tensor]
+    params: Mapping[str, object]
+
+
+Comparator = Callable[[str, torch.Tensor, torch.Tensor, Context], CheckResult]
+
+
+def _layout(name: str, a: torch.Tensor, e: torch.Tensor) -> CheckResult | None:
+    if a.dtype != e.dtype or tuple(a.shape) != tuple(e.shape):
+        return failed("layout", "§7.3", 1, 1, Violation(f"{name}.layout", (), f"{a.dtype}{list(a.shape)}",
+                                                          f"{e.dtype}{list(e.shape)}"))
+    return None
+
+
+def exact(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """Byte identity (metadata, masks, RoPE rows, slabs)."""
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    if a.numel() == 0:
+        return passed("exact", "§7.3", 0)
+    ab, eb = byte_rows(a.reshape(a.shape[0], -1) if a.ndim else a.reshape(1)), \
+        byte_rows(e.reshape(e.shape[0], -1) if e.ndim else e.reshape(1))
+    diff = (ab != eb).any(1)
+    if not bool(diff.any()):
+        return passed("exact", "§7.3", int(diff.numel()))
+    row = int(diff.nonzero()[0, 0])
+    av, ev = a.reshape(a.shape[0] if a.ndim else 1, -1)[row], e.reshape(e.shape[0] if e.ndim else 1, -1)[row]
+    col = int((av != ev).nonzero()[0, 0]) if bool((av != ev).any()) else 0
+    return failed("exact", "§7.3", int(diff.numel()), int(diff.sum()),
+                  Violation(f"{name} row", (row, col), av[col].item(), ev[col].item()))
+
+
+def row_rms_peak(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    return precision.check_row_precision(a, e, name=name)
+
+
+def fp8_budget(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    return precision.check_output_budget(a, e, name=name)
+
+
+def masked_scores(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """Indexer scores: the -inf mask must match exactly; finite scores per row within the row rule."""
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    fa, fe = torch.isfinite(a), torch.isfinite(e)
+    if not torch.equal(fa, fe):
+        r, c = (int(v) for v in (fa != fe).nonzero()[0])
+        return failed("masked_scores", "§5.1", a.numel(), int((fa != fe).sum()),
+                      Violation(f"{name} mask", (r, c), float(a[r, c]), float(e[r, c])))
+    return precision.check_row_precision(torch.where(fe, a, 0.0), torch.where(fe, e, 0.0), name=name)
+
+
+def topk_validity(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """§5.3 validity with the *reference* scores (expected outputs), never the device's."""
+    i = ctx.inputs
+    tctx = TopKContext(i["block_table"], i["request_ids"], i["compressed_lens"], int(i["block_size"]))
+    return check_topk_validity(a, e, tctx, ctx.expected_outputs["scores"], name=name)
+
+
+def state_ring(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """Ring slots the reference did not touch stay byte-identical to the input; whole state within 0.5 %."""
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    before = ctx.inputs[name]
+    rows = a.shape[0] * a.shape[1]
+    touched = (byte_rows(e.reshape(rows, -1)) != byte_rows(before.reshape(rows, -1))).any(1)
+    return cache_checks.check_state(name, a.reshape(rows, -1), e.reshape(rows, -1), touched)
+
+
+def cache_payload(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """Quantized cache: unmapped rows byte-exact in payload and scale, scales exact on mapped rows,
+    mapped rows decoded within the format budget (MXFP8 1 %, MXFP4 4 %)."""
+    from kernels import quant  # the decoder of the stored format
+
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    rule = str(ctx.params["rule"])
+    slots = ctx.inputs["slots"].to(torch.long)
+    rows = a.shape[0] * a.shape[1]
+    mapped = torch.zeros(rows, dtype=torch.bool)
+    mapped[slots[slots >= 0]] = True
+    sa, se = ctx.actual_outputs["scale"], ctx.expected_outputs["scale"]
+
+    def decode(payload, scale):
+        return quant.mx_dequantize(quant.MXTensor(payload.reshape(rows, -1), scale.reshape(rows, -1), rule))
+
+    return cache_checks.check_quantized_cache(name, (a, sa), (e, se), mapped, actual_values=decode(a, sa),
+                                              expected_values=decode(e, se), fmt=quant.RULES[rule].fmt)
+
+
+def cache_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """Scale tensors are byte-exact everywhere (published rows and untouched rows alike)."""
+    return exact(name, a, e, ctx)
+
+
+COMPARATORS: dict[str, Comparator] = {
+    "exact": exact, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
+    "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
+    "cache_scale": cache_scale,
+}
+
+
+def compare(name: str, comparator: str, actual: torch.Tensor, expected: torch.Tensor, ctx: Context) -> CheckResult:
+    try:
+        fn = COMPARATORS[comparator]
+    except KeyError:
+        return failed("compare", "§7.3", 1, 1, Violation(f"{name}.comparator", (), comparator,
+                                                           f"one of {sorted(COMPARATORS)}"))
+    return fn(name, actual, expected, ctx)
+
+
+def compare_all(comparators: Mapping[str, str], ctx: Context) -> dict[str, CheckResult]:
+    """Every expected output compared; a missing actual output fails naming it."""
+    out = {}
+    for name, comp in comparators.items():
+        if name not in ctx.actual_outputs:
+            out[name] = failed("compare", "§7.3", 1, 1, Violation(name, (), "missing", "an output"))
+            continue
+        out[name] = compare(name, comp, ctx.actual_outputs[name], ctx.expected_outputs[name], ctx)
+    return out
+
+
+def verdict(results: Mapping[str, CheckResult]) -> CheckResult:
+    return first_failure(list(results.values())) if results else passed("compare", "§7.3", 0)

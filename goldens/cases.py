@@ -1,0 +1,356 @@
+"""Recordable cases: for each operator, how inputs are made from a seed, how the reference computes the
+expected outputs, how a backend runs on stored inputs, which comparator judges each output, and the
+reference fingerprint.
+
+Trees are small tiny-preset problems with edge-aimed fixtures (sentinel-filled outputs, permuted pages,
+spare unmapped rows, -1 slots, padding rows, ties in Top-K). Spec: §7.2, §7.3.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import inspect
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from goldens.catalog import ArgSpec
+from goldens.codec import dtype_name
+from goldens.errors import GoldenStoreError
+from kernels.config import FLASH_TINY
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    operator: str
+    description: str
+    wirings: tuple[str, ...]
+    modules: tuple[str, ...]  # modules whose arithmetic defines the expected outputs
+    build_inputs: Callable[[int, str], Tensors]
+    reference: Callable[[Tensors, str], Tensors]
+    run: Callable[[object, Tensors, str], Tensors]  # (backend, inputs, wiring) -> outputs
+    comparators: Callable[[str], dict[str, str]]  # wiring -> {output: comparator}
+    inout: tuple[str, ...] = ()
+    params: dict = field(default_factory=dict)
+    preset: str = "flash-tiny"
+
+    def arg_specs(self, inputs: Tensors, outputs: Tensors) -> tuple[ArgSpec, ...]:
+        specs = []
+        for name, t in inputs.items():
+            specs.append(ArgSpec(name, tuple(t.shape), dtype_name(t.dtype), "inout" if name in self.inout else "in",
+                                 t.ndim == 0))
+        for name, t in outputs.items():
+            if name not in self.inout:
+                specs.append(ArgSpec(name, tuple(t.shape), dtype_name(t.dtype), "out"))
+        return tuple(specs)
+
+
+def _ast_digest(module_name: str) -> str:
+    """Hash of a module's code with docstrings removed (comments and formatting do not count)."""
+    module = importlib.import_module(module_name)
+    tree = ast.parse(inspect.getsource(module))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+def rounding_versions(case: Case) -> dict[str, str]:
+    out = {}
+    for m in case.modules:
+        v = getattr(importlib.import_module(m), "ROUNDING_VERSION", None)
+        if v is not None:
+            out[m] = v
+    return out
+
+
+def fingerprint(case: Case) -> str:
+    """Reference fingerprint: the declared rounding version of every module the expected outputs come
+    from plus a hash of those modules' code (docstrings and comments excluded). Any change to the
+    reference arithmetic or a rounding rule changes it, so trees recorded before are stale."""
+    payload = {"operator": case.operator, "rounding": rounding_versions(case),
+               "code": {m: _ast_digest(m) for m in case.modules}}
+    return "sha256:" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+
+
+# ---------------------------------------------------------------------------
+# metadata
+
+
+def _metadata_case_inputs(seed: int, wiring: str) -> Tensors:
+    from contracts.strategies import BatchCase, materialize
+
+    rng = random.Random(seed)
+    qlens = (0, 1, 6, 23, rng.randint(1, 40))
+    kvs = (0, 17, 129, 255, rng.randint(0, 3000) | 1)  # empty, decode, odd resume, page edge
+    case = BatchCase(config=FLASH_TINY, query_lens=qlens, kv_lens=kvs, padding=3, tp=4,
+                     inactive_state=(False, True, False, False, False), spare_pages=2, free_behind_window=True,
+                     seed=seed)
+    kw = materialize(case)
+    out: Tensors = {"query_start_loc": kw["query_start_loc"], "kv_seq_lens": kw["kv_seq_lens"],
+                    "window_block_table": kw["window_block_table"].to(torch.int32)}
+    for src, t in kw["compressed_block_tables"].items():
+        out[f"compressed_block_tables_src{src}"] = t.to(torch.int32)
+    for src, t in kw["state_block_tables"].items():
+        out[f"state_block_tables_src{src}"] = t
+    out["tp_size"] = torch.tensor(kw["tp_size"], dtype=torch.int32)
+    out["capacity"] = torch.tensor(kw["capacity"], dtype=torch.int32)
+    return out
+
+
+def _metadata_kwargs(inputs: Tensors) -> dict:
+    return dict(
+        query_start_loc=inputs["query_start_loc"], kv_seq_lens=inputs["kv_seq_lens"],
+        window_block_table=inputs["window_block_table"],
+        compressed_block_tables={int(k.rsplit("src", 1)[1]): v for k, v in inputs.items()
+                                 if k.startswith("compressed_block_tables_src")},
+        state_block_tables={int(k.rsplit("src", 1)[1]): v for k, v in inputs.items()
+                            if k.startswith("state_block_tables_src")},
+        config=FLASH_TINY, tp_size=int(inputs["tp_size"]), capacity=int(inputs["capacity"]))
+
+
+def _flatten_metadata(meta) -> Tensors:
+    out: Tensors = {}
+    for name, value in meta.as_dict().items():
+        if isinstance(value, dict):
+            for src, t in sorted(value.items()):
+                out[f"{name}_src{src}"] = t
+        elif isinstance(value, torch.Tensor):
+            out[name] = value
+        else:
+            out[name] = torch.tensor(value, dtype=torch.int64)
+    return out
+
+
+def _metadata_run(backend, inputs: Tensors, wiring: str) -> Tensors:
+    return _flatten_metadata(backend.get("build_forward_metadata")(**_metadata_kwargs(inputs)))
+
+
+def _metadata_reference(inputs: Tensors, wiring: str) -> Tensors:
+    from kernels.metadata import build_forward_metadata
+
+    return _flatten_metadata(build_forward_metadata(**_metadata_kwargs(inputs)))
+
+
+# ---------------------------------------------------------------------------
+# cache publication
+
+
+def _cache_case(kind: str) -> Case:
+    def build(seed: int, wiring: str) -> Tensors:
+        from kernels.cache import empty_cache, layouts
+
+        lay = layouts(FLASH_TINY)[kind]
+        g = torch.Generator().manual_seed(seed)
+        blocks = 3
+        cache = empty_cache(lay, blocks, generator=g)  # random sentinel bytes everywhere
+        rows = blocks * lay.rows_per_block
+        n = rows - 5  # spare rows stay unmapped
+        rng = random.Random(seed)
+        phys = rng.sample(range(rows), n)
+        slots = torch.tensor([(-1 if rng.random() < 0.25 else p) for p in phys], dtype=torch.int64)
+        values = (torch.randn((n, lay.logical_width), generator=g) * torch.logspace(-3, 2, n).unsqueeze(-1))
+        values[0, :] = 0.0
+        values[1, ::2] = 0.25 * (2.0 ** rng.randint(-3, 3))  # exact E2M1 midpoints for the FP4 rules
+        return {"payload": cache.payload, "scale": cache.scale, "values": values.to(torch.bfloat16),
+                "slots": slots}
+
+    def _publish(fn, inputs: Tensors) -> Tensors:
+        from kernels.cache import QuantCache, layouts
+
+        cache = QuantCache(layouts(FLASH_TINY)[kind], inputs["payload"].clone(), inputs["scale"].clone())
+        out = fn(cache, inputs["values"].float(), inputs["slots"])
+        return {"payload": out.payload, "scale": out.scale}
+
+    def reference(inputs: Tensors, wiring: str) -> Tensors:
+        from kernels.cache import publish
+
+        return _publish(publish, inputs)
+
+    def run(backend, inputs: Tensors, wiring: str) -> Tensors:
+        return _publish(backend.get("cache_publish"), inputs)
+
+    from kernels.cache import layouts
+
+    return Case(f"cache_{kind}", "cache_publish", f"publish into the {kind} cache: sentinel bytes, -1 slots, "
+                f"permuted rows, spare unmapped rows, zero and midpoint rows", ("replicated",),
+                ("kernels.quant", "kernels.cache"), build, reference, run,
+                lambda w: {"payload": "cache_payload", "scale": "cache_scale"}, inout=("payload", "scale"),
+                params={"rule": layouts(FLASH_TINY)[kind].rule})
+
+
+# ---------------------------------------------------------------------------
+# compressor ring
+
+
+def _compressor_build(seed: int, wiring: str) -> Tensors:
+    c = FLASH_TINY
+    g = torch.Generator().manual_seed(seed)
+    hidden, d, cap, blocks = c.hidden_size, c.head_dim, c.state_capacity, 4
+    # request rows: [odd resume at 7, chunk of 9 > capacity; new request of 5; inactive request]
+    lens, starts, table = [3, 9, 5, 2], [7, 0, 0, 4], [2, 0, 3, -1]
+    xs, pos, req = [], [], []
+    for r, (n, p0) in enumerate(zip(lens, starts, strict=True)):
+        xs.append(torch.randn((n, hidden), generator=g))
+        pos += list(range(p0, p0 + n))
+        req += [r] * n
+    padding = 2
+    x = torch.cat(xs + [torch.randn((padding, hidden), generator=g)]).to(torch.bfloat16)
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    return {"x": x, "query_start_loc": torch.tensor(qsl, dtype=torch.int32),
+            "position_ids": torch.tensor(pos + [-1] * padding, dtype=torch.int32),
+            "token_to_req_indices": torch.tensor(req + [-1] * padding, dtype=torch.int32),
+            "state_block_table": torch.tensor(table, dtype=torch.int32).reshape(-1, 1),
+            "state_cache": torch.randn((blocks, cap, 2 * d), generator=g) * 3,
+            "wkv": torch.randn((hidden, d), generator=g) / hidden**0.5,
+            "wgate": torch.randn((hidden, d), generator=g) / hidden**0.5,
+            "norm_weight": torch.rand(d, generator=g) + 0.5}
+
+
+def _compressor_call(fn, inputs: Tensors) -> Tensors:
+    from kernels.reference.compressor import CompressorWeights
+
+    latent, publish, state = fn(inputs["x"], inputs["query_start_loc"], inputs["position_ids"],
+                                inputs["token_to_req_indices"], inputs["state_block_table"],
+                                inputs["state_cache"].clone(),
+                                CompressorWeights(inputs["wkv"], inputs["wgate"], inputs["norm_weight"]))
+    return {"latent": latent, "publish": publish, "state_cache": state}
+
+
+# ---------------------------------------------------------------------------
+# RoPE rows
+
+
+def _rope_build(seed: int, wiring: str) -> Tensors:
+    from kernels.reference.rope import precompute_rope_tables
+
+    rng = random.Random(seed)
+    cos, sin = precompute_rope_tables(257, True, FLASH_TINY)
+    positions = [256, -1, 0, 3, 3, 129, -9] + [rng.randint(-3, 256) for _ in range(6)] + [999_999] * 3
+    tokens = len(positions)
+    half = cos.shape[1]
+    return {"freqs_cos": cos, "freqs_sin": sin, "position_ids": torch.tensor(positions, dtype=torch.int32),
+            "num_tokens": torch.tensor(tokens - 3, dtype=torch.int32),
+            "rope_cos": torch.full((tokens, half), 17.0), "rope_sin": torch.full((tokens, half), 19.0)}
+
+
+def _rope_call(fn, inputs: Tensors) -> Tensors:
+    rc, rs = inputs["rope_cos"].clone(), inputs["rope_sin"].clone()
+    fn(inputs["freqs_cos"], inputs["freqs_sin"], inputs["position_ids"], int(inputs["num_tokens"]), rc, rs)
+    return {"rope_cos": rc, "rope_sin": rs}
+
+
+# ---------------------------------------------------------------------------
+# indexer / Top-K
+
+
+def _indexer_build(seed: int, wiring: str) -> Tensors:
+    from contracts.strategies import IndexerCase
+
+    case = IndexerCase(lens_per_token=((0, 5, 16), (17, 40), (33,)), topk=16, heads=4, dim=32, block=16,
+                       tie_rows=True, seed=seed)
+    out = case.build()
+    out["topk"] = torch.tensor(case.topk, dtype=torch.int32)
+    out["block_size"] = torch.tensor(case.block, dtype=torch.int32)
+    return out
+
+
+def _indexer_call(score_fn, select_fn, inputs: Tensors) -> Tensors:
+    keys = ("q", "head_weights", "keys", "block_table", "request_ids", "compressed_lens")
+    bs = int(inputs["block_size"])
+    scores = score_fn(**{k: inputs[k] for k in keys}, block_size=bs, width=int(inputs["compressed_lens"].max()))
+    sel = select_fn(scores, inputs["block_table"], inputs["request_ids"], topk=int(inputs["topk"]), block_size=bs)
+    return {"scores": scores, "topk_indices": sel}
+
+
+# ---------------------------------------------------------------------------
+# sequence-parallel shard / gather (both wirings)
+
+
+def _sp_build(seed: int, wiring: str) -> Tensors:
+    g = torch.Generator().manual_seed(seed + (1 if wiring == "sharded" else 0))
+    active, capacity, tp = 5, 8, 4
+    return {"x": (torch.rand((active, 16), generator=g) + 0.5).to(torch.bfloat16),
+            "token_ids": torch.randperm(64, generator=g)[:active].to(torch.int32),
+            "positions": torch.randint(0, 4000, (active,), generator=g, dtype=torch.int32),
+            "tp": torch.tensor(tp, dtype=torch.int32), "capacity": torch.tensor(capacity, dtype=torch.int32)}
+
+
+def _sp_call(shard, gather, inputs: Tensors, wiring: str) -> Tensors:
+    tp, cap = int(inputs["tp"]), int(inputs["capacity"])
+    slabs = shard(inputs["x"], inputs["token_ids"], inputs["positions"], tp=tp, capacity=cap)
+    if wiring == "sharded":  # the per-rank slab ABI: [TP, width, ...]
+        return {"slab_payload": torch.stack([s.payload for s in slabs]),
+                "slab_token_ids": torch.stack([s.token_ids for s in slabs]),
+                "slab_positions": torch.stack([s.positions for s in slabs]),
+                "slab_valid": torch.stack([s.valid for s in slabs])}
+    x, tok, pos = gather(slabs, active_tokens=inputs["x"].shape[0], capacity=cap)
+    return {"gathered": x, "gathered_token_ids": tok, "gathered_positions": pos}
+
+
+def _build_cases() -> dict[str, Case]:
+    from kernels import sequence_parallel as sp
+    from kernels.reference import compressor, indexer, rope
+
+    cases = [
+        Case("metadata", "build_forward_metadata", "ForwardMetadata of a mixed batch: empty, decode, prefill, "
+             "odd resume, inactive state, permuted pages, freed window pages, padding", ("replicated",),
+             ("kernels.metadata",), _metadata_case_inputs, _metadata_reference, _metadata_run,
+             lambda w: {k: "exact" for k in _metadata_reference(_metadata_case_inputs(0, w), w)}),
+        _cache_case("window"), _cache_case("compressed_r2"), _cache_case("index"),
+        Case("compressor_r2", "compressor_ratio2", "ratio-2 ring: odd resume, chunk longer than the ring, "
+             "new request, inactive block, padding, sentinel ring", ("replicated",),
+             ("kernels.reference.compressor",), _compressor_build,
+             lambda i, w: _compressor_call(compressor.compressor_ratio2_paged, i),
+             lambda b, i, w: _compressor_call(b.get("compressor_ratio2"), i),
+             lambda w: {"latent": "row_rms_peak", "publish": "exact", "state_cache": "state_ring"},
+             inout=("state_cache",)),
+        Case("rope_rows", "materialize_rope_rows", "compressed RoPE rows: 17/19 sentinels, negative, duplicate "
+             "and edge positions, rows past num_tokens", ("replicated",), ("kernels.reference.rope",), _rope_build,
+             lambda i, w: _rope_call(rope.materialize_rope_rows, i),
+             lambda b, i, w: _rope_call(b.get("materialize_rope_rows"), i),
+             lambda w: {"rope_cos": "exact", "rope_sin": "exact"}, inout=("rope_cos", "rope_sin")),
+        Case("indexer_topk", "index_scores+select_topk", "paged indexer scores and Top-K with tied key rows, "
+             "empty and short tokens, permuted pages", ("replicated",), ("kernels.reference.indexer",),
+             _indexer_build, lambda i, w: _indexer_call(indexer.paged_index_scores, indexer.select_topk, i),
+             lambda b, i, w: _indexer_call(b.get("index_scores"), b.get("select_topk"), i),
+             lambda w: {"scores": "masked_scores", "topk_indices": "topk_validity"}),
+        Case("sp_slabs", "sp_shard+sp_gather", "sequence-parallel owner slabs (T=5, TP=4, capacity 8): the "
+             "replicated wiring gathers, the sharded wiring publishes per-rank slabs", ("replicated", "sharded"),
+             ("kernels.sequence_parallel",), _sp_build,
+             lambda i, w: _sp_call(sp.shard_rows, sp.gather_rows, i, w),
+             lambda b, i, w: _sp_call(b.get("sp_shard"), b.get("sp_gather"), i, w),
+             lambda w: ({k: "exact" for k in ("slab_payload", "slab_token_ids", "slab_positions", "slab_valid")}
+                        if w == "sharded" else {k: "exact" for k in ("gathered", "gathered_token_ids",
+                                                                       "gathered_positions")})),
+    ]
+    return {c.name: c for c in cases}
+
+
+_CASES: dict[str, Case] | None = None
+
+
+def cases() -> dict[str, Case]:
+    global _CASES
+    if _CASES is None:
+        _CASES = _build_cases()
+    return _CASES
+
+
+def get_case(name: str) -> Case:
+    try:
+        return cases()[name]
+    except KeyError:
+        raise GoldenStoreError(f"unknown case {name!r}; known: {sorted(cases())}") from None

@@ -1,0 +1,329 @@
+"""``goldens``: record, replay, regenerate, inspect and move V4.1 replay trees.
+
+Exit codes: 0 pass, 1 contract failure (a replayed output out of bound), 2 usage or store error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from goldens.catalog import select_wirings
+from goldens.errors import GoldenStoreError
+
+DEFAULT_STORE = os.environ.get("PTO_GOLDEN_STORE", "artifacts/store")
+console = Console(width=160)
+err = Console(stderr=True, width=160)
+
+
+def _items(names: list[str], wiring: str, *, reader=None) -> list[tuple[str, str]]:
+    """(case, wiring) pairs. Without names: every recorded case (replay/regen) or every known case (record)."""
+    from goldens import trees
+    from goldens.cases import cases, get_case
+
+    if not names:
+        names = trees.recorded_cases(reader) if reader is not None else sorted(cases())
+    out = []
+    for name in names:
+        case = get_case(name)
+        wanted = select_wirings(wiring)
+        chosen = [w for w in wanted if w in case.wirings]
+        if not chosen:
+            raise GoldenStoreError(f"case {name} has no {wiring} wiring (it has {list(case.wirings)})")
+        if reader is not None:
+            have = trees.recorded_wirings(reader, name)
+            missing = [w for w in chosen if w not in have]
+            if missing and wiring != "both":
+                raise GoldenStoreError(f"no {missing[0]} tree for case {name} (recorded wirings: {have or 'none'}); "
+                                       "a tree saved by one wiring is never fed to the other")
+            chosen = [w for w in chosen if w in have]
+        out += [(name, w) for w in chosen]
+    if not out:
+        raise GoldenStoreError("nothing to do: no matching trees (see goldens show / goldens record --help)")
+    return out
+
+
+def cmd_record(args) -> int:
+    from goldens import trees
+    from goldens.store import GoldenStore
+
+    items = _items(args.cases, args.wiring)
+    with console.status(f"recording {len(items)} tree(s)"):
+        result = trees.record(GoldenStore(args.store), items, args.seed)
+    table = Table(title=f"record -> {args.store}")
+    for col in ("case", "wiring", "arrays written"):
+        table.add_column(col)
+    for case, wiring in items:
+        n = sum(1 for p in result.written if p.startswith(f"{case}/{wiring}/"))
+        table.add_row(case, wiring, str(n))
+    console.print(table)
+    console.print(f"snapshot {result.snapshot or '(unchanged, no commit)'}; {len(result.unchanged)} arrays unchanged")
+    return 0
+
+
+def _backend(args):
+    from contracts.backends import BackendError, get_backend, load_backend_module
+
+    try:
+        if args.backend_module:
+            return load_backend_module(args.backend_module)
+        return get_backend(args.backend, platform=args.platform)
+    except BackendError as exc:
+        raise GoldenStoreError(str(exc)) from exc
+
+
+def cmd_replay(args) -> int:
+    from contracts.backends import MissingOperator
+    from goldens import trees
+    from goldens.store import GoldenStore
+
+    backend = _backend(args)
+    reader = GoldenStore(args.store).reader(args.rev)
+    items = _items(args.cases, args.wiring, reader=reader)
+    table = Table(title=f"replay on backend {backend.name} ({backend.platform}) from {args.store}@{reader.snapshot[:12]}")
+    for col in ("case", "wiring", "output", "comparator", "verdict", "detail"):
+        table.add_column(col, overflow="fold")
+    failures = skipped = 0
+    for case, wiring in items:
+        tree = trees.load_tree(reader, case, wiring)
+        if tree.stale and args.allow_stale:
+            err.print(f"[bold red]WARNING: {case}/{wiring} is STALE (recorded with fingerprint "
+                      f"{tree.record.fingerprint}); replaying anyway because of --allow-stale. Its expected outputs "
+                      "do not reflect the current reference.[/]")
+        try:
+            results = trees.replay(tree, backend, allow_stale=args.allow_stale)
+        except MissingOperator as exc:
+            skipped += 1
+            table.add_row(case, wiring, "*", "-", "[yellow]SKIP[/]", str(exc))
+            continue
+        for output, result in results.items():
+            ok = result.ok
+            failures += not ok
+            table.add_row(case, wiring, output, tree.record.comparators[output],
+                          "[green]PASS[/]" if ok else "[red]FAIL[/]", "" if ok else result.message())
+    console.print(table)
+    console.print(f"{failures} failed output(s), {skipped} skipped tree(s)")
+    return 1 if failures else 0
+
+
+def cmd_regen(args) -> int:
+    from goldens import trees
+    from goldens.store import GoldenStore
+
+    store = GoldenStore(args.store)
+    items = _items(args.cases, args.wiring, reader=store.reader())
+    report, result = trees.regen(store, items, dry_run=args.dry_run)
+    table = Table(title="regen (dry run: nothing committed)" if args.dry_run else "regen")
+    for col in ("case", "wiring", "output", "elements changed", "max abs", "mean abs", "max rel", "rows affected"):
+        table.add_column(col)
+    for case, wiring, deltas in report:
+        if not deltas:
+            table.add_row(case, wiring, "(no output changed)", "0", "", "", "", "")
+        for d in deltas:
+            table.add_row(case, wiring, d.name, f"{d.elements_changed}/{d.elements}", f"{d.max_abs:.4g}",
+                          f"{d.mean_abs:.4g}", f"{d.max_rel:.4g}", str(d.rows_affected))
+    console.print(table)
+    if result is not None:
+        console.print(f"snapshot {result.snapshot or '(unchanged, no commit)'}; "
+                      f"{len([p for p in result.written if '/out/' in p])} output arrays rewritten")
+    return 0
+
+
+def cmd_log(args) -> int:
+    from goldens.store import GoldenStore
+
+    table = Table(title=f"log of {args.store}")
+    for col in ("snapshot", "written (UTC)", "tags", "message"):
+        table.add_column(col, overflow="fold")
+    for e in GoldenStore(args.store).log()[: args.limit]:
+        table.add_row(e.snapshot, e.written_at.strftime("%Y-%m-%d %H:%M:%S"), ", ".join(e.tags), e.message)
+    console.print(table)
+    return 0
+
+
+def cmd_diff(args) -> int:
+    from goldens import trees
+    from goldens.store import GoldenStore
+
+    rows = trees.diff_revisions(GoldenStore(args.store), args.rev_a, args.rev_b)
+    table = Table(title=f"diff {args.rev_a} -> {args.rev_b}")
+    for col in ("array", "change", "elements changed", "max abs", "mean abs", "max rel", "rows"):
+        table.add_column(col, overflow="fold")
+    for path, kind, d in rows:
+        if d is None:
+            table.add_row(path, kind, "", "", "", "", "")
+        else:
+            table.add_row(path, kind, f"{d.elements_changed}/{d.elements}", f"{d.max_abs:.4g}", f"{d.mean_abs:.4g}",
+                          f"{d.max_rel:.4g}", str(d.rows_affected))
+    console.print(table)
+    console.print(f"{len(rows)} array(s) differ")
+    return 0
+
+
+def cmd_show(args) -> int:
+    from goldens import trees
+    from goldens.cases import cases, fingerprint
+    from goldens.store import GoldenStore
+
+    store = GoldenStore(args.store)
+    if not args.case:
+        table = Table(title="cases")
+        for col in ("case", "operator", "wirings", "recorded", "description"):
+            table.add_column(col, overflow="fold")
+        reader = store.reader(args.rev) if store.exists() else None
+        for name, c in sorted(cases().items()):
+            rec = ", ".join(trees.recorded_wirings(reader, name)) if reader else ""
+            table.add_row(name, c.operator, ", ".join(c.wirings), rec, c.description)
+        console.print(table)
+        return 0
+    reader = store.reader(args.rev)
+    for wiring in trees.recorded_wirings(reader, args.case) or [None]:
+        if wiring is None:
+            raise GoldenStoreError(f"case {args.case} has no recorded tree in {args.store}")
+        tree = trees.load_tree(reader, args.case, wiring)
+        r = tree.record
+        state = "[red]STALE (run goldens regen)[/]" if tree.stale else "[green]current[/]"
+        console.print(f"[bold]{r.case}/{r.wiring}[/] operator {r.operator}, preset {r.preset}, seed {r.seed}, "
+                      f"source {r.source}")
+        console.print(f"fingerprint {r.fingerprint} ({state}; current {fingerprint(tree.case)}); rounding {r.rounding}; "
+                      f"versions {r.versions}")
+        table = Table()
+        for col in ("#", "argument", "direction", "dtype", "shape", "comparator"):
+            table.add_column(col)
+        for i, a in enumerate(r.args):
+            table.add_row(str(i), a.name, a.direction + (" (scalar)" if a.scalar else ""), a.dtype, str(list(a.shape)),
+                          r.comparators.get(a.name, ""))
+        console.print(table)
+    return 0
+
+
+def cmd_gc(args) -> int:
+    from goldens.store import GoldenStore
+
+    cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(days=args.older_than_days)
+    expired, summary = GoldenStore(args.store).gc(cutoff)
+    console.print(f"expired {expired} snapshot(s) older than {cutoff:%Y-%m-%d %H:%M} UTC (tags kept); gc: {summary}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from goldens import trees
+    from goldens.store import GoldenStore
+
+    reader = GoldenStore(args.store).reader(args.rev)
+    written = []
+    for case, wiring in _items([args.case], args.wiring, reader=reader):
+        written += trees.export_pt(reader, case, wiring, Path(args.dir))
+    console.print(f"wrote {len(written)} .pt files under {args.dir}")
+    return 0
+
+
+def cmd_import(args) -> int:
+    from goldens import trees
+    from goldens.cases import get_case
+    from goldens.store import GoldenStore
+
+    case = get_case(args.case)
+    directory = Path(args.dir)
+    wirings = [w for w in select_wirings(args.wiring) if w in case.wirings and (directory / w).is_dir()]
+    if not wirings:
+        raise GoldenStoreError(f"{directory}: no per-wiring directory for case {args.case} "
+                               f"(expected {' or '.join(case.wirings)} under it)")
+    result = trees.import_pt(GoldenStore(args.store), args.case, directory, tuple(wirings))
+    console.print(f"imported {args.case} ({', '.join(wirings)}); snapshot {result.snapshot or '(unchanged)'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="goldens", description="Versioned replay trees (inputs + expected outputs, "
+                                "one per wiring) for the V4.1 kernels, stored as Zarr in an icechunk repository. "
+                                "Exit codes: 0 pass, 1 contract failure, 2 usage or store error.")
+    p.add_argument("--store", default=DEFAULT_STORE, help=f"store root (default {DEFAULT_STORE}; env PTO_GOLDEN_STORE)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def wiring(sp, default="both"):
+        sp.add_argument("--wiring", default=default, choices=("both", "replicated", "sharded"),
+                        help=f"which wiring's trees (default {default}; both = replicated then sharded)")
+
+    r = sub.add_parser("record", help="generate inputs, compute reference outputs, commit",
+                       description="Generate each case's inputs from --seed, compute the reference outputs and "
+                                   "commit the trees in one snapshot. No CASE: every known case.")
+    r.add_argument("cases", nargs="*", metavar="CASE")
+    wiring(r)
+    r.add_argument("--seed", type=int, default=17)
+    r.set_defaults(fn=cmd_record)
+
+    rp = sub.add_parser("replay", help="run a backend on stored inputs and judge its outputs",
+                        description="Run the backend on each stored tree's inputs and judge every output with the "
+                                    "tree's comparator. Stale trees (reference changed since recording) are refused.")
+    rp.add_argument("cases", nargs="*", metavar="CASE")
+    rp.add_argument("--backend", default="torch", help="built-in backend (torch, pypto)")
+    rp.add_argument("--backend-module", default=None, metavar="MOD:OBJ", help="out-of-tree backend")
+    rp.add_argument("--platform", default=None, choices=("a5sim", "a5"), help="platform for device backends")
+    rp.add_argument("--rev", default=None, help="snapshot id or tag to replay (default: main)")
+    rp.add_argument("--allow-stale", action="store_true", help="replay stale trees anyway (prints a loud warning)")
+    wiring(rp)
+    rp.set_defaults(fn=cmd_replay)
+
+    rg = sub.add_parser("regen", help="recompute expected outputs with the current reference",
+                        description="Recompute expected outputs from stored inputs with the current reference; "
+                                    "commit only changed arrays in one tagged snapshot and report what moved.")
+    rg.add_argument("cases", nargs="*", metavar="CASE")
+    rg.add_argument("--dry-run", action="store_true", help="report the changes without committing")
+    wiring(rg)
+    rg.set_defaults(fn=cmd_regen)
+
+    lg = sub.add_parser("log", help="snapshots of the store, newest first")
+    lg.add_argument("--limit", type=int, default=50)
+    lg.set_defaults(fn=cmd_log)
+
+    df = sub.add_parser("diff", help="arrays added/changed/removed between two revisions",
+                        description="Compare two revisions (snapshot ids, tags or main) array by array.")
+    df.add_argument("rev_a", metavar="REV_A")
+    df.add_argument("rev_b", metavar="REV_B")
+    df.set_defaults(fn=cmd_diff)
+
+    sh = sub.add_parser("show", help="a case's trees: record, arguments, comparators, staleness")
+    sh.add_argument("case", nargs="?", metavar="CASE", help="omit to list every case")
+    sh.add_argument("--rev", default=None)
+    sh.set_defaults(fn=cmd_show)
+
+    gc = sub.add_parser("gc", help="expire old snapshots (tags kept) and delete unreachable data")
+    gc.add_argument("--older-than-days", type=float, default=30.0)
+    gc.set_defaults(fn=cmd_gc)
+
+    ip = sub.add_parser("import-pt", help="import an upstream <dir>/<wiring>/{in,out}/<name>.pt tree",
+                        description="Import upstream replay files (read with torch.load(weights_only=True); a "
+                                    "pickled object is refused). Names, directions and dtypes must match the case.")
+    ip.add_argument("dir", metavar="DIR")
+    ip.add_argument("--case", required=True)
+    wiring(ip)
+    ip.set_defaults(fn=cmd_import)
+
+    ep = sub.add_parser("export-pt", help="export a case to the upstream .pt layout")
+    ep.add_argument("case", metavar="CASE")
+    ep.add_argument("dir", metavar="DIR")
+    ep.add_argument("--rev", default=None)
+    wiring(ep)
+    ep.set_defaults(fn=cmd_export)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except GoldenStoreError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

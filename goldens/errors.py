@@ -1,0 +1,12 @@
+"""One exception type for the golden store layer."""
+
+
+class GoldenStoreError(Exception):
+    """A store, tree or file problem (missing/corrupt array, stale golden, wrong wiring, bad spec).
+
+    CLI exit code 2. Messages name the case, wiring and array.
+    """
+
+
+class ContractFailure(Exception):
+    """A replayed output failed its comparator (CLI exit code 1)."""

@@ -1,0 +1,277 @@
+"""The storage layer: an icechunk repository (Zarr v3) per store root. Knows keys, bytes, attributes and
+snapshots only -- not cases, operators or comparators.
+
+Every commit runs under an exclusive file lock (icechunk on a local filesystem can silently lose
+concurrent commits); reads use read-only sessions and take no lock, so readers (pytest-xdist workers)
+never block or corrupt writers. Only arrays whose bytes changed are rewritten.
+
+Spec: §7.3 (save/replay), §7.2 (per-wiring trees).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import icechunk
+import numpy as np
+import zarr
+import zarr.codecs
+
+from goldens.errors import GoldenStoreError
+
+# Commits are serialized by our own file lock, so icechunk's local-filesystem concurrency warning is noise.
+if not os.environ.get("ICECHUNK_LOG"):
+    with contextlib.suppress(Exception):
+        icechunk.set_logs_filter("error")
+
+LOCK_NAME = "pto-store.lock"
+REPO_DIR = "icechunk"  # the repository lives beside the lock file: icechunk needs a clean prefix
+CHUNK_BYTES = 16 * 2**20  # target bytes per chunk along the first dimension
+
+
+def digest(arr: np.ndarray) -> str:
+    """Content hash of an array's bytes (plus dtype and shape), used to skip unchanged writes."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{arr.dtype.str}{arr.shape}".encode())
+    h.update(np.ascontiguousarray(arr).view(np.uint8).reshape(-1).data)
+    return h.hexdigest()
+
+
+def _codecs(arr: np.ndarray) -> list:
+    """Blosc(zstd) with a byte or bit shuffle suited to the element size, then a CRC32C checksum so a
+    corrupted or truncated chunk is detected on read."""
+    shuffle = "bitshuffle" if arr.dtype.itemsize <= 2 else "shuffle"
+    return [zarr.codecs.BloscCodec(cname="zstd", clevel=1, shuffle=shuffle, typesize=arr.dtype.itemsize),
+            zarr.codecs.Crc32cCodec()]
+
+
+def _chunks(arr: np.ndarray) -> tuple[int, ...]:
+    if arr.ndim == 0:
+        return ()
+    row = max(1, arr.nbytes // max(arr.shape[0], 1))
+    first = max(1, min(arr.shape[0], CHUNK_BYTES // row))
+    return (first, *arr.shape[1:])
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    snapshot: str | None  # None when nothing changed (no commit was made)
+    written: tuple[str, ...]
+    unchanged: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    snapshot: str
+    written_at: dt.datetime
+    message: str
+    metadata: dict
+    tags: tuple[str, ...]
+
+
+class GoldenStore:
+    """An icechunk repository at ``root`` (created on first write)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    # ---- repository ---------------------------------------------------------
+    def exists(self) -> bool:
+        return (self.root / REPO_DIR / "repo").exists() or (self.root / REPO_DIR / "refs").exists()
+
+    def _repo(self, *, create: bool = False) -> icechunk.Repository:
+        storage = icechunk.local_filesystem_storage(str((self.root / REPO_DIR).resolve()))
+        try:
+            if create:
+                return icechunk.Repository.open_or_create(storage)
+            if not self.exists():
+                raise GoldenStoreError(f"no golden store at {self.root} (record a case first: goldens record ...)")
+            return icechunk.Repository.open(storage)
+        except GoldenStoreError:
+            raise
+        except Exception as exc:
+            raise GoldenStoreError(f"cannot open golden store {self.root}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Exclusive inter-process lock for commits (released by the kernel even on SIGKILL)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / LOCK_NAME, "a+") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+    # ---- writing ------------------------------------------------------------
+    def commit(self, arrays: dict[str, tuple[np.ndarray, dict]], group_attrs: dict[str, dict], message: str, *,
+               metadata: dict | None = None, tag: str | None = None, remove: tuple[str, ...] = ()) -> CommitResult:
+        """Write ``arrays`` (path -> (array, attrs)) and group attributes in one commit under the lock.
+
+        An array whose dtype, shape, content hash and attributes equal the stored one is not rewritten;
+        when nothing changes no commit is made. ``remove`` deletes groups/arrays first.
+        """
+        with self.lock():
+            repo = self._repo(create=True)
+            session = repo.writable_session("main")
+            root = zarr.open_group(session.store, mode="a")
+            written, unchanged = [], []
+            for path in remove:
+                if path in root:
+                    del root[path]
+                    written.append(f"-{path}")
+            for path, attrs in group_attrs.items():
+                group = root.require_group(path)
+                if dict(group.attrs) != attrs:
+                    group.attrs.clear()
+                    group.attrs.update(attrs)
+                    written.append(f"{path}/@attrs")
+            for path, (arr, attrs) in arrays.items():
+                full = {**attrs, "digest": digest(arr)}
+                existing = root.get(path)
+                if isinstance(existing, zarr.Array) and existing.shape == arr.shape and \
+                        existing.dtype == arr.dtype and dict(existing.attrs) == full:
+                    unchanged.append(path)
+                    continue
+                parent, _, name = path.rpartition("/")
+                group = root.require_group(parent) if parent else root
+                out = group.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr),
+                                         compressors=_codecs(arr), overwrite=True, attributes=full,
+                                         fill_value=0 if arr.dtype != bool else False)
+                if arr.ndim == 0:
+                    out[()] = arr
+                elif arr.size:
+                    out[...] = arr
+                written.append(path)
+            if not written:
+                return CommitResult(None, (), tuple(unchanged))
+            if os.environ.get("PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"):  # reliability tests kill us here
+                import time
+                time.sleep(float(os.environ["PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"]))
+            snapshot = session.commit(message, metadata=metadata or {})
+            if tag:
+                repo.create_tag(tag, snapshot)
+            return CommitResult(snapshot, tuple(written), tuple(unchanged))
+
+    # ---- reading ------------------------------------------------------------
+    def resolve(self, rev: str | None) -> dict:
+        """A revision: None/"main" (branch head), a tag name, or a snapshot id."""
+        if rev in (None, "main"):
+            return {"branch": "main"}
+        repo = self._repo()
+        if rev in set(repo.list_tags()):
+            return {"tag": rev}
+        try:
+            repo.readonly_session(snapshot_id=rev)
+        except Exception:
+            raise GoldenStoreError(f"unknown revision {rev!r}: not 'main', a tag ({sorted(repo.list_tags())}) "
+                                   "or a snapshot id (see goldens log)") from None
+        return {"snapshot_id": rev}
+
+    def reader(self, rev: str | None = None) -> StoreReader:
+        repo = self._repo()
+        try:
+            session = repo.readonly_session(**self.resolve(rev))
+        except GoldenStoreError:
+            raise
+        except Exception as exc:
+            raise GoldenStoreError(f"cannot open revision {rev or 'main'} of {self.root}: {exc}") from exc
+        return StoreReader(zarr.open_group(session.store, mode="r"), session.snapshot_id)
+
+    def log(self) -> list[LogEntry]:
+        repo = self._repo()
+        tags: dict[str, list[str]] = {}
+        for name in repo.list_tags():
+            tags.setdefault(repo.lookup_tag(name), []).append(name)
+        return [LogEntry(s.id, s.written_at, s.message, dict(s.metadata or {}), tuple(sorted(tags.get(s.id, []))))
+                for s in repo.ancestry(branch="main")]
+
+    def tag(self, name: str, snapshot: str) -> None:
+        with self.lock():
+            self._repo().create_tag(name, snapshot)
+
+    def gc(self, older_than: dt.datetime) -> tuple[int, object]:
+        """Expire snapshots older than ``older_than`` (tags and the branch head are kept), then delete
+        unreachable objects. Returns (expired count, GC summary)."""
+        with self.lock():
+            repo = self._repo()
+            expired = repo.expire_snapshots(older_than, delete_expired_branches=False, delete_expired_tags=False)
+            summary = repo.garbage_collect(older_than)
+            return len(expired), summary
+
+    def disk_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+
+
+class StoreReader:
+    """Read-only view of one snapshot."""
+
+    def __init__(self, root: zarr.Group, snapshot: str):
+        self.root = root
+        self.snapshot = snapshot
+
+    def has(self, path: str) -> bool:
+        return path in self.root
+
+    def group_attrs(self, path: str) -> dict:
+        node = self.root.get(path)
+        if not isinstance(node, zarr.Group):
+            raise GoldenStoreError(f"no group {path!r} in snapshot {self.snapshot}")
+        return dict(node.attrs)
+
+    def arrays(self, path: str) -> list[str]:
+        node = self.root.get(path)
+        if not isinstance(node, zarr.Group):
+            return []
+        return sorted(name for name, _ in node.arrays())
+
+    def groups(self, path: str = "") -> list[str]:
+        node = self.root if not path else self.root.get(path)
+        if not isinstance(node, zarr.Group):
+            return []
+        return sorted(name for name, _ in node.groups())
+
+    def array_attrs(self, path: str) -> dict:
+        node = self.root.get(path)
+        if not isinstance(node, zarr.Array):
+            raise GoldenStoreError(f"missing array {path!r} in snapshot {self.snapshot}")
+        return dict(node.attrs)
+
+    def read(self, path: str) -> tuple[np.ndarray, dict]:
+        """(array, attrs); a missing array, or a chunk that fails its checksum or decompression, raises
+        GoldenStoreError naming the array."""
+        node = self.root.get(path)
+        if not isinstance(node, zarr.Array):
+            raise GoldenStoreError(f"missing array {path!r} in snapshot {self.snapshot}")
+        try:
+            data = node[()] if node.ndim == 0 else node[...]
+        except Exception as exc:
+            raise GoldenStoreError(f"array {path!r}: cannot read its chunks ({type(exc).__name__}: {exc}); "
+                                   "the store may be corrupted or truncated") from exc
+        data = np.asarray(data)
+        attrs = dict(node.attrs)
+        want = attrs.get("digest")
+        if want is not None and digest(data) != want:
+            raise GoldenStoreError(f"array {path!r}: content hash mismatch (stored {want}); the store is corrupted")
+        return data, attrs
+
+    def walk_arrays(self, path: str = "") -> list[str]:
+        """Every array path below ``path``."""
+        out = []
+        node = self.root if not path else self.root.get(path)
+        if not isinstance(node, zarr.Group):
+            return out
+        for name, child in node.members():
+            full = f"{path}/{name}" if path else name
+            if isinstance(child, zarr.Array):
+                out.append(full)
+            else:
+                out.extend(self.walk_arrays(full))
+        return sorted(out)

@@ -1,0 +1,283 @@
+"""Replay trees: record, load (with spec, wiring and staleness checks), replay on a backend, regenerate,
+diff, and the upstream ``.pt`` layout. Builds on the store (bytes), the codec (tensors) and the catalog.
+
+Spec: §7.2 (one tree per wiring, never fed to the other), §7.3 (in/out layout, ScalarSpec, directions).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from contracts.compare import Context, compare_all
+from contracts.result import CheckResult
+from goldens.cases import Case, fingerprint, get_case, rounding_versions
+from goldens.catalog import WIRINGS, ArgSpec, TreeRecord, tree_path
+from goldens.codec import from_numpy, to_numpy
+from goldens.errors import GoldenStoreError
+from goldens.store import CommitResult, GoldenStore, StoreReader
+
+
+def _versions() -> dict:
+    try:
+        pkg = importlib.metadata.version("pto-contracts")
+    except importlib.metadata.PackageNotFoundError:
+        pkg = "unknown"
+    return {"pto-contracts": pkg, "torch": torch.__version__}
+
+
+def _clone(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in d.items()}
+
+
+def tree_arrays(case: Case, record: TreeRecord, inputs: dict, outputs: dict) -> dict:
+    arrays = {}
+    base = tree_path(case.name, record.wiring)
+    for spec in record.args:
+        if spec.is_input:
+            arrays[f"{base}/in/{spec.name}"] = to_numpy(inputs[spec.name])
+        if spec.is_output:
+            arrays[f"{base}/out/{spec.name}"] = to_numpy(outputs[spec.name])
+    return arrays
+
+
+def make_record(case: Case, wiring: str, seed: int, inputs: dict, outputs: dict, source: str = "record") -> TreeRecord:
+    return TreeRecord(case=case.name, operator=case.operator, preset=case.preset, wiring=wiring, seed=seed,
+                      args=case.arg_specs(inputs, outputs), comparators=case.comparators(wiring),
+                      params=dict(case.params), versions=_versions(), fingerprint=fingerprint(case),
+                      rounding=rounding_versions(case), source=source)
+
+
+def build_tree(case: Case, wiring: str, seed: int) -> tuple[TreeRecord, dict, dict]:
+    if wiring not in case.wirings:
+        raise GoldenStoreError(f"case {case.name} has no {wiring} wiring (it has {list(case.wirings)})")
+    inputs = case.build_inputs(seed, wiring)
+    outputs = case.reference(_clone(inputs), wiring)
+    return make_record(case, wiring, seed, inputs, outputs), inputs, outputs
+
+
+def record(store: GoldenStore, items: list[tuple[str, str]], seed: int) -> CommitResult:
+    """Record (case, wiring) trees in one commit."""
+    arrays, groups = {}, {}
+    for name, wiring in items:
+        case = get_case(name)
+        rec, inputs, outputs = build_tree(case, wiring, seed)
+        arrays.update(tree_arrays(case, rec, inputs, outputs))
+        groups[tree_path(case.name, wiring)] = rec.to_attrs()
+    label = ", ".join(f"{c}/{w}" for c, w in items)
+    return store.commit(arrays, groups, f"record {label} (seed {seed})", metadata={"action": "record", "seed": seed})
+
+
+def recorded_wirings(reader: StoreReader, case: str) -> list[str]:
+    return [w for w in WIRINGS if reader.has(f"{case}/{w}")]
+
+
+def recorded_cases(reader: StoreReader) -> list[str]:
+    return [c for c in reader.groups() if recorded_wirings(reader, c)]
+
+
+@dataclass
+class LoadedTree:
+    case: Case
+    record: TreeRecord
+    inputs: dict[str, torch.Tensor]
+    expected: dict[str, torch.Tensor]
+    stale: bool
+
+
+def load_tree(reader: StoreReader, case_name: str, wiring: str) -> LoadedTree:
+    """Read one tree and check it: the tree is for this wiring and case, its argument spec (names, order,
+    directions, dtypes) matches the operator's, every array is present with its recorded shape/dtype."""
+    case = get_case(case_name)
+    path = tree_path(case_name, wiring)
+    if not reader.has(path):
+        have = recorded_wirings(reader, case_name)
+        raise GoldenStoreError(f"no {wiring} tree for case {case_name} (recorded wirings: {have or 'none'}); "
+                               "a tree saved by one wiring is never fed to the other")
+    rec = TreeRecord.from_attrs(reader.group_attrs(path), where=path)
+    if rec.wiring != wiring or rec.case != case_name:
+        raise GoldenStoreError(f"{path}: tree records case {rec.case!r} wiring {rec.wiring!r}; refusing to replay "
+                               f"it as {case_name}/{wiring}")
+    want = case.arg_specs(*_spec_probe(case, wiring))
+    got_sig = [(a.name, a.direction, a.dtype, a.scalar) for a in rec.args]
+    want_sig = [(a.name, a.direction, a.dtype, a.scalar) for a in want]
+    if got_sig != want_sig:
+        first = next((i for i, (g, w) in enumerate(zip(got_sig, want_sig, strict=False)) if g != w),
+                     min(len(got_sig), len(want_sig)))
+        g = got_sig[first] if first < len(got_sig) else "nothing"
+        w = want_sig[first] if first < len(want_sig) else "nothing"
+        raise GoldenStoreError(f"{path}: stored argument spec disagrees with operator {case.operator}: argument "
+                               f"{first} is {g}, expected {w} (name, direction, dtype, scalar)")
+    inputs, expected = {}, {}
+    for spec in rec.args:
+        if spec.is_input:
+            inputs[spec.name] = _read_tensor(reader, f"{path}/in/{spec.name}", spec)
+        if spec.is_output:
+            expected[spec.name] = _read_tensor(reader, f"{path}/out/{spec.name}", spec)
+    return LoadedTree(case, rec, inputs, expected, rec.fingerprint != fingerprint(case))
+
+
+def _spec_probe(case: Case, wiring: str) -> tuple[dict, dict]:
+    """Inputs/outputs of seed 0, used only for names, order, directions and dtypes (not shapes)."""
+    inputs = case.build_inputs(0, wiring)
+    return inputs, case.reference(_clone(inputs), wiring)
+
+
+def _read_tensor(reader: StoreReader, path: str, spec: ArgSpec) -> torch.Tensor:
+    arr, attrs = reader.read(path)
+    t = from_numpy(arr, attrs, name=path)
+    if tuple(t.shape) != tuple(spec.shape) or str(t.dtype).removeprefix("torch.") != spec.dtype:
+        raise GoldenStoreError(f"{path}: stored {t.dtype}{list(t.shape)} disagrees with the tree spec "
+                               f"{spec.dtype}{list(spec.shape)}")
+    return t
+
+
+STALE_HINT = "the reference arithmetic or a rounding rule changed since it was recorded: run `goldens regen {case}`"
+
+
+def replay(tree: LoadedTree, backend, *, allow_stale: bool = False) -> dict[str, CheckResult]:
+    """Run ``backend`` on the stored inputs and judge each output with its comparator."""
+    if tree.stale and not allow_stale:
+        raise GoldenStoreError(f"{tree.case.name}/{tree.record.wiring} is stale: "
+                               + STALE_HINT.format(case=tree.case.name))
+    actual = tree.case.run(backend, _clone(tree.inputs), tree.record.wiring)
+    ctx = Context(tree.inputs, actual, tree.expected, tree.record.params)
+    return compare_all(tree.record.comparators, ctx)
+
+
+@dataclass(frozen=True)
+class OutputDelta:
+    name: str
+    elements_changed: int
+    elements: int
+    max_abs: float
+    mean_abs: float
+    max_rel: float
+    rows_affected: int
+
+
+def delta(name: str, old: torch.Tensor, new: torch.Tensor) -> OutputDelta:
+    """Numeric summary of an output change (values upcast to FP64; bit-stored dtypes decoded first)."""
+    if old.shape != new.shape or old.dtype != new.dtype:
+        return OutputDelta(name, new.numel(), new.numel(), math.inf, math.inf, math.inf,
+                           new.shape[0] if new.ndim else 1)
+    if old.dtype == torch.uint8 or not (old.dtype.is_floating_point or old.dtype == torch.bool):
+        a, b = old.to(torch.float64), new.to(torch.float64)
+    else:
+        a, b = old.to(torch.float32).to(torch.float64), new.to(torch.float32).to(torch.float64)
+    changed = (a != b) & ~(a.isnan() & b.isnan())
+    n = int(changed.sum())
+    if n == 0:
+        return OutputDelta(name, 0, a.numel(), 0.0, 0.0, 0.0, 0)
+    diff = (a - b).abs()[changed]
+    rel = diff / a.abs()[changed].clamp_min(1e-300)
+    rows = int(changed.reshape(changed.shape[0], -1).any(1).sum()) if changed.ndim else 1
+    return OutputDelta(name, n, a.numel(), float(diff.max()), float(diff.mean()), float(rel.max()), rows)
+
+
+def regen(store: GoldenStore, items: list[tuple[str, str]], *, dry_run: bool = False
+          ) -> tuple[list[tuple[str, str, list[OutputDelta]]], CommitResult | None]:
+    """Recompute expected outputs from stored inputs with the current reference; commit only changed
+    arrays (and the new fingerprint) in one tagged commit."""
+    reader = store.reader()
+    report, arrays, groups = [], {}, {}
+    for name, wiring in items:
+        tree = load_tree(reader, name, wiring)
+        outputs = tree.case.reference(_clone(tree.inputs), wiring)
+        deltas = [delta(k, tree.expected[k], outputs[k]) for k in tree.expected]
+        report.append((name, wiring, [d for d in deltas if d.elements_changed]))
+        rec = make_record(tree.case, wiring, tree.record.seed, tree.inputs, outputs, source=tree.record.source)
+        arrays.update(tree_arrays(tree.case, rec, tree.inputs, outputs))
+        groups[tree_path(name, wiring)] = rec.to_attrs()
+    if dry_run:
+        return report, None
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    result = store.commit(arrays, groups, "regen " + ", ".join(f"{c}/{w}" for c, w in items),
+                          metadata={"action": "regen"}, tag=f"regen-{stamp}")
+    return report, result
+
+
+# ---------------------------------------------------------------------------
+# upstream .pt layout: <dir>/<wiring>/in/<name>.pt and <dir>/<wiring>/out/<name>.pt
+
+
+def export_pt(reader: StoreReader, case_name: str, wiring: str, directory: Path) -> list[Path]:
+    tree = load_tree(reader, case_name, wiring)
+    written = []
+    for spec in tree.record.args:
+        for kind, source in (("in", tree.inputs), ("out", tree.expected)):
+            if (kind == "in" and spec.is_input) or (kind == "out" and spec.is_output):
+                path = directory / wiring / kind / f"{spec.name}.pt"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(source[spec.name].clone(), path)
+                written.append(path)
+    return written
+
+
+def _load_pt(path: Path) -> torch.Tensor:
+    try:
+        value = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # weights_only refuses arbitrary pickled objects
+        raise GoldenStoreError(f"{path}: refused: not a plain tensor file loadable with weights_only=True "
+                               f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+    if not isinstance(value, torch.Tensor):
+        raise GoldenStoreError(f"{path}: refused: holds a {type(value).__name__}, expected one tensor")
+    return value
+
+
+def import_pt(store: GoldenStore, case_name: str, directory: Path, wirings: tuple[str, ...]) -> CommitResult:
+    """Import upstream-layout trees for ``case_name``; names, directions and dtypes must match the
+    operator's spec (files are read with torch.load(weights_only=True) only)."""
+    case = get_case(case_name)
+    arrays, groups = {}, {}
+    for wiring in wirings:
+        base = directory / wiring
+        if not base.is_dir():
+            raise GoldenStoreError(f"{base}: missing per-wiring directory (layout <dir>/<wiring>/in|out/<name>.pt)")
+        probe_in, probe_out = _spec_probe(case, wiring)
+        specs = case.arg_specs(probe_in, probe_out)
+        inputs, outputs = {}, {}
+        for spec in specs:
+            for kind, target, wanted in (("in", inputs, spec.is_input), ("out", outputs, spec.is_output)):
+                if not wanted:
+                    continue
+                path = base / kind / f"{spec.name}.pt"
+                if not path.exists():
+                    raise GoldenStoreError(f"{path}: missing file for {spec.direction} argument {spec.name!r}")
+                t = _load_pt(path)
+                if str(t.dtype).removeprefix("torch.") != spec.dtype:
+                    raise GoldenStoreError(f"{path}: dtype {t.dtype}, operator {case.operator} expects {spec.dtype}")
+                target[spec.name] = t
+        extra = sorted({p.stem for p in base.glob("*/*.pt")} - {s.name for s in specs})
+        if extra:
+            raise GoldenStoreError(f"{base}: files not in the operator's spec: {extra}")
+        for spec in specs:
+            if spec.direction == "inout":
+                outputs.setdefault(spec.name, inputs[spec.name])
+        rec = make_record(case, wiring, -1, inputs, outputs, source=f"import-pt {directory}")
+        arrays.update(tree_arrays(case, rec, inputs, outputs))
+        groups[tree_path(case_name, wiring)] = rec.to_attrs()
+    return store.commit(arrays, groups, f"import-pt {case_name} from {directory}", metadata={"action": "import-pt"})
+
+
+def diff_revisions(store: GoldenStore, rev_a: str, rev_b: str) -> list[tuple[str, str, OutputDelta | None]]:
+    """(path, 'added'|'removed'|'changed', delta) for every array that differs between two revisions."""
+    ra, rb = store.reader(rev_a), store.reader(rev_b)
+    pa, pb = set(ra.walk_arrays()), set(rb.walk_arrays())
+    out = [(p, "added", None) for p in sorted(pb - pa)] + [(p, "removed", None) for p in sorted(pa - pb)]
+    for p in sorted(pa & pb):
+        if ra.array_attrs(p).get("digest") == rb.array_attrs(p).get("digest"):
+            continue
+        (xa, aa), (xb, ab) = ra.read(p), rb.read(p)
+        out.append((p, "changed", delta(p, from_numpy(xa, aa, name=p), from_numpy(xb, ab, name=p))))
+    return out
+
+
+def np_bytes(arr: np.ndarray) -> int:
+    return int(arr.nbytes)
