@@ -80,14 +80,14 @@ def _e4m3_clamp_240(x, rule_name):
 
 
 def _publish_unmapped(c, values, slots):
-    """Wrong: rows with slot -1 are written to the last physical row instead of skipped."""
+    """Wrong: the first row with slot -1 is written to a spare (unmapped) physical row instead of skipped."""
     slots = torch.as_tensor(slots).clone()
-    if bool((slots < 0).any()):
-        keep = slots >= 0
-        last = c.rows - 1
-        if not bool((slots == last).any()):
-            idx = int((~keep).nonzero()[0, 0])
-            slots[idx] = last
+    holes = (slots < 0).nonzero().flatten()
+    if holes.numel():
+        used = set(slots[slots >= 0].tolist())
+        spare = next((r for r in range(c.rows) if r not in used), None)
+        if spare is not None:
+            slots[int(holes[0])] = spare
     return cache.publish(c, values, slots)
 
 
