@@ -5,7 +5,7 @@ Profiles: ``ci`` (derandomized, few examples; chosen automatically when CI=true)
 ``--hypothesis-profile thorough`` or HYPOTHESIS_PROFILE=thorough).
 
 Options: ``--backend NAME`` (built in: torch, pypto), ``--backend-module pkg.module:OBJECT``,
-``--platform a5sim|a5`` (for device backends).
+``--platform a5sim|a5`` (for device backends), ``--golden-store PATH`` and ``--regen-goldens``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="load an out-of-tree backend (a Backend or a callable returning one); overrides --backend")
     group.addoption("--platform", default=None, choices=("a5sim", "a5"),
                     help="platform for device backends (pypto); default a5sim")
+    group.addoption("--golden-store", default=os.environ.get("PTO_GOLDEN_STORE", "artifacts/store"),
+                    metavar="PATH", help="golden store replayed by contracts/test_golden_replay.py "
+                                         "(default artifacts/store)")
+    group.addoption("--regen-goldens", action="store_true",
+                    help="regenerate stale golden trees with the current reference (the test still fails, so "
+                         "a regeneration never passes silently)")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,0 +1,54 @@
+"""Replay every tree of the golden store (``--golden-store``, default artifacts/store) on the selected
+backend, one test per (case, wiring). Reads use read-only sessions, so xdist workers share the store.
+A stale tree fails with the regen hint; ``--regen-goldens`` regenerates it and still fails. Spec: §7.3."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def _trees(store_path: str) -> list[tuple[str, str]]:
+    from goldens import trees
+    from goldens.store import GoldenStore
+
+    store = GoldenStore(store_path)
+    if not store.exists():
+        return []
+    reader = store.reader()
+    return [(c, w) for c in trees.recorded_cases(reader) for w in trees.recorded_wirings(reader, c)]
+
+
+def pytest_generate_tests(metafunc):
+    if "golden_tree" in metafunc.fixturenames:
+        path = metafunc.config.getoption("golden_store")
+        found = _trees(path)
+        metafunc.parametrize("golden_tree", found or [pytest.param(None, marks=pytest.mark.skip(
+            reason=f"no golden store at {path}"))], ids=[f"{c}/{w}" for c, w in found] or ["no-store"])
+
+
+def test_golden_tree_replays(backend, golden_tree, pytestconfig):
+    from contracts.backends import MissingOperator
+    from goldens import trees
+    from goldens.errors import GoldenStoreError
+    from goldens.store import GoldenStore
+
+    case, wiring = golden_tree
+    store = GoldenStore(Path(pytestconfig.getoption("golden_store")))
+    tree = trees.load_tree(store.reader(), case, wiring)
+    if tree.stale:
+        if pytestconfig.getoption("regen_goldens"):
+            report, result = trees.regen(store, [(case, wiring)])
+            moved = [d.name for _c, _w, ds in report for d in ds]
+            pytest.fail(f"{case}/{wiring} was stale and has been regenerated (outputs moved: {moved or 'none'}; "
+                        f"snapshot {result.snapshot}); rerun to replay it")
+        pytest.fail(f"{case}/{wiring} is stale: " + trees.STALE_HINT.format(case=case) + " (or --regen-goldens)")
+    try:
+        results = trees.replay(tree, backend)
+    except MissingOperator as exc:
+        pytest.skip(str(exc))
+    except GoldenStoreError as exc:
+        pytest.fail(str(exc))
+    failed = {name: r.message() for name, r in results.items() if not r.ok}
+    assert not failed, f"{case}/{wiring}: " + "; ".join(f"{k}: {v}" for k, v in failed.items())
