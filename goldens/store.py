@@ -15,6 +15,7 @@ import datetime as dt
 import fcntl
 import hashlib
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ if not os.environ.get("ICECHUNK_LOG"):
 
 LOCK_NAME = "pto-store.lock"
 REPO_DIR = "icechunk"  # the repository lives beside the lock file: icechunk needs a clean prefix
-CHUNK_BYTES = 16 * 2**20  # target bytes per chunk along the first dimension
+CHUNK_BYTES = 8 * 2**20  # target bytes per chunk along the first dimension (see benchmarks/store.py)
 
 
 def digest(arr: np.ndarray) -> str:
@@ -44,12 +45,16 @@ def digest(arr: np.ndarray) -> str:
     return h.hexdigest()
 
 
+def checksum(arr: np.ndarray) -> int:
+    """CRC32 of the array bytes, verified on every read (fast enough to keep on)."""
+    return zlib.crc32(np.ascontiguousarray(arr).view(np.uint8).reshape(-1).data)
+
+
 def _codecs(arr: np.ndarray) -> list:
-    """Blosc(zstd) with a byte or bit shuffle suited to the element size, then a CRC32C checksum so a
-    corrupted or truncated chunk is detected on read."""
-    shuffle = "bitshuffle" if arr.dtype.itemsize <= 2 else "shuffle"
-    return [zarr.codecs.BloscCodec(cname="zstd", clevel=1, shuffle=shuffle, typesize=arr.dtype.itemsize),
-            zarr.codecs.Crc32cCodec()]
+    """Blosc LZ4 with a bit shuffle: the best read speed for a 0.78x size on kernel-like data in
+    benchmarks/store.py (zstd and a per-chunk CRC32C codec read slower). Corruption is caught by the
+    whole-array CRC32 checked on read and by the decompressor."""
+    return [zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle", typesize=arr.dtype.itemsize)]
 
 
 def _chunks(arr: np.ndarray) -> tuple[int, ...]:
@@ -134,7 +139,7 @@ class GoldenStore:
                     group.attrs.update(attrs)
                     written.append(f"{path}/@attrs")
             for path, (arr, attrs) in arrays.items():
-                full = {**attrs, "digest": digest(arr)}
+                full = {**attrs, "digest": digest(arr), "crc32": checksum(arr)}
                 existing = root.get(path)
                 if isinstance(existing, zarr.Array) and existing.shape == arr.shape and \
                         existing.dtype == arr.dtype and dict(existing.attrs) == full:
@@ -257,9 +262,9 @@ class StoreReader:
                                    "the store may be corrupted or truncated") from exc
         data = np.asarray(data)
         attrs = dict(node.attrs)
-        want = attrs.get("digest")
-        if want is not None and digest(data) != want:
-            raise GoldenStoreError(f"array {path!r}: content hash mismatch (stored {want}); the store is corrupted")
+        want = attrs.get("crc32")
+        if want is not None and checksum(data) != want:
+            raise GoldenStoreError(f"array {path!r}: CRC32 mismatch (stored {want}); the store is corrupted")
         return data, attrs
 
     def walk_arrays(self, path: str = "") -> list[str]:
