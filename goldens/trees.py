@@ -123,10 +123,17 @@ def load_tree(reader: StoreReader, case_name: str, wiring: str) -> LoadedTree:
     return LoadedTree(case, rec, inputs, expected, rec.fingerprint != fingerprint(case))
 
 
+_PROBES: dict[tuple[str, str], tuple[dict, dict]] = {}
+
+
 def _spec_probe(case: Case, wiring: str) -> tuple[dict, dict]:
-    """Inputs/outputs of seed 0, used only for names, order, directions and dtypes (not shapes)."""
-    inputs = case.build_inputs(0, wiring)
-    return inputs, case.reference(_clone(inputs), wiring)
+    """Inputs/outputs of seed 0 (tiny, built once per process), used only for names, order, directions
+    and dtypes -- never as replay data."""
+    key = (case.name, wiring)
+    if key not in _PROBES:
+        inputs = case.build_inputs(0, wiring)
+        _PROBES[key] = (inputs, case.reference(_clone(inputs), wiring))
+    return _PROBES[key]
 
 
 def _read_tensor(reader: StoreReader, path: str, spec: ArgSpec) -> torch.Tensor:

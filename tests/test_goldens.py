@@ -206,3 +206,20 @@ def test_every_case_records_and_replays_in_every_wiring(tmp_path):
         results = trees.replay(tree, __import__("contracts.backends").backends.torch_backend())
         assert all(r.ok for r in results.values()), (name, wiring, [r.message() for r in results.values()])
     assert get_case("sp_slabs").wirings == ("replicated", "sharded")
+
+
+def test_wiring_selection():
+    from goldens.catalog import select_wirings
+
+    assert select_wirings("both") == ("replicated", "sharded")
+    assert select_wirings("sharded") == ("sharded",)
+    with pytest.raises(GoldenStoreError, match="--wiring"):
+        select_wirings("all")
+
+
+def test_import_requires_every_file(store, tmp_path, capsys):
+    out = tmp_path / "pt"
+    assert run_cli(store, "export-pt", "rope_rows", str(out)) == 0
+    (out / "replicated" / "out" / "rope_sin.pt").unlink()
+    assert run_cli(store, "import-pt", str(out), "--case", "rope_rows") == 2
+    assert "rope_sin.pt: missing file for inout argument 'rope_sin'" in capsys.readouterr().err
