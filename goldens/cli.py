@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
 import sys
 from pathlib import Path
@@ -16,6 +17,11 @@ from rich.table import Table
 
 from goldens.catalog import select_wirings
 from goldens.errors import GoldenStoreError
+
+
+def _num(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.4g}"
+
 
 DEFAULT_STORE = os.environ.get("PTO_GOLDEN_STORE", "artifacts/store")
 console = Console(width=160)
@@ -126,8 +132,8 @@ def cmd_regen(args) -> int:
         if not deltas:
             table.add_row(case, wiring, "(no output changed)", "0", "", "", "", "")
         for d in deltas:
-            table.add_row(case, wiring, d.name, f"{d.elements_changed}/{d.elements}", f"{d.max_abs:.4g}",
-                          f"{d.mean_abs:.4g}", f"{d.max_rel:.4g}", str(d.rows_affected))
+            table.add_row(case, wiring, d.name, f"{d.elements_changed}/{d.elements}", _num(d.max_abs),
+                          _num(d.mean_abs), _num(d.max_rel), str(d.rows_affected))
     console.print(table)
     if result is not None:
         console.print(f"snapshot {result.snapshot or '(unchanged, no commit)'}; "
@@ -159,8 +165,8 @@ def cmd_diff(args) -> int:
         if d is None:
             table.add_row(path, kind, "", "", "", "", "")
         else:
-            table.add_row(path, kind, f"{d.elements_changed}/{d.elements}", f"{d.max_abs:.4g}", f"{d.mean_abs:.4g}",
-                          f"{d.max_rel:.4g}", str(d.rows_affected))
+            table.add_row(path, kind, f"{d.elements_changed}/{d.elements}", _num(d.max_abs), _num(d.mean_abs),
+                          _num(d.max_rel), str(d.rows_affected))
     console.print(table)
     console.print(f"{len(rows)} array(s) differ")
     return 0

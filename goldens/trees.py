@@ -170,21 +170,22 @@ class OutputDelta:
 
 
 def delta(name: str, old: torch.Tensor, new: torch.Tensor) -> OutputDelta:
-    """Numeric summary of an output change (values upcast to FP64; bit-stored dtypes decoded first)."""
+    """Summary of an output change: elements changed and rows affected; for floating outputs also max/mean
+    absolute and max relative difference (FP64). Packed or integer outputs report counts only (NaN)."""
     if old.shape != new.shape or old.dtype != new.dtype:
         return OutputDelta(name, new.numel(), new.numel(), math.inf, math.inf, math.inf,
                            new.shape[0] if new.ndim else 1)
-    if old.dtype == torch.uint8 or not (old.dtype.is_floating_point or old.dtype == torch.bool):
-        a, b = old.to(torch.float64), new.to(torch.float64)
-    else:
-        a, b = old.to(torch.float32).to(torch.float64), new.to(torch.float32).to(torch.float64)
+    numeric = old.dtype.is_floating_point  # uint8 packed FP4 / int metadata: count bytes/elements only
+    a, b = old.to(torch.float32).to(torch.float64), new.to(torch.float32).to(torch.float64)
     changed = (a != b) & ~(a.isnan() & b.isnan())
     n = int(changed.sum())
     if n == 0:
         return OutputDelta(name, 0, a.numel(), 0.0, 0.0, 0.0, 0)
+    rows = int(changed.reshape(changed.shape[0], -1).any(1).sum()) if changed.ndim else 1
+    if not numeric:
+        return OutputDelta(name, n, a.numel(), math.nan, math.nan, math.nan, rows)
     diff = (a - b).abs()[changed]
     rel = diff / a.abs()[changed].clamp_min(1e-300)
-    rows = int(changed.reshape(changed.shape[0], -1).any(1).sum()) if changed.ndim else 1
     return OutputDelta(name, n, a.numel(), float(diff.max()), float(diff.mean()), float(rel.max()), rows)
 
 
