@@ -95,9 +95,14 @@ def cmd_replay(args) -> int:
     table = Table(title=f"replay on backend {backend.name} ({backend.platform}) from {args.store}@{reader.snapshot[:12]}")
     for col in ("case", "wiring", "output", "comparator", "verdict", "detail"):
         table.add_column(col, overflow="fold")
-    failures = skipped = 0
+    failures = skipped = stale = 0
     for case, wiring in items:
         tree = trees.load_tree(reader, case, wiring)
+        if tree.stale and not args.allow_stale:
+            stale += 1
+            table.add_row(case, wiring, "*", "-", "[bold red]STALE[/]",
+                          trees.STALE_HINT.format(case=case) + " (or --allow-stale)")
+            continue
         if tree.stale and args.allow_stale:
             err.print(f"[bold red]WARNING: {case}/{wiring} is STALE (recorded with fingerprint "
                       f"{tree.record.fingerprint}); replaying anyway because of --allow-stale. Its expected outputs "
@@ -114,7 +119,11 @@ def cmd_replay(args) -> int:
             table.add_row(case, wiring, output, tree.record.comparators[output],
                           "[green]PASS[/]" if ok else "[red]FAIL[/]", "" if ok else result.message())
     console.print(table)
-    console.print(f"{failures} failed output(s), {skipped} skipped tree(s)")
+    console.print(f"{failures} failed output(s), {skipped} skipped tree(s), {stale} stale tree(s) refused")
+    if stale:
+        err.print(f"[bold red]error:[/] {stale} stale tree(s) refused: run `goldens regen` "
+                  "(the reference changed since they were recorded)")
+        return 2
     return 1 if failures else 0
 
 

@@ -123,8 +123,9 @@ def test_rounding_change_makes_trees_stale_and_regen_reports_exactly_what_moved(
     monkeypatch.setitem(quant.RULES, "index", replace(quant.RULES["index"], tie="even"))
     monkeypatch.setattr(quant, "ROUNDING_VERSION", "mx-test-even")
     assert run_cli(store, "replay", "cache_index") == 2
-    message = capsys.readouterr().err
-    assert "stale" in message and "goldens regen cache_index" in message, message
+    captured = capsys.readouterr()
+    assert "STALE" in captured.out and "goldens regen cache_index" in captured.out, captured.out
+    assert "stale tree(s) refused" in captured.err
     assert run_cli(store, "replay", "rope_rows") == 0  # other operators are not stale
     assert run_cli(store, "replay", "cache_index", "--allow-stale") in (0, 1)
     assert "WARNING" in capsys.readouterr().err
