@@ -125,6 +125,20 @@ def cache_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Ch
     return exact(name, a, e, ctx)
 
 
+TOLERANCES: dict[str, dict[str, float]] = {
+    "exact": {},
+    "row_rms_peak": {"rms_atol": precision.ROW_BOUND.rms_atol, "rms_rtol": precision.ROW_BOUND.rms_rtol,
+                     "peak_atol": precision.ROW_BOUND.peak_atol, "peak_rtol": precision.ROW_BOUND.peak_rtol},
+    "fp8_budget": {"global_rel_l2": precision.FP8_BUDGET.global_rel_l2, "row_rel_l2": precision.FP8_BUDGET.row_rel_l2,
+                   "min_cosine": precision.FP8_BUDGET.min_cosine},
+    "masked_scores": {"rms_rtol": precision.ROW_BOUND.rms_rtol, "peak_rtol": precision.ROW_BOUND.peak_rtol},
+    "topk_validity": {"cutoff_atol": 5e-5, "cutoff_rtol": 1.5e-2},
+    "state_ring": {"max_rel_l2": cache_checks.STATE_MAX_REL_L2},
+    "cache_payload": {"mxfp8_max_rel_l2": cache_checks.MAX_REL_L2["mxfp8"],
+                      "mxfp4_max_rel_l2": cache_checks.MAX_REL_L2["mxfp4"]},
+    "cache_scale": {},
+}
+
 COMPARATORS: dict[str, Comparator] = {
     "exact": exact, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,

@@ -49,6 +49,7 @@ class TreeRecord:
     fingerprint: str = ""
     rounding: dict = field(default_factory=dict)
     source: str = "record"
+    tolerances: dict = field(default_factory=dict)
 
     def to_attrs(self) -> dict:
         d = asdict(self)
@@ -85,7 +86,7 @@ class TreeRecord:
                    wiring=wiring, seed=need("seed", int), args=tuple(args), comparators=need("comparators", dict),
                    params=attrs.get("params", {}), versions=attrs.get("versions", {}),
                    fingerprint=need("fingerprint", str), rounding=attrs.get("rounding", {}),
-                   source=attrs.get("source", "record"))
+                   source=attrs.get("source", "record"), tolerances=attrs.get("tolerances", {}))
 
 
 def tree_path(case: str, wiring: str) -> str:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from goldens.catalog import select_wirings
@@ -96,7 +97,11 @@ def cmd_replay(args) -> int:
     for col in ("case", "wiring", "output", "comparator", "verdict", "detail"):
         table.add_column(col, overflow="fold")
     failures = skipped = stale = 0
+    progress = Progress(console=err, transient=True, disable=len(items) < 2)
+    task = progress.add_task("replaying", total=len(items))
+    progress.start()
     for case, wiring in items:
+        progress.advance(task)
         tree = trees.load_tree(reader, case, wiring)
         if tree.stale and not args.allow_stale:
             stale += 1
@@ -118,6 +123,7 @@ def cmd_replay(args) -> int:
             failures += not ok
             table.add_row(case, wiring, output, tree.record.comparators[output],
                           "[green]PASS[/]" if ok else "[red]FAIL[/]", "" if ok else result.message())
+    progress.stop()
     console.print(table)
     console.print(f"{failures} failed output(s), {skipped} skipped tree(s), {stale} stale tree(s) refused")
     if stale:
@@ -209,11 +215,11 @@ def cmd_show(args) -> int:
         console.print(f"fingerprint {r.fingerprint} ({state}; current {fingerprint(tree.case)}); rounding {r.rounding}; "
                       f"versions {r.versions}")
         table = Table()
-        for col in ("#", "argument", "direction", "dtype", "shape", "comparator"):
+        for col in ("#", "argument", "direction", "dtype", "shape", "comparator", "tolerances"):
             table.add_column(col)
         for i, a in enumerate(r.args):
             table.add_row(str(i), a.name, a.direction + (" (scalar)" if a.scalar else ""), a.dtype, str(list(a.shape)),
-                          r.comparators.get(a.name, ""))
+                          r.comparators.get(a.name, ""), str(r.tolerances.get(a.name, "")) if a.is_output else "")
         console.print(table)
     return 0
 

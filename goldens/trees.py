@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from contracts.compare import Context, compare_all
+from contracts.compare import TOLERANCES, Context, compare_all
 from contracts.result import CheckResult
 from goldens.cases import Case, fingerprint, get_case, rounding_versions
 from goldens.catalog import WIRINGS, ArgSpec, TreeRecord, tree_path
@@ -51,7 +51,8 @@ def make_record(case: Case, wiring: str, seed: int, inputs: dict, outputs: dict,
     return TreeRecord(case=case.name, operator=case.operator, preset=case.preset, wiring=wiring, seed=seed,
                       args=case.arg_specs(inputs, outputs), comparators=case.comparators(wiring),
                       params=dict(case.params), versions=_versions(), fingerprint=fingerprint(case),
-                      rounding=rounding_versions(case), source=source)
+                      rounding=rounding_versions(case), source=source,
+                      tolerances={out: TOLERANCES.get(comp, {}) for out, comp in case.comparators(wiring).items()})
 
 
 def build_tree(case: Case, wiring: str, seed: int) -> tuple[TreeRecord, dict, dict]:
