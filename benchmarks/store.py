@@ -68,12 +68,9 @@ def store_write(tree, store: GoldenStore, message: str):
 
 
 def store_read(tree_names, store: GoldenStore) -> dict:
-    reader = store.reader()
-    out = {}
-    for n in tree_names:
-        arr, attrs = reader.read(f"case/replicated/{n}")
-        out[n] = from_numpy(arr, attrs, name=n)
-    return out
+    reader = store.reader()  # opens the repository and a read-only session, as a replay does
+    data = reader.read_many([f"case/replicated/{n}" for n in tree_names])
+    return {n: from_numpy(*data[f"case/replicated/{n}"], name=n) for n in tree_names}
 
 
 def regenerate(tree, outputs, fraction: float = 0.25, seed: int = 1) -> dict:

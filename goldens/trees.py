@@ -115,12 +115,12 @@ def load_tree(reader: StoreReader, case_name: str, wiring: str) -> LoadedTree:
         w = want_sig[first] if first < len(want_sig) else "nothing"
         raise GoldenStoreError(f"{path}: stored argument spec disagrees with operator {case.operator}: argument "
                                f"{first} is {g}, expected {w} (name, direction, dtype, scalar)")
+    wanted = [(f"{path}/in/{a.name}", a, "in") for a in rec.args if a.is_input] + \
+             [(f"{path}/out/{a.name}", a, "out") for a in rec.args if a.is_output]
+    data = reader.read_many([p for p, _a, _k in wanted])
     inputs, expected = {}, {}
-    for spec in rec.args:
-        if spec.is_input:
-            inputs[spec.name] = _read_tensor(reader, f"{path}/in/{spec.name}", spec)
-        if spec.is_output:
-            expected[spec.name] = _read_tensor(reader, f"{path}/out/{spec.name}", spec)
+    for p, spec, kind in wanted:
+        (inputs if kind == "in" else expected)[spec.name] = _as_tensor(p, *data[p], spec)
     return LoadedTree(case, rec, inputs, expected, rec.fingerprint != fingerprint(case))
 
 
@@ -137,8 +137,7 @@ def _spec_probe(case: Case, wiring: str) -> tuple[dict, dict]:
     return _PROBES[key]
 
 
-def _read_tensor(reader: StoreReader, path: str, spec: ArgSpec) -> torch.Tensor:
-    arr, attrs = reader.read(path)
+def _as_tensor(path: str, arr, attrs: dict, spec: ArgSpec) -> torch.Tensor:
     t = from_numpy(arr, attrs, name=path)
     if tuple(t.shape) != tuple(spec.shape) or str(t.dtype).removeprefix("torch.") != spec.dtype:
         raise GoldenStoreError(f"{path}: stored {t.dtype}{list(t.shape)} disagrees with the tree spec "
