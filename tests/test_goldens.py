@@ -160,6 +160,7 @@ class _Evil:
         return (os.system, ("echo pwned",))
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
 def test_import_refuses_pickled_objects_and_non_tensors(store, tmp_path, capsys):
     out = tmp_path / "pt"
     assert run_cli(store, "export-pt", "rope_rows", str(out)) == 0
