@@ -141,3 +141,21 @@ def test_metadata_rejects_structural_mistakes(backend, case):
     _raises(build, {**inputs, "window_block_table": inputs["window_block_table"][:-1]}, r"window_block_table")
     if case.num_tokens:
         _raises(build, {**inputs, "capacity": case.num_tokens - 1}, r"capacity")
+
+
+def test_paged_slots_reject_bad_requests_and_pages():
+    """G2 paged_slots: a request outside the table, a logical page past its width and a page < 0 raise,
+    naming the table, row and page (G1 returned negative slots instead: the PR1280 regression)."""
+    from kernels.metadata import paged_slots
+
+    table = torch.tensor([[3, -1], [0, 1]])
+    pos = torch.tensor([0, 200])
+    with pytest.raises(ValueError, match=r"block_table\[2\].*request row in \[0, 2\)"):
+        paged_slots(pos[:1], torch.tensor([2]), table, block_size=128)
+    with pytest.raises(ValueError, match=r"block_table\[1\]\[2\].*logical page < 2"):
+        paged_slots(torch.tensor([300]), torch.tensor([1]), table, block_size=128)
+    with pytest.raises(ValueError, match=r"block_table\[0\]\[1\].*physical page >= 0.*got -1"):
+        paged_slots(pos, torch.tensor([0, 0]), table, block_size=128)
+    assert paged_slots(pos, torch.tensor([1, 1]), table, block_size=128).tolist() == [0, 128 + 72]
+    assert paged_slots(torch.tensor([-1, 5]), torch.tensor([0, 0]), table, block_size=128, divisor=2,
+                       only_complete=True).tolist() == [-1, 3 * 128 + 2]

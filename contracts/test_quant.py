@@ -254,3 +254,12 @@ def test_codec_rejects_bad_input(backend, rule_name):
         quantize(torch.ones(2, r.group, dtype=torch.int32), rule_name)
     with pytest.raises(ValueError, match="rule"):
         quantize(torch.randn(2, r.group), rule_name + "_nope")
+
+
+def test_e8m0_encode_inverts_decode():
+    """encode(2^(c-127)) = c for every finite code; NaN and Inf encode as the NaN code 255. Spec: §2.2."""
+    from kernels.quant import e8m0_encode
+
+    codes = torch.arange(255, dtype=torch.uint8)
+    assert torch.equal(e8m0_encode(e8m0_decode(codes)), codes)
+    assert e8m0_encode(torch.tensor([float("nan"), float("inf")])).tolist() == [255, 255]
