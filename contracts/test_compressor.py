@@ -54,7 +54,7 @@ def call(backend, ring: Ring, state, chunks, *, padding: int = 0):
         qsl.append(qsl[-1] + x.shape[0])
         pos += list(range(p0, p0 + x.shape[0]))
         req += [r] * x.shape[0]
-    x = torch.cat(xs + [torch.randn((padding, ring.config.hidden_size)).to(torch.bfloat16)])
+    x = torch.cat(xs + [torch.randn((padding, ring.config.hidden_size), generator=ring.gen).to(torch.bfloat16)])
     pos += [-999] * padding
     req += [999] * padding
     table = torch.tensor([[b] for _x, _p, b in chunks], dtype=torch.int32).reshape(-1, 1)

@@ -74,7 +74,7 @@ def test_rope_rows_exact_identity_and_untouched(backend, capacity, tokens, data,
     edge = [p for p in (capacity - 1, 0, -1, -9, 3, 129, 256) if p < capacity]
     positions = torch.tensor(data.draw(st.lists(st.one_of(st.integers(-20, capacity - 1), st.sampled_from(edge)),
                                                 min_size=tokens, max_size=tokens)), dtype=torch.int32)
-    positions[count:] = torch.randint(capacity, 999_999, (tokens - count,), dtype=torch.int32)  # beyond count
+    positions[count:] = capacity + 7 * torch.arange(tokens - count, dtype=torch.int32)  # beyond count and capacity
     rc = torch.full((tokens, cos.shape[1]), SENTINEL_COS)
     rs = torch.full((tokens, cos.shape[1]), SENTINEL_SIN)
     materialize(cos, sin, positions, count, rc, rs)
