@@ -28,8 +28,14 @@ def _equal(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
         raise AssertionError(f"{name}{diff}: got {got[tuple(diff)].tolist()}, expected {want[tuple(diff)].tolist()}")
 
 
-def _relabel(slots: torch.Tensor, perm: torch.Tensor, block: int) -> torch.Tensor:
+def _relabel(slots: torch.Tensor, perm: torch.Tensor, block: int, name: str = "slots") -> torch.Tensor:
     s = slots.to(torch.int64)
+    pages = s.clamp_min(0) // block
+    outside = (s >= 0) & (pages >= perm.numel())
+    if bool(outside.any()):
+        i = outside.nonzero()[0].tolist()
+        raise AssertionError(f"{name}{i} = {int(s[tuple(i)])} lies on page {int(pages[tuple(i)])}, which no input "
+                             f"table maps (tables hold pages < {perm.numel()})")
     mapped = perm[(s.clamp_min(0) // block)] * block + s.clamp_min(0) % block
     return torch.where(s >= 0, mapped, s).to(slots.dtype)
 
@@ -61,12 +67,13 @@ def test_metadata_page_permutation_moves_slots_only_through_the_table(backend, c
         tables[src] = torch.where(table >= 0, cperm[ratio][table.clamp_min(0).long()].to(table.dtype), table)
     permuted["compressed_block_tables"] = tables
     moved = build(**permuted)
-    _equal("window_slots", moved.window_slots, _relabel(base.window_slots, wperm, bs))
-    _equal("window_indices", moved.window_indices, _relabel(base.window_indices, wperm, bs))
+    _equal("window_slots", moved.window_slots, _relabel(base.window_slots, wperm, bs, "window_slots"))
+    _equal("window_indices", moved.window_indices, _relabel(base.window_indices, wperm, bs, "window_indices"))
     for src in base.compressed_slots:
         p = cperm[case.config.compress_ratios[src]]
-        _equal(f"compressed_slots[{src}]", moved.compressed_slots[src], _relabel(base.compressed_slots[src], p, bs))
-        _equal(f"index_slots[{src}]", moved.index_slots[src], _relabel(base.index_slots[src], p, bs))
+        _equal(f"compressed_slots[{src}]", moved.compressed_slots[src],
+               _relabel(base.compressed_slots[src], p, bs, f"compressed_slots[{src}]"))
+        _equal(f"index_slots[{src}]", moved.index_slots[src], _relabel(base.index_slots[src], p, bs, f"index_slots[{src}]"))
     for name, value in base.as_dict().items():
         if name in ("window_slots", "window_indices", "compressed_slots", "index_slots"):
             continue

@@ -130,7 +130,7 @@ def test_contract_catches_seeded_defect(defect, contract, mentions):
     backend = load_backend_module(f"tests.defects.{defect}")
     module_name, test_name = contract.split(":")
     fn = getattr(importlib.import_module(f"contracts.{module_name}"), test_name)
-    failures = []
+    failures, crashes = [], []
     for kwargs in _parametrized_args(fn):
         try:
             with falsify_without_shrinking(fn):
@@ -138,8 +138,10 @@ def test_contract_catches_seeded_defect(defect, contract, mentions):
         except BaseException as exc:  # AssertionError, pytest.fail's Failed, or a hypothesis group
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            failures.extend(e for e in _flatten(exc) if isinstance(e, AssertionError | pytest.fail.Exception))
-    assert failures, f"contract {contract} passed on defect {defect}: the contract cannot fail"
+            for e in _flatten(exc):
+                (failures if isinstance(e, AssertionError | pytest.fail.Exception) else crashes).append(e)
+    assert failures, (f"contract {contract} did not fail cleanly on defect {defect}"
+                      + (f": it crashed with {crashes[0]!r}" if crashes else ": it passed (the contract cannot fail)"))
     text = " | ".join(str(e) for e in failures)
     assert mentions in text, f"failure does not mention {mentions!r}: {text[:600]}"
 
