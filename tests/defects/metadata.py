@@ -111,3 +111,150 @@ STATE_BY_BATCH_ROW = _base.derive("defect:state-by-batch-row", build_forward_met
 IDENTITY_PAGES = _base.derive("defect:identity-pages", build_forward_metadata=_identity_pages)
 NO_STATE_DEDUP = _base.derive("defect:no-state-dedup", build_forward_metadata=_no_state_dedup)
 PADDING_ROWS_ZERO = _base.derive("defect:padding-rows-zero", build_forward_metadata=_patch(_padding_rows_zero))
+
+
+# ---- one defect for every remaining metadata invariant -------------------------------------------
+
+
+def _new_kv_not_updated(meta, config):
+    """Wrong: new_kv_seq_lens reports the previous length (query lens not added)."""
+    return replace(meta, new_kv_seq_lens=meta.kv_seq_lens.clone())
+
+
+def _token_req_skips_empty(meta, config):
+    """Wrong: tokens are numbered by non-empty request, as if empty requests did not exist."""
+    req = meta.token_to_req_indices.clone()
+    nonempty = (meta.query_lens > 0).nonzero().flatten()
+    rank = {int(r): i for i, r in enumerate(nonempty)}
+    for t in range(meta.num_tokens):
+        req[t] = rank[int(req[t])]
+    return replace(meta, token_to_req_indices=req)
+
+
+def _compressed_lens_not_causal(meta, config):
+    """Wrong: compressed_lens = p // ratio (misses the group completing at p)."""
+    out = {}
+    for src in meta.compressed_lens:
+        p = meta.position_ids.to(torch.int64)
+        out[src] = torch.where(p >= 0, p // config.compress_ratios[src], 0).to(torch.int32)
+    return replace(meta, compressed_lens=out)
+
+
+def _compressor_source_first_row(meta, config):
+    """Wrong: compressor source rows point at the group's first token instead of its completing one."""
+    out = {}
+    for src, rows in meta.compressor_source_token_indices.items():
+        out[src] = rows - (config.compress_ratios[src] - 1)
+    return replace(meta, compressor_source_token_indices=out)
+
+
+def _rope_position_is_completing(meta, config):
+    """Wrong: compressed RoPE position = p (the completing position) instead of p + 1 - ratio."""
+    out = {}
+    for src, v in meta.compressed_rope_position_ids.items():
+        out[src] = torch.where(v >= 0, meta.position_ids, v).to(torch.int32)
+    return replace(meta, compressed_rope_position_ids=out)
+
+
+def _inactive_to_dummy_row(meta, config):
+    """Wrong: inactive-state tokens publish to a shared dummy row 0 instead of -1."""
+    out, out_idx = {}, {}
+    for src, slots in meta.compressed_slots.items():
+        if src in meta.state_block_tables:
+            p = meta.position_ids.to(torch.int64)
+            req = meta.token_to_req_indices.to(torch.int64)
+            inactive = torch.zeros_like(slots, dtype=torch.bool)
+            active = req >= 0
+            inactive[active] = meta.state_block_tables[src][req[active], 0] < 0
+            complete = (p + 1) % config.compress_ratios[src] == 0
+            slots = torch.where(inactive & complete & (p >= 0), torch.zeros_like(slots), slots)
+        out[src], out_idx[src] = slots, slots.clone()
+    return replace(meta, compressed_slots=out, index_slots=out_idx)
+
+
+def _logit_first_row(meta, config):
+    """Wrong: logits taken from each request's first row."""
+    q = meta.query_start_loc
+    return replace(meta, logit_row_indices=torch.where(meta.query_lens > 0, q[:-1], -1).to(torch.int32))
+
+
+def _window_slots_int32(meta, config):
+    """Wrong: window_slots narrowed to INT32 (the spec says I64)."""
+    return replace(meta, window_slots=meta.window_slots.to(torch.int32))
+
+
+def _sanitize(build_kwargs_fn):
+    """A builder that 'repairs' bad input instead of rejecting it, then calls the reference."""
+    def build(*args, **kwargs):
+        return BUILD(*args, **build_kwargs_fn(dict(kwargs)))
+    return build
+
+
+def _clamp_qsl(kw):
+    """Wrong: a decreasing query_start_loc is repaired with a running max instead of rejected."""
+    q = torch.as_tensor(kw["query_start_loc"]).clone()
+    kw["query_start_loc"] = torch.cummax(q, 0).values
+    return kw
+
+
+def _clamp_kv(kw):
+    """Wrong: negative kv_seq_lens are clamped to 0 instead of rejected."""
+    kw["kv_seq_lens"] = torch.as_tensor(kw["kv_seq_lens"]).clamp_min(0)
+    return kw
+
+
+def _unchecked_pages(kw):
+    """Wrong (the G1 bug pinned by PR1280): a -1 page yields a bogus slot instead of an error."""
+    t = torch.as_tensor(kw["window_block_table"])
+    kw["window_block_table"] = torch.where(t < 0, torch.full_like(t, 10_000), t)
+    return kw
+
+
+def _no_allocation_check(kw):
+    """Wrong: missing visible compressed pages are not detected (the page is silently remapped)."""
+    kw["compressed_block_tables"] = {s: torch.where(torch.as_tensor(t) < 0, 20_000, torch.as_tensor(t))
+                                     for s, t in kw["compressed_block_tables"].items()}
+    return kw
+
+
+def _state_below_minus_one_ok(kw):
+    """Wrong: state blocks < -1 are treated as inactive instead of rejected."""
+    kw["state_block_tables"] = {s: t.clamp_min(-1) if isinstance(t, torch.Tensor) and t.dtype == torch.int32 else t
+                                for s, t in kw["state_block_tables"].items()}
+    return kw
+
+
+def _any_tp(kw):
+    """Wrong: any TP size is accepted (rounded to a supported one)."""
+    tp = kw.get("tp_size", 1)
+    kw["tp_size"] = min((1, 2, 4, 8), key=lambda s: abs(s - tp)) if isinstance(tp, int) else tp
+    return kw
+
+
+def _lenient_state_dtype(kw):
+    """Wrong: INT64 (or otherwise typed) state tables are silently cast to INT32."""
+    kw["state_block_tables"] = {s: torch.as_tensor(t).to(torch.int32) for s, t in kw["state_block_tables"].items()}
+    return kw
+
+
+NEW_KV_NOT_UPDATED = _base.derive("defect:new-kv-not-updated", build_forward_metadata=_patch(_new_kv_not_updated))
+TOKEN_REQ_SKIPS_EMPTY = _base.derive("defect:token-req-skips-empty",
+                                     build_forward_metadata=_patch(_token_req_skips_empty))
+COMPRESSED_LENS_NOT_CAUSAL = _base.derive("defect:compressed-lens-not-causal",
+                                          build_forward_metadata=_patch(_compressed_lens_not_causal))
+COMPRESSOR_SOURCE_FIRST_ROW = _base.derive("defect:compressor-source-first-row",
+                                           build_forward_metadata=_patch(_compressor_source_first_row))
+ROPE_POSITION_IS_COMPLETING = _base.derive("defect:rope-position-is-completing",
+                                           build_forward_metadata=_patch(_rope_position_is_completing))
+INACTIVE_TO_DUMMY_ROW = _base.derive("defect:inactive-to-dummy-row",
+                                     build_forward_metadata=_patch(_inactive_to_dummy_row))
+LOGIT_FIRST_ROW = _base.derive("defect:logit-first-row", build_forward_metadata=_patch(_logit_first_row))
+WINDOW_SLOTS_INT32 = _base.derive("defect:window-slots-int32", build_forward_metadata=_patch(_window_slots_int32))
+CLAMPS_QSL = _base.derive("defect:clamps-qsl", build_forward_metadata=_sanitize(_clamp_qsl))
+CLAMPS_KV = _base.derive("defect:clamps-kv", build_forward_metadata=_sanitize(_clamp_kv))
+UNCHECKED_PAGES = _base.derive("defect:unchecked-pages", build_forward_metadata=_sanitize(_unchecked_pages))
+NO_ALLOCATION_CHECK = _base.derive("defect:no-allocation-check", build_forward_metadata=_sanitize(_no_allocation_check))
+STATE_BELOW_MINUS_ONE_OK = _base.derive("defect:state-below-minus-one-ok",
+                                        build_forward_metadata=_sanitize(_state_below_minus_one_ok))
+ANY_TP = _base.derive("defect:any-tp", build_forward_metadata=_sanitize(_any_tp))
+LENIENT_STATE_DTYPE = _base.derive("defect:lenient-state-dtype", build_forward_metadata=_sanitize(_lenient_state_dtype))

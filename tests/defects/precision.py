@@ -54,3 +54,36 @@ SPLIT_POOLED = _base.derive("defect:split-pooled", check_active_split=_split_poo
 OWNER_ROWS_IGNORE_PADDING = _base.derive("defect:owner-rows-ignore-padding",
                                          check_owner_rows=_owner_rows_ignore_padding)
 REPLICAS_ALLCLOSE = _base.derive("defect:replicas-allclose", check_replicas_identical=_replicas_allclose)
+
+
+def _rms_bound_2pct(actual, expected, *, bound=p.ROW_BOUND, name="output"):
+    """Wrong: RMS bound loosened to 2 % of RMS(e)."""
+    return p.check_row_precision(actual, expected, bound=p.RowBound(rms_rtol=0.02), name=name)
+
+
+def _dtype_blind(actual, expected, *, bound=p.ROW_BOUND, name="output"):
+    """Wrong: upcasts both sides before checking, so dtype mismatches pass."""
+    return p.check_row_precision(actual.double(), expected.double(), bound=bound, name=name)
+
+
+def _budget(**kw):
+    def check(actual, expected, *, budget=p.FP8_BUDGET, name="output"):
+        from dataclasses import replace as _replace
+
+        return p.check_output_budget(actual, expected, budget=_replace(budget, **kw), name=name)
+    return check
+
+
+def _zero_rows_tolerant(actual, expected, *, budget=p.FP8_BUDGET, name="output"):
+    """Wrong: rows whose reference is zero may hold tiny values."""
+    zero = expected.double().reshape(expected.shape[0], -1).abs().amax(1) == 0
+    a = actual.clone()
+    a[zero] = torch.where(a[zero].abs() < 1e-6, torch.zeros_like(a[zero]), a[zero])
+    return p.check_output_budget(a, expected, budget=budget, name=name)
+
+
+RMS_BOUND_2PCT = _base.derive("defect:rms-bound-2pct", check_row_precision=_rms_bound_2pct)
+DTYPE_BLIND = _base.derive("defect:dtype-blind", check_row_precision=_dtype_blind)
+ROW_BUDGET_3PCT = _base.derive("defect:row-budget-3pct", check_output_budget=_budget(row_rel_l2=0.03))
+GLOBAL_BUDGET_2PCT = _base.derive("defect:global-budget-2pct", check_output_budget=_budget(global_rel_l2=0.02))
+ZERO_ROWS_TOLERANT = _base.derive("defect:zero-rows-tolerant", check_output_budget=_zero_rows_tolerant)

@@ -98,3 +98,72 @@ SCALE_FLOOR = _base.derive("defect:scale-floor", mx_quantize=_scale_floor)
 OFF_BY_ONE_GROUP = _base.derive("defect:off-by-one-group", mx_quantize=_off_by_one_group)
 E4M3_CLAMP_240 = _base.derive("defect:e4m3-clamp-240", mx_quantize=_e4m3_clamp_240)
 PUBLISH_UNMAPPED = _base.derive("defect:publish-unmapped", cache_publish=_publish_unmapped)
+
+
+def _e8m0_bias_128(x, rule_name):
+    """Wrong: E8M0 scale codes biased by 128 instead of 127."""
+    q = QUANTIZE(x, rule_name)
+    if quant.rule(rule_name).scale_format != "e8m0":
+        return q
+    codes = q.scale.view(torch.uint8)
+    bumped = torch.where(codes < 254, codes + 1, codes).to(torch.uint8)
+    return quant.MXTensor(q.payload, bumped.view(torch.float8_e8m0fnu), q.rule)
+
+
+def _dequant_half_scale(q, *, dtype=torch.float32):
+    """Wrong: decoded values use half the group scale."""
+    return quant.mx_dequantize(q, dtype=dtype) * 0.5
+
+
+def _nan_to_zero(x, rule_name):
+    """Wrong: NaN/Inf are replaced by finite values before quantization."""
+    return QUANTIZE(torch.nan_to_num(x.float(), 0.0, 0.0, 0.0).to(x.dtype), rule_name)
+
+
+def _signless_zero(x, rule_name):
+    """Wrong: -0.0 loses its sign bit."""
+    return QUANTIZE(torch.where(x == 0, torch.zeros_like(x), x), rule_name)
+
+
+def _dequant_saturates(q, *, dtype=torch.float32):
+    """Wrong: decoded overflow is clamped to the largest finite FP32 instead of +-inf."""
+    return torch.nan_to_num(quant.mx_dequantize(q, dtype=dtype), nan=float("nan"), posinf=3.4e38, neginf=-3.4e38)
+
+
+def _pad_to_group(x, rule_name):
+    """Wrong: a width that is not a multiple of the group is zero-padded instead of rejected; other
+    bad inputs are coerced (integer input cast, unknown rule falls back to 'index')."""
+    r = quant.RULES.get(rule_name, quant.RULES["index"])
+    x = x.float()
+    pad = (-x.shape[-1]) % r.group
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad))
+    return QUANTIZE(x, r.name)
+
+
+def _read_fp32(c, *, dtype=torch.bfloat16):
+    """Wrong: read returns FP32 (the spec: the whole cache decoded to the query dtype, BF16)."""
+    return cache.read(c, dtype=torch.float32)
+
+
+def _lenient_slots(c, values, slots):
+    """Wrong: duplicate and out-of-range slots are dropped silently; wrong widths truncated."""
+    slots = torch.as_tensor(slots).clone()
+    seen = set()
+    for i, s in enumerate(slots.tolist()):
+        if s >= c.rows or s in seen:
+            slots[i] = -1
+        elif s >= 0:
+            seen.add(s)
+    values = torch.nn.functional.pad(values, (0, max(0, c.layout.logical_width - values.shape[1])))
+    return cache.publish(c, values[:, : c.layout.logical_width], slots)
+
+
+E8M0_BIAS_128 = _base.derive("defect:e8m0-bias-128", mx_quantize=_e8m0_bias_128)
+DEQUANT_HALF_SCALE = _base.derive("defect:dequant-half-scale", mx_dequantize=_dequant_half_scale)
+NAN_TO_ZERO = _base.derive("defect:nan-to-zero", mx_quantize=_nan_to_zero)
+SIGNLESS_ZERO = _base.derive("defect:signless-zero", mx_quantize=_signless_zero)
+DEQUANT_SATURATES = _base.derive("defect:dequant-saturates", mx_dequantize=_dequant_saturates)
+PAD_TO_GROUP = _base.derive("defect:pad-to-group", mx_quantize=_pad_to_group)
+READ_FP32 = _base.derive("defect:read-fp32", cache_read=_read_fp32)
+LENIENT_SLOTS = _base.derive("defect:lenient-slots", cache_publish=_lenient_slots)

@@ -103,3 +103,78 @@ TOPK_HOLE = _base.derive("defect:topk-hole", select_topk=_wrap_topk(_hole))
 TOPK_REVERSED = _base.derive("defect:topk-reversed", select_topk=_wrap_topk(_reversed))
 TOPK_OUTSIDE = _base.derive("defect:topk-outside", select_topk=_wrap_topk(_outside))
 TOPK_CUTOFF_SWAP = _base.derive("defect:topk-cutoff-swap", select_topk=_wrap_topk(_cutoff_swap))
+
+
+def _block_by_batch_row(x, qsl, pos, req, table, state, weights, **kw):
+    """Wrong: the ring block is the batch row, not the engine's state block table entry."""
+    rows = torch.arange(table.shape[0], dtype=table.dtype).reshape(-1, 1)
+    live = torch.where(table >= 0, rows % state.shape[0], table)
+    return REF(x, qsl, pos, req, live, state, weights, **kw)
+
+
+def _negative_block_wraps(x, qsl, pos, req, table, state, weights, **kw):
+    """Wrong: block -1 indexes the last block (Python negative indexing) instead of meaning inactive."""
+    return REF(x, qsl, pos, req, torch.where(table == -1, state.shape[0] - 1, table), state, weights, **kw)
+
+
+def _writes_neighbor_block(x, qsl, pos, req, table, state, weights, **kw):
+    """Wrong: the ring write also lands in the next block."""
+    latent, publish, new = REF(x, qsl, pos, req, table, state, weights, **kw)
+    for r in range(table.shape[0]):
+        b = int(table[r, 0])
+        if 0 <= b < state.shape[0] - 1 and not torch.equal(new[b], state[b]):
+            new[b + 1] = new[b]
+    return latent, publish, new
+
+
+def _num_tokens_from_shape(x, qsl, pos, req, table, state, weights, **kw):
+    """Wrong: the token count comes from the tensor extent, not query_start_loc[-1]."""
+    q = qsl.clone()
+    q[-1] = x.shape[0]
+    return REF(x, q, pos, req, table, state, weights, **kw)
+
+
+def _lenient_state(x, qsl, pos, req, table, state, weights, **kw):
+    """Wrong: a state cache of the wrong dtype or width is coerced instead of rejected."""
+    d = weights.wkv.shape[1]
+    s = state.float()
+    if s.shape[2] < 2 * d:
+        s = torch.nn.functional.pad(s, (0, 2 * d - s.shape[2]))
+    return REF(x, qsl, pos, req, table, s, weights, **kw)
+
+
+def _clamp_positions(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos, rope_sin):
+    """Wrong: positions beyond the table are clamped to its last row; other bad input coerced."""
+    n = max(0, min(int(num_tokens), position_ids.shape[0]))
+    pos = position_ids.to(torch.int64).clamp(max=freqs_cos.shape[0] - 1).to(torch.int32)
+    rope.materialize_rope_rows(freqs_cos, freqs_sin, pos, n, rope_cos, rope_sin)
+
+
+def _topk_logical_ids(scores, block_table, request_ids, *, topk, block_size):
+    """Wrong: returns request-local logical positions instead of physical rows."""
+    out = torch.full((scores.shape[0], topk), -1, dtype=torch.int32)
+    k = min(topk, scores.shape[1])
+    if k:
+        order = torch.sort(torch.sort(-scores, dim=-1, stable=True).indices[:, :k], dim=-1).values
+        for t in range(scores.shape[0]):
+            keep = order[t][torch.isfinite(scores[t, order[t]])]
+            out[t, : keep.numel()] = keep.to(torch.int32)
+    return out
+
+
+def _candidates_no_force(scores, compressed_lens, *, block, topk_blocks, width=None):
+    """Wrong: the block holding the newest position is not forced into the candidate set."""
+    return ix.select_candidate_blocks(scores, torch.zeros_like(compressed_lens), block=block,
+                                      topk_blocks=topk_blocks, width=width)
+
+
+COMPRESSOR_BLOCK_BY_BATCH_ROW = _base.derive("defect:compressor-block-by-batch-row", compressor_ratio2=_block_by_batch_row)
+COMPRESSOR_NEGATIVE_BLOCK_WRAPS = _base.derive("defect:compressor-negative-block-wraps",
+                                               compressor_ratio2=_negative_block_wraps)
+COMPRESSOR_WRITES_NEIGHBOR = _base.derive("defect:compressor-writes-neighbor", compressor_ratio2=_writes_neighbor_block)
+COMPRESSOR_NUM_TOKENS_FROM_SHAPE = _base.derive("defect:compressor-num-tokens-from-shape",
+                                                compressor_ratio2=_num_tokens_from_shape)
+COMPRESSOR_LENIENT_STATE = _base.derive("defect:compressor-lenient-state", compressor_ratio2=_lenient_state)
+ROPE_CLAMPS_POSITIONS = _base.derive("defect:rope-clamps-positions", materialize_rope_rows=_clamp_positions)
+TOPK_LOGICAL_IDS = _base.derive("defect:topk-logical-ids", select_topk=_topk_logical_ids)
+CANDIDATES_NO_FORCE = _base.derive("defect:candidates-no-force", candidate_blocks=_candidates_no_force)

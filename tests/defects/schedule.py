@@ -19,3 +19,14 @@ def _first_source_schedule(config):
 
 
 FIRST_SOURCE = torch_backend().derive("defect:first-source", resolve_schedule=_first_source_schedule)
+
+
+def _no_reindex(config):
+    """Wrong: index-source layers that are not KV sources resolve to REUSE (no REINDEX layers)."""
+    from kernels.config import AttentionMode, LayerKind
+
+    return tuple(replace(layer, mode=AttentionMode.REUSE, kind=LayerKind.C1A_REUSE)
+                 if layer.kind == LayerKind.C1A_REINDEX else layer for layer in config.schedule)
+
+
+NO_REINDEX = torch_backend().derive("defect:no-reindex", resolve_schedule=_no_reindex)
