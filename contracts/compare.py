@@ -47,13 +47,12 @@ def exact(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRes
         return bad
     if a.numel() == 0:
         return passed("exact", "§7.3", 0)
-    ab, eb = byte_rows(a.reshape(a.shape[0], -1) if a.ndim else a.reshape(1)), \
-        byte_rows(e.reshape(e.shape[0], -1) if e.ndim else e.reshape(1))
-    diff = (ab != eb).any(1)
+    diff = (byte_rows(a) != byte_rows(e)).any(1)
     if not bool(diff.any()):
         return passed("exact", "§7.3", int(diff.numel()))
     row = int(diff.nonzero()[0, 0])
-    av, ev = a.reshape(a.shape[0] if a.ndim else 1, -1)[row], e.reshape(e.shape[0] if e.ndim else 1, -1)[row]
+    rows = diff.numel()
+    av, ev = a.reshape(rows, -1)[row], e.reshape(rows, -1)[row]
     col = int((av != ev).nonzero()[0, 0]) if bool((av != ev).any()) else 0
     return failed("exact", "§7.3", int(diff.numel()), int(diff.sum()),
                   Violation(f"{name} row", (row, col), av[col].item(), ev[col].item()))

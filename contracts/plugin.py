@@ -31,8 +31,6 @@ def default_profile() -> str:
     return "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev"
 
 
-settings.load_profile(default_profile())
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pto-contracts")

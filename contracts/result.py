@@ -7,14 +7,6 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Tol:
-    """An absolute/relative tolerance pair."""
-
-    atol: float
-    rtol: float
-
-
-@dataclass(frozen=True)
 class Violation:
     """The worst offending element of a failed check."""
 

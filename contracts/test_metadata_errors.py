@@ -27,6 +27,13 @@ def _raises(build, inputs, pattern: str) -> None:
     assert re.search(pattern, str(info.value)), f"error {str(info.value)!r} does not name {pattern!r}"
 
 
+def _with(inputs: dict, key: str, index: tuple, value: int) -> dict:
+    """``inputs`` with a copy of tensor ``key`` whose element ``index`` is ``value``."""
+    t = inputs[key].clone()
+    t[index] = value
+    return {**inputs, key: t}
+
+
 @given(case=BATCHES, data=st.data())
 def test_metadata_rejects_decreasing_query_start_loc(backend, case, data):
     build = op(backend, "build_forward_metadata")
@@ -34,9 +41,7 @@ def test_metadata_rejects_decreasing_query_start_loc(backend, case, data):
     assume(active)
     r = data.draw(st.sampled_from(active))
     inputs = materialize(case)
-    qsl = inputs["query_start_loc"].clone()
-    qsl[r + 1] = qsl[r] - 1
-    inputs["query_start_loc"] = qsl
+    inputs = _with(inputs, "query_start_loc", (r + 1,), int(inputs["query_start_loc"][r]) - 1)
     _raises(build, inputs, rf"query_start_loc\[{r + 1}\]")
 
 
@@ -44,10 +49,7 @@ def test_metadata_rejects_decreasing_query_start_loc(backend, case, data):
 def test_metadata_rejects_negative_kv_length(backend, case, data, value):
     build = op(backend, "build_forward_metadata")
     r = data.draw(st.integers(0, len(case.query_lens) - 1))
-    inputs = materialize(case)
-    kv = inputs["kv_seq_lens"].clone()
-    kv[r] = value
-    inputs["kv_seq_lens"] = kv
+    inputs = _with(materialize(case), "kv_seq_lens", (r,), value)
     _raises(build, inputs, rf"kv_seq_lens\[{r}\].*{value}")
 
 
@@ -60,10 +62,7 @@ def test_metadata_rejects_unmapped_window_page_in_visible_range(backend, case, d
     r = data.draw(st.sampled_from(active))
     pos = case.kv_lens[r] + data.draw(st.integers(0, case.query_lens[r] - 1))
     page = pos // case.config.block_size
-    inputs = materialize(case)
-    table = inputs["window_block_table"].clone()
-    table[r, page] = -1
-    inputs["window_block_table"] = table
+    inputs = _with(materialize(case), "window_block_table", (r, page), -1)
     _raises(build, inputs, rf"window_block_table\[{r}\]\[{page}\].*-1")
 
 

@@ -6,7 +6,3 @@ class GoldenStoreError(Exception):
 
     CLI exit code 2. Messages name the case, wiring and array.
     """
-
-
-class ContractFailure(Exception):
-    """A replayed output failed its comparator (CLI exit code 1)."""

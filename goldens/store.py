@@ -226,6 +226,16 @@ class GoldenStore:
         return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
 
 
+def _verified(path: str, data, node: zarr.Array) -> tuple[np.ndarray, dict]:
+    """(array, attrs) after checking the array's recorded CRC32C."""
+    data = np.asarray(data)
+    attrs = dict(node.attrs)
+    want = attrs.get("crc32c")
+    if want is not None and checksum(data) != want:
+        raise GoldenStoreError(f"array {path!r}: CRC32C mismatch (stored {want}); the store is corrupted")
+    return data, attrs
+
+
 class StoreReader:
     """Read-only view of one snapshot."""
 
@@ -271,12 +281,7 @@ class StoreReader:
         except Exception as exc:
             raise GoldenStoreError(f"array {path!r}: cannot read its chunks ({type(exc).__name__}: {exc}); "
                                    "the store may be corrupted or truncated") from exc
-        data = np.asarray(data)
-        attrs = dict(node.attrs)
-        want = attrs.get("crc32c")
-        if want is not None and checksum(data) != want:
-            raise GoldenStoreError(f"array {path!r}: CRC32C mismatch (stored {want}); the store is corrupted")
-        return data, attrs
+        return _verified(path, data, node)
 
     def read_many(self, paths: list[str]) -> dict[str, tuple[np.ndarray, dict]]:
         """Read several arrays concurrently (one gather on zarr's event loop, so I/O and decompression of
@@ -298,15 +303,7 @@ class StoreReader:
             datas = sync(gather())
         except Exception:
             return {path: self.read(path) for path in paths}  # names the array that fails
-        out = {}
-        for (path, node), data in zip(nodes.items(), datas, strict=True):
-            data = np.asarray(data)
-            attrs = dict(node.attrs)
-            want = attrs.get("crc32c")
-            if want is not None and checksum(data) != want:
-                raise GoldenStoreError(f"array {path!r}: CRC32C mismatch (stored {want}); the store is corrupted")
-            out[path] = (data, attrs)
-        return out
+        return {path: _verified(path, data, node) for (path, node), data in zip(nodes.items(), datas, strict=True)}
 
     def walk_arrays(self, path: str = "") -> list[str]:
         """Every array path below ``path``."""

@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from contracts.compare import TOLERANCES, Context, compare_all
@@ -286,6 +285,3 @@ def diff_revisions(store: GoldenStore, rev_a: str, rev_b: str) -> list[tuple[str
         out.append((p, "changed", delta(p, from_numpy(xa, aa, name=p), from_numpy(xb, ab, name=p))))
     return out
 
-
-def np_bytes(arr: np.ndarray) -> int:
-    return int(arr.nbytes)

@@ -103,11 +103,11 @@ def empty_cache(layout: CacheLayout, blocks: int, *, fill_byte: int = 0, generat
     """A cache of ``blocks`` blocks; bytes are ``fill_byte`` or random sentinel bytes (``generator``)."""
 
     def make(shape, dtype):
+        if generator is not None and dtype == torch.float32:  # keep FP32 sentinels finite
+            return torch.rand(shape, generator=generator) * 8 - 4
         nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
         if generator is not None:
             raw = torch.randint(0, 256, (nbytes,), generator=generator, dtype=torch.uint8)
-            if dtype == torch.float32:  # keep FP32 sentinels finite
-                return torch.rand(shape, generator=generator) * 8 - 4
         else:
             raw = torch.full((nbytes,), fill_byte, dtype=torch.uint8)
         return raw.view(dtype).reshape(shape)

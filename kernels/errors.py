@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 
 class ContractInputError(ValueError):
     """Malformed input to a reference or lowering function.
@@ -18,3 +20,8 @@ class ContractInputError(ValueError):
         self.spec = spec
         where = field + ("".join(f"[{i}]" for i in index) if index else "")
         super().__init__(f"{where}: expected {expected}, got {actual} ({spec})")
+
+
+def first_true(mask: torch.Tensor) -> int:
+    """Index (along dim 0) of the first True in ``mask``: the row an error message names."""
+    return int(mask.nonzero()[0, 0])

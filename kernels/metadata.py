@@ -5,13 +5,13 @@ Spec: §3 (G2 ``build_forward_metadata``), §1 (schedule: sources and ratios).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 import torch
 
 from kernels.config import FLASH, V41Config
-from kernels.errors import ContractInputError
+from kernels.errors import ContractInputError, first_true
 
 SPEC = "§3"
 # Bump when the arithmetic or a rounding rule changes on purpose: goldens recorded before go stale.
@@ -94,10 +94,6 @@ def _parse_table(name: str, value: object, rows: int) -> torch.Tensor:
     return tensor.to(torch.int64).cpu()
 
 
-def _first(mask: torch.Tensor) -> int:
-    return int(mask.nonzero()[0, 0])
-
-
 # ---------------------------------------------------------------------------
 # slot arithmetic
 
@@ -134,12 +130,12 @@ def paged_slots(
     where = publish.nonzero().flatten()
     bad = (req < 0) | (req >= block_table.shape[0])
     if bool(bad.any()):
-        i = _first(bad)
+        i = first_true(bad)
         raise ContractInputError(field, (int(req[i]),), f"a request row in [0, {block_table.shape[0]})",
                                  f"request {int(req[i])} for token {int(where[i])}", SPEC)
     bad = page >= block_table.shape[1]
     if bool(bad.any()):
-        i = _first(bad)
+        i = first_true(bad)
         raise ContractInputError(field, (int(req[i]), int(page[i])),
                                  f"a logical page < {block_table.shape[1]} (table width)",
                                  f"page {int(page[i])} for position {int(positions[where[i]])} "
@@ -147,7 +143,7 @@ def paged_slots(
     physical = block_table[req, page]
     bad = physical < 0
     if bool(bad.any()):
-        i = _first(bad)
+        i = first_true(bad)
         raise ContractInputError(field, (int(req[i]), int(page[i])), "a physical page >= 0 (allocated)",
                                  f"{int(physical[i])} for position {int(positions[where[i]])} "
                                  f"of request {int(req[i])} (token {int(where[i])}): no physical allocation",
@@ -228,11 +224,11 @@ def build_forward_metadata(
         raise ContractInputError("query_start_loc", (0,), "0", int(qsl[0]), SPEC)
     query_lens = qsl[1:] - qsl[:-1]
     if bool((query_lens < 0).any()):
-        r = _first(query_lens < 0)
+        r = first_true(query_lens < 0)
         raise ContractInputError("query_start_loc", (r + 1,), f"nondecreasing, >= {int(qsl[r])}",
                                  int(qsl[r + 1]), SPEC)
     if bool((kv < 0).any()):
-        r = _first(kv < 0)
+        r = first_true(kv < 0)
         raise ContractInputError("kv_seq_lens", (r,), ">= 0", int(kv[r]), SPEC)
     if isinstance(tp_size, bool) or tp_size not in (1, 2, 4, 8):
         raise ContractInputError("tp_size", None, "one of (1, 2, 4, 8)", tp_size, "§1")
@@ -279,7 +275,7 @@ def build_forward_metadata(
             raise ContractInputError(f"state_block_tables[{src}]", None, f"INT32 [{batch}, 1]",
                                      f"{st.dtype} {list(st.shape)}", SPEC)
         if bool((st < -1).any()):
-            r = _first(st[:, 0] < -1)
+            r = first_true(st[:, 0] < -1)
             raise ContractInputError(f"state_block_tables[{src}]", (r, 0), ">= -1 (-1 marks an inactive request)",
                                      int(st[r, 0]), SPEC)
         live = st[:, 0]
@@ -313,7 +309,7 @@ def build_forward_metadata(
             need = int(visible_pages[r])
             row = table[r, :need]
             if need > table.shape[1] or bool((row < 0).any()):
-                page = need - 1 if need > table.shape[1] else _first(row < 0)
+                page = need - 1 if need > table.shape[1] else first_true(row < 0)
                 value = "beyond the table width" if need > table.shape[1] else int(row[page])
                 raise ContractInputError(
                     f"compressed_block_tables[{src}]", (r, page),
@@ -366,6 +362,3 @@ def build_forward_metadata(
         **out,
     )
 
-
-def sequence_of_ints(value: Sequence[int] | torch.Tensor) -> list[int]:
-    return [int(v) for v in (value.tolist() if isinstance(value, torch.Tensor) else value)]

@@ -182,32 +182,29 @@ def _groups(x: torch.Tensor, r: QuantRule) -> torch.Tensor:
 
 
 def _fp4_luts() -> dict[str, torch.Tensor]:
-    """Packed-byte tables for pairs of E2M1 elements.
+    """Packed-byte tables for pairs of E2M1 elements, derived from ``e2m1_encode`` (the one statement of
+    the rounding rule).
 
-    An element scaled by 4 (``s = 4*v``) is reduced to ``j = ceil(|s|)`` (0..24) and, for the
-    to-even rule, ``exact = (|s| == j)``. The E2M1 midpoints times 4 are the integers 1, 3, 5, 7, 10,
-    14, 20, so ``count(t < j)`` is the code with exact midpoints going toward zero; to-even adds one
-    on an exact midpoint whose lower code is odd. Element index ``e``: toward zero 25 + j (positive)
-    or 24 - j (sign bit set, -0 included); to even (25 + j)*2 + exact or (24 - j)*2 + exact. A pair
-    (even element a, odd element b) maps to ``code(a) | code(b) << 4`` at ``e_a + K*e_b``
-    (K = 50 or 100), so one gather both encodes and packs.
+    An element scaled by 4 (``s = 4*v``) is reduced to ``j = ceil(|s|)`` (0..24), its sign and, for the
+    to-even rule, ``exact = (|s| == j)``. The E2M1 midpoints times 4 are integers, so every value of a
+    class (j, exact, sign) gets the same code: the class is encoded through a representative, ``j/4``
+    when exact, ``(j - 0.5)/4`` otherwise. Element index ``e``: toward zero 25 + j (positive) or 24 - j
+    (sign bit set, -0 included); to even (25 + j)*2 + exact or (24 - j)*2 + exact. A pair (even element
+    a, odd element b) maps to ``code(a) | code(b) << 4`` at ``e_a + K*e_b`` (K = 50 or 100), so one
+    gather both encodes and packs.
     """
-    thresholds = [int(4 * m) for m in FP4_MIDPOINTS]
-    tz = [0] * 50
-    ev = [0] * 100
-    for neg in (0, 1):
-        for j in range(25):
-            lower = sum(t < j for t in thresholds)
-            e = 24 - j if neg else 25 + j
-            tz[e] = lower | neg << 3
-            for exact in (0, 1):
-                up = 1 if exact and j in thresholds and lower % 2 == 1 else 0
-                ev[e * 2 + exact] = (lower + up) | neg << 3
     out = {}
-    for name, single in (("toward_zero", tz), ("even", ev)):
+    for tie, exact_flags in (("toward_zero", (None,)), ("even", (0, 1))):
+        single = []
+        for e in range(50):
+            neg, j = (e < 25), (24 - e if e < 25 else e - 25)
+            for exact in exact_flags:
+                magnitude = j / 4 if exact in (None, 1) or j == 0 else (j - 0.5) / 4
+                value = torch.tensor([-magnitude if neg else magnitude])  # -0.0 for the negative j = 0
+                single.append(int(e2m1_encode(value, tie)[0]))
         t = torch.tensor(single, dtype=torch.int32)
         k = len(single)
-        out[name] = (t.repeat(k) | (t.repeat_interleave(k) << 4)).to(torch.uint8)
+        out[tie] = (t.repeat(k) | (t.repeat_interleave(k) << 4)).to(torch.uint8)
     return out
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.errors import ContractInputError
+from kernels.errors import ContractInputError, first_true
 
 SPEC = "§7.1"
 # Bump when the arithmetic or a rounding rule changes on purpose: goldens recorded before go stale.
@@ -29,9 +29,6 @@ class SlabBounds:
     first: int
     count: int
     width: int
-
-    def as_tuple(self) -> tuple[int, int, int]:
-        return (self.first, self.count, self.width)
 
 
 @dataclass(frozen=True)
@@ -117,18 +114,18 @@ def check_owner_slabs(slabs: Sequence[Slab], *, active_tokens: int, capacity: in
                                          rows, SPEC)
         want = torch.arange(b.width) < b.count
         if not torch.equal(slab.valid.to(torch.bool), want):
-            r = _first(slab.valid.to(torch.bool) != want)
+            r = first_true(slab.valid.to(torch.bool) != want)
             raise ContractInputError(f"rank{b.rank}.valid", (r,), str(bool(want[r])), bool(slab.valid[r]), SPEC)
         pad = slice(b.count, b.width)
         for name, fill in (("token_ids", -1), ("positions", -1)):
             bad = getattr(slab, name)[pad] != fill
             if bool(bad.any()):
-                r = b.count + _first(bad)
+                r = b.count + first_true(bad)
                 raise ContractInputError(f"rank{b.rank}.{name}", (r,), f"{fill} on a padding row",
                                          int(getattr(slab, name)[r]), SPEC)
         nonzero = (slab.payload[pad] != 0).flatten(1).any(dim=1) if b.width > b.count else torch.zeros(0, dtype=bool)
         if bool(nonzero.any()):
-            r = b.count + _first(nonzero)
+            r = b.count + first_true(nonzero)
             raise ContractInputError(f"rank{b.rank}.payload", (r,), "an all-zero padding row",
                                      "non-zero values", SPEC)
 
@@ -149,7 +146,3 @@ def gather_rows(slabs: Sequence[Slab], *, active_tokens: int, capacity: int | No
     if x.shape[0] != active_tokens:
         raise ContractInputError("gathered rows", None, f"{active_tokens} active rows", x.shape[0], SPEC)
     return x, tok, pos
-
-
-def _first(mask: torch.Tensor) -> int:
-    return int(mask.nonzero()[0, 0])

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from contracts.tensors import byte_view
 from goldens import cli, trees
 from goldens.cases import get_case
 from goldens.codec import from_numpy, to_numpy
@@ -27,10 +28,7 @@ def test_codec_round_trip_is_byte_exact_and_zero_copy(dtype):
     arr, attrs = to_numpy(t)
     back = from_numpy(arr, attrs)
     assert back.dtype == dtype and back.shape == t.shape
-    assert torch.equal(back.view(torch.uint8) if dtype.itemsize == 1 else back.view(torch.int16 if dtype.itemsize == 2
-                       else torch.int64 if dtype.itemsize == 8 else torch.int32),
-                       t.view(torch.uint8) if dtype.itemsize == 1 else t.view(torch.int16 if dtype.itemsize == 2
-                       else torch.int64 if dtype.itemsize == 8 else torch.int32))
+    assert torch.equal(byte_view(back), byte_view(t))
     assert back.data_ptr() == arr.ctypes.data, "restore copied instead of viewing"
     scalar = torch.tensor(3, dtype=torch.int32)
     assert from_numpy(*to_numpy(scalar)).shape == ()

@@ -226,13 +226,13 @@ def check_owner_rows(actual_slabs: Sequence[torch.Tensor], expected: torch.Tenso
         if count:
             results.append(leaf(slab[:count], expected[first:first + count], name=f"{name}.rank{rank}"))
         if require_zero_padding and count < width:
-            pad = slab[count:].detach().cpu().to(torch.float64)
+            pad = slab[count:].detach().cpu().to(torch.float64).reshape(width - count, -1)
             nz = (pad != 0) | ~torch.isfinite(pad)
             if bool(nz.any()):
-                row, col = (int(v) for v in nz.reshape(pad.shape[0], -1).nonzero()[0])
-                results.append(failed(check, spec, width - count, int(nz.reshape(pad.shape[0], -1).any(1).sum()),
+                row, col = (int(v) for v in nz.nonzero()[0])
+                results.append(failed(check, spec, width - count, int(nz.any(1).sum()),
                                       Violation(f"{name}.rank{rank} padding row", (count + row, col),
-                                                float(pad.reshape(pad.shape[0], -1)[row, col]), 0.0,
+                                                float(pad[row, col]), 0.0,
                                                 note="inactive rows must be exactly zero")))
             else:
                 results.append(passed(check, spec, width - count))

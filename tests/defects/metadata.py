@@ -100,19 +100,6 @@ def _padding_rows_zero(meta, config):
     return replace(meta, position_ids=pos, token_to_req_indices=req)
 
 
-_base = torch_backend()
-WINDOW_NEWEST_FIRST = _base.derive("defect:window-newest-first", build_forward_metadata=_patch(_window_newest_first))
-COMPRESSED_SLOT_OFF_BY_ONE = _base.derive("defect:compressed-slot-off-by-one",
-                                          build_forward_metadata=_compressed_slot_off_by_one)
-INACTIVE_STATE_NOT_FORCED = _base.derive("defect:inactive-state-not-forced",
-                                         build_forward_metadata=_inactive_state_not_forced)
-MOE_OWNERS_BY_SLAB = _base.derive("defect:moe-owners-by-slab", build_forward_metadata=_patch(_moe_owners_by_slab))
-STATE_BY_BATCH_ROW = _base.derive("defect:state-by-batch-row", build_forward_metadata=_patch(_state_by_batch_row))
-IDENTITY_PAGES = _base.derive("defect:identity-pages", build_forward_metadata=_identity_pages)
-NO_STATE_DEDUP = _base.derive("defect:no-state-dedup", build_forward_metadata=_no_state_dedup)
-PADDING_ROWS_ZERO = _base.derive("defect:padding-rows-zero", build_forward_metadata=_patch(_padding_rows_zero))
-
-
 # ---- one defect for every remaining metadata invariant -------------------------------------------
 
 
@@ -237,6 +224,18 @@ def _lenient_state_dtype(kw):
     return kw
 
 
+# registrations: each defect is the torch backend with one operator replaced
+_base = torch_backend()
+WINDOW_NEWEST_FIRST = _base.derive("defect:window-newest-first", build_forward_metadata=_patch(_window_newest_first))
+COMPRESSED_SLOT_OFF_BY_ONE = _base.derive("defect:compressed-slot-off-by-one",
+                                          build_forward_metadata=_compressed_slot_off_by_one)
+INACTIVE_STATE_NOT_FORCED = _base.derive("defect:inactive-state-not-forced",
+                                         build_forward_metadata=_inactive_state_not_forced)
+MOE_OWNERS_BY_SLAB = _base.derive("defect:moe-owners-by-slab", build_forward_metadata=_patch(_moe_owners_by_slab))
+STATE_BY_BATCH_ROW = _base.derive("defect:state-by-batch-row", build_forward_metadata=_patch(_state_by_batch_row))
+IDENTITY_PAGES = _base.derive("defect:identity-pages", build_forward_metadata=_identity_pages)
+NO_STATE_DEDUP = _base.derive("defect:no-state-dedup", build_forward_metadata=_no_state_dedup)
+PADDING_ROWS_ZERO = _base.derive("defect:padding-rows-zero", build_forward_metadata=_patch(_padding_rows_zero))
 NEW_KV_NOT_UPDATED = _base.derive("defect:new-kv-not-updated", build_forward_metadata=_patch(_new_kv_not_updated))
 TOKEN_REQ_SKIPS_EMPTY = _base.derive("defect:token-req-skips-empty",
                                      build_forward_metadata=_patch(_token_req_skips_empty))

@@ -46,16 +46,6 @@ def _replicas_allclose(replicas, *, name="output"):
     return CheckResult("allclose", "§6", len(replicas))
 
 
-_base = torch_backend()
-AVERAGING_ROWS = _base.derive("defect:averaging-rows", check_row_precision=_averaging_rows)
-NAN_BLIND = _base.derive("defect:nan-blind", check_row_precision=_nan_blind)
-RMS_ONLY = _base.derive("defect:rms-only", check_row_precision=_rms_only)
-SPLIT_POOLED = _base.derive("defect:split-pooled", check_active_split=_split_pooled)
-OWNER_ROWS_IGNORE_PADDING = _base.derive("defect:owner-rows-ignore-padding",
-                                         check_owner_rows=_owner_rows_ignore_padding)
-REPLICAS_ALLCLOSE = _base.derive("defect:replicas-allclose", check_replicas_identical=_replicas_allclose)
-
-
 def _rms_bound_2pct(actual, expected, *, bound=p.ROW_BOUND, name="output"):
     """Wrong: RMS bound loosened to 2 % of RMS(e)."""
     return p.check_row_precision(actual, expected, bound=p.RowBound(rms_rtol=0.02), name=name)
@@ -82,6 +72,15 @@ def _zero_rows_tolerant(actual, expected, *, budget=p.FP8_BUDGET, name="output")
     return p.check_output_budget(a, expected, budget=budget, name=name)
 
 
+# registrations: each defect is the torch backend with one operator replaced
+_base = torch_backend()
+AVERAGING_ROWS = _base.derive("defect:averaging-rows", check_row_precision=_averaging_rows)
+NAN_BLIND = _base.derive("defect:nan-blind", check_row_precision=_nan_blind)
+RMS_ONLY = _base.derive("defect:rms-only", check_row_precision=_rms_only)
+SPLIT_POOLED = _base.derive("defect:split-pooled", check_active_split=_split_pooled)
+OWNER_ROWS_IGNORE_PADDING = _base.derive("defect:owner-rows-ignore-padding",
+                                         check_owner_rows=_owner_rows_ignore_padding)
+REPLICAS_ALLCLOSE = _base.derive("defect:replicas-allclose", check_replicas_identical=_replicas_allclose)
 RMS_BOUND_2PCT = _base.derive("defect:rms-bound-2pct", check_row_precision=_rms_bound_2pct)
 DTYPE_BLIND = _base.derive("defect:dtype-blind", check_row_precision=_dtype_blind)
 ROW_BUDGET_3PCT = _base.derive("defect:row-budget-3pct", check_output_budget=_budget(row_rel_l2=0.03))

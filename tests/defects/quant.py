@@ -91,15 +91,6 @@ def _publish_unmapped(c, values, slots):
     return cache.publish(c, values, slots)
 
 
-_base = torch_backend()
-SWAPPED_NIBBLES = _base.derive("defect:swapped-nibbles", mx_quantize=_swapped_nibbles)
-ROUND_HALF_UP = _base.derive("defect:round-half-up", mx_quantize=_round_half_up)
-SCALE_FLOOR = _base.derive("defect:scale-floor", mx_quantize=_scale_floor)
-OFF_BY_ONE_GROUP = _base.derive("defect:off-by-one-group", mx_quantize=_off_by_one_group)
-E4M3_CLAMP_240 = _base.derive("defect:e4m3-clamp-240", mx_quantize=_e4m3_clamp_240)
-PUBLISH_UNMAPPED = _base.derive("defect:publish-unmapped", cache_publish=_publish_unmapped)
-
-
 def _e8m0_bias_128(x, rule_name):
     """Wrong: E8M0 scale codes biased by 128 instead of 127."""
     q = QUANTIZE(x, rule_name)
@@ -159,6 +150,14 @@ def _lenient_slots(c, values, slots):
     return cache.publish(c, values[:, : c.layout.logical_width], slots)
 
 
+# registrations: each defect is the torch backend with one operator replaced
+_base = torch_backend()
+SWAPPED_NIBBLES = _base.derive("defect:swapped-nibbles", mx_quantize=_swapped_nibbles)
+ROUND_HALF_UP = _base.derive("defect:round-half-up", mx_quantize=_round_half_up)
+SCALE_FLOOR = _base.derive("defect:scale-floor", mx_quantize=_scale_floor)
+OFF_BY_ONE_GROUP = _base.derive("defect:off-by-one-group", mx_quantize=_off_by_one_group)
+E4M3_CLAMP_240 = _base.derive("defect:e4m3-clamp-240", mx_quantize=_e4m3_clamp_240)
+PUBLISH_UNMAPPED = _base.derive("defect:publish-unmapped", cache_publish=_publish_unmapped)
 E8M0_BIAS_128 = _base.derive("defect:e8m0-bias-128", mx_quantize=_e8m0_bias_128)
 DEQUANT_HALF_SCALE = _base.derive("defect:dequant-half-scale", mx_dequantize=_dequant_half_scale)
 NAN_TO_ZERO = _base.derive("defect:nan-to-zero", mx_quantize=_nan_to_zero)

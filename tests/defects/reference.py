@@ -93,18 +93,6 @@ def _cutoff_swap(out, t, scores, block_table, request_ids, block_size):
     out[t, :n] = phys[0].to(torch.int32)
 
 
-_base = torch_backend()
-COMPRESSOR_ALL_ROWS_WRITE = _base.derive("defect:compressor-all-rows-write", compressor_ratio2=_all_rows_write)
-COMPRESSOR_PARTNER_WRONG_SLOT = _base.derive("defect:compressor-partner-wrong-slot",
-                                             compressor_ratio2=_partner_wrong_slot)
-ROPE_INTO_PADDING = _base.derive("defect:rope-into-padding", materialize_rope_rows=_rope_into_padding)
-TOPK_DUPLICATE = _base.derive("defect:topk-duplicate", select_topk=_wrap_topk(_duplicate))
-TOPK_HOLE = _base.derive("defect:topk-hole", select_topk=_wrap_topk(_hole))
-TOPK_REVERSED = _base.derive("defect:topk-reversed", select_topk=_wrap_topk(_reversed))
-TOPK_OUTSIDE = _base.derive("defect:topk-outside", select_topk=_wrap_topk(_outside))
-TOPK_CUTOFF_SWAP = _base.derive("defect:topk-cutoff-swap", select_topk=_wrap_topk(_cutoff_swap))
-
-
 def _block_by_batch_row(x, qsl, pos, req, table, state, weights, **kw):
     """Wrong: the ring block is the batch row, not the engine's state block table entry."""
     rows = torch.arange(table.shape[0], dtype=table.dtype).reshape(-1, 1)
@@ -168,6 +156,17 @@ def _candidates_no_force(scores, compressed_lens, *, block, topk_blocks, width=N
                                       topk_blocks=topk_blocks, width=width)
 
 
+# registrations: each defect is the torch backend with one operator replaced
+_base = torch_backend()
+COMPRESSOR_ALL_ROWS_WRITE = _base.derive("defect:compressor-all-rows-write", compressor_ratio2=_all_rows_write)
+COMPRESSOR_PARTNER_WRONG_SLOT = _base.derive("defect:compressor-partner-wrong-slot",
+                                             compressor_ratio2=_partner_wrong_slot)
+ROPE_INTO_PADDING = _base.derive("defect:rope-into-padding", materialize_rope_rows=_rope_into_padding)
+TOPK_DUPLICATE = _base.derive("defect:topk-duplicate", select_topk=_wrap_topk(_duplicate))
+TOPK_HOLE = _base.derive("defect:topk-hole", select_topk=_wrap_topk(_hole))
+TOPK_REVERSED = _base.derive("defect:topk-reversed", select_topk=_wrap_topk(_reversed))
+TOPK_OUTSIDE = _base.derive("defect:topk-outside", select_topk=_wrap_topk(_outside))
+TOPK_CUTOFF_SWAP = _base.derive("defect:topk-cutoff-swap", select_topk=_wrap_topk(_cutoff_swap))
 COMPRESSOR_BLOCK_BY_BATCH_ROW = _base.derive("defect:compressor-block-by-batch-row", compressor_ratio2=_block_by_batch_row)
 COMPRESSOR_NEGATIVE_BLOCK_WRAPS = _base.derive("defect:compressor-negative-block-wraps",
                                                compressor_ratio2=_negative_block_wraps)

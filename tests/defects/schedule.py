@@ -18,9 +18,6 @@ def _first_source_schedule(config):
     return tuple(out)
 
 
-FIRST_SOURCE = torch_backend().derive("defect:first-source", resolve_schedule=_first_source_schedule)
-
-
 def _no_reindex(config):
     """Wrong: index-source layers that are not KV sources resolve to REUSE (no REINDEX layers)."""
     from kernels.config import AttentionMode, LayerKind
@@ -29,4 +26,7 @@ def _no_reindex(config):
                  if layer.kind == LayerKind.C1A_REINDEX else layer for layer in config.schedule)
 
 
-NO_REINDEX = torch_backend().derive("defect:no-reindex", resolve_schedule=_no_reindex)
+# registrations: each defect is the torch backend with one operator replaced
+_base = torch_backend()
+FIRST_SOURCE = _base.derive("defect:first-source", resolve_schedule=_first_source_schedule)
+NO_REINDEX = _base.derive("defect:no-reindex", resolve_schedule=_no_reindex)

@@ -37,13 +37,6 @@ def _gather_unchecked(slabs, *, active_tokens, capacity=None):
                  for f in ("payload", "token_ids", "positions"))
 
 
-_base = torch_backend()
-WIDTH_FROM_ACTIVE = _base.derive("defect:width-from-active", sp_bounds=_width_from_active)
-SHARD_STALE_PADDING = _base.derive("defect:shard-stale-padding", sp_shard=_shard_stale_padding)
-GATHER_REVERSED = _base.derive("defect:gather-reversed", sp_gather=_gather_reversed)
-GATHER_UNCHECKED = _base.derive("defect:gather-unchecked", sp_gather=_gather_unchecked)
-
-
 def _lenient_bounds(active_tokens, tp, capacity=None):
     """Wrong: bad arguments are repaired (negative counts clamped, capacity raised, tp >= 1) instead of rejected."""
     active = max(0, int(active_tokens))
@@ -51,4 +44,10 @@ def _lenient_bounds(active_tokens, tp, capacity=None):
     return sp.sequence_parallel_bounds(active, max(1, int(tp)), cap)
 
 
+# registrations: each defect is the torch backend with one operator replaced
+_base = torch_backend()
+WIDTH_FROM_ACTIVE = _base.derive("defect:width-from-active", sp_bounds=_width_from_active)
+SHARD_STALE_PADDING = _base.derive("defect:shard-stale-padding", sp_shard=_shard_stale_padding)
+GATHER_REVERSED = _base.derive("defect:gather-reversed", sp_gather=_gather_reversed)
+GATHER_UNCHECKED = _base.derive("defect:gather-unchecked", sp_gather=_gather_unchecked)
 LENIENT_BOUNDS = _base.derive("defect:lenient-bounds", sp_bounds=_lenient_bounds)
