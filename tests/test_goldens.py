@@ -223,3 +223,16 @@ def test_import_requires_every_file(store, tmp_path, capsys):
     (out / "replicated" / "out" / "rope_sin.pt").unlink()
     assert run_cli(store, "import-pt", str(out), "--case", "rope_rows") == 2
     assert "rope_sin.pt: missing file for inout argument 'rope_sin'" in capsys.readouterr().err
+
+
+def test_pytest_replay_fails_when_the_store_is_missing(tmp_path):
+    """A missing or empty golden store is a failure of the replay contract, never a skip."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "contracts/test_golden_replay.py",
+                           "--golden-store", str(tmp_path / "none")], cwd=root, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1 and "no replay trees in a golden store" in proc.stdout, proc.stdout[-1500:]
