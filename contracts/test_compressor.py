@@ -272,3 +272,17 @@ def test_publish_compressed_values_and_index_keys(seed, n, data):
         result = check_bytes_outside(f"{name}.payload", after.payload.reshape(rows, -1),
                                      before.payload.reshape(rows, -1), mapped)
         assert result.ok, result.message()
+
+
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 6), padding=st.integers(0, 3))
+def test_compressor_ratio1_is_rmsnorm_of_the_projection(seed, n, padding):
+    """Ratio 1: latent = RMSNorm(x @ wkv) * w on active rows, zero padding rows. Spec: §2.3."""
+    from kernels.reference.compressor import compressor_ratio1
+
+    ring = Ring(FLASH_TINY, 4, blocks=1, seed=seed)
+    x = ring.tokens(n + padding)
+    out = compressor_ratio1(x, ring.weights, num_tokens=n)
+    kv = (x[:n].double() @ ring.weights.wkv.double()).float().to(torch.bfloat16).float()
+    want = (kv * torch.rsqrt(kv.pow(2).mean(-1, keepdim=True) + 1e-20) * ring.weights.norm).to(torch.bfloat16)
+    assert _same(out[:n], want), f"row {_first_diff(out[:n], want)}"
+    assert not bool(out[n:].ne(0).any()), "padding rows written"

@@ -102,3 +102,16 @@ def test_slab_gather_rejects_a_padding_breach(backend, case, data):
 def test_slab_bounds_reject_bad_arguments(backend, args):
     with pytest.raises(ValueError, match="active_tokens|tp|capacity"):
         op(backend, "sp_bounds")(*args)
+
+
+@given(case=slab_cases())
+def test_slab_owner_matches_the_bounds(case):
+    """slab_owner(row, width) names the rank whose bounds hold the row; width 0 owns nothing. Spec: §7.1."""
+    from kernels.sequence_parallel import sequence_parallel_bounds, slab_owner
+
+    bounds = sequence_parallel_bounds(case.active, case.tp, case.capacity)
+    for b in bounds:
+        for row in range(b.first, b.first + b.count):
+            assert slab_owner(row, b.width) == b.rank
+    with pytest.raises(ValueError, match="width"):
+        slab_owner(0, 0)

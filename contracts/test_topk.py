@@ -227,3 +227,18 @@ def test_topk_decode_c1a_variant_skips_order_and_padding_rules():
     assert check_topk_validity(shuffled, expected, ctx, scores, order=False, trailing=False).ok
     dup = torch.tensor([[phys[3], phys[3], phys[2]]], dtype=torch.int32)
     assert not check_topk_validity(dup, expected, ctx, scores, order=False, trailing=False).ok
+
+
+def test_index_head_weights_round_at_the_spec_boundaries():
+    """w = bf16(bf16(x @ weights_proj) * dim^-0.5 * heads^-0.5). Spec: §5.1 step 2."""
+    g = torch.Generator().manual_seed(0)
+    x, proj = torch.randn((3, 16), generator=g), torch.randn((16, 4), generator=g)
+    w = ref.index_head_weights(x, proj, heads=4, dim=32)
+    first = (x.double() @ proj.double()).float().to(torch.bfloat16).float()
+    assert torch.equal(w, (first * 32 ** -0.5 * 4 ** -0.5).to(torch.bfloat16).float())
+
+
+def test_reuse_takes_the_source_selection_as_given():
+    source = torch.tensor([[5, 9, -1]], dtype=torch.int32)
+    reused = ref.reuse_topk(source)
+    assert torch.equal(reused, source) and reused.data_ptr() != source.data_ptr()
