@@ -263,3 +263,21 @@ def test_e8m0_encode_inverts_decode():
     codes = torch.arange(255, dtype=torch.uint8)
     assert torch.equal(e8m0_encode(e8m0_decode(codes)), codes)
     assert e8m0_encode(torch.tensor([float("nan"), float("inf")])).tolist() == [255, 255]
+
+
+@pytest.mark.parametrize("rule_name", RULE_NAMES)
+def test_blocked_quantization_equals_one_pass(rule_name, monkeypatch):
+    """Large inputs are quantized in concurrent row blocks; the bytes equal a single pass."""
+    from kernels import quant
+
+    r = RULES[rule_name]
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn((3, 700, 2 * r.group), generator=g) * 3).to(torch.bfloat16)
+    x[1, 5, 0], x[2, 9, 1] = float("nan"), -0.0
+    monkeypatch.setattr(quant, "BLOCK_ELEMENTS", 4 * r.group * 2)  # many small blocks
+    blocked = quant.mx_quantize(x, rule_name)
+    monkeypatch.setattr(quant, "BLOCK_ELEMENTS", 1 << 40)
+    whole = quant.mx_quantize(x, rule_name)
+    assert blocked.payload.shape == whole.payload.shape and blocked.scale.shape == whole.scale.shape
+    assert torch.equal(blocked.payload.view(torch.uint8), whole.payload.view(torch.uint8))
+    assert torch.equal(blocked.scale.view(torch.uint8), whole.scale.view(torch.uint8))

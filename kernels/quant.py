@@ -15,6 +15,8 @@ Spec: §2.2 (codecs, tie rules, nibble order), upstream_checks §15 C-6.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -181,23 +183,27 @@ def _groups(x: torch.Tensor, r: QuantRule) -> torch.Tensor:
     return x.unflatten(-1, (-1, r.group))
 
 
+J_MAX = 36  # largest ceil(4|v|) a table holds: 4 * 6 * (amax/6) / E4M3(amax/6) stays below it
+
+
 def _fp4_luts() -> dict[str, torch.Tensor]:
     """Packed-byte tables for pairs of E2M1 elements, derived from ``e2m1_encode`` (the one statement of
     the rounding rule).
 
-    An element scaled by 4 (``s = 4*v``) is reduced to ``j = ceil(|s|)`` (0..24), its sign and, for the
-    to-even rule, ``exact = (|s| == j)``. The E2M1 midpoints times 4 are integers, so every value of a
-    class (j, exact, sign) gets the same code: the class is encoded through a representative, ``j/4``
-    when exact, ``(j - 0.5)/4`` otherwise. Element index ``e``: toward zero 25 + j (positive) or 24 - j
-    (sign bit set, -0 included); to even (25 + j)*2 + exact or (24 - j)*2 + exact. A pair (even element
-    a, odd element b) maps to ``code(a) | code(b) << 4`` at ``e_a + K*e_b`` (K = 50 or 100), so one
-    gather both encodes and packs.
+    An element scaled by 4 (``s = 4*v``) is reduced to ``j = ceil(|s|)`` (0..J_MAX; values past 24
+    saturate to code 7), its sign and, for the to-even rule, ``exact = (|s| == j)``. The E2M1 midpoints
+    times 4 are integers, so every value of a class (j, exact, sign) gets the same code: the class is
+    encoded through a representative, ``j/4`` when exact, ``(j - 0.5)/4`` otherwise. With N = J_MAX + 1,
+    element index ``e`` is N + j (positive) or N - 1 - j (sign bit set, -0 included), times 2 plus
+    ``exact`` for to-even. A pair (even element a, odd element b) maps to ``code(a) | code(b) << 4`` at
+    ``e_a + K*e_b`` (K = 2N or 4N), so one gather both encodes and packs.
     """
+    n = J_MAX + 1
     out = {}
     for tie, exact_flags in (("toward_zero", (None,)), ("even", (0, 1))):
         single = []
-        for e in range(50):
-            neg, j = (e < 25), (24 - e if e < 25 else e - 25)
+        for e in range(2 * n):
+            neg, j = (e < n), (n - 1 - e if e < n else e - n)
             for exact in exact_flags:
                 magnitude = j / 4 if exact in (None, 1) or j == 0 else (j - 0.5) / 4
                 value = torch.tensor([-magnitude if neg else magnitude])  # -0.0 for the negative j = 0
@@ -212,36 +218,66 @@ _FP4_PAIR = _fp4_luts()
 
 
 def _e2m1_pack(y4: torch.Tensor, tie: str, sign_of: torch.Tensor | None = None) -> torch.Tensor:
-    """Scaled-by-4 FP32 values [..., D] (|y4| <= 24) -> packed E2M1 bytes [..., D/2]. Spec: §2.2.
+    """Scaled-by-4 FP32 values [..., D] (|y4| <= J_MAX) -> packed E2M1 bytes [..., D/2]. Spec: §2.2.
 
     ``y4`` is consumed (modified in place). ``sign_of`` (default ``y4``) supplies the signs, so -0.0
-    keeps its sign bit: ``copysign(j + 0.5, sign)`` then ``+ 24.5`` is the element index of
-    ``_fp4_luts`` (25 + j or 24 - j).
+    keeps its sign bit: ``copysign(j + 0.5, sign) + N - 0.5`` is the element index of ``_fp4_luts``.
     """
     sign_of = y4.clone() if sign_of is None else sign_of
+    n = J_MAX + 1
     if tie == "even":
         quad = y4.abs_()
         j = quad.ceil()
         exact = torch.eq(quad, j).to(j.dtype)
-        e = j.add_(0.5).copysign_(sign_of).add_(24.5).mul_(2.0).add_(exact)
-        k = 100.0
+        e = j.add_(0.5).copysign_(sign_of).add_(n - 0.5).mul_(2.0).add_(exact)
+        k = 4.0 * n
         pairs = e.unflatten(-1, (-1, 2))
         flat = pairs[..., 0].add(pairs[..., 1], alpha=k).to(torch.int32)
     else:
         e = y4.abs_().ceil_().add_(0.5).copysign_(sign_of)  # +-(j + 0.5), in place
-        k = 50.0
+        k = 2.0 * n
         pairs = e.unflatten(-1, (-1, 2))
-        # (a + 24.5) + 50 (b + 24.5) is a non-negative integer
-        flat = pairs[..., 0].add(pairs[..., 1], alpha=k).add_(24.5 + 24.5 * k).to(torch.int32)
+        # (a + N - 0.5) + K (b + N - 0.5) is a non-negative integer
+        flat = pairs[..., 0].add(pairs[..., 1], alpha=k).add_((n - 0.5) * (1 + k)).to(torch.int32)
     return _FP4_PAIR[tie].index_select(0, flat.reshape(-1)).reshape(flat.shape)
 
 
+BLOCK_ELEMENTS = 1 << 19  # rows are quantized in blocks of about this many elements (cache-sized temporaries)
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)), thread_name_prefix="mx-quant")
+    return _POOL
+
+
 def mx_quantize(x: torch.Tensor, rule_name: str | QuantRule) -> MXTensor:
-    """Quantize ``x`` [..., D] with the named rule. Spec: §2.2."""
+    """Quantize ``x`` [..., D] with the named rule. Spec: §2.2.
+
+    Groups never cross rows, so large inputs are split into row blocks that are quantized concurrently
+    (torch releases the GIL) with cache-sized temporaries; the result is identical to one pass.
+    """
     r = rule(rule_name)
+    _groups(x, r)  # validate the whole input before splitting it
+    width = x.shape[-1]
+    rows = x.reshape(-1, width) if x.numel() else x.reshape(0, width)
+    per_block = max(1, BLOCK_ELEMENTS // max(width, 1))
+    if rows.shape[0] < 2 * per_block:
+        return _quantize_rows(x, r)
+    blocks = list(_pool().map(lambda i: _quantize_rows(rows[i:i + per_block], r),
+                              range(0, rows.shape[0], per_block)))
+    lead = tuple(x.shape[:-1])
+    payload = torch.cat([b.payload for b in blocks]).reshape(*lead, -1)
+    scale = torch.cat([b.scale for b in blocks]).reshape(*lead, -1)
+    return MXTensor(payload, scale, r.name)
+
+
+def _quantize_rows(x: torch.Tensor, r: QuantRule) -> MXTensor:
     g = _groups(x, r).float()
-    amax = g.abs().amax(-1, keepdim=True)
-    poisoned = ~torch.isfinite(amax)  # NaN propagates through aminmax; +-Inf gives amax inf
+    amax = g.abs().amax(-1, keepdim=True)  # NaN propagates; +-Inf gives inf (vector_norm(inf) is ~20x slower)
+    poisoned = ~torch.isfinite(amax)
     any_poison = bool(poisoned.any())
     if any_poison:
         amax = torch.where(poisoned, torch.zeros_like(amax), amax)
@@ -250,14 +286,17 @@ def mx_quantize(x: torch.Tensor, rule_name: str | QuantRule) -> MXTensor:
     if r.scale_format == "e8m0":
         raw = torch.maximum(amax / r.qmax, torch.tensor(r.scale_floor, dtype=torch.float32))
         exp = _ceil_pow2_exponent(raw, r.pow2).clamp(-127, 127)
-        inv = torch.ldexp(torch.ones_like(raw), (-exp).to(torch.int32))  # exact: powers of two
+        # E2M1 is encoded from 4*v (see _e2m1_pack): fold the 4 into the exact power-of-two reciprocal
+        # unless 2^(2-exp) would overflow FP32 (only the CED 2^-126 floor gets there)
+        shift = 2 if r.fmt == "mxfp4" and bool((exp > -126).all()) else 0
+        inv = torch.ldexp(torch.ones_like(raw), (shift - exp).to(torch.int32))
         scale_code = (exp + 127).to(torch.uint8)
         if any_poison:
             scale_code = torch.where(poisoned, E8M0_NAN, scale_code).to(torch.uint8)
         scale = scale_code.squeeze(-1).view(torch.float8_e8m0fnu)
         y = g * inv  # a covering power-of-two scale: |y| <= qmax, no clamp needed
-        if r.fmt == "mxfp4":
-            y.mul_(4.0)  # E2M1 is encoded from 4*v (see _e2m1_pack); separate so 2^126*4 cannot overflow
+        if r.fmt == "mxfp4" and not shift:
+            y.mul_(4.0)
     else:
         raw = (amax / r.qmax).clamp_min(r.scale_floor).clamp(max=r.e4m3_scale_max)
         stored = raw.to(torch.float8_e4m3fn)
@@ -265,8 +304,15 @@ def mx_quantize(x: torch.Tensor, rule_name: str | QuantRule) -> MXTensor:
         if any_poison:
             bits = torch.where(poisoned, E4M3_NAN, bits.to(torch.int32)).to(torch.uint8)
         scale = bits.squeeze(-1).view(torch.float8_e4m3fn)
-        y = (g / stored.to(torch.float32)).clamp_(-r.qmax, r.qmax)  # E4M3 may round below amax/qmax
-        y.mul_(4.0)  # E2M1 is encoded from 4*v (see _e2m1_pack)
+        # E4M3 may round below amax/qmax, so values saturate at +-6. g / (s/4) == 4 * (g/s) exactly
+        # (s >= 2^-9, so s/4 stays normal), which folds the 4*v of _e2m1_pack into the division.
+        k = 4.0 if r.fmt == "mxfp4" else 1.0
+        y = g / (stored.to(torch.float32) / k)
+        # Saturate at +-qmax. FP4 codes saturate in the tables up to J_MAX, so the clamp pass is needed
+        # only when some group's |y| could pass it (the 448 scale clamp, or E4M3 rounding far below raw).
+        unclamped = (amax / r.qmax).clamp_min(r.scale_floor)
+        if r.fmt != "mxfp4" or bool((k * r.qmax * unclamped / stored.to(torch.float32) > J_MAX).any()):
+            y.clamp_(-k * r.qmax, k * r.qmax)
     if y.dtype != torch.float32:
         y = y.float()
     if r.fmt == "mxfp8":
