@@ -11,6 +11,7 @@ import statistics
 import time
 
 import torch
+from _common import keep_heap_warm
 
 from kernels.quant import mx_quantize
 
@@ -21,26 +22,14 @@ def _once(fn) -> float:
     return time.perf_counter() - t0
 
 
-def keep_heap_warm() -> str:
-    """Stop glibc from returning freed 8 MB blocks to the OS between calls, so neither the floor nor the
-    codec pays page faults on its temporaries (otherwise the floor alone swings 1 ms <-> 6 ms here)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        ok = libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, 1 << 30)
-        return "warm heap (mallopt)" if ok else "default heap"
-    except OSError:
-        return "default heap"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--default-heap", action="store_true",
+                        help="leave glibc's heap policy alone (temporaries may page-fault on every call)")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
     args = parser.parse_args()
-    heap = keep_heap_warm()
+    heap = "default heap" if args.default_heap else keep_heap_warm()
     if args.threads:
         torch.set_num_threads(args.threads)
     x = (torch.randn((4096, 512), generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import keep_heap_warm
 
 from goldens.codec import from_numpy, to_numpy
 from goldens.store import GoldenStore
@@ -92,8 +93,11 @@ def regenerate(tree, outputs, fraction: float = 0.25, seed: int = 1) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", type=float, default=1.0, help="tree size factor (1.0 ~ 200 MB)")
+    parser.add_argument("--default-heap", action="store_true",
+                        help="leave glibc's heap policy alone (temporaries may page-fault on every call)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    heap = "default heap" if args.default_heap else keep_heap_warm()
     tree, outputs = make_tree(args.scale)
     names = list(tree)
     size = nbytes(tree)
@@ -126,7 +130,7 @@ def main() -> None:
         st_delta = store.disk_bytes() - before
         pt_rm, st_rm = statistics.median(pt_r), statistics.median(st_r)
         print(f"tree: {len(names)} tensors, {size / 1e6:.1f} MB logical; regeneration changes {frac:.0%} of the "
-              f"output bytes; torch threads {torch.get_num_threads()}; read = median of {args.repeats} warm runs")
+              f"output bytes; torch threads {torch.get_num_threads()}; {heap}; read = median of {args.repeats} warm runs")
         print(f"{'':28} {'torch.save/.pt':>16} {'golden store':>14} {'store/.pt':>10}  goal")
         print(f"{'write (s)':28} {pt_w:16.3f} {st_w:14.3f} {st_w / pt_w:10.2f}")
         print(f"{'warm read (s)':28} {pt_rm:16.3f} {st_rm:14.3f} {st_rm / pt_rm:10.2f}")
