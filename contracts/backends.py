@@ -126,34 +126,58 @@ class Backend:
         return f"Backend({self.name!r}, platform={self.platform!r}, ops={len(self._ops)})"
 
 
+# Where each operator of the Torch reference lives: (module, attribute). The torch backend, the
+# differential contracts' reference and the mutation runner's mutant backends are all built from it.
+REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
+    "resolve_schedule": ("kernels.config", "V41Config.schedule"),
+    "build_forward_metadata": ("kernels.metadata", "build_forward_metadata"),
+    "sp_bounds": ("kernels.sequence_parallel", "sequence_parallel_bounds"),
+    "sp_shard": ("kernels.sequence_parallel", "shard_rows"),
+    "sp_gather": ("kernels.sequence_parallel", "gather_rows"),
+    "mx_quantize": ("kernels.quant", "mx_quantize"),
+    "mx_dequantize": ("kernels.quant", "mx_dequantize"),
+    "cache_publish": ("kernels.cache", "publish"),
+    "cache_read": ("kernels.cache", "read"),
+    "compressor_ratio2": ("kernels.reference.compressor", "compressor_ratio2_paged"),
+    "materialize_rope_rows": ("kernels.reference.rope", "materialize_rope_rows"),
+    "index_scores": ("kernels.reference.indexer", "paged_index_scores"),
+    "select_topk": ("kernels.reference.indexer", "select_topk"),
+    "candidate_blocks": ("kernels.reference.indexer", "select_candidate_blocks"),
+    "check_row_precision": ("contracts.checks.precision", "check_row_precision"),
+    "check_output_budget": ("contracts.checks.precision", "check_output_budget"),
+    "check_active_split": ("contracts.checks.precision", "check_active_split"),
+    "check_owner_rows": ("contracts.checks.precision", "check_owner_rows"),
+    "check_replicas_identical": ("contracts.checks.precision", "check_replicas_identical"),
+}
+
+
+def _schedule_of(config_module):
+    """``resolve_schedule`` through ``config_module``'s V41Config (the caller's config is re-built there)."""
+    from dataclasses import fields
+
+    def resolve_schedule(config):
+        cls = config_module.V41Config
+        if isinstance(config, cls):
+            return config.schedule
+        return cls(**{f.name: getattr(config, f.name) for f in fields(config) if f.init}).schedule
+
+    return resolve_schedule
+
+
+def reference_operators(load: Callable[[str], object] = importlib.import_module) -> dict[str, Callable]:
+    """The reference operators, each taken from the module ``load(name)`` returns (the real modules by
+    default; the mutation runner passes mutated copies)."""
+    ops = {}
+    for op_name, (module_name, attr) in REFERENCE_OPERATORS.items():
+        module = load(module_name)
+        ops[op_name] = _schedule_of(module) if op_name == "resolve_schedule" else getattr(module, attr)
+    return ops
+
+
 @cache
 def torch_backend() -> Backend:
     """The Torch reference implementations."""
-    from contracts.checks import precision
-    from kernels import cache, metadata, quant, sequence_parallel
-    from kernels.reference import compressor, indexer, rope
-
-    return Backend("torch", {
-        "resolve_schedule": lambda config: config.schedule,
-        "build_forward_metadata": metadata.build_forward_metadata,
-        "sp_bounds": sequence_parallel.sequence_parallel_bounds,
-        "sp_shard": sequence_parallel.shard_rows,
-        "sp_gather": sequence_parallel.gather_rows,
-        "mx_quantize": quant.mx_quantize,
-        "mx_dequantize": quant.mx_dequantize,
-        "cache_publish": cache.publish,
-        "cache_read": cache.read,
-        "compressor_ratio2": compressor.compressor_ratio2_paged,
-        "materialize_rope_rows": rope.materialize_rope_rows,
-        "index_scores": indexer.paged_index_scores,
-        "select_topk": indexer.select_topk,
-        "candidate_blocks": indexer.select_candidate_blocks,
-        "check_row_precision": precision.check_row_precision,
-        "check_output_budget": precision.check_output_budget,
-        "check_active_split": precision.check_active_split,
-        "check_owner_rows": precision.check_owner_rows,
-        "check_replicas_identical": precision.check_replicas_identical,
-    }, description="Torch reference (CPU)")
+    return Backend("torch", reference_operators(), description="Torch reference (CPU)")
 
 
 def pypto_backend(platform: str = "a5sim") -> Backend:

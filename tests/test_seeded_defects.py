@@ -11,13 +11,12 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import Phase, settings
 
 from contracts.backends import load_backend_module
+from tests.harness import run_contract
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,63 +135,13 @@ CASES = [
 ]
 
 
-def _flatten(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [e for sub in exc.exceptions for e in _flatten(sub)]
-    return [exc]
-
-
-def _parametrized_args(fn) -> list[dict]:
-    """Explicit parametrize sets of a plain (non-hypothesis) contract test, else one empty set."""
-    sets = [{}]
-    for mark in getattr(fn, "pytestmark", []):
-        if mark.name != "parametrize":
-            continue
-        names = [n.strip() for n in mark.args[0].split(",")] if isinstance(mark.args[0], str) else list(mark.args[0])
-        new = []
-        for base in sets:
-            for values in mark.args[1]:
-                if hasattr(values, "marks") and hasattr(values, "values"):  # pytest.param(...)
-                    values = values.values
-                elif len(names) == 1:
-                    values = (values,)
-                new.append({**base, **dict(zip(names, values, strict=True))})
-        sets = new
-    return sets
-
-
-@contextmanager
-def falsify_without_shrinking(fn):
-    """Run ``fn`` with its own examples but stop at the first failure (no shrinking): here only *whether*
-    the contract fails matters. Hypothesis snapshots settings onto a @given test when it is decorated,
-    so the override goes on that attribute and is restored afterwards; a plain test runs unchanged."""
-    attr = "_hypothesis_internal_use_settings"
-    old = getattr(fn, attr, None)
-    if old is not None:
-        setattr(fn, attr, settings(old, phases=[Phase.explicit, Phase.reuse, Phase.generate],
-                                   report_multiple_bugs=False, database=None))
-    try:
-        yield
-    finally:
-        if old is not None:
-            setattr(fn, attr, old)
-
-
 @pytest.mark.parametrize("defect, contract, mentions", CASES, ids=[f"{d}->{c.split(':')[1]}" for d, c, _ in CASES])
 def test_contract_catches_seeded_defect(defect, contract, mentions):
     backend = load_backend_module(f"tests.defects.{defect}")
     module_name, test_name = contract.split(":")
     fn = getattr(importlib.import_module(f"contracts.{module_name}"), test_name)
-    failures, crashes = [], []
-    for kwargs in _parametrized_args(fn):
-        try:
-            with falsify_without_shrinking(fn):
-                fn(backend=backend, **kwargs)
-        except BaseException as exc:  # AssertionError, pytest.fail's Failed, or a hypothesis group
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            for e in _flatten(exc):
-                (failures if isinstance(e, AssertionError | pytest.fail.Exception) else crashes).append(e)
+    outcome = run_contract(fn, backend)
+    failures, crashes = outcome.failures, outcome.crashes
     assert failures, (f"contract {contract} did not fail cleanly on defect {defect}"
                       + (f": it crashed with {crashes[0]!r}" if crashes else ": it passed (the contract cannot fail)"))
     text = " | ".join(str(e) for e in failures)
