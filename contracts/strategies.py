@@ -15,6 +15,7 @@ Spec: §3 (inputs), §7.1 (slabs).
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -199,6 +200,9 @@ def slab_cases(*, max_capacity: int = 40, tps: tuple[int, ...] = (1, 2, 4, 8),
 
 
 GROUP_KINDS = ("normal", "boundary_peak", "midpoints", "saturating", "zero", "subnormal", "huge", "tiny")
+# Groups built on the values that separate the rounding rules of §2.2 (see MXCase.tensor).
+EDGE_KINDS = ("amax_floor", "scale_edge", "e4m3_scale_tie", "e4m3_payload_tie", "bf16_double_round",
+              "midpoints", "saturating", "zero", "subnormal", "tiny", "boundary_peak")
 
 
 @dataclass(frozen=True)
@@ -241,13 +245,69 @@ class MXCase:
                 out[i] = torch.randn(self.group, generator=g) * 1e-40
             elif kind == "huge":
                 out[i] = torch.randn(self.group, generator=g) * 1e37
-            else:  # tiny but normal: below the 1e-4 amax floor
+            elif kind == "tiny":  # tiny but normal: below the 1e-4 amax floor
                 out[i] = torch.randn(self.group, generator=g) * 1e-6
+            else:
+                out[i] = _edge_group(kind, self.group, e, g)
         return out.reshape(self.rows, self.width)
 
 
-def mx_cases(*, group: int, max_rows: int = 4, max_groups_per_row: int = 4) -> st.SearchStrategy[MXCase]:
-    """MX inputs aimed at the edges: exact midpoints, saturating groups, zero/subnormal/huge groups. Spec: §2.2."""
+def _pick(values: list[float], g: torch.Generator) -> float:
+    return values[int(torch.randint(0, len(values), (1,), generator=g))]
+
+
+def _around(v: float) -> list[float]:
+    """``v`` as FP32 and its two FP32 neighbours."""
+    t = torch.tensor(v, dtype=torch.float32)
+    return [float(torch.nextafter(t, torch.tensor(0.0))), float(t), float(torch.nextafter(t, torch.tensor(math.inf)))]
+
+
+def _edge_group(kind: str, group: int, e: int, g: torch.Generator) -> torch.Tensor:
+    """One group whose amax (or elements) sits exactly on a rule boundary, at or next to it:
+
+    - ``amax_floor``: amax at 1e-4 (the device / CED amax floor) and its FP32 neighbours;
+    - ``scale_edge``: amax/qmax exactly 2^e (qmax 448 or 6) and its neighbours: the power-of-two ceiling;
+    - ``e4m3_scale_tie``: amax/6 on an exact midpoint of two E4M3 values and its neighbours (E4M3 scales);
+    - ``e4m3_payload_tie``: elements on exact E4M3 midpoints under a power-of-two scale (normal and subnormal);
+    - ``bf16_double_round``: elements a hair above an E2M1/E4M3 midpoint that BF16 input rounding moves onto it.
+    """
+    scale = 2.0 ** e
+    sign = torch.where(torch.rand(group, generator=g) < 0.5, -1.0, 1.0)
+    out = torch.rand(group, generator=g) * sign
+    if kind == "amax_floor":
+        amax = _pick(_around(1e-4), g)
+        out = out * amax * 0.99
+    elif kind == "scale_edge":
+        amax = _pick(_around(_pick([448.0, 6.0], g) * scale), g)
+        out = out * amax * 0.99
+    elif kind == "e4m3_scale_tie":
+        k = int(torch.randint(0, 8, (1,), generator=g))
+        amax = _pick(_around(6.0 * (1 + (2 * k + 1) / 16) * scale), g)
+        out = out * amax * 0.99
+    elif kind == "e4m3_payload_tie":
+        amax = 448.0 * scale
+        k = torch.randint(0, 8, (group,), generator=g).float()
+        j = torch.randint(-6, 8, (group,), generator=g).float()
+        normal = (1 + (2 * k + 1) / 16) * torch.exp2(j)
+        subnormal = (2 * k + 1) * 2.0**-10
+        out = torch.where(torch.rand(group, generator=g) < 0.2, subnormal, normal) * scale * sign
+    else:  # bf16_double_round
+        anchor = _pick([6.0, 448.0], g)
+        amax = anchor * scale
+        if anchor == 6.0:
+            mids = torch.tensor((0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0))
+        else:
+            mids = (1 + (2 * torch.arange(7.0) + 1) / 16) * 2.0 ** torch.randint(-4, 7, (7,), generator=g).float()
+        pick = mids[torch.randint(0, len(mids), (group,), generator=g)]
+        out = pick * (1 + 2.0**-12) * scale * sign
+    out[int(torch.randint(0, group, (1,), generator=g))] = amax * float(sign[0])
+    return out
+
+
+def mx_cases(*, group: int, max_rows: int = 4, max_groups_per_row: int = 4,
+             kinds: tuple[str, ...] = GROUP_KINDS) -> st.SearchStrategy[MXCase]:
+    """MX inputs aimed at the edges: exact midpoints, saturating groups, zero/subnormal/huge groups
+    (``kinds=EDGE_KINDS``: the rule boundaries of §2.2). Spec: §2.2."""
     _positive("group", group)
     _positive("max_rows", max_rows)
     _positive("max_groups_per_row", max_groups_per_row)
@@ -257,9 +317,9 @@ def mx_cases(*, group: int, max_rows: int = 4, max_groups_per_row: int = 4) -> s
         rows = draw(st.integers(1, max_rows))
         per_row = draw(st.integers(1, max_groups_per_row))
         n = rows * per_row
-        kinds = tuple(draw(st.lists(st.sampled_from(GROUP_KINDS), min_size=n, max_size=n)))
+        picked = tuple(draw(st.lists(st.sampled_from(kinds), min_size=n, max_size=n)))
         exps = tuple(draw(st.lists(st.integers(-20, 20), min_size=n, max_size=n)))
-        return MXCase(rows, per_row * group, group, kinds, exps, draw(st.integers(0, 2**31)))
+        return MXCase(rows, per_row * group, group, picked, exps, draw(st.integers(0, 2**31)))
 
     return build()
 

@@ -281,3 +281,80 @@ def test_blocked_quantization_equals_one_pass(rule_name, monkeypatch):
     assert blocked.payload.shape == whole.payload.shape and blocked.scale.shape == whole.scale.shape
     assert torch.equal(blocked.payload.view(torch.uint8), whole.payload.view(torch.uint8))
     assert torch.equal(blocked.scale.view(torch.uint8), whole.scale.view(torch.uint8))
+
+
+# ---------------------------------------------------------------------------
+# Every rounding variant of RULES pinned by hand (spec §2.2; not produced by the code). Each probe is one
+# group: element values, then the expected scale byte and the leading payload bytes (the rest are 0x00).
+#   A  [2^-20, 0...]         the 1e-4 amax floor: window/ced_mxfp8 raw = 1e-4/448 -> 2^-22 (E8M0 105 = 0x69),
+#                            payload 2^-20/2^-22 = 4.0 -> E4M3 0x48; window_host raw = 2^-20/448 -> 2^-28
+#                            (0x63), payload 256 -> E4M3 0x78.
+#   B  [1.0625+2^-12, 448..] BF16 double rounding: FP32 input rounds up to E4M3 1.125 (0x39); the CED rules
+#                            first round to BF16 1.0625, an exact E4M3 midpoint, which goes to even 1.0 (0x38).
+#                            448 -> 0x7E; amax 448 -> scale 2^0 (0x7F).
+#   C  [0.75, 1.25+2^-10, 6, 0...] E2M1 ties: 0.75 is a midpoint (toward zero: code 1, even: code 2);
+#                            1.25+2^-10 is above the 1.25 midpoint (code 3) unless BF16 input rounding moves it
+#                            onto it, where to-even gives code 2. 6 -> code 7. Low nibble first: toward zero
+#                            0x31 0x07, even 0x32 0x07, CED 0x22 0x07. amax 6: E4M3 scale 1.0 (0x38) or E8M0 0x7F.
+#   D  [2^-20, 0...]         the FP4 scale floor: index/index_even raw = max(2^-20/6, 2^-9) = 2^-9 (0x76), payload
+#                            2^-11 -> code 0; ced_index_fp4 floors at 6*2^-126/6: raw 2^-20/6 -> 2^-22 (0x69),
+#                            payload 4.0 -> code 6 (0x06).
+_A, _B = [2.0**-20], [1.0625 + 2.0**-12, 448.0]
+_C, _D = [0.75, 1.25 + 2.0**-10, 6.0], [2.0**-20]
+RULE_VECTORS: dict[str, list[tuple[list[float], int, list[int]]]] = {
+    "window": [(_A, 0x69, [0x48]), (_B, 0x7F, [0x39, 0x7E])],
+    "window_host": [(_A, 0x63, [0x78]), (_B, 0x7F, [0x39, 0x7E])],
+    "ced_mxfp8": [(_A, 0x69, [0x48]), (_B, 0x7F, [0x38, 0x7E])],
+    "compressed": [(_C, 0x38, [0x31, 0x07])],
+    "compressed_even": [(_C, 0x38, [0x32, 0x07])],
+    "ced_kv_fp4": [(_C, 0x38, [0x22, 0x07])],
+    "index": [(_C, 0x7F, [0x31, 0x07]), (_D, 0x76, [0x00])],
+    "index_even": [(_C, 0x7F, [0x32, 0x07]), (_D, 0x76, [0x00])],
+    "ced_index_fp4": [(_C, 0x7F, [0x22, 0x07]), (_D, 0x69, [0x06])],
+}
+
+
+def rule_probe(rule_name: str) -> tuple[torch.Tensor, list[int], list[list[int]]]:
+    """(probe rows [n, group], expected scale byte per row, expected payload bytes per row) of a rule."""
+    r = RULES[rule_name]
+    rows, scales, payloads = [], [], []
+    width = r.group if r.fmt == "mxfp8" else r.group // 2
+    for values, scale, lead in RULE_VECTORS[rule_name]:
+        row = torch.zeros(r.group)
+        row[: len(values)] = torch.tensor(values, dtype=torch.float64).float()
+        rows.append(row)
+        scales.append(scale)
+        payloads.append(lead + [0] * (width - len(lead)))
+    return torch.stack(rows), scales, payloads
+
+
+def test_rule_vectors_cover_every_rule_and_separate_each_pair():
+    """The hand vectors name every rule, and for every pair of rules some probe's expected bytes differ
+    (so swapping the two rules fails ``test_each_rule_matches_its_hand_vectors``)."""
+    assert set(RULE_VECTORS) == set(RULES), f"rules without hand vectors: {sorted(set(RULES) - set(RULE_VECTORS))}"
+    for a in RULES:
+        for b in RULES:
+            if a == b:
+                continue
+            xa, sa, pa = rule_probe(a)
+            q = RULE_VECTORS[b]
+            same_shape = RULES[a].fmt == RULES[b].fmt and RULES[a].group == RULES[b].group
+            if same_shape:  # the same probes apply to both rules: some expected byte must differ
+                _xb, sb, pb = rule_probe(b)
+                assert len(q) == len(RULE_VECTORS[a]) and (sa != sb or pa != pb), f"{a} and {b} are not separated"
+
+
+@pytest.mark.parametrize("rule_name", RULE_NAMES)
+def test_each_rule_matches_its_hand_vectors(backend, rule_name):
+    """The backend's bytes for each rule equal the hand-computed probes that separate it from every other
+    rule: the amax floor (window vs window_host), BF16 double rounding (CED vs device/host), E2M1 ties
+    (toward zero vs even) and the FP4 scale floor (index vs ced_index_fp4). Spec: §2.2, CQ-12/13/14/17."""
+    x, scales, payloads = rule_probe(rule_name)
+    q = op(backend, "mx_quantize")(x, rule_name)
+    got_p = q.payload.view(torch.uint8).reshape(x.shape[0], -1).tolist()
+    got_s = q.scale.view(torch.uint8).reshape(x.shape[0], -1)[:, 0].tolist()
+    for i in range(x.shape[0]):
+        assert got_s[i] == scales[i] and got_p[i] == payloads[i], (
+            f"{rule_name} probe {i} {RULE_VECTORS[rule_name][i][0]}: scale 0x{got_s[i]:02x}, payload "
+            f"{[f'0x{b:02x}' for b in got_p[i][:3]]}; expected scale 0x{scales[i]:02x}, payload "
+            f"{[f'0x{b:02x}' for b in payloads[i][:3]]} (§2.2)")

@@ -139,7 +139,9 @@ def contracts_for(operators: Iterable[str], *, exclude_modules: Iterable[str] = 
     """Contract test functions that call any of ``operators`` (the golden replay is run separately)."""
     wanted, skip = set(operators), set(exclude_modules)
     out = []
-    for module, name, ops in contract_index():
+    # the differential contracts first: they compare with the reference, so a wrong rule fails there fastest
+    index = sorted(contract_index(), key=lambda row: row[0] != "contracts.test_differential")
+    for module, name, ops in index:
         if module in skip or not (ops & wanted):
             continue
         out.append(getattr(importlib.import_module(module), name))

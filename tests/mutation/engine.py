@@ -167,6 +167,11 @@ def _used_from(module: str, other: str) -> set[str]:
     return used
 
 
+# Methods that only ever run on the caller's objects: the contracts build a QuantCache with the real
+# module, so a shadow copy of its methods is never called by an operator.
+EXCLUDE = {"kernels.cache": frozenset({"QuantCache.rows", "QuantCache.clone", "QuantCache.numpy_bits"})}
+
+
 @cache
 def reachable(module: str) -> frozenset[str]:
     """Functions, classes, methods and module constants of ``module`` that an operator can run: from its
@@ -196,7 +201,7 @@ def reachable(module: str) -> frozenset[str]:
             frontier |= _refs(node, defs, assigns)
         if "." in name:
             seen.add(name.split(".")[0])
-    return frozenset(seen)
+    return frozenset(seen - EXCLUDE.get(module, frozenset()))
 
 
 # ---------------------------------------------------------------------------
@@ -222,7 +227,8 @@ class _Sites:
                 for child in stmt.body:
                     if isinstance(child, ast.FunctionDef) and f"{stmt.name}.{child.name}" in self.allowed:
                         yield from self._visit(child, f"{stmt.name}.{child.name}", stmt)
-                    elif isinstance(child, ast.AnnAssign | ast.Assign) and child.value is not None:
+                    elif isinstance(child, ast.AnnAssign | ast.Assign) and child.value is not None \
+                            and self.module not in SCOPE:  # a scoped module's field defaults are caller data
                         yield from self._visit(child.value, stmt.name, child)
             elif isinstance(stmt, ast.Assign | ast.AnnAssign):
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]

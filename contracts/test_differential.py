@@ -1,0 +1,355 @@
+"""Every operator judged against the Torch reference on the same edge-aimed inputs.
+
+Property contracts (the other files) hold for every *plausible* implementation; a self-consistent
+wrong rule passes them. These contracts run the backend's operator and the reference on the same
+inputs and compare with the comparator upstream applies to that output: byte-exact where the ABI is
+bytes (codes, scales, slots, ids, masks, slabs, RoPE rows, the compressor state, which upstream
+compares exactly across two device calls), the numeric row bound where it is numbers (latents,
+index scores) and the §5.3 validity rule for a Top-K selection. Inputs land on what separates rules:
+exact E2M1 midpoints and E4M3 ties, the 1e-4 amax floor and power-of-two scale ceilings at and next
+to them, E4M3 scale ties, BF16 double rounding, zero / subnormal / saturating groups, every output
+dtype, random code bytes including NaN and subnormal codes, -1 and out-of-range slots, empty
+requests, full windows, the last row of a request and padding-only ranks. Where the reference
+rejects an input, the backend must reject it too (a ValueError).
+
+The reference is always ``contracts.backends.torch_backend()``; with ``--backend torch`` these
+contracts compare the reference with itself and pass. Spec: §2.2, §2.3, §3, §4.1, §4.2, §5, §7.1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contracts.backends import torch_backend
+from contracts.checks.precision import check_row_precision
+from contracts.checks.topk import TopKContext, check_topk_validity
+from contracts.plugin import op
+from contracts.strategies import EDGE_KINDS, indexer_cases, materialize, mx_cases, request_batches, slab_cases
+from contracts.tensors import byte_rows
+from contracts.test_compressor import Ring
+from kernels.cache import empty_cache, layouts
+from kernels.config import FLASH, FLASH_TINY, V41Config
+from kernels.quant import RULES
+from kernels.reference.rope import precompute_rope_tables
+
+REF = torch_backend()
+RULE_NAMES = sorted(RULES)
+OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _where(path: str, a: torch.Tensor, b: torch.Tensor) -> str:
+    rows = byte_rows(a.reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(1, -1))
+    rows_b = byte_rows(b.reshape(b.shape[0], -1) if b.ndim > 1 else b.reshape(1, -1))
+    r = int((rows != rows_b).any(1).nonzero()[0, 0])
+    fa, fb = a.reshape(rows.shape[0], -1)[r], b.reshape(rows.shape[0], -1)[r]
+    diff = (byte_rows(fa.reshape(-1, 1)) != byte_rows(fb.reshape(-1, 1))).any(1)
+    c = int(diff.nonzero()[0, 0]) if bool(diff.any()) else 0
+    return f"{path}: row {r} element {c}: backend {fa[c].item()!r}, reference {fb[c].item()!r}"
+
+
+def same_bits(path: str, got, want) -> None:
+    """Recursive byte identity of tensors (dtype, shape, bits) inside dataclasses, tuples, lists, dicts."""
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{path}: backend returned {type(got).__name__}, expected a tensor"
+        assert got.dtype == want.dtype, f"{path}.dtype: backend {got.dtype}, reference {want.dtype}"
+        assert tuple(got.shape) == tuple(want.shape), f"{path}.shape: backend {tuple(got.shape)}, reference " \
+                                                      f"{tuple(want.shape)}"
+        if want.numel() and not torch.equal(byte_rows(got.reshape(1, -1)), byte_rows(want.reshape(1, -1))):
+            raise AssertionError(_where(path, got, want))
+    elif dataclasses.is_dataclass(want):
+        for f in dataclasses.fields(want):
+            same_bits(f"{path}.{f.name}", getattr(got, f.name), getattr(want, f.name))
+    elif isinstance(want, dict):
+        assert set(got) == set(want), f"{path}: keys {sorted(got)} != reference {sorted(want)}"
+        for k in want:
+            same_bits(f"{path}[{k!r}]", got[k], want[k])
+    elif isinstance(want, tuple | list):
+        assert len(got) == len(want), f"{path}: {len(got)} items, reference {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            same_bits(f"{path}[{i}]", g, w)
+    else:
+        assert got == want, f"{path}: backend {got!r}, reference {want!r}"
+
+
+def both(name: str, backend, *args, **kwargs):
+    """(backend result, reference result); when the reference rejects the input, the backend must too."""
+    try:
+        want = REF.get(name)(*args, **kwargs)
+    except ValueError as exc:
+        with pytest.raises(ValueError):
+            op(backend, name)(*args, **kwargs)
+        return None, exc
+    return op(backend, name)(*args, **kwargs), want
+
+
+# ---------------------------------------------------------------------------
+# MX codecs (§2.2)
+
+
+@pytest.mark.parametrize("rule_name", RULE_NAMES)
+@given(data=st.data(), dtype=st.sampled_from((torch.float32, torch.bfloat16, torch.float16)))
+def test_quantize_bytes_equal_the_reference_on_rule_edges(backend, rule_name, data, dtype):
+    """Payload and scale bytes equal the reference's on groups at the amax floor, the power-of-two and E4M3
+    scale edges, E2M1 midpoints, E4M3 ties, BF16 double rounding, zero/subnormal/saturating groups, for
+    FP32, BF16 and FP16 inputs. Spec: §2.2."""
+    r = RULES[rule_name]
+    x = data.draw(mx_cases(group=r.group, kinds=EDGE_KINDS)).tensor()
+    if dtype != torch.float32:
+        x = x.clamp(-6e4, 6e4).to(dtype) if dtype == torch.float16 else x.to(dtype)
+    got, want = both("mx_quantize", backend, x, rule_name)
+    if got is not None:
+        same_bits(f"mx_quantize({rule_name}, {dtype})", (got.payload, got.scale), (want.payload, want.scale))
+
+
+def _random_codes(rule_name: str, rows: int, groups: int, seed: int):
+    """Every payload byte and scale byte possible, with the special scale codes forced in."""
+    r = RULES[rule_name]
+    g = torch.Generator().manual_seed(seed)
+    width = groups * r.group
+    pbytes = width if r.fmt == "mxfp8" else width // 2
+    payload = torch.randint(0, 256, (rows, pbytes), generator=g, dtype=torch.uint8)
+    scale = torch.randint(0, 256, (rows, groups), generator=g, dtype=torch.uint8)
+    special = [0, 1, 126, 127, 128, 253, 254, 255] if r.scale_format == "e8m0" else [0, 1, 8, 0x38, 0x7E, 0x7F, 0x80]
+    flat = scale.reshape(-1)
+    for i, code in enumerate(special[: flat.numel()]):
+        flat[(i * 7) % flat.numel()] = code
+    if r.fmt == "mxfp8":
+        payload = payload.view(torch.float8_e4m3fn)
+    scale = scale.view(torch.float8_e8m0fnu if r.scale_format == "e8m0" else torch.float8_e4m3fn)
+    return payload, scale
+
+
+@pytest.mark.parametrize("rule_name", RULE_NAMES)
+@given(rows=st.integers(1, 4), groups=st.integers(1, 4), seed=st.integers(0, 2**31),
+       dtype=st.sampled_from(OUT_DTYPES))
+def test_dequantize_equals_the_reference_for_every_code(backend, rule_name, rows, groups, seed, dtype):
+    """Random payload and scale bytes (NaN, zero, subnormal and extreme scale codes included) decode to the
+    reference's values, bit for bit, in every output dtype. Spec: §2.2."""
+    from kernels.quant import MXTensor
+
+    payload, scale = _random_codes(rule_name, rows, groups, seed)
+    q = MXTensor(payload, scale, rule_name)
+    got, want = both("mx_dequantize", backend, q, dtype=dtype)
+    if got is not None:
+        same_bits(f"mx_dequantize({rule_name}, {dtype})", got, want)
+
+
+# ---------------------------------------------------------------------------
+# quantized caches (§2.3)
+
+
+KINDS = ("window", "compressed_r2", "index")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@given(data=st.data(), seed=st.integers(0, 2**31), blocks=st.integers(1, 3))
+def test_cache_publish_bytes_equal_the_reference(backend, kind, data, seed, blocks):
+    """A sentinel cache, edge-aimed rows, slots with -1 holes, the first and the last physical row, and bad
+    slots (out of range, duplicates, wrong count): the published bytes equal the reference's, and what the
+    reference rejects the backend rejects. Spec: §2.3 (CQ-03)."""
+    layout = layouts(FLASH_TINY)[kind]
+    g = torch.Generator().manual_seed(seed)
+    cache = empty_cache(layout, blocks, generator=g)
+    rows = cache.rows
+    n = data.draw(st.integers(0, 6))
+    group = RULES[layout.rule].group
+    values = data.draw(mx_cases(group=group, max_rows=1, max_groups_per_row=1, kinds=EDGE_KINDS))
+    vals = torch.stack([mx_cases_row(values, layout.logical_width, i) for i in range(n)]) if n else \
+        torch.zeros((0, layout.logical_width))
+    picks = data.draw(st.lists(st.one_of(st.sampled_from([-1, 0, rows - 1, -2]), st.integers(-1, rows - 1),
+                                         st.sampled_from([rows, rows + 5])), min_size=n, max_size=n))
+    slots = torch.tensor(picks, dtype=torch.int64)
+    got, want = both("cache_publish", backend, cache, vals, slots)
+    if got is not None:
+        same_bits(f"cache_publish({kind})", (got.payload, got.scale), (want.payload, want.scale))
+
+
+def mx_cases_row(case, width: int, i: int) -> torch.Tensor:
+    """Row ``i`` of ``width`` values made of the case's edge group, rescaled per row."""
+    grp = case.tensor().reshape(-1)
+    reps = -(-width // grp.numel())
+    return (grp.repeat(reps)[:width] * (2.0 ** (i % 5 - 2))).to(torch.float32)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@given(seed=st.integers(0, 2**31), blocks=st.integers(1, 2), dtype=st.sampled_from(OUT_DTYPES))
+def test_cache_read_equals_the_reference_for_every_code(backend, kind, seed, blocks, dtype):
+    """A cache of random bytes (NaN and extreme scale codes included) reads back to the reference's values,
+    bit for bit, in every requested dtype. Spec: §2.3 (CQ-02)."""
+    cache = empty_cache(layouts(FLASH_TINY)[kind], blocks, generator=torch.Generator().manual_seed(seed))
+    got, want = both("cache_read", backend, cache, dtype=dtype)
+    if got is not None:
+        same_bits(f"cache_read({kind}, {dtype})", got, want)
+
+
+# ---------------------------------------------------------------------------
+# schedule and metadata (§1, §3)
+
+
+def _schedule_variants() -> list[V41Config]:
+    """FLASH, its tiny twin, and reordered source sets that move the same-ratio rule's edges."""
+    out = [FLASH, FLASH_TINY]
+    out.append(dataclasses.replace(FLASH_TINY, index_source_layer_ids=(2, 8, 14, 20, 21, 39)))
+    out.append(dataclasses.replace(FLASH_TINY, kv_source_layer_ids=(2, 3, 14, 20), index_source_layer_ids=(2, 3, 14, 20)))
+    return out
+
+
+@pytest.mark.parametrize("config", _schedule_variants(), ids=["flash", "tiny", "late-index", "adjacent-kv"])
+def test_schedule_equals_the_reference(backend, config):
+    """Mode, kind and both sources of every layer equal the reference's. Spec: §1."""
+    got = op(backend, "resolve_schedule")(config)
+    want = REF.get("resolve_schedule")(config)
+    assert len(got) == len(want), f"{len(got)} layers, reference {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        gv = (str(g.mode), str(g.kind), g.kv_source, g.index_source, g.compress_ratio)
+        wv = (str(w.mode), str(w.kind), w.kv_source, w.index_source, w.compress_ratio)
+        assert gv == wv, f"layer {i}: backend (mode, kind, kv, index, ratio) = {gv}, reference {wv}"
+
+
+@given(case=request_batches())
+def test_metadata_equals_the_reference(backend, case):
+    """Every ForwardMetadata field equals the reference's (dtype, shape, values): empty requests, decode
+    rows, prefill chunks, odd resumes, full windows, -1 state blocks, permuted and freed pages,
+    padding. Spec: §3."""
+    inputs = materialize(case)
+    got, want = both("build_forward_metadata", backend, **inputs)
+    if got is not None:
+        same_bits("metadata", got.as_dict(), want.as_dict())
+
+
+# ---------------------------------------------------------------------------
+# sequence-parallel slabs (§7.1)
+
+
+@given(case=slab_cases())
+def test_slabs_equal_the_reference(backend, case):
+    """Bounds, shards (payload, token ids, positions, valid) and the gather equal the reference's, for
+    T < TP, padding-only ranks, T = 0 and the last rank. Spec: §7.1."""
+    got, want = both("sp_bounds", backend, case.active, case.tp, case.capacity)
+    if got is None:
+        return
+    assert [(b.first, b.count, b.width) for b in got] == [(b.first, b.count, b.width) for b in want], \
+        f"bounds (T={case.active}, TP={case.tp}, capacity={case.capacity}): backend " \
+        f"{[(b.first, b.count, b.width) for b in got]}, reference {[(b.first, b.count, b.width) for b in want]}"
+    x, tokens, positions = case.tensors()
+    shards, ref_shards = both("sp_shard", backend, x, tokens, positions, tp=case.tp, capacity=case.capacity)
+    if shards is None:
+        return
+    same_bits("sp_shard", list(shards), list(ref_shards))
+    out, ref_out = both("sp_gather", backend, ref_shards, active_tokens=case.active, capacity=case.capacity)
+    if out is not None:
+        same_bits("sp_gather", tuple(out), tuple(ref_out))
+
+
+# ---------------------------------------------------------------------------
+# compressor ring (§4.1) and RoPE rows (§4.2)
+
+
+@pytest.mark.parametrize("config", [FLASH_TINY, FLASH], ids=["tiny", "flash"])
+@given(seed=st.integers(0, 2**31), data=st.data(), capacity=st.sampled_from((1, 2, 4, 7)))
+def test_compressor_equals_the_reference(backend, config, seed, data, capacity):
+    """One batch of requests resuming at even and odd positions (partner from the ring), longer than the
+    ring, inactive (-1 and out-of-range) blocks, empty requests, padding rows: the state equals the
+    reference's byte for byte (upstream compares the device state exactly), the publish flags exactly,
+    the latent rows within the per-row bound. Spec: §4.1."""
+    ring = Ring(config, capacity, 5, seed)
+    n_req = data.draw(st.integers(1, 3))
+    blocks = data.draw(st.permutations([0, 1, 2, 3, 4]))
+    xs, qsl, pos, req, table = [], [0], [], [], []
+    for r in range(n_req):
+        n = data.draw(st.sampled_from([0, 1, 2, capacity, capacity + 1, 2 * capacity + 1, 9]))
+        p0 = data.draw(st.sampled_from([0, 1, 2, 3, 7, 8, 131]))
+        xs.append(ring.tokens(n))
+        qsl.append(qsl[-1] + n)
+        pos += list(range(p0, p0 + n))
+        req += [r] * n
+        table.append(data.draw(st.sampled_from([blocks[r], blocks[r], -1, 5, 99])))
+    padding = data.draw(st.integers(0, 2))
+    x = torch.cat(xs + [ring.tokens(padding)])
+    args = (x, torch.tensor(qsl, dtype=torch.int32), torch.tensor(pos + [-7] * padding, dtype=torch.int32),
+            torch.tensor(req + [77] * padding, dtype=torch.int32), torch.tensor(table, dtype=torch.int32).reshape(-1, 1),
+            ring.state.clone(), ring.weights)
+    got, want = both("compressor_ratio2", backend, *args)
+    if got is None:
+        return
+    latent, publish, state = got
+    same_bits("compressor.publish", publish, want[1])
+    same_bits("compressor.state_cache", state, want[2])
+    assert latent.dtype == want[0].dtype and latent.shape == want[0].shape, \
+        f"latent {latent.dtype}{list(latent.shape)}, reference {want[0].dtype}{list(want[0].shape)}"
+    rows = want[1].nonzero().flatten()
+    if rows.numel():
+        result = check_row_precision(latent[rows], want[0][rows], name="compressor.latent")
+        assert result.ok, result.message()
+    idle = ~want[1]
+    same_bits("compressor.latent (unpublished rows)", latent[idle], want[0][idle])
+
+
+@given(capacity=st.sampled_from((1, 17, 257)), tokens=st.integers(0, 40), data=st.data(), compressed=st.booleans())
+def test_rope_rows_equal_the_reference(backend, capacity, tokens, data, compressed):
+    """Rows < num_tokens (negative, zero, last-capacity positions) and the 17/19 sentinel rows past it equal
+    the reference's bit for bit. Spec: §4.2."""
+    cos, sin = precompute_rope_tables(capacity, compressed, FLASH_TINY)
+    count = data.draw(st.integers(0, tokens))
+    positions = torch.tensor(data.draw(st.lists(st.one_of(st.integers(-3, capacity - 1),
+                                                          st.sampled_from([0, -1, capacity - 1])),
+                                                min_size=tokens, max_size=tokens)), dtype=torch.int32)
+    outs = []
+    for fn in (op(backend, "materialize_rope_rows"), REF.get("materialize_rope_rows")):
+        rc = torch.full((tokens, cos.shape[1]), 17.0)
+        rs = torch.full((tokens, cos.shape[1]), 19.0)
+        fn(cos, sin, positions, count, rc, rs)
+        outs.append((rc, rs))
+    same_bits("rope_rows", outs[0], outs[1])
+
+
+# ---------------------------------------------------------------------------
+# indexer, Top-K, candidates (§5)
+
+
+@given(case=indexer_cases(), data=st.data())
+def test_index_scores_and_topk_equal_the_reference(backend, case, data):
+    """Scores: the -inf mask exactly, finite scores within the row bound; the backend's selection over the
+    *reference* scores passes the §5.3 validity rule against the reference selection (ties at the cutoff
+    may differ); with a candidate mask (REINDEX) too. Spec: §5.1, §5.3."""
+    inputs = case.build()
+    width = int(inputs["compressed_lens"].max())
+    if data.draw(st.booleans()) and width:
+        g = torch.Generator().manual_seed(case.seed)
+        inputs["candidates"] = (torch.rand((inputs["q"].shape[0], width), generator=g) < 0.6).to(torch.uint8)
+    got, want = both("index_scores", backend, **inputs, block_size=case.block, width=width)
+    if got is None:
+        return
+    same_bits("index_scores (masked positions)", torch.isfinite(got), torch.isfinite(want))
+    fin = torch.isfinite(want)
+    assert got.dtype == want.dtype, f"scores dtype {got.dtype}, reference {want.dtype}"
+    if bool(fin.any()):
+        result = check_row_precision(torch.where(fin, got, 0.0), torch.where(fin, want, 0.0), name="index_scores")
+        assert result.ok, result.message()
+    args = (want, inputs["block_table"], inputs["request_ids"])
+    sel, ref_sel = both("select_topk", backend, *args, topk=case.topk, block_size=case.block)
+    if sel is None:
+        return
+    ctx = TopKContext(inputs["block_table"], inputs["request_ids"], inputs["compressed_lens"], case.block)
+    result = check_topk_validity(sel, ref_sel, ctx, want, name="select_topk")
+    assert result.ok, result.message()
+
+
+@given(case=indexer_cases(max_len=70), data=st.data())
+def test_candidate_blocks_equal_the_reference(backend, case, data):
+    """The U8 candidate mask equals the reference's byte for byte: partial last blocks, the forced block of
+    position compressed_lens-1, -inf blocks, Top-K smaller and larger than the block count. Spec: §5.2."""
+    inputs = case.build()
+    width = max(int(inputs["compressed_lens"].max()), 1)
+    scores = REF.get("index_scores")(**inputs, block_size=case.block, width=width)
+    topk_blocks = data.draw(st.sampled_from([1, 2, 3, 16]))
+    block = data.draw(st.sampled_from([8, 4]))
+    got, want = both("candidate_blocks", backend, scores, inputs["compressed_lens"], block=block,
+                     topk_blocks=topk_blocks, width=width)
+    if got is not None:
+        same_bits("candidate_blocks", got, want)
