@@ -295,7 +295,10 @@ def test_rope_rows_equal_the_reference(backend, capacity, tokens, data, compress
     """Rows < num_tokens (negative, zero, last-capacity positions) and the 17/19 sentinel rows past it equal
     the reference's bit for bit. Spec: §4.2."""
     cos, sin = precompute_rope_tables(capacity, compressed, FLASH_TINY)
-    count = data.draw(st.integers(0, tokens))
+    if data.draw(st.booleans()):  # any table: row 0 need not be the identity
+        g = torch.Generator().manual_seed(capacity + tokens)
+        cos, sin = torch.randn(cos.shape, generator=g), torch.randn(sin.shape, generator=g)
+    count = data.draw(st.one_of(st.integers(0, tokens), st.sampled_from([0, min(1, tokens), tokens])))
     positions = torch.tensor(data.draw(st.lists(st.one_of(st.integers(-3, capacity - 1),
                                                           st.sampled_from([0, -1, capacity - 1])),
                                                 min_size=tokens, max_size=tokens)), dtype=torch.int32)
@@ -353,3 +356,104 @@ def test_candidate_blocks_equal_the_reference(backend, case, data):
                      topk_blocks=topk_blocks, width=width)
     if got is not None:
         same_bits("candidate_blocks", got, want)
+
+
+# ---------------------------------------------------------------------------
+# bad input: what the reference rejects, the backend rejects (a ValueError naming the field)
+
+
+def _rope_args(capacity=8, rows=3, count=3, positions=(0, 1, 2), out_dtype=torch.float32, sin_rows=None):
+    cos, sin = precompute_rope_tables(capacity, False, FLASH_TINY) if capacity else (torch.zeros(0, 8),
+                                                                                     torch.zeros(0, 8))
+    if sin_rows is not None:
+        sin = sin[:sin_rows]
+    pos = torch.tensor(positions, dtype=torch.int32) if not isinstance(positions, torch.Tensor) else positions
+    return (cos, sin, pos, count, torch.zeros(rows, cos.shape[1], dtype=out_dtype),
+            torch.zeros(rows, cos.shape[1], dtype=out_dtype)), {}
+
+
+def _slab_args(kind: str):
+    x = torch.rand(5, 8) + 0.5
+    tok, pos = torch.arange(5, dtype=torch.int32) + 10, torch.arange(5, dtype=torch.int32)
+    if kind == "short_token_ids":
+        return "sp_shard", (x, tok[:4], pos), {"tp": 4, "capacity": 8}
+    if kind == "matrix_positions":
+        return "sp_shard", (x, tok, pos.reshape(5, 1)), {"tp": 4, "capacity": 8}
+    slabs = REF.get("sp_shard")(x, tok, pos, tp=4, capacity=8)
+    last = slabs[2]  # rank 2 owns row 4 and one padding row
+    if kind == "padding_one_element":
+        last.payload[1, 3] = 0.25
+    elif kind == "padding_token_id":
+        last.token_ids[1] = 7
+    elif kind == "padding_position":
+        last.positions[1] = 0
+    elif kind == "valid_on_padding":
+        last.valid[1] = True
+    elif kind == "short_slab":
+        slabs[1] = dataclasses.replace(slabs[1], payload=slabs[1].payload[:1])
+    elif kind == "rank_order":
+        slabs[0], slabs[1] = slabs[1], slabs[0]
+    return "sp_gather", (slabs,), {"active_tokens": 5, "capacity": 8}
+
+
+def _publish_args(slots):
+    cache = empty_cache(layouts(FLASH_TINY)["window"], 1, generator=torch.Generator().manual_seed(1))
+    return (cache, torch.randn(len(slots), 64), torch.tensor(slots, dtype=torch.int64)), {}
+
+
+def _compressor_args(state_shape=(3, 4, None), num_tokens=None, dtype=torch.float32):
+    ring = Ring(FLASH_TINY, 4, 3, 5)
+    d = FLASH_TINY.head_dim
+    shape = tuple(2 * d if v is None else v for v in state_shape)
+    x = ring.tokens(3)
+    return (x, torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32),
+            torch.tensor([0, 0, 0], dtype=torch.int32), torch.tensor([[0]], dtype=torch.int32),
+            torch.zeros(shape, dtype=dtype), ring.weights), ({} if num_tokens is None else {"num_tokens": num_tokens})
+
+
+def _quant_args(shape, dtype=torch.float32, rule_name="index"):
+    return (torch.ones(shape, dtype=dtype), rule_name), {}
+
+
+BAD_INPUTS = {
+    "rope: sin table of another shape": ("materialize_rope_rows", lambda: _rope_args(sin_rows=7)),
+    "rope: zero-capacity table": ("materialize_rope_rows", lambda: _rope_args(capacity=0, positions=(-1, -1, -1))),
+    "rope: rows of another dtype": ("materialize_rope_rows", lambda: _rope_args(out_dtype=torch.float64)),
+    "rope: rows of another count": ("materialize_rope_rows", lambda: _rope_args(rows=4)),
+    "rope: num_tokens past the rows": ("materialize_rope_rows", lambda: _rope_args(count=4)),
+    "rope: num_tokens negative": ("materialize_rope_rows", lambda: _rope_args(count=-1)),
+    "rope: position = capacity": ("materialize_rope_rows", lambda: _rope_args(positions=(0, 8, 1))),
+    "rope: float positions": ("materialize_rope_rows", lambda: _rope_args(positions=torch.tensor([0.0, 1.0, 2.0]))),
+    "publish: slot = rows": ("cache_publish", lambda: _publish_args([0, 128])),
+    "publish: duplicate slot 0": ("cache_publish", lambda: _publish_args([0, 0])),
+    "publish: duplicate last row": ("cache_publish", lambda: _publish_args([127, 5, 127])),
+    "publish: one slot per row": ("cache_publish", lambda: (lambda a: ((a[0][0], a[0][1], a[0][2][:1]), {}))(
+        _publish_args([0, 1]))),
+    "compressor: capacity 0": ("compressor_ratio2", lambda: _compressor_args((3, 0, None))),
+    "compressor: state width": ("compressor_ratio2", lambda: _compressor_args((3, 4, 7))),
+    "compressor: state dtype": ("compressor_ratio2", lambda: _compressor_args(dtype=torch.bfloat16)),
+    "compressor: num_tokens past the rows": ("compressor_ratio2", lambda: _compressor_args(num_tokens=4)),
+    "compressor: num_tokens negative": ("compressor_ratio2", lambda: _compressor_args(num_tokens=-1)),
+    "quantize: width not a multiple of the group": ("mx_quantize", lambda: _quant_args((2, 33))),
+    "quantize: integer input": ("mx_quantize", lambda: _quant_args((2, 32), dtype=torch.int32)),
+    "quantize: unknown rule": ("mx_quantize", lambda: _quant_args((2, 32), rule_name="index_nope")),
+    "quantize: scalar": ("mx_quantize", lambda: _quant_args(())),
+}
+for _kind in ("short_token_ids", "matrix_positions", "padding_one_element", "padding_token_id", "padding_position",
+              "valid_on_padding", "short_slab", "rank_order"):
+    BAD_INPUTS[f"slabs: {_kind}"] = (_slab_args(_kind)[0], lambda k=_kind: _slab_args(k)[1:])
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_rejected_like_the_reference(backend, case):
+    """Each input the reference rejects (the reference raising is asserted first) is rejected by the backend
+    with a ValueError: table/row shapes and dtypes, zero capacity, num_tokens bounds, positions past the
+    table, out-of-range and duplicate slots, state layout, codec widths and dtypes, slab padding breaches
+    of a single element, slab widths and rank order. Spec: §2.2, §2.3, §4.1, §4.2, §7.1."""
+    name, build = BAD_INPUTS[case]
+    args, kwargs = build()
+    with pytest.raises(ValueError):
+        REF.get(name)(*args, **kwargs)
+    args, kwargs = build()
+    with pytest.raises(ValueError):
+        op(backend, name)(*args, **kwargs)

@@ -102,16 +102,22 @@ def run_contract(fn, backend, *, stop_at_first: bool = False) -> Outcome:
     return Outcome(name, tuple(failures), tuple(crashes))
 
 
-def _operators_called(node: ast.AST) -> set[str]:
-    """Operator names a test's code asks a backend for: ``op(backend, "X")``, ``backend.get("X")``."""
+def _operators_called(node: ast.AST, module_names: frozenset[str] = frozenset()) -> set[str]:
+    """Operator names a test's code asks a backend for: any call with an operator name as a string argument
+    (``op(backend, "X")``, ``backend.get("X")``, ``both("X", backend, ...)``); where the name is computed
+    (``op(backend, name)``), every operator named anywhere in the module (``module_names``)."""
+    from contracts.backends import OPERATORS
+
     out = set()
     for n in ast.walk(node):
-        if isinstance(n, ast.Call) and n.args:
-            first = n.args[-1] if isinstance(n.func, ast.Name) and n.func.id == "op" else n.args[0]
-            is_op = isinstance(n.func, ast.Name) and n.func.id == "op" and len(n.args) == 2
-            is_get = isinstance(n.func, ast.Attribute) and n.func.attr == "get"
-            if (is_op or is_get) and isinstance(first, ast.Constant) and isinstance(first.value, str):
-                out.add(first.value)
+        if not isinstance(n, ast.Call):
+            continue
+        for a in n.args:
+            if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value in OPERATORS:
+                out.add(a.value)
+        if isinstance(n.func, ast.Name) and n.func.id == "op" and len(n.args) == 2 \
+                and not isinstance(n.args[1], ast.Constant):
+            out |= module_names
     return out
 
 
@@ -120,14 +126,18 @@ def contract_index() -> tuple[tuple[str, str, frozenset[str]], ...]:
     """(module, test name, operators it calls, including through module helpers) for every contract."""
     rows = []
     for path in sorted((ROOT / "contracts").glob("test_*.py")):
+        from contracts.backends import OPERATORS
+
         tree = ast.parse(path.read_text())
+        named = frozenset(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in OPERATORS)
+        # helpers contribute the operators they name; a helper taking the name as an argument contributes none
         helpers = {n.name: _operators_called(n) for n in tree.body if isinstance(n, ast.FunctionDef)}
         for n in tree.body:
             if not (isinstance(n, ast.FunctionDef) and n.name.startswith("test_")):
                 continue
             if "backend" not in [a.arg for a in n.args.args]:
                 continue
-            ops = set(_operators_called(n))
+            ops = set(_operators_called(n, named))
             called = {c.func.id for c in ast.walk(n) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
             for h in called & helpers.keys():
                 ops |= helpers[h]

@@ -204,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-replay", action="store_true", help="do not replay the golden store for survivors")
     p.add_argument("--json", metavar="FILE", help="write every mutant's outcome as JSON lines")
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
+    p.add_argument("--show", metavar="GLOB", help="print the source diff of the matching mutants and exit")
     p.add_argument("--verbose", "-v", action="store_true", help="details of survivors and kills per contract")
     p.add_argument("--shard", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -213,6 +214,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.shard is not None:
         return worker(args)
     mutants = _select(args)
+    if args.show:
+        import difflib
+
+        from tests.mutation import engine
+
+        for m in mutants:
+            if fnmatch.fnmatchcase(m.key, args.show):
+                import ast as _ast
+                before = _ast.unparse(_ast.parse(engine.module_path(m.module).read_text())).splitlines()
+                after = engine.mutated_source(m).splitlines()
+                print(f"# {m.key}  ({m.where})")
+                print("\n".join(line for line in difflib.unified_diff(before, after, lineterm="", n=1)
+                                if not line.startswith(("---", "+++"))))
+        return 0
     if args.list:
         for m in mutants:
             print(f"{m.where:42} {m.key}")

@@ -1,0 +1,299 @@
+"""Comparators tested as the subjects they are: each clause of each bound passes just inside it and fails
+just outside it (factor 1 -/+ 1e-6 of the bound, arithmetic in FP64), and each non-numeric clause
+(non-finite values, zero reference rows, bytes vs values, padding, replicas equal in value but not in
+bytes, per row vs mean of rows) is shown on a passing and a failing case.
+
+The comparators a backend exposes (``check_*`` operators) are taken from the backend; the rest of the
+check library (quantized cache, ring state, Top-K cutoff and overlap, ratio_allclose, the replay
+comparators) is the harness's own and is called directly. Spec: §6, §5.3, §4.1, §7.1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from contracts import compare
+from contracts.checks import cache as cache_checks
+from contracts.checks.precision import OutputBudget, check_ratio_allclose, check_row_precision
+from contracts.checks.topk import TopKContext, check_topk_overlap, check_topk_validity
+from contracts.plugin import op
+
+EPS = 1e-6
+D = 1024  # row width: a single-element error has RMS = peak / 32
+F64 = torch.float64
+
+
+def _alt(n: int) -> torch.Tensor:
+    return torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(n)], dtype=F64)
+
+
+def _ones(rows: int, width: int = D) -> torch.Tensor:
+    return torch.ones((rows, width), dtype=F64)
+
+
+# ---------------------------------------------------------------------------
+# bound clauses: builder(factor) -> (operator, args, kwargs); factor 1 is exactly on the bound
+
+
+def row_rms_rtol(f):  # RMS(e) = 1, uniform error |d| everywhere: RMS(a-e) = d, peak = d << 0.05
+    e = _alt(D).reshape(1, D)
+    return "check_row_precision", (e + f * (1e-6 + 0.01) * _alt(D).flip(0), e), {}
+
+
+def row_rms_atol(f):  # zero reference: RMS bound is the absolute 1e-6
+    e = torch.zeros((1, D), dtype=F64)
+    return "check_row_precision", (e + f * 1e-6 * _alt(D), e), {}
+
+
+def row_peak_rtol(f):  # one element off by the peak bound; its RMS is peak/32, well inside
+    e = _alt(D).reshape(1, D)
+    a = e.clone()
+    a[0, 7] += f * (1e-5 + 0.05)
+    return "check_row_precision", (a, e), {}
+
+
+def row_peak_atol(f):
+    e = torch.zeros((1, D), dtype=F64)
+    a = e.clone()
+    a[0, 3] = f * 1e-5
+    return "check_row_precision", (a, e), {}
+
+
+def row_one_row_of_many(f):  # 31 exact rows and one on the RMS bound: judged per row, not on the mean
+    e = _alt(D).repeat(32, 1)
+    a = e.clone()
+    a[17] += f * (1e-6 + 0.01) * _alt(D).flip(0)
+    return "check_row_precision", (a, e), {}
+
+
+def budget_row(f):  # one row at the 2 % row bound, 15 exact rows: global 0.5 %, cosine 0.999987
+    e = _ones(16)
+    a = e.clone()
+    a[5] += f * 0.02 * _alt(D)
+    return "check_output_budget", (a, e), {}
+
+
+def budget_global(f):  # every row at 1 %: rows inside 2 %, cosine 0.99995
+    e = _ones(16)
+    return "check_output_budget", (e + f * 0.01 * _alt(D), e), {}
+
+
+def budget_cosine(f):  # the cosine clause alone (row and global clauses opened): error orthogonal to e
+    e = _ones(4)
+    r = math.sqrt(1 / 0.9999**2 - 1)  # |d|/|e| at which cos = 0.9999
+    budget = OutputBudget(global_rel_l2=1.0, row_rel_l2=1.0, min_cosine=0.9999)
+    return "check_output_budget", (e + (r * f) * _alt(D), e), {"budget": budget}
+
+
+def split_active(f):  # the active rows on the bound, many exact padding rows must not dilute them
+    e = _alt(D).repeat(40, 1)
+    a = e.clone()
+    a[:2] += f * (1e-6 + 0.01) * _alt(D).flip(0)
+    return "check_active_split", (a, e, 2), {}
+
+
+def split_inactive(f):  # the inactive suffix is judged on its own
+    e = _alt(D).repeat(6, 1)
+    a = e.clone()
+    a[5] += f * (1e-6 + 0.01) * _alt(D).flip(0)
+    return "check_active_split", (a, e, 4), {}
+
+
+def owner_rank(f):  # rank 1's owned row on the bound
+    e = _alt(D).repeat(5, 1)
+    slabs = [e[0:2].clone(), e[2:4].clone(), torch.cat([e[4:5], torch.zeros((1, D), dtype=F64)])]
+    slabs[1][1] += f * (1e-6 + 0.01) * _alt(D).flip(0)
+    return "check_owner_rows", (slabs, e, [(0, 2, 2), (2, 2, 2), (4, 1, 2)]), {}
+
+
+BOUNDS = {fn.__name__: fn for fn in (row_rms_rtol, row_rms_atol, row_peak_rtol, row_peak_atol, row_one_row_of_many,
+                                     budget_row, budget_global, budget_cosine, split_active, split_inactive,
+                                     owner_rank)}
+
+
+@pytest.mark.parametrize("clause", sorted(BOUNDS))
+def test_comparator_bound_is_exact(backend, clause):
+    """Inside the clause by 1e-6 of its bound passes; outside by 1e-6 fails. Spec: §6."""
+    for factor, want in ((1 - EPS, True), (1 + EPS, False)):
+        name, args, kwargs = BOUNDS[clause](factor)
+        result = op(backend, name)(*args, **kwargs)
+        assert result.ok is want, (f"{clause}: {name} at {factor} x its bound {'failed' if want else 'passed'}: "
+                                   f"{result.message()}")
+
+
+# ---------------------------------------------------------------------------
+# non-numeric clauses: builder() -> (operator, args, kwargs, expected verdict)
+
+
+def _nan_at(t, value, row=0, col=3):
+    t = t.clone()
+    t[row, col] = value
+    return t
+
+
+def _cases():
+    e = _alt(64).repeat(3, 1)
+    out = {}
+    for op_name in ("check_row_precision", "check_output_budget"):
+        for where in ("actual", "expected", "both"):
+            for v in (math.nan, math.inf, -math.inf):
+                a = _nan_at(e, v) if where in ("actual", "both") else e
+                x = _nan_at(e, v) if where in ("expected", "both") else e
+                out[f"{op_name}: {v} in {where}"] = (op_name, (a, x), {}, False)
+        out[f"{op_name}: identical passes"] = (op_name, (e.clone(), e), {}, True)
+        out[f"{op_name}: dtype differs"] = (op_name, (e.float(), e), {}, False)
+        out[f"{op_name}: shape differs"] = (op_name, (e[:2], e), {}, False)
+        out[f"{op_name}: empty"] = (op_name, (e[:0], e[:0]), {}, False)
+    z = e.clone()
+    z[1] = 0.0
+    out["check_output_budget: zero reference row, output 1e-300"] = (
+        "check_output_budget", (_nan_at(z, 1e-300, row=1), z), {}, False)
+    out["check_output_budget: zero reference row, output -0.0"] = (
+        "check_output_budget", (_nan_at(z, -0.0, row=1), z), {}, True)
+    out["check_output_budget: all-zero reference, exact zeros"] = (
+        "check_output_budget", (torch.zeros_like(e), torch.zeros_like(e)), {}, True)
+    # owner rows: padding must be exactly zero (a subnormal fails, -0.0 passes, NaN fails)
+    slabs = [e[0:2].clone(), torch.cat([e[2:3], torch.zeros((1, 64), dtype=F64)])]
+    bounds = [(0, 2, 2), (2, 1, 2)]
+    for label, v, want in (("5e-324", 5e-324, False), ("-0.0", -0.0, True), ("nan", math.nan, False)):
+        s = [slabs[0], slabs[1].clone()]
+        s[1][1, 9] = v
+        out[f"check_owner_rows: padding {label}"] = ("check_owner_rows", (s, e, bounds), {}, want)
+    s = [slabs[0], slabs[1].clone()]
+    s[1][1, 9] = 1.0
+    out["check_owner_rows: padding not required"] = ("check_owner_rows", (s, e, bounds),
+                                                     {"require_zero_padding": False}, True)
+    out["check_owner_rows: a rank short of its width"] = ("check_owner_rows", ([slabs[0], slabs[1][:1]], e, bounds),
+                                                          {}, False)
+    out["check_owner_rows: one rank missing"] = ("check_owner_rows", ([slabs[0]], e, bounds), {}, False)
+    # replicas: bytes, not values
+    r = e.float()
+    neg = r.clone()
+    neg[0, 0] = -0.0
+    pos = r.clone()
+    pos[0, 0] = 0.0
+    out["check_replicas_identical: -0.0 vs 0.0"] = ("check_replicas_identical", ([pos, neg],), {}, False)
+    nan1 = _nan_at(r, math.nan)
+    nan2 = nan1.clone()
+    nan2.view(torch.int32)[0, 3] ^= 1  # another NaN payload
+    out["check_replicas_identical: two NaN payloads"] = ("check_replicas_identical", ([nan1, nan2],), {}, False)
+    out["check_replicas_identical: same NaN bytes"] = ("check_replicas_identical", ([nan1, nan1.clone()],), {}, True)
+    out["check_replicas_identical: one ulp"] = (
+        "check_replicas_identical", ([r, torch.nextafter(r, torch.full_like(r, 9.0))],), {}, False)
+    out["check_replicas_identical: dtype"] = ("check_replicas_identical", ([r, r.double()],), {}, False)
+    out["check_active_split: num_tokens past the rows"] = ("check_active_split", (e, e.clone(), 4), {}, False)
+    out["check_active_split: all rows active, exact"] = ("check_active_split", (e, e.clone(), 3), {}, True)
+    return out
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_comparator_clause(backend, case):
+    """Non-finite values fail wherever they are; layouts must match; a zero reference row needs an exactly
+    zero output (-0.0 is zero); padding must be exactly zero; replicas must be byte-identical (-0.0 vs
+    0.0 and two NaN payloads differ). Spec: §6, §7.1."""
+    name, args, kwargs, want = CASES[case]
+    result = op(backend, name)(*args, **kwargs)
+    assert result.ok is want, f"{case}: expected {'pass' if want else 'fail'}, got {result.message()}"
+
+
+# ---------------------------------------------------------------------------
+# the check library's own comparators (no backend operator): each clause inside / outside
+
+
+def test_ratio_allclose_elementwise_bound_and_quota():
+    """|a-e| <= atol + rtol|e| per element, at most max_error_ratio of elements out; NaN always fails."""
+    e = torch.ones(1000, dtype=F64)
+    for f, want in ((1 - EPS, True), (1 + EPS, False)):
+        a = e + f * (1e-2 + 1e-2 * 1.0)
+        assert check_ratio_allclose(a, e, atol=1e-2, rtol=1e-2, max_error_ratio=0.0).ok is want
+    a = e.clone()
+    a[:5] += 1.0  # 5 of 1000 out: at a 0.5 % quota it passes, one more fails
+    assert check_ratio_allclose(a, e, atol=1e-2, rtol=1e-2).ok
+    a[5] += 1.0
+    assert not check_ratio_allclose(a, e, atol=1e-2, rtol=1e-2).ok
+    assert not check_ratio_allclose(_nan_at(e.reshape(1, -1), math.nan), e.reshape(1, -1), atol=1.0, rtol=1.0).ok
+
+
+@pytest.mark.parametrize("fmt, budget", [("mxfp8", 0.01), ("mxfp4", 0.04)])
+def test_quantized_cache_value_budget_and_bytes(fmt, budget):
+    """Mapped rows decoded within the format's relative L2 (MXFP8 1 %, MXFP4 4 %); unmapped payload and
+    scale bytes exact; mapped values finite. Spec: §6 (quantized_cache_compare), CQ-07."""
+    rows = 8
+    payload = torch.randint(0, 256, (rows, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    scale = torch.randint(0, 256, (rows, 2), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    mapped = torch.zeros(rows, dtype=torch.bool)
+    mapped[[1, 4]] = True
+    ev = torch.ones((rows, 32), dtype=F64)
+    for f, want in ((1 - EPS, True), (1 + EPS, False)):
+        av = ev + f * budget * _alt(32)
+        r = cache_checks.check_quantized_cache("c", (payload, scale), (payload.clone(), scale.clone()), mapped,
+                                               actual_values=av, expected_values=ev, fmt=fmt)
+        assert r.ok is want, f"{fmt} at {f} x {budget}: {r.message()}"
+    for label, tensor_index in (("payload", 0), ("scale", 1)):
+        bad = [payload.clone(), scale.clone()]
+        bad[tensor_index][6, 1] ^= 1  # row 6 is unmapped
+        r = cache_checks.check_quantized_cache("c", tuple(bad), (payload, scale), mapped, actual_values=ev,
+                                               expected_values=ev, fmt=fmt)
+        assert not r.ok, f"unmapped {label} byte flip passed"
+    r = cache_checks.check_quantized_cache("c", (payload, scale), (payload, scale), mapped,
+                                           actual_values=_nan_at(ev, math.nan, row=4), expected_values=ev, fmt=fmt)
+    assert not r.ok, "a NaN on a mapped row passed"
+
+
+def test_state_comparator_bound_and_untouched_bytes():
+    """Touched ring rows within 0.5 % relative L2; untouched rows byte-identical. Spec: §4.1 (compare_state)."""
+    e = torch.ones((6, 64), dtype=torch.float32)
+    touched = torch.tensor([True, True, False, False, True, False])
+    limit = cache_checks.STATE_MAX_REL_L2
+    for f, want in ((1 - 1e-4, True), (1 + 1e-4, False)):
+        a = e.double().clone()
+        a[touched] += f * limit * math.sqrt(6 / 3) * _alt(64)  # the budget is over the whole state
+        r = cache_checks.check_state("state", a.float(), e, touched)
+        assert r.ok is want, f"state at {f} x {limit}: {r.message()}"
+    a = e.clone()
+    a.view(torch.int32)[3, 5] ^= 1
+    assert not cache_checks.check_state("state", a, e, touched).ok, "an untouched ring slot's ulp passed"
+
+
+def test_topk_cutoff_tolerance_and_overlap():
+    """A selection that swaps the cutoff row passes when the score gap is within 5e-5 + 1.5e-2|missing| and
+    fails just outside; set overlap passes at 98 % and fails below. Spec: §5.3."""
+    n = 8
+    table = torch.tensor([[0]], dtype=torch.int32)
+    ctx = TopKContext(table, torch.tensor([0]), torch.tensor([n]), 128)
+    for f, want in ((1 - 1e-4, True), (1 + 1e-4, False)):
+        miss = 1.0
+        extra = miss - f * (5e-5 + 1.5e-2 * miss)
+        scores = torch.tensor([[5.0, 4.0, 3.0, miss, extra, -1.0, -2.0, -3.0]])
+        expected = torch.tensor([[0, 1, 2, 3]], dtype=torch.int32)
+        actual = torch.tensor([[0, 1, 2, 4]], dtype=torch.int32)
+        r = check_topk_validity(actual, expected, ctx, scores)
+        assert r.ok is want, f"cutoff gap at {f} x tolerance: {r.message()}"
+    base = torch.arange(100, dtype=torch.int32).reshape(1, 100)
+    for swapped, want in ((2, True), (3, False)):
+        a = base.clone()
+        a[0, :swapped] += 1000
+        assert check_topk_overlap(a, base).ok is want, f"{swapped} of 100 rows differ"
+
+
+def test_replay_comparators_exact_and_masked_scores():
+    """``exact`` compares bytes (-0.0 vs 0.0 fails, same NaN passes); ``masked_scores`` needs the -inf mask
+    exactly and the finite scores within the row bound. Spec: §7.3, §5.1."""
+    ctx = compare.Context({}, {}, {}, {})
+    a = torch.tensor([[0.0, 1.0]])
+    b = torch.tensor([[-0.0, 1.0]])
+    assert not compare.exact("x", a, b, ctx).ok and compare.exact("x", a, a.clone(), ctx).ok
+    s = torch.tensor([[1.0, -math.inf, 2.0]] * 2)
+    t = s.clone()
+    t[1, 1] = -1e30
+    assert not compare.masked_scores("s", t, s, ctx).ok, "a finite score on a masked position passed"
+    assert check_row_precision(s.nan_to_num(neginf=0.0), s.nan_to_num(neginf=0.0)).ok
+    u = s.clone()
+    u[0, 0] += 0.07  # RMS(e) of the row = 1.29 with the masked column as 0: peak bound 0.0645
+    assert not compare.masked_scores("s", u, s, ctx).ok, "a finite score past the row bound passed"
