@@ -297,3 +297,22 @@ def test_replay_comparators_exact_and_masked_scores():
     u = s.clone()
     u[0, 0] += 0.07  # RMS(e) of the row = 1.29 with the masked column as 0: peak bound 0.0645
     assert not compare.masked_scores("s", u, s, ctx).ok, "a finite score past the row bound passed"
+
+
+def test_unchanged_storage_is_compared_byte_for_byte():
+    """Non-owner storage (FP8 scales included) must keep every byte: one flipped bit, -0.0 for 0.0 and a
+    different NaN payload fail; identical bytes (NaN included) pass. Spec: §6 (compare_unchanged), SP-21."""
+    before = torch.randint(0, 256, (4, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    scales = before.view(torch.float8_e8m0fnu)
+    assert cache_checks.check_unchanged("scale", scales, scales.clone()).ok
+    flipped = before.clone()
+    flipped[2, 3] ^= 0x10
+    assert not cache_checks.check_unchanged("scale", scales, flipped.view(torch.float8_e8m0fnu)).ok
+    f = torch.zeros(2, 4)
+    g = f.clone()
+    g[1, 2] = -0.0
+    assert not cache_checks.check_unchanged("state", f, g).ok, "-0.0 for 0.0 passed"
+    n = torch.full((1, 2), math.nan)
+    m = n.clone()
+    m.view(torch.int32)[0, 1] ^= 1
+    assert cache_checks.check_unchanged("state", n, n.clone()).ok and not cache_checks.check_unchanged("state", n, m).ok

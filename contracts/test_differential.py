@@ -439,6 +439,19 @@ BAD_INPUTS = {
     "quantize: unknown rule": ("mx_quantize", lambda: _quant_args((2, 32), rule_name="index_nope")),
     "quantize: scalar": ("mx_quantize", lambda: _quant_args(())),
 }
+def _index_args(kind: str):
+    from contracts.strategies import IndexerCase
+
+    inputs = IndexerCase(((3, 5), (7,)), 4, 2, 8, 4, False, 11).build()
+    if kind == "lens_2d":
+        inputs["compressed_lens"] = inputs["compressed_lens"].reshape(-1, 1)
+    elif kind == "lens_short":
+        inputs["compressed_lens"] = inputs["compressed_lens"][:2]
+    return (), {**inputs, "block_size": 4}
+
+
+for _kind in ("lens_2d", "lens_short"):
+    BAD_INPUTS[f"index_scores: compressed_lens {_kind}"] = ("index_scores", lambda k=_kind: _index_args(k))
 for _kind in ("short_token_ids", "matrix_positions", "padding_one_element", "padding_token_id", "padding_position",
               "valid_on_padding", "short_slab", "rank_order"):
     BAD_INPUTS[f"slabs: {_kind}"] = (_slab_args(_kind)[0], lambda k=_kind: _slab_args(k)[1:])

@@ -1,29 +1,180 @@
-"""docs/coverage.md names only tests that exist."""
+"""docs/coverage.md cannot drift: every upstream check has one row, every row has a status, a cited test is a
+collected test function that calls the operator or comparator the row is about, planned rows point at an
+open capability, and the header's totals are the ones computed here.
+
+Row format: ``| ID | Where | Status | Subject | Evidence |``
+
+- Status: ``covered``, ``partial`` (Evidence says ``missing: ...``), ``planned`` (Evidence names an open
+  capability ``#N``) or ``n/a`` (Evidence gives the reason).
+- Subject: what the rule is about, comma-separated: operator names of ``contracts.backends.OPERATORS``
+  or dotted Python names (``contracts.checks.precision.check_ratio_allclose``).
+- Evidence: the tests, as ``path::test_name`` (plus notes).
+
+A cited test exercises a subject when its code (with the module helpers and module tables it uses)
+asks a backend for that operator, or names that function.
+"""
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
+from functools import cache
 from pathlib import Path
 
+import pytest
+
+from contracts.backends import OPERATORS
+
 ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "coverage.md"
+UPSTREAM = ROOT.parent / "shared" / "docs" / "upstream_checks.md"
+STATUSES = ("covered", "partial", "planned", "n/a")
+# The capabilities still open (the issue tracker's open issues): a planned row must name one of them.
+OPEN_CAPABILITIES = {9: "attention", 10: "store engine", 11: "device backend", 12: "goldens UX",
+                     13: "composition around attention (mHC, MoE, LM head, Block, CED prefill)", 14: "V4-Pro"}
+TEST_REF = re.compile(r"((?:contracts|tests)/[\w/]+\.py)::(\w+)")
 
 
-def test_every_named_test_exists():
-    text = (ROOT / "docs" / "coverage.md").read_text()
-    refs = set(re.findall(r"((?:contracts|tests)/[\w/]+\.py)::(\w+)", text))
-    assert refs, "coverage.md names no tests"
-    missing = []
-    for path, name in sorted(refs):
-        file = ROOT / path
-        defined = {n.name for n in ast.walk(ast.parse(file.read_text())) if isinstance(n, ast.FunctionDef)} \
-            if file.exists() else set()
-        if name not in defined:
-            missing.append(f"{path}::{name}")
-    assert not missing, f"coverage.md names tests that do not exist: {missing}"
+def rows() -> list[dict]:
+    out = []
+    for line in DOC.read_text().splitlines():
+        m = re.match(r"^\| ([A-Z]{2}-\d{2}) \|", line)
+        if not m:
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        assert len(cells) == 5, f"{m.group(1)}: expected 5 cells (ID, Where, Status, Subject, Evidence), got {cells}"
+        out.append(dict(zip(("id", "where", "status", "subject", "evidence"), cells, strict=True)))
+    return out
+
+
+def totals(rs: list[dict]) -> dict[str, int]:
+    return {s: sum(r["status"] == s for r in rs) for s in STATUSES}
 
 
 def test_every_upstream_id_has_one_row():
-    text = (ROOT / "docs" / "coverage.md").read_text()
-    ids = re.findall(r"^\| ([A-Z]{2}-\d{2}) \|", text, flags=re.M)
+    ids = [r["id"] for r in rows()]
     assert len(ids) == len(set(ids)) == 238, f"{len(ids)} rows, {len(set(ids))} distinct (expected 238)"
+    if UPSTREAM.exists():  # shared/ beside the checkout (developers and CI have it)
+        upstream = set(re.findall(r"^\| ([A-Z]{2}-\d{2}) \|", UPSTREAM.read_text(), flags=re.M))
+        assert set(ids) == upstream, f"not in upstream_checks.md: {sorted(set(ids) - upstream)}; " \
+                                     f"missing here: {sorted(upstream - set(ids))}"
+
+
+def test_rows_are_well_formed():
+    problems = []
+    for r in rows():
+        rid, status, subject, ev = r["id"], r["status"], r["subject"], r["evidence"]
+        if status not in STATUSES:
+            problems.append(f"{rid}: status {status!r} not one of {STATUSES}")
+            continue
+        issues = {int(n) for n in re.findall(r"#(\d+)", ev)}
+        closed = sorted(issues - OPEN_CAPABILITIES.keys())
+        if closed:
+            problems.append(f"{rid}: points at issue(s) {closed}, which are not open")
+        if status in ("covered", "partial"):
+            if not TEST_REF.search(ev):
+                problems.append(f"{rid}: {status} without a cited test")
+            if not subject or subject == "—":
+                problems.append(f"{rid}: {status} without a subject")
+        if status == "partial" and "missing:" not in ev:
+            problems.append(f"{rid}: partial must say what is missing ('missing: ...')")
+        if status == "covered" and "missing:" in ev:
+            problems.append(f"{rid}: covered but says something is missing")
+        if status == "planned" and not issues:
+            problems.append(f"{rid}: planned without an open capability (#N)")
+        if status == "n/a" and len(ev) < 20:
+            problems.append(f"{rid}: n/a needs a reason")
+    assert not problems, "\n".join(problems)
+
+
+@cache
+def collected() -> frozenset[str]:
+    """``path::name`` of every test function pytest collects in contracts/ and tests/ (parameters stripped)."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
+                           "-p", "no:randomly", "contracts", "tests"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return frozenset(line.split("[")[0] for line in proc.stdout.splitlines() if "::" in line)
+
+
+@cache
+def _module(path: str) -> ast.Module:
+    return ast.parse((ROOT / path).read_text())
+
+
+def _code_of(path: str, name: str) -> list[ast.AST]:
+    """The test function plus the module functions and module-level tables it reaches by name."""
+    tree = _module(path)
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    tables = {}
+    for n in tree.body:
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    tables[t.id] = n
+    seen, todo, out = set(), [name], []
+    while todo:
+        cur = todo.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        node = defs.get(cur) or tables.get(cur)
+        if node is None:
+            continue
+        out.append(node)
+        if cur in tables:  # module-level statements that fill the table (e.g. ``TABLE[key] = ...`` in a loop)
+            fills = [s for s in tree.body if not isinstance(s, ast.FunctionDef | ast.ClassDef | ast.Import |
+                                                            ast.ImportFrom)
+                     and s is not node and any(isinstance(n, ast.Name) and n.id == cur for n in ast.walk(s))]
+            out += fills
+            todo += [n.id for f in fills for n in ast.walk(f) if isinstance(n, ast.Name) and n.id in defs]
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and (n.id in defs or n.id in tables):
+                todo.append(n.id)
+    return out
+
+
+def exercises(path: str, name: str, subject: str) -> bool:
+    code = _code_of(path, name)
+    strings = {n.value for c in code for n in ast.walk(c) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    names = {n.id for c in code for n in ast.walk(c) if isinstance(n, ast.Name)} | \
+            {n.attr for c in code for n in ast.walk(c) if isinstance(n, ast.Attribute)}
+    if subject in OPERATORS:
+        return subject in strings
+    return subject.rsplit(".", 1)[-1] in names
+
+
+def test_cited_tests_are_collected_and_exercise_the_subject():
+    found = collected()
+    problems = []
+    for r in rows():
+        if r["status"] not in ("covered", "partial"):
+            continue
+        subjects = [s.strip() for s in r["subject"].split(",") if s.strip()]
+        for path, name in TEST_REF.findall(r["evidence"]):
+            if f"{path}::{name}" not in found:
+                problems.append(f"{r['id']}: {path}::{name} is not a collected test")
+                continue
+            if not any(exercises(path, name, s) for s in subjects):
+                problems.append(f"{r['id']}: {path}::{name} calls none of {subjects}")
+    assert not problems, "\n".join(problems)
+
+
+def test_header_totals_are_computed():
+    rs = rows()
+    t = totals(rs)
+    host = [r for r in rs if r["where"].startswith("host") or "test host" in r["where"] or "tests host" in r["where"]]
+    th = totals(host)
+    want = (f"Totals (computed by tests/test_coverage_doc.py): {len(rs)} rows; covered {t['covered']}, "
+            f"partial {t['partial']}, planned {t['planned']}, n/a {t['n/a']}. Host-runnable rows: {len(host)}; "
+            f"covered {th['covered']}, partial {th['partial']}, planned {th['planned']}, n/a {th['n/a']}.")
+    header = next((line for line in DOC.read_text().splitlines() if line.startswith("Totals (computed")), None)
+    assert header == want, f"docs/coverage.md header is\n  {header}\nbut the rows give\n  {want}"
+
+
+if __name__ == "__main__":  # print the totals line to paste into the header
+    rs = rows()
+    print(totals(rs))
+    pytest.main([__file__, "-q"])

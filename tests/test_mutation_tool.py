@@ -1,0 +1,51 @@
+"""The mutation runner itself (the full run is on demand: ``python -m tests.mutation.run``)."""
+
+from __future__ import annotations
+
+import pytest
+from tests.harness import contracts_for, run_contract
+from tests.mutation import engine
+from tests.mutation.equivalent import EQUIVALENT
+
+
+def test_mutant_keys_are_unique_and_every_module_has_mutants():
+    mutants = engine.all_mutants()
+    keys = [m.key for m in mutants]
+    assert len(keys) == len(set(keys)), "two mutants share a key"
+    for module in engine.MODULES:
+        assert engine.mutants_of(module), f"no mutant generated for {module}"
+
+
+def test_every_equivalent_entry_names_a_generated_mutant_and_gives_a_reason():
+    keys = {m.key for m in engine.all_mutants()}
+    stale = sorted(set(EQUIVALENT) - keys)
+    assert not stale, f"tests/mutation/equivalent.py lists mutants that no longer exist: {stale[:5]}"
+    short = [k for k, why in EQUIVALENT.items() if len(why) < 30]
+    assert not short, f"equivalent mutants need a reason: {short[:5]}"
+
+
+@pytest.mark.parametrize("module", ["kernels.quant", "kernels.metadata", "contracts.checks.precision"])
+def test_an_unmutated_shadow_passes_its_contracts(module):
+    """The control: a shadow copy without a mutation passes the contracts (a kill is never the loader's)."""
+    loaded = engine.load_shadow(None, module)
+    try:
+        backend = engine.shadow_backend(loaded, "control")
+        assert backend.get(next(iter(engine.operators_of(loaded)))).__module__.startswith("_pto_mutant")
+        fns = contracts_for(engine.operators_of(loaded))[:4]
+        assert fns
+        for fn in fns:
+            outcome = run_contract(fn, backend, stop_at_first=True)
+            assert outcome.passed, f"{outcome.contract}: {outcome.text()[:400]}"
+    finally:
+        engine.unload(loaded)
+
+
+def test_a_midpoint_mutant_is_killed_and_the_reference_is_untouched():
+    """Moving the 0.75 E2M1 midpoint is caught by a contract; the pristine reference keeps its value."""
+    from kernels import quant
+    from tests.mutation.run import run_one
+
+    mutant = next(m for m in engine.mutants_of("kernels.quant") if m.key == "kernels.quant:<module>:const:0.75->1.5#0")
+    row = run_one(mutant, [], timeout=120)
+    assert row["status"] == "killed" and row["how"] == "fail", row
+    assert quant.FP4_MIDPOINTS[1] == 0.75
