@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tests.harness import contracts_for, run_contract
 from tests.mutation import engine
 from tests.mutation.equivalent import EQUIVALENT
