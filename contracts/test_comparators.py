@@ -55,6 +55,13 @@ def row_peak_rtol(f):  # one element off by the peak bound; its RMS is peak/32, 
     return "check_row_precision", (a, e), {}
 
 
+def row_peak_rtol_negative(f):  # the peak clause reads |a-e|: an error below the reference counts too
+    e = _alt(D).reshape(1, D)
+    a = e.clone()
+    a[0, 8] -= f * (1e-5 + 0.05)
+    return "check_row_precision", (a, e), {}
+
+
 def row_peak_atol(f):
     e = torch.zeros((1, D), dtype=F64)
     a = e.clone()
@@ -109,7 +116,8 @@ def owner_rank(f):  # rank 1's owned row on the bound
     return "check_owner_rows", (slabs, e, [(0, 2, 2), (2, 2, 2), (4, 1, 2)]), {}
 
 
-BOUNDS = {fn.__name__: fn for fn in (row_rms_rtol, row_rms_atol, row_peak_rtol, row_peak_atol, row_one_row_of_many,
+BOUNDS = {fn.__name__: fn for fn in (row_rms_rtol, row_rms_atol, row_peak_rtol, row_peak_rtol_negative, row_peak_atol,
+                                     row_one_row_of_many,
                                      budget_row, budget_global, budget_cosine, split_active, split_inactive,
                                      owner_rank)}
 
@@ -122,6 +130,48 @@ def test_comparator_bound_is_exact(backend, clause):
         result = op(backend, name)(*args, **kwargs)
         assert result.ok is want, (f"{clause}: {name} at {factor} x its bound {'failed' if want else 'passed'}: "
                                    f"{result.message()}")
+
+
+def _bf16_rms_case(k: int):
+    """BF16 row: alternating +-1 plus errors of 2^-6 on k elements and 2^-7 on the rest (all exact in BF16):
+    RMS(a-e) = 2^-7 sqrt(1 + 3k/1024); k = 218 is 0.0100008 (inside 0.010001), k = 219 is 0.0100098."""
+    e = _alt(D).to(torch.bfloat16).reshape(1, D)
+    d = torch.full((D,), 2.0**-7, dtype=F64)
+    d[:k] = 2.0**-6
+    return (e.double() + d).to(torch.bfloat16), e
+
+
+def test_row_bound_is_judged_in_fp64_for_bf16_outputs(backend):
+    """BF16 outputs are judged in FP64: 2e-5 (relative) inside the RMS bound passes, 9e-4 outside fails.
+    Spec: §6 (prefill C1A `_compare_attention_rows`, FP64)."""
+    check = op(backend, "check_row_precision")
+    inside, outside = _bf16_rms_case(218), _bf16_rms_case(219)
+    assert check(*inside).ok, check(*inside).message()
+    assert not check(*outside).ok, "a BF16 row 9e-4 past the RMS bound passed"
+
+
+def test_bounds_are_inclusive(backend):
+    """An error exactly on a bound passes (the rules are <=): the peak atol, the 2 % row budget, the 1 %
+    global budget and the 0.9999 cosine, each built so the FP64 quotient equals the bound's double."""
+    rows = op(backend, "check_row_precision")
+    e = torch.zeros((1, D), dtype=F64)
+    a = e.clone()
+    a[0, 3] = 1e-5  # |a-e| = 1e-5 = peak_atol + 0.05 * RMS(0); RMS = 1e-5/32 inside 1e-6
+    assert rows(a, e).ok, rows(a, e).message()
+    budget = op(backend, "check_output_budget")
+    e = torch.zeros((16, 2), dtype=F64)
+    e[:, 0] = 1.0
+    a = e.clone()
+    a[5, 1] = 0.02  # row 5: |a-e| / |e| = 0.02 exactly; global 0.005
+    assert budget(a, e).ok, budget(a, e).message()
+    a = e.clone()
+    a[:, 1] = 0.01  # every row and the whole tensor at exactly 0.01 relative L2
+    assert budget(a, e).ok, budget(a, e).message()
+    x = 0.9999
+    a = torch.tensor([[x, math.sqrt(1 - x * x)]], dtype=F64)  # |a| = 1, cosine = 0.9999 exactly
+    e = torch.tensor([[1.0, 0.0]], dtype=F64)
+    opened = OutputBudget(global_rel_l2=1.0, row_rel_l2=1.0, min_cosine=0.9999)
+    assert budget(a, e, budget=opened).ok, budget(a, e, budget=opened).message()
 
 
 # ---------------------------------------------------------------------------
@@ -185,6 +235,15 @@ def _cases():
         "check_replicas_identical", ([r, torch.nextafter(r, torch.full_like(r, 9.0))],), {}, False)
     out["check_replicas_identical: dtype"] = ("check_replicas_identical", ([r, r.double()],), {}, False)
     out["check_active_split: num_tokens past the rows"] = ("check_active_split", (e, e.clone(), 4), {}, False)
+    out["check_active_split: no active rows, exact"] = ("check_active_split", (e, e.clone(), 0), {}, True)
+    out["check_active_split: one active row off"] = ("check_active_split", (_nan_at(e, 5.0), e, 1), {}, False)
+    out["check_active_split: 1-D rows, exact"] = ("check_active_split", (e[0], e[0].clone(), 2), {}, True)
+    s0 = torch.tensor(2.5, dtype=F64)
+    for op_name in ("check_row_precision", "check_output_budget"):
+        out[f"{op_name}: 0-d identical passes"] = (op_name, (s0, s0.clone()), {}, True)
+        out[f"{op_name}: 0-d off fails"] = (op_name, (s0 + 1, s0), {}, False)
+        out[f"{op_name}: 3-D one row off"] = (op_name, (_nan_at(e, 5.0, row=2).reshape(3, 1, 64), e.reshape(3, 1, 64)),
+                                             {}, False)
     out["check_active_split: all rows active, exact"] = ("check_active_split", (e, e.clone(), 3), {}, True)
     return out
 

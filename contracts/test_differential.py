@@ -92,18 +92,48 @@ def both(name: str, backend, *args, **kwargs):
 
 
 @pytest.mark.parametrize("rule_name", RULE_NAMES)
-@given(data=st.data(), dtype=st.sampled_from((torch.float32, torch.bfloat16, torch.float16)))
-def test_quantize_bytes_equal_the_reference_on_rule_edges(backend, rule_name, data, dtype):
+@given(data=st.data(), dtype=st.sampled_from((torch.float32, torch.bfloat16, torch.float16, torch.float64)),
+       lead=st.sampled_from(("1d", "2d", "3d", "4d")))
+def test_quantize_bytes_equal_the_reference_on_rule_edges(backend, rule_name, data, dtype, lead):
     """Payload and scale bytes equal the reference's on groups at the amax floor, the power-of-two and E4M3
     scale edges, E2M1 midpoints, E4M3 ties, BF16 double rounding, zero/subnormal/saturating groups, for
-    FP32, BF16 and FP16 inputs. Spec: §2.2."""
+    FP32, BF16, FP16 and FP64 inputs of one to four dimensions. Spec: §2.2."""
     r = RULES[rule_name]
     x = data.draw(mx_cases(group=r.group, kinds=EDGE_KINDS)).tensor()
-    if dtype != torch.float32:
+    if dtype == torch.float64:  # FP64 values between FP32 neighbours: the FP32 rounding of the input matters
+        x = x.double() * (1 + 2.0**-30)
+    elif dtype != torch.float32:
         x = x.clamp(-6e4, 6e4).to(dtype) if dtype == torch.float16 else x.to(dtype)
+    x = {"1d": x.reshape(-1), "2d": x, "3d": x.unsqueeze(0), "4d": x.unsqueeze(1).unsqueeze(0)}[lead]
     got, want = both("mx_quantize", backend, x, rule_name)
     if got is not None:
         same_bits(f"mx_quantize({rule_name}, {dtype})", (got.payload, got.scale), (want.payload, want.scale))
+
+
+@pytest.mark.parametrize("rule_name", ["window", "compressed", "ced_index_fp4"])
+@pytest.mark.parametrize("shape", [(33000, 32), (3, 4500, 64)], ids=["rows", "3d"])
+def test_quantize_large_inputs_equal_the_reference(backend, rule_name, shape):
+    """Inputs past the 2^19-element block size (quantized in row blocks) give the reference's bytes: block
+    boundaries, the last partial block and leading dimensions. Spec: §2.2."""
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-12, 12, shape[:-1] + (1,), generator=g).float())
+    x.view(-1, shape[-1])[::977] = 0.0
+    got, want = both("mx_quantize", backend, x, rule_name)
+    same_bits(f"mx_quantize({rule_name}, {list(shape)})", (got.payload, got.scale), (want.payload, want.scale))
+
+
+@pytest.mark.parametrize("rule_name", RULE_NAMES)
+@pytest.mark.parametrize("shape", [(0, 32), (3, 0), (2, 0, 32)], ids=["no-rows", "no-columns", "empty-middle"])
+def test_quantize_empty_inputs_equal_the_reference(backend, rule_name, shape):
+    """Empty inputs (no rows, no columns) quantize to the reference's empty payload and scale shapes and
+    dtypes, and decode back to empty tensors. Spec: §2.2."""
+    x = torch.zeros(shape)
+    got, want = both("mx_quantize", backend, x, rule_name)
+    if got is None:
+        return
+    same_bits(f"mx_quantize({rule_name}, {list(shape)})", (got.payload, got.scale), (want.payload, want.scale))
+    out, ref_out = both("mx_dequantize", backend, want)
+    same_bits(f"mx_dequantize({rule_name}, {list(shape)})", out, ref_out)
 
 
 def _random_codes(rule_name: str, rows: int, groups: int, seed: int):

@@ -199,9 +199,8 @@ def reachable(module: str) -> frozenset[str]:
             frontier |= set().union(*(_refs(b, defs, assigns) for b in body)) if body else set()
         else:
             frontier |= _refs(node, defs, assigns)
-        if "." in name:
-            seen.add(name.split(".")[0])
-    return frozenset(seen - EXCLUDE.get(module, frozenset()))
+    owners = {q.split(".")[0] + "." for q in seen if "." in q}  # classes some reachable method belongs to
+    return frozenset((seen | {o.rstrip(".") + ".<methods>" for o in owners}) - EXCLUDE.get(module, frozenset()))
 
 
 # ---------------------------------------------------------------------------
@@ -223,12 +222,14 @@ class _Sites:
         for stmt in self.tree.body:
             if isinstance(stmt, ast.FunctionDef) and stmt.name in self.allowed:
                 yield from self._visit(stmt, stmt.name)
-            elif isinstance(stmt, ast.ClassDef) and stmt.name in self.allowed:
+            elif isinstance(stmt, ast.ClassDef) and (stmt.name in self.allowed
+                                                     or f"{stmt.name}.<methods>" in self.allowed):
                 for child in stmt.body:
                     if isinstance(child, ast.FunctionDef) and f"{stmt.name}.{child.name}" in self.allowed:
                         yield from self._visit(child, f"{stmt.name}.{child.name}", stmt)
                     elif isinstance(child, ast.AnnAssign | ast.Assign) and child.value is not None \
-                            and self.module not in SCOPE:  # a scoped module's field defaults are caller data
+                            and stmt.name in self.allowed and self.module not in SCOPE:
+                        # field defaults run when the class is constructed (a scoped module's are caller data)
                         yield from self._visit(child.value, stmt.name, child)
             elif isinstance(stmt, ast.Assign | ast.AnnAssign):
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]

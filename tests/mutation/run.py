@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--only", o]
             if args.no_replay:
                 cmd.append("--no-replay")
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "CI": "true"}))
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "CI": "true", "PYTHONHASHSEED": "0"}))
         done_before = -1
         while any(p.poll() is None for p in procs):
             time.sleep(5)
