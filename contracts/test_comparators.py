@@ -95,6 +95,20 @@ def budget_cosine(f):  # the cosine clause alone (row and global clauses opened)
     return "check_output_budget", (e + (r * f) * _alt(D), e), {"budget": budget}
 
 
+def budget_global_small(f):  # the same at 1e-3 scale: a reference whose whole norm is below 1
+    name, (a, e), kw = budget_global(f)
+    return name, (a * 1e-3, e * 1e-3), kw
+
+
+def budget_tiny_row(f):  # a row whose reference norm is 1e-305 is judged against that norm, not a floor
+    e = _ones(8)
+    e[3] = 0.0
+    e[3, 0] = 1e-305
+    a = e.clone()
+    a[3, 1] = f * 0.02 * 1e-305
+    return "check_output_budget", (a, e), {}
+
+
 def split_active(f):  # the active rows on the bound, many exact padding rows must not dilute them
     e = _alt(D).repeat(40, 1)
     a = e.clone()
@@ -118,7 +132,8 @@ def owner_rank(f):  # rank 1's owned row on the bound
 
 BOUNDS = {fn.__name__: fn for fn in (row_rms_rtol, row_rms_atol, row_peak_rtol, row_peak_rtol_negative, row_peak_atol,
                                      row_one_row_of_many,
-                                     budget_row, budget_global, budget_cosine, split_active, split_inactive,
+                                     budget_row, budget_global, budget_global_small, budget_tiny_row, budget_cosine,
+                                     split_active, split_inactive,
                                      owner_rank)}
 
 
@@ -167,6 +182,8 @@ def test_bounds_are_inclusive(backend):
     a = e.clone()
     a[:, 1] = 0.01  # every row and the whole tensor at exactly 0.01 relative L2
     assert budget(a, e).ok, budget(a, e).message()
+    e = torch.zeros((1, 1), dtype=F64)  # one element per row: RMS(d) = sqrt(d^2) = |d| exactly
+    assert rows(e + 1e-6, e).ok, rows(e + 1e-6, e).message()  # RMS error exactly the 1e-6 atol
     x = 0.9999
     a = torch.tensor([[x, math.sqrt(1 - x * x)]], dtype=F64)  # |a| = 1, cosine = 0.9999 exactly
     e = torch.tensor([[1.0, 0.0]], dtype=F64)
@@ -238,6 +255,15 @@ def _cases():
     out["check_active_split: no active rows, exact"] = ("check_active_split", (e, e.clone(), 0), {}, True)
     out["check_active_split: one active row off"] = ("check_active_split", (_nan_at(e, 5.0), e, 1), {}, False)
     out["check_active_split: 1-D rows, exact"] = ("check_active_split", (e[0], e[0].clone(), 2), {}, True)
+    out["check_active_split: output one row short"] = ("check_active_split", (e[:2], e, 2), {}, False)
+    tiny = e * 1e-160  # norms multiply to 1e-318 (subnormal): an exact copy must still pass
+    out["check_output_budget: tiny identical outputs"] = ("check_output_budget", (tiny.clone(), tiny), {}, True)
+    wide = _alt(64).repeat(6, 1).reshape(2, 3, 64)
+    quiet = wide.clone()
+    quiet[0, 1, 5] = 0.0
+    loud = quiet.clone()
+    loud[0, 1, 5] = 1e-4  # inside its row's bound (RMS 1.25e-5, peak 1e-4), far outside an element's own
+    out["check_row_precision: 3-D judged per row of the last dim"] = ("check_row_precision", (loud, quiet), {}, True)
     s0 = torch.tensor(2.5, dtype=F64)
     for op_name in ("check_row_precision", "check_output_budget"):
         out[f"{op_name}: 0-d identical passes"] = (op_name, (s0, s0.clone()), {}, True)
@@ -375,3 +401,67 @@ def test_unchanged_storage_is_compared_byte_for_byte():
     m = n.clone()
     m.view(torch.int32)[0, 1] ^= 1
     assert cache_checks.check_unchanged("state", n, n.clone()).ok and not cache_checks.check_unchanged("state", n, m).ok
+
+
+# ---------------------------------------------------------------------------
+# evidence: what a failed result reports (counts, the worst row and column, the clause)
+
+
+def _evidence_cases():
+    e3 = _alt(64).repeat(6, 1).reshape(2, 3, 64)
+    nan = e3.clone()
+    nan[1, 2, 5] = math.nan
+    nan[0, 1] += 1.0  # a second bad row: the non-finite one is reported first
+    two = e3.clone()
+    two[0, 2] += 0.03 * _alt(64).flip(0)  # RMS excess 3x
+    two[1, 0] += 0.09 * _alt(64).flip(0)  # RMS excess 9x: the worst
+    peak = e3.clone()
+    peak[1, 1, 7] -= 0.2  # peak excess 4x at column 7 (RMS inside)
+    b = _ones(6, 8)
+    bad_b = b.clone()
+    bad_b[2, 1] += 0.05 * math.sqrt(8)  # row 2 at 5 %
+    bad_b[4, 1] += 0.10 * math.sqrt(8)  # row 4 at 10 %: the worst
+    zero = b.clone()
+    zero[3] = 0.0
+    zero_a = zero.clone()
+    zero_a[3, 6] = 1e-9
+    nan_b = _nan_at(b, math.inf, row=5, col=2)
+    slabs = [b[0:3].clone(), torch.cat([b[3:5], torch.zeros((1, 8), dtype=F64)])]
+    slabs[1][2, 4] = 0.5
+    reps = [b.float(), b.float().clone(), b.float().clone()]
+    reps[2][1, 3:6] += 1.0
+    return {  # (operator, args, kwargs) -> (n_checked, n_failed, field, index, text in the message)
+        "row precision: shape": (("check_row_precision", (e3[0], e3[1:]), {}), (1, 1, "output.shape", (), "")),
+        "row precision: non-finite first": (("check_row_precision", (nan, e3), {}),
+                                            (6, 2, "output", (1, 2, 5), "non-finite")),
+        "row precision: worst RMS row": (("check_row_precision", (two, e3), {}), (6, 2, "output row", (1, 0), "RMS")),
+        "row precision: worst peak column": (("check_row_precision", (peak, e3), {}),
+                                             (6, 1, "output row", (1, 1), "column 7")),
+        "budget: non-finite": (("check_output_budget", (nan_b, b), {}), (6, 1, "output", (5, 2), "non-finite")),
+        "budget: zero reference row": (("check_output_budget", (zero_a, zero), {}),
+                                       (6, 1, "output row", (3,), "exactly zero")),
+        "budget: worst row": (("check_output_budget", (bad_b, b), {}), (6, 2, "output row", (4,), "row relative")),
+        "split: num_tokens": (("check_active_split", (b, b, 7), {}), (1, 1, "num_tokens", (), "")),
+        "owner rows: padding": (("check_owner_rows", (slabs, b[:5], [(0, 3, 3), (3, 2, 3)]), {}),
+                                (1, 1, "output.rank1 padding row", (2, 4), "exactly zero")),
+        "owner rows: rank count": (("check_owner_rows", (slabs[:1], b, [(0, 3, 3), (3, 2, 3)]), {}),
+                                   (1, 1, "output.ranks", (), "")),
+        "replicas: three values": (("check_replicas_identical", (reps,), {}), (3, 3, "output.replica2", (1, 3), "")),
+        "replicas: none": (("check_replicas_identical", ([],), {}), (1, 1, "output.replicas", (), "")),
+    }
+
+
+EVIDENCE = _evidence_cases()
+
+
+@pytest.mark.parametrize("case", sorted(EVIDENCE))
+def test_comparator_failure_names_counts_row_and_column(backend, case):
+    """A failed result counts what it checked and what failed, and names the worst row (and column) and the
+    clause: the evidence a kernel engineer reads first. Spec: §6."""
+    (name, args, kwargs), (n_checked, n_failed, field, index, text) = EVIDENCE[case]
+    r = op(backend, name)(*args, **kwargs)
+    assert not r.ok, f"{case}: passed"
+    got = (r.n_checked, r.n_failed, r.worst.field, tuple(r.worst.index))
+    assert got == (n_checked, n_failed, field, index), f"{case}: (checked, failed, field, index) = {got}, " \
+                                                       f"expected {(n_checked, n_failed, field, index)}"
+    assert text in r.message(), f"{case}: {r.message()!r} does not say {text!r}"

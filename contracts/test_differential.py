@@ -76,13 +76,22 @@ def same_bits(path: str, got, want) -> None:
         assert got == want, f"{path}: backend {got!r}, reference {want!r}"
 
 
+def where_named(exc: BaseException) -> str:
+    """``field[i][j]`` of a reference ContractInputError (what the backend's message must name too)."""
+    index = getattr(exc, "index", None)
+    return getattr(exc, "field", "") + ("".join(f"[{i}]" for i in index) if index else "")
+
+
 def both(name: str, backend, *args, **kwargs):
-    """(backend result, reference result); when the reference rejects the input, the backend must too."""
+    """(backend result, reference result); when the reference rejects the input, the backend must too, with
+    a ValueError naming the same field and row (standards: one clear line naming field and row)."""
     try:
         want = REF.get(name)(*args, **kwargs)
     except ValueError as exc:
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError) as info:
             op(backend, name)(*args, **kwargs)
+        assert where_named(exc) in str(info.value), \
+            f"{name}: the error {str(info.value)!r} does not name {where_named(exc)!r} (reference: {exc})"
         return None, exc
     return op(backend, name)(*args, **kwargs), want
 
@@ -111,7 +120,7 @@ def test_quantize_bytes_equal_the_reference_on_rule_edges(backend, rule_name, da
 
 
 @pytest.mark.parametrize("rule_name", ["window", "compressed", "ced_index_fp4"])
-@pytest.mark.parametrize("shape", [(33000, 32), (3, 4500, 64)], ids=["rows", "3d"])
+@pytest.mark.parametrize("shape", [(33000, 32), (3, 6000, 64)], ids=["rows", "3d"])
 def test_quantize_large_inputs_equal_the_reference(backend, rule_name, shape):
     """Inputs past the 2^19-element block size (quantized in row blocks) give the reference's bytes: block
     boundaries, the last partial block and leading dimensions. Spec: §2.2."""
@@ -206,15 +215,20 @@ def mx_cases_row(case, width: int, i: int) -> torch.Tensor:
     return (grp.repeat(reps)[:width] * (2.0 ** (i % 5 - 2))).to(torch.float32)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", (*KINDS, "compressed_r1", "state_r2"))
 @given(seed=st.integers(0, 2**31), blocks=st.integers(1, 2), dtype=st.sampled_from(OUT_DTYPES))
 def test_cache_read_equals_the_reference_for_every_code(backend, kind, seed, blocks, dtype):
     """A cache of random bytes (NaN and extreme scale codes included) reads back to the reference's values,
-    bit for bit, in every requested dtype. Spec: §2.3 (CQ-02)."""
+    bit for bit, in every requested dtype (the FP32 state as stored); the result never aliases the cache.
+    Spec: §2.3 (CQ-02)."""
     cache = empty_cache(layouts(FLASH_TINY)[kind], blocks, generator=torch.Generator().manual_seed(seed))
     got, want = both("cache_read", backend, cache, dtype=dtype)
     if got is not None:
         same_bits(f"cache_read({kind}, {dtype})", got, want)
+        before = cache.payload.clone()
+        got.reshape(-1)[:1] = 123.0
+        assert torch.equal(byte_rows(cache.payload.reshape(1, -1)), byte_rows(before.reshape(1, -1))), \
+            f"cache_read({kind}) returned a view of the cache: writing the result changed the cache"
 
 
 # ---------------------------------------------------------------------------
@@ -301,9 +315,18 @@ def test_compressor_equals_the_reference(backend, config, seed, data, capacity):
         table.append(data.draw(st.sampled_from([blocks[r], blocks[r], -1, 5, 99])))
     padding = data.draw(st.integers(0, 2))
     x = torch.cat(xs + [ring.tokens(padding)])
+    scale = data.draw(st.sampled_from([1.0, 1e-10]))  # 1e-10: mean squares near the 1e-20 RMSNorm eps
+    x = (x.float() * scale).to(torch.bfloat16)
+    ring_state = ring.state.clone() * scale
+    if pos and data.draw(st.booleans()):  # a token inside a request's span labelled with another request,
+        t = data.draw(st.integers(0, len(pos) - 1))  # or with a negative position: ignored (§4.1 skip rules)
+        if data.draw(st.booleans()):
+            req[t] = 77
+        else:
+            pos[t] = -1
     args = (x, torch.tensor(qsl, dtype=torch.int32), torch.tensor(pos + [-7] * padding, dtype=torch.int32),
             torch.tensor(req + [77] * padding, dtype=torch.int32), torch.tensor(table, dtype=torch.int32).reshape(-1, 1),
-            ring.state.clone(), ring.weights)
+            ring_state, ring.weights)
     got, want = both("compressor_ratio2", backend, *args)
     if got is None:
         return
@@ -331,7 +354,8 @@ def test_rope_rows_equal_the_reference(backend, capacity, tokens, data, compress
     count = data.draw(st.one_of(st.integers(0, tokens), st.sampled_from([0, min(1, tokens), tokens])))
     positions = torch.tensor(data.draw(st.lists(st.one_of(st.integers(-3, capacity - 1),
                                                           st.sampled_from([0, -1, capacity - 1])),
-                                                min_size=tokens, max_size=tokens)), dtype=torch.int32)
+                                                min_size=tokens, max_size=tokens)),
+                             dtype=data.draw(st.sampled_from((torch.int32, torch.int64))))
     outs = []
     for fn in (op(backend, "materialize_rope_rows"), REF.get("materialize_rope_rows")):
         rc = torch.full((tokens, cos.shape[1]), 17.0)
@@ -351,11 +375,16 @@ def test_index_scores_and_topk_equal_the_reference(backend, case, data):
     *reference* scores passes the §5.3 validity rule against the reference selection (ties at the cutoff
     may differ); with a candidate mask (REINDEX) too. Spec: §5.1, §5.3."""
     inputs = case.build()
+    if data.draw(st.booleans()):  # a table exactly as wide as the longest request (no spare column)
+        inputs["block_table"] = inputs["block_table"][:, :-1]
+    if data.draw(st.booleans()):
+        inputs["compressed_lens"] = torch.zeros_like(inputs["compressed_lens"])
     width = int(inputs["compressed_lens"].max())
     if data.draw(st.booleans()) and width:
         g = torch.Generator().manual_seed(case.seed)
         inputs["candidates"] = (torch.rand((inputs["q"].shape[0], width), generator=g) < 0.6).to(torch.uint8)
-    got, want = both("index_scores", backend, **inputs, block_size=case.block, width=width)
+    width_arg = data.draw(st.sampled_from([width, width + 3, None])) if "candidates" not in inputs else width
+    got, want = both("index_scores", backend, **inputs, block_size=case.block, width=width_arg)
     if got is None:
         return
     same_bits("index_scores (masked positions)", torch.isfinite(got), torch.isfinite(want))
@@ -382,8 +411,9 @@ def test_candidate_blocks_equal_the_reference(backend, case, data):
     scores = REF.get("index_scores")(**inputs, block_size=case.block, width=width)
     topk_blocks = data.draw(st.sampled_from([1, 2, 3, 16]))
     block = data.draw(st.sampled_from([8, 4]))
+    out_width = data.draw(st.sampled_from([width, max(width - 5, 1), width + 9, None]))  # crop, pad, default
     got, want = both("candidate_blocks", backend, scores, inputs["compressed_lens"], block=block,
-                     topk_blocks=topk_blocks, width=width)
+                     topk_blocks=topk_blocks, width=out_width)
     if got is not None:
         same_bits("candidate_blocks", got, want)
 
@@ -469,6 +499,55 @@ BAD_INPUTS = {
     "quantize: unknown rule": ("mx_quantize", lambda: _quant_args((2, 32), rule_name="index_nope")),
     "quantize: scalar": ("mx_quantize", lambda: _quant_args(())),
 }
+def _metadata_args(kind: str):
+    from contracts.strategies import BatchCase
+
+    case = BatchCase(FLASH_TINY, (3, 0, 5), (17, 4, 130), 2, 2, (False, True, False), 1, False, 9)
+    inputs = materialize(case)
+    if kind == "float_query_start_loc":
+        inputs["query_start_loc"] = inputs["query_start_loc"].float()
+    elif kind == "bool_window_table":
+        inputs["window_block_table"] = inputs["window_block_table"] >= 0
+    elif kind == "matrix_kv_seq_lens":
+        inputs["kv_seq_lens"] = inputs["kv_seq_lens"].reshape(-1, 1)
+    elif kind == "narrow_window_table":
+        need = -(-(130 + 5) // FLASH_TINY.block_size)
+        inputs["window_block_table"] = inputs["window_block_table"][:, : need - 1]
+    elif kind == "missing_second_page":
+        t = inputs["compressed_block_tables"]
+        for src in FLASH_TINY.kv_source_layer_ids:
+            if FLASH_TINY.compress_ratios[src] == 1:
+                t[src][2, 1] = -1  # request 2 sees 135 rows: pages 0..8; page 1 is missing
+    elif kind == "past_max_position":
+        inputs["kv_seq_lens"] = torch.tensor([17, 4, FLASH_TINY.max_position_embeddings - 4], dtype=torch.int32)
+    return (), inputs
+
+
+for _kind in ("float_query_start_loc", "bool_window_table", "matrix_kv_seq_lens", "narrow_window_table",
+              "missing_second_page", "past_max_position"):
+    BAD_INPUTS[f"metadata: {_kind}"] = ("build_forward_metadata", lambda k=_kind: _metadata_args(k))
+
+
+def test_metadata_defaults_and_position_limit_equal_the_reference(backend):
+    """Called with its defaults (tp_size 1, capacity = num_tokens) and with a request ending exactly at
+    max_position, the builder equals the reference; compressed and index slots never share storage.
+    Spec: §3."""
+    from contracts.strategies import BatchCase
+
+    case = BatchCase(FLASH_TINY, (3, 1, 6), (17, FLASH_TINY.max_position_embeddings - 1, 2), 0, 1,
+                     (False, False, True), 0, True, 4)
+    inputs = materialize(case)
+    inputs.pop("tp_size"), inputs.pop("capacity")
+    got, want = both("build_forward_metadata", backend, **inputs)
+    same_bits("metadata (defaults, a request at max_position)", got.as_dict(), want.as_dict())
+    for src in FLASH_TINY.kv_source_layer_ids:
+        a, b = got.compressed_slots[src], got.index_slots[src]
+        if a.numel():
+            a_before = a.clone()
+            b.fill_(-7)
+            assert torch.equal(a, a_before), f"index_slots[{src}] shares storage with compressed_slots[{src}]"
+
+
 def _index_args(kind: str):
     from contracts.strategies import IndexerCase
 
@@ -495,8 +574,10 @@ def test_bad_input_is_rejected_like_the_reference(backend, case):
     of a single element, slab widths and rank order. Spec: §2.2, §2.3, §4.1, §4.2, §7.1."""
     name, build = BAD_INPUTS[case]
     args, kwargs = build()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as ref:
         REF.get(name)(*args, **kwargs)
     args, kwargs = build()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as got:
         op(backend, name)(*args, **kwargs)
+    assert where_named(ref.value) in str(got.value), \
+        f"{case}: the error {str(got.value)!r} does not name {where_named(ref.value)!r} (reference: {ref.value})"

@@ -242,3 +242,46 @@ def test_reuse_takes_the_source_selection_as_given():
     source = torch.tensor([[5, 9, -1]], dtype=torch.int32)
     reused = ref.reuse_topk(source)
     assert torch.equal(reused, source) and reused.data_ptr() != source.data_ptr()
+
+
+def _f32(x: float) -> float:
+    import struct
+
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def _bf16(x: float) -> float:
+    """Round to FP32, then to BF16 with ties to even, on the bits (independent of torch's casts)."""
+    import struct
+
+    bits = struct.unpack("<I", struct.pack("<f", _f32(x)))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def test_index_scores_round_at_each_spec_boundary(backend):
+    """Hand-computed scores pin every rounding step of §5.1: the QK dot accumulated in FP32 then rounded to
+    BF16 (1 + 2^-8 + 2^-30 -> FP32 1 + 2^-8 -> BF16 tie to even 1.0; rounding straight from a wider sum gives
+    1 + 2^-7), ReLU before the weight, relu(dot)*w rounded to BF16, and the head sum accumulated in FP32 then
+    rounded to BF16. Spec: §5.1 steps 3-5 (IX-02)."""
+    third = _bf16(1 / 3)
+    q = torch.tensor([[[1.0, third, 0.0, 0.0], [2.0**-8, 0.0, 2.0**-30, 0.0], [2.0**-30, 0.0, 0.0, 0.0]]],
+                     dtype=torch.float64).to(torch.bfloat16)
+    keys = torch.tensor([[1.0, 3.0, 1.0, 0.0], [-1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]],
+                        dtype=torch.float64).to(torch.bfloat16)
+    w = torch.tensor([[0.7, 1.0, 1.0]]).to(torch.bfloat16)
+    wq = [float(v) for v in w[0].float()]
+    qv = [[float(v) for v in head] for head in q[0].float()]
+    kv = [[float(v) for v in row] for row in keys.float()]
+    want = []
+    for row in kv:
+        heads = []
+        for h in range(3):
+            dot = _bf16(sum(a * b for a, b in zip(qv[h], row, strict=True)))
+            heads.append(_bf16(max(dot, 0.0) * wq[h]))
+        want.append(_bf16(sum(heads)))
+    table = torch.tensor([[0]], dtype=torch.int32)
+    got = op(backend, "index_scores")(q, w, keys, table, torch.tensor([0]), torch.tensor([3]),
+                                      block_size=FLASH_TINY.block_size, width=3)
+    assert got.dtype == torch.float32, f"scores dtype {got.dtype}, expected FP32"
+    assert got[0].tolist() == want, f"scores {got[0].tolist()}, hand-computed {want} (§5.1 rounding steps)"
