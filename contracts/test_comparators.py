@@ -109,6 +109,21 @@ def budget_tiny_row(f):  # a row whose reference norm is 1e-305 is judged agains
     return "check_output_budget", (a, e), {}
 
 
+def budget_global_negative(f):  # an all-negative reference: norms are magnitudes
+    name, (a, e), kw = budget_global(f)
+    return name, (-a, -e), kw
+
+
+def budget_row_negative(f):
+    name, (a, e), kw = budget_row(f)
+    return name, (-a, -e), kw
+
+
+def budget_global_tiny(f):  # squares of 1e-160 are subnormal: the norms must not lose them
+    name, (a, e), kw = budget_global(f)
+    return name, (a * 1e-160, e * 1e-160), kw
+
+
 def split_active(f):  # the active rows on the bound, many exact padding rows must not dilute them
     e = _alt(D).repeat(40, 1)
     a = e.clone()
@@ -133,6 +148,7 @@ def owner_rank(f):  # rank 1's owned row on the bound
 BOUNDS = {fn.__name__: fn for fn in (row_rms_rtol, row_rms_atol, row_peak_rtol, row_peak_rtol_negative, row_peak_atol,
                                      row_one_row_of_many,
                                      budget_row, budget_global, budget_global_small, budget_tiny_row, budget_cosine,
+                                     budget_global_negative, budget_row_negative, budget_global_tiny,
                                      split_active, split_inactive,
                                      owner_rank)}
 
@@ -185,7 +201,7 @@ def test_bounds_are_inclusive(backend):
     e = torch.zeros((1, 1), dtype=F64)  # one element per row: RMS(d) = sqrt(d^2) = |d| exactly
     assert rows(e + 1e-6, e).ok, rows(e + 1e-6, e).message()  # RMS error exactly the 1e-6 atol
     x = 0.9999
-    a = torch.tensor([[x, math.sqrt(1 - x * x)]], dtype=F64)  # |a| = 1, cosine = 0.9999 exactly
+    a = torch.tensor([[x, math.sqrt(1 - x * x)]], dtype=F64)  # |a| = 1: cosine within an ulp above 0.9999
     e = torch.tensor([[1.0, 0.0]], dtype=F64)
     opened = OutputBudget(global_rel_l2=1.0, row_rel_l2=1.0, min_cosine=0.9999)
     assert budget(a, e, budget=opened).ok, budget(a, e, budget=opened).message()
@@ -257,6 +273,9 @@ def _cases():
     out["check_active_split: 1-D rows, exact"] = ("check_active_split", (e[0], e[0].clone(), 2), {}, True)
     out["check_active_split: output one row short"] = ("check_active_split", (e[:2], e, 2), {}, False)
     tiny = e * 1e-160  # norms multiply to 1e-318 (subnormal): an exact copy must still pass
+    opened = OutputBudget(global_rel_l2=1.0, row_rel_l2=1.0, min_cosine=0.9999)
+    out["check_output_budget: zero output, cosine clause alone"] = (
+        "check_output_budget", (torch.zeros_like(e), e), {"budget": opened}, False)
     out["check_output_budget: tiny identical outputs"] = ("check_output_budget", (tiny.clone(), tiny), {}, True)
     wide = _alt(64).repeat(6, 1).reshape(2, 3, 64)
     quiet = wide.clone()
@@ -430,6 +449,24 @@ def _evidence_cases():
     slabs[1][2, 4] = 0.5
     reps = [b.float(), b.float().clone(), b.float().clone()]
     reps[2][1, 3:6] += 1.0
+    signed = [b.float(), b.float().clone()]
+    signed[0][2, 2] = 0.0
+    signed[1][2, 2] = -0.0
+    nan2 = _nan_at(_nan_at(b, math.inf, row=5, col=2), math.nan, row=1, col=0)
+    e_nan = _nan_at(e3.reshape(6, 64), math.nan, row=4, col=9)
+    mixed = _ones(2, 64)
+    mixed[1] *= 10.0
+    mixed_a = mixed.clone()
+    mixed_a[0] += 0.03 * _alt(64)  # row 0: RMS excess 3 (bound 0.01), peak 0.6
+    mixed_a[1] += 0.2 * _alt(64)  # row 1: RMS excess 2 (bound 0.1), peak excess 0.4; max picks row 0, min row 1
+    mixed_a[1, 0] += 0.55  # row 1 peak 0.75 / 0.5 = 1.5
+    pads = [b[0:3].clone(), torch.cat([b[3:4], torch.zeros((2, 8), dtype=F64)])]
+    pads[1][1, 4] = 0.5
+    pads[1][2, 6] = 0.25
+    z3 = torch.ones((2, 3, 8), dtype=F64)
+    z3[1, 2] = 0.0
+    z3a = z3.clone()
+    z3a[1, 2, 3] = 1e-9
     return {  # (operator, args, kwargs) -> (n_checked, n_failed, field, index, text in the message)
         "row precision: shape": (("check_row_precision", (e3[0], e3[1:]), {}), (1, 1, "output.shape", (), "")),
         "row precision: non-finite first": (("check_row_precision", (nan, e3), {}),
@@ -448,10 +485,39 @@ def _evidence_cases():
                                    (1, 1, "output.ranks", (), "")),
         "replicas: three values": (("check_replicas_identical", (reps,), {}), (3, 3, "output.replica2", (1, 3), "")),
         "replicas: none": (("check_replicas_identical", ([],), {}), (1, 1, "output.replicas", (), "")),
+        "replicas: dtype": (("check_replicas_identical", ([reps[0], reps[1].double()],), {}),
+                            (2, 1, "output.replica1", (), "")),
+        "replicas: equal values, other bytes": (("check_replicas_identical", (signed,), {}),
+                                                (2, 1, "output.replica1", (2, 2), "bytes differ")),
+        "row precision: dtype": (("check_row_precision", (e3.float(), e3), {}), (1, 1, "output.dtype", (), "")),
+        "row precision: empty": (("check_row_precision", (e3[:0], e3[:0]), {}), (1, 1, "output.numel", (), "")),
+        "row precision: NaN in the reference": (("check_row_precision", (e3.reshape(6, 64), e_nan), {}),
+                                                (6, 1, "output", (4, 9), "non-finite")),
+        "row precision: worst by ratio, not by product": (("check_row_precision", (mixed_a, mixed), {}),
+                                                          (2, 2, "output row", (0,), "RMS")),
+        "budget: two non-finite rows": (("check_output_budget", (nan2, b), {}), (6, 2, "output", (1, 0), "non-finite")),
+        "budget: zero reference row, 3-D": (("check_output_budget", (z3a, z3), {}),
+                                            (6, 1, "output row", (1, 2), "exactly zero")),
+        "split: shape": (("check_active_split", (b[:5], b, 2), {}), (1, 1, "output.shape", (), "")),
+        "owner rows: rank rows": (("check_owner_rows", ([b[0:3], b[3:4]], b[:4], [(0, 3, 3), (3, 1, 3)]), {}),
+                                  (1, 1, "output.rank1.rows", (), "")),
+        "owner rows: two padding rows": (("check_owner_rows", (pads, b[:4], [(0, 3, 3), (3, 1, 3)]), {}),
+                                         (2, 2, "output.rank1 padding row", (1, 4), "exactly zero")),
     }
 
 
 EVIDENCE = _evidence_cases()
+
+
+def test_owner_rows_pass_reports_every_row_checked(backend):
+    """A passing owner-row comparison counts every row it judged: the owned rows and the padding rows of
+    every rank (a green result says how much ran). Spec: §6, §7.1."""
+    b = _ones(5, 8)
+    slabs = [b[0:3].clone(), torch.cat([b[3:5], torch.zeros((1, 8), dtype=F64)]), torch.zeros((3, 8), dtype=F64)]
+    r = op(backend, "check_owner_rows")(slabs, b, [(0, 3, 3), (3, 2, 3), (5, 0, 3)])
+    assert r.ok and r.n_checked == 9, f"{r.message()} (expected 9 rows: 5 owned, 4 padding)"
+    r = op(backend, "check_owner_rows")([], b[:0], [])
+    assert r.ok and r.n_checked == 0, r.message()
 
 
 @pytest.mark.parametrize("case", sorted(EVIDENCE))

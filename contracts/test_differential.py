@@ -402,6 +402,20 @@ def test_index_scores_and_topk_equal_the_reference(backend, case, data):
     assert result.ok, result.message()
 
 
+def test_index_scores_past_the_longest_request_on_a_full_table(backend):
+    """Scores wider than the longest request (width past the last page) over a table with no spare column:
+    positions beyond a request are -inf and never read a page the table does not have. Spec: §5.1."""
+    from contracts.strategies import IndexerCase
+
+    inputs = IndexerCase(((5, 16), (3,)), 4, 2, 8, 4, False, 3).build()
+    inputs["block_table"] = inputs["block_table"][:, :-1]  # 4 pages of 4 rows: exactly the longest request
+    got, want = both("index_scores", backend, **inputs, block_size=4, width=19)
+    same_bits("index_scores (masked positions)", torch.isfinite(got), torch.isfinite(want))
+    fin = torch.isfinite(want)
+    result = check_row_precision(torch.where(fin, got, 0.0), torch.where(fin, want, 0.0), name="index_scores")
+    assert result.ok, result.message()
+
+
 @given(case=indexer_cases(max_len=70), data=st.data())
 def test_candidate_blocks_equal_the_reference(backend, case, data):
     """The U8 candidate mask equals the reference's byte for byte: partial last blocks, the forced block of
@@ -435,6 +449,13 @@ def _rope_args(capacity=8, rows=3, count=3, positions=(0, 1, 2), out_dtype=torch
 def _slab_args(kind: str):
     x = torch.rand(5, 8) + 0.5
     tok, pos = torch.arange(5, dtype=torch.int32) + 10, torch.arange(5, dtype=torch.int32)
+    if kind.startswith("deep_"):  # TP 2, capacity 8: rank 1 owns one row and three padding rows
+        slabs = REF.get("sp_shard")(x, tok, pos, tp=2, capacity=8)
+        if kind == "deep_token_id":
+            slabs[1].token_ids[3] = 4
+        else:
+            slabs[1].payload[3, 7] = -2.0
+        return "sp_gather", (slabs,), {"active_tokens": 5, "capacity": 8}
     if kind == "short_token_ids":
         return "sp_shard", (x, tok[:4], pos), {"tp": 4, "capacity": 8}
     if kind == "matrix_positions":
@@ -486,7 +507,7 @@ BAD_INPUTS = {
     "rope: float positions": ("materialize_rope_rows", lambda: _rope_args(positions=torch.tensor([0.0, 1.0, 2.0]))),
     "publish: slot = rows": ("cache_publish", lambda: _publish_args([0, 128])),
     "publish: duplicate slot 0": ("cache_publish", lambda: _publish_args([0, 0])),
-    "publish: duplicate last row": ("cache_publish", lambda: _publish_args([127, 5, 127])),
+    "publish: duplicate last row": ("cache_publish", lambda: _publish_args([5, 127, 127])),
     "publish: one slot per row": ("cache_publish", lambda: (lambda a: ((a[0][0], a[0][1], a[0][2][:1]), {}))(
         _publish_args([0, 1]))),
     "compressor: capacity 0": ("compressor_ratio2", lambda: _compressor_args((3, 0, None))),
@@ -502,7 +523,8 @@ BAD_INPUTS = {
 def _metadata_args(kind: str):
     from contracts.strategies import BatchCase
 
-    case = BatchCase(FLASH_TINY, (3, 0, 5), (17, 4, 130), 2, 2, (False, True, False), 1, False, 9)
+    spare = 0 if kind in ("full_table_missing_page", "narrow_compressed_table") else 1
+    case = BatchCase(FLASH_TINY, (3, 0, 5), (17, 4, 130), 2, 2, (False, True, False), spare, False, 9)
     inputs = materialize(case)
     if kind == "float_query_start_loc":
         inputs["query_start_loc"] = inputs["query_start_loc"].float()
@@ -518,13 +540,21 @@ def _metadata_args(kind: str):
         for src in FLASH_TINY.kv_source_layer_ids:
             if FLASH_TINY.compress_ratios[src] == 1:
                 t[src][2, 1] = -1  # request 2 sees 135 rows: pages 0..8; page 1 is missing
+    elif kind in ("full_table_missing_page", "narrow_compressed_table"):
+        t = inputs["compressed_block_tables"]
+        for src in FLASH_TINY.kv_source_layer_ids:
+            if FLASH_TINY.compress_ratios[src] == 1:  # request 2 needs all 9 columns of a 9-column table
+                if kind == "full_table_missing_page":
+                    t[src][2, 3] = -1
+                else:
+                    t[src] = t[src][:, :-1]
     elif kind == "past_max_position":
         inputs["kv_seq_lens"] = torch.tensor([17, 4, FLASH_TINY.max_position_embeddings - 4], dtype=torch.int32)
     return (), inputs
 
 
 for _kind in ("float_query_start_loc", "bool_window_table", "matrix_kv_seq_lens", "narrow_window_table",
-              "missing_second_page", "past_max_position"):
+              "missing_second_page", "past_max_position", "full_table_missing_page", "narrow_compressed_table"):
     BAD_INPUTS[f"metadata: {_kind}"] = ("build_forward_metadata", lambda k=_kind: _metadata_args(k))
 
 
@@ -562,7 +592,7 @@ def _index_args(kind: str):
 for _kind in ("lens_2d", "lens_short"):
     BAD_INPUTS[f"index_scores: compressed_lens {_kind}"] = ("index_scores", lambda k=_kind: _index_args(k))
 for _kind in ("short_token_ids", "matrix_positions", "padding_one_element", "padding_token_id", "padding_position",
-              "valid_on_padding", "short_slab", "rank_order"):
+              "valid_on_padding", "short_slab", "rank_order", "deep_token_id", "deep_payload"):
     BAD_INPUTS[f"slabs: {_kind}"] = (_slab_args(_kind)[0], lambda k=_kind: _slab_args(k)[1:])
 
 

@@ -130,11 +130,11 @@ def _check_slots(cache: QuantCache, values: torch.Tensor, slots: torch.Tensor) -
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
         raise ContractInputError(f"{name}.slots", (i,), f"< {cache.rows} physical rows", int(slots[i]), SPEC)
-    live = slots[slots >= 0]
-    if live.unique().numel() != live.numel():
-        dup = [int(s) for s in live.tolist() if int((live == s).sum()) > 1][0]
-        raise ContractInputError(f"{name}.slots", None, "distinct live slots (one writer per row)",
-                                 f"slot {dup} twice", SPEC)
+    seen: dict[int, int] = {}
+    for i, s in enumerate(slots.tolist()):
+        if s >= 0 and seen.setdefault(s, i) != i:
+            raise ContractInputError(f"{name}.slots", (i,), f"distinct live slots (one writer per row; slot {s} "
+                                     f"is already written by row {seen[s]})", s, SPEC)
     return slots
 
 
