@@ -286,3 +286,22 @@ def test_compressor_ratio1_is_rmsnorm_of_the_projection(seed, n, padding):
     want = (kv * torch.rsqrt(kv.pow(2).mean(-1, keepdim=True) + 1e-20) * ring.weights.norm).to(torch.bfloat16)
     assert _same(out[:n], want), f"row {_first_diff(out[:n], want)}"
     assert not bool(out[n:].ne(0).any()), "padding rows written"
+
+
+def test_compressor_rounds_the_pooled_row_to_bf16_before_rmsnorm(backend):
+    """Hand-computed (§4.1, CS-06): with an identity KV projection and equal gate scores, the pooled row of
+    the pair at position 1 is (a + b) / 2 = [0.48046875, 0.56640625, 1.15234375, 0.76953125] (FP32), which
+    rounds to BF16 [0.48046875, 0.56640625, 1.15625, 0.76953125]; RMSNorm (eps 1e-20, weight 1) of that
+    row rounds to BF16 [0.609375, 0.71875, 1.46875, 0.9765625]. Normalizing the unrounded row gives
+    0.98046875 in the last place instead, so a kernel that skips the rounding (or normalizes in BF16) fails."""
+    d = 4
+    weights = CompressorWeights(torch.eye(d), torch.zeros(d, d), torch.ones(d))
+    x = torch.tensor([[0.703125, 0.359375, 1.203125, 0.4453125],
+                      [0.2578125, 0.7734375, 1.1015625, 1.09375]]).to(torch.bfloat16)
+    latent, publish, _state = op(backend, "compressor_ratio2")(
+        x, torch.tensor([0, 2], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
+        torch.tensor([0, 0], dtype=torch.int32), torch.tensor([[0]], dtype=torch.int32), torch.zeros(1, 4, 2 * d),
+        weights)
+    assert publish.tolist() == [False, True]
+    assert latent.dtype == torch.bfloat16 and latent[1].float().tolist() == [0.609375, 0.71875, 1.46875, 0.9765625], \
+        f"latent row 1 = {latent[1].float().tolist()}, hand-computed [0.609375, 0.71875, 1.46875, 0.9765625]"
