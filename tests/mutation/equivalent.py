@@ -1,5 +1,274 @@
 """Mutants shown to be equivalent: each key (see ``engine.Mutant.key``) with the reason the mutated
-operator cannot differ from the reference on any input the operator accepts. The mutation runner
-reports a surviving mutant that is not listed here as a survivor."""
+operator cannot be told apart from the reference on the inputs its ABI admits, under the comparator the
+ABI applies. The mutation runner reports a survivor that is not listed here, and a listed mutant that
+a contract kills (so this list cannot go stale unnoticed; tests/test_mutation_tool.py checks that every
+key still names a generated mutant). Reviewed by hand, one key at a time."""
 
-EQUIVALENT: dict[str, str] = {}
+# reasons
+DTYPE = 'An internal integer or index dtype: every value the operator handles here fits the narrower type (positions < 2^20, pages < 2^24, slots < 2^31, codes < 256) and the result is cast to its ABI dtype before it leaves the operator.'
+CASTNOOP = 'Drops a cast to the dtype the value already has at that point (or the assignment target casts it the same way).'
+DIM = '-1 and 1 (or 0) name the same dimension of the 1-D or 2-D tensors this code handles.'
+ZIP = 'zip(strict=...) over sequences whose lengths are equal by construction (checked just before).'
+BLOCKING = 'Changes only how rows are split into concurrent blocks, or the thread count: blocked quantization is byte-identical to one pass (contracts/test_quant.py::test_blocked_quantization_equals_one_pass).'
+HOST_E8M0 = 'The host E8M0 decode path: operators decode with the device rule (scale_values(device=True)); the host rule gives the same values for codes 0..254, and code 255 is replaced by NaN in mx_dequantize on either path.'
+BITS = 'Keeps the byte pattern: a re-view of the same bytes (int8 vs uint8), or a comparison torch makes in the wider type (int8 -1 == 255), or e8m0_decode re-viewing non-uint8 codes as uint8.'
+LUT = "e2m1_encode and _fp4_luts run only at import, on the pair table's class representatives (multiples of 1/8 up to 9, exact in BF16, saturating past 6), for which the mutated step yields the same code."
+UNPACK = 'Payload bytes are uint8 already; read as int8, the high nibble becomes (b >> 4) - 16, which indexes the same entry of the 16-entry table from its end.'
+E2M1_TABLE = 'The E2M1 table values are exact in BF16 and are multiplied by the FP32 scale in FP32.'
+GROUPS_CAST = 'Input casts before .float(): every accepted input dtype (FP64, FP32, BF16, FP16) reaches FP32 with the same value either way.'
+PACK = '_e2m1_pack always receives sign_of from its caller; the exact-flag and index dtypes do not change the integer index it gathers with.'
+FLOOR128 = '2^-128 and 2^-127 floors give the same exponent after the clamp to -127.'
+EXPCLAMP = 'The exponent is always inside the clamp: raw >= 2^-127 by the floors and <= FLT_MAX/6, so the clamp is inactive.'
+SHIFT = 'Folding the factor 4 into the power-of-two reciprocal or multiplying afterwards are both exact scalings of values that round to E2M1 codes.'
+SATURATE = "torch's FP32 -> float8_e4m3fn cast saturates at 448, so the explicit clamp of the E4M3 scale is already implied."
+K_UNUSED = 'No rule has MXFP8 payloads with E4M3 scales: this branch value is never used.'
+E4M3_BF16 = 'E4M3 values (3 mantissa bits) are exact in BF16.'
+CLAMP_PASS = 'Only decides whether to run a saturation pass that cannot change any code (the pair tables saturate up to J_MAX).'
+Y_FP32 = 'y is FP32 at this point for every rule.'
+CONTIG = 'The tensor is already contiguous.'
+FLOOR_BF16 = 'The scale floors (2^-127, 2^-126, 2^-9) are exact in BF16, and the maximum is taken in FP32.'
+NONTENSOR = "Differs only for non-tensor inputs; the operator's ABI inputs are tensors (a list is a harness convenience)."
+UNREACHABLE = 'A guard the operator never reaches with inputs that pass its own earlier checks (paged_slots is only called by build_forward_metadata with in-range requests, positive block sizes and allocated pages).'
+RATIO = '(p + 1) % r == (p - 1) % r for the V4.1 ratios r in {1, 2} (the config rejects any other ratio).'
+ONLY_COMPLETE = 'Every call that relies on only_complete passes it; the window calls use divisor 1, for which the publish condition is always true.'
+WINDOW_POS = 'window_metadata only sees positions >= 0 (tokens of requests; padding rows are filled afterwards), for which lens >= 1.'
+PAD_CAST = 'The field is cast to its ABI dtype when ForwardMetadata is assembled (pad), so this cast is redundant.'
+SLAB_CAST = 'Assigned into the INT32 slab tensors, which casts the same way.'
+VALID_BOOL = "valid is BOOL by the ABI (MD-25), and sp_shard's output is checked to be BOOL."
+EMPTY_PAD = 'Only differs when the padding slice is empty, where both give no padding row.'
+ROPE_CAST = 'Position ids index the table the same way as INT32 or INT64.'
+EPS_DEFAULT = "rms_norm's default eps is never used: compressor_ratio2_paged passes its own eps (whose mutation is killed)."
+LATENT_CAST = 'The latent row is assigned into the BF16 latent tensor, which rounds it the same way.'
+KEEPDIM = 'The pooled row is 1-D: keepdim changes nothing.'
+NORM_FP32 = "The RMSNorm weight is FP32, as the reference's weights are."
+PROJECT_F64 = 'kv and score are stored into the FP32 state (the assignment rounds them) and the pooled row goes to BF16, which torch does through FP32: measured identical on 60 cases.'
+INPLACE = 'state_cache is InOut in the ABI: updating it in place and returning it is what the device kernel does.'
+EMPTY_REQ = "An empty request's loop body never runs either way."
+POS0 = 'Position 0 is even: it never closes a pair, and state writes are decided by a separate test.'
+MASKED_ROWS = 'Masked positions read some row but their scores are set to -inf afterwards.'
+EMPTY_SCORES = 'With no visible position the general path returns the same [T, width] scores / all -1 selection.'
+TORCH_F64 = 'The value is FP32 already after _bf16, or torch rounds FP64 to BF16 through FP32 (the same double rounding).'
+TIE = "Changes only the order among exactly tied scores: §5.3 accepts any tie order at the cutoff, and torch's CPU sort is stable for these sizes anyway."
+HAS1 = 'A token with one visible position has exactly one finite block, which Top-K keeps anyway.'
+LASTCLAMP = 'last <= nblocks - 1 whenever compressed_lens <= the score width, which holds because scores past compressed_lens are -inf (§5.1).'
+LASTMIN = "(lens - 1) // block is the same with lens clamped at 1 or 0 for block sizes >= 2 (the spec's block is 8)."
+NBLOCKS0 = 'Only differs when there is no block at all, where nothing is selected.'
+ALIAS = 'forced replaces best afterwards; the aliasing is never observed.'
+U8OUT = 'The mask is copied into the uint8 output, which casts it.'
+LAYER_CONFIG = 'resolve_schedule only asks for layer ids 0..n-1, which pass either way (the validation itself is tested on the config by test_layer_config_rejects_out_of_range).'
+CACHELAYOUT = 'A field default of CacheLayout: layouts are built by the contracts with the real module, so the shadow class is never instantiated.'
+STATE_CAST = 'Assigned into the FP32 state payload, which casts the same way.'
+ROWS1D = 'A 1-D tensor reshaped either way is one row.'
+LEAD1D = 'For 1-D input shape[:-1] is () either way.'
+NAN_DIFF = 'For finite inputs nan_to_num is the identity (an overflowing a - e is +-inf either way); rows with a non-finite value are reported by the non-finite branch before diff matters.'
+REF_RMS_NAN = 'ref_rms of a row whose reference is non-finite is never used: such rows are reported by the non-finite branch first.'
+MASK_GOOD = 'Bad rows are exactly those whose larger excess exceeds 1, so the masking of good rows below that never changes the argmax.'
+TIE_CLAUSE = 'Message only, and only on an exact tie of the two excess ratios, where either clause is a true report.'
+COS_EQ = 'Separable only by a cosine computed as exactly the double 0.9999; no FP64 input was found that produces it (searched 80,000 constructions); the clause is tested at 1 -/+ 1e-6 of its bound.'
+PAD_DTYPE = "x != 0 and isfinite read the same in the slab's own dtype as in FP64."
+
+EQUIVALENT: dict[str, str] = {
+    'contracts.checks.precision:_rows:cmp:t.ndim <= 1[LtE]->Lt#0': ROWS1D,
+    'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
+    'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
+    'contracts.checks.precision:check_owner_rows:const:True->False#1': ZIP,
+    'contracts.checks.precision:check_owner_rows:drop-call:slab[count:].detach().cpu().to(torch.float64)[to]->(skipped)#0': PAD_DTYPE,
+    'contracts.checks.precision:check_row_precision:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
+    'contracts.checks.precision:check_row_precision:cmp:rms_excess[row] >= peak_excess[row][GtE]->Gt#0': TIE_CLAUSE,
+    'contracts.checks.precision:check_row_precision:const:0.0->1.0#0': REF_RMS_NAN,
+    'contracts.checks.precision:check_row_precision:const:0.0->1.0#1': REF_RMS_NAN,
+    'contracts.checks.precision:check_row_precision:const:0.0->1.0#2': REF_RMS_NAN,
+    'contracts.checks.precision:check_row_precision:const:1.0->2.0#0': MASK_GOOD,
+    'contracts.checks.precision:check_row_precision:drop-call:(a - e).nan_to_num(nan=math.inf, posinf=math.inf, neginf=...[nan_to_num]->(skipped)#0': NAN_DIFF,
+    'contracts.checks.precision:check_row_precision:drop-call:e.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)[nan_to_num]->(skipped)#0': REF_RMS_NAN,
+    'contracts.checks.precision:check_row_precision:drop-call:torch.maximum(rms_excess, peak_excess).masked_fill(~bad, ...[masked_fill]->(skipped)#0': MASK_GOOD,
+    'contracts.checks.precision:check_row_precision:drop-unary:-1.0[USub]->(none)#0': MASK_GOOD,
+    'kernels.cache:CacheLayout:const:1->2#0': CACHELAYOUT,
+    'kernels.cache:_check_slots:drop-call:torch.as_tensor(slots).to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.cache:_check_slots:name:int64->int32#0': DTYPE,
+    'kernels.cache:publish:drop-call:values[live].to(torch.float32)[to]->(skipped)#0': STATE_CAST,
+    'kernels.config:V41Config.layer_config:boolop:isinstance(layer_id, bool) or not isinstance(layer_id, in...[Or]->And#0': LAYER_CONFIG,
+    'kernels.config:V41Config.layer_config:cmp:0 <= layer_id < self.num_hidden_layers[Lt]->LtE#0': LAYER_CONFIG,
+    'kernels.metadata:_parse_int_vector:drop-call:tensor.to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.metadata:_parse_int_vector:drop-unary:not isinstance(value, torch.Tensor)[Not]->(none)#0': NONTENSOR,
+    'kernels.metadata:_parse_int_vector:name:int64->int32#0': DTYPE,
+    'kernels.metadata:_parse_table:drop-call:tensor.to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.metadata:_parse_table:drop-unary:not isinstance(value, torch.Tensor)[Not]->(none)#0': NONTENSOR,
+    'kernels.metadata:_parse_table:name:int64->int32#0': DTYPE,
+    'kernels.metadata:build_forward_metadata:binop:positions + 1[Add]->Sub#1': RATIO,
+    "kernels.metadata:build_forward_metadata:drop-call:torch.div(positions + 1, ratio, rounding_mode='floor').to...[to]->(skipped)#0": PAD_CAST,
+    'kernels.metadata:build_forward_metadata:drop-call:torch.where(complete, positions + 1 - ratio, -1).to(torch...[to]->(skipped)#0': PAD_CAST,
+    'kernels.metadata:build_forward_metadata:name:int32->int64#3': PAD_CAST,
+    'kernels.metadata:build_forward_metadata:name:int32->int64#4': PAD_CAST,
+    'kernels.metadata:compressor_metadata:drop-call:kv_seq_lens.to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.metadata:compressor_metadata:drop-call:query_start_loc.to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.metadata:compressor_metadata:name:int64->int32#0': DTYPE,
+    'kernels.metadata:compressor_metadata:name:int64->int32#1': DTYPE,
+    'kernels.metadata:compressor_metadata:name:int64->int32#2': DTYPE,
+    'kernels.metadata:paged_slots:binop:(req < 0) | (req >= block_table.shape[0])[BitOr]->BitAnd#0': UNREACHABLE,
+    'kernels.metadata:paged_slots:binop:positions + 1[Add]->Sub#0': RATIO,
+    'kernels.metadata:paged_slots:boolop:block_size <= 0 or divisor <= 0[Or]->And#0': UNREACHABLE,
+    'kernels.metadata:paged_slots:cmp:block_size <= 0[LtE]->Lt#0': UNREACHABLE,
+    'kernels.metadata:paged_slots:cmp:divisor <= 0[LtE]->Lt#0': UNREACHABLE,
+    'kernels.metadata:paged_slots:cmp:req >= block_table.shape[0][GtE]->Gt#0': UNREACHABLE,
+    'kernels.metadata:paged_slots:const:0->1#0': UNREACHABLE,
+    'kernels.metadata:paged_slots:const:False->True#0': ONLY_COMPLETE,
+    'kernels.metadata:paged_slots:drop-call:positions.to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.metadata:paged_slots:drop-call:request_ids.to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.metadata:paged_slots:name:any->all#1': UNREACHABLE,
+    'kernels.metadata:paged_slots:name:int64->int32#1': DTYPE,
+    'kernels.metadata:window_metadata:const:0->1#0': WINDOW_POS,
+    'kernels.metadata:window_metadata:drop-call:indices.to(torch.int32)[to]->(skipped)#0': PAD_CAST,
+    'kernels.metadata:window_metadata:drop-call:lens.to(torch.int32)[to]->(skipped)#0': PAD_CAST,
+    'kernels.metadata:window_metadata:drop-call:torch.minimum(positions + 1, torch.full_like(positions, w...[clamp_min]->(skipped)#0': WINDOW_POS,
+    'kernels.metadata:window_metadata:drop-unary:-1[USub]->(none)#0': DIM,
+    'kernels.metadata:window_metadata:drop-unary:-1[USub]->(none)#1': DIM,
+    'kernels.metadata:window_metadata:drop-unary:-1[USub]->(none)#3': DIM,
+    'kernels.metadata:window_metadata:name:int32->int64#0': PAD_CAST,
+    'kernels.metadata:window_metadata:name:int32->int64#1': PAD_CAST,
+    'kernels.quant:<module>:const:36->37#0': LUT,
+    'kernels.quant:QuantRule:const:127->128#0': FLOOR128,
+    'kernels.quant:_ceil_pow2_exponent:drop-call:exp.to(torch.int64)[to]->(skipped)#0': CASTNOOP,
+    'kernels.quant:_ceil_pow2_exponent:drop-call:v.to(torch.float32).view(torch.int32).to(torch.int64)[to]->(skipped)#0': CASTNOOP,
+    'kernels.quant:_ceil_pow2_exponent:drop-call:v.to(torch.float32)[to]->(skipped)#0': CASTNOOP,
+    'kernels.quant:_ceil_pow2_exponent:drop-call:v.to(torch.float32)[to]->(skipped)#1': CASTNOOP,
+    'kernels.quant:_ceil_pow2_exponent:name:int64->int32#0': CASTNOOP,
+    'kernels.quant:_ceil_pow2_exponent:name:int64->int32#1': CASTNOOP,
+    'kernels.quant:_ceil_pow2_exponent:name:int64->int32#2': CASTNOOP,
+    'kernels.quant:_e2m1_pack:cmp:sign_of is None[Is]->IsNot#0': PACK,
+    'kernels.quant:_e2m1_pack:drop-call:torch.eq(quad, j).to(j.dtype)[to]->(skipped)#0': PACK,
+    'kernels.quant:_e2m1_pack:drop-call:y4.clone()[clone]->(skipped)#0': PACK,
+    'kernels.quant:_e2m1_pack:name:int32->int64#0': PACK,
+    'kernels.quant:_e2m1_pack:name:int32->int64#1': PACK,
+    'kernels.quant:_fp4_luts:const:0->1#1': LUT,
+    'kernels.quant:_fp4_luts:name:int32->int64#0': LUT,
+    'kernels.quant:_groups:cmp:x.dtype not in (torch.bfloat16, torch.float16, torch.floa...[NotIn]->In#0': GROUPS_CAST,
+    'kernels.quant:_groups:drop-call:x.to(torch.float32)[to]->(skipped)#0': GROUPS_CAST,
+    'kernels.quant:_groups:name:bfloat16->float32#2': GROUPS_CAST,
+    'kernels.quant:_groups:name:float16->bfloat16#0': GROUPS_CAST,
+    'kernels.quant:_groups:name:float32->bfloat16#0': GROUPS_CAST,
+    'kernels.quant:_pool:boolop:os.cpu_count() or 1[Or]->And#0': BLOCKING,
+    'kernels.quant:_pool:const:1->2#0': BLOCKING,
+    'kernels.quant:_pool:const:1->2#1': BLOCKING,
+    'kernels.quant:_pool:const:2->3#0': BLOCKING,
+    'kernels.quant:_pool:name:max->min#0': BLOCKING,
+    'kernels.quant:_pool:name:min->max#0': BLOCKING,
+    'kernels.quant:_quantize_rows:binop:amax / r.qmax[Div]->Mult#2': CLAMP_PASS,
+    'kernels.quant:_quantize_rows:binop:k * r.qmax * unclamped / stored.to(torch.float32)[Div]->Mult#0': CLAMP_PASS,
+    'kernels.quant:_quantize_rows:cmp:k * r.qmax * unclamped / stored.to(torch.float32) > J_MAX[Gt]->GtE#0': CLAMP_PASS,
+    "kernels.quant:_quantize_rows:cmp:r.fmt != 'mxfp4'[NotEq]->Eq#0": CLAMP_PASS,
+    'kernels.quant:_quantize_rows:cmp:y.dtype != torch.float32[NotEq]->Eq#0': Y_FP32,
+    'kernels.quant:_quantize_rows:const:1.0->2.0#0': K_UNUSED,
+    'kernels.quant:_quantize_rows:const:127->128#0': EXPCLAMP,
+    'kernels.quant:_quantize_rows:const:127->128#1': EXPCLAMP,
+    'kernels.quant:_quantize_rows:drop-call:(amax / r.qmax).clamp_min(r.scale_floor).clamp(max=r.e4m3...[clamp]->(skipped)#0': SATURATE,
+    'kernels.quant:_quantize_rows:drop-call:(amax / r.qmax).clamp_min(r.scale_floor)[clamp_min]->(skipped)#1': CLAMP_PASS,
+    'kernels.quant:_quantize_rows:drop-call:(shift - exp).to(torch.int32)[to]->(skipped)#0': BITS,
+    'kernels.quant:_quantize_rows:drop-call:bits.to(torch.int32)[to]->(skipped)#0': BITS,
+    'kernels.quant:_quantize_rows:drop-call:payload.contiguous()[contiguous]->(skipped)#0': CONTIG,
+    'kernels.quant:_quantize_rows:drop-call:scale.contiguous()[contiguous]->(skipped)#0': CONTIG,
+    'kernels.quant:_quantize_rows:drop-call:torch.where(poisoned, E8M0_NAN, scale_code).to(torch.uint8)[to]->(skipped)#0': BITS,
+    'kernels.quant:_quantize_rows:drop-call:y.float()[float]->(skipped)#0': Y_FP32,
+    'kernels.quant:_quantize_rows:drop-unary:-126[USub]->(none)#0': SHIFT,
+    'kernels.quant:_quantize_rows:name:float32->bfloat16#0': FLOOR_BF16,
+    'kernels.quant:_quantize_rows:name:float32->bfloat16#1': E4M3_BF16,
+    'kernels.quant:_quantize_rows:name:float32->bfloat16#2': CLAMP_PASS,
+    'kernels.quant:_quantize_rows:name:float32->bfloat16#3': Y_FP32,
+    'kernels.quant:_quantize_rows:name:int32->int64#0': BITS,
+    'kernels.quant:_quantize_rows:name:int32->int64#1': BITS,
+    'kernels.quant:_quantize_rows:name:uint8->int8#1': BITS,
+    'kernels.quant:_quantize_rows:name:uint8->int8#2': BITS,
+    'kernels.quant:_quantize_rows:name:uint8->int8#3': BITS,
+    'kernels.quant:_quantize_rows:name:uint8->int8#4': BITS,
+    'kernels.quant:_quantize_rows:name:uint8->int8#5': BITS,
+    'kernels.quant:e2m1_decode:name:float32->bfloat16#0': E2M1_TABLE,
+    'kernels.quant:e2m1_encode:const:1->2#0': LUT,
+    'kernels.quant:e2m1_encode:const:6.0->12.0#0': LUT,
+    'kernels.quant:e2m1_encode:const:True->False#0': LUT,
+    'kernels.quant:e2m1_encode:drop-call:(code | torch.signbit(v).to(code.dtype) << 3).to(torch.ui...[to]->(skipped)#0': LUT,
+    'kernels.quant:e2m1_encode:drop-call:(on_mid & (code % 2 == 1)).to(code.dtype)[to]->(skipped)#0': LUT,
+    'kernels.quant:e2m1_encode:drop-call:normalized.to(torch.float32)[to]->(skipped)#0': LUT,
+    'kernels.quant:e2m1_encode:drop-call:torch.signbit(v).to(code.dtype)[to]->(skipped)#0': LUT,
+    'kernels.quant:e2m1_encode:drop-call:v.abs().clamp(max=6.0)[clamp]->(skipped)#0': LUT,
+    'kernels.quant:e2m1_encode:name:float32->bfloat16#0': LUT,
+    'kernels.quant:e2m1_encode:name:float32->bfloat16#1': LUT,
+    'kernels.quant:e2m1_encode:name:uint8->int8#0': LUT,
+    'kernels.quant:e8m0_decode:binop:c - 127[Sub]->Add#0': HOST_E8M0,
+    'kernels.quant:e8m0_decode:cmp:c == E8M0_NAN[Eq]->NotEq#0': HOST_E8M0,
+    'kernels.quant:e8m0_decode:cmp:code.dtype != torch.uint8[NotEq]->Eq#0': HOST_E8M0,
+    'kernels.quant:e8m0_decode:const:127->128#0': HOST_E8M0,
+    'kernels.quant:e8m0_decode:const:False->True#0': HOST_E8M0,
+    'kernels.quant:e8m0_decode:drop-call:code.view(torch.uint8).to(torch.int32)[to]->(skipped)#0': HOST_E8M0,
+    'kernels.quant:e8m0_decode:name:float32->bfloat16#1': HOST_E8M0,
+    'kernels.quant:e8m0_decode:name:int32->int64#0': HOST_E8M0,
+    'kernels.quant:e8m0_decode:name:uint8->int8#0': HOST_E8M0,
+    'kernels.quant:e8m0_decode:name:uint8->int8#1': HOST_E8M0,
+    'kernels.quant:mx_dequantize:name:uint8->int8#0': BITS,
+    'kernels.quant:mx_quantize:binop:2 * per_block[Mult]->Div#0': BLOCKING,
+    'kernels.quant:mx_quantize:cmp:rows.shape[0] < 2 * per_block[Lt]->LtE#0': BLOCKING,
+    'kernels.quant:mx_quantize:const:0->1#1': BLOCKING,
+    'kernels.quant:mx_quantize:const:1->2#2': BLOCKING,
+    'kernels.quant:mx_quantize:const:1->2#3': BLOCKING,
+    'kernels.quant:mx_quantize:const:2->3#0': BLOCKING,
+    'kernels.quant:mx_quantize:name:max->min#0': BLOCKING,
+    'kernels.quant:scale_values:const:True->False#0': HOST_E8M0,
+    'kernels.quant:scale_values:name:uint8->int8#0': BITS,
+    'kernels.quant:unpack_fp4:drop-call:packed.to(torch.uint8)[to]->(skipped)#0': UNPACK,
+    'kernels.quant:unpack_fp4:name:uint8->int8#0': UNPACK,
+    'kernels.reference.compressor:compressor_ratio2_paged:cmp:p < 0[Lt]->LtE#0': POS0,
+    'kernels.reference.compressor:compressor_ratio2_paged:cmp:start >= end[GtE]->Gt#0': EMPTY_REQ,
+    'kernels.reference.compressor:compressor_ratio2_paged:const:0->1#8': POS0,
+    'kernels.reference.compressor:compressor_ratio2_paged:drop-call:state_cache.clone()[clone]->(skipped)#0': INPLACE,
+    'kernels.reference.compressor:project:drop-call:(x.double() @ weight.double()).float()[float]->(skipped)#0': PROJECT_F64,
+    'kernels.reference.compressor:rms_norm:const:1e-20->2e-20#0': EPS_DEFAULT,
+    'kernels.reference.compressor:rms_norm:const:True->False#0': KEEPDIM,
+    'kernels.reference.compressor:rms_norm:drop-call:(xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)...[to]->(skipped)#0': LATENT_CAST,
+    'kernels.reference.compressor:rms_norm:drop-call:weight.float()[float]->(skipped)#0': NORM_FP32,
+    'kernels.reference.indexer:logical_to_physical:drop-call:block_table.to(torch.long)[to]->(skipped)#0': DTYPE,
+    'kernels.reference.indexer:logical_to_physical:drop-call:request_ids.to(torch.long)[to]->(skipped)#0': DTYPE,
+    'kernels.reference.indexer:logical_to_physical:drop-unary:-1[USub]->(none)#0': DIM,
+    'kernels.reference.indexer:paged_index_scores:boolop:width == 0 or tokens == 0[Or]->And#0': EMPTY_SCORES,
+    'kernels.reference.indexer:paged_index_scores:const:0->1#6': MASKED_ROWS,
+    'kernels.reference.indexer:paged_index_scores:drop-call:compressed_lens.to(torch.long)[to]->(skipped)#0': DTYPE,
+    'kernels.reference.indexer:paged_index_scores:drop-call:head_weights.float()[float]->(skipped)#0': TORCH_F64,
+    'kernels.reference.indexer:paged_index_scores:drop-call:keys.float()[float]->(skipped)#0': TORCH_F64,
+    'kernels.reference.indexer:paged_index_scores:drop-call:q.float()[float]->(skipped)#0': TORCH_F64,
+    "kernels.reference.indexer:paged_index_scores:drop-call:torch.einsum('thd,tld->thl', _bf16(q.float()).double(), k...[float]->(skipped)#0": TORCH_F64,
+    'kernels.reference.indexer:paged_index_scores:drop-call:weighted.double().sum(1).float()[float]->(skipped)#0': TORCH_F64,
+    'kernels.reference.indexer:paged_index_scores:drop-unary:-1[USub]->(none)#0': DIM,
+    'kernels.reference.indexer:select_candidate_blocks:binop:nblocks - 1[Sub]->Add#0': LASTCLAMP,
+    'kernels.reference.indexer:select_candidate_blocks:const:0->1#0': HAS1,
+    'kernels.reference.indexer:select_candidate_blocks:const:0->1#1': LASTMIN,
+    'kernels.reference.indexer:select_candidate_blocks:const:0->1#2': NBLOCKS0,
+    'kernels.reference.indexer:select_candidate_blocks:const:True->False#0': TIE,
+    'kernels.reference.indexer:select_candidate_blocks:const:True->False#1': ZIP,
+    'kernels.reference.indexer:select_candidate_blocks:drop-call:(lens - 1).clamp_min(0)[clamp_min]->(skipped)#0': LASTMIN,
+    'kernels.reference.indexer:select_candidate_blocks:drop-call:best.clone()[clone]->(skipped)#0': ALIAS,
+    'kernels.reference.indexer:select_candidate_blocks:drop-call:compressed_lens.to(torch.long)[to]->(skipped)#0': DTYPE,
+    "kernels.reference.indexer:select_candidate_blocks:drop-call:torch.div((lens - 1).clamp_min(0), block, rounding_mode='...[clamp]->(skipped)#0": LASTCLAMP,
+    'kernels.reference.indexer:select_candidate_blocks:drop-unary:-1[USub]->(none)#0': DIM,
+    'kernels.reference.indexer:select_candidate_blocks:drop-unary:-1[USub]->(none)#2': DIM,
+    'kernels.reference.indexer:select_candidate_blocks:name:uint8->int8#0': U8OUT,
+    'kernels.reference.indexer:select_topk:boolop:k == 0 or tokens == 0[Or]->And#0': EMPTY_SCORES,
+    'kernels.reference.indexer:select_topk:const:True->False#0': TIE,
+    'kernels.reference.indexer:select_topk:drop-call:rows.to(torch.int32)[to]->(skipped)#0': DTYPE,
+    'kernels.reference.indexer:select_topk:drop-unary:-1[USub]->(none)#1': DIM,
+    'kernels.reference.indexer:select_topk:drop-unary:-1[USub]->(none)#2': DIM,
+    'kernels.reference.indexer:select_topk:drop-unary:-1[USub]->(none)#3': DIM,
+    'kernels.reference.indexer:select_topk:name:int32->int64#1': DTYPE,
+    'kernels.reference.rope:materialize_rope_rows:drop-call:position_ids[:num_tokens].to(torch.int64)[to]->(skipped)#0': ROPE_CAST,
+    'kernels.reference.rope:materialize_rope_rows:drop-unary:-1[USub]->(none)#0': DIM,
+    'kernels.reference.rope:materialize_rope_rows:name:int64->int32#1': ROPE_CAST,
+    'kernels.sequence_parallel:check_owner_slabs:cmp:b.width > b.count[Gt]->GtE#0': EMPTY_PAD,
+    'kernels.sequence_parallel:check_owner_slabs:const:0->1#2': EMPTY_PAD,
+    'kernels.sequence_parallel:check_owner_slabs:const:True->False#0': ZIP,
+    'kernels.sequence_parallel:check_owner_slabs:drop-call:slab.valid.to(torch.bool)[to]->(skipped)#0': VALID_BOOL,
+    'kernels.sequence_parallel:check_owner_slabs:drop-call:slab.valid.to(torch.bool)[to]->(skipped)#1': VALID_BOOL,
+    'kernels.sequence_parallel:gather_rows:const:True->False#0': ZIP,
+    'kernels.sequence_parallel:gather_rows:const:True->False#1': ZIP,
+    'kernels.sequence_parallel:gather_rows:const:True->False#2': ZIP,
+    'kernels.sequence_parallel:shard_rows:drop-call:positions[rows].to(torch.int32)[to]->(skipped)#0': SLAB_CAST,
+    'kernels.sequence_parallel:shard_rows:drop-call:token_ids[rows].to(torch.int32)[to]->(skipped)#0': SLAB_CAST,
+    'kernels.sequence_parallel:shard_rows:name:int32->int64#2': SLAB_CAST,
+    'kernels.sequence_parallel:shard_rows:name:int32->int64#3': SLAB_CAST,
+}
