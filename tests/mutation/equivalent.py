@@ -164,6 +164,7 @@ EQUIVALENT: dict[str, str] = {
     'kernels.quant:_quantize_rows:drop-call:(amax / r.qmax).clamp_min(r.scale_floor).clamp(max=r.e4m3...[clamp]->(skipped)#0': SATURATE,
     'kernels.quant:_quantize_rows:drop-call:(amax / r.qmax).clamp_min(r.scale_floor)[clamp_min]->(skipped)#1': CLAMP_PASS,
     'kernels.quant:_quantize_rows:drop-call:(shift - exp).to(torch.int32)[to]->(skipped)#0': BITS,
+    'kernels.quant:_quantize_rows:drop-call:_ceil_pow2_exponent(raw, r.pow2).clamp(-127, 127)[clamp]->(skipped)#0': EXPCLAMP,
     'kernels.quant:_quantize_rows:drop-call:bits.to(torch.int32)[to]->(skipped)#0': BITS,
     'kernels.quant:_quantize_rows:drop-call:payload.contiguous()[contiguous]->(skipped)#0': CONTIG,
     'kernels.quant:_quantize_rows:drop-call:scale.contiguous()[contiguous]->(skipped)#0': CONTIG,
