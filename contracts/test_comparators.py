@@ -124,6 +124,23 @@ def budget_global_tiny(f):  # squares of 1e-160 are subnormal: the norms must no
     return name, (a * 1e-160, e * 1e-160), kw
 
 
+def budget_global_tiny_with_zero(f):  # a zero element must not make the norm fall back to squaring 1e-160s
+    e = _ones(16) * 1e-160
+    e[0, 0] = 0.0
+    n = e.numel()
+    return "check_output_budget", (e + f * 0.01 * math.sqrt((n - 1) / n) * 1e-160 * _alt(D), e), {}
+
+
+def budget_global_tiny_negative(f):
+    name, (a, e), kw = budget_global_tiny(f)
+    return name, (-a, -e), kw
+
+
+def budget_tiny_row_negative(f):
+    name, (a, e), kw = budget_tiny_row(f)
+    return name, (-a, -e), kw
+
+
 def split_active(f):  # the active rows on the bound, many exact padding rows must not dilute them
     e = _alt(D).repeat(40, 1)
     a = e.clone()
@@ -149,6 +166,8 @@ BOUNDS = {fn.__name__: fn for fn in (row_rms_rtol, row_rms_atol, row_peak_rtol, 
                                      row_one_row_of_many,
                                      budget_row, budget_global, budget_global_small, budget_tiny_row, budget_cosine,
                                      budget_global_negative, budget_row_negative, budget_global_tiny,
+                                     budget_global_tiny_with_zero, budget_global_tiny_negative,
+                                     budget_tiny_row_negative,
                                      split_active, split_inactive,
                                      owner_rank)}
 
