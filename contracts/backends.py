@@ -63,10 +63,10 @@ OPERATORS: dict[str, OperatorSpec] = {
         OperatorSpec("candidate_blocks", "(scores [T,L], compressed_lens [T], *, block, topk_blocks, width)",
                      "U8 mask [T, width]", "§5.2"),
         OperatorSpec("check_row_precision", "(actual, expected, *, name)", "CheckResult", "§6"),
-        OperatorSpec("check_output_budget", "(actual, expected, *, name)", "CheckResult", "§6"),
+        OperatorSpec("check_output_budget", "(actual, expected, *, budget=FP8_BUDGET, name)", "CheckResult", "§6"),
         OperatorSpec("check_active_split", "(actual, expected, num_tokens, *, leaf, name)", "CheckResult", "§6"),
         OperatorSpec("check_owner_rows", "(actual_slabs, expected, bounds, *, leaf, require_zero_padding, name)",
-                     "CheckResult", "§6/§7.1"),
+                     "CheckResult (a pass counts every owned and padding row)", "§6/§7.1"),
         OperatorSpec("check_replicas_identical", "(replicas, *, name)", "CheckResult", "§6"),
     )
 }

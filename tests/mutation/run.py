@@ -1,6 +1,6 @@
 """Run operator-level mutants against the contracts and report the kill rate and the survivors.
 
-    .venv/bin/python -m tests.mutation.run                      # every mutant, 2 workers (20-40 min)
+    .venv/bin/python -m tests.mutation.run                      # every mutant, 2 workers (about 13 min)
     .venv/bin/python -m tests.mutation.run --module kernels.quant --jobs 2
     .venv/bin/python -m tests.mutation.run --only 'kernels.quant:_quantize_rows:*' --verbose
     .venv/bin/python -m tests.mutation.run --list                # the mutants, without running them
@@ -17,6 +17,11 @@ crash is a failing test in pytest too; the report counts crashes separately). Su
 ``tests/mutation/equivalent.py`` are reported as equivalent, with the reason given there; any other
 survivor is printed with its location. Exit code: 0 when every non-equivalent mutant is killed by the
 contracts alone, 1 otherwise, 2 on a usage error.
+
+Scope: the modules that implement backend operators (``engine.MODULES``: kernels.* and
+contracts.checks.precision, whose comparators are operators). The check library that is not an
+operator (contracts/checks/cache.py, topk.py, compare.py) is tested clause by clause in
+contracts/test_comparators.py but not mutated here.
 """
 
 from __future__ import annotations
@@ -197,14 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.mutation.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--module", action="append", help="mutate only this module (repeatable)")
-    p.add_argument("--only", action="append", metavar="GLOB", help="only mutants whose key matches (repeatable)")
+    p.add_argument("--only", action="append", metavar="GLOB",
+                   help="only mutants whose key matches this fnmatch glob (repeatable; write a literal [ as [[])")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant before it counts as killed")
     p.add_argument("--store", default=str(ROOT / "artifacts" / "store"), help="golden store replayed for survivors")
     p.add_argument("--no-replay", action="store_true", help="do not replay the golden store for survivors")
     p.add_argument("--json", metavar="FILE", help="write every mutant's outcome as JSON lines")
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
-    p.add_argument("--show", metavar="GLOB", help="print the source diff of the matching mutants and exit")
+    p.add_argument("--show", metavar="GLOB", help="print the source diff of the mutants whose key matches and exit")
     p.add_argument("--verbose", "-v", action="store_true", help="details of survivors and kills per contract")
     p.add_argument("--shard", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
