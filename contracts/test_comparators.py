@@ -550,3 +550,20 @@ def test_comparator_failure_names_counts_row_and_column(backend, case):
     assert got == (n_checked, n_failed, field, index), f"{case}: (checked, failed, field, index) = {got}, " \
                                                        f"expected {(n_checked, n_failed, field, index)}"
     assert text in r.message(), f"{case}: {r.message()!r} does not say {text!r}"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_row_verdict_equals_the_fp64_verdict_near_the_bound(backend, seed):
+    """FP32 outputs are summed fast and re-judged in FP64 near the bound: 200 rows of 4096 built within
+    +-2e-6 (relative) of the RMS bound each get the verdict of FP64 copies of the same values. (Judged with
+    FP32 sums alone, about 1 row in 40 of these gets the other verdict.) Spec: §6 (FP64 rows)."""
+    check = op(backend, "check_row_precision")
+    g = torch.Generator().manual_seed(seed)
+    e = (torch.randn((200, 4096), generator=g) * 3).float()
+    direction = torch.randn((200, 4096), generator=g, dtype=F64)
+    bound = 1e-6 + 0.01 * e.double().pow(2).mean(1, keepdim=True).sqrt()
+    target = bound * (1 + torch.linspace(-2e-6, 2e-6, 200, dtype=F64).unsqueeze(1))
+    a = (e.double() + direction / direction.pow(2).mean(1, keepdim=True).sqrt() * target).float()
+    wrong = [r for r in range(200) if check(a[r:r + 1], e[r:r + 1]).ok != check(a[r:r + 1].double(),
+                                                                                 e[r:r + 1].double()).ok]
+    assert not wrong, f"rows {wrong[:8]}: the FP32 verdict differs from the FP64 one"
