@@ -1,7 +1,8 @@
 """Backend registry: an operator is a named callable with documented inputs/outputs; a backend is a set
 of operators. Contracts take the implementation under test from the selected backend.
 
-Built in: ``torch`` (the Torch references) and ``pypto`` (the upstream A5 kernels, available only
+Built in: ``torch`` (the Torch references), ``emulated`` (the references with device-arithmetic twins in place
+of the operators that have one) and ``pypto`` (the upstream A5 kernels, available only
 where ``import pypto.language`` works). Out-of-tree backends load with
 ``--backend-module pkg.module:OBJECT`` where OBJECT is a Backend, or a zero-argument callable
 returning one.
@@ -62,6 +63,11 @@ OPERATORS: dict[str, OperatorSpec] = {
                      "[T, topk] INT32 physical rows, logical order, -1 padded", "§5.1"),
         OperatorSpec("candidate_blocks", "(scores [T,L], compressed_lens [T], *, block, topk_blocks, width)",
                      "U8 mask [T, width]", "§5.2"),
+        OperatorSpec("sparse_attention",
+                     "(query [T,H,D], window_kv [rows,D], window_indices [T,W], compressed_kv [rows,D], "
+                     "compressed_indices [T,K], sink [H] FP32)",
+                     "[T,H,D] in the query dtype: softmax over the valid rows of both sources plus the sink",
+                     "§5.3"),
         OperatorSpec("check_row_precision", "(actual, expected, *, name)", "CheckResult", "§6"),
         OperatorSpec("check_output_budget", "(actual, expected, *, budget=FP8_BUDGET, name)", "CheckResult", "§6"),
         OperatorSpec("check_active_split", "(actual, expected, num_tokens, *, leaf, name)", "CheckResult", "§6"),
@@ -143,6 +149,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "index_scores": ("kernels.reference.indexer", "paged_index_scores"),
     "select_topk": ("kernels.reference.indexer", "select_topk"),
     "candidate_blocks": ("kernels.reference.indexer", "select_candidate_blocks"),
+    "sparse_attention": ("kernels.reference.attention", "sparse_attention"),
     "check_row_precision": ("contracts.checks.precision", "check_row_precision"),
     "check_output_budget": ("contracts.checks.precision", "check_output_budget"),
     "check_active_split": ("contracts.checks.precision", "check_active_split"),
@@ -180,6 +187,16 @@ def torch_backend() -> Backend:
     return Backend("torch", reference_operators(), description="Torch reference (CPU)")
 
 
+@cache
+def emulated_backend() -> Backend:
+    """The Torch references with the device-arithmetic twins in place of the operators that have one
+    (``kernels.emulated``): today ``sparse_attention`` (C1A tiles, BF16 PV, FP32 patch)."""
+    from kernels.emulated.attention import tiled_sparse_attention
+
+    return torch_backend().derive("emulated", description="device-arithmetic twins (CPU)",
+                                  sparse_attention=tiled_sparse_attention)
+
+
 def pypto_backend(platform: str = "a5sim") -> Backend:
     from kernels.pypto_backend import make_backend
 
@@ -187,6 +204,7 @@ def pypto_backend(platform: str = "a5sim") -> Backend:
 
 
 BUILTIN: dict[str, Callable[..., Backend]] = {"torch": lambda platform=None: torch_backend(),
+                                              "emulated": lambda platform=None: emulated_backend(),
                                               "pypto": lambda platform=None: pypto_backend(platform or "a5sim")}
 
 

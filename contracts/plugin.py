@@ -35,7 +35,7 @@ def default_profile() -> str:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pto-contracts")
     group.addoption("--backend", default="torch",
-                    help="backend whose operators the contracts test (built in: torch, pypto; default torch)")
+                    help="backend whose operators the contracts test (built in: torch, emulated, pypto; default torch)")
     group.addoption("--backend-module", default=None, metavar="pkg.module:OBJECT",
                     help="load an out-of-tree backend (a Backend or a callable returning one); overrides --backend")
     group.addoption("--platform", default=None, choices=("a5sim", "a5"),

@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Run the backend on each stored tree's inputs and judge every output with the "
                                     "tree's comparator. Stale trees (reference changed since recording) are refused.")
     rp.add_argument("cases", nargs="*", metavar="CASE")
-    rp.add_argument("--backend", default="torch", help="built-in backend (torch, pypto)")
+    rp.add_argument("--backend", default="torch", help="built-in backend (torch, emulated, pypto)")
     rp.add_argument("--backend-module", default=None, metavar="MOD:OBJ", help="out-of-tree backend")
     rp.add_argument("--platform", default=None, choices=("a5sim", "a5"), help="platform for device backends")
     rp.add_argument("--rev", default=None, help="snapshot id or tag to replay (default: main)")

@@ -118,6 +118,13 @@ CASES = [
      "selection changed"),
     ("reference:CANDIDATES_NO_FORCE", "test_topk:test_candidate_mask_keeps_the_last_visible_block", "dropped"),
     ("reference:CANDIDATES_NO_FORCE", "test_topk:test_candidate_selection_smoke_at_flash_size", "assert"),
+    # sparse attention (§5.3)
+    ("attention:SINK_IGNORED", "test_attention:test_sparse_attention_sink_hand_vectors", "sink 0"),
+    ("attention:SINK_IGNORED", "test_attention:test_sparse_attention_within_the_row_bound_of_the_reference",
+     "attention row"),
+    ("attention:SCALE_576", "test_attention:test_sparse_attention_sink_hand_vectors", "weight"),
+    ("attention:WINDOW_ONLY", "test_attention:test_sparse_attention_within_the_row_bound_of_the_reference",
+     "attention row"),
     # precision (§6)
     ("precision:AVERAGING_ROWS", "test_precision:test_row_precision_one_bad_row_is_not_diluted", "good rows passed"),
     ("precision:NAN_BLIND", "test_precision:test_row_precision_nonfinite_fails", "passed"),

@@ -66,6 +66,8 @@ MASK_GOOD = 'Bad rows are exactly those whose larger excess exceeds 1, so the ma
 TIE_CLAUSE = 'Message only, and only on an exact tie of the two excess ratios, where either clause is a true report.'
 COS_EQ = 'Separable only by a cosine computed as exactly the double 0.9999; no FP64 input was found that produces it (searched 80,000 constructions); the clause is tested at 1 -/+ 1e-6 of its bound.'
 PAD_DTYPE = "x != 0 and isfinite read the same in the slab's own dtype as in FP64."
+SINK_FP32 = ("The sink is FP32 by the operator's ABI: keeping it FP32 or widening it gives the same logit, and "
+             "torch.cat promotes it to FP64 with the scores either way.")
 
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:_rows:cmp:t.ndim <= 1[LtE]->Lt#0': ROWS1D,
@@ -272,4 +274,10 @@ EQUIVALENT: dict[str, str] = {
     'kernels.sequence_parallel:shard_rows:drop-call:token_ids[rows].to(torch.int32)[to]->(skipped)#0': SLAB_CAST,
     'kernels.sequence_parallel:shard_rows:name:int32->int64#2': SLAB_CAST,
     'kernels.sequence_parallel:shard_rows:name:int32->int64#3': SLAB_CAST,
+    'kernels.reference.attention:_check_indices:drop-call:indices.to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.reference.attention:_gather:drop-call:indices[valid].to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.reference.attention:_check_indices:name:int64->int32#1': DTYPE,
+    'kernels.reference.attention:_gather:name:int64->int32#0': DTYPE,
+    'kernels.reference.attention:sparse_attention:drop-call:sink.to(torch.float64)[to]->(skipped)#0': SINK_FP32,
+    'kernels.reference.attention:sparse_attention:name:float64->float32#1': SINK_FP32,
 }
