@@ -68,6 +68,9 @@ OPERATORS: dict[str, OperatorSpec] = {
                      "compressed_indices [T,K], sink [H] FP32)",
                      "[T,H,D] in the query dtype: softmax over the valid rows of both sources plus the sink",
                      "§5.3"),
+        OperatorSpec("half_layer_call", "(kind, *, phase, tokens, active=None, requests=1, tp=1, config)",
+                     "active token count; raises ValueError naming field, mode and phase (host-side caller "
+                     "contract of an attention half-layer entry)", "§7.1"),
         OperatorSpec("check_row_precision", "(actual, expected, *, name)", "CheckResult", "§6"),
         OperatorSpec("check_output_budget", "(actual, expected, *, budget=FP8_BUDGET, name)", "CheckResult", "§6"),
         OperatorSpec("check_active_split", "(actual, expected, num_tokens, *, leaf, name)", "CheckResult", "§6"),
@@ -150,6 +153,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "select_topk": ("kernels.reference.indexer", "select_topk"),
     "candidate_blocks": ("kernels.reference.indexer", "select_candidate_blocks"),
     "sparse_attention": ("kernels.reference.attention", "sparse_attention"),
+    "half_layer_call": ("kernels.half_layer", "check_half_layer_call"),
     "check_row_precision": ("contracts.checks.precision", "check_row_precision"),
     "check_output_budget": ("contracts.checks.precision", "check_output_budget"),
     "check_active_split": ("contracts.checks.precision", "check_active_split"),

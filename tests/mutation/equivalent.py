@@ -68,6 +68,8 @@ COS_EQ = 'Separable only by a cosine computed as exactly the double 0.9999; no F
 PAD_DTYPE = "x != 0 and isfinite read the same in the slab's own dtype as in FP64."
 SINK_FP32 = ("The sink is FP32 by the operator's ABI: keeping it FP32 or widening it gives the same logit, and "
              "torch.cat promotes it to FP64 with the scores either way.")
+TP_DEFAULT = ("tp only decides the decode SWA leaf's TP8 refusal: with any default other than 8 the call accepts "
+              "and rejects exactly the same arguments.")
 
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:_rows:cmp:t.ndim <= 1[LtE]->Lt#0': ROWS1D,
@@ -280,4 +282,5 @@ EQUIVALENT: dict[str, str] = {
     'kernels.reference.attention:_gather:name:int64->int32#0': DTYPE,
     'kernels.reference.attention:sparse_attention:drop-call:sink.to(torch.float64)[to]->(skipped)#0': SINK_FP32,
     'kernels.reference.attention:sparse_attention:name:float64->float32#1': SINK_FP32,
+    'kernels.half_layer:check_half_layer_call:const:1->2#1': TP_DEFAULT,
 }

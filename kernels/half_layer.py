@@ -1,0 +1,58 @@
+"""The caller contract of an attention half-layer entry, checked on the host before anything launches.
+
+A decode entry takes at most ``decode_max_tokens`` rows (32 requests x 6 rows = 192 per DP group) and a
+prefill entry at most ``prefill_max_tokens`` (4,096); the request count is between 1 and
+min(32, active tokens). Every decode mode except C2A Reuse requires ``active == tokens``; C2A Reuse alone
+publishes an active prefix and accepts an inactive suffix (upstream validates 32 tokens with 24 active).
+The decode SWA leaf refuses TP8 (it would need head-tile padding). Each violation raises a
+ContractInputError naming the field, the mode and phase, the expected range and the value.
+
+Spec: §7.1 (decode caller contract), §1 (deployment); upstream_checks CH-03, CH-04, SC-22, MD-30, SP-13.
+"""
+
+from __future__ import annotations
+
+from kernels.config import FLASH, SUPPORTED_TP, LayerKind, V41Config
+from kernels.errors import ContractInputError
+
+SPEC = "§7.1"
+PHASES = ("decode", "prefill")
+
+
+def _int(name: str, value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ContractInputError(name, None, f"an int ({where})", repr(value), SPEC)
+    return value
+
+
+def check_half_layer_call(kind: LayerKind | str, *, phase: str, tokens: int, active: int | None = None,
+                          requests: int = 1, tp: int = 1, config: V41Config = FLASH) -> int:
+    """Validate one half-layer call; return the number of active tokens. Spec: §7.1."""
+    try:
+        kind = LayerKind(kind)
+    except ValueError:
+        raise ContractInputError("kind", None, f"one of {[k.value for k in LayerKind]}", repr(kind), SPEC) from None
+    if phase not in PHASES:
+        raise ContractInputError("phase", None, f"one of {PHASES}", repr(phase), SPEC)
+    where = f"{kind.value} {phase}"
+    tp = _int("tp", tp, where)
+    allowed_tp = tuple(t for t in SUPPORTED_TP if not (kind is LayerKind.SWA and phase == "decode" and t == 8))
+    if tp not in allowed_tp:
+        note = " (the decode SWA leaf refuses TP8: it would need head-tile padding)" if tp == 8 else ""
+        raise ContractInputError("tp", None, f"one of {allowed_tp} for {where}{note}", tp, SPEC)
+    capacity = config.decode_max_tokens if phase == "decode" else config.prefill_max_tokens
+    tokens = _int("tokens", tokens, where)
+    if not 1 <= tokens <= capacity:
+        raise ContractInputError("tokens", None, f"1..{capacity} rows per DP group for {where}", tokens, SPEC)
+    active = tokens if active is None else _int("active_tokens", active, where)
+    if not 1 <= active <= tokens:
+        raise ContractInputError("active_tokens", None, f"1..tokens ({tokens}) for {where}", active, SPEC)
+    if phase == "decode" and kind is not LayerKind.C2A_REUSE and active != tokens:
+        raise ContractInputError("active_tokens", None, f"== tokens ({tokens}) for {where}: only C2A_REUSE "
+                                 "decode accepts an inactive suffix", active, SPEC)
+    requests = _int("requests", requests, where)
+    most = min(config.max_batch_per_dp, active)
+    if not 1 <= requests <= most:
+        raise ContractInputError("requests", None, f"1..min({config.max_batch_per_dp}, active tokens) = 1..{most} "
+                                 f"for {where}", requests, SPEC)
+    return active
