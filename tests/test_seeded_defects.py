@@ -121,10 +121,14 @@ CASES = [
     # sparse attention (§5.3)
     ("attention:SINK_IGNORED", "test_attention:test_sparse_attention_sink_hand_vectors", "sink 0"),
     ("attention:SINK_IGNORED", "test_attention:test_sparse_attention_within_the_row_bound_of_the_reference",
-     "attention row"),
+     "attention"),
     ("attention:SCALE_576", "test_attention:test_sparse_attention_sink_hand_vectors", "weight"),
     ("attention:WINDOW_ONLY", "test_attention:test_sparse_attention_within_the_row_bound_of_the_reference",
      "attention row"),
+    ("attention:CAST_FIRST", "test_tp:test_all_reduce_casts_once_after_the_fp32_sum", "one BF16 cast"),
+    ("attention:REVERSED_RANKS", "test_tp:test_all_reduce_casts_once_after_the_fp32_sum", "rank order"),
+    ("attention:STALE_PADDING", "test_tp:test_reduce_scatter_is_the_all_reduce_split_into_owner_slabs",
+     "not exactly zero"),
     # precision (§6)
     ("precision:AVERAGING_ROWS", "test_precision:test_row_precision_one_bad_row_is_not_diluted", "good rows passed"),
     ("precision:NAN_BLIND", "test_precision:test_row_precision_nonfinite_fails", "passed"),

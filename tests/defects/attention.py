@@ -29,3 +29,35 @@ _base = torch_backend()
 SINK_IGNORED = _base.derive("defect:sink-ignored", sparse_attention=_sink_ignored)
 SCALE_576 = _base.derive("defect:scale-576", sparse_attention=_scale_576)
 WINDOW_ONLY = _base.derive("defect:window-only", sparse_attention=_window_only)
+
+
+def _cast_first(partials):
+    """Wrong: each rank's partial is cast to BF16 before the sum."""
+    from kernels.reference import tp
+
+    return tp.tp_all_reduce([p.to(torch.bfloat16).float() for p in partials])
+
+
+def _reversed_ranks(partials):
+    """Wrong: the partials are summed in reverse rank order."""
+    from kernels.reference import tp
+
+    return tp.tp_all_reduce(list(reversed(partials)))
+
+
+def _stale_padding(partials, *, active_tokens, capacity=None):
+    """Wrong: padding rows of each slab keep the reduced values of the rows past the active prefix."""
+    from kernels.reference import tp
+    from kernels.sequence_parallel import sequence_parallel_bounds
+
+    slabs = tp.tp_reduce_scatter(partials, active_tokens=active_tokens, capacity=capacity)
+    full = tp.tp_all_reduce(partials)
+    for slab, b in zip(slabs, sequence_parallel_bounds(active_tokens, len(partials), capacity), strict=True):
+        rows = full[b.first + b.count:b.first + b.width]
+        slab[b.count:b.count + rows.shape[0]] = rows
+    return slabs
+
+
+CAST_FIRST = _base.derive("defect:tp-cast-first", tp_all_reduce=_cast_first)
+REVERSED_RANKS = _base.derive("defect:tp-reversed", tp_all_reduce=_reversed_ranks)
+STALE_PADDING = _base.derive("defect:tp-stale-padding", tp_reduce_scatter=_stale_padding)
