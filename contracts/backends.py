@@ -68,6 +68,9 @@ OPERATORS: dict[str, OperatorSpec] = {
                      "compressed_indices [T,K], sink [H] FP32)",
                      "[T,H,D] in the query dtype: softmax over the valid rows of both sources plus the sink",
                      "§5.3"),
+        OperatorSpec("o_proj", "(attended [T,H,D] BF16, rope_cos [T,R/2], rope_sin, wo_a [G,O,H*D/G] BF16, "
+                     "wo_b [G*O, hidden] decoded)", "[T, hidden] FP32 partial (inverse RoPE, grouped Wo-A with one "
+                     "BF16 rounding, Wo-B in FP32)", "§7.1"),
         OperatorSpec("tp_all_reduce", "(partials: list of FP32 [T, D], one per rank)",
                      "[T, D] BF16: FP32 sum in rank order, one BF16 cast", "§7.1"),
         OperatorSpec("tp_reduce_scatter", "(partials, *, active_tokens, capacity=None)",
@@ -158,6 +161,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "candidate_blocks": ("kernels.reference.indexer", "select_candidate_blocks"),
     "sparse_attention": ("kernels.reference.attention", "sparse_attention"),
     "half_layer_call": ("kernels.half_layer", "check_half_layer_call"),
+    "o_proj": ("kernels.reference.o_proj", "output_projection"),
     "tp_all_reduce": ("kernels.reference.tp", "tp_all_reduce"),
     "tp_reduce_scatter": ("kernels.reference.tp", "tp_reduce_scatter"),
     "check_row_precision": ("contracts.checks.precision", "check_row_precision"),

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MODULES = (
     "kernels.config", "kernels.quant", "kernels.cache", "kernels.metadata", "kernels.sequence_parallel",
     "kernels.reference.rope", "kernels.reference.compressor", "kernels.reference.indexer",
-    "kernels.reference.attention", "kernels.half_layer", "kernels.reference.tp",
+    "kernels.reference.attention", "kernels.half_layer", "kernels.reference.tp", "kernels.reference.o_proj",
     "contracts.checks.precision",
 )
 

@@ -70,6 +70,9 @@ SINK_FP32 = ("The sink is FP32 by the operator's ABI: keeping it FP32 or widenin
              "torch.cat promotes it to FP64 with the scores either way.")
 TP_DEFAULT = ("tp only decides the decode SWA leaf's TP8 refusal: with any default other than 8 the call accepts "
               "and rejects exactly the same arguments.")
+HALF_SENTINEL = ("The value taken when the table is not 2-D never matters: a table that is not 2-D is rejected by "
+                 "the next check whatever half is.")
+INT_FLOAT = "An int and the equal float compare equal: the shape check accepts and rejects the same inputs."
 
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:_rows:cmp:t.ndim <= 1[LtE]->Lt#0': ROWS1D,
@@ -283,4 +286,10 @@ EQUIVALENT: dict[str, str] = {
     'kernels.reference.attention:sparse_attention:drop-call:sink.to(torch.float64)[to]->(skipped)#0': SINK_FP32,
     'kernels.reference.attention:sparse_attention:name:float64->float32#1': SINK_FP32,
     'kernels.half_layer:check_half_layer_call:const:1->2#1': TP_DEFAULT,
+    'kernels.reference.o_proj:output_projection:const:1->2#1': HALF_SENTINEL,
+    'kernels.reference.o_proj:output_projection:drop-unary:-1[USub]->(none)#1': HALF_SENTINEL,
+    'kernels.reference.o_proj:output_projection:drop-unary:-1[USub]->(none)#0': DIM,
+    "kernels.reference.o_proj:output_projection:drop-call:torch.einsum('tgk,gnk->tgn', x, wo_a.to(torch.float64)).t...[to]->(skipped)#1": TORCH_F64,
+    'kernels.reference.o_proj:output_projection:name:float32->bfloat16#0': CASTNOOP,
+    'kernels.reference.o_proj:output_projection:binop:heads * dim // wo_a.shape[0][FloorDiv]->Div#0': INT_FLOAT,
 }

@@ -1,0 +1,99 @@
+"""The attention output projection of a rank (``o_proj``): inverse RoPE, grouped Wo-A with FP32 accumulation
+and one BF16 rounding, Wo-B to an FP32 partial. Hand vectors for the BF16 boundary and the rotation
+direction; the per-row bound against the reference at tiny and FLASH per-rank geometry (16 heads x 512,
+2 groups, O_LORA 1024 at TP4); bad input. Spec: §7.1; upstream_checks RR-12, AP-09, AP-10.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contracts.backends import torch_backend
+from contracts.checks.precision import check_row_precision
+from contracts.plugin import op
+
+REF = torch_backend()
+
+
+def _identity_tables(tokens: int, half: int):
+    return torch.ones(tokens, half), torch.zeros(tokens, half)
+
+
+def test_o_proj_rounds_the_grouped_latent_to_bf16(backend):
+    """Hand-computed: one token, 2 heads x 4 dims, one group, O_LORA 2. Latent 0 = x . w0 = 1 + 2^-8 (exact in
+    FP32) rounds to BF16 1.0 (tie to even); latent 1 = 1. Wo-B = [[1], [-1]] gives 1.0 - 1 = 0 in FP32; without
+    the BF16 rounding it would be 2^-8. The partial is FP32. Spec: AP-09, AP-10."""
+    x = torch.tensor([[[1.0, 2.0**-8, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]]).to(torch.bfloat16)
+    w = torch.zeros(1, 2, 8)
+    w[0, 0, 0], w[0, 0, 1], w[0, 1, 0] = 1.0, 1.0, 1.0
+    cos, sin = _identity_tables(1, 1)
+    out = op(backend, "o_proj")(x, cos, sin, w.to(torch.bfloat16), torch.tensor([[1.0], [-1.0]]))
+    assert out.dtype == torch.float32 and out.shape == (1, 1), f"{out.dtype}{list(out.shape)}"
+    assert out.item() == 0.0, f"partial {out.item()!r}: expected 0 (latent 1 + 2^-8 rounds to BF16 1.0)"
+
+
+def test_o_proj_applies_the_inverse_rotation(backend):
+    """Inputs rotated forward by 90 degrees (exact: (a, b) -> (-b, a)) with tables (cos 0, sin 1) give exactly the
+    output of the unrotated inputs with identity tables; a forward rotation would give (-a, -b). Spec: RR-12."""
+    g = torch.Generator().manual_seed(2)
+    tokens, heads, dim, half = 3, 4, 16, 4
+    x = torch.randn(tokens, heads, dim, generator=g).to(torch.bfloat16)
+    rotated = x.clone()
+    tail = x[..., -2 * half:].unflatten(-1, (-1, 2))
+    rotated[..., -2 * half:] = torch.stack((-tail[..., 1], tail[..., 0]), dim=-1).flatten(-2)
+    wo_a = torch.randn(2, 8, heads * dim // 2, generator=g).to(torch.bfloat16)
+    wo_b = torch.randn(16, 32, generator=g)
+    proj = op(backend, "o_proj")
+    want = proj(x, *_identity_tables(tokens, half), wo_a, wo_b)
+    got = proj(rotated, torch.zeros(tokens, half), torch.ones(tokens, half), wo_a, wo_b)
+    assert torch.equal(got, want), "rotating the inputs by 90 degrees and undoing it changed the partial"
+
+
+def _bound_case(backend, geometry, seed, tokens):
+    heads, dim, groups, lora, hidden = geometry
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, heads, dim, generator=g).to(torch.bfloat16)
+    angles = torch.rand(tokens, 32, generator=g) * 6.3
+    wo_a = (torch.randn(groups, lora, heads * dim // groups, generator=g) * (heads * dim / groups) ** -0.5)
+    wo_b = torch.randn(groups * lora, hidden, generator=g) * (groups * lora) ** -0.5
+    args = (x, angles.cos(), angles.sin(), wo_a.to(torch.bfloat16), wo_b)
+    got, want = op(backend, "o_proj")(*args), REF.get("o_proj")(*args)
+    assert got.dtype == want.dtype == torch.float32 and got.shape == want.shape
+    result = check_row_precision(got, want, name="o_proj")
+    assert result.ok, result.message()
+
+
+@given(seed=st.integers(0, 2**31), tokens=st.integers(1, 3))
+def test_o_proj_within_the_row_bound_of_the_reference(backend, seed, tokens):
+    """At tiny geometry (4 heads x 64, 2 groups): the FP32 partial of every token within the per-row RMS/peak
+    bound of the reference, with real rotations at random positions. Spec: §6, §7.1."""
+    _bound_case(backend, (4, 64, 2, 32, 96), seed, tokens)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_o_proj_within_the_row_bound_at_flash_geometry(backend, seed):
+    """The same at FLASH per-rank geometry for TP4: 16 heads x 512, 2 groups of 4096, O_LORA 1024, hidden 5120."""
+    _bound_case(backend, (16, 512, 2, 1024, 5120), seed, 2)
+
+
+@pytest.mark.parametrize("what", ["fp32 attended", "table rows", "wo_a groups", "wo_b rows", "table wider than a head",
+                                  "groups not dividing the heads"])
+def test_o_proj_rejects_bad_input(backend, what):
+    """Bad shapes and dtypes raise a ValueError naming the field. Spec: §7.1."""
+    x = torch.zeros(2, 4, 16, dtype=torch.bfloat16)
+    cos, sin = _identity_tables(2, 4)
+    wo_a, wo_b = torch.zeros(2, 8, 32, dtype=torch.bfloat16), torch.zeros(16, 8)
+    args = [x, cos, sin, wo_a, wo_b]
+    field = {"fp32 attended": 0, "table rows": 1, "wo_a groups": 3, "wo_b rows": 4, "table wider than a head": 1,
+             "groups not dividing the heads": 3}[what]
+    name = ["attended", "rope_cos", "rope_sin", "wo_a", "wo_b"][field]
+    args[field] = {"fp32 attended": x.float(), "table rows": cos[:1], "wo_a groups": torch.zeros(3, 8, 32),
+                   "wo_b rows": wo_b[:15], "table wider than a head": torch.ones(2, 9),
+                   "groups not dividing the heads": torch.zeros(3, 8, 21, dtype=torch.bfloat16)}[what]
+    if what == "table wider than a head":
+        args[2] = torch.zeros(2, 9)
+    with pytest.raises(ValueError, match=name):
+        op(backend, "o_proj")(*args)
