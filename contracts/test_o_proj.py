@@ -97,3 +97,13 @@ def test_o_proj_rejects_bad_input(backend, what):
         args[2] = torch.zeros(2, 9)
     with pytest.raises(ValueError, match=name):
         op(backend, "o_proj")(*args)
+
+
+def test_o_proj_rounds_the_unrotated_heads_to_bf16(backend):
+    """Hand-computed: the rope pair (1, 0) under cos 0.6, sin 0.8 un-rotates to (0.6, -0.8), which the device
+    stores as BF16 (0.6015625, -0.80078125); a Wo-A row summing both gives exactly -0.19921875. Summing the
+    FP32 values instead gives -0.2 and BF16 -0.2001953125. Spec: RR-12, AP-09 (BF16 unrotated heads)."""
+    x = torch.tensor([[[0.0, 0.0, 1.0, 0.0]]]).to(torch.bfloat16)  # one head, D 4, the rope pair is dims 2..3
+    w = torch.tensor([[[0.0, 0.0, 1.0, 1.0]]]).to(torch.bfloat16)  # one group, O_LORA 1
+    out = op(backend, "o_proj")(x, torch.tensor([[0.6]]), torch.tensor([[0.8]]), w, torch.tensor([[1.0]]))
+    assert out.item() == -0.19921875, f"partial {out.item()!r}: expected -0.19921875 (BF16 unrotated heads)"

@@ -73,6 +73,9 @@ TP_DEFAULT = ("tp only decides the decode SWA leaf's TP8 refusal: with any defau
 HALF_SENTINEL = ("The value taken when the table is not 2-D never matters: a table that is not 2-D is rejected by "
                  "the next check whatever half is.")
 INT_FLOAT = "An int and the equal float compare equal: the shape check accepts and rejects the same inputs."
+INVERSE_DEFAULT = "Every operator that rotates passes inverse= explicitly (o_proj passes True), so the default is never used."
+FP32_TABLES = ("The FP32 cos/sin tables promote the BF16 operands to FP32 (and torch.cat promotes to FP32), so the "
+               "explicit .float() changes no value.")
 
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:_rows:cmp:t.ndim <= 1[LtE]->Lt#0': ROWS1D,
@@ -292,4 +295,8 @@ EQUIVALENT: dict[str, str] = {
     "kernels.reference.o_proj:output_projection:drop-call:torch.einsum('tgk,gnk->tgn', x, wo_a.to(torch.float64)).t...[to]->(skipped)#1": TORCH_F64,
     'kernels.reference.o_proj:output_projection:name:float32->bfloat16#0': CASTNOOP,
     'kernels.reference.o_proj:output_projection:binop:heads * dim // wo_a.shape[0][FloorDiv]->Div#0': INT_FLOAT,
+    'kernels.reference.rope:rope_interleave:const:False->True#0': INVERSE_DEFAULT,
+    'kernels.reference.rope:rope_interleave:drop-call:x[..., -width:].float()[float]->(skipped)#0': FP32_TABLES,
+    'kernels.reference.rope:rope_interleave:drop-call:head.float()[float]->(skipped)#0': FP32_TABLES,
+    'kernels.reference.rope:rope_interleave:drop-unary:-2[USub]->(none)#0': DIM,
 }
