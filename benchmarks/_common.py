@@ -15,3 +15,19 @@ def keep_heap_warm() -> str:
         return "warm heap (mallopt)" if ok else "default heap"
     except OSError:
         return "default heap"
+
+
+def interleaved(ops: dict, repeats: int) -> dict[str, list[float]]:
+    """Warm each operation up once, then time them round-robin ``repeats`` times (seconds per call), so
+    machine noise hits the baseline and the subject alike."""
+    import time
+
+    for fn in ops.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in ops}
+    for _ in range(repeats):
+        for name, fn in ops.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    return samples

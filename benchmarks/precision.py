@@ -9,18 +9,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
-from _common import keep_heap_warm
+from _common import interleaved, keep_heap_warm
 
 from contracts.checks.precision import check_row_precision
-
-
-def _once(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -39,12 +32,7 @@ def main() -> None:
     ops = {floor_name: lambda: (a.float() - b.float()).pow(2).sum(-1),
            "check_row_precision": lambda: check_row_precision(a, b)}
     assert ops["check_row_precision"]().ok
-    for fn in ops.values():
-        fn()
-    samples: dict[str, list[float]] = {name: [] for name in ops}
-    for _ in range(args.repeats):  # interleaved, so machine noise hits floor and check alike
-        for name, fn in ops.items():
-            samples[name].append(_once(fn))
+    samples = interleaved(ops, args.repeats)
     floor, floor_min = statistics.median(samples[floor_name]), min(samples[floor_name])
     print(f"input 2 x [4096, 5120] bf16, torch threads {torch.get_num_threads()}, {heap}, {args.repeats} "
           "interleaved runs; ratio = floor time / operation time (median, and best-of)")

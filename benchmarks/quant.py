@@ -8,18 +8,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
-from _common import keep_heap_warm
+from _common import interleaved, keep_heap_warm
 
 from kernels.quant import mx_quantize
-
-
-def _once(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -36,12 +29,7 @@ def main() -> None:
     ops = {"floor: x.float().abs().amax(-1)": lambda: x.float().abs().amax(-1)}
     for rule in ("window", "compressed", "index"):
         ops[f"quantize+pack {rule}"] = lambda rule=rule: mx_quantize(x, rule)
-    for fn in ops.values():
-        fn()  # warm-up
-    samples: dict[str, list[float]] = {name: [] for name in ops}
-    for _ in range(args.repeats):  # interleaved, so machine noise hits floor and codec alike
-        for name, fn in ops.items():
-            samples[name].append(_once(fn))
+    samples = interleaved(ops, args.repeats)
     floor_name = "floor: x.float().abs().amax(-1)"
     floor, floor_min = statistics.median(samples[floor_name]), min(samples[floor_name])
     mb = x.numel() * x.element_size() / 1e6
