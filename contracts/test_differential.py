@@ -43,13 +43,11 @@ OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _where(path: str, a: torch.Tensor, b: torch.Tensor) -> str:
-    rows = byte_rows(a.reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(1, -1))
-    rows_b = byte_rows(b.reshape(b.shape[0], -1) if b.ndim > 1 else b.reshape(1, -1))
-    r = int((rows != rows_b).any(1).nonzero()[0, 0])
-    fa, fb = a.reshape(rows.shape[0], -1)[r], b.reshape(rows.shape[0], -1)[r]
-    diff = (byte_rows(fa.reshape(-1, 1)) != byte_rows(fb.reshape(-1, 1))).any(1)
-    c = int(diff.nonzero()[0, 0]) if bool(diff.any()) else 0
-    return f"{path}: row {r} element {c}: backend {fa[c].item()!r}, reference {fb[c].item()!r}"
+    """The first element whose bytes differ, by index, with both values."""
+    diff = (byte_rows(a.reshape(-1, 1)) != byte_rows(b.reshape(-1, 1))).any(1)
+    i = int(diff.nonzero()[0, 0])
+    idx = [int(v) for v in torch.unravel_index(torch.tensor(i), a.shape)]
+    return f"{path}{idx}: backend {a.reshape(-1)[i].item()!r}, reference {b.reshape(-1)[i].item()!r}"
 
 
 def same_bits(path: str, got, want) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import inspect
 from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from hypothesis import Phase, settings
+
+from contracts.backends import OPERATORS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +91,7 @@ def run_contract(fn, backend, *, stop_at_first: bool = False) -> Outcome:
         try:
             with falsify_without_shrinking(fn):
                 fn(backend=backend, **kwargs)
-        except pytest.skip.Exception as exc:
+        except pytest.skip.Exception as exc:  # only a backend without the operator skips (contracts.plugin.op)
             return Outcome(name, skipped=str(exc))
         except BaseException as exc:  # AssertionError, pytest.fail's Failed, a hypothesis group, a crash
             if isinstance(exc, KeyboardInterrupt | SystemExit):
@@ -106,8 +107,6 @@ def _operators_called(node: ast.AST, module_names: frozenset[str] = frozenset())
     """Operator names a test's code asks a backend for: any call with an operator name as a string argument
     (``op(backend, "X")``, ``backend.get("X")``, ``both("X", backend, ...)``); where the name is computed
     (``op(backend, name)``), every operator named anywhere in the module (``module_names``)."""
-    from contracts.backends import OPERATORS
-
     out = set()
     for n in ast.walk(node):
         if not isinstance(n, ast.Call):
@@ -126,8 +125,6 @@ def contract_index() -> tuple[tuple[str, str, frozenset[str]], ...]:
     """(module, test name, operators it calls, including through module helpers) for every contract."""
     rows = []
     for path in sorted((ROOT / "contracts").glob("test_*.py")):
-        from contracts.backends import OPERATORS
-
         tree = ast.parse(path.read_text())
         named = frozenset(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in OPERATORS)
         # helpers contribute the operators they name; a helper taking the name as an argument contributes none
@@ -156,7 +153,3 @@ def contracts_for(operators: Iterable[str], *, exclude_modules: Iterable[str] = 
             continue
         out.append(getattr(importlib.import_module(module), name))
     return out
-
-
-def source_of(fn) -> str:
-    return inspect.getsource(fn)

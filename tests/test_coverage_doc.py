@@ -23,8 +23,6 @@ import sys
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 from contracts.backends import OPERATORS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,8 +171,3 @@ def test_header_totals_are_computed():
     header = next((line for line in DOC.read_text().splitlines() if line.startswith("Totals (computed")), None)
     assert header == want, f"docs/coverage.md header is\n  {header}\nbut the rows give\n  {want}"
 
-
-if __name__ == "__main__":  # print the totals line to paste into the header
-    rs = rows()
-    print(totals(rs))
-    pytest.main([__file__, "-q"])

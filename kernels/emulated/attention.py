@@ -15,6 +15,8 @@ import math
 
 import torch
 
+from kernels.reference.attention import check_inputs  # validation is shared: same errors, same fields
+
 TILE = 32
 M_TILE = 16
 PATCH_COLUMNS = 16
@@ -25,8 +27,6 @@ def tiled_sparse_attention(query: torch.Tensor, window_kv: torch.Tensor, window_
                            compressed_kv: torch.Tensor, compressed_indices: torch.Tensor,
                            sink: torch.Tensor) -> torch.Tensor:
     """Same signature and result layout as ``kernels.reference.attention.sparse_attention``."""
-    from kernels.reference.attention import check_inputs  # validation is shared: same errors, same fields
-
     check_inputs(query, window_kv, window_indices, compressed_kv, compressed_indices, sink)
     tokens, heads, dim = query.shape
     scale = 1.0 / math.sqrt(dim)

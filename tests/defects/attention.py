@@ -4,6 +4,8 @@ import torch
 
 from contracts.backends import torch_backend
 from kernels.reference import attention as ref
+from kernels.reference import tp
+from kernels.sequence_parallel import sequence_parallel_bounds
 
 
 def _sink_ignored(query, window_kv, window_indices, compressed_kv, compressed_indices, sink):
@@ -33,23 +35,16 @@ WINDOW_ONLY = _base.derive("defect:window-only", sparse_attention=_window_only)
 
 def _cast_first(partials):
     """Wrong: each rank's partial is cast to BF16 before the sum."""
-    from kernels.reference import tp
-
     return tp.tp_all_reduce([p.to(torch.bfloat16).float() for p in partials])
 
 
 def _reversed_ranks(partials):
     """Wrong: the partials are summed in reverse rank order."""
-    from kernels.reference import tp
-
     return tp.tp_all_reduce(list(reversed(partials)))
 
 
 def _stale_padding(partials, *, active_tokens, capacity=None):
     """Wrong: padding rows of each slab keep the reduced values of the rows past the active prefix."""
-    from kernels.reference import tp
-    from kernels.sequence_parallel import sequence_parallel_bounds
-
     slabs = tp.tp_reduce_scatter(partials, active_tokens=active_tokens, capacity=capacity)
     full = tp.tp_all_reduce(partials)
     for slab, b in zip(slabs, sequence_parallel_bounds(active_tokens, len(partials), capacity), strict=True):

@@ -200,8 +200,8 @@ def reachable(module: str) -> frozenset[str]:
             frontier |= set().union(*(_refs(b, defs, assigns) for b in body)) if body else set()
         else:
             frontier |= _refs(node, defs, assigns)
-    owners = {q.split(".")[0] + "." for q in seen if "." in q}  # classes some reachable method belongs to
-    return frozenset((seen | {o.rstrip(".") + ".<methods>" for o in owners}) - EXCLUDE.get(module, frozenset()))
+    owners = {q.split(".")[0] + ".<methods>" for q in seen if "." in q}  # classes with a reachable method
+    return frozenset((seen | owners) - EXCLUDE.get(module, frozenset()))
 
 
 # ---------------------------------------------------------------------------

@@ -89,6 +89,8 @@ def run_one(mutant, store_trees, timeout: float) -> dict:
         row["operators"] = sorted(ops)
         for fn in contracts_for(ops):
             outcome = run_contract(fn, backend, stop_at_first=True)
+            if outcome.skipped is not None:  # a shadow backend has every operator: a skip judged nothing
+                row.setdefault("skipped", []).append(outcome.contract)
             if outcome.failures or outcome.crashes:
                 how = "fail" if outcome.failures else "crash"
                 row.update(status="killed", by=outcome.contract, how=how, detail=outcome.text()[:300])
@@ -175,11 +177,13 @@ def report(rows: list[dict], equivalent: dict[str, str], *, seconds: float, verb
     print(f"wall time {seconds:.0f} s")
     stale = sorted(set(equivalent) - {r["key"] for r in rows})
     listed_killed = sorted(r["key"] for r in rows if r["key"] in equivalent and r["status"] != "survived")
-    for title, keys in (("listed as equivalent but killed (remove from equivalent.py)", listed_killed),):
-        if keys:
-            print(f"\n{title}:")
-            for k in keys:
-                print(f"  {k}")
+    if listed_killed:
+        print("\nlisted as equivalent but killed (remove from equivalent.py):")
+        for k in listed_killed:
+            print(f"  {k}")
+    skipped = sorted({c for r in rows for c in r.get("skipped", [])})
+    if skipped:
+        print(f"\ncontracts that skipped under a mutant (they judged nothing; a harness fault): {skipped}")
     if stale and verbose:
         print(f"\n{len(stale)} equivalent.py keys not among the mutants run")
     for st, title in (("replay", "killed only by the golden replay (a contract is missing)"),
@@ -195,7 +199,7 @@ def report(rows: list[dict], equivalent: dict[str, str], *, seconds: float, verb
         print("\nkills by contract:")
         for by, k in Counter(r["by"] for r in rows if r["final"] == "killed").most_common():
             print(f"  {k:5}  {by}")
-    return 0 if not (total["replay"] or total["survived"]) else 1
+    return 0 if not (total["replay"] or total["survived"] or skipped) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,14 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         return worker(args)
     mutants = _select(args)
     if args.show:
+        import ast
         import difflib
 
         from tests.mutation import engine
 
         for m in mutants:
             if fnmatch.fnmatchcase(m.key, args.show):
-                import ast as _ast
-                before = _ast.unparse(_ast.parse(engine.module_path(m.module).read_text())).splitlines()
+                before = ast.unparse(engine._tree(m.module)).splitlines()
                 after = engine.mutated_source(m).splitlines()
                 print(f"# {m.key}  ({m.where})")
                 print("\n".join(line for line in difflib.unified_diff(before, after, lineterm="", n=1)
