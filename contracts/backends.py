@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,11 @@ OPERATORS: dict[str, OperatorSpec] = {
         OperatorSpec("half_layer_call", "(kind, *, phase, tokens, active=None, requests=1, tp=1, config)",
                      "active token count; raises ValueError naming field, mode and phase (host-side caller "
                      "contract of an attention half-layer entry)", "§7.1"),
+        OperatorSpec("attention_half_layer",
+                     "(inputs {name: tensor}, *, kind, phase, wiring, tp, config=FLASH_TINY)",
+                     "{output, window_payload, window_scale, [compressed_/index_ payload+scale], [topk_indices], "
+                     "[state_cache], [candidate_mask]}: one attention half-layer of any mode, composed from this "
+                     "backend's operators unless the backend gives its own", "§2.3/§7.1"),
         OperatorSpec("check_row_precision", "(actual, expected, *, name)", "CheckResult", "§6"),
         OperatorSpec("check_output_budget", "(actual, expected, *, budget=FP8_BUDGET, name)", "CheckResult", "§6"),
         OperatorSpec("check_active_split", "(actual, expected, num_tokens, *, leaf, name)", "CheckResult", "§6"),
@@ -125,7 +130,10 @@ class Backend:
             raise BackendError(f"unknown operator {op!r}; known: {sorted(OPERATORS)}")
         if op not in self._ops:
             raise MissingOperator(self, op)
-        return self._ops[op]
+        fn = self._ops[op]
+        if getattr(fn, "composes_operators", False):  # a composition runs on this backend's own operators
+            return partial(fn, ops=self._ops)
+        return fn
 
     @property
     def operators(self) -> tuple[str, ...]:
@@ -164,6 +172,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "o_proj": ("kernels.reference.o_proj", "output_projection"),
     "tp_all_reduce": ("kernels.reference.tp", "tp_all_reduce"),
     "tp_reduce_scatter": ("kernels.reference.tp", "tp_reduce_scatter"),
+    "attention_half_layer": ("kernels.reference.attention_layer", "attention_half_layer"),
     "check_row_precision": ("contracts.checks.precision", "check_row_precision"),
     "check_output_budget": ("contracts.checks.precision", "check_output_budget"),
     "check_active_split": ("contracts.checks.precision", "check_active_split"),
@@ -204,7 +213,8 @@ def torch_backend() -> Backend:
 @cache
 def emulated_backend() -> Backend:
     """The Torch references with the device-arithmetic twins in place of the operators that have one
-    (``kernels.emulated``): today ``sparse_attention`` (C1A tiles, BF16 PV, FP32 patch)."""
+    (``kernels.emulated``): today ``sparse_attention`` (C1A tiles, BF16 PV, FP32 patch), which every attention
+    half-layer composed on this backend then uses."""
     from kernels.emulated.attention import tiled_sparse_attention
 
     return torch_backend().derive("emulated", description="device-arithmetic twins (CPU)",

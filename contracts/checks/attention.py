@@ -1,0 +1,201 @@
+"""The verdict on one attention half-layer call: every output it returns, each with the comparator upstream
+uses for it, and messages that name the mode, phase, wiring, TP rank and row.
+
+* ``output``: C1A modes with the per-row RMS/peak bound (the decode C1A ``ratio_allclose`` variant selectable
+  by name), SWA and C2A with the FP8 budget; replicated: active rows and the inactive suffix compared
+  separately on every rank, and the replicas byte-identical; sharded: each rank's owned rows, padding rows
+  exactly zero.
+* window cache: the quantized-cache comparator over the rows this call maps (``window_slots``), unmapped bytes
+  exact. FULL: the compressed (MXFP4 g16 E4M3) and index (MXFP4 g32 E8M0) caches the same way over
+  ``compressed_slots``; C2A FULL: the state ring (untouched slots exact, 0.5 % relative L2). REINDEX and REUSE:
+  the compressed and index caches byte-identical to the inputs (they write neither).
+* ``topk_indices``: REUSE byte-exact copies of the source's rows; C1A FULL/REINDEX the §5.3 validity rule
+  against reference scores; C2A FULL the set-overlap rule. A valid selection that differs from the reference
+  is accepted, and the output is then judged against the reference recomputed for that selection from the
+  reference caches and original weights (``reference_for``), never from device outputs.
+* ``candidate_mask`` (C1A FULL): exact.
+
+Spec: §6, §5.3, §7.1, §7.2; upstream_checks AP-01..08, AP-11..13, SP-05, SP-09, IX-10, IX-12.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from contracts.checks import cache as cache_checks
+from contracts.checks.precision import (
+    check_active_split,
+    check_output_budget,
+    check_owner_rows,
+    check_replicas_identical,
+    check_row_precision,
+    comparator,
+)
+from contracts.checks.topk import TopKContext, check_topk_overlap, check_topk_validity
+from contracts.result import CheckResult, Violation, failed, first_failure, passed
+from contracts.tensors import byte_rows
+from kernels import quant
+from kernels.config import LayerKind
+from kernels.reference.attention_layer import FULL, REUSE
+from kernels.sequence_parallel import sequence_parallel_bounds
+
+C1A = (LayerKind.C1A_FULL, LayerKind.C1A_REINDEX, LayerKind.C1A_REUSE)
+Tensors = Mapping[str, torch.Tensor]
+
+
+def output_leaf(kind: LayerKind, variant: str | None = None) -> Callable[..., CheckResult]:
+    """The output comparator of a mode: ``row_rms_peak`` for C1A, ``fp8_budget`` for SWA/C2A; ``variant`` names
+    another registered comparator (e.g. ``ratio_allclose_c1a_decode``)."""
+    if variant is not None:
+        return comparator(variant)
+    return check_row_precision if LayerKind(kind) in C1A else check_output_budget
+
+
+def _mapped(slots: torch.Tensor, rows: int) -> torch.Tensor:
+    m = torch.zeros(rows, dtype=torch.bool)
+    s = slots.to(torch.int64)
+    m[s[s >= 0]] = True
+    return m
+
+
+def _decode(payload: torch.Tensor, scale: torch.Tensor, rule: str) -> torch.Tensor:
+    rows = payload.shape[0] * payload.shape[1]
+    return quant.mx_dequantize(quant.MXTensor(payload.reshape(rows, -1), scale.reshape(rows, -1), rule))
+
+
+def _cache(where: str, name: str, actual: Tensors, expected: Tensors, slots: torch.Tensor, rule: str) -> CheckResult:
+    a, e = (actual[f"{name}_payload"], actual[f"{name}_scale"]), (expected[f"{name}_payload"], expected[f"{name}_scale"])
+    for got, want, field in ((a[0], e[0], "payload"), (a[1], e[1], "scale")):
+        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
+            return failed("check_quantized_cache", "§6", 1, 1,
+                          Violation(f"{where}: {name}_{field}.layout", (), f"{got.dtype}{list(got.shape)}",
+                                    f"{want.dtype}{list(want.shape)}"))
+    rows = a[0].shape[0] * a[0].shape[1]
+    return cache_checks.check_quantized_cache(f"{where}: {name} cache", a, e, _mapped(slots, rows),
+                                              actual_values=_decode(*a, rule), expected_values=_decode(*e, rule),
+                                              fmt=quant.RULES[rule].fmt)
+
+
+def _unchanged(where: str, name: str, actual: Tensors, inputs: Tensors) -> CheckResult:
+    results = []
+    for part in ("payload", "scale"):
+        key = f"{name}_{part}"
+        if key not in actual:
+            results.append(failed("check_unchanged", "§2.3", 1, 1,
+                                  Violation(f"{where}: {key}", (), "missing", "the input bytes")))
+            continue
+        got, before = actual[key], inputs[key]
+        if got.dtype != before.dtype or tuple(got.shape) != tuple(before.shape):
+            results.append(failed("check_unchanged", "§2.3", 1, 1, Violation(
+                f"{where}: {key}.layout", (), f"{got.dtype}{list(got.shape)}", f"{before.dtype}{list(before.shape)}")))
+            continue
+        rows = got.shape[0] * got.shape[1]
+        r = cache_checks.check_bytes_outside(f"{where}: {key} (this mode writes no {name} cache)",
+                                             got.reshape(rows, -1), before.reshape(rows, -1),
+                                             torch.zeros(rows, dtype=torch.bool))
+        results.append(r)
+    return first_failure(results)
+
+
+def check_layer_output(where: str, actual: torch.Tensor, expected: torch.Tensor, *, wiring: str, tp: int, active: int,
+                       tokens: int, leaf) -> CheckResult:
+    """The output of one call: replicated, every rank's active rows and inactive suffix separately and the
+    replicas byte-identical; sharded, every rank's owned rows with ``leaf`` and padding rows exactly zero."""
+    if actual.dtype != expected.dtype or tuple(actual.shape) != tuple(expected.shape):
+        return failed("check_output", "§6", 1, 1, Violation(f"{where}: output.layout", (),
+                                                             f"{actual.dtype}{list(actual.shape)}",
+                                                             f"{expected.dtype}{list(expected.shape)}"))
+    results = []
+    if wiring == "replicated":
+        for rank in range(tp):
+            results.append(check_active_split(actual[rank], expected[rank], active, leaf=leaf,
+                                              name=f"{where}: output.rank{rank}"))
+        results.append(check_replicas_identical(list(actual), name=f"{where}: output"))
+    else:
+        bounds = sequence_parallel_bounds(active, tp, tokens)
+        want = torch.cat([expected[r, :b.count] for r, b in enumerate(bounds)])
+        results.append(check_owner_rows(list(actual), want, [(b.first, b.count, b.width) for b in bounds], leaf=leaf,
+                                        require_zero_padding=True, name=f"{where}: output"))
+    return first_failure(results)
+
+
+def judge_half_layer(actual: Tensors, expected: Tensors, inputs: Tensors, *, kind: LayerKind | str, phase: str,
+                     wiring: str, tp: int, block_size: int, variant: str | None = None,
+                     scores: torch.Tensor | None = None,
+                     reference_for: Callable[[torch.Tensor], Tensors] | None = None) -> CheckResult:
+    """Judge every output of one half-layer call (see module doc). ``scores``: the reference index scores
+    (needed when a C1A FULL/REINDEX selection differs from the reference); ``reference_for(selection)``: the
+    reference outputs recomputed for an accepted alternative selection. Spec: §6, §5.3."""
+    kind = LayerKind(kind)
+    where = f"{kind.value} {phase} {wiring} TP{tp}"
+    missing = sorted(set(expected) - set(actual))
+    if missing:
+        return failed("judge_half_layer", "§6", len(expected), len(missing),
+                      Violation(f"{where}: outputs", (), f"missing {missing}", sorted(expected)))
+    active = int(inputs["num_tokens"])
+    tokens = int(inputs["position_ids"].shape[0])
+    results = []
+    want = expected
+    if "topk_indices" in expected:
+        sel, ref_sel = actual["topk_indices"], expected["topk_indices"]
+        same = sel.dtype == ref_sel.dtype and sel.shape == ref_sel.shape and torch.equal(sel, ref_sel)
+        if kind in REUSE or same:
+            results.append(_exact(f"{where}: topk_indices", sel, ref_sel))
+        else:
+            ctx = TopKContext(inputs["compressed_block_table"], inputs["token_to_req_indices"][:active],
+                              inputs["compressed_lens"][:active], block_size)
+            if kind is LayerKind.C2A_FULL:
+                verdict = check_topk_overlap(sel, ref_sel, name=f"{where}: topk_indices")
+            elif scores is None:
+                verdict = failed("check_topk_validity", "§5.3", 1, 1, Violation(
+                    f"{where}: topk_indices", (), "a selection that differs from the reference",
+                    "the reference selection (no reference scores were given to judge an alternative)"))
+            else:
+                verdict = check_topk_validity(sel, ref_sel, ctx, scores, name=f"{where}: topk_indices")
+            results.append(verdict)
+            if verdict.ok and reference_for is not None:
+                want = reference_for(sel)  # the output reference for the accepted selection
+    results.append(check_layer_output(where, actual["output"], want["output"], wiring=wiring, tp=tp, active=active,
+                           tokens=tokens, leaf=output_leaf(kind, variant)))
+    results.append(_cache(where, "window", actual, want, inputs["window_slots"][:active], "window"))
+    if kind in FULL:
+        slots = inputs["compressed_slots"][:active]
+        results.append(_cache(where, "compressed", actual, want, slots, "compressed"))
+        results.append(_cache(where, "index", actual, want, slots, "index"))
+    elif kind is not LayerKind.SWA:
+        results.append(_unchanged(where, "compressed", actual, inputs))
+        if kind is LayerKind.C1A_REINDEX:
+            results.append(_unchanged(where, "index", actual, inputs))
+    if "state_cache" in expected:
+        a, e, before = actual["state_cache"], want["state_cache"], inputs["state_cache"]
+        if a.dtype != e.dtype or a.shape != e.shape:
+            results.append(failed("check_state", "§6", 1, 1, Violation(f"{where}: state_cache.layout", (),
+                                                                       f"{a.dtype}{list(a.shape)}",
+                                                                       f"{e.dtype}{list(e.shape)}")))
+        else:
+            rows = a.shape[0] * a.shape[1]
+            touched = (byte_rows(e.reshape(rows, -1)) != byte_rows(before.reshape(rows, -1))).any(1)
+            results.append(cache_checks.check_state(f"{where}: state_cache", a.reshape(rows, -1),
+                                                    e.reshape(rows, -1), touched))
+    if "candidate_mask" in expected:
+        results.append(_exact(f"{where}: candidate_mask", actual["candidate_mask"], want["candidate_mask"]))
+    extra = sorted(set(actual) - set(expected))
+    if extra:
+        results.append(failed("judge_half_layer", "§2.3", len(actual), len(extra), Violation(
+            f"{where}: outputs", (), f"unexpected {extra}", sorted(expected),
+            note="a mode returns only the caches it owns")))
+    bad = next((r for r in results if not r.ok), None)
+    return bad if bad is not None else passed("judge_half_layer", "§6", sum(r.n_checked for r in results))
+
+
+def _exact(name: str, a: torch.Tensor, e: torch.Tensor) -> CheckResult:
+    if a.dtype != e.dtype or tuple(a.shape) != tuple(e.shape):
+        return failed("check_exact", "§5.3", 1, 1, Violation(f"{name}.layout", (), f"{a.dtype}{list(a.shape)}",
+                                                               f"{e.dtype}{list(e.shape)}"))
+    diff = a != e
+    if not bool(diff.any()):
+        return passed("check_exact", "§5.3", a.numel())
+    idx = tuple(int(v) for v in diff.nonzero()[0])
+    return failed("check_exact", "§5.3", a.numel(), int(diff.sum()), Violation(name, idx, a[idx].item(), e[idx].item()))
