@@ -28,6 +28,7 @@ class Context:
     actual_outputs: Mapping[str, torch.Tensor]
     expected_outputs: Mapping[str, torch.Tensor]
     params: Mapping[str, object]
+    wiring: str = "replicated"
 
 
 Comparator = Callable[[str, torch.Tensor, torch.Tensor, Context], CheckResult]
@@ -138,10 +139,41 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "cache_scale": {},
 }
 
+def half_layer(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """One output of an attention half-layer tree, judged with the whole call in view (contracts.checks.attention):
+    the output bound of the mode, cache ownership, the Top-K rule, and an accepted alternative selection judged
+    against the reference recomputed for it from the stored inputs (reference caches, original weights)."""
+    from contracts.checks.attention import judge_half_layer
+    from kernels.config import preset
+    from kernels.reference.attention_layer import attention_half_layer
+    from kernels.reference.indexer import select_topk
+
+    p = ctx.params
+    call = dict(kind=str(p["kind"]), phase=str(p["phase"]), wiring=ctx.wiring, tp=int(p["tp"]))
+    config = preset(str(p["preset"]))
+
+    def scores() -> torch.Tensor:
+        seen = []
+
+        def capture(s, *args, **kw):
+            seen.append(s)
+            return select_topk(s, *args, **kw)
+
+        attention_half_layer(ctx.inputs, config=config, ops={"select_topk": capture}, **call)
+        return seen[0]
+
+    def reference_for(selection: torch.Tensor):
+        return attention_half_layer(ctx.inputs, config=config, ops={"select_topk": lambda *a, **k: selection.clone()},
+                                    **call)
+
+    return judge_half_layer(ctx.actual_outputs, ctx.expected_outputs, ctx.inputs, block_size=config.block_size,
+                            scores=scores, reference_for=reference_for, only=name, **call)
+
+
 COMPARATORS: dict[str, Comparator] = {
     "exact": exact, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
-    "cache_scale": cache_scale,
+    "cache_scale": cache_scale, "half_layer": half_layer,
 }
 
 

@@ -300,6 +300,44 @@ def _sp_call(shard, gather, inputs: Tensors, wiring: str) -> Tensors:
     return {"gathered": x, "gathered_token_ids": tok, "gathered_positions": pos}
 
 
+# ---------------------------------------------------------------------------
+# attention half-layers: every mode x phase, both wirings, at TP2 on the tiny preset
+
+HALF_LAYER_TP = 2
+HALF_LAYER_MODULES = ("kernels.reference.attention_layer", "kernels.reference.attention", "kernels.reference.o_proj",
+                      "kernels.reference.tp", "kernels.reference.compressor", "kernels.reference.indexer",
+                      "kernels.reference.rope", "kernels.cache", "kernels.quant", "kernels.half_layer",
+                      "kernels.sequence_parallel")
+
+
+HALF_LAYER_INOUT = ("window_payload", "window_scale", "compressed_payload", "compressed_scale", "index_payload",
+                    "index_scale", "state_cache")  # caches the entry updates in place (a mode returns those it has)
+
+
+def _half_layer_case(kind, phase: str) -> Case:
+    from contracts.half_layer_cases import HalfLayerCase, build
+    from kernels.reference.attention_layer import attention_half_layer
+
+    def inputs(seed: int, wiring: str) -> Tensors:
+        return build(HalfLayerCase(kind, phase, wiring, HALF_LAYER_TP, seed=seed))
+
+    def call(fn, i: Tensors, wiring: str) -> Tensors:
+        return fn(i, kind=kind, phase=phase, wiring=wiring, tp=HALF_LAYER_TP, config=FLASH_TINY)
+
+    def comparators(wiring: str) -> dict[str, str]:
+        outputs = call(attention_half_layer, inputs(0, wiring), wiring)
+        return dict.fromkeys(outputs, "half_layer")
+
+    padding = "a 2-row inactive suffix" if phase == "decode" and kind.value == "C2A_REUSE" else (
+        "3 padding rows" if phase == "prefill" else "no padding")
+    return Case(f"attn_{kind.value.lower()}_{phase}", "attention_half_layer",
+                f"{kind.value} {phase} half-layer at TP{HALF_LAYER_TP}: 3 requests with history across permuted "
+                f"pages, {padding}, 13.0 sentinel rows", ("replicated", "sharded"), HALF_LAYER_MODULES, inputs,
+                lambda i, w: call(attention_half_layer, i, w), lambda b, i, w: call(b.get("attention_half_layer"), i, w),
+                comparators, inout=HALF_LAYER_INOUT,
+                params={"kind": kind.value, "phase": phase, "tp": HALF_LAYER_TP, "preset": "flash-tiny"})
+
+
 def _build_cases() -> dict[str, Case]:
     from kernels import sequence_parallel as sp
     from kernels.reference import compressor, indexer, rope
@@ -336,6 +374,9 @@ def _build_cases() -> dict[str, Case]:
                         if w == "sharded" else {k: "exact" for k in ("gathered", "gathered_token_ids",
                                                                        "gathered_positions")})),
     ]
+    from kernels.config import LayerKind
+
+    cases += [_half_layer_case(kind, phase) for kind in LayerKind for phase in ("prefill", "decode")]
     return {c.name: c for c in cases}
 
 

@@ -153,7 +153,7 @@ def replay(tree: LoadedTree, backend, *, allow_stale: bool = False) -> dict[str,
         raise GoldenStoreError(f"{tree.case.name}/{tree.record.wiring} is stale: "
                                + STALE_HINT.format(case=tree.case.name))
     actual = tree.case.run(backend, _clone(tree.inputs), tree.record.wiring)
-    ctx = Context(tree.inputs, actual, tree.expected, tree.record.params)
+    ctx = Context(tree.inputs, actual, tree.expected, tree.record.params, tree.record.wiring)
     return compare_all(tree.record.comparators, ctx)
 
 

@@ -123,26 +123,37 @@ def check_layer_output(where: str, actual: torch.Tensor, expected: torch.Tensor,
 
 def judge_half_layer(actual: Tensors, expected: Tensors, inputs: Tensors, *, kind: LayerKind | str, phase: str,
                      wiring: str, tp: int, block_size: int, variant: str | None = None,
-                     scores: torch.Tensor | None = None,
-                     reference_for: Callable[[torch.Tensor], Tensors] | None = None) -> CheckResult:
-    """Judge every output of one half-layer call (see module doc). ``scores``: the reference index scores
-    (needed when a C1A FULL/REINDEX selection differs from the reference); ``reference_for(selection)``: the
-    reference outputs recomputed for an accepted alternative selection. Spec: §6, §5.3."""
+                     scores: torch.Tensor | Callable[[], torch.Tensor] | None = None,
+                     reference_for: Callable[[torch.Tensor], Tensors] | None = None,
+                     only: str | None = None) -> CheckResult:
+    """Judge every output of one half-layer call (see module doc); ``only`` names one output and returns its
+    verdict alone (the golden replay's per-output table). ``scores``: the reference index scores, or a callable
+    computing them (needed when a C1A FULL/REINDEX selection differs from the reference);
+    ``reference_for(selection)``: the reference outputs recomputed for an accepted alternative selection.
+    Spec: §6, §5.3."""
     kind = LayerKind(kind)
     where = f"{kind.value} {phase} {wiring} TP{tp}"
+    results: list[tuple[tuple[str, ...], CheckResult]] = []
     missing = sorted(set(expected) - set(actual))
     if missing:
-        return failed("judge_half_layer", "§6", len(expected), len(missing),
-                      Violation(f"{where}: outputs", (), f"missing {missing}", sorted(expected)))
+        results.append((tuple(missing), failed("judge_half_layer", "§6", len(expected), len(missing),
+                                               Violation(f"{where}: outputs", (), f"missing {missing}",
+                                                         sorted(expected)))))
+    extra = sorted(set(actual) - set(expected))
+    if extra:
+        results.append((tuple(extra), failed("judge_half_layer", "§2.3", len(actual), len(extra), Violation(
+            f"{where}: outputs", (), f"unexpected {extra}", sorted(expected),
+            note="a mode returns only the caches it owns"))))
+    if missing:
+        return _pick(results, only)
     active = int(inputs["num_tokens"])
     tokens = int(inputs["position_ids"].shape[0])
-    results = []
     want = expected
     if "topk_indices" in expected:
         sel, ref_sel = actual["topk_indices"], expected["topk_indices"]
         same = sel.dtype == ref_sel.dtype and sel.shape == ref_sel.shape and torch.equal(sel, ref_sel)
         if kind in REUSE or same:
-            results.append(_exact(f"{where}: topk_indices", sel, ref_sel))
+            verdict = _exact(f"{where}: topk_indices", sel, ref_sel)
         else:
             ctx = TopKContext(inputs["compressed_block_table"], inputs["token_to_req_indices"][:active],
                               inputs["compressed_lens"][:active], block_size)
@@ -153,41 +164,47 @@ def judge_half_layer(actual: Tensors, expected: Tensors, inputs: Tensors, *, kin
                     f"{where}: topk_indices", (), "a selection that differs from the reference",
                     "the reference selection (no reference scores were given to judge an alternative)"))
             else:
-                verdict = check_topk_validity(sel, ref_sel, ctx, scores, name=f"{where}: topk_indices")
-            results.append(verdict)
-            if verdict.ok and reference_for is not None:
+                verdict = check_topk_validity(sel, ref_sel, ctx, scores() if callable(scores) else scores,
+                                              name=f"{where}: topk_indices")
+            if verdict.ok and reference_for is not None and not same:
                 want = reference_for(sel)  # the output reference for the accepted selection
-    results.append(check_layer_output(where, actual["output"], want["output"], wiring=wiring, tp=tp, active=active,
-                           tokens=tokens, leaf=output_leaf(kind, variant)))
-    results.append(_cache(where, "window", actual, want, inputs["window_slots"][:active], "window"))
+        results.append((("topk_indices",), verdict))
+    results.append((("output",), check_layer_output(where, actual["output"], want["output"], wiring=wiring, tp=tp,
+                                                    active=active, tokens=tokens, leaf=output_leaf(kind, variant))))
+    results.append((("window_payload", "window_scale"),
+                    _cache(where, "window", actual, want, inputs["window_slots"][:active], "window")))
     if kind in FULL:
         slots = inputs["compressed_slots"][:active]
-        results.append(_cache(where, "compressed", actual, want, slots, "compressed"))
-        results.append(_cache(where, "index", actual, want, slots, "index"))
+        results.append((("compressed_payload", "compressed_scale"),
+                        _cache(where, "compressed", actual, want, slots, "compressed")))
+        results.append((("index_payload", "index_scale"), _cache(where, "index", actual, want, slots, "index")))
     elif kind is not LayerKind.SWA:
-        results.append(_unchanged(where, "compressed", actual, inputs))
+        results.append((("compressed_payload", "compressed_scale"), _unchanged(where, "compressed", actual, inputs)))
         if kind is LayerKind.C1A_REINDEX:
-            results.append(_unchanged(where, "index", actual, inputs))
+            results.append((("index_payload", "index_scale"), _unchanged(where, "index", actual, inputs)))
     if "state_cache" in expected:
         a, e, before = actual["state_cache"], want["state_cache"], inputs["state_cache"]
         if a.dtype != e.dtype or a.shape != e.shape:
-            results.append(failed("check_state", "§6", 1, 1, Violation(f"{where}: state_cache.layout", (),
-                                                                       f"{a.dtype}{list(a.shape)}",
-                                                                       f"{e.dtype}{list(e.shape)}")))
+            verdict = failed("check_state", "§6", 1, 1, Violation(f"{where}: state_cache.layout", (),
+                                                                  f"{a.dtype}{list(a.shape)}", f"{e.dtype}{list(e.shape)}"))
         else:
             rows = a.shape[0] * a.shape[1]
             touched = (byte_rows(e.reshape(rows, -1)) != byte_rows(before.reshape(rows, -1))).any(1)
-            results.append(cache_checks.check_state(f"{where}: state_cache", a.reshape(rows, -1),
-                                                    e.reshape(rows, -1), touched))
+            verdict = cache_checks.check_state(f"{where}: state_cache", a.reshape(rows, -1), e.reshape(rows, -1),
+                                               touched)
+        results.append((("state_cache",), verdict))
     if "candidate_mask" in expected:
-        results.append(_exact(f"{where}: candidate_mask", actual["candidate_mask"], want["candidate_mask"]))
-    extra = sorted(set(actual) - set(expected))
-    if extra:
-        results.append(failed("judge_half_layer", "§2.3", len(actual), len(extra), Violation(
-            f"{where}: outputs", (), f"unexpected {extra}", sorted(expected),
-            note="a mode returns only the caches it owns")))
-    bad = next((r for r in results if not r.ok), None)
-    return bad if bad is not None else passed("judge_half_layer", "§6", sum(r.n_checked for r in results))
+        results.append((("candidate_mask",),
+                        _exact(f"{where}: candidate_mask", actual["candidate_mask"], want["candidate_mask"])))
+    return _pick(results, only)
+
+
+def _pick(results: list[tuple[tuple[str, ...], CheckResult]], only: str | None) -> CheckResult:
+    chosen = [r for names, r in results if only is None or only in names]
+    if not chosen:
+        return failed("judge_half_layer", "§6", 1, 1, Violation("output", (), repr(only), "an output of this mode"))
+    bad = next((r for r in chosen if not r.ok), None)
+    return bad if bad is not None else passed("judge_half_layer", "§6", sum(r.n_checked for r in chosen))
 
 
 def _exact(name: str, a: torch.Tensor, e: torch.Tensor) -> CheckResult:
