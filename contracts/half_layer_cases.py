@@ -52,6 +52,7 @@ class HalfLayerCase:
     cancel: str | None = None
     request_order: tuple[int, ...] | None = None  # a permutation of the batch's requests
     page_seed: int | None = None  # physical page layout (default: seed)
+    batch: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # (query lens, kv lens) instead of the default
 
     @property
     def layer(self) -> int:
@@ -59,7 +60,8 @@ class HalfLayerCase:
 
     @property
     def label(self) -> str:
-        return f"{self.kind.value}-{self.phase}-TP{self.tp}-{self.wiring}"
+        extra = "" if self.batch is None else f"-q{'.'.join(map(str, self.batch[0]))}-kv{'.'.join(map(str, self.batch[1]))}"
+        return f"{self.kind.value}-{self.phase}-TP{self.tp}-{self.wiring}{extra}"
 
 
 def _batch(case: HalfLayerCase) -> tuple[tuple[int, ...], tuple[int, ...], int]:
@@ -69,6 +71,8 @@ def _batch(case: HalfLayerCase) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     else:
         qlens, kvs = (11, 1, 6), (0, 37, 18)  # a new request, a decode-like row, a chunk resuming at an even pos
         padding = 3
+    if case.batch is not None:
+        qlens, kvs = case.batch
     if case.request_order is not None:
         qlens = tuple(qlens[i] for i in case.request_order)
         kvs = tuple(kvs[i] for i in case.request_order)
@@ -152,8 +156,8 @@ def build(case: HalfLayerCase) -> dict[str, torch.Tensor]:
     if case.kind is not LayerKind.SWA:
         ctable = kw["compressed_block_tables"][src]
         cblocks = int(ctable.max()) + 3
-        ckind = "compressed_r2" if ratio_of(case.kind) == 2 else "compressed_r1"
-        clens = [n // ratio_of(case.kind) for n in new_kv]
+        ckind = "compressed_r2" if ratio_of(case.kind, c) == 2 else "compressed_r1"
+        clens = [n // ratio_of(case.kind, c) for n in new_kv]
         compressed = _history(cache_abi.empty_cache(lay[ckind], cblocks, generator=gb), ctable, clens, canon,
                               case.seed, "c")
         index = _history(cache_abi.empty_cache(lay["index"], cblocks, generator=gb), ctable, clens, canon, case.seed,

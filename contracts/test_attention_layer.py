@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -67,6 +68,8 @@ def _judge(case: HalfLayerCase, actual, backend=None, **kw):
 
 
 ALL = [HalfLayerCase(k, p, w, tp) for k in KINDS for p in PHASES for tp in TPS for w in WIRINGS]
+# new requests of one token each: every compressed length is 0 or 1 (the narrowest score and mask widths)
+ALL += [HalfLayerCase(k, p, "replicated", 1, batch=((1, 1, 1), (0, 0, 0))) for k in KINDS for p in PHASES]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.label)
@@ -331,7 +334,9 @@ def test_the_decode_c1a_ratio_allclose_variant_stays_selectable(backend):
 
 
 @pytest.mark.parametrize("what", ["C2A_FULL inactive suffix", "missing input", "sharded padding", "tp 3",
-                                  "decode capacity"])
+                                  "decode capacity", "window payload dtype", "compressed scale shape", "x dtype",
+                                  "groups not divisible", "a request per token plus one", "rope rows",
+                                  "sharded slab width", "payload rank"])
 def test_the_half_layer_rejects_bad_calls(backend, what):
     """Bad calls raise a ValueError naming the field and the mode (and rank and row of a bad slab row); nothing
     runs. Spec: §7.1 (decode caller contract, capacities, padding contract)."""
@@ -349,11 +354,47 @@ def test_the_half_layer_rejects_bad_calls(backend, what):
         x = inputs["x"].clone()
         x[3, -1, 0] = 1.0
         inputs["x"] = x
-        call, match = lambda: _run(fn, case, inputs), r"x\[3\]\[\d+\]"
+        call, match = lambda: _run(fn, case, inputs), rf"x\[3\]\[{x.shape[1] - 1}\]: expected 0"
     elif what == "tp 3":
         case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 1)
         call, match = lambda: fn(_inputs(case), kind=case.kind, phase="prefill", wiring="replicated", tp=3,
                                  config=FLASH_TINY), "tp"
+    elif what == "window payload dtype":
+        case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 1)
+        inputs = {**_inputs(case), "window_payload": _inputs(case)["window_payload"].view(torch.uint8)}
+        call, match = lambda: _run(fn, case, inputs), "window_payload: expected torch.float8_e4m3fn"
+    elif what == "compressed scale shape":
+        case = HalfLayerCase(LayerKind.C1A_REUSE, "prefill", "replicated", 1)
+        inputs = {**_inputs(case), "compressed_scale": _inputs(case)["compressed_scale"][:, :, :, :2]}
+        call, match = lambda: _run(fn, case, inputs), "compressed_scale: expected"
+    elif what == "x dtype":
+        case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 1)
+        inputs = {**_inputs(case), "x": _inputs(case)["x"].float()}
+        call, match = lambda: _run(fn, case, inputs), "x: expected BF16"
+    elif what == "groups not divisible":
+        case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 4)
+        call, match = lambda: fn(_inputs(case), kind=case.kind, phase="prefill", wiring="replicated", tp=4,
+                                 config=replace(FLASH_TINY, o_groups=2)), "tp: expected a divisor"
+    elif what == "a request per token plus one":
+        case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 1)
+        active = int(_inputs(case)["num_tokens"])
+        ok = {**_inputs(case), "query_start_loc": torch.arange(active + 1, dtype=torch.int32)}
+        _run(fn, case, ok)  # one request per active token is the most there can be
+        inputs = {**_inputs(case), "query_start_loc": torch.arange(active + 2, dtype=torch.int32)}
+        call, match = lambda: _run(fn, case, inputs), "requests: expected"
+    elif what == "sharded slab width":
+        case = HalfLayerCase(LayerKind.SWA, "prefill", "sharded", 2)
+        x = _inputs(case)["x"]
+        inputs = {**_inputs(case), "x": torch.cat((x, torch.zeros_like(x[:, :1])), dim=1)}
+        call, match = lambda: _run(fn, case, inputs), "x: expected .2, 11, hidden. owner slabs"
+    elif what == "payload rank":
+        case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 1)
+        inputs = {**_inputs(case), "window_payload": _inputs(case)["window_payload"][..., 0, :]}
+        call, match = lambda: _run(fn, case, inputs), "window_payload: expected .blocks, rows, 1, width."
+    elif what == "rope rows":
+        case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 1)
+        inputs = {**_inputs(case), "rope_cos": _inputs(case)["rope_cos"][:, :-1]}
+        call, match = lambda: _run(fn, case, inputs), "rope_cos: expected"
     else:
         case = HalfLayerCase(LayerKind.C1A_REUSE, "decode", "replicated", 1)
         inputs = dict(_inputs(case))
@@ -367,3 +408,20 @@ def test_the_half_layer_rejects_bad_calls(backend, what):
         assert re.search(match, str(exc)), f"{case.label} ({what}): the error does not name {match!r}: {exc}"
     else:
         pytest.fail(f"{case.label}: accepted a bad call ({what}) instead of raising a ValueError")
+
+
+def test_the_older_query_latent_rule_stays_selectable(backend):
+    """``q_latent="bf16-proj"`` (the older upstream rule: the Wq-A projection rounded to BF16 before the norm)
+    changes the output bytes of the current ``fp32-norm`` rule, which is the default, and both stay within
+    the bound of each other. Spec: §1 (query path); upstream golden.qkv_proj_rope, two versions."""
+    case = HalfLayerCase(LayerKind.C1A_FULL, "prefill", "replicated", 2)
+    fn = op(backend, "attention_half_layer")
+    default, current, older = _run(fn, case), _run(fn, case, q_latent="fp32-norm"), _run(fn, case, q_latent="bf16-proj")
+    assert torch.equal(_bytes(default["output"]), _bytes(current["output"])), "the default is not fp32-norm"
+    assert not torch.equal(_bytes(older["output"]), _bytes(current["output"])), "bf16-proj gives fp32-norm's bytes"
+    active = int(_inputs(case)["num_tokens"])
+    assert_ok(check_layer_output("q_latent bf16-proj vs fp32-norm", older["output"], current["output"],
+                                 wiring="replicated", tp=2, active=active,
+                                 tokens=_inputs(case)["position_ids"].shape[0], leaf=output_leaf(case.kind)))
+    with pytest.raises(ValueError, match="q_latent"):
+        _run(fn, case, q_latent="bf16")

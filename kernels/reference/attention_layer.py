@@ -77,8 +77,9 @@ REUSE = (LayerKind.C2A_REUSE, LayerKind.C1A_REUSE)
 Tensors = Mapping[str, torch.Tensor]
 
 
-def ratio_of(kind: LayerKind) -> int:
-    return 0 if kind is LayerKind.SWA else (2 if kind.value.startswith("C2A") else 1)
+def ratio_of(kind: LayerKind, config: V41Config = FLASH_TINY) -> int:
+    """The compression ratio of a mode, as the schedule gives it (§1)."""
+    return next(layer.compress_ratio for layer in config.schedule if layer.kind is LayerKind(kind))
 
 
 def required_inputs(kind: LayerKind) -> tuple[str, ...]:
@@ -125,15 +126,15 @@ def _get(inputs: Tensors, name: str, where: str) -> torch.Tensor:
 def _cache(config: V41Config, kind: str, inputs: Tensors, prefix: str, where: str) -> cache_abi.QuantCache:
     layout = cache_abi.layouts(config)[kind]
     payload, scale = _get(inputs, f"{prefix}_payload", where), _get(inputs, f"{prefix}_scale", where)
-    want_p = (payload.shape[0],) + layout.payload_shape(1)[1:]
-    if payload.ndim != 4 or tuple(payload.shape) != want_p or payload.dtype != layout.payload_dtype:
-        raise ContractInputError(f"{prefix}_payload", None, f"{layout.payload_dtype}[blocks, {', '.join(map(str, want_p[1:]))}]",
-                                 f"{payload.dtype}{list(payload.shape)}", SPEC)
-    want_s = (payload.shape[0],) + layout.scale_shape(1)[1:]
-    if tuple(scale.shape) != want_s or scale.dtype != layout.scale_dtype:
-        raise ContractInputError(f"{prefix}_scale", None, f"{layout.scale_dtype}{list(want_s)}",
-                                 f"{scale.dtype}{list(scale.shape)}", SPEC)
-    return cache_abi.QuantCache(layout, payload.clone(), scale.clone())
+    if payload.ndim != 4:
+        raise ContractInputError(f"{prefix}_payload", None, f"[blocks, rows, 1, width] ({where})", list(payload.shape),
+                                 SPEC)
+    blocks = payload.shape[0]
+    for name, t, shape, dtype in ((f"{prefix}_payload", payload, layout.payload_shape(blocks), layout.payload_dtype),
+                                  (f"{prefix}_scale", scale, layout.scale_shape(blocks), layout.scale_dtype)):
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise ContractInputError(name, None, f"{dtype}{list(shape)} ({where})", f"{t.dtype}{list(t.shape)}", SPEC)
+    return cache_abi.QuantCache(layout, payload, scale)  # publish returns new tensors: the inputs are never written
 
 
 def _rows(read: Callable, cache: cache_abi.QuantCache) -> torch.Tensor:
@@ -152,8 +153,9 @@ def _gather_slabs(x: torch.Tensor, tp: int, tokens: int, active: int, where: str
     rows = []
     for rank, b in enumerate(bounds):
         pad = x[rank, b.count:]
-        if bool((pad != 0).any()):
-            row = b.count + int((pad != 0).any(-1).nonzero()[0, 0])
+        nonzero = (pad != 0).any(dim=1)
+        if bool(nonzero.any()):
+            row = b.count + int(nonzero.nonzero()[0, 0])
             raise ContractInputError("x", (rank, row), "0 (a padding row of the slab)", "non-zero", "§7.1")
         rows.append(x[rank, :b.count])
     return torch.cat(rows)
@@ -190,7 +192,6 @@ def attention_half_layer(inputs: Tensors, *, kind: LayerKind | str, phase: str, 
     and ``topk_indices``; C2A FULL adds ``state_cache``; C1A FULL adds ``candidate_mask``. Spec: §2.3, §7.1.
     """
     o = {**_reference_ops(), **(ops or {})}
-    kind = LayerKind(kind) if isinstance(kind, str) and kind in LayerKind._value2member_map_ else kind
     if wiring not in WIRINGS:
         raise ContractInputError("wiring", None, f"one of {WIRINGS}", repr(wiring), "§7.2")
     tokens = int(_get(inputs, "position_ids", str(kind)).shape[0])
@@ -211,12 +212,12 @@ def attention_half_layer(inputs: Tensors, *, kind: LayerKind | str, phase: str, 
         raise ContractInputError("x", None, f"BF16 [{active}, {config.hidden_size}] active rows ({where})",
                                  f"{x.dtype}{list(x.shape)}", SPEC)
     cos, sin = inputs["rope_cos"][:active], inputs["rope_sin"][:active]
-    if cos.shape != (active, rope // 2):
-        raise ContractInputError("rope_cos", None, f"[{tokens}, {rope // 2}] token-profile rows", list(cos.shape), "§4.2")
+    if cos.ndim != 2 or cos.shape[0] != active or cos.shape[1] * 2 != rope:
+        raise ContractInputError("rope_cos", None, f"[{tokens}, {rope}/2] token-profile rows", list(cos.shape), "§4.2")
     q_all, qr = query_projection(x, inputs["wq_a"], inputs["q_norm"], inputs["wq_b"], eps=eps, rule=q_latent)
     kv = rms_norm(project(x, inputs["wkv"]), inputs["kv_norm"], eps).to(torch.bfloat16)
     kv = rope_interleave(kv, cos, sin)
-    window = o["cache_publish"](_cache(config, "window", inputs, "window", where), kv.float(),
+    window = o["cache_publish"](_cache(config, "window", inputs, "window", where), kv,
                                 inputs["window_slots"][:active])
     out: dict[str, torch.Tensor] = {"window_payload": window.payload, "window_scale": window.scale}
     window_rows = _rows(o["cache_read"], window)
@@ -224,7 +225,7 @@ def attention_half_layer(inputs: Tensors, *, kind: LayerKind | str, phase: str, 
     topk = torch.full((active, 1), -1, dtype=torch.int32)
     compressed_rows = torch.zeros((1, dim), dtype=torch.bfloat16)
     if kind is not LayerKind.SWA:
-        ratio = ratio_of(kind)
+        ratio = ratio_of(kind, config)
         ckind = "compressed_r2" if ratio == 2 else "compressed_r1"
         compressed = _cache(config, ckind, inputs, "compressed", where)
         index = _cache(config, "index", inputs, "index", where) if "index_payload" in inputs else None
@@ -235,7 +236,7 @@ def attention_half_layer(inputs: Tensors, *, kind: LayerKind | str, phase: str, 
             if ratio == 2:
                 latent, publish, state = o["compressor_ratio2"](
                     x, inputs["query_start_loc"], inputs["position_ids"][:active], request_ids,
-                    inputs["state_block_table"], inputs["state_cache"].clone(),
+                    inputs["state_block_table"], inputs["state_cache"],
                     CompressorWeights(inputs["cmp_wkv"], inputs["cmp_wgate"], inputs["cmp_norm"]), eps=eps,
                     num_tokens=active)
                 out["state_cache"] = state
@@ -256,7 +257,7 @@ def attention_half_layer(inputs: Tensors, *, kind: LayerKind | str, phase: str, 
             qi = rope_interleave(qi, cos.unsqueeze(1), sin.unsqueeze(1))
             weights = index_head_weights(x, inputs["index_weights_proj"], heads=ih, dim=idim)
             candidates = inputs["candidate_mask"][:active] if kind is LayerKind.C1A_REINDEX else None
-            width = candidates.shape[1] if candidates is not None else max(int(lens.max()) if active else 0, 1)
+            width = candidates.shape[1] if candidates is not None else max(int(lens.max()), 1)
             scores = o["index_scores"](qi, weights, _rows(o["cache_read"], index), table, request_ids, lens,
                                        block_size=config.block_size, width=width, candidates=candidates)
             topk = o["select_topk"](scores, table, request_ids, topk=config.index_topk, block_size=config.block_size)
@@ -264,7 +265,7 @@ def attention_half_layer(inputs: Tensors, *, kind: LayerKind | str, phase: str, 
                 out["candidate_mask"] = o["candidate_blocks"](scores, lens, block=config.candidate_block_size,
                                                               topk_blocks=config.candidate_topk_blocks, width=width)
         else:
-            topk = inputs["topk_indices"][:active].clone()  # the source layer's physical rows, as given
+            topk = inputs["topk_indices"][:active]  # the source layer's physical rows, as given
         out["topk_indices"] = topk
     partials = []
     per_head, per_group = heads // tp, groups // tp
@@ -281,7 +282,7 @@ def attention_half_layer(inputs: Tensors, *, kind: LayerKind | str, phase: str, 
         reduced = o["tp_all_reduce"](partials)
         replica = torch.full((tokens, reduced.shape[1]), SENTINEL, dtype=torch.bfloat16)
         replica[:active] = reduced
-        out["output"] = torch.stack([replica.clone() for _ in range(tp)])
+        out["output"] = torch.stack([replica] * tp)  # every rank holds the same bytes
     else:
         out["output"] = torch.stack(o["tp_reduce_scatter"](partials, active_tokens=active, capacity=tokens))
     return out

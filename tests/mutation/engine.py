@@ -39,6 +39,7 @@ MODULES = (
     "kernels.config", "kernels.quant", "kernels.cache", "kernels.metadata", "kernels.sequence_parallel",
     "kernels.reference.rope", "kernels.reference.compressor", "kernels.reference.indexer",
     "kernels.reference.attention", "kernels.half_layer", "kernels.reference.tp", "kernels.reference.o_proj",
+    "kernels.reference.attention_layer",
     "contracts.checks.precision",
 )
 

@@ -76,6 +76,18 @@ INT_FLOAT = "An int and the equal float compare equal: the shape check accepts a
 INVERSE_DEFAULT = "Every operator that rotates passes inverse= explicitly (o_proj passes True), so the default is never used."
 FP32_TABLES = ("The FP32 cos/sin tables promote the BF16 operands to FP32 (and torch.cat promotes to FP32), so the "
                "explicit .float() changes no value.")
+MX_EXACT_BF16 = ("Decoded MX cache values (E4M3 or E2M1 payload times a power-of-two or E4M3 scale: at most 7 "
+                 "significant bits) are exact in BF16, so reading them as FP32 gives the same values.")
+TOPK_TOLERANCE = ("The BF16 rounding of the index query's input or output moves index scores by about 2^-9 relative, "
+                  "inside the 1.5 % cutoff tolerance of the Top-K rule (§5.3): the ABI accepts either selection, and "
+                  "the output is then judged against the reference recomputed for the selection made.")
+SWA_NO_COMPRESSED = ("SWA attends to no compressed row: an index tensor holding only -1 selects nothing whatever its "
+                     "width or integer dtype, and the placeholder rows it points past are never read.")
+R1_R2_LAYOUT = ("The ratio-1 and ratio-2 compressed caches share payload/scale shapes, dtypes and codec (§2.1); the "
+                "layout only differs in tokens_per_row and owners, which publish and read never use.")
+PREMASKED_SLOTS = ("ForwardMetadata gives ratio-2 compressed slots only at the pair-closing positions of requests "
+                   "with a state block, exactly where the compressor publishes, so the mask removes no slot (it is "
+                   "kept for imported upstream trees whose slots are not pre-masked).")
 
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:_rows:cmp:t.ndim <= 1[LtE]->Lt#0': ROWS1D,
@@ -299,4 +311,20 @@ EQUIVALENT: dict[str, str] = {
     'kernels.reference.rope:rope_interleave:drop-call:x[..., -width:].float()[float]->(skipped)#0': FP32_TABLES,
     'kernels.reference.rope:rope_interleave:drop-call:head.float()[float]->(skipped)#0': FP32_TABLES,
     'kernels.reference.rope:rope_interleave:drop-unary:-2[USub]->(none)#0': DIM,
+    'kernels.reference.attention_layer:_rows:name:bfloat16->float32#0': MX_EXACT_BF16,
+    'kernels.reference.attention_layer:query_projection:drop-call:qr_full.to(torch.bfloat16)[to]->(skipped)#0':
+        TOPK_TOLERANCE,
+    'kernels.reference.attention_layer:query_projection:name:bfloat16->float32#1': TOPK_TOLERANCE,
+    "kernels.reference.attention_layer:attention_half_layer:drop-call:project(qr, inputs['index_wq_b'])"
+    ".to(torch.bfloat16)[to]->(skipped)#0": TOPK_TOLERANCE,
+    'kernels.reference.attention_layer:attention_half_layer:name:bfloat16->float32#3': TOPK_TOLERANCE,
+    'kernels.reference.attention_layer:attention_half_layer:name:int32->int64#0': SWA_NO_COMPRESSED,
+    'kernels.reference.attention_layer:attention_half_layer:const:1->2#2': SWA_NO_COMPRESSED,
+    'kernels.reference.attention_layer:attention_half_layer:name:bfloat16->float32#2': SWA_NO_COMPRESSED,
+    'kernels.reference.attention_layer:attention_half_layer:const:1->2#4': SWA_NO_COMPRESSED,
+    'kernels.reference.attention_layer:attention_half_layer:cmp:ratio == 2[Eq]->NotEq#0': R1_R2_LAYOUT,
+    'kernels.reference.attention_layer:attention_half_layer:const:2->3#3': R1_R2_LAYOUT,
+    "kernels.reference.attention_layer:attention_half_layer:drop-call:inputs['compressed_slots'][:active]"
+    ".masked_fill(~publish,...[masked_fill]->(skipped)#0": PREMASKED_SLOTS,
+    'kernels.reference.attention_layer:attention_half_layer:const:1->2#5': PREMASKED_SLOTS,
 }
