@@ -29,8 +29,13 @@ WIRINGS = ("replicated", "sharded")
 
 
 @functools.cache
-def _inputs(case: HalfLayerCase) -> dict[str, torch.Tensor]:
+def _built(case: HalfLayerCase) -> dict[str, torch.Tensor]:
     return build(case)
+
+
+def _inputs(case: HalfLayerCase) -> dict[str, torch.Tensor]:
+    """A fresh copy of the case's inputs: a backend that writes an input in place cannot leak into another call."""
+    return {k: v.clone() for k, v in _built(case).items()}
 
 
 def _run(fn, case: HalfLayerCase, inputs=None, **kw):
@@ -70,6 +75,8 @@ def _judge(case: HalfLayerCase, actual, backend=None, **kw):
 ALL = [HalfLayerCase(k, p, w, tp) for k in KINDS for p in PHASES for tp in TPS for w in WIRINGS]
 # new requests of one token each: every compressed length is 0 or 1 (the narrowest score and mask widths)
 ALL += [HalfLayerCase(k, p, "replicated", 1, batch=((1, 1, 1), (0, 0, 0))) for k in KINDS for p in PHASES]
+# a longer prefill: more rows than the model width, windows and Top-K saturated, a chunk resuming past a page
+ALL += [HalfLayerCase(k, "prefill", "sharded", 4, batch=((40, 30, 5), (100, 0, 3))) for k in KINDS]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.label)
@@ -93,7 +100,11 @@ def test_sharded_wiring_equals_the_replicated_wiring(backend, kind, phase, tp):
     fn = op(backend, "attention_half_layer")
     rep_case, sh_case = HalfLayerCase(kind, phase, "replicated", tp), HalfLayerCase(kind, phase, "sharded", tp)
     rep, sh = _run(fn, rep_case), _run(fn, sh_case)
-    assert set(rep) == set(sh), f"{kind} {phase} TP{tp}: outputs {sorted(rep)} vs {sorted(sh)}"
+    assert set(rep) | {"gathered"} == set(sh), f"{kind} {phase} TP{tp}: outputs {sorted(rep)} vs {sorted(sh)}"
+    inputs = _inputs(sh_case)
+    active = int(inputs["num_tokens"])
+    assert torch.equal(_bytes(sh["gathered"][:active]), _bytes(_inputs(rep_case)["x"][:active])), \
+        f"{kind.value} {phase} TP{tp}: the all-gathered input is not the replicated input's rows"
     inputs = _inputs(sh_case)
     expected = {**rep, "output": _slabs(rep["output"][0], tp, inputs)}
     verdict = check_layer_output(f"{kind.value} {phase} sharded-vs-replicated TP{tp}", sh["output"], expected["output"],
@@ -425,3 +436,92 @@ def test_the_older_query_latent_rule_stays_selectable(backend):
                                  tokens=_inputs(case)["position_ids"].shape[0], leaf=output_leaf(case.kind)))
     with pytest.raises(ValueError, match="q_latent"):
         _run(fn, case, q_latent="bf16")
+
+
+@pytest.mark.parametrize("case", ALL, ids=lambda c: c.label)
+def test_reference_outputs_are_finite_bf16(case):
+    """Golden readiness: the reference attention output (and the sharded wiring's gathered input) of every case
+    is finite BF16 with the wiring's shape. Spec: §6, upstream_checks AP-20."""
+    out, _ = _expected(case)
+    tokens = _inputs(case)["position_ids"].shape[0]
+    width = -(-tokens // case.tp)
+    shape = (case.tp, tokens if case.wiring == "replicated" else width, case.config.hidden_size)
+    assert out["output"].dtype == torch.bfloat16 and tuple(out["output"].shape) == shape, \
+        f"{case.label}: output {out['output'].dtype}{list(out['output'].shape)}, expected bf16{list(shape)}"
+    for name in ("output", "gathered"):  # caches keep random sentinel bytes in their unmapped pages
+        if name in out:
+            assert bool(torch.isfinite(out[name].float()).all()), f"{case.label}: reference {name} is not finite"
+
+
+def test_the_gathered_input_catches_a_mismapped_row(backend):
+    """The sharded wiring returns the all-gathered input: one BF16 step on every element passes
+    ratio_allclose(2^-6, 2^-6); two swapped rows fail naming the row; a changed sentinel row past the active ones
+    fails exactly. Spec: §6 (compare_attention_gather), AP-21."""
+    case = HalfLayerCase(LayerKind.C1A_FULL, "prefill", "sharded", 4)
+    got = _run(op(backend, "attention_half_layer"), case)
+    active = int(_inputs(case)["num_tokens"])
+    assert_ok(_judge(case, got, only="gathered"))
+    g = got["gathered"]
+    step = g.float()
+    step[:active] *= 1 + 2.0**-8
+    assert_ok(_judge(case, {**got, "gathered": step.to(torch.bfloat16)}, only="gathered"))
+    swapped = g.clone()
+    swapped[[3, 4]] = g[[4, 3]]
+    verdict = _judge(case, {**got, "gathered": swapped}, only="gathered")
+    assert not verdict.ok and re.search(r"gathered\[[34]\]", verdict.message()), verdict.message()
+    tail = g.clone()
+    tail[active] = 0.0
+    verdict = _judge(case, {**got, "gathered": tail}, only="gathered")
+    assert not verdict.ok and f"gathered inactive row[{active}]" in verdict.message(), verdict.message()
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_each_mode_demands_its_inputs(backend, kind):
+    """Every input a mode reads is required: leaving any one out raises a ValueError naming it (REUSE without
+    its source's Top-K, FULL/REINDEX without index weights, cache, table or lengths). Spec: §2.3,
+    upstream_checks IX-16."""
+    from kernels.reference.attention_layer import required_inputs
+
+    case = HalfLayerCase(kind, "prefill", "replicated", 2)
+    fn = op(backend, "attention_half_layer")
+    for name in required_inputs(kind):
+        inputs = {k: v for k, v in _inputs(case).items() if k != name}
+        try:
+            _run(fn, case, inputs)
+        except ValueError as exc:
+            assert name in str(exc), f"{case.label}: without {name}: {exc}"
+        else:
+            pytest.fail(f"{case.label}: ran without its input {name}")
+
+
+def test_the_c2a_cache_budget_and_the_format_budget_stay_selectable(backend):
+    """C2A FULL's published MXFP4 rows 2 % off: the decode C2A rule (1 % relative L2, the default for C2A) fails
+    naming the cache; the attention_common rule by format (MXFP4 4 %) passes when selected by name.
+    Spec: §6 (compare_cache vs quantized_cache_compare), upstream_checks CQ-06."""
+    from kernels import cache as cache_abi
+
+    case = HalfLayerCase(LayerKind.C2A_FULL, "prefill", "replicated", 2)
+    got = _run(op(backend, "attention_half_layer"), case)
+    layout = cache_abi.layouts(case.config)["compressed_r2"]
+    slots = _inputs(case)["compressed_slots"]
+    slots = slots[slots >= 0]
+    ref = cache_abi.read(cache_abi.QuantCache(layout, got["compressed_payload"], got["compressed_scale"]),
+                         dtype=torch.float32).reshape(-1, layout.logical_width)[slots]
+    payload = got["compressed_payload"].clone()
+    rows = payload.reshape(-1, payload.shape[-1])
+    g = torch.Generator().manual_seed(5)
+    for _ in range(4096):  # flip the low mantissa bit of random codes in published rows until 1.5 % relative L2
+        r, b = int(slots[torch.randint(0, slots.numel(), (1,), generator=g)]), int(torch.randint(0, rows.shape[1], (1,), generator=g))
+        rows[r, b] ^= 1
+        now = cache_abi.read(cache_abi.QuantCache(layout, payload, got["compressed_scale"]),
+                             dtype=torch.float32).reshape(-1, layout.logical_width)[slots]
+        rel = float((now - ref).norm() / ref.norm())
+        if rel > 0.015:
+            break
+    assert 0.015 < rel < 0.035, rel
+    worse = {**got, "compressed_payload": payload}
+    verdict = _judge(case, worse, only="compressed_payload")
+    assert not verdict.ok and "compressed cache" in verdict.message(), verdict.message()
+    assert_ok(_judge(case, worse, only="compressed_payload", cache_rule="format"))
+    with pytest.raises(ValueError, match="cache_rule"):
+        _judge(case, got, cache_rule="bytes")

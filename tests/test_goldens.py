@@ -236,3 +236,21 @@ def test_pytest_replay_fails_when_the_store_is_missing(tmp_path):
                            "--golden-store", str(tmp_path / "none")], cwd=root, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1 and "no replay trees in a golden store" in proc.stdout, proc.stdout[-1500:]
+
+
+def test_attention_replay_judges_ownership_against_the_stored_inputs(tmp_path):
+    """A C2A Reuse decode tree replayed on a backend that writes its selected compressed rows back: the
+    compressed cache is judged against the stored in/ bytes (the layer owns no compressed cache) and fails
+    naming the mode, the cache and the row; the window cache and the emulated backend's replay pass.
+    Spec: §2.3, upstream_checks RP-06, CQ-09."""
+    from contracts.backends import emulated_backend, load_backend_module
+
+    s = GoldenStore(tmp_path / "attn")
+    trees.record(s, [("attn_c2a_reuse_decode", "replicated")], seed=3)
+    tree = trees.load_tree(s.reader(), "attn_c2a_reuse_decode", "replicated")
+    assert all(r.ok for r in trees.replay(tree, emulated_backend()).values())
+    results = trees.replay(tree, load_backend_module("tests.defects.half_layer:REUSE_REPUBLISHES"))
+    assert results["window_payload"].ok and results["output"].ok
+    bad = results["compressed_payload"]
+    assert not bad.ok and "C2A_REUSE decode replicated TP2: compressed_payload (this mode writes no compressed " \
+                          "cache) row" in bad.message(), bad.message()

@@ -25,10 +25,11 @@ from collections.abc import Callable, Mapping
 import torch
 
 from contracts.checks import cache as cache_checks
+from contracts.checks.cache import C2A_MAX_REL_L2
 from contracts.checks.precision import (
-    check_active_split,
     check_output_budget,
     check_owner_rows,
+    check_ratio_allclose,
     check_replicas_identical,
     check_row_precision,
     comparator,
@@ -42,6 +43,7 @@ from kernels.reference.attention_layer import FULL, REUSE
 from kernels.sequence_parallel import sequence_parallel_bounds
 
 C1A = (LayerKind.C1A_FULL, LayerKind.C1A_REINDEX, LayerKind.C1A_REUSE)
+CACHE_RULES = ("mode", "format")
 Tensors = Mapping[str, torch.Tensor]
 
 
@@ -65,7 +67,8 @@ def _decode(payload: torch.Tensor, scale: torch.Tensor, rule: str) -> torch.Tens
     return quant.mx_dequantize(quant.MXTensor(payload.reshape(rows, -1), scale.reshape(rows, -1), rule))
 
 
-def _cache(where: str, name: str, actual: Tensors, expected: Tensors, slots: torch.Tensor, rule: str) -> CheckResult:
+def _cache(where: str, name: str, actual: Tensors, expected: Tensors, slots: torch.Tensor, rule: str,
+           max_rel_l2: float | None = None) -> CheckResult:
     a, e = (actual[f"{name}_payload"], actual[f"{name}_scale"]), (expected[f"{name}_payload"], expected[f"{name}_scale"])
     for got, want, field in ((a[0], e[0], "payload"), (a[1], e[1], "scale")):
         if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
@@ -75,7 +78,7 @@ def _cache(where: str, name: str, actual: Tensors, expected: Tensors, slots: tor
     rows = a[0].shape[0] * a[0].shape[1]
     return cache_checks.check_quantized_cache(f"{where}: {name} cache", a, e, _mapped(slots, rows),
                                               actual_values=_decode(*a, rule), expected_values=_decode(*e, rule),
-                                              fmt=quant.RULES[rule].fmt)
+                                              fmt=quant.RULES[rule].fmt, max_rel_l2=max_rel_l2)
 
 
 def _unchanged(where: str, name: str, actual: Tensors, inputs: Tensors) -> CheckResult:
@@ -110,8 +113,10 @@ def check_layer_output(where: str, actual: torch.Tensor, expected: torch.Tensor,
     results = []
     if wiring == "replicated":
         for rank in range(tp):
-            results.append(check_active_split(actual[rank], expected[rank], active, leaf=leaf,
-                                              name=f"{where}: output.rank{rank}"))
+            results.append(leaf(actual[rank, :active], expected[rank, :active], name=f"{where}: output.rank{rank}"))
+            if active < tokens:  # rows the entry never writes keep the caller's bytes (the 13.0 sentinel)
+                results.append(_exact(f"{where}: output.rank{rank} inactive row", actual[rank, active:],
+                                      expected[rank, active:], offset=active))
         results.append(check_replicas_identical(list(actual), name=f"{where}: output"))
     else:
         bounds = sequence_parallel_bounds(active, tp, tokens)
@@ -125,12 +130,15 @@ def judge_half_layer(actual: Tensors, expected: Tensors, inputs: Tensors, *, kin
                      wiring: str, tp: int, block_size: int, variant: str | None = None,
                      scores: torch.Tensor | Callable[[], torch.Tensor] | None = None,
                      reference_for: Callable[[torch.Tensor], Tensors] | None = None,
-                     only: str | None = None) -> CheckResult:
+                     only: str | None = None, cache_rule: str = "mode") -> CheckResult:
     """Judge every output of one half-layer call (see module doc); ``only`` names one output and returns its
     verdict alone (the golden replay's per-output table). ``scores``: the reference index scores, or a callable
     computing them (needed when a C1A FULL/REINDEX selection differs from the reference);
-    ``reference_for(selection)``: the reference outputs recomputed for an accepted alternative selection.
-    Spec: §6, §5.3."""
+    ``reference_for(selection)``: the reference outputs recomputed for an accepted alternative selection;
+    ``cache_rule``: ``"mode"`` (decode C2A ``compare_cache``: 1 % for C2A FULL's MXFP4 caches) or ``"format"``
+    (``quantized_cache_compare``: MXFP8 1 %, MXFP4 4 % for every mode). Spec: §6, §5.3."""
+    if cache_rule not in CACHE_RULES:
+        raise ValueError(f"cache_rule: expected one of {CACHE_RULES}, got {cache_rule!r}")
     kind = LayerKind(kind)
     where = f"{kind.value} {phase} {wiring} TP{tp}"
     results: list[tuple[tuple[str, ...], CheckResult]] = []
@@ -175,13 +183,17 @@ def judge_half_layer(actual: Tensors, expected: Tensors, inputs: Tensors, *, kin
                     _cache(where, "window", actual, want, inputs["window_slots"][:active], "window")))
     if kind in FULL:
         slots = inputs["compressed_slots"][:active]
+        budget = C2A_MAX_REL_L2 if kind is LayerKind.C2A_FULL and cache_rule == "mode" else None
         results.append((("compressed_payload", "compressed_scale"),
-                        _cache(where, "compressed", actual, want, slots, "compressed")))
-        results.append((("index_payload", "index_scale"), _cache(where, "index", actual, want, slots, "index")))
+                        _cache(where, "compressed", actual, want, slots, "compressed", budget)))
+        results.append((("index_payload", "index_scale"),
+                        _cache(where, "index", actual, want, slots, "index", budget)))
     elif kind is not LayerKind.SWA:
         results.append((("compressed_payload", "compressed_scale"), _unchanged(where, "compressed", actual, inputs)))
         if kind is LayerKind.C1A_REINDEX:
             results.append((("index_payload", "index_scale"), _unchanged(where, "index", actual, inputs)))
+    if "gathered" in expected:
+        results.append((("gathered",), _gathered(where, actual["gathered"], want["gathered"], active)))
     if "state_cache" in expected:
         a, e, before = actual["state_cache"], want["state_cache"], inputs["state_cache"]
         if a.dtype != e.dtype or a.shape != e.shape:
@@ -199,6 +211,23 @@ def judge_half_layer(actual: Tensors, expected: Tensors, inputs: Tensors, *, kin
     return _pick(results, only)
 
 
+GATHER_TOL = 2.0**-6  # decode_common.compare_attention_gather: ratio_allclose(2^-6, 2^-6)
+
+
+def _gathered(where: str, actual: torch.Tensor, expected: torch.Tensor, active: int) -> CheckResult:
+    """The all-gathered input of the sharded wiring: active rows within ratio_allclose(2^-6, 2^-6) (one BF16 step
+    tolerated, a mis-mapped row caught), the rows past them byte-exact (the caller's sentinel). Spec: §6, AP-21."""
+    if actual.dtype != expected.dtype or tuple(actual.shape) != tuple(expected.shape):
+        return failed("check_gathered", "§6", 1, 1, Violation(f"{where}: gathered.layout", (),
+                                                               f"{actual.dtype}{list(actual.shape)}",
+                                                               f"{expected.dtype}{list(expected.shape)}"))
+    results = [check_ratio_allclose(actual[:active], expected[:active], atol=GATHER_TOL, rtol=GATHER_TOL,
+                                    name=f"{where}: gathered")]
+    if active < actual.shape[0]:
+        results.append(_exact(f"{where}: gathered inactive row", actual[active:], expected[active:], offset=active))
+    return first_failure(results)
+
+
 def _pick(results: list[tuple[tuple[str, ...], CheckResult]], only: str | None) -> CheckResult:
     chosen = [r for names, r in results if only is None or only in names]
     if not chosen:
@@ -207,12 +236,17 @@ def _pick(results: list[tuple[tuple[str, ...], CheckResult]], only: str | None) 
     return bad if bad is not None else passed("judge_half_layer", "§6", sum(r.n_checked for r in chosen))
 
 
-def _exact(name: str, a: torch.Tensor, e: torch.Tensor) -> CheckResult:
+def _exact(name: str, a: torch.Tensor, e: torch.Tensor, *, offset: int = 0) -> CheckResult:
+    """Byte identity; the first differing element is named by its index (rows shifted by ``offset``)."""
     if a.dtype != e.dtype or tuple(a.shape) != tuple(e.shape):
-        return failed("check_exact", "§5.3", 1, 1, Violation(f"{name}.layout", (), f"{a.dtype}{list(a.shape)}",
-                                                               f"{e.dtype}{list(e.shape)}"))
-    diff = a != e
+        return failed("check_exact", "§6", 1, 1, Violation(f"{name}.layout", (), f"{a.dtype}{list(a.shape)}",
+                                                             f"{e.dtype}{list(e.shape)}"))
+    diff = byte_rows(a.reshape(-1, 1)) != byte_rows(e.reshape(-1, 1))
     if not bool(diff.any()):
-        return passed("check_exact", "§5.3", a.numel())
-    idx = tuple(int(v) for v in diff.nonzero()[0])
-    return failed("check_exact", "§5.3", a.numel(), int(diff.sum()), Violation(name, idx, a[idx].item(), e[idx].item()))
+        return passed("check_exact", "§6", a.numel())
+    flat = int(diff.any(1).nonzero()[0, 0])
+    idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(flat), a.shape))
+    idx = (idx[0] + offset, *idx[1:])
+    bad = int(diff.any(1).sum())
+    return failed("check_exact", "§6", a.numel(), bad,
+                  Violation(name, idx, a.reshape(-1)[flat].item(), e.reshape(-1)[flat].item()))

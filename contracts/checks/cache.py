@@ -14,6 +14,7 @@ from contracts.result import CheckResult, Tally, Violation, failed, first_failur
 from contracts.tensors import byte_rows
 
 MAX_REL_L2 = {"mxfp8": 0.01, "mxfp4": 0.04}  # CACHE_MAX_RELATIVE_L2 (§6)
+C2A_MAX_REL_L2 = 0.01  # decode_attn_c2a_full.compare_cache: every payload, MXFP4 included (§6)
 STATE_MAX_REL_L2 = 0.005  # compare_state (§6)
 
 
@@ -70,16 +71,18 @@ def check_mapped_values(name: str, actual_values: torch.Tensor, expected_values:
 
 def check_quantized_cache(name: str, actual: tuple, expected: tuple, mapped: torch.Tensor, *,
                           actual_values: torch.Tensor, expected_values: torch.Tensor, fmt: str,
-                          scales_exact: bool = True) -> CheckResult:
+                          scales_exact: bool = True, max_rel_l2: float | None = None) -> CheckResult:
     """Quantized cache compare: payload and scale bytes of unmapped rows exact; scales exact on mapped rows;
-    mapped rows finite and within the format's relative L2 (MXFP8 0.01, MXFP4 0.04). ``actual``/``expected``
-    are ``(payload, scale)``. Spec: §6."""
+    mapped rows finite and within the format's relative L2 (MXFP8 0.01, MXFP4 0.04, or ``max_rel_l2``: the
+    decode C2A ``compare_cache`` holds MXFP4 payloads to 0.01). ``actual``/``expected`` are ``(payload, scale)``.
+    Spec: §6."""
     (ap, as_), (ep, es) = actual, expected
     results = [check_bytes_outside(f"{name}.payload", ap, ep, mapped),
                check_bytes_outside(f"{name}.scale", as_, es, mapped)]
     if scales_exact:
         results.append(check_bytes_inside(f"{name}.scale", as_, es, mapped))
-    results.append(check_mapped_values(name, actual_values, expected_values, mapped, max_rel_l2=MAX_REL_L2[fmt]))
+    budget = MAX_REL_L2[fmt] if max_rel_l2 is None else max_rel_l2
+    results.append(check_mapped_values(name, actual_values, expected_values, mapped, max_rel_l2=budget))
     return first_failure(results)
 
 

@@ -186,7 +186,8 @@ def attention_half_layer(inputs: Tensors, *, kind: LayerKind | str, phase: str, 
                          q_latent: str = "fp32-norm") -> dict[str, torch.Tensor]:
     """Run one attention half-layer; returns the output and every cache the layer owns (see module doc).
 
-    Outputs: ``output`` ([TP, T, hidden] replicas, or [TP, ceil(T/TP), hidden] slabs), ``window_payload``,
+    Outputs: ``output`` ([TP, T, hidden] replicas, or [TP, ceil(T/TP), hidden] slabs; the sharded wiring adds
+    ``gathered`` [T, hidden], the all-gathered input, rows past the active ones left at 13.0), ``window_payload``,
     ``window_scale``; compressed modes add ``compressed_payload``/``compressed_scale``/``index_payload``/
     ``index_scale`` (REUSE: only the compressed pair; a mode that must not write them returns the input bytes)
     and ``topk_indices``; C2A FULL adds ``state_cache``; C1A FULL adds ``candidate_mask``. Spec: §2.3, §7.1.
@@ -207,7 +208,12 @@ def attention_half_layer(inputs: Tensors, *, kind: LayerKind | str, phase: str, 
     if heads % tp or groups % tp:
         raise ContractInputError("tp", None, f"a divisor of {heads} heads and {groups} output groups", tp, "§1")
     x = inputs["x"]
-    x = _gather_slabs(x, tp, tokens, active, where) if wiring == "sharded" else x[:active]
+    if wiring == "sharded":
+        x = _gather_slabs(x, tp, tokens, active, where)
+        gathered = torch.full((tokens, x.shape[1]), SENTINEL, dtype=x.dtype)  # the harness's initial bytes
+        gathered[:active] = x
+    else:
+        x = x[:active]
     if x.ndim != 2 or x.shape != (active, config.hidden_size) or x.dtype != torch.bfloat16:
         raise ContractInputError("x", None, f"BF16 [{active}, {config.hidden_size}] active rows ({where})",
                                  f"{x.dtype}{list(x.shape)}", SPEC)
@@ -285,6 +291,7 @@ def attention_half_layer(inputs: Tensors, *, kind: LayerKind | str, phase: str, 
         out["output"] = torch.stack([replica] * tp)  # every rank holds the same bytes
     else:
         out["output"] = torch.stack(o["tp_reduce_scatter"](partials, active_tokens=active, capacity=tokens))
+        out["gathered"] = gathered
     return out
 
 

@@ -88,6 +88,13 @@ R1_R2_LAYOUT = ("The ratio-1 and ratio-2 compressed caches share payload/scale s
 PREMASKED_SLOTS = ("ForwardMetadata gives ratio-2 compressed slots only at the pair-closing positions of requests "
                    "with a state block, exactly where the compressor publishes, so the mask removes no slot (it is "
                    "kept for imported upstream trees whose slots are not pre-masked).")
+LAYOUT_UNUSED = ("Read by no operator: the half-layer validates, publishes and reads the window, compressed and index "
+                 "caches through their payload/scale shapes and codec; the owners, tokens_per_row and the state_r2 "
+                 "layout are documentation (the ring state is a raw FP32 tensor the compressor checks).")
+EPS_PASSED = "The half-layer passes eps explicitly, so this default is never used (its own eps mutation is killed)."
+TOPK_SCALE = ("Scales every index head weight by the same positive constant: every score of a token scales with it, "
+              "so the Top-K selection -- the only output the weights reach -- is unchanged up to BF16 rounding "
+              "inside the 1.5 % cutoff tolerance (§5.3).")
 
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:_rows:cmp:t.ndim <= 1[LtE]->Lt#0': ROWS1D,
@@ -109,8 +116,6 @@ EQUIVALENT: dict[str, str] = {
     'kernels.cache:_check_slots:drop-call:torch.as_tensor(slots).to(torch.int64)[to]->(skipped)#0': DTYPE,
     'kernels.cache:_check_slots:name:int64->int32#0': DTYPE,
     'kernels.cache:publish:drop-call:values[live].to(torch.float32)[to]->(skipped)#0': STATE_CAST,
-    'kernels.config:V41Config.layer_config:boolop:isinstance(layer_id, bool) or not isinstance(layer_id, in...[Or]->And#0': LAYER_CONFIG,
-    'kernels.config:V41Config.layer_config:cmp:0 <= layer_id < self.num_hidden_layers[Lt]->LtE#0': LAYER_CONFIG,
     'kernels.metadata:_parse_int_vector:drop-call:tensor.to(torch.int64)[to]->(skipped)#0': DTYPE,
     'kernels.metadata:_parse_int_vector:drop-unary:not isinstance(value, torch.Tensor)[Not]->(none)#0': NONTENSOR,
     'kernels.metadata:_parse_int_vector:name:int64->int32#0': DTYPE,
@@ -244,8 +249,6 @@ EQUIVALENT: dict[str, str] = {
     'kernels.reference.compressor:compressor_ratio2_paged:drop-call:state_cache.clone()[clone]->(skipped)#0': INPLACE,
     'kernels.reference.compressor:project:drop-call:(x.double() @ weight.double()).float()[float]->(skipped)#0': PROJECT_F64,
     'kernels.reference.compressor:rms_norm:const:1e-20->2e-20#0': EPS_DEFAULT,
-    'kernels.reference.compressor:rms_norm:const:True->False#0': KEEPDIM,
-    'kernels.reference.compressor:rms_norm:drop-call:(xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)...[to]->(skipped)#0': LATENT_CAST,
     'kernels.reference.compressor:rms_norm:drop-call:weight.float()[float]->(skipped)#0': NORM_FP32,
     'kernels.reference.indexer:logical_to_physical:drop-call:block_table.to(torch.long)[to]->(skipped)#0': DTYPE,
     'kernels.reference.indexer:logical_to_physical:drop-call:request_ids.to(torch.long)[to]->(skipped)#0': DTYPE,
@@ -307,10 +310,8 @@ EQUIVALENT: dict[str, str] = {
     "kernels.reference.o_proj:output_projection:drop-call:torch.einsum('tgk,gnk->tgn', x, wo_a.to(torch.float64)).t...[to]->(skipped)#1": TORCH_F64,
     'kernels.reference.o_proj:output_projection:name:float32->bfloat16#0': CASTNOOP,
     'kernels.reference.o_proj:output_projection:binop:heads * dim // wo_a.shape[0][FloorDiv]->Div#0': INT_FLOAT,
-    'kernels.reference.rope:rope_interleave:const:False->True#0': INVERSE_DEFAULT,
     'kernels.reference.rope:rope_interleave:drop-call:x[..., -width:].float()[float]->(skipped)#0': FP32_TABLES,
     'kernels.reference.rope:rope_interleave:drop-call:head.float()[float]->(skipped)#0': FP32_TABLES,
-    'kernels.reference.rope:rope_interleave:drop-unary:-2[USub]->(none)#0': DIM,
     'kernels.reference.attention_layer:_rows:name:bfloat16->float32#0': MX_EXACT_BF16,
     'kernels.reference.attention_layer:query_projection:drop-call:qr_full.to(torch.bfloat16)[to]->(skipped)#0':
         TOPK_TOLERANCE,
@@ -327,4 +328,27 @@ EQUIVALENT: dict[str, str] = {
     "kernels.reference.attention_layer:attention_half_layer:drop-call:inputs['compressed_slots'][:active]"
     ".masked_fill(~publish,...[masked_fill]->(skipped)#0": PREMASKED_SLOTS,
     'kernels.reference.attention_layer:attention_half_layer:const:1->2#5': PREMASKED_SLOTS,
+    'kernels.cache:layouts:const:2->3#0': LAYOUT_UNUSED,
+    'kernels.cache:layouts:const:1->2#0': LAYOUT_UNUSED,
+    'kernels.cache:layouts:const:2->3#2': LAYOUT_UNUSED,
+    'kernels.cache:layouts:const:2->3#5': LAYOUT_UNUSED,
+    'kernels.cache:layouts:const:2->3#6': LAYOUT_UNUSED,
+    'kernels.cache:layouts:const:0->1#0': LAYOUT_UNUSED,
+    'kernels.cache:layouts:binop:2 * d[Mult]->Div#0': LAYOUT_UNUSED,
+    'kernels.cache:layouts:binop:2 * d[Mult]->Div#1': LAYOUT_UNUSED,
+    'kernels.cache:layouts:name:float32->bfloat16#0': LAYOUT_UNUSED,
+    'kernels.cache:layouts:binop:d // 2[FloorDiv]->Div#0': INT_FLOAT,
+    'kernels.cache:layouts:binop:d // 2[FloorDiv]->Div#1': INT_FLOAT,
+    'kernels.cache:layouts:binop:di // 2[FloorDiv]->Div#0': INT_FLOAT,
+    'kernels.reference.compressor:compressor_ratio1:const:1e-20->2e-20#0': EPS_PASSED,
+    'kernels.reference.compressor:publish_compressed:const:1e-20->2e-20#0': EPS_PASSED,
+    'kernels.reference.compressor:publish_compressed:drop-call:value.float()[float]->(skipped)#0': GROUPS_CAST,
+    'kernels.reference.compressor:publish_compressed:drop-call:key.float()[float]->(skipped)#0': GROUPS_CAST,
+    'kernels.reference.indexer:index_head_weights:drop-call:(x.double() @ weights_proj.double()).float()[float]->(skipped)#0': TOPK_TOLERANCE,
+    'kernels.reference.indexer:index_head_weights:binop:w * dim ** (-0.5)[Mult]->Div#0': TOPK_SCALE,
+    'kernels.reference.indexer:index_head_weights:binop:w * dim ** (-0.5) * heads ** (-0.5)[Mult]->Div#0': TOPK_SCALE,
+    'kernels.reference.indexer:index_head_weights:drop-unary:-0.5[USub]->(none)#0': TOPK_SCALE,
+    'kernels.reference.indexer:index_head_weights:drop-unary:-0.5[USub]->(none)#1': TOPK_SCALE,
+    'kernels.reference.indexer:index_head_weights:const:0.5->1.0#0': TOPK_SCALE,
+    'kernels.reference.indexer:index_head_weights:const:0.5->1.0#1': TOPK_SCALE,
 }
