@@ -251,6 +251,6 @@ def test_attention_replay_judges_ownership_against_the_stored_inputs(tmp_path):
     assert all(r.ok for r in trees.replay(tree, emulated_backend()).values())
     results = trees.replay(tree, load_backend_module("tests.defects.half_layer:REUSE_REPUBLISHES"))
     assert results["window_payload"].ok and results["output"].ok
-    bad = results["compressed_payload"]
-    assert not bad.ok and "C2A_REUSE decode replicated TP2: compressed_payload (this mode writes no compressed " \
+    bad = results["compressed_payload"]  # the verdict of the pair: halved values keep the codes, move the scales
+    assert not bad.ok and "C2A_REUSE decode replicated TP2: compressed_scale (this mode writes no compressed " \
                           "cache) row" in bad.message(), bad.message()

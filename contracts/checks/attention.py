@@ -113,7 +113,8 @@ def check_layer_output(where: str, actual: torch.Tensor, expected: torch.Tensor,
     results = []
     if wiring == "replicated":
         for rank in range(tp):
-            results.append(leaf(actual[rank, :active], expected[rank, :active], name=f"{where}: output.rank{rank}"))
+            results.append(leaf(actual[rank, :active], expected[rank, :active],
+                                name=f"{where}: output.rank{rank}[active rows]"))
             if active < tokens:  # rows the entry never writes keep the caller's bytes (the 13.0 sentinel)
                 results.append(_exact(f"{where}: output.rank{rank} inactive row", actual[rank, active:],
                                       expected[rank, active:], offset=active))
