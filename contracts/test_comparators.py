@@ -567,3 +567,38 @@ def test_row_verdict_equals_the_fp64_verdict_near_the_bound(backend, seed):
     wrong = [r for r in range(200) if check(a[r:r + 1], e[r:r + 1]).ok != check(a[r:r + 1].double(),
                                                                                  e[r:r + 1].double()).ok]
     assert not wrong, f"rows {wrong[:8]}: the FP32 verdict differs from the FP64 one"
+
+
+def test_row_bound_fast_path_agrees_with_fp64_in_every_block(backend):
+    """The row check decides clearly-good rows from FP32 statistics in concurrent row blocks and recomputes the
+    rest in FP64. On 40,000 FP32 rows of 64 (several blocks): rows at 1 -/+ 1e-6 of the RMS and of the peak
+    bound deep in later blocks, a NaN row, and rows of 1e30-magnitude values (whose FP32 squares overflow) get
+    exactly the verdicts, counts and worst-row message of the same rows judged one at a time in FP64 (FP32
+    inputs, so the near-bound rows keep their distance to the bound).
+    Spec: §6 (FP64 rows)."""
+    check = op(backend, "check_row_precision")
+    g = torch.Generator().manual_seed(11)
+    rows, width = 40_000, 64
+    e = torch.randn((rows, width), generator=g)
+    a = e + torch.randn((rows, width), generator=g) * 1e-4
+    big = 31_000
+    e[big] = torch.randn(width, generator=g) * 1e30
+    a[big] = e[big]
+    a[big, 7] = e[big, 7] * (1 + 2.0**-7)  # well within the peak bound
+    assert check(a, e).ok, check(a, e).message()
+    assert check(a[big:big + 1].double(), e[big:big + 1].double()).ok
+    a[39_999, 5] = float("nan")
+    verdict = check(a, e)
+    assert not verdict.ok and verdict.n_failed == 1 and "[39999][5]" in verdict.message(), verdict.message()
+    a[39_999, 5] = e[39_999, 5]
+    for row, scale in ((20_001, 1.0 + 1e-6), (33_333, 1.0 - 1e-6)):  # RMS error at the bound, from both sides
+        ref = e[row].double()
+        bound = 1e-6 + 0.01 * ref.pow(2).mean().sqrt()
+        direction = torch.ones(width, dtype=F64)
+        a[row] = (ref + direction * bound * scale).float()
+    exact = [check(a[r:r + 1].double(), e[r:r + 1].double()) for r in (20_001, 33_333)]
+    verdict = check(a, e)
+    assert verdict.n_failed == sum(not v.ok for v in exact), (verdict.message(), [v.message() for v in exact])
+    if not verdict.ok:
+        worst = next(v for v in exact if not v.ok)
+        assert worst.worst.describe().split("row", 1)[1].split("=")[1] in verdict.message(), verdict.message()

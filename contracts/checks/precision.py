@@ -10,7 +10,9 @@ Spec: §6 (comparator table), §7.1 (owner rows), upstream_checks §15 C-4 (vari
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -74,36 +76,103 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(1, -1) if t.ndim <= 1 else t.reshape(-1, t.shape[-1])
 
 
+def _native_rows(t: torch.Tensor) -> torch.Tensor:
+    """[rows, D] in the tensor's own dtype (converted to FP64 block by block by the row checks)."""
+    t = t.detach().cpu()
+    return t.reshape(1, -1) if t.ndim <= 1 else t.reshape(-1, t.shape[-1])
+
+
+ROW_BLOCK_ELEMENTS = 1 << 20  # rows are judged in concurrent blocks of about this many elements
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)), thread_name_prefix="row-bound")
+    return _POOL
+
+
+def _exact_row_stats(a: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(finite, err_rms, err_peak, ref_rms) of rows [n, D] in FP64, any value allowed: a non-finite difference
+    counts as +inf and a non-finite reference element as 0 (the row is reported as non-finite anyway)."""
+    a, e = a.to(torch.float64), e.to(torch.float64)
+    finite = torch.isfinite(a).all(dim=1) & torch.isfinite(e).all(dim=1)
+    diff = (a - e).nan_to_num(nan=math.inf, posinf=math.inf, neginf=math.inf)
+    ref_rms = e.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).pow(2).mean(dim=1).sqrt()
+    return finite, diff.pow(2).mean(dim=1).sqrt(), diff.abs().amax(dim=1), ref_rms
+
+
+def _fp32_row_stats(a: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(err_rms, err_peak, ref_rms) of a block of rows computed in FP32, each within a relative error of
+    ``_fp32_margin(D)`` of the FP64 value when finite (a non-finite result marks a row to recompute)."""
+    a32, e32 = a.to(torch.float32), e.to(torch.float32)
+    diff = a32 - e32
+    root_n = math.sqrt(a.shape[1])
+    err_rms = torch.linalg.vector_norm(diff, dim=1) / root_n
+    ref_rms = torch.linalg.vector_norm(e32, dim=1) / root_n
+    err_peak = torch.linalg.vector_norm(diff, ord=math.inf, dim=1)
+    return err_rms.double(), err_peak.double(), ref_rms.double()
+
+
+def _fp32_margin(width: int) -> float:
+    """A bound on the relative error of the FP32 row statistics: the difference, square and each of the D - 1
+    additions round once (2^-24 each), the square root halves the sum's error, the division by sqrt(D) rounds
+    once more; doubled for the ratio of two such values."""
+    return 4.0 * (width + 3) * 2.0**-24
+
+
+def _row_stats(a: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Approximate per-row (err_rms, err_peak, ref_rms) of [rows, D] pairs in FP32, in concurrent row blocks
+    (each row's reductions run over that row alone, so the blocking changes no value)."""
+    rows = a.shape[0]
+    step = max(1, ROW_BLOCK_ELEMENTS // max(a.shape[1], 1))
+    if rows <= step:
+        return _fp32_row_stats(a, e)
+    parts = list(_pool().map(lambda i: _fp32_row_stats(a[i:i + step], e[i:i + step]), range(0, rows, step)))
+    return tuple(torch.cat([p[k] for p in parts]) for k in range(3))
+
+
 def check_row_precision(actual: torch.Tensor, expected: torch.Tensor, *, bound: RowBound = ROW_BOUND,
                         name: str = "output") -> CheckResult:
     """Every row: RMS and peak error within the row bound; any non-finite value fails; no outlier quota.
 
-    ``actual``/``expected`` [..., D] with equal shape and dtype, numel > 0. Spec: §6.
+    ``actual``/``expected`` [..., D] with equal shape and dtype, numel > 0. All arithmetic in FP64. Spec: §6.
     """
     check, spec = "check_row_precision", "§6"
     problem = _pair_problem(check, spec, name, actual, expected)
     if problem is not None:
         return problem
-    a, e = _rows(actual), _rows(expected)
+    a, e = _native_rows(actual), _native_rows(expected)
     lead = tuple(actual.shape[:-1]) if actual.ndim > 1 else ()
-    finite = torch.isfinite(a).all(dim=1) & torch.isfinite(e).all(dim=1)
-    diff = (a - e).nan_to_num(nan=math.inf, posinf=math.inf, neginf=math.inf)
-    ref_rms = e.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).pow(2).mean(dim=1).sqrt()
-    err_rms = diff.pow(2).mean(dim=1).sqrt()
-    err_peak = diff.abs().amax(dim=1)
+    n_rows = a.shape[0]
+    if a.dtype == torch.float64 or e.dtype == torch.float64:  # FP64 inputs: no faster path is exact enough
+        finite, err_rms, err_peak, ref_rms = _exact_row_stats(a, e)
+    else:
+        # FP32 statistics decide every row whose excess is clearly below 1; the others (near or over the bound,
+        # or non-finite) are recomputed in FP64, so verdicts and messages are those of the FP64 rule
+        err_rms, err_peak, ref_rms = _row_stats(a, e)
+        excess = torch.maximum(err_rms / (bound.rms_atol + bound.rms_rtol * ref_rms),
+                               err_peak / (bound.peak_atol + bound.peak_rtol * ref_rms))
+        recheck = ~(excess < 1.0 - _fp32_margin(a.shape[1]))  # NaN excess included
+        finite = torch.ones(n_rows, dtype=torch.bool)
+        if bool(recheck.any()):
+            rows = recheck.nonzero().flatten()
+            f, r, p, q = _exact_row_stats(a[rows], e[rows])
+            finite[rows], err_rms[rows], err_peak[rows], ref_rms[rows] = f, r, p, q
     rms_bound = bound.rms_atol + bound.rms_rtol * ref_rms
     peak_bound = bound.peak_atol + bound.peak_rtol * ref_rms
     rms_excess = err_rms / rms_bound
     peak_excess = err_peak / peak_bound
     bad = ~finite | (err_rms > rms_bound) | (err_peak > peak_bound)
-    n_rows = a.shape[0]
     if not bool(bad.any()):
         return passed(check, spec, n_rows)
     nonfinite = (~finite).nonzero().flatten()
     if nonfinite.numel():
         row = int(nonfinite[0])
-        col = int((~torch.isfinite(a[row]) | ~torch.isfinite(e[row])).nonzero()[0, 0])
-        worst = Violation(name, (*_row_index(row, lead), col), float(a[row, col]), float(e[row, col]),
+        ar, er = a[row].to(torch.float64), e[row].to(torch.float64)
+        col = int((~torch.isfinite(ar) | ~torch.isfinite(er)).nonzero()[0, 0])
+        worst = Violation(name, (*_row_index(row, lead), col), float(ar[col]), float(er[col]),
                           note=f"non-finite value in row {_row_index(row, lead) or row}")
         return failed(check, spec, n_rows, int(bad.sum()), worst)
     score = torch.maximum(rms_excess, peak_excess).masked_fill(~bad, -1.0)
@@ -113,9 +182,10 @@ def check_row_precision(actual: torch.Tensor, expected: torch.Tensor, *, bound: 
         worst = Violation(f"{name} row", idx, float(err_rms[row]), 0.0, float(rms_bound[row]),
                           note=f"RMS(a-e) > {bound.rms_atol:g} + {bound.rms_rtol:g}*RMS(e={float(ref_rms[row]):.6g})")
     else:
-        col = int(diff[row].abs().argmax())
+        ar, er = a[row].to(torch.float64), e[row].to(torch.float64)
+        col = int((ar - er).abs().argmax())
         worst = Violation(f"{name} row", idx, float(err_peak[row]), 0.0, float(peak_bound[row]),
-                          note=f"max|a-e| at column {col} (a={float(a[row, col]):.6g}, e={float(e[row, col]):.6g}) "
+                          note=f"max|a-e| at column {col} (a={float(ar[col]):.6g}, e={float(er[col]):.6g}) "
                                f"> {bound.peak_atol:g} + {bound.peak_rtol:g}*RMS(e={float(ref_rms[row]):.6g})")
     return failed(check, spec, n_rows, int(bad.sum()), worst)
 
