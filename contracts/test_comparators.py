@@ -602,3 +602,76 @@ def test_row_bound_fast_path_agrees_with_fp64_in_every_block(backend):
     if not verdict.ok:
         worst = next(v for v in exact if not v.ok)
         assert worst.worst.describe().split("row", 1)[1].split("=")[1] in verdict.message(), verdict.message()
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_a_row_over_the_peak_bound_alone_fails_among_good_rows(backend, scale):
+    """Wide rows (D = 64) where one element is off by 1.05x the peak bound while the row's RMS error stays under
+    the RMS bound, at RMS(e) scales 1e-3, 1 and 1e3, among 2,000 good rows: the row fails by the peak clause,
+    named with its column; a row whose sign is flipped fails too. (The fast FP32 statistics may only spare
+    rows that are clearly within both clauses.) Spec: §6."""
+    check = op(backend, "check_row_precision")
+    g = torch.Generator().manual_seed(7)
+    e = torch.randn((2000, 64), generator=g) * scale
+    a = e + torch.randn((2000, 64), generator=g) * scale * 1e-4
+    ref_rms = float(e[1234].double().pow(2).mean().sqrt())
+    a[1234] = e[1234]
+    a[1234, 17] = e[1234, 17] + 1.05 * (1e-5 + 0.05 * ref_rms)
+    verdict = check(a, e)
+    assert not verdict.ok and verdict.n_failed == 1, verdict.message()
+    assert "row[1234]" in verdict.message() and "max|a-e| at column 17" in verdict.message(), verdict.message()
+    flipped = e.clone()
+    flipped[321] = -e[321]
+    verdict = check(flipped, e)
+    assert not verdict.ok and "row[321]" in verdict.message(), verdict.message()
+
+
+def test_bf16_rows_just_over_the_bound_fail_and_just_under_pass(backend):
+    """BF16 rows whose FP64 excess over the RMS or peak bound lies within 0.5 % of 1 (kept from 20,000 random
+    candidates), judged together: every row over 1 fails and every row under passes, exactly as each row judged
+    alone in FP64 -- the fast statistics may not clear a row this close. Spec: §6 (FP64 rows)."""
+    check = op(backend, "check_row_precision")
+    g = torch.Generator().manual_seed(23)
+    n, width = 20_000, 256
+    e = torch.randn((n, width), generator=g).to(torch.bfloat16)
+    ref = e.double()
+    rms_bound = 1e-6 + 0.01 * ref.pow(2).mean(1, keepdim=True).sqrt()
+    spread = torch.randn((n, width), generator=g, dtype=F64)
+    spread = spread / spread.pow(2).mean(1, keepdim=True).sqrt()
+    a = (ref + spread * rms_bound * (0.99 + 0.02 * torch.rand((n, 1), generator=g, dtype=F64))).to(torch.bfloat16)
+    diff = a.double() - ref
+    excess = torch.maximum(diff.pow(2).mean(1).sqrt() / rms_bound.squeeze(1),
+                           diff.abs().amax(1) / (1e-5 + 0.05 * ref.pow(2).mean(1).sqrt()))
+    near = ((excess - 1).abs() < 0.005).nonzero().flatten()
+    over, under = near[excess[near] > 1], near[excess[near] < 1]
+    assert over.numel() > 20 and under.numel() > 20, (over.numel(), under.numel())
+    rows = torch.cat((over, under))
+    verdict = check(a[rows], e[rows])
+    assert verdict.n_failed == over.numel(), f"{verdict.n_failed} rows failed, {over.numel()} are over the bound"
+    assert check(a[under], e[under]).ok, check(a[under], e[under]).message()
+
+
+def test_bf16_outputs_near_the_budget_get_the_fp64_verdict(backend):
+    """The FP8 budget on BF16 rows whose FP64 row relative L2 lies within 0.2 % of the 2 % bound (kept from 4,000
+    random candidates): each row's verdict is the FP64 one -- norms taken in BF16 would misjudge rows this close.
+    Spec: §6 (decode SWA/C2A compare_output, FP64 arithmetic)."""
+    check = op(backend, "check_output_budget")
+    g = torch.Generator().manual_seed(29)
+    n, width = 4000, 512
+    e = torch.randn((n, width), generator=g).to(torch.bfloat16)
+    ref = e.double()
+    noise = torch.randn((n, width), generator=g, dtype=F64)
+    noise = noise / noise.norm(dim=1, keepdim=True) * ref.norm(dim=1, keepdim=True)
+    a = (ref + noise * 0.02 * (0.995 + 0.01 * torch.rand((n, 1), generator=g, dtype=F64))).to(torch.bfloat16)
+    rel = (a.double() - ref).norm(dim=1) / ref.norm(dim=1)
+    near = ((rel / 0.02 - 1).abs() < 0.002).nonzero().flatten()[:200]
+    assert near.numel() > 50, near.numel()
+    exact = e[n - 15:]  # 15 exact rows keep the global relative L2 near 0.5 %: the row clause decides
+    wrong, failing = [], 0
+    for r in near.tolist():
+        got = check(torch.cat((a[r:r + 1], exact)), torch.cat((e[r:r + 1], exact))).ok
+        failing += not got
+        if got != bool(rel[r] <= 0.02):
+            wrong.append(r)
+    assert not wrong, f"rows {wrong[:8]}: the BF16 verdict differs from the FP64 one"
+    assert 0 < failing < near.numel(), failing

@@ -71,15 +71,15 @@ def _norm(t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return n * (safe if dim is None else safe.squeeze(dim))
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach().cpu().to(torch.float64)
-    return t.reshape(1, -1) if t.ndim <= 1 else t.reshape(-1, t.shape[-1])
-
-
 def _native_rows(t: torch.Tensor) -> torch.Tensor:
-    """[rows, D] in the tensor's own dtype (converted to FP64 block by block by the row checks)."""
+    """[rows, D] in the tensor's own dtype (the row bound converts block by block)."""
     t = t.detach().cpu()
     return t.reshape(1, -1) if t.ndim <= 1 else t.reshape(-1, t.shape[-1])
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """[rows, D] in FP64."""
+    return _native_rows(t).to(torch.float64)
 
 
 ROW_BLOCK_ELEMENTS = 1 << 20  # rows are judged in concurrent blocks of about this many elements
@@ -146,20 +146,18 @@ def check_row_precision(actual: torch.Tensor, expected: torch.Tensor, *, bound: 
     a, e = _native_rows(actual), _native_rows(expected)
     lead = tuple(actual.shape[:-1]) if actual.ndim > 1 else ()
     n_rows = a.shape[0]
-    if a.dtype == torch.float64 or e.dtype == torch.float64:  # FP64 inputs: no faster path is exact enough
-        finite, err_rms, err_peak, ref_rms = _exact_row_stats(a, e)
+    if a.dtype == torch.float64 or e.dtype == torch.float64:  # FP64 inputs: every row judged in FP64
+        judged = torch.arange(n_rows)
     else:
-        # FP32 statistics decide every row whose excess is clearly below 1; the others (near or over the bound,
-        # or non-finite) are recomputed in FP64, so verdicts and messages are those of the FP64 rule
+        # FP32 statistics only clear the rows that are within both clauses by more than their worst-case error;
+        # every other row (near or over the bound, non-finite) is judged from its FP64 statistics below
         err_rms, err_peak, ref_rms = _row_stats(a, e)
         excess = torch.maximum(err_rms / (bound.rms_atol + bound.rms_rtol * ref_rms),
                                err_peak / (bound.peak_atol + bound.peak_rtol * ref_rms))
-        recheck = ~(excess < 1.0 - _fp32_margin(a.shape[1]))  # NaN excess included
-        finite = torch.ones(n_rows, dtype=torch.bool)
-        if bool(recheck.any()):
-            rows = recheck.nonzero().flatten()
-            f, r, p, q = _exact_row_stats(a[rows], e[rows])
-            finite[rows], err_rms[rows], err_peak[rows], ref_rms[rows] = f, r, p, q
+        judged = (~(excess < 1.0 - _fp32_margin(a.shape[1]))).nonzero().flatten()  # NaN excess included
+    if judged.numel() == 0:
+        return passed(check, spec, n_rows)
+    finite, err_rms, err_peak, ref_rms = _exact_row_stats(a[judged], e[judged])
     rms_bound = bound.rms_atol + bound.rms_rtol * ref_rms
     peak_bound = bound.peak_atol + bound.peak_rtol * ref_rms
     rms_excess = err_rms / rms_bound
@@ -169,24 +167,26 @@ def check_row_precision(actual: torch.Tensor, expected: torch.Tensor, *, bound: 
         return passed(check, spec, n_rows)
     nonfinite = (~finite).nonzero().flatten()
     if nonfinite.numel():
-        row = int(nonfinite[0])
+        k = int(nonfinite[0])
+        row = int(judged[k])
         ar, er = a[row].to(torch.float64), e[row].to(torch.float64)
         col = int((~torch.isfinite(ar) | ~torch.isfinite(er)).nonzero()[0, 0])
         worst = Violation(name, (*_row_index(row, lead), col), float(ar[col]), float(er[col]),
                           note=f"non-finite value in row {_row_index(row, lead) or row}")
         return failed(check, spec, n_rows, int(bad.sum()), worst)
     score = torch.maximum(rms_excess, peak_excess).masked_fill(~bad, -1.0)
-    row = int(score.argmax())
+    k = int(score.argmax())
+    row = int(judged[k])
     idx = _row_index(row, lead)
-    if rms_excess[row] >= peak_excess[row]:
-        worst = Violation(f"{name} row", idx, float(err_rms[row]), 0.0, float(rms_bound[row]),
-                          note=f"RMS(a-e) > {bound.rms_atol:g} + {bound.rms_rtol:g}*RMS(e={float(ref_rms[row]):.6g})")
+    if rms_excess[k] >= peak_excess[k]:
+        worst = Violation(f"{name} row", idx, float(err_rms[k]), 0.0, float(rms_bound[k]),
+                          note=f"RMS(a-e) > {bound.rms_atol:g} + {bound.rms_rtol:g}*RMS(e={float(ref_rms[k]):.6g})")
     else:
         ar, er = a[row].to(torch.float64), e[row].to(torch.float64)
         col = int((ar - er).abs().argmax())
-        worst = Violation(f"{name} row", idx, float(err_peak[row]), 0.0, float(peak_bound[row]),
+        worst = Violation(f"{name} row", idx, float(err_peak[k]), 0.0, float(peak_bound[k]),
                           note=f"max|a-e| at column {col} (a={float(ar[col]):.6g}, e={float(er[col]):.6g}) "
-                               f"> {bound.peak_atol:g} + {bound.peak_rtol:g}*RMS(e={float(ref_rms[row]):.6g})")
+                               f"> {bound.peak_atol:g} + {bound.peak_rtol:g}*RMS(e={float(ref_rms[k]):.6g})")
     return failed(check, spec, n_rows, int(bad.sum()), worst)
 
 

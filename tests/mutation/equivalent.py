@@ -95,6 +95,24 @@ EPS_PASSED = "The half-layer passes eps explicitly, so this default is never use
 TOPK_SCALE = ("Scales every index head weight by the same positive constant: every score of a token scales with it, "
               "so the Top-K selection -- the only output the weights reach -- is unchanged up to BF16 rounding "
               "inside the 1.5 % cutoff tolerance (§5.3).")
+ROW_BLOCKS = ("Changes only how the row bound splits rows into concurrent blocks, or its thread count: each row's "
+              "statistics reduce over that row alone, so any blocking gives the same values (contracts/"
+              "test_comparators.py::test_row_bound_fast_path_agrees_with_fp64_in_every_block).")
+RECHECK_MORE = ("Only makes the FP32 pre-pass clear fewer rows (a larger error estimate or margin, every row "
+                "judged in FP64, or FP64 inputs judged in FP64 anyway): verdicts come from FP64 statistics either "
+                "way, only slower.")
+MARGIN = ("Narrows the worst-case margin of the FP32 pre-pass (to a half or less): torch's FP32 norms stay within "
+          "about 2^-22 relative of FP64 on these widths, far inside even the narrowed margin, so no row is "
+          "cleared differently (the BF16 and FP32 rows at 1 -/+ 1e-6 and within 0.5 % of the bound are "
+          "rechecked under every variant).")
+FP64_ROUTE = ("FP64 inputs through the FP32 pre-pass: values outside the FP32 range give a non-finite statistic and "
+              "are judged in FP64; a rounding of 2^-24 per element moves a row's statistics by far less than the "
+              "1e-6 + 1 % bound, so only clearly-good rows are cleared.")
+PROMOTE = ("a - e promotes to the wider dtype with e already converted (FP64, or FP32 in the pre-pass), exactly; "
+           "isfinite reads the same in either dtype.")
+MSG_CAST = ("Message only: the printed element values are exact in either dtype, and the printed peak column can "
+            "change only between columns whose differences round to the same value.")
+EXCESS_TIE = "Differs only when a row's FP32 excess equals 1 - margin exactly, where either choice is sound."
 
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:_rows:cmp:t.ndim <= 1[LtE]->Lt#0': ROWS1D,
@@ -103,13 +121,6 @@ EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_owner_rows:const:True->False#1': ZIP,
     'contracts.checks.precision:check_owner_rows:drop-call:slab[count:].detach().cpu().to(torch.float64)[to]->(skipped)#0': PAD_DTYPE,
     'contracts.checks.precision:check_row_precision:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
-    'contracts.checks.precision:check_row_precision:cmp:rms_excess[row] >= peak_excess[row][GtE]->Gt#0': TIE_CLAUSE,
-    'contracts.checks.precision:check_row_precision:const:0.0->1.0#0': REF_RMS_NAN,
-    'contracts.checks.precision:check_row_precision:const:0.0->1.0#1': REF_RMS_NAN,
-    'contracts.checks.precision:check_row_precision:const:0.0->1.0#2': REF_RMS_NAN,
-    'contracts.checks.precision:check_row_precision:const:1.0->2.0#0': MASK_GOOD,
-    'contracts.checks.precision:check_row_precision:drop-call:(a - e).nan_to_num(nan=math.inf, posinf=math.inf, neginf=...[nan_to_num]->(skipped)#0': NAN_DIFF,
-    'contracts.checks.precision:check_row_precision:drop-call:e.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)[nan_to_num]->(skipped)#0': REF_RMS_NAN,
     'contracts.checks.precision:check_row_precision:drop-call:torch.maximum(rms_excess, peak_excess).masked_fill(~bad, ...[masked_fill]->(skipped)#0': MASK_GOOD,
     'contracts.checks.precision:check_row_precision:drop-unary:-1.0[USub]->(none)#0': MASK_GOOD,
     'kernels.cache:CacheLayout:const:1->2#0': CACHELAYOUT,
@@ -351,4 +362,50 @@ EQUIVALENT: dict[str, str] = {
     'kernels.reference.indexer:index_head_weights:drop-unary:-0.5[USub]->(none)#1': TOPK_SCALE,
     'kernels.reference.indexer:index_head_weights:const:0.5->1.0#0': TOPK_SCALE,
     'kernels.reference.indexer:index_head_weights:const:0.5->1.0#1': TOPK_SCALE,
+    'contracts.checks.precision:_native_rows:cmp:t.ndim <= 1[LtE]->Lt#0': ROWS1D,
+    'contracts.checks.precision:<module>:const:1->2#0': ROW_BLOCKS,
+    'contracts.checks.precision:<module>:binop:1 << 20[LShift]->RShift#0': ROW_BLOCKS,
+    'contracts.checks.precision:<module>:const:20->21#0': ROW_BLOCKS,
+    'contracts.checks.precision:_pool:const:1->2#0': ROW_BLOCKS,
+    'contracts.checks.precision:_pool:const:2->3#0': ROW_BLOCKS,
+    'contracts.checks.precision:_pool:const:1->2#1': ROW_BLOCKS,
+    'contracts.checks.precision:_pool:name:max->min#0': ROW_BLOCKS,
+    'contracts.checks.precision:_pool:name:min->max#0': ROW_BLOCKS,
+    'contracts.checks.precision:_pool:boolop:os.cpu_count() or 1[Or]->And#0': ROW_BLOCKS,
+    'contracts.checks.precision:_row_stats:const:0->1#0': ROW_BLOCKS,
+    'contracts.checks.precision:_row_stats:const:1->2#0': ROW_BLOCKS,
+    'contracts.checks.precision:_row_stats:const:1->2#2': ROW_BLOCKS,
+    'contracts.checks.precision:_row_stats:name:max->min#0': ROW_BLOCKS,
+    'contracts.checks.precision:_row_stats:name:max->min#1': ROW_BLOCKS,
+    'contracts.checks.precision:_row_stats:cmp:rows <= step[LtE]->Lt#0': ROW_BLOCKS,
+    'contracts.checks.precision:_exact_row_stats:drop-call:(a - e).nan_to_num(nan=math.inf, posinf=math.inf, neginf=...[nan_to_num]->(skipped)#0': NAN_DIFF,
+    'contracts.checks.precision:_exact_row_stats:const:0.0->1.0#0': REF_RMS_NAN,
+    'contracts.checks.precision:_exact_row_stats:const:0.0->1.0#1': REF_RMS_NAN,
+    'contracts.checks.precision:_exact_row_stats:const:0.0->1.0#2': REF_RMS_NAN,
+    'contracts.checks.precision:_exact_row_stats:drop-call:e.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)[nan_to_num]->(skipped)#0': REF_RMS_NAN,
+    'contracts.checks.precision:_exact_row_stats:drop-call:a.to(torch.float64)[to]->(skipped)#0': PROMOTE,
+    'contracts.checks.precision:_fp32_row_stats:binop:torch.linalg.vector_norm(diff, dim=1) / root_n[Div]->Mult#0': RECHECK_MORE,
+    'contracts.checks.precision:_fp32_margin:const:4.0->8.0#0': RECHECK_MORE,
+    'contracts.checks.precision:_fp32_margin:const:3->4#0': RECHECK_MORE,
+    'contracts.checks.precision:_fp32_margin:drop-unary:-24[USub]->(none)#0': RECHECK_MORE,
+    'contracts.checks.precision:_fp32_margin:binop:4.0 * (width + 3) * 2.0 ** (-24)[Mult]->Div#0': MARGIN,
+    'contracts.checks.precision:_fp32_margin:const:24->25#0': MARGIN,
+    'contracts.checks.precision:_fp32_margin:binop:width + 3[Add]->Sub#0': MARGIN,
+    'contracts.checks.precision:check_row_precision:cmp:a.dtype == torch.float64[Eq]->NotEq#0': FP64_ROUTE,
+    'contracts.checks.precision:check_row_precision:cmp:e.dtype == torch.float64[Eq]->NotEq#0': FP64_ROUTE,
+    'contracts.checks.precision:check_row_precision:boolop:a.dtype == torch.float64 or e.dtype == torch.float64[Or]->And#0': FP64_ROUTE,
+    'contracts.checks.precision:check_row_precision:name:float64->float32#0': FP64_ROUTE,
+    'contracts.checks.precision:check_row_precision:name:float64->float32#1': FP64_ROUTE,
+    'contracts.checks.precision:check_row_precision:cmp:excess < 1.0 - _fp32_margin(a.shape[1])[Lt]->LtE#0': EXCESS_TIE,
+    'contracts.checks.precision:check_row_precision:name:float64->float32#2': MSG_CAST,
+    'contracts.checks.precision:check_row_precision:name:float64->float32#3': MSG_CAST,
+    'contracts.checks.precision:check_row_precision:name:float64->float32#4': MSG_CAST,
+    'contracts.checks.precision:check_row_precision:name:float64->float32#5': MSG_CAST,
+    'contracts.checks.precision:check_row_precision:drop-call:a[row].to(torch.float64)[to]->(skipped)#0': MSG_CAST,
+    'contracts.checks.precision:check_row_precision:drop-call:e[row].to(torch.float64)[to]->(skipped)#0': MSG_CAST,
+    'contracts.checks.precision:check_row_precision:drop-call:a[row].to(torch.float64)[to]->(skipped)#1': MSG_CAST,
+    'contracts.checks.precision:check_row_precision:drop-call:e[row].to(torch.float64)[to]->(skipped)#1': MSG_CAST,
+    'contracts.checks.precision:check_row_precision:const:1.0->2.0#1': MASK_GOOD,
+    'contracts.checks.precision:check_row_precision:cmp:rms_excess[k] >= peak_excess[k][GtE]->Gt#0': TIE_CLAUSE,
+    'contracts.checks.precision:_fp32_row_stats:drop-call:a.to(torch.float32)[to]->(skipped)#0': PROMOTE,
 }
