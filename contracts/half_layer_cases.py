@@ -37,7 +37,7 @@ CANCEL = {"cast": (1.0, -(1.0 - 2.0**-12), 0.0, 0.0), "order": (1.0, -1.0, 2.0**
 # FLASH head geometry (64 heads of 512 with 64 RoPE dims, 8 output groups) around a small model width, for the
 # few small-T cases that exercise the real head and tile shapes.
 FLASH_HEADS = replace(FLASH_TINY, name="flash-heads", num_attention_heads=64, head_dim=512, qk_rope_head_dim=64,
-                      o_lora_rank=32, hidden_size=128, index_head_dim=64)
+                      o_lora_rank=32, hidden_size=128, index_head_dim=64, index_n_heads=8)
 
 
 @dataclass(frozen=True)

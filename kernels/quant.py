@@ -15,12 +15,11 @@ Spec: §2.2 (codecs, tie rules, nibble order), upstream_checks §15 C-6.
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
+from kernels import workers
 from kernels.errors import ContractInputError
 
 SPEC = "§2.2"
@@ -243,14 +242,6 @@ def _e2m1_pack(y4: torch.Tensor, tie: str, sign_of: torch.Tensor | None = None) 
 
 
 BLOCK_ELEMENTS = 1 << 19  # rows are quantized in blocks of about this many elements (cache-sized temporaries)
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)), thread_name_prefix="mx-quant")
-    return _POOL
 
 
 def mx_quantize(x: torch.Tensor, rule_name: str | QuantRule) -> MXTensor:
@@ -266,7 +257,7 @@ def mx_quantize(x: torch.Tensor, rule_name: str | QuantRule) -> MXTensor:
     per_block = max(1, BLOCK_ELEMENTS // max(width, 1))
     if rows.shape[0] < 2 * per_block:
         return _quantize_rows(x, r)
-    blocks = list(_pool().map(lambda i: _quantize_rows(rows[i:i + per_block], r),
+    blocks = list(workers.pool().map(lambda i: _quantize_rows(rows[i:i + per_block], r),
                               range(0, rows.shape[0], per_block)))
     lead = tuple(x.shape[:-1])
     payload = torch.cat([b.payload for b in blocks]).reshape(*lead, -1)

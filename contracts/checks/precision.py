@@ -10,15 +10,14 @@ Spec: §6 (comparator table), §7.1 (owner rows), upstream_checks §15 C-4 (vari
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from contracts.result import CheckResult, Violation, failed, first_failure, passed
 from contracts.tensors import byte_view
+from kernels import workers
 
 Leaf = Callable[..., CheckResult]
 
@@ -83,14 +82,6 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 ROW_BLOCK_ELEMENTS = 1 << 20  # rows are judged in concurrent blocks of about this many elements
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)), thread_name_prefix="row-bound")
-    return _POOL
 
 
 def _exact_row_stats(a: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -129,7 +120,7 @@ def _row_stats(a: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, ...]:
     step = max(1, ROW_BLOCK_ELEMENTS // max(a.shape[1], 1))
     if rows <= step:
         return _fp32_row_stats(a, e)
-    parts = list(_pool().map(lambda i: _fp32_row_stats(a[i:i + step], e[i:i + step]), range(0, rows, step)))
+    parts = list(workers.pool().map(lambda i: _fp32_row_stats(a[i:i + step], e[i:i + step]), range(0, rows, step)))
     return tuple(torch.cat([p[k] for p in parts]) for k in range(3))
 
 
