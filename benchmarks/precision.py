@@ -1,7 +1,7 @@
 """The per-row RMS/peak bound check (``check_row_precision``) on a [4096, 5120] BF16 pair, as a ratio
 against a floor measured in the same run on the same data: ``(a.float() - b.float()).pow(2).sum(-1)``.
 
-Run: .venv/bin/python benchmarks/precision.py [--repeats N]. Goal (issue #9): ratio (floor time / check
+Run: .venv/bin/python benchmarks/precision.py [--repeats N]. Goal (the attention issue): ratio (floor time / check
 time) >= 0.5.
 """
 
