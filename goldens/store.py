@@ -16,6 +16,8 @@ import datetime as dt
 import fcntl
 import hashlib
 import os
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +94,48 @@ class LogEntry:
     tags: tuple[str, ...]
 
 
+class Transaction:
+    """What a locked read-modify-write sees and stages (``GoldenStore.transaction``)."""
+
+    def __init__(self, session, root: zarr.Group):
+        self.session, self.root = session, root
+        self.reader = StoreReader(root, "(head, locked)")
+        self.written: list[str] = []
+        self.unchanged: list[str] = []
+        self.result: CommitResult | None = None
+
+    def write(self, arrays: dict[str, tuple[np.ndarray, dict]], group_attrs: dict[str, dict], *,
+              remove: tuple[str, ...] = ()) -> None:
+        root = self.root
+        for path in remove:
+            if path in root:
+                del root[path]
+                self.written.append(f"-{path}")
+        for path, attrs in group_attrs.items():
+            group = root.require_group(path)
+            if dict(group.attrs) != attrs:
+                group.attrs.clear()
+                group.attrs.update(attrs)
+                self.written.append(f"{path}/@attrs")
+        for path, (arr, attrs) in arrays.items():
+            full = {**attrs, "digest": digest(arr), "crc32c": checksum(arr)}
+            existing = root.get(path)
+            if isinstance(existing, zarr.Array) and existing.shape == arr.shape and \
+                    existing.dtype == arr.dtype and dict(existing.attrs) == full:
+                self.unchanged.append(path)
+                continue
+            parent, _, name = path.rpartition("/")
+            group = root.require_group(parent) if parent else root
+            out = group.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr),
+                                     compressors=_codecs(arr), overwrite=True, attributes=full,
+                                     fill_value=0 if arr.dtype != bool else False)
+            if arr.ndim == 0:
+                out[()] = arr
+            elif arr.size:
+                out[...] = arr
+            self.written.append(path)
+
+
 class GoldenStore:
     """An icechunk repository at ``root`` (created on first write)."""
 
@@ -116,15 +160,87 @@ class GoldenStore:
             raise GoldenStoreError(f"cannot open golden store {self.root}: {exc}") from exc
 
     @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Exclusive inter-process lock for commits (released by the kernel even on SIGKILL)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / LOCK_NAME, "a+") as fh:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+    def lock(self, *, timeout: float | None = None) -> Iterator[None]:
+        """Exclusive inter-process lock for every read-modify-write (released by the kernel even on SIGKILL).
+
+        The holder writes its pid and command into the lock file; a writer that has to wait says once, on
+        stderr, whom it waits for, and gives up after ``timeout`` seconds (default ``PTO_STORE_LOCK_TIMEOUT``,
+        else 600) with a GoldenStoreError (exit 2)."""
+        if timeout is None:
+            timeout = float(os.environ.get("PTO_STORE_LOCK_TIMEOUT", "600"))
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fh = open(self.root / LOCK_NAME, "a+")  # noqa: SIM115 (held across the yield)
+        except OSError as exc:
+            raise GoldenStoreError(f"cannot lock golden store {self.root}: {exc.strerror or exc} "
+                                   "(is the path a directory you can write?)") from None
+        with fh:
+            deadline, told = time.monotonic() + timeout, False
+            while True:
+                try:
+                    fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not told:
+                        fh.seek(0)
+                        holder = fh.read().strip() or "another process"
+                        print(f"goldens: waiting for the store lock of {self.root} held by {holder} "
+                              f"(gives up after {timeout:g} s; PTO_STORE_LOCK_TIMEOUT)", file=sys.stderr)
+                        told = True
+                    if time.monotonic() >= deadline:
+                        raise GoldenStoreError(f"golden store {self.root} is locked by {holder}; gave up after "
+                                               f"{timeout:g} s (raise PTO_STORE_LOCK_TIMEOUT or stop that writer)"
+                                               ) from None
+                    time.sleep(0.05)
             try:
+                fh.seek(0)
+                fh.truncate()
+                fh.write(f"pid {os.getpid()} ({' '.join(sys.argv[:3])[:120]}) since "
+                         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC\n")
+                fh.flush()
                 yield
             finally:
+                with contextlib.suppress(OSError):
+                    fh.seek(0)
+                    fh.truncate()
+                    fh.flush()
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def transaction(self, message: str, *, metadata: dict | None = None, tag: str | None = None
+                    ) -> Iterator[Transaction]:
+        """A read-modify-write under the lock: ``txn.reader`` reads the branch head *as of the lock* (the base
+        every change is computed from), ``txn.write(...)`` stages arrays and attributes, and leaving the block
+        commits once (with ``tag`` in the same locked step). Tags a crash left behind are restored first."""
+        with self.lock():
+            repo = self._repo(create=True)
+            self._restore_tags(repo)
+            session = repo.writable_session("main")
+            txn = Transaction(session, zarr.open_group(session.store, mode="a"))
+            yield txn
+            if not txn.written:
+                txn.result = CommitResult(None, (), tuple(txn.unchanged))
+                return
+            if os.environ.get("PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"):  # reliability tests kill us here
+                time.sleep(float(os.environ["PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"]))
+            meta = {**(metadata or {}), **({"tag": tag} if tag else {})}
+            snapshot = session.commit(message, metadata=meta)
+            if os.environ.get("PTO_STORE_TEST_PAUSE_BEFORE_TAG"):  # reliability tests kill us here
+                time.sleep(float(os.environ["PTO_STORE_TEST_PAUSE_BEFORE_TAG"]))
+            if tag:
+                repo.create_tag(tag, snapshot)
+            txn.result = CommitResult(snapshot, tuple(txn.written), tuple(txn.unchanged))
+
+    @staticmethod
+    def _restore_tags(repo: icechunk.Repository) -> None:
+        """A writer killed between its commit and its tag left the tag name in the snapshot's metadata:
+        create the missing tags (so gc keeps those snapshots)."""
+        have = set(repo.list_tags())
+        for snap in repo.ancestry(branch="main"):
+            name = (snap.metadata or {}).get("tag")
+            if name and name not in have:
+                repo.create_tag(name, snap.id)
+                have.add(name)
 
     # ---- writing ------------------------------------------------------------
     def commit(self, arrays: dict[str, tuple[np.ndarray, dict]], group_attrs: dict[str, dict], message: str, *,
@@ -134,47 +250,9 @@ class GoldenStore:
         An array whose dtype, shape, content hash and attributes equal the stored one is not rewritten;
         when nothing changes no commit is made. ``remove`` deletes groups/arrays first.
         """
-        with self.lock():
-            repo = self._repo(create=True)
-            session = repo.writable_session("main")
-            root = zarr.open_group(session.store, mode="a")
-            written, unchanged = [], []
-            for path in remove:
-                if path in root:
-                    del root[path]
-                    written.append(f"-{path}")
-            for path, attrs in group_attrs.items():
-                group = root.require_group(path)
-                if dict(group.attrs) != attrs:
-                    group.attrs.clear()
-                    group.attrs.update(attrs)
-                    written.append(f"{path}/@attrs")
-            for path, (arr, attrs) in arrays.items():
-                full = {**attrs, "digest": digest(arr), "crc32c": checksum(arr)}
-                existing = root.get(path)
-                if isinstance(existing, zarr.Array) and existing.shape == arr.shape and \
-                        existing.dtype == arr.dtype and dict(existing.attrs) == full:
-                    unchanged.append(path)
-                    continue
-                parent, _, name = path.rpartition("/")
-                group = root.require_group(parent) if parent else root
-                out = group.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr),
-                                         compressors=_codecs(arr), overwrite=True, attributes=full,
-                                         fill_value=0 if arr.dtype != bool else False)
-                if arr.ndim == 0:
-                    out[()] = arr
-                elif arr.size:
-                    out[...] = arr
-                written.append(path)
-            if not written:
-                return CommitResult(None, (), tuple(unchanged))
-            if os.environ.get("PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"):  # reliability tests kill us here
-                import time
-                time.sleep(float(os.environ["PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"]))
-            snapshot = session.commit(message, metadata=metadata or {})
-            if tag:
-                repo.create_tag(tag, snapshot)
-            return CommitResult(snapshot, tuple(written), tuple(unchanged))
+        with self.transaction(message, metadata=metadata, tag=tag) as txn:
+            txn.write(arrays, group_attrs, remove=remove)
+        return txn.result
 
     # ---- reading ------------------------------------------------------------
     def resolve(self, rev: str | None) -> dict:

@@ -188,11 +188,7 @@ def delta(name: str, old: torch.Tensor, new: torch.Tensor) -> OutputDelta:
     return OutputDelta(name, n, a.numel(), float(diff.max()), float(diff.mean()), float(rel.max()), rows)
 
 
-def regen(store: GoldenStore, items: list[tuple[str, str]], *, dry_run: bool = False
-          ) -> tuple[list[tuple[str, str, list[OutputDelta]]], CommitResult | None]:
-    """Recompute expected outputs from stored inputs with the current reference; commit only changed
-    arrays (and the new fingerprint) in one tagged commit."""
-    reader = store.reader()
+def _regen_trees(reader: StoreReader, items: list[tuple[str, str]]):
     report, arrays, groups = [], {}, {}
     for name, wiring in items:
         tree = load_tree(reader, name, wiring)
@@ -202,12 +198,23 @@ def regen(store: GoldenStore, items: list[tuple[str, str]], *, dry_run: bool = F
         rec = make_record(tree.case, wiring, tree.record.seed, tree.inputs, outputs, source=tree.record.source)
         arrays.update(tree_arrays(tree.case, rec, tree.inputs, outputs))
         groups[tree_path(name, wiring)] = rec.to_attrs()
+    return report, arrays, groups
+
+
+def regen(store: GoldenStore, items: list[tuple[str, str]], *, dry_run: bool = False
+          ) -> tuple[list[tuple[str, str, list[OutputDelta]]], CommitResult | None]:
+    """Recompute expected outputs from stored inputs with the current reference; commit only changed
+    arrays (and the new fingerprint) in one tagged commit. The trees are read under the store lock, so a
+    record or import committed meanwhile is never overwritten by stale trees."""
     if dry_run:
+        report, _arrays, _groups = _regen_trees(store.reader(), items)
         return report, None
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    result = store.commit(arrays, groups, "regen " + ", ".join(f"{c}/{w}" for c, w in items),
-                          metadata={"action": "regen"}, tag=f"regen-{stamp}")
-    return report, result
+    with store.transaction("regen " + ", ".join(f"{c}/{w}" for c, w in items), metadata={"action": "regen"},
+                           tag=f"regen-{stamp}") as txn:
+        report, arrays, groups = _regen_trees(txn.reader, items)
+        txn.write(arrays, groups)
+    return report, txn.result
 
 
 # ---------------------------------------------------------------------------

@@ -90,3 +90,44 @@ def test_four_concurrent_recorders_lose_no_commit(tmp_path):
         assert sum(m.startswith(f"record {c}/") for m in messages) == 1, messages
         assert trees.recorded_wirings(store.reader(), c), f"{c} lost"
     assert len(log) == 2 + len(cases)  # init + first record + one commit per recorder
+
+
+def test_a_blocked_writer_names_the_holder_and_gives_up_with_exit_2(tmp_path):
+    """A writer that finds the store locked says once whom it waits for, and after PTO_STORE_LOCK_TIMEOUT
+    seconds gives up with exit 2 and one line naming the store; nothing is written."""
+    store = GoldenStore(tmp_path / "s")
+    _record(store, ("rope_rows", "replicated"))
+    head = store.log()[0].snapshot
+    with store.lock():
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PTO_STORE_LOCK_TIMEOUT": "1"}
+        proc = subprocess.run([sys.executable, "-m", "goldens.cli", "--store", str(store.root), "record",
+                               "sp_slabs"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-1000:]
+    assert f"waiting for the store lock of {store.root} held by pid {os.getpid()}" in proc.stderr, proc.stderr
+    assert "gave up after 1 s" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert store.log()[0].snapshot == head
+
+
+def test_a_regen_killed_between_its_commit_and_its_tag_gets_its_tag_back(tmp_path):
+    """The regen tag is recorded in the commit's metadata: a writer killed after the commit and before the
+    tag leaves a snapshot whose tag the next write restores (so gc keeps it)."""
+    store = GoldenStore(tmp_path / "s")
+    _record(store, ("rope_rows", "replicated"))
+    reader = store.reader()
+    path = "rope_rows/replicated"
+    attrs = reader.group_attrs(path)
+    store.commit({}, {path: {**attrs, "fingerprint": "sha256:stale"}}, "make the tree stale")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PTO_STORE_TEST_PAUSE_BEFORE_TAG": "60"}
+    proc = subprocess.Popen([sys.executable, "-m", "goldens.cli", "--store", str(store.root), "regen", "rope_rows"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while time.time() < deadline and not store.log()[0].message.startswith("regen"):
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    entry = store.log()[0]
+    assert entry.message.startswith("regen") and not entry.tags, entry
+    _record(store, ("sp_slabs", "replicated"))  # the next write restores the tag
+    regen = next(e for e in store.log() if e.snapshot == entry.snapshot)
+    assert regen.tags == (entry.metadata["tag"],), regen
