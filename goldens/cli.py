@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except GoldenStoreError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True, markup=True)  # one unwrapped line
         return 2
 
 
