@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -342,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except GoldenStoreError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True, markup=True)  # one unwrapped line
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)  # one unwrapped line
         return 2
 
 
