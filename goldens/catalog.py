@@ -6,13 +6,21 @@ Spec: §7.3 (ScalarSpec / in / out / inout directions), §7.2 (wirings).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field
 
 from goldens.errors import GoldenStoreError
 
 WIRINGS = ("replicated", "sharded")
 DIRECTIONS = ("in", "out", "inout")
-SCHEMA = 1
+SCHEMA = 2  # 2: the record is checksummed and lists every array's digest
+
+
+def record_checksum(attrs: dict) -> str:
+    """Digest of a tree record's attributes (everything but the checksum itself), in canonical JSON."""
+    body = {k: v for k, v in attrs.items() if k != "checksum"}
+    return hashlib.blake2b(json.dumps(body, sort_keys=True, default=str).encode(), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -50,12 +58,18 @@ class TreeRecord:
     rounding: dict = field(default_factory=dict)
     source: str = "record"
     tolerances: dict = field(default_factory=dict)
+    arrays: dict = field(default_factory=dict)  # "in/<name>" / "out/<name>" -> content digest
 
     def to_attrs(self) -> dict:
         d = asdict(self)
         d["args"] = [{**a, "shape": list(a["shape"])} for a in d["args"]]
         d["schema"] = SCHEMA
+        d["checksum"] = record_checksum(d)
         return d
+
+    @property
+    def outputs(self) -> list[str]:
+        return [a.name for a in self.args if a.is_output]
 
     @classmethod
     def from_attrs(cls, attrs: dict, *, where: str) -> TreeRecord:
@@ -68,7 +82,11 @@ class TreeRecord:
             return value
 
         if attrs.get("schema") != SCHEMA:
-            raise GoldenStoreError(f"{where}: tree schema {attrs.get('schema')!r}, expected {SCHEMA}")
+            raise GoldenStoreError(f"{where}: tree schema {attrs.get('schema')!r}, expected {SCHEMA} (a tree from an "
+                                   "older store: record it again)")
+        if attrs.get("checksum") != record_checksum(attrs):
+            raise GoldenStoreError(f"{where}: the tree record fails its checksum (its attributes were changed or "
+                                   "damaged); refusing to judge it: record the tree again")
         wiring = need("wiring", str)
         if wiring not in WIRINGS:
             raise GoldenStoreError(f"{where}: attribute 'wiring': expected one of {WIRINGS}, got {wiring!r}")
@@ -82,11 +100,23 @@ class TreeRecord:
             if spec.direction not in DIRECTIONS:
                 raise GoldenStoreError(f"{where}: args[{i}].direction: expected {DIRECTIONS}, got {spec.direction!r}")
             args.append(spec)
-        return cls(case=need("case", str), operator=need("operator", str), preset=need("preset", str),
+        record = cls(case=need("case", str), operator=need("operator", str), preset=need("preset", str),
                    wiring=wiring, seed=need("seed", int), args=tuple(args), comparators=need("comparators", dict),
                    params=attrs.get("params", {}), versions=attrs.get("versions", {}),
                    fingerprint=need("fingerprint", str), rounding=attrs.get("rounding", {}),
-                   source=attrs.get("source", "record"), tolerances=attrs.get("tolerances", {}))
+                   source=attrs.get("source", "record"), tolerances=attrs.get("tolerances", {}),
+                   arrays=need("arrays", dict))
+        outputs = set(record.outputs)
+        if set(record.comparators) != outputs:
+            missing, extra = sorted(outputs - set(record.comparators)), sorted(set(record.comparators) - outputs)
+            raise GoldenStoreError(f"{where}: the comparator map does not cover the outputs (unjudged {missing}, "
+                                   f"unknown {extra}); refusing a tree that would pass without judging them")
+        listed = {f"in/{a.name}" for a in record.args if a.is_input} | \
+                 {f"out/{a.name}" for a in record.args if a.is_output}
+        if set(record.arrays) != listed:
+            raise GoldenStoreError(f"{where}: the record lists arrays {sorted(record.arrays)}, its arguments need "
+                                   f"{sorted(listed)}")
+        return record
 
 
 def tree_path(case: str, wiring: str) -> str:

@@ -20,7 +20,7 @@ from goldens.cases import Case, fingerprint, get_case, rounding_versions
 from goldens.catalog import WIRINGS, ArgSpec, TreeRecord, tree_path
 from goldens.codec import from_numpy, to_numpy
 from goldens.errors import GoldenStoreError
-from goldens.store import CommitResult, GoldenStore, StoreReader
+from goldens.store import CommitResult, GoldenStore, StoreReader, digest
 
 
 def _versions() -> dict:
@@ -47,11 +47,19 @@ def tree_arrays(case: Case, record: TreeRecord, inputs: dict, outputs: dict) -> 
 
 
 def make_record(case: Case, wiring: str, seed: int, inputs: dict, outputs: dict, source: str = "record") -> TreeRecord:
+    specs = case.arg_specs(inputs, outputs)
+    arrays = {}
+    for spec in specs:
+        if spec.is_input:
+            arrays[f"in/{spec.name}"] = digest(to_numpy(inputs[spec.name])[0])
+        if spec.is_output:
+            arrays[f"out/{spec.name}"] = digest(to_numpy(outputs[spec.name])[0])
     return TreeRecord(case=case.name, operator=case.operator, preset=case.preset, wiring=wiring, seed=seed,
-                      args=case.arg_specs(inputs, outputs), comparators=case.comparators(wiring),
+                      args=specs, comparators=case.comparators(wiring),
                       params=dict(case.params), versions=_versions(), fingerprint=fingerprint(case),
                       rounding=rounding_versions(case), source=source,
-                      tolerances={out: TOLERANCES.get(comp, {}) for out, comp in case.comparators(wiring).items()})
+                      tolerances={out: TOLERANCES.get(comp, {}) for out, comp in case.comparators(wiring).items()},
+                      arrays=arrays)
 
 
 def build_tree(case: Case, wiring: str, seed: int) -> tuple[TreeRecord, dict, dict]:
@@ -117,6 +125,11 @@ def load_tree(reader: StoreReader, case_name: str, wiring: str) -> LoadedTree:
     wanted = [(f"{path}/in/{a.name}", a, "in") for a in rec.args if a.is_input] + \
              [(f"{path}/out/{a.name}", a, "out") for a in rec.args if a.is_output]
     data = reader.read_many([p for p, _a, _k in wanted])
+    for p, _spec, _kind in wanted:
+        rel = p[len(path) + 1:]
+        if data[p][1].get("digest") != rec.arrays.get(rel):
+            raise GoldenStoreError(f"{p}: content digest {data[p][1].get('digest')} is not the one its tree record "
+                                   f"lists ({rec.arrays.get(rel)}); the tree was changed outside goldens: record it again")
     inputs, expected = {}, {}
     for p, spec, kind in wanted:
         (inputs if kind == "in" else expected)[spec.name] = _as_tensor(p, *data[p], spec)

@@ -67,6 +67,13 @@ def test_replay_of_a_defect_fails_with_exit_1(store):
     assert run_cli(store, "replay", "sp_slabs", "--backend", "pypto") == 0  # skipped with a reason, not faked
 
 
+def _resealed(attrs: dict) -> dict:
+    """A tampered record with a valid checksum (as a forger would write it): the later checks must still hold."""
+    from goldens.catalog import record_checksum
+
+    return {**attrs, "checksum": record_checksum(attrs)}
+
+
 def test_wiring_is_enforced(store, capsys):
     assert run_cli(store, "replay", "rope_rows", "--wiring", "sharded") == 2
     assert "no sharded wiring" in capsys.readouterr().err
@@ -75,7 +82,7 @@ def test_wiring_is_enforced(store, capsys):
         trees.load_tree(reader, "rope_rows", "sharded")
     # a tree whose record names the other wiring is never replayed as this one
     attrs = reader.group_attrs("sp_slabs/sharded")
-    store.commit({}, {"sp_slabs/sharded": {**attrs, "wiring": "replicated"}}, "tamper")
+    store.commit({}, {"sp_slabs/sharded": _resealed({**attrs, "wiring": "replicated"})}, "tamper")
     with pytest.raises(GoldenStoreError, match="refusing to replay"):
         trees.load_tree(store.reader(), "sp_slabs", "sharded")
     with pytest.raises(GoldenStoreError, match="one ABI per tree"):
@@ -87,17 +94,17 @@ def test_stored_spec_that_disagrees_is_refused(store):
     attrs = reader.group_attrs("rope_rows/replicated")
     swapped = list(attrs["args"])
     swapped[0], swapped[1] = swapped[1], swapped[0]
-    store.commit({}, {"rope_rows/replicated": {**attrs, "args": swapped}}, "reorder args")
+    store.commit({}, {"rope_rows/replicated": _resealed({**attrs, "args": swapped})}, "reorder args")
     with pytest.raises(GoldenStoreError, match="argument 0 is .*freqs_sin.*expected .*freqs_cos"):
         trees.load_tree(store.reader(), "rope_rows", "replicated")
     bad_dtype = [dict(a) for a in attrs["args"]]
     bad_dtype[2]["dtype"] = "int64"
-    store.commit({}, {"rope_rows/replicated": {**attrs, "args": bad_dtype}}, "dtype")
+    store.commit({}, {"rope_rows/replicated": _resealed({**attrs, "args": bad_dtype})}, "dtype")
     with pytest.raises(GoldenStoreError, match="position_ids"):
         trees.load_tree(store.reader(), "rope_rows", "replicated")
     bad_shape = [dict(a) for a in attrs["args"]]
     bad_shape[2]["shape"] = [99]
-    store.commit({}, {"rope_rows/replicated": {**attrs, "args": bad_shape}}, "shape")
+    store.commit({}, {"rope_rows/replicated": _resealed({**attrs, "args": bad_shape})}, "shape")
     with pytest.raises(GoldenStoreError, match=r"position_ids: stored torch.int32\[16\] disagrees"):
         trees.load_tree(store.reader(), "rope_rows", "replicated")
 
@@ -254,3 +261,39 @@ def test_attention_replay_judges_ownership_against_the_stored_inputs(tmp_path):
     bad = results["compressed_payload"]  # the verdict of the pair: halved values keep the codes, move the scales
     assert not bad.ok and "C2A_REUSE decode replicated TP2: compressed_scale (this mode writes no compressed " \
                           "cache) row" in bad.message(), bad.message()
+
+
+@pytest.mark.parametrize("tamper", ["comparator removed", "comparator map emptied", "tolerance changed",
+                                    "array digest swapped", "expected data replaced"])
+def test_a_tampered_or_unjudged_tree_is_refused(store, tamper):
+    """A tree whose record fails its checksum, whose comparator map does not cover every output, or whose
+    arrays are not the ones its record lists is refused (exit 2), never replayed as a PASS with outputs
+    unjudged. Spec: §7.3; issue: the golden store as a trusted engine."""
+    import numpy as np
+
+    reader = store.reader()
+    path = "rope_rows/replicated"
+    attrs = reader.group_attrs(path)
+    if tamper == "comparator removed":
+        store.commit({}, {path: {**attrs, "comparators": {"rope_cos": "exact"}}}, tamper)
+        match = "fails its checksum"
+    elif tamper == "comparator map emptied":  # even with a forged checksum
+        store.commit({}, {path: _resealed({**attrs, "comparators": {}})}, tamper)
+        match = r"unjudged \['rope_cos', 'rope_sin'\]"
+    elif tamper == "tolerance changed":
+        store.commit({}, {path: {**attrs, "tolerances": {"rope_cos": {"atol": 1.0}}}}, tamper)
+        match = "fails its checksum"
+    elif tamper == "array digest swapped":
+        arrays = dict(attrs["arrays"])
+        arrays["out/rope_cos"], arrays["out/rope_sin"] = arrays["out/rope_sin"], arrays["out/rope_cos"]
+        store.commit({}, {path: _resealed({**attrs, "arrays": arrays})}, tamper)
+        match = "is not the one its tree record lists"
+    else:  # garbage expected data written through the store (its own CRC is fine)
+        arr, arr_attrs = reader.read(f"{path}/out/rope_cos")
+        garbage = np.full_like(arr, 7.0)
+        store.commit({f"{path}/out/rope_cos": (garbage, {k: v for k, v in arr_attrs.items()
+                                                        if k not in ("digest", "crc32c")})}, {}, tamper)
+        match = "is not the one its tree record lists"
+    with pytest.raises(GoldenStoreError, match=match):
+        trees.load_tree(store.reader(), "rope_rows", "replicated")
+    assert run_cli(store, "replay", "rope_rows") == 2

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from goldens import trees
+from goldens.catalog import record_checksum
 from goldens.errors import GoldenStoreError
 from goldens.store import REPO_DIR, GoldenStore
 
@@ -116,7 +117,8 @@ def test_a_regen_killed_between_its_commit_and_its_tag_gets_its_tag_back(tmp_pat
     reader = store.reader()
     path = "rope_rows/replicated"
     attrs = reader.group_attrs(path)
-    store.commit({}, {path: {**attrs, "fingerprint": "sha256:stale"}}, "make the tree stale")
+    stale = {**attrs, "fingerprint": "sha256:stale"}
+    store.commit({}, {path: {**stale, "checksum": record_checksum(stale)}}, "make the tree stale")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PTO_STORE_TEST_PAUSE_BEFORE_TAG": "60"}
     proc = subprocess.Popen([sys.executable, "-m", "goldens.cli", "--store", str(store.root), "regen", "rope_rows"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
