@@ -9,6 +9,8 @@ from __future__ import annotations
 import datetime as dt
 import importlib.metadata
 import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,6 +236,22 @@ def regen(store: GoldenStore, items: list[tuple[str, str]], *, dry_run: bool = F
 # upstream .pt layout: <dir>/<wiring>/in/<name>.pt and <dir>/<wiring>/out/<name>.pt
 
 
+def _safe_save(tensor: torch.Tensor, path: Path, root: Path) -> None:
+    """torch.save into ``path`` without following anything out of ``root``: the directory chain must resolve
+    inside it, an existing entry must be a regular file, and the file is replaced atomically (a symlink
+    planted at the name is replaced, never written through)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    top = root.resolve()
+    if not path.parent.resolve().is_relative_to(top):
+        raise GoldenStoreError(f"{path.parent}: resolves outside the export directory {root}; refusing to write")
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise GoldenStoreError(f"{path}: exists and is not a regular file (a symlink or special file); "
+                               "refusing to write through it")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(tensor, tmp)
+    os.replace(tmp, path)
+
+
 def export_pt(reader: StoreReader, case_name: str, wiring: str, directory: Path) -> list[Path]:
     tree = load_tree(reader, case_name, wiring)
     written = []
@@ -241,21 +259,58 @@ def export_pt(reader: StoreReader, case_name: str, wiring: str, directory: Path)
         for kind, source in (("in", tree.inputs), ("out", tree.expected)):
             if (kind == "in" and spec.is_input) or (kind == "out" and spec.is_output):
                 path = directory / wiring / kind / f"{spec.name}.pt"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                torch.save(source[spec.name].clone(), path)
+                _safe_save(source[spec.name].clone(), path, directory)
                 written.append(path)
     return written
 
 
+SCALAR_CEILING = 2**20  # no scalar a tree needs (positions, capacities, counts) exceeds max_position_embeddings
+ELEMENT_CEILING = 2**27  # elements per imported tensor (512 MiB of FP32): a tree is a small replay problem
+
+
 def _load_pt(path: Path) -> torch.Tensor:
+    """One plain, dense, CPU tensor from a regular file (never a FIFO, device or symlink), read with
+    torch.load(weights_only=True)."""
+    try:
+        st = path.lstat()
+    except OSError as exc:
+        raise GoldenStoreError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise GoldenStoreError(f"{path}: refused: {kind} (only regular .pt files are read)")
+    if st.st_size == 0:
+        raise GoldenStoreError(f"{path}: refused: empty file (0 bytes)")
     try:
         value = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # weights_only refuses arbitrary pickled objects
         raise GoldenStoreError(f"{path}: refused: not a plain tensor file loadable with weights_only=True "
-                               f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+                               f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
     if not isinstance(value, torch.Tensor):
         raise GoldenStoreError(f"{path}: refused: holds a {type(value).__name__}, expected one tensor")
-    return value
+    if value.layout != torch.strided or value.is_meta or value.device.type != "cpu":
+        raise GoldenStoreError(f"{path}: refused: a {value.layout} tensor on {value.device} (only dense CPU tensors)")
+    if value.numel() > ELEMENT_CEILING:
+        raise GoldenStoreError(f"{path}: refused: {value.numel()} elements, more than the {ELEMENT_CEILING} a tree "
+                               "may hold")
+    if value.ndim == 0 and not value.dtype.is_floating_point and abs(int(value)) > SCALAR_CEILING:
+        raise GoldenStoreError(f"{path}: refused: scalar {int(value)} outside [-{SCALAR_CEILING}, {SCALAR_CEILING}]")
+    return value.contiguous()
+
+
+def _check_against_reference(case: Case, wiring: str, inputs: dict, outputs: dict, base: Path) -> None:
+    """The imported inputs must be accepted by the reference, and every imported output must have the shape
+    and dtype the reference gives for those inputs (nothing is committed otherwise)."""
+    try:
+        want = case.reference(_clone(inputs), wiring)
+    except (ValueError, IndexError, RuntimeError, TypeError) as exc:
+        raise GoldenStoreError(f"{base}: inputs refused by the {case.operator} reference: "
+                               f"{str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}") from None
+    for name, t in outputs.items():
+        w = want.get(name)
+        if w is None or tuple(t.shape) != tuple(w.shape) or t.dtype != w.dtype:
+            shape = "nothing" if w is None else f"{w.dtype}{list(w.shape)}"
+            raise GoldenStoreError(f"{base}/out/{name}.pt: {t.dtype}{list(t.shape)}, but the reference gives "
+                                   f"{shape} for these inputs")
 
 
 def import_pt(store: GoldenStore, case_name: str, directory: Path, wirings: tuple[str, ...]) -> CommitResult:
@@ -287,6 +342,7 @@ def import_pt(store: GoldenStore, case_name: str, directory: Path, wirings: tupl
         for spec in specs:
             if spec.direction == "inout":
                 outputs.setdefault(spec.name, inputs[spec.name])
+        _check_against_reference(case, wiring, inputs, outputs, base)
         rec = make_record(case, wiring, -1, inputs, outputs, source=f"import-pt {directory}")
         arrays.update(tree_arrays(case, rec, inputs, outputs))
         groups[tree_path(case_name, wiring)] = rec.to_attrs()

@@ -297,3 +297,74 @@ def test_a_tampered_or_unjudged_tree_is_refused(store, tamper):
     with pytest.raises(GoldenStoreError, match=match):
         trees.load_tree(store.reader(), "rope_rows", "replicated")
     assert run_cli(store, "replay", "rope_rows") == 2
+
+
+@pytest.mark.parametrize("fault", ["wrong output shape", "input the reference refuses", "huge scalar", "fifo",
+                                   "empty file", "meta tensor", "sparse tensor", "symlink"])
+def test_import_validates_every_tensor_before_committing(store, tmp_path, capsys, fault):
+    """import-pt refuses, with exit 2 and one line naming the file, anything that would crash or starve the
+    replay -- outputs of another shape than the reference gives, inputs the reference rejects, scalars
+    past the ceiling, special files, empty files, meta or sparse tensors -- and commits nothing."""
+    import os
+
+    out = tmp_path / "pt"
+    assert run_cli(store, "export-pt", "rope_rows", str(out)) == 0
+    head = store.log()[0].snapshot
+    base = out / "replicated"
+    if fault == "wrong output shape":
+        torch.save(torch.zeros(3, 3), base / "out" / "rope_cos.pt")
+        match = "rope_cos.pt: torch.float32[3, 3], but the reference gives"
+    elif fault == "input the reference refuses":
+        torch.save(torch.tensor(10**6, dtype=torch.int32), base / "in" / "num_tokens.pt")
+        match = "inputs refused by the materialize_rope_rows reference: num_tokens"
+    elif fault == "huge scalar":
+        torch.save(torch.tensor(2**31 - 1, dtype=torch.int32), base / "in" / "num_tokens.pt")
+        match = "scalar 2147483647 outside"
+    elif fault == "fifo":
+        (base / "in" / "position_ids.pt").unlink()
+        os.mkfifo(base / "in" / "position_ids.pt")
+        match = "position_ids.pt: refused: not a regular file"
+    elif fault == "empty file":
+        (base / "in" / "position_ids.pt").write_bytes(b"")
+        match = "empty file"
+    elif fault == "meta tensor":
+        torch.save(torch.empty(5, device="meta"), base / "in" / "position_ids.pt")
+        match = "position_ids.pt: refused"
+    elif fault == "sparse tensor":
+        torch.save(torch.zeros(4, 8).to_sparse(), base / "out" / "rope_cos.pt")
+        match = "rope_cos.pt: refused"
+    else:
+        target = base / "in" / "position_ids.pt"
+        real = tmp_path / "elsewhere.pt"
+        real.write_bytes(target.read_bytes())
+        target.unlink()
+        target.symlink_to(real)
+        match = "position_ids.pt: refused: a symlink"
+    assert run_cli(store, "import-pt", str(out), "--case", "rope_rows") == 2
+    err = capsys.readouterr().err
+    assert match in err.replace("\n", " ") or __import__("re").search(match, err), err
+    assert "Traceback" not in err
+    assert store.log()[0].snapshot == head, "a refused import committed something"
+
+
+def test_export_never_writes_through_a_symlink(store, tmp_path, capsys):
+    """A symlink already in the export tree (to a file, or a directory, outside it) is refused with exit 2;
+    the file outside keeps its bytes."""
+    out = tmp_path / "pt"
+    assert run_cli(store, "export-pt", "rope_rows", str(out)) == 0
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    link = out / "replicated" / "in" / "position_ids.pt"
+    link.unlink()
+    link.symlink_to(victim)
+    assert run_cli(store, "export-pt", "rope_rows", str(out)) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    assert victim.read_text() == "keep me"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out2 = tmp_path / "pt2"
+    (out2 / "replicated").mkdir(parents=True)
+    (out2 / "replicated" / "out").symlink_to(elsewhere)
+    assert run_cli(store, "export-pt", "rope_rows", str(out2)) == 2
+    assert "resolves outside the export directory" in capsys.readouterr().err
+    assert not list(elsewhere.iterdir())
