@@ -12,13 +12,15 @@ import os
 import sys
 from pathlib import Path
 
+import icechunk
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
 from goldens.catalog import select_wirings
-from goldens.errors import GoldenStoreError
+from goldens.errors import BackendFailure, GoldenStoreError
+from goldens.store import damaged
 
 
 def _num(x: float) -> str:
@@ -317,7 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     sh.set_defaults(fn=cmd_show)
 
     gc = sub.add_parser("gc", help="expire old snapshots (tags kept) and delete unreachable data")
-    gc.add_argument("--older-than-days", type=float, default=30.0)
+    gc.add_argument("--older-than-days", type=_days, default=30.0,
+                    help="expire untagged snapshots older than this many days (a finite number >= 0; default 30)")
     gc.set_defaults(fn=cmd_gc)
 
     ip = sub.add_parser("import-pt", help="import an upstream <dir>/<wiring>/{in,out}/<name>.pt tree",
@@ -337,6 +340,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _days(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of days >= 0, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -344,6 +357,17 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except GoldenStoreError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)  # one unwrapped line
+        return 2
+    except icechunk.IcechunkError as exc:  # a snapshot, manifest or ref the repository cannot read
+        err.print(f"[bold red]error:[/] {escape(damaged(args.store, exc))}", highlight=False, soft_wrap=True)
+        return 2
+    except BackendFailure as exc:
+        err.print(f"[bold red]backend error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return 3
+    except OSError as exc:  # the file system under the store: missing, read-only, full, a file where a dir is
+        where = exc.filename or args.store
+        err.print(f"[bold red]error:[/] {escape(str(where))}: {escape(exc.strerror or str(exc))} (store "
+                  f"{escape(str(args.store))}; nothing was committed)", highlight=False, soft_wrap=True)
         return 2
 
 

@@ -6,3 +6,7 @@ class GoldenStoreError(Exception):
 
     CLI exit code 2. Messages name the case, wiring and array.
     """
+
+
+class BackendFailure(Exception):
+    """The backend under test raised while running a tree's operator (not a store problem): CLI exit code 3."""

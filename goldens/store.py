@@ -28,6 +28,8 @@ import numcodecs
 import numpy as np
 import zarr
 import zarr.codecs
+import zarr.errors
+import zarr.storage
 
 from goldens.errors import GoldenStoreError
 
@@ -40,6 +42,13 @@ LOCK_NAME = "pto-store.lock"
 REPO_DIR = "icechunk"  # the repository lives beside the lock file: icechunk needs a clean prefix
 CHUNK_BYTES = 8 * 2**20  # target bytes per chunk along the first dimension (see benchmarks/store.py)
 COMPRESS_BELOW = 0.85  # compress an array only if a 1 MB sample shrinks below this ratio
+
+
+def damaged(root: object, exc: BaseException) -> str:
+    """One line for a repository icechunk cannot read: the store, the first line of the cause, what to do."""
+    first = next((ln.strip(" x|`") for ln in str(exc).splitlines() if ln.strip(" x|`")), type(exc).__name__)
+    return (f"golden store {root} is damaged or unreadable: {first[:300]} (restore the store directory from "
+            "version control or a backup)")
 
 
 def digest(arr: np.ndarray) -> str:
@@ -157,7 +166,7 @@ class GoldenStore:
         except GoldenStoreError:
             raise
         except Exception as exc:
-            raise GoldenStoreError(f"cannot open golden store {self.root}: {exc}") from exc
+            raise GoldenStoreError(damaged(self.root, exc)) from exc
 
     @contextlib.contextmanager
     def lock(self, *, timeout: float | None = None) -> Iterator[None]:
@@ -277,7 +286,15 @@ class GoldenStore:
             raise
         except Exception as exc:
             raise GoldenStoreError(f"cannot open revision {rev or 'main'} of {self.root}: {exc}") from exc
-        return StoreReader(zarr.open_group(session.store, mode="r"), session.snapshot_id)
+        try:
+            root = zarr.open_group(session.store, mode="r")
+        except zarr.errors.GroupNotFoundError:
+            ancestry = list(repo.ancestry(snapshot_id=session.snapshot_id))  # raises on a damaged snapshot
+            if len(ancestry) != 1:
+                raise GoldenStoreError(f"snapshot {session.snapshot_id} of {self.root} has no root group: the "
+                                       "store is damaged (restore it from version control)") from None
+            root = None  # the repository's first snapshot holds nothing yet
+        return StoreReader(root, session.snapshot_id)
 
     def log(self) -> list[LogEntry]:
         repo = self._repo()
@@ -315,10 +332,10 @@ def _verified(path: str, data, node: zarr.Array) -> tuple[np.ndarray, dict]:
 
 
 class StoreReader:
-    """Read-only view of one snapshot."""
+    """Read-only view of one snapshot (``root`` None: an empty snapshot, e.g. the repository's first)."""
 
-    def __init__(self, root: zarr.Group, snapshot: str):
-        self.root = root
+    def __init__(self, root: zarr.Group | None, snapshot: str):
+        self.root = root if root is not None else zarr.open_group(zarr.storage.MemoryStore(), mode="w")
         self.snapshot = snapshot
 
     def has(self, path: str) -> bool:

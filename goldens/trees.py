@@ -16,12 +16,13 @@ from pathlib import Path
 
 import torch
 
+from contracts.backends import MissingOperator
 from contracts.compare import TOLERANCES, Context, compare_all
 from contracts.result import CheckResult
 from goldens.cases import Case, fingerprint, get_case, rounding_versions
 from goldens.catalog import WIRINGS, ArgSpec, TreeRecord, tree_path
 from goldens.codec import from_numpy, to_numpy
-from goldens.errors import GoldenStoreError
+from goldens.errors import BackendFailure, GoldenStoreError
 from goldens.store import CommitResult, GoldenStore, StoreReader, digest
 
 
@@ -167,7 +168,14 @@ def replay(tree: LoadedTree, backend, *, allow_stale: bool = False) -> dict[str,
     if tree.stale and not allow_stale:
         raise GoldenStoreError(f"{tree.case.name}/{tree.record.wiring} is stale: "
                                + STALE_HINT.format(case=tree.case.name))
-    actual = tree.case.run(backend, _clone(tree.inputs), tree.record.wiring)
+    try:
+        actual = tree.case.run(backend, _clone(tree.inputs), tree.record.wiring)
+    except MissingOperator:
+        raise  # the backend does not have the operator: the tree is skipped with that reason, not judged
+    except Exception as exc:
+        first = str(exc).splitlines()[0][:300] if str(exc) else ""
+        raise BackendFailure(f"{tree.case.name}/{tree.record.wiring}: backend {getattr(backend, 'name', backend)!r} "
+                             f"raised in {tree.case.operator}: {type(exc).__name__}: {first}") from exc
     ctx = Context(tree.inputs, actual, tree.expected, tree.record.params, tree.record.wiring)
     return compare_all(tree.record.comparators, ctx)
 

@@ -1,0 +1,93 @@
+"""One error contract for every verb: each fault (damaged or missing snapshots and refs, a store path that is
+a file, bad arguments, an empty root revision, a crashing backend) gives its documented exit code -- 2 for
+store, I/O and usage problems, 3 for a backend error, never 1 (out of bound) and never a traceback -- and
+leaves every byte already stored unchanged. Spec: §7.3; issue: the golden store as a trusted engine."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from goldens import trees
+from goldens.store import LOCK_NAME, REPO_DIR, GoldenStore
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("faults") / "store"
+    trees.record(GoldenStore(root), [("rope_rows", "replicated")], seed=1)
+    trees.record(GoldenStore(root), [("sp_slabs", "replicated")], seed=2)
+    return root
+
+
+def _tree_bytes(root: Path) -> dict[str, str]:
+    if root.is_file():
+        return {"": hashlib.sha256(root.read_bytes()).hexdigest()}
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != LOCK_NAME}
+
+
+def _snapshots(root: Path) -> list[Path]:
+    return sorted((root / REPO_DIR / "snapshots").iterdir(), key=lambda p: p.stat().st_mtime)
+
+
+def _damage(root: Path, fault: str) -> None:
+    if fault == "head snapshot missing":
+        _snapshots(root)[-1].unlink()
+    elif fault == "ancestor snapshot truncated":
+        _snapshots(root)[1].write_bytes(b"")
+    elif fault == "branch ref garbage":
+        for ref in (root / REPO_DIR / "refs").rglob("*"):
+            if ref.is_file() and "main" in str(ref):
+                ref.write_bytes(b"\x00garbage")
+    elif fault == "store path is a file":
+        shutil.rmtree(root)
+        root.write_text("not a store")
+
+
+CASES = [
+    # fault, command, exit code, text in the one error line
+    ("head snapshot missing", ["log"], 2, "damaged or unreadable"),
+    ("head snapshot missing", ["replay"], 2, "damaged or unreadable"),
+    ("head snapshot missing", ["show"], 2, "damaged or unreadable"),
+    ("head snapshot missing", ["record", "sp_slabs", "--seed", "5"], 2, "damaged or unreadable"),
+    ("head snapshot missing", ["regen"], 2, "damaged or unreadable"),
+    ("head snapshot missing", ["gc"], 2, "damaged or unreadable"),
+    ("ancestor snapshot truncated", ["log"], 2, "damaged or unreadable"),
+    ("branch ref garbage", ["replay"], 2, "damaged or unreadable"),
+    ("branch ref garbage", ["record", "sp_slabs", "--seed", "5"], 2, "damaged or unreadable"),
+    ("store path is a file", ["record", "sp_slabs"], 2, "cannot lock golden store"),
+    ("store path is a file", ["replay"], 2, "no golden store"),
+    ("none", ["gc", "--older-than-days", "nan"], 2, "finite number of days"),
+    ("none", ["gc", "--older-than-days", "-1"], 2, "finite number of days"),
+    ("none", ["replay", "--rev", "ROOT"], 2, "nothing to do"),
+    ("none", ["diff", "ROOT", "main"], 0, ""),
+    ("none", ["replay", "--backend-module", "tests.defects.crashing:CRASHING_ROPE"], 3,
+     "backend error: rope_rows/replicated: backend 'defect:crashing-rope' raised in materialize_rope_rows"),
+]
+
+
+@pytest.mark.parametrize("fault,command,code,text", CASES, ids=[f"{f}|{' '.join(c)}" for f, c, _x, _t in CASES])
+def test_each_fault_exits_with_its_code_and_changes_nothing(pristine, tmp_path, fault, command, code, text):
+    root = tmp_path / "store"
+    shutil.copytree(pristine, root)
+    if "ROOT" in command:
+        root_snapshot = GoldenStore(root).log()[-1].snapshot
+        command = [root_snapshot if c == "ROOT" else c for c in command]
+    _damage(root, fault)
+    before = _tree_bytes(root)
+    proc = subprocess.run([sys.executable, "-m", "goldens.cli", "--store", str(root), *command], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == code, (proc.returncode, proc.stdout[-800:], proc.stderr[-1500:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-1500:]
+    assert text in proc.stderr, proc.stderr[-1500:]
+    if code != 0:
+        assert _tree_bytes(root) == before, "a failing verb changed stored bytes"
