@@ -297,12 +297,20 @@ class GoldenStore:
         return StoreReader(root, session.snapshot_id)
 
     def log(self) -> list[LogEntry]:
+        """The branch history, newest first, then every tagged snapshot gc has taken off that history (a tag
+        keeps its snapshot, and the log keeps showing it)."""
         repo = self._repo()
         tags: dict[str, list[str]] = {}
         for name in repo.list_tags():
             tags.setdefault(repo.lookup_tag(name), []).append(name)
-        return [LogEntry(s.id, s.written_at, s.message, dict(s.metadata or {}), tuple(sorted(tags.get(s.id, []))))
-                for s in repo.ancestry(branch="main")]
+        entries = [LogEntry(s.id, s.written_at, s.message, dict(s.metadata or {}), tuple(sorted(tags.get(s.id, []))))
+                   for s in repo.ancestry(branch="main")]
+        seen = {e.snapshot for e in entries}
+        for snap_id, names in sorted(tags.items()):
+            if snap_id not in seen:
+                s = next(iter(repo.ancestry(snapshot_id=snap_id)))
+                entries.append(LogEntry(s.id, s.written_at, s.message, dict(s.metadata or {}), tuple(sorted(names))))
+        return entries
 
     def tag(self, name: str, snapshot: str) -> None:
         with self.lock():
@@ -310,9 +318,19 @@ class GoldenStore:
 
     def gc(self, older_than: dt.datetime) -> tuple[int, object]:
         """Expire snapshots older than ``older_than`` (tags and the branch head are kept), then delete
-        unreachable objects. Returns (expired count, GC summary)."""
+        unreachable objects. Refuses, changing nothing, when a tag cannot be read (its snapshot would lose the
+        tag's protection). Returns (expired count, GC summary)."""
         with self.lock():
             repo = self._repo()
+            self._restore_tags(repo)
+            on_disk = {p.name.removeprefix("tag.") for p in (self.root / REPO_DIR / "refs").glob("tag.*")}
+            for name in sorted(set(repo.list_tags()) | on_disk):  # list_tags leaves out a tag it cannot read
+                try:
+                    next(iter(repo.ancestry(tag=name)))
+                except Exception as exc:
+                    raise GoldenStoreError(f"gc refused: tag {name!r} of {self.root} cannot be read "
+                                           f"({damaged(self.root, exc).split(': ', 1)[1]}); nothing was expired"
+                                           ) from None
             expired = repo.expire_snapshots(older_than, delete_expired_branches=False, delete_expired_tags=False)
             summary = repo.garbage_collect(older_than)
             return len(expired), summary

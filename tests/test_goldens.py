@@ -368,3 +368,25 @@ def test_export_never_writes_through_a_symlink(store, tmp_path, capsys):
     assert run_cli(store, "export-pt", "rope_rows", str(out2)) == 2
     assert "resolves outside the export directory" in capsys.readouterr().err
     assert not list(elsewhere.iterdir())
+
+
+def test_gc_keeps_tagged_snapshots_in_the_log_and_refuses_an_unreadable_tag(store, capsys):
+    """After gc, an old tagged snapshot is still listed by `goldens log` with its tag and still replays; a tag
+    whose ref cannot be read makes gc refuse (exit 2) before expiring anything."""
+    old = store.log()[-2].snapshot  # an early record (not the head)
+    store.tag("old-golden", old)
+    trees.record(store, [("rope_rows", "replicated")], seed=77)  # move the head on
+    assert run_cli(store, "gc", "--older-than-days", "0") == 0
+    entry = next((e for e in store.log() if e.snapshot == old), None)
+    assert entry is not None and entry.tags == ("old-golden",), [(e.snapshot, e.tags) for e in store.log()]
+    assert run_cli(store, "log") == 0 and "old-golden" in capsys.readouterr().out
+    tag_dir = store.root / "icechunk" / "refs" / "tag.old-golden"
+    for ref in tag_dir.rglob("*"):
+        if ref.is_file():
+            ref.write_bytes(b"\x00garbage")
+    before = sorted(p.name for p in (store.root / "icechunk" / "snapshots").iterdir())
+    assert run_cli(store, "gc", "--older-than-days", "0") == 2
+    err = capsys.readouterr().err
+    assert "gc refused: tag 'old-golden'" in err and "nothing was expired" in err, err
+    assert sorted(p.name for p in (store.root / "icechunk" / "snapshots").iterdir()) == before, \
+        "a refused gc removed a snapshot"
