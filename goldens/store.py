@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ import zarr.errors
 import zarr.storage
 
 from goldens.errors import GoldenStoreError
+from kernels import workers
 
 # Commits are serialized by our own file lock, so icechunk's local-filesystem concurrency warning is noise.
 if not os.environ.get("ICECHUNK_LOG"):
@@ -39,8 +41,10 @@ if not os.environ.get("ICECHUNK_LOG"):
         icechunk.set_logs_filter("error")
 
 LOCK_NAME = "pto-store.lock"
+READ_CACHE_DIR = ".read-cache"  # decoded arrays by content digest, memory-mapped on later reads (not versioned)
 REPO_DIR = "icechunk"  # the repository lives beside the lock file: icechunk needs a clean prefix
 CHUNK_BYTES = 8 * 2**20  # target bytes per chunk along the first dimension (see benchmarks/store.py)
+CACHE_MIN_BYTES = 1 << 16  # smaller arrays read faster from the store than from a file of their own
 COMPRESS_BELOW = 0.85  # compress an array only if a 1 MB sample shrinks below this ratio
 
 
@@ -148,8 +152,14 @@ class Transaction:
 class GoldenStore:
     """An icechunk repository at ``root`` (created on first write)."""
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, *, read_cache: str | os.PathLike | None = None):
         self.root = Path(root)
+        env = os.environ.get("PTO_STORE_READ_CACHE")
+        if read_cache is None and env is not None:
+            read_cache = env or None  # PTO_STORE_READ_CACHE="" turns the cache off
+        elif read_cache is None:
+            read_cache = self.root / READ_CACHE_DIR
+        self.read_cache = None if read_cache is None else Path(read_cache)
 
     # ---- repository ---------------------------------------------------------
     def exists(self) -> bool:
@@ -294,7 +304,7 @@ class GoldenStore:
                 raise GoldenStoreError(f"snapshot {session.snapshot_id} of {self.root} has no root group: the "
                                        "store is damaged (restore it from version control)") from None
             root = None  # the repository's first snapshot holds nothing yet
-        return StoreReader(root, session.snapshot_id)
+        return StoreReader(root, session.snapshot_id, cache=self.read_cache)
 
     def log(self) -> list[LogEntry]:
         """The branch history, newest first, then every tagged snapshot gc has taken off that history (a tag
@@ -336,7 +346,9 @@ class GoldenStore:
             return len(expired), summary
 
     def disk_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+        """Bytes of the versioned store (the read cache is a disposable copy and does not count)."""
+        return sum(p.stat().st_size for p in self.root.rglob("*")
+                   if p.is_file() and READ_CACHE_DIR not in p.relative_to(self.root).parts)
 
 
 def _verified(path: str, data, node: zarr.Array) -> tuple[np.ndarray, dict]:
@@ -352,9 +364,43 @@ def _verified(path: str, data, node: zarr.Array) -> tuple[np.ndarray, dict]:
 class StoreReader:
     """Read-only view of one snapshot (``root`` None: an empty snapshot, e.g. the repository's first)."""
 
-    def __init__(self, root: zarr.Group | None, snapshot: str):
+    def __init__(self, root: zarr.Group | None, snapshot: str, *, cache: Path | None = None):
         self.root = root if root is not None else zarr.open_group(zarr.storage.MemoryStore(), mode="w")
         self.snapshot = snapshot
+        self.cache = cache
+
+    def _cache_file(self, attrs: dict) -> Path | None:
+        d = attrs.get("digest")
+        return None if self.cache is None or not isinstance(d, str) else self.cache / d[:2] / f"{d}.npy"
+
+    def _from_cache(self, path: str, node: zarr.Array) -> np.ndarray | None:
+        """The array from the read cache when a verified copy is there: same dtype and shape as the stored
+        array and the stored CRC32C (a damaged or foreign cache file is dropped and the store is read)."""
+        attrs = dict(node.attrs)
+        f = self._cache_file(attrs)
+        if f is None or not f.is_file() or f.is_symlink():
+            return None
+        try:
+            data = np.load(f, mmap_mode="c", allow_pickle=False)
+        except (OSError, ValueError):
+            data = None
+        if data is None or data.dtype != node.dtype or data.shape != node.shape or \
+                checksum(data) != attrs.get("crc32c"):
+            with contextlib.suppress(OSError):
+                f.unlink()
+            return None
+        return data
+
+    def _to_cache(self, node: zarr.Array, data: np.ndarray) -> None:
+        f = self._cache_file(dict(node.attrs))
+        if f is None or data.nbytes < CACHE_MIN_BYTES:
+            return
+        with contextlib.suppress(OSError):  # best effort: a read-only or full disk only loses the speed-up
+            f.parent.mkdir(parents=True, exist_ok=True)
+            tmp = f.with_name(f".{f.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            with open(tmp, "wb") as fh:
+                np.save(fh, np.ascontiguousarray(data), allow_pickle=False)
+            os.replace(tmp, f)
 
     def has(self, path: str) -> bool:
         return path in self.root
@@ -397,26 +443,37 @@ class StoreReader:
         return _verified(path, data, node)
 
     def read_many(self, paths: list[str]) -> dict[str, tuple[np.ndarray, dict]]:
-        """Read several arrays concurrently (one gather on zarr's event loop, so I/O and decompression of
-        different arrays overlap); same checks as ``read``. A failing array is re-read alone so the
-        error names it."""
+        """Read several arrays: each from the verified read cache when it is there (memory-mapped, CRC32C
+        checked, concurrently), the others in one gather on zarr's event loop (I/O and decompression of
+        different arrays overlap) and then cached; same checks as ``read``. A failing array is re-read
+        alone so the error names it."""
         nodes = {}
         for path in paths:
             node = self.root.get(path)
             if not isinstance(node, zarr.Array):
                 raise GoldenStoreError(f"missing array {path!r} in snapshot {self.snapshot}")
             nodes[path] = node
+        cached = dict(zip(nodes, workers.pool().map(lambda item: self._from_cache(*item), nodes.items()),
+                          strict=True)) if self.cache is not None else dict.fromkeys(nodes)
+        out = {p: (cached[p], dict(n.attrs)) for p, n in nodes.items() if cached[p] is not None}
+        missing = {p: n for p, n in nodes.items() if cached[p] is None}
+        if not missing:
+            return out
         try:
             from zarr.core.sync import sync
 
             async def gather():
                 return await asyncio.gather(*(n._async_array.getitem(() if n.ndim == 0 else ...)
-                                              for n in nodes.values()))
+                                              for n in missing.values()))
 
             datas = sync(gather())
         except Exception:
-            return {path: self.read(path) for path in paths}  # names the array that fails
-        return {path: _verified(path, data, node) for (path, node), data in zip(nodes.items(), datas, strict=True)}
+            datas = None
+        for i, (path, node) in enumerate(missing.items()):
+            data, attrs = self.read(path) if datas is None else _verified(path, datas[i], node)  # names a failure
+            out[path] = (data, attrs)
+            self._to_cache(node, data)
+        return out
 
     def walk_arrays(self, path: str = "") -> list[str]:
         """Every array path below ``path``."""

@@ -133,3 +133,28 @@ def test_a_regen_killed_between_its_commit_and_its_tag_gets_its_tag_back(tmp_pat
     _record(store, ("sp_slabs", "replicated"))  # the next write restores the tag
     regen = next(e for e in store.log() if e.snapshot == entry.snapshot)
     assert regen.tags == (entry.metadata["tag"],), regen
+
+
+def test_the_read_cache_is_verified_and_disposable(tmp_path, monkeypatch):
+    """Arrays read once are kept, by content digest, in a memory-mappable read cache; a later read takes them
+    from there only after the stored CRC32C checks out: a damaged, resized or foreign cache file is dropped
+    and the store is read instead. PTO_STORE_READ_CACHE="" turns the cache off. Spec: §7.3."""
+    import numpy as np
+
+    store = GoldenStore(tmp_path / "s")
+    big = np.arange(1 << 16, dtype=np.float32).reshape(256, 256)
+    store.commit({"t/x": (big, {"dtype": "float32"})}, {"t": {}}, "big")
+    first, _ = store.reader().read_many(["t/x"])["t/x"]
+    cached = list((store.root / ".read-cache").rglob("*.npy"))
+    assert len(cached) == 1 and np.array_equal(first, big)
+    again, _ = store.reader().read_many(["t/x"])["t/x"]
+    assert isinstance(again, np.memmap) and np.array_equal(again, big)
+    np.save(cached[0], big + 1)  # same shape and dtype, other bytes: the CRC32C refuses it
+    third, _ = store.reader().read_many(["t/x"])["t/x"]
+    assert not isinstance(third, np.memmap) and np.array_equal(third, big)
+    np.save(cached[0], big[:10])  # another shape
+    assert np.array_equal(store.reader().read_many(["t/x"])["t/x"][0], big)
+    assert store.disk_bytes() < sum(p.stat().st_size for p in store.root.rglob("*") if p.is_file())
+    monkeypatch.setenv("PTO_STORE_READ_CACHE", "")
+    off = GoldenStore(tmp_path / "s")
+    assert off.read_cache is None and np.array_equal(off.reader().read_many(["t/x"])["t/x"][0], big)
