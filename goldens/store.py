@@ -117,6 +117,7 @@ class Transaction:
         self.reader = StoreReader(root, "(head, locked)")
         self.written: list[str] = []
         self.unchanged: list[str] = []
+        self.staged: list[tuple[np.ndarray, dict]] = []  # (array, attrs with digest) written by this commit
         self.result: CommitResult | None = None
 
     def write(self, arrays: dict[str, tuple[np.ndarray, dict]], group_attrs: dict[str, dict], *,
@@ -149,6 +150,7 @@ class Transaction:
             elif arr.size:
                 out[...] = arr
             self.written.append(path)
+            self.staged.append((arr, full))
 
 
 class GoldenStore:
@@ -251,6 +253,10 @@ class GoldenStore:
             if tag:
                 repo.create_tag(tag, snapshot)
             txn.result = CommitResult(snapshot, tuple(txn.written), tuple(txn.unchanged))
+            if self.read_cache is not None:  # the first read in a fresh process then maps them too
+                cache = StoreReader(None, snapshot, cache=self.read_cache)
+                for arr, attrs in txn.staged:
+                    cache.store_in_cache(arr, attrs)
 
     @staticmethod
     def _restore_tags(repo: icechunk.Repository) -> None:
@@ -415,7 +421,10 @@ class StoreReader:
         return data
 
     def _to_cache(self, node: zarr.Array, data: np.ndarray) -> None:
-        f = self._cache_file(dict(node.attrs))
+        self.store_in_cache(data, dict(node.attrs))
+
+    def store_in_cache(self, data: np.ndarray, attrs: dict) -> None:
+        f = self._cache_file(attrs)
         if f is None or data.nbytes < CACHE_MIN_BYTES:
             return
         with contextlib.suppress(OSError):  # best effort: a read-only or full disk only loses the speed-up

@@ -52,14 +52,15 @@ def parametrized_args(fn) -> list[dict]:
 
 @contextmanager
 def falsify_without_shrinking(fn):
-    """Run ``fn`` with its own examples but stop at the first failure (no shrinking). Hypothesis snapshots
+    """Run ``fn`` with its own examples, derandomized (a seeded defect is caught, or not, the same way on
+    every run), and stop at the first failure (no shrinking). Hypothesis snapshots
     settings onto a @given test when it is decorated, so the override goes on that attribute and is
     restored afterwards; a plain test runs unchanged."""
     attr = "_hypothesis_internal_use_settings"
     old = getattr(fn, attr, None)
     if old is not None:
         setattr(fn, attr, settings(old, phases=[Phase.explicit, Phase.reuse, Phase.generate],
-                                   report_multiple_bugs=False, database=None))
+                                   report_multiple_bugs=False, database=None, derandomize=True))
     try:
         yield
     finally:
