@@ -31,3 +31,17 @@ def interleaved(ops: dict, repeats: int) -> dict[str, list[float]]:
             fn()
             samples[name].append(time.perf_counter() - t0)
     return samples
+
+
+def report(samples: dict[str, list[float]], floor_name: str, *, width: int = 44, mb: float | None = None) -> None:
+    """One row per operation: median ms, optional MB/s, and the ratio floor time / operation time (median,
+    and best-of as the least noisy estimate)."""
+    import statistics
+
+    floor, floor_min = statistics.median(samples[floor_name]), min(samples[floor_name])
+    rate = f" {'MB/s':>8}" if mb is not None else ""
+    print(f"{'operation':<{width}} {'median ms':>10}{rate} {'ratio (median)':>15} {'ratio (best)':>13}")
+    for name, times in samples.items():
+        t, best = statistics.median(times), min(times)
+        speed = f" {mb / t:8.0f}" if mb is not None else ""
+        print(f"{name:<{width}} {t * 1e3:10.3f}{speed} {floor / t:15.3f} {floor_min / best:13.3f}")

@@ -8,10 +8,9 @@ time) >= 0.5.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
-from _common import interleaved, keep_heap_warm
+from _common import interleaved, keep_heap_warm, report
 
 from contracts.checks.precision import check_row_precision
 
@@ -33,14 +32,9 @@ def main() -> None:
            "check_row_precision": lambda: check_row_precision(a, b)}
     assert ops["check_row_precision"]().ok
     samples = interleaved(ops, args.repeats)
-    floor, floor_min = statistics.median(samples[floor_name]), min(samples[floor_name])
     print(f"input 2 x [4096, 5120] bf16, torch threads {torch.get_num_threads()}, {heap}, {args.repeats} "
           "interleaved runs; ratio = floor time / operation time (median, and best-of)")
-    print(f"{'operation':<44} {'median ms':>10} {'ratio (median)':>15} {'ratio (best)':>13}")
-    for name in ops:
-        t, best = statistics.median(samples[name]), min(samples[name])
-        print(f"{name:<44} {t * 1e3:10.2f} {floor / t:15.3f} {floor_min / best:13.3f}")
-
+    report(samples, floor_name)
 
 if __name__ == "__main__":
     main()

@@ -7,10 +7,9 @@ Run: .venv/bin/python benchmarks/quant.py [--repeats N]. Goal: ratio (floor time
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
-from _common import interleaved, keep_heap_warm
+from _common import interleaved, keep_heap_warm, report
 
 from kernels.quant import mx_quantize
 
@@ -31,16 +30,11 @@ def main() -> None:
         ops[f"quantize+pack {rule}"] = lambda rule=rule: mx_quantize(x, rule)
     samples = interleaved(ops, args.repeats)
     floor_name = "floor: x.float().abs().amax(-1)"
-    floor, floor_min = statistics.median(samples[floor_name]), min(samples[floor_name])
     mb = x.numel() * x.element_size() / 1e6
     print(f"input [4096, 512] bf16 ({mb:.1f} MB), torch threads {torch.get_num_threads()}, {heap}, "
           f"{args.repeats} interleaved runs; ratio = floor time / operation time (median, and best-of as the "
           "least noisy estimate)")
-    print(f"{'operation':<34} {'median ms':>10} {'MB/s':>8} {'ratio (median)':>15} {'ratio (best)':>13}")
-    for name in ops:
-        t, best = statistics.median(samples[name]), min(samples[name])
-        print(f"{name:<34} {t * 1e3:10.3f} {mb / t:8.0f} {floor / t:15.3f} {floor_min / best:13.3f}")
-
+    report(samples, floor_name, width=34, mb=mb)
 
 if __name__ == "__main__":
     main()

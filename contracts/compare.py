@@ -145,29 +145,16 @@ def half_layer(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
     against the reference recomputed for it from the stored inputs (reference caches, original weights)."""
     from contracts.checks.attention import judge_half_layer
     from kernels.config import preset
-    from kernels.reference.attention_layer import attention_half_layer
-    from kernels.reference.indexer import select_topk
+    from kernels.reference.attention_layer import for_selection, with_reference_scores
 
     p = ctx.params
-    call = dict(kind=str(p["kind"]), phase=str(p["phase"]), wiring=ctx.wiring, tp=int(p["tp"]))
-    config = preset(str(p["preset"]))
-
-    def scores() -> torch.Tensor:
-        seen = []
-
-        def capture(s, *args, **kw):
-            seen.append(s)
-            return select_topk(s, *args, **kw)
-
-        attention_half_layer(ctx.inputs, config=config, ops={"select_topk": capture}, **call)
-        return seen[0]
-
-    def reference_for(selection: torch.Tensor):
-        return attention_half_layer(ctx.inputs, config=config, ops={"select_topk": lambda *a, **k: selection.clone()},
-                                    **call)
-
-    return judge_half_layer(ctx.actual_outputs, ctx.expected_outputs, ctx.inputs, block_size=config.block_size,
-                            scores=scores, reference_for=reference_for, only=name, **call)
+    call = dict(kind=str(p["kind"]), phase=str(p["phase"]), wiring=ctx.wiring, tp=int(p["tp"]),
+                config=preset(str(p["preset"])))
+    return judge_half_layer(ctx.actual_outputs, ctx.expected_outputs, ctx.inputs,
+                            block_size=call["config"].block_size,
+                            scores=lambda: with_reference_scores(ctx.inputs, **call)[1],
+                            reference_for=lambda selection: for_selection(ctx.inputs, selection, **call),
+                            only=name, **{k: v for k, v in call.items() if k != "config"})
 
 
 COMPARATORS: dict[str, Comparator] = {

@@ -15,16 +15,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from contracts.backends import torch_backend
 from contracts.checks.attention import check_layer_output, judge_half_layer, output_leaf
 from contracts.half_layer_cases import FLASH_HEADS, KINDS, PHASES, TPS, HalfLayerCase, build
 from contracts.plugin import op
 from contracts.result import assert_ok
 from kernels.config import FLASH_TINY, LayerKind
-from kernels.reference.attention_layer import FULL, REUSE
-from kernels.reference.indexer import select_topk
+from kernels.reference.attention_layer import FULL, REUSE, for_selection, with_reference_scores
 
-REF = torch_backend()
 WIRINGS = ("replicated", "sharded")
 
 
@@ -43,33 +40,22 @@ def _run(fn, case: HalfLayerCase, inputs=None, **kw):
               wiring=case.wiring, tp=case.tp, config=case.config, **kw)
 
 
+def _call(case: HalfLayerCase) -> dict:
+    return dict(kind=case.kind, phase=case.phase, wiring=case.wiring, tp=case.tp, config=case.config)
+
+
 @functools.cache
 def _expected(case: HalfLayerCase) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-    """The reference outputs and the reference index scores (captured on the way to select_topk)."""
-    seen = []
-
-    def capture(scores, *a, **k):
-        seen.append(scores)
-        return select_topk(scores, *a, **k)
-
-    out = _run(REF.get("attention_half_layer"), case, ops={**dict(_ops(REF)), "select_topk": capture})
-    return out, (seen[0] if seen else None)
+    """The reference outputs and the reference index scores."""
+    return with_reference_scores(_inputs(case), **_call(case))
 
 
-def _ops(backend):
-    return {name: backend.get(name) for name in backend.operators if name != "attention_half_layer"}
-
-
-def _judge(case: HalfLayerCase, actual, backend=None, **kw):
+def _judge(case: HalfLayerCase, actual, **kw):
     expected, scores = _expected(case)
     inputs = _inputs(case)
-
-    def reference_for(selection):
-        return _run(REF.get("attention_half_layer"), case,
-                    ops={**_ops(REF), "select_topk": lambda *a, **k: selection.clone()})
-
     return judge_half_layer(actual, expected, inputs, kind=case.kind, phase=case.phase, wiring=case.wiring, tp=case.tp,
-                            block_size=case.config.block_size, scores=scores, reference_for=reference_for, **kw)
+                            block_size=case.config.block_size, scores=scores,
+                            reference_for=lambda selection: for_selection(inputs, selection, **_call(case)), **kw)
 
 
 ALL = [HalfLayerCase(k, p, w, tp) for k in KINDS for p in PHASES for tp in TPS for w in WIRINGS]
@@ -290,14 +276,8 @@ def test_an_accepted_alternative_selection_is_judged_against_its_own_reference(b
         inputs[part] = flat.reshape(inputs[part].shape)
     tied, build_tied = case, inputs
 
-    seen = []
-
-    def capture(s, *args, **kw):
-        seen.append(s)
-        return select_topk(s, *args, **kw)
-
-    expected = _run(REF.get("attention_half_layer"), tied, build_tied, ops={**_ops(REF), "select_topk": capture})
-    ref_sel, tied_scores = expected["topk_indices"], seen[0]
+    expected, tied_scores = with_reference_scores(build_tied, **_call(tied))
+    ref_sel = expected["topk_indices"]
     chosen = _logical(tied, ref_sel)[t]
     cutoff = tied_scores[t, chosen].min()
     swap_out = next(p for p in chosen if tied_scores[t, p] == cutoff)
@@ -312,8 +292,7 @@ def test_an_accepted_alternative_selection_is_judged_against_its_own_reference(b
     got = _run(alt_backend.get("attention_half_layer"), tied, build_tied)
 
     def reference_for(selection):
-        return _run(REF.get("attention_half_layer"), tied, build_tied,
-                    ops={**_ops(REF), "select_topk": lambda *args, **kw: selection.clone()})
+        return for_selection(build_tied, selection, **_call(tied))
 
     verdict = judge_half_layer(got, expected, build_tied, kind=tied.kind, phase=tied.phase, wiring=tied.wiring,
                                tp=tied.tp, block_size=bs, scores=tied_scores, reference_for=reference_for)

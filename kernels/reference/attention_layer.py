@@ -295,4 +295,25 @@ def attention_half_layer(inputs: Tensors, *, kind: LayerKind | str, phase: str, 
     return out
 
 
+def with_reference_scores(inputs: Tensors, **call) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """The reference outputs and the index scores its Top-K was taken from (None for a mode without an
+    indexer): what an alternative selection is judged with (§5.3)."""
+    from kernels.reference.indexer import select_topk
+
+    seen = []
+
+    def capture(scores, *args, **kw):
+        seen.append(scores)
+        return select_topk(scores, *args, **kw)
+
+    out = attention_half_layer(inputs, ops={"select_topk": capture}, **call)
+    return out, (seen[0] if seen else None)
+
+
+def for_selection(inputs: Tensors, selection: torch.Tensor, **call) -> dict[str, torch.Tensor]:
+    """The reference outputs recomputed for a given Top-K selection, from the reference caches and the
+    original weights (§5.3 accepted alternative selection)."""
+    return attention_half_layer(inputs, ops={"select_topk": lambda *a, **k: selection.clone()}, **call)
+
+
 attention_half_layer.composes_operators = True  # a backend binds ``ops`` to its own operators (contracts.backends)
