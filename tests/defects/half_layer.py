@@ -144,3 +144,38 @@ C2A_FULL_ACCEPTS_SUFFIX = _base.derive("defect:layer-c2a-full-suffix", half_laye
 TOKEN_ROPE_FOR_COMPRESSED = _base.derive("defect:layer-token-rope-compressed",
                                          attention_half_layer=_token_rope_for_compressed)
 WINDOW_ONE_PAST = _base.derive("defect:layer-window-one-past", attention_half_layer=_window_one_past)
+
+
+def _zero_inactive(inputs, *, wiring, **kw):
+    """Wrong: the replicated entry zero-fills the whole output buffer, so inactive rows lose the caller's 13.0."""
+    out = _layer(inputs, wiring=wiring, **kw)
+    if wiring == "replicated":
+        active = int(inputs["num_tokens"])
+        y = out["output"].clone()
+        y[:, active:] = 0
+        out = {**out, "output": y}
+    return out
+
+
+def _physical_order(scores, block_table, request_ids, *, topk, block_size):
+    """Wrong: the selected rows are sorted by physical row id, not by logical position (§5.1 step 7)."""
+    from kernels.reference.indexer import select_topk
+
+    rows = select_topk(scores, block_table, request_ids, topk=topk, block_size=block_size)
+    valid = rows >= 0
+    key = torch.where(valid, rows, torch.iinfo(torch.int32).max)
+    return torch.sort(key, dim=-1).values.masked_fill(~torch.sort(valid.int(), dim=-1, descending=True).values.bool(),
+                                                      -1).to(rows.dtype)
+
+
+def _default_candidates(inputs, *, kind, **kw):
+    """Wrong: a REINDEX call without layer 20's candidate mask scores every position instead of refusing."""
+    if LayerKind(kind) is LayerKind.C1A_REINDEX and "candidate_mask" not in inputs:
+        width = max(int(inputs["compressed_lens"].max()), 1)
+        inputs = {**inputs, "candidate_mask": torch.ones((inputs["position_ids"].shape[0], width), dtype=torch.uint8)}
+    return _layer(inputs, kind=kind, **kw)
+
+
+INACTIVE_ZEROED = _base.derive("defect:layer-inactive-zeroed", attention_half_layer=_zero_inactive)
+TOPK_PHYSICAL_ORDER = _base.derive("defect:layer-topk-physical-order", select_topk=_physical_order)
+DEFAULT_CANDIDATES = _base.derive("defect:layer-default-candidates", attention_half_layer=_default_candidates)
