@@ -41,8 +41,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--platform", default=None, choices=("a5sim", "a5"),
                     help="platform for device backends (pypto); default a5sim")
     group.addoption("--golden-store", default=os.environ.get("PTO_GOLDEN_STORE", "artifacts/store"),
-                    metavar="PATH", help="golden store replayed by contracts/test_golden_replay.py "
-                                         "(default artifacts/store)")
+                    metavar="PATH|s3://BUCKET/PREFIX",
+                    help="golden store replayed by contracts/test_golden_replay.py: a directory or an S3 prefix "
+                         "(credentials, region and endpoint from the AWS_* environment; default "
+                         "artifacts/store, env PTO_GOLDEN_STORE)")
     group.addoption("--regen-goldens", action="store_true",
                     help="regenerate stale golden trees with the current reference (the test still fails, so "
                          "a regeneration never passes silently)")
@@ -53,6 +55,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("hypothesis_profile", default=None):
         settings.load_profile(default_profile())
     config.addinivalue_line("markers", "slow: longer property runs")
+    from goldens.errors import GoldenStoreError
+    from goldens.store import Location
+
+    try:  # a malformed location is a usage error at start-up, not one error per test
+        Location.parse(config.getoption("golden_store"))
+    except GoldenStoreError as exc:
+        raise pytest.UsageError(f"--golden-store: {exc}") from None
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

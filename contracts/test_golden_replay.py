@@ -6,8 +6,6 @@ Spec: §7.3."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 
@@ -24,8 +22,14 @@ def _trees(store_path: str) -> list[tuple[str, str]]:
 
 def pytest_generate_tests(metafunc):
     if "golden_tree" in metafunc.fixturenames:
+        from goldens.errors import GoldenStoreError
+
         path = metafunc.config.getoption("golden_store")
-        found = _trees(path)
+        try:
+            found = _trees(path)
+        except GoldenStoreError as exc:  # unreadable or unreachable: one failing test that says why
+            metafunc.parametrize("golden_tree", [("!unreadable", str(exc))], ids=["store-unreadable"])
+            return
         # an absent or empty store is an error, not a skip: the default store is committed with the repo
         metafunc.parametrize("golden_tree", found or [None], ids=[f"{c}/{w}" for c, w in found] or ["no-trees"])
 
@@ -41,7 +45,9 @@ def test_golden_tree_replays(backend, golden_tree, pytestconfig):
         pytest.fail(f"no replay trees in a golden store at {path}: record some with `goldens record` "
                     "or point --golden-store at an existing store")
     case, wiring = golden_tree
-    store = GoldenStore(Path(path))
+    if case == "!unreadable":
+        pytest.fail(wiring, pytrace=False)
+    store = GoldenStore(path)
     tree = trees.load_tree(store.reader(), case, wiring)
     if tree.stale:
         if pytestconfig.getoption("regen_goldens"):

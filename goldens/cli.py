@@ -1,6 +1,6 @@
 """``goldens``: record, replay, regenerate, inspect and move V4.1 replay trees.
 
-Exit codes: 0 pass, 1 contract failure (a replayed output out of bound), 2 usage or store error.
+Exit codes: 0 pass, 1 contract failure (a replayed output out of bound), 2 usage or store error, 3 backend error.
 """
 
 from __future__ import annotations
@@ -267,8 +267,15 @@ def cmd_import(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="goldens", description="Versioned replay trees (inputs + expected outputs, "
                                 "one per wiring) for the V4.1 kernels, stored as Zarr in an icechunk repository. "
-                                "Exit codes: 0 pass, 1 contract failure, 2 usage or store error.")
-    p.add_argument("--store", default=DEFAULT_STORE, help=f"store root (default {DEFAULT_STORE}; env PTO_GOLDEN_STORE)")
+                                "Exit codes: 0 pass, 1 contract failure, 2 usage or store error, 3 backend error.",
+                                epilog="A team shares one store on S3: --store s3://BUCKET/PREFIX, with credentials, "
+                                "region and endpoint from the usual AWS environment (AWS_ACCESS_KEY_ID, "
+                                "AWS_SECRET_ACCESS_KEY or AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL for an "
+                                "S3-compatible server). Writers never lose each other's commits: a local store "
+                                "serializes them with a lock file, S3 commits are optimistic and rerun on a moved "
+                                "branch.")
+    p.add_argument("--store", default=DEFAULT_STORE, metavar="PATH|s3://BUCKET/PREFIX",
+                   help=f"store root: a directory or an S3 prefix (default {DEFAULT_STORE}; env PTO_GOLDEN_STORE)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def wiring(sp, default="both"):

@@ -1,9 +1,13 @@
-"""The storage layer: an icechunk repository (Zarr v3) per store root. Knows keys, bytes, attributes and
-snapshots only -- not cases, operators or comparators.
+"""The storage layer: an icechunk repository (Zarr v3) per store root -- a local directory or an S3 prefix
+(``s3://bucket/prefix``). Knows keys, bytes, attributes and snapshots only -- not cases, operators or
+comparators.
 
-Every commit runs under an exclusive file lock (icechunk on a local filesystem can silently lose
-concurrent commits); reads use read-only sessions and take no lock, so readers (pytest-xdist workers)
-never block or corrupt writers. Only arrays whose bytes changed are rewritten.
+Every read-modify-write reads its base and commits in one step that cannot lose another writer's commit:
+on a local directory under an exclusive file lock (icechunk on a local filesystem can silently lose
+concurrent commits); on S3 as an optimistic transaction -- S3's conditional writes make icechunk refuse a
+commit whose branch moved since its base was read, and the whole read-modify-write is then rerun on the new
+head. Reads use read-only sessions and take no lock, so readers (pytest-xdist workers) never block or
+corrupt writers. Only arrays whose bytes changed are rewritten.
 
 Spec: §7.3 (save/replay), §7.2 (per-wiring trees).
 """
@@ -17,10 +21,12 @@ import fcntl
 import hashlib
 import mmap
 import os
+import random
+import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +54,67 @@ REPO_DIR = "icechunk"  # the repository lives beside the lock file: icechunk nee
 CHUNK_BYTES = 8 * 2**20  # target bytes per chunk along the first dimension (see benchmarks/store.py)
 CACHE_MIN_BYTES = 1 << 16  # smaller arrays read faster from the store than from a file of their own
 COMPRESS_BELOW = 0.85  # compress an array only if a 1 MB sample shrinks below this ratio
+S3_COMMIT_ATTEMPTS = 50  # an optimistic commit on S3 reruns its read-modify-write this often before giving up
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a store lives: a local directory, or a bucket and prefix on S3 (``s3://bucket/prefix``).
+
+    S3 settings come from the usual AWS environment: credentials (``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, or a profile / instance role), ``AWS_REGION`` (or
+    ``AWS_DEFAULT_REGION``), and ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` for an S3-compatible server
+    (MinIO, Ceph, a local test server), which is then addressed path-style (http allowed)."""
+
+    url: str
+    path: Path | None = None
+    bucket: str | None = None
+    prefix: str | None = None
+
+    @property
+    def remote(self) -> bool:
+        return self.bucket is not None
+
+    @classmethod
+    def parse(cls, spec: str | os.PathLike) -> Location:
+        text = os.fspath(spec)
+        if "://" not in text:
+            return cls(text, path=Path(text))
+        scheme, _, rest = text.partition("://")
+        if scheme != "s3":
+            raise GoldenStoreError(f"store {text!r}: unsupported scheme {scheme}:// (a local directory or "
+                                   "s3://bucket/prefix)")
+        bucket, _, prefix = rest.partition("/")
+        prefix = prefix.strip("/")
+        if not bucket or not prefix:
+            raise GoldenStoreError(f"store {text!r}: give a bucket and a prefix, e.g. s3://my-bucket/goldens/v41 "
+                                   "(a prefix keeps the repository apart from anything else in the bucket)")
+        return cls(f"s3://{bucket}/{prefix}", bucket=bucket, prefix=prefix)
+
+    def storage(self) -> icechunk.Storage:
+        if not self.remote:
+            return icechunk.local_filesystem_storage(str((self.path / REPO_DIR).resolve()))
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+        return icechunk.s3_storage(bucket=self.bucket, prefix=f"{self.prefix}/{REPO_DIR}", region=region,
+                                   endpoint_url=endpoint, allow_http=bool(endpoint and endpoint.startswith("http:")),
+                                   force_path_style=bool(endpoint), from_env=True)
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def default_read_cache(location: Location) -> Path:
+    """A local directory's cache lives inside it; an S3 store's in the user cache directory (entries are keyed
+    by content digest and verified on every read, so stores may share it)."""
+    if not location.remote:
+        return location.path / READ_CACHE_DIR
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "pto-contracts" / "read-cache"
+
+
+def _already_exists(exc: BaseException) -> bool:
+    return "already exists" in str(exc)
 
 
 def damaged(root: object, exc: BaseException) -> str:
@@ -55,6 +122,32 @@ def damaged(root: object, exc: BaseException) -> str:
     first = next((ln.strip(" x|`") for ln in str(exc).splitlines() if ln.strip(" x|`")), type(exc).__name__)
     return (f"golden store {root} is damaged or unreadable: {first[:300]} (restore the store directory from "
             "version control or a backup)")
+
+
+def innermost(exc: BaseException) -> str:
+    """The innermost cause of an icechunk error (its last ``->`` line; an S3 error as ``Code: message``), else
+    its first line."""
+    lines = [ln.strip() for ln in str(exc).splitlines()]
+    causes = [ln.split("->", 1)[1].strip() for ln in lines if ln.startswith(("|->", "`->"))]
+    cause = causes[-1] if causes else next((ln.strip(" x|`") for ln in lines if ln.strip(" x|`")),
+                                           type(exc).__name__)
+    found = re.search(r'code: "([^"]+)", message: "([^"]*)"', cause)
+    return f"{found[1]}: {found[2]}" if found else cause[:300]
+
+
+def unreachable(location: Location, exc: BaseException) -> str:
+    """One line for an S3 store that cannot be opened: the store, the innermost cause (e.g. ``NoSuchBucket:
+    The specified bucket does not exist``, ``Connection refused``), the endpoint, and what to check."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS default"
+    return (f"golden store {location} cannot be opened: {innermost(exc)} (endpoint {endpoint}; check the bucket, "
+            "AWS_ENDPOINT_URL, AWS_REGION and the credentials in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or "
+            "AWS_PROFILE)")
+
+
+def write_failed(root: object, exc: BaseException) -> str:
+    """One line for a commit the storage refused (a full disk, a read-only file system, an S3 error)."""
+    return (f"cannot write golden store {root}: {innermost(exc)}; nothing was committed and the stored snapshots "
+            "are unchanged (free space or fix the storage, then run the command again)")
 
 
 def digest(arr: np.ndarray) -> str:
@@ -110,7 +203,7 @@ class LogEntry:
 
 
 class Transaction:
-    """What a locked read-modify-write sees and stages (``GoldenStore.transaction``)."""
+    """What a locked read-modify-write sees and stages (``GoldenStore.update``)."""
 
     def __init__(self, session, root: zarr.Group):
         self.session, self.root = session, root
@@ -157,43 +250,61 @@ class GoldenStore:
     """An icechunk repository at ``root`` (created on first write)."""
 
     def __init__(self, root: str | os.PathLike, *, read_cache: str | os.PathLike | None = None):
-        self.root = Path(root)
+        self.location = Location.parse(root)
+        # ``root`` names the store in messages; a local store's directory is ``self.location.path``
+        self.root = self.location.path if not self.location.remote else self.location.url
         env = os.environ.get("PTO_STORE_READ_CACHE")
         if read_cache is None and env is not None:
             read_cache = env or None  # PTO_STORE_READ_CACHE="" turns the cache off
         elif read_cache is None:
-            read_cache = self.root / READ_CACHE_DIR
+            read_cache = default_read_cache(self.location)
         self.read_cache = None if read_cache is None else Path(read_cache)
+        self.retries = 0  # optimistic commits (S3) this handle reran because the branch had moved
 
     # ---- repository ---------------------------------------------------------
     def exists(self) -> bool:
-        return (self.root / REPO_DIR / "repo").exists() or (self.root / REPO_DIR / "refs").exists()
+        if not self.location.remote:
+            return (self.root / REPO_DIR / "repo").exists() or (self.root / REPO_DIR / "refs").exists()
+        try:
+            return icechunk.Repository.exists(self.location.storage())
+        except Exception as exc:
+            raise GoldenStoreError(unreachable(self.location, exc)) from None
 
     def _repo(self, *, create: bool = False) -> icechunk.Repository:
-        storage = icechunk.local_filesystem_storage(str((self.root / REPO_DIR).resolve()))
         try:
+            storage = self.location.storage()
             if create:
-                return icechunk.Repository.open_or_create(storage)
+                try:
+                    return icechunk.Repository.open_or_create(storage)
+                except Exception:
+                    if not self.location.remote:
+                        raise
+                    return icechunk.Repository.open(storage)  # another writer created it first
             if not self.exists():
                 raise GoldenStoreError(f"no golden store at {self.root} (record a case first: goldens record ...)")
             return icechunk.Repository.open(storage)
         except GoldenStoreError:
             raise
         except Exception as exc:
-            raise GoldenStoreError(damaged(self.root, exc)) from exc
+            raise GoldenStoreError(unreachable(self.location, exc) if self.location.remote
+                                   else damaged(self.root, exc)) from exc
 
     @contextlib.contextmanager
     def lock(self, *, timeout: float | None = None) -> Iterator[None]:
-        """Exclusive inter-process lock for every read-modify-write (released by the kernel even on SIGKILL).
+        """Exclusive inter-process lock for every read-modify-write of a local store (released by the kernel
+        even on SIGKILL). An S3 store takes no lock: its commits are optimistic (``update``).
 
         The holder writes its pid and command into the lock file; a writer that has to wait says once, on
         stderr, whom it waits for, and gives up after ``timeout`` seconds (default ``PTO_STORE_LOCK_TIMEOUT``,
         else 600) with a GoldenStoreError (exit 2)."""
+        if self.location.remote:
+            yield
+            return
         if timeout is None:
             timeout = float(os.environ.get("PTO_STORE_LOCK_TIMEOUT", "600"))
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            fh = open(self.root / LOCK_NAME, "a+")  # noqa: SIM115 (held across the yield)
+            fh = open(self.root / LOCK_NAME, "a+b", buffering=0)  # noqa: SIM115 (held across the yield)
         except OSError as exc:
             raise GoldenStoreError(f"cannot lock golden store {self.root}: {exc.strerror or exc} "
                                    "(is the path a directory you can write?)") from None
@@ -206,7 +317,7 @@ class GoldenStore:
                 except BlockingIOError:
                     if not told:
                         fh.seek(0)
-                        holder = fh.read().strip() or "another process"
+                        holder = fh.read().decode(errors="replace").strip() or "another process"
                         print(f"goldens: waiting for the store lock of {self.root} held by {holder} "
                               f"(gives up after {timeout:g} s; PTO_STORE_LOCK_TIMEOUT)", file=sys.stderr)
                         told = True
@@ -216,70 +327,99 @@ class GoldenStore:
                                                ) from None
                     time.sleep(0.05)
             try:
-                fh.seek(0)
-                fh.truncate()
-                fh.write(f"pid {os.getpid()} ({' '.join(sys.argv[:3])[:120]}) since "
-                         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC\n")
-                fh.flush()
+                with contextlib.suppress(OSError):  # who holds it is for the waiting message only (a full disk)
+                    fh.seek(0)
+                    fh.truncate()
+                    fh.write(f"pid {os.getpid()} ({' '.join(sys.argv[:3])[:120]}) since "
+                             f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC\n".encode())
                 yield
             finally:
                 with contextlib.suppress(OSError):
                     fh.seek(0)
                     fh.truncate()
-                    fh.flush()
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
-    @contextlib.contextmanager
-    def transaction(self, message: str, *, metadata: dict | None = None, tag: str | None = None
-                    ) -> Iterator[Transaction]:
-        """A read-modify-write under the lock: ``txn.reader`` reads the branch head *as of the lock* (the base
-        every change is computed from), ``txn.write(...)`` stages arrays and attributes, and leaving the block
-        commits once (with ``tag`` in the same locked step). Tags a crash left behind are restored first."""
+    def update(self, body: Callable[[Transaction], object], message: str, *, metadata: dict | None = None,
+               tag: str | None = None) -> tuple[object, CommitResult]:
+        """One read-modify-write: ``body(txn)`` reads its base through ``txn.reader`` (the branch head the commit
+        will go on top of) and stages changes with ``txn.write``; then one commit, tagged with ``tag`` in the
+        same step. Returns (what ``body`` returned, the commit result).
+
+        Local store: all of it under the file lock. S3: optimistic -- when another writer moved the branch
+        since ``body`` read it, icechunk refuses the commit and ``body`` runs again on the new head (at most
+        S3_COMMIT_ATTEMPTS times, then a GoldenStoreError: nothing of this command was committed). Tags a
+        crash left behind are restored first (the tag name also rides in the snapshot's metadata)."""
         with self.lock():
             repo = self._repo(create=True)
             self._restore_tags(repo)
-            session = repo.writable_session("main")
-            txn = Transaction(session, zarr.open_group(session.store, mode="a"))
-            yield txn
-            if not txn.written:
-                txn.result = CommitResult(None, (), tuple(txn.unchanged))
-                return
-            if os.environ.get("PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"):  # reliability tests kill us here
-                time.sleep(float(os.environ["PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"]))
-            meta = {**(metadata or {}), **({"tag": tag} if tag else {})}
-            snapshot = session.commit(message, metadata=meta)
+            attempts = S3_COMMIT_ATTEMPTS if self.location.remote else 1
+            for attempt in range(attempts):
+                session = repo.writable_session("main")
+                txn = Transaction(session, zarr.open_group(session.store, mode="a"))
+                try:
+                    value = body(txn)
+                except (icechunk.IcechunkError, OSError) as exc:  # chunks are written as they are staged
+                    raise GoldenStoreError(write_failed(self.root, exc)) from exc
+                if not txn.written:
+                    return value, CommitResult(None, (), tuple(txn.unchanged))
+                if os.environ.get("PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"):  # reliability tests kill us here
+                    time.sleep(float(os.environ["PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"]))
+                meta = {**(metadata or {}), **({"tag": tag} if tag else {})}
+                try:
+                    snapshot = session.commit(message, metadata=meta)
+                    break
+                except (icechunk.IcechunkError, OSError) as exc:
+                    raise GoldenStoreError(write_failed(self.root, exc)) from exc
+                except icechunk.ConflictError:
+                    self.retries += 1
+                    if attempt + 1 == attempts:
+                        raise GoldenStoreError(
+                            f"golden store {self.root}: branch main moved under this commit {attempts} times in a "
+                            "row (other writers); nothing of this command was committed -- run it again"
+                            ) from None
+                    time.sleep(random.uniform(0.01, 0.05 * min(attempt + 1, 10)))
             if os.environ.get("PTO_STORE_TEST_PAUSE_BEFORE_TAG"):  # reliability tests kill us here
                 time.sleep(float(os.environ["PTO_STORE_TEST_PAUSE_BEFORE_TAG"]))
             if tag:
-                repo.create_tag(tag, snapshot)
-            txn.result = CommitResult(snapshot, tuple(txn.written), tuple(txn.unchanged))
+                self._create_tag(repo, tag, snapshot)
+            result = CommitResult(snapshot, tuple(txn.written), tuple(txn.unchanged))
             if self.read_cache is not None:  # the first read in a fresh process then maps them too
                 cache = StoreReader(None, snapshot, cache=self.read_cache)
                 for arr, attrs in txn.staged:
                     cache.store_in_cache(arr, attrs)
+            return value, result
 
     @staticmethod
-    def _restore_tags(repo: icechunk.Repository) -> None:
+    def _create_tag(repo: icechunk.Repository, name: str, snapshot: str) -> None:
+        """Create a tag; one that already names this snapshot (another process restored it) is fine."""
+        try:
+            repo.create_tag(name, snapshot)
+        except Exception as exc:
+            if not (_already_exists(exc) and repo.lookup_tag(name) == snapshot):
+                raise
+
+    @classmethod
+    def _restore_tags(cls, repo: icechunk.Repository) -> None:
         """A writer killed between its commit and its tag left the tag name in the snapshot's metadata:
         create the missing tags (so gc keeps those snapshots)."""
         have = set(repo.list_tags())
         for snap in repo.ancestry(branch="main"):
             name = (snap.metadata or {}).get("tag")
             if name and name not in have:
-                repo.create_tag(name, snap.id)
+                cls._create_tag(repo, name, snap.id)
                 have.add(name)
 
     # ---- writing ------------------------------------------------------------
     def commit(self, arrays: dict[str, tuple[np.ndarray, dict]], group_attrs: dict[str, dict], message: str, *,
                metadata: dict | None = None, tag: str | None = None, remove: tuple[str, ...] = ()) -> CommitResult:
-        """Write ``arrays`` (path -> (array, attrs)) and group attributes in one commit under the lock.
+        """Write ``arrays`` (path -> (array, attrs)) and group attributes in one commit (``update``).
 
         An array whose dtype, shape, content hash and attributes equal the stored one is not rewritten;
         when nothing changes no commit is made. ``remove`` deletes groups/arrays first.
         """
-        with self.transaction(message, metadata=metadata, tag=tag) as txn:
-            txn.write(arrays, group_attrs, remove=remove)
-        return txn.result
+        _none, result = self.update(lambda txn: txn.write(arrays, group_attrs, remove=remove), message,
+                                    metadata=metadata, tag=tag)
+        return result
 
     # ---- reading ------------------------------------------------------------
     def resolve(self, rev: str | None) -> dict:
@@ -331,17 +471,23 @@ class GoldenStore:
         return entries
 
     def tag(self, name: str, snapshot: str) -> None:
-        with self.lock():
+        with self.lock():  # (creating a tag is atomic on S3: a name that exists is refused)
             self._repo().create_tag(name, snapshot)
 
     def gc(self, older_than: dt.datetime) -> tuple[int, object]:
         """Expire snapshots older than ``older_than`` (tags and the branch head are kept), then delete
         unreachable objects. Refuses, changing nothing, when a tag cannot be read (its snapshot would lose the
-        tag's protection). Returns (expired count, GC summary)."""
+        tag's protection). Returns (expired count, GC summary).
+
+        On S3 no lock is taken: icechunk's expiry never touches a branch head or a tagged snapshot and its
+        collection deletes only objects older than ``older_than``, so a concurrent commit (whose objects are
+        new) is safe. A tag ref that cannot be listed at all is not seen there (the local store reads refs/
+        from disk to catch it)."""
         with self.lock():
             repo = self._repo()
             self._restore_tags(repo)
-            on_disk = {p.name.removeprefix("tag.") for p in (self.root / REPO_DIR / "refs").glob("tag.*")}
+            on_disk = set() if self.location.remote else \
+                {p.name.removeprefix("tag.") for p in (self.root / REPO_DIR / "refs").glob("tag.*")}
             for name in sorted(set(repo.list_tags()) | on_disk):  # list_tags leaves out a tag it cannot read
                 try:
                     next(iter(repo.ancestry(tag=name)))
@@ -354,7 +500,9 @@ class GoldenStore:
             return len(expired), summary
 
     def disk_bytes(self) -> int:
-        """Bytes of the versioned store (the read cache is a disposable copy and does not count)."""
+        """Bytes of a local versioned store (the read cache is a disposable copy and does not count)."""
+        if self.location.remote:
+            raise GoldenStoreError(f"{self.root}: disk usage is measured for local stores only")
         return sum(p.stat().st_size for p in self.root.rglob("*")
                    if p.is_file() and READ_CACHE_DIR not in p.relative_to(self.root).parts)
 

@@ -227,17 +227,22 @@ def _regen_trees(reader: StoreReader, items: list[tuple[str, str]]):
 def regen(store: GoldenStore, items: list[tuple[str, str]], *, dry_run: bool = False
           ) -> tuple[list[tuple[str, str, list[OutputDelta]]], CommitResult | None]:
     """Recompute expected outputs from stored inputs with the current reference; commit only changed
-    arrays (and the new fingerprint) in one tagged commit. The trees are read under the store lock, so a
-    record or import committed meanwhile is never overwritten by stale trees."""
+    arrays (and the new fingerprint) in one tagged commit. The trees are read as the commit's base (under the
+    lock, or rerun when an S3 commit finds the branch moved), so a record or import committed meanwhile is
+    never overwritten by stale trees."""
     if dry_run:
         report, _arrays, _groups = _regen_trees(store.reader(), items)
         return report, None
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    with store.transaction("regen " + ", ".join(f"{c}/{w}" for c, w in items), metadata={"action": "regen"},
-                           tag=f"regen-{stamp}") as txn:
+
+    def body(txn):
         report, arrays, groups = _regen_trees(txn.reader, items)
         txn.write(arrays, groups)
-    return report, txn.result
+        return report
+
+    report, result = store.update(body, "regen " + ", ".join(f"{c}/{w}" for c, w in items),
+                                  metadata={"action": "regen"}, tag=f"regen-{stamp}")
+    return report, result
 
 
 # ---------------------------------------------------------------------------

@@ -91,3 +91,65 @@ def test_each_fault_exits_with_its_code_and_changes_nothing(pristine, tmp_path, 
     assert text in proc.stderr, proc.stderr[-1500:]
     if code != 0:
         assert _tree_bytes(root) == before, "a failing verb changed stored bytes"
+
+
+FS_SCRIPT = r"""
+set -u
+mount -t tmpfs -o size={size}k tmpfs "$MNT" || {{ echo "MOUNT-FAILED"; exit 97; }}
+cp -a "$SRC" "$MNT/store" || {{ echo "COPY-FAILED"; exit 98; }}
+step() {{ name=$1; shift; "$PY" -m goldens.cli --store "$MNT/store" "$@" >"$OUT/$name.out" 2>"$OUT/$name.err"; echo $? >"$OUT/$name.rc"; }}
+step full-record record compressor_r2 cache_index attn_c1a_reindex_prefill --seed 3
+step full-regen regen
+step full-replay replay rope_rows
+(cd "$MNT/store" && find . -type f ! -name {lock} -print0 | sort -z | xargs -0 sha256sum) >"$OUT/full.sums"
+mount -o remount,ro "$MNT"
+step ro-record record sp_slabs
+step ro-gc gc --older-than-days 0
+step ro-import import-pt "$PT" --case rope_rows
+step ro-replay replay rope_rows
+(cd "$MNT/store" && find . -type f ! -name {lock} -print0 | sort -z | xargs -0 sha256sum) >"$OUT/ro.sums"
+"""
+
+
+def test_a_full_disk_and_a_read_only_store_exit_2_and_keep_every_snapshot(pristine, tmp_path):
+    """The store on a tmpfs (in a private mount namespace, ``unshare -rm``) just larger than it: a record that
+    does not fit exits 2 naming the full disk, commits nothing and leaves every stored file and the replay
+    intact; remounted read-only, every writing verb exits 2 and a replay still passes."""
+    if not shutil.which("unshare"):
+        pytest.fail("this test needs util-linux's unshare (a private mount namespace for a tiny tmpfs)")
+    out = tmp_path / "out"
+    out.mkdir()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    pt = tmp_path / "pt"
+    trees.export_pt(GoldenStore(pristine).reader(), "rope_rows", "replicated", pt)
+    size_kib = sum(p.stat().st_blocks * 512 for p in pristine.rglob("*")) // 1024 + 64  # tmpfs counts pages
+    before = _tree_bytes(pristine)
+    script = FS_SCRIPT.format(size=size_kib, lock=LOCK_NAME)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MNT": str(mnt), "SRC": str(pristine), "OUT": str(out),
+           "PT": str(pt), "PY": sys.executable, "PTO_STORE_READ_CACHE": ""}
+    proc = subprocess.run(["unshare", "-rm", "bash", "-c", script], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, f"the mount namespace could not be set up: {proc.stdout}{proc.stderr}"
+
+    def step(name):
+        return int((out / f"{name}.rc").read_text()), (out / f"{name}.err").read_text()
+
+    def sums(name):
+        return {line.split("  ", 1)[1].removeprefix("./"): line.split()[0]
+                for line in (out / name).read_text().splitlines()}
+
+    code, err = step("full-record")
+    assert code == 2 and "No space left on device" in err and "nothing was committed" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    code, err = step("full-regen")
+    assert code == 0, err  # nothing moved: no commit, so the full disk does not matter
+    assert step("full-replay")[0] == 0
+    full = sums("full.sums")
+    assert all(full.get(path) == digest for path, digest in before.items()), "a stored file changed on a full disk"
+    for name, text in (("ro-record", "Read-only file system"), ("ro-gc", "Read-only file system"),
+                       ("ro-import", "Read-only file system")):
+        code, err = step(name)
+        assert code == 2 and text in err and "Traceback" not in err, (name, err)
+    assert step("ro-replay")[0] == 0, step("ro-replay")[1]
+    assert sums("ro.sums") == full, "a verb changed a read-only store"

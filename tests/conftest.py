@@ -1,0 +1,53 @@
+"""Fixtures shared by the unit tests: a local S3 server (test double, tests/s3_server.py) for the store."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+BUCKET = "goldens"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """http://127.0.0.1:PORT of a moto S3 server started for this test session (one per xdist worker), with
+    the bucket ``goldens`` created. moto is a dev dependency: without it this fails, it never skips."""
+    try:
+        import boto3  # noqa: F401  (moto's dependency; used to create the bucket)
+        import moto  # noqa: F401
+    except ImportError as exc:
+        pytest.fail(f"the S3 store tests need the dev dependencies (pip install -e '.[dev]'): {exc}")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.s3_server", "--port", "0"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        if not line.startswith("port "):
+            pytest.fail(f"the local S3 server did not start (printed {line!r}, exit {proc.poll()})")
+        endpoint = f"http://127.0.0.1:{line.split()[1]}"
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                     aws_secret_access_key="testing").create_bucket(Bucket=BUCKET)
+        yield endpoint
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def s3_store(s3_endpoint, monkeypatch, tmp_path):
+    """A fresh ``s3://goldens/<unique prefix>`` URL, with the AWS environment pointing at the local server
+    (subprocesses inherit it) and the read cache in tmp_path."""
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": s3_endpoint, "AWS_EC2_METADATA_DISABLED": "true",
+           "PTO_STORE_READ_CACHE": str(tmp_path / "read-cache")}
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}/store"
