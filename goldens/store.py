@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import google_crc32c
+import crc32c
 import icechunk
 import numcodecs
 import numpy as np
@@ -159,8 +159,9 @@ def digest(arr: np.ndarray) -> str:
 
 
 def checksum(arr: np.ndarray) -> int:
-    """CRC32C of the array bytes (hardware-accelerated, ~10 GB/s), verified on every read."""
-    return int(google_crc32c.value(np.ascontiguousarray(arr).view(np.uint8).reshape(-1)))
+    """CRC32C of the array bytes, verified on every read: hardware-accelerated (~13 GB/s here) and computed
+    with the GIL released, so the read path checks several arrays on several cores at once."""
+    return int(crc32c.crc32c(np.ascontiguousarray(arr).view(np.uint8).reshape(-1)))
 
 
 def _codecs(arr: np.ndarray) -> list:
