@@ -30,7 +30,7 @@ DOC = ROOT / "docs" / "coverage.md"
 UPSTREAM = ROOT.parent / "shared" / "docs" / "upstream_checks.md"
 STATUSES = ("covered", "partial", "planned", "n/a")
 # The capabilities still open (the issue tracker's open issues): a planned row must name one of them.
-OPEN_CAPABILITIES = {10: "store engine", 11: "device backend", 12: "goldens UX",
+OPEN_CAPABILITIES = {11: "device backend", 12: "goldens UX",
                      13: "composition around attention (mHC, MoE, LM head, Block, CED prefill)", 14: "V4-Pro"}
 TEST_REF = re.compile(r"((?:contracts|tests)/[\w/]+\.py)::(\w+)")
 
