@@ -28,7 +28,7 @@ class OperatorSpec:
     spec: str
 
 
-OPERATORS: dict[str, OperatorSpec] = {
+KERNEL_OPERATORS: dict[str, OperatorSpec] = {
     s.name: s
     for s in (
         OperatorSpec("build_forward_metadata",
@@ -83,6 +83,16 @@ OPERATORS: dict[str, OperatorSpec] = {
                      "{output, window_payload, window_scale, [compressed_/index_ payload+scale], [topk_indices], "
                      "[state_cache], [candidate_mask]}: one attention half-layer of any mode, composed from this "
                      "backend's operators unless the backend gives its own", "§2.3/§7.1"),
+    )
+}
+
+# The comparators judge a backend's outputs; a backend does not supply them (spec §6). Contracts reach them
+# through ``op(backend, name)`` like operators, so the comparator-variant tests and the mutation runner can put
+# a variant in their place (``Backend(..., comparators=...)``); every backend judges with the library's
+# comparators unless told otherwise, and none is ever "missing" one.
+COMPARATORS: dict[str, OperatorSpec] = {
+    s.name: s
+    for s in (
         OperatorSpec("check_row_precision", "(actual, expected, *, name)", "CheckResult", "§6"),
         OperatorSpec("check_output_budget", "(actual, expected, *, budget=FP8_BUDGET, name)", "CheckResult", "§6"),
         OperatorSpec("check_active_split", "(actual, expected, num_tokens, *, leaf, name)", "CheckResult", "§6"),
@@ -92,6 +102,9 @@ OPERATORS: dict[str, OperatorSpec] = {
     )
 }
 
+# Every name a contract can take through ``op(backend, name)``.
+OPERATORS: dict[str, OperatorSpec] = {**KERNEL_OPERATORS, **COMPARATORS}
+
 
 class BackendError(LookupError):
     """A backend that cannot be found, loaded, or that names an unknown operator."""
@@ -100,34 +113,48 @@ class BackendError(LookupError):
 class MissingOperator(BackendError):
     def __init__(self, backend: Backend, op: str):
         self.backend, self.op = backend, op
-        reason = f": {backend.unavailable}" if backend.unavailable else ""
+        why = backend.unavailable or backend.why_missing.get(op)
+        reason = f": {why}" if why else ""
         super().__init__(f"backend {backend.name!r} has no operator {op!r}{reason}")
 
 
-class Backend:
-    """A named set of operators (``name -> callable``), optionally on a platform.
+def library_comparators() -> dict[str, Callable]:
+    """The comparator library (``contracts.checks.precision``) every backend is judged with by default."""
+    return {name: getattr(importlib.import_module(REFERENCE_OPERATORS[name][0]), REFERENCE_OPERATORS[name][1])
+            for name in COMPARATORS}
 
-    ``unavailable`` is a one-line reason when the backend cannot run here (every operator is
-    then missing and contracts skip with that reason).
+
+class Backend:
+    """A named set of kernel operators (``name -> callable``), optionally on a platform.
+
+    ``unavailable`` is a one-line reason when the backend cannot run here (every operator is then missing;
+    contracts that need one skip with that reason, and a session that ran nothing fails). Comparators
+    (``check_*``) given among ``operators`` replace the library's for this backend (comparator variants,
+    mutants); otherwise the library's judge it.
     """
 
     def __init__(self, name: str, operators: Mapping[str, Callable], *, platform: str = "cpu",
-                 unavailable: str | None = None, description: str = ""):
+                 unavailable: str | None = None, description: str = "", why_missing: Mapping[str, str] = ()):
         unknown = sorted(set(operators) - set(OPERATORS))
         if unknown:
-            raise BackendError(f"backend {name!r}: unknown operator(s) {unknown}; known: {sorted(OPERATORS)}")
+            raise BackendError(f"backend {name!r}: unknown operator(s) {unknown}; known: {sorted(KERNEL_OPERATORS)}")
         self.name = name
         self.platform = platform
         self.unavailable = unavailable
         self.description = description
-        self._ops = dict(operators) if unavailable is None else {}
+        kernels = {k: v for k, v in operators.items() if k in KERNEL_OPERATORS}
+        self._ops = kernels if unavailable is None else {}
+        self._comparators = {k: v for k, v in operators.items() if k in COMPARATORS}
+        self.why_missing = dict(why_missing)  # operator -> why this backend does not bind it
 
     def has(self, op: str) -> bool:
-        return op in self._ops
+        return op in self._ops or op in COMPARATORS
 
     def get(self, op: str) -> Callable:
+        if op in COMPARATORS:
+            return self._comparators.get(op) or library_comparators()[op]
         if op not in OPERATORS:
-            raise BackendError(f"unknown operator {op!r}; known: {sorted(OPERATORS)}")
+            raise BackendError(f"unknown operator {op!r}; known: {sorted(KERNEL_OPERATORS)}")
         if op not in self._ops:
             raise MissingOperator(self, op)
         fn = self._ops[op]
@@ -137,14 +164,21 @@ class Backend:
 
     @property
     def operators(self) -> tuple[str, ...]:
+        """The kernel operators this backend binds (comparators are not operators)."""
         return tuple(sorted(self._ops))
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        return tuple(sorted(set(KERNEL_OPERATORS) - set(self._ops)))
 
     def derive(self, name: str, *, description: str = "", **overrides: Callable) -> Backend:
         """A copy with some operators replaced (how seeded defects and partial backends are built)."""
-        return Backend(name, {**self._ops, **overrides}, platform=self.platform, description=description)
+        return Backend(name, {**self._ops, **self._comparators, **overrides}, platform=self.platform,
+                       description=description)
 
     def without(self, name: str, *ops: str) -> Backend:
-        return Backend(name, {k: v for k, v in self._ops.items() if k not in ops}, platform=self.platform)
+        return Backend(name, {k: v for k, v in {**self._ops, **self._comparators}.items() if k not in ops},
+                       platform=self.platform)
 
     def __repr__(self) -> str:
         return f"Backend({self.name!r}, platform={self.platform!r}, ops={len(self._ops)})"
@@ -221,24 +255,37 @@ def emulated_backend() -> Backend:
                                   sparse_attention=tiled_sparse_attention)
 
 
-def pypto_backend(platform: str = "a5sim") -> Backend:
+def pypto_backend(platform: str | None = None, device: str | None = None, pypto_lib: str | None = None) -> Backend:
     from kernels.pypto_backend import make_backend
 
-    return make_backend(platform)
+    return make_backend(platform or "a5sim", device=device, pypto_lib=pypto_lib)
 
 
-BUILTIN: dict[str, Callable[..., Backend]] = {"torch": lambda platform=None: torch_backend(),
-                                              "emulated": lambda platform=None: emulated_backend(),
-                                              "pypto": lambda platform=None: pypto_backend(platform or "a5sim")}
+def _cpu(factory: Callable[[], Backend], name: str) -> Callable[..., Backend]:
+    def make(platform=None, device=None, pypto_lib=None) -> Backend:
+        given = [f"--{k.replace('_', '-')} {v}" for k, v in
+                 (("platform", platform), ("device", device), ("pypto_lib", pypto_lib)) if v is not None]
+        if given:
+            raise BackendError(f"backend {name!r} runs on the CPU: {', '.join(given)} applies to device backends "
+                               "(--backend pypto)")
+        return factory()
+
+    return make
 
 
-def get_backend(name: str, *, platform: str | None = None) -> Backend:
+BUILTIN: dict[str, Callable[..., Backend]] = {"torch": _cpu(torch_backend, "torch"),
+                                              "emulated": _cpu(emulated_backend, "emulated"),
+                                              "pypto": pypto_backend}
+
+
+def get_backend(name: str, *, platform: str | None = None, device: str | None = None,
+                pypto_lib: str | None = None) -> Backend:
     try:
         factory = BUILTIN[name]
     except KeyError:
         raise BackendError(f"unknown backend {name!r}; built in: {sorted(BUILTIN)} "
                            "(load others with --backend-module pkg.module:OBJECT)") from None
-    return factory(platform)
+    return factory(platform=platform, device=device, pypto_lib=pypto_lib)
 
 
 def load_backend_module(target: str) -> Backend:

@@ -4,8 +4,13 @@ Profiles: ``ci`` (derandomized, few examples; chosen automatically when CI=true)
 (the default elsewhere) and ``thorough`` (many examples, on demand:
 ``--hypothesis-profile thorough`` or HYPOTHESIS_PROFILE=thorough).
 
-Options: ``--backend NAME`` (built in: torch, pypto), ``--backend-module pkg.module:OBJECT``,
-``--platform a5sim|a5`` (for device backends), ``--golden-store PATH`` and ``--regen-goldens``.
+Options: ``--backend NAME`` (built in: torch, emulated, pypto), ``--backend-module pkg.module:OBJECT`` (or
+``path/to/file.py:OBJECT``), ``--platform a5sim|a5``, ``--device IDS`` and ``--pypto-lib PATH`` (device
+backends only), ``--allow-unavailable``, ``--golden-store PATH`` and ``--regen-goldens``.
+
+A green run means something ran: the session fails with one line when the selected backend is unavailable
+here, or when every test that needs one of its operators was skipped (``--allow-unavailable`` accepts
+that), and it ends with a per-operator summary (ran / passed / failed / skipped, with the skip reasons).
 """
 
 from __future__ import annotations
@@ -15,7 +20,14 @@ import os
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from contracts.backends import Backend, BackendError, MissingOperator, get_backend, load_backend_module
+from contracts.backends import (
+    KERNEL_OPERATORS,
+    Backend,
+    BackendError,
+    MissingOperator,
+    get_backend,
+    load_backend_module,
+)
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile("ci", max_examples=20, derandomize=True, deadline=None, database=None,
@@ -39,7 +51,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--backend-module", default=None, metavar="pkg.module:OBJECT",
                     help="load an out-of-tree backend (a Backend or a callable returning one); overrides --backend")
     group.addoption("--platform", default=None, choices=("a5sim", "a5"),
-                    help="platform for device backends (pypto); default a5sim")
+                    help="platform of a device backend (pypto; default a5sim); refused for CPU backends")
+    group.addoption("--device", default=None, metavar="IDS",
+                    help="comma-separated device ids for a device backend (default 0..TP-1)")
+    group.addoption("--pypto-lib", default=None, metavar="PATH",
+                    help="root of the upstream pypto-lib checkout the pypto backend binds (default $PYPTO_LIB_ROOT)")
+    group.addoption("--allow-unavailable", action="store_true",
+                    help="accept a run in which the selected backend is unavailable or every contract needing "
+                         "it was skipped (by default such a run fails: nothing ran is not a pass)")
     group.addoption("--golden-store", default=os.environ.get("PTO_GOLDEN_STORE", "artifacts/store"),
                     metavar="PATH|s3://BUCKET/PREFIX",
                     help="golden store replayed by contracts/test_golden_replay.py: a directory or an S3 prefix "
@@ -62,32 +81,147 @@ def pytest_configure(config: pytest.Config) -> None:
         Location.parse(config.getoption("golden_store"))
     except GoldenStoreError as exc:
         raise pytest.UsageError(f"--golden-store: {exc}") from None
+    global _TALLY
+    config._pto_backend = backend_from_options(config)  # a bad backend is one usage error, here
+    config._pto_tally = _TALLY = Tally()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    target = config.getoption("backend_module") or config.getoption("backend")
-    return [f"pto-contracts: backend={target} hypothesis-profile={settings._current_profile}"]
+    b: Backend = config._pto_backend
+    state = f"UNAVAILABLE: {b.unavailable}" if b.unavailable else \
+        f"{len(b.operators)}/{len(KERNEL_OPERATORS)} operators bound"
+    return [f"pto-contracts: backend={b.name} platform={b.platform} ({state}) "
+            f"hypothesis-profile={settings._current_profile}"]
 
 
 def backend_from_options(config: pytest.Config) -> Backend:
     target = config.getoption("backend_module")
+    device_options = {k: config.getoption(k) for k in ("platform", "device", "pypto_lib")}
     try:
         if target:
-            return load_backend_module(target)
-        return get_backend(config.getoption("backend"), platform=config.getoption("platform"))
+            backend = load_backend_module(target)
+            given = {k: v for k, v in device_options.items() if v is not None}
+            if given.get("platform") not in (None, backend.platform) or set(given) - {"platform"}:
+                raise BackendError(f"--backend-module {target}: backend {backend.name!r} is built with platform "
+                                   f"{backend.platform}; --platform/--device/--pypto-lib do not apply to it")
+            return backend
+        return get_backend(config.getoption("backend"), **device_options)
     except BackendError as exc:
-        raise pytest.UsageError(str(exc)) from exc
+        raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture(scope="session")
 def backend(pytestconfig: pytest.Config) -> Backend:
     """The backend under test (see --backend / --backend-module)."""
-    return backend_from_options(pytestconfig)
+    return pytestconfig._pto_backend
+
+
+_ITEM: pytest.Item | None = None  # the test running in this process: op() records what it used
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    global _ITEM
+    _ITEM = item
+    try:
+        yield
+    finally:
+        _ITEM = None
+
+
+def uses(name: str) -> None:
+    """Record that the running test exercises kernel operator ``name`` (for the per-operator summary)."""
+    if _ITEM is not None and name in KERNEL_OPERATORS and ("pto_operator", name) not in _ITEM.user_properties:
+        _ITEM.user_properties.append(("pto_operator", name))
 
 
 def op(backend: Backend, name: str):
     """The operator ``name`` of ``backend``; skips (with backend and operator named) when it is missing."""
+    uses(name)
     try:
         return backend.get(name)
     except MissingOperator as exc:
         pytest.skip(str(exc))
+
+
+class Tally:
+    """Per-operator outcomes of the session (on the xdist controller: from every worker's reports)."""
+
+    def __init__(self):
+        self.ops: dict[str, dict[str, int]] = {}
+        self.reasons: dict[str, str] = {}
+        self.totals = {"passed": 0, "failed": 0, "skipped": 0}
+        self.verdict: str | None = None
+
+    def add(self, report: pytest.TestReport) -> None:
+        if not (report.when == "call" or (report.when == "setup" and report.outcome != "passed")):
+            return
+        outcome = report.outcome if report.outcome in self.totals else "failed"
+        self.totals[outcome] += 1
+        reason = ""
+        if outcome == "skipped" and isinstance(report.longrepr, tuple):
+            reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        for key, name in report.user_properties:
+            if key != "pto_operator":
+                continue
+            row = self.ops.setdefault(name, {"ran": 0, "passed": 0, "failed": 0, "skipped": 0})
+            row[outcome] += 1
+            if outcome != "skipped":
+                row["ran"] += 1
+            elif reason:
+                self.reasons.setdefault(name, reason)
+
+    def nothing_ran(self, backend: Backend) -> str | None:
+        """Why this session proves nothing about ``backend``, or None."""
+        ran = sum(r["ran"] for r in self.ops.values())
+        needing = sum(r["ran"] + r["skipped"] for r in self.ops.values())
+        if backend.unavailable and needing:
+            return (f"backend {backend.name!r} (platform {backend.platform}) is unavailable here: "
+                    f"{backend.unavailable}; {needing} test(s) needing it did not run")
+        if needing and not ran:
+            first = next(iter(self.reasons.values()), "no reason given")
+            return f"every test needing backend {backend.name!r} was skipped ({needing}); first reason: {first}"
+        if sum(self.totals.values()) and not (self.totals["passed"] + self.totals["failed"]):
+            return f"every test of this session was skipped ({self.totals['skipped']})"
+        return None
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _TALLY is not None:
+        _TALLY.add(report)
+
+
+_TALLY: Tally | None = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if hasattr(config, "workerinput"):  # xdist worker: the controller judges the whole session
+        return
+    tally: Tally = config._pto_tally
+    tally.verdict = tally.nothing_ran(config._pto_backend)
+    if tally.verdict and not config.getoption("allow_unavailable") and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    tally: Tally = config._pto_tally
+    b: Backend = config._pto_backend
+    if tally.ops:
+        tr = terminalreporter
+        tr.section(f"pto-contracts: per-operator summary (backend {b.name}, platform {b.platform})", sep="-")
+        tr.write_line(f"{'operator':28} {'ran':>5} {'passed':>7} {'failed':>7} {'skipped':>8}  skip reason")
+        for name in sorted(tally.ops):
+            r = tally.ops[name]
+            reason = tally.reasons.get(name, "")
+            tr.write_line(f"{name:28} {r['ran']:5d} {r['passed']:7d} {r['failed']:7d} {r['skipped']:8d}  "
+                          f"{reason[:150]}")
+    if tally.verdict:
+        accepted = config.getoption("allow_unavailable")
+        terminalreporter.write_line(
+            f"pto-contracts: NOTHING RAN: {tally.verdict}" + (" (accepted: --allow-unavailable)" if accepted else
+                                                               " -- failing the run (--allow-unavailable accepts it)"),
+            red=not accepted, yellow=accepted, bold=True)

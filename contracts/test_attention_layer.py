@@ -289,7 +289,7 @@ def test_an_accepted_alternative_selection_is_judged_against_its_own_reference(b
     assert not torch.equal(alt, ref_sel)
 
     alt_backend = backend.derive("alternative-selection", select_topk=lambda *args, **kw: alt.clone())
-    got = _run(alt_backend.get("attention_half_layer"), tied, build_tied)
+    got = _run(op(alt_backend, "attention_half_layer"), tied, build_tied)
 
     def reference_for(selection):
         return for_selection(build_tied, selection, **_call(tied))

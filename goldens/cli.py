@@ -80,10 +80,13 @@ def cmd_record(args) -> int:
 def _backend(args):
     from contracts.backends import BackendError, get_backend, load_backend_module
 
+    device = {"platform": args.platform, "device": args.device, "pypto_lib": args.pypto_lib}
     try:
         if args.backend_module:
+            if any(v is not None for v in device.values()):
+                raise BackendError("--platform/--device/--pypto-lib apply to --backend pypto, not to --backend-module")
             return load_backend_module(args.backend_module)
-        return get_backend(args.backend, platform=args.platform)
+        return get_backend(args.backend, **device)
     except BackendError as exc:
         raise GoldenStoreError(str(exc)) from exc
 
@@ -94,12 +97,19 @@ def cmd_replay(args) -> int:
     from goldens.store import GoldenStore
 
     backend = _backend(args)
-    reader = GoldenStore(args.store).reader(args.rev)
+    if backend.unavailable and not args.allow_unavailable:
+        raise BackendFailure(f"backend {backend.name!r} (platform {backend.platform}) is unavailable here: "
+                             f"{backend.unavailable}; nothing was replayed (--allow-unavailable accepts that)")
+    store = GoldenStore(args.store)
+    reader = store.reader(args.rev)
     items = _items(args.cases, args.wiring, reader=reader)
-    table = Table(title=f"replay on backend {backend.name} ({backend.platform}) from {args.store}@{reader.snapshot[:12]}")
+    kept: dict = {}
+    verdicts: dict = {}
+    table = Table(title=escape(f"replay on backend {backend.name} ({backend.platform}) from {args.store}@{reader.snapshot[:12]}"))
     for col in ("case", "wiring", "output", "comparator", "verdict", "detail"):
         table.add_column(col, overflow="fold")
-    failures = skipped = stale = 0
+    failures = skipped = stale = ran = 0
+    first_skip = ""
     progress = Progress(console=err, transient=True, disable=len(items) < 2)
     task = progress.add_task("replaying", total=len(items))
     progress.start()
@@ -115,25 +125,40 @@ def cmd_replay(args) -> int:
             err.print(f"[bold red]WARNING: {case}/{wiring} is STALE (recorded with fingerprint "
                       f"{tree.record.fingerprint}); replaying anyway because of --allow-stale. Its expected outputs "
                       "do not reflect the current reference.[/]")
+        actual: dict = {}
         try:
-            results = trees.replay(tree, backend, allow_stale=args.allow_stale)
+            results = trees.replay(tree, backend, allow_stale=args.allow_stale, keep=actual)
         except MissingOperator as exc:
             skipped += 1
-            table.add_row(case, wiring, "*", "-", "[yellow]SKIP[/]", str(exc))
+            first_skip = first_skip or str(exc)
+            table.add_row(case, wiring, "*", "-", "[yellow]SKIP[/]", escape(str(exc)))
             continue
+        ran += 1
+        kept[(case, wiring)] = actual
+        verdicts[(case, wiring)] = {o: ("PASS" if r.ok else "FAIL") for o, r in results.items()}
         for output, result in results.items():
             ok = result.ok
             failures += not ok
             table.add_row(case, wiring, output, tree.record.comparators[output],
-                          "[green]PASS[/]" if ok else "[red]FAIL[/]", "" if ok else result.message())
+                          "[green]PASS[/]" if ok else "[red]FAIL[/]", "" if ok else escape(result.message()))
     progress.stop()
     console.print(table)
     console.print(f"{failures} failed output(s), {skipped} skipped tree(s), {stale} stale tree(s) refused")
+    if args.keep_actual and kept:
+        result = trees.keep_actual(store, backend, reader.snapshot, kept, verdicts)
+        console.print(f"kept the actual outputs of {len(kept)} tree(s) under {trees.ACTUAL_ROOT}/ "
+                      f"(snapshot {result.snapshot or 'unchanged'})")
     if stale:
         err.print(f"[bold red]error:[/] {stale} stale tree(s) refused: run `goldens regen` "
                   "(the reference changed since they were recorded)")
         return 2
-    return 1 if failures else 0
+    if failures:
+        return 1
+    if skipped and not ran and not args.allow_unavailable:
+        err.print(f"[bold red]backend error:[/] nothing ran: every tree was skipped ({skipped}); first: "
+                  f"{escape(first_skip)} (--allow-unavailable accepts that)", highlight=False, soft_wrap=True)
+        return 3
+    return 0
 
 
 def cmd_regen(args) -> int:
@@ -296,7 +321,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("cases", nargs="*", metavar="CASE")
     rp.add_argument("--backend", default="torch", help="built-in backend (torch, emulated, pypto)")
     rp.add_argument("--backend-module", default=None, metavar="MOD:OBJ", help="out-of-tree backend")
-    rp.add_argument("--platform", default=None, choices=("a5sim", "a5"), help="platform for device backends")
+    rp.add_argument("--platform", default=None, choices=("a5sim", "a5"),
+                    help="platform of a device backend (pypto; default a5sim); refused for CPU backends")
+    rp.add_argument("--device", default=None, metavar="IDS", help="device ids for a device backend, e.g. 0,1")
+    rp.add_argument("--pypto-lib", default=None, metavar="PATH",
+                    help="pypto-lib checkout the pypto backend binds (default $PYPTO_LIB_ROOT)")
+    rp.add_argument("--allow-unavailable", action="store_true",
+                    help="exit 0 although the backend is unavailable or every tree was skipped (default: exit 3)")
+    rp.add_argument("--keep-actual", action="store_true",
+                    help="commit the backend's actual outputs beside the trees, under actual/<backend>-<platform>/ "
+                         "(diff them with goldens diff)")
     rp.add_argument("--rev", default=None, help="snapshot id or tag to replay (default: main)")
     rp.add_argument("--allow-stale", action="store_true", help="replay stale trees anyway (prints a loud warning)")
     wiring(rp)

@@ -10,6 +10,7 @@ import datetime as dt
 import importlib.metadata
 import math
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,21 +164,48 @@ def _as_tensor(path: str, arr, attrs: dict, spec: ArgSpec) -> torch.Tensor:
 STALE_HINT = "the reference arithmetic or a rounding rule changed since it was recorded: run `goldens regen {case}`"
 
 
-def replay(tree: LoadedTree, backend, *, allow_stale: bool = False) -> dict[str, CheckResult]:
-    """Run ``backend`` on the stored inputs and judge each output with its comparator."""
+def replay(tree: LoadedTree, backend, *, allow_stale: bool = False, keep: dict | None = None
+           ) -> dict[str, CheckResult]:
+    """Run ``backend`` on the stored inputs and judge each output with its comparator (``keep``, when given,
+    receives the actual outputs). A device backend with ``replay_through_upstream`` replays upstream's way:
+    the tree exported as ``golden_data`` and the kernel's outputs captured through ``compare_fn``."""
     if tree.stale and not allow_stale:
         raise GoldenStoreError(f"{tree.case.name}/{tree.record.wiring} is stale: "
                                + STALE_HINT.format(case=tree.case.name))
     try:
-        actual = tree.case.run(backend, _clone(tree.inputs), tree.record.wiring)
+        through = getattr(backend, "replay_through_upstream", None)  # a device backend replays upstream's way
+        actual = through(backend, tree) if through is not None else None
+        if actual is None:
+            actual = tree.case.run(backend, _clone(tree.inputs), tree.record.wiring)
     except MissingOperator:
         raise  # the backend does not have the operator: the tree is skipped with that reason, not judged
     except Exception as exc:
         first = str(exc).splitlines()[0][:300] if str(exc) else ""
         raise BackendFailure(f"{tree.case.name}/{tree.record.wiring}: backend {getattr(backend, 'name', backend)!r} "
                              f"raised in {tree.case.operator}: {type(exc).__name__}: {first}") from exc
+    if keep is not None:
+        keep.update(actual)
     ctx = Context(tree.inputs, actual, tree.expected, tree.record.params, tree.record.wiring)
     return compare_all(tree.record.comparators, ctx)
+
+
+ACTUAL_ROOT = "actual"  # goldens replay --keep-actual: actual/<backend>/<case>/<wiring>/<output>
+
+
+def keep_actual(store: GoldenStore, backend, replayed: str, kept: dict[tuple[str, str], dict], verdicts: dict
+                ) -> CommitResult:
+    """Commit the actual outputs of a replay beside the trees (``actual/<backend>/<case>/<wiring>/``), one
+    commit, so ``goldens diff`` shows them against earlier kept runs; the expected outputs are untouched."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{backend.name}-{backend.platform}").strip("-")
+    arrays, groups = {}, {}
+    for (case, wiring), outputs in kept.items():
+        base = f"{ACTUAL_ROOT}/{slug}/{case}/{wiring}"
+        groups[base] = {"backend": backend.name, "platform": backend.platform, "replayed_snapshot": replayed,
+                        "case": case, "wiring": wiring, "verdicts": verdicts.get((case, wiring), {})}
+        for name, t in outputs.items():
+            arrays[f"{base}/{name}"] = to_numpy(t.detach().cpu().contiguous())
+    return store.commit(arrays, groups, f"keep-actual {backend.name} ({backend.platform}) replay of {replayed[:12]}",
+                        metadata={"action": "keep-actual"})
 
 
 @dataclass(frozen=True)
@@ -266,13 +294,24 @@ def _safe_save(tensor: torch.Tensor, path: Path, root: Path) -> None:
 
 
 def export_pt(reader: StoreReader, case_name: str, wiring: str, directory: Path) -> list[Path]:
-    tree = load_tree(reader, case_name, wiring)
+    """Upstream's replay layout for one wiring: ``<directory>/<wiring>/{in,out}/<name>.pt`` (spec §7.2)."""
+    return export_pt_tree(load_tree(reader, case_name, wiring), directory / wiring,
+                          root=directory)
+
+
+
+
+
+
+def export_pt_tree(tree: LoadedTree, data_dir: Path, *, root: Path | None = None) -> list[Path]:
+    """One tree as upstream's ``golden_data`` directory: ``in/<name>.pt`` for every input and scalar (a 0-dim
+    tensor), ``out/<name>.pt`` for every output; an InOut argument has both (spec §7.3)."""
     written = []
     for spec in tree.record.args:
         for kind, source in (("in", tree.inputs), ("out", tree.expected)):
             if (kind == "in" and spec.is_input) or (kind == "out" and spec.is_output):
-                path = directory / wiring / kind / f"{spec.name}.pt"
-                _safe_save(source[spec.name].clone(), path, directory)
+                path = data_dir / kind / f"{spec.name}.pt"
+                _safe_save(source[spec.name].clone(), path, root or data_dir)
                 written.append(path)
     return written
 

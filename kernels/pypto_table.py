@@ -1,0 +1,156 @@
+"""Which upstream pypto-lib entry each operator of this project binds on the ``pypto`` backend -- the one
+place that says so (``docs/backends.md`` is generated from it and a test keeps the two equal).
+
+Every kernel operator of ``contracts.backends.KERNEL_OPERATORS`` has a row:
+
+* ``bound``: the backend runs the upstream entry through upstream's ``golden.runner.run`` (via the wrapper
+  program in ``kernels/pypto_programs.py`` named by ``program``) and returns the outputs it captured;
+* ``not bound``: upstream has the code, but this version does not bind it yet; ``note`` says what is missing;
+* ``host``: host-side Python (metadata, schedule, slab arithmetic, caller checks), not a device kernel;
+* ``composition``: built from other operators (runs on whatever this backend binds).
+
+Upstream paths are relative to the pypto-lib root, under ``models/deepseek_v4_1_flash/`` unless given in
+full. Argument rows: (name, direction in/out/inout/scalar, dtype, shape with upstream's dynamic dims).
+Facts: spec §2.3, §4.1, §4.2, §5, §7.1-§7.3 and the upstream entry files named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FLASH = "models/deepseek_v4_1_flash"
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str
+    direction: str  # in | out | inout | scalar
+    dtype: str
+    shape: str
+
+
+@dataclass(frozen=True)
+class Binding:
+    operator: str
+    status: str  # bound | not bound | host | composition
+    upstream: str  # file::function (or files)
+    kind: str = ""  # @pl.jit / @pl.jit.inline / host Python
+    args: tuple[Arg, ...] = ()
+    program: str | None = None  # kernels.pypto_programs attribute when bound
+    note: str = ""
+
+
+def _args(*rows: tuple[str, str, str, str]) -> tuple[Arg, ...]:
+    return tuple(Arg(*r) for r in rows)
+
+
+_SWA_LEAF_ARGS = _args(
+    ("x", "in", "BF16", "[T_DYN, D]"), ("wq_a", "in", "FP8E4M3FN", "[D, Q_LORA]"),
+    ("wq_a_scale", "in", "FP8E8M0 (MX_B_NN)", "[D//32, Q_LORA]"), ("q_norm_weight", "in", "BF16", "[Q_LORA]"),
+    ("wq_b", "in", "FP8E4M3FN", "[Q_LORA, LOCAL_H*HEAD_DIM]"),
+    ("wq_b_scale", "in", "FP8E8M0 (MX_B_NN)", "[Q_LORA//32, LOCAL_H*HEAD_DIM]"),
+    ("wkv", "in", "FP8E4M3FN", "[D, HEAD_DIM]"), ("wkv_scale", "in", "FP8E8M0 (MX_B_NN)", "[D//32, HEAD_DIM]"),
+    ("kv_norm_weight", "in", "BF16", "[HEAD_DIM]"), ("attn_sink", "in", "FP32", "[LOCAL_H]"),
+    ("wo_a", "in", "BF16", "[LOCAL_O_GROUPS, O_LORA, O_GROUP_IN]"), ("wo_b", "in", "FP8E4M3FN", "[LOCAL_O_WIDTH, D]"),
+    ("wo_b_scale", "in", "FP8E8M0 (MX_B_NN)", "[LOCAL_O_WIDTH//32, D]"),
+    ("rope_cos", "in", "FP32", "[T_DYN, ROPE_DIM//2]"), ("rope_sin", "in", "FP32", "[T_DYN, ROPE_DIM//2]"),
+    ("window_slots", "in", "INT64", "[T_DYN]"), ("window_indices", "in", "INT32", "[T_DYN, 128]"),
+    ("window_cache", "inout", "FP8E4M3FN", "[ORI_BLOCKS_DYN, 128, 1, HEAD_DIM]"),
+    ("window_cache_scale", "inout", "FP8E8M0", "[ORI_BLOCKS_DYN, 128, 1, HEAD_DIM//32]"),
+    ("output_window", "inout", "FP32 (distributed window)", "[DECODE_MAX_TOKENS, D]"),
+    ("output_arrived", "inout", "INT32 (distributed window)", "[TP_SIZE, 1]"),
+    ("output", "out", "BF16", "[OUTPUT_T_DYN, D] (sharded: the owner slab)"),
+    ("group_base", "scalar", "INT32", ""), ("tp_rank", "scalar", "INT32", ""),
+    ("num_tokens", "scalar", "INT32", ""), ("attention_epoch", "scalar", "INT32", "1-based, consecutive"),
+)
+
+BINDINGS: dict[str, Binding] = {b.operator: b for b in (
+    Binding("materialize_rope_rows", "bound", f"{FLASH}/rope_tables.py::materialize_rope_rows", "@pl.jit.inline",
+            _args(("freqs_cos", "in", "FP32", "[ROPE_ROWS_DYN, ROPE_DIM//2]"),
+                  ("freqs_sin", "in", "FP32", "[ROPE_ROWS_DYN, ROPE_DIM//2]"),
+                  ("position_ids", "in", "INT32", "[T_DYN]"), ("num_tokens", "scalar", "INT32", ""),
+                  ("rope_cos", "inout", "FP32", "[T_DYN, ROPE_DIM//2]"),
+                  ("rope_sin", "inout", "FP32", "[T_DYN, ROPE_DIM//2]")),
+            program="materialize_rope_rows",
+            note="wrapped in a @pl.jit program with the same parameters, as upstream's own validation wrapper "
+                 "does; rows >= num_tokens keep their initial values (InOut)"),
+    Binding("attention_half_layer", "not bound",
+            f"{FLASH}/decode_attn_{{swa,c2a_full,c2a_reuse,c1a_full,c1a_reindex,c1a_reuse}}.py::decode_attn_<mode> "
+            "and decode_attn_<mode>_sharded; prefill_attn_<mode>.py", "@pl.jit.inline leaf, run through the "
+            "module's make_program / build_specs / golden_<mode>", _SWA_LEAF_ARGS,
+            note="the arguments shown are the SWA decode leaf's; the device takes MX (FP8 + E8M0 MX_B_NN) weights "
+                 "stacked per rank [world, ...] while this project's half-layer trees hold decoded weights, so "
+                 "binding needs the weight packer and the per-rank stacking first (the composition runs on the "
+                 "operators this backend binds until then)"),
+    Binding("compressor_ratio2", "not bound",
+            f"{FLASH}/decode_c2a_full.py::compressor_pair, compressor_pool, compressor_state_write",
+            "@pl.jit.inline pieces",
+            _args(("kv", "in", "FP32", "[T_DYN, HEAD_DIM]"), ("scores", "in", "FP32", "[T_DYN, HEAD_DIM]"),
+                  ("positions", "in", "INT32", "[T_DYN]"), ("requests", "in", "INT32", "[T_DYN]"),
+                  ("starts", "in", "INT32", "[Q_START_DYN]"), ("tables", "in", "INT32", "[B_DYN, 1]"),
+                  ("state", "inout", "FP32", "[STATE_BLOCKS_DYN, STATE_CAPACITY_DYN, 2*HEAD_DIM]"),
+                  ("previous_kv", "inout", "FP32", "[T_DYN, HEAD_DIM]"),
+                  ("previous_scores", "inout", "FP32", "[T_DYN, HEAD_DIM]"), ("count", "scalar", "INT32", "")),
+            note="upstream exposes the ring pieces (pair read, pool, state write) on projected kv/scores; this "
+                 "operator starts from x and the compressor weights, so it maps to projection + these pieces"),
+    Binding("sparse_attention", "not bound", f"{FLASH}/decode_attn_swa.py::attend_window (and the C1A/C2A "
+            "leaves' attention tiles)", "@pl.jit.inline",
+            _args(("query", "in", "BF16", "[T_DYN, LOCAL_H*HEAD_DIM]"), ("selected", "in", "BF16",
+                  "[T_DYN, 128, HEAD_DIM]"), ("indices", "in", "INT32", "[T_DYN, 128]"),
+                  ("sink", "in", "FP32", "[LOCAL_H]"), ("output", "out", "BF16", "[T_DYN, LOCAL_H*HEAD_DIM]"),
+                  ("num_tokens", "scalar", "INT32", "")),
+            note="per-mode tiles over already-gathered rows; this operator takes both sources with their "
+                 "indices (window + compressed), which no single upstream tile does"),
+    Binding("cache_publish", "not bound", f"{FLASH}/decode_attn_swa.py::publish_window", "@pl.jit.inline",
+            _args(("kv", "in", "BF16", "[T_DYN, HEAD_DIM]"), ("slots", "in", "INT64", "[T_DYN]"),
+                  ("cache", "inout", "FP8E4M3FN", "[ORI_BLOCKS_DYN, 128, 1, HEAD_DIM]"),
+                  ("scales", "inout", "FP8E8M0", "[ORI_BLOCKS_DYN, 128, 1, HEAD_DIM//32]"),
+                  ("num_tokens", "scalar", "INT32", ""), ("cache_ready", "scalar", "TASK_ID", "")),
+            note="the window cache only (MXFP8); the compressed and index caches publish inside their leaves; "
+                 "needs a TASK_ID dependency the wrapper must produce"),
+    Binding("cache_read", "not bound", f"{FLASH}/decode_attn_swa.py::gather_window", "@pl.jit.inline",
+            _args(("cache", "in", "FP8E4M3FN", "[ORI_BLOCKS_DYN, 128, 1, HEAD_DIM]"),
+                  ("scales", "in", "FP8E8M0", "[ORI_BLOCKS_DYN, 128, 1, HEAD_DIM//32]"),
+                  ("indices", "in", "INT32", "[T_DYN, 128]"), ("selected", "out", "BF16", "[T_DYN, 128, HEAD_DIM]"),
+                  ("num_tokens", "scalar", "INT32", "")),
+            note="upstream gathers selected rows per token; this operator decodes the whole cache"),
+    Binding("mx_quantize", "not bound", f"{FLASH}/quantization.py (host helpers) and the inline encoders of "
+            "publish_window", "host Python / inline", note="no standalone device entry"),
+    Binding("mx_dequantize", "not bound", f"{FLASH}/quantization.py::decode_e8m0 (host) and gather_window",
+            "host Python / inline", note="no standalone device entry"),
+    Binding("o_proj", "not bound", f"{FLASH}/o_proj.py::o_proj", "@pl.jit.inline",
+            _args(("attended", "in", "BF16", "[T_DYN, LOCAL_H*HEAD_DIM]"),
+                  ("wo_a", "in", "BF16", "[LOCAL_O_GROUPS, O_LORA, O_GROUP_IN]"),
+                  ("wo_b", "in", "FP8E4M3FN", "[LOCAL_O_WIDTH, D]"),
+                  ("wo_b_scale", "in", "FP8E8M0 (MX_B_NN)", "[LOCAL_O_WIDTH//32, D]"),
+                  ("rope_cos", "in", "FP32", "[T_DYN, ROPE_DIM//2]"), ("rope_sin", "in", "FP32", "[T_DYN, ROPE_DIM//2]"),
+                  ("output", "out", "FP32", "[T_DYN, D]"), ("num_tokens", "scalar", "INT32", "")),
+            note="the device takes Wo-B as MXFP8 + MX_B_NN scales; this operator takes it decoded"),
+    Binding("tp_all_reduce", "not bound", f"{FLASH}/attention_tp.py::decode_tp_output_all_reduce",
+            "@pl.jit.inline (distributed)",
+            _args(("partial", "in", "FP32", "[T_DYN, D]"), ("output_window", "inout", "FP32 window",
+                  "[DECODE_MAX_TOKENS, D]"), ("output_arrived", "inout", "INT32 window", "[TP_SIZE, 1]"),
+                  ("output", "out", "BF16", "[OUTPUT_T_DYN, D]"), ("group_base", "scalar", "INT32", ""),
+                  ("tp_rank", "scalar", "INT32", ""), ("num_tokens", "scalar", "INT32", ""),
+                  ("attention_epoch", "scalar", "INT32", "")),
+            note="needs a multi-device program (distributed windows, one program per rank)"),
+    Binding("tp_reduce_scatter", "not bound", f"{FLASH}/attention_tp.py::decode_tp_output_reduce_scatter",
+            "@pl.jit.inline (distributed)", note="as tp_all_reduce; the output is the owner slab"),
+    Binding("index_scores", "not bound", f"{FLASH}/hierarchical_sparse_indexer.py (scores) and the C1A leaves",
+            "@pl.jit.inline", note="arguments not transcribed yet"),
+    Binding("select_topk", "not bound", f"{FLASH}/hierarchical_sparse_indexer.py (Top-K)", "@pl.jit.inline",
+            note="arguments not transcribed yet"),
+    Binding("candidate_blocks", "not bound", f"{FLASH}/hierarchical_sparse_indexer.py (level-1 blocks)",
+            "@pl.jit.inline", note="arguments not transcribed yet"),
+    Binding("build_forward_metadata", "host", f"{FLASH}/metadata.py (ForwardMetadata)", "host Python",
+            note="host-side lowering; the contracts judge the reference's"),
+    Binding("resolve_schedule", "host", f"{FLASH}/config.py", "host Python"),
+    Binding("sp_bounds", "host", f"{FLASH}/decode_sp_integration.py::sequence_parallel_bounds", "host Python"),
+    Binding("sp_shard", "host", f"{FLASH}/decode_sp_integration.py (shard_decode_batch)", "host Python"),
+    Binding("sp_gather", "host", f"{FLASH}/decode_sp_integration.py (gather)", "host Python"),
+    Binding("half_layer_call", "host", f"{FLASH}/decode_common.py (validate_args)", "host Python"),
+)}
+
+
+def bound() -> list[Binding]:
+    return [b for b in BINDINGS.values() if b.status == "bound"]
