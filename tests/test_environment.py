@@ -19,7 +19,8 @@ def test_pypi_pypto_is_not_installed():
         "pip uninstall pypto")
 
 
-def test_toolchain_detection_gives_a_one_line_reason():
-    reason = detect_toolchain()
-    if reason is not None:
-        assert "\n" not in reason and "pypto.language" in reason
+def test_toolchain_detection_gives_a_one_line_reason(tmp_path):
+    if importlib.util.find_spec("pypto") is not None and importlib.util.find_spec("pypto.language") is not None:
+        return  # a real toolchain here: detection finds it (tests/test_pypto_backend.py covers the binding)
+    reason = detect_toolchain(tmp_path)
+    assert reason is not None and "\n" not in reason and "pypto.language" in reason

@@ -1,0 +1,167 @@
+"""The pypto device backend, tested here against the TEST DOUBLE of upstream in tests/fake_upstream (this
+machine has no Ascend toolchain): start-up refusals, the operator table, the run through upstream's
+``golden.runner.run`` with the ``compare_fn`` capture, replay through upstream's ``golden_data`` layout,
+``--keep-actual``, a seeded wrong kernel caught, and "nothing ran is not a pass" for pytest and
+``goldens replay``. Spec: §4.2, §7.2, §7.3; issue: the device backend."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from contracts.backends import KERNEL_OPERATORS, BackendError, get_backend
+from kernels import pypto_backend as pb
+from kernels.pypto_table import BINDINGS
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = ROOT / "tests" / "fake_upstream"
+FAKE_MODULES = ("pypto", "golden", "models", "kernels.pypto_programs")
+
+
+@pytest.fixture
+def fake_upstream(monkeypatch):
+    """The test double allowed for this test; its modules and path entry are removed afterwards."""
+    monkeypatch.setenv(pb.ALLOW_TEST_DOUBLE, "1")
+    yield FAKE
+    for name in [m for m in sys.modules if m.split(".")[0] in ("pypto", "golden", "models")
+                 or m == "kernels.pypto_programs"]:
+        sys.modules.pop(name)
+    while str(FAKE.resolve()) in sys.path:
+        sys.path.remove(str(FAKE.resolve()))
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYPTO_LIB_ROOT", pb.ALLOW_TEST_DOUBLE,
+                                                            "PTO_FAKE_UPSTREAM_DEFECT")}
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
+def test_every_kernel_operator_has_exactly_one_table_row():
+    assert set(BINDINGS) == set(KERNEL_OPERATORS)
+    for b in BINDINGS.values():
+        assert b.status in ("bound", "not bound", "host", "composition"), b
+        assert b.upstream, b.operator
+        if b.status == "bound":
+            assert b.program and b.args and b.operator in pb.ADAPTERS, b.operator
+        if b.status == "not bound":
+            assert b.note, f"{b.operator}: a 'not bound' row must say what is missing"
+
+
+def test_unavailable_reasons_are_one_line(monkeypatch, tmp_path):
+    monkeypatch.delenv("PYPTO_LIB_ROOT", raising=False)
+    monkeypatch.delenv(pb.ALLOW_TEST_DOUBLE, raising=False)
+    b = get_backend("pypto")
+    assert b.unavailable and "--pypto-lib" in b.unavailable and "\n" not in b.unavailable
+    assert b.operators == () and b.has("check_row_precision"), "comparators are not backend operators"
+    b = get_backend("pypto", pypto_lib=str(tmp_path))
+    assert "is not a pypto-lib checkout: golden/runner.py is missing" in b.unavailable
+    b = get_backend("pypto", pypto_lib=str(FAKE))
+    assert "test double" in b.unavailable and "never used outside" in b.unavailable
+    with pytest.raises(BackendError, match="comma-separated device ids"):
+        get_backend("pypto", device="0,x")
+    with pytest.raises(BackendError, match="runs on the CPU"):
+        get_backend("torch", platform="a5")
+
+
+def test_a_bound_operator_runs_through_upstreams_runner_and_matches_the_reference(fake_upstream):
+    from kernels.config import FLASH_TINY
+    from kernels.reference.rope import materialize_rope_rows, precompute_rope_tables
+
+    b = get_backend("pypto", pypto_lib=str(fake_upstream))
+    assert b.name == "pypto-test-double" and b.operators == ("materialize_rope_rows",)
+    assert "not bound" in b.why_missing["o_proj"] and "host" in b.why_missing["sp_shard"]
+    cos, sin = precompute_rope_tables(300, True, FLASH_TINY)
+    pos = torch.tensor([256, -1, 0, 3, 3, 129, -9, 299], dtype=torch.int32)
+    want = (torch.full((8, cos.shape[1]), 17.0), torch.full((8, cos.shape[1]), 19.0))
+    got = (want[0].clone(), want[1].clone())
+    materialize_rope_rows(cos, sin, pos, 6, *want)
+    b.get("materialize_rope_rows")(cos, sin, pos, 6, *got)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_a_run_that_hands_back_no_output_is_an_error_never_a_result(fake_upstream, monkeypatch):
+    b = get_backend("pypto", pypto_lib=str(fake_upstream))
+    import golden
+
+    monkeypatch.setattr(golden, "run", lambda **kw: golden.RunResult(True))  # "passed", compare_fn never called
+    cos = torch.zeros(4, 32)
+    with pytest.raises(pb.UpstreamRunError, match="handed back no"):
+        b.get("materialize_rope_rows")(cos, cos.clone(), torch.zeros(2, dtype=torch.int32), 2,
+                                       torch.zeros(2, 32), torch.zeros(2, 32))
+
+
+def _pytest(*args, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_rope.py", *args],
+                          cwd=ROOT, env=_env(**env), capture_output=True, text=True, timeout=300)
+
+
+def test_pytest_on_an_unavailable_backend_fails_with_one_line_unless_allowed():
+    proc = _pytest("--backend", "pypto")
+    assert proc.returncode == 1, proc.stdout[-1500:]
+    assert "NOTHING RAN: backend 'pypto' (platform a5sim) is unavailable here" in proc.stdout
+    assert _pytest("--backend", "pypto", "--allow-unavailable").returncode == 0
+    bad = _pytest("--backend", "nope")
+    assert bad.returncode == 4 and bad.stderr.count("unknown backend 'nope'") == 1, bad.stderr[-800:]
+    assert _pytest("--platform", "a5").returncode == 4
+
+
+def test_pytest_runs_the_contracts_on_the_test_double_and_catches_its_seeded_wrong_kernel():
+    env = {pb.ALLOW_TEST_DOUBLE: "1"}
+    good = _pytest("--backend", "pypto", "--pypto-lib", str(FAKE), **env)
+    assert good.returncode == 0, good.stdout[-2000:]
+    assert "materialize_rope_rows            2       2       0        0" in good.stdout, good.stdout[-1500:]
+    bad = _pytest("--backend", "pypto", "--pypto-lib", str(FAKE), PTO_FAKE_UPSTREAM_DEFECT="rope_negative_zero",
+                  **env)
+    assert bad.returncode == 1 and "failed" in bad.stdout, bad.stdout[-2000:]
+
+
+def _replay(store: Path, *args, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "goldens.cli", "--store", str(store), "replay", *args], cwd=ROOT,
+                          env=_env(**env), capture_output=True, text=True, timeout=300)
+
+
+def test_goldens_replay_through_upstream_keeps_actual_outputs_and_catches_the_seeded_kernel(tmp_path):
+    from goldens import trees
+    from goldens.store import GoldenStore
+
+    store = tmp_path / "store"
+    trees.record(GoldenStore(store), [("rope_rows", "replicated"), ("sp_slabs", "replicated")], seed=3)
+    unavailable = _replay(store, "--backend", "pypto")
+    assert unavailable.returncode == 3 and "is unavailable here" in unavailable.stderr, unavailable.stderr
+    assert _replay(store, "--backend", "pypto", "--allow-unavailable").returncode == 0
+    env = {pb.ALLOW_TEST_DOUBLE: "1"}
+    good = _replay(store, "rope_rows", "--backend", "pypto", "--pypto-lib", str(FAKE), "--keep-actual", **env)
+    assert good.returncode == 0, good.stdout[-1500:] + good.stderr[-800:]
+    kept = GoldenStore(store).reader()
+    path = "actual/pypto-test-double-a5sim/rope_rows/replicated/rope_cos"
+    assert kept.array_attrs(path)["digest"] == kept.array_attrs("rope_rows/replicated/out/rope_cos")["digest"]
+    assert kept.group_attrs("actual/pypto-test-double-a5sim/rope_rows/replicated")["verdicts"] == {
+        "rope_cos": "PASS", "rope_sin": "PASS"}
+    skipped_only = _replay(store, "sp_slabs", "--backend", "pypto", "--pypto-lib", str(FAKE), **env)
+    assert skipped_only.returncode == 3 and "nothing ran: every tree was skipped" in skipped_only.stderr
+    bad = _replay(store, "rope_rows", "--backend", "pypto", "--pypto-lib", str(FAKE),
+                  PTO_FAKE_UPSTREAM_DEFECT="rope_negative_zero", **env)
+    assert bad.returncode == 1 and "worst rope_cos row" in bad.stdout, bad.stdout[-1500:]
+
+
+def test_replay_exports_exactly_upstreams_golden_data_layout(tmp_path):
+    from goldens import trees
+    from goldens.store import GoldenStore
+
+    store = GoldenStore(tmp_path / "store")
+    trees.record(store, [("rope_rows", "replicated")], seed=3)
+    tree = trees.load_tree(store.reader(), "rope_rows", "replicated")
+    trees.export_pt_tree(tree, tmp_path / "data")
+    files = sorted(str(p.relative_to(tmp_path / "data")) for p in (tmp_path / "data").rglob("*.pt"))
+    # §7.3: pure inputs and scalars in in/, InOut outputs in both in/ and out/
+    assert files == ["in/freqs_cos.pt", "in/freqs_sin.pt", "in/num_tokens.pt", "in/position_ids.pt",
+                     "in/rope_cos.pt", "in/rope_sin.pt", "out/rope_cos.pt", "out/rope_sin.pt"], files
+    scalar = torch.load(tmp_path / "data" / "in" / "num_tokens.pt", weights_only=True)
+    assert scalar.ndim == 0 and scalar.dtype == torch.int32
+    shutil.rmtree(tmp_path / "data")
