@@ -289,27 +289,53 @@ def get_backend(name: str, *, platform: str | None = None, device: str | None = 
 
 
 def load_backend_module(target: str) -> Backend:
-    """Load ``pkg.module:OBJECT``; OBJECT is a Backend or a zero-argument callable returning one."""
-    module_name, sep, attr = target.partition(":")
+    """Load ``pkg.module:OBJECT`` or ``path/to/file.py:OBJECT``; OBJECT is a Backend or a zero-argument callable
+    returning one."""
+    module_name, sep, attr = target.rpartition(":")
     if not sep or not module_name or not attr:
-        raise BackendError(f"--backend-module expects 'pkg.module:OBJECT', got {target!r}")
+        raise BackendError(f"--backend-module expects 'pkg.module:OBJECT' or 'path/to/file.py:OBJECT', got {target!r}")
+    if module_name.endswith(".py") or os.sep in module_name:
+        module = _load_file(target, module_name)
+    else:
+        module = _import(target, module_name)
     try:
-        module = importlib.import_module(module_name)
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise BackendError(f"--backend-module {target!r}: {module_name!r} has no attribute {attr!r}") from None
+    if callable(obj) and not isinstance(obj, Backend):
+        obj = obj()
+    if not isinstance(obj, Backend):
+        raise BackendError(f"--backend-module {target!r}: expected a Backend, got {type(obj).__name__}")
+    return obj
+
+
+def _load_file(target: str, path_text: str):
+    import importlib.util
+
+    path = os.path.abspath(path_text)
+    if not os.path.isfile(path):
+        raise BackendError(f"--backend-module {target!r}: no file {path_text}")
+    name = "pto_backend_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise BackendError(f"--backend-module {target!r}: {path_text} raised {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def _import(target: str, module_name: str):
+    try:
+        return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         cwd = os.getcwd()
         if cwd in sys.path or exc.name != module_name.split(".")[0]:
             raise BackendError(f"--backend-module {target!r}: cannot import {module_name!r}: {exc}") from exc
         sys.path.insert(0, cwd)
         try:
-            module = importlib.import_module(module_name)
+            return importlib.import_module(module_name)
         except ModuleNotFoundError as exc2:
             raise BackendError(f"--backend-module {target!r}: cannot import {module_name!r}: {exc2}") from exc2
-    try:
-        obj = getattr(module, attr)
-    except AttributeError:
-        raise BackendError(f"--backend-module {target!r}: module {module_name!r} has no attribute {attr!r}") from None
-    if callable(obj) and not isinstance(obj, Backend):
-        obj = obj()
-    if not isinstance(obj, Backend):
-        raise BackendError(f"--backend-module {target!r}: expected a Backend, got {type(obj).__name__}")
-    return obj

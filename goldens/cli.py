@@ -252,6 +252,81 @@ def cmd_show(args) -> int:
     return 0
 
 
+def doctor_report(store_spec: str, pypto_lib: str | None) -> list[tuple[str, str, str]]:
+    """(state, piece, detail) rows: state is ok, MISSING (with what to do) or info."""
+    import importlib.metadata as md
+
+    rows: list[tuple[str, str, str]] = [("ok", "python", sys.version.split()[0])]
+    for dist, want in (("torch", "==2.13.0 (CPU wheel)"), ("numpy", ""), ("zarr", ">=3.1,<4"),
+                       ("icechunk", ">=1.1,<3"), ("hypothesis", ""), ("crc32c", ">=2.4")):
+        try:
+            rows.append(("ok", dist, md.version(dist) + (f" (want {want})" if want else "")))
+        except md.PackageNotFoundError:
+            rows.append(("MISSING", dist, f"not installed: bash scripts/run-tests.sh installs it ({want or 'any'})"))
+    from kernels import pypto_backend as pb
+
+    root, why = pb.pypto_lib_root(pypto_lib)
+    if root is None:
+        rows.append(("MISSING", "pypto-lib checkout", why + "; only --backend pypto needs it"))
+    else:
+        rows.append(("ok", "pypto-lib checkout", f"{root} @ {pb.revision(root)}"))
+        reason = pb.detect_toolchain(root)
+        if reason:
+            rows.append(("MISSING", "pypto toolchain", reason + " (build and install pypto from source; the PyPI "
+                                                               "package named pypto is a different project)"))
+        else:
+            rows.append(("ok", "pypto toolchain", "pypto.language and golden.runner import"
+                         + (" (TEST DOUBLE: tests/fake_upstream)" if (root / pb.TEST_DOUBLE_MARKER).exists() else "")))
+            try:
+                from pypto.backend import BackendType  # the runner maps a5 / a5sim to Ascend950
+
+                rows.append(("ok" if hasattr(BackendType, "Ascend950") else "MISSING", "platforms a5sim/a5",
+                             "pypto.backend.BackendType.Ascend950" + ("" if hasattr(BackendType, "Ascend950")
+                                                                      else " missing: rebuild pypto with A5 support")))
+            except Exception as exc:
+                rows.append(("info", "platforms a5sim/a5", f"cannot tell: pypto.backend does not import ({exc})"))
+    from kernels.pypto_table import BINDINGS
+
+    bound = sorted(b.operator for b in BINDINGS.values() if b.status == "bound")
+    rows.append(("info", "pypto bindings", f"{len(bound)}/{len(BINDINGS)} operators bound ({', '.join(bound)}); "
+                                           "see docs/backends.md"))
+    from goldens import trees
+    from goldens.store import GoldenStore
+
+    store = GoldenStore(store_spec)
+    try:
+        if not store.exists():
+            rows.append(("MISSING", "golden store", f"no store at {store_spec}: `goldens record` creates one, or "
+                                                    "restore artifacts/store from version control"))
+            return rows
+        reader = store.reader()
+        items = [(c, w) for c in trees.recorded_cases(reader) for w in trees.recorded_wirings(reader, c)]
+        stale = [f"{c}/{w}" for c, w in items if trees.load_tree(reader, c, w).stale]
+        rows.append(("ok", "golden store", f"{store_spec} @ {reader.snapshot[:12]}: {len(items)} tree(s)"))
+        rows.append(("ok" if not stale else "MISSING", "fresh trees",
+                     "none stale" if not stale else f"{len(stale)} stale ({', '.join(stale[:4])}...): goldens regen"))
+    except GoldenStoreError as exc:
+        rows.append(("MISSING", "golden store", str(exc)))
+    return rows
+
+
+def cmd_doctor(args) -> int:
+    rows = doctor_report(args.store, args.pypto_lib)
+    table = Table(title="goldens doctor")
+    for col in ("state", "piece", "detail"):
+        table.add_column(col, overflow="fold")
+    for state, piece, detail in rows:
+        color = {"ok": "green", "MISSING": "red", "info": "cyan"}[state]
+        table.add_row(f"[{color}]{state}[/]", piece, escape(detail))
+    console.print(table)
+    needed = {"python", "torch", "numpy", "zarr", "icechunk", "hypothesis", "crc32c", "golden store"}
+    broken = [p for state, p, _d in rows if state == "MISSING" and p in needed]
+    if broken:
+        err.print(f"[bold red]error:[/] the default job cannot run: {', '.join(broken)} missing (see above)")
+        return 2
+    return 0
+
+
 def cmd_gc(args) -> int:
     from goldens.store import GoldenStore
 
@@ -358,6 +433,14 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("case", nargs="?", metavar="CASE", help="omit to list every case")
     sh.add_argument("--rev", default=None)
     sh.set_defaults(fn=cmd_show)
+
+    dr = sub.add_parser("doctor", help="what is present and missing: packages, upstream toolchain, the store",
+                        description="One line per piece: the Python packages, the pypto-lib checkout and toolchain "
+                                    "(pypto.language, golden.runner, A5 platforms), the bound operators, and the "
+                                    "store (head, trees, staleness); each missing piece says what to do. Exit 2 "
+                                    "when the default job (Torch reference + local store) cannot run.")
+    dr.add_argument("--pypto-lib", default=None, metavar="PATH", help="pypto-lib checkout (default $PYPTO_LIB_ROOT)")
+    dr.set_defaults(fn=cmd_doctor)
 
     gc = sub.add_parser("gc", help="expire old snapshots (tags kept) and delete unreachable data")
     gc.add_argument("--older-than-days", type=_days, default=30.0,

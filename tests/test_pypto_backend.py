@@ -165,3 +165,21 @@ def test_replay_exports_exactly_upstreams_golden_data_layout(tmp_path):
     scalar = torch.load(tmp_path / "data" / "in" / "num_tokens.pt", weights_only=True)
     assert scalar.ndim == 0 and scalar.dtype == torch.int32
     shutil.rmtree(tmp_path / "data")
+
+
+def test_doctor_names_every_missing_piece_in_one_line_and_exits_2_only_when_the_default_job_cannot_run(
+        tmp_path, monkeypatch, capsys, fake_upstream):
+    from goldens import cli, trees
+    from goldens.store import GoldenStore
+
+    monkeypatch.delenv("PYPTO_LIB_ROOT", raising=False)
+    rows = {piece: (state, detail) for state, piece, detail in cli.doctor_report(str(tmp_path / "none"), None)}
+    assert rows["torch"][0] == "ok" and rows["icechunk"][0] == "ok"
+    assert rows["pypto-lib checkout"][0] == "MISSING" and "--pypto-lib" in rows["pypto-lib checkout"][1]
+    assert rows["golden store"][0] == "MISSING" and "goldens record" in rows["golden store"][1]
+    assert all("\n" not in d for _s, d in rows.values())
+    assert cli.main(["--store", str(tmp_path / "none"), "doctor"]) == 2
+    trees.record(GoldenStore(tmp_path / "store"), [("rope_rows", "replicated")], seed=1)
+    assert cli.main(["--store", str(tmp_path / "store"), "doctor", "--pypto-lib", str(fake_upstream)]) == 0
+    out = capsys.readouterr().out
+    assert "TEST DOUBLE" in out and "1 tree(s)" in out and "materialize_rope_rows" in out
