@@ -64,7 +64,8 @@ def test_record_then_replay_passes_and_unchanged_record_makes_no_commit(store):
 def test_replay_of_a_defect_fails_with_exit_1(store):
     assert run_cli(store, "replay", "sp_slabs", "--backend-module", "tests.defects.slabs:GATHER_REVERSED") == 1
     assert run_cli(store, "replay", "cache_index", "--backend-module", "tests.defects.quant:PUBLISH_UNMAPPED") == 1
-    assert run_cli(store, "replay", "sp_slabs", "--backend", "pypto") == 0  # skipped with a reason, not faked
+    assert run_cli(store, "replay", "sp_slabs", "--backend", "pypto") == 3  # unavailable: nothing ran is no pass
+    assert run_cli(store, "replay", "sp_slabs", "--backend", "pypto", "--allow-unavailable") == 0  # skips, named
 
 
 def _resealed(attrs: dict) -> dict:
