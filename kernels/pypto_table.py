@@ -38,13 +38,14 @@ class Binding:
     args: tuple[Arg, ...] = ()
     program: str | None = None  # kernels.pypto_programs attribute when bound
     note: str = ""
+    variants: tuple[tuple[str, tuple[Arg, ...]], ...] = ()  # (upstream entry, its arguments) per mode
 
 
 def _args(*rows: tuple[str, str, str, str]) -> tuple[Arg, ...]:
     return tuple(Arg(*r) for r in rows)
 
 
-_SWA_LEAF_ARGS = _args(
+_LEAF_PREFIX = _args(
     ("x", "in", "BF16", "[T_DYN, D]"), ("wq_a", "in", "FP8E4M3FN", "[D, Q_LORA]"),
     ("wq_a_scale", "in", "FP8E8M0 (MX_B_NN)", "[D//32, Q_LORA]"), ("q_norm_weight", "in", "BF16", "[Q_LORA]"),
     ("wq_b", "in", "FP8E4M3FN", "[Q_LORA, LOCAL_H*HEAD_DIM]"),
@@ -57,11 +58,47 @@ _SWA_LEAF_ARGS = _args(
     ("window_slots", "in", "INT64", "[T_DYN]"), ("window_indices", "in", "INT32", "[T_DYN, 128]"),
     ("window_cache", "inout", "FP8E4M3FN", "[ORI_BLOCKS_DYN, 128, 1, HEAD_DIM]"),
     ("window_cache_scale", "inout", "FP8E8M0", "[ORI_BLOCKS_DYN, 128, 1, HEAD_DIM//32]"),
+)
+_LEAF_TAIL = _args(
     ("output_window", "inout", "FP32 (distributed window)", "[DECODE_MAX_TOKENS, D]"),
     ("output_arrived", "inout", "INT32 (distributed window)", "[TP_SIZE, 1]"),
     ("output", "out", "BF16", "[OUTPUT_T_DYN, D] (sharded: the owner slab)"),
     ("group_base", "scalar", "INT32", ""), ("tp_rank", "scalar", "INT32", ""),
     ("num_tokens", "scalar", "INT32", ""), ("attention_epoch", "scalar", "INT32", "1-based, consecutive"),
+)
+_CMP_CACHE = _args(("compressed_cache", "inout", "FP4E2M1X2 (UINT8 carrier)", "[CMP_BLOCKS_DYN, 128, 1, HEAD_DIM//2]"),
+                   ("compressed_cache_scale", "inout", "FP8E4M3FN", "[CMP_BLOCKS_DYN, 128, 1, HEAD_DIM//16]"))
+_INDEX_CACHE = _args(("index_cache", "inout", "FP4E2M1X2 (UINT8 carrier)", "[INDEX_BLOCKS_DYN, 128, 1, INDEX_DIM//2]"),
+                     ("index_cache_scale", "inout", "FP8E8M0", "[INDEX_BLOCKS_DYN, 128, 1, INDEX_DIM//32]"),
+                     ("index_block_table", "in", "INT32", "[B_DYN, TABLE_DYN]"))
+_INDEXER_WEIGHTS = _args(("index_wk", "in", "BF16", "[HEAD_DIM, INDEX_DIM]"), ("index_norm_weight", "in", "BF16",
+                         "[INDEX_DIM]"), ("index_wq_b", "in", "FP8E4M3FN", "[Q_LORA, INDEX_H*INDEX_DIM]"),
+                         ("index_wq_b_scale", "in", "FP8E8M0 (MX_B_NN)", "[Q_LORA//32, INDEX_H*INDEX_DIM]"),
+                         ("index_weights_proj", "in", "BF16", "[D, INDEX_H]"))
+LEAF_VARIANTS = (
+    (f"{FLASH}/decode_attn_swa.py::decode_attn_swa (+ _sharded)", _LEAF_PREFIX + _LEAF_TAIL),
+    (f"{FLASH}/decode_attn_c2a_full.py::decode_attn_c2a_full", _LEAF_PREFIX + _CMP_CACHE + _args(
+        ("token_to_req_indices", "in", "INT32", "[T_DYN]"), ("compressed_lens", "in", "INT32", "[T_DYN]"))
+     + _INDEX_CACHE[:2] + _INDEX_CACHE[2:] + _args(
+        ("position_ids", "in", "INT32", "[T_DYN]"), ("compressed_rope_cos", "in", "FP32", "[T_DYN, ROPE_DIM//2]"),
+        ("compressed_rope_sin", "in", "FP32", "[T_DYN, ROPE_DIM//2]"), ("compressor_wkv", "in", "FP32", "[D, HEAD_DIM]"),
+        ("compressor_wgate", "in", "FP32", "[D, HEAD_DIM]"), ("query_start_loc", "in", "INT32", "[Q_START_DYN]"),
+        ("state_block_table", "in", "INT32", "[B_DYN, 1]"),
+        ("state_cache", "inout", "FP32", "[STATE_BLOCKS_DYN, STATE_CAPACITY, STATE_WIDTH]"),
+        ("compressor_norm_weight", "in", "BF16", "[HEAD_DIM]"), ("compressed_slots", "in", "INT64", "[T_DYN]"))
+     + _INDEXER_WEIGHTS + _args(("topk_indices", "out", "INT32", "[T_DYN, INDEX_TOPK]")) + _LEAF_TAIL),
+    (f"{FLASH}/decode_attn_c2a_reuse.py::decode_attn_c2a_reuse", _LEAF_PREFIX + _args(
+        ("compressed_cache", "in", "FP4E2M1X2", "[CMP_BLOCKS_DYN, 128, 1, HEAD_DIM//2]"),
+        ("compressed_cache_scale", "in", "FP8E4M3FN", "[CMP_BLOCKS_DYN, 128, 1, HEAD_DIM//16]"),
+        ("compressed_indices", "in", "INT32", "[T_DYN, INDEX_TOPK]")) + _LEAF_TAIL),
+    (f"{FLASH}/decode_attn_c1a_full.py::decode_attn_c1a_full", _LEAF_PREFIX + _CMP_CACHE + _args(
+        ("request_ids", "in", "INT32", "[T_DYN]"), ("compressed_lens", "in", "INT32", "[T_DYN]"))
+     + _INDEX_CACHE + _args(
+        ("compressed_rope_cos", "in", "FP32", "[T_DYN, ROPE_DIM//2]"),
+        ("compressed_rope_sin", "in", "FP32", "[T_DYN, ROPE_DIM//2]"), ("compressor_wkv", "in", "BF16", "[D, HEAD_DIM]"),
+        ("compressor_norm_weight", "in", "BF16", "[HEAD_DIM]"), ("compressed_slots", "in", "INT64", "[T_DYN]"))
+     + _INDEXER_WEIGHTS + _args(("topk_indices", "out", "INT32", "[T_DYN, INDEX_TOPK]"),
+                                ("candidate_mask", "out", "UINT8", "[T_DYN, CMP_POSITIONS_DYN]")) + _LEAF_TAIL),
 )
 
 BINDINGS: dict[str, Binding] = {b.operator: b for b in (
@@ -76,12 +113,16 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
                  "does; rows >= num_tokens keep their initial values (InOut)"),
     Binding("attention_half_layer", "not bound",
             f"{FLASH}/decode_attn_{{swa,c2a_full,c2a_reuse,c1a_full,c1a_reindex,c1a_reuse}}.py::decode_attn_<mode> "
-            "and decode_attn_<mode>_sharded; prefill_attn_<mode>.py", "@pl.jit.inline leaf, run through the "
-            "module's make_program / build_specs / golden_<mode>", _SWA_LEAF_ARGS,
-            note="the arguments shown are the SWA decode leaf's; the device takes MX (FP8 + E8M0 MX_B_NN) weights "
-                 "stacked per rank [world, ...] while this project's half-layer trees hold decoded weights, so "
-                 "binding needs the weight packer and the per-rank stacking first (the composition runs on the "
-                 "operators this backend binds until then)"),
+            "(decode) and prefill_attn_<mode>.py (prefill)", "@pl.jit.inline(auto_scope=False) leaf per rank; the "
+            "module's make_program builds the @pl.jit.host group entry over [world, ...] stacked tensors and its "
+            "build_specs / golden_<mode> the specs and golden",
+            note="the device takes MX weights (FP8E4M3FN + E8M0 scales in the MX_B_NN layout) stacked per rank, "
+                 "while this project's half-layer trees hold decoded weights: binding needs that weight packer and "
+                 "the per-rank stacking first (until then the composition runs on the operators this backend "
+                 "binds). Arguments below are transcribed for the SWA, C2A Full, C2A Reuse and C1A Full decode "
+                 "leaves; C1A Reindex / Reuse (decode_attn_c1a_reindex.py, decode_attn_c1a_reuse.py) and the "
+                 "prefill entries are not transcribed yet",
+            variants=LEAF_VARIANTS),
     Binding("compressor_ratio2", "not bound",
             f"{FLASH}/decode_c2a_full.py::compressor_pair, compressor_pool, compressor_state_write",
             "@pl.jit.inline pieces",

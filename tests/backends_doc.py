@@ -65,9 +65,12 @@ def render() -> str:
         for b in sorted(rows, key=lambda b: b.operator):
             out.append(f"- **`{b.operator}`** → `{b.upstream}`" + (f" ({b.kind})" if b.kind else "")
                        + (f". {b.note[0].upper()}{b.note[1:]}." if b.note else ""))
-            if b.args:
-                out += ["", "  | argument | direction | dtype | shape |", "  |---|---|---|---|"]
-                out += [f"  | `{a.name}` | {a.direction} | {a.dtype} | {a.shape} |" for a in b.args]
+            for title, args in ((None, b.args), *b.variants):
+                if not args:
+                    continue
+                out += ["", f"  `{title}`:" if title else "", "", "  | # | argument | direction | dtype | shape |",
+                        "  |---|---|---|---|---|"]
+                out += [f"  | {i} | `{a.name}` | {a.direction} | {a.dtype} | {a.shape} |" for i, a in enumerate(args)]
                 out.append("")
         out.append("")
     out += ["## Writing an out-of-tree backend", "",
