@@ -110,6 +110,11 @@ class BackendError(LookupError):
     """A backend that cannot be found, loaded, or that names an unknown operator."""
 
 
+class Unsupported(BackendError):
+    """A bound operator cannot run this particular call (e.g. a device compiled for other constants); the
+    contract that made the call is skipped with this reason, never passed."""
+
+
 class MissingOperator(BackendError):
     def __init__(self, backend: Backend, op: str):
         self.backend, self.op = backend, op

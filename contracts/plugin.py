@@ -25,6 +25,7 @@ from contracts.backends import (
     Backend,
     BackendError,
     MissingOperator,
+    Unsupported,
     get_backend,
     load_backend_module,
 )
@@ -136,12 +137,23 @@ def uses(name: str) -> None:
 
 
 def op(backend: Backend, name: str):
-    """The operator ``name`` of ``backend``; skips (with backend and operator named) when it is missing."""
+    """The operator ``name`` of ``backend``; skips (with backend and operator named) when it is missing, or
+    when the backend says a call is ``Unsupported`` (a device compiled for other constants)."""
     uses(name)
     try:
-        return backend.get(name)
+        fn = backend.get(name)
     except MissingOperator as exc:
         pytest.skip(str(exc))
+    if not getattr(fn, "may_be_unsupported", False):
+        return fn
+
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Unsupported as exc:
+            pytest.skip(f"backend {backend.name!r}, operator {name!r}: {exc}")
+
+    return call
 
 
 class Tally:

@@ -182,7 +182,36 @@ def _rope_rows(launch: Launcher):
     return materialize_rope_rows
 
 
-ADAPTERS = {"materialize_rope_rows": _rope_rows}  # operator -> how its Python signature feeds the launcher
+def _candidate_blocks(launch: Launcher):
+    def candidate_blocks(scores, compressed_lens, *, block, topk_blocks, width=None):
+        """The hierarchical indexer's level-1 selection (§5.2) on the device; the constants it was compiled
+        with must be the ones asked for."""
+        from models.deepseek_v4_1_flash.config import FLASH as DEVICE
+
+        from contracts.backends import Unsupported
+        from kernels.errors import ContractInputError
+
+        compiled = (DEVICE.candidate_block_size, DEVICE.candidate_topk_blocks)
+        if (block, topk_blocks) != compiled:
+            raise Unsupported(f"the device is compiled for block={compiled[0]}, topk_blocks={compiled[1]}; this "
+                              f"call asks for block={block}, topk_blocks={topk_blocks}")
+        if scores.ndim != 2 or compressed_lens.shape != (scores.shape[0],):
+            raise ContractInputError("scores/compressed_lens", None, "[T, L] scores and [T] lengths",
+                                     f"{list(scores.shape)} / {list(compressed_lens.shape)}", "§5.2")
+        tokens, length = scores.shape
+        width = length if width is None else width
+        span = max(width, length, 1)
+        padded = torch.full((tokens, span), float("-inf"), dtype=torch.float32)
+        padded[:, :length] = scores.float()
+        out = launch({"scores": padded, "compressed_lens": compressed_lens.to(torch.int32),
+                      "candidate_mask": torch.zeros((tokens, span), dtype=torch.uint8)})
+        return out["candidate_mask"][:, :width].contiguous()
+
+    candidate_blocks.may_be_unsupported = True
+    return candidate_blocks
+
+
+ADAPTERS = {"materialize_rope_rows": _rope_rows, "candidate_blocks": _candidate_blocks}  # operator -> how its Python signature feeds the launcher
 
 
 def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_lib: str | None = None):

@@ -181,8 +181,15 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             "@pl.jit.inline", note="arguments not transcribed yet"),
     Binding("select_topk", "not bound", f"{FLASH}/hierarchical_sparse_indexer.py (Top-K)", "@pl.jit.inline",
             note="arguments not transcribed yet"),
-    Binding("candidate_blocks", "not bound", f"{FLASH}/hierarchical_sparse_indexer.py (level-1 blocks)",
-            "@pl.jit.inline", note="arguments not transcribed yet"),
+    Binding("candidate_blocks", "bound", f"{FLASH}/hierarchical_sparse_indexer.py::hierarchical_sparse_indexer",
+            "@pl.jit.inline",
+            _args(("scores", "in", "FP32", "[T_DYN, CMP_POSITIONS_DYN]"), ("compressed_lens", "in", "INT32", "[T_DYN]"),
+                  ("candidate_mask", "out", "UINT8", "[T_DYN, CMP_POSITIONS_DYN]")),
+            program="candidate_blocks",
+            note="block size and top-k block count are compiled in (config FLASH.candidate_block_size / "
+                 "candidate_topk_blocks): a call asking for others is unsupported on the device and its "
+                 "contract is skipped with that reason; a mask narrower or wider than the scores is cropped / "
+                 "padded with -inf scores on the host"),
     Binding("build_forward_metadata", "host", f"{FLASH}/metadata.py (ForwardMetadata)", "host Python",
             note="host-side lowering; the contracts judge the reference's"),
     Binding("resolve_schedule", "host", f"{FLASH}/config.py", "host Python"),

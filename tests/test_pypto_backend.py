@@ -74,7 +74,7 @@ def test_a_bound_operator_runs_through_upstreams_runner_and_matches_the_referenc
     from kernels.reference.rope import materialize_rope_rows, precompute_rope_tables
 
     b = get_backend("pypto", pypto_lib=str(fake_upstream))
-    assert b.name == "pypto-test-double" and b.operators == ("materialize_rope_rows",)
+    assert b.name == "pypto-test-double" and b.operators == ("candidate_blocks", "materialize_rope_rows")
     assert "not bound" in b.why_missing["o_proj"] and "host" in b.why_missing["sp_shard"]
     cos, sin = precompute_rope_tables(300, True, FLASH_TINY)
     pos = torch.tensor([256, -1, 0, 3, 3, 129, -9, 299], dtype=torch.int32)
@@ -183,3 +183,31 @@ def test_doctor_names_every_missing_piece_in_one_line_and_exits_2_only_when_the_
     assert cli.main(["--store", str(tmp_path / "store"), "doctor", "--pypto-lib", str(fake_upstream)]) == 0
     out = capsys.readouterr().out
     assert "TEST DOUBLE" in out and "1 tree(s)" in out and "materialize_rope_rows" in out
+
+
+def test_candidate_blocks_run_on_the_device_at_its_compiled_constants_and_are_unsupported_otherwise(fake_upstream):
+    from contracts.backends import Unsupported
+    from kernels.reference.indexer import select_candidate_blocks
+
+    b = get_backend("pypto", pypto_lib=str(fake_upstream))
+    fn = b.get("candidate_blocks")
+    g = torch.Generator().manual_seed(5)
+    scores = torch.randn((3, 8 * 2051), generator=g)
+    scores[1, 8 * 2050:] = float("-inf")  # the forced last block holds no finite score
+    lens = torch.tensor([8 * 2051, 8 * 2050 + 3, 0], dtype=torch.int32)
+    for width in (8 * 2051, 8 * 2051 + 5, 100):  # same, wider (padded with -inf), narrower (cropped)
+        want = select_candidate_blocks(scores, lens, block=8, topk_blocks=2048, width=width)
+        got = fn(scores, lens, block=8, topk_blocks=2048, width=width)
+        assert got.dtype == torch.uint8 and torch.equal(got, want), width
+    with pytest.raises(Unsupported, match="compiled for block=8, topk_blocks=2048"):
+        fn(scores, lens, block=8, topk_blocks=3, width=16)
+
+
+def test_the_seeded_indexer_kernel_is_caught_by_the_contracts():
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_topk.py",
+                           "--backend", "pypto", "--pypto-lib", str(FAKE)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=_env(**{pb.ALLOW_TEST_DOUBLE: "1",
+                                                   "PTO_FAKE_UPSTREAM_DEFECT": "hsi_drop_last_block"}))
+    assert proc.returncode == 1 and "FAILED contracts/test_topk.py::test_candidate_selection_smoke_at_flash_size" \
+        in proc.stdout, proc.stdout[-2000:]
+    assert "is compiled for block=8, topk_blocks=2048" in proc.stdout  # the other calls: skipped, with the reason

@@ -3,3 +3,15 @@ import pypto.language as pl
 
 ROPE_DIM = 64
 T_DYN = pl.dynamic("T")
+
+CMP_POSITIONS_DYN = pl.dynamic("CMP_POSITIONS")
+
+
+class _Flash:
+    """The compiled candidate-selection constants of the FLASH preset (spec §5.2)."""
+
+    candidate_block_size = 8
+    candidate_topk_blocks = 2048
+
+
+FLASH = _Flash()
