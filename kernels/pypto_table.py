@@ -99,6 +99,21 @@ LEAF_VARIANTS = (
         ("compressor_norm_weight", "in", "BF16", "[HEAD_DIM]"), ("compressed_slots", "in", "INT64", "[T_DYN]"))
      + _INDEXER_WEIGHTS + _args(("topk_indices", "out", "INT32", "[T_DYN, INDEX_TOPK]"),
                                 ("candidate_mask", "out", "UINT8", "[T_DYN, CMP_POSITIONS_DYN]")) + _LEAF_TAIL),
+    (f"{FLASH}/decode_attn_c1a_reindex.py::decode_attn_c1a_reindex", _LEAF_PREFIX + _args(
+        ("compressed_cache", "in", "FP4E2M1X2 (UINT8 carrier)", "[CMP_BLOCKS_DYN, 128, 1, HEAD_DIM//2]"),
+        ("compressed_cache_scale", "in", "FP8E4M3FN", "[CMP_BLOCKS_DYN, 128, 1, HEAD_DIM//16]"),
+        ("request_ids", "in", "INT32", "[T_DYN]"), ("compressed_lens", "in", "INT32", "[T_DYN]"),
+        ("index_cache", "in", "FP4E2M1X2 (UINT8 carrier)", "[INDEX_BLOCKS_DYN, 128, 1, INDEX_DIM//2]"),
+        ("index_cache_scale", "in", "FP8E8M0", "[INDEX_BLOCKS_DYN, 128, 1, INDEX_DIM//32]"),
+        ("index_block_table", "in", "INT32", "[B_DYN, TABLE_DYN]"),
+        ("candidate_mask", "in", "UINT8", "[T_DYN, CMP_POSITIONS_DYN] (from layer 20, spec §5.2)"))
+     + _INDEXER_WEIGHTS[2:] + _args(("topk_indices", "out", "INT32", "[T_DYN, INDEX_TOPK]")) + _LEAF_TAIL),
+    (f"{FLASH}/decode_attn_c1a_reuse.py::decode_attn_c1a_reuse", _LEAF_PREFIX + _args(
+        ("compressed_cache", "in", "FP4E2M1X2", "[CMP_BLOCKS_DYN, 128, 1, HEAD_DIM//2]"),
+        ("compressed_cache_scale", "in", "FP8E4M3FN", "[CMP_BLOCKS_DYN, 128, 1, HEAD_DIM//16]"),
+        ("compressed_indices", "in", "INT32", "[T_DYN, INDEX_TOPK] (the source layer's Top-K)")) + _LEAF_TAIL),
+    (f"{FLASH}/prefill_attn_swa.py::prefill_attn_swa", _LEAF_PREFIX + _args(
+        ("output_window", "inout", "FP32 (distributed window)", "[PREFILL_MAX_TOKENS, D]")) + _LEAF_TAIL[1:]),
 )
 
 BINDINGS: dict[str, Binding] = {b.operator: b for b in (
@@ -119,9 +134,10 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             note="the device takes MX weights (FP8E4M3FN + E8M0 scales in the MX_B_NN layout) stacked per rank, "
                  "while this project's half-layer trees hold decoded weights: binding needs that weight packer and "
                  "the per-rank stacking first (until then the composition runs on the operators this backend "
-                 "binds). Arguments below are transcribed for the SWA, C2A Full, C2A Reuse and C1A Full decode "
-                 "leaves; C1A Reindex / Reuse (decode_attn_c1a_reindex.py, decode_attn_c1a_reuse.py) and the "
-                 "prefill entries are not transcribed yet",
+                 "binds). Arguments below are transcribed for the six decode leaves and prefill SWA (run through "
+                 "decode_attn_swa.run_swa(prefill_attn_swa, 'prefill')); the prefill C2A / C1A entries "
+                 "(prefill_attn_c2a_full.py, prefill_attn_c2a_reuse.py, prefill_attn_c1a_full.py, "
+                 "prefill_attn_c1a_reindex.py, prefill_attn_c1a_reuse.py) are named but not transcribed yet",
             variants=LEAF_VARIANTS),
     Binding("compressor_ratio2", "not bound",
             f"{FLASH}/decode_c2a_full.py::compressor_pair, compressor_pool, compressor_state_write",
