@@ -105,7 +105,9 @@ def test_pytest_on_an_unavailable_backend_fails_with_one_line_unless_allowed():
     proc = _pytest("--backend", "pypto")
     assert proc.returncode == 1, proc.stdout[-1500:]
     assert "NOTHING RAN: backend 'pypto' (platform a5sim) is unavailable here" in proc.stdout
-    assert _pytest("--backend", "pypto", "--allow-unavailable").returncode == 0
+    allowed = _pytest("--backend", "pypto", "--allow-unavailable", "--platform", "a5", "-v")
+    assert allowed.returncode == 0 and "(accepted: --allow-unavailable)" in allowed.stdout
+    assert "pto-contracts: backend=pypto platform=a5 (UNAVAILABLE: no pypto-lib checkout" in allowed.stdout
     bad = _pytest("--backend", "nope")
     assert bad.returncode == 4 and bad.stderr.count("unknown backend 'nope'") == 1, bad.stderr[-800:]
     assert _pytest("--platform", "a5").returncode == 4
