@@ -65,6 +65,10 @@ def test_unavailable_reasons_are_one_line(monkeypatch, tmp_path):
     assert "test double" in b.unavailable and "never used outside" in b.unavailable
     with pytest.raises(BackendError, match="comma-separated device ids"):
         get_backend("pypto", device="0,x")
+    assert pb.parse_devices("3,1") == [3, 1] and pb.parse_devices(None) == [0]
+    for bad in ("1,1", "-1", ""):
+        with pytest.raises(BackendError, match="--device"):
+            pb.parse_devices(bad)
     with pytest.raises(BackendError, match="runs on the CPU"):
         get_backend("torch", platform="a5")
 
