@@ -14,6 +14,7 @@ import importlib
 import inspect
 import json
 import random
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,16 +54,25 @@ class Case:
         return tuple(specs)
 
 
+_AST_LOCK = threading.Lock()  # CPython 3.11's AST constructor is not thread-safe ("recursion depth mismatch")
+_AST_DIGESTS: dict[str, str] = {}  # source text hash -> digest
+
+
 def _ast_digest(module_name: str) -> str:
     """Hash of a module's code with docstrings removed (comments and formatting do not count)."""
-    module = importlib.import_module(module_name)
-    tree = ast.parse(inspect.getsource(module))
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
-                isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+    source = inspect.getsource(importlib.import_module(module_name))
+    key = hashlib.sha256(source.encode()).hexdigest()
+    with _AST_LOCK:
+        if key not in _AST_DIGESTS:
+            tree = ast.parse(source)
+            for node in ast.walk(tree):
+                body = getattr(node, "body", None)
+                if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                        isinstance(getattr(body[0], "value", None), ast.Constant) and \
+                        isinstance(body[0].value.value, str):
+                    node.body = body[1:] or [ast.Pass()]
+            _AST_DIGESTS[key] = hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+        return _AST_DIGESTS[key]
 
 
 def rounding_versions(case: Case) -> dict[str, str]:
