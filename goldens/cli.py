@@ -108,7 +108,7 @@ def cmd_replay(args) -> int:
     table = Table(title=escape(f"replay on backend {backend.name} ({backend.platform}) from {args.store}@{reader.snapshot[:12]}"))
     for col in ("case", "wiring", "output", "comparator", "verdict", "detail"):
         table.add_column(col, overflow="fold")
-    failures = skipped = stale = ran = 0
+    failures = skipped = stale = ran = errors = 0
     first_skip = ""
     progress = Progress(console=err, transient=True, disable=len(items) < 2)
     task = progress.add_task("replaying", total=len(items))
@@ -133,6 +133,15 @@ def cmd_replay(args) -> int:
             first_skip = first_skip or str(exc)
             table.add_row(case, wiring, "*", "-", "[yellow]SKIP[/]", escape(str(exc)))
             continue
+        except BackendFailure as exc:  # the backend raised: an ERROR row, and the other trees still run
+            errors += 1
+            detail = str(exc)
+            if args.verbose and exc.__cause__ is not None:
+                import traceback
+
+                detail += "\n" + "".join(traceback.format_exception(exc.__cause__)).rstrip()
+            table.add_row(case, wiring, "*", "-", "[bold magenta]ERROR[/]", escape(detail))
+            continue
         ran += 1
         kept[(case, wiring)] = actual
         verdicts[(case, wiring)] = {o: ("PASS" if r.ok else "FAIL") for o, r in results.items()}
@@ -143,7 +152,8 @@ def cmd_replay(args) -> int:
                           "[green]PASS[/]" if ok else "[red]FAIL[/]", "" if ok else escape(result.message()))
     progress.stop()
     console.print(table)
-    console.print(f"{failures} failed output(s), {skipped} skipped tree(s), {stale} stale tree(s) refused")
+    console.print(f"{failures} failed output(s), {errors} tree(s) with a backend error, {skipped} skipped tree(s), "
+                  f"{stale} stale tree(s) refused")
     if args.keep_actual and kept:
         result = trees.keep_actual(store, backend, reader.snapshot, kept, verdicts)
         console.print(f"kept the actual outputs of {len(kept)} tree(s) under {trees.ACTUAL_ROOT}/ "
@@ -152,6 +162,11 @@ def cmd_replay(args) -> int:
         err.print(f"[bold red]error:[/] {stale} stale tree(s) refused: run `goldens regen` "
                   "(the reference changed since they were recorded)")
         return 2
+    if errors:
+        err.print(f"[bold red]backend error:[/] {errors} tree(s) raised in the backend (ERROR rows above; "
+                  "--verbose shows tracebacks)" + (f"; {failures} output(s) also out of bound" if failures else ""),
+                  highlight=False, soft_wrap=True)
+        return 3
     if failures:
         return 1
     if skipped and not ran and not args.allow_unavailable:
@@ -230,6 +245,9 @@ def cmd_show(args) -> int:
             rec = ", ".join(trees.recorded_wirings(reader, name)) if reader else ""
             table.add_row(name, c.operator, ", ".join(c.wirings), rec, c.description)
         console.print(table)
+        if reader is None:
+            raise GoldenStoreError(f"no golden store at {args.store} (the cases above can be recorded with "
+                                   "goldens record CASE)")
         return 0
     reader = store.reader(args.rev)
     for wiring in trees.recorded_wirings(reader, args.case) or [None]:
@@ -403,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="pypto-lib checkout the pypto backend binds (default $PYPTO_LIB_ROOT)")
     rp.add_argument("--allow-unavailable", action="store_true",
                     help="exit 0 although the backend is unavailable or every tree was skipped (default: exit 3)")
+    rp.add_argument("-v", "--verbose", action="store_true", help="tracebacks in ERROR rows")
     rp.add_argument("--keep-actual", action="store_true",
                     help="commit the backend's actual outputs beside the trees, under actual/<backend>-<platform>/ "
                          "(diff them with goldens diff)")

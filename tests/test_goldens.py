@@ -391,3 +391,25 @@ def test_gc_keeps_tagged_snapshots_in_the_log_and_refuses_an_unreadable_tag(stor
     assert "gc refused: tag 'old-golden'" in err and "nothing was expired" in err, err
     assert sorted(p.name for p in (store.root / "icechunk" / "snapshots").iterdir()) == before, \
         "a refused gc removed a snapshot"
+
+
+def test_a_crash_is_an_error_row_and_replay_finishes_every_tree(store, capsys):
+    """One crashing operator and one out-of-bound operator: both rows are printed, every tree runs, exit 3;
+    --verbose adds the traceback. Issue: goldens a kernel engineer trusts (crash isolation)."""
+    assert run_cli(store, "replay", "--backend-module", "tests.defects.crashing:CRASH_AND_WRONG") == 3
+    out, err = capsys.readouterr()
+    assert "ERROR" in out and "simulated kernel crash" in out and "FAIL" in out, out
+    assert "cache_index" in out and "PASS" in out  # the trees after the crash still ran
+    assert "1 tree(s) raised in the backend" in err and "output(s) also out of bound" in err
+    assert "Traceback" not in out
+    assert run_cli(store, "replay", "rope_rows", "--backend-module", "tests.defects.crashing:CRASH_AND_WRONG",
+                   "--verbose") == 3
+    assert "Traceback" in capsys.readouterr().out
+
+
+def test_every_verb_on_a_missing_store_exits_2(tmp_path, capsys):
+    missing = str(tmp_path / "nope")
+    for verb in (["show"], ["show", "rope_rows"], ["log"], ["replay"], ["regen"], ["regen", "--dry-run"],
+                 ["diff", "main", "main"], ["gc"], ["export-pt", "rope_rows", str(tmp_path / "x")], ["doctor"]):
+        assert cli.main(["--store", missing, *verb]) == 2, verb
+        assert "Traceback" not in capsys.readouterr().err

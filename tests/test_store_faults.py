@@ -71,7 +71,7 @@ CASES = [
     ("none", ["replay", "--rev", "ROOT"], 2, "nothing to do"),
     ("none", ["diff", "ROOT", "main"], 0, ""),
     ("none", ["replay", "--backend-module", "tests.defects.crashing:CRASHING_ROPE"], 3,
-     "backend error: rope_rows/replicated: backend 'defect:crashing-rope' raised in materialize_rope_rows"),
+     "backend error: 1 tree(s) raised in the backend"),
 ]
 
 
