@@ -65,7 +65,7 @@ def cmd_record(args) -> int:
 
     items = _items(args.cases, args.wiring)
     with console.status(f"recording {len(items)} tree(s)"):
-        result = trees.record(GoldenStore(args.store), items, args.seed)
+        result = trees.record(GoldenStore(args.store), items, args.seed, force=args.force)
     table = Table(title=f"record -> {args.store}")
     for col in ("case", "wiring", "arrays written"):
         table.add_column(col)
@@ -406,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("cases", nargs="*", metavar="CASE")
     wiring(r)
     r.add_argument("--seed", type=int, default=17)
+    r.add_argument("--force", action="store_true",
+                   help="replace a recorded tree whose content would change (refused by default, saying what "
+                        "would change); recording identical content is always a no-op")
     r.set_defaults(fn=cmd_record)
 
     rp = sub.add_parser("replay", help="run a backend on stored inputs and judge its outputs",

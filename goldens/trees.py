@@ -74,16 +74,42 @@ def build_tree(case: Case, wiring: str, seed: int) -> tuple[TreeRecord, dict, di
     return make_record(case, wiring, seed, inputs, outputs), inputs, outputs
 
 
-def record(store: GoldenStore, items: list[tuple[str, str]], seed: int) -> CommitResult:
-    """Record (case, wiring) trees in one commit."""
+def record(store: GoldenStore, items: list[tuple[str, str]], seed: int, *, force: bool = True) -> CommitResult:
+    """Record (case, wiring) trees in one commit. With ``force=False`` (the CLI's default) a tree already
+    stored with other content is not overwritten: GoldenStoreError says which arrays would change (checked
+    against the head the commit goes on, so a concurrent record cannot slip in between)."""
     arrays, groups = {}, {}
     for name, wiring in items:
         case = get_case(name)
         rec, inputs, outputs = build_tree(case, wiring, seed)
         arrays.update(tree_arrays(case, rec, inputs, outputs))
         groups[tree_path(case.name, wiring)] = rec.to_attrs()
+
+    def body(txn):
+        if not force:
+            changes = [line for path, attrs in groups.items() if (line := _overwrite(txn.reader, path, attrs))]
+            if changes:
+                raise GoldenStoreError("refusing to overwrite recorded tree(s): " + "; ".join(changes)
+                                       + " (pass --force to replace them; nothing was committed)")
+        txn.write(arrays, groups)
+
     label = ", ".join(f"{c}/{w}" for c, w in items)
-    return store.commit(arrays, groups, f"record {label} (seed {seed})", metadata={"action": "record", "seed": seed})
+    _none, result = store.update(body, f"record {label} (seed {seed})", metadata={"action": "record", "seed": seed})
+    return result
+
+
+def _overwrite(reader: StoreReader, path: str, new: dict) -> str:
+    """'' when the tree at ``path`` is absent or identical to ``new``, else what would change."""
+    if not reader.has(path):
+        return ""
+    old = reader.group_attrs(path)
+    before, after = old.get("arrays", {}), new.get("arrays", {})
+    moved = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    seed = f"seed {old.get('seed')} -> {new.get('seed')}" if old.get("seed") != new.get("seed") else ""
+    if not moved and not seed and old.get("fingerprint") == new.get("fingerprint"):
+        return ""
+    what = ", ".join(moved[:6]) + (f" (+{len(moved) - 6} more)" if len(moved) > 6 else "")
+    return f"{path}: {what or 'record attributes'} would change" + (f" ({seed})" if seed else "")
 
 
 def recorded_wirings(reader: StoreReader, case: str) -> list[str]:
