@@ -119,7 +119,9 @@ def cmd_replay(args) -> int:
         if tree.stale and not args.allow_stale:
             stale += 1
             table.add_row(case, wiring, "*", "-", "[bold red]STALE[/]",
-                          trees.STALE_HINT.format(case=case) + " (or --allow-stale)")
+                          (trees.STALE_HINT.format(case=case) + " (or --allow-stale)") if args.rev is None else
+                          f"recorded at {args.rev} with an older reference: replay it with --allow-stale (regen "
+                          "rewrites main, not an old revision)")
             continue
         if tree.stale and args.allow_stale:
             err.print(f"[bold red]WARNING: {case}/{wiring} is STALE (recorded with fingerprint "
@@ -159,8 +161,10 @@ def cmd_replay(args) -> int:
         console.print(f"kept the actual outputs of {len(kept)} tree(s) under {trees.ACTUAL_ROOT}/ "
                       f"(snapshot {result.snapshot or 'unchanged'})")
     if stale:
-        err.print(f"[bold red]error:[/] {stale} stale tree(s) refused: run `goldens regen` "
-                  "(the reference changed since they were recorded)")
+        advice = ("run `goldens regen` (the reference changed since they were recorded)" if args.rev is None else
+                  f"revision {args.rev} predates the current reference: `goldens replay --rev {args.rev} "
+                  "--allow-stale` replays it anyway, `goldens replay` replays main")
+        err.print(f"[bold red]error:[/] {stale} stale tree(s) refused: {advice}", highlight=False, soft_wrap=True)
         return 2
     if errors:
         err.print(f"[bold red]backend error:[/] {errors} tree(s) raised in the backend (ERROR rows above; "
@@ -349,8 +353,16 @@ def cmd_gc(args) -> int:
     from goldens.store import GoldenStore
 
     cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(days=args.older_than_days)
-    expired, summary = GoldenStore(args.store).gc(cutoff)
-    console.print(f"expired {expired} snapshot(s) older than {cutoff:%Y-%m-%d %H:%M} UTC (tags kept); gc: {summary}")
+    doomed, summary = GoldenStore(args.store).gc(cutoff, keep_last=args.keep_last, dry_run=args.dry_run)
+    verb = "would expire" if args.dry_run else "expired"
+    table = Table(title=f"gc: {verb} {len(doomed)} snapshot(s) older than {cutoff:%Y-%m-%d %H:%M} UTC (kept: tags, the "
+                        f"head, the newest {args.keep_last})")
+    for col in ("snapshot", "written (UTC)", "message"):
+        table.add_column(col, overflow="fold")
+    for e in doomed:
+        table.add_row(e.snapshot, f"{e.written_at:%Y-%m-%d %H:%M:%S}", escape(e.message))
+    console.print(table)
+    console.print("dry run: nothing changed" if args.dry_run else f"gc: {summary}")
     return 0
 
 
@@ -467,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     gc = sub.add_parser("gc", help="expire old snapshots (tags kept) and delete unreachable data")
     gc.add_argument("--older-than-days", type=_days, default=30.0,
                     help="expire untagged snapshots older than this many days (a finite number >= 0; default 30)")
+    gc.add_argument("--keep-last", type=int, default=10, metavar="N",
+                    help="never expire the newest N snapshots of the branch (default 10; 0 keeps only the head)")
+    gc.add_argument("--dry-run", action="store_true", help="list what would be expired; change nothing")
     gc.set_defaults(fn=cmd_gc)
 
     ip = sub.add_parser("import-pt", help="import an upstream <dir>/<wiring>/{in,out}/<name>.pt tree",

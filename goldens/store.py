@@ -475,10 +475,13 @@ class GoldenStore:
         with self.lock():  # (creating a tag is atomic on S3: a name that exists is refused)
             self._repo().create_tag(name, snapshot)
 
-    def gc(self, older_than: dt.datetime) -> tuple[int, object]:
-        """Expire snapshots older than ``older_than`` (tags and the branch head are kept), then delete
-        unreachable objects. Refuses, changing nothing, when a tag cannot be read (its snapshot would lose the
-        tag's protection). Returns (expired count, GC summary).
+    def gc(self, older_than: dt.datetime, *, keep_last: int = 10, dry_run: bool = False
+           ) -> tuple[list[LogEntry], object]:
+        """Expire snapshots older than ``older_than`` -- never a tagged snapshot, the branch head or the newest
+        ``keep_last`` snapshots of the branch (the cutoff moves back to the keep_last-th newest) -- then delete
+        unreachable objects. ``dry_run`` lists what would be expired and changes nothing. Refuses, changing
+        nothing, when a tag cannot be read (its snapshot would lose the tag's protection). Returns (the
+        snapshots expired, or that would be, and the GC summary or None).
 
         On S3 no lock is taken: icechunk's expiry never touches a branch head or a tagged snapshot and its
         collection deletes only objects older than ``older_than``, so a concurrent commit (whose objects are
@@ -496,9 +499,17 @@ class GoldenStore:
                     raise GoldenStoreError(f"gc refused: tag {name!r} of {self.root} cannot be read "
                                            f"({damaged(self.root, exc).split(': ', 1)[1]}); nothing was expired"
                                            ) from None
-            expired = repo.expire_snapshots(older_than, delete_expired_branches=False, delete_expired_tags=False)
+            history = self.log()
+            branch = [e for e in history if e.snapshot in {s.id for s in repo.ancestry(branch="main")}]
+            if keep_last > 0 and len(branch) >= keep_last:
+                older_than = min(older_than, branch[keep_last - 1].written_at)
+            tagged = {e.snapshot for e in history if e.tags}
+            doomed = [e for e in branch[1:-1] if e.written_at < older_than and e.snapshot not in tagged]
+            if dry_run:
+                return doomed, None
+            repo.expire_snapshots(older_than, delete_expired_branches=False, delete_expired_tags=False)
             summary = repo.garbage_collect(older_than)
-            return len(expired), summary
+            return doomed, summary
 
     def disk_bytes(self) -> int:
         """Bytes of a local versioned store (the read cache is a disposable copy and does not count)."""

@@ -3,6 +3,7 @@ and the CLI's exit codes. Spec: §7.2, §7.3."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import pickle
 
@@ -443,3 +444,43 @@ def test_recorded_inputs_are_the_same_in_every_process():
                               cwd=os.path.dirname(os.path.dirname(__file__))) for _ in range(4)]
     outs = {p.communicate(timeout=300)[0].strip() for p in procs}
     assert len(outs) == 1, outs
+
+
+def test_gc_dry_run_lists_exactly_what_gc_expires_and_the_newest_n_are_kept(store, capsys):
+    for seed in (6, 7, 8, 9):
+        trees.record(store, [("sp_slabs", "replicated")], seed=seed)
+    store.tag("pinned", store.log()[3].snapshot)
+    snaps = [e.snapshot for e in store.log()]
+    assert run_cli(store, "gc", "--older-than-days", "0", "--keep-last", "2", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "would expire" in out and "dry run: nothing changed" in out
+    assert [e.snapshot for e in store.log()] == snaps, "a dry run changed the history"
+    would, _ = store.gc(dt.datetime.now(dt.UTC), keep_last=2, dry_run=True)
+    assert snaps[0] not in {e.snapshot for e in would} and snaps[1] not in {e.snapshot for e in would}
+    assert snaps[3] not in {e.snapshot for e in would}, "a tagged snapshot would be expired"
+    assert run_cli(store, "gc", "--older-than-days", "0", "--keep-last", "2") == 0
+    gone = set(snaps) - {e.snapshot for e in store.log()}
+    assert gone == {e.snapshot for e in would} and gone, (gone, would)
+    assert run_cli(store, "replay") == 0 and run_cli(store, "replay", "--rev", "pinned") == 0
+
+
+def test_import_of_identical_data_is_a_no_op(store, tmp_path):
+    out = tmp_path / "pt"
+    assert run_cli(store, "export-pt", "sp_slabs", str(out)) == 0
+    before = [e.snapshot for e in store.log()]
+    assert run_cli(store, "import-pt", str(out), "--case", "sp_slabs") == 0
+    assert [e.snapshot for e in store.log()] == before, "importing the bytes already stored made a commit"
+
+
+def test_stale_advice_for_an_old_revision_names_the_command_that_works(store, monkeypatch, capsys):
+    from dataclasses import replace
+
+    from kernels import quant
+
+    old = store.log()[0].snapshot
+    monkeypatch.setitem(quant.RULES, "index", replace(quant.RULES["index"], tie="even"))
+    monkeypatch.setattr(quant, "ROUNDING_VERSION", "mx-test-even")
+    assert run_cli(store, "replay", "cache_index", "--rev", old) == 2
+    err = capsys.readouterr().err
+    assert f"goldens replay --rev {old} --allow-stale" in err and "goldens regen" not in err, err
+    assert run_cli(store, "replay", "cache_index") == 2 and "goldens regen" in capsys.readouterr().err

@@ -47,7 +47,7 @@ def test_record_replay_regen_diff_gc_on_s3(s3_store, monkeypatch, capsys):
     assert [p for p, kind, _ in rows if kind == "changed" and "/out/" in p] == ["cache_index/replicated/out/payload"]
     assert cli.main(["--store", s3_store, "diff", first, "main"]) == 0
     # gc: the regen tag and the head survive; the first snapshot (untagged, off head) is expired
-    assert cli.main(["--store", s3_store, "gc", "--older-than-days", "0"]) == 0
+    assert cli.main(["--store", s3_store, "gc", "--older-than-days", "0", "--keep-last", "0"]) == 0
     assert first not in {e.snapshot for e in store.log()}
     assert cli.main(["--store", s3_store, "replay", "--rev", tag]) == 0
     assert cli.main(["--store", s3_store, "log"]) == 0 and tag in capsys.readouterr().out
