@@ -33,7 +33,8 @@ from contracts.backends import (
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile("ci", max_examples=20, derandomize=True, deadline=None, database=None,
                           print_blob=True, suppress_health_check=_SUPPRESS)
-settings.register_profile("dev", max_examples=40, deadline=None, suppress_health_check=_SUPPRESS)
+settings.register_profile("dev", max_examples=40, deadline=None, suppress_health_check=_SUPPRESS,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])  # no "explain"
 settings.register_profile("thorough", max_examples=600, deadline=None, suppress_health_check=_SUPPRESS,
                           phases=list(Phase))
 

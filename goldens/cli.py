@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import math
 import os
 import sys
@@ -108,6 +109,14 @@ def cmd_replay(args) -> int:
     table = Table(title=escape(f"replay on backend {backend.name} ({backend.platform}) from {args.store}@{reader.snapshot[:12]}"))
     for col in ("case", "wiring", "output", "comparator", "verdict", "detail"):
         table.add_column(col, overflow="fold")
+    rows: list[dict] = []
+    styles = {"PASS": "green", "FAIL": "red", "SKIP": "yellow", "ERROR": "bold magenta", "STALE": "bold red"}
+
+    def row(case, wiring, output, comparator, verdict, detail=""):
+        rows.append({"case": case, "wiring": wiring, "output": output, "comparator": comparator,
+                     "verdict": verdict, "detail": detail})
+        if not (args.quiet and verdict == "PASS"):
+            table.add_row(case, wiring, output, comparator, f"[{styles[verdict]}]{verdict}[/]", escape(detail))
     failures = skipped = stale = ran = errors = 0
     first_skip = ""
     progress = Progress(console=err, transient=True, disable=len(items) < 2)
@@ -118,10 +127,10 @@ def cmd_replay(args) -> int:
         tree = trees.load_tree(reader, case, wiring)
         if tree.stale and not args.allow_stale:
             stale += 1
-            table.add_row(case, wiring, "*", "-", "[bold red]STALE[/]",
-                          (trees.STALE_HINT.format(case=case) + " (or --allow-stale)") if args.rev is None else
-                          f"recorded at {args.rev} with an older reference: replay it with --allow-stale (regen "
-                          "rewrites main, not an old revision)")
+            row(case, wiring, "*", "-", "STALE",
+                (trees.STALE_HINT.format(case=case) + " (or --allow-stale)") if args.rev is None else
+                f"recorded at {args.rev} with an older reference: replay it with --allow-stale (regen "
+                "rewrites main, not an old revision)")
             continue
         if tree.stale and args.allow_stale:
             err.print(f"[bold red]WARNING: {case}/{wiring} is STALE (recorded with fingerprint "
@@ -133,7 +142,7 @@ def cmd_replay(args) -> int:
         except MissingOperator as exc:
             skipped += 1
             first_skip = first_skip or str(exc)
-            table.add_row(case, wiring, "*", "-", "[yellow]SKIP[/]", escape(str(exc)))
+            row(case, wiring, "*", "-", "SKIP", str(exc))
             continue
         except BackendFailure as exc:  # the backend raised: an ERROR row, and the other trees still run
             errors += 1
@@ -142,7 +151,7 @@ def cmd_replay(args) -> int:
                 import traceback
 
                 detail += "\n" + "".join(traceback.format_exception(exc.__cause__)).rstrip()
-            table.add_row(case, wiring, "*", "-", "[bold magenta]ERROR[/]", escape(detail))
+            row(case, wiring, "*", "-", "ERROR", detail)
             continue
         ran += 1
         kept[(case, wiring)] = actual
@@ -150,16 +159,59 @@ def cmd_replay(args) -> int:
         for output, result in results.items():
             ok = result.ok
             failures += not ok
-            table.add_row(case, wiring, output, tree.record.comparators[output],
-                          "[green]PASS[/]" if ok else "[red]FAIL[/]", "" if ok else escape(result.message()))
+            row(case, wiring, output, tree.record.comparators[output], "PASS" if ok else "FAIL",
+                "" if ok else result.message())
     progress.stop()
-    console.print(table)
-    console.print(f"{failures} failed output(s), {errors} tree(s) with a backend error, {skipped} skipped tree(s), "
-                  f"{stale} stale tree(s) refused")
+    summary = {"failed_outputs": failures, "errors": errors, "skipped": skipped, "stale": stale, "ran": ran}
+    out = console if not args.json else Console(quiet=True)
+    out.print(table)
+    out.print(f"{failures} failed output(s), {errors} tree(s) with a backend error, {skipped} skipped tree(s), "
+              f"{stale} stale tree(s) refused")
     if args.keep_actual and kept:
         result = trees.keep_actual(store, backend, reader.snapshot, kept, verdicts)
-        console.print(f"kept the actual outputs of {len(kept)} tree(s) under {trees.ACTUAL_ROOT}/ "
-                      f"(snapshot {result.snapshot or 'unchanged'})")
+        out.print(f"kept the actual outputs of {len(kept)} tree(s) under {trees.ACTUAL_ROOT}/ "
+                  f"(snapshot {result.snapshot or 'unchanged'})")
+    code = _replay_code(args, failures, errors, skipped, ran, stale, first_skip)
+    document = {"store": str(args.store), "snapshot": reader.snapshot, "backend": backend.name,
+                "platform": backend.platform, "rows": rows, "summary": summary, "exit_code": code}
+    if args.json:
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    if args.junit:
+        _write_junit(Path(args.junit), document)
+    return code
+
+
+def _write_junit(path: Path, document: dict) -> None:
+    """JUnit XML: one testcase per (case, wiring, output) row; FAIL a failure, ERROR an error, SKIP/STALE
+    skipped (STALE also counted as an error: it exits 2)."""
+    from xml.etree import ElementTree as ET
+
+    rows = document["rows"]
+    suite = ET.Element("testsuite", name=f"goldens replay ({document['backend']}, {document['platform']})",
+                       tests=str(len(rows)), failures=str(sum(r["verdict"] == "FAIL" for r in rows)),
+                       errors=str(sum(r["verdict"] in ("ERROR", "STALE") for r in rows)),
+                       skipped=str(sum(r["verdict"] == "SKIP" for r in rows)))
+    for r in rows:
+        case = ET.SubElement(suite, "testcase", classname=f"{r['case']}.{r['wiring']}", name=r["output"])
+        kind = {"FAIL": "failure", "ERROR": "error", "STALE": "error", "SKIP": "skipped"}.get(r["verdict"])
+        if kind:
+            ET.SubElement(case, kind, message=r["detail"][:500]).text = r["detail"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def _emit(document: dict) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+
+
+def _delta(d) -> dict:
+    return {"output": d.name, "elements_changed": d.elements_changed, "elements": d.elements,
+            "max_abs": None if math.isnan(d.max_abs) else d.max_abs,
+            "mean_abs": None if math.isnan(d.mean_abs) else d.mean_abs,
+            "max_rel": None if math.isnan(d.max_rel) else d.max_rel, "rows_affected": d.rows_affected}
+
+
+def _replay_code(args, failures, errors, skipped, ran, stale, first_skip) -> int:
     if stale:
         advice = ("run `goldens regen` (the reference changed since they were recorded)" if args.rev is None else
                   f"revision {args.rev} predates the current reference: `goldens replay --rev {args.rev} "
@@ -187,6 +239,10 @@ def cmd_regen(args) -> int:
     store = GoldenStore(args.store)
     items = _items(args.cases, args.wiring, reader=store.reader())
     report, result = trees.regen(store, items, dry_run=args.dry_run)
+    if args.json:
+        _emit({"dry_run": args.dry_run, "snapshot": None if result is None else result.snapshot,
+               "trees": [{"case": c, "wiring": w, "deltas": [_delta(d) for d in ds]} for c, w, ds in report]})
+        return 0
     table = Table(title="regen (dry run: nothing committed)" if args.dry_run else "regen")
     for col in ("case", "wiring", "output", "elements changed", "max abs", "mean abs", "max rel", "rows affected"):
         table.add_column(col)
@@ -220,6 +276,10 @@ def cmd_diff(args) -> int:
     from goldens.store import GoldenStore
 
     rows = trees.diff_revisions(GoldenStore(args.store), args.rev_a, args.rev_b)
+    if args.json:
+        _emit({"rev_a": args.rev_a, "rev_b": args.rev_b,
+               "arrays": [{"path": p, "change": k, "delta": None if d is None else _delta(d)} for p, k, d in rows]})
+        return 0
     table = Table(title=f"diff {args.rev_a} -> {args.rev_b}")
     for col in ("array", "change", "elements changed", "max abs", "mean abs", "max rel", "rows"):
         table.add_column(col, overflow="fold")
@@ -245,6 +305,11 @@ def cmd_show(args) -> int:
         for col in ("case", "operator", "wirings", "recorded", "description"):
             table.add_column(col, overflow="fold")
         reader = store.reader(args.rev) if store.exists() else None
+        if args.json and reader is not None:
+            _emit({"cases": [{"case": n, "operator": c.operator, "wirings": list(c.wirings),
+                              "recorded": trees.recorded_wirings(reader, n), "description": c.description}
+                             for n, c in sorted(cases().items())]})
+            return 0
         for name, c in sorted(cases().items()):
             rec = ", ".join(trees.recorded_wirings(reader, name)) if reader else ""
             table.add_row(name, c.operator, ", ".join(c.wirings), rec, c.description)
@@ -254,6 +319,17 @@ def cmd_show(args) -> int:
                                    "goldens record CASE)")
         return 0
     reader = store.reader(args.rev)
+    if args.json:
+        found = trees.recorded_wirings(reader, args.case)
+        if not found:
+            raise GoldenStoreError(f"case {args.case} has no recorded tree in {args.store}")
+        docs = []
+        for wiring in found:
+            tree = trees.load_tree(reader, args.case, wiring)
+            docs.append({**reader.group_attrs(f"{args.case}/{wiring}"), "stale": tree.stale,
+                         "current_fingerprint": fingerprint(tree.case)})
+        _emit({"case": args.case, "trees": docs})
+        return 0
     for wiring in trees.recorded_wirings(reader, args.case) or [None]:
         if wiring is None:
             raise GoldenStoreError(f"case {args.case} has no recorded tree in {args.store}")
@@ -437,6 +513,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--allow-unavailable", action="store_true",
                     help="exit 0 although the backend is unavailable or every tree was skipped (default: exit 3)")
     rp.add_argument("-v", "--verbose", action="store_true", help="tracebacks in ERROR rows")
+    rp.add_argument("-q", "--quiet", action="store_true", help="print only rows that did not pass")
+    rp.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
+    rp.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML (one testcase per output)")
     rp.add_argument("--keep-actual", action="store_true",
                     help="commit the backend's actual outputs beside the trees, under actual/<backend>-<platform>/ "
                          "(diff them with goldens diff)")
@@ -450,6 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "commit only changed arrays in one tagged snapshot and report what moved.")
     rg.add_argument("cases", nargs="*", metavar="CASE")
     rg.add_argument("--dry-run", action="store_true", help="report the changes without committing")
+    rg.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
     wiring(rg)
     rg.set_defaults(fn=cmd_regen)
 
@@ -461,11 +541,13 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Compare two revisions (snapshot ids, tags or main) array by array.")
     df.add_argument("rev_a", metavar="REV_A")
     df.add_argument("rev_b", metavar="REV_B")
+    df.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
     df.set_defaults(fn=cmd_diff)
 
     sh = sub.add_parser("show", help="a case's trees: record, arguments, comparators, staleness")
     sh.add_argument("case", nargs="?", metavar="CASE", help="omit to list every case")
     sh.add_argument("--rev", default=None)
+    sh.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the tables")
     sh.set_defaults(fn=cmd_show)
 
     dr = sub.add_parser("doctor", help="what is present and missing: packages, upstream toolchain, the store",

@@ -484,3 +484,45 @@ def test_stale_advice_for_an_old_revision_names_the_command_that_works(store, mo
     err = capsys.readouterr().err
     assert f"goldens replay --rev {old} --allow-stale" in err and "goldens regen" not in err, err
     assert run_cli(store, "replay", "cache_index") == 2 and "goldens regen" in capsys.readouterr().err
+
+
+def test_machine_readable_output_for_replay_regen_diff_and_show(store, tmp_path, capsys):
+    import json
+    from xml.etree import ElementTree as ET
+
+    junit = tmp_path / "replay.xml"
+    assert run_cli(store, "replay", "--backend-module", "tests.defects.crashing:CRASH_AND_WRONG", "--json",
+                   "--junit", str(junit)) == 3
+    doc = json.loads(capsys.readouterr().out)
+    verdicts = {r["verdict"] for r in doc["rows"]}
+    assert {"PASS", "FAIL", "ERROR"} <= verdicts and doc["exit_code"] == 3 and doc["summary"]["errors"] == 1
+    suite = ET.parse(junit).getroot()
+    assert int(suite.get("failures")) >= 1 and int(suite.get("errors")) == 1 and suite.findall("testcase")
+    assert run_cli(store, "replay", "-q") == 0
+    quiet = capsys.readouterr().out
+    assert "PASS" not in quiet and "0 failed output(s)" in quiet
+    assert run_cli(store, "regen", "--dry-run", "--json") == 0
+    regen = json.loads(capsys.readouterr().out)
+    assert regen["dry_run"] and {t["case"] for t in regen["trees"]} >= {"rope_rows", "sp_slabs"}
+    first = store.log()[-2].snapshot
+    assert run_cli(store, "diff", first, "main", "--json") == 0
+    assert "arrays" in json.loads(capsys.readouterr().out)
+    assert run_cli(store, "show", "--json") == 0
+    assert any(c["case"] == "rope_rows" and c["recorded"] for c in json.loads(capsys.readouterr().out)["cases"])
+    assert run_cli(store, "show", "rope_rows", "--json") == 0
+    tree = json.loads(capsys.readouterr().out)["trees"][0]
+    assert tree["wiring"] == "replicated" and tree["stale"] is False and "checksum" in tree
+
+
+def test_last_failed_works_because_the_cache_provider_is_on(tmp_path):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(__file__))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_slabs.py", "-o",
+           f"cache_dir={tmp_path / 'cache'}", "--backend-module", "tests.defects.slabs:WIDTH_FROM_ACTIVE"]
+    first = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+    again = subprocess.run([*cmd, "--lf"], cwd=root, capture_output=True, text=True, timeout=300)
+    failed = first.stdout.strip().splitlines()[-1]
+    assert "failed" in failed and "deselected" in again.stdout.strip().splitlines()[-1], (failed, again.stdout[-400:])
+    assert failed.split(" failed")[0].split()[-1] == again.stdout.strip().splitlines()[-1].split(" failed")[0].split()[-1]
