@@ -55,7 +55,7 @@ def test_golden_tree_replays(backend, golden_tree, pytestconfig):
             moved = [d.name for _c, _w, ds in report for d in ds]
             pytest.fail(f"{case}/{wiring} was stale and has been regenerated (outputs moved: {moved or 'none'}; "
                         f"snapshot {result.snapshot}); rerun to replay it")
-        pytest.fail(f"{case}/{wiring} is stale: " + trees.STALE_HINT.format(case=case) + " (or --regen-goldens)")
+        pytest.fail(f"{case}/{wiring} is stale: {tree.stale_reason()} (or --regen-goldens)")
     try:
         results = trees.replay(tree, backend)
     except MissingOperator as exc:  # names the backend and the operator it lacks (e.g. no pypto toolchain)

@@ -8,13 +8,8 @@ spare unmapped rows, -1 slots, padding rows, ties in Top-K). Spec: §7.2, §7.3.
 
 from __future__ import annotations
 
-import ast
-import hashlib
 import importlib
-import inspect
-import json
 import random
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -54,27 +49,6 @@ class Case:
         return tuple(specs)
 
 
-_AST_LOCK = threading.Lock()  # CPython 3.11's AST constructor is not thread-safe ("recursion depth mismatch")
-_AST_DIGESTS: dict[str, str] = {}  # source text hash -> digest
-
-
-def _ast_digest(module_name: str) -> str:
-    """Hash of a module's code with docstrings removed (comments and formatting do not count)."""
-    source = inspect.getsource(importlib.import_module(module_name))
-    key = hashlib.sha256(source.encode()).hexdigest()
-    with _AST_LOCK:
-        if key not in _AST_DIGESTS:
-            tree = ast.parse(source)
-            for node in ast.walk(tree):
-                body = getattr(node, "body", None)
-                if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
-                        isinstance(getattr(body[0], "value", None), ast.Constant) and \
-                        isinstance(body[0].value.value, str):
-                    node.body = body[1:] or [ast.Pass()]
-            _AST_DIGESTS[key] = hashlib.sha256(ast.dump(tree).encode()).hexdigest()
-        return _AST_DIGESTS[key]
-
-
 def rounding_versions(case: Case) -> dict[str, str]:
     out = {}
     for m in case.modules:
@@ -84,13 +58,21 @@ def rounding_versions(case: Case) -> dict[str, str]:
     return out
 
 
+def fingerprint_parts(case: Case) -> dict[str, str]:
+    """What can move the case's expected outputs: every function, class and constant of this project its
+    reference reaches, each by its normalised code or value (goldens/fingerprint.py), plus the operator."""
+    from goldens.fingerprint import parts
+
+    return {**parts(case.reference), f"operator {case.operator}": case.operator}
+
+
 def fingerprint(case: Case) -> str:
-    """Reference fingerprint: the declared rounding version of every module the expected outputs come
-    from plus a hash of those modules' code (docstrings and comments excluded). Any change to the
-    reference arithmetic or a rounding rule changes it, so trees recorded before are stale."""
-    payload = {"operator": case.operator, "rounding": rounding_versions(case),
-               "code": {m: _ast_digest(m) for m in case.modules}}
-    return "sha256:" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+    """Reference fingerprint: a hash of ``fingerprint_parts``. Renaming a local, a comment or a docstring
+    moves nothing; a changed function, rounding rule, preset field or constant the reference reaches does,
+    and only the trees that reach it become stale."""
+    from goldens.fingerprint import combined
+
+    return combined(fingerprint_parts(case))
 
 
 # ---------------------------------------------------------------------------

@@ -59,6 +59,7 @@ class TreeRecord:
     source: str = "record"
     tolerances: dict = field(default_factory=dict)
     arrays: dict = field(default_factory=dict)  # "in/<name>" / "out/<name>" -> content digest
+    fingerprint_parts: dict = field(default_factory=dict)  # what the reference reaches -> its digest
 
     def to_attrs(self) -> dict:
         d = asdict(self)
@@ -105,7 +106,7 @@ class TreeRecord:
                    params=attrs.get("params", {}), versions=attrs.get("versions", {}),
                    fingerprint=need("fingerprint", str), rounding=attrs.get("rounding", {}),
                    source=attrs.get("source", "record"), tolerances=attrs.get("tolerances", {}),
-                   arrays=need("arrays", dict))
+                   arrays=need("arrays", dict), fingerprint_parts=attrs.get("fingerprint_parts", {}))
         outputs = set(record.outputs)
         if set(record.comparators) != outputs:
             missing, extra = sorted(outputs - set(record.comparators)), sorted(set(record.comparators) - outputs)

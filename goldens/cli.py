@@ -128,7 +128,7 @@ def cmd_replay(args) -> int:
         if tree.stale and not args.allow_stale:
             stale += 1
             row(case, wiring, "*", "-", "STALE",
-                (trees.STALE_HINT.format(case=case) + " (or --allow-stale)") if args.rev is None else
+                (tree.stale_reason() + " (or --allow-stale)") if args.rev is None else
                 f"recorded at {args.rev} with an older reference: replay it with --allow-stale (regen "
                 "rewrites main, not an old revision)")
             continue
@@ -238,7 +238,7 @@ def cmd_regen(args) -> int:
 
     store = GoldenStore(args.store)
     items = _items(args.cases, args.wiring, reader=store.reader())
-    report, result = trees.regen(store, items, dry_run=args.dry_run)
+    report, result = trees.regen(store, items, dry_run=args.dry_run, reason=args.message)
     if args.json:
         _emit({"dry_run": args.dry_run, "snapshot": None if result is None else result.snapshot,
                "trees": [{"case": c, "wiring": w, "deltas": [_delta(d) for d in ds]} for c, w, ds in report]})
@@ -335,7 +335,7 @@ def cmd_show(args) -> int:
             raise GoldenStoreError(f"case {args.case} has no recorded tree in {args.store}")
         tree = trees.load_tree(reader, args.case, wiring)
         r = tree.record
-        state = "[red]STALE (run goldens regen)[/]" if tree.stale else "[green]current[/]"
+        state = f"[red]STALE: {escape(tree.stale_reason())}[/]" if tree.stale else "[green]current[/]"
         console.print(f"[bold]{r.case}/{r.wiring}[/] operator {r.operator}, preset {r.preset}, seed {r.seed}, "
                       f"source {r.source}")
         console.print(f"fingerprint {r.fingerprint} ({state}; current {fingerprint(tree.case)}); rounding {r.rounding}; "
@@ -529,6 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "commit only changed arrays in one tagged snapshot and report what moved.")
     rg.add_argument("cases", nargs="*", metavar="CASE")
     rg.add_argument("--dry-run", action="store_true", help="report the changes without committing")
+    rg.add_argument("-m", "--message", default=None, metavar="REASON",
+                    help="why the reference changed (kept in the regen snapshot's message, shown by goldens log)")
     rg.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
     wiring(rg)
     rg.set_defaults(fn=cmd_regen)

@@ -340,8 +340,8 @@ class GoldenStore:
                     fh.truncate()
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
-    def update(self, body: Callable[[Transaction], object], message: str, *, metadata: dict | None = None,
-               tag: str | None = None) -> tuple[object, CommitResult]:
+    def update(self, body: Callable[[Transaction], object], message: str | Callable[[object], str], *,
+               metadata: dict | None = None, tag: str | None = None) -> tuple[object, CommitResult]:
         """One read-modify-write: ``body(txn)`` reads its base through ``txn.reader`` (the branch head the commit
         will go on top of) and stages changes with ``txn.write``; then one commit, tagged with ``tag`` in the
         same step. Returns (what ``body`` returned, the commit result).
@@ -367,7 +367,7 @@ class GoldenStore:
                     time.sleep(float(os.environ["PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"]))
                 meta = {**(metadata or {}), **({"tag": tag} if tag else {})}
                 try:
-                    snapshot = session.commit(message, metadata=meta)
+                    snapshot = session.commit(message(value) if callable(message) else message, metadata=meta)
                     break
                 except (icechunk.IcechunkError, OSError) as exc:
                     raise GoldenStoreError(write_failed(self.root, exc)) from exc

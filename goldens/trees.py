@@ -20,10 +20,11 @@ import torch
 from contracts.backends import MissingOperator
 from contracts.compare import TOLERANCES, Context, compare_all
 from contracts.result import CheckResult
-from goldens.cases import Case, fingerprint, get_case, rounding_versions
+from goldens.cases import Case, fingerprint_parts, get_case, rounding_versions
 from goldens.catalog import WIRINGS, ArgSpec, TreeRecord, tree_path
 from goldens.codec import from_numpy, to_numpy
 from goldens.errors import BackendFailure, GoldenStoreError
+from goldens.fingerprint import changes, combined
 from goldens.store import CommitResult, GoldenStore, StoreReader, digest
 
 
@@ -60,7 +61,8 @@ def make_record(case: Case, wiring: str, seed: int, inputs: dict, outputs: dict,
             arrays[f"out/{spec.name}"] = digest(to_numpy(outputs[spec.name])[0])
     return TreeRecord(case=case.name, operator=case.operator, preset=case.preset, wiring=wiring, seed=seed,
                       args=specs, comparators=case.comparators(wiring),
-                      params=dict(case.params), versions=_versions(), fingerprint=fingerprint(case),
+                      params=dict(case.params), versions=_versions(), fingerprint=combined(parts := fingerprint_parts(case)),
+                      fingerprint_parts=parts,
                       rounding=rounding_versions(case), source=source,
                       tolerances={out: TOLERANCES.get(comp, {}) for out, comp in case.comparators(wiring).items()},
                       arrays=arrays)
@@ -127,6 +129,11 @@ class LoadedTree:
     inputs: dict[str, torch.Tensor]
     expected: dict[str, torch.Tensor]
     stale: bool
+    moved: tuple[str, ...] = ()  # what changed in the reference since recording ("changed kernels.quant.RULES")
+
+    def stale_reason(self) -> str:
+        shown = "; ".join(self.moved[:4]) + (f"; +{len(self.moved) - 4} more" if len(self.moved) > 4 else "")
+        return f"{shown}: run `goldens regen {self.case.name}`"
 
 
 def load_tree(reader: StoreReader, case_name: str, wiring: str) -> LoadedTree:
@@ -163,7 +170,11 @@ def load_tree(reader: StoreReader, case_name: str, wiring: str) -> LoadedTree:
     inputs, expected = {}, {}
     for p, spec, kind in wanted:
         (inputs if kind == "in" else expected)[spec.name] = _as_tensor(p, *data[p], spec)
-    return LoadedTree(case, rec, inputs, expected, rec.fingerprint != fingerprint(case))
+    now = fingerprint_parts(case)
+    moved = changes(rec.fingerprint_parts, now) if rec.fingerprint != combined(now) else []
+    if rec.fingerprint != combined(now) and not moved:
+        moved = ["the reference fingerprint (recorded without its parts)"]
+    return LoadedTree(case, rec, inputs, expected, bool(moved), tuple(moved))
 
 
 _PROBES: dict[tuple[str, str], tuple[dict, dict]] = {}
@@ -196,8 +207,7 @@ def replay(tree: LoadedTree, backend, *, allow_stale: bool = False, keep: dict |
     receives the actual outputs). A device backend with ``replay_through_upstream`` replays upstream's way:
     the tree exported as ``golden_data`` and the kernel's outputs captured through ``compare_fn``."""
     if tree.stale and not allow_stale:
-        raise GoldenStoreError(f"{tree.case.name}/{tree.record.wiring} is stale: "
-                               + STALE_HINT.format(case=tree.case.name))
+        raise GoldenStoreError(f"{tree.case.name}/{tree.record.wiring} is stale: {tree.stale_reason()}")
     try:
         through = getattr(backend, "replay_through_upstream", None)  # a device backend replays upstream's way
         actual = through(backend, tree) if through is not None else None
@@ -278,7 +288,7 @@ def _regen_trees(reader: StoreReader, items: list[tuple[str, str]]):
     return report, arrays, groups
 
 
-def regen(store: GoldenStore, items: list[tuple[str, str]], *, dry_run: bool = False
+def regen(store: GoldenStore, items: list[tuple[str, str]], *, dry_run: bool = False, reason: str | None = None
           ) -> tuple[list[tuple[str, str, list[OutputDelta]]], CommitResult | None]:
     """Recompute expected outputs from stored inputs with the current reference; commit only changed
     arrays (and the new fingerprint) in one tagged commit. The trees are read as the commit's base (under the
@@ -294,8 +304,17 @@ def regen(store: GoldenStore, items: list[tuple[str, str]], *, dry_run: bool = F
         txn.write(arrays, groups)
         return report
 
-    report, result = store.update(body, "regen " + ", ".join(f"{c}/{w}" for c, w in items),
-                                  metadata={"action": "regen"}, tag=f"regen-{stamp}")
+    label = "regen " + ", ".join(f"{c}/{w}" for c, w in items[:6]) + (f" (+{len(items) - 6} more)" if len(items) > 6
+                                                                        else "")
+
+    def message(report_) -> str:  # the snapshot says what moved (and why, with -m)
+        moved = [f"{c}/{w}:{d.name}" for c, w, ds in report_ for d in ds]
+        what = (f"outputs moved: {', '.join(moved[:8])}" + (f" (+{len(moved) - 8} more)" if len(moved) > 8 else "")
+                if moved else "no output moved (fingerprints only)")
+        return f"{label}; {what}" + (f"; reason: {reason}" if reason else "")
+
+    report, result = store.update(body, message, metadata={"action": "regen", **({"reason": reason} if reason else {})},
+                                  tag=f"regen-{stamp}")
     return report, result
 
 

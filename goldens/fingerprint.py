@@ -1,0 +1,260 @@
+"""Exact reference fingerprints: what can move a tree's expected outputs, and nothing else.
+
+Starting from a case's reference callable, ``parts`` walks what that code reaches -- functions, classes
+(every method), and module-level constants (presets, rounding rules, ROUNDING_VERSION, ...) of this project's
+modules (``kernels.*``, ``goldens.cases``) -- and fingerprints each one:
+
+* a function or class by its normalised code: docstrings dropped, comments and formatting gone (AST), and
+  every local name (arguments, assigned names, loop variables, comprehension targets) renamed to its
+  position, so renaming a local moves nothing;
+* a constant by its value (``repr``), so changing a rounding rule, a preset field or a version string does.
+
+Library code (torch, numpy, the standard library) is not walked: its version is recorded apart. A tree is
+stale exactly when one of its parts changed, and the message names them.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib
+import inspect
+import sys
+import textwrap
+import threading
+import types
+from collections.abc import Callable
+
+PROJECT = ("kernels", "goldens.cases")
+_LOCK = threading.Lock()  # CPython 3.11's AST constructor is not thread-safe ("recursion depth mismatch")
+_CODE: dict[str, str] = {}  # normalised-source cache: source text -> digest
+
+
+def _ours(module: str | None) -> bool:
+    return bool(module) and any(module == p or module.startswith(p + ".") for p in PROJECT)
+
+
+class _Locals(ast.NodeTransformer):
+    """Rename the names bound inside one function (its arguments and assignments) to positional names."""
+
+    def __init__(self, bound: set[str]):
+        self.bound, self.names = bound, {}
+
+    def _name(self, name: str) -> str:
+        if name not in self.bound:
+            return name
+        return self.names.setdefault(name, f"_v{len(self.names)}")
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        node.id = self._name(node.id)
+        return node
+
+    def visit_arg(self, node: ast.arg) -> ast.AST:
+        node.arg = self._name(node.arg)
+        node.annotation = None
+        return node
+
+
+def _bound_names(fn: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def _strip_docstrings(tree: ast.AST) -> None:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+
+
+def normalised_digest(source: str) -> str:
+    """Digest of one function's or class's source, invariant to formatting, comments, docstrings, type
+    annotations of arguments and the names of locals."""
+    with _LOCK:
+        if source not in _CODE:
+            tree = ast.parse(textwrap.dedent(source))
+            _strip_docstrings(tree)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                    _Locals(_bound_names(node)).visit(node)
+            _CODE[source] = hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]
+        return _CODE[source]
+
+
+def _source(obj) -> str | None:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return None
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _value_like(value, depth: int = 0) -> bool:
+    """A constant whose repr is its value (no addresses): numbers, strings, enums, dtypes, dataclasses and
+    containers of those."""
+    import dataclasses
+    import enum
+
+    import torch
+
+    if depth > 6:
+        return False
+    if value is None or isinstance(value, bool | int | float | complex | str | bytes | enum.Enum | torch.dtype):
+        return True
+    if isinstance(value, tuple | list | set | frozenset):
+        return all(_value_like(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(_value_like(k, depth + 1) and _value_like(v, depth + 1) for k, v in value.items())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return all(_value_like(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value))
+    return False
+
+
+def _code_digest(code: types.CodeType) -> str:
+    """A lambda's fingerprint from its code object (its source line may hold more than the lambda): the
+    bytecode, constants and the global/attribute names it uses -- not the names of its arguments."""
+    h = hashlib.sha256(code.co_code)
+    for const in code.co_consts:
+        h.update(_code_digest(const).encode() if isinstance(const, types.CodeType) else repr(const).encode())
+    h.update(repr(code.co_names).encode())
+    return h.hexdigest()[:16]
+
+
+def _defined_in(fn: types.FunctionType, module: str) -> bool:
+    """The function's code lives in its module's own file (not generated, not a wrapper from elsewhere)."""
+    mod = sys.modules.get(module)
+    return bool(mod) and fn.__code__.co_filename == getattr(mod, "__file__", None)
+
+
+def _local_imports(fn: types.FunctionType) -> list[tuple[str, str | None]]:
+    """(module, name) for ``from module import name`` and (module, None) for ``import module`` statements in
+    the function's own body (absolute imports of project modules only)."""
+    src = _source(fn)
+    if not src:
+        return []
+    with _LOCK:
+        tree = ast.parse(textwrap.dedent(src))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and _ours(node.module):
+            out += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names if _ours(a.name)]
+    return out
+
+
+def _safe(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+        return True
+    except ValueError:
+        return False
+
+
+def parts(entry: Callable) -> dict[str, str]:
+    """{qualified name: digest} of everything of this project that ``entry`` reaches."""
+    out: dict[str, str] = {}
+    seen: set[int] = set()
+    codes: list[types.CodeType] = []  # every walked function's code: the names modules are asked for
+    modules: dict[str, types.ModuleType] = {}
+
+    def function(fn: types.FunctionType) -> None:
+        if not _defined_in(fn, fn.__module__):  # generated (dataclass __init__/__repr__): no source of ours
+            return
+        codes.append(fn.__code__)
+        for module_name, name in _local_imports(fn):  # ``from kernels.cache import publish`` inside the body
+            try:
+                mod = importlib.import_module(module_name)
+            except ImportError:
+                continue
+            if name is None:
+                value_of(fn.__module__, module_name, mod)
+            elif hasattr(mod, name):
+                value_of(module_name, name, getattr(mod, name))
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
+            if _safe(cell):
+                value_of(fn.__module__, name, cell.cell_contents)
+        for name in _code_names(fn.__code__):
+            if name in fn.__globals__:
+                value_of(fn.__module__, name, fn.__globals__[name])
+
+    def visit(obj) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, functools.partial):
+            visit(obj.func)
+            for v in (*obj.args, *obj.keywords.values()):
+                if callable(v):
+                    visit(v)
+            return
+        if isinstance(obj, types.MethodType):
+            visit(obj.__func__)
+            return
+        module = getattr(obj, "__module__", None)
+        if not _ours(module) or not isinstance(obj, types.FunctionType | type):
+            return
+        if isinstance(obj, types.FunctionType) and not _defined_in(obj, module):
+            return  # generated or wrapped elsewhere (dataclass __repr__): its class is fingerprinted
+        if isinstance(obj, types.FunctionType) and obj.__name__ == "<lambda>":
+            out[f"{module}.{obj.__qualname__}@{obj.__code__.co_firstlineno}"] = _code_digest(obj.__code__)
+        else:
+            src = _source(obj)
+            out[f"{module}.{obj.__qualname__}"] = normalised_digest(src) if src else "no-source"
+        if isinstance(obj, types.FunctionType):
+            function(obj)
+            return
+        for value in vars(obj).values():  # a class: every method it defines
+            fn = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+            if isinstance(fn, types.FunctionType):
+                function(fn)
+
+    def value_of(module: str, name: str, value) -> None:
+        if isinstance(value, types.ModuleType):
+            if _ours(value.__name__):
+                modules[value.__name__] = value
+        elif isinstance(value, types.FunctionType | type | functools.partial | types.MethodType):
+            visit(value)
+        elif _ours(module) and not name.startswith("__") and value is not None and _value_like(value):
+            # (a None global is a slot filled at run time, e.g. a lazily created pool: not a constant)
+            out[f"const {module}.{name}"] = hashlib.sha256(repr(value).encode()).hexdigest()[:16]
+
+    visit(entry)
+    for _ in range(50):  # names used on project modules (``quant.RULES``, ``rope.materialize_rope_rows``)
+        before = (len(out), len(modules), len(codes))
+        names = set()
+        for code in codes:
+            names |= _code_names(code)
+        for mod in list(modules.values()):
+            for name in sorted(names):
+                if name in vars(mod):
+                    value_of(mod.__name__, name, vars(mod)[name])
+        if (len(out), len(modules), len(codes)) == before:
+            break
+    return out
+
+
+def combined(p: dict[str, str]) -> str:
+    return "sha256:" + hashlib.sha256(repr(sorted(p.items())).encode()).hexdigest()[:32]
+
+
+def changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """What moved between two parts maps, named: 'changed X', 'added Y', 'removed Z'."""
+    out = [f"changed {k}" for k in sorted(set(old) & set(new)) if old[k] != new[k]]
+    out += [f"now reaches {k}" for k in sorted(set(new) - set(old))]
+    out += [f"no longer reaches {k}" for k in sorted(set(old) - set(new))]
+    return out

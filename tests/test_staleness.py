@@ -1,0 +1,99 @@
+"""Exact staleness: a tree is stale only when something its reference reaches changed in a way that can move
+numbers, and the message names it. Renaming locals, docstrings, comments and formatting move nothing; a changed
+rounding function or rounding rule makes exactly the trees that reach it stale. The end-to-end checks edit a
+copy of the project's sources and replay the sample store there. Issue: goldens a kernel engineer trusts."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from goldens import trees
+from goldens.cases import fingerprint_parts, get_case
+from goldens.fingerprint import normalised_digest
+from goldens.store import GoldenStore
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE = '''
+def f(x, scale):
+    """Doc."""
+    y = x * scale  # a comment
+    for i in range(3):
+        y = y + i
+    return [v * 2 for v in y]
+'''
+
+
+def test_normalisation_ignores_locals_docstrings_comments_and_formatting_but_not_code():
+    same = '''
+def f(values,   factor):
+    # no docstring
+    acc = values * factor
+    for k in range( 3 ):
+        acc = acc + k
+    return [w * 2 for w in acc]
+'''
+    assert normalised_digest(BASE) == normalised_digest(same)
+    for changed in (BASE.replace("* scale", "/ scale"), BASE.replace("range(3)", "range(4)"),
+                    BASE.replace("v * 2", "v * 3"), BASE.replace("def f(", "def g(")):
+        assert normalised_digest(changed) != normalised_digest(BASE), changed
+
+
+def test_a_changed_rounding_rule_makes_exactly_the_trees_that_reach_it_stale(monkeypatch):
+    from kernels import quant
+
+    store = GoldenStore(ROOT / "artifacts" / "store")
+    reader = store.reader()
+    monkeypatch.setitem(quant.RULES, "index", replace(quant.RULES["index"], tie="even"))
+    stale = {}
+    for case in trees.recorded_cases(reader):
+        for wiring in trees.recorded_wirings(reader, case):
+            tree = trees.load_tree(reader, case, wiring)
+            if tree.stale:
+                stale[f"{case}/{wiring}"] = tree.moved
+    reach = {c for c in trees.recorded_cases(reader) if "const kernels.quant.RULES" in fingerprint_parts(get_case(c))}
+    assert {k.split("/")[0] for k in stale} == reach and "cache_index" in reach and "rope_rows" not in reach
+    assert all(m == ("changed const kernels.quant.RULES",) for m in stale.values()), stale
+
+
+def _project_copy(tmp_path: Path) -> Path:
+    root = tmp_path / "copy"
+    for part in ("kernels", "goldens", "contracts"):
+        shutil.copytree(ROOT / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "artifacts" / "store", root / "artifacts" / "store",
+                    ignore=shutil.ignore_patterns(".read-cache", "pto-store.lock"))
+    return root
+
+
+def _replay(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "goldens.cli", "--store", str(root / "artifacts" / "store"), "replay",
+                           "rope_rows", "sp_slabs", "cache_index", "metadata"], cwd=root, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root),
+                                                       "PTO_STORE_READ_CACHE": ""})
+
+
+@pytest.mark.parametrize("edit", ["rename a local", "change a rounding step"])
+def test_editing_a_reference_file(tmp_path, edit):
+    root = _project_copy(tmp_path)
+    if edit == "rename a local":
+        path = root / "kernels" / "reference" / "rope.py"
+        text = path.read_text()
+        path.write_text(re.sub(r"\bpos\b", "positions_so_far", text))  # a local of materialize_rope_rows
+        proc = _replay(root)
+        assert proc.returncode == 0 and "0 stale tree(s)" in proc.stdout, proc.stdout[-1500:] + proc.stderr[-800:]
+    else:
+        path = root / "kernels" / "quant.py"
+        text = path.read_text()
+        path.write_text(text.replace("return ((bits + 0x7FFFFF) >> 23) - 127", "return ((bits + 0x7FFFFE) >> 23) - 127"))
+        proc = _replay(root)
+        assert proc.returncode == 2, proc.stdout[-1500:]
+        assert "1 stale tree(s) refused" in proc.stdout  # cache_index only; rope, slabs, metadata stay fresh
+        assert "kernels.quant._ceil_pow2_exponent" in re.sub(r"[\s│]+", "", proc.stdout), proc.stdout[-1500:]
