@@ -278,7 +278,8 @@ def cmd_diff(args) -> int:
     rows = trees.diff_revisions(GoldenStore(args.store), args.rev_a, args.rev_b)
     if args.json:
         _emit({"rev_a": args.rev_a, "rev_b": args.rev_b,
-               "arrays": [{"path": p, "change": k, "delta": None if d is None else _delta(d)} for p, k, d in rows]})
+               "arrays": [{"path": p, "change": k, "delta": None if d is None or isinstance(d, str) else _delta(d),
+                           **({"detail": d} if isinstance(d, str) else {})} for p, k, d in rows]})
         return 0
     table = Table(title=f"diff {args.rev_a} -> {args.rev_b}")
     for col in ("array", "change", "elements changed", "max abs", "mean abs", "max rel", "rows"):
@@ -286,11 +287,14 @@ def cmd_diff(args) -> int:
     for path, kind, d in rows:
         if d is None:
             table.add_row(path, kind, "", "", "", "", "")
+        elif isinstance(d, str):
+            table.add_row(path, kind, escape(d), "", "", "", "")
         else:
             table.add_row(path, kind, f"{d.elements_changed}/{d.elements}", _num(d.max_abs), _num(d.mean_abs),
                           _num(d.max_rel), str(d.rows_affected))
     console.print(table)
-    console.print(f"{len(rows)} array(s) differ")
+    console.print(f"{sum(k != 'attrs' for _p, k, _d in rows)} array(s) and {sum(k == 'attrs' for _p, k, _d in rows)} "
+                  "tree record(s) differ")
     return 0
 
 

@@ -211,7 +211,11 @@ def parts(entry: Callable) -> dict[str, str]:
         if isinstance(obj, types.FunctionType) and not _defined_in(obj, module):
             return  # generated or wrapped elsewhere (dataclass __repr__): its class is fingerprinted
         if isinstance(obj, types.FunctionType) and obj.__name__ == "<lambda>":
-            out[f"{module}.{obj.__qualname__}@{obj.__code__.co_firstlineno}"] = _code_digest(obj.__code__)
+            key, n = f"{module}.{obj.__qualname__}", 1  # not the line number: moving code moves nothing
+            while key in out:
+                n += 1
+                key = f"{module}.{obj.__qualname__}#{n}"
+            out[key] = _code_digest(obj.__code__)
         else:
             src = _source(obj)
             out[f"{module}.{obj.__qualname__}"] = normalised_digest(src) if src else "no-source"

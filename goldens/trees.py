@@ -100,6 +100,23 @@ def record(store: GoldenStore, items: list[tuple[str, str]], seed: int, *, force
     return result
 
 
+def _record_changes(old: dict, new: dict) -> str:
+    """What changed between two tree records, in words (arrays are diffed on their own)."""
+    out = []
+    if old.get("fingerprint") != new.get("fingerprint"):
+        moved = changes(old.get("fingerprint_parts", {}), new.get("fingerprint_parts", {}))
+        out.append("fingerprint: " + ("; ".join(moved[:5]) + (f"; +{len(moved) - 5} more" if len(moved) > 5 else "")
+                                      if moved else f"{old.get('fingerprint')} -> {new.get('fingerprint')}"))
+    for key in ("tolerances", "comparators", "seed", "versions", "source", "params", "preset"):
+        if old.get(key) != new.get(key):
+            if isinstance(old.get(key), dict) and isinstance(new.get(key), dict):
+                keys = sorted(k for k in set(old[key]) | set(new[key]) if old[key].get(k) != new[key].get(k))
+                out += [f"{key}.{k}: {old[key].get(k)!r} -> {new[key].get(k)!r}" for k in keys]
+            else:
+                out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
+    return "; ".join(out)
+
+
 def _overwrite(reader: StoreReader, path: str, new: dict) -> str:
     """'' when the tree at ``path`` is absent or identical to ``new``, else what would change."""
     if not reader.has(path):
@@ -456,11 +473,18 @@ def import_pt(store: GoldenStore, case_name: str, directory: Path, wirings: tupl
     return result
 
 
-def diff_revisions(store: GoldenStore, rev_a: str, rev_b: str) -> list[tuple[str, str, OutputDelta | None]]:
-    """(path, 'added'|'removed'|'changed', delta) for every array that differs between two revisions."""
+def diff_revisions(store: GoldenStore, rev_a: str, rev_b: str) -> list[tuple[str, str, OutputDelta | str | None]]:
+    """(path, 'added'|'removed'|'changed', delta) for every array that differs between two revisions, then
+    (tree, 'attrs', what changed) for every tree whose record changed: fingerprint parts, tolerances,
+    comparators, seed, versions, source."""
     ra, rb = store.reader(rev_a), store.reader(rev_b)
     pa, pb = set(ra.walk_arrays()), set(rb.walk_arrays())
     out = [(p, "added", None) for p in sorted(pb - pa)] + [(p, "removed", None) for p in sorted(pa - pb)]
+    for case in sorted(set(recorded_cases(ra)) & set(recorded_cases(rb))):
+        for wiring in sorted(set(recorded_wirings(ra, case)) & set(recorded_wirings(rb, case))):
+            detail = _record_changes(ra.group_attrs(f"{case}/{wiring}"), rb.group_attrs(f"{case}/{wiring}"))
+            if detail:
+                out.append((f"{case}/{wiring}", "attrs", detail))
     for p in sorted(pa & pb):
         if ra.array_attrs(p).get("digest") == rb.array_attrs(p).get("digest"):
             continue

@@ -97,3 +97,17 @@ def test_editing_a_reference_file(tmp_path, edit):
         assert proc.returncode == 2, proc.stdout[-1500:]
         assert "1 stale tree(s) refused" in proc.stdout  # cache_index only; rope, slabs, metadata stay fresh
         assert "kernels.quant._ceil_pow2_exponent" in re.sub(r"[\s│]+", "", proc.stdout), proc.stdout[-1500:]
+
+
+def test_diff_shows_record_changes_not_only_arrays(tmp_path, monkeypatch):
+    from kernels import quant
+
+    store = GoldenStore(tmp_path / "store")
+    trees.record(store, [("cache_index", "replicated")], seed=2)
+    before = store.log()[0].snapshot
+    monkeypatch.setitem(quant.RULES, "index", replace(quant.RULES["index"], tie="even"))
+    trees.regen(store, [("cache_index", "replicated")], reason="ties to even")
+    rows = trees.diff_revisions(store, before, "main")
+    attrs = [d for p, k, d in rows if k == "attrs"]
+    assert attrs == ["fingerprint: changed const kernels.quant.RULES"], rows
+    assert "reason: ties to even" in store.log()[0].message and "outputs moved" in store.log()[0].message
