@@ -88,11 +88,20 @@ def normalised_digest(source: str) -> str:
         return _CODE[source]
 
 
+_SOURCES: dict[object, str | None] = {}  # code object (function) or class -> its source text
+_IMPORTS: dict[str, list] = {}  # function source -> its local imports
+
+
 def _source(obj) -> str | None:
-    try:
-        return inspect.getsource(obj)
-    except (OSError, TypeError):
-        return None
+    """Source text, cached by code object (a function) or class: inspect.getsource tokenizes the file and
+    walking a half-layer reaches ~90 functions per tree."""
+    key = getattr(obj, "__code__", obj)
+    if key not in _SOURCES:
+        try:
+            _SOURCES[key] = inspect.getsource(obj)
+        except (OSError, TypeError):
+            _SOURCES[key] = None
+    return _SOURCES[key]
 
 
 def _code_names(code: types.CodeType) -> set[str]:
@@ -146,6 +155,8 @@ def _local_imports(fn: types.FunctionType) -> list[tuple[str, str | None]]:
     src = _source(fn)
     if not src:
         return []
+    if src in _IMPORTS:
+        return _IMPORTS[src]
     with _LOCK:
         tree = ast.parse(textwrap.dedent(src))
     out = []
@@ -154,6 +165,7 @@ def _local_imports(fn: types.FunctionType) -> list[tuple[str, str | None]]:
             out += [(node.module, a.name) for a in node.names]
         elif isinstance(node, ast.Import):
             out += [(a.name, None) for a in node.names if _ours(a.name)]
+    _IMPORTS[src] = out
     return out
 
 
