@@ -180,7 +180,14 @@ def compare_all(comparators: Mapping[str, str], ctx: Context) -> dict[str, Check
         if name not in ctx.actual_outputs:
             out[name] = failed("compare", "§7.3", 1, 1, Violation(name, (), "missing", "an output"))
             continue
-        out[name] = compare(name, comp, ctx.actual_outputs[name], ctx.expected_outputs[name], ctx)
+        result = compare(name, comp, ctx.actual_outputs[name], ctx.expected_outputs[name], ctx)
+        if not result.ok and not result.evidence:
+            from dataclasses import replace
+
+            from contracts.evidence import mismatches
+
+            result = replace(result, evidence=mismatches(ctx.actual_outputs[name], ctx.expected_outputs[name]))
+        out[name] = result
     return out
 
 

@@ -42,6 +42,7 @@ class CheckResult:
     n_checked: int
     n_failed: int = 0
     worst: Violation | None = None
+    evidence: tuple = ()  # contracts.evidence.Mismatch rows, attached to failed comparisons of outputs
 
     @property
     def ok(self) -> bool:
@@ -54,7 +55,12 @@ class CheckResult:
         if self.ok:
             return f"{self.check}: ok, {self.n_checked} checked ({self.spec})"
         detail = self.worst.describe() if self.worst is not None else "no detail"
-        return f"{self.check} ({self.spec}): {self.n_failed}/{self.n_checked} failed; worst {detail}"
+        text = f"{self.check} ({self.spec}): {self.n_failed}/{self.n_checked} failed; worst {detail}"
+        if self.evidence:
+            from contracts.evidence import table
+
+            text += f"; {table(self.evidence)}"
+        return text
 
     def __str__(self) -> str:
         return self.message()
