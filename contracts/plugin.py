@@ -15,6 +15,7 @@ that), and it ends with a per-operator summary (ran / passed / failed / skipped,
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -66,6 +67,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="golden store replayed by contracts/test_golden_replay.py: a directory or an S3 prefix "
                          "(credentials, region and endpoint from the AWS_* environment; default "
                          "artifacts/store, env PTO_GOLDEN_STORE)")
+    group.addoption("--record-counterexamples", action="store_true",
+                    help="a contract that fails inside counterexample(...) records its (final, shrunk) failing "
+                         "inputs as a replay tree in --golden-store, so the bug is replayed forever after")
+    group.addoption("--golden-cases", action="append", default=[], metavar="MODULE",
+                    help="import a module that registers user cases (goldens.cases.register); repeatable; "
+                         "also PTO_GOLDEN_CASES")
     group.addoption("--regen-goldens", action="store_true",
                     help="regenerate stale golden trees with the current reference (the test still fails, so "
                          "a regeneration never passes silently)")
@@ -83,7 +90,15 @@ def pytest_configure(config: pytest.Config) -> None:
         Location.parse(config.getoption("golden_store"))
     except GoldenStoreError as exc:
         raise pytest.UsageError(f"--golden-store: {exc}") from None
-    global _TALLY
+    global _TALLY, _CONFIG
+    _CONFIG = config
+    if config.getoption("golden_cases"):
+        from goldens.cases import load_case_modules
+
+        try:
+            load_case_modules(config.getoption("golden_cases"))
+        except GoldenStoreError as exc:
+            raise pytest.UsageError(f"--golden-cases: {exc}") from None
     config._pto_backend = backend_from_options(config)  # a bad backend is one usage error, here
     config._pto_tally = _TALLY = Tally()
 
@@ -205,6 +220,38 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 _TALLY: Tally | None = None
+_CONFIG: pytest.Config | None = None
+
+
+@contextlib.contextmanager
+def counterexample(case: str, inputs: dict):
+    """Wrap a contract's checks on ``inputs`` (laid out as golden case ``case``'s inputs). With
+    ``--record-counterexamples``, a failure records them as a replay tree derived from that case (for a
+    hypothesis test, only the final, shrunk example) and says so; the failure is re-raised either way."""
+    snapshot = {k: v.clone() for k, v in inputs.items()}
+    try:
+        yield
+    except AssertionError:
+        if _CONFIG is not None and _CONFIG.getoption("record_counterexamples") and _final_example():
+            from goldens import trees
+            from goldens.store import GoldenStore
+
+            label = _ITEM.nodeid if _ITEM is not None else "a contract"
+            name, result = trees.record_counterexample(GoldenStore(_CONFIG.getoption("golden_store")), case,
+                                                       snapshot, label=label)
+            print(f"\npto-contracts: recorded counterexample tree {name} (snapshot {result.snapshot}); replay it "
+                  f"with: goldens --store {_CONFIG.getoption('golden_store')} replay {name}")
+        raise
+
+
+def _final_example() -> bool:
+    """True outside hypothesis, or on hypothesis' final (reported, shrunk) run of a failing example."""
+    try:
+        from hypothesis.control import current_build_context
+
+        return bool(current_build_context().is_final)
+    except Exception:  # not inside a hypothesis test
+        return True
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.plugin import op
+from contracts.plugin import counterexample, op
 from kernels.config import FLASH, FLASH_TINY
 from kernels.reference.rope import precompute_rope_tables, rope_frequencies, rope_interleave
 
@@ -77,16 +77,19 @@ def test_rope_rows_exact_identity_and_untouched(backend, capacity, tokens, data,
     positions[count:] = capacity + 7 * torch.arange(tokens - count, dtype=torch.int32)  # beyond count and capacity
     rc = torch.full((tokens, cos.shape[1]), SENTINEL_COS)
     rs = torch.full((tokens, cos.shape[1]), SENTINEL_SIN)
-    materialize(cos, sin, positions, count, rc, rs)
-    for t in range(tokens):
-        p = int(positions[t])
-        if t >= count:
-            assert bool((rc[t] == SENTINEL_COS).all() and (rs[t] == SENTINEL_SIN).all()), \
-                f"row {t} >= num_tokens {count} was written (sentinels 17/19 lost)"
-        elif p >= 0:
-            assert torch.equal(rc[t], cos[p]) and torch.equal(rs[t], sin[p]), f"row {t}: not table row {p}"
-        else:
-            assert bool((rc[t] == 1).all() and (rs[t] == 0).all()), f"row {t} (position {p}): not identity"
+    inputs = {"freqs_cos": cos, "freqs_sin": sin, "position_ids": positions,
+              "num_tokens": torch.tensor(count, dtype=torch.int32), "rope_cos": rc, "rope_sin": rs}
+    with counterexample("rope_rows", inputs):  # --record-counterexamples keeps a failing example as a tree
+        materialize(cos, sin, positions, count, rc, rs)
+        for t in range(tokens):
+            p = int(positions[t])
+            if t >= count:
+                assert bool((rc[t] == SENTINEL_COS).all() and (rs[t] == SENTINEL_SIN).all()), \
+                    f"row {t} >= num_tokens {count} was written (sentinels 17/19 lost)"
+            elif p >= 0:
+                assert torch.equal(rc[t], cos[p]) and torch.equal(rs[t], sin[p]), f"row {t}: not table row {p}"
+            else:
+                assert bool((rc[t] == 1).all() and (rs[t] == 0).all()), f"row {t} (position {p}): not identity"
 
 
 def test_rope_rows_reject_position_beyond_capacity(backend):

@@ -9,6 +9,7 @@ spare unmapped rows, -1 slots, padding rows, ties in Top-K). Spec: §7.2, §7.3.
 from __future__ import annotations
 
 import importlib
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ class Case:
     inout: tuple[str, ...] = ()
     params: dict = field(default_factory=dict)
     preset: str = "flash-tiny"
+    base: str | None = None  # a case derived from another (a recorded counterexample): its operator and call
 
     def arg_specs(self, inputs: Tensors, outputs: Tensors) -> tuple[ArgSpec, ...]:
         specs = []
@@ -372,13 +374,57 @@ def _build_cases() -> dict[str, Case]:
     return {c.name: c for c in cases}
 
 
-_CASES: dict[str, Case] | None = None
+_CASES: dict[str, Case] = {}
+_BUILT = False
+
+
+def register(case: Case, *, replace: bool = False) -> Case:
+    """Add a case to the registry -- the one way cases exist: the built-in ones go through it too. From user
+    code, a module that calls ``register`` and is named in ``PTO_GOLDEN_CASES`` (comma-separated), in
+    ``goldens --cases-module`` or in pytest's ``--golden-cases``; from a pytest test or conftest, call it
+    directly. A name already taken is refused unless ``replace``."""
+    if not isinstance(case, Case):
+        raise GoldenStoreError(f"register: expected a goldens.cases.Case, got {type(case).__name__}")
+    if not case.name or "/" in case.name:
+        raise GoldenStoreError(f"register: case name {case.name!r} must be non-empty without '/'")
+    if case.name in _CASES and not replace and _CASES[case.name] is not case:
+        raise GoldenStoreError(f"register: case {case.name!r} exists (pass replace=True to redefine it)")
+    _CASES[case.name] = case
+    return case
+
+
+def derived(base: Case, name: str, inputs: Tensors | None = None, *, description: str = "") -> Case:
+    """A case with ``base``'s operator, call, reference and comparators and fixed ``inputs`` (a recorded
+    counterexample); replayed like any other."""
+    fixed = {k: v.clone() for k, v in (inputs or {}).items()}
+
+    def build(seed: int, wiring: str) -> Tensors:
+        if not fixed:
+            raise GoldenStoreError(f"case {name}: a derived case replays its stored inputs; it cannot build new ones")
+        return {k: v.clone() for k, v in fixed.items()}
+
+    return Case(name, base.operator, description or f"counterexample of {base.name}", base.wirings, base.modules,
+                build, base.reference, base.run, base.comparators, base.inout, dict(base.params), base.preset,
+                base=base.name)
+
+
+def load_case_modules(names=()) -> None:
+    """Import user case modules (each registers its cases): ``names`` and ``PTO_GOLDEN_CASES``."""
+    wanted = [n.strip() for n in (*names, *os.environ.get("PTO_GOLDEN_CASES", "").split(",")) if n and n.strip()]
+    for name in wanted:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise GoldenStoreError(f"cases module {name!r} failed to import: {type(exc).__name__}: {exc}") from None
 
 
 def cases() -> dict[str, Case]:
-    global _CASES
-    if _CASES is None:
-        _CASES = _build_cases()
+    global _BUILT
+    if not _BUILT:
+        _BUILT = True
+        for case in _build_cases().values():
+            register(case)
+        load_case_modules()
     return _CASES
 
 
@@ -386,4 +432,5 @@ def get_case(name: str) -> Case:
     try:
         return cases()[name]
     except KeyError:
-        raise GoldenStoreError(f"unknown case {name!r}; known: {sorted(cases())}") from None
+        raise GoldenStoreError(f"unknown case {name!r}; known: {sorted(cases())} (a user case module not loaded? "
+                               "PTO_GOLDEN_CASES / --cases-module)") from None

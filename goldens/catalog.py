@@ -60,6 +60,7 @@ class TreeRecord:
     tolerances: dict = field(default_factory=dict)
     arrays: dict = field(default_factory=dict)  # "in/<name>" / "out/<name>" -> content digest
     fingerprint_parts: dict = field(default_factory=dict)  # what the reference reaches -> its digest
+    base_case: str = ""  # a counterexample tree: the case whose operator, call and comparators it uses
 
     def to_attrs(self) -> dict:
         d = asdict(self)
@@ -106,7 +107,8 @@ class TreeRecord:
                    params=attrs.get("params", {}), versions=attrs.get("versions", {}),
                    fingerprint=need("fingerprint", str), rounding=attrs.get("rounding", {}),
                    source=attrs.get("source", "record"), tolerances=attrs.get("tolerances", {}),
-                   arrays=need("arrays", dict), fingerprint_parts=attrs.get("fingerprint_parts", {}))
+                   arrays=need("arrays", dict), fingerprint_parts=attrs.get("fingerprint_parts", {}),
+                   base_case=attrs.get("base_case", ""))
         outputs = set(record.outputs)
         if set(record.comparators) != outputs:
             missing, extra = sorted(outputs - set(record.comparators)), sorted(set(record.comparators) - outputs)

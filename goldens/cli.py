@@ -42,6 +42,8 @@ def _items(names: list[str], wiring: str, *, reader=None) -> list[tuple[str, str
         names = trees.recorded_cases(reader) if reader is not None else sorted(cases())
     out = []
     for name in names:
+        if reader is not None:
+            trees.adopt(reader, name)
         case = get_case(name)
         wanted = select_wirings(wiring)
         chosen = [w for w in wanted if w in case.wirings]
@@ -484,6 +486,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "S3-compatible server). Writers never lose each other's commits: a local store "
                                 "serializes them with a lock file, S3 commits are optimistic and rerun on a moved "
                                 "branch.")
+    p.add_argument("--cases-module", action="append", default=[], metavar="MODULE",
+                   help="import a module that registers user cases (goldens.cases.register); repeatable; also "
+                        "PTO_GOLDEN_CASES")
     p.add_argument("--store", default=DEFAULT_STORE, metavar="PATH|s3://BUCKET/PREFIX",
                    help=f"store root: a directory or an S3 prefix (default {DEFAULT_STORE}; env PTO_GOLDEN_STORE)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -603,6 +608,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.cases_module:
+            from goldens.cases import load_case_modules
+
+            load_case_modules(args.cases_module)
         return args.fn(args)
     except GoldenStoreError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)  # one unwrapped line

@@ -7,6 +7,7 @@ Spec: §7.2 (one tree per wiring, never fed to the other), §7.3 (in/out layout,
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import importlib.metadata
 import math
 import os
@@ -20,7 +21,7 @@ import torch
 from contracts.backends import MissingOperator
 from contracts.compare import TOLERANCES, Context, compare_all
 from contracts.result import CheckResult
-from goldens.cases import Case, fingerprint_parts, get_case, rounding_versions
+from goldens.cases import Case, cases, derived, fingerprint_parts, get_case, register, rounding_versions
 from goldens.catalog import WIRINGS, ArgSpec, TreeRecord, tree_path
 from goldens.codec import from_numpy, to_numpy
 from goldens.errors import BackendFailure, GoldenStoreError
@@ -62,7 +63,7 @@ def make_record(case: Case, wiring: str, seed: int, inputs: dict, outputs: dict,
     return TreeRecord(case=case.name, operator=case.operator, preset=case.preset, wiring=wiring, seed=seed,
                       args=specs, comparators=case.comparators(wiring),
                       params=dict(case.params), versions=_versions(), fingerprint=combined(parts := fingerprint_parts(case)),
-                      fingerprint_parts=parts,
+                      fingerprint_parts=parts, base_case=case.base or "",
                       rounding=rounding_versions(case), source=source,
                       tolerances={out: TOLERANCES.get(comp, {}) for out, comp in case.comparators(wiring).items()},
                       arrays=arrays)
@@ -131,12 +132,45 @@ def _overwrite(reader: StoreReader, path: str, new: dict) -> str:
     return f"{path}: {what or 'record attributes'} would change" + (f" ({seed})" if seed else "")
 
 
+def record_counterexample(store: GoldenStore, base_name: str, inputs: dict, *, label: str,
+                          wiring: str = "replicated") -> tuple[str, CommitResult]:
+    """Record ``inputs`` (a failing example) as a tree of a case derived from ``base_name`` -- its operator,
+    call, reference and comparators -- named ``cx-<base>-<digest of the inputs>``; replayed forever after."""
+    base = get_case(base_name)
+    h = hashlib.sha256()
+    for k in sorted(inputs):
+        h.update(k.encode() + digest(to_numpy(inputs[k])[0]).encode())
+    name = f"cx-{base_name}-{h.hexdigest()[:10]}"
+    case = register(derived(base, name, inputs, description=f"counterexample of {base_name} from {label}"),
+                    replace=True)
+    rec, ins, outs = build_tree(case, wiring, -1)
+    rec = make_record(case, wiring, -1, ins, outs, source=f"counterexample {label}")
+    result = store.commit(tree_arrays(case, rec, ins, outs), {tree_path(name, wiring): rec.to_attrs()},
+                          f"record counterexample {name} ({label})", metadata={"action": "counterexample"})
+    return name, result
+
+
 def recorded_wirings(reader: StoreReader, case: str) -> list[str]:
     return [w for w in WIRINGS if reader.has(f"{case}/{w}")]
 
 
 def recorded_cases(reader: StoreReader) -> list[str]:
-    return [c for c in reader.groups() if recorded_wirings(reader, c)]
+    """Cases with a recorded tree; a recorded counterexample's derived case is registered on the way."""
+    out = [c for c in reader.groups() if recorded_wirings(reader, c)]
+    for name in out:
+        adopt(reader, name)
+    return out
+
+
+def adopt(reader: StoreReader, name: str) -> None:
+    """Register the derived case of a counterexample tree (its record names its base case), if needed."""
+    if name in cases():
+        return
+    for wiring in recorded_wirings(reader, name):
+        base = reader.group_attrs(tree_path(name, wiring)).get("base_case")
+        if base:
+            register(derived(get_case(base), name))
+            return
 
 
 @dataclass
@@ -156,8 +190,9 @@ class LoadedTree:
 def load_tree(reader: StoreReader, case_name: str, wiring: str) -> LoadedTree:
     """Read one tree and check it: the tree is for this wiring and case, its argument spec (names, order,
     directions, dtypes) matches the operator's, every array is present with its recorded shape/dtype."""
-    case = get_case(case_name)
     path = tree_path(case_name, wiring)
+    adopt(reader, case_name)  # a recorded counterexample: rebuilt from its base case
+    case = get_case(case_name)
     if not reader.has(path):
         have = recorded_wirings(reader, case_name)
         raise GoldenStoreError(f"no {wiring} tree for case {case_name} (recorded wirings: {have or 'none'}); "
@@ -200,6 +235,8 @@ _PROBES: dict[tuple[str, str], tuple[dict, dict]] = {}
 def _spec_probe(case: Case, wiring: str) -> tuple[dict, dict]:
     """Inputs/outputs of seed 0 (tiny, built once per process), used only for names, order, directions
     and dtypes -- never as replay data."""
+    if case.base:  # a derived case (counterexample) has its base case's arguments
+        return _spec_probe(get_case(case.base), wiring)
     key = (case.name, wiring)
     if key not in _PROBES:
         inputs = case.build_inputs(0, wiring)
