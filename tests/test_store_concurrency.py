@@ -90,7 +90,9 @@ def test_record_regen_and_import_interleave_without_losing_a_commit(where, tmp_p
     order = [e.snapshot for e in reversed(store.log())]  # oldest first
     ops = {snap: (kind, case, want) for snap, kind, case, want in done}
     assert all(snap in set(order) for snap in ops), "a commit is missing from the branch history"
-    assert len(done) > (100 if where == "local" else 40), f"only {len(done)} commits interleaved"
+    # about a third of the operations are records (always a commit); regens and repeated imports that change
+    # nothing make no commit
+    assert len(done) > (60 if where == "local" else 25), f"only {len(done)} commits interleaved"
     print(f"{where}: {len(done)} commits from {3 * per_worker} operations, {sum(retries)} optimistic reruns")
     if where == "s3":  # the optimistic path really ran: commits found the branch moved and reran
         assert sum(retries) > 0, "no S3 commit ever conflicted: the interleaving did not exercise the retry"
