@@ -123,6 +123,7 @@ class MissingOperator(BackendError):
         super().__init__(f"backend {backend.name!r} has no operator {op!r}{reason}")
 
 
+@cache
 def library_comparators() -> dict[str, Callable]:
     """The comparator library (``contracts.checks.precision``) every backend is judged with by default."""
     return {name: getattr(importlib.import_module(REFERENCE_OPERATORS[name][0]), REFERENCE_OPERATORS[name][1])
@@ -139,7 +140,8 @@ class Backend:
     """
 
     def __init__(self, name: str, operators: Mapping[str, Callable], *, platform: str = "cpu",
-                 unavailable: str | None = None, description: str = "", why_missing: Mapping[str, str] = ()):
+                 unavailable: str | None = None, description: str = "", why_missing: Mapping[str, str] = (),
+                 replay: Callable | None = None):
         unknown = sorted(set(operators) - set(OPERATORS))
         if unknown:
             raise BackendError(f"backend {name!r}: unknown operator(s) {unknown}; known: {sorted(KERNEL_OPERATORS)}")
@@ -151,6 +153,8 @@ class Backend:
         self._ops = kernels if unavailable is None else {}
         self._comparators = {k: v for k, v in operators.items() if k in COMPARATORS}
         self.why_missing = dict(why_missing)  # operator -> why this backend does not bind it
+        # a device backend's own way to replay a golden tree (tree -> outputs, or None to run the operators)
+        self.replay = replay
 
     def has(self, op: str) -> bool:
         return op in self._ops or op in COMPARATORS

@@ -90,7 +90,7 @@ def pytest_configure(config: pytest.Config) -> None:
         Location.parse(config.getoption("golden_store"))
     except GoldenStoreError as exc:
         raise pytest.UsageError(f"--golden-store: {exc}") from None
-    global _TALLY, _CONFIG
+    global _CONFIG
     _CONFIG = config
     if config.getoption("golden_cases"):
         from goldens.cases import load_case_modules
@@ -100,7 +100,7 @@ def pytest_configure(config: pytest.Config) -> None:
         except GoldenStoreError as exc:
             raise pytest.UsageError(f"--golden-cases: {exc}") from None
     config._pto_backend = backend_from_options(config)  # a bad backend is one usage error, here
-    config._pto_tally = _TALLY = Tally()
+    config._pto_tally = Tally()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -215,11 +215,9 @@ class Tally:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if _TALLY is not None:
-        _TALLY.add(report)
+    if _CONFIG is not None:
+        _CONFIG._pto_tally.add(report)
 
-
-_TALLY: Tally | None = None
 _CONFIG: pytest.Config | None = None
 
 

@@ -107,7 +107,6 @@ def cmd_replay(args) -> int:
     reader = store.reader(args.rev)
     items = _items(args.cases, args.wiring, reader=reader)
     kept: dict = {}
-    verdicts: dict = {}
     table = Table(title=escape(f"replay on backend {backend.name} ({backend.platform}) from {args.store}@{reader.snapshot[:12]}"))
     for col in ("case", "wiring", "output", "comparator", "verdict", "detail"):
         table.add_column(col, overflow="fold")
@@ -157,7 +156,6 @@ def cmd_replay(args) -> int:
             continue
         ran += 1
         kept[(case, wiring)] = actual
-        verdicts[(case, wiring)] = {o: ("PASS" if r.ok else "FAIL") for o, r in results.items()}
         for output, result in results.items():
             ok = result.ok
             failures += not ok
@@ -170,6 +168,9 @@ def cmd_replay(args) -> int:
     out.print(f"{failures} failed output(s), {errors} tree(s) with a backend error, {skipped} skipped tree(s), "
               f"{stale} stale tree(s) refused")
     if args.keep_actual and kept:
+        verdicts: dict = {}
+        for r in rows:
+            verdicts.setdefault((r["case"], r["wiring"]), {})[r["output"]] = r["verdict"]
         result = trees.keep_actual(store, backend, reader.snapshot, kept, verdicts)
         out.print(f"kept the actual outputs of {len(kept)} tree(s) under {trees.ACTUAL_ROOT}/ "
                   f"(snapshot {result.snapshot or 'unchanged'})")

@@ -118,6 +118,11 @@ def _record_changes(old: dict, new: dict) -> str:
     return "; ".join(out)
 
 
+def _same_content(old: dict, new: dict) -> bool:
+    """Two tree records describe the same tree: every array's digest and the reference fingerprint agree."""
+    return old.get("arrays") == new.get("arrays") and old.get("fingerprint") == new.get("fingerprint")
+
+
 def _overwrite(reader: StoreReader, path: str, new: dict) -> str:
     """'' when the tree at ``path`` is absent or identical to ``new``, else what would change."""
     if not reader.has(path):
@@ -126,7 +131,7 @@ def _overwrite(reader: StoreReader, path: str, new: dict) -> str:
     before, after = old.get("arrays", {}), new.get("arrays", {})
     moved = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
     seed = f"seed {old.get('seed')} -> {new.get('seed')}" if old.get("seed") != new.get("seed") else ""
-    if not moved and not seed and old.get("fingerprint") == new.get("fingerprint"):
+    if not seed and _same_content(old, new):
         return ""
     what = ", ".join(moved[:6]) + (f" (+{len(moved) - 6} more)" if len(moved) > 6 else "")
     return f"{path}: {what or 'record attributes'} would change" + (f" ({seed})" if seed else "")
@@ -252,19 +257,16 @@ def _as_tensor(path: str, arr, attrs: dict, spec: ArgSpec) -> torch.Tensor:
     return t
 
 
-STALE_HINT = "the reference arithmetic or a rounding rule changed since it was recorded: run `goldens regen {case}`"
-
-
 def replay(tree: LoadedTree, backend, *, allow_stale: bool = False, keep: dict | None = None
            ) -> dict[str, CheckResult]:
     """Run ``backend`` on the stored inputs and judge each output with its comparator (``keep``, when given,
-    receives the actual outputs). A device backend with ``replay_through_upstream`` replays upstream's way:
+    receives the actual outputs). A device backend with its own ``replay`` (pypto) replays upstream's way:
     the tree exported as ``golden_data`` and the kernel's outputs captured through ``compare_fn``."""
     if tree.stale and not allow_stale:
         raise GoldenStoreError(f"{tree.case.name}/{tree.record.wiring} is stale: {tree.stale_reason()}")
     try:
-        through = getattr(backend, "replay_through_upstream", None)  # a device backend replays upstream's way
-        actual = through(backend, tree) if through is not None else None
+        own = getattr(backend, "replay", None)  # a device backend replays upstream's way
+        actual = own(tree) if own is not None else None
         if actual is None:
             actual = tree.case.run(backend, _clone(tree.inputs), tree.record.wiring)
     except MissingOperator:
@@ -398,10 +400,6 @@ def export_pt(reader: StoreReader, case_name: str, wiring: str, directory: Path)
                           root=directory)
 
 
-
-
-
-
 def export_pt_tree(tree: LoadedTree, data_dir: Path, *, root: Path | None = None) -> list[Path]:
     """One tree as upstream's ``golden_data`` directory: ``in/<name>.pt`` for every input and scalar (a 0-dim
     tensor), ``out/<name>.pt`` for every output; an InOut argument has both (spec §7.3)."""
@@ -502,7 +500,7 @@ def import_pt(store: GoldenStore, case_name: str, directory: Path, wirings: tupl
         for path, attrs in list(groups.items()):  # the same bytes already stored: keep that record (a no-op)
             if txn.reader.has(path):
                 old = txn.reader.group_attrs(path)
-                if old.get("arrays") == attrs.get("arrays") and old.get("fingerprint") == attrs.get("fingerprint"):
+                if _same_content(old, attrs):
                     groups[path] = old
         txn.write(arrays, groups)
 

@@ -233,20 +233,17 @@ def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_li
     ops = {name: ADAPTERS[name](launch) for name, launch in launchers.items()}
     why = {b.operator: (f"{b.status}: {b.note}" if b.note else b.status) + f" (upstream {b.upstream})"
            for b in BINDINGS.values() if b.operator not in ops}
-    backend = Backend("pypto-test-double" if double else "pypto", ops, platform=platform, why_missing=why,
-                      description=f"upstream A5 kernels from {root} @ {revision(root)} on {platform}, "
-                                  f"devices {devices}")
-    backend.launchers = launchers
-    backend.replay_through_upstream = replay_through_upstream
-    return backend
+    return Backend("pypto-test-double" if double else "pypto", ops, platform=platform, why_missing=why,
+                   description=f"upstream A5 kernels from {root} @ {revision(root)} on {platform}, devices {devices}",
+                   replay=lambda tree: replay_through_upstream(launchers, tree))
 
 
-def replay_through_upstream(backend, tree) -> dict[str, torch.Tensor] | None:
+def replay_through_upstream(launchers: dict, tree) -> dict[str, torch.Tensor] | None:
     """Replay a golden tree the way upstream replays saved data: export it in upstream's layout
     (``<dir>/in/<name>.pt``, ``<dir>/out/<name>.pt``), run the bound entry with ``golden_data`` pointing there,
     and return the kernel's outputs captured through ``compare_fn``. None when the tree's operator is not
     bound as one upstream entry (the caller then runs the backend's operators)."""
-    launch = getattr(backend, "launchers", {}).get(tree.case.operator)
+    launch = launchers.get(tree.case.operator)
     if launch is None:
         return None
     from goldens import trees
