@@ -5,7 +5,10 @@ Every kernel operator of ``contracts.backends.KERNEL_OPERATORS`` has a row:
 
 * ``bound``: the backend runs the upstream entry through upstream's ``golden.runner.run`` (via the wrapper
   program in ``kernels/pypto_programs.py`` named by ``program``) and returns the outputs it captured;
-* ``not bound``: upstream has the code, but this version does not bind it yet; ``note`` says what is missing;
+* ``not bound``: upstream has an entry for it, but this version does not bind it yet; ``note`` says what is
+  missing;
+* ``not exposed``: upstream has no entry with this operator's inputs and outputs (the work is fused inside
+  another entry, or is host Python); ``note`` names where it lives, so it cannot be bound as it stands;
 * ``host``: host-side Python (metadata, schedule, slab arithmetic, caller checks), not a device kernel;
 * ``composition``: built from other operators (runs on whatever this backend binds).
 
@@ -32,7 +35,7 @@ class Arg:
 @dataclass(frozen=True)
 class Binding:
     operator: str
-    status: str  # bound | not bound | host | composition
+    status: str  # bound | not bound | not exposed | host | composition
     upstream: str  # file::function (or files)
     kind: str = ""  # @pl.jit / @pl.jit.inline / host Python
     args: tuple[Arg, ...] = ()
@@ -115,6 +118,48 @@ LEAF_VARIANTS = (
     (f"{FLASH}/prefill_attn_swa.py::prefill_attn_swa", _LEAF_PREFIX + _args(
         ("output_window", "inout", "FP32 (distributed window)", "[PREFILL_MAX_TOKENS, D]")) + _LEAF_TAIL[1:]),
 )
+_PREFILL_WINDOW = Arg("output_window", "inout", "FP32 (distributed window)", "[PREFILL_MAX_TOKENS, D]")
+_PREFILL_OUTPUT = Arg("output", "out", "BF16", "[T_DYN, D]")
+
+
+def _prefill(entry: str, decode_args: tuple[Arg, ...]) -> tuple[str, tuple[Arg, ...]]:
+    """A prefill leaf takes its decode twin's arguments in the same order; only the distributed output
+    window is sized for PREFILL_MAX_TOKENS and the output is all T_DYN rows (upstream prefill_attn_<mode>.py
+    entries call the decode partials, or the prefill_c1a_common partial, with these parameters)."""
+    swap = {"output_window": _PREFILL_WINDOW, "output": _PREFILL_OUTPUT}
+    return entry, tuple(swap.get(a.name, a) for a in decode_args)
+
+
+_DECODE = dict(LEAF_VARIANTS[:6])
+LEAF_VARIANTS += (
+    _prefill(f"{FLASH}/prefill_attn_c2a_full.py::prefill_attn_c2a_full",
+             _DECODE[f"{FLASH}/decode_attn_c2a_full.py::decode_attn_c2a_full"]),
+    _prefill(f"{FLASH}/prefill_attn_c2a_reuse.py::prefill_attn_c2a_reuse",
+             _DECODE[f"{FLASH}/decode_attn_c2a_reuse.py::decode_attn_c2a_reuse"]),
+    _prefill(f"{FLASH}/prefill_attn_c1a_full.py::prefill_attn_c1a_full (make_prefill_attn_c1a_full(paged_indexer))",
+             _DECODE[f"{FLASH}/decode_attn_c1a_full.py::decode_attn_c1a_full"]),
+    _prefill(f"{FLASH}/prefill_attn_c1a_reindex.py::prefill_attn_c1a_reindex "
+             "(make_prefill_attn_c1a_reindex(paged_indexer))",
+             _DECODE[f"{FLASH}/decode_attn_c1a_reindex.py::decode_attn_c1a_reindex"]),
+    _prefill(f"{FLASH}/prefill_attn_c1a_reuse.py::prefill_attn_c1a_reuse (make_prefill_attn_c1a_reuse())",
+             _DECODE[f"{FLASH}/decode_attn_c1a_reuse.py::decode_attn_c1a_reuse"]),
+)
+# The fused indexer the C1A leaves call (prefill_c1a_indexer.py::make_paged_indexer()): scores and Top-K in
+# one inline piece that starts from x and the query latent; it hands back no scores.
+_PAGED_INDEXER = _args(
+    ("x", "in", "BF16", "[T_DYN, D]"), ("query_latent", "in", "BF16", "[T_DYN, Q_LORA] (RMSNorm(x @ wq_a))"),
+    ("request_ids", "in", "INT32", "[T_DYN]"), ("compressed_lens", "in", "INT32", "[T_DYN]"),
+    ("index_cache", "in", "FP4E2M1X2 (UINT8 carrier)", "[INDEX_BLOCKS_DYN, 128, 1, INDEX_DIM//2]"),
+    ("index_cache_scale", "in", "FP8E8M0", "[INDEX_BLOCKS_DYN, 128, 1, INDEX_DIM//32]"),
+    ("index_block_table", "in", "INT32", "[B_DYN, TABLE_DYN]"),
+    ("rope_cos", "in", "FP32", "[T_DYN, ROPE_DIM//2]"), ("rope_sin", "in", "FP32", "[T_DYN, ROPE_DIM//2]"),
+    ("index_wq_b", "in", "FP8E4M3FN", "[Q_LORA, INDEX_H*INDEX_DIM]"),
+    ("index_wq_b_scale", "in", "FP8E8M0 (MX_B_NN)", "[Q_LORA//32, INDEX_H*INDEX_DIM]"),
+    ("index_weights_proj", "in", "BF16", "[D, INDEX_H]"),
+    ("candidate_mask", "inout", "UINT8", "[T_DYN, CMP_POSITIONS_DYN] (the leaf's own, passed through)"),
+    ("topk_indices", "out", "INT32", "[T_DYN, INDEX_TOPK]"), ("num_tokens", "scalar", "INT32", ""),
+    ("ready", "scalar", "TASK_ID", "the index-cache publication"),
+)
 
 BINDINGS: dict[str, Binding] = {b.operator: b for b in (
     Binding("materialize_rope_rows", "bound", f"{FLASH}/rope_tables.py::materialize_rope_rows", "@pl.jit.inline",
@@ -134,10 +179,12 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             note="the device takes MX weights (FP8E4M3FN + E8M0 scales in the MX_B_NN layout) stacked per rank, "
                  "while this project's half-layer trees hold decoded weights: binding needs that weight packer and "
                  "the per-rank stacking first (until then the composition runs on the operators this backend "
-                 "binds). Arguments below are transcribed for the six decode leaves and prefill SWA (run through "
-                 "decode_attn_swa.run_swa(prefill_attn_swa, 'prefill')); the prefill C2A / C1A entries "
-                 "(prefill_attn_c2a_full.py, prefill_attn_c2a_reuse.py, prefill_attn_c1a_full.py, "
-                 "prefill_attn_c1a_reindex.py, prefill_attn_c1a_reuse.py) are named but not transcribed yet",
+                 "binds). Arguments below: the six decode leaves and the six prefill leaves (a prefill leaf takes "
+                 "its decode twin's arguments in the same order, with the output window sized PREFILL_MAX_TOKENS). "
+                 "Upstream runs them through its @pl.jit.host group entry (l3_<leaf>_test) with every argument "
+                 "stacked [TP_SIZE, ...] per rank, golden.run(..., config={platform, distributed_config="
+                 "DistributedConfig(device_ids, num_sub_workers=0)}) and exactly TP_SIZE device ids; the prefill "
+                 "leaves are A5-only (not run on a5sim upstream) and prefill C1A supports TP 1, 2 and 4",
             variants=LEAF_VARIANTS),
     Binding("compressor_ratio2", "not bound",
             f"{FLASH}/decode_c2a_full.py::compressor_pair, compressor_pool, compressor_state_write",
@@ -150,7 +197,7 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
                   ("previous_scores", "inout", "FP32", "[T_DYN, HEAD_DIM]"), ("count", "scalar", "INT32", "")),
             note="upstream exposes the ring pieces (pair read, pool, state write) on projected kv/scores; this "
                  "operator starts from x and the compressor weights, so it maps to projection + these pieces"),
-    Binding("sparse_attention", "not bound", f"{FLASH}/decode_attn_swa.py::attend_window (and the C1A/C2A "
+    Binding("sparse_attention", "not exposed", f"{FLASH}/decode_attn_swa.py::attend_window (and the C1A/C2A "
             "leaves' attention tiles)", "@pl.jit.inline",
             _args(("query", "in", "BF16", "[T_DYN, LOCAL_H*HEAD_DIM]"), ("selected", "in", "BF16",
                   "[T_DYN, 128, HEAD_DIM]"), ("indices", "in", "INT32", "[T_DYN, 128]"),
@@ -165,15 +212,15 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
                   ("num_tokens", "scalar", "INT32", ""), ("cache_ready", "scalar", "TASK_ID", "")),
             note="the window cache only (MXFP8); the compressed and index caches publish inside their leaves; "
                  "needs a TASK_ID dependency the wrapper must produce"),
-    Binding("cache_read", "not bound", f"{FLASH}/decode_attn_swa.py::gather_window", "@pl.jit.inline",
+    Binding("cache_read", "not exposed", f"{FLASH}/decode_attn_swa.py::gather_window", "@pl.jit.inline",
             _args(("cache", "in", "FP8E4M3FN", "[ORI_BLOCKS_DYN, 128, 1, HEAD_DIM]"),
                   ("scales", "in", "FP8E8M0", "[ORI_BLOCKS_DYN, 128, 1, HEAD_DIM//32]"),
                   ("indices", "in", "INT32", "[T_DYN, 128]"), ("selected", "out", "BF16", "[T_DYN, 128, HEAD_DIM]"),
                   ("num_tokens", "scalar", "INT32", "")),
             note="upstream gathers selected rows per token; this operator decodes the whole cache"),
-    Binding("mx_quantize", "not bound", f"{FLASH}/quantization.py (host helpers) and the inline encoders of "
+    Binding("mx_quantize", "not exposed", f"{FLASH}/quantization.py (host helpers) and the inline encoders of "
             "publish_window", "host Python / inline", note="no standalone device entry"),
-    Binding("mx_dequantize", "not bound", f"{FLASH}/quantization.py::decode_e8m0 (host) and gather_window",
+    Binding("mx_dequantize", "not exposed", f"{FLASH}/quantization.py::decode_e8m0 (host) and gather_window",
             "host Python / inline", note="no standalone device entry"),
     Binding("o_proj", "not bound", f"{FLASH}/o_proj.py::o_proj", "@pl.jit.inline",
             _args(("attended", "in", "BF16", "[T_DYN, LOCAL_H*HEAD_DIM]"),
@@ -193,10 +240,15 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             note="needs a multi-device program (distributed windows, one program per rank)"),
     Binding("tp_reduce_scatter", "not bound", f"{FLASH}/attention_tp.py::decode_tp_output_reduce_scatter",
             "@pl.jit.inline (distributed)", note="as tp_all_reduce; the output is the owner slab"),
-    Binding("index_scores", "not bound", f"{FLASH}/hierarchical_sparse_indexer.py (scores) and the C1A leaves",
-            "@pl.jit.inline", note="arguments not transcribed yet"),
-    Binding("select_topk", "not bound", f"{FLASH}/hierarchical_sparse_indexer.py (Top-K)", "@pl.jit.inline",
-            note="arguments not transcribed yet"),
+    Binding("index_scores", "not exposed", f"{FLASH}/prefill_c1a_indexer.py::make_paged_indexer() (and the decode "
+            "C1A / C2A FULL and REINDEX leaves' indexer tiles)", "@pl.jit.inline(auto_scope=False), built by a factory",
+            _PAGED_INDEXER,
+            note="upstream fuses the index query projection, scoring and Top-K into one inline indexer that "
+                 "starts from x and the query latent and hands back only topk_indices; no entry returns the "
+                 "scores this operator returns (arguments of the fused indexer below)"),
+    Binding("select_topk", "not exposed", f"{FLASH}/prefill_c1a_indexer.py::make_paged_indexer() (fused with the "
+            "scores)", "@pl.jit.inline(auto_scope=False), built by a factory",
+            note="Top-K is the tail of the fused indexer (see index_scores); it never takes scores as input"),
     Binding("candidate_blocks", "bound", f"{FLASH}/hierarchical_sparse_indexer.py::hierarchical_sparse_indexer",
             "@pl.jit.inline",
             _args(("scores", "in", "FP32", "[T_DYN, CMP_POSITIONS_DYN]"), ("compressed_lens", "in", "INT32", "[T_DYN]"),

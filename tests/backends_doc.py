@@ -57,7 +57,7 @@ def render() -> str:
             "`--keep-actual` commits the actual outputs under `actual/<backend>-<platform>/` in the store.", "",
             "Not runnable on this machine (no Ascend toolchain): the binding is exercised against the test "
             "double in `tests/fake_upstream` only.", ""]
-    for status in ("bound", "not bound", "composition", "host"):
+    for status in ("bound", "not bound", "not exposed", "composition", "host"):
         rows = [b for b in BINDINGS.values() if b.status == status]
         if not rows:
             continue

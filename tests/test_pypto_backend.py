@@ -45,12 +45,26 @@ def _env(**extra) -> dict:
 def test_every_kernel_operator_has_exactly_one_table_row():
     assert set(BINDINGS) == set(KERNEL_OPERATORS)
     for b in BINDINGS.values():
-        assert b.status in ("bound", "not bound", "host", "composition"), b
+        assert b.status in ("bound", "not bound", "not exposed", "host", "composition"), b
         assert b.upstream, b.operator
         if b.status == "bound":
             assert b.program and b.args and b.operator in pb.ADAPTERS, b.operator
-        if b.status == "not bound":
-            assert b.note, f"{b.operator}: a 'not bound' row must say what is missing"
+        if b.status in ("not bound", "not exposed"):
+            assert b.note, f"{b.operator}: a '{b.status}' row must say what is missing or where the work lives"
+        assert "not transcribed" not in b.note, f"{b.operator}: the table is incomplete"
+
+
+def test_every_prefill_leaf_is_its_decode_twin_with_the_prefill_output_window():
+    from kernels.pypto_table import LEAF_VARIANTS
+
+    entries = dict(LEAF_VARIANTS)
+    assert len(entries) == 12, "six decode leaves and six prefill leaves"
+    for mode in ("c2a_full", "c2a_reuse", "c1a_full", "c1a_reindex", "c1a_reuse", "swa"):
+        (decode,) = [a for e, a in entries.items() if f"decode_attn_{mode}.py" in e]
+        (prefill,) = [a for e, a in entries.items() if f"prefill_attn_{mode}.py" in e]
+        assert [a.name for a in prefill] == [a.name for a in decode], mode
+        window = {a.name: a for a in prefill}["output_window"]
+        assert window.shape == "[PREFILL_MAX_TOKENS, D]", mode
 
 
 def test_unavailable_reasons_are_one_line(monkeypatch, tmp_path):
