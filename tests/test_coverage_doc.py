@@ -30,8 +30,10 @@ DOC = ROOT / "docs" / "coverage.md"
 UPSTREAM = ROOT.parent / "shared" / "docs" / "upstream_checks.md"
 STATUSES = ("covered", "partial", "planned", "n/a")
 # The capabilities still open (the issue tracker's open issues): a planned row must name one of them.
-OPEN_CAPABILITIES = {11: "device backend", 12: "goldens UX",
+OPEN_CAPABILITIES = {12: "goldens UX",
                      13: "composition around attention (mHC, MoE, LM head, Block, CED prefill)", 14: "V4-Pro"}
+# A device row that only a run on the device can check (the binding exists; this machine has no toolchain).
+DEVICE_RUN = "device run: needs a5sim/a5, which this machine lacks"
 TEST_REF = re.compile(r"((?:contracts|tests)/[\w/]+\.py)::(\w+)")
 
 
@@ -80,8 +82,9 @@ def test_rows_are_well_formed():
             problems.append(f"{rid}: partial must say what is missing ('missing: ...')")
         if status == "covered" and "missing:" in ev:
             problems.append(f"{rid}: covered but says something is missing")
-        if status == "planned" and not issues:
-            problems.append(f"{rid}: planned without an open capability (#N)")
+        if status == "planned" and not issues and not (r["where"] == "device" and DEVICE_RUN in ev):
+            problems.append(f"{rid}: planned without an open capability (#N) or, for a device row, "
+                            f"{DEVICE_RUN!r}")
         if status == "n/a" and len(ev) < 20:
             problems.append(f"{rid}: n/a needs a reason")
     assert not problems, "\n".join(problems)
