@@ -182,13 +182,27 @@ def compare_all(comparators: Mapping[str, str], ctx: Context) -> dict[str, Check
             continue
         result = compare(name, comp, ctx.actual_outputs[name], ctx.expected_outputs[name], ctx)
         if not result.ok and not result.evidence:
-            from dataclasses import replace
-
-            from contracts.evidence import mismatches
-
-            result = replace(result, evidence=mismatches(ctx.actual_outputs[name], ctx.expected_outputs[name]))
+            result = with_evidence(name, result, ctx)
         out[name] = result
     return out
+
+
+def with_evidence(name: str, result: CheckResult, ctx: Context) -> CheckResult:
+    """A failed result with its first mismatches and, where the bytes show one, its cause. A quantized cache
+    payload (``payload`` / ``<cache>_payload``) stored as uint8 is packed FP4 (MXFP8 payloads are
+    float8_e4m3fn); its scale is the output of the same name with ``scale``."""
+    from dataclasses import replace
+
+    from contracts.evidence import cause, mismatches
+
+    a, e = ctx.actual_outputs[name], ctx.expected_outputs[name]
+    payload = name == "payload" or name.endswith("_payload")
+    codec = "fp4x2" if payload and a.dtype == torch.uint8 else None
+    partner = name[: -len("payload")] + "scale" if payload else None
+    scales = ((ctx.actual_outputs[partner], ctx.expected_outputs[partner])
+              if partner in ctx.actual_outputs and partner in ctx.expected_outputs else None)
+    return replace(result, evidence=mismatches(a, e, codec=codec),
+                   cause=result.cause or cause(a, e, codec=codec, scales=scales))
 
 
 def verdict(results: Mapping[str, CheckResult]) -> CheckResult:

@@ -43,6 +43,7 @@ class CheckResult:
     n_failed: int = 0
     worst: Violation | None = None
     evidence: tuple = ()  # contracts.evidence.Mismatch rows, attached to failed comparisons of outputs
+    cause: str = ""  # one-line diagnosis from the bytes (contracts.evidence.cause), when one stands out
 
     @property
     def ok(self) -> bool:
@@ -56,6 +57,8 @@ class CheckResult:
             return f"{self.check}: ok, {self.n_checked} checked ({self.spec})"
         detail = self.worst.describe() if self.worst is not None else "no detail"
         text = f"{self.check} ({self.spec}): {self.n_failed}/{self.n_checked} failed; worst {detail}"
+        if self.cause:
+            text += f"; cause: {self.cause}"
         if self.evidence:
             from contracts.evidence import table
 

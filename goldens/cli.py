@@ -113,9 +113,10 @@ def cmd_replay(args) -> int:
     rows: list[dict] = []
     styles = {"PASS": "green", "FAIL": "red", "SKIP": "yellow", "ERROR": "bold magenta", "STALE": "bold red"}
 
-    def row(case, wiring, output, comparator, verdict, detail="", evidence=()):
+    def row(case, wiring, output, comparator, verdict, detail="", evidence=(), cause=""):
         rows.append({"case": case, "wiring": wiring, "output": output, "comparator": comparator,
-                     "verdict": verdict, "detail": detail, "evidence": [m.as_dict() for m in evidence]})
+                     "verdict": verdict, "detail": detail, "cause": cause,
+                     "evidence": [m.as_dict() for m in evidence]})
         if not (args.quiet and verdict == "PASS"):
             table.add_row(case, wiring, output, comparator, f"[{styles[verdict]}]{verdict}[/]", escape(detail))
     failures = skipped = stale = ran = errors = 0
@@ -160,7 +161,7 @@ def cmd_replay(args) -> int:
             ok = result.ok
             failures += not ok
             row(case, wiring, output, tree.record.comparators[output], "PASS" if ok else "FAIL",
-                "" if ok else result.message(), result.evidence)
+                "" if ok else result.message(), result.evidence, result.cause)
     progress.stop()
     summary = {"failed_outputs": failures, "errors": errors, "skipped": skipped, "stale": stale, "ran": ran}
     out = console if not args.json else Console(quiet=True)

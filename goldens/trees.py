@@ -311,19 +311,45 @@ class OutputDelta:
     rows_affected: int
 
 
+def _cache_rows(t: torch.Tensor) -> torch.Tensor:
+    """A cache [blocks, rows, 1, width] viewed as its physical rows [blocks·rows, width] (spec §2.3); any
+    other tensor as [dim 0, rest]."""
+    if t.ndim == 4 and t.shape[2] == 1:
+        return t.reshape(t.shape[0] * t.shape[1], -1)
+    return t.reshape(t.shape[0], -1) if t.ndim else t.reshape(1, 1)
+
+
+def _fp4_values(packed: torch.Tensor) -> torch.Tensor:
+    """Packed E2M1 pairs -> their element values (the last dim doubles; spec §2.2)."""
+    from kernels import quant
+
+    return quant.e2m1_decode(quant.unpack_fp4(packed))
+
+
+
 def delta(name: str, old: torch.Tensor, new: torch.Tensor) -> OutputDelta:
-    """Summary of an output change: elements changed and rows affected; for floating outputs also max/mean
-    absolute and max relative difference (FP64). Packed or integer outputs report counts only (NaN)."""
+    """Summary of an output change: elements changed and rows affected (a cache's rows are its physical
+    block rows, not its blocks); for floating outputs also max/mean absolute and max relative difference
+    (FP64). A packed FP4 payload (uint8 ``payload`` / ``<cache>_payload``) is decoded to its E2M1 element
+    values first, so it reports elements and value changes in the format's units (the group scale is a
+    separate output). Integer outputs report counts only (NaN)."""
     if old.shape != new.shape or old.dtype != new.dtype:
         return OutputDelta(name, new.numel(), new.numel(), math.inf, math.inf, math.inf,
-                           new.shape[0] if new.ndim else 1)
-    numeric = old.dtype.is_floating_point  # uint8 packed FP4 / int metadata: count bytes/elements only
+                           _cache_rows(new).shape[0])
+    if old.dtype == torch.uint8 and (name == "payload" or name.endswith("_payload")):
+        from kernels import quant
+
+        codes_changed = quant.unpack_fp4(old) != quant.unpack_fp4(new)  # -0 and +0 are different codes
+        old, new = _fp4_values(old), _fp4_values(new)
+    else:
+        codes_changed = None
+    numeric = old.dtype.is_floating_point  # int metadata: count elements only
     a, b = old.to(torch.float32).to(torch.float64), new.to(torch.float32).to(torch.float64)
-    changed = (a != b) & ~(a.isnan() & b.isnan())
+    changed = (a != b) & ~(a.isnan() & b.isnan()) if codes_changed is None else codes_changed
     n = int(changed.sum())
     if n == 0:
         return OutputDelta(name, 0, a.numel(), 0.0, 0.0, 0.0, 0)
-    rows = int(changed.reshape(changed.shape[0], -1).any(1).sum()) if changed.ndim else 1
+    rows = int(_cache_rows(changed).any(1).sum())
     if not numeric:
         return OutputDelta(name, n, a.numel(), math.nan, math.nan, math.nan, rows)
     diff = (a - b).abs()[changed]

@@ -91,6 +91,10 @@ CASES = [
     ("quant:READ_FP32", "test_cache:test_read_decodes_the_whole_cache_to_bf16", "assert"),
     ("quant:LENIENT_SLOTS", "test_cache:test_publish_rejects_bad_slots", "DID NOT RAISE"),
     ("quant:PUBLISH_UNMAPPED", "test_cache:test_publish_touches_only_mapped_rows", "unmapped row changed"),
+    ("quant:PUBLISH_SWAPPED_NIBBLES", "test_differential:test_cache_publish_bytes_equal_the_reference",
+     "cache_publish("),
+    ("quant:PUBLISH_E8M0_BIAS_128", "test_differential:test_cache_publish_bytes_equal_the_reference",
+     "cache_publish("),
     # compressor ring (§4.1)
     ("reference:COMPRESSOR_ALL_ROWS_WRITE", "test_compressor:test_compressor_chunked_equals_unchunked", "ring slot"),
     ("reference:COMPRESSOR_PARTNER_WRONG_SLOT", "test_compressor:test_compressor_chunked_equals_unchunked",

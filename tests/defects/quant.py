@@ -152,6 +152,21 @@ def _lenient_slots(c, values, slots):
 
 # registrations: each defect is the torch backend with one operator replaced
 _base = torch_backend()
+def _publishing(quantize):
+    """A cache publish whose mapped rows are quantized by ``quantize`` (a defective codec on the device's
+    publish path, as a golden replay of a cache tree sees it)."""
+    def publish(c, values, slots):
+        out = cache.publish(c, values, slots)
+        s = torch.as_tensor(slots).to(torch.long)
+        live = s >= 0
+        if bool(live.any()):
+            q = quantize(values[live], c.layout.rule)
+            out.payload.view(torch.uint8).reshape(c.rows, -1)[s[live]] = q.payload.view(torch.uint8)
+            out.scale.view(torch.uint8).reshape(c.rows, -1)[s[live]] = q.scale.view(torch.uint8)
+        return out
+    return publish
+
+
 SWAPPED_NIBBLES = _base.derive("defect:swapped-nibbles", mx_quantize=_swapped_nibbles)
 ROUND_HALF_UP = _base.derive("defect:round-half-up", mx_quantize=_round_half_up)
 SCALE_FLOOR = _base.derive("defect:scale-floor", mx_quantize=_scale_floor)
@@ -166,3 +181,5 @@ DEQUANT_SATURATES = _base.derive("defect:dequant-saturates", mx_dequantize=_dequ
 PAD_TO_GROUP = _base.derive("defect:pad-to-group", mx_quantize=_pad_to_group)
 READ_FP32 = _base.derive("defect:read-fp32", cache_read=_read_fp32)
 LENIENT_SLOTS = _base.derive("defect:lenient-slots", cache_publish=_lenient_slots)
+PUBLISH_SWAPPED_NIBBLES = _base.derive("defect:publish-swapped-nibbles", cache_publish=_publishing(_swapped_nibbles))
+PUBLISH_E8M0_BIAS_128 = _base.derive("defect:publish-e8m0-bias-128", cache_publish=_publishing(_e8m0_bias_128))
