@@ -47,7 +47,7 @@ class Mismatch:
                 "codes": list(self.codes) if self.codes is not None else None}
 
 
-def _ordered(t: torch.Tensor) -> torch.Tensor:
+def ordered(t: torch.Tensor) -> torch.Tensor:
     """Integers that order like the floating values, so their difference counts the representable steps
     between two values (sign-magnitude folded to two's complement); e.g. 0 and the smallest subnormal are
     1 apart."""
@@ -126,7 +126,7 @@ def mismatches(actual: torch.Tensor, expected: torch.Tensor, *, limit: int = LIM
     out = []
     floating = a.is_floating_point()
     fa, fe = a.reshape(-1), e.reshape(-1)
-    oa, oe = (_ordered(fa), _ordered(fe)) if floating and size in _INT_VIEW else (None, None)
+    oa, oe = (ordered(fa), ordered(fe)) if floating and size in _INT_VIEW else (None, None)
     for i in flat.tolist():
         index = tuple(int(v) for v in torch.unravel_index(torch.tensor(i), a.shape)) if a.ndim else ()
         if floating:

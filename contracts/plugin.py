@@ -73,6 +73,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--golden-cases", action="append", default=[], metavar="MODULE",
                     help="import a module that registers user cases (goldens.cases.register); repeatable; "
                          "also PTO_GOLDEN_CASES")
+    group.addoption("--golden-report", default=None, metavar="DIR",
+                    help="write the HTML report of the golden replay (contracts/test_golden_replay.py) to "
+                         "DIR/index.html: verdicts, bounds, per-row errors, ULP histograms, history (as "
+                         "`goldens report`)")
     group.addoption("--regen-goldens", action="store_true",
                     help="regenerate stale golden trees with the current reference (the test still fails, so "
                          "a regeneration never passes silently)")
@@ -257,6 +261,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if hasattr(config, "workerinput"):  # xdist worker: the controller judges the whole session
         return
+    report_dir = config.getoption("golden_report")
+    if report_dir:  # the replay tests wrote one part per tree (xdist workers too); one page from all of them
+        from goldens import report
+
+        page = report.assemble(report_dir, f"golden replay (pytest) on {config._pto_backend.name} "
+                               f"({config._pto_backend.platform}) of {config.getoption('golden_store')}")
+        config._pto_report_page = page
     tally: Tally = config._pto_tally
     tally.verdict = tally.nothing_ran(config._pto_backend)
     if tally.verdict and not config.getoption("allow_unavailable") and session.exitstatus == pytest.ExitCode.OK:
@@ -277,6 +288,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             reason = tally.reasons.get(name, "")
             tr.write_line(f"{name:28} {r['ran']:5d} {r['passed']:7d} {r['failed']:7d} {r['skipped']:8d}  "
                           f"{reason[:150]}")
+    page = getattr(config, "_pto_report_page", None)
+    if page is not None:
+        terminalreporter.write_line(f"pto-contracts: golden replay report: {page}")
     if tally.verdict:
         accepted = config.getoption("allow_unavailable")
         terminalreporter.write_line(

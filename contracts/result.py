@@ -19,9 +19,13 @@ class Violation:
 
     def describe(self) -> str:
         where = self.field + "".join(f"[{i}]" for i in self.index)
-        text = f"{where} = {_fmt(self.actual)}, expected {_fmt(self.expected)}"
-        if self.bound is not None:
-            text += f" (bound {_fmt(self.bound)})"
+        if self.bound is not None and isinstance(self.expected, int | float) and self.expected == 0:
+            # an error measure against its bound: 0 is the ideal error, not a value to expect
+            text = f"{where} error {_fmt(self.actual)} > bound {_fmt(self.bound)}"
+        else:
+            text = f"{where} = {_fmt(self.actual)}, expected {_fmt(self.expected)}"
+            if self.bound is not None:
+                text += f" (bound {_fmt(self.bound)})"
         if self.note:
             text += f"; {self.note}"
         return text

@@ -37,7 +37,7 @@ def pytest_generate_tests(metafunc):
 def test_golden_tree_replays(backend, golden_tree, pytestconfig):
     from contracts.backends import MissingOperator
     from goldens import trees
-    from goldens.errors import GoldenStoreError
+    from goldens.errors import BackendFailure, GoldenStoreError
     from goldens.store import GoldenStore
 
     path = pytestconfig.getoption("golden_store")
@@ -56,11 +56,29 @@ def test_golden_tree_replays(backend, golden_tree, pytestconfig):
             pytest.fail(f"{case}/{wiring} was stale and has been regenerated (outputs moved: {moved or 'none'}; "
                         f"snapshot {result.snapshot}); rerun to replay it")
         pytest.fail(f"{case}/{wiring} is stale: {tree.stale_reason()} (or --regen-goldens)")
+    report_dir = pytestconfig.getoption("golden_report")
+    actual: dict = {}
     try:
-        results = trees.replay(tree, backend)
+        results = trees.replay(tree, backend, keep=actual)
     except MissingOperator as exc:  # names the backend and the operator it lacks (e.g. no pypto toolchain)
+        _report(report_dir, case, wiring, "SKIP", str(exc))
         pytest.skip(str(exc))
+    except BackendFailure as exc:  # the backend raised: an ERROR in the report, the test errors with it
+        _report(report_dir, case, wiring, "ERROR", str(exc))
+        raise
     except GoldenStoreError as exc:
+        _report(report_dir, case, wiring, "ERROR", str(exc))
         pytest.fail(str(exc))
+    if report_dir:
+        from goldens import report
+
+        report.write_part(report_dir, report.tree_report(report.History(store), tree, actual, results))
     failed = {name: r.message() for name, r in results.items() if not r.ok}
     assert not failed, f"{case}/{wiring}: " + "; ".join(f"{k}: {v}" for k, v in failed.items())
+
+
+def _report(report_dir: str | None, case: str, wiring: str, verdict: str, detail: str) -> None:
+    if report_dir:
+        from goldens import report
+
+        report.write_part(report_dir, report.TreeReport(case, wiring, verdict, detail))

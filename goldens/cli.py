@@ -94,9 +94,14 @@ def _backend(args):
         raise GoldenStoreError(str(exc)) from exc
 
 
+def cmd_report(args) -> int:
+    args.report = args.out
+    return cmd_replay(args)
+
+
 def cmd_replay(args) -> int:
     from contracts.backends import MissingOperator
-    from goldens import trees
+    from goldens import report, trees
     from goldens.store import GoldenStore
 
     backend = _backend(args)
@@ -121,6 +126,8 @@ def cmd_replay(args) -> int:
             table.add_row(case, wiring, output, comparator, f"[{styles[verdict]}]{verdict}[/]", escape(detail))
     failures = skipped = stale = ran = errors = 0
     first_skip = ""
+    reported: list = []
+    history = None
     progress = Progress(console=err, transient=True, disable=len(items) < 2)
     task = progress.add_task("replaying", total=len(items))
     progress.start()
@@ -133,6 +140,7 @@ def cmd_replay(args) -> int:
                 (tree.stale_reason() + " (or --allow-stale)") if args.rev is None else
                 f"recorded at {args.rev} with an older reference: replay it with --allow-stale (regen "
                 "rewrites main, not an old revision)")
+            reported.append(report.TreeReport(case, wiring, "STALE", rows[-1]["detail"]))
             continue
         if tree.stale and args.allow_stale:
             err.print(f"[bold red]WARNING: {case}/{wiring} is STALE (recorded with fingerprint "
@@ -145,6 +153,7 @@ def cmd_replay(args) -> int:
             skipped += 1
             first_skip = first_skip or str(exc)
             row(case, wiring, "*", "-", "SKIP", str(exc))
+            reported.append(report.TreeReport(case, wiring, "SKIP", str(exc)))
             continue
         except BackendFailure as exc:  # the backend raised: an ERROR row, and the other trees still run
             errors += 1
@@ -154,9 +163,13 @@ def cmd_replay(args) -> int:
 
                 detail += "\n" + "".join(traceback.format_exception(exc.__cause__)).rstrip()
             row(case, wiring, "*", "-", "ERROR", detail)
+            reported.append(report.TreeReport(case, wiring, "ERROR", detail))
             continue
         ran += 1
         kept[(case, wiring)] = actual
+        if args.report:
+            history = history or report.History(store)
+            reported.append(report.tree_report(history, tree, actual, results))
         for output, result in results.items():
             ok = result.ok
             failures += not ok
@@ -176,6 +189,10 @@ def cmd_replay(args) -> int:
         out.print(f"kept the actual outputs of {len(kept)} tree(s) under {trees.ACTUAL_ROOT}/ "
                   f"(snapshot {result.snapshot or 'unchanged'})")
     code = _replay_code(args, failures, errors, skipped, ran, stale, first_skip)
+    if args.report:
+        page = report.write(args.report, f"goldens replay on {backend.name} ({backend.platform}) of {args.store}"
+                            f"@{reader.snapshot[:12]}", reported, {**summary, "exit_code": code})
+        err.print(f"report: {page}")
     document = {"store": str(args.store), "snapshot": reader.snapshot, "backend": backend.name,
                 "platform": backend.platform, "rows": rows, "summary": summary, "exit_code": code}
     if args.json:
@@ -499,6 +516,28 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--wiring", default=default, choices=("both", "replicated", "sharded"),
                         help=f"which wiring's trees (default {default}; both = replicated then sharded)")
 
+    def replay_arguments(sp):
+        sp.add_argument("cases", nargs="*", metavar="CASE")
+        sp.add_argument("--backend", default="torch", help="built-in backend (torch, emulated, pypto)")
+        sp.add_argument("--backend-module", default=None, metavar="MOD:OBJ", help="out-of-tree backend")
+        sp.add_argument("--platform", default=None, choices=("a5sim", "a5"),
+                        help="platform of a device backend (pypto; default a5sim); refused for CPU backends")
+        sp.add_argument("--device", default=None, metavar="IDS", help="device ids for a device backend, e.g. 0,1")
+        sp.add_argument("--pypto-lib", default=None, metavar="PATH",
+                        help="pypto-lib checkout the pypto backend binds (default $PYPTO_LIB_ROOT)")
+        sp.add_argument("--allow-unavailable", action="store_true",
+                        help="exit 0 although the backend is unavailable or every tree was skipped (default: exit 3)")
+        sp.add_argument("-v", "--verbose", action="store_true", help="tracebacks in ERROR rows")
+        sp.add_argument("-q", "--quiet", action="store_true", help="print only rows that did not pass")
+        sp.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
+        sp.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML (one testcase per output)")
+        sp.add_argument("--keep-actual", action="store_true",
+                        help="commit the backend's actual outputs beside the trees, under actual/<backend>-<platform>/ "
+                             "(diff them with goldens diff)")
+        sp.add_argument("--rev", default=None, help="snapshot id or tag to replay (default: main)")
+        sp.add_argument("--allow-stale", action="store_true", help="replay stale trees anyway (prints a loud warning)")
+        wiring(sp)
+
     r = sub.add_parser("record", help="generate inputs, compute reference outputs, commit",
                        description="Generate each case's inputs from --seed, compute the reference outputs and "
                                    "commit the trees in one snapshot. No CASE: every known case.")
@@ -513,27 +552,23 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="run a backend on stored inputs and judge its outputs",
                         description="Run the backend on each stored tree's inputs and judge every output with the "
                                     "tree's comparator. Stale trees (reference changed since recording) are refused.")
-    rp.add_argument("cases", nargs="*", metavar="CASE")
-    rp.add_argument("--backend", default="torch", help="built-in backend (torch, emulated, pypto)")
-    rp.add_argument("--backend-module", default=None, metavar="MOD:OBJ", help="out-of-tree backend")
-    rp.add_argument("--platform", default=None, choices=("a5sim", "a5"),
-                    help="platform of a device backend (pypto; default a5sim); refused for CPU backends")
-    rp.add_argument("--device", default=None, metavar="IDS", help="device ids for a device backend, e.g. 0,1")
-    rp.add_argument("--pypto-lib", default=None, metavar="PATH",
-                    help="pypto-lib checkout the pypto backend binds (default $PYPTO_LIB_ROOT)")
-    rp.add_argument("--allow-unavailable", action="store_true",
-                    help="exit 0 although the backend is unavailable or every tree was skipped (default: exit 3)")
-    rp.add_argument("-v", "--verbose", action="store_true", help="tracebacks in ERROR rows")
-    rp.add_argument("-q", "--quiet", action="store_true", help="print only rows that did not pass")
-    rp.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
-    rp.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML (one testcase per output)")
-    rp.add_argument("--keep-actual", action="store_true",
-                    help="commit the backend's actual outputs beside the trees, under actual/<backend>-<platform>/ "
-                         "(diff them with goldens diff)")
-    rp.add_argument("--rev", default=None, help="snapshot id or tag to replay (default: main)")
-    rp.add_argument("--allow-stale", action="store_true", help="replay stale trees anyway (prints a loud warning)")
-    wiring(rp)
+    replay_arguments(rp)
+    rp.add_argument("--report", default=None, metavar="DIR",
+                    help="also write the HTML report of this replay to DIR/index.html (see goldens report)")
     rp.set_defaults(fn=cmd_replay)
+
+    rr = sub.add_parser("report", help="replay and write a self-contained HTML page of the verdicts",
+                        description="Replay exactly as `goldens replay` does (same options, same exit codes) and "
+                                    "write DIR/index.html: per tree and output the verdict, the comparator and its "
+                                    "bound, the failure message with its evidence and cause, every row's error "
+                                    "against its bound (failing rows in red), a histogram of the element errors in "
+                                    "ULPs of the output's dtype (format steps for FP4, codes for E8M0) and the "
+                                    "snapshots that changed the expected value. Plots are inlined: the page is one "
+                                    "file and needs no network.")
+    replay_arguments(rr)
+    rr.add_argument("--out", default="goldens-report", metavar="DIR",
+                    help="directory for index.html (default ./goldens-report; created if missing)")
+    rr.set_defaults(fn=cmd_report, report=None)
 
     rg = sub.add_parser("regen", help="recompute expected outputs with the current reference",
                         description="Recompute expected outputs from stored inputs with the current reference; "

@@ -21,4 +21,4 @@ def test_first_failure_returns_first_failing_else_last():
 def test_message_names_field_index_and_bound():
     r = CheckResult("check_x", "§6", 10, 2, Violation("output row", (3, 1), 0.5, 0.0, 0.25, note="RMS"))
     assert not r.ok and not bool(r)
-    assert r.message() == "check_x (§6): 2/10 failed; worst output row[3][1] = 0.5, expected 0 (bound 0.25); RMS"
+    assert r.message() == "check_x (§6): 2/10 failed; worst output row[3][1] error 0.5 > bound 0.25; RMS"

@@ -136,7 +136,7 @@ CASES = [
      "not exactly zero"),
     # attention half-layer (§2.3, §6, §7.1): the judge names mode, phase, wiring, TP, rank and row
     ("half_layer:ONE_LARGE_ERROR", "test_attention_layer:test_half_layer_matches_the_reference_within_its_bound",
-     "C1A_FULL prefill replicated TP1: output.rank0[active rows] row[9] = 0.0239868, expected 0 (bound 0.0170874); "
+     "C1A_FULL prefill replicated TP1: output.rank0[active rows] row[9] error 0.0239868 > bound 0.0170874; "
      "max|a-e|"),
     ("half_layer:SPREAD_ERROR", "test_attention_layer:test_half_layer_matches_the_reference_within_its_bound",
      "output.rank"),
