@@ -78,6 +78,26 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
         OperatorSpec("half_layer_call", "(kind, *, phase, tokens, active=None, requests=1, tp=1, config)",
                      "active token count; raises ValueError naming field, mode and phase (host-side caller "
                      "contract of an attention half-layer entry)", "§7.1"),
+        OperatorSpec("hc_mixes", "(x_hc [T,hc,D], function [(2+hc)hc, hc*D], scale [3], base [(2+hc)hc], *, "
+                     "num_tokens=None, config)", "Mixes(pre [T,hc], post [T,hc], residual [T,hc,hc]) FP32, rows >= "
+                     "num_tokens zero", "§1"),
+        OperatorSpec("hc_pre", "(x_hc [T,hc,D], pre_mix [T,hc])", "[T, D] in x_hc's dtype: FP32 sum, one cast",
+                     "§1"),
+        OperatorSpec("hc_post", "(sublayer [T,D], x_hc [T,hc,D], post_mix [T,hc], residual_mix [T,hc,hc])",
+                     "[T, hc, D] in the sublayer's dtype: post·sublayer + residualᵀ·x_hc in FP32", "§1"),
+        OperatorSpec("hc_head", "(x_hc [T,hc,D], pre_mix [T,hc])", "[T, D] BF16", "§1"),
+        OperatorSpec("moe_gate", "(x [T,D], weight [E,D], bias [E], *, config, rule='stable')",
+                     "(weights [T,k] FP32 summing to routed_scaling_factor, ids [T,k] INT32)", "§1"),
+        OperatorSpec("moe_expert", "(x [N,D] BF16, weights: ExpertWeights, route_weight [N] | None, *, config, "
+                     "rule='fp32-proj')", "[N, D] FP32 contribution (route weight before W2, BF16 hidden)", "§1"),
+        OperatorSpec("moe_ep", "(xs per rank [T_r,D] BF16, gates per rank (weights, ids), experts, shared, *, ep, "
+                     "num_tokens, recv_max=None, config, rule)", "EPResult(outputs per rank [T_r,D] BF16, "
+                     "send_counts [ep,ep,n_local], recv_rows per rank [R,3])", "§1"),
+        OperatorSpec("embed_pack", "(ids [T] int, embedding [vocab,D], *, config)",
+                     "x_hc [T, hc, D]: the clamped ids' rows in every stream", "§1"),
+        OperatorSpec("lm_head", "(hidden [T,D] BF16, weight [vocab,D], *, tp=1)",
+                     "list of tp FP32 logit shards [T, vocab/tp] in rank order", "§1"),
+        OperatorSpec("greedy_pick", "(logits [T,vocab])", "[T] INT32: first id of each row's maximum", "§1"),
         OperatorSpec("attention_half_layer",
                      "(inputs {name: tensor}, *, kind, phase, wiring, tp, config=FLASH_TINY)",
                      "{output, window_payload, window_scale, [compressed_/index_ payload+scale], [topk_indices], "
@@ -216,6 +236,16 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "tp_all_reduce": ("kernels.reference.tp", "tp_all_reduce"),
     "tp_reduce_scatter": ("kernels.reference.tp", "tp_reduce_scatter"),
     "attention_half_layer": ("kernels.reference.attention_layer", "attention_half_layer"),
+    "hc_mixes": ("kernels.reference.mhc", "hc_mixes"),
+    "hc_pre": ("kernels.reference.mhc", "hc_pre"),
+    "hc_post": ("kernels.reference.mhc", "hc_post"),
+    "hc_head": ("kernels.reference.mhc", "hc_head"),
+    "moe_gate": ("kernels.reference.moe", "moe_gate"),
+    "moe_expert": ("kernels.reference.moe", "moe_expert"),
+    "moe_ep": ("kernels.reference.moe", "moe_ep"),
+    "embed_pack": ("kernels.reference.lm_head", "embed_pack"),
+    "lm_head": ("kernels.reference.lm_head", "lm_head"),
+    "greedy_pick": ("kernels.reference.lm_head", "greedy_pick"),
     "check_row_precision": ("contracts.checks.precision", "check_row_precision"),
     "check_output_budget": ("contracts.checks.precision", "check_output_budget"),
     "check_active_split": ("contracts.checks.precision", "check_active_split"),

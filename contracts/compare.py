@@ -137,7 +137,36 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "cache_payload": {"mxfp8_max_rel_l2": cache_checks.MAX_REL_L2["mxfp8"],
                       "mxfp4_max_rel_l2": cache_checks.MAX_REL_L2["mxfp4"]},
     "cache_scale": {},
+    "hc_mix": {"atol": precision.HC_MIX_TOL[0], "rtol": precision.HC_MIX_TOL[1], "padding": 0.0},
+    "hc_out": {"atol": precision.HC_OUT_TOL[0], "rtol": precision.HC_OUT_TOL[1]},
 }
+
+def hc_mix(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """mHC coefficients: rows >= num_tokens exactly +0.0 (the zero tail, HC-11), the active rows within
+    ratio_allclose(2.5e-5, 5e-3) (HC-07)."""
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    n = int(ctx.inputs["num_tokens"]) if "num_tokens" in ctx.inputs else a.shape[0]
+    tail = a[n:].reshape(-1)
+    nonzero = tail.view(torch.int32) != 0
+    if bool(nonzero.any()):
+        i = int(nonzero.nonzero()[0, 0])
+        idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(i), a[n:].shape))
+        return failed("hc_mix", "HC-11", tail.numel(), int(nonzero.sum()),
+                      Violation(f"{name} padding row", (n + idx[0], *idx[1:]), float(tail[i]), 0.0))
+    atol, rtol = precision.HC_MIX_TOL
+    return precision.check_ratio_allclose(a[:n], e[:n], atol=atol, rtol=rtol, name=name)
+
+
+def hc_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """mHC collapsed / expanded / head outputs: ratio_allclose(1e-4, 1/128) (HC-08)."""
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    atol, rtol = precision.HC_OUT_TOL
+    return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, name=name)
+
 
 def half_layer(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """One output of an attention half-layer tree, judged with the whole call in view (contracts.checks.attention):
@@ -160,7 +189,7 @@ def half_layer(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
 COMPARATORS: dict[str, Comparator] = {
     "exact": exact, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
-    "cache_scale": cache_scale, "half_layer": half_layer,
+    "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out,
 }
 
 

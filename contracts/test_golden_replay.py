@@ -55,6 +55,7 @@ def test_golden_tree_replays(backend, golden_tree, pytestconfig):
             moved = [d.name for _c, _w, ds in report for d in ds]
             pytest.fail(f"{case}/{wiring} was stale and has been regenerated (outputs moved: {moved or 'none'}; "
                         f"snapshot {result.snapshot}); rerun to replay it")
+        _report(pytestconfig.getoption("golden_report"), case, wiring, "STALE", tree.stale_reason())
         pytest.fail(f"{case}/{wiring} is stale: {tree.stale_reason()} (or --regen-goldens)")
     report_dir = pytestconfig.getoption("golden_report")
     actual: dict = {}

@@ -100,6 +100,7 @@ class V41Config:
     n_shared_experts: int = 1
     num_experts_per_tok: int = 6
     scoring_func: str = "sqrtsoftplus"
+    gate_temperature: float = 1.0
     routed_scaling_factor: float = 1.5
     swiglu_limit: float = 10.0
     moe_intermediate_size: int = 2304

@@ -115,15 +115,17 @@ def test_row_profiles_use_the_output_rule_and_count_codes_for_packed_outputs():
     assert report.effective_comparator("half_layer", "output", {"kind": "C1A_FULL"}) == "row_rms_peak"
 
 
-def test_pytest_writes_one_page_from_every_xdist_worker(store, tmp_path):
+def test_pytest_writes_one_page_from_every_xdist_worker(tmp_path):
+    small = GoldenStore(tmp_path / "store")
+    trees.record(small, [("sp_slabs", "replicated"), ("sp_slabs", "sharded"), ("rope_rows", "replicated")], seed=3)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "contracts/test_golden_replay.py",
-                           "--golden-store", str(store.root), "--golden-report", str(tmp_path / "r"),
-                           "--backend-module", "tests.defects.half_layer:SPREAD_ERROR"],
+                           "--golden-store", str(small.root), "--golden-report", str(tmp_path / "r"),
+                           "--backend-module", "tests.defects.slabs:GATHER_REVERSED"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert f"golden replay report: {tmp_path / 'r' / report.PAGE}" in proc.stdout
     page = (tmp_path / "r" / report.PAGE).read_text()
-    assert '<td class="FAIL">FAIL</td>' in page and f'id="{CASE}-replicated-output" data-verdict="FAIL"' in page
+    assert '<td class="FAIL">FAIL</td>' in page and 'id="sp_slabs-replicated-gathered" data-verdict="FAIL"' in page
     assert 'id="rope_rows-replicated-rope_cos" data-verdict="PASS"' in page
     assert not (tmp_path / "r" / report.PARTS).exists(), "the parts are merged and removed"

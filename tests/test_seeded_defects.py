@@ -110,6 +110,15 @@ CASES = [
     ("reference:COMPRESSOR_NUM_TOKENS_FROM_SHAPE", "test_compressor:test_compressor_num_tokens_zero_touches_nothing",
      "assert"),
     ("reference:COMPRESSOR_LENIENT_STATE", "test_compressor:test_compressor_rejects_bad_state_cache", "DID NOT RAISE"),
+    # mHC (§1, HC-01/02/11)
+    ("mhc:SINKHORN_EARLY", "test_mhc:test_the_sinkhorn_iteration_count_is_twenty", "check_ratio_allclose"),
+    ("mhc:TAIL_KEPT", "test_mhc:test_rows_past_num_tokens_are_exactly_zero_and_active_rows_do_not_depend_on_them",
+     "pre tail"),
+    ("mhc:PRODUCTS_IN_BF16", "test_mhc:test_hc_pre_sums_in_fp32_and_casts_once", "row 0 got"),
+    ("mhc:RESIDUAL_NOT_TRANSPOSED", "test_mhc:test_hc_post_applies_the_residual_mix_transposed_and_keeps_fp32",
+     "stream 2"),
+    ("mhc:POST_THROUGH_BF16", "test_mhc:test_hc_post_applies_the_residual_mix_transposed_and_keeps_fp32",
+     "stream 2"),
     # RoPE rows (§4.2)
     ("reference:ROPE_CLAMPS_POSITIONS", "test_rope:test_rope_rows_reject_position_beyond_capacity", "DID NOT RAISE"),
     ("reference:ROPE_INTO_PADDING", "test_rope:test_rope_rows_exact_identity_and_untouched", "sentinels 17/19 lost"),

@@ -350,3 +350,9 @@ def comparator(name: str) -> Leaf:
         return COMPARATORS[name]
     except KeyError:
         raise ValueError(f"comparator: expected one of {sorted(COMPARATORS)}, got {name!r}") from None
+
+
+# mHC budgets (ratio_allclose atol, rtol): the coefficients (pre / post / residual mixes) and the collapsed /
+# expanded / head outputs. Spec: upstream_checks HC-07, HC-08.
+HC_MIX_TOL = (2.5e-5, 5e-3)
+HC_OUT_TOL = (1e-4, 1 / 128)

@@ -1,0 +1,81 @@
+"""The model boundary: token embedding into the hyper-connection streams, and the LM head with its
+vocabulary shards and greedy pick.
+
+* ``embed_pack``: token ids (clamped into [0, vocab-1], so a padding id -1 or an id past the vocabulary reads
+  a real row) look up the embedding [vocab, D]; the row is copied into every one of the ``hc`` streams, bit
+  for bit: x_hc [T, hc, D] in the embedding's dtype.
+* ``lm_head``: the final hidden rows (BF16, after hc_head and the final RMSNorm) times the vocabulary
+  matrix [vocab, D], accumulated in FP64 and rounded once to FP32 logits. Under TP the vocabulary is cut
+  into ``tp`` contiguous shards of vocab/tp rows: rank r computes logits[:, r·V/tp : (r+1)·V/tp]; the
+  returned shards concatenate to the full logits, element for element.
+* ``greedy_pick``: the argmax of each logit row, ties to the first (lowest) vocabulary id, INT32.
+* ``lm_head_layout`` validates a deployment: tp and dp in (1, 2, 4, 8), dp % tp == 0, vocab % tp == 0,
+  vocab % 256 == 0, group_logit_rows % 16 == 0 -- each an error naming the field.
+
+Spec: §1 (vocab 129,280, hc_mult 4); upstream_checks SC-23, AP-17, AP-18, AP-19, CQ-26.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.config import FLASH, V41Config
+from kernels.errors import ContractInputError
+
+SPEC = "§1"
+ROUNDING_VERSION = "lm-head-1"
+SUPPORTED = (1, 2, 4, 8)
+
+
+def lm_head_layout(*, vocab: int, tp: int, dp: int = 1, group_logit_rows: int = 16) -> int:
+    """The rows of one vocabulary shard (vocab / tp) after the SC-23 checks."""
+    for name, value in (("tp", tp), ("dp", dp)):
+        if isinstance(value, bool) or value not in SUPPORTED:
+            raise ContractInputError(name, None, f"one of {SUPPORTED}", value, "SC-23")
+    if dp % tp:
+        raise ContractInputError("dp", None, f"a multiple of tp={tp}", dp, "SC-23")
+    if vocab % tp:
+        raise ContractInputError("vocab", None, f"divisible by tp={tp}", vocab, "SC-23")
+    if vocab % 256:
+        raise ContractInputError("vocab", None, "divisible by 256", vocab, "SC-23")
+    if group_logit_rows % 16:
+        raise ContractInputError("group_logit_rows", None, "a multiple of 16", group_logit_rows, "SC-23")
+    return vocab // tp
+
+
+def embed_pack(ids: torch.Tensor, embedding: torch.Tensor, *, config: V41Config = FLASH) -> torch.Tensor:
+    """ids [T] (any integer dtype) -> x_hc [T, hc, D]: the clamped ids' embedding rows in every stream.
+    Spec: CQ-26, AP-19."""
+    if ids.ndim != 1 or ids.is_floating_point():
+        raise ContractInputError("ids", None, "integer [T]", f"{ids.dtype}{list(ids.shape)}", SPEC)
+    if embedding.ndim != 2:
+        raise ContractInputError("embedding", None, "[vocab, D]", list(embedding.shape), SPEC)
+    rows = embedding[ids.to(torch.long).clamp(0, embedding.shape[0] - 1)]
+    return rows.unsqueeze(1).expand(-1, config.hc_mult, -1).contiguous()
+
+
+def lm_head(hidden: torch.Tensor, weight: torch.Tensor, *, tp: int = 1) -> list[torch.Tensor]:
+    """hidden [T, D] BF16, weight [vocab, D] -> ``tp`` FP32 logit shards [T, vocab/tp] (rank order).
+    Spec: AP-17, SC-23."""
+    if hidden.ndim != 2 or weight.ndim != 2 or weight.shape[1] != hidden.shape[1]:
+        raise ContractInputError("lm_head", None, "hidden [T, D] and weight [vocab, D]",
+                                 [list(hidden.shape), list(weight.shape)], SPEC)
+    rows = lm_head_layout(vocab=weight.shape[0], tp=tp, dp=tp)
+    shards = []
+    for r in range(tp):
+        w = weight[r * rows:(r + 1) * rows].double()
+        shards.append((hidden.double()[:, None, :] * w[None]).sum(-1).float())
+    return shards
+
+
+def greedy_pick(logits: torch.Tensor) -> torch.Tensor:
+    """[T, vocab] -> [T] INT32: the first id of each row's maximum (a NaN row is an error). Spec: AP-18."""
+    if logits.ndim != 2 or logits.shape[1] == 0:
+        raise ContractInputError("logits", None, "[T, vocab>0]", list(logits.shape), SPEC)
+    bad = torch.isnan(logits).any(1)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ContractInputError("logits", (row,), "no NaN in a row to pick from", "NaN", SPEC)
+    best = logits.max(dim=1, keepdim=True).values
+    first = (logits == best).to(torch.int8).argmax(dim=1)  # the first True of each row
+    return first.to(torch.int32)

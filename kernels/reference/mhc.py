@@ -1,0 +1,141 @@
+"""Manifold-constrained hyper-connections (mHC): the four residual streams of a V4.1 layer and their mixes.
+
+A layer keeps its hidden state as ``hc = 4`` streams ``x_hc`` [T, hc, D]. Every sublayer (attention, FFN)
+reads one collapsed row and writes back an expanded update:
+
+* ``hc_mixes`` projects the flattened stream [T, hc·D] (FP32) with ``function`` [(2+hc)·hc, hc·D] after an
+  inverse RMS over the whole flattened row (eps ``rms_norm_eps``), giving three coefficient sets per token:
+  ``pre`` = sigmoid(logits·scale[0] + base) + hc_eps (in (hc_eps, 1 + hc_eps)), ``post`` =
+  2·sigmoid(logits·scale[1] + base) (in (0, 2)), and ``residual`` [hc, hc]: a row softmax of
+  logits·scale[2] + base, plus hc_eps, one column normalisation, then ``iterations - 1`` rounds of (row,
+  column) normalisation, each sum offset by hc_eps -- so 20 iterations are 1 + 19 rounds (Sinkhorn). Rows
+  ``>= num_tokens`` of all three are written as exact zeros (the device's valid rows + zero tail).
+* ``hc_pre`` collapses the streams with a pre mix: Σ_i pre[i]·x_hc[i] accumulated in FP32, one cast to the
+  activation dtype (BF16 at the ABI). ``identity_pre_mix`` is the first layer's incoming mix: one-hot lane 0.
+* ``hc_post`` expands a sublayer output (BF16 at the ABI): out[j] = post[j]·sublayer + Σ_i residual[i, j]·x_hc[i],
+  in FP32, returned as FP32 (the ABI; upstream's older golden rounded through the sublayer's dtype first,
+  kept as rule ``via-sublayer-dtype``). The residual mix is applied transposed: column j of
+  ``residual`` feeds stream j.
+* ``hc_head`` is ``hc_pre`` with the last layer's pre mix, returned as BF16.
+
+The delayed pre-mix order through a Block (``kernels.reference.block``): attention collapses with the
+incoming mix, FFN with the attention's pre mix, and the Block hands on the FFN's pre mix.
+
+Spec: §1 (hc_mult 4, MIX_HC 24, hc_sinkhorn_iters 20, hc_eps 1e-6, rms_norm_eps 1e-20); upstream_checks
+HC-01, HC-02, HC-06, HC-11.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.config import FLASH, V41Config
+from kernels.errors import ContractInputError
+
+SPEC = "§1"
+ROUNDING_VERSION = "mhc-1"
+
+
+@dataclass(frozen=True)
+class Mixes:
+    """One sublayer's coefficients: ``pre`` [T, hc], ``post`` [T, hc], ``residual`` [T, hc, hc], all FP32."""
+
+    pre: torch.Tensor
+    post: torch.Tensor
+    residual: torch.Tensor
+
+    def as_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        return {f"{prefix}pre": self.pre, f"{prefix}post": self.post, f"{prefix}residual": self.residual}
+
+
+def _check_stream(name: str, x_hc: torch.Tensor, hc: int) -> None:
+    if x_hc.ndim != 3 or x_hc.shape[1] != hc or not x_hc.is_floating_point():
+        raise ContractInputError(name, None, f"floating [T, {hc}, D]", f"{x_hc.dtype}{list(x_hc.shape)}", SPEC)
+
+
+def sinkhorn(logits: torch.Tensor, *, iterations: int, eps: float) -> torch.Tensor:
+    """[..., hc, hc] FP32 logits -> the residual mix: row softmax, + eps, one column normalisation, then
+    ``iterations - 1`` (row, column) rounds, every sum offset by eps. Spec: HC-01."""
+    if iterations < 1:
+        raise ContractInputError("iterations", None, ">= 1", iterations, SPEC)
+    m = logits.softmax(dim=-1) + eps
+    m = m / (m.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iterations - 1):
+        m = m / (m.sum(dim=-1, keepdim=True) + eps)
+        m = m / (m.sum(dim=-2, keepdim=True) + eps)
+    return m
+
+
+def hc_mixes(x_hc: torch.Tensor, function: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *,
+             num_tokens: int | None = None, config: V41Config = FLASH) -> Mixes:
+    """``x_hc`` [T, hc, D]; ``function`` [(2+hc)·hc, hc·D]; ``scale`` [3]; ``base`` [(2+hc)·hc] -> Mixes with
+    rows >= ``num_tokens`` (default T) exactly zero. FP32 throughout. Spec: HC-01, HC-11."""
+    hc = config.hc_mult
+    _check_stream("x_hc", x_hc, hc)
+    tokens, _, dim = x_hc.shape
+    mix = (2 + hc) * hc
+    if function.shape != (mix, hc * dim):
+        raise ContractInputError("function", None, f"[{mix}, {hc * dim}]", list(function.shape), SPEC)
+    if scale.shape != (3,) or base.shape != (mix,):
+        raise ContractInputError("scale/base", None, f"[3] and [{mix}]", [list(scale.shape), list(base.shape)], SPEC)
+    active = tokens if num_tokens is None else int(num_tokens)
+    if not 0 <= active <= tokens:
+        raise ContractInputError("num_tokens", None, f"0..{tokens}", num_tokens, SPEC)
+    flat = x_hc.reshape(tokens, hc * dim).float()
+    inverse_rms = torch.rsqrt(flat.square().mean(dim=-1, keepdim=True) + config.rms_norm_eps)
+    # the projection in FP64, one rounding to FP32: a row never depends on the other rows (no batch-size
+    # dependent BLAS blocking), so permuting or padding tokens cannot move a bit
+    projected = (flat.double()[:, None, :] * function.double()[None, :, :]).sum(-1).float()
+    logits = projected * inverse_rms
+    s, b = scale.float(), base.float()
+    pre = torch.sigmoid(logits[:, :hc] * s[0] + b[:hc]) + config.hc_eps
+    post = 2 * torch.sigmoid(logits[:, hc:2 * hc] * s[1] + b[hc:2 * hc])
+    residual_logits = (logits[:, 2 * hc:] * s[2] + b[2 * hc:]).reshape(tokens, hc, hc)
+    residual = sinkhorn(residual_logits, iterations=config.hc_sinkhorn_iters, eps=config.hc_eps)
+    keep = (torch.arange(tokens) < active).to(torch.float32)
+    return Mixes(pre * keep[:, None], post * keep[:, None], residual * keep[:, None, None])
+
+
+def hc_pre(x_hc: torch.Tensor, pre_mix: torch.Tensor) -> torch.Tensor:
+    """Σ_i pre[i]·x_hc[i] in FP32, one cast to ``x_hc``'s dtype: [T, hc, D], [T, hc] -> [T, D]. Spec: HC-02."""
+    if x_hc.ndim != 3 or pre_mix.shape != x_hc.shape[:2]:
+        raise ContractInputError("pre_mix", None, f"[{x_hc.shape[0]}, {x_hc.shape[1]}] like x_hc's first dims",
+                                 list(pre_mix.shape), SPEC)
+    return (x_hc.float() * pre_mix.float().unsqueeze(-1)).sum(dim=1).to(x_hc.dtype)
+
+
+POST_RULES = ("fp32", "via-sublayer-dtype")
+
+
+def hc_post(sublayer: torch.Tensor, x_hc: torch.Tensor, post_mix: torch.Tensor, residual_mix: torch.Tensor, *,
+            rule: str = "fp32") -> torch.Tensor:
+    """out[:, j] = post[:, j]·sublayer + Σ_i residual[:, i, j]·x_hc[:, i] in FP32, returned as FP32 (the ABI's
+    output dtype, rule ``fp32``; ``via-sublayer-dtype`` -- the older golden -- rounds the sum to the
+    sublayer's dtype first, selectable by name): [T, D], [T, hc, D], [T, hc], [T, hc, hc] -> [T, hc, D] FP32.
+    Spec: HC-02."""
+    if rule not in POST_RULES:
+        raise ContractInputError("rule", None, f"one of {POST_RULES}", rule, SPEC)
+    tokens, hc = x_hc.shape[0], x_hc.shape[1]
+    if sublayer.shape != (tokens, x_hc.shape[2]):
+        raise ContractInputError("sublayer", None, f"[{tokens}, {x_hc.shape[2]}]", list(sublayer.shape), SPEC)
+    if post_mix.shape != (tokens, hc) or residual_mix.shape != (tokens, hc, hc):
+        raise ContractInputError("post_mix/residual_mix", None, f"[{tokens}, {hc}] and [{tokens}, {hc}, {hc}]",
+                                 [list(post_mix.shape), list(residual_mix.shape)], SPEC)
+    update = post_mix.float().unsqueeze(-1) * sublayer.float().unsqueeze(1)
+    skip = torch.einsum("tij,tid->tjd", residual_mix.float(), x_hc.float())
+    out = update + skip
+    return out.to(sublayer.dtype).float() if rule == "via-sublayer-dtype" else out
+
+
+def hc_head(x_hc: torch.Tensor, pre_mix: torch.Tensor) -> torch.Tensor:
+    """The final collapse before the LM head: ``hc_pre`` with the last pre mix, as BF16. Spec: HC-02."""
+    return hc_pre(x_hc, pre_mix).to(torch.bfloat16)
+
+
+def identity_pre_mix(x_hc: torch.Tensor) -> torch.Tensor:
+    """The incoming mix of the first layer: one-hot on lane 0, FP32 [T, hc]. Spec: HC-06."""
+    mix = torch.zeros(x_hc.shape[:2], dtype=torch.float32)
+    mix[:, 0] = 1.0
+    return mix
