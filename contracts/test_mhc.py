@@ -241,3 +241,34 @@ def test_mhc_rejects_bad_input(backend):
         op(backend, "hc_pre")(x, torch.ones(2, HC + 1))
     with pytest.raises(ContractInputError, match="sublayer"):
         op(backend, "hc_post")(torch.ones(3, C.hidden_size), x, torch.ones(2, HC), torch.ones(2, HC, HC))
+
+
+def test_the_inverse_rms_runs_over_the_flattened_streams(backend):
+    """One inverse RMS over the whole [hc·D] row: scaling a token's four streams together by 2^k leaves its mixes
+    unchanged, scaling one stream alone moves them (a per-stream norm would be blind to it). Spec: HC-01."""
+    g = torch.Generator().manual_seed(11)
+    x, w = _stream(g, 3, C.hidden_size), _weights(g, C.hidden_size)
+    mixes = op(backend, "hc_mixes")
+    base = mixes(x, *w, config=C)
+    together = x.clone()
+    together[1] *= 64.0
+    one = x.clone()
+    one[1, 0] *= 64.0
+    t, o = mixes(together, *w, config=C), mixes(one, *w, config=C)
+    for name in ("pre", "post", "residual"):
+        assert _ratio(name, getattr(t, name), getattr(base, name), HC_MIX_TOL).ok, f"{name}: not scale-invariant"
+        assert not torch.allclose(getattr(o, name)[1], getattr(base, name)[1], atol=1e-3), \
+            f"{name}: one stream scaled by 64 left row 1 unchanged (a per-stream norm?)"
+
+
+@pytest.mark.parametrize("tol", [HC_MIX_TOL, HC_OUT_TOL], ids=["HC-07 mixes", "HC-08 outputs"])
+def test_the_mhc_budgets_fail_just_outside_each_clause(tol):
+    """ratio_allclose(atol, rtol) at the mHC budgets, quota 0: an element at atol + rtol·|e| (less a hair)
+    passes, a hair over fails -- at e = 0 (the atol clause alone) and at |e| = 8 (rtol dominating)."""
+    atol, rtol = tol
+    for e in (0.0, 8.0, -8.0):
+        edge = atol + rtol * abs(e)
+        exp = torch.tensor([e], dtype=torch.float64)
+        assert check_ratio_allclose(exp + edge * (1 - 1e-9), exp, atol=atol, rtol=rtol, max_error_ratio=0).ok
+        assert not check_ratio_allclose(exp + edge * (1 + 1e-6), exp, atol=atol, rtol=rtol, max_error_ratio=0).ok
+        assert not check_ratio_allclose(exp - edge * (1 + 1e-6), exp, atol=atol, rtol=rtol, max_error_ratio=0).ok
