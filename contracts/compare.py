@@ -139,6 +139,9 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "cache_scale": {},
     "hc_mix": {"atol": precision.HC_MIX_TOL[0], "rtol": precision.HC_MIX_TOL[1], "padding": 0.0},
     "hc_out": {"atol": precision.HC_OUT_TOL[0], "rtol": precision.HC_OUT_TOL[1]},
+    "gate_ids": {"score_atol": 2e-4, "score_rtol": 5e-5},
+    "gate_weights": {"row_sum": 2e-5, "score_atol": 2e-4, "score_rtol": 5e-5, "extra": 2e-4},
+    "moe_out": {"reldiff": 3e-3, "pct": 0.02, "max_abs": 0.25},
 }
 
 def hc_mix(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
@@ -168,6 +171,61 @@ def hc_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
     return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, name=name)
 
 
+def _router_scores(ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference router's (unbiased, biased) scores for every rank's rows: [ep, T, E] each."""
+    import torch.nn.functional as F
+
+    from kernels.config import preset
+
+    c = preset(str(ctx.params.get("preset", "flash-tiny")))
+    xs, w, b = ctx.inputs["xs"], ctx.inputs["router"], ctx.inputs["bias"]
+    logits = (xs.double()[..., None, :] * w.double()).sum(-1).float()
+    scores = F.softplus(logits / c.gate_temperature).sqrt()
+    return scores, scores + b.float()
+
+
+def gate_ids(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """Router ids per rank (MO-03): valid, unique, and the reference's set unless the scores cannot order
+    the swapped experts; only the rank's active rows are judged."""
+    from contracts.checks.moe import check_gate_ids
+
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    _scores, biased = _router_scores(ctx)
+    counts = ctx.inputs["num_tokens"].tolist()
+    return first_failure([check_gate_ids(a[r, :n], e[r, :n], biased[r, :n], n_experts=biased.shape[-1],
+                                         name=f"{name}.rank{r}") for r, n in enumerate(counts)])
+
+
+def gate_weights(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """Router weights per rank (MO-04) at the backend's own ids."""
+    from contracts.checks.moe import check_gate_weights
+    from kernels.config import preset
+
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    scores, _biased = _router_scores(ctx)
+    ids = ctx.actual_outputs.get("ids", ctx.expected_outputs["ids"])
+    scale = preset(str(ctx.params.get("preset", "flash-tiny"))).routed_scaling_factor
+    counts = ctx.inputs["num_tokens"].tolist()
+    return first_failure([check_gate_weights(a[r, :n], ids[r, :n], scores[r, :n], scale=scale,
+                                             name=f"{name}.rank{r}") for r, n in enumerate(counts)])
+
+
+def moe_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """Combined MoE output per rank (MO-05, MO-06): padding rows bitwise, the active prefix by ratio_reldiff and
+    the worst |Δ|."""
+    from contracts.checks.moe import check_moe_rows
+
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    counts = ctx.inputs["num_tokens"].tolist()
+    return first_failure([check_moe_rows(a[r], e[r], n, name=f"{name}.rank{r}") for r, n in enumerate(counts)])
+
+
 def half_layer(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """One output of an attention half-layer tree, judged with the whole call in view (contracts.checks.attention):
     the output bound of the mode, cache ownership, the Top-K rule, and an accepted alternative selection judged
@@ -190,6 +248,7 @@ COMPARATORS: dict[str, Comparator] = {
     "exact": exact, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
     "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out,
+    "gate_ids": gate_ids, "gate_weights": gate_weights, "moe_out": moe_out,
 }
 
 

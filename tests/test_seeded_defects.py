@@ -119,6 +119,17 @@ CASES = [
      "stream 2"),
     ("mhc:POST_THROUGH_BF16", "test_mhc:test_hc_post_applies_the_residual_mix_transposed_and_keeps_fp32",
      "stream 2"),
+    # MoE (§1, MO-01/02/09)
+    ("moe:BIAS_IN_WEIGHTS", "test_moe:test_the_correction_bias_moves_the_selection_and_never_the_weights",
+     "unbiased scores normalised"),
+    ("moe:TIES_TO_LAST", "test_moe:test_ties_go_to_the_lower_expert_id_and_the_topk_rule_stays_selectable", "ties:"),
+    ("moe:ROUTE_AFTER_DOWN", "test_moe:test_the_route_weight_multiplies_the_hidden_before_its_bf16_boundary",
+     "outputs are not BF16 values"),
+    ("moe:SYMMETRIC_GATE_CLAMP", "test_moe:test_the_swiglu_clamps_gate_above_and_up_on_both_sides",
+     "must not be clamped from below"),
+    ("moe:NEIGHBOUR_RANK", "test_moe:test_dispatch_counts_slots_and_owners", "send_counts"),
+    ("moe:NEIGHBOUR_RANK", "test_moe:test_ep_results_do_not_depend_on_the_ep_size_or_on_token_order", "differs from"),
+    ("moe:COMBINE_IN_BF16", "test_moe:test_the_combine_sums_in_fp32_and_casts_once", "not FP32-sum-then-cast"),
     # RoPE rows (§4.2)
     ("reference:ROPE_CLAMPS_POSITIONS", "test_rope:test_rope_rows_reject_position_beyond_capacity", "DID NOT RAISE"),
     ("reference:ROPE_INTO_PADDING", "test_rope:test_rope_rows_exact_identity_and_untouched", "sentinels 17/19 lost"),

@@ -1,0 +1,133 @@
+"""Comparators of the MoE FFN: the router's ids and weights, and the combined output per EP rank.
+
+* ``check_gate_ids`` (MO-03): every id in [0, E), no duplicate in a row; the selected set (order ignored) equals
+  the reference's, or -- rule ``score-bounds``, the default -- differs only where the biased scores cannot
+  order the experts: a mismatch fails when an expert the reference selected and the backend omitted has a
+  lower bound (s - err) above the upper bound (s + err) of an expert the backend selected instead, err =
+  atol + rtol·|s| on the reference's biased scores. Rule ``strict`` (upstream's gate_indices_compare) fails
+  on any set mismatch.
+* ``check_gate_weights`` (MO-04): finite, > 0, each row summing to the routed scaling factor within 2e-5, and
+  equal to the reference's unbiased scores at the backend's own ids, normalised and scaled, within
+  2e-4 + 5e-5·|w| + 2e-4 (score tolerance propagated, plus the normalisation's).
+* ``check_moe_rows`` (MO-05, MO-06): rows >= the rank's token count bitwise equal to the reference (zeros);
+  the active prefix within ratio_reldiff (|Δ| / |e| > 3e-3 for at most 2 % of elements) and worst |Δ| <= 0.25.
+
+Spec: §1; upstream_checks MO-03, MO-04, MO-05, MO-06.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from contracts.result import CheckResult, Tally, Violation, failed, passed
+
+GATE_ID_RULES = ("score-bounds", "strict")
+SCORE_ATOL, SCORE_RTOL = 2e-4, 5e-5
+WEIGHT_SUM_TOL = 2e-5
+RELDIFF_THD, RELDIFF_PCT, MAX_ABS = 3e-3, 0.02, 0.25
+
+
+def check_gate_ids(actual: torch.Tensor, expected: torch.Tensor, biased_scores: torch.Tensor, *,
+                   n_experts: int, rule: str = "score-bounds", atol: float = SCORE_ATOL, rtol: float = SCORE_RTOL,
+                   name: str = "ids") -> CheckResult:
+    """[T, k] INT32 ids against the reference's ids and biased scores [T, E]. Spec: MO-03."""
+    if rule not in GATE_ID_RULES:
+        raise ValueError(f"rule: expected one of {GATE_ID_RULES}, got {rule!r}")
+    if actual.shape != expected.shape or actual.dtype != torch.int32:
+        return failed("check_gate_ids", "MO-03", 1, 1, Violation(f"{name}.layout", (), f"{actual.dtype}"
+                                                                 f"{list(actual.shape)}", f"int32{list(expected.shape)}"))
+    tally = Tally("check_gate_ids", "MO-03")
+    for t in range(actual.shape[0]):
+        row = [int(v) for v in actual[t]]
+        bad = [v for v in row if not 0 <= v < n_experts]
+        if bad:
+            tally.fail(Violation(f"{name} row", (t,), bad[0], f"an expert id in [0, {n_experts})"))
+            continue
+        if len(set(row)) != len(row):
+            tally.fail(Violation(f"{name} row", (t,), row, "no expert twice"))
+            continue
+        got, want = set(row), {int(v) for v in expected[t]}
+        tally.n_checked += 1
+        if got == want:
+            continue
+        if rule == "strict":
+            tally.fail(Violation(f"{name} row", (t,), sorted(got), sorted(want), note="set mismatch (strict rule)"))
+            continue
+        s = biased_scores[t].double()
+        err = atol + rtol * s.abs()
+        omitted, extra = sorted(want - got), sorted(got - want)
+        lo = max(omitted, key=lambda e: float(s[e] - err[e]))
+        hi = min(extra, key=lambda e: float(s[e] + err[e]))
+        if float(s[lo] - err[lo]) > float(s[hi] + err[hi]):
+            tally.fail(Violation(f"{name} row", (t,), sorted(got), sorted(want),
+                                 note=f"expert {lo} (score {float(s[lo]):.6g}) omitted for expert {hi} (score "
+                                      f"{float(s[hi]):.6g}): the scores order them beyond atol={atol:g}, "
+                                      f"rtol={rtol:g}"))
+    return tally.result()
+
+
+def check_gate_weights(actual: torch.Tensor, ids: torch.Tensor, scores: torch.Tensor, *, scale: float,
+                       name: str = "weights") -> CheckResult:
+    """[T, k] FP32 weights of the backend's ``ids`` against the reference's unbiased scores [T, E]. Spec: MO-04."""
+    check, spec = "check_gate_weights", "MO-04"
+    if actual.shape != ids.shape or actual.dtype != torch.float32:
+        return failed(check, spec, 1, 1, Violation(f"{name}.layout", (), f"{actual.dtype}{list(actual.shape)}",
+                                                   f"float32{list(ids.shape)}"))
+    a = actual.double()
+    bad = ~torch.isfinite(a) | (a <= 0)
+    if bool(bad.any()):
+        t, k = (int(v) for v in bad.nonzero()[0])
+        return failed(check, spec, a.numel(), int(bad.sum()), Violation(name, (t, k), float(a[t, k]),
+                                                                        "finite and > 0"))
+    sums = a.sum(1)
+    off = (sums - scale).abs() > WEIGHT_SUM_TOL
+    if bool(off.any()):
+        t = int(off.nonzero()[0, 0])
+        return failed(check, spec, a.shape[0], int(off.sum()), Violation(f"{name} row sum", (t,), float(sums[t]),
+                                                                         scale, WEIGHT_SUM_TOL))
+    chosen = scores.double().gather(1, ids.clamp(0, scores.shape[1] - 1).long())
+    want = chosen / (chosen.sum(1, keepdim=True) + 1e-20) * scale
+    allowed = SCORE_ATOL + SCORE_RTOL * want.abs() + 2e-4
+    over = (a - want).abs() > allowed
+    if bool(over.any()):
+        t, k = (int(v) for v in over.nonzero()[0])
+        return failed(check, spec, a.numel(), int(over.sum()), Violation(name, (t, k), float(a[t, k]),
+                                                                         float(want[t, k]), float(allowed[t, k])))
+    return passed(check, spec, a.numel())
+
+
+def check_moe_rows(actual: torch.Tensor, expected: torch.Tensor, num_tokens: int, *, name: str = "output"
+                   ) -> CheckResult:
+    """One EP rank's combined output [T, D]: padding rows bitwise, the active prefix by ratio_reldiff and the
+    worst |Δ|. Spec: MO-05, MO-06."""
+    check, spec = "check_moe_rows", "MO-06"
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        return failed(check, spec, 1, 1, Violation(f"{name}.layout", (), f"{actual.dtype}{list(actual.shape)}",
+                                                   f"{expected.dtype}{list(expected.shape)}"))
+    pa, pe = actual[num_tokens:].flatten(1), expected[num_tokens:].flatten(1)
+    differ = (pa.view(torch.int16) != pe.view(torch.int16)) if actual.dtype == torch.bfloat16 else (pa != pe)
+    if bool(differ.any()):
+        r, c = (int(v) for v in differ.nonzero()[0])
+        return failed(check, "MO-05", pa.numel(), int(differ.sum()),
+                      Violation(f"{name} padding row", (num_tokens + r, c), float(pa[r, c]), float(pe[r, c])))
+    a, e = actual[:num_tokens].double(), expected[:num_tokens].double()
+    if a.numel() == 0:
+        return passed(check, spec, 0)
+    if not bool(torch.isfinite(a).all()):
+        idx = tuple(int(v) for v in (~torch.isfinite(a)).nonzero()[0])
+        return failed(check, spec, a.numel(), int((~torch.isfinite(a)).sum()), Violation(name, idx, float(a[idx]),
+                                                                                         float(e[idx])))
+    diff = (a - e).abs()
+    worst = tuple(int(v) for v in torch.unravel_index(diff.argmax(), diff.shape))
+    if float(diff[worst]) > MAX_ABS:
+        return failed(check, spec, a.numel(), int((diff > MAX_ABS).sum()),
+                      Violation(name, worst, float(a[worst]), float(e[worst]), MAX_ABS, note="worst |Δ|"))
+    rel = diff / e.abs().clamp_min(1e-12)
+    over = rel > RELDIFF_THD
+    if int(over.sum()) > RELDIFF_PCT * a.numel():
+        idx = tuple(int(v) for v in over.nonzero()[0])
+        return failed(check, spec, a.numel(), int(over.sum()),
+                      Violation(name, idx, float(a[idx]), float(e[idx]), RELDIFF_THD,
+                                note=f"{int(over.sum())}/{a.numel()} elements over relative diff {RELDIFF_THD:g} "
+                                     f"(quota {RELDIFF_PCT:.0%})"))
+    return passed(check, spec, a.numel())

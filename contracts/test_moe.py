@@ -1,0 +1,340 @@
+"""The MoE FFN: the router (``moe_gate``), the experts (``moe_expert``) and dispatch/combine across EP ranks
+(``moe_ep``). What the router must give (valid, unique ids; weights summing to the scaling factor; a bias
+that moves the selection and never the weights; ties to the lower id), what an expert must do (the SwiGLU
+clamps, the route weight before the BF16 hidden boundary and the down projection), what EP must keep (one
+owner per token row, counts and slots in source order, results independent of the EP size and of token
+order, padding rows zero, an FP32 combine with one cast), the token-count rules, and the comparators
+shown to fail just outside their bounds.
+
+Spec: §1; upstream_checks MO-01..06, MO-09, MD-32.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contracts.backends import torch_backend
+from contracts.checks.moe import check_gate_ids, check_gate_weights, check_moe_rows
+from contracts.plugin import op
+from kernels.config import FLASH_TINY
+from kernels.errors import ContractInputError
+from kernels.reference.moe import ExpertWeights, expert_weights
+
+REF = torch_backend()
+C = FLASH_TINY
+E, K, D, INTER = C.n_routed_experts, C.num_experts_per_tok, C.hidden_size, C.moe_intermediate_size
+
+
+def _experts(g: torch.Generator, n: int = E) -> list[ExpertWeights]:
+    return [ExpertWeights(torch.randn(INTER, D, generator=g) / D**0.5, torch.randn(INTER, D, generator=g) / D**0.5,
+                          torch.randn(D, INTER, generator=g) / INTER**0.5) for _ in range(n)]
+
+
+def _router(g: torch.Generator):
+    return torch.randn(E, D, generator=g) / D**0.5, torch.randn(E, generator=g) * 0.1
+
+
+def _tokens(g: torch.Generator, n: int) -> torch.Tensor:
+    return torch.randn(n, D, generator=g).to(torch.bfloat16)
+
+
+def _biased_scores(x, weight, bias):
+    logits = (x.double() @ weight.double().T).float()
+    scores = torch.nn.functional.softplus(logits / C.gate_temperature).sqrt()
+    return scores, scores + bias
+
+
+# ------------------------------------------------------------------------------------------------ router
+
+
+@settings(deadline=None)
+@given(seed=st.integers(0, 2**16), tokens=st.integers(1, 12))
+def test_the_router_gives_valid_ids_and_weights_that_sum_to_the_scaling_factor(backend, seed, tokens):
+    """ids INT32 in [0, E), unique per row; weights FP32, > 0, summing to routed_scaling_factor (1.5) within
+    2e-5 and equal to the unbiased scores at those ids; ids and weights match the reference. Spec: MO-01,
+    MO-03, MO-04."""
+    g = torch.Generator().manual_seed(seed)
+    x, (w, b) = _tokens(g, tokens), _router(g)
+    weights, ids = op(backend, "moe_gate")(x, w, b, config=C)
+    ref_w, ref_ids = REF.get("moe_gate")(x, w, b, config=C)
+    scores, biased = _biased_scores(x, w, b)
+    r = check_gate_ids(ids, ref_ids, biased, n_experts=E)
+    assert r.ok, r.message()
+    r = check_gate_weights(weights, ids, scores, scale=C.routed_scaling_factor)
+    assert r.ok, r.message()
+
+
+def test_the_correction_bias_moves_the_selection_and_never_the_weights(backend):
+    """A bias of +4 on experts 3 and 11 puts them in every row's selection although their scores are the
+    lowest; their weights are still their own (small, unbiased) scores, normalised. Spec: MO-01."""
+    g = torch.Generator().manual_seed(5)
+    x = _tokens(g, 4)
+    w = torch.randn(E, D, generator=g) / D**0.5
+    w[3] = w[11] = -x.float().mean(0) * 4  # lowest logits for these rows
+    bias = torch.zeros(E)
+    bias[3] = bias[11] = 4.0
+    weights, ids = op(backend, "moe_gate")(x, w, bias, config=C)
+    scores, _ = _biased_scores(x, w, bias)
+    for t in range(4):
+        row = ids[t].tolist()
+        assert 3 in row and 11 in row, f"row {t} selected {row}: the bias must move the selection"
+        chosen = scores[t, ids[t].long()].double()
+        want = chosen / chosen.sum() * C.routed_scaling_factor
+        assert torch.allclose(weights[t].double(), want, atol=1e-6), \
+            f"row {t} weights {weights[t].tolist()} != unbiased scores normalised {want.tolist()}"
+
+
+def test_ties_go_to_the_lower_expert_id_and_the_topk_rule_stays_selectable(backend):
+    """Every expert with the same logit and bias: the stable rule selects experts 0..k-1 in id order (the CED
+    reference's stable argsort); ``topk`` (the decode golden's torch.topk order) stays selectable by name.
+    Spec: MO-01."""
+    x = torch.ones(2, D, dtype=torch.bfloat16)
+    w, b = torch.zeros(E, D), torch.zeros(E)
+    weights, ids = op(backend, "moe_gate")(x, w, b, config=C)
+    assert ids.tolist() == [list(range(K))] * 2, f"ties: {ids.tolist()}"
+    assert torch.allclose(weights, torch.full((2, K), C.routed_scaling_factor / K))
+    from kernels.reference.moe import moe_gate
+
+    _w, topk_ids = moe_gate(x, w, b, config=C, rule="topk")
+    assert sorted(topk_ids[0].tolist()) == sorted(set(topk_ids[0].tolist())) and len(topk_ids[0]) == K
+    with pytest.raises(ContractInputError, match="rule"):
+        moe_gate(x, w, b, config=C, rule="sorted")
+
+
+def test_the_gate_comparators_fail_just_outside_their_bounds():
+    """check_gate_ids: a swap of two experts whose biased scores differ by less than the score error passes,
+    a hair more fails (and ``strict`` fails any swap); check_gate_weights: a row sum off by 2e-5 (less a
+    hair) passes, a hair more fails. Spec: MO-03, MO-04."""
+    scores = torch.zeros(1, E, dtype=torch.float64)
+    scores[0, :K] = 1.0
+    expected = torch.arange(K, dtype=torch.int32).reshape(1, K)
+    swapped = expected.clone()
+    swapped[0, -1] = K  # expert K instead of expert K-1
+    err = 2e-4 + 5e-5 * 1.0
+    for gap, ok in ((2 * err * (1 - 1e-3), True), (2 * err * (1 + 1e-3), False)):
+        s = scores.clone()
+        s[0, K] = 1.0 - gap
+        assert check_gate_ids(swapped, expected, s, n_experts=E).ok is ok, gap
+    assert not check_gate_ids(swapped, expected, scores, n_experts=E, rule="strict").ok
+    assert not check_gate_ids(torch.tensor([[0, 0, 1, 2, 3, 4]], dtype=torch.int32), expected, scores,
+                              n_experts=E).ok
+    assert not check_gate_ids(torch.tensor([[0, 1, 2, 3, 4, E]], dtype=torch.int32), expected, scores,
+                              n_experts=E).ok
+    uniform = torch.ones(1, E)
+    base = torch.full((1, K), 1.5 / K, dtype=torch.float64)
+    for delta, ok in ((2e-5 * (1 - 1e-3), True), (2e-5 * (1 + 1e-3), False)):
+        w = base.clone()
+        w[0, 0] += delta
+        assert check_gate_weights(w.float(), expected, uniform, scale=1.5).ok is ok, delta
+
+
+# ------------------------------------------------------------------------------------------------ expert
+
+
+def test_the_swiglu_clamps_gate_above_and_up_on_both_sides(backend):
+    """Hand vector, one hidden unit, D = 1 direction: gate = 30 is clamped to 10, gate = -30 is not clamped
+    (silu(-30) ~ -2.8e-12), up = ±30 is clamped to ±10. Spec: MO-02."""
+    x = torch.zeros(4, D, dtype=torch.bfloat16)
+    x[:, 0] = torch.tensor([1.0, 1.0, -1.0, 1.0], dtype=torch.bfloat16)
+    w1, w3, w2 = torch.zeros(INTER, D), torch.zeros(INTER, D), torch.zeros(D, INTER)
+    w1[0, 0], w3[0, 0], w2[0, 0] = 30.0, 30.0, 1.0
+    out = op(backend, "moe_expert")(x, ExpertWeights(w1, w3, w2), None, config=C)
+    silu10 = float(torch.nn.functional.silu(torch.tensor(10.0)))
+    want0 = float(torch.tensor(silu10 * 10.0).to(torch.bfloat16))
+    assert out.dtype == torch.float32 and out[0, 0].item() == want0, f"gate and up clamped: {out[0, 0].item()}"
+    silu_m30 = float(torch.nn.functional.silu(torch.tensor(-30.0)))
+    want2 = float(torch.tensor(silu_m30 * -10.0).to(torch.bfloat16))
+    assert out[2, 0].item() == pytest.approx(want2, rel=1e-2) and out[2, 0].item() != 0.0, \
+        f"gate -30 must not be clamped from below: {out[2, 0].item()}"
+
+
+def test_the_route_weight_multiplies_the_hidden_before_its_bf16_boundary(backend):
+    """With a down projection that copies one hidden unit per output (a 0/1 matrix), every output element is
+    a BF16 value exactly when the route weight is applied before the hidden is rounded to BF16 and W2 is
+    applied after; a route weight of 1.3 applied after W2 (or no BF16 boundary) leaves non-BF16 values.
+    Spec: MO-02."""
+    g = torch.Generator().manual_seed(8)
+    x = _tokens(g, 8)
+    w1 = torch.randn(INTER, D, generator=g) / D**0.5
+    w3 = torch.randn(INTER, D, generator=g) / D**0.5
+    w2 = torch.zeros(D, INTER)
+    w2[torch.arange(D), torch.arange(D) % INTER] = 1.0
+    route = torch.full((8,), 1.3)
+    out = op(backend, "moe_expert")(x, ExpertWeights(w1, w3, w2), route, config=C)
+    assert torch.equal(out, out.to(torch.bfloat16).float()), "outputs are not BF16 values: the route weight or " \
+        "the BF16 hidden boundary is misplaced"
+    ref = REF.get("moe_expert")(x, ExpertWeights(w1, w3, w2), route, config=C)
+    assert torch.equal(out, ref)
+
+
+@settings(deadline=None)
+@given(seed=st.integers(0, 2**16), rows=st.integers(1, 10))
+def test_an_expert_equals_the_reference_within_the_moe_budget(backend, seed, rows):
+    g = torch.Generator().manual_seed(seed)
+    x, (ex,) = _tokens(g, rows), _experts(g, 1)
+    route = torch.rand(rows, generator=g) * 0.5
+    r = check_moe_rows(op(backend, "moe_expert")(x, ex, route, config=C).to(torch.bfloat16),
+                       REF.get("moe_expert")(x, ex, route, config=C).to(torch.bfloat16), rows)
+    assert r.ok, r.message()
+
+
+def test_expert_weights_decode_mxfp4_and_the_int8_stand_in():
+    """Packed E2M1 (low nibble first) with E8M0 group-32 scales decodes to code value × 2^(s-127); the INT8
+    stand-in to int8 × row scale; both selectable, other formats refused. Spec: MO-02, §2.2."""
+    from kernels import quant
+
+    codes = torch.zeros(2, 64, dtype=torch.uint8)
+    codes[0, 0], codes[0, 1], codes[1, 33] = 2, 9, 7  # +1.0, -0.5, +6.0
+    packed = quant.pack_fp4(codes)
+    scales = torch.tensor([[127, 128], [126, 130]], dtype=torch.uint8)
+    dec = expert_weights("mxfp4", packed, packed, packed, (scales, scales, scales))
+    assert dec.w1[0, 0].item() == 1.0 and dec.w1[0, 1].item() == -0.5 and dec.w1[1, 33].item() == 6.0 * 8
+    assert int((dec.w1 != 0).sum()) == 3
+    q = torch.tensor([[1, -2], [3, 127]], dtype=torch.int8)
+    s = torch.tensor([0.5, 2.0])
+    assert expert_weights("int8", q, q, q, (s, s, s)).w2.tolist() == [[0.5, -1.0], [6.0, 254.0]]
+    with pytest.raises(ContractInputError, match="fmt"):
+        expert_weights("fp8", q, q, q, (s, s, s))
+    with pytest.raises(ContractInputError, match="w1"):
+        expert_weights("int8", q.float(), q, q, (s, s, s))
+
+
+# ----------------------------------------------------------------------------------------------------- EP
+
+
+def _ep_case(seed: int, ep: int, tokens: int = 12, counts=None):
+    g = torch.Generator().manual_seed(seed)
+    w, b = _router(g)
+    experts, shared = _experts(g), _experts(g, 1)[0]
+    x_all = _tokens(g, tokens * 4)
+    return g, w, b, experts, shared, x_all
+
+
+def _run_ep(backend, x_all, w, b, experts, shared, ep, counts):
+    """Spread the same token rows over ``ep`` ranks (``counts`` active rows each, padding after)."""
+    gate = op(backend, "moe_gate")
+    xs, gates, start = [], [], 0
+    for n in counts:
+        x = torch.zeros(max(counts) + 2, D, dtype=torch.bfloat16)
+        x[:n] = x_all[start:start + n]
+        start += n
+        xs.append(x)
+        gates.append(gate(x, w, b, config=C))
+    return xs, gates, op(backend, "moe_ep")(xs, gates, experts, shared, ep=ep, num_tokens=counts, config=C)
+
+
+@settings(deadline=None, max_examples=10)
+@given(seed=st.integers(0, 2**16))
+def test_ep_results_do_not_depend_on_the_ep_size_or_on_token_order(backend, seed):
+    """The same 16 token rows on EP2 / EP4 / EP8 (8 / 4 / 2 active rows per rank) give the same output rows
+    bit for bit; reversing the rows of every rank reverses its output rows. Spec: MO-09."""
+    _g, w, b, experts, shared, x_all = _ep_case(seed, 8)
+    rows = {}
+    for ep in (2, 4, 8):
+        counts = [16 // ep] * ep
+        _xs, _gates, res = _run_ep(backend, x_all, w, b, experts, shared, ep, counts)
+        rows[ep] = torch.cat([o[:n] for o, n in zip(res.outputs, counts, strict=True)])
+    for ep in (4, 8):
+        assert torch.equal(rows[ep], rows[2]), f"EP{ep} differs from EP2 at row " \
+            f"{int((rows[ep] != rows[2]).any(1).nonzero()[0, 0])}"
+    counts = [8, 8]
+    _xs, _gates, fwd = _run_ep(backend, x_all, w, b, experts, shared, 2, counts)
+    rev = torch.cat([x_all[:8].flip(0), x_all[8:16].flip(0)])
+    _xs, _gates, back = _run_ep(backend, rev, w, b, experts, shared, 2, counts)
+    for r in range(2):
+        assert torch.equal(back.outputs[r][:8], fwd.outputs[r][:8].flip(0)), f"rank {r}: token order moved a row"
+
+
+def test_dispatch_counts_slots_and_owners(backend):
+    """send_counts[src, dst, local] counts the (token, k) pairs routed to expert dst·n_local + local; each
+    destination lays them out by local expert, then source rank, then source order; every active token row
+    is combined on its own rank only (one owner), padding rows are exact zeros. Spec: MO-09, MO-11."""
+    _g, w, b, experts, shared, x_all = _ep_case(3, 4)
+    counts = [5, 0, 7, 3]
+    xs, gates, res = _run_ep(backend, x_all, w, b, experts, shared, 4, counts)
+    n_local = E // 4
+    want = torch.zeros(4, 4, n_local, dtype=torch.int32)
+    for src in range(4):
+        for e in gates[src][1][: counts[src]].reshape(-1).tolist():
+            want[src, e // n_local, e % n_local] += 1
+    assert torch.equal(res.send_counts, want), f"send_counts {res.send_counts.tolist()} != {want.tolist()}"
+    for dst in range(4):
+        slots = res.recv_rows[dst].tolist()
+        keys = [(int(gates[s][1][t, k]) % n_local, s, t, k) for s, t, k in slots]
+        assert keys == sorted(keys), f"rank {dst}: slots not in (local expert, source rank, source order)"
+        assert all(int(gates[s][1][t, k]) // n_local == dst for s, t, k in slots), f"rank {dst} got others' rows"
+    for src in range(4):
+        assert not bool(res.outputs[src][counts[src]:].view(torch.int16).any()), f"rank {src}: padding not zero"
+    ref = REF.get("moe_ep")(xs, gates, experts, shared, ep=4, num_tokens=counts, config=C)
+    for src in range(4):
+        r = check_moe_rows(res.outputs[src], ref.outputs[src], counts[src])
+        assert r.ok, f"rank {src}: {r.message()}"
+
+
+def test_the_combine_sums_in_fp32_and_casts_once(backend):
+    """The combined row is shared + Σ_k routed in FP32, cast to BF16 once: recomputed from the backend's own
+    expert contributions, bit for bit. Summing in BF16 (or casting each contribution) differs on these rows.
+    Spec: MO-09."""
+    _g, w, b, experts, shared, x_all = _ep_case(11, 2)
+    counts = [6, 6]
+    xs, gates, res = _run_ep(backend, x_all, w, b, experts, shared, 2, counts)
+    expert = op(backend, "moe_expert")
+    for src in range(2):
+        n = counts[src]
+        weights, ids = gates[src]
+        total = expert(xs[src][:n], shared, None, config=C)
+        bf16_total = total.to(torch.bfloat16)
+        for k in range(K):
+            contrib = torch.stack([expert(xs[src][t:t + 1], experts[int(ids[t, k])], weights[t, k:k + 1],
+                                          config=C)[0] for t in range(n)])
+            total = total + contrib
+            bf16_total = bf16_total + contrib.to(torch.bfloat16)
+        assert torch.equal(res.outputs[src][:n], total.to(torch.bfloat16)), f"rank {src}: not FP32-sum-then-cast"
+        assert not torch.equal(bf16_total, total.to(torch.bfloat16)), "the rows separate the two combines"
+
+
+def test_token_counts_follow_md32(backend):
+    """num_tokens: one count broadcast to every rank, or exactly EP counts, each in [0, 16] and within the
+    rank's rows; anything else names the field and rank. Spec: MD-32."""
+    _g, w, b, experts, shared, x_all = _ep_case(1, 2)
+    x = torch.zeros(20, D, dtype=torch.bfloat16)
+    gates = [REF.get("moe_gate")(x, w, b, config=C)] * 2
+    ep = op(backend, "moe_ep")
+    res = ep([x, x], gates, experts, shared, ep=2, num_tokens=3, config=C)
+    assert [int((o.view(torch.int16) != 0).any(1).sum()) <= 3 for o in res.outputs] == [True, True]
+    for bad, where in ((17, r"num_tokens\[0\]"), ([1, 2, 3], "num_tokens"), ([1, -1], r"num_tokens\[1\]")):
+        with pytest.raises(ContractInputError, match=where):
+            ep([x, x], gates, experts, shared, ep=2, num_tokens=bad, config=C)
+
+
+def test_a_destination_over_its_receive_capacity_is_an_error(backend):
+    _g, w, b, experts, shared, x_all = _ep_case(2, 2)
+    xs = [x_all[:8], x_all[8:16]]
+    gates = [REF.get("moe_gate")(x, w, b, config=C) for x in xs]
+    with pytest.raises(ContractInputError, match=r"recv_max\[\d\]"):
+        op(backend, "moe_ep")(xs, gates, experts, shared, ep=2, num_tokens=8, recv_max=4, config=C)
+
+
+def test_the_moe_row_comparator_fails_just_outside_each_clause():
+    """check_moe_rows: 2 % of the active elements over relative diff 3e-3 pass, one more fails; a worst |Δ| of
+    0.25 passes, a hair more fails; a padding row one bit off fails. Spec: MO-05, MO-06."""
+    e = torch.ones(10, 50, dtype=torch.float64) * 4.0
+    a = e.clone()
+    flat = a.reshape(-1)
+    flat[:10] *= 1 + 3e-3 * 1.01  # 10 of 500 = 2 %
+    assert check_moe_rows(a, e, 10).ok
+    flat[10] *= 1 + 3e-3 * 1.01
+    assert not check_moe_rows(a, e, 10).ok
+    b = e.clone()
+    b[0, 0] += 0.25
+    assert check_moe_rows(b, e, 10).ok
+    b[0, 0] += 1e-9
+    assert not check_moe_rows(b, e, 10).ok
+    z = torch.zeros(4, 8, dtype=torch.bfloat16)
+    y = z.clone()
+    y[3, 2] = torch.tensor([1], dtype=torch.int16).view(torch.bfloat16)
+    r = check_moe_rows(y, z, 2)
+    assert not r.ok and "padding row" in r.message() and "[3][2]" in r.message()
