@@ -142,6 +142,8 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "gate_ids": {"score_atol": 2e-4, "score_rtol": 5e-5},
     "gate_weights": {"row_sum": 2e-5, "score_atol": 2e-4, "score_rtol": 5e-5, "extra": 2e-4},
     "moe_out": {"reldiff": 3e-3, "pct": 0.02, "max_abs": 0.25},
+    "logits": {"atol": precision.LOGITS_TOL[0], "rtol": precision.LOGITS_TOL[1], "quota": 0.0},
+    "greedy": {},
 }
 
 def hc_mix(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
@@ -226,6 +228,27 @@ def moe_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckR
     return first_failure([check_moe_rows(a[r], e[r], n, name=f"{name}.rank{r}") for r, n in enumerate(counts)])
 
 
+def logits(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """LM-head logits, full [T, V] or vocab shards [tp, T, V/tp]: every element within 1e-3 + 1e-3·|e| (AP-17)."""
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    if a.ndim == 3:  # shards in rank order
+        tp = a.shape[0]
+        return precision.check_logits(torch.cat(list(a), dim=1), torch.cat(list(e), dim=1), tp=tp, name=name)
+    return precision.check_logits(a, e, tp=int(ctx.params.get("tp", 1)), name=name)
+
+
+def greedy(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """Greedy ids against the first maximum of the backend's own logits (AP-18: self-consistency)."""
+    own = ctx.actual_outputs.get("logits")
+    if own is None and "logit_shards" in ctx.actual_outputs:
+        own = torch.cat(list(ctx.actual_outputs["logit_shards"]), dim=1)
+    if own is None:
+        return failed("greedy", "AP-18", 1, 1, Violation(name, (), "no logits to judge the ids by", "logits"))
+    return precision.check_greedy(a, own, name=name)
+
+
 def half_layer(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """One output of an attention half-layer tree, judged with the whole call in view (contracts.checks.attention):
     the output bound of the mode, cache ownership, the Top-K rule, and an accepted alternative selection judged
@@ -248,7 +271,7 @@ COMPARATORS: dict[str, Comparator] = {
     "exact": exact, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
     "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out,
-    "gate_ids": gate_ids, "gate_weights": gate_weights, "moe_out": moe_out,
+    "gate_ids": gate_ids, "gate_weights": gate_weights, "moe_out": moe_out, "logits": logits, "greedy": greedy,
 }
 
 

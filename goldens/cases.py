@@ -410,6 +410,34 @@ def _moe_call(get, inputs: Tensors) -> Tensors:
             "output": torch.stack(res.outputs), "send_counts": res.send_counts}
 
 
+# ---------------------------------------------------------------------------
+# the model boundary: embedding pack, LM head, greedy pick
+
+LM_HEAD_TP = 4
+
+
+def _lm_head_build(seed: int, wiring: str) -> Tensors:
+    c = FLASH_TINY
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(6, c.hidden_size, generator=g).to(torch.bfloat16)
+    weight = (torch.randn(c.vocab_size, c.hidden_size, generator=g) / c.hidden_size**0.5).to(torch.bfloat16)
+    best = (hidden.float() @ weight.float().T).argmax(1)
+    rows = c.vocab_size // LM_HEAD_TP
+    weight[rows + 3] = weight[best[0]]  # token 0: an exact tie across two vocab shards
+    weight[c.vocab_size - 1] = weight[best[1]]  # token 1: a tie with the last id
+    return {"hidden": hidden, "weight": weight, "ids_in": torch.tensor([7, -1, c.vocab_size, c.vocab_size + 7, 0, 3]),
+            "embedding": torch.randn(c.vocab_size, c.hidden_size, generator=g).to(torch.bfloat16)}
+
+
+def _lm_head_call(get, inputs: Tensors, wiring: str) -> Tensors:
+    shards = get("lm_head")(inputs["hidden"], inputs["weight"], tp=LM_HEAD_TP)
+    full = torch.cat(shards, dim=1)
+    out = {"logits": full} if wiring == "replicated" else {"logit_shards": torch.stack(shards)}
+    out["ids"] = get("greedy_pick")(full)
+    out["x_hc"] = get("embed_pack")(inputs["ids_in"], inputs["embedding"], config=FLASH_TINY)
+    return out
+
+
 def _build_cases() -> dict[str, Case]:
     from kernels import sequence_parallel as sp
     from kernels.reference import compressor, indexer, rope
@@ -466,6 +494,16 @@ def _build_cases() -> dict[str, Case]:
                           lambda b, i, w: _moe_call(b.get, i),
                           lambda w: {"weights": "gate_weights", "ids": "gate_ids", "output": "moe_out",
                                      "send_counts": "exact"}, params={"ep": ep}))
+    from kernels.reference import lm_head
+
+    head_ops = {"lm_head": lm_head.lm_head, "greedy_pick": lm_head.greedy_pick, "embed_pack": lm_head.embed_pack}
+    cases.append(Case("lm_head", "lm_head+greedy_pick+embed_pack", f"LM head on TP{LM_HEAD_TP}: full logits "
+                      "(replicated) or the ranks' vocab shards (sharded), greedy ids with exact ties across shards "
+                      "and with the last id, and the embedding pack of clamped ids (-1, vocab, vocab+7)",
+                      ("replicated", "sharded"), ("kernels.reference.lm_head",), _lm_head_build,
+                      lambda i, w: _lm_head_call(head_ops.__getitem__, i, w), lambda b, i, w: _lm_head_call(b.get, i, w),
+                      lambda w: {("logits" if w == "replicated" else "logit_shards"): "logits", "ids": "greedy",
+                                 "x_hc": "exact"}, params={"tp": LM_HEAD_TP}))
     from kernels.config import LayerKind
 
     cases += [_half_layer_case(kind, phase) for kind in LayerKind for phase in ("prefill", "decode")]

@@ -130,6 +130,13 @@ CASES = [
     ("moe:NEIGHBOUR_RANK", "test_moe:test_dispatch_counts_slots_and_owners", "send_counts"),
     ("moe:NEIGHBOUR_RANK", "test_moe:test_ep_results_do_not_depend_on_the_ep_size_or_on_token_order", "differs from"),
     ("moe:COMBINE_IN_BF16", "test_moe:test_the_combine_sums_in_fp32_and_casts_once", "not FP32-sum-then-cast"),
+    # the model boundary (SC-23, AP-18, CQ-26)
+    ("lm_head:GREEDY_TIES_TO_LAST", "test_lm_head:test_greedy_ids_are_the_first_maximum", "[7, 9, 9]"),
+    ("lm_head:GREEDY_TIES_TO_LAST", "test_lm_head:test_greedy_ids_agree_with_the_logits_they_come_from",
+     "first maximum"),
+    ("lm_head:SHARD_OFF_BY_ONE", "test_lm_head:test_a_shard_boundary_is_exact", "holds vocab rows"),
+    ("lm_head:IDS_WRAP", "test_lm_head:test_the_embedding_pack_clamps_ids_and_copies_rows_bit_exact",
+     "expected vocabulary row 0"),
     # RoPE rows (§4.2)
     ("reference:ROPE_CLAMPS_POSITIONS", "test_rope:test_rope_rows_reject_position_beyond_capacity", "DID NOT RAISE"),
     ("reference:ROPE_INTO_PADDING", "test_rope:test_rope_rows_exact_identity_and_untouched", "sentinels 17/19 lost"),

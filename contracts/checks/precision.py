@@ -356,3 +356,46 @@ def comparator(name: str) -> Leaf:
 # expanded / head outputs. Spec: upstream_checks HC-07, HC-08.
 HC_MIX_TOL = (2.5e-5, 5e-3)
 HC_OUT_TOL = (1e-4, 1 / 128)
+
+
+# LM head logits: |a - e| <= atol + rtol·|e| on EVERY element, no outlier quota (upstream_checks AP-17).
+LOGITS_TOL = (1e-3, 1e-3)
+
+
+def check_logits(actual: torch.Tensor, expected: torch.Tensor, *, tp: int = 1, name: str = "logits") -> CheckResult:
+    """Every logit within 1e-3 + 1e-3·|e| (no quota); the worst element is named with its vocabulary shard and
+    the shard's own column when ``tp`` > 1. Spec: AP-17."""
+    check, spec = "check_logits", "AP-17"
+    problem = _pair_problem(check, spec, name, actual, expected)
+    if problem is not None:
+        return problem
+    a, e = actual.to(torch.float64), expected.to(torch.float64)
+    atol, rtol = LOGITS_TOL
+    allowed = atol + rtol * e.abs()
+    excess = ((a - e).abs() - allowed).nan_to_num(nan=math.inf)
+    bad = (excess > 0) | ~torch.isfinite(a) | ~torch.isfinite(e)
+    if not bool(bad.any()):
+        return passed(check, spec, a.numel())
+    t, v = (int(i) for i in torch.unravel_index(torch.where(bad, excess, -math.inf).argmax(), a.shape))
+    per = a.shape[1] // tp
+    return failed(check, spec, a.numel(), int(bad.sum()),
+                  Violation(f"{name} row", (t, v), float(a[t, v]), float(e[t, v]), float(allowed[t, v]),
+                            note=f"vocab shard {v // per} column {v % per}" if tp > 1 else ""))
+
+
+def check_greedy(ids: torch.Tensor, logits: torch.Tensor, *, name: str = "ids") -> CheckResult:
+    """Greedy ids equal the first maximum of the logits being judged (the device's own, not the golden's):
+    self-consistency, ties to the lowest id. Spec: AP-18."""
+    check, spec = "check_greedy", "AP-18"
+    if ids.shape != logits.shape[:1] or ids.dtype != torch.int32:
+        return failed(check, spec, 1, 1, Violation(f"{name}.layout", (), f"{ids.dtype}{list(ids.shape)}",
+                                                   f"int32[{logits.shape[0]}]"))
+    best = logits.max(dim=1, keepdim=True).values
+    first = (logits == best).to(torch.int8).argmax(dim=1).to(torch.int32)
+    wrong = ids != first
+    if bool(wrong.any()):
+        t = int(wrong.nonzero()[0, 0])
+        return failed(check, spec, ids.numel(), int(wrong.sum()),
+                      Violation(f"{name} row", (t,), int(ids[t]), int(first[t]),
+                                note=f"the first maximum of row {t} (value {float(best[t, 0]):.6g})"))
+    return passed(check, spec, ids.numel())
