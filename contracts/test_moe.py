@@ -338,3 +338,27 @@ def test_the_moe_row_comparator_fails_just_outside_each_clause():
     y[3, 2] = torch.tensor([1], dtype=torch.int16).view(torch.bfloat16)
     r = check_moe_rows(y, z, 2)
     assert not r.ok and "padding row" in r.message() and "[3][2]" in r.message()
+
+
+def test_the_ep4_fixture_bias_keeps_topk_far_from_ties_and_forces_cross_rank_traffic(backend):
+    """The moe_ep4 golden uses upstream's fixture routing bias (+4 on 6 spread experts, -1 elsewhere): the 6th
+    and 7th biased scores of every row are more than 1 apart (no near-tie can flip a selection) and every
+    active rank sends rows to every other rank. Spec: MO-10."""
+    from goldens.cases import get_case
+
+    inputs = get_case("moe_ep4").build_inputs(17, "replicated")
+    bias = inputs["bias"]
+    assert sorted(bias.tolist()).count(4.0) == K and sorted(bias.tolist()).count(-1.0) == E - K
+    counts = inputs["num_tokens"].tolist()
+    gates = [op(backend, "moe_gate")(x, inputs["router"], bias, config=C) for x in inputs["xs"]]
+    for r, x in enumerate(inputs["xs"]):
+        _scores, biased = _biased_scores(x[: counts[r]], inputs["router"], bias)
+        top = biased.sort(dim=1, descending=True).values
+        assert bool((top[:, K - 1] - top[:, K] > 1.0).all()), f"rank {r}: a near-tie at the k-th expert"
+    from kernels.reference.moe import ExpertWeights
+
+    experts = [ExpertWeights(torch.zeros(INTER, D), torch.zeros(INTER, D), torch.zeros(D, INTER))] * E
+    res = op(backend, "moe_ep")(list(inputs["xs"]), gates, experts, experts[0], ep=4, num_tokens=counts, config=C)
+    sent = res.send_counts.sum(-1)
+    for src in (r for r in range(4) if counts[r]):
+        assert all(int(sent[src, dst]) > 0 for dst in range(4) if dst != src), f"rank {src} sends {sent[src]}"
