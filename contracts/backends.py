@@ -98,6 +98,11 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
         OperatorSpec("lm_head", "(hidden [T,D] BF16, weight [vocab,D], *, tp=1)",
                      "list of tp FP32 logit shards [T, vocab/tp] in rank order", "§1"),
         OperatorSpec("greedy_pick", "(logits [T,vocab])", "[T] INT32: first id of each row's maximum", "§1"),
+        OperatorSpec("decode_block", "(x_hc [T,hc,D] FP32, incoming_pre_mix [T,hc], attention_inputs, attention_mhc, "
+                     "ffn_mhc, router, bias, experts, shared, *, kind, tp, config)",
+                     "{x_hc, next_pre_mix, attention_input, ffn_input, attention_hidden}: one decode Block "
+                     "(attention + MoE through mHC with the delayed pre-mix), composed from this backend's "
+                     "operators", "§1"),
         OperatorSpec("attention_half_layer",
                      "(inputs {name: tensor}, *, kind, phase, wiring, tp, config=FLASH_TINY)",
                      "{output, window_payload, window_scale, [compressed_/index_ payload+scale], [topk_indices], "
@@ -236,6 +241,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "tp_all_reduce": ("kernels.reference.tp", "tp_all_reduce"),
     "tp_reduce_scatter": ("kernels.reference.tp", "tp_reduce_scatter"),
     "attention_half_layer": ("kernels.reference.attention_layer", "attention_half_layer"),
+    "decode_block": ("kernels.reference.block", "decode_block"),
     "hc_mixes": ("kernels.reference.mhc", "hc_mixes"),
     "hc_pre": ("kernels.reference.mhc", "hc_pre"),
     "hc_post": ("kernels.reference.mhc", "hc_post"),

@@ -112,11 +112,12 @@ def test_the_first_layer_collapses_with_the_one_hot_lane_zero_mix(backend):
 
 
 def test_the_activation_dtypes_at_each_boundary(backend):
-    """hc_pre returns the stream's dtype (BF16 streams -> BF16), hc_head always BF16, hc_post FP32 from a BF16
-    sublayer and FP32 streams. Spec: HC-02."""
+    """hc_pre returns the BF16 activation from FP32 streams (and from BF16 ones), hc_head BF16, hc_post FP32
+    from a BF16 sublayer and FP32 streams. Spec: HC-02."""
     g = torch.Generator().manual_seed(4)
     x = _stream(g, 3, C.hidden_size)
     m = op(backend, "hc_mixes")(x, *_weights(g, C.hidden_size), config=C)
+    assert op(backend, "hc_pre")(x, m.pre).dtype == torch.bfloat16
     assert op(backend, "hc_pre")(x.to(torch.bfloat16), m.pre).dtype == torch.bfloat16
     assert op(backend, "hc_head")(x, m.pre).dtype == torch.bfloat16
     sub = torch.randn(3, C.hidden_size, generator=g).to(torch.bfloat16)

@@ -438,6 +438,45 @@ def _lm_head_call(get, inputs: Tensors, wiring: str) -> Tensors:
     return out
 
 
+# ---------------------------------------------------------------------------
+# the decode Block
+
+BLOCK_KEYS = ("x_hc", "incoming_pre_mix", "attn_function", "attn_scale", "attn_base", "ffn_function", "ffn_scale",
+              "ffn_base", "router", "bias", "experts_w1", "experts_w3", "experts_w2", "shared_w1", "shared_w3",
+              "shared_w2")
+
+
+def _block_build(kind):
+    def build(seed: int, wiring: str) -> Tensors:
+        from contracts.block_cases import block_inputs
+
+        i = block_inputs(kind, seed)
+        e = i["experts"]
+        return {**i["attention_inputs"], "x_hc": i["x_hc"], "incoming_pre_mix": i["incoming_pre_mix"],
+                "attn_function": i["attention_mhc"].function, "attn_scale": i["attention_mhc"].scale,
+                "attn_base": i["attention_mhc"].base, "ffn_function": i["ffn_mhc"].function,
+                "ffn_scale": i["ffn_mhc"].scale, "ffn_base": i["ffn_mhc"].base, "router": i["router"],
+                "bias": i["bias"], "experts_w1": torch.stack([x.w1 for x in e]),
+                "experts_w3": torch.stack([x.w3 for x in e]), "experts_w2": torch.stack([x.w2 for x in e]),
+                "shared_w1": i["shared"].w1, "shared_w3": i["shared"].w3, "shared_w2": i["shared"].w2}
+    return build
+
+
+def _block_call(fn, inputs: Tensors, kind) -> Tensors:
+    from contracts.block_cases import TP
+    from kernels.reference.block import MhcWeights
+    from kernels.reference.moe import ExpertWeights
+
+    attention = {k: v for k, v in inputs.items() if k not in BLOCK_KEYS}
+    experts = [ExpertWeights(inputs["experts_w1"][n], inputs["experts_w3"][n], inputs["experts_w2"][n])
+               for n in range(inputs["experts_w1"].shape[0])]
+    return fn(inputs["x_hc"], inputs["incoming_pre_mix"], attention,
+              MhcWeights(inputs["attn_function"], inputs["attn_scale"], inputs["attn_base"]),
+              MhcWeights(inputs["ffn_function"], inputs["ffn_scale"], inputs["ffn_base"]), inputs["router"],
+              inputs["bias"], experts, ExpertWeights(inputs["shared_w1"], inputs["shared_w3"], inputs["shared_w2"]),
+              kind=kind, tp=TP, config=FLASH_TINY)
+
+
 def _build_cases() -> dict[str, Case]:
     from kernels import sequence_parallel as sp
     from kernels.reference import compressor, indexer, rope
@@ -505,7 +544,20 @@ def _build_cases() -> dict[str, Case]:
                       lambda w: {("logits" if w == "replicated" else "logit_shards"): "logits", "ids": "greedy",
                                  "x_hc": "exact"}, params={"tp": LM_HEAD_TP}))
     from kernels.config import LayerKind
+    from kernels.reference import block
 
+    def block_case(kind) -> Case:
+        return Case(f"block_{kind.value.lower()}", "decode_block", f"decode Block of the {kind.value} "
+                    "representative layer: attention (TP2, replicated) and the compact MoE through mHC, a non-one-hot "
+                    "incoming mix, every row active", ("replicated",),
+                    HALF_LAYER_MODULES + ("kernels.reference.mhc", "kernels.reference.moe", "kernels.reference.block"),
+                    _block_build(kind), lambda i, w: _block_call(block.decode_block, i, kind),
+                    lambda b, i, w: _block_call(b.get("decode_block"), i, kind),
+                    lambda w: {"x_hc": "fp8_budget", "attention_hidden": "fp8_budget", "next_pre_mix": "hc_mix",
+                               "attention_input": "exact", "ffn_input": "exact"},
+                    params={"kind": kind.value, "phase": "decode", "tp": 2, "preset": "flash-tiny"})
+
+    cases += [block_case(k) for k in (LayerKind.SWA, LayerKind.C2A_FULL, LayerKind.C1A_FULL)]
     cases += [_half_layer_case(kind, phase) for kind in LayerKind for phase in ("prefill", "decode")]
     return {c.name: c for c in cases}
 

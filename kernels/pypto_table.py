@@ -300,6 +300,10 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
     Binding("lm_head", "not bound", f"{FLASH}/lm_head.py", "@pl.jit.inline (vocab shards per TP rank)",
             note=PENDING_13),
     Binding("greedy_pick", "not bound", f"{FLASH}/lm_head.py (sampled ids)", "@pl.jit.inline", note=PENDING_13),
+    Binding("decode_block", "composition", f"{FLASH}/decode_layer.py (golden_decode_layer; the device entry "
+            "chains the mHC, attention and MoE entries)", "composition",
+            note="composed from the operators this backend binds (hc_mixes, hc_pre, hc_post, moe_gate, "
+                 "moe_expert, attention_half_layer)"),
     Binding("build_forward_metadata", "host", f"{FLASH}/metadata.py (ForwardMetadata)", "host Python",
             note="host-side lowering; the contracts judge the reference's"),
     Binding("resolve_schedule", "host", f"{FLASH}/config.py", "host Python"),

@@ -137,6 +137,11 @@ CASES = [
     ("lm_head:SHARD_OFF_BY_ONE", "test_lm_head:test_a_shard_boundary_is_exact", "holds vocab rows"),
     ("lm_head:IDS_WRAP", "test_lm_head:test_the_embedding_pack_clamps_ids_and_copies_rows_bit_exact",
      "expected vocabulary row 0"),
+    # the decode Block (HC-03, HC-04)
+    ("block:NEXT_MIX_FROM_ATTENTION", "test_block:test_the_block_runs_the_delayed_pre_mix_order",
+     "hand on the FFN's pre mix"),
+    ("block:ATTENTION_WITH_OWN_MIX", "test_block:test_the_block_runs_the_delayed_pre_mix_order",
+     "collapse with the incoming mix"),
     # RoPE rows (§4.2)
     ("reference:ROPE_CLAMPS_POSITIONS", "test_rope:test_rope_rows_reject_position_beyond_capacity", "DID NOT RAISE"),
     ("reference:ROPE_INTO_PADDING", "test_rope:test_rope_rows_exact_identity_and_untouched", "sentinels 17/19 lost"),

@@ -10,8 +10,8 @@ reads one collapsed row and writes back an expanded update:
   logits·scale[2] + base, plus hc_eps, one column normalisation, then ``iterations - 1`` rounds of (row,
   column) normalisation, each sum offset by hc_eps -- so 20 iterations are 1 + 19 rounds (Sinkhorn). Rows
   ``>= num_tokens`` of all three are written as exact zeros (the device's valid rows + zero tail).
-* ``hc_pre`` collapses the streams with a pre mix: Σ_i pre[i]·x_hc[i] accumulated in FP32, one cast to the
-  activation dtype (BF16 at the ABI). ``identity_pre_mix`` is the first layer's incoming mix: one-hot lane 0.
+* ``hc_pre`` collapses the streams (FP32 at the ABI) with a pre mix: Σ_i pre[i]·x_hc[i] accumulated in FP32,
+  one cast to the activation dtype (BF16 at the ABI). ``identity_pre_mix`` is the first layer's incoming mix: one-hot lane 0.
 * ``hc_post`` expands a sublayer output (BF16 at the ABI): out[j] = post[j]·sublayer + Σ_i residual[i, j]·x_hc[i],
   in FP32, returned as FP32 (the ABI; upstream's older golden rounded through the sublayer's dtype first,
   kept as rule ``via-sublayer-dtype``). The residual mix is applied transposed: column j of
@@ -98,12 +98,13 @@ def hc_mixes(x_hc: torch.Tensor, function: torch.Tensor, scale: torch.Tensor, ba
     return Mixes(pre * keep[:, None], post * keep[:, None], residual * keep[:, None, None])
 
 
-def hc_pre(x_hc: torch.Tensor, pre_mix: torch.Tensor) -> torch.Tensor:
-    """Σ_i pre[i]·x_hc[i] in FP32, one cast to ``x_hc``'s dtype: [T, hc, D], [T, hc] -> [T, D]. Spec: HC-02."""
+def hc_pre(x_hc: torch.Tensor, pre_mix: torch.Tensor, *, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Σ_i pre[i]·x_hc[i] in FP32, one cast to the activation dtype (BF16 at the ABI, whatever the streams'
+    dtype -- FP32 streams included): [T, hc, D], [T, hc] -> [T, D]. Spec: HC-02."""
     if x_hc.ndim != 3 or pre_mix.shape != x_hc.shape[:2]:
         raise ContractInputError("pre_mix", None, f"[{x_hc.shape[0]}, {x_hc.shape[1]}] like x_hc's first dims",
                                  list(pre_mix.shape), SPEC)
-    return (x_hc.float() * pre_mix.float().unsqueeze(-1)).sum(dim=1).to(x_hc.dtype)
+    return (x_hc.float() * pre_mix.float().unsqueeze(-1)).sum(dim=1).to(dtype)
 
 
 POST_RULES = ("fp32", "via-sublayer-dtype")

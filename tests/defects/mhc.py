@@ -25,9 +25,9 @@ def _tail_kept(x_hc, function, scale, base, *, num_tokens=None, config=None):
     return mhc.hc_mixes(x_hc, function, scale, base, config=config or mhc.FLASH)
 
 
-def _products_in_bf16(x_hc, pre_mix):
+def _products_in_bf16(x_hc, pre_mix, *, dtype=torch.bfloat16):
     """Wrong: each weighted stream is rounded to BF16 before the sum."""
-    return (x_hc.float() * pre_mix.float().unsqueeze(-1)).to(torch.bfloat16).float().sum(dim=1).to(x_hc.dtype)
+    return (x_hc.float() * pre_mix.float().unsqueeze(-1)).to(torch.bfloat16).float().sum(dim=1).to(dtype)
 
 
 def _residual_not_transposed(sublayer, x_hc, post_mix, residual_mix, **kw):

@@ -1,0 +1,101 @@
+"""The decode Block (``decode_block``): attention and the MoE FFN through mHC with the delayed pre-mix order --
+the attention collapses with the incoming mix, the FFN with the attention's pre mix, and the Block hands on
+the FFN's pre mix -- for the representative layer of every mode; every capacity row active; the compact
+single-rank MoE; and Blocks chained the way the causal encoder chains them.
+
+Spec: §1; upstream_checks HC-03, HC-04, HC-05, MO-14.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from contracts.backends import torch_backend
+from contracts.block_cases import TP, block_inputs
+from contracts.half_layer_cases import HalfLayerCase, build
+from contracts.plugin import op
+from kernels.config import FLASH_TINY, LayerKind
+from kernels.errors import ContractInputError
+from kernels.reference.block import MhcWeights, moe_dense
+from kernels.reference.mhc import identity_pre_mix
+
+REF = torch_backend()
+C = FLASH_TINY
+HC, D = C.hc_mult, C.hidden_size
+
+
+def run(fn, i: dict, kind: LayerKind, **kw) -> dict:
+    return fn(i["x_hc"], i["incoming_pre_mix"], i["attention_inputs"], i["attention_mhc"], i["ffn_mhc"],
+              i["router"], i["bias"], i["experts"], i["shared"], kind=kind, tp=TP, config=C, **kw)
+
+
+@pytest.mark.parametrize("kind", list(LayerKind), ids=lambda k: k.value)
+def test_the_block_runs_the_delayed_pre_mix_order(backend, kind):
+    """attention_input == hc_pre(x_hc, incoming) exactly; ffn_input == hc_pre(attention_hidden, attention pre
+    mix) exactly; the handed-on mix == hc_mixes(attention_hidden, FFN weights).pre exactly and differs from the
+    incoming one; the output streams are finite FP32 of the input's shape. Spec: HC-03, HC-04."""
+    i = block_inputs(kind)
+    out = run(op(backend, "decode_block"), i, kind)
+    pre, mixes = REF.get("hc_pre"), REF.get("hc_mixes")
+    attn = mixes(i["x_hc"], i["attention_mhc"].function, i["attention_mhc"].scale, i["attention_mhc"].base, config=C)
+    assert torch.equal(out["attention_input"], pre(i["x_hc"], i["incoming_pre_mix"])), \
+        "the attention must collapse with the incoming mix"
+    assert torch.equal(out["ffn_input"], pre(out["attention_hidden"], attn.pre)), \
+        "the FFN must collapse with the attention's pre mix"
+    ffn = mixes(out["attention_hidden"], i["ffn_mhc"].function, i["ffn_mhc"].scale, i["ffn_mhc"].base, config=C)
+    assert torch.equal(out["next_pre_mix"], ffn.pre), "the Block must hand on the FFN's pre mix"
+    assert not torch.equal(attn.pre, i["incoming_pre_mix"])
+    x = out["x_hc"]
+    assert x.dtype == torch.float32 and x.shape == i["x_hc"].shape and bool(torch.isfinite(x).all())
+
+
+def test_the_block_equals_the_reference(backend):
+    """Every Block output of the C1A FULL representative layer against the reference: streams and hidden
+    bit for bit on a backend of the references, and whatever a backend changes shows here. Spec: HC-03."""
+    kind = LayerKind.C1A_FULL
+    i = block_inputs(kind, seed=3)
+    got, want = run(op(backend, "decode_block"), i, kind), run(REF.get("decode_block"), i, kind)
+    for name in want:
+        assert torch.equal(got[name], want[name]), f"{name} differs from the reference"
+
+
+def test_a_block_golden_needs_every_capacity_row_active(backend):
+    """The C2A REUSE decode fixture with its inactive suffix is refused: a Block golden needs all capacity rows
+    active. Spec: HC-05."""
+    kind = LayerKind.C2A_REUSE
+    i = block_inputs(kind)
+    i["attention_inputs"] = build(HalfLayerCase(kind, "decode", "replicated", TP, seed=0))  # 2 inactive rows
+    i["x_hc"] = torch.randn(i["attention_inputs"]["x"].shape[0], HC, D)
+    i["incoming_pre_mix"] = torch.ones(i["x_hc"].shape[0], HC)
+    with pytest.raises(ContractInputError, match="every capacity row active"):
+        run(op(backend, "decode_block"), i, kind)
+
+
+def test_blocks_chain_their_mixes_like_the_causal_encoder(backend):
+    """Two Blocks (SWA then C2A FULL): the second's incoming mix is the first's next_pre_mix, and the first
+    starts from the one-hot lane-0 mix; changing the first Block's FFN weights changes what the second
+    collapses with. Spec: HC-03, HC-06, HC-12 (the chain rule)."""
+    first, second = block_inputs(LayerKind.SWA, seed=5), block_inputs(LayerKind.C2A_FULL, seed=6)
+    first["incoming_pre_mix"] = identity_pre_mix(first["x_hc"])
+    block = op(backend, "decode_block")
+    a = run(block, first, LayerKind.SWA)
+    second["x_hc"], second["incoming_pre_mix"] = a["x_hc"], a["next_pre_mix"]
+    b = run(block, second, LayerKind.C2A_FULL)
+    assert torch.equal(a["attention_input"], REF.get("hc_pre")(first["x_hc"], identity_pre_mix(first["x_hc"])))
+    assert torch.equal(b["attention_input"], REF.get("hc_pre")(a["x_hc"], a["next_pre_mix"]))
+    first["ffn_mhc"] = MhcWeights(first["ffn_mhc"].function, first["ffn_mhc"].scale * 2, first["ffn_mhc"].base)
+    a2 = run(block, first, LayerKind.SWA)
+    assert not torch.equal(a2["next_pre_mix"], a["next_pre_mix"])
+
+
+def test_the_compact_moe_is_the_ep_moe_on_one_rank(backend):
+    """The Block's single-rank MoE fixture equals moe_ep with every row on its ranks (EP2, 6 rows each) bit for
+    bit: the fixture changes the transport, never the arithmetic. Spec: MO-14, MO-09."""
+    i = block_inputs(LayerKind.SWA, seed=9)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(12, D, generator=g).to(torch.bfloat16)
+    dense = moe_dense(x, i["router"], i["bias"], i["experts"], i["shared"], config=C)
+    gates = [REF.get("moe_gate")(x[r * 6:(r + 1) * 6], i["router"], i["bias"], config=C) for r in range(2)]
+    ep = op(backend, "moe_ep")([x[:6], x[6:]], gates, i["experts"], i["shared"], ep=2, num_tokens=6, config=C)
+    assert torch.equal(torch.cat(ep.outputs), dense)
