@@ -142,6 +142,9 @@ CASES = [
      "hand on the FFN's pre mix"),
     ("block:ATTENTION_WITH_OWN_MIX", "test_block:test_the_block_runs_the_delayed_pre_mix_order",
      "collapse with the incoming mix"),
+    # the CED decoder replay (MD-16)
+    ("prefill_plan:REPLAY_KEEPS_129", "test_prefill_plan:test_upstreams_hand_checked_replay_vector",
+     "[0, 1, 127, 128, 129]"),
     # RoPE rows (§4.2)
     ("reference:ROPE_CLAMPS_POSITIONS", "test_rope:test_rope_rows_reject_position_beyond_capacity", "DID NOT RAISE"),
     ("reference:ROPE_INTO_PADDING", "test_rope:test_rope_rows_exact_identity_and_untouched", "sentinels 17/19 lost"),
