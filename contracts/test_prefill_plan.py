@@ -114,3 +114,39 @@ def test_bad_encoder_metadata_is_refused_naming_the_field(backend, edit, match):
         op(backend, "decoder_replay")(a["starts"], a["positions"], a["requests"], a["kv"], a["table"])
     with pytest.raises(ContractInputError, match="window"):
         op(backend, "decoder_replay")(starts, positions, requests, kv, table, window=0)
+
+
+def test_a_prefill_context_validates_its_requests():
+    """Lengths positive ints (bools refused), num_tokens <= capacity <= 4096, requests · ceil(longest / 128) <=
+    32 pages plus one sentinel page per cache, precision fp32 or official. Spec: MD-21."""
+    from kernels.prefill_plan import PrefillContext
+
+    ctx = PrefillContext((5, 129, 1))
+    assert ctx.num_tokens == 135 and ctx.capacity == 135 and ctx.pages_per_cache == 3 * 2 + 1
+    assert PrefillContext((4096,), capacity=4096, precision="official").pages_per_cache == 33
+    for kw, field in ((dict(lengths=()), "lengths"), (dict(lengths=(3, 0)), r"lengths\[1\]"),
+                      (dict(lengths=(True,)), r"lengths\[0\]"), (dict(lengths=(2.0,)), r"lengths\[0\]"),
+                      (dict(lengths=(10,), capacity=9), "capacity"), (dict(lengths=(10,), capacity=4097), "capacity"),
+                      (dict(lengths=(10,), capacity=True), "capacity"), (dict(lengths=(129,) * 17), "pages"),
+                      (dict(lengths=(10,), precision="bf16"), "precision")):
+        with pytest.raises(ContractInputError, match=field):
+            PrefillContext(**kw)
+    assert PrefillContext((128,) * 32).pages_per_cache == 33
+
+
+def test_a_prefill_state_validates_its_streams_and_mix():
+    """x_hc 3-D or 4-D with last dims (4, hidden), pre_mix one rank lower with x_hc's leading shape, both FP32.
+    Spec: MD-22."""
+    from kernels.prefill_plan import PrefillState
+
+    hc, d = FLASH.hc_mult, FLASH.hidden_size
+    PrefillState(torch.zeros(3, hc, d), torch.zeros(3, hc))
+    PrefillState(torch.zeros(2, 3, hc, d), torch.zeros(2, 3, hc))
+    for x, m, field in ((torch.zeros(3, hc, d - 1), torch.zeros(3, hc), "x_hc"),
+                        (torch.zeros(hc, d), torch.zeros(hc), "x_hc"),
+                        (torch.zeros(3, hc, d), torch.zeros(3, hc, 1), "pre_mix"),
+                        (torch.zeros(3, hc, d), torch.zeros(4, hc), "pre_mix"),
+                        (torch.zeros(3, hc, d, dtype=torch.bfloat16), torch.zeros(3, hc), "x_hc"),
+                        (torch.zeros(3, hc, d), torch.zeros(3, hc, dtype=torch.float64), "pre_mix")):
+        with pytest.raises(ContractInputError, match=field):
+            PrefillState(x, m)

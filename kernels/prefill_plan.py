@@ -143,3 +143,73 @@ def select_decoder_replay(query_start_loc: torch.Tensor, position_ids: torch.Ten
     return DecoderReplay(source_rows, qsl, replay_lens.to(torch.int32), replay_starts.to(torch.int32),
                          pos.to(torch.int32), req.to(torch.int32), (pos + 1).to(torch.int32), slots,
                          indices.to(torch.int32), window_lens.to(torch.int32))
+
+
+PREFILL_MAX_TOKENS = 4096
+PREFILL_MAX_PAGES = 32
+PRECISIONS = ("fp32", "official")
+
+
+@dataclass(frozen=True)
+class PrefillContext:
+    """One CED prefill call's requests: prompt ``lengths`` (positive ints, bools refused), the row ``capacity``
+    (default: the packed token count; num_tokens <= capacity <= 4096), the pages they need (requests ·
+    ceil(longest / 128) <= 32, plus one zeroed sentinel page per cache) and the activation ``precision``
+    (``fp32`` or ``official``). Spec: MD-21."""
+
+    lengths: tuple[int, ...]
+    capacity: int | None = None
+    precision: str = "fp32"
+    block_size: int = FLASH.block_size
+
+    def __post_init__(self) -> None:
+        lengths = tuple(self.lengths)
+        if not lengths:
+            raise ContractInputError("lengths", None, "at least one prompt length", lengths, "MD-21")
+        for i, n in enumerate(lengths):
+            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+                raise ContractInputError("lengths", (i,), "a positive int (bool refused)", repr(n), "MD-21")
+        object.__setattr__(self, "lengths", lengths)
+        capacity = self.num_tokens if self.capacity is None else self.capacity
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or \
+                not self.num_tokens <= capacity <= PREFILL_MAX_TOKENS:
+            raise ContractInputError("capacity", None, f"an int in [{self.num_tokens} (num_tokens), "
+                                     f"{PREFILL_MAX_TOKENS}]", repr(capacity), "MD-21")
+        object.__setattr__(self, "capacity", capacity)
+        pages = len(lengths) * -(-max(lengths) // self.block_size)
+        if pages > PREFILL_MAX_PAGES:
+            raise ContractInputError("lengths", None, f"requests · ceil(longest / {self.block_size}) <= "
+                                     f"{PREFILL_MAX_PAGES} pages", pages, "MD-21")
+        if self.precision not in PRECISIONS:
+            raise ContractInputError("precision", None, f"one of {PRECISIONS}", self.precision, "MD-21")
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def pages_per_cache(self) -> int:
+        """The request pages plus one sentinel page (kept zero) per cache."""
+        return len(self.lengths) * -(-max(self.lengths) // self.block_size) + 1
+
+
+@dataclass(frozen=True)
+class PrefillState:
+    """The residual streams and their delayed mix between CED layers: ``x_hc`` [T, hc, D] or [B, T, hc, D] and
+    ``pre_mix`` one rank lower with the same leading shape, both FP32, last dims (hc, hidden). Spec: MD-22."""
+
+    x_hc: torch.Tensor
+    pre_mix: torch.Tensor
+    config: V41Config = FLASH
+
+    def __post_init__(self) -> None:
+        x, m, c = self.x_hc, self.pre_mix, self.config
+        if x.ndim not in (3, 4) or tuple(x.shape[-2:]) != (c.hc_mult, c.hidden_size):
+            raise ContractInputError("x_hc", None, f"[T, {c.hc_mult}, {c.hidden_size}] or [B, T, {c.hc_mult}, "
+                                     f"{c.hidden_size}]", list(x.shape), "MD-22")
+        if m.ndim != x.ndim - 1 or tuple(m.shape) != tuple(x.shape[:-1]):
+            raise ContractInputError("pre_mix", None, f"{list(x.shape[:-1])} (x_hc's shape without D)",
+                                     list(m.shape), "MD-22")
+        for name, t in (("x_hc", x), ("pre_mix", m)):
+            if t.dtype != torch.float32:
+                raise ContractInputError(name, None, "float32", t.dtype, "MD-22")
