@@ -16,9 +16,10 @@ CONTRACTS = contracts_for(TWINNED)
 
 
 def test_the_emulated_backend_replaces_sparse_attention():
-    """The twin replaces ``sparse_attention``; the attention half-layer composed on the emulated backend runs
-    on it (a composition is bound to its backend's operators), so the half-layer contracts run here too."""
-    assert TWINNED == ["attention_half_layer", "sparse_attention"], TWINNED
+    """The twin replaces ``sparse_attention``; the attention half-layer and the decode Block composed on the
+    emulated backend run on it (a composition is bound to its backend's operators), so their contracts run here
+    too."""
+    assert TWINNED == ["attention_half_layer", "decode_block", "sparse_attention"], TWINNED
     assert CONTRACTS, "no contract calls the twinned operators"
 
 
