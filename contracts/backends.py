@@ -83,7 +83,8 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "num_tokens zero", "§1"),
         OperatorSpec("hc_pre", "(x_hc [T,hc,D], pre_mix [T,hc])", "[T, D] in x_hc's dtype: FP32 sum, one cast",
                      "§1"),
-        OperatorSpec("hc_post", "(sublayer [T,D], x_hc [T,hc,D], post_mix [T,hc], residual_mix [T,hc,hc])",
+        OperatorSpec("hc_post", "(sublayer [T,D], x_hc [T,hc,D], post_mix [T,hc], residual_mix [T,hc,hc], *, "
+                     "rule='fp32')",
                      "[T, hc, D] in the sublayer's dtype: post·sublayer + residualᵀ·x_hc in FP32", "§1"),
         OperatorSpec("hc_head", "(x_hc [T,hc,D], pre_mix [T,hc])", "[T, D] BF16", "§1"),
         OperatorSpec("moe_gate", "(x [T,D], weight [E,D], bias [E], *, config, rule='stable')",
@@ -104,7 +105,7 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "their positions, window metadata truncated to the replay, logit rows", "§3"),
         OperatorSpec("decode_block", "(x_hc [T,hc,D] FP32, incoming_pre_mix [T,hc], attention_inputs, attention_mhc, "
                      "ffn_mhc, router, bias, experts, shared, *, kind, tp, config)",
-                     "{x_hc, next_pre_mix, attention_input, ffn_input, attention_hidden}: one decode Block "
+                     "{x_hc, next_pre_mix, attention_input, ffn_input, attention_hidden, ffn_output}: one decode Block "
                      "(attention + MoE through mHC with the delayed pre-mix), composed from this backend's "
                      "operators", "§1"),
         OperatorSpec("attention_half_layer",

@@ -46,6 +46,9 @@ def test_the_block_runs_the_delayed_pre_mix_order(backend, kind):
         "the FFN must collapse with the attention's pre mix"
     ffn = mixes(out["attention_hidden"], i["ffn_mhc"].function, i["ffn_mhc"].scale, i["ffn_mhc"].base, config=C)
     assert torch.equal(out["next_pre_mix"], ffn.pre), "the Block must hand on the FFN's pre mix"
+    assert out["ffn_output"].dtype == torch.bfloat16, "the MoE hands the FFN expansion BF16 rows"
+    assert torch.equal(out["x_hc"], REF.get("hc_post")(out["ffn_output"], out["attention_hidden"], ffn.post,
+                                                       ffn.residual)), "the FFN expansion uses the FFN's mixes"
     assert not torch.equal(attn.pre, i["incoming_pre_mix"])
     x = out["x_hc"]
     assert x.dtype == torch.float32 and x.shape == i["x_hc"].shape and bool(torch.isfinite(x).all())
@@ -106,3 +109,34 @@ def test_the_compact_moe_is_the_ep_moe_on_one_rank(backend):
     gates = [REF.get("moe_gate")(x[r * 6:(r + 1) * 6], i["router"], i["bias"], config=C) for r in range(2)]
     ep = op(backend, "moe_ep")([x[:6], x[6:]], gates, i["experts"], i["shared"], ep=2, num_tokens=6, config=C)
     assert torch.equal(torch.cat(ep.outputs), dense)
+
+
+def test_the_block_composes_the_backends_own_operators_and_refuses_bf16_streams(backend):
+    """A Block on a backend runs that backend's mHC operators (a counting wrapper sees the calls) and works with
+    an attention that is a plain function (a device binding, not a composition); BF16 streams are refused
+    (the ABI's streams are FP32). Spec: HC-02, HC-03."""
+    calls = []
+
+    def counted(name):
+        inner = backend.get(name)
+
+        def fn(*a, **kw):
+            calls.append(name)
+            return inner(*a, **kw)
+        return fn
+
+    attention = backend.get("attention_half_layer")
+
+    def plain_attention(inputs, **kw):  # no ``composes_operators``: called without ``ops``
+        return attention(inputs, **kw)
+
+    derived = backend.derive("counting", hc_pre=counted("hc_pre"), hc_mixes=counted("hc_mixes"),
+                             attention_half_layer=plain_attention)
+    kind = LayerKind.SWA
+    i = block_inputs(kind, seed=4)
+    out = run(derived.get("decode_block"), i, kind)
+    assert calls.count("hc_pre") == 2 and calls.count("hc_mixes") == 2, calls
+    assert torch.equal(out["x_hc"], run(op(backend, "decode_block"), i, kind)["x_hc"])
+    i["x_hc"] = i["x_hc"].to(torch.bfloat16)
+    with pytest.raises(ContractInputError, match="x_hc"):
+        run(op(backend, "decode_block"), i, kind)

@@ -133,3 +133,32 @@ def test_the_logit_and_greedy_comparators_fail_just_outside_their_bounds():
     assert check_greedy(torch.tensor([1], dtype=torch.int32), logits).ok
     r = check_greedy(torch.tensor([2], dtype=torch.int32), logits)
     assert not r.ok and "first maximum" in r.message()
+
+
+def test_the_boundary_operators_refuse_bad_calls(backend):
+    """lm_head: a TP outside (1, 2, 4, 8) or True, a hidden / weight mismatch; greedy_pick: a 1-D or empty
+    row; embed_pack: float ids, a 1-D embedding. The default lm_head is one shard. Spec: SC-23, AP-18, CQ-26."""
+    g = torch.Generator().manual_seed(2)
+    hidden, weight = torch.randn(2, D, generator=g).to(torch.bfloat16), _weight(g)
+    head = op(backend, "lm_head")
+    assert len(head(hidden, weight)) == 1
+    for tp in (3, True, 16):
+        with pytest.raises(ContractInputError, match="tp"):
+            head(hidden, weight, tp=tp)
+    for h, w in ((hidden[0], weight), (hidden, weight[:, :-1]), (hidden, weight[0])):
+        with pytest.raises(ContractInputError, match="lm_head"):
+            head(h, w)
+    for bad in (torch.zeros(5), torch.zeros(2, 0)):
+        with pytest.raises(ContractInputError, match="logits"):
+            op(backend, "greedy_pick")(bad)
+    emb = torch.zeros(V, D)
+    with pytest.raises(ContractInputError, match="ids"):
+        op(backend, "embed_pack")(torch.zeros(3), emb, config=C)
+    with pytest.raises(ContractInputError, match="ids"):
+        op(backend, "embed_pack")(torch.zeros(3, 1, dtype=torch.int64), emb, config=C)
+    with pytest.raises(ContractInputError, match="embedding"):
+        op(backend, "embed_pack")(torch.zeros(3, dtype=torch.int64), emb[0], config=C)
+
+
+def test_a_single_column_of_logits_picks_id_zero(backend):
+    assert op(backend, "greedy_pick")(torch.tensor([[3.0], [-1.0]])).tolist() == [0, 0]

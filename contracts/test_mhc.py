@@ -273,3 +273,59 @@ def test_the_mhc_budgets_fail_just_outside_each_clause(tol):
         assert check_ratio_allclose(exp + edge * (1 - 1e-9), exp, atol=atol, rtol=rtol, max_error_ratio=0).ok
         assert not check_ratio_allclose(exp + edge * (1 + 1e-6), exp, atol=atol, rtol=rtol, max_error_ratio=0).ok
         assert not check_ratio_allclose(exp - edge * (1 + 1e-6), exp, atol=atol, rtol=rtol, max_error_ratio=0).ok
+
+
+def test_the_sinkhorn_eps_offsets_every_sum(backend):
+    """The last step divides each column by its sum + hc_eps, so every column sums to s/(s + eps) -- just below
+    1 (by ~1e-6, far above FP32 rounding at 1), never 1 or above; with one iteration (no row rounds) the rows
+    are the softmax + eps, column-normalised. Spec: HC-01."""
+    from dataclasses import replace
+
+    g = torch.Generator().manual_seed(13)
+    x, w = _stream(g, 4, C.hidden_size), _weights(g, C.hidden_size)
+    cols = op(backend, "hc_mixes")(x, *w, config=C).residual.sum(dim=-2)
+    assert bool((cols < 1 - 0.5 * C.hc_eps).all() & (cols > 1 - 2 * C.hc_eps).all()), cols
+    one = op(backend, "hc_mixes")(x, *w, config=replace(C, hc_sinkhorn_iters=1))
+    cols = one.residual.sum(dim=-2)
+    assert bool((cols < 1 - 0.2 * C.hc_eps).all()), "one iteration: one column normalisation (sums <= 4)"
+
+
+def test_a_zero_row_and_the_num_tokens_edges(backend):
+    """An all-zero token row (the inverse RMS sees only rms_norm_eps) gives finite mixes -- pre =
+    sigmoid(base) + hc_eps; num_tokens = 0 zeroes every row and num_tokens = T none. Spec: HC-01, HC-11."""
+    g = torch.Generator().manual_seed(14)
+    x, (f, s, b) = _stream(g, 3, C.hidden_size), _weights(g, C.hidden_size)
+    x[1] = 0.0
+    mixes = op(backend, "hc_mixes")
+    m = mixes(x, f, s, b, config=C)
+    assert bool(torch.isfinite(m.residual).all() & torch.isfinite(m.pre).all())
+    assert torch.allclose(m.pre[1], torch.sigmoid(b[:HC]) + C.hc_eps)
+    assert not bool(mixes(x, f, s, b, num_tokens=0, config=C).pre.any())
+    assert torch.equal(mixes(x, f, s, b, num_tokens=3, config=C).pre, m.pre)
+
+
+def test_bf16_streams_are_widened_before_any_arithmetic(backend):
+    """Streams handed over as BF16 give exactly the results of the same values in FP32 (the inverse RMS,
+    the collapse and the expansion all widen first). Spec: HC-02."""
+    g = torch.Generator().manual_seed(15)
+    x = _stream(g, 3, C.hidden_size).to(torch.bfloat16)
+    w = _weights(g, C.hidden_size)
+    sub = torch.randn(3, C.hidden_size, generator=g).to(torch.bfloat16)
+    a, b = op(backend, "hc_mixes")(x, *w, config=C), op(backend, "hc_mixes")(x.float(), *w, config=C)
+    assert torch.equal(a.residual, b.residual) and torch.equal(a.pre, b.pre)
+    assert torch.equal(op(backend, "hc_post")(sub, x, b.post, b.residual),
+                       op(backend, "hc_post")(sub, x.float(), b.post, b.residual))
+
+
+def test_hc_post_refuses_each_bad_mix_shape(backend):
+    g = torch.Generator().manual_seed(16)
+    x = _stream(g, 2, C.hidden_size)
+    sub = torch.zeros(2, C.hidden_size, dtype=torch.bfloat16)
+    post = op(backend, "hc_post")
+    for p, r in ((torch.ones(2, HC + 1), torch.ones(2, HC, HC)), (torch.ones(2, HC), torch.ones(2, HC, HC + 1))):
+        with pytest.raises(ContractInputError, match="post_mix/residual_mix"):
+            post(sub, x, p, r)
+    with pytest.raises(ContractInputError, match="iterations"):
+        from dataclasses import replace
+
+        op(backend, "hc_mixes")(x, *_weights(g, C.hidden_size), config=replace(C, hc_sinkhorn_iters=0))

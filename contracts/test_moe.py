@@ -362,3 +362,78 @@ def test_the_ep4_fixture_bias_keeps_topk_far_from_ties_and_forces_cross_rank_tra
     sent = res.send_counts.sum(-1)
     for src in (r for r in range(4) if counts[r]):
         assert all(int(sent[src, dst]) > 0 for dst in range(4) if dst != src), f"rank {src} sends {sent[src]}"
+
+
+def test_the_router_temperature_divides_the_logits(backend):
+    """scores = sqrt(softplus(logits / gate_temperature)): at temperature 2 the weights are those of the halved
+    logits (FLASH uses 1.0, where multiplying and dividing agree). Spec: MO-01."""
+    from dataclasses import replace
+
+    g = torch.Generator().manual_seed(21)
+    x, (w, b) = _tokens(g, 5), _router(g)
+    hot = replace(C, gate_temperature=2.0)
+    weights, ids = op(backend, "moe_gate")(x, w * 3, b, config=hot)
+    logits = (x.double() @ (w * 3).double().T).float()
+    scores = torch.nn.functional.softplus(logits / 2.0).sqrt()
+    chosen = scores.gather(1, ids.long())
+    assert torch.allclose(weights, chosen / chosen.sum(1, keepdim=True) * C.routed_scaling_factor, atol=1e-6)
+
+
+def test_the_bf16_projection_rule_rounds_each_projection(backend):
+    """``bf16-proj`` (the decode golden) rounds gate and up to BF16 before the SwiGLU: an up projection of
+    1 + 2^-8 (a BF16 tie) becomes 1.0 and the hidden silu(10)·1 rounds to 10.0, while ``fp32-proj`` keeps
+    1 + 2^-8 and the hidden rounds to 10.0625. Spec: MO-02 (the older rule kept by name)."""
+    moe_expert = op(backend, "moe_expert")
+    x = torch.zeros(1, D, dtype=torch.bfloat16)
+    x[0, 0] = 1.0
+    w1, w3, w2 = torch.zeros(INTER, D), torch.zeros(INTER, D), torch.zeros(D, INTER)
+    w1[0, 0], w3[0, 0], w2[0, 0] = 20.0, 1 + 2.0**-8, 1.0
+    ex = ExpertWeights(w1, w3, w2)
+    fp32 = moe_expert(x, ex, None, config=C)[0, 0].item()
+    bf16 = moe_expert(x, ex, None, config=C, rule="bf16-proj")[0, 0].item()
+    assert (fp32, bf16) == (10.0625, 10.0), (fp32, bf16)
+
+
+def test_the_moe_operators_refuse_bad_calls_naming_the_field(backend):
+    """Every shape clause alone, the id range at its edges (E refused, E-1 accepted), the receive capacity at
+    its edge (exactly recv_max accepted), and the documented output dtypes. Spec: MO-03, MO-09, MD-32."""
+    g = torch.Generator().manual_seed(4)
+    x, (w, b) = _tokens(g, 4), _router(g)
+    gate = op(backend, "moe_gate")
+    for args in ((x[0], w, b), (x, w[:, :-1], b), (x, w, b[:-1])):
+        with pytest.raises(ContractInputError, match="gate"):
+            gate(*args, config=C)
+    (ex,) = _experts(g, 1)
+    expert = op(backend, "moe_expert")
+    for bad in (ExpertWeights(ex.w1[:, :-1], ex.w3, ex.w2), ExpertWeights(ex.w1, ex.w3[:-1], ex.w2),
+                ExpertWeights(ex.w1, ex.w3, ex.w2[:, :-1])):
+        with pytest.raises(ContractInputError, match="expert"):
+            expert(x, bad, None, config=C)
+    with pytest.raises(ContractInputError, match="route_weight"):
+        expert(x, ex, torch.ones(3), config=C)
+    experts, shared = _experts(g), _experts(g, 1)[0]
+    ep = op(backend, "moe_ep")
+    gates = [gate(x, w, b, config=C)] * 2
+    with pytest.raises(ContractInputError, match="xs/gates"):
+        ep([x], gates, experts, shared, ep=2, num_tokens=4, config=C)
+    with pytest.raises(ContractInputError, match="xs/gates"):
+        ep([x, x], gates[:1], experts, shared, ep=2, num_tokens=4, config=C)
+    with pytest.raises(ContractInputError, match="experts"):
+        ep([x, x], gates, experts[:-1], shared, ep=2, num_tokens=4, config=C)
+    for bad_id, ok in ((E, False), (-1, False), (E - 1, True)):
+        ids = gates[0][1].clone()
+        ids[2, 3] = bad_id
+        ids[2, :3] = torch.tensor([0, 1, 2]) if bad_id != E - 1 else ids[2, :3]
+        call = lambda i=ids: ep([x, x], [(gates[0][0], i)] * 2, experts, shared, ep=2, num_tokens=4, config=C)  # noqa: E731
+        if ok:
+            call()
+        else:
+            with pytest.raises(ContractInputError, match=r"ids\[0\]\[2\]\[3\]"):
+                call()
+    res = ep([x, x], gates, experts, shared, ep=2, num_tokens=4, config=C)
+    assert res.send_counts.dtype == torch.int32 and all(r.dtype == torch.int32 for r in res.recv_rows)
+    assert all(o.dtype == torch.bfloat16 for o in res.outputs)
+    most = max(len(r) for r in res.recv_rows)
+    ep([x, x], gates, experts, shared, ep=2, num_tokens=4, recv_max=most, config=C)
+    with pytest.raises(ContractInputError, match="recv_max"):
+        ep([x, x], gates, experts, shared, ep=2, num_tokens=4, recv_max=most - 1, config=C)

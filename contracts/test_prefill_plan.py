@@ -150,3 +150,26 @@ def test_a_prefill_state_validates_its_streams_and_mix():
                         (torch.zeros(3, hc, d), torch.zeros(3, hc, dtype=torch.float64), "pre_mix")):
         with pytest.raises(ContractInputError, match=field):
             PrefillState(x, m)
+
+
+def test_replay_edges_and_dtypes(backend):
+    """One request (window 1: only the last row replays, seeing itself), a zero-length request before a bad
+    one (the error names the decreasing start, not the empty request), 1-D or short tables, 2-D positions, and
+    the documented dtypes of every field. Spec: MD-15."""
+    replay = op(backend, "decoder_replay")
+    starts, positions, requests, kv, table = _fresh([5])
+    r = replay(starts, positions, requests, kv, table, window=1, block_size=FLASH.block_size)
+    assert r.query_lens.tolist() == [1] and r.position_ids.tolist() == [4] and r.window_lens.tolist() == [1]
+    assert r.window_indices.shape == (1, 1) and r.logit_row_indices.tolist() == [0]
+    for name in ("query_start_loc", "query_lens", "replay_starts", "position_ids", "token_to_req_indices",
+                 "compressed_lens", "window_indices", "window_lens"):
+        assert getattr(r, name).dtype == torch.int32, name
+    assert r.source_rows.dtype == torch.int64 and r.window_slots.dtype == torch.int64
+    s2, p2, q2, kv2, t2 = _fresh([0, 3, 2])
+    bad = torch.tensor([0, 0, 3, 2], dtype=torch.int32)
+    with pytest.raises(ContractInputError, match=r"query_start_loc\[3\]"):
+        replay(bad, p2[:2], q2[:2], kv2, t2)
+    with pytest.raises(ContractInputError, match="window_block_table"):
+        replay(starts, positions, requests, kv, table[0])
+    with pytest.raises(ContractInputError, match="position_ids"):
+        replay(starts, positions.reshape(5, 1), requests, kv, table)

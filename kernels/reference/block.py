@@ -71,8 +71,9 @@ def decode_block(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, attention_i
                  experts, shared, *, kind: LayerKind | str, tp: int, config: V41Config = FLASH_TINY,
                  ops: Mapping[str, Callable] | None = None) -> Tensors:
     """One decode Block. Returns ``x_hc`` (the Block's output streams, FP32), ``next_pre_mix`` (the FFN pre
-    mix handed on), the two sublayer inputs and ``attention_hidden`` (the caches the attention updates are the
-    half-layer's, judged by its own trees). Spec: HC-03, HC-04, HC-05."""
+    mix handed on), the two sublayer inputs, ``attention_hidden`` and ``ffn_output`` (the MoE's BF16 rows the
+    FFN expansion takes); the caches the attention updates are the half-layer's, judged by its own trees.
+    Spec: HC-03, HC-04, HC-05."""
     o = {**_reference_ops(), **(ops or {})}
     tokens = x_hc.shape[0]
     if x_hc.ndim != 3 or x_hc.dtype != torch.float32:
@@ -94,7 +95,7 @@ def decode_block(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, attention_i
     moe_out = moe_dense(ffn_input, router, bias, experts, shared, config=config, ops=o)
     x_out = o["hc_post"](moe_out, attention_hidden, ffn.post, ffn.residual)
     return {"x_hc": x_out, "next_pre_mix": ffn.pre, "attention_input": attention_input, "ffn_input": ffn_input,
-            "attention_hidden": attention_hidden}
+            "attention_hidden": attention_hidden, "ffn_output": moe_out}
 
 
 decode_block.composes_operators = True  # a backend binds ``ops`` to its own operators (contracts.backends)
