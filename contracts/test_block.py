@@ -127,15 +127,15 @@ def test_the_block_composes_the_backends_own_operators_and_refuses_bf16_streams(
 
     attention = backend.get("attention_half_layer")
 
-    def plain_attention(inputs, **kw):  # no ``composes_operators``: called without ``ops``
-        return attention(inputs, **kw)
+    def plain_attention(inputs, *, kind, phase, wiring, tp, config):  # no ``composes_operators``, no ``ops``
+        return attention(inputs, kind=kind, phase=phase, wiring=wiring, tp=tp, config=config)
 
     derived = backend.derive("counting", hc_pre=counted("hc_pre"), hc_mixes=counted("hc_mixes"),
-                             attention_half_layer=plain_attention)
+                             moe_gate=counted("moe_gate"), attention_half_layer=plain_attention)
     kind = LayerKind.SWA
     i = block_inputs(kind, seed=4)
     out = run(derived.get("decode_block"), i, kind)
-    assert calls.count("hc_pre") == 2 and calls.count("hc_mixes") == 2, calls
+    assert calls.count("hc_pre") == 2 and calls.count("hc_mixes") == 2 and calls.count("moe_gate") == 1, calls
     assert torch.equal(out["x_hc"], run(op(backend, "decode_block"), i, kind)["x_hc"])
     i["x_hc"] = i["x_hc"].to(torch.bfloat16)
     with pytest.raises(ContractInputError, match="x_hc"):

@@ -214,17 +214,17 @@ def test_hc_post_applies_the_residual_mix_transposed_and_keeps_fp32(backend):
     assert torch.equal(out[0, 3], torch.full((dim,), 6.0)) and not bool(out[0, :2].any()), out[0, :, :3]
 
 
-def test_the_older_post_rule_stays_selectable_by_name():
+def test_the_older_post_rule_stays_selectable_by_name(backend):
     """Upstream's older golden rounded hc_post through the sublayer's dtype; kept as ``via-sublayer-dtype``
-    and separated by the same FP32-only value. Spec: HC-02."""
-    from kernels.reference.mhc import hc_post
-
+    (an FP32 result holding BF16 values) and separated by the same FP32-only value. Spec: HC-02."""
+    hc_post = op(backend, "hc_post")
     x = torch.zeros(1, HC, 8)
     x[0, 0] = 1.0 + 2.0**-20
     mix = torch.eye(HC).unsqueeze(0)
     sub, post = torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(1, HC)
     assert hc_post(sub, x, post, mix)[0, 0, 0].item() == pytest.approx(1.0 + 2.0**-20, abs=0)
-    assert hc_post(sub, x, post, mix, rule="via-sublayer-dtype")[0, 0, 0].item() == 1.0
+    older = hc_post(sub, x, post, mix, rule="via-sublayer-dtype")
+    assert older.dtype == torch.float32 and older[0, 0, 0].item() == 1.0
     with pytest.raises(ContractInputError, match="rule"):
         hc_post(sub, x, post, mix, rule="bf16")
 

@@ -96,10 +96,9 @@ def test_ties_go_to_the_lower_expert_id_and_the_topk_rule_stays_selectable(backe
     weights, ids = op(backend, "moe_gate")(x, w, b, config=C)
     assert ids.tolist() == [list(range(K))] * 2, f"ties: {ids.tolist()}"
     assert torch.allclose(weights, torch.full((2, K), C.routed_scaling_factor / K))
-    from kernels.reference.moe import moe_gate
-
+    moe_gate = op(backend, "moe_gate")
     _w, topk_ids = moe_gate(x, w, b, config=C, rule="topk")
-    assert sorted(topk_ids[0].tolist()) == sorted(set(topk_ids[0].tolist())) and len(topk_ids[0]) == K
+    assert topk_ids.shape == (2, K) and all(len(set(r)) == K for r in topk_ids.tolist())
     with pytest.raises(ContractInputError, match="rule"):
         moe_gate(x, w, b, config=C, rule="sorted")
 
@@ -308,6 +307,10 @@ def test_token_counts_follow_md32(backend):
     for bad, where in ((17, r"num_tokens\[0\]"), ([1, 2, 3], "num_tokens"), ([1, -1], r"num_tokens\[1\]")):
         with pytest.raises(ContractInputError, match=where):
             ep([x, x], gates, experts, shared, ep=2, num_tokens=bad, config=C)
+    short = x[:5]  # a rank with 5 rows cannot have 6 active tokens
+    with pytest.raises(ContractInputError, match=r"num_tokens\[1\]: expected 0..5"):
+        ep([x, short], [gates[0], REF.get("moe_gate")(short, w, b, config=C)], experts, shared, ep=2,
+           num_tokens=[6, 6], config=C)
 
 
 def test_a_destination_over_its_receive_capacity_is_an_error(backend):
@@ -420,6 +423,8 @@ def test_the_moe_operators_refuse_bad_calls_naming_the_field(backend):
         ep([x, x], gates[:1], experts, shared, ep=2, num_tokens=4, config=C)
     with pytest.raises(ContractInputError, match="experts"):
         ep([x, x], gates, experts[:-1], shared, ep=2, num_tokens=4, config=C)
+    with pytest.raises(ContractInputError, match="experts"):  # 16 experts do not split over 3 ranks
+        ep([x, x, x], gates + gates[:1], experts, shared, ep=3, num_tokens=4, config=C)
     for bad_id, ok in ((E, False), (-1, False), (E - 1, True)):
         ids = gates[0][1].clone()
         ids[2, 3] = bad_id

