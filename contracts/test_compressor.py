@@ -305,3 +305,30 @@ def test_compressor_rounds_the_pooled_row_to_bf16_before_rmsnorm(backend):
     assert publish.tolist() == [False, True]
     assert latent.dtype == torch.bfloat16 and latent[1].float().tolist() == [0.609375, 0.71875, 1.46875, 0.9765625], \
         f"latent row 1 = {latent[1].float().tolist()}, hand-computed [0.609375, 0.71875, 1.46875, 0.9765625]"
+
+
+def test_epochs_thread_the_ring_and_are_not_idempotent(backend):
+    """The compressor_r2_epochs golden's call: five decode epochs, each taking the state the previous one
+    left, give the reference's latents, flags and final state; running an epoch again on the state it
+    started from (instead of the threaded one) changes a latent, so an epoch-by-epoch golden cannot be
+    replaced by independent calls. Spec: §4.1; upstream_checks CS-18."""
+    from goldens.cases import _compressor_epochs_build, _compressor_epochs_call
+    from kernels.reference.compressor import CompressorWeights
+
+    inputs = _compressor_epochs_build(17, "replicated")
+    got = _compressor_epochs_call(op(backend, "compressor_ratio2"), inputs)
+    from contracts.backends import torch_backend
+
+    want = _compressor_epochs_call(torch_backend().get("compressor_ratio2"), inputs)
+    assert torch.equal(got["publish"], want["publish"]) and _same(got["state_cache"], want["state_cache"])
+    assert _same(got["latent"], want["latent"]), f"epoch latent row {_first_diff(got['latent'], want['latent'])}"
+    weights = CompressorWeights(inputs["wkv"], inputs["wgate"], inputs["norm_weight"])
+    fn, reqs, starts = op(backend, "compressor_ratio2"), torch.arange(3, dtype=torch.int32), torch.arange(4,
+                                                                                                  dtype=torch.int32)
+    _l0, _p0, after0 = fn(inputs["x"][0], starts, inputs["position_ids"][0], reqs, inputs["state_block_table"],
+                          inputs["state_cache"].clone(), weights)
+    threaded = fn(inputs["x"][1], starts, inputs["position_ids"][1], reqs, inputs["state_block_table"], after0,
+                  weights)[0]
+    fresh = fn(inputs["x"][1], starts, inputs["position_ids"][1], reqs, inputs["state_block_table"],
+               inputs["state_cache"].clone(), weights)[0]
+    assert not torch.equal(threaded, fresh), "epoch 2 ignored the state epoch 1 left"

@@ -19,6 +19,7 @@ ACCEPTED = [
     ("SWA", dict(phase="prefill", tokens=4096, tp=8, requests=32), 4096),  # TP8 is refused in decode only
     ("C1A_REINDEX", dict(phase="prefill", tokens=5, active=3, requests=3), 3),  # prefill has no active rule
     ("C2A_FULL", dict(phase="decode", tokens=6, requests=6, tp=2), 6),
+    ("C2A_FULL", dict(phase="decode", tokens=6, epoch=1000), 6),  # the last epoch a window counts
 ]
 REJECTED = [  # (kind, call, field, text the message must contain)
     ("C2A_FULL", dict(phase="decode", tokens=32, active=24), "active_tokens", "C2A_FULL decode"),
@@ -38,6 +39,9 @@ REJECTED = [  # (kind, call, field, text the message must contain)
     ("C3A_FULL", dict(phase="decode", tokens=4), "kind", "C2A_REUSE"),
     ("C2A_FULL", dict(phase="decode", tokens=4.0), "tokens", "an int"),
     ("C2A_FULL", dict(phase="decode", tokens=True), "tokens", "an int"),
+    ("C2A_FULL", dict(phase="decode", tokens=4, epoch=0), "attention_epoch", "1..1000"),
+    ("C2A_FULL", dict(phase="decode", tokens=4, epoch=1001), "attention_epoch", "1..1000"),
+    ("C2A_FULL", dict(phase="decode", tokens=4, epoch=True), "attention_epoch", "an int"),
 ]
 
 

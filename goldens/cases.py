@@ -223,6 +223,40 @@ def _compressor_call(fn, inputs: Tensors) -> Tensors:
     return {"latent": latent, "publish": publish, "state_cache": state}
 
 
+EPOCHS = 5
+
+
+def _compressor_epochs_build(seed: int, wiring: str) -> Tensors:
+    """Three requests decoding one token per epoch for EPOCHS epochs (odd and even starts), the ring state
+    threaded from each epoch to the next."""
+    c = FLASH_TINY
+    g = torch.Generator().manual_seed(seed)
+    hidden, d, cap = c.hidden_size, c.head_dim, c.state_capacity
+    starts, table = [6, 3, 0], [0, 2, 1]
+    return {"x": torch.randn((EPOCHS, 3, hidden), generator=g).to(torch.bfloat16),
+            "position_ids": torch.tensor([[p + e for p in starts] for e in range(EPOCHS)], dtype=torch.int32),
+            "state_block_table": torch.tensor(table, dtype=torch.int32).reshape(-1, 1),
+            "state_cache": torch.randn((3, cap, 2 * d), generator=g) * 3,
+            "wkv": torch.randn((hidden, d), generator=g) / hidden**0.5,
+            "wgate": torch.randn((hidden, d), generator=g) / hidden**0.5,
+            "norm_weight": torch.rand(d, generator=g) + 0.5}
+
+
+def _compressor_epochs_call(fn, inputs: Tensors) -> Tensors:
+    """Epoch e's call takes the state epoch e-1 left (C2A is not idempotent across epochs: CS-18)."""
+    from kernels.reference.compressor import CompressorWeights
+
+    weights = CompressorWeights(inputs["wkv"], inputs["wgate"], inputs["norm_weight"])
+    state, latents, publish = inputs["state_cache"].clone(), [], []
+    requests = torch.arange(3, dtype=torch.int32)
+    for e in range(inputs["x"].shape[0]):
+        latent, pub, state = fn(inputs["x"][e], torch.arange(4, dtype=torch.int32), inputs["position_ids"][e],
+                                requests, inputs["state_block_table"], state, weights)
+        latents.append(latent)
+        publish.append(pub)
+    return {"latent": torch.stack(latents), "publish": torch.stack(publish), "state_cache": state}
+
+
 # ---------------------------------------------------------------------------
 # RoPE rows
 
@@ -492,6 +526,13 @@ def _build_cases() -> dict[str, Case]:
              ("kernels.reference.compressor",), _compressor_build,
              lambda i, w: _compressor_call(compressor.compressor_ratio2_paged, i),
              lambda b, i, w: _compressor_call(b.get("compressor_ratio2"), i),
+             lambda w: {"latent": "row_rms_peak", "publish": "exact", "state_cache": "state_ring"},
+             inout=("state_cache",)),
+        Case("compressor_r2_epochs", "compressor_ratio2", f"ratio-2 ring over {EPOCHS} decode epochs: three "
+             "requests (odd and even starts) one token each per epoch, the state threaded from epoch to epoch",
+             ("replicated",), ("kernels.reference.compressor",), _compressor_epochs_build,
+             lambda i, w: _compressor_epochs_call(compressor.compressor_ratio2_paged, i),
+             lambda b, i, w: _compressor_epochs_call(b.get("compressor_ratio2"), i),
              lambda w: {"latent": "row_rms_peak", "publish": "exact", "state_cache": "state_ring"},
              inout=("state_cache",)),
         Case("rope_rows", "materialize_rope_rows", "compressed RoPE rows: 17/19 sentinels, negative, duplicate "

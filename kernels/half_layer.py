@@ -25,9 +25,13 @@ def _int(name: str, value: object, where: str) -> int:
     return value
 
 
+MAX_EPOCHS = 1000
+
+
 def check_half_layer_call(kind: LayerKind | str, *, phase: str, tokens: int, active: int | None = None,
-                          requests: int = 1, tp: int = 1, config: V41Config = FLASH) -> int:
-    """Validate one half-layer call; return the number of active tokens. Spec: §7.1."""
+                          requests: int = 1, tp: int = 1, epoch: int = 1, config: V41Config = FLASH) -> int:
+    """Validate one half-layer call (``epoch``: the 1-based attention epoch the distributed output windows
+    count, 1..1000); return the number of active tokens. Spec: §7.1, CH-03."""
     try:
         kind = LayerKind(kind)
     except ValueError:
@@ -50,6 +54,10 @@ def check_half_layer_call(kind: LayerKind | str, *, phase: str, tokens: int, act
     if phase == "decode" and kind is not LayerKind.C2A_REUSE and active != tokens:
         raise ContractInputError("active_tokens", None, f"== tokens ({tokens}) for {where}: only C2A_REUSE "
                                  "decode accepts an inactive suffix", active, SPEC)
+    epoch = _int("attention_epoch", epoch, where)
+    if not 1 <= epoch <= MAX_EPOCHS:
+        raise ContractInputError("attention_epoch", None, f"1..{MAX_EPOCHS} (1-based, consecutive) for {where}",
+                                 epoch, SPEC)
     requests = _int("requests", requests, where)
     most = min(config.max_batch_per_dp, active)
     if not 1 <= requests <= most:
