@@ -173,3 +173,19 @@ def test_replay_edges_and_dtypes(backend):
         replay(starts, positions, requests, kv, table[0])
     with pytest.raises(ContractInputError, match=r"position_ids: expected \[5\] \(the packed encoder rows\)"):
         replay(starts, positions.reshape(5, 1), requests, kv, table)
+
+
+def test_engram_runs_before_layers_1_and_14_only():
+    """Layers 1 and 14 need Engram hash ids for every token row; every other layer refuses them, naming the
+    layer. Spec: HC-13, MD-23."""
+    from kernels.prefill_plan import check_engram_inputs
+
+    ids = torch.zeros(6, 4, dtype=torch.int64)
+    assert check_engram_inputs(1, ids, 6) and check_engram_inputs(14, ids, 6)
+    assert not check_engram_inputs(0, None, 6) and not check_engram_inputs(20, None, 6)
+    for layer in (0, 2, 13, 15, 39):
+        with pytest.raises(ContractInputError, match=rf"engram\[{layer}\]: expected no Engram inputs"):
+            check_engram_inputs(layer, ids, 6)
+    for bad in (None, ids[:5]):
+        with pytest.raises(ContractInputError, match=r"engram\[14\]: expected hash ids for every one of the 6"):
+            check_engram_inputs(14, bad, 6)

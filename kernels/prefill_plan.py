@@ -213,3 +213,19 @@ class PrefillState:
         for name, t in (("x_hc", x), ("pre_mix", m)):
             if t.dtype != torch.float32:
                 raise ContractInputError(name, None, "float32", t.dtype, "MD-22")
+
+
+def check_engram_inputs(layer_id: int, hash_ids: torch.Tensor | None, tokens: int, *,
+                        config: V41Config = FLASH) -> bool:
+    """Engram runs before its own layers only (FLASH: 1 and 14): such a layer needs Engram hash ids for every
+    token row; any other layer refuses them ("does not own an Engram block"). Returns whether Engram runs.
+    Spec: upstream_checks HC-13, MD-23 (hash ids for every token)."""
+    owns = layer_id in config.engram_layer_ids
+    if hash_ids is not None and not owns:
+        raise ContractInputError("engram", (layer_id,), f"no Engram inputs: layer {layer_id} does not own an Engram "
+                                 f"block (Engram layers {config.engram_layer_ids})", "hash ids", "HC-13")
+    if owns and (hash_ids is None or hash_ids.ndim < 1 or hash_ids.shape[0] != tokens):
+        got = None if hash_ids is None else list(hash_ids.shape)
+        raise ContractInputError("engram", (layer_id,), f"hash ids for every one of the {tokens} token rows", got,
+                                 "MD-23")
+    return owns
