@@ -78,6 +78,11 @@ _INDEXER_WEIGHTS = _args(("index_wk", "in", "BF16", "[HEAD_DIM, INDEX_DIM]"), ("
                          "[INDEX_DIM]"), ("index_wq_b", "in", "FP8E4M3FN", "[Q_LORA, INDEX_H*INDEX_DIM]"),
                          ("index_wq_b_scale", "in", "FP8E8M0 (MX_B_NN)", "[Q_LORA//32, INDEX_H*INDEX_DIM]"),
                          ("index_weights_proj", "in", "BF16", "[D, INDEX_H]"))
+# The index cache as a reader takes it (REINDEX leaves and the fused indexer).
+_INDEX_READ = _args(("request_ids", "in", "INT32", "[T_DYN]"), ("compressed_lens", "in", "INT32", "[T_DYN]"),
+                    ("index_cache", "in", "FP4E2M1X2 (UINT8 carrier)", "[INDEX_BLOCKS_DYN, 128, 1, INDEX_DIM//2]"),
+                    ("index_cache_scale", "in", "FP8E8M0", "[INDEX_BLOCKS_DYN, 128, 1, INDEX_DIM//32]"),
+                    ("index_block_table", "in", "INT32", "[B_DYN, TABLE_DYN]"))
 LEAF_VARIANTS = (
     (f"{FLASH}/decode_attn_swa.py::decode_attn_swa (+ _sharded)", _LEAF_PREFIX + _LEAF_TAIL),
     (f"{FLASH}/decode_attn_c2a_full.py::decode_attn_c2a_full", _LEAF_PREFIX + _CMP_CACHE + _args(
@@ -104,12 +109,8 @@ LEAF_VARIANTS = (
                                 ("candidate_mask", "out", "UINT8", "[T_DYN, CMP_POSITIONS_DYN]")) + _LEAF_TAIL),
     (f"{FLASH}/decode_attn_c1a_reindex.py::decode_attn_c1a_reindex", _LEAF_PREFIX + _args(
         ("compressed_cache", "in", "FP4E2M1X2 (UINT8 carrier)", "[CMP_BLOCKS_DYN, 128, 1, HEAD_DIM//2]"),
-        ("compressed_cache_scale", "in", "FP8E4M3FN", "[CMP_BLOCKS_DYN, 128, 1, HEAD_DIM//16]"),
-        ("request_ids", "in", "INT32", "[T_DYN]"), ("compressed_lens", "in", "INT32", "[T_DYN]"),
-        ("index_cache", "in", "FP4E2M1X2 (UINT8 carrier)", "[INDEX_BLOCKS_DYN, 128, 1, INDEX_DIM//2]"),
-        ("index_cache_scale", "in", "FP8E8M0", "[INDEX_BLOCKS_DYN, 128, 1, INDEX_DIM//32]"),
-        ("index_block_table", "in", "INT32", "[B_DYN, TABLE_DYN]"),
-        ("candidate_mask", "in", "UINT8", "[T_DYN, CMP_POSITIONS_DYN] (from layer 20, spec §5.2)"))
+        ("compressed_cache_scale", "in", "FP8E4M3FN", "[CMP_BLOCKS_DYN, 128, 1, HEAD_DIM//16]"))
+     + _INDEX_READ + _args(("candidate_mask", "in", "UINT8", "[T_DYN, CMP_POSITIONS_DYN] (from layer 20, spec §5.2)"))
      + _INDEXER_WEIGHTS[2:] + _args(("topk_indices", "out", "INT32", "[T_DYN, INDEX_TOPK]")) + _LEAF_TAIL),
     (f"{FLASH}/decode_attn_c1a_reuse.py::decode_attn_c1a_reuse", _LEAF_PREFIX + _args(
         ("compressed_cache", "in", "FP4E2M1X2", "[CMP_BLOCKS_DYN, 128, 1, HEAD_DIM//2]"),
@@ -148,10 +149,7 @@ LEAF_VARIANTS += (
 # one inline piece that starts from x and the query latent; it hands back no scores.
 _PAGED_INDEXER = _args(
     ("x", "in", "BF16", "[T_DYN, D]"), ("query_latent", "in", "BF16", "[T_DYN, Q_LORA] (RMSNorm(x @ wq_a))"),
-    ("request_ids", "in", "INT32", "[T_DYN]"), ("compressed_lens", "in", "INT32", "[T_DYN]"),
-    ("index_cache", "in", "FP4E2M1X2 (UINT8 carrier)", "[INDEX_BLOCKS_DYN, 128, 1, INDEX_DIM//2]"),
-    ("index_cache_scale", "in", "FP8E8M0", "[INDEX_BLOCKS_DYN, 128, 1, INDEX_DIM//32]"),
-    ("index_block_table", "in", "INT32", "[B_DYN, TABLE_DYN]"),
+) + _INDEX_READ + _args(
     ("rope_cos", "in", "FP32", "[T_DYN, ROPE_DIM//2]"), ("rope_sin", "in", "FP32", "[T_DYN, ROPE_DIM//2]"),
     ("index_wq_b", "in", "FP8E4M3FN", "[Q_LORA, INDEX_H*INDEX_DIM]"),
     ("index_wq_b_scale", "in", "FP8E8M0 (MX_B_NN)", "[Q_LORA//32, INDEX_H*INDEX_DIM]"),
