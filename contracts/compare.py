@@ -144,6 +144,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "moe_out": {"reldiff": 3e-3, "pct": 0.02, "max_abs": 0.25},
     "logits": {"atol": precision.LOGITS_TOL[0], "rtol": precision.LOGITS_TOL[1], "quota": 0.0},
     "greedy": {},
+    "ffn_input": {"atol": precision.HC_OUT_TOL[0], "rtol": precision.HC_OUT_TOL[1]},
 }
 
 def hc_mix(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
@@ -249,6 +250,25 @@ def greedy(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
     return precision.check_greedy(a, own, name=name)
 
 
+def ffn_input(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """A Block's FFN input (HC-03/04): the collapse of the backend's own attention_hidden with the attention's
+    pre mix -- recomputed here from the stored mHC weights with the reference hc_mixes, so it is judged within
+    the mHC output budget (HC-08); on the references it is exact. Judging it against the expected FFN input
+    instead would charge the attention's own rounding to the collapse."""
+    from kernels.config import preset
+    from kernels.reference.mhc import hc_mixes, hc_pre
+
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    i = ctx.inputs
+    attn = hc_mixes(i["x_hc"], i["attn_function"], i["attn_scale"], i["attn_base"],
+                    config=preset(str(ctx.params.get("preset", "flash-tiny"))))
+    want = hc_pre(ctx.actual_outputs["attention_hidden"], attn.pre)
+    atol, rtol = precision.HC_OUT_TOL
+    return precision.check_ratio_allclose(a.float(), want.float(), atol=atol, rtol=rtol, name=name)
+
+
 def half_layer(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """One output of an attention half-layer tree, judged with the whole call in view (contracts.checks.attention):
     the output bound of the mode, cache ownership, the Top-K rule, and an accepted alternative selection judged
@@ -272,6 +292,7 @@ COMPARATORS: dict[str, Comparator] = {
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
     "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out,
     "gate_ids": gate_ids, "gate_weights": gate_weights, "moe_out": moe_out, "logits": logits, "greedy": greedy,
+    "ffn_input": ffn_input,
 }
 
 

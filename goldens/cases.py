@@ -595,7 +595,7 @@ def _build_cases() -> dict[str, Case]:
                     _block_build(kind), lambda i, w: _block_call(block.decode_block, i, kind),
                     lambda b, i, w: _block_call(b.get("decode_block"), i, kind),
                     lambda w: {"x_hc": "fp8_budget", "attention_hidden": "fp8_budget", "next_pre_mix": "hc_mix",
-                               "attention_input": "exact", "ffn_input": "exact", "ffn_output": "fp8_budget"},
+                               "attention_input": "exact", "ffn_input": "ffn_input", "ffn_output": "fp8_budget"},
                     params={"kind": kind.value, "phase": "decode", "tp": 2, "preset": "flash-tiny"})
 
     cases += [block_case(k) for k in (LayerKind.SWA, LayerKind.C2A_FULL, LayerKind.C1A_FULL)]
