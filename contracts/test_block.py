@@ -13,7 +13,7 @@ import torch
 
 from contracts.backends import torch_backend
 from contracts.block_cases import TP, block_inputs
-from contracts.checks.precision import HC_MIX_TOL, check_output_budget, check_ratio_allclose
+from contracts.checks.precision import HC_MIX_TOL, HC_OUT_TOL, check_output_budget, check_ratio_allclose
 from contracts.half_layer_cases import HalfLayerCase, build
 from contracts.plugin import op
 from kernels.config import FLASH_TINY, LayerKind
@@ -58,7 +58,8 @@ def test_the_block_equals_the_reference(backend):
     """Every Block output of the C1A FULL representative layer against the reference: the two sublayer inputs
     and the handed-on mix from the backend's own intermediates exactly (HC-04), the streams and the attention
     hidden within the FP8 output budget (a backend with a device-arithmetic attention differs by rounding
-    only). Spec: HC-03, HC-04."""
+    only), the handed-on mix within ratio_allclose(2.5e-5, 5e-3) and the mixed FFN input within (1e-4, 1/128).
+    Spec: HC-03, HC-04, MO-07."""
     kind = LayerKind.C1A_FULL
     i = block_inputs(kind, seed=3)
     got, want = run(op(backend, "decode_block"), i, kind), run(REF.get("decode_block"), i, kind)
@@ -67,6 +68,10 @@ def test_the_block_equals_the_reference(backend):
         r = check_output_budget(got[name], want[name], name=name)
         assert r.ok, r.message()
     r = check_ratio_allclose(got["next_pre_mix"], want["next_pre_mix"], atol=HC_MIX_TOL[0], rtol=HC_MIX_TOL[1])
+    assert r.ok, r.message()
+    # the MoE block's mixed input (x_mixed = the FFN input) within ratio_allclose(1e-4, 1/128) (MO-07)
+    r = check_ratio_allclose(got["ffn_input"].float(), want["ffn_input"].float(), atol=HC_OUT_TOL[0],
+                             rtol=HC_OUT_TOL[1], name="ffn_input")
     assert r.ok, r.message()
 
 

@@ -134,10 +134,17 @@ def test_deployment_mapping(tp, ep, data):
 @pytest.mark.parametrize("kwargs, field", [
     (dict(tp=3), "deployment.tp"), (dict(tp=0), "deployment.tp"), (dict(ep=1), "deployment.ep"),
     (dict(tp=8, ep=4), "deployment.ep"), (dict(rank=8), "deployment.rank"), (dict(rank=-1), "deployment.rank"),
-], ids=["tp3", "tp0", "ep1", "ep<tp", "rank8", "rank-1"])
+    (dict(tp=True, ep=2), "deployment.tp: expected a positive int"), (dict(ep=8.0), "deployment.ep"),
+    (dict(tp=4, ep=8, dp=4), "deployment.dp: expected ep / tp = 2"), (dict(dp=0), "deployment.dp"),
+    (dict(dp=True), "deployment.dp"),
+], ids=["tp3", "tp0", "ep1", "ep<tp", "rank8", "rank-1", "tp-bool", "ep-float", "dp-mismatch", "dp0", "dp-bool"])
 def test_deployment_rejects(kwargs, field):
+    """Topology errors name the field: tp / ep / dp positive ints (bools refused), EP a multiple of TP, an
+    explicit dp equal to ep / tp, a rank inside the cards. Spec: §1; upstream_checks CH-11."""
     with pytest.raises(ConfigError, match=field):
         Deployment(FLASH, **kwargs)
+    d = Deployment(FLASH, tp=2, ep=8, dp=4)
+    assert d.dp == 4 and d.world_size == d.tp * d.dp == 8
 
 
 BAD_CONFIGS = [

@@ -302,9 +302,14 @@ class Deployment:
     tp: int = 4
     ep: int = 8
     rank: int = 0
+    dp: int | None = None  # when given explicitly, it must equal ep / tp (upstream_checks CH-11)
 
     def __post_init__(self) -> None:
         c = self.config
+        for name in ("tp", "ep", "dp"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"deployment.{name}: expected a positive int (bool refused), got {value!r} (CH-11)")
         if self.tp not in SUPPORTED_TP:
             raise ConfigError(f"deployment.tp: expected one of {SUPPORTED_TP}, got {self.tp!r} (§1)")
         if self.ep not in SUPPORTED_EP:
@@ -317,15 +322,15 @@ class Deployment:
             raise ConfigError(f"deployment.tp: o_groups {c.o_groups} not divisible by tp={self.tp} (§1)")
         if c.n_routed_experts % self.ep:
             raise ConfigError(f"deployment.ep: experts {c.n_routed_experts} not divisible by ep={self.ep} (§1)")
+        if self.dp is not None and self.dp != self.ep // self.tp:
+            raise ConfigError(f"deployment.dp: expected ep / tp = {self.ep // self.tp}, got {self.dp} (CH-11)")
+        object.__setattr__(self, "dp", self.ep // self.tp)
         if isinstance(self.rank, bool) or not 0 <= self.rank < self.world_size:
             raise ConfigError(f"deployment.rank: expected in [0, {self.world_size}), got {self.rank!r} (§1)")
 
     @property
-    def dp(self) -> int:
-        return self.ep // self.tp
-
-    @property
     def world_size(self) -> int:
+        """The cards of the deployment: ep = tp · dp (upstream_checks CH-11)."""
         return self.ep
 
     @property
