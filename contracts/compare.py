@@ -179,10 +179,11 @@ def _router_scores(ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
     import torch.nn.functional as F
 
     from kernels.config import preset
+    from kernels.reference.rowwise import rowwise_matmul
 
     c = preset(str(ctx.params.get("preset", "flash-tiny")))
     xs, w, b = ctx.inputs["xs"], ctx.inputs["router"], ctx.inputs["bias"]
-    logits = (xs.double()[..., None, :] * w.double()).sum(-1).float()
+    logits = rowwise_matmul(xs, w)
     scores = F.softplus(logits / c.gate_temperature).sqrt()
     return scores, scores + b.float()
 
@@ -325,12 +326,11 @@ def with_evidence(name: str, result: CheckResult, ctx: Context) -> CheckResult:
     float8_e4m3fn); its scale is the output of the same name with ``scale``."""
     from dataclasses import replace
 
-    from contracts.evidence import cause, mismatches
+    from contracts.evidence import cause, is_packed_fp4, is_payload, mismatches
 
     a, e = ctx.actual_outputs[name], ctx.expected_outputs[name]
-    payload = name == "payload" or name.endswith("_payload")
-    codec = "fp4x2" if payload and a.dtype == torch.uint8 else None
-    partner = name[: -len("payload")] + "scale" if payload else None
+    codec = "fp4x2" if is_packed_fp4(name, a) else None
+    partner = name[: -len("payload")] + "scale" if is_payload(name) else None
     scales = ((ctx.actual_outputs[partner], ctx.expected_outputs[partner])
               if partner in ctx.actual_outputs and partner in ctx.expected_outputs else None)
     return replace(result, evidence=mismatches(a, e, codec=codec),

@@ -69,6 +69,22 @@ def _e2m1_order(code: int) -> int:
     return -(code & 7) if code & 8 else code & 7
 
 
+def e2m1_order(codes: torch.Tensor) -> torch.Tensor:
+    """``_e2m1_order`` of every code of a tensor (int64)."""
+    c = codes.to(torch.int64)
+    return torch.where(c >= 8, -(c & 7), c)
+
+
+def is_payload(name: str) -> bool:
+    """A quantized cache's payload output: ``payload`` or ``<cache>_payload``."""
+    return name == "payload" or name.endswith("_payload")
+
+
+def is_packed_fp4(name: str, t: torch.Tensor) -> bool:
+    """A payload stored as uint8 is packed FP4 (E2M1 pairs); MXFP8 payloads are float8_e4m3fn."""
+    return t.dtype == torch.uint8 and is_payload(name)
+
+
 def _diff(index: tuple[int, ...], x: float, y: float, steps: int | None, unit: str,
           codes: tuple[int, int] | None = None) -> Mismatch:
     d = abs(x - y) if x == x and y == y else float("nan")

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from contracts.checks import precision
-from contracts.evidence import ordered
+from contracts.evidence import e2m1_order, is_packed_fp4, is_payload, ordered
 
 PAGE = "index.html"
 MAX_ROWS_LISTED = 12
@@ -74,18 +74,14 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]) if t.ndim > 1 else t.reshape(1, -1)
 
 
-def _is_fp4(name: str, t: torch.Tensor) -> bool:
-    return t.dtype == torch.uint8 and (name == "payload" or name.endswith("_payload"))
-
-
 def row_profile(name: str, comparator: str, actual: torch.Tensor, expected: torch.Tensor
                 ) -> tuple[np.ndarray, float, str]:
     """(per-row value, bound, what the value is): a row fails when its value exceeds the bound."""
     from kernels import quant
 
     a, e = actual.detach().cpu(), expected.detach().cpu()
-    payload = name == "payload" or name.endswith("_payload")  # a cache's codes: judged decoded, shown as codes
-    if _is_fp4(name, a):
+    payload = is_payload(name)  # a cache's codes: judged decoded, shown as codes
+    if is_packed_fp4(name, a):
         a, e = quant.unpack_fp4(a), quant.unpack_fp4(e)
     if a.is_floating_point() and a.dtype != torch.float8_e8m0fnu and not payload:
         ra, re = _rows(a).to(torch.float64), _rows(e).to(torch.float64)
@@ -109,11 +105,8 @@ def element_distance(name: str, actual: torch.Tensor, expected: torch.Tensor) ->
     from kernels import quant
 
     a, e = actual.detach().cpu().contiguous(), expected.detach().cpu().contiguous()
-    if _is_fp4(name, a):
-        def order(c):
-            c = c.to(torch.int64)
-            return torch.where(c >= 8, -(c & 7), c)
-        d = (order(quant.unpack_fp4(a)) - order(quant.unpack_fp4(e))).abs().reshape(-1)
+    if is_packed_fp4(name, a):
+        d = (e2m1_order(quant.unpack_fp4(a)) - e2m1_order(quant.unpack_fp4(e))).abs().reshape(-1)
         return d[d > 0].numpy(), "E2M1 format steps"
     if a.dtype == torch.float8_e8m0fnu:
         d = (a.view(torch.uint8).to(torch.int64) - e.view(torch.uint8).to(torch.int64)).abs().reshape(-1)
@@ -184,7 +177,7 @@ def effective_comparator(comparator: str, name: str, params: Mapping[str, object
         from kernels.config import LayerKind
 
         return "row_rms_peak" if LayerKind(str(params["kind"])) in C1A else "fp8_budget"
-    if comparator == "half_layer" and name.endswith("_payload"):
+    if comparator == "half_layer" and is_payload(name):
         return "cache_payload"
     if comparator == "half_layer" and name.endswith("_scale"):
         return "cache_scale"

@@ -336,7 +336,9 @@ def delta(name: str, old: torch.Tensor, new: torch.Tensor) -> OutputDelta:
     if old.shape != new.shape or old.dtype != new.dtype:
         return OutputDelta(name, new.numel(), new.numel(), math.inf, math.inf, math.inf,
                            _cache_rows(new).shape[0])
-    if old.dtype == torch.uint8 and (name == "payload" or name.endswith("_payload")):
+    from contracts.evidence import is_packed_fp4
+
+    if is_packed_fp4(name, old):
         from kernels import quant
 
         codes_changed = quant.unpack_fp4(old) != quant.unpack_fp4(new)  # -0 and +0 are different codes

@@ -21,6 +21,7 @@ import torch
 
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
+from kernels.reference.rowwise import rowwise_matmul
 
 SPEC = "§1"
 ROUNDING_VERSION = "lm-head-1"
@@ -63,8 +64,7 @@ def lm_head(hidden: torch.Tensor, weight: torch.Tensor, *, tp: int = 1) -> list[
     rows = lm_head_layout(vocab=weight.shape[0], tp=tp, dp=tp)
     shards = []
     for r in range(tp):
-        w = weight[r * rows:(r + 1) * rows].double()
-        shards.append((hidden.double()[:, None, :] * w[None]).sum(-1).float())
+        shards.append(rowwise_matmul(hidden, weight[r * rows:(r + 1) * rows]))
     return shards
 
 

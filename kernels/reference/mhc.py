@@ -33,6 +33,7 @@ import torch
 
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
+from kernels.reference.rowwise import rowwise_matmul
 
 SPEC = "§1"
 ROUNDING_VERSION = "mhc-1"
@@ -85,10 +86,7 @@ def hc_mixes(x_hc: torch.Tensor, function: torch.Tensor, scale: torch.Tensor, ba
         raise ContractInputError("num_tokens", None, f"0..{tokens}", num_tokens, SPEC)
     flat = x_hc.reshape(tokens, hc * dim).float()
     inverse_rms = torch.rsqrt(flat.square().mean(dim=-1, keepdim=True) + config.rms_norm_eps)
-    # the projection in FP64, one rounding to FP32: a row never depends on the other rows (no batch-size
-    # dependent BLAS blocking), so permuting or padding tokens cannot move a bit
-    projected = (flat.double()[:, None, :] * function.double()[None, :, :]).sum(-1).float()
-    logits = projected * inverse_rms
+    logits = rowwise_matmul(flat, function) * inverse_rms  # FP64, one rounding: rows independent of the batch
     s, b = scale.float(), base.float()
     pre = torch.sigmoid(logits[:, :hc] * s[0] + b[:hc]) + config.hc_eps
     post = 2 * torch.sigmoid(logits[:, hc:2 * hc] * s[1] + b[hc:2 * hc])

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
+from kernels.reference.rowwise import rowwise_matmul
 
 SPEC = "§1"
 ROUNDING_VERSION = "moe-1"
@@ -55,7 +56,7 @@ def moe_gate(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, confi
     if x.ndim != 2 or weight.shape != (experts, x.shape[1]) or bias.shape != (experts,):
         raise ContractInputError("gate", None, f"x [T, D], weight [{experts}, D], bias [{experts}]",
                                  [list(x.shape), list(weight.shape), list(bias.shape)], SPEC)
-    logits = _matmul(x, weight)
+    logits = rowwise_matmul(x, weight)
     scores = F.softplus(logits / config.gate_temperature).sqrt()
     biased = scores + bias.float()
     if rule == "stable":
@@ -76,14 +77,8 @@ class ExpertWeights:
     w2: torch.Tensor
 
 
-def _matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [N, K] · wᵀ ([M, K]) in FP64, one rounding to FP32; a row's result never depends on the other rows
-    (no batch-size dependent BLAS blocking), so EP size and token order cannot move a bit."""
-    return (x.double()[:, None, :] * w.double()[None, :, :]).sum(-1).float()
-
-
 def _project(x: torch.Tensor, w: torch.Tensor, rule: str) -> torch.Tensor:
-    y = _matmul(x, w)
+    y = rowwise_matmul(x, w)
     return y.to(torch.bfloat16).float() if rule == "bf16-proj" else y
 
 
@@ -105,7 +100,7 @@ def moe_expert(x: torch.Tensor, weights: ExpertWeights, route_weight: torch.Tens
         if route_weight.shape != (x.shape[0],):
             raise ContractInputError("route_weight", None, f"[{x.shape[0]}]", list(route_weight.shape), SPEC)
         hidden = hidden * route_weight.float()[:, None]
-    return _matmul(hidden.to(torch.bfloat16), weights.w2)
+    return rowwise_matmul(hidden.to(torch.bfloat16), weights.w2)
 
 
 def expert_weights(fmt: str, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor,

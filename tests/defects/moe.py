@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from contracts.backends import torch_backend
 from kernels.reference import moe
+from kernels.reference.rowwise import rowwise_matmul
 
 _base = torch_backend()
 
@@ -35,12 +36,12 @@ def _route_after_down(x, weights, route_weight=None, *, config=moe.FLASH, rule="
 def _symmetric_gate_clamp(x, weights, route_weight=None, *, config=moe.FLASH, rule="fp32-proj"):
     """Wrong: the gate projection is clamped on both sides (like up), not only above."""
     limit = config.swiglu_limit
-    gate = moe._matmul(x, weights.w1).clamp(-limit, limit)
-    up = moe._matmul(x, weights.w3).clamp(-limit, limit)
+    gate = rowwise_matmul(x, weights.w1).clamp(-limit, limit)
+    up = rowwise_matmul(x, weights.w3).clamp(-limit, limit)
     hidden = F.silu(gate) * up
     if route_weight is not None:
         hidden = hidden * route_weight.float()[:, None]
-    return moe._matmul(hidden.to(torch.bfloat16), weights.w2)
+    return rowwise_matmul(hidden.to(torch.bfloat16), weights.w2)
 
 
 def _neighbour_rank(xs, gates, experts, shared, *, ep, **kw):

@@ -39,7 +39,7 @@ MODULES = (
     "kernels.config", "kernels.quant", "kernels.cache", "kernels.metadata", "kernels.sequence_parallel",
     "kernels.reference.rope", "kernels.reference.compressor", "kernels.reference.indexer",
     "kernels.reference.attention", "kernels.half_layer", "kernels.reference.tp", "kernels.reference.o_proj",
-    "kernels.reference.attention_layer", "kernels.reference.mhc", "kernels.reference.moe",
+    "kernels.reference.attention_layer", "kernels.reference.rowwise", "kernels.reference.mhc", "kernels.reference.moe",
     "kernels.reference.lm_head", "kernels.prefill_plan", "kernels.reference.block",
     "contracts.checks.precision",
 )
