@@ -145,6 +145,11 @@ CASES = [
     # the CED decoder replay (MD-16)
     ("prefill_plan:REPLAY_KEEPS_129", "test_prefill_plan:test_upstreams_hand_checked_replay_vector",
      "[0, 1, 127, 128, 129]"),
+    ("mhc:PER_STREAM_RMS", "test_mhc:test_the_inverse_rms_runs_over_the_flattened_streams", "per-stream norm"),
+    ("mhc:SOFTMAX_ONLY", "test_mhc:test_the_residual_mix_is_doubly_stochastic_and_pre_post_are_in_range",
+     "row sums"),
+    ("moe:RECV_UNCHECKED", "test_moe:test_a_destination_over_its_receive_capacity_is_an_error", "DID NOT RAISE"),
+    ("block:ACCEPTS_INACTIVE", "test_block:test_a_block_golden_needs_every_capacity_row_active", "DID NOT RAISE"),
     # RoPE rows (§4.2)
     ("reference:ROPE_CLAMPS_POSITIONS", "test_rope:test_rope_rows_reject_position_beyond_capacity", "DID NOT RAISE"),
     ("reference:ROPE_INTO_PADDING", "test_rope:test_rope_rows_exact_identity_and_untouched", "sentinels 17/19 lost"),

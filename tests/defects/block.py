@@ -27,3 +27,14 @@ for _fn in (_next_mix_from_attention, _attention_with_own_mix):
 
 NEXT_MIX_FROM_ATTENTION = _base.derive("defect:block-next-mix-from-attention", decode_block=_next_mix_from_attention)
 ATTENTION_WITH_OWN_MIX = _base.derive("defect:block-attention-own-mix", decode_block=_attention_with_own_mix)
+
+
+def _accepts_inactive(x_hc, incoming, attention_inputs, *args, **kw):
+    """Wrong: a Block golden is computed although some capacity rows are inactive (num_tokens < rows)."""
+    inputs = {**attention_inputs, "num_tokens": attention_inputs["x"].new_tensor(x_hc.shape[0]).to(
+        attention_inputs["num_tokens"].dtype)}
+    return block.decode_block(x_hc, incoming, inputs, *args, **kw)
+
+
+_accepts_inactive.composes_operators = True
+ACCEPTS_INACTIVE = _base.derive("defect:block-accepts-inactive-rows", decode_block=_accepts_inactive)

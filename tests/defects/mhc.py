@@ -45,3 +45,20 @@ TAIL_KEPT = _base.derive("defect:mix-tail-kept", hc_mixes=_tail_kept)
 PRODUCTS_IN_BF16 = _base.derive("defect:hc-pre-products-in-bf16", hc_pre=_products_in_bf16)
 RESIDUAL_NOT_TRANSPOSED = _base.derive("defect:hc-post-untransposed", hc_post=_residual_not_transposed)
 POST_THROUGH_BF16 = _base.derive("defect:hc-post-through-bf16", hc_post=_post_through_bf16)
+
+
+def _per_stream_rms(x_hc, function, scale, base, *, num_tokens=None, config=None):
+    """Wrong: each stream is normalised by its own RMS instead of one inverse RMS over the flattened row."""
+    x = x_hc.float()
+    x = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + 1e-20) * x.square().mean(dim=(1, 2), keepdim=True).sqrt()
+    return mhc.hc_mixes(x, function, scale, base, num_tokens=num_tokens, config=config or mhc.FLASH)
+
+
+def _softmax_only(x_hc, function, scale, base, *, num_tokens=None, config=None):
+    """Wrong: the residual mix stops after the softmax and one column normalisation (no Sinkhorn rounds)."""
+    config = config or mhc.FLASH
+    return mhc.hc_mixes(x_hc, function, scale, base, num_tokens=num_tokens, config=replace(config, hc_sinkhorn_iters=1))
+
+
+PER_STREAM_RMS = _base.derive("defect:mhc-per-stream-rms", hc_mixes=_per_stream_rms)
+SOFTMAX_ONLY = _base.derive("defect:mhc-softmax-only", hc_mixes=_softmax_only)

@@ -77,3 +77,11 @@ ROUTE_AFTER_DOWN = _base.derive("defect:route-weight-after-w2", moe_expert=_rout
 SYMMETRIC_GATE_CLAMP = _base.derive("defect:gate-clamped-both-sides", moe_expert=_symmetric_gate_clamp)
 NEIGHBOUR_RANK = _base.derive("defect:ep-neighbour-rank", moe_ep=_neighbour_rank)
 COMBINE_IN_BF16 = _base.derive("defect:combine-in-bf16", moe_ep=_combine_in_bf16)
+
+
+def _recv_unchecked(xs, gates, experts, shared, *, ep, recv_max=None, **kw):
+    """Wrong: the receive capacity is never checked (a destination may overflow its buffer)."""
+    return moe.moe_ep(xs, gates, experts, shared, ep=ep, recv_max=None, **kw)
+
+
+RECV_UNCHECKED = _base.derive("defect:ep-receive-capacity-unchecked", moe_ep=_recv_unchecked)
