@@ -100,9 +100,14 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "list of tp FP32 logit shards [T, vocab/tp] in rank order", "§1"),
         OperatorSpec("greedy_pick", "(logits [T,vocab])", "[T] INT32: first id of each row's maximum", "§1"),
         OperatorSpec("decoder_replay", "(query_start_loc [B+1], position_ids [T], token_to_req_indices [T], "
-                     "kv_seq_lens [B], window_block_table [B,P], *, window, block_size)",
-                     "DecoderReplay (kernels.prefill_plan): the last min(len, window) encoded rows per request, "
-                     "their positions, window metadata truncated to the replay, logit rows", "§3"),
+                     "kv_seq_lens [B], window_block_table [B,P], *, window, block_size, cached_tail_starts=None)",
+                     "DecoderReplay (kernels.prefill_plan): the last min(prefix + len, window) encoded rows per "
+                     "request (cached tail rows first), their positions, window metadata truncated to the replay, "
+                     "logit rows", "§3"),
+        OperatorSpec("encoder_replay", "(query_start_loc [B+1], position_ids [T], token_to_req_indices [T], "
+                     "kv_seq_lens [B], window_block_table [B,P], cached_input_starts [B+1], *, window, block_size)",
+                     "EncoderReplay (kernels.prefill_plan): each resumed request's last min(prefix, window) cached "
+                     "input rows then its new rows, is_new marking the rows that may publish", "§3"),
         OperatorSpec("decode_block", "(x_hc [T,hc,D] FP32, incoming_pre_mix [T,hc], attention_inputs, attention_mhc, "
                      "ffn_mhc, router, bias, experts, shared, *, kind, tp, config)",
                      "{x_hc, next_pre_mix, attention_input, ffn_input, attention_hidden, ffn_output}: one decode Block "
@@ -248,6 +253,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "attention_half_layer": ("kernels.reference.attention_layer", "attention_half_layer"),
     "decode_block": ("kernels.reference.block", "decode_block"),
     "decoder_replay": ("kernels.prefill_plan", "select_decoder_replay"),
+    "encoder_replay": ("kernels.prefill_plan", "select_encoder_replay"),
     "hc_mixes": ("kernels.reference.mhc", "hc_mixes"),
     "hc_pre": ("kernels.reference.mhc", "hc_pre"),
     "hc_post": ("kernels.reference.mhc", "hc_post"),

@@ -3,7 +3,11 @@ encoder and which as the decoder (layer 20 the only global publisher), the causa
 the rows the decoder replays -- upstream's hand-checked vector (0, 1, 127, 128, 129), window metadata equal to
 independently computed paged slots, and bad encoder metadata refused naming the field.
 
-Spec: §1, §3; upstream_checks SC-19, SC-20, SC-21, MD-15, MD-16.
+Resumed requests: the cached encoder tails the decoder replays before a request's new rows, and the encoder
+replay of cached input tails with only the new rows publishing; the CED order (encoder on every row, the one
+publication, the decoder on the replay rows) and what a CED run's attention may take.
+
+Spec: §1, §3; upstream_checks SC-19, SC-20, SC-21, MD-15..20, MD-23, AP-16.
 """
 
 from __future__ import annotations
@@ -102,10 +106,12 @@ def test_replay_window_metadata_equals_independent_paged_slots(backend):
     (lambda a: {**a, "positions": a["positions"][:-1]}, "position_ids"),
     (lambda a: {**a, "positions": a["positions"].flip(0)}, r"position_ids\[0\]"),
     (lambda a: {**a, "requests": torch.zeros_like(a["requests"])}, r"token_to_req_indices\[1\]"),
-    (lambda a: {**a, "kv": torch.tensor([0, 4], dtype=torch.int32)}, "kv_seq_lens"),
+    (lambda a: {**a, "kv": torch.tensor([0, -1], dtype=torch.int32)}, r"kv_seq_lens\[1\]: expected >= 0"),
+    (lambda a: {**a, "kv": torch.zeros(3, dtype=torch.int32)}, "kv_seq_lens: expected one cached prefix"),
+    (lambda a: {**a, "kv": torch.tensor([0, 4], dtype=torch.int32)}, r"position_ids\[1\]: expected 4..5"),
     (lambda a: {**a, "table": a["table"][:1]}, "window_block_table"),
-], ids=["start-not-0", "decreasing", "short-positions", "noncontiguous", "wrong-request", "cached-prefix",
-        "table-rows"])
+], ids=["start-not-0", "decreasing", "short-positions", "noncontiguous", "wrong-request", "negative-prefix",
+        "prefix-count", "positions-ignore-prefix", "table-rows"])
 def test_bad_encoder_metadata_is_refused_naming_the_field(backend, edit, match):
     """Spec: MD-15."""
     starts, positions, requests, kv, table = _fresh([3, 2])
@@ -189,3 +195,183 @@ def test_engram_runs_before_layers_1_and_14_only():
     for bad in (None, ids[:5]):
         with pytest.raises(ContractInputError, match=r"engram\[14\]: expected hash ids for every one of the 6"):
             check_engram_inputs(14, bad, 6)
+
+
+def _resumed(lengths, prefixes, *, block=4, seed=0):
+    """Packed metadata of new rows after cached prefixes (positions continue each prefix)."""
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    positions = torch.cat([torch.arange(p, p + n) for n, p in zip(lengths, prefixes)]).to(torch.int32)
+    requests = torch.cat([torch.full((n,), b) for b, n in enumerate(lengths)]).to(torch.int32)
+    pages = max(1, -(-max(n + p for n, p in zip(lengths, prefixes)) // block))
+    table = torch.randperm(len(lengths) * pages, generator=g).reshape(len(lengths), pages).to(torch.int32)
+    return starts, positions, requests, torch.tensor(prefixes, dtype=torch.int32), table
+
+
+def test_a_resumed_request_replays_its_cached_tail_before_its_new_rows(backend):
+    """Window 4. Request 0 fresh (2 new rows); request 1 resumes a prefix of 5 with 2 new rows: it replays
+    min(5 + 2, 4) = 4 rows, the last 2 of its cached tail (cached rows 0-1) then its 2 new rows, positions
+    3..6, replay start 3, window lens 1..4; request 2 resumes a prefix of 3 with no new row and replays nothing.
+    Source rows index cached tails (2 rows) then new rows: [2, 3] for request 0, [0, 1, 4, 5] for request 1.
+    A replay that put new rows before cached ones, or counted only new rows, differs. Spec: MD-18."""
+    starts, positions, requests, kv, table = _resumed([2, 2, 0], [0, 5, 3])
+    tail = torch.tensor([0, 0, 2, 2], dtype=torch.int32)
+    r = op(backend, "decoder_replay")(starts, positions, requests, kv, table, window=4, block_size=4,
+                                      cached_tail_starts=tail)
+    assert r.source_rows.tolist() == [2, 3, 0, 1, 4, 5], f"source_rows {r.source_rows.tolist()}"
+    assert r.query_lens.tolist() == [2, 4, 0] and r.replay_starts.tolist() == [0, 3, 3]
+    assert r.position_ids.tolist() == [0, 1, 3, 4, 5, 6] and r.window_lens.tolist() == [1, 2, 1, 2, 3, 4]
+    assert r.logit_row_indices.tolist() == [1, 5, -1] and r.compressed_lens.tolist() == [1, 2, 4, 5, 6, 7]
+    want = [int(table[1, q // 4]) * 4 + q % 4 for q in range(3, 7)]
+    assert r.window_indices[5].tolist() == want and int(r.window_slots[5]) == want[-1]
+    # a long new suffix needs no tail even after a prefix
+    s2, p2, q2, kv2, t2 = _resumed([6], [9])
+    r2 = op(backend, "decoder_replay")(s2, p2, q2, kv2, t2, window=4, block_size=4)
+    assert r2.source_rows.tolist() == [2, 3, 4, 5] and r2.position_ids.tolist() == [11, 12, 13, 14]
+
+
+def test_a_missing_or_oversized_cached_tail_is_refused_naming_the_request(backend):
+    """Request 1 (prefix 5, 2 new rows, window 4) needs 2 tail rows: a tail of 1 row, or none at all, is
+    refused ("needs encoder replay rows from its cached prefix"); a tail longer than min(prefix, window) is
+    refused too ("at most"). Spec: MD-17."""
+    starts, positions, requests, kv, table = _resumed([2, 2], [0, 5])
+    replay = op(backend, "decoder_replay")
+    for tail in (torch.tensor([0, 0, 1]), None):
+        with pytest.raises(ContractInputError, match=r"cached encoder tail\[1\]: expected 2 rows: the request "
+                                                     "needs encoder replay rows from its cached prefix"):
+            replay(starts, positions, requests, kv, table, window=4, block_size=4, cached_tail_starts=tail)
+    for tail, row in ((torch.tensor([0, 0, 5]), 1), (torch.tensor([0, 1, 3]), 0)):
+        with pytest.raises(ContractInputError, match=rf"cached encoder tail\[{row}\]: expected at most"):
+            replay(starts, positions, requests, kv, table, window=4, block_size=4, cached_tail_starts=tail)
+    with pytest.raises(ContractInputError, match="cached tail query_start_loc"):
+        replay(starts, positions, requests, kv, table, window=4, block_size=4,
+               cached_tail_starts=torch.tensor([0, 2]))
+
+
+def test_the_encoder_replay_marks_only_new_rows_and_truncates_the_window(backend):
+    """Window 4. Request 0 resumes a prefix of 6 (cached input rows 0..3 hold its last 4) with 1 new row;
+    request 1 is fresh with 2 rows; request 2 resumes a prefix of 2 but has no new row (nothing replays).
+    Replayed: request 0's 4 cached rows (positions 2..5, not new) then its new row (position 6); request 1's
+    2 new rows. The window of the first replayed row holds only itself although older pages exist (window
+    lens 1, 2, 3, 4, 4). Spec: MD-19."""
+    starts, positions, requests, kv, table = _resumed([1, 2, 0], [6, 0, 2])
+    cached = torch.tensor([0, 4, 4, 6], dtype=torch.int32)
+    r = op(backend, "encoder_replay")(starts, positions, requests, kv, table, cached, window=4, block_size=4)
+    assert r.source_rows.tolist() == [0, 1, 2, 3, 6, 7, 8], r.source_rows.tolist()
+    assert r.is_new.tolist() == [False, False, False, False, True, True, True], f"is_new {r.is_new.tolist()}"
+    assert r.new_rows.tolist() == [4, 5, 6] and r.cached_rows.tolist() == [0, 1, 2, 3]
+    assert r.position_ids.tolist() == [2, 3, 4, 5, 6, 0, 1] and r.replay_starts.tolist() == [2, 0, 2]
+    assert r.window_lens.tolist() == [1, 2, 3, 4, 4, 1, 2] and r.query_start_loc.tolist() == [0, 5, 7, 7]
+    assert r.window_indices[0].tolist() == [int(table[0, 0]) * 4 + 2, -1, -1, -1]
+    with pytest.raises(ContractInputError, match=r"cached encoder input tail\[0\]: expected 4 rows"):
+        op(backend, "encoder_replay")(starts, positions, requests, kv, table, torch.tensor([0, 3, 3, 3]),
+                                      window=4, block_size=4)
+    with pytest.raises(ContractInputError, match=r"cached encoder input tail\[2\]: expected at most"):
+        op(backend, "encoder_replay")(starts, positions, requests, kv, table, torch.tensor([0, 4, 4, 7]),
+                                      window=4, block_size=4)
+
+
+def _state(rows, *, offset=0.0):
+    """A PrefillState whose row r holds r + offset in every element (rows are traceable)."""
+    from kernels.prefill_plan import PrefillState
+
+    hc, d = FLASH.hc_mult, FLASH.hidden_size
+    values = torch.arange(rows, dtype=torch.float32) + offset
+    return PrefillState(values[:, None, None].expand(rows, hc, d).clone(), values[:, None].expand(rows, hc).clone())
+
+
+def test_the_ced_runs_encoder_then_one_publication_then_the_decoder_on_the_replay_rows():
+    """Recorded calls: encoder layers 0..19 in order on all 131 new rows; then exactly one publication, by
+    layer 20, of the full final encoder stream; then decoder layers 20..39 in order on the replay rows only
+    (min(len, 128) per request; a resumed request's cached tail rows first). The decoder's first input rows are
+    the gathered cached-tail and new rows, in that order. Spec: MD-18, MD-20."""
+    from kernels.prefill_plan import run_prefill_decoder, run_prefill_encoder
+
+    calls = []
+
+    def encoder_layer(layer, state):
+        calls.append(("encoder", layer.layer_id, state.num_tokens))
+        return state
+
+    out = run_prefill_encoder(_state(131), torch.tensor([0, 131]), encoder_layer)
+    assert calls == [("encoder", i, 131) for i in range(20)]
+    calls.clear()
+    seen = {}
+
+    def publish(layer, state):
+        calls.append(("publish", layer.layer_id, state.num_tokens))
+
+    def decoder_layer(layer, state, replay):
+        seen.setdefault("first", state.x_hc[:, 0, 0].tolist())
+        calls.append(("decoder", layer.layer_id, state.num_tokens))
+        return state
+
+    starts, positions, requests, kv, table = _resumed([130, 1], [0, 200], block=128)
+    tail = _state(128, offset=1000.0)
+    state, replay = run_prefill_decoder(out, starts, positions, requests, kv, table, publish, decoder_layer,
+                                        cached_tail=tail, cached_tail_starts=torch.tensor([0, 0, 128]))
+    assert calls == [("publish", 20, 131)] + [("decoder", i, 256) for i in range(20, 40)]
+    assert seen["first"][:128] == list(range(2, 130)), "request 0 replays its last 128 new rows"
+    assert seen["first"][128:] == [1000.0 + r for r in range(1, 128)] + [130.0], \
+        "request 1 replays 127 cached tail rows then its one new row"
+    assert replay.logit_row_indices.tolist() == [127, 255]
+
+
+def test_the_ced_refuses_a_layer_that_changes_the_stream_and_an_empty_run():
+    """A layer returning a different shape (or not a PrefillState) is refused naming the stage and layer; the
+    encoder needs a row; the decoder needs a replay row; a tail state without its starts is refused; the state
+    must cover query_start_loc[-1]. Spec: MD-20."""
+    from kernels.prefill_plan import run_prefill_decoder, run_prefill_encoder
+
+    def shrink(layer, state, *rest):
+        return state.take_rows(torch.arange(state.num_tokens - 1)) if layer.layer_id in (7, 33) else state
+
+    with pytest.raises(ContractInputError, match=r"encoder layer\[7\]: expected a PrefillState"):
+        run_prefill_encoder(_state(3), torch.tensor([0, 3]), shrink)
+    with pytest.raises(ContractInputError, match=r"encoder layer\[0\]"):
+        run_prefill_encoder(_state(3), torch.tensor([0, 3]), lambda layer, state: None)
+    with pytest.raises(ContractInputError, match="at least one active row for the encoder"):
+        run_prefill_encoder(_state(0), torch.tensor([0, 0]), shrink)
+    with pytest.raises(ContractInputError, match=r"x_hc: expected 4 rows"):
+        run_prefill_encoder(_state(3), torch.tensor([0, 4]), shrink)
+    starts, positions, requests, kv, table = _resumed([3], [0], block=128)
+    with pytest.raises(ContractInputError, match=r"decoder layer\[33\]"):
+        run_prefill_decoder(_state(3), starts, positions, requests, kv, table, lambda *a: None, shrink)
+    empty = _resumed([0], [0], block=128)
+    with pytest.raises(ContractInputError, match="at least one active row for the decoder"):
+        run_prefill_decoder(_state(0), *empty, lambda *a: None, shrink)
+    with pytest.raises(ContractInputError, match="cached_tail"):
+        run_prefill_decoder(_state(3), starts, positions, requests, kv, table, lambda *a: None, shrink,
+                            cached_tail=_state(1))
+
+
+def test_decoder_attention_waits_for_the_publication_and_takes_fp32_rows():
+    """Before layer 20 publishes (both caches), decoder attention is refused ("publish final encoder rows before
+    decoder attention") while encoder attention runs; only layer 20 publishes; attention input is [T, D] FP32;
+    in the fp32 path a BF16 cache is refused (AP-16) while the official path accepts it; Engram layers need hash
+    ids. Spec: MD-23, AP-16."""
+    from kernels.prefill_plan import CedProgress, PrefillContext
+
+    d = FLASH.hidden_size
+    x = torch.zeros(3, d)
+    run = CedProgress(PrefillContext((3,)))
+    run.check_attention(0, x, 3)
+    with pytest.raises(ContractInputError, match="publish final encoder rows before decoder attention"):
+        run.check_attention(20, x, 3)
+    for layer, caches in ((19, (torch.zeros(1), torch.zeros(1))), (20, (torch.zeros(1), None)),
+                          (20, (None, torch.zeros(1)))):
+        with pytest.raises(ContractInputError, match="publish"):
+            run.publish(layer, *caches)
+    assert not run.published
+    run.publish(20, torch.zeros(1), torch.zeros(1))
+    run.check_attention(39, x, 3)
+    for bad in (x.to(torch.bfloat16), torch.zeros(3, d - 1), torch.zeros(4, d)):
+        with pytest.raises(ContractInputError, match=r"attention input\[39\]: expected normalized FP32 rows"):
+            run.check_attention(39, bad, 3)
+    with pytest.raises(ContractInputError, match=r"window cache\[2\]: expected float32"):
+        run.check_attention(2, x, 3, caches={"window": torch.zeros(1, dtype=torch.bfloat16), "state": None})
+    CedProgress(PrefillContext((3,), precision="official")).check_attention(
+        2, x, 3, caches={"window": torch.zeros(1, dtype=torch.bfloat16)})
+    with pytest.raises(ContractInputError, match="hash ids for every one of the 3 token rows"):
+        run.check_attention(1, x, 3)
+    run.check_attention(1, x, 3, hash_ids=torch.zeros(3, 2))

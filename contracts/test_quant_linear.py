@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from kernels.errors import ContractInputError
-from kernels.reference.quant_linear import mx_linear, official_linear, pack_mx_b_scale, unpack_mx_b_scale
+from kernels.reference.quant_linear import (
+    mx_linear,
+    official_linear,
+    pack_mx_a_scale,
+    pack_mx_b_scale,
+    unpack_mx_a_scale,
+    unpack_mx_b_scale,
+)
 
 
 def test_the_mx_b_nn_order_interleaves_k_group_pairs_within_16_column_blocks():
@@ -28,6 +35,25 @@ def test_the_mx_b_nn_order_interleaves_k_group_pairs_within_16_column_blocks():
     for bad in (torch.zeros(3, 32), torch.zeros(4, 24)):
         with pytest.raises(ContractInputError, match="even K-group count and N % 16"):
             pack_mx_b_scale(bad)
+
+
+def test_the_mx_a_zz_order_puts_k_group_pairs_outside_16_row_blocks():
+    """Logical activation scales s[m, g] = 100·m + g, 32 rows x 4 k-groups: the physical block of rows 0..15
+    holds first k-groups 0-1 of every row (s[0,0], s[0,1], s[1,0], s[1,1], ...), then k-groups 2-3 of the same
+    16 rows; rows 16..31 follow. A row-major or MX_B-like order differs on the second physical row. Unpack
+    inverts pack; M % 16 and an even group count are required. Spec: CQ-15."""
+    m, g = torch.meshgrid(torch.arange(32), torch.arange(4), indexing="ij")
+    logical = 100 * m + g
+    flat = pack_mx_a_scale(logical).flatten().tolist()
+    assert flat[:6] == [0, 1, 100, 101, 200, 201]
+    assert flat[32:36] == [2, 3, 102, 103] and flat[64:66] == [1600, 1601]
+    assert pack_mx_a_scale(logical)[1].tolist() == [200, 201, 300, 301]
+    assert torch.equal(unpack_mx_a_scale(pack_mx_a_scale(logical)), logical)
+    for bad in (torch.zeros(24, 4), torch.zeros(16, 3), torch.zeros(2, 16, 4)):
+        with pytest.raises(ContractInputError, match="M % 16 == 0 and an even K-group count"):
+            pack_mx_a_scale(bad)
+    with pytest.raises(ContractInputError, match="M % 16"):
+        unpack_mx_a_scale(torch.zeros(8, 2))
 
 
 def test_the_mx_linear_keeps_an_fp32_partial_only_when_asked():

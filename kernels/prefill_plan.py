@@ -70,7 +70,7 @@ def causal_encoder_layer(layer_id: int, config: V41Config = FLASH) -> int:
 
 @dataclass(frozen=True)
 class DecoderReplay:
-    source_rows: torch.Tensor  # [R] int64 packed encoder rows replayed, request order
+    source_rows: torch.Tensor  # [R] int64 rows of (cached tails ++ new encoder rows) replayed, request order
     query_start_loc: torch.Tensor  # [B+1] int32 of the replay stream
     query_lens: torch.Tensor  # [B] int32
     replay_starts: torch.Tensor  # [B] int32 request-local position of the first replayed row
@@ -87,51 +87,88 @@ class DecoderReplay:
         return torch.where(self.query_lens > 0, self.query_start_loc[1:] - 1, -1).to(torch.int32)
 
 
-def select_decoder_replay(query_start_loc: torch.Tensor, position_ids: torch.Tensor,
-                          token_to_req_indices: torch.Tensor, kv_seq_lens: torch.Tensor,
-                          window_block_table: torch.Tensor, *, window: int = FLASH.sliding_window,
-                          block_size: int = FLASH.block_size) -> DecoderReplay:
-    """The decoder replay of fresh prompts. Spec: MD-15, MD-16."""
-    if window <= 0:
-        raise ContractInputError("window", None, "> 0", window, "MD-15")
-    starts = torch.as_tensor(query_start_loc).to(torch.int64)
+@dataclass(frozen=True)
+class EncoderReplay:
+    """The encoder's rows when some requests resume a cached prefix: each such request's last ``window`` cached
+    input rows replayed before its new rows. Only ``is_new`` rows may publish global / index caches or write
+    compressor state. Spec: MD-19."""
+
+    source_rows: torch.Tensor  # [R] int64 rows of (cached input tails ++ new input rows), request order
+    query_start_loc: torch.Tensor  # [B+1] int32
+    position_ids: torch.Tensor  # [R] int32
+    token_to_req_indices: torch.Tensor  # [R] int32
+    replay_starts: torch.Tensor  # [B] int32
+    is_new: torch.Tensor  # [R] bool
+    window_slots: torch.Tensor  # [R] int64
+    window_indices: torch.Tensor  # [R, window] int32
+    window_lens: torch.Tensor  # [R] int32
+
+    @property
+    def new_rows(self) -> torch.Tensor:
+        return self.is_new.nonzero().flatten()
+
+    @property
+    def cached_rows(self) -> torch.Tensor:
+        return (~self.is_new).nonzero().flatten()
+
+
+def _spans(starts: torch.Tensor, field: str, spec: str) -> torch.Tensor:
+    """[B+1] packed spans starting at 0, nondecreasing -> int64 starts."""
+    starts = torch.as_tensor(starts).to(torch.int64)
     if starts.ndim != 1 or starts.numel() < 2 or int(starts[0]) != 0:
-        raise ContractInputError("query_start_loc", None, "[B+1] starting at 0 with at least one request",
-                                 starts.tolist(), "MD-15")
+        raise ContractInputError(field, None, "[B+1] starting at 0 with at least one request", starts.tolist(), spec)
     lengths = starts[1:] - starts[:-1]
     if bool((lengths < 0).any()):
         b = int((lengths < 0).nonzero()[0, 0])
-        raise ContractInputError("query_start_loc", (b + 1,), f">= query_start_loc[{b}] (nondecreasing)",
-                                 int(starts[b + 1]), "MD-15")
+        raise ContractInputError(field, (b + 1,), f">= {field}[{b}] (nondecreasing)", int(starts[b + 1]), spec)
+    return starts
+
+
+def _encoder_metadata(query_start_loc, position_ids, token_to_req_indices, kv_seq_lens, window_block_table,
+                      cached_starts, window: int, spec: str):
+    """The checks the encoder and decoder replays share; returns (starts, lengths, prefixes, cached starts)."""
+    if window <= 0:
+        raise ContractInputError("window", None, "> 0", window, spec)
+    starts = _spans(query_start_loc, "query_start_loc", spec)
+    lengths = starts[1:] - starts[:-1]
     total = int(starts[-1])
     for name, t in (("position_ids", position_ids), ("token_to_req_indices", token_to_req_indices)):
         if t.ndim != 1 or t.numel() != total:
-            raise ContractInputError(name, None, f"[{total}] (the packed encoder rows)", list(t.shape), "MD-15")
-    kv = torch.as_tensor(kv_seq_lens)
-    if kv.numel() != lengths.numel() or bool((kv != 0).any()):
-        raise ContractInputError("kv_seq_lens", None, f"{lengths.numel()} zeros (fresh prompts: no cached prefix)",
-                                 kv.tolist(), "MD-15")
+            raise ContractInputError(name, None, f"[{total}] (the packed encoder rows)", list(t.shape), spec)
+    prefixes = torch.as_tensor(kv_seq_lens).to(torch.int64)
+    if prefixes.ndim != 1 or prefixes.numel() != lengths.numel():
+        raise ContractInputError("kv_seq_lens", None, f"one cached prefix length per request ({lengths.numel()})",
+                                 list(prefixes.shape), spec)
+    if bool((prefixes < 0).any()):
+        b = int((prefixes < 0).nonzero()[0, 0])
+        raise ContractInputError("kv_seq_lens", (b,), ">= 0", int(prefixes[b]), spec)
     if window_block_table.ndim != 2 or window_block_table.shape[0] != lengths.numel():
         raise ContractInputError("window_block_table", None, f"one row per request ({lengths.numel()})",
-                                 list(window_block_table.shape), "MD-15")
-    replay_lens = torch.clamp(lengths, max=window)
-    replay_starts = lengths - replay_lens
-    rows, positions, requests = [], [], []
+                                 list(window_block_table.shape), spec)
+    if cached_starts is None:
+        cached = torch.zeros_like(starts)
+    else:
+        cached = _spans(cached_starts, "cached tail query_start_loc", spec)
+        if cached.numel() != starts.numel():
+            raise ContractInputError("cached tail query_start_loc", None, f"one span per request ({starts.numel()} "
+                                     "starts)", cached.numel(), spec)
     for b, length in enumerate(lengths.tolist()):
-        first, last = int(starts[b]), int(starts[b + 1])
-        if not torch.equal(position_ids[first:last].to(torch.int64), torch.arange(length)):
-            raise ContractInputError("position_ids", (b,), f"0..{length - 1} (contiguous from 0)",
-                                     position_ids[first:last].tolist()[:8], "MD-15")
+        first, last, prefix = int(starts[b]), int(starts[b + 1]), int(prefixes[b])
+        want = torch.arange(prefix, prefix + length)
+        if not torch.equal(position_ids[first:last].to(torch.int64), want):
+            raise ContractInputError("position_ids", (b,), f"{prefix}..{prefix + length - 1} (contiguous after the "
+                                     f"cached prefix of {prefix})", position_ids[first:last].tolist()[:8], spec)
         if not bool((token_to_req_indices[first:last] == b).all()):
             raise ContractInputError("token_to_req_indices", (b,), f"request {b} on its rows",
-                                     token_to_req_indices[first:last].tolist()[:8], "MD-15")
-        count = int(replay_lens[b])
-        rows.append(torch.arange(last - count, last))
-        positions.append(torch.arange(length - count, length))
-        requests.append(torch.full((count,), b, dtype=torch.int64))
-    source_rows, pos, req = torch.cat(rows), torch.cat(positions), torch.cat(requests)
-    qsl = torch.cat((torch.zeros(1, dtype=torch.int64), replay_lens.cumsum(0))).to(torch.int32)
-    window_lens = pos - replay_starts[req] + 1
+                                     token_to_req_indices[first:last].tolist()[:8], spec)
+    return starts, lengths, prefixes, cached
+
+
+def _window_metadata(pos: torch.Tensor, req: torch.Tensor, replay_starts: torch.Tensor,
+                     window_block_table: torch.Tensor, window: int, block_size: int):
+    """Window lens truncated to the replay start (and to the window), visible rows oldest first then -1, and
+    each row's own slot."""
+    window_lens = torch.minimum(pos - replay_starts[req] + 1, torch.full_like(pos, window))
     offsets = torch.arange(window)
     visible = pos[:, None] - window_lens[:, None] + 1 + offsets
     valid = offsets[None] < window_lens[:, None]
@@ -140,9 +177,92 @@ def select_decoder_replay(query_start_loc: torch.Tensor, position_ids: torch.Ten
         indices[valid] = paged_slots(visible[valid], req[:, None].expand_as(visible)[valid], window_block_table,
                                      block_size=block_size, field="window_block_table")
     slots = paged_slots(pos, req, window_block_table, block_size=block_size, field="window_block_table")
-    return DecoderReplay(source_rows, qsl, replay_lens.to(torch.int32), replay_starts.to(torch.int32),
-                         pos.to(torch.int32), req.to(torch.int32), (pos + 1).to(torch.int32), slots,
-                         indices.to(torch.int32), window_lens.to(torch.int32))
+    return slots, indices.to(torch.int32), window_lens.to(torch.int32)
+
+
+def _cat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    return torch.cat(parts).to(dtype) if parts else torch.zeros(0, dtype=dtype)
+
+
+def select_decoder_replay(query_start_loc: torch.Tensor, position_ids: torch.Tensor,
+                          token_to_req_indices: torch.Tensor, kv_seq_lens: torch.Tensor,
+                          window_block_table: torch.Tensor, *, window: int = FLASH.sliding_window,
+                          block_size: int = FLASH.block_size,
+                          cached_tail_starts: torch.Tensor | None = None) -> DecoderReplay:
+    """The decoder replay: per request with new rows, the last min(prefix + len, window) encoded rows -- the
+    missing ones taken from its cached encoder tail (``cached_tail_starts``: [B+1] spans of the final encoder
+    rows of each cached prefix, request order; source rows index cached tails then new rows). A request
+    without new rows replays nothing. A tail longer than min(prefix, window) or shorter than the rows needed is
+    an error naming the request. Spec: MD-15, MD-16, MD-17, MD-18."""
+    starts, lengths, prefixes, cached = _encoder_metadata(query_start_loc, position_ids, token_to_req_indices,
+                                                          kv_seq_lens, window_block_table, cached_tail_starts,
+                                                          window, "MD-15")
+    cached_total = int(cached[-1])
+    rows, positions, requests, counts, replay_starts = [], [], [], [], []
+    for b, length in enumerate(lengths.tolist()):
+        prefix = int(prefixes[b])
+        available = int(cached[b + 1] - cached[b])
+        if available > min(prefix, window):
+            raise ContractInputError("cached encoder tail", (b,), f"at most min(kv_seq_len {prefix}, window "
+                                     f"{window}) rows", available, "MD-17")
+        count = min(prefix + length, window) if length else 0
+        from_cache = count - min(length, count)
+        if available < from_cache:
+            raise ContractInputError("cached encoder tail", (b,), f"{from_cache} rows: the request needs encoder "
+                                     "replay rows from its cached prefix", available, "MD-17")
+        rows.append(torch.cat((torch.arange(int(cached[b + 1]) - from_cache, int(cached[b + 1])),
+                               cached_total + torch.arange(int(starts[b + 1]) - (count - from_cache),
+                                                           int(starts[b + 1])))))
+        positions.append(torch.arange(prefix + length - count, prefix + length))
+        requests.append(torch.full((count,), b, dtype=torch.int64))
+        counts.append(count)
+        replay_starts.append(prefix + length - count)
+    pos, req = _cat(positions, torch.int64), _cat(requests, torch.int64)
+    lens = torch.tensor(counts, dtype=torch.int64)
+    rstarts = torch.tensor(replay_starts, dtype=torch.int64)
+    slots, indices, window_lens = _window_metadata(pos, req, rstarts, window_block_table, window, block_size)
+    qsl = torch.cat((torch.zeros(1, dtype=torch.int64), lens.cumsum(0))).to(torch.int32)
+    return DecoderReplay(_cat(rows, torch.int64), qsl, lens.to(torch.int32), rstarts.to(torch.int32),
+                         pos.to(torch.int32), req.to(torch.int32), (pos + 1).to(torch.int32), slots, indices,
+                         window_lens)
+
+
+def select_encoder_replay(query_start_loc: torch.Tensor, position_ids: torch.Tensor,
+                          token_to_req_indices: torch.Tensor, kv_seq_lens: torch.Tensor,
+                          window_block_table: torch.Tensor, cached_input_starts: torch.Tensor, *,
+                          window: int = FLASH.sliding_window, block_size: int = FLASH.block_size) -> EncoderReplay:
+    """The encoder over resumed requests: per request with new rows, the last min(prefix, window) cached input
+    rows (``cached_input_starts``: [B+1] spans of the cached input tails) then every new row; only the new rows
+    are ``is_new``; window lens truncated to the replay start even when older window pages exist. Spec:
+    MD-19 (and the MD-17 tail bounds)."""
+    starts, lengths, prefixes, cached = _encoder_metadata(query_start_loc, position_ids, token_to_req_indices,
+                                                          kv_seq_lens, window_block_table, cached_input_starts,
+                                                          window, "MD-19")
+    cached_total = int(cached[-1])
+    rows, positions, requests, new, counts, replay_starts = [], [], [], [], [], []
+    for b, length in enumerate(lengths.tolist()):
+        prefix = int(prefixes[b])
+        available = int(cached[b + 1] - cached[b])
+        if available > min(prefix, window):
+            raise ContractInputError("cached encoder input tail", (b,), f"at most min(kv_seq_len {prefix}, window "
+                                     f"{window}) rows", available, "MD-19")
+        replayed = min(prefix, window) if length else 0
+        if available < replayed:
+            raise ContractInputError("cached encoder input tail", (b,), f"{replayed} rows: the request needs the "
+                                     "final cached encoder input window", available, "MD-19")
+        rows.append(torch.cat((torch.arange(int(cached[b + 1]) - replayed, int(cached[b + 1])),
+                               cached_total + torch.arange(int(starts[b]), int(starts[b + 1])))))
+        positions.append(torch.arange(prefix - replayed, prefix + length))
+        requests.append(torch.full((replayed + length,), b, dtype=torch.int64))
+        new.append(torch.arange(replayed + length) >= replayed)
+        counts.append(replayed + length)
+        replay_starts.append(prefix - replayed)
+    pos, req = _cat(positions, torch.int64), _cat(requests, torch.int64)
+    rstarts = torch.tensor(replay_starts, dtype=torch.int64)
+    slots, indices, window_lens = _window_metadata(pos, req, rstarts, window_block_table, window, block_size)
+    qsl = torch.cat((torch.zeros(1, dtype=torch.int64), torch.tensor(counts).cumsum(0))).to(torch.int32)
+    return EncoderReplay(_cat(rows, torch.int64), qsl, pos.to(torch.int32), req.to(torch.int32),
+                         rstarts.to(torch.int32), _cat(new, torch.bool), slots, indices, window_lens)
 
 
 PREFILL_MAX_TOKENS = 4096
@@ -214,6 +334,22 @@ class PrefillState:
             if t.dtype != torch.float32:
                 raise ContractInputError(name, None, "float32", t.dtype, "MD-22")
 
+    @property
+    def num_tokens(self) -> int:
+        return self.x_hc.shape[-3]
+
+    def take_rows(self, rows: torch.Tensor) -> PrefillState:
+        """The same packed token rows of both streams."""
+        return PrefillState(self.x_hc.index_select(-3, rows), self.pre_mix.index_select(-2, rows), self.config)
+
+    def cat(self, other: PrefillState) -> PrefillState:
+        """This state's rows followed by ``other``'s (cached tails, then new rows)."""
+        if other.x_hc.ndim != self.x_hc.ndim:
+            raise ContractInputError("x_hc", None, f"the same rank layout ({self.x_hc.ndim}-D) for cached and new "
+                                     "rows", other.x_hc.ndim, "MD-18")
+        return PrefillState(torch.cat((self.x_hc, other.x_hc), -3), torch.cat((self.pre_mix, other.pre_mix), -2),
+                            self.config)
+
 
 def check_engram_inputs(layer_id: int, hash_ids: torch.Tensor | None, tokens: int, *,
                         config: V41Config = FLASH) -> bool:
@@ -229,3 +365,100 @@ def check_engram_inputs(layer_id: int, hash_ids: torch.Tensor | None, tokens: in
         raise ContractInputError("engram", (layer_id,), f"hash ids for every one of the {tokens} token rows", got,
                                  "MD-23")
     return owns
+
+
+def _same_shape(stage: str, layer_id: int, before: PrefillState, after: object) -> PrefillState:
+    if not isinstance(after, PrefillState) or after.x_hc.shape != before.x_hc.shape:
+        got = type(after).__name__ if not isinstance(after, PrefillState) else list(after.x_hc.shape)
+        raise ContractInputError(f"{stage} layer", (layer_id,), f"a PrefillState of the {stage} stream's shape "
+                                 f"{list(before.x_hc.shape)}", got, "MD-20")
+    return after
+
+
+def run_prefill_encoder(state: PrefillState, query_start_loc: torch.Tensor, run_layer, *,
+                        config: V41Config = FLASH) -> PrefillState:
+    """The CED encoder: ``run_layer(planned_layer, state)`` for every encoder layer (0..19) in order, on every
+    packed row; a layer must keep the stream's shape; at least one row. Spec: MD-20."""
+    rows = int(torch.as_tensor(query_start_loc)[-1])
+    if state.num_tokens != rows:
+        raise ContractInputError("x_hc", None, f"{rows} rows (query_start_loc[-1])", state.num_tokens, "MD-20")
+    if rows == 0:
+        raise ContractInputError("x_hc", None, "at least one active row for the encoder", 0, "MD-20")
+    for layer in prefill_layer_plan(config):
+        if layer.stage == "encoder":
+            state = _same_shape("encoder", layer.layer_id, state, run_layer(layer, state))
+    return state
+
+
+def run_prefill_decoder(encoder_state: PrefillState, query_start_loc: torch.Tensor, position_ids: torch.Tensor,
+                        token_to_req_indices: torch.Tensor, kv_seq_lens: torch.Tensor,
+                        window_block_table: torch.Tensor, publish_global, run_layer, *,
+                        cached_tail: PrefillState | None = None, cached_tail_starts: torch.Tensor | None = None,
+                        window: int = FLASH.sliding_window, block_size: int = FLASH.block_size,
+                        config: V41Config = FLASH) -> tuple[PrefillState, DecoderReplay]:
+    """The CED decoder: first ``publish_global(planned_layer, encoder_state)`` for the publishing layer (20)
+    on every new encoder row, then ``run_layer(planned_layer, state, replay)`` for every decoder layer (20..39)
+    in order on the replay rows only (cached tails ++ new rows gathered by the replay's source rows); a layer
+    must keep the replay shape; the replay needs at least one row. Returns the final replay stream and the
+    replay. Spec: MD-18, MD-20."""
+    rows = int(torch.as_tensor(query_start_loc)[-1])
+    if encoder_state.num_tokens != rows:
+        raise ContractInputError("x_hc", None, f"{rows} rows (query_start_loc[-1])", encoder_state.num_tokens,
+                                 "MD-20")
+    if (cached_tail is None) != (cached_tail_starts is None):
+        raise ContractInputError("cached_tail", None, "a cached tail state and its starts together", "one of them",
+                                 "MD-18")
+    if cached_tail is not None and cached_tail.num_tokens != int(torch.as_tensor(cached_tail_starts)[-1]):
+        raise ContractInputError("cached_tail", None, f"{int(torch.as_tensor(cached_tail_starts)[-1])} rows "
+                                 "(its starts cover the packed tails)", cached_tail.num_tokens, "MD-18")
+    replay = select_decoder_replay(query_start_loc, position_ids, token_to_req_indices, kv_seq_lens,
+                                   window_block_table, window=window, block_size=block_size,
+                                   cached_tail_starts=cached_tail_starts)
+    if replay.source_rows.numel() == 0:
+        raise ContractInputError("decoder replay", None, "at least one active row for the decoder", 0, "MD-20")
+    plan = [layer for layer in prefill_layer_plan(config) if layer.stage == "decoder"]
+    for layer in plan:
+        if layer.publishes_global:
+            publish_global(layer, encoder_state)
+    combined = encoder_state if cached_tail is None else cached_tail.cat(encoder_state)
+    state = combined.take_rows(replay.source_rows)
+    for layer in plan:
+        state = _same_shape("decoder", layer.layer_id, state, run_layer(layer, state, replay))
+    return state, replay
+
+
+class CedProgress:
+    """What a CED run has done so far, and the inputs its attention may take: the decoder's global and index
+    caches must be published (by the publishing layer, both caches) before any decoder layer's attention;
+    attention inputs are the stage's normalized FP32 rows [T, D]; in the ``fp32`` precision path every cache
+    the attention reads stays FP32; Engram layers need hash ids for every row. Spec: MD-23, AP-16."""
+
+    def __init__(self, context: PrefillContext, *, config: V41Config = FLASH) -> None:
+        self.context, self.config = context, config
+        self.published = False
+
+    def publish(self, layer_id: int, compressed: torch.Tensor | None, index: torch.Tensor | None) -> None:
+        if layer_id != self.config.candidate_source_layer_id:
+            raise ContractInputError("publish layer_id", None, f"{self.config.candidate_source_layer_id} (the only "
+                                     "global publisher)", layer_id, "MD-23")
+        if compressed is None or index is None:
+            raise ContractInputError("publish", (layer_id,), "both the global compressed and the index caches",
+                                     "compressed" if index is None else "index" if compressed is not None else
+                                     "neither", "MD-23")
+        self.published = True
+
+    def check_attention(self, layer_id: int, x: torch.Tensor, rows: int, *, caches: dict | None = None,
+                        hash_ids: torch.Tensor | None = None) -> None:
+        if layer_id >= self.config.candidate_source_layer_id and not self.published:
+            raise ContractInputError("attention", (layer_id,), "publish final encoder rows before decoder "
+                                     "attention", "no publication yet", "MD-23")
+        d = self.config.hidden_size
+        if tuple(x.shape) != (rows, d) or x.dtype != torch.float32:
+            raise ContractInputError("attention input", (layer_id,), f"normalized FP32 rows [{rows}, {d}]",
+                                     f"{list(x.shape)} {x.dtype}", "MD-23")
+        if self.context.precision == "fp32":
+            for name, cache in (caches or {}).items():
+                if cache is not None and cache.dtype != torch.float32:
+                    raise ContractInputError(f"{name} cache", (layer_id,), "float32 (the FP32 attention path keeps "
+                                             "its cache state FP32)", cache.dtype, "AP-16")
+        check_engram_inputs(layer_id, hash_ids, rows, config=self.config)

@@ -300,6 +300,7 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
     Binding("greedy_pick", "not bound", f"{FLASH}/lm_head.py (sampled ids)", "@pl.jit.inline", note=PENDING_13),
     Binding("decoder_replay", "host", f"{FLASH}/metadata.py::select_decoder_replay (prefill_decoder.py)",
             "host Python"),
+    Binding("encoder_replay", "host", f"{FLASH}/prefill_encoder.py::select_encoder_replay", "host Python"),
     Binding("decode_block", "composition", f"{FLASH}/decode_layer.py (golden_decode_layer; the device entry "
             "chains the mHC, attention and MoE entries)", "composition",
             note="composed from the operators this backend binds (hc_mixes, hc_pre, hc_post, moe_gate, "

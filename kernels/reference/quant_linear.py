@@ -4,6 +4,9 @@ reads, the MXFP8 linear with its output dtype, and the official CED quantized li
 * ``pack_mx_b_scale`` / ``unpack_mx_b_scale``: logical weight scales [..., K/32, N] (one E8M0 code per 32
   input rows and output column) <-> the MX_B_NN physical order: the output columns in blocks of 16, and within
   a block the k-groups in pairs, each column's two scales adjacent. Needs an even K-group count and N % 16 == 0.
+* ``pack_mx_a_scale`` / ``unpack_mx_a_scale``: logical activation scales [M, K/32] (one code per row and 32
+  inputs) <-> the MX_A_ZZ physical order: the rows in blocks of 16, and within a block the k-groups in pairs,
+  pair-major, each row's two scales adjacent. Needs M % 16 == 0 and an even K-group count.
 * ``mx_linear``: x quantized to MXFP8 per 32 inputs (rule ``ced_mxfp8``), times the decoded weight [K, N]
   accumulated in FP64 and rounded once to FP32; the result is kept as the FP32 partial when
   ``output_dtype=float32`` and rounded to BF16 otherwise (the default).
@@ -12,7 +15,7 @@ reads, the MXFP8 linear with its output dtype, and the official CED quantized li
   computed exactly and rounded to FP32, the partials are added **sequentially in FP32**, group by group, and the
   total is rounded to BF16 once.
 
-Spec: §2.2 (MX codecs); upstream_checks CQ-15, CQ-16, CQ-18.
+Spec: §2.2 (MX codecs); upstream_checks CQ-15 (both scale layouts), CQ-16, CQ-18.
 """
 
 from __future__ import annotations
@@ -48,6 +51,27 @@ def unpack_mx_b_scale(packed: torch.Tensor) -> torch.Tensor:
     d = len(lead)
     blocks = packed.reshape(*lead, n // 16, groups // 2, 16, 2)
     return blocks.permute(*range(d), d + 1, d + 3, d, d + 2).contiguous().reshape(*lead, groups, n)
+
+
+def _check_a(scale: torch.Tensor) -> tuple[int, int]:
+    if scale.ndim != 2 or scale.shape[0] % 16 or scale.shape[1] % 2:
+        raise ContractInputError("scale", None, "[M, K/32] with M % 16 == 0 and an even K-group count",
+                                 list(scale.shape), "CQ-15")
+    return scale.shape[0], scale.shape[1]
+
+
+def pack_mx_a_scale(scale: torch.Tensor) -> torch.Tensor:
+    """Logical [M, K/32] -> MX_A_ZZ physical order (same shape). Spec: CQ-15."""
+    m, groups = _check_a(scale)
+    blocks = scale.reshape(m // 16, 16, groups // 2, 2)
+    return blocks.transpose(1, 2).contiguous().reshape(m, groups)
+
+
+def unpack_mx_a_scale(packed: torch.Tensor) -> torch.Tensor:
+    """MX_A_ZZ physical order -> logical [M, K/32]. Spec: CQ-15."""
+    m, groups = _check_a(packed)
+    blocks = packed.reshape(m // 16, groups // 2, 16, 2)
+    return blocks.transpose(1, 2).contiguous().reshape(m, groups)
 
 
 def mx_linear(x: torch.Tensor, weight: torch.Tensor, *, output_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
