@@ -375,3 +375,43 @@ def test_decoder_attention_waits_for_the_publication_and_takes_fp32_rows():
     with pytest.raises(ContractInputError, match="hash ids for every one of the 3 token rows"):
         run.check_attention(1, x, 3)
     run.check_attention(1, x, 3, hash_ids=torch.zeros(3, 2))
+
+
+@pytest.mark.parametrize("name", ["multi_1k", "causal", "mixed", "long"])
+def test_the_named_c1a_cases_hold_upstreams_rows(name):
+    """Each named case's rows and lengths are upstream's (multi_1k: 3 requests at 1024; causal: 1..64 in one
+    request; mixed: 1, 2, 3 | 127, 128 | 511, 512, 513; long: 1024, 4096, 8192), and every row's slot, window
+    rows (the last min(len, 128), oldest first, then -1), compressed rows (the first min(len, 512)) and
+    candidate mask equal an independent walk of the request-major block table. Spec: MD-31."""
+    from kernels.prefill_plan import c1a_case
+
+    want = {"multi_1k": ([0, 1, 2], [1024] * 3), "causal": ([0] * 64, list(range(1, 65))),
+            "mixed": ([0, 0, 0, 1, 1, 2, 2, 2], [1, 2, 3, 127, 128, 511, 512, 513]),
+            "long": ([0, 1, 2], [1024, 4096, 8192])}[name]
+    case = c1a_case(name)
+    assert (case.request_ids.tolist(), case.compressed_lens.tolist()) == want
+    page, topk = FLASH.block_size, FLASH.index_topk
+    pages = -(-max(want[1]) // page)
+    assert case.block_table.tolist() == [[r * pages + p for p in range(pages)] for r in range(max(want[0]) + 1)]
+    for t, (r, n) in enumerate(zip(*want)):
+        phys = [(r * pages + q // page) * page + q % page for q in range(n)]
+        w = phys[max(0, n - page):]
+        assert case.window_indices[t].tolist() == w + [-1] * (page - len(w)), f"window_indices row {t}"
+        c = phys[:topk]
+        assert case.compressed_indices[t].tolist() == c + [-1] * (topk - len(c)), f"compressed_indices row {t}"
+        assert int(case.slots[t]) == phys[-1] and int(case.candidate_mask[t].sum()) == n == \
+            int(case.candidate_mask[t, :n].sum()), f"row {t}"
+
+
+def test_an_unknown_c1a_case_or_causal_length_is_refused():
+    """An unknown name lists the four; causal takes 1..128 rows (bools refused). Spec: MD-31."""
+    from kernels.prefill_plan import c1a_case
+
+    assert c1a_case("causal", 1).compressed_lens.tolist() == [1]
+    assert c1a_case("causal", 128).window_indices[127, -1].item() == 127
+    with pytest.raises(ContractInputError, match=r"case: expected one of \('multi_1k', 'causal', 'mixed', "
+                                                 r"'long'\), got 'multi_2k'"):
+        c1a_case("multi_2k")
+    for bad in (0, 129, True):
+        with pytest.raises(ContractInputError, match=r"tokens: expected an int in \[1, 128\]"):
+            c1a_case("causal", bad)

@@ -462,3 +462,63 @@ class CedProgress:
                     raise ContractInputError(f"{name} cache", (layer_id,), "float32 (the FP32 attention path keeps "
                                              "its cache state FP32)", cache.dtype, "AP-16")
         check_engram_inputs(layer_id, hash_ids, rows, config=self.config)
+
+
+C1A_CASES = ("multi_1k", "causal", "mixed", "long")
+C1A_CASE_MAX_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class C1ACase:
+    """One named prefill C1A case: per token row its request and visible length (compressed_lens = position + 1),
+    the block table (request-major pages), each row's own slot, its window rows (the last min(visible, page)
+    visible rows, oldest first, then -1), its compressed rows (the first min(visible, index_topk)) and its
+    candidate mask (the visible rows)."""
+
+    name: str
+    request_ids: torch.Tensor  # [T] int32
+    compressed_lens: torch.Tensor  # [T] int32
+    block_table: torch.Tensor  # [B, P] int32
+    slots: torch.Tensor  # [T] int64
+    window_indices: torch.Tensor  # [T, page] int32
+    compressed_indices: torch.Tensor  # [T, index_topk] int32
+    candidate_mask: torch.Tensor  # [T, P * page] uint8
+
+
+def c1a_case(name: str, tokens: int = 64, *, config: V41Config = FLASH) -> C1ACase:
+    """Upstream's prefill C1A cases, selectable by name: ``multi_1k`` (3 requests, one row each at 1024 visible
+    rows), ``causal`` (one request, ``tokens`` rows seeing 1..tokens, tokens in [1, 128]), ``mixed`` (lens 1, 2,
+    3 | 127, 128 | 511, 512, 513 over 3 requests), ``long`` (1024, 4096, 8192). Any other name is an error
+    listing them. Spec: upstream_checks MD-31."""
+    if name == "multi_1k":
+        requests, lens = [0, 1, 2], [1024] * 3
+    elif name == "causal":
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= C1A_CASE_MAX_TOKENS:
+            raise ContractInputError("tokens", None, f"an int in [1, {C1A_CASE_MAX_TOKENS}] for case 'causal'",
+                                     repr(tokens), "MD-31")
+        requests, lens = [0] * tokens, list(range(1, tokens + 1))
+    elif name == "mixed":
+        requests, lens = [0, 0, 0, 1, 1, 2, 2, 2], [1, 2, 3, 127, 128, 511, 512, 513]
+    elif name == "long":
+        requests, lens = [0, 1, 2], [1024, 4096, 8192]
+    else:
+        raise ContractInputError("case", None, f"one of {C1A_CASES}", repr(name), "MD-31")
+    page, topk = config.block_size, config.index_topk
+    req = torch.tensor(requests, dtype=torch.int64)
+    visible = torch.tensor(lens, dtype=torch.int64)
+    pages = -(-max(lens) // page)
+    table = torch.arange((max(requests) + 1) * pages, dtype=torch.int64).reshape(-1, pages)
+    rows = visible.numel()
+    window = torch.full((rows, page), -1, dtype=torch.int64)
+    compressed = torch.full((rows, topk), -1, dtype=torch.int64)
+    mask = torch.zeros(rows, pages * page, dtype=torch.uint8)
+    for t in range(rows):
+        n = int(visible[t])
+        physical = paged_slots(torch.arange(n), req[t].expand(n), table, block_size=page, field="block_table")
+        w, c = min(n, page), min(n, topk)
+        window[t, :w] = physical[n - w:]
+        compressed[t, :c] = physical[:c]
+        mask[t, :n] = 1
+    slots = paged_slots(visible - 1, req, table, block_size=page, field="block_table")
+    return C1ACase(name, req.to(torch.int32), visible.to(torch.int32), table.to(torch.int32), slots,
+                   window.to(torch.int32), compressed.to(torch.int32), mask)
