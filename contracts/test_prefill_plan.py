@@ -415,3 +415,21 @@ def test_an_unknown_c1a_case_or_causal_length_is_refused():
     for bad in (0, 129, True):
         with pytest.raises(ContractInputError, match=r"tokens: expected an int in \[1, 128\]"):
             c1a_case("causal", bad)
+
+
+def test_only_the_last_capacity_rows_of_a_request_own_ring_slots():
+    """Capacity 4, prompts of 3 and 10 rows: request 0's rows take slots 0, 1, 2; request 1's first 6 rows
+    none (-1), its last 4 (positions 6..9) slots 4 + position % 4 = 6, 7, 4, 5 -- neither the first 4 rows nor
+    the unwrapped position. At FLASH capacity a 129-row prompt gives its first row -1. Spec: CS-19."""
+    from kernels.prefill_plan import ced_state_slots
+
+    starts = torch.tensor([0, 3, 13])
+    positions = torch.cat((torch.arange(3), torch.arange(10)))
+    slots = ced_state_slots(starts, positions, state_capacity=4)
+    assert slots.tolist() == [0, 1, 2] + [-1] * 6 + [6, 7, 4, 5], f"state slots {slots.tolist()}"
+    assert slots.dtype == torch.int32
+    cap = FLASH.state_capacity
+    long = ced_state_slots(torch.tensor([0, cap + 1]), torch.arange(cap + 1))
+    assert long[0].item() == -1 and long[1:].tolist() == [p % cap for p in range(1, cap + 1)]
+    with pytest.raises(ContractInputError, match="position_ids"):
+        ced_state_slots(starts, positions[:-1], state_capacity=4)

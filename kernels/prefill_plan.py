@@ -522,3 +522,20 @@ def c1a_case(name: str, tokens: int = 64, *, config: V41Config = FLASH) -> C1ACa
     slots = paged_slots(visible - 1, req, table, block_size=page, field="block_table")
     return C1ACase(name, req.to(torch.int32), visible.to(torch.int32), table.to(torch.int32), slots,
                    window.to(torch.int32), compressed.to(torch.int32), mask)
+
+
+def ced_state_slots(query_start_loc: torch.Tensor, position_ids: torch.Tensor, *,
+                    state_capacity: int = FLASH.state_capacity) -> torch.Tensor:
+    """The resident CED's compressor ring slots of the packed rows: only each request's last ``state_capacity``
+    rows own a slot, request · capacity + position % capacity; every earlier row -1. Spec: upstream_checks
+    CS-19."""
+    starts = _spans(query_start_loc, "query_start_loc", "CS-19")
+    if position_ids.ndim != 1 or position_ids.numel() != int(starts[-1]):
+        raise ContractInputError("position_ids", None, f"[{int(starts[-1])}] (the packed rows)",
+                                 list(position_ids.shape), "CS-19")
+    slots = torch.full((position_ids.numel(),), -1, dtype=torch.int32)
+    for b in range(starts.numel() - 1):
+        first, last = max(int(starts[b]), int(starts[b + 1]) - state_capacity), int(starts[b + 1])
+        slots[first:last] = (b * state_capacity + position_ids[first:last].to(torch.int64) % state_capacity).to(
+            torch.int32)
+    return slots
