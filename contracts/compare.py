@@ -145,6 +145,8 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "logits": {"atol": precision.LOGITS_TOL[0], "rtol": precision.LOGITS_TOL[1], "quota": 0.0},
     "greedy": {},
     "ffn_input": {"atol": precision.HC_OUT_TOL[0], "rtol": precision.HC_OUT_TOL[1]},
+    "bf16_stage": {"atol": precision.BF16_STAGE_TOL[0], "rtol": precision.BF16_STAGE_TOL[1],
+                   "row_rel_l2": precision.BF16_STAGE_ROW_BUDGET},
 }
 
 def hc_mix(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
@@ -172,6 +174,15 @@ def hc_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
         return bad
     atol, rtol = precision.HC_OUT_TOL
     return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, name=name)
+
+
+def bf16_stage(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """A BF16-ending stage (the collapsed attention input): ratio_allclose(1e-4, 1/128), then every token row
+    within 2^-8 relative L2 (AP-14)."""
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    return precision.check_bf16_stage(a.float(), e.float(), name=name)
 
 
 def _router_scores(ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
@@ -291,7 +302,7 @@ def half_layer(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
 COMPARATORS: dict[str, Comparator] = {
     "exact": exact, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
-    "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out,
+    "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out, "bf16_stage": bf16_stage,
     "gate_ids": gate_ids, "gate_weights": gate_weights, "moe_out": moe_out, "logits": logits, "greedy": greedy,
     "ffn_input": ffn_input,
 }

@@ -343,6 +343,114 @@ def test_ratio_allclose_elementwise_bound_and_quota():
     assert not check_ratio_allclose(_nan_at(e.reshape(1, -1), math.nan), e.reshape(1, -1), atol=1.0, rtol=1.0).ok
 
 
+def test_ratio_allclose_counts_active_elements_and_needs_a_zero_tail():
+    """Upstream's prefill SWA+mHC vectors (atol = rtol = 1e-2, 1 % of ACTIVE elements): 10 rows x 100 active
+    with 10 bad elements pass, 11 fail; 5 rows x 100 with 5 bad pass, 6 fail -- although padding rows would
+    dilute the quota if counted; NaN fails; a padding row 1e-5 off fails with zero_tail and names the row.
+    Spec: AP-13, CH-20."""
+    from contracts.checks.precision import comparator
+
+    judge = comparator("prefill_swa_mhc")
+    for rows, quota in ((10, 10), (5, 5)):
+        e = torch.ones(rows + 6, 100, dtype=F64)
+        e[rows:] = 0
+        a = e.clone()
+        a.view(-1)[:quota] += 1.0
+        assert judge(a, e, valid_rows=rows).ok, (rows, quota)
+        a.view(-1)[quota] += 1.0
+        result = judge(a, e, valid_rows=rows)
+        assert not result.ok and result.n_checked == rows * 100, (rows, result)
+        assert check_ratio_allclose(a, e, atol=1e-2, rtol=1e-2, max_error_ratio=0.01).ok, \
+            "counting the padding rows would have let it pass: the inputs separate the two quotas"
+    e = torch.ones(4, 8, dtype=F64)
+    e[3] = 0
+    dirty = e.clone()
+    dirty[3, 5] = 1e-5
+    result = judge(dirty, e, valid_rows=3)
+    assert not result.ok and result.worst.index == (3, 5) and "padding row" in result.worst.field
+    assert check_ratio_allclose(dirty, e, atol=1e-2, rtol=1e-2, valid_rows=3).ok, "without zero_tail"
+    assert not judge(_nan_at(e, math.nan), e, valid_rows=3).ok
+    assert not check_ratio_allclose(e, e, atol=0, rtol=0, valid_rows=5).ok
+
+
+def test_the_bf16_stage_budget_fails_one_row_just_over_2_to_the_minus_8():
+    """A row whose relative L2 error is 2^-8 (1 + 1e-6) fails among good rows while every element stays inside
+    ratio_allclose(1e-4, 1/128); the same row at 2^-8 (1 - 1e-6) passes; the failure names the row. Spec:
+    AP-14."""
+    from contracts.checks.precision import check_bf16_stage, check_row_budget
+
+    e = torch.ones(3, 256, dtype=F64)
+    for f, want in ((1 - 1e-6, True), (1 + 1e-6, False)):
+        a = e.clone()
+        a[1] += f * 2.0**-8
+        assert check_ratio_allclose(a, e, atol=1e-4, rtol=1 / 128).ok, "elementwise rule alone passes"
+        result = check_bf16_stage(a, e)
+        assert result.ok is want, (f, result)
+        if not want:
+            assert result.worst.index == (1,) and result.spec == "AP-14"
+    assert not check_row_budget(_nan_at(e, math.nan), e).ok
+    zero = torch.zeros(2, 4, dtype=F64)
+    assert check_row_budget(zero, zero).ok and not check_row_budget(zero + 1e-30, zero).ok
+
+
+def test_the_ced_metrics_fail_just_outside_each_clause():
+    """Global relative L2 0.02 and worst-row relative L2 0.05, each just inside passes and just outside fails
+    (a single row at 0.05 keeps the global error under 0.02 when the output has many rows); non-finite fails.
+    Spec: AP-15."""
+    from contracts.checks.precision import check_ced_metrics
+
+    e = torch.ones(100, 64, dtype=F64)
+    for f, want in ((1 - 1e-6, True), (1 + 1e-6, False)):
+        uniform = e + f * 0.02
+        assert check_ced_metrics(uniform, e).ok is want, ("global", f)
+        one_row = e.clone()
+        one_row[7] += f * 0.05
+        result = check_ced_metrics(one_row, e)
+        assert result.ok is want, ("row", f)
+        if not want:
+            assert result.worst.index == (7,) and result.check == "check_ced_metrics"
+    assert not check_ced_metrics(_nan_at(e, math.inf), e).ok
+
+
+def test_the_decode_common_pre_mix_variant_stays_selectable():
+    """The mHC coefficient rule is ratio_allclose(2.5e-5, 5e-3); decode_common's attention_pre_mix compare uses
+    (1e-4, 1e-4). An error of 5e-5 on a coefficient of 1e-3 fails the first and passes the second; an error of
+    2e-4 on a coefficient of 0.5 passes the first and fails the second. Spec: HC-07."""
+    from contracts.checks.precision import HC_MIX_TOL_VARIANTS
+
+    current, common = HC_MIX_TOL_VARIANTS["hc_mixes"], HC_MIX_TOL_VARIANTS["decode_common_attention_pre_mix"]
+    e = torch.tensor([[1e-3, 0.5]], dtype=F64)
+    small = e + torch.tensor([[5e-5, 0.0]], dtype=F64)
+    big = e + torch.tensor([[0.0, 2e-4]], dtype=F64)
+    rule = lambda a, tol: check_ratio_allclose(a, e, atol=tol[0], rtol=tol[1], max_error_ratio=0.0).ok  # noqa: E731
+    assert (rule(small, current), rule(small, common)) == (False, True)
+    assert (rule(big, current), rule(big, common)) == (True, False)
+
+
+def test_the_mxfp8_activation_is_judged_by_value_not_bytes():
+    """A payload doubled under a scale one code smaller is the same value and passes (a byte comparison would
+    fail); a value 2e-3 + 2e-3·|e| (1 + 1e-3) away fails and names the element and both scale codes; code 255
+    fails; a wrong layout fails. Spec: CQ-25."""
+    from contracts.checks.precision import check_mxfp8_activation
+
+    values = torch.tensor([[0.5, -1.25, 3.0, 0.0] * 8])
+    payload, scale = values.to(torch.float8_e4m3fn), torch.full((1, 1), 127, dtype=torch.uint8)
+    twin = (values * 2).to(torch.float8_e4m3fn)
+    assert check_mxfp8_activation(twin, scale - 1, payload, scale).ok
+    assert not torch.equal(twin.view(torch.uint8), payload.view(torch.uint8))
+    off = (values + torch.tensor([[0.0, 0.0, 0.25, 0.0] * 8])).to(torch.float8_e4m3fn)  # 3.0 -> 3.25
+    result = check_mxfp8_activation(off, scale, payload, scale)
+    assert not result.ok and result.worst.index == (0, 2) and "scale codes 127 vs 127" in result.worst.note
+    assert not check_mxfp8_activation(payload, torch.full((1, 1), 255, dtype=torch.uint8), payload, scale).ok
+    assert not check_mxfp8_activation(payload, scale.to(torch.int32), payload, scale).ok
+    # the bound on the payload grid: under scale 2^-16 the expected 256 (0.0039) allows 2e-3 + 7.8e-6; 384 is
+    # 1.95e-3 away and passes, 416 (the next payload) 2.44e-3 away and fails
+    fine = torch.full((1, 1), 111, dtype=torch.uint8)
+    grid = lambda v: torch.tensor([[v] + [0.0] * 31]).to(torch.float8_e4m3fn)  # noqa: E731
+    assert check_mxfp8_activation(grid(384.0), fine, grid(256.0), fine).ok
+    assert not check_mxfp8_activation(grid(416.0), fine, grid(256.0), fine).ok
+
+
 @pytest.mark.parametrize("fmt, budget", [("mxfp8", 0.01), ("mxfp4", 0.04)])
 def test_quantized_cache_value_budget_and_bytes(fmt, budget):
     """Mapped rows decoded within the format's relative L2 (MXFP8 1 %, MXFP4 4 %); unmapped payload and

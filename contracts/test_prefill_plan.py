@@ -201,9 +201,9 @@ def _resumed(lengths, prefixes, *, block=4, seed=0):
     """Packed metadata of new rows after cached prefixes (positions continue each prefix)."""
     g = torch.Generator().manual_seed(seed)
     starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    positions = torch.cat([torch.arange(p, p + n) for n, p in zip(lengths, prefixes)]).to(torch.int32)
+    positions = torch.cat([torch.arange(p, p + n) for n, p in zip(lengths, prefixes, strict=True)]).to(torch.int32)
     requests = torch.cat([torch.full((n,), b) for b, n in enumerate(lengths)]).to(torch.int32)
-    pages = max(1, -(-max(n + p for n, p in zip(lengths, prefixes)) // block))
+    pages = max(1, -(-max(n + p for n, p in zip(lengths, prefixes, strict=True)) // block))
     table = torch.randperm(len(lengths) * pages, generator=g).reshape(len(lengths), pages).to(torch.int32)
     return starts, positions, requests, torch.tensor(prefixes, dtype=torch.int32), table
 
@@ -393,7 +393,7 @@ def test_the_named_c1a_cases_hold_upstreams_rows(name):
     page, topk = FLASH.block_size, FLASH.index_topk
     pages = -(-max(want[1]) // page)
     assert case.block_table.tolist() == [[r * pages + p for p in range(pages)] for r in range(max(want[0]) + 1)]
-    for t, (r, n) in enumerate(zip(*want)):
+    for t, (r, n) in enumerate(zip(*want, strict=True)):
         phys = [(r * pages + q // page) * page + q % page for q in range(n)]
         w = phys[max(0, n - page):]
         assert case.window_indices[t].tolist() == w + [-1] * (page - len(w)), f"window_indices row {t}"

@@ -561,7 +561,7 @@ def _build_cases() -> dict[str, Case]:
                       "with a 2-row zero tail, a large and a sparse row, the collapsed input, the expanded "
                       "streams and the head", ("replicated",), ("kernels.reference.mhc",), _mhc_build,
                       lambda i, w: _mhc_call(mhc_ops.__getitem__, i), lambda b, i, w: _mhc_call(b.get, i),
-                      lambda w: {"pre": "hc_mix", "post": "hc_mix", "residual": "hc_mix", "collapsed": "hc_out",
+                      lambda w: {"pre": "hc_mix", "post": "hc_mix", "residual": "hc_mix", "collapsed": "bf16_stage",
                                  "expanded": "hc_out", "head": "hc_out"}))
     from kernels.reference import moe
 

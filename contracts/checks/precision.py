@@ -9,6 +9,7 @@ Spec: §6 (comparator table), §7.1 (owner rows), upstream_checks §15 C-4 (vari
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -232,9 +233,12 @@ def check_output_budget(actual: torch.Tensor, expected: torch.Tensor, *, budget:
 
 
 def check_ratio_allclose(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float,
-                         max_error_ratio: float = 0.005, name: str = "output") -> CheckResult:
+                         max_error_ratio: float = 0.005, valid_rows: int | None = None, zero_tail: bool = False,
+                         name: str = "output") -> CheckResult:
     """Older comparator: ``|a-e| <= atol + rtol*|e|`` with at most ``max_error_ratio`` of elements failing;
-    NaN/Inf always fail. Spec: §6 (`ratio_allclose`), upstream_checks §15 C-4.
+    NaN/Inf always fail. With ``valid_rows`` only the first ``valid_rows`` token rows (dim -2) are judged and the
+    quota counts their elements only; with ``zero_tail`` every later row of ``actual`` must be exactly zero.
+    Spec: §6 (`ratio_allclose`), upstream_checks §15 C-4, CH-20, AP-13.
     """
     check, spec = "check_ratio_allclose", "§6"
     problem = _pair_problem(check, spec, name, actual, expected)
@@ -242,6 +246,19 @@ def check_ratio_allclose(actual: torch.Tensor, expected: torch.Tensor, *, atol: 
         return problem
     a = actual.detach().cpu().to(torch.float64)
     e = expected.detach().cpu().to(torch.float64)
+    if valid_rows is not None:
+        rows = a.shape[-2] if a.ndim >= 2 else 0
+        if isinstance(valid_rows, bool) or not 0 <= valid_rows <= rows:
+            return failed(check, spec, 1, 1, Violation(f"{name}.valid_rows", (), valid_rows, f"0..{rows}"))
+        tail = a[..., valid_rows:, :]
+        if zero_tail and bool((tail != 0).any()):
+            where = (tail != 0).nonzero()[0].tolist()
+            where[-2] += valid_rows
+            n_pad = int((tail != 0).sum())
+            return failed(check, spec, tail.numel(), n_pad,
+                          Violation(f"{name} padding row", tuple(where), float(a[tuple(where)]), 0.0,
+                                    note=f"{n_pad} nonzero padding elements after the {valid_rows} valid rows"))
+        a, e = a[..., :valid_rows, :], e[..., :valid_rows, :]
     n = a.numel()
     nonfinite = ~torch.isfinite(a) | ~torch.isfinite(e)
     allowed = atol + rtol * e.abs()
@@ -257,6 +274,70 @@ def check_ratio_allclose(actual: torch.Tensor, expected: torch.Tensor, *, atol: 
     if bool(nonfinite.any()) or n_bad > max_error_ratio * n:
         return failed(check, spec, n, n_bad, worst)
     return passed(check, spec, n)
+
+
+# The BF16-ending stages (attention input, hc_post replay): on top of ratio_allclose(1e-4, 1/128), every token
+# row's relative L2 error within 2^-8 (one BF16 step). upstream_checks AP-14.
+BF16_STAGE_TOL = (1e-4, 1 / 128)
+BF16_STAGE_ROW_BUDGET = 2.0**-8
+
+
+def check_row_budget(actual: torch.Tensor, expected: torch.Tensor, *, budget: float = BF16_STAGE_ROW_BUDGET,
+                     name: str = "output") -> CheckResult:
+    """Every token row (the last dim is the row's width) has ||a - e|| <= budget · ||e||; the worst row is named
+    with its error. NaN/Inf fail. Spec: upstream_checks AP-14."""
+    check, spec = "check_row_budget", "AP-14"
+    problem = _pair_problem(check, spec, name, actual, expected)
+    if problem is not None:
+        return problem
+    a = actual.detach().cpu().to(torch.float64).reshape(-1, actual.shape[-1])
+    e = expected.detach().cpu().to(torch.float64).reshape(-1, actual.shape[-1])
+    err = (a - e).norm(dim=1).nan_to_num(nan=math.inf)
+    allowed = budget * e.norm(dim=1)
+    ratio = torch.where(allowed > 0, err / allowed.clamp_min(1e-300), torch.where(err > 0, math.inf, 0.0))
+    bad = (ratio > 1) | ~torch.isfinite(a).all(dim=1) | ~torch.isfinite(e).all(dim=1)
+    if not bool(bad.any()):
+        return passed(check, spec, a.shape[0])
+    row = int(torch.where(bad, ratio.nan_to_num(nan=math.inf), -1.0).argmax())
+    rel = float(err[row] / e[row].norm()) if float(e[row].norm()) > 0 else math.inf
+    return failed(check, spec, a.shape[0], int(bad.sum()),
+                  Violation(f"{name} row", _row_index(row, tuple(actual.shape[:-1])), rel, f"<= {budget:g}",
+                            budget, note="relative L2 error of the token row"))
+
+
+def check_bf16_stage(actual: torch.Tensor, expected: torch.Tensor, *, name: str = "output") -> CheckResult:
+    """A BF16-ending stage: ratio_allclose(1e-4, 1/128) and then every token row within 2^-8 relative L2.
+    Spec: upstream_checks AP-14."""
+    atol, rtol = BF16_STAGE_TOL
+    first = check_ratio_allclose(actual, expected, atol=atol, rtol=rtol, name=name)
+    return first if not first.ok else check_row_budget(actual, expected, name=name)
+
+
+# The resident CED metrics: relative L2 <= 0.02 over the output, worst token row relative L2 <= 0.05, finite.
+# upstream_checks AP-15.
+CED_REL_L2 = 0.02
+CED_WORST_ROW_L2 = 0.05
+
+
+def check_ced_metrics(actual: torch.Tensor, expected: torch.Tensor, *, name: str = "output") -> CheckResult:
+    """One resident-CED output (a stream, the final norm, logits or a cache): finite, global relative L2 <=
+    0.02, and the worst token row's relative L2 <= 0.05. Spec: upstream_checks AP-15."""
+    check, spec = "check_ced_metrics", "AP-15"
+    problem = _pair_problem(check, spec, name, actual, expected)
+    if problem is not None:
+        return problem
+    a = actual.detach().cpu().to(torch.float64)
+    e = expected.detach().cpu().to(torch.float64)
+    if not bool(torch.isfinite(a).all()):
+        idx = tuple(int(i) for i in (~torch.isfinite(a)).nonzero()[0])
+        return failed(check, spec, a.numel(), int((~torch.isfinite(a)).sum()),
+                      Violation(name, idx, float(a[idx]), "finite"))
+    global_rel = float((a - e).norm() / e.norm()) if float(e.norm()) > 0 else float((a - e).norm() > 0) * math.inf
+    if global_rel > CED_REL_L2:
+        return failed(check, spec, 1, 1, Violation(name, (), global_rel, f"<= {CED_REL_L2}", CED_REL_L2,
+                                                    note="global relative L2"))
+    worst_row = check_row_budget(actual, expected, budget=CED_WORST_ROW_L2, name=name)
+    return dataclasses.replace(worst_row, check=check, spec=spec)
 
 
 def check_active_split(actual: torch.Tensor, expected: torch.Tensor, num_tokens: int, *,
@@ -341,6 +422,10 @@ COMPARATORS: dict[str, Leaf] = {
     "fp8_budget": check_output_budget,  # decode SWA / C2A
     "ratio_allclose_c1a_decode": lambda a, e, **kw: check_ratio_allclose(
         a, e, atol=1e-2, rtol=1e-2, max_error_ratio=0.01, **kw),  # older decode C1A rule
+    "prefill_swa_mhc": lambda a, e, *, valid_rows, **kw: check_ratio_allclose(
+        a, e, atol=1e-2, rtol=1e-2, max_error_ratio=0.01, valid_rows=valid_rows, zero_tail=True, **kw),  # AP-13
+    "bf16_stage": check_bf16_stage,  # AP-14
+    "ced_metrics": check_ced_metrics,  # AP-15
 }
 
 
@@ -355,6 +440,8 @@ def comparator(name: str) -> Leaf:
 # mHC budgets (ratio_allclose atol, rtol): the coefficients (pre / post / residual mixes) and the collapsed /
 # expanded / head outputs. Spec: upstream_checks HC-07, HC-08.
 HC_MIX_TOL = (2.5e-5, 5e-3)
+# decode_common's attention_pre_mix compare uses 1e-4 / 1e-4 instead; kept selectable by name (HC-07).
+HC_MIX_TOL_VARIANTS = {"hc_mixes": HC_MIX_TOL, "decode_common_attention_pre_mix": (1e-4, 1e-4)}
 HC_OUT_TOL = (1e-4, 1 / 128)
 
 
@@ -399,3 +486,43 @@ def check_greedy(ids: torch.Tensor, logits: torch.Tensor, *, name: str = "ids") 
                       Violation(f"{name} row", (t,), int(ids[t]), int(first[t]),
                                 note=f"the first maximum of row {t} (value {float(best[t, 0]):.6g})"))
     return passed(check, spec, ids.numel())
+
+
+# The gate's MXFP8 activation: judged by dequantized value, so equivalent (payload, scale) pairs -- a payload
+# twice as large under a scale one code smaller -- pass. upstream_checks CQ-25.
+MXFP8_ACTIVATION_TOL = (2e-3, 2e-3)
+
+
+def check_mxfp8_activation(payload: torch.Tensor, scale: torch.Tensor, expected_payload: torch.Tensor,
+                           expected_scale: torch.Tensor, *, group: int = 32,
+                           name: str = "activation") -> CheckResult:
+    """MXFP8 payloads [..., K] (float8_e4m3fn) with E8M0 scale codes [..., K/group] (uint8) compared by their
+    decoded values: |a - e| <= 2e-3 + 2e-3·|e| on every element, no quota; code 255 (NaN) or a non-finite value
+    fails. Spec: upstream_checks CQ-25."""
+    check, spec = "check_mxfp8_activation", "CQ-25"
+    for what, p, s in (("actual", payload, scale), ("expected", expected_payload, expected_scale)):
+        if p.dtype != torch.float8_e4m3fn or s.dtype != torch.uint8 or p.shape[-1] != s.shape[-1] * group or \
+                p.shape[:-1] != s.shape[:-1]:
+            return failed(check, spec, 1, 1, Violation(f"{name}.{what} layout", (), f"{p.dtype}{list(p.shape)} / "
+                                                       f"{s.dtype}{list(s.shape)}", f"float8_e4m3fn [..., K] with "
+                                                       f"uint8 E8M0 codes [..., K/{group}]"))
+    if payload.shape != expected_payload.shape:
+        return failed(check, spec, 1, 1, Violation(f"{name}.shape", (), list(payload.shape),
+                                                   list(expected_payload.shape)))
+
+    def decode(p: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        factor = torch.where(s == 255, math.nan, torch.exp2(s.to(torch.float64) - 127))
+        return (p.to(torch.float64).unflatten(-1, (-1, group)) * factor[..., None]).flatten(-2)
+
+    atol, rtol = MXFP8_ACTIVATION_TOL
+    a, e = decode(payload, scale), decode(expected_payload, expected_scale)
+    allowed = atol + rtol * e.abs()
+    excess = ((a - e).abs() - allowed).nan_to_num(nan=math.inf)
+    bad = excess > 0
+    if not bool(bad.any()):
+        return passed(check, spec, a.numel())
+    idx = tuple(int(i) for i in torch.unravel_index(excess.flatten().argmax(), a.shape))
+    return failed(check, spec, a.numel(), int(bad.sum()),
+                  Violation(name, idx, float(a[idx]), float(e[idx]), float(allowed[idx]),
+                            note=f"decoded values; scale codes {int(scale[idx[:-1] + (idx[-1] // group,)])} vs "
+                                 f"{int(expected_scale[idx[:-1] + (idx[-1] // group,)])}"))
