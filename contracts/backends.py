@@ -98,6 +98,8 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "x_hc [T, hc, D]: the clamped ids' rows in every stream", "§1"),
         OperatorSpec("lm_head", "(hidden [T,D] BF16, weight [vocab,D], *, tp=1)",
                      "list of tp FP32 logit shards [T, vocab/tp] in rank order", "§1"),
+        OperatorSpec("final_norm", "(hidden [T,D], weight [D], *, config)",
+                     "[T, D] BF16: FP32 RMSNorm times the weight, one BF16 rounding", "§1"),
         OperatorSpec("greedy_pick", "(logits [T,vocab])", "[T] INT32: first id of each row's maximum", "§1"),
         OperatorSpec("decoder_replay", "(query_start_loc [B+1], position_ids [T], token_to_req_indices [T], "
                      "kv_seq_lens [B], window_block_table [B,P], *, window, block_size, cached_tail_starts=None)",
@@ -258,6 +260,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "hc_pre": ("kernels.reference.mhc", "hc_pre"),
     "hc_post": ("kernels.reference.mhc", "hc_post"),
     "hc_head": ("kernels.reference.mhc", "hc_head"),
+    "final_norm": ("kernels.reference.lm_head", "final_norm"),
     "moe_gate": ("kernels.reference.moe", "moe_gate"),
     "moe_expert": ("kernels.reference.moe", "moe_expert"),
     "moe_ep": ("kernels.reference.moe", "moe_ep"),

@@ -4,7 +4,9 @@ errors, every logit against the reference (AP-17, no outlier allowance), shards 
 unsharded logits, greedy ids that are the first maximum of the logits they come from (AP-18), clamped ids
 read bit-exact rows (CQ-26), and the comparators shown failing just outside their bounds.
 
-Spec: §1; upstream_checks SC-23, AP-17, AP-18, CQ-26.
+The boundary chain embed_pack -> hc_head -> final_norm with the backbone skipped (AP-19).
+
+Spec: §1; upstream_checks SC-23, AP-17, AP-18, AP-19, CQ-26.
 """
 
 from __future__ import annotations
@@ -162,3 +164,37 @@ def test_the_boundary_operators_refuse_bad_calls(backend):
 
 def test_a_single_column_of_logits_picks_id_zero(backend):
     assert op(backend, "greedy_pick")(torch.tensor([[3.0], [-1.0]])).tolist() == [0, 0]
+
+
+def test_the_boundary_chain_embeds_collapses_and_normalizes(backend):
+    """embed_pack -> hc_head -> final_norm with the backbone skipped (upstream's id set, two ids past the
+    vocabulary) and a non-identity delayed pre-mix: x_hc is the clamped rows in every stream (exact); hidden is
+    the pre-mix-weighted sum of the streams, one BF16 rounding; x_normed is the FP32 RMSNorm of hidden times the
+    weight, one BF16 rounding; both within ratio_allclose(1e-4, 1/128) of an independent FP64 computation, and
+    a norm without its weight or a collapse of stream 0 alone is far outside. Spec: AP-19, CQ-26."""
+    from contracts.checks.precision import HC_OUT_TOL, check_ratio_allclose
+
+    g = torch.Generator().manual_seed(19)
+    emb = torch.randn(V, D, generator=g).to(torch.bfloat16)
+    ids = torch.tensor([0, 1, 17, V - 1, V, V + 3, 2, 5])
+    mix = torch.rand(8, C.hc_mult, generator=g) + 0.1  # pre-mix rows need not sum to 1 (sigmoid gates)
+    w = torch.randn(D, generator=g).to(torch.bfloat16)
+    x_hc = op(backend, "embed_pack")(ids, emb, config=C).float()
+    hidden = op(backend, "hc_head")(x_hc, mix)
+    normed = op(backend, "final_norm")(hidden, w, config=C)
+    rows = emb[ids.clamp(0, V - 1)].double()
+    assert torch.equal(x_hc, rows[:, None].expand(-1, C.hc_mult, -1).float()), "x_hc"
+    want_hidden = (mix.double()[:, :, None] * rows[:, None]).sum(1)
+    h = hidden.double()
+    want_normed = h / (h.pow(2).mean(1, keepdim=True) + C.rms_norm_eps).sqrt() * w.double()
+    atol, rtol = HC_OUT_TOL
+    for name, got, want in (("hidden", hidden, want_hidden), ("x_normed", normed, want_normed)):
+        assert got.dtype == torch.bfloat16, name
+        r = check_ratio_allclose(got.double(), want, atol=atol, rtol=rtol, name=name)
+        assert r.ok, r.message()
+    assert not check_ratio_allclose(h / (h.pow(2).mean(1, keepdim=True)).sqrt(), want_normed, atol=atol,
+                                    rtol=rtol).ok, "the inputs separate a norm without its weight"
+    assert not check_ratio_allclose(rows, want_hidden, atol=atol, rtol=rtol).ok, \
+        "the inputs separate the weighted collapse from stream 0"
+    with pytest.raises(ContractInputError, match="final_norm"):
+        op(backend, "final_norm")(hidden, w[:-1], config=C)

@@ -472,6 +472,27 @@ def _lm_head_call(get, inputs: Tensors, wiring: str) -> Tensors:
     return out
 
 
+def _boundary_build(seed: int, wiring: str) -> Tensors:
+    """Upstream's id set (0, 1, 17, V-1, V, V+3, 2, 5: two past the vocabulary), a random embedding and final
+    norm weight, and a non-identity delayed pre-mix (positive, like the sigmoid gates, rows not summing to 1:
+    every stream holds the same row here, so only the weights' sum tells the collapse from stream 0)."""
+    c = FLASH_TINY
+    g = torch.Generator().manual_seed(seed)
+    v = c.vocab_size
+    mix = torch.rand(8, c.hc_mult, generator=g) + 0.1
+    return {"ids_in": torch.tensor([0, 1, 17, v - 1, v, v + 3, 2, 5]),
+            "embedding": torch.randn(v, c.hidden_size, generator=g).to(torch.bfloat16),
+            "pre_mix": mix,
+            "final_norm_w": torch.randn(c.hidden_size, generator=g).to(torch.bfloat16)}
+
+
+def _boundary_call(get, inputs: Tensors, wiring: str) -> Tensors:
+    x_hc = get("embed_pack")(inputs["ids_in"], inputs["embedding"], config=FLASH_TINY)
+    hidden = get("hc_head")(x_hc.float(), inputs["pre_mix"])
+    return {"x_hc": x_hc.float(), "hidden": hidden,
+            "x_normed": get("final_norm")(hidden, inputs["final_norm_w"], config=FLASH_TINY)}
+
+
 # ---------------------------------------------------------------------------
 # the decode Block
 
@@ -584,6 +605,16 @@ def _build_cases() -> dict[str, Case]:
                       lambda i, w: _lm_head_call(head_ops.__getitem__, i, w), lambda b, i, w: _lm_head_call(b.get, i, w),
                       lambda w: {("logits" if w == "replicated" else "logit_shards"): "logits", "ids": "greedy",
                                  "x_hc": "exact"}, params={"tp": LM_HEAD_TP}))
+    from kernels.reference import mhc
+
+    boundary_ops = {**head_ops, "hc_head": mhc.hc_head, "final_norm": lm_head.final_norm}
+    cases.append(Case("boundary", "embed_pack+hc_head+final_norm", "the model boundary with the backbone skipped: "
+                      "embedding pack of ids past the vocabulary (clamped), the collapse with a non-identity delayed "
+                      "pre-mix, the final RMSNorm", ("replicated",),
+                      ("kernels.reference.lm_head", "kernels.reference.mhc", "kernels.reference.compressor"),
+                      _boundary_build, lambda i, w: _boundary_call(boundary_ops.__getitem__, i, w),
+                      lambda b, i, w: _boundary_call(b.get, i, w),
+                      lambda w: {"x_hc": "exact", "hidden": "hc_out", "x_normed": "hc_out"}))
     from kernels.config import LayerKind
     from kernels.reference import block
 

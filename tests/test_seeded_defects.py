@@ -145,6 +145,8 @@ CASES = [
     # the CED decoder replay (MD-16)
     ("prefill_plan:REPLAY_KEEPS_129", "test_prefill_plan:test_upstreams_hand_checked_replay_vector",
      "[0, 1, 127, 128, 129]"),
+    ("lm_head:NORM_WITHOUT_WEIGHT", "test_lm_head:test_the_boundary_chain_embeds_collapses_and_normalizes",
+     "x_normed"),
     ("prefill_plan:NEW_BEFORE_TAIL",
      "test_prefill_plan:test_a_resumed_request_replays_its_cached_tail_before_its_new_rows", "[2, 3, 4, 5, 0, 1]"),
     ("prefill_plan:ALL_ROWS_NEW", "test_prefill_plan:test_the_encoder_replay_marks_only_new_rows_and_truncates_the_window",

@@ -8,6 +8,9 @@ vocabulary shards and greedy pick.
   matrix [vocab, D], accumulated in FP64 and rounded once to FP32 logits. Under TP the vocabulary is cut
   into ``tp`` contiguous shards of vocab/tp rows: rank r computes logits[:, r·V/tp : (r+1)·V/tp]; the
   returned shards concatenate to the full logits, element for element.
+* ``final_norm``: the final RMSNorm before the LM head: hidden [T, D] (BF16, from hc_head) normalized in FP32
+  (mean of squares over D, eps ``rms_norm_eps``) times the weight [D], one BF16 rounding. The boundary chain
+  embed_pack -> hc_head (with the last layer's delayed pre-mix) -> final_norm is AP-19.
 * ``greedy_pick``: the argmax of each logit row, ties to the first (lowest) vocabulary id, INT32.
 * ``lm_head_layout`` validates a deployment: tp and dp in (1, 2, 4, 8), dp % tp == 0, vocab % tp == 0,
   vocab % 256 == 0, group_logit_rows % 16 == 0 -- each an error naming the field.
@@ -21,6 +24,7 @@ import torch
 
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
+from kernels.reference.compressor import rms_norm
 from kernels.reference.rowwise import rowwise_matmul
 
 SPEC = "§1"
@@ -53,6 +57,14 @@ def embed_pack(ids: torch.Tensor, embedding: torch.Tensor, *, config: V41Config 
         raise ContractInputError("embedding", None, "[vocab, D]", list(embedding.shape), SPEC)
     rows = embedding[ids.to(torch.long).clamp(0, embedding.shape[0] - 1)]
     return rows.unsqueeze(1).expand(-1, config.hc_mult, -1).contiguous()
+
+
+def final_norm(hidden: torch.Tensor, weight: torch.Tensor, *, config: V41Config = FLASH) -> torch.Tensor:
+    """hidden [T, D], weight [D] -> [T, D] BF16: FP32 RMSNorm times the weight, one BF16 rounding. Spec: AP-19."""
+    if hidden.ndim != 2 or weight.shape != hidden.shape[1:]:
+        raise ContractInputError("final_norm", None, "hidden [T, D] and weight [D]",
+                                 [list(hidden.shape), list(weight.shape)], "AP-19")
+    return rms_norm(hidden.float(), weight, config.rms_norm_eps).to(torch.bfloat16)
 
 
 def lm_head(hidden: torch.Tensor, weight: torch.Tensor, *, tp: int = 1) -> list[torch.Tensor]:

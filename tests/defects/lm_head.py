@@ -43,3 +43,11 @@ def _ids_wrap(ids, embedding, *, config=lm_head.FLASH):
 GREEDY_TIES_TO_LAST = _base.derive("defect:greedy-ties-to-last", greedy_pick=_ties_to_last)
 SHARD_OFF_BY_ONE = _base.derive("defect:lm-head-shard-off-by-one", lm_head=_shard_off_by_one)
 IDS_WRAP = _base.derive("defect:embed-ids-wrap", embed_pack=_ids_wrap)
+
+
+def _norm_without_weight(hidden, weight, *, config=lm_head.FLASH):
+    """Wrong: the final RMSNorm forgets its weight."""
+    return lm_head.final_norm(hidden, torch.ones_like(weight), config=config)
+
+
+NORM_WITHOUT_WEIGHT = _base.derive("defect:final-norm-without-weight", final_norm=_norm_without_weight)
