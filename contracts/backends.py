@@ -93,7 +93,8 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "rule='fp32-proj')", "[N, D] FP32 contribution (route weight before W2, BF16 hidden)", "§1"),
         OperatorSpec("moe_ep", "(xs per rank [T_r,D] BF16, gates per rank (weights, ids), experts, shared, *, ep, "
                      "num_tokens, recv_max=None, config, rule)", "EPResult(outputs per rank [T_r,D] BF16, "
-                     "send_counts [ep,ep,n_local], recv_rows per rank [R,3])", "§1"),
+                     "send_counts [ep,ep,n_local], recv_rows per rank [R,3], recv_y per rank [n_local,recv_max,D], "
+                     "recv_expert_count per rank [n_local] INT32)", "§1"),
         OperatorSpec("embed_pack", "(ids [T] int, embedding [vocab,D], *, config)",
                      "x_hc [T, hc, D]: the clamped ids' rows in every stream", "§1"),
         OperatorSpec("lm_head", "(hidden [T,D] BF16, weight [vocab,D], *, tp=1)",

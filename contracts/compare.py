@@ -142,6 +142,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "gate_ids": {"score_atol": 2e-4, "score_rtol": 5e-5},
     "gate_weights": {"row_sum": 2e-5, "score_atol": 2e-4, "score_rtol": 5e-5, "extra": 2e-4},
     "moe_out": {"reldiff": 3e-3, "pct": 0.02, "max_abs": 0.25},
+    "recv_y": {"reldiff": 3e-3, "pct": 0.02, "max_abs": 0.25, "padding": 0.0},
     "logits": {"atol": precision.LOGITS_TOL[0], "rtol": precision.LOGITS_TOL[1], "quota": 0.0},
     "greedy": {},
     "ffn_input": {"atol": precision.HC_OUT_TOL[0], "rtol": precision.HC_OUT_TOL[1]},
@@ -241,6 +242,23 @@ def moe_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckR
     return first_failure([check_moe_rows(a[r], e[r], n, name=f"{name}.rank{r}") for r, n in enumerate(counts)])
 
 
+def recv_y(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """Routed-expert outputs per destination [ep, n_local, recv_max, D] (MO-05): the recv_expert_count of the
+    backend (same tree) per expert in [0, recv_max] and equal to the expected, unused slots exactly zero, the
+    used slots within the MO-06 budget."""
+    from contracts.checks.moe import check_recv_y
+
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    got = ctx.actual_outputs.get("recv_expert_count")
+    want = ctx.expected_outputs["recv_expert_count"]
+    if got is None:
+        return failed("recv_y", "MO-05", 1, 1, Violation("recv_expert_count", (), "missing", list(want.shape)))
+    return first_failure([check_recv_y(a[r], e[r], got[r], want[r], recv_max=a.shape[2], name=f"{name}.rank{r}")
+                          for r in range(a.shape[0])])
+
+
 def logits(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """LM-head logits, full [T, V] or vocab shards [tp, T, V/tp]: every element within 1e-3 + 1e-3·|e| (AP-17)."""
     bad = _layout(name, a, e)
@@ -302,7 +320,7 @@ def half_layer(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
 COMPARATORS: dict[str, Comparator] = {
     "exact": exact, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
-    "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out, "bf16_stage": bf16_stage,
+    "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out, "bf16_stage": bf16_stage, "recv_y": recv_y,
     "gate_ids": gate_ids, "gate_weights": gate_weights, "moe_out": moe_out, "logits": logits, "greedy": greedy,
     "ffn_input": ffn_input,
 }

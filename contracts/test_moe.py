@@ -313,7 +313,54 @@ def test_token_counts_follow_md32(backend):
            num_tokens=[6, 6], config=C)
 
 
+def test_recv_y_holds_each_local_experts_outputs_in_slot_order(backend):
+    """Per destination: recv_expert_count[local] is the number of rows the local expert received (the column
+    sum of send_counts) and lies in [0, recv_max]; recv_y[local, :count] are that expert's outputs for its rows
+    in slot order (independently: the reference expert on the rows recv_rows names, route weight included);
+    every slot past the count is exactly zero. The check fails on a count one off and on one dirty padding
+    element. Spec: MO-05."""
+    from contracts.checks.moe import check_recv_y
+
+    _g, w, b, experts, shared, x_all = _ep_case(5, 4)
+    counts = [6, 2, 0, 5]
+    xs, gates, res = _run_ep(backend, x_all, w, b, experts, shared, 4, counts)
+    n_local, recv_max = E // 4, 4 * 16
+    for dst in range(4):
+        got = res.recv_expert_count[dst]
+        assert got.dtype == torch.int32 and torch.equal(got, res.send_counts[:, dst].sum(0)), \
+            f"recv_expert_count rank {dst}: {got.tolist()}"
+        assert res.recv_y[dst].shape == (n_local, recv_max, D)
+        slots = res.recv_rows[dst].tolist()
+        want = torch.zeros(n_local, recv_max, D)
+        for local in range(n_local):
+            mine = [(s, t, k) for s, t, k in slots if int(gates[s][1][t, k]) == dst * n_local + local]
+            if mine:
+                rows = torch.stack([xs[s][t] for s, t, _k in mine])
+                route = torch.stack([gates[s][0][t, k] for s, t, k in mine])
+                want[local, :len(mine)] = REF.get("moe_expert")(rows, experts[dst * n_local + local], route,
+                                                                config=C)
+        r = check_recv_y(res.recv_y[dst], want, got, res.send_counts[:, dst].sum(0), recv_max=recv_max)
+        assert r.ok, f"rank {dst}: {r.message()}"
+    dst = 0
+    busy = int(res.recv_expert_count[dst].argmax())
+    n = int(res.recv_expert_count[dst][busy])
+    off = res.recv_expert_count[dst].clone()
+    off[busy] += 1
+    r = check_recv_y(res.recv_y[dst], res.recv_y[dst], off, res.recv_expert_count[dst], recv_max=recv_max)
+    assert not r.ok and f"recv_expert_count[{busy}]" in r.message(), r.message()
+    dirty = res.recv_y[dst].clone()
+    dirty[busy, n, 3] = 1e-30
+    r = check_recv_y(dirty, res.recv_y[dst], res.recv_expert_count[dst], res.recv_expert_count[dst],
+                     recv_max=recv_max)
+    assert not r.ok and "padding row" in r.message(), r.message()
+    over = res.recv_expert_count[dst].clone()
+    over[busy] = recv_max + 1
+    assert not check_recv_y(res.recv_y[dst], res.recv_y[dst], over, over, recv_max=recv_max).ok
+
+
 def test_a_destination_over_its_receive_capacity_is_an_error(backend):
+    """A local expert receiving more than recv_max rows is an error naming the destination and the expert.
+    Spec: MO-05."""
     _g, w, b, experts, shared, x_all = _ep_case(2, 2)
     xs = [x_all[:8], x_all[8:16]]
     gates = [REF.get("moe_gate")(x, w, b, config=C) for x in xs]
@@ -438,7 +485,7 @@ def test_the_moe_operators_refuse_bad_calls_naming_the_field(backend):
     res = ep([x, x], gates, experts, shared, ep=2, num_tokens=4, config=C)
     assert res.send_counts.dtype == torch.int32 and all(r.dtype == torch.int32 for r in res.recv_rows)
     assert all(o.dtype == torch.bfloat16 for o in res.outputs)
-    most = max(len(r) for r in res.recv_rows)
+    most = max(int(c.max()) for c in res.recv_expert_count)
     ep([x, x], gates, experts, shared, ep=2, num_tokens=4, recv_max=most, config=C)
-    with pytest.raises(ContractInputError, match="recv_max"):
+    with pytest.raises(ContractInputError, match=r"recv_max\[\d\]\[\d+\]: expected <= \d+ rows received by local"):
         ep([x, x], gates, experts, shared, ep=2, num_tokens=4, recv_max=most - 1, config=C)

@@ -441,7 +441,8 @@ def _moe_call(get, inputs: Tensors) -> Tensors:
     gates = [get("moe_gate")(x, inputs["router"], inputs["bias"], config=c) for x in xs]
     res = get("moe_ep")(xs, gates, experts, shared, ep=ep, num_tokens=inputs["num_tokens"].tolist(), config=c)
     return {"weights": torch.stack([w for w, _i in gates]), "ids": torch.stack([i for _w, i in gates]),
-            "output": torch.stack(res.outputs), "send_counts": res.send_counts}
+            "output": torch.stack(res.outputs), "send_counts": res.send_counts,
+            "recv_y": torch.stack(res.recv_y), "recv_expert_count": torch.stack(res.recv_expert_count)}
 
 
 # ---------------------------------------------------------------------------
@@ -594,7 +595,8 @@ def _build_cases() -> dict[str, Case]:
                           ("kernels.reference.moe",), _moe_build(ep), lambda i, w: _moe_call(moe_ops.__getitem__, i),
                           lambda b, i, w: _moe_call(b.get, i),
                           lambda w: {"weights": "gate_weights", "ids": "gate_ids", "output": "moe_out",
-                                     "send_counts": "exact"}, params={"ep": ep}))
+                                     "send_counts": "exact", "recv_y": "recv_y", "recv_expert_count": "exact"},
+                          params={"ep": ep}))
     from kernels.reference import lm_head
 
     head_ops = {"lm_head": lm_head.lm_head, "greedy_pick": lm_head.greedy_pick, "embed_pack": lm_head.embed_pack}

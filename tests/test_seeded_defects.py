@@ -145,6 +145,8 @@ CASES = [
     # the CED decoder replay (MD-16)
     ("prefill_plan:REPLAY_KEEPS_129", "test_prefill_plan:test_upstreams_hand_checked_replay_vector",
      "[0, 1, 127, 128, 129]"),
+    ("moe:COUNT_FIRST_SOURCE", "test_moe:test_recv_y_holds_each_local_experts_outputs_in_slot_order",
+     "recv_expert_count rank 0"),
     ("lm_head:NORM_WITHOUT_WEIGHT", "test_lm_head:test_the_boundary_chain_embeds_collapses_and_normalizes",
      "x_normed"),
     ("prefill_plan:NEW_BEFORE_TAIL",

@@ -17,6 +17,8 @@ Spec: §1; upstream_checks MO-03, MO-04, MO-05, MO-06.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from contracts.result import CheckResult, Tally, Violation, failed, passed
@@ -131,3 +133,25 @@ def check_moe_rows(actual: torch.Tensor, expected: torch.Tensor, num_tokens: int
                                 note=f"{int(over.sum())}/{a.numel()} elements over relative diff {RELDIFF_THD:g} "
                                      f"(quota {RELDIFF_PCT:.0%})"))
     return passed(check, spec, a.numel())
+
+
+def check_recv_y(actual: torch.Tensor, expected: torch.Tensor, counts: torch.Tensor,
+                 expected_counts: torch.Tensor, *, recv_max: int, name: str = "recv_y") -> CheckResult:
+    """One destination's routed-expert outputs [n_local, recv_max, D] with ``counts`` [n_local]: each count
+    equals the expected one and lies in [0, recv_max]; every slot past a count is exactly zero; the used slots
+    are finite and within the MO-06 ratio_reldiff / worst |Δ| budget. Spec: upstream_checks MO-05."""
+    check, spec = "check_recv_y", "MO-05"
+    if actual.shape != expected.shape or counts.shape != expected_counts.shape or actual.ndim != 3:
+        return failed(check, spec, 1, 1, Violation(f"{name}.layout", (), f"{list(actual.shape)} / {list(counts.shape)}",
+                                                   f"{list(expected.shape)} / {list(expected_counts.shape)}"))
+    for local, (c, want) in enumerate(zip(counts.tolist(), expected_counts.tolist(), strict=True)):
+        if not 0 <= c <= recv_max or c != want:
+            return failed(check, spec, counts.numel(), 1,
+                          Violation(f"{name}.recv_expert_count", (local,), c, want, f"[0, {recv_max}]"))
+    results = []
+    for local, c in enumerate(counts.tolist()):
+        results.append(check_moe_rows(actual[local], expected[local], c, name=f"{name}.expert{local}"))
+    bad = [r for r in results if not r.ok]
+    if bad:
+        return dataclasses.replace(bad[0], check=check, spec=spec)
+    return passed(check, spec, int(counts.sum()))

@@ -11,12 +11,15 @@ expert-parallel (EP) ranks, simulated on the CPU.
   silu(gate)·up, multiplied by the route weight **before** the down projection, rounded to BF16 (the hidden
   boundary), then ·W2ᵀ: an FP32 [N, D] contribution. Projections accumulate in FP64 and round once to FP32
   (rule ``fp32-proj``, the CED reference); ``bf16-proj`` (the decode golden) rounds each projection to BF16
-  first, selectable by name. The shared expert is the same function without a route weight.
+  first and the contribution too (its recv_y and shared output are BF16 tensors), selectable by name. The
+  shared expert is the same function without a route weight.
 * ``moe_ep``: every EP rank holds its own token rows (``num_tokens`` active per rank, the rest padding) and
   ``n_routed_experts / ep`` experts (expert e lives on rank e // n_local). Dispatch sends each active
   (token, k) pair to the owner of expert ids[t, k]; at a destination the rows of one local expert are laid out
-  by source rank, then in source order, and ``send_counts[src, dst, local expert]`` counts them; a
-  destination receiving more than ``recv_max`` rows is an error. Combine returns each routed contribution to
+  by source rank, then in source order, and ``send_counts[src, dst, local expert]`` counts them; a local
+  expert receiving more than ``recv_max`` rows (default ep · MOE_TOKENS, upstream's RECV_MAX) is an error.
+  Each destination's ``recv_y`` [n_local, recv_max, D] holds every local expert's outputs in slot order, the
+  unused slots exact zeros, and ``recv_expert_count`` [n_local] how many slots each uses. Combine returns each routed contribution to
   its token and sums shared + Σ_k routed in FP32 (k in selection order), one BF16 cast; padding rows of the
   output are exact zeros. The result is independent of the EP size and of the order of the tokens.
 
@@ -25,7 +28,7 @@ decoded by ``expert_weights`` (``kernels.quant``), or the INT8 stand-in (int8 va
 output row).
 
 Spec: §1 (experts 384/1/top-6, sqrtsoftplus, routed_scaling 1.5, swiglu_limit 10, moe_inter 2304, EP);
-upstream_checks MO-01, MO-02, MO-09, MD-32.
+upstream_checks MO-01, MO-02, MO-05, MO-09, MD-32.
 """
 
 from __future__ import annotations
@@ -100,7 +103,9 @@ def moe_expert(x: torch.Tensor, weights: ExpertWeights, route_weight: torch.Tens
         if route_weight.shape != (x.shape[0],):
             raise ContractInputError("route_weight", None, f"[{x.shape[0]}]", list(route_weight.shape), SPEC)
         hidden = hidden * route_weight.float()[:, None]
-    return rowwise_matmul(hidden.to(torch.bfloat16), weights.w2)
+    out = rowwise_matmul(hidden.to(torch.bfloat16), weights.w2)
+    # the decode golden keeps every expert output in BF16 (recv_y and the shared output are BF16 tensors)
+    return out.to(torch.bfloat16).float() if rule == "bf16-proj" else out
 
 
 def expert_weights(fmt: str, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor,
@@ -138,6 +143,8 @@ class EPResult:
     outputs: list[torch.Tensor]  # per rank [T_r, D] BF16, padding rows zero
     send_counts: torch.Tensor  # [ep, ep, n_local] INT32: rows sent from src to dst for each local expert
     recv_rows: list[torch.Tensor]  # per dst [R, 3] INT32 (src, token, k) in slot order
+    recv_y: list[torch.Tensor] = ()  # per dst [n_local, recv_max, D] FP32: expert outputs by slot, rest zero
+    recv_expert_count: list[torch.Tensor] = ()  # per dst [n_local] INT32: slots used per local expert
 
 
 def _num_tokens(num_tokens: int | Sequence[int], ep: int, rows: Sequence[int]) -> list[int]:
@@ -185,11 +192,15 @@ def moe_ep(xs: Sequence[torch.Tensor], gates: Sequence[tuple[torch.Tensor, torch
             t, k = (int(v) for v in bad.nonzero()[0])
             raise ContractInputError("ids", (src, t, k), f"an expert id in [0, {n_experts})", int(ids[t, k]),
                                      "MO-03")
-    limit = recv_max if recv_max is not None else ep * MOE_TOKENS * config.num_experts_per_tok
-    for dst in range(ep):
-        if len(recv[dst]) > limit:
-            raise ContractInputError("recv_max", (dst,), f"<= {limit} received rows", len(recv[dst]), SPEC)
+    limit = recv_max if recv_max is not None else ep * MOE_TOKENS
+    per_expert = send.sum(0).to(torch.int32)  # [dst, local]
+    if bool((per_expert > limit).any()):
+        dst, local = (int(v) for v in (per_expert > limit).nonzero()[0])
+        raise ContractInputError("recv_max", (dst, local), f"<= {limit} rows received by local expert {local}",
+                                 int(per_expert[dst, local]), "MO-05")
     routed: dict[tuple[int, int, int], torch.Tensor] = {}
+    d = xs[0].shape[1] if xs else 0
+    recv_y = [torch.zeros(n_local, limit, d) for _ in range(ep)]
     for dst in range(ep):
         for local in range(n_local):
             slots = [s for s in recv[dst] if int(gates[s[0]][1][s[1], s[2]]) == dst * n_local + local]
@@ -198,6 +209,7 @@ def moe_ep(xs: Sequence[torch.Tensor], gates: Sequence[tuple[torch.Tensor, torch
             rows = torch.stack([xs[src][t] for src, t, _k in slots])
             route = torch.stack([gates[src][0][t, k].float() for src, t, k in slots])
             y = moe_expert(rows, experts[dst * n_local + local], route, config=config, rule=rule)
+            recv_y[dst][local, :len(slots)] = y
             for slot, value in zip(slots, y, strict=True):
                 routed[slot] = value
     outputs = []
@@ -212,4 +224,4 @@ def moe_ep(xs: Sequence[torch.Tensor], gates: Sequence[tuple[torch.Tensor, torch
             out[:n] = total.to(torch.bfloat16)
         outputs.append(out)
     recv_rows = [torch.tensor(r, dtype=torch.int32).reshape(-1, 3) for r in recv]
-    return EPResult(outputs, send, recv_rows)
+    return EPResult(outputs, send, recv_rows, recv_y, [per_expert[dst].clone() for dst in range(ep)])

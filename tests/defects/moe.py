@@ -3,6 +3,8 @@ each a backend built from the reference with one operator replaced."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -68,7 +70,7 @@ def _combine_in_bf16(xs, gates, experts, shared, *, ep, num_tokens, config=moe.F
                 total = total + torch.stack(rows).to(torch.bfloat16)
             out[:n] = total
         outputs.append(out)
-    return moe.EPResult(outputs, res.send_counts, res.recv_rows)
+    return dataclasses.replace(res, outputs=outputs)
 
 
 BIAS_IN_WEIGHTS = _base.derive("defect:gate-bias-in-weights", moe_gate=_bias_in_weights)
@@ -85,3 +87,12 @@ def _recv_unchecked(xs, gates, experts, shared, *, ep, recv_max=None, **kw):
 
 
 RECV_UNCHECKED = _base.derive("defect:ep-receive-capacity-unchecked", moe_ep=_recv_unchecked)
+
+
+def _count_first_source(xs, gates, experts, shared, *, ep, **kw):
+    """Wrong: recv_expert_count counts the rows of the first source rank only."""
+    res = moe.moe_ep(xs, gates, experts, shared, ep=ep, **kw)
+    return dataclasses.replace(res, recv_expert_count=[res.send_counts[0, dst].clone() for dst in range(ep)])
+
+
+COUNT_FIRST_SOURCE = _base.derive("defect:recv-count-first-source", moe_ep=_count_first_source)
