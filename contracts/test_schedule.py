@@ -174,3 +174,24 @@ def test_config_validation_rejects(changes, message):
 def test_layer_config_rejects_out_of_range(layer):
     with pytest.raises(ConfigError, match=r"layer_id must be in \[0, 39\]"):
         FLASH.layer_config(layer)
+
+
+def test_the_decode_plan_table_maps_each_ratio_and_mode():
+    """upstream's resolve_decode_layer_plan table: SWA mode is SWA at any ratio; FULL / REUSE at ratio 2 are
+    C2A_FULL / C2A_REUSE; FULL / REINDEX / REUSE at ratio 1 are the C1A kinds; every other pair (REINDEX at
+    ratio 2, anything compressed at ratio 0 or 4, a mode that is not one of the four) is refused naming the
+    pair. Spec: SC-15."""
+    from kernels.config import AttentionMode, ConfigError, resolve_layer_kind
+
+    want = {(2, "full"): LayerKind.C2A_FULL, (2, "reuse"): LayerKind.C2A_REUSE, (1, "full"): LayerKind.C1A_FULL,
+            (1, "reindex"): LayerKind.C1A_REINDEX, (1, "reuse"): LayerKind.C1A_REUSE}
+    for ratio in (0, 1, 2, 4, 128):
+        assert resolve_layer_kind(ratio, AttentionMode.SWA) == LayerKind.SWA, ratio
+        for mode in ("full", "reindex", "reuse"):
+            if (ratio, mode) in want:
+                assert resolve_layer_kind(ratio, AttentionMode(mode)) == want[(ratio, mode)], (ratio, mode)
+            else:
+                with pytest.raises(ConfigError, match=rf"\(ratio={ratio}, mode={mode}\) is not one of the six"):
+                    resolve_layer_kind(ratio, AttentionMode(mode))
+    with pytest.raises(ConfigError, match="mode=sparse"):
+        resolve_layer_kind(1, "sparse")

@@ -63,8 +63,12 @@ class LayerConfig:
 
 
 def resolve_layer_kind(ratio: int, mode: AttentionMode) -> LayerKind:
-    """Map (ratio, mode) to one of the six kinds; anything else is rejected. Spec: §1 (SC-15)."""
+    """Map (ratio, mode) to one of the six kinds, as upstream's decode layer plan does: an SWA layer is SWA
+    whatever its ratio (it has no compressor to read it); the other five need their exact ratio; anything else
+    is rejected naming the pair. Spec: §1 (SC-15)."""
     try:
+        if AttentionMode(mode) == AttentionMode.SWA:
+            return LayerKind.SWA
         return _KINDS[(ratio, AttentionMode(mode))]
     except (KeyError, ValueError):
         raise ConfigError(
