@@ -75,7 +75,8 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "[T, D] BF16: FP32 sum in rank order, one BF16 cast", "§7.1"),
         OperatorSpec("tp_reduce_scatter", "(partials, *, active_tokens, capacity=None)",
                      "list of BF16 owner slabs [ceil(capacity/TP), D], padding rows zero", "§7.1"),
-        OperatorSpec("half_layer_call", "(kind, *, phase, tokens, active=None, requests=1, tp=1, epoch=1, config)",
+        OperatorSpec("half_layer_call", "(kind, *, phase, tokens, active=None, requests=1, tp=1, epoch=1, pages=None, dp=1, "
+                     "config)",
                      "active token count; raises ValueError naming field, mode and phase (host-side caller "
                      "contract of an attention half-layer entry)", "§7.1"),
         OperatorSpec("hc_mixes", "(x_hc [T,hc,D], function [(2+hc)hc, hc*D], scale [3], base [(2+hc)hc], *, "

@@ -59,6 +59,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="comma-separated device ids for a device backend (default 0..TP-1)")
     group.addoption("--pypto-lib", default=None, metavar="PATH",
                     help="root of the upstream pypto-lib checkout the pypto backend binds (default $PYPTO_LIB_ROOT)")
+    group.addoption("--tp", type=int, default=None, metavar="N",
+                    help="attention TP of the deployment the topology contracts check (1, 2, 4, 8; default 4)")
+    group.addoption("--ep", type=int, default=None, metavar="N",
+                    help="MoE EP (the card count) of that deployment (2, 4, 8, a multiple of --tp; default 8)")
+    group.addoption("--dp", type=int, default=None, metavar="N",
+                    help="DP groups; when given it must equal ep / tp. A bad topology is a usage error before "
+                         "any test runs; with --device it also needs exactly ep device ids")
     group.addoption("--allow-unavailable", action="store_true",
                     help="accept a run in which the selected backend is unavailable or every contract needing "
                          "it was skipped (by default such a run fails: nothing ran is not a pass)")
@@ -104,6 +111,7 @@ def pytest_configure(config: pytest.Config) -> None:
         except GoldenStoreError as exc:
             raise pytest.UsageError(f"--golden-cases: {exc}") from None
     config._pto_backend = backend_from_options(config)  # a bad backend is one usage error, here
+    config._pto_deployment = deployment_from_options(config)
     config._pto_tally = Tally()
 
 
@@ -111,8 +119,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     b: Backend = config._pto_backend
     state = f"UNAVAILABLE: {b.unavailable}" if b.unavailable else \
         f"{len(b.operators)}/{len(KERNEL_OPERATORS)} operators bound"
+    d = config._pto_deployment
     return [f"pto-contracts: backend={b.name} platform={b.platform} ({state}) "
-            f"hypothesis-profile={settings._current_profile}"]
+            f"hypothesis-profile={settings._current_profile} deployment=tp{d.tp}/ep{d.ep}/dp{d.dp}"]
 
 
 def backend_from_options(config: pytest.Config) -> Backend:
@@ -129,6 +138,31 @@ def backend_from_options(config: pytest.Config) -> Backend:
         return get_backend(config.getoption("backend"), **device_options)
     except BackendError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def deployment_from_options(config: pytest.Config):
+    """The Deployment of --tp / --ep / --dp (defaults: FLASH's tp 4, ep 8); an invalid topology, or a --device
+    list without exactly one id per card when a topology is given, is a pytest UsageError at start-up (exit 4).
+    Spec: upstream_checks CH-11, CH-02, MO-13."""
+    from kernels.config import ConfigError, Deployment
+
+    given = {k: config.getoption(k) for k in ("tp", "ep", "dp") if config.getoption(k) is not None}
+    try:
+        deployment = Deployment(**given)
+        device = config.getoption("device")
+        if given and device is not None:
+            from kernels.pypto_backend import parse_devices
+
+            deployment.check_devices(parse_devices(device))
+    except (ConfigError, BackendError) as exc:
+        raise pytest.UsageError(f"--tp/--ep/--dp: {exc}") from None
+    return deployment
+
+
+@pytest.fixture(scope="session")
+def deployment(pytestconfig: pytest.Config):
+    """The deployment the topology contracts check (see --tp / --ep / --dp)."""
+    return pytestconfig._pto_deployment
 
 
 @pytest.fixture(scope="session")

@@ -783,3 +783,24 @@ def test_bf16_outputs_near_the_budget_get_the_fp64_verdict(backend):
             wrong.append(r)
     assert not wrong, f"rows {wrong[:8]}: the BF16 verdict differs from the FP64 one"
     assert 0 < failing < near.numel(), failing
+
+
+def test_a_chosen_tolerance_must_be_finite_and_in_range():
+    """ratio_allclose budgets: atol / rtol finite and >= 0 (0 accepted), the outlier quota finite in [0, 1]
+    (0 and 1 accepted); NaN, infinity, a negative value, a quota over 1 and a bool are refused naming the
+    parameter -- a NaN atol would otherwise accept every element. Spec: CH-07."""
+    from contracts.checks.precision import check_tolerances
+    from kernels.errors import ContractInputError
+
+    check_tolerances(atol=0, rtol=0, max_error_ratio=1)
+    with pytest.raises(ContractInputError, match="max_error_ratio"):
+        check_tolerances(atol=0, rtol=0, max_error_ratio=2)
+    e = torch.ones(4, dtype=F64)
+    for ok in (dict(atol=0.0, rtol=0.0), dict(atol=1e-2, rtol=0, max_error_ratio=1.0),
+               dict(atol=1, rtol=1, max_error_ratio=0)):
+        check_ratio_allclose(e, e, **{"max_error_ratio": 0.005, **ok})
+    for bad, field in ((dict(atol=math.nan), "atol"), (dict(rtol=math.inf), "rtol"), (dict(atol=-1e-9), "atol"),
+                       (dict(max_error_ratio=1.01), "max_error_ratio"), (dict(max_error_ratio=-0.1), "max_error_ratio"),
+                       (dict(max_error_ratio=math.nan), "max_error_ratio"), (dict(rtol=True), "rtol")):
+        with pytest.raises(ContractInputError, match=field):
+            check_ratio_allclose(e, e, **{"atol": 1e-2, "rtol": 1e-2, **bad})

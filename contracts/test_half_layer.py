@@ -1,6 +1,7 @@
 """The caller contract of the attention half-layer entries (host side, before launch), on the backend's
 ``half_layer_call``: capacities, requests, the decode ``tokens == active`` rule with C2A Reuse's inactive
-suffix, and the decode SWA leaf's TP8 refusal. Spec: §7.1; upstream_checks CH-03, CH-04, SC-22, MD-30, SP-13.
+suffix, the decode SWA leaf's TP8 refusal, and a C1A call's page bound and single DP group. Spec: §7.1;
+upstream_checks CH-03, CH-04, CH-09, SC-22, MD-30, SP-13.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ ACCEPTED = [
     ("C1A_REINDEX", dict(phase="prefill", tokens=5, active=3, requests=3), 3),  # prefill has no active rule
     ("C2A_FULL", dict(phase="decode", tokens=6, requests=6, tp=2), 6),
     ("C2A_FULL", dict(phase="decode", tokens=6, epoch=1000), 6),  # the last epoch a window counts
+    ("C1A_FULL", dict(phase="decode", tokens=128, pages=1), 128),  # one page holds 128 rows (CH-09)
+    ("C1A_REUSE", dict(phase="decode", tokens=192, pages=2), 192),  # min(192, 2·128)
+    ("C2A_FULL", dict(phase="decode", tokens=6, dp=2), 6),  # the one-DP-group rule is C1A's
 ]
 REJECTED = [  # (kind, call, field, text the message must contain)
     ("C2A_FULL", dict(phase="decode", tokens=32, active=24), "active_tokens", "C2A_FULL decode"),
@@ -42,6 +46,9 @@ REJECTED = [  # (kind, call, field, text the message must contain)
     ("C2A_FULL", dict(phase="decode", tokens=4, epoch=0), "attention_epoch", "1..1000"),
     ("C2A_FULL", dict(phase="decode", tokens=4, epoch=1001), "attention_epoch", "1..1000"),
     ("C2A_FULL", dict(phase="decode", tokens=4, epoch=True), "attention_epoch", "an int"),
+    ("C1A_FULL", dict(phase="decode", tokens=129, pages=1), "tokens", "min(192, pages·128) = 1..128"),
+    ("C1A_REINDEX", dict(phase="decode", tokens=4, pages=0), "pages", ">= 1"),
+    ("C1A_FULL", dict(phase="decode", tokens=4, dp=2), "dp", "one DP group per C1A call"),
 ]
 
 

@@ -195,3 +195,24 @@ def test_the_decode_plan_table_maps_each_ratio_and_mode():
                     resolve_layer_kind(ratio, AttentionMode(mode))
     with pytest.raises(ConfigError, match="mode=sparse"):
         resolve_layer_kind(1, "sparse")
+
+
+def test_the_configured_deployment_places_every_card(deployment):
+    """The deployment chosen with --tp / --ep / --dp (default tp 4, ep 8): every card has one (DP group, TP
+    rank) and every pair one card; a TP group is tp consecutive cards from its group base; the heads, output
+    groups and experts split evenly; exactly ep device ids are accepted and one fewer or a repeated id is
+    refused. Spec: §1; upstream_checks CH-11, CH-02, MO-13."""
+    d = deployment
+    cards = [Deployment(d.config, tp=d.tp, ep=d.ep, rank=r) for r in range(d.world_size)]
+    assert d.world_size == d.ep == d.tp * d.dp
+    assert sorted((c.dp_rank, c.tp_rank) for c in cards) == [(g, t) for g in range(d.dp) for t in range(d.tp)]
+    for c in cards:
+        assert c.group_base == c.dp_rank * d.tp and c.rank == c.group_base + c.tp_rank
+    assert d.local_heads * d.tp == d.config.num_attention_heads and d.n_local_experts * d.ep == \
+        d.config.n_routed_experts
+    ids = list(range(d.world_size))
+    assert d.check_devices(ids) == ids
+    for bad, why in ((ids[:-1], f"exactly {d.world_size} ids"), (ids[:-1] + [0], "distinct"),
+                     ([-1] + ids[1:], "non-negative"), (ids + [d.world_size], f"exactly {d.world_size} ids")):
+        with pytest.raises(ConfigError, match=why):
+            d.check_devices(bad)

@@ -115,3 +115,18 @@ def test_slab_owner_matches_the_bounds(case):
             assert slab_owner(row, b.width) == b.rank
     with pytest.raises(ValueError, match="width"):
         slab_owner(0, 0)
+
+
+def test_dp_token_counts_give_one_count_per_group_within_the_call():
+    """--dp-tokens of a prefill call: one int per DP group, each in [0, tokens] (an empty group allowed);
+    a missing or extra group, a count over tokens, a negative count or a bool is refused naming the group.
+    Spec: CH-07."""
+    from kernels.errors import ContractInputError
+    from kernels.sequence_parallel import dp_token_counts
+
+    assert dp_token_counts([0, 7, 3], tokens=7, dp=3) == (0, 7, 3)
+    for counts, field in (([7, 7], "one count per DP group"), ([1, 2, 3, 4], "one count per DP group"),
+                          ([1, 8, 0], r"dp_tokens\[1\]"), ([1, -1, 0], r"dp_tokens\[1\]"),
+                          ([True, 1, 1], r"dp_tokens\[0\]"), ([1, 1, 1.0], r"dp_tokens\[2\]")):
+        with pytest.raises(ContractInputError, match=field):
+            dp_token_counts(counts, tokens=7, dp=3)

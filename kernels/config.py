@@ -365,6 +365,16 @@ class Deployment:
     def n_local_experts(self) -> int:
         return self.config.n_routed_experts // self.ep
 
+    def check_devices(self, ids: list[int]) -> list[int]:
+        """Exactly one distinct non-negative device id per card (ep = tp · dp of them): a multi-card entry
+        (attention TP groups, the MoE's EP ranks) runs one rank per id. Spec: upstream_checks CH-02, MO-13."""
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids) or len(set(ids)) != len(ids):
+            raise ConfigError(f"deployment devices: expected distinct non-negative ints, got {ids} (CH-02)")
+        if len(ids) != self.world_size:
+            raise ConfigError(f"deployment devices: expected exactly {self.world_size} ids (ep={self.ep} = "
+                              f"tp={self.tp} x dp={self.dp}), got {len(ids)}: {ids} (MO-13)")
+        return ids
+
 
 # ---------------------------------------------------------------------------
 # V4 (Flash / Pro) presets. Spec: §8.

@@ -29,9 +29,12 @@ MAX_EPOCHS = 1000
 
 
 def check_half_layer_call(kind: LayerKind | str, *, phase: str, tokens: int, active: int | None = None,
-                          requests: int = 1, tp: int = 1, epoch: int = 1, config: V41Config = FLASH) -> int:
+                          requests: int = 1, tp: int = 1, epoch: int = 1, pages: int | None = None,
+                          dp: int = 1, config: V41Config = FLASH) -> int:
     """Validate one half-layer call (``epoch``: the 1-based attention epoch the distributed output windows
-    count, 1..1000); return the number of active tokens. Spec: §7.1, CH-03."""
+    count, 1..1000); return the number of active tokens. A C1A call may also give the KV ``pages`` of its
+    request (>= 1; then tokens <= min(capacity, pages · block_size)) and runs one DP group (``dp`` 1).
+    Spec: §7.1, CH-03, CH-09."""
     try:
         kind = LayerKind(kind)
     except ValueError:
@@ -54,6 +57,17 @@ def check_half_layer_call(kind: LayerKind | str, *, phase: str, tokens: int, act
     if phase == "decode" and kind is not LayerKind.C2A_REUSE and active != tokens:
         raise ContractInputError("active_tokens", None, f"== tokens ({tokens}) for {where}: only C2A_REUSE "
                                  "decode accepts an inactive suffix", active, SPEC)
+    if kind in (LayerKind.C1A_FULL, LayerKind.C1A_REINDEX, LayerKind.C1A_REUSE):
+        if pages is not None:
+            pages = _int("pages", pages, where)
+            if pages < 1:
+                raise ContractInputError("pages", None, f">= 1 for {where}", pages, "CH-09")
+            most = min(capacity, pages * config.block_size)
+            if tokens > most:
+                raise ContractInputError("tokens", None, f"1..min({capacity}, pages·{config.block_size}) = 1..{most} "
+                                         f"for {where}", tokens, "CH-09")
+        if _int("dp", dp, where) != 1:
+            raise ContractInputError("dp", None, f"1 for {where} (one DP group per C1A call)", dp, "CH-09")
     epoch = _int("attention_epoch", epoch, where)
     if not 1 <= epoch <= MAX_EPOCHS:
         raise ContractInputError("attention_epoch", None, f"1..{MAX_EPOCHS} (1-based, consecutive) for {where}",

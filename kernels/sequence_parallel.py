@@ -146,3 +146,15 @@ def gather_rows(slabs: Sequence[Slab], *, active_tokens: int, capacity: int | No
     if x.shape[0] != active_tokens:
         raise ContractInputError("gathered rows", None, f"{active_tokens} active rows", x.shape[0], SPEC)
     return x, tok, pos
+
+
+def dp_token_counts(dp_tokens: Sequence[int], *, tokens: int, dp: int) -> tuple[int, ...]:
+    """The active rows of each DP group of a prefill call: exactly one int per DP group, each in [0, tokens]
+    (an empty group is allowed). Spec: upstream_checks CH-07."""
+    counts = tuple(dp_tokens)
+    if len(counts) != dp:
+        raise ContractInputError("dp_tokens", None, f"one count per DP group ({dp})", len(counts), "CH-07")
+    for g, n in enumerate(counts):
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= tokens:
+            raise ContractInputError("dp_tokens", (g,), f"an int in [0, {tokens}]", repr(n), "CH-07")
+    return counts

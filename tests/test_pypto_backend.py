@@ -233,3 +233,32 @@ def test_the_seeded_indexer_kernel_is_caught_by_the_contracts():
     assert proc.returncode == 1 and "FAILED contracts/test_topk.py::test_candidate_selection_smoke_at_flash_size" \
         in proc.stdout, proc.stdout[-2000:]
     assert "is compiled for block=8, topk_blocks=2048" in proc.stdout  # the other calls: skipped, with the reason
+
+
+def test_an_invalid_topology_is_a_usage_error_before_any_test_runs():
+    """--tp / --ep / --dp build the deployment at start-up: an EP that is not a multiple of TP, and (on a device
+    backend) a --device list without exactly ep ids, stop pytest with exit 4 and one line naming the field; a
+    valid topology shows in the header. Spec:
+    upstream_checks CH-11, CH-02, MO-13."""
+    proc = _pytest("--tp", "4", "--ep", "2", "--co")  # every Deployment rule: contracts/test_schedule.py
+    assert proc.returncode == 4 and proc.stderr.count("deployment.ep: expected a multiple of tp=4") == 1, \
+        proc.stderr[-800:]
+    assert "collected" not in proc.stdout
+    env = {pb.ALLOW_TEST_DOUBLE: "1"}
+    devices = _pytest("--backend", "pypto", "--pypto-lib", str(FAKE), "--tp", "2", "--ep", "4", "--device", "0,1",
+                      "--co", **env)
+    assert devices.returncode == 4 and "expected exactly 4 ids (ep=4 = tp=2 x dp=2), got 2" in devices.stderr, \
+        devices.stderr[-800:]
+    from types import SimpleNamespace
+
+    from contracts.plugin import deployment_from_options
+    from kernels.config import Deployment
+
+    options = {"tp": 2, "ep": 8, "dp": None, "device": None}
+    config = SimpleNamespace(getoption=options.get)
+    assert deployment_from_options(config) == Deployment(tp=2, ep=8)
+    options["dp"] = 2
+    with pytest.raises(pytest.UsageError, match="deployment.dp: expected ep / tp = 4, got 2"):
+        deployment_from_options(config)
+    ok = _pytest("--tp", "2", "--ep", "4", "--co", "-v")
+    assert ok.returncode == 0 and "deployment=tp2/ep4/dp2" in ok.stdout, ok.stdout[-800:]

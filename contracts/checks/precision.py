@@ -19,6 +19,7 @@ import torch
 from contracts.result import CheckResult, Violation, failed, first_failure, passed
 from contracts.tensors import byte_view
 from kernels import workers
+from kernels.errors import ContractInputError
 
 Leaf = Callable[..., CheckResult]
 
@@ -232,6 +233,18 @@ def check_output_budget(actual: torch.Tensor, expected: torch.Tensor, *, budget:
     return passed(check, spec, n_rows)
 
 
+def check_tolerances(*, atol: float, rtol: float, max_error_ratio: float) -> None:
+    """A ratio_allclose budget a caller chose: atol and rtol finite and >= 0, the outlier quota finite in
+    [0, 1]; anything else is an error naming the parameter (a NaN tolerance would pass everything). Spec:
+    upstream_checks CH-07."""
+    for name, value, high in (("atol", atol, math.inf), ("rtol", rtol, math.inf),
+                              ("max_error_ratio", max_error_ratio, 1.0)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not 0 <= value <= high:
+            raise ContractInputError(name, None, "a finite number >= 0" + (" and <= 1" if high == 1.0 else ""),
+                                     repr(value), "CH-07")
+
+
 def check_ratio_allclose(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float,
                          max_error_ratio: float = 0.005, valid_rows: int | None = None, zero_tail: bool = False,
                          name: str = "output") -> CheckResult:
@@ -241,6 +254,7 @@ def check_ratio_allclose(actual: torch.Tensor, expected: torch.Tensor, *, atol: 
     Spec: §6 (`ratio_allclose`), upstream_checks §15 C-4, CH-20, AP-13.
     """
     check, spec = "check_ratio_allclose", "§6"
+    check_tolerances(atol=atol, rtol=rtol, max_error_ratio=max_error_ratio)
     problem = _pair_problem(check, spec, name, actual, expected)
     if problem is not None:
         return problem
