@@ -489,3 +489,33 @@ def test_the_moe_operators_refuse_bad_calls_naming_the_field(backend):
     ep([x, x], gates, experts, shared, ep=2, num_tokens=4, recv_max=most, config=C)
     with pytest.raises(ContractInputError, match=r"recv_max\[\d\]\[\d+\]: expected <= \d+ rows received by local"):
         ep([x, x], gates, experts, shared, ep=2, num_tokens=4, recv_max=most - 1, config=C)
+
+
+def test_prefill_rows_have_one_owner_per_tp_group_and_the_group_sum_restores_the_moe(backend):
+    """Prefill layer on TP4 (card 5, group 4..7): token t is owned by card 4 + t % 4 -- one owner per row in
+    the group; each card keeps its owned rows of the MoE result and zeros the others; the group's FP32 sum cast
+    once is the MoE result bit for bit and every card of the group holds it. check_ffn_owned passes on that and
+    fails when a card writes a row it does not own, or an owned row drifts beyond the MoE budget. Spec: MO-11."""
+    from contracts.checks.moe import check_ffn_owned
+    from kernels.reference.moe import group_sum, owned_rows, prefill_token_owners
+
+    _g, w, b, experts, shared, x_all = _ep_case(7, 2)
+    xs, gates, res = _run_ep(backend, x_all, w, b, experts, shared, 2, [6, 6])
+    full = res.outputs[0]
+    owners = prefill_token_owners(full.shape[0], rank=5, tp=4)
+    assert owners.tolist()[:6] == [4, 5, 6, 7, 4, 5] and owners.dtype == torch.int32
+    assert prefill_token_owners(3, rank=1, tp=1).tolist() == [1, 1, 1]
+    owned = owned_rows(full, owners, group_base=4, tp=4)
+    assert ((owned != 0).any(-1).sum(0) <= 1).all(), "a row with two owners"
+    assert torch.equal(group_sum(owned).view(torch.int16), full.view(torch.int16)), "the group sum"
+    r = check_ffn_owned(owned, full, owners, 6, group_base=4)
+    assert r.ok, r.message()
+    intruder = owned.clone()
+    intruder[1, 0] = full[0]  # card 5 writes row 0, owned by card 4
+    r = check_ffn_owned(intruder, full, owners, 6, group_base=4)
+    assert not r.ok and "card 5 row" in r.message() and "owned by card 4" in r.message(), r.message()
+    drift = owned.clone()
+    drift[2, 2] = full[2] * 1.5
+    assert not check_ffn_owned(drift, full, owners, 6, group_base=4).ok
+    with pytest.raises(ContractInputError, match="token owners"):
+        prefill_token_owners(4, rank=0, tp=3)

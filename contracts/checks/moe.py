@@ -155,3 +155,27 @@ def check_recv_y(actual: torch.Tensor, expected: torch.Tensor, counts: torch.Ten
     if bad:
         return dataclasses.replace(bad[0], check=check, spec=spec)
     return passed(check, spec, int(counts.sum()))
+
+
+def check_ffn_owned(owned: torch.Tensor, forced: torch.Tensor, owners: torch.Tensor, tokens: int, *,
+                    group_base: int = 0, name: str = "ffn_owned") -> CheckResult:
+    """A TP group's owned MoE rows [tp, T, D] against the MoE re-run on the same input (teacher-forced) [T, D]:
+    every card's owned active rows within ratio_reldiff(3e-3, 2 %) and worst |Δ| (the MO-06 budget), every row
+    it does not own exactly zero, all finite. Spec: upstream_checks MO-11."""
+    check, spec = "check_ffn_owned", "MO-11"
+    if owned.ndim != 3 or tuple(owned.shape[1:]) != tuple(forced.shape):
+        return failed(check, spec, 1, 1, Violation(f"{name}.layout", (), list(owned.shape), f"[tp, {list(forced.shape)}]"))
+    for card in range(owned.shape[0]):
+        mine = owners[:tokens].to(torch.int64) == group_base + card
+        others = owned[card, :tokens][~mine]
+        dirty = (others != 0).any(-1) if others.numel() else torch.zeros(0, dtype=torch.bool)
+        if bool(dirty.any()):
+            row = int((~mine).nonzero()[int(dirty.nonzero()[0, 0]), 0])
+            return failed(check, spec, int((~mine).sum()), int(dirty.sum()),
+                          Violation(f"{name} card {group_base + card} row", (row,), "written", "zero",
+                                    note=f"row {row} is owned by card {int(owners[row])}"))
+        r = check_moe_rows(owned[card, :tokens][mine], forced[:tokens][mine], int(mine.sum()),
+                           name=f"{name}.card{group_base + card}")
+        if not r.ok:
+            return dataclasses.replace(r, check=check, spec=spec)
+    return passed(check, spec, tokens)

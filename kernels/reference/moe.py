@@ -225,3 +225,25 @@ def moe_ep(xs: Sequence[torch.Tensor], gates: Sequence[tuple[torch.Tensor, torch
         outputs.append(out)
     recv_rows = [torch.tensor(r, dtype=torch.int32).reshape(-1, 3) for r in recv]
     return EPResult(outputs, send, recv_rows, recv_y, [per_expert[dst].clone() for dst in range(ep)])
+
+
+def prefill_token_owners(tokens: int, *, rank: int, tp: int) -> torch.Tensor:
+    """The prefill layer's MoE owner of each replicated token row: one card of ``rank``'s TP group per row,
+    group_base + t % tp (global card ids, INT32). Spec: upstream_checks MO-11."""
+    if isinstance(tp, bool) or tp not in (1, 2, 4, 8) or isinstance(rank, bool) or rank < 0 or tokens < 0:
+        raise ContractInputError("token owners", None, "tokens >= 0, rank >= 0, tp in (1, 2, 4, 8)",
+                                 (tokens, rank, tp), "MO-11")
+    base = rank // tp * tp
+    return (torch.arange(tokens) % tp + base).to(torch.int32)
+
+
+def owned_rows(full: torch.Tensor, owners: torch.Tensor, *, group_base: int, tp: int) -> torch.Tensor:
+    """Each card of a TP group keeps the MoE rows it owns and zeros the rest: [tp, T, D] from the full routed
+    result [T, D]; the group's FP32 sum, cast once, is the full result again. Spec: MO-11."""
+    keep = owners[None, :].to(torch.int64) == (group_base + torch.arange(tp))[:, None]
+    return torch.where(keep[..., None], full[None], torch.zeros((), dtype=full.dtype))
+
+
+def group_sum(owned: torch.Tensor) -> torch.Tensor:
+    """The TP group's restore of the owned rows: FP32 sum over the cards, one BF16 cast. Spec: MO-11."""
+    return owned.float().sum(0).to(torch.bfloat16)
