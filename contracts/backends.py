@@ -100,6 +100,11 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "x_hc [T, hc, D]: the clamped ids' rows in every stream", "§1"),
         OperatorSpec("lm_head", "(hidden [T,D] BF16, weight [vocab,D], *, tp=1)",
                      "list of tp FP32 logit shards [T, vocab/tp] in rank order", "§1"),
+        OperatorSpec("engram", "(hash_ids [T,cols] int, table [rows,head_dim] BF16, wkv [cols*head_dim,(hc+1)*D], "
+                     "weight [hc,D] FP32, x [T,hc,D] BF16, *, config)",
+                     "[T, hc, D] BF16: x + sigmoid-sqrt gate · the shared value, per stream", "§1"),
+        OperatorSpec("engram_tp", "(hash_ids [T,cols], table_shards per rank [rows/tp,head_dim], wkv, weight, x, *, "
+                     "tp, config)", "list of tp [T, hc, D] BF16 outputs (each the single-rank output)", "§1"),
         OperatorSpec("final_norm", "(hidden [T,D], weight [D], *, config)",
                      "[T, D] BF16: FP32 RMSNorm times the weight, one BF16 rounding", "§1"),
         OperatorSpec("greedy_pick", "(logits [T,vocab])", "[T] INT32: first id of each row's maximum", "§1"),
@@ -263,6 +268,8 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "hc_post": ("kernels.reference.mhc", "hc_post"),
     "hc_head": ("kernels.reference.mhc", "hc_head"),
     "final_norm": ("kernels.reference.lm_head", "final_norm"),
+    "engram": ("kernels.reference.engram", "engram"),
+    "engram_tp": ("kernels.reference.engram", "engram_tp"),
     "moe_gate": ("kernels.reference.moe", "moe_gate"),
     "moe_expert": ("kernels.reference.moe", "moe_expert"),
     "moe_ep": ("kernels.reference.moe", "moe_ep"),

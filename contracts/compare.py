@@ -146,6 +146,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "logits": {"atol": precision.LOGITS_TOL[0], "rtol": precision.LOGITS_TOL[1], "quota": 0.0},
     "greedy": {},
     "ffn_input": {"atol": precision.HC_OUT_TOL[0], "rtol": precision.HC_OUT_TOL[1]},
+    "engram": {"atol": precision.ENGRAM_TOL[0], "rtol": precision.ENGRAM_TOL[1]},
     "bf16_stage": {"atol": precision.BF16_STAGE_TOL[0], "rtol": precision.BF16_STAGE_TOL[1],
                    "row_rel_l2": precision.BF16_STAGE_ROW_BUDGET},
 }
@@ -174,6 +175,20 @@ def hc_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
     if bad:
         return bad
     atol, rtol = precision.HC_OUT_TOL
+    return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, name=name)
+
+
+def engram(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """Engram output (HC-14): ratio_allclose(1e-3, 1e-2); a stack of TP ranks must hold the same output on
+    every rank (bitwise) and each is judged."""
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    atol, rtol = precision.ENGRAM_TOL
+    if ctx.wiring == "sharded":
+        same = precision.check_replicas_identical(list(a), name=name)
+        if not same.ok:
+            return same
     return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, name=name)
 
 
@@ -320,7 +335,7 @@ def half_layer(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
 COMPARATORS: dict[str, Comparator] = {
     "exact": exact, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
-    "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out, "bf16_stage": bf16_stage, "recv_y": recv_y,
+    "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out, "bf16_stage": bf16_stage, "engram": engram, "recv_y": recv_y,
     "gate_ids": gate_ids, "gate_weights": gate_weights, "moe_out": moe_out, "logits": logits, "greedy": greedy,
     "ffn_input": ffn_input,
 }

@@ -495,6 +495,37 @@ def _boundary_call(get, inputs: Tensors, wiring: str) -> Tensors:
 
 
 # ---------------------------------------------------------------------------
+# the Engram block (layers 1 and 14)
+
+ENGRAM_TP = 2
+
+
+def _engram_build(seed: int, wiring: str) -> Tensors:
+    """A 96-row table (two shards of 48 on TP2), hash ids that hit both shards and repeat rows, BF16 streams,
+    and a wkv scaled so the gate sees both signs of dot, some near zero."""
+    c = FLASH_TINY
+    from kernels.reference.engram import hash_columns
+
+    g = torch.Generator().manual_seed(seed)
+    cols, hd, hc, d = hash_columns(c), c.engram_head_dim, c.hc_mult, c.hidden_size
+    ids = torch.randint(0, 96, (7, cols), generator=g, dtype=torch.int32)
+    ids[0] = torch.arange(cols) % 4  # one row gathers the same few table rows again and again
+    return {"hash_ids": ids, "table": torch.randn(96, hd, generator=g).to(torch.bfloat16),
+            "wkv": (torch.randn(cols * hd, (hc + 1) * d, generator=g) / (cols * hd) ** 0.5).to(torch.bfloat16),
+            "weight": torch.rand(hc, d, generator=g) + 0.5,
+            "x": torch.randn(7, hc, d, generator=g).to(torch.bfloat16)}
+
+
+def _engram_call(get, inputs: Tensors, wiring: str) -> Tensors:
+    args = (inputs["wkv"], inputs["weight"], inputs["x"])
+    if wiring == "replicated":
+        return {"out": get("engram")(inputs["hash_ids"], inputs["table"], *args, config=FLASH_TINY)}
+    shards = list(inputs["table"].chunk(ENGRAM_TP))
+    return {"out": torch.stack(get("engram_tp")(inputs["hash_ids"], shards, *args, tp=ENGRAM_TP,
+                                                config=FLASH_TINY))}
+
+
+# ---------------------------------------------------------------------------
 # the decode Block
 
 BLOCK_KEYS = ("x_hc", "incoming_pre_mix", "attn_function", "attn_scale", "attn_base", "ffn_function", "ffn_scale",
@@ -607,6 +638,15 @@ def _build_cases() -> dict[str, Case]:
                       lambda i, w: _lm_head_call(head_ops.__getitem__, i, w), lambda b, i, w: _lm_head_call(b.get, i, w),
                       lambda w: {("logits" if w == "replicated" else "logit_shards"): "logits", "ids": "greedy",
                                  "x_hc": "exact"}, params={"tp": LM_HEAD_TP}))
+    from kernels.reference import engram
+
+    engram_ops = {"engram": engram.engram, "engram_tp": engram.engram_tp}
+    cases.append(Case("engram", "engram+engram_tp", f"the Engram block: a gated n-gram lookup added to every stream "
+                      f"(replicated: one rank; sharded: the table row-sharded over TP{ENGRAM_TP}, every rank's "
+                      "output)", ("replicated", "sharded"), ("kernels.reference.engram",), _engram_build,
+                      lambda i, w: _engram_call(engram_ops.__getitem__, i, w),
+                      lambda b, i, w: _engram_call(b.get, i, w), lambda w: {"out": "engram"},
+                      params={"tp": ENGRAM_TP}))
     from kernels.reference import mhc
 
     boundary_ops = {**head_ops, "hc_head": mhc.hc_head, "final_norm": lm_head.final_norm}

@@ -120,6 +120,9 @@ class V41Config:
     expert_dtype: str = "fp4"
     scale_fmt: str = "ue8m0"
     engram_layer_ids: tuple[int, ...] = (1, 14)
+    engram_max_ngram_size: int = 4  # hash columns = (max_ngram - 1) · n_heads = 24
+    engram_n_heads: int = 8
+    engram_head_dim: int = 256
     compress_ratios: tuple[int, ...] = (0, 0) + (2,) * 18 + (1,) * 20
     kv_source_layer_ids: tuple[int, ...] = (2, 8, 14, 20)
     index_source_layer_ids: tuple[int, ...] = (2, 8, 14, 20, 24, 28, 32, 36)
@@ -284,13 +287,14 @@ class V41Config:
         Shrunk: hidden 5120->64, heads 64->8, head_dim 512->64 (rope 64->16), q_lora 1280->32,
         o_lora 1024->16, index heads 32->4 and dim 128->32, index_topk 512->16, candidate blocks
         2048->4, vocab ->256, experts 384->16, moe_inter 2304->32, block_size 128->16 and
-        sliding_window 128->16 (so page and window edges occur at small T), max_position ->4096.
+        sliding_window 128->16 (so page and window edges occur at small T), max_position ->4096, Engram
+        heads 8->2 and head dim 256->8.
         """
         shrunk = dict(hidden_size=64, num_attention_heads=8, head_dim=64, qk_rope_head_dim=16, q_lora_rank=32,
                       o_lora_rank=16, o_groups=8, index_n_heads=4, index_head_dim=32, index_topk=16,
                       candidate_topk_blocks=4, vocab_size=256, n_routed_experts=16, moe_intermediate_size=32,
                       block_size=16, sliding_window=16, max_position_embeddings=4096,
-                      original_max_position_embeddings=256)
+                      original_max_position_embeddings=256, engram_n_heads=2, engram_head_dim=8)
         return replace(self, name=self.name + "-tiny", shrunk=tuple(shrunk), **shrunk)
 
 

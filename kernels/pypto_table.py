@@ -365,6 +365,23 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             note="each card projects its vocab shard for the whole TP group and the combine returns every owner "
                  "its own rows over the full vocabulary (this operator returns the shards; their concatenation is "
                  "upstream's logits); a logit row index -1 gives a zero hidden row; MAX_LOGIT_ROWS 16"),
+    Binding("engram", "not bound", f"{FLASH}/engram.py::engram (engram_test)", "@pl.jit.inline",
+            _args(("hash_ids", "in", "INT32", "[T_DYN, N_HASH_COLS]"),
+                  ("engram_table", "in", "BF16", "[NUM_EMBEDDINGS, HEAD_DIM]"),
+                  ("wkv_weight", "in", "BF16", "[ENGRAM_K, KV_OUT]"), ("weight", "in", "FP32", "[HC_MULT, D]"),
+                  ("x", "in", "BF16", "[T_DYN, HC_MULT, D]"), ("out", "out", "BF16", "[T_DYN, HC_MULT, D]")),
+            note="the table is a BF16 stand-in for the released FP8 rows (N_HASH_COLS 24, HEAD_DIM 256, KV_OUT "
+                 "5·5120); the device clamps hash ids into the table where the reference refuses them; compiled at "
+                 "the Flash geometry while the Engram tree is tiny"),
+    Binding("engram_tp", "not bound", f"{FLASH}/engram.py::engram_tp", "@pl.jit.inline (distributed)",
+            _args(("hash_ids", "in", "INT32", "[T_DYN, N_HASH_COLS]"),
+                  ("engram_table", "in", "BF16", "[ROWS_PER_RANK, HEAD_DIM]"),
+                  ("wkv_weight", "in", "BF16", "[ENGRAM_K, KV_OUT]"), ("weight", "in", "FP32", "[HC_MULT, D]"),
+                  ("x", "in", "BF16", "[T_DYN, HC_MULT, D]"), ("out", "out", "BF16", "[T_DYN, HC_MULT, D]"),
+                  ("lookup_window", "inout", "BF16 (distributed window)", "[TP_MAX_TOKENS, ENGRAM_K]"),
+                  ("signal", "inout", "INT32 (distributed window)", "[TP_SIZE, 1]"),
+                  ("my_rank", "scalar", "INT32", "")),
+            note="--tp sets TP_SIZE at import (1, 2, 4, 8) and the device count must equal it; TP_MAX_TOKENS 256"),
     Binding("final_norm", "not bound", f"{FLASH}/rmsnorm.py::rms_norm (boundary_fwd.py)", "@pl.jit.inline",
             _args(("hidden", "in", "BF16", "[T_DYN, D]"), ("final_norm_w", "in", "BF16", "[D]"),
                   ("x_normed", "out", "BF16", "[T_DYN, D]")),

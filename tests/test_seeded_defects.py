@@ -147,6 +147,13 @@ CASES = [
      "[0, 1, 127, 128, 129]"),
     ("moe:COUNT_FIRST_SOURCE", "test_moe:test_recv_y_holds_each_local_experts_outputs_in_slot_order",
      "recv_expert_count rank 0"),
+    # the Engram block (HC-13, HC-14)
+    ("engram:GATE_WITHOUT_SQRT", "test_engram:test_the_engram_output_is_the_released_formula_within_its_budget",
+     "engram"),
+    ("engram:VALUE_FIRST", "test_engram:test_the_engram_output_is_the_released_formula_within_its_budget",
+     "engram"),
+    ("engram:TP_UNMASKED", "test_engram:test_the_sharded_lookup_equals_the_single_rank_lookup_on_every_rank",
+     "differs"),
     ("lm_head:NORM_WITHOUT_WEIGHT", "test_lm_head:test_the_boundary_chain_embeds_collapses_and_normalizes",
      "x_normed"),
     ("prefill_plan:NEW_BEFORE_TAIL",

@@ -459,6 +459,10 @@ HC_MIX_TOL_VARIANTS = {"hc_mixes": HC_MIX_TOL, "decode_common_attention_pre_mix"
 HC_OUT_TOL = (1e-4, 1 / 128)
 
 
+# Engram output: ratio_allclose(atol, rtol) (upstream_checks HC-14).
+ENGRAM_TOL = (1e-3, 1e-2)
+
+
 # LM head logits: |a - e| <= atol + rtol·|e| on EVERY element, no outlier quota (upstream_checks AP-17).
 LOGITS_TOL = (1e-3, 1e-3)
 

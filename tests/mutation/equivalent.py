@@ -127,6 +127,16 @@ DEFAULT_DP = 'lm_head passes dp explicitly (dp = tp); the default of lm_head_lay
 DEFAULT_EPOCH = 'The default attention epoch is only validated (1..1000): a default of 2 is as valid as 1 and changes no result.'
 REPLICAS = 'Replicated wiring: every rank holds the same output bytes (one replica stacked tp times), so any replica index gives the same rows.'
 
+ENGRAM_EXACT_SUM = ("Sums the rank partial lookups in BF16 instead of FP32: each element has exactly one non-zero "
+                    "contributor (the rank holding the row), so the sum is that BF16 value either way.")
+ENGRAM_KV_FP64 = ("Keeps the projected key / value in FP64 instead of rounding them to FP32: the difference is 2^-24 "
+                  "relative, far below the BF16 output step (2^-8); it can move an output only when the FP32 sum "
+                  "lands within 2^-24 of a BF16 rounding midpoint, which no fixed input can aim at through the "
+                  "sigmoid, and which the device's own FP32 accumulation order would not reproduce either.")
+ENGRAM_UNFLATTEN = "unflatten(-1, ...) and unflatten(1, ...) are the same dimension of the 2-D projection."
+ENGRAM_MASK_CAST = ("The row mask multiplies BF16 rows: a bool mask promotes to the rows' dtype in the product, so "
+                    "casting it first changes nothing.")
+
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
@@ -434,4 +444,9 @@ EQUIVALENT: dict[str, str] = {
     'kernels.prefill_plan:select_decoder_replay:name:int64->int32#3': DTYPE,
     'kernels.reference.block:decode_block:const:0->1#1': REPLICAS,
     'kernels.half_layer:check_half_layer_call:const:1->2#2': DEFAULT_EPOCH,
+    'kernels.reference.engram:engram_tp:drop-call:torch.stack(partials).float()[float]->(skipped)#0': ENGRAM_EXACT_SUM,
+    'kernels.reference.engram:_gate_and_add:drop-call:(lookup.to(torch.bfloat16).double() @ wkv.to(torch.bfloat...[float]->(skipped)#0': ENGRAM_KV_FP64,
+    'kernels.reference.engram:_gate_and_add:drop-unary:-1[USub]->(none)#0': ENGRAM_UNFLATTEN,
+    'kernels.reference.engram:_gate_and_add:drop-call:weight.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.reference.engram:engram_tp:drop-call:mine[..., None].to(shard.dtype)[to]->(skipped)#0': ENGRAM_MASK_CAST,
 }
