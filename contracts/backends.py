@@ -122,6 +122,11 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "{x_hc, next_pre_mix, attention_input, ffn_input, attention_hidden, ffn_output}: one decode Block "
                      "(attention + MoE through mHC with the delayed pre-mix), composed from this backend's "
                      "operators", "§1"),
+        OperatorSpec("causal_encoder", "(x_hc [T,hc,D] FP32, layer_inputs {kind: attention inputs}, attention_mhc, "
+                     "ffn_mhc, router, bias, experts, shared, *, tp, config, layers=None)",
+                     "{x_hc, next_pre_mix, layer_x_hc [L,T,hc,D], layer_pre_mix [L,T,hc], reused_from [L]}: the "
+                     "decode Blocks of layers 0..19 chained, REUSE layers reading their source's published cache "
+                     "and Top-K, composed from this backend's operators", "§1"),
         OperatorSpec("attention_half_layer",
                      "(inputs {name: tensor}, *, kind, phase, wiring, tp, config=FLASH_TINY)",
                      "{output, window_payload, window_scale, [compressed_/index_ payload+scale], [topk_indices], "
@@ -261,6 +266,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "tp_reduce_scatter": ("kernels.reference.tp", "tp_reduce_scatter"),
     "attention_half_layer": ("kernels.reference.attention_layer", "attention_half_layer"),
     "decode_block": ("kernels.reference.block", "decode_block"),
+    "causal_encoder": ("kernels.reference.block", "causal_encoder"),
     "decoder_replay": ("kernels.prefill_plan", "select_decoder_replay"),
     "encoder_replay": ("kernels.prefill_plan", "select_encoder_replay"),
     "hc_mixes": ("kernels.reference.mhc", "hc_mixes"),

@@ -149,3 +149,61 @@ def test_the_block_composes_the_backends_own_operators_and_refuses_bf16_streams(
     i["x_hc"] = i["x_hc"].to(torch.bfloat16)
     with pytest.raises(ContractInputError, match="x_hc"):
         run(op(backend, "decode_block"), i, kind)
+
+
+CHAIN_KINDS = (LayerKind.SWA, LayerKind.C2A_FULL, LayerKind.C2A_REUSE)
+
+
+def _chain_case(seed: int = 0):
+    base = block_inputs(LayerKind.SWA, seed)
+    layer_inputs = {k: block_inputs(k, seed)["attention_inputs"] for k in CHAIN_KINDS}
+    weights = (base["attention_mhc"], base["ffn_mhc"], base["router"], base["bias"], base["experts"], base["shared"])
+    return base["x_hc"], layer_inputs, weights
+
+
+def test_the_causal_encoder_chains_twenty_blocks_and_reuse_layers_read_their_source(backend):
+    """Layers 0..19 of the schedule (SWA 0-1, C2A FULL 2/8/14, REUSE elsewhere) chained: layer 0 starts from
+    the one-hot mix, each layer takes the previous next_pre_mix, and a REUSE layer reads the compressed cache and
+    Top-K its own source published in this run (3-7 from 2, 9-13 from 8, 15-19 from 14). The chain equals an
+    independent composition of decode_block calls (the sources' caches re-derived with attention_half_layer on
+    each FULL layer's attention input) bit for bit; the three sources publish different caches, so reading the
+    wrong one shows. Spec: HC-12, HC-05."""
+    x_hc, layer_inputs, weights = _chain_case()
+    chain = op(backend, "causal_encoder")(x_hc, layer_inputs, *weights, tp=TP, config=C)
+    want_sources = [-1, -1, -1] + [2] * 5 + [-1] + [8] * 5 + [-1] + [14] * 5
+    assert chain["reused_from"].tolist() == want_sources, chain["reused_from"].tolist()
+    block, attention = op(backend, "decode_block"), op(backend, "attention_half_layer")
+    x, mix, published = x_hc, identity_pre_mix(x_hc), {}
+    for layer in range(20):
+        kind = C.schedule[layer].kind
+        inputs = dict(layer_inputs[kind])
+        if kind is LayerKind.C2A_REUSE:
+            inputs.update(published[C.schedule[layer].kv_source])
+        res = block(x, mix, inputs, *weights, kind=kind, tp=TP, config=C)
+        if kind is LayerKind.C2A_FULL:
+            out = attention({**inputs, "x": res["attention_input"]}, kind=kind, phase="decode",
+                            wiring="replicated", tp=TP, config=C)
+            published[layer] = {n: out[n] for n in ("compressed_payload", "compressed_scale", "topk_indices")}
+        assert torch.equal(chain["layer_x_hc"][layer], res["x_hc"]), f"layer {layer}: x_hc differs"
+        assert torch.equal(chain["layer_pre_mix"][layer], res["next_pre_mix"]), f"layer {layer}: pre mix differs"
+        x, mix = res["x_hc"], res["next_pre_mix"]
+    assert torch.equal(chain["x_hc"], x) and torch.equal(chain["next_pre_mix"], mix)
+    for a, b in ((2, 8), (8, 14)):
+        assert not torch.equal(published[a]["compressed_payload"], published[b]["compressed_payload"]), \
+            f"sources {a} and {b} publish the same cache: the case cannot tell them apart"
+
+
+def test_a_causal_encoder_prefix_is_the_chain_so_far_and_bad_calls_are_refused(backend):
+    """layers=k runs the first k Blocks (the same rows as the full chain's first k); 0 or 21 layers, and a
+    chain whose rows are not all active (HC-05), are refused naming the field. Spec: HC-05, HC-12."""
+    x_hc, layer_inputs, weights = _chain_case(1)
+    enc = op(backend, "causal_encoder")
+    four = enc(x_hc, layer_inputs, *weights, tp=TP, config=C, layers=4)
+    two = enc(x_hc, layer_inputs, *weights, tp=TP, config=C, layers=2)
+    assert torch.equal(four["layer_x_hc"][:2], two["layer_x_hc"]) and four["reused_from"].tolist() == [-1, -1, -1, 2]
+    for bad in (0, 21, True):
+        with pytest.raises(ContractInputError, match="layers"):
+            enc(x_hc, layer_inputs, *weights, tp=TP, config=C, layers=bad)
+    inactive = {k: {**v, "num_tokens": v["num_tokens"] - 1} for k, v in layer_inputs.items()}
+    with pytest.raises(ContractInputError, match="every capacity row active"):
+        enc(x_hc, inactive, *weights, tp=TP, config=C, layers=1)

@@ -394,6 +394,10 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
     Binding("decoder_replay", "host", f"{FLASH}/metadata.py::select_decoder_replay (prefill_decoder.py)",
             "host Python"),
     Binding("encoder_replay", "host", f"{FLASH}/prefill_encoder.py::select_encoder_replay", "host Python"),
+    Binding("causal_encoder", "composition", f"{FLASH}/decode_causal_encoder.py (the golden chain of layers "
+            "0..19)", "composition",
+            note="composed from decode_block on this backend's operators; REUSE layers take their source's "
+                 "published compressed cache and Top-K"),
     Binding("decode_block", "composition", f"{FLASH}/decode_layer.py (golden_decode_layer; the device entry "
             "chains the mHC, attention and MoE entries)", "composition",
             note="composed from the operators this backend binds (hc_mixes, hc_pre, hc_post, moe_gate, "

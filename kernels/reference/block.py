@@ -19,7 +19,9 @@ A Block golden needs every capacity row active: a call with fewer active tokens 
 Every primitive is taken from ``ops`` (operator name -> callable, defaulting to the Torch references), so a
 backend that replaces one (a seeded defect, a device kernel) is judged through the whole Block.
 
-Spec: §1 (the layer), upstream_checks HC-03, HC-04, HC-05, MO-14.
+``causal_encoder`` chains the Blocks of layers 0..19 as the decode causal encoder does (see its doc).
+
+Spec: §1 (the layer), upstream_checks HC-03, HC-04, HC-05, HC-12, MO-14.
 """
 
 from __future__ import annotations
@@ -74,6 +76,16 @@ def decode_block(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, attention_i
     mix handed on), the two sublayer inputs, ``attention_hidden`` and ``ffn_output`` (the MoE's BF16 rows the
     FFN expansion takes); the caches the attention updates are the half-layer's, judged by its own trees.
     Spec: HC-03, HC-04, HC-05."""
+    result, _attention = _block(x_hc, incoming_pre_mix, attention_inputs, attention_mhc, ffn_mhc, router, bias,
+                                experts, shared, kind=kind, tp=tp, config=config, ops=ops)
+    return result
+
+
+def _block(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, attention_inputs: Tensors,
+           attention_mhc: MhcWeights, ffn_mhc: MhcWeights, router: torch.Tensor, bias: torch.Tensor, experts,
+           shared, *, kind: LayerKind | str, tp: int, config: V41Config,
+           ops: Mapping[str, Callable] | None) -> tuple[Tensors, Tensors]:
+    """decode_block, also handing back the attention half-layer's own outputs (its caches and Top-K)."""
     o = {**_reference_ops(), **(ops or {})}
     tokens = x_hc.shape[0]
     if x_hc.ndim != 3 or x_hc.dtype != torch.float32:
@@ -94,8 +106,58 @@ def decode_block(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, attention_i
     ffn_input = o["hc_pre"](attention_hidden, attn.pre)
     moe_out = moe_dense(ffn_input, router, bias, experts, shared, config=config, ops=o)
     x_out = o["hc_post"](moe_out, attention_hidden, ffn.post, ffn.residual)
-    return {"x_hc": x_out, "next_pre_mix": ffn.pre, "attention_input": attention_input, "ffn_input": ffn_input,
-            "attention_hidden": attention_hidden, "ffn_output": moe_out}
+    return ({"x_hc": x_out, "next_pre_mix": ffn.pre, "attention_input": attention_input, "ffn_input": ffn_input,
+             "attention_hidden": attention_hidden, "ffn_output": moe_out}, out)
 
 
 decode_block.composes_operators = True  # a backend binds ``ops`` to its own operators (contracts.backends)
+
+# What a REUSE layer takes from its KV source: the compressed cache the source published and its Top-K rows.
+REUSED = ("compressed_payload", "compressed_scale", "topk_indices")
+
+
+def causal_encoder(x_hc: torch.Tensor, layer_inputs: Mapping[LayerKind, Tensors], attention_mhc: MhcWeights,
+                   ffn_mhc: MhcWeights, router: torch.Tensor, bias: torch.Tensor, experts, shared, *, tp: int,
+                   config: V41Config = FLASH_TINY, layers: int | None = None,
+                   ops: Mapping[str, Callable] | None = None) -> Tensors:
+    """The decode causal encoder: the Blocks of layers 0 .. candidate source - 1 (0..19) in order. Layer 0
+    starts from the one-hot lane-0 mix and every later layer takes the previous Block's ``next_pre_mix``; each
+    layer runs the attention kind of the schedule with ``layer_inputs[kind]`` (its weights, metadata and its own
+    window cache), except that a REUSE layer reads the compressed cache and Top-K rows its KV source layer
+    published in this run (layers 3-7 from 2, 9-13 from 8, 15-19 from 14). ``layers`` stops early (a prefix of
+    the chain). Returns the final ``x_hc`` and ``next_pre_mix``, ``layer_x_hc`` [L, T, hc, D] after every layer,
+    ``layer_pre_mix`` [L, T, hc] handed on by every layer, and ``reused_from`` [L] (the source each layer's
+    compressed cache came from, -1 for SWA and FULL). Spec: upstream_checks HC-05, HC-12."""
+    from kernels.prefill_plan import causal_encoder_layer
+    from kernels.reference.mhc import identity_pre_mix
+
+    o = {**_reference_ops(), **(ops or {})}
+    count = config.candidate_source_layer_id if layers is None else layers
+    if isinstance(count, bool) or not 1 <= count <= config.candidate_source_layer_id:
+        raise ContractInputError("layers", None, f"1..{config.candidate_source_layer_id}", count, "HC-12")
+    mix = identity_pre_mix(x_hc)
+    published: dict[int, Tensors] = {}
+    xs, mixes, sources = [], [], []
+    for layer_id in range(count):
+        layer = config.schedule[causal_encoder_layer(layer_id, config)]
+        inputs = dict(layer_inputs[layer.kind])
+        source = -1
+        if layer.kind is LayerKind.C2A_REUSE:
+            source = layer.kv_source
+            if source not in published:
+                raise ContractInputError("kv_source", (layer_id,), f"layer {source} run before layer {layer_id}",
+                                         "not run", "HC-12")
+            inputs.update(published[source])
+        result, attention = _block(x_hc, mix, inputs, attention_mhc, ffn_mhc, router, bias, experts, shared,
+                                   kind=layer.kind, tp=tp, config=config, ops=o)
+        if layer.kind is LayerKind.C2A_FULL:
+            published[layer_id] = {name: attention[name] for name in REUSED}
+        x_hc, mix = result["x_hc"], result["next_pre_mix"]
+        xs.append(x_hc)
+        mixes.append(mix)
+        sources.append(source)
+    return {"x_hc": x_hc, "next_pre_mix": mix, "layer_x_hc": torch.stack(xs), "layer_pre_mix": torch.stack(mixes),
+            "reused_from": torch.tensor(sources, dtype=torch.int32)}
+
+
+causal_encoder.composes_operators = True

@@ -38,3 +38,35 @@ def _accepts_inactive(x_hc, incoming, attention_inputs, *args, **kw):
 
 _accepts_inactive.composes_operators = True
 ACCEPTS_INACTIVE = _base.derive("defect:block-accepts-inactive-rows", decode_block=_accepts_inactive)
+
+
+class _FirstSourceConfig:
+    """The config with every REUSE layer's KV source reported as the first source (layer 2)."""
+
+    def __init__(self, config):
+        self._config = config
+
+    def __getattr__(self, name):
+        return getattr(self._config, name)
+
+    @property
+    def schedule(self):
+        import dataclasses
+
+        from kernels.config import LayerKind
+
+        first = self._config.kv_source_layer_ids[0]
+        return tuple(dataclasses.replace(layer, kv_source=first) if layer.kind is LayerKind.C2A_REUSE else layer
+                     for layer in self._config.schedule)
+
+
+def _reuse_first_source(x_hc, layer_inputs, *args, config=block.FLASH_TINY, **kw):
+    """Wrong: every REUSE layer of the causal encoder reads the first source's cache and Top-K (layer 2's)."""
+    out = block.causal_encoder(x_hc, layer_inputs, *args, config=_FirstSourceConfig(config), **kw)
+    sources = out["reused_from"].tolist()
+    true = [layer.kv_source if s >= 0 else -1 for s, layer in zip(sources, config.schedule, strict=False)]
+    return {**out, "reused_from": out["reused_from"].new_tensor(true)}  # it even reports the right sources
+
+
+_reuse_first_source.composes_operators = True
+REUSE_FIRST_SOURCE = _base.derive("defect:causal-encoder-reuse-first-source", causal_encoder=_reuse_first_source)
