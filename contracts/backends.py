@@ -122,6 +122,10 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "{x_hc, next_pre_mix, attention_input, ffn_input, attention_hidden, ffn_output}: one decode Block "
                      "(attention + MoE through mHC with the delayed pre-mix), composed from this backend's "
                      "operators", "§1"),
+        OperatorSpec("decode_block_sharded", "(x_hc slabs [tp,W,hc,D] FP32, incoming_pre_mix slabs [tp,W,hc], "
+                     "attention_inputs, attention_mhc, ffn_mhc, router, bias, experts, shared, *, kind, tp, config)",
+                     "decode_block's outputs as owner slabs (padding rows zero) plus gathered [T,D]: the sharded "
+                     "wiring, composed from this backend's operators", "§1"),
         OperatorSpec("causal_encoder", "(x_hc [T,hc,D] FP32, layer_inputs {kind: attention inputs}, attention_mhc, "
                      "ffn_mhc, router, bias, experts, shared, *, tp, config, layers=None)",
                      "{x_hc, next_pre_mix, layer_x_hc [L,T,hc,D], layer_pre_mix [L,T,hc], reused_from [L]}: the "
@@ -267,6 +271,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "attention_half_layer": ("kernels.reference.attention_layer", "attention_half_layer"),
     "decode_block": ("kernels.reference.block", "decode_block"),
     "causal_encoder": ("kernels.reference.block", "causal_encoder"),
+    "decode_block_sharded": ("kernels.reference.block", "decode_block_sharded"),
     "decoder_replay": ("kernels.prefill_plan", "select_decoder_replay"),
     "encoder_replay": ("kernels.prefill_plan", "select_encoder_replay"),
     "hc_mixes": ("kernels.reference.mhc", "hc_mixes"),

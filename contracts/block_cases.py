@@ -18,12 +18,14 @@ MIX = (2 + HC) * HC
 TP = 2
 
 
-def block_inputs(kind: LayerKind, seed: int = 0) -> dict:
-    """Everything one decode Block call takes: a half-layer case with every row active, FP32 streams, an
-    incoming mix that is not one-hot, both mHC weight sets, a router and BF16-valued experts."""
+def block_inputs(kind: LayerKind, seed: int = 0, *, batch: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+                 wiring: str = "replicated", tp: int = TP) -> dict:
+    """Everything one decode Block call takes: a half-layer case with every row active (``batch``: its query
+    and kv lens instead of the default), FP32 streams, an incoming mix that is not one-hot, both mHC weight sets,
+    a router and BF16-valued experts."""
     g = torch.Generator().manual_seed(seed + 101)
-    attention = build(HalfLayerCase(kind, "decode", "replicated", TP, seed=seed, padding=0))
-    tokens = attention["x"].shape[0]
+    attention = build(HalfLayerCase(kind, "decode", wiring, tp, seed=seed, padding=0, batch=batch))
+    tokens = attention["position_ids"].shape[0]
 
     def mhc_weights() -> MhcWeights:
         return MhcWeights(torch.randn(MIX, HC * D, generator=g) / (HC * D) ** 0.5, torch.randn(3, generator=g),

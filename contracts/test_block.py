@@ -207,3 +207,84 @@ def test_a_causal_encoder_prefix_is_the_chain_so_far_and_bad_calls_are_refused(b
     inactive = {k: {**v, "num_tokens": v["num_tokens"] - 1} for k, v in layer_inputs.items()}
     with pytest.raises(ContractInputError, match="every capacity row active"):
         enc(x_hc, inactive, *weights, tp=TP, config=C, layers=1)
+
+
+def _to_slabs(rows: torch.Tensor, tp: int, active: int) -> torch.Tensor:
+    """The first ``active`` of ``rows`` (a capacity of rows.shape[0]) as owner slabs."""
+    from kernels.sequence_parallel import sequence_parallel_bounds
+
+    bounds = sequence_parallel_bounds(active, tp, rows.shape[0])
+    out = torch.zeros((tp, bounds[0].width, *rows.shape[1:]), dtype=rows.dtype)
+    for b in bounds:
+        out[b.rank, :b.count] = rows[b.first:b.first + b.count]
+    return out
+
+
+def _rows(slabs: torch.Tensor, active: int) -> torch.Tensor:
+    tp, width = slabs.shape[:2]
+    return torch.cat([slabs[r, :max(0, min(width, active - r * width))] for r in range(tp)])
+
+
+SP_CASES = [(LayerKind.SWA, (1,), (29,)), (LayerKind.SWA, (1, 2), (29, 40)), (LayerKind.C2A_FULL, (1, 2, 4), (29, 40, 9)),
+            (LayerKind.C1A_FULL, (2, 3), (29, 9))]
+
+
+@pytest.mark.parametrize("kind, qlens, kvs", SP_CASES, ids=[f"{k.value}-T{sum(q)}" for k, q, _ in SP_CASES])
+def test_two_sharded_blocks_hand_off_owner_slabs_and_match_dense_mhc(backend, kind, qlens, kvs):
+    """Tokens 1, 3, 7 and 5 over TP4 owner slabs (width ceil(T/4), short and empty slabs included), two Blocks
+    in a row, the second consuming the first's output slabs as they are: on every layer the collapsed
+    attention input holds the batch's rows in order (layer 1) and every mHC step equals dense mHC on the gathered
+    rows bit for bit (the collapse, the FFN pre mix handed on, the FFN expansion); the attention's all-gathered
+    input is the gathered collapse; every padding row of every output slab is exactly zero; token order is
+    kept. Spec: MD-27, SP-14, SP-07."""
+    tp = 4
+    i = block_inputs(kind, 3, batch=(qlens, kvs), wiring="sharded", tp=tp)
+    tokens = sum(qlens)
+    capacity = i["x_hc"].shape[0]
+    weights = (i["attention_mhc"], i["ffn_mhc"], i["router"], i["bias"], i["experts"], i["shared"])
+    sharded = op(backend, "decode_block_sharded")
+    hc_mixes, hc_pre, hc_post = op(backend, "hc_mixes"), op(backend, "hc_pre"), op(backend, "hc_post")
+    x, mix = _to_slabs(i["x_hc"], tp, tokens), _to_slabs(i["incoming_pre_mix"], tp, tokens)
+    assert x.shape[1] == -(-capacity // tp)
+    for layer in (1, 2):
+        out = sharded(x, mix, i["attention_inputs"], *weights, kind=kind, tp=tp, config=C)
+        dense_x, dense_mix = _rows(x, tokens), _rows(mix, tokens)
+        collapse = hc_pre(dense_x, dense_mix)
+        assert torch.equal(_rows(out["attention_input"], tokens), collapse), f"layer {layer}: collapse"
+        assert torch.equal(out["gathered"][:tokens], collapse), f"layer {layer}: the all-gathered input"
+        if layer == 1:
+            assert torch.equal(collapse, hc_pre(i["x_hc"][:tokens], i["incoming_pre_mix"][:tokens])), \
+                "layer 1: the slabs do not hold the batch's rows in order"
+        hidden = _rows(out["attention_hidden"], tokens)
+        ffn = hc_mixes(hidden, i["ffn_mhc"].function, i["ffn_mhc"].scale, i["ffn_mhc"].base, config=C)
+        assert torch.equal(_rows(out["next_pre_mix"], tokens), ffn.pre), f"layer {layer}: next pre mix"
+        want_x = hc_post(_rows(out["ffn_output"], tokens), hidden, ffn.post, ffn.residual)
+        assert torch.equal(_rows(out["x_hc"], tokens), want_x), f"layer {layer}: FFN expansion"
+        for name in ("x_hc", "next_pre_mix", "attention_input", "ffn_input", "attention_hidden", "ffn_output"):
+            pad = out[name].clone()
+            for r in range(tp):
+                pad[r, :max(0, min(pad.shape[1], tokens - r * pad.shape[1]))] = 0
+            assert not bool(pad.flatten().ne(0).any()), f"layer {layer}: {name} has a non-zero padding row"
+        x, mix = out["x_hc"], out["next_pre_mix"]
+
+
+def test_a_sharded_block_refuses_dirty_padding_and_wrong_slabs(backend):
+    """A non-zero padding row of the incoming x_hc or pre-mix slabs is refused naming rank and row; slabs of
+    the wrong width and BF16 streams are refused. Spec: MD-27."""
+    tp = 4
+    i = block_inputs(LayerKind.SWA, 4, batch=((1, 2), (29, 40)), wiring="sharded", tp=tp)
+    weights = (i["attention_mhc"], i["ffn_mhc"], i["router"], i["bias"], i["experts"], i["shared"])
+    x, mix = _to_slabs(i["x_hc"], tp, 3), _to_slabs(i["incoming_pre_mix"], tp, 3)
+    sharded = op(backend, "decode_block_sharded")
+    dirty = x.clone()
+    dirty[3, 0, 1, 5] = 1e-9  # rank 3 owns no row of 3 tokens over width 1
+    with pytest.raises(ContractInputError, match=r"x_hc\[3\]\[0\]: expected 0 \(a padding row"):
+        sharded(dirty, mix, i["attention_inputs"], *weights, kind=LayerKind.SWA, tp=tp, config=C)
+    dirty_mix = mix.clone()
+    dirty_mix[3, 0, 0] = 0.5
+    with pytest.raises(ContractInputError, match=r"incoming_pre_mix\[3\]\[0\]"):
+        sharded(x, dirty_mix, i["attention_inputs"], *weights, kind=LayerKind.SWA, tp=tp, config=C)
+    with pytest.raises(ContractInputError, match="owner slabs"):
+        sharded(x[:, :0], mix[:, :0], i["attention_inputs"], *weights, kind=LayerKind.SWA, tp=tp, config=C)
+    with pytest.raises(ContractInputError, match="owner slabs"):
+        sharded(x.to(torch.bfloat16), mix, i["attention_inputs"], *weights, kind=LayerKind.SWA, tp=tp, config=C)

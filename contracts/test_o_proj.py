@@ -107,3 +107,21 @@ def test_o_proj_rounds_the_unrotated_heads_to_bf16(backend):
     w = torch.tensor([[[0.0, 0.0, 1.0, 1.0]]]).to(torch.bfloat16)  # one group, O_LORA 1
     out = op(backend, "o_proj")(x, torch.tensor([[0.6]]), torch.tensor([[0.8]]), w, torch.tensor([[1.0]]))
     assert out.item() == -0.19921875, f"partial {out.item()!r}: expected -0.19921875 (BF16 unrotated heads)"
+
+
+def test_the_qkv_projection_is_an_fp32_gemm_with_one_bf16_cast():
+    """The half-layer's Q / KV / compressor projection (``project``): products and sums in full precision,
+    rounded once to FP32, and the caller rounds to BF16 once at the boundary. Hand vector: x = [1, 2^-9,
+    2^-9, 2^-9] against a column of ones gives exactly 1 + 3·2^-9 in FP32 and 1 + 2^-7 after the one BF16
+    cast; a GEMM accumulating in BF16 (each partial sum rounded) stays at 1.0. Spec: AP-10."""
+    from kernels.reference.compressor import project
+
+    x = torch.tensor([[1.0, 2.0**-9, 2.0**-9, 2.0**-9]])
+    w = torch.ones(4, 1)
+    out = project(x, w)
+    assert out.dtype == torch.float32 and out.item() == 1 + 3 * 2.0**-9
+    assert out.to(torch.bfloat16).item() == 1 + 2.0**-7
+    acc = torch.zeros((), dtype=torch.bfloat16)
+    for v in x[0]:
+        acc = (acc + v.to(torch.bfloat16)).to(torch.bfloat16)
+    assert acc.item() == 1.0, "the hand vector separates a BF16-accumulating GEMM"

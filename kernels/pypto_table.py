@@ -394,6 +394,10 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
     Binding("decoder_replay", "host", f"{FLASH}/metadata.py::select_decoder_replay (prefill_decoder.py)",
             "host Python"),
     Binding("encoder_replay", "host", f"{FLASH}/prefill_encoder.py::select_encoder_replay", "host Python"),
+    Binding("decode_block_sharded", "composition", f"{FLASH}/decode_sp_integration.py (the owner-slab hand-off "
+            "of two layers)", "composition",
+            note="composed from hc_mixes, hc_pre, hc_post, attention_half_layer (sharded wiring) and the MoE "
+                 "operators of this backend"),
     Binding("causal_encoder", "composition", f"{FLASH}/decode_causal_encoder.py (the golden chain of layers "
             "0..19)", "composition",
             note="composed from decode_block on this backend's operators; REUSE layers take their source's "

@@ -147,6 +147,8 @@ CASES = [
      "[0, 1, 127, 128, 129]"),
     ("moe:COUNT_FIRST_SOURCE", "test_moe:test_recv_y_holds_each_local_experts_outputs_in_slot_order",
      "recv_expert_count rank 0"),
+    ("block:PADDING_MIX", "test_block:test_two_sharded_blocks_hand_off_owner_slabs_and_match_dense_mhc",
+     "next_pre_mix has a non-zero padding row"),
     ("block:REUSE_FIRST_SOURCE",
      "test_block:test_the_causal_encoder_chains_twenty_blocks_and_reuse_layers_read_their_source", "layer 9"),
     # the Engram block (HC-13, HC-14)

@@ -112,6 +112,68 @@ def _block(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, attention_inputs:
 
 decode_block.composes_operators = True  # a backend binds ``ops`` to its own operators (contracts.backends)
 
+def decode_block_sharded(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, attention_inputs: Tensors,
+                         attention_mhc: MhcWeights, ffn_mhc: MhcWeights, router: torch.Tensor, bias: torch.Tensor,
+                         experts, shared, *, kind: LayerKind | str, tp: int, config: V41Config = FLASH_TINY,
+                         ops: Mapping[str, Callable] | None = None) -> Tensors:
+    """The decode Block in the sharded (sequence-parallel) wiring: ``x_hc`` [tp, W, hc, D] and
+    ``incoming_pre_mix`` [tp, W, hc] are owner slabs (rank r holds active rows [r·W, r·W + count) of the batch,
+    W = ceil(capacity / tp), the rest zero; the capacity may exceed the active rows, as TP padding does). Every mHC step runs on each rank's own rows; the attention takes the
+    collapsed slabs in its sharded wiring (it all-gathers them) and returns output slabs; the MoE runs on the
+    rank's rows. Every output is a slab of the same bounds with exact zeros on padding rows -- the next layer
+    consumes it as it is, without a re-split. A padding row that is not zero on input is refused naming rank
+    and row. Spec: upstream_checks MD-27, SP-14, SP-07, HC-03, HC-04."""
+    from kernels.sequence_parallel import sequence_parallel_bounds
+
+    o = {**_reference_ops(), **(ops or {})}
+    tokens = int(attention_inputs["position_ids"].shape[0])
+    active = int(attention_inputs["num_tokens"])
+    bounds = sequence_parallel_bounds(active, tp, tokens)
+    width, hc, d = bounds[0].width, config.hc_mult, config.hidden_size
+    if x_hc.shape != (tp, width, hc, d) or x_hc.dtype != torch.float32 or incoming_pre_mix.shape != (tp, width, hc):
+        raise ContractInputError("x_hc", None, f"FP32 owner slabs [{tp}, {width}, {hc}, {d}] with pre-mix slabs "
+                                 f"[{tp}, {width}, {hc}]", [f"{x_hc.dtype}{list(x_hc.shape)}",
+                                                            list(incoming_pre_mix.shape)], "MD-27")
+    for name, slabs in (("x_hc", x_hc), ("incoming_pre_mix", incoming_pre_mix)):
+        for b in bounds:
+            dirty = (slabs[b.rank, b.count:] != 0).flatten(1).any(1)
+            if bool(dirty.any()):
+                raise ContractInputError(name, (b.rank, b.count + int(dirty.nonzero()[0, 0])),
+                                         "0 (a padding row of the owner slab)", "non-zero", "MD-27")
+    attention_input = torch.zeros(tp, width, d, dtype=torch.bfloat16)
+    mixes = []
+    for b in bounds:
+        rows = x_hc[b.rank, :b.count]
+        mixes.append(o["hc_mixes"](rows, attention_mhc.function, attention_mhc.scale, attention_mhc.base,
+                                   config=config))
+        attention_input[b.rank, :b.count] = o["hc_pre"](rows, incoming_pre_mix[b.rank, :b.count])
+    attention = o["attention_half_layer"]
+    if getattr(attention, "composes_operators", False):
+        attention = partial(attention, ops=o)
+    out = attention({**attention_inputs, "x": attention_input}, kind=kind, phase="decode", wiring="sharded", tp=tp,
+                    config=config)
+    result = {"x_hc": torch.zeros_like(x_hc), "next_pre_mix": torch.zeros_like(incoming_pre_mix),
+              "attention_input": attention_input, "ffn_input": torch.zeros(tp, width, d, dtype=torch.bfloat16),
+              "attention_hidden": torch.zeros_like(x_hc), "ffn_output": torch.zeros(tp, width, d, dtype=torch.bfloat16)}
+    for b, attn in zip(bounds, mixes, strict=True):
+        r, n = b.rank, b.count
+        if n == 0:
+            continue
+        hidden = o["hc_post"](out["output"][r, :n], x_hc[r, :n], attn.post, attn.residual)
+        ffn = o["hc_mixes"](hidden, ffn_mhc.function, ffn_mhc.scale, ffn_mhc.base, config=config)
+        ffn_input = o["hc_pre"](hidden, attn.pre)
+        moe_out = moe_dense(ffn_input, router, bias, experts, shared, config=config, ops=o)
+        result["x_hc"][r, :n] = o["hc_post"](moe_out, hidden, ffn.post, ffn.residual)
+        result["next_pre_mix"][r, :n] = ffn.pre
+        result["ffn_input"][r, :n] = ffn_input
+        result["attention_hidden"][r, :n] = hidden
+        result["ffn_output"][r, :n] = moe_out
+    result["gathered"] = out["gathered"]
+    return result
+
+
+decode_block_sharded.composes_operators = True
+
 # What a REUSE layer takes from its KV source: the compressed cache the source published and its Top-K rows.
 REUSED = ("compressed_payload", "compressed_scale", "topk_indices")
 

@@ -70,3 +70,21 @@ def _reuse_first_source(x_hc, layer_inputs, *args, config=block.FLASH_TINY, **kw
 
 _reuse_first_source.composes_operators = True
 REUSE_FIRST_SOURCE = _base.derive("defect:causal-encoder-reuse-first-source", causal_encoder=_reuse_first_source)
+
+
+def _padding_mix(x_hc, incoming, attention_inputs, attention_mhc, ffn_mhc, *args, config=block.FLASH_TINY, **kw):
+    """Wrong: the FFN mixes run over the whole slab, so padding rows hand on the mix of a zero row."""
+    out = block.decode_block_sharded(x_hc, incoming, attention_inputs, attention_mhc, ffn_mhc, *args, config=config,
+                                     **kw)
+    pad = mhc.hc_mixes(out["attention_hidden"][0, :1] * 0, ffn_mhc.function, ffn_mhc.scale, ffn_mhc.base,
+                       config=config).pre[0]
+    mix = out["next_pre_mix"].clone()
+    tp, width = mix.shape[:2]
+    active = int(attention_inputs["num_tokens"])
+    for r in range(tp):
+        mix[r, max(0, min(width, active - r * width)):] = pad
+    return {**out, "next_pre_mix": mix}
+
+
+_padding_mix.composes_operators = True
+PADDING_MIX = _base.derive("defect:sharded-block-padding-mix", decode_block_sharded=_padding_mix)
