@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from contracts.plugin import op
-from kernels.config import FLASH
+from kernels.config import FLASH, LayerKind
 from kernels.errors import ContractInputError
 from kernels.metadata import paged_slots
 from kernels.prefill_plan import causal_encoder_layer, prefill_layer_plan
@@ -36,6 +36,25 @@ def test_the_ced_plan_puts_layers_0_to_19_in_the_encoder_and_20_to_39_in_the_dec
     assert [p.layer_id for p in plan if p.publishes_global] == [20] and plan[20].entry == "prefill_c1a_seeded"
 
 
+def test_each_ced_layer_names_the_upstream_module_its_loader_imports():
+    """What upstream's lazy loaders import for each layer: SWA layers prefill_swa.prefill_swa (host entry
+    make_hc_program), C2A FULL / REUSE prefill_c2a_full / prefill_c2a_reuse, the seeded decoder layer 20
+    prefill_c1a_full.prefill_c1a_seeded (l3_prefill_c1a_seeded) with the global publisher
+    prefill_decoder_kv.publish_decoder_global_from_encoder_rank, REINDEX and REUSE prefill_c1a_reindex /
+    prefill_c1a_reuse with their l3 test entries; no other layer loads a publisher. Spec: SC-20."""
+    plan = prefill_layer_plan(FLASH)
+    assert plan[0].module == ("prefill_swa", "prefill_swa", "make_hc_program")
+    assert plan[2].module == ("prefill_c2a_full", "prefill_c2a_full", "make_hc_program")
+    assert plan[3].module == ("prefill_c2a_reuse", "prefill_c2a_reuse", "make_hc_program")
+    assert plan[20].module == ("prefill_c1a_full", "prefill_c1a_seeded", "l3_prefill_c1a_seeded")
+    assert plan[24].module == ("prefill_c1a_reindex", "prefill_c1a_reindex", "l3_prefill_c1a_reindex_test")
+    assert plan[21].module == ("prefill_c1a_reuse", "prefill_c1a_reuse", "l3_prefill_c1a_reuse_test")
+    assert [(p.layer_id, p.publisher) for p in plan if p.publisher] == \
+        [(20, ("prefill_decoder_kv", "publish_decoder_global_from_encoder_rank"))]
+    assert {p.module[0] for p in plan} == {"prefill_swa", "prefill_c2a_full", "prefill_c2a_reuse", "prefill_c1a_full",
+                                           "prefill_c1a_reindex", "prefill_c1a_reuse"}
+
+
 def test_a_schedule_the_ced_plan_cannot_run_is_refused_naming_the_layer():
     """A ratio-1 layer before layer 20 (or a ratio-2 layer after it) has no CED entry. Spec: SC-19."""
     ratios = list(FLASH.compress_ratios)
@@ -47,7 +66,15 @@ def test_a_schedule_the_ced_plan_cannot_run_is_refused_naming_the_layer():
 
 
 def test_the_causal_encoder_takes_layers_0_to_19_only():
-    """Spec: SC-21."""
+    """Layer ids 0..19 only (-1, 20, 40 and bools refused), and their schedule is the checkpoint's tables as
+    spec §1 transcribes them: ratio 0 at layers 0-1 (SWA, no sources), ratio 2 from layer 2 on with KV and index
+    sources 2 (layers 2-7), 8 (8-13) and 14 (14-19); C2A FULL exactly at the sources. Spec: SC-21."""
+    table = [(0, None, None)] * 2 + [(2, 2, 2)] * 6 + [(2, 8, 8)] * 6 + [(2, 14, 14)] * 6
+    got = [(FLASH.schedule[causal_encoder_layer(i)].compress_ratio, FLASH.schedule[i].kv_source,
+            FLASH.schedule[i].index_source) for i in range(20)]
+    assert got == table, got
+    assert [i for i in range(20) if FLASH.schedule[i].kind is LayerKind.C2A_FULL] == [2, 8, 14]
+    assert [i for i in range(20) if FLASH.schedule[i].kind is LayerKind.SWA] == [0, 1]
     assert [causal_encoder_layer(i) for i in (0, 1, 19)] == [0, 1, 19]
     for bad in (-1, 20, 40, True):
         with pytest.raises(ContractInputError, match="causal encoder layer_id"):

@@ -32,6 +32,17 @@ ENCODER_KINDS = {LayerKind.SWA: "prefill_swa", LayerKind.C2A_FULL: "prefill_c2a_
                  LayerKind.C2A_REUSE: "prefill_c2a_reuse"}
 DECODER_KINDS = {LayerKind.C1A_FULL: "prefill_c1a_seeded", LayerKind.C1A_REINDEX: "prefill_c1a_reindex",
                  LayerKind.C1A_REUSE: "prefill_c1a_reuse"}
+# The upstream module each entry family lives in, its device entry and its host entry (what upstream's lazy
+# loaders import), and the decoder's global publisher.
+ENTRY_MODULES = {
+    "prefill_swa": ("prefill_swa", "prefill_swa", "make_hc_program"),
+    "prefill_c2a_full": ("prefill_c2a_full", "prefill_c2a_full", "make_hc_program"),
+    "prefill_c2a_reuse": ("prefill_c2a_reuse", "prefill_c2a_reuse", "make_hc_program"),
+    "prefill_c1a_seeded": ("prefill_c1a_full", "prefill_c1a_seeded", "l3_prefill_c1a_seeded"),
+    "prefill_c1a_reindex": ("prefill_c1a_reindex", "prefill_c1a_reindex", "l3_prefill_c1a_reindex_test"),
+    "prefill_c1a_reuse": ("prefill_c1a_reuse", "prefill_c1a_reuse", "l3_prefill_c1a_reuse_test"),
+}
+GLOBAL_PUBLISHER = ("prefill_decoder_kv", "publish_decoder_global_from_encoder_rank")
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,16 @@ class PlannedLayer:
     stage: str  # "encoder" | "decoder"
     entry: str  # the prefill entry family that runs it
     publishes_global: bool  # publishes the global compressed and index caches (layer 20 only)
+
+    @property
+    def module(self) -> tuple[str, str, str]:
+        """(upstream module, device entry, host entry) the layer's attention loads."""
+        return ENTRY_MODULES[self.entry]
+
+    @property
+    def publisher(self) -> tuple[str, str] | None:
+        """(upstream module, function) of the global publisher the layer loads, if any."""
+        return GLOBAL_PUBLISHER if self.publishes_global else None
 
 
 def prefill_layer_plan(config: V41Config = FLASH) -> tuple[PlannedLayer, ...]:
