@@ -16,10 +16,11 @@ CONTRACTS = contracts_for(TWINNED)
 
 
 def test_the_emulated_backend_replaces_sparse_attention():
-    """The twin replaces ``sparse_attention``; the attention half-layer and the decode Block composed on the
-    emulated backend run on it (a composition is bound to its backend's operators), so their contracts run here
+    """The twin replaces ``sparse_attention``; the attention half-layer, the decode Block (both wirings) and the
+    causal encoder composed on the emulated backend run on it (a composition is bound to its backend's operators), so their contracts run here
     too."""
-    assert TWINNED == ["attention_half_layer", "decode_block", "sparse_attention"], TWINNED
+    assert TWINNED == ["attention_half_layer", "causal_encoder", "decode_block", "decode_block_sharded",
+                       "sparse_attention"], TWINNED
     assert CONTRACTS, "no contract calls the twinned operators"
 
 
