@@ -171,7 +171,8 @@ def test_the_causal_encoder_chains_twenty_blocks_and_reuse_layers_read_their_sou
     x_hc, layer_inputs, weights = _chain_case()
     chain = op(backend, "causal_encoder")(x_hc, layer_inputs, *weights, tp=TP, config=C)
     want_sources = [-1, -1, -1] + [2] * 5 + [-1] + [8] * 5 + [-1] + [14] * 5
-    assert chain["reused_from"].tolist() == want_sources, chain["reused_from"].tolist()
+    assert chain["reused_from"].tolist() == want_sources and chain["reused_from"].dtype == torch.int32, \
+        chain["reused_from"].tolist()
     block, attention = op(backend, "decode_block"), op(backend, "attention_half_layer")
     x, mix, published = x_hc, identity_pre_mix(x_hc), {}
     for layer in range(20):
@@ -260,7 +261,10 @@ def test_two_sharded_blocks_hand_off_owner_slabs_and_match_dense_mhc(backend, ki
         assert torch.equal(_rows(out["next_pre_mix"], tokens), ffn.pre), f"layer {layer}: next pre mix"
         want_x = hc_post(_rows(out["ffn_output"], tokens), hidden, ffn.post, ffn.residual)
         assert torch.equal(_rows(out["x_hc"], tokens), want_x), f"layer {layer}: FFN expansion"
-        for name in ("x_hc", "next_pre_mix", "attention_input", "ffn_input", "attention_hidden", "ffn_output"):
+        dtypes = {"x_hc": torch.float32, "next_pre_mix": torch.float32, "attention_input": torch.bfloat16,
+                  "ffn_input": torch.bfloat16, "attention_hidden": torch.float32, "ffn_output": torch.bfloat16}
+        for name in dtypes:
+            assert out[name].dtype == dtypes[name], f"{name} is {out[name].dtype}"
             pad = out[name].clone()
             for r in range(tp):
                 pad[r, :max(0, min(pad.shape[1], tokens - r * pad.shape[1]))] = 0
@@ -288,3 +292,39 @@ def test_a_sharded_block_refuses_dirty_padding_and_wrong_slabs(backend):
         sharded(x[:, :0], mix[:, :0], i["attention_inputs"], *weights, kind=LayerKind.SWA, tp=tp, config=C)
     with pytest.raises(ContractInputError, match="owner slabs"):
         sharded(x.to(torch.bfloat16), mix, i["attention_inputs"], *weights, kind=LayerKind.SWA, tp=tp, config=C)
+
+
+def test_the_chain_and_the_sharded_block_compose_the_backends_own_operators(backend):
+    """causal_encoder and decode_block_sharded run the backend's own mHC / MoE operators (a counting wrapper
+    sees every call: 2 collapses and 2 mix sets per Block, one per rank holding rows in the sharded wiring) and
+    work with an attention that is a plain function. Spec: HC-03, HC-12, MD-27."""
+    calls = []
+
+    def counted(name):
+        inner = backend.get(name)
+
+        def fn(*a, **kw):
+            calls.append(name)
+            return inner(*a, **kw)
+        return fn
+
+    attention = backend.get("attention_half_layer")
+
+    def plain_attention(inputs, *, kind, phase, wiring, tp, config):  # no ``composes_operators``, no ``ops``
+        return attention(inputs, kind=kind, phase=phase, wiring=wiring, tp=tp, config=config)
+
+    derived = backend.derive("counting", hc_pre=counted("hc_pre"), hc_mixes=counted("hc_mixes"),
+                             attention_half_layer=plain_attention)
+    x_hc, layer_inputs, weights = _chain_case(2)
+    derived.get("causal_encoder")(x_hc, layer_inputs, *weights, tp=TP, config=C, layers=3)
+    assert calls.count("hc_pre") == 6 and calls.count("hc_mixes") == 6, calls
+    calls.clear()
+    tp = 4
+    i = block_inputs(LayerKind.SWA, 3, batch=((1, 2), (29, 40)), wiring="sharded", tp=tp)
+    w = (i["attention_mhc"], i["ffn_mhc"], i["router"], i["bias"], i["experts"], i["shared"])
+    out = derived.get("decode_block_sharded")(_to_slabs(i["x_hc"], tp, 3), _to_slabs(i["incoming_pre_mix"], tp, 3),
+                                             i["attention_inputs"], *w, kind=LayerKind.SWA, tp=tp, config=C)
+    assert calls.count("hc_pre") == 2 * 3 and calls.count("hc_mixes") == 2 * 3, calls  # 3 ranks hold a row
+    ref = op(backend, "decode_block_sharded")(_to_slabs(i["x_hc"], tp, 3), _to_slabs(i["incoming_pre_mix"], tp, 3),
+                                              i["attention_inputs"], *w, kind=LayerKind.SWA, tp=tp, config=C)
+    assert torch.equal(out["x_hc"], ref["x_hc"])

@@ -432,7 +432,8 @@ def test_the_router_temperature_divides_the_logits(backend):
 def test_the_bf16_projection_rule_rounds_each_projection(backend):
     """``bf16-proj`` (the decode golden) rounds gate and up to BF16 before the SwiGLU: an up projection of
     1 + 2^-8 (a BF16 tie) becomes 1.0 and the hidden silu(10)·1 rounds to 10.0, while ``fp32-proj`` keeps
-    1 + 2^-8 and the hidden rounds to 10.0625. Spec: MO-02 (the older rule kept by name)."""
+    1 + 2^-8 and the hidden rounds to 10.0625; the decode golden's expert output (its recv_y) is BF16 as well,
+    where fp32-proj keeps the FP32 contribution. Spec: MO-02 (the older rule kept by name)."""
     moe_expert = op(backend, "moe_expert")
     x = torch.zeros(1, D, dtype=torch.bfloat16)
     x[0, 0] = 1.0
@@ -442,6 +443,16 @@ def test_the_bf16_projection_rule_rounds_each_projection(backend):
     fp32 = moe_expert(x, ex, None, config=C)[0, 0].item()
     bf16 = moe_expert(x, ex, None, config=C, rule="bf16-proj")[0, 0].item()
     assert (fp32, bf16) == (10.0625, 10.0), (fp32, bf16)
+    # the down projection's output too: hidden 10 · (1 + 2^-9) stays so in FP32 and is 10.0 in BF16
+    w1[0, 0], w3[0, 0] = 20.0, 1.0
+    w2[0, 0], w2[1, 0] = 1 + 2.0**-9, 1.0
+    ex = ExpertWeights(w1, w3, w2)
+    hidden = torch.nn.functional.silu(torch.tensor(C.swiglu_limit)).to(torch.bfloat16).item()  # gate clamped
+    fp32 = moe_expert(x, ex, None, config=C)
+    bf16 = moe_expert(x, ex, None, config=C, rule="bf16-proj")
+    assert fp32.dtype == bf16.dtype == torch.float32
+    assert fp32[0, 0].item() == hidden * (1 + 2.0**-9) and bf16[0, 0].item() == hidden, (fp32[0, 0], bf16[0, 0])
+    assert torch.equal(bf16, bf16.to(torch.bfloat16).float()), "a bf16-proj contribution holds BF16 values"
 
 
 def test_the_moe_operators_refuse_bad_calls_naming_the_field(backend):
@@ -485,9 +496,12 @@ def test_the_moe_operators_refuse_bad_calls_naming_the_field(backend):
     res = ep([x, x], gates, experts, shared, ep=2, num_tokens=4, config=C)
     assert res.send_counts.dtype == torch.int32 and all(r.dtype == torch.int32 for r in res.recv_rows)
     assert all(o.dtype == torch.bfloat16 for o in res.outputs)
-    most = max(int(c.max()) for c in res.recv_expert_count)
+    counts = torch.stack(res.recv_expert_count)
+    most = int(counts.max())
     ep([x, x], gates, experts, shared, ep=2, num_tokens=4, recv_max=most, config=C)
-    with pytest.raises(ContractInputError, match=r"recv_max\[\d\]\[\d+\]: expected <= \d+ rows received by local"):
+    dst, local = (int(v) for v in (counts > most - 1).nonzero()[0])
+    with pytest.raises(ContractInputError, match=rf"recv_max\[{dst}\]\[{local}\]: expected <= {most - 1} rows "
+                                                 rf"received by local expert {local}, got {most}"):
         ep([x, x], gates, experts, shared, ep=2, num_tokens=4, recv_max=most - 1, config=C)
 
 

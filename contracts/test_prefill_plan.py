@@ -239,13 +239,14 @@ def test_a_resumed_request_replays_its_cached_tail_before_its_new_rows(backend):
     """Window 4. Request 0 fresh (2 new rows); request 1 resumes a prefix of 5 with 2 new rows: it replays
     min(5 + 2, 4) = 4 rows, the last 2 of its cached tail (cached rows 0-1) then its 2 new rows, positions
     3..6, replay start 3, window lens 1..4; request 2 resumes a prefix of 3 with no new row and replays nothing.
-    Source rows index cached tails (2 rows) then new rows: [2, 3] for request 0, [0, 1, 4, 5] for request 1.
+    Source rows index cached tails (3 rows; request 2's is not needed) then new rows: [3, 4] for request 0,
+    [0, 1, 5, 6] for request 1.
     A replay that put new rows before cached ones, or counted only new rows, differs. Spec: MD-18."""
     starts, positions, requests, kv, table = _resumed([2, 2, 0], [0, 5, 3])
-    tail = torch.tensor([0, 0, 2, 2], dtype=torch.int32)
+    tail = torch.tensor([0, 0, 2, 3], dtype=torch.int32)  # request 2's one cached row is not replayed
     r = op(backend, "decoder_replay")(starts, positions, requests, kv, table, window=4, block_size=4,
                                       cached_tail_starts=tail)
-    assert r.source_rows.tolist() == [2, 3, 0, 1, 4, 5], f"source_rows {r.source_rows.tolist()}"
+    assert r.source_rows.tolist() == [3, 4, 0, 1, 5, 6], f"source_rows {r.source_rows.tolist()}"
     assert r.query_lens.tolist() == [2, 4, 0] and r.replay_starts.tolist() == [0, 3, 3]
     assert r.position_ids.tolist() == [0, 1, 3, 4, 5, 6] and r.window_lens.tolist() == [1, 2, 1, 2, 3, 4]
     assert r.logit_row_indices.tolist() == [1, 5, -1] and r.compressed_lens.tolist() == [1, 2, 4, 5, 6, 7]
@@ -290,6 +291,10 @@ def test_the_encoder_replay_marks_only_new_rows_and_truncates_the_window(backend
     assert r.position_ids.tolist() == [2, 3, 4, 5, 6, 0, 1] and r.replay_starts.tolist() == [2, 0, 2]
     assert r.window_lens.tolist() == [1, 2, 3, 4, 4, 1, 2] and r.query_start_loc.tolist() == [0, 5, 7, 7]
     assert r.window_indices[0].tolist() == [int(table[0, 0]) * 4 + 2, -1, -1, -1]
+    for name in ("query_start_loc", "position_ids", "token_to_req_indices", "replay_starts", "window_indices",
+                 "window_lens"):
+        assert getattr(r, name).dtype == torch.int32, name
+    assert r.source_rows.dtype == torch.int64 and r.window_slots.dtype == torch.int64 and r.is_new.dtype == torch.bool
     with pytest.raises(ContractInputError, match=r"cached encoder input tail\[0\]: expected 4 rows"):
         op(backend, "encoder_replay")(starts, positions, requests, kv, table, torch.tensor([0, 3, 3, 3]),
                                       window=4, block_size=4)

@@ -363,7 +363,7 @@ class PrefillState:
         """The same packed token rows of both streams."""
         return PrefillState(self.x_hc.index_select(-3, rows), self.pre_mix.index_select(-2, rows), self.config)
 
-    def cat(self, other: PrefillState) -> PrefillState:
+    def followed_by(self, other: PrefillState) -> PrefillState:
         """This state's rows followed by ``other``'s (cached tails, then new rows)."""
         if other.x_hc.ndim != self.x_hc.ndim:
             raise ContractInputError("x_hc", None, f"the same rank layout ({self.x_hc.ndim}-D) for cached and new "
@@ -441,7 +441,7 @@ def run_prefill_decoder(encoder_state: PrefillState, query_start_loc: torch.Tens
     for layer in plan:
         if layer.publishes_global:
             publish_global(layer, encoder_state)
-    combined = encoder_state if cached_tail is None else cached_tail.cat(encoder_state)
+    combined = encoder_state if cached_tail is None else cached_tail.followed_by(encoder_state)
     state = combined.take_rows(replay.source_rows)
     for layer in plan:
         state = _same_shape("decoder", layer.layer_id, state, run_layer(layer, state, replay))

@@ -161,7 +161,7 @@ CASES = [
     ("lm_head:NORM_WITHOUT_WEIGHT", "test_lm_head:test_the_boundary_chain_embeds_collapses_and_normalizes",
      "x_normed"),
     ("prefill_plan:NEW_BEFORE_TAIL",
-     "test_prefill_plan:test_a_resumed_request_replays_its_cached_tail_before_its_new_rows", "[2, 3, 4, 5, 0, 1]"),
+     "test_prefill_plan:test_a_resumed_request_replays_its_cached_tail_before_its_new_rows", "[3, 4, 5, 6, 0, 1]"),
     ("prefill_plan:ALL_ROWS_NEW", "test_prefill_plan:test_the_encoder_replay_marks_only_new_rows_and_truncates_the_window",
      "is_new"),
     ("mhc:PER_STREAM_RMS", "test_mhc:test_the_inverse_rms_runs_over_the_flattened_streams", "per-stream norm"),

@@ -143,6 +143,9 @@ def decode_block_sharded(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, att
     attention_input = torch.zeros(tp, width, d, dtype=torch.bfloat16)
     mixes = []
     for b in bounds:
+        if b.count == 0:  # a rank without rows runs no mHC step
+            mixes.append(None)
+            continue
         rows = x_hc[b.rank, :b.count]
         mixes.append(o["hc_mixes"](rows, attention_mhc.function, attention_mhc.scale, attention_mhc.base,
                                    config=config))
@@ -157,7 +160,7 @@ def decode_block_sharded(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, att
               "attention_hidden": torch.zeros_like(x_hc), "ffn_output": torch.zeros(tp, width, d, dtype=torch.bfloat16)}
     for b, attn in zip(bounds, mixes, strict=True):
         r, n = b.rank, b.count
-        if n == 0:
+        if attn is None:
             continue
         hidden = o["hc_post"](out["output"][r, :n], x_hc[r, :n], attn.post, attn.residual)
         ffn = o["hc_mixes"](hidden, ffn_mhc.function, ffn_mhc.scale, ffn_mhc.base, config=config)
@@ -190,7 +193,6 @@ def causal_encoder(x_hc: torch.Tensor, layer_inputs: Mapping[LayerKind, Tensors]
     the chain). Returns the final ``x_hc`` and ``next_pre_mix``, ``layer_x_hc`` [L, T, hc, D] after every layer,
     ``layer_pre_mix`` [L, T, hc] handed on by every layer, and ``reused_from`` [L] (the source each layer's
     compressed cache came from, -1 for SWA and FULL). Spec: upstream_checks HC-05, HC-12."""
-    from kernels.prefill_plan import causal_encoder_layer
     from kernels.reference.mhc import identity_pre_mix
 
     o = {**_reference_ops(), **(ops or {})}
@@ -201,7 +203,7 @@ def causal_encoder(x_hc: torch.Tensor, layer_inputs: Mapping[LayerKind, Tensors]
     published: dict[int, Tensors] = {}
     xs, mixes, sources = [], [], []
     for layer_id in range(count):
-        layer = config.schedule[causal_encoder_layer(layer_id, config)]
+        layer = config.schedule[layer_id]
         inputs = dict(layer_inputs[layer.kind])
         source = -1
         if layer.kind is LayerKind.C2A_REUSE:

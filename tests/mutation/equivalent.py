@@ -137,6 +137,15 @@ ENGRAM_UNFLATTEN = "unflatten(-1, ...) and unflatten(1, ...) are the same dimens
 ENGRAM_MASK_CAST = ("The row mask multiplies BF16 rows: a bool mask promotes to the rows' dtype in the product, so "
                     "casting it first changes nothing.")
 
+SAME_WIDTH = "Every owner slab has the same width (ceil(capacity / tp)), so any rank's bounds give it."
+SAME_LENGTH = "zip over the ranks' bounds and the ranks' mixes: both lists have one entry per rank."
+ONE_INPUT = ("Every EP rank's rows have the same width D (moe_ep checks the shapes), and a call without ranks is "
+             "refused before this line, so the fallback is never taken.")
+FRESH_COUNT = ("Returns a row of the per-expert count table instead of a copy: nothing writes the counts after they "
+               "are returned (the comparators read them).")
+NORM_FP32 = ("rms_norm takes the FP32 view itself and the result is cast to BF16 once either way: casting the "
+             "hidden to FP32 first changes nothing.")
+
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
@@ -446,4 +455,11 @@ EQUIVALENT: dict[str, str] = {
     'kernels.reference.engram:_gate_and_add:drop-unary:-1[USub]->(none)#0': ENGRAM_UNFLATTEN,
     'kernels.reference.engram:_gate_and_add:drop-call:weight.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.reference.engram:engram_tp:drop-call:mine[..., None].to(shard.dtype)[to]->(skipped)#0': ENGRAM_MASK_CAST,
+    'kernels.reference.block:_block:const:0->1#1': REPLICAS,
+    'kernels.reference.block:decode_block_sharded:const:0->1#1': SAME_WIDTH,
+    'kernels.reference.block:decode_block_sharded:const:True->False#0': SAME_LENGTH,
+    'kernels.reference.moe:moe_ep:const:0->1#5': ONE_INPUT,
+    'kernels.reference.moe:moe_ep:const:0->1#6': ONE_INPUT,
+    'kernels.reference.moe:moe_ep:drop-call:per_expert[dst].clone()[clone]->(skipped)#0': FRESH_COUNT,
+    'kernels.reference.lm_head:final_norm:drop-call:hidden.float()[float]->(skipped)#0': NORM_FP32,
 }
