@@ -359,13 +359,22 @@ def test_recv_y_holds_each_local_experts_outputs_in_slot_order(backend):
 
 
 def test_a_destination_over_its_receive_capacity_is_an_error(backend):
-    """A local expert receiving more than recv_max rows is an error naming the destination and the expert.
-    Spec: MO-05."""
+    """A local expert receiving more than recv_max rows is an error naming the destination and the expert that
+    is over: expert 0 receives exactly 2 rows (accepted at recv_max 2), expert 1 receives 3, so the error names
+    [0][1], not the first expert at the limit. Spec: MO-05."""
     _g, w, b, experts, shared, x_all = _ep_case(2, 2)
     xs = [x_all[:8], x_all[8:16]]
-    gates = [REF.get("moe_gate")(x, w, b, config=C) for x in xs]
-    with pytest.raises(ContractInputError, match=r"recv_max\[\d\]"):
-        op(backend, "moe_ep")(xs, gates, experts, shared, ep=2, num_tokens=8, recv_max=4, config=C)
+    k = C.num_experts_per_tok
+    rows = [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5], [1, 6, 7, 8, 9, 10]]
+    ids = torch.tensor([r[:k] for r in rows], dtype=torch.int32)
+    gate = (torch.full(ids.shape, C.routed_scaling_factor / k), ids)
+    other = (gate[0], torch.tensor([[11, 12, 13, 14, 15, 10][:k]] * 3, dtype=torch.int32))
+    moe_ep = op(backend, "moe_ep")
+    with pytest.raises(ContractInputError, match=r"recv_max\[0\]\[1\]: expected <= 2 rows received by local "
+                                                 r"expert 1, got 3"):
+        moe_ep([xs[0][:3], xs[1][:3]], [gate, other], experts, shared, ep=2, num_tokens=[3, 1], recv_max=2, config=C)
+    res = moe_ep([xs[0][:3], xs[1][:3]], [gate, other], experts, shared, ep=2, num_tokens=[3, 1], recv_max=3, config=C)
+    assert res.recv_expert_count[0][:2].tolist() == [2, 3]
 
 
 def test_the_moe_row_comparator_fails_just_outside_each_clause():

@@ -146,6 +146,9 @@ FRESH_COUNT = ("Returns a row of the per-expert count table instead of a copy: n
 NORM_FP32 = ("rms_norm takes the FP32 view itself and the result is cast to BF16 once either way: casting the "
              "hidden to FP32 first changes nothing.")
 
+NONEMPTY_PARTS = ("Every request appends one range (possibly empty) to the lists _cat joins, and a call has at least "
+                  "one request, so the empty-list fallback is never taken.")
+
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
@@ -462,4 +465,19 @@ EQUIVALENT: dict[str, str] = {
     'kernels.reference.moe:moe_ep:const:0->1#6': ONE_INPUT,
     'kernels.reference.moe:moe_ep:drop-call:per_expert[dst].clone()[clone]->(skipped)#0': FRESH_COUNT,
     'kernels.reference.lm_head:final_norm:drop-call:hidden.float()[float]->(skipped)#0': NORM_FP32,
+    'kernels.prefill_plan:_spans:drop-call:torch.as_tensor(starts).to(torch.int64)[to]->(skipped)#0': CASTNOOP,
+    'kernels.prefill_plan:_encoder_metadata:name:int64->int32#0': DTYPE,
+    'kernels.prefill_plan:_encoder_metadata:name:int64->int32#1': DTYPE,
+    'kernels.prefill_plan:_cat:const:0->1#0': NONEMPTY_PARTS,
+    'kernels.prefill_plan:select_decoder_replay:name:int64->int32#5': DTYPE,
+    'kernels.prefill_plan:select_encoder_replay:name:int64->int32#0': DTYPE,
+    'kernels.prefill_plan:select_encoder_replay:name:int64->int32#2': DTYPE,
+    'kernels.prefill_plan:select_encoder_replay:name:int64->int32#4': DTYPE,
+    'kernels.prefill_plan:_spans:name:int64->int32#0': DTYPE,
+    'kernels.prefill_plan:_encoder_metadata:drop-call:torch.as_tensor(kv_seq_lens).to(torch.int64)[to]->(skipped)#0': CASTNOOP,
+    'kernels.prefill_plan:_encoder_metadata:drop-call:position_ids[first:last].to(torch.int64)[to]->(skipped)#0': CASTNOOP,
+    'kernels.prefill_plan:_cat:drop-call:torch.cat(parts).to(dtype)[to]->(skipped)#0': CASTNOOP,
+    'kernels.prefill_plan:select_decoder_replay:name:int64->int32#4': DTYPE,
+    'kernels.prefill_plan:select_encoder_replay:name:int64->int32#1': DTYPE,
+    'kernels.prefill_plan:select_encoder_replay:name:int64->int32#3': DTYPE,
 }
