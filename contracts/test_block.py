@@ -120,10 +120,9 @@ def test_the_compact_moe_is_the_ep_moe_on_one_rank(backend):
     assert torch.equal(torch.cat(ep.outputs), dense)
 
 
-def test_the_block_composes_the_backends_own_operators_and_refuses_bf16_streams(backend):
-    """A Block on a backend runs that backend's mHC operators (a counting wrapper sees the calls) and works with
-    an attention that is a plain function (a device binding, not a composition); BF16 streams are refused
-    (the ABI's streams are FP32). Spec: HC-02, HC-03."""
+def _counting(backend, *names):
+    """A backend whose ``names`` operators record each call, with the attention as a plain function (a device
+    binding: no ``composes_operators``, no ``ops``)."""
     calls = []
 
     def counted(name):
@@ -136,11 +135,18 @@ def test_the_block_composes_the_backends_own_operators_and_refuses_bf16_streams(
 
     attention = backend.get("attention_half_layer")
 
-    def plain_attention(inputs, *, kind, phase, wiring, tp, config):  # no ``composes_operators``, no ``ops``
+    def plain_attention(inputs, *, kind, phase, wiring, tp, config):
         return attention(inputs, kind=kind, phase=phase, wiring=wiring, tp=tp, config=config)
 
-    derived = backend.derive("counting", hc_pre=counted("hc_pre"), hc_mixes=counted("hc_mixes"),
-                             moe_gate=counted("moe_gate"), attention_half_layer=plain_attention)
+    return backend.derive("counting", attention_half_layer=plain_attention,
+                          **{n: counted(n) for n in names}), calls
+
+
+def test_the_block_composes_the_backends_own_operators_and_refuses_bf16_streams(backend):
+    """A Block on a backend runs that backend's mHC operators (a counting wrapper sees the calls) and works with
+    an attention that is a plain function (a device binding, not a composition); BF16 streams are refused
+    (the ABI's streams are FP32). Spec: HC-02, HC-03."""
+    derived, calls = _counting(backend, "hc_pre", "hc_mixes", "moe_gate")
     kind = LayerKind.SWA
     i = block_inputs(kind, seed=4)
     out = run(derived.get("decode_block"), i, kind)
@@ -298,23 +304,7 @@ def test_the_chain_and_the_sharded_block_compose_the_backends_own_operators(back
     """causal_encoder and decode_block_sharded run the backend's own mHC / MoE operators (a counting wrapper
     sees every call: 2 collapses and 2 mix sets per Block, one per rank holding rows in the sharded wiring) and
     work with an attention that is a plain function. Spec: HC-03, HC-12, MD-27."""
-    calls = []
-
-    def counted(name):
-        inner = backend.get(name)
-
-        def fn(*a, **kw):
-            calls.append(name)
-            return inner(*a, **kw)
-        return fn
-
-    attention = backend.get("attention_half_layer")
-
-    def plain_attention(inputs, *, kind, phase, wiring, tp, config):  # no ``composes_operators``, no ``ops``
-        return attention(inputs, kind=kind, phase=phase, wiring=wiring, tp=tp, config=config)
-
-    derived = backend.derive("counting", hc_pre=counted("hc_pre"), hc_mixes=counted("hc_mixes"),
-                             attention_half_layer=plain_attention)
+    derived, calls = _counting(backend, "hc_pre", "hc_mixes")
     x_hc, layer_inputs, weights = _chain_case(2)
     derived.get("causal_encoder")(x_hc, layer_inputs, *weights, tp=TP, config=C, layers=3)
     assert calls.count("hc_pre") == 6 and calls.count("hc_mixes") == 6, calls
