@@ -30,8 +30,7 @@ DOC = ROOT / "docs" / "coverage.md"
 UPSTREAM = ROOT.parent / "shared" / "docs" / "upstream_checks.md"
 STATUSES = ("covered", "partial", "planned", "n/a")
 # The capabilities still open (the issue tracker's open issues): a planned row must name one of them.
-OPEN_CAPABILITIES = {
-                     13: "composition around attention (mHC, MoE, LM head, Block, CED prefill)", 14: "V4-Pro"}
+OPEN_CAPABILITIES = {14: "V4-Pro"}
 # A device row that only a run on the device can check (the binding exists; this machine has no toolchain).
 DEVICE_RUN = "device run: needs a5sim/a5, which this machine lacks"
 TEST_REF = re.compile(r"((?:contracts|tests)/[\w/]+\.py)::(\w+)")
