@@ -108,6 +108,13 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
         OperatorSpec("final_norm", "(hidden [T,D], weight [D], *, config)",
                      "[T, D] BF16: FP32 RMSNorm times the weight, one BF16 rounding", "§1"),
         OperatorSpec("greedy_pick", "(logits [T,vocab])", "[T] INT32: first id of each row's maximum", "§1"),
+        OperatorSpec("v4_decode_metadata", "(starts [B], ori_table [B,P], cmp_tables {ratio: [B,P]}, state_tables "
+                     "{ratio: [B,P]}, *, config (V4), commit_tokens=None)",
+                     "V4DecodeMetadata (kernels.v4.decode_metadata): request-major MTP rows, slot mappings, SWA and "
+                     "history windows", "§8"),
+        OperatorSpec("hca_topk", "(position_ids [T], kv_seq_lens [B], *, seq, limit, ratio=128)",
+                     "[T, limit] INT32: HCA's deterministic compressed top-k (the first valid positions, -1 after)",
+                     "§8"),
         OperatorSpec("decoder_replay", "(query_start_loc [B+1], position_ids [T], token_to_req_indices [T], "
                      "kv_seq_lens [B], window_block_table [B,P], *, window, block_size, cached_tail_starts=None)",
                      "DecoderReplay (kernels.prefill_plan): the last min(prefix + len, window) encoded rows per "
@@ -273,6 +280,8 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "causal_encoder": ("kernels.reference.block", "causal_encoder"),
     "decode_block_sharded": ("kernels.reference.block", "decode_block_sharded"),
     "decoder_replay": ("kernels.prefill_plan", "select_decoder_replay"),
+    "v4_decode_metadata": ("kernels.v4.decode_metadata", "v4_decode_metadata"),
+    "hca_topk": ("kernels.v4.decode_metadata", "hca_topk"),
     "encoder_replay": ("kernels.prefill_plan", "select_encoder_replay"),
     "hc_mixes": ("kernels.reference.mhc", "hc_mixes"),
     "hc_pre": ("kernels.reference.mhc", "hc_pre"),

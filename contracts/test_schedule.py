@@ -216,3 +216,55 @@ def test_the_configured_deployment_places_every_card(deployment):
                      ([-1] + ids[1:], "non-negative"), (ids + [d.world_size], f"exactly {d.world_size} ids")):
         with pytest.raises(ConfigError, match=why):
             d.check_devices(bad)
+
+
+@pytest.mark.parametrize("config, counts, hca, csa, swa", [
+    (V4_PRO, {"HCA": 31, "CSA": 30, "SWA": 1}, [0, 1, *range(3, 60, 2)], list(range(2, 61, 2)), [61]),
+    (V4_FLASH, {"HCA": 20, "CSA": 21, "SWA": 3}, list(range(3, 42, 2)), list(range(2, 43, 2)), [0, 1, 43]),
+], ids=["v4-pro", "v4-flash"])
+def test_v4_paths_hash_layers_and_the_mtp_layer(config, counts, hca, csa, swa):
+    """Each V4 layer's path: HCA at ratio 128, CSA at ratio 4, SWA at ratio 0 -- Pro has no SWA layer in the
+    main stack, only the MTP layer (61); Flash has SWA at 0, 1 and its MTP layer 43. The first three model layers
+    route by hash; the MTP layer is the entry after the model layers; ids outside layers + MTP are refused.
+    The tiny twin keeps every path. Spec: §8."""
+    assert config.path_counts() == counts
+    for name, ids in (("HCA", hca), ("CSA", csa), ("SWA", swa)):
+        assert [i for i in range(len(config.compress_ratios)) if config.path(i) == name] == ids, name
+    assert config.mtp_layer_id == config.num_hidden_layers and config.path(config.mtp_layer_id) == "SWA"
+    assert [i for i in range(6) if config.hash_routed(i)] == [0, 1, 2]
+    tiny = config.tiny()
+    assert [tiny.path(i) for i in range(len(tiny.compress_ratios))] == \
+        [config.path(i) for i in range(len(config.compress_ratios))]
+    for bad in (-1, len(config.compress_ratios), True):
+        with pytest.raises(ConfigError, match="layer_id"):
+            config.path(bad)
+
+
+def test_v4_shapes_pools_and_variant_selection(monkeypatch):
+    """Decode: 4 requests x 2 MTP rows = 8 token rows from start 8192, MoE tokens = decode tokens; prefill one
+    request of 128; 128-token pages, state pages of 4 (ratio 4) and 8 (ratio 128); pools ORI 128, CMP 32, IDX
+    64, HCA / CSA / CSA-inner state 64 / 65 / 65; EP 2/4/8 with 384/ep experts (Pro) and LM-head TP 2/4/8 on
+    the vocab only; the kernel preset's max position 16384 for both. The variant comes from --variant, then
+    DEEPSEEK_V4_VARIANT, then pro; an unknown one is refused. Spec: §8."""
+    from kernels.config import v4_variant
+
+    for c in (V4_PRO, V4_FLASH):
+        assert (c.decode_batch, c.decode_seq, c.decode_tokens, c.moe_tokens, c.decode_start_pos) == (4, 2, 8, 8, 8192)
+        assert (c.prefill_batch, c.prefill_seq, c.block_size) == (1, 128, 128)
+        assert (c.c4a_state_block_size, c.c128_state_block_size, c.sliding_window) == (4, 8, 128)
+        assert (c.ori_pool, c.cmp_pool, c.idx_pool, c.hca_state_pool, c.csa_state_pool, c.csa_inner_state_pool) == (
+            128, 32, 64, 64, 65, 65)
+        assert c.kernel_preset().max_position_embeddings == 16384 and (c.ep_world_size, c.lm_head_tp_size) == (8, 8)
+        assert [c.vocab_shard(tp, 129280) for tp in (2, 4, 8)] == [64640, 32320, 16160]
+        for tp in (1, 3, 16):
+            with pytest.raises(ConfigError, match="LM-head --tp"):
+                c.vocab_shard(tp, 129280)
+    assert [V4_PRO.experts_per_rank(ep) for ep in (2, 4, 8)] == [192, 96, 48]
+    assert V4_PRO.max_position_embeddings == 1_048_576 and V4_FLASH.max_position_embeddings == 16384
+    monkeypatch.delenv("DEEPSEEK_V4_VARIANT", raising=False)
+    assert v4_variant().name == "v4-pro" and v4_variant().max_position_embeddings == 16384
+    assert v4_variant(kernel=False).max_position_embeddings == 1_048_576
+    monkeypatch.setenv("DEEPSEEK_V4_VARIANT", "flash")
+    assert v4_variant().name == "v4-flash" and v4_variant("pro").name == "v4-pro"
+    with pytest.raises(ConfigError, match=r"variant: expected one of \['flash', 'pro'\]"):
+        v4_variant("mini")

@@ -437,6 +437,17 @@ class V4Config:
     prefill_seq: int = 128
     ep_world_size: int = 8
     lm_head_tp_size: int = 8
+    sliding_window: int = 128
+    c4a_state_block_size: int = 4  # ratio-4 compressor state page (tokens)
+    c128_state_block_size: int = 8  # ratio-128 compressor state page (tokens)
+    # physical pools of the decode cases (pages): ori (window) KV, compressed KV, index KV, and the compressor
+    # states of HCA, CSA and CSA's inner (indexer) compressor
+    ori_pool: int = 128
+    cmp_pool: int = 32
+    idx_pool: int = 64
+    hca_state_pool: int = 64
+    csa_state_pool: int = 65
+    csa_inner_state_pool: int = 65
     shrunk: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -455,6 +466,32 @@ class V4Config:
     @property
     def decode_tokens(self) -> int:
         return self.decode_batch * self.decode_seq
+
+    @property
+    def mtp_layer_id(self) -> int:
+        """The MTP layer's entry in compress_ratios (after the model layers)."""
+        return self.num_hidden_layers
+
+    def path(self, layer_id: int) -> str:
+        """The attention path of a layer: ``HCA`` (ratio 128: compressor, deterministic top-k), ``CSA`` (ratio
+        4: compressor with main and inner state, learned indexer) or ``SWA`` (ratio 0: window only). Spec: §8."""
+        if isinstance(layer_id, bool) or not isinstance(layer_id, int) or \
+                not 0 <= layer_id < len(self.compress_ratios):
+            raise ConfigError(f"{self.name}.layer_id: expected an int in [0, {len(self.compress_ratios) - 1}] "
+                              f"(layers + MTP), got {layer_id!r} (§8)")
+        return {128: "HCA", 4: "CSA", 0: "SWA"}[self.compress_ratios[layer_id]]
+
+    def path_counts(self, *, mtp: bool = True) -> dict[str, int]:
+        ids = range(len(self.compress_ratios) if mtp else self.num_hidden_layers)
+        counts = {"HCA": 0, "CSA": 0, "SWA": 0}
+        for i in ids:
+            counts[self.path(i)] += 1
+        return counts
+
+    def hash_routed(self, layer_id: int) -> bool:
+        """The first ``num_hash_layers`` model layers route experts by token hash, not by the gate."""
+        self.path(layer_id)
+        return layer_id < self.num_hash_layers
 
     @property
     def moe_tokens(self) -> int:
@@ -510,6 +547,23 @@ PRESETS: dict[str, V41Config | V4Config] = {
     "v4-flash": V4_FLASH,
     "v4-flash-tiny": V4_FLASH_TINY,
 }
+
+
+V4_VARIANTS = {"pro": "v4-pro", "flash": "v4-flash"}
+
+
+def v4_variant(variant: str | None = None, *, kernel: bool = True) -> V4Config:
+    """The V4 preset chosen as upstream chooses it: ``variant`` (``--variant``), else the DEEPSEEK_V4_VARIANT
+    environment variable, else ``pro``; ``kernel`` gives the kernel preset (max position = KERNEL_MAX_SEQ_LEN).
+    An unknown variant is an error listing the two. Spec: §8."""
+    import os
+
+    name = variant if variant is not None else os.environ.get("DEEPSEEK_V4_VARIANT", "pro")
+    if name not in V4_VARIANTS:
+        raise ConfigError(f"variant: expected one of {sorted(V4_VARIANTS)} (--variant or DEEPSEEK_V4_VARIANT), "
+                          f"got {name!r} (§8)")
+    config = PRESETS[V4_VARIANTS[name]]
+    return config.kernel_preset() if kernel else config
 
 
 def preset(name: str) -> V41Config | V4Config:

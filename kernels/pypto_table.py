@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FLASH = "models/deepseek_v4_1_flash"
+PRO = "models/deepseek_v4_pro"
 
 
 @dataclass(frozen=True)
@@ -393,6 +394,12 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
                  "with the first-maximum rule"),
     Binding("decoder_replay", "host", f"{FLASH}/metadata.py::select_decoder_replay (prefill_decoder.py)",
             "host Python"),
+    Binding("v4_decode_metadata", "host", f"{PRO}/decode_metadata.py (position_ids_from_starts, "
+            "kv_seq_lens_from_starts, ori/paged/compressed/state slot mappings, swa and history windows)",
+            "host Python"),
+    Binding("hca_topk", "not exposed", f"{PRO}/decode_attention_hca.py::attention_hca (the hca_cache_topk block)",
+            "@pl.jit.inline", note="computed inside the HCA attention entry and handed straight to "
+            "sparse_attn_hca; no entry returns it"),
     Binding("encoder_replay", "host", f"{FLASH}/prefill_encoder.py::select_encoder_replay", "host Python"),
     Binding("decode_block_sharded", "composition", f"{FLASH}/decode_sp_integration.py (the owner-slab hand-off "
             "of two layers)", "composition",

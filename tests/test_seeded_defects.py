@@ -151,6 +151,10 @@ CASES = [
      "next_pre_mix has a non-zero padding row"),
     ("block:REUSE_FIRST_SOURCE",
      "test_block:test_the_causal_encoder_chains_twenty_blocks_and_reuse_layers_read_their_source", "layer 9"),
+    # V4 (§8)
+    ("v4:MTP_ROWS_SEQ_MAJOR", "test_v4_metadata:test_mtp_rows_are_request_major_with_two_positions_per_request",
+     "[127, 0, 300, 9"),
+    ("v4:HCA_TOPK_LAST", "test_v4_metadata:test_hca_topk_takes_the_first_compressed_positions", "[5, 6, 7]"),
     # the Engram block (HC-13, HC-14)
     ("engram:GATE_WITHOUT_SQRT", "test_engram:test_the_engram_output_is_the_released_formula_within_its_budget",
      "engram"),
