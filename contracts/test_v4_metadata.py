@@ -62,6 +62,13 @@ def test_mtp_rows_are_request_major_with_two_positions_per_request(backend, conf
     assert md.kv_seq_lens.tolist() == [129, 2, 302, 11] and md.kv_seq_lens.dtype == torch.int32
     one = op(backend, "v4_decode_metadata")(torch.tensor(starts), ori, cmp, state, config=config, commit_tokens=1)
     assert one.kv_seq_lens.tolist() == [128, 1, 301, 10]
+    none = op(backend, "v4_decode_metadata")(torch.tensor(starts), ori, cmp, state, config=config, commit_tokens=0)
+    assert none.kv_seq_lens.tolist() == starts
+    for name in ("position_ids", "swa_indices", "swa_lens", "history_indices", "history_lens"):
+        assert getattr(md, name).dtype == torch.int32, name
+    single = op(backend, "v4_decode_metadata")(torch.tensor([5]), ori[:1], {r: t[:1] for r, t in cmp.items()},
+                                               {r: t[:1] for r, t in state.items()}, config=config)
+    assert single.position_ids.tolist() == [5, 6], "a batch of one request"
 
 
 @pytest.mark.parametrize("config", MODELS, ids=IDS)
@@ -87,6 +94,10 @@ def test_slot_mappings_are_paged_rows_and_compress_only_at_boundaries(backend, c
     assert int(masked.cmp_slot_mapping[128][1]) == -1 and torch.equal(masked.cmp_slot_mapping[4][::2],
                                                                       md.cmp_slot_mapping[4][::2])
     assert md.ori_slot_mapping.dtype == torch.int64 and md.cmp_slot_mapping[4].dtype == torch.int64
+    # a page past the table is "no write" (-1); the table's last page is still read
+    short = torch.tensor([[5, 9]], dtype=torch.int32)
+    edge = op(backend, "v4_decode_metadata")(torch.tensor([2 * bs - 1]), short, {}, {}, config=config)
+    assert edge.ori_slot_mapping.tolist() == [9 * bs + bs - 1, -1], edge.ori_slot_mapping.tolist()
 
 
 @pytest.mark.parametrize("config", MODELS, ids=IDS)
@@ -121,7 +132,7 @@ def test_bad_starts_and_tables_are_refused_naming_the_field(backend):
     ori, cmp, state = _tables(MODELS[0], [0, 0], seed=3)
     big = torch.zeros(2, 130, dtype=torch.int32)
     meta(torch.tensor([16382, 0]), big, {}, {}, config=pro)
-    for starts, field in (([-1, 0], r"starts\[0\]: expected >= 0"), ([0, 16383], r"starts\[1\]: expected start"),
+    for starts, field in (([0, -1], r"starts\[1\]: expected >= 0"), ([16382, 16383], r"starts\[1\]: expected start"),
                           (torch.tensor([0.0, 1.0]), "starts: expected integer")):
         with pytest.raises(ContractInputError, match=field):
             meta(torch.as_tensor(starts), big, {}, {}, config=pro)
@@ -146,6 +157,8 @@ def test_hca_topk_takes_the_first_compressed_positions(backend, config):
     for t in range(8):
         valid = min(limit, (int(pos[t]) + 1) // 128, int(kv[t // 2]) // 128)
         assert got[t].tolist() == list(range(valid)) + [-1] * (limit - valid), f"row {t}"
+    uncommitted = op(backend, "hca_topk")(torch.tensor([126, 127]), torch.tensor([127]), seq=2, limit=limit)
+    assert uncommitted.tolist() == [[-1] * limit] * 2, "kv_seq_len 127 bounds the uncommitted boundary row"
     capped = op(backend, "hca_topk")(torch.tensor([1023, 1023]), torch.tensor([1024]), seq=2, limit=3)
     assert capped.tolist() == [[0, 1, 2], [0, 1, 2]], capped.tolist()
     with pytest.raises(ContractInputError, match="position_ids"):
