@@ -112,6 +112,14 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "{ratio: [B,P]}, *, config (V4), commit_tokens=None)",
                      "V4DecodeMetadata (kernels.v4.decode_metadata): request-major MTP rows, slot mappings, SWA and "
                      "history windows", "§8"),
+        OperatorSpec("v4_compressor", "(x [T,hidden], position_ids [T], token_to_req [T], state_block_table [B,P], "
+                     "state_pool [pages,page,2*coff*d] FP32, weights, *, ratio, overlap, eps)",
+                     "(compressed [T,d] BF16, closes [T] bool, new state pool): V4's ratio-128 / ratio-4 compressor",
+                     "§8"),
+        OperatorSpec("csa_compressors", "(x, position_ids, token_to_req, main_table, main_pool, main weights, "
+                     "inner_table, inner_pool, inner weights, *, ratio=4, eps)",
+                     "{compressed, index_key, closes, main_pool, inner_pool}: CSA's main and inner compressors",
+                     "§8"),
         OperatorSpec("hca_topk", "(position_ids [T], kv_seq_lens [B], *, seq, limit, ratio=128)",
                      "[T, limit] INT32: HCA's deterministic compressed top-k (the first valid positions, -1 after)",
                      "§8"),
@@ -282,6 +290,8 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "decoder_replay": ("kernels.prefill_plan", "select_decoder_replay"),
     "v4_decode_metadata": ("kernels.v4.decode_metadata", "v4_decode_metadata"),
     "hca_topk": ("kernels.v4.decode_metadata", "hca_topk"),
+    "v4_compressor": ("kernels.v4.compressor", "v4_compressor"),
+    "csa_compressors": ("kernels.v4.compressor", "csa_compressors"),
     "encoder_replay": ("kernels.prefill_plan", "select_encoder_replay"),
     "hc_mixes": ("kernels.reference.mhc", "hc_mixes"),
     "hc_pre": ("kernels.reference.mhc", "hc_pre"),

@@ -163,7 +163,7 @@ _PAGED_INDEXER = _args(
 # Operators added with the composition around attention (mHC, MoE, LM head): their upstream argument lists are
 # transcribed when that work binds them; until then the row says so (tests/test_pypto_backend.py allows exactly
 # these rows to lack arguments).
-PENDING: tuple[str, ...] = ()  # operators whose upstream argument list is not transcribed yet
+PENDING: tuple[str, ...] = ("v4_compressor",)  # operators whose upstream argument list is not transcribed yet
 
 BINDINGS: dict[str, Binding] = {b.operator: b for b in (
     Binding("materialize_rope_rows", "bound", f"{FLASH}/rope_tables.py::materialize_rope_rows", "@pl.jit.inline",
@@ -400,6 +400,13 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
     Binding("hca_topk", "not exposed", f"{PRO}/decode_attention_hca.py::attention_hca (the hca_cache_topk block)",
             "@pl.jit.inline", note="computed inside the HCA attention entry and handed straight to "
             "sparse_attn_hca; no entry returns it"),
+    Binding("v4_compressor", "not bound", f"{PRO}/decode_compressor_ratio128.py::compressor_ratio128, "
+            "decode_compressor_ratio4.py::compressor_ratio4", "@pl.jit.inline",
+            note="arguments not transcribed yet: the V4 binding comes with V4-Pro (#14); the entries write the "
+                 "compressed row into the paged cmp pool and keep the state as a paged FP32 ring"),
+    Binding("csa_compressors", "composition", f"{PRO}/decode_attention_csa.py (compressor_ratio4 and "
+            "decode_indexer_compressor)", "composition",
+            note="composed from v4_compressor on this backend"),
     Binding("encoder_replay", "host", f"{FLASH}/prefill_encoder.py::select_encoder_replay", "host Python"),
     Binding("decode_block_sharded", "composition", f"{FLASH}/decode_sp_integration.py (the owner-slab hand-off "
             "of two layers)", "composition",

@@ -155,6 +155,10 @@ CASES = [
     ("v4:MTP_ROWS_SEQ_MAJOR", "test_v4_metadata:test_mtp_rows_are_request_major_with_two_positions_per_request",
      "[127, 0, 300, 9"),
     ("v4:HCA_TOPK_LAST", "test_v4_metadata:test_hca_topk_takes_the_first_compressed_positions", "[5, 6, 7]"),
+    ("v4:OVERLAP_BY_TWO",
+     "test_v4_compressor:test_the_overlapping_window_pools_the_previous_first_half_and_the_current_second_half",
+     "position 7"),
+    ("v4:INNER_TO_MAIN", "test_v4_compressor:test_csa_keeps_the_inner_state_out_of_the_main_pool", "main pool"),
     # the Engram block (HC-13, HC-14)
     ("engram:GATE_WITHOUT_SQRT", "test_engram:test_the_engram_output_is_the_released_formula_within_its_budget",
      "engram"),

@@ -33,3 +33,55 @@ def _hca_last(position_ids, kv_seq_lens, *, seq, limit, ratio=128):
 
 MTP_ROWS_SEQ_MAJOR = _base.derive("defect:v4-mtp-rows-seq-major", v4_decode_metadata=_seq_major)
 HCA_TOPK_LAST = _base.derive("defect:v4-hca-topk-last", hca_topk=_hca_last)
+
+
+def _overlap_by_two(x, position_ids, token_to_req, state_block_table, state_pool, weights, *, ratio, overlap,
+                    eps=1e-6):
+    """Wrong: the ratio-4 window overlaps the previous window by 2 rows instead of a whole window of 4."""
+    from kernels.v4 import compressor
+
+    if not overlap:
+        return compressor.v4_compressor(x, position_ids, token_to_req, state_block_table, state_pool, weights,
+                                        ratio=ratio, overlap=overlap, eps=eps)
+    out, closes, pool = compressor.v4_compressor(x, position_ids, token_to_req, state_block_table, state_pool,
+                                                 weights, ratio=ratio, overlap=True, eps=eps)
+    pages, page, width = pool.shape
+    flat = pool.reshape(pages * page, width)
+    d = weights.norm.shape[0]
+    for t in closes.nonzero().flatten().tolist():
+        p, b = int(position_ids[t]), int(token_to_req[t])
+        rows = []
+        for q in range(p - ratio - 1, p + 1):  # two previous rows, then the current window
+            if q < 0:
+                continue
+            row = flat[int(state_block_table[b, q // page]) * page + q % page]
+            lo = 0 if q <= p - ratio else d
+            rows.append((row[lo:lo + d], row[2 * d + lo:2 * d + lo + d]))
+        weight = torch.stack([s for _, s in rows]).softmax(0)
+        pooled = (torch.stack([k for k, _ in rows]) * weight).sum(0)
+        out[t] = (pooled * torch.rsqrt(pooled.pow(2).mean() + eps) * weights.norm.float()).to(torch.bfloat16)
+    return out, closes, pool
+
+
+def _inner_to_main(x, position_ids, token_to_req, main_table, main_pool, main, inner_table, inner_pool, inner,
+                   *, ratio=4, eps=1e-6, ops=None):
+    """Wrong: CSA writes the indexer's inner state rows into the main pool (at the main compressor's slots)."""
+    from kernels.v4 import compressor
+
+    res = compressor.csa_compressors(x, position_ids, token_to_req, main_table, main_pool, main, inner_table,
+                                     inner_pool, inner, ratio=ratio, eps=eps)
+    pool = res["main_pool"].clone()
+    pages, page, width = pool.shape
+    flat = pool.reshape(pages * page, width)
+    inner_rows = res["inner_pool"].reshape(-1, res["inner_pool"].shape[2])
+    ipage = res["inner_pool"].shape[1]
+    for t in range(x.shape[0]):
+        p, b = int(position_ids[t]), int(token_to_req[t])
+        src = inner_rows[int(inner_table[b, p // ipage]) * ipage + p % ipage]
+        flat[int(main_table[b, p // page]) * page + p % page, :src.numel()] = src
+    return {**res, "main_pool": pool}
+
+
+_inner_to_main.composes_operators = True
+OVERLAP_BY_TWO = _base.derive("defect:v4-ratio4-overlap-by-two", v4_compressor=_overlap_by_two)
+INNER_TO_MAIN = _base.derive("defect:v4-csa-inner-state-in-main", csa_compressors=_inner_to_main)

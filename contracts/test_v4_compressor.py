@@ -1,0 +1,182 @@
+"""V4's paged compressors (``v4_compressor``: ratio 128 for HCA, ratio 4 with overlapping windows for CSA) and
+CSA's pair of them (``csa_compressors``): the state each request owns, written through its block table.
+
+Ownership contracts: a chunked run equals the one-shot run (outputs and every state byte), for every split;
+resuming at every phase of the window gives the continuous run's outputs; reordering the requests (with their
+table rows) permutes the outputs and leaves the state pool identical; a block table that reuses physical pages
+for later logical blocks (the ring) gives the same outputs as one with a page per block. The overlap rule is
+pinned by a hand computation (the previous window's first half, the current window's second half), and CSA's
+inner (indexer) state never lands in the main pool.
+
+Spec: §8; docs/coverage.md, V4 section.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from contracts.plugin import op
+from kernels.errors import ContractInputError
+from kernels.v4.compressor import V4CompressorWeights
+
+HIDDEN, D = 32, 8
+CASES = [(128, False, 8), (4, True, 4)]  # (ratio, overlap, state page) -- HCA and CSA
+IDS = ["ratio128", "ratio4-overlap"]
+
+
+def _weights(ratio, overlap, seed=0, d=D):
+    g = torch.Generator().manual_seed(seed)
+    c = (2 if overlap else 1) * d
+    return V4CompressorWeights(torch.randn(HIDDEN, c, generator=g) / HIDDEN**0.5,
+                               torch.randn(HIDDEN, c, generator=g) / HIDDEN**0.5,
+                               torch.randn(ratio, c, generator=g) * 0.5, torch.rand(d, generator=g) + 0.5)
+
+
+def _rows(n, seed=1):
+    return torch.randn(n, HIDDEN, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+def _pool(pages, page, overlap, d=D):
+    return torch.full((pages, page, 2 * (2 if overlap else 1) * d), 7.0)  # bytes no token wrote
+
+
+def _ring_table(requests, blocks, pages, *, distinct=False):
+    """Logical blocks of each request on physical pages: a ring over ``pages // requests`` pages per request
+    (upstream's reuse), or one page per block."""
+    if distinct:
+        return torch.arange(requests * blocks).reshape(requests, blocks).to(torch.int32)
+    per = pages // requests
+    return torch.tensor([[r * per + (k % per) for k in range(blocks)] for r in range(requests)], dtype=torch.int32)
+
+
+def _run(backend, x, pos, req, table, pool, w, ratio, overlap):
+    return op(backend, "v4_compressor")(x, torch.tensor(pos), torch.tensor(req), table, pool, w, ratio=ratio,
+                                        overlap=overlap)
+
+
+@pytest.mark.parametrize("ratio, overlap, page", CASES, ids=IDS)
+def test_a_chunked_run_equals_the_one_shot_run_for_every_split(backend, ratio, overlap, page):
+    """One request, 2·ratio + 3 tokens from position 0: split into two calls at every point (a decode chunk
+    of one or more rows each), the outputs and the state pool equal the one-shot run byte for byte. Spec: §8."""
+    n = 2 * ratio + 3
+    w, x = _weights(ratio, overlap), _rows(n)
+    blocks = -(-n // page)
+    table = _ring_table(1, blocks, blocks, distinct=True)
+    pool = _pool(blocks, page, overlap)
+    full, closes, full_pool = _run(backend, x, list(range(n)), [0] * n, table, pool, w, ratio, overlap)
+    assert closes.nonzero().flatten().tolist() == [ratio - 1, 2 * ratio - 1]
+    splits = range(1, n) if ratio <= 8 else (1, ratio - 1, ratio, ratio + 1, n - 1)
+    for cut in splits:
+        a, _, mid = _run(backend, x[:cut], list(range(cut)), [0] * cut, table, pool, w, ratio, overlap)
+        b, _, end = _run(backend, x[cut:], list(range(cut, n)), [0] * (n - cut), table, mid, w, ratio, overlap)
+        assert torch.equal(torch.cat((a, b)).view(torch.int16), full.view(torch.int16)), f"split at {cut}"
+        assert torch.equal(end, full_pool), f"split at {cut}: state differs"
+
+
+@pytest.mark.parametrize("ratio, overlap, page", CASES, ids=IDS)
+def test_resuming_at_every_phase_of_the_window_continues_the_run(backend, ratio, overlap, page):
+    """A two-token decode step (MTP) resumed at every phase p0 of the window (p0 = 0 .. 2·ratio - 1 for ratio 4,
+    the edges for ratio 128), after a prefix run up to p0, gives the continuous run's two outputs. Spec: §8."""
+    n = 3 * ratio + 2
+    w, x = _weights(ratio, overlap, 2), _rows(n, 3)
+    blocks = -(-n // page)
+    table = _ring_table(1, blocks, blocks, distinct=True)
+    pool = _pool(blocks, page, overlap)
+    full, _, _ = _run(backend, x, list(range(n)), [0] * n, table, pool, w, ratio, overlap)
+    starts = range(2 * ratio) if ratio <= 8 else (0, 1, ratio - 2, ratio - 1, ratio, 2 * ratio - 2, 2 * ratio - 1)
+    for p0 in starts:
+        _, _, mid = _run(backend, x[:p0], list(range(p0)), [0] * p0, table, pool, w, ratio, overlap)
+        step, _, _ = _run(backend, x[p0:p0 + 2], [p0, p0 + 1], [0, 0], table, mid, w, ratio, overlap)
+        assert torch.equal(step.view(torch.int16), full[p0:p0 + 2].view(torch.int16)), f"resumed at {p0}"
+
+
+@pytest.mark.parametrize("ratio, overlap, page", CASES, ids=IDS)
+def test_request_order_and_page_reuse_change_nothing(backend, ratio, overlap, page):
+    """Three requests at different phases: swapping requests (and their table rows) swaps their output rows and
+    leaves the state pool identical; a ring table reusing the request's physical pages for later logical blocks
+    gives the outputs of a table with one page per block. Spec: §8."""
+    w = _weights(ratio, overlap, 4)
+    lens, starts = [ratio + 1, 2 * ratio + 2, 3], [0, ratio - 1, 2]
+    xs = [_rows(n, 10 + i) for i, n in enumerate(lens)]
+    blocks = -(-(max(s + n for s, n in zip(starts, lens, strict=True))) // page) + 1
+    window_pages = -(-(2 * ratio) // page) + 1
+    ring = _ring_table(3, blocks, 3 * window_pages)
+    distinct = _ring_table(3, blocks, 0, distinct=True)
+
+    def batch(order, table):
+        x = torch.cat([xs[r] for r in order])
+        pos = [starts[r] + i for r in order for i in range(lens[r])]
+        req = [k for k, r in enumerate(order) for _ in range(lens[r])]
+        rows = table[list(order)]
+        pool = _pool(int(table.max()) + 1, page, overlap)
+        return _run(backend, x, pos, req, rows, pool, w, ratio, overlap)
+
+    a, _, pool_a = batch((0, 1, 2), ring)
+    b, _, pool_b = batch((2, 0, 1), ring)
+    split = lambda out, order: dict(zip(order, out.split([lens[r] for r in order]), strict=True))  # noqa: E731
+    sa, sb = split(a, (0, 1, 2)), split(b, (2, 0, 1))
+    for r in range(3):
+        assert torch.equal(sa[r], sb[r]), f"request {r} changed when the batch was reordered"
+    assert torch.equal(pool_a, pool_b), "the state pool depends on the request order"
+    c, _, _ = batch((0, 1, 2), distinct)
+    assert torch.equal(a, c), "page reuse through the ring table changed an output"
+
+
+def test_the_overlapping_window_pools_the_previous_first_half_and_the_current_second_half(backend):
+    """Ratio 4 with overlap, positions 0..7: the output at 3 pools positions 0..3's second-half channels only
+    (nothing before 0); the output at 7 pools positions 0..3's first-half channels and 4..7's second-half
+    channels, 8 rows softmax-weighted, then RMS-normalised -- checked against an independent computation; the
+    non-overlapping ratio-128 window pools all channels of its 128 rows. Spec: §8."""
+    w, x = _weights(4, True, 5), _rows(8, 6)
+    table = torch.arange(2, dtype=torch.int32)[None]
+    out, closes, _ = _run(backend, x, list(range(8)), [0] * 8, table, _pool(2, 4, True), w, 4, True)
+    kv = x.double() @ w.wkv.double()
+    score = (x.double() @ w.wgate.double()).float().double() + w.ape.double()[torch.arange(8) % 4]
+    kv = kv.float().double()
+
+    def pooled(rows_kv, rows_score):
+        p = (rows_kv * rows_score.softmax(0)).sum(0)
+        return (p * torch.rsqrt(p.pow(2).mean() + 1e-6) * w.norm.double()).to(torch.bfloat16)
+
+    first = pooled(kv[0:4, D:], score[0:4, D:])
+    second = pooled(torch.cat((kv[0:4, :D], kv[4:8, D:])), torch.cat((score[0:4, :D], score[4:8, D:])))
+    assert closes.tolist() == [False, False, False, True] * 2
+    for got, want, name in ((out[3], first, "position 3"), (out[7], second, "position 7")):
+        assert (got.float() - want.float()).abs().max() <= want.float().abs().max() * 2**-7, name
+    wrong = pooled(torch.cat((kv[2:4, :D], kv[4:8, D:])), torch.cat((score[2:4, :D], score[4:8, D:])))
+    assert (wrong.float() - second.float()).abs().max() > second.float().abs().max() * 2**-7, \
+        "the inputs do not separate an overlap of 2 rows"
+
+
+def test_csa_keeps_the_inner_state_out_of_the_main_pool(backend):
+    """CSA's main (d = 8) and inner indexer (d = 4) compressors each write only their own pool through their
+    own table: the main pool equals the main compressor run alone, the inner pool the inner one alone, and both
+    outputs too; a main pool byte no main token wrote keeps its initial value. Spec: §8."""
+    main, inner = _weights(4, True, 7), _weights(4, True, 8, d=4)
+    x, n = _rows(9, 9), 9
+    pos, req = list(range(n)), [0] * n
+    mt, it = torch.tensor([[0, 1, 2]], dtype=torch.int32), torch.tensor([[2, 0, 1]], dtype=torch.int32)
+    mp, ip = _pool(3, 4, True), _pool(3, 4, True, d=4)
+    res = op(backend, "csa_compressors")(x, torch.tensor(pos), torch.tensor(req), mt, mp, main, it, ip, inner)
+    m_out, _, m_pool = _run(backend, x, pos, req, mt, mp, main, 4, True)
+    i_out, _, i_pool = _run(backend, x, pos, req, it, ip, inner, 4, True)
+    assert torch.equal(res["main_pool"], m_pool), "the main pool holds bytes the main compressor did not write"
+    assert torch.equal(res["inner_pool"], i_pool) and torch.equal(res["compressed"], m_out)
+    assert torch.equal(res["index_key"], i_out)
+    assert bool((res["main_pool"][2, 1:] == 7.0).all()), "rows after position 8 are untouched"
+
+
+def test_bad_compressor_inputs_are_refused_naming_the_field(backend):
+    """A position past the table, a page outside the pool, weights of the wrong width and a BF16 pool name the
+    field. Spec: §8."""
+    w, x = _weights(4, True), _rows(2)
+    table, pool = torch.tensor([[0]], dtype=torch.int32), _pool(1, 4, True)
+    with pytest.raises(ContractInputError, match="state_block_table"):
+        _run(backend, x, [3, 4], [0, 0], table, pool, w, 4, True)
+    with pytest.raises(ContractInputError, match=r"state_block_table\[0\]\[0\]"):
+        _run(backend, x, [0, 1], [0, 0], torch.tensor([[5]], dtype=torch.int32), pool, w, 4, True)
+    with pytest.raises(ContractInputError, match="weights"):
+        _run(backend, x, [0, 1], [0, 0], table, pool, w, 4, False)
+    with pytest.raises(ContractInputError, match="state_pool"):
+        _run(backend, x, [0, 1], [0, 0], table, pool.to(torch.bfloat16), w, 4, True)

@@ -1,0 +1,114 @@
+"""V4's paged compressors (spec §8): ratio 128 (HCA, no overlap) and ratio 4 (CSA, overlapping windows), and
+CSA's pair of them (the main compressor and the indexer's inner compressor, each with its own state pool).
+
+For each token (in the order given; a decode chunk is each request's rows in position order):
+
+* kv = x · wkv and score = x · wgate + ape[pos % ratio] (FP32, ``coff · d`` channels: coff = 2 with overlap);
+* the pair is written to the token's state row: physical page table[req, pos // page] row pos % page of the
+  state pool [pages, page, 2 · coff · d] (kv channels, then score channels); the block table realizes the ring
+  (later logical blocks reuse the physical pages), so only rows of the last window(s) are ever read;
+* when (pos + 1) % ratio == 0 the window closes: without overlap the rows of positions pos - ratio + 1 .. pos
+  are pooled, per channel sum(kv · softmax(score)); with overlap (ratio 4) the previous window's positions
+  pos - 2·ratio + 1 .. pos - ratio contribute their first d channels and the current window's positions their
+  last d channels (8 rows pooled into d channels); positions before 0 take no part; the pooled row is RMS-
+  normalised (FP32, times the weight) and rounded to BF16 -- the compressed value before its RoPE and
+  quantization.
+
+Spec: §8 (C4A / C128 state pages 4 / 8, HCA / CSA paths); docs/coverage.md, V4 section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.errors import ContractInputError
+from kernels.reference.compressor import project
+
+SPEC = "§8"
+ROUNDING_VERSION = "v4-compressor-1"
+
+
+@dataclass(frozen=True)
+class V4CompressorWeights:
+    """``wkv`` / ``wgate`` [hidden, coff·d], ``ape`` [ratio, coff·d] FP32, ``norm`` [d]."""
+
+    wkv: torch.Tensor
+    wgate: torch.Tensor
+    ape: torch.Tensor
+    norm: torch.Tensor
+
+
+def _slot(table: torch.Tensor, req: int, pos: int, page: int, pages: int) -> int:
+    if pos // page >= table.shape[1]:
+        raise ContractInputError("state_block_table", (req,), f"a page for position {pos} (logical block "
+                                 f"{pos // page})", f"{table.shape[1]} blocks", SPEC)
+    phys = int(table[req, pos // page])
+    if not 0 <= phys < pages:
+        raise ContractInputError("state_block_table", (req, pos // page), f"a page in [0, {pages})", phys, SPEC)
+    return phys * page + pos % page
+
+
+def v4_compressor(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: torch.Tensor,
+                  state_block_table: torch.Tensor, state_pool: torch.Tensor, weights: V4CompressorWeights, *,
+                  ratio: int, overlap: bool, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, hidden] -> (compressed [T, d] BF16, zero where no window closes; closes [T] bool; the new state
+    pool). The input pool is not modified. Spec: §8."""
+    coff = 2 if overlap else 1
+    d = weights.norm.shape[0]
+    if weights.wkv.shape[1] != coff * d or weights.ape.shape != (ratio, coff * d):
+        raise ContractInputError("weights", None, f"wkv / wgate [hidden, {coff * d}] and ape [{ratio}, {coff * d}]",
+                                 [list(weights.wkv.shape), list(weights.ape.shape)], SPEC)
+    if state_pool.ndim != 3 or state_pool.shape[2] != 2 * coff * d or state_pool.dtype != torch.float32:
+        raise ContractInputError("state_pool", None, f"FP32 [pages, page, {2 * coff * d}]",
+                                 f"{state_pool.dtype}{list(state_pool.shape)}", SPEC)
+    pages, page, _ = state_pool.shape
+    pool = state_pool.clone().reshape(pages * page, 2 * coff * d)
+    kv = project(x, weights.wkv)
+    score = project(x, weights.wgate)
+    out = torch.zeros(x.shape[0], d, dtype=torch.bfloat16)
+    closes = torch.zeros(x.shape[0], dtype=torch.bool)
+    w = coff * d
+    for t in range(x.shape[0]):
+        p, b = int(position_ids[t]), int(token_to_req[t])
+        if p < 0:
+            continue
+        pool[_slot(state_block_table, b, p, page, pages)] = torch.cat((kv[t], score[t] + weights.ape[p % ratio]))
+        if (p + 1) % ratio:
+            continue
+        rows_kv, rows_score = [], []
+        if overlap:
+            for q in range(p - 2 * ratio + 1, p - ratio + 1):
+                if q >= 0:
+                    row = pool[_slot(state_block_table, b, q, page, pages)]
+                    rows_kv.append(row[:d])
+                    rows_score.append(row[w:w + d])
+        for q in range(p - ratio + 1, p + 1):
+            row = pool[_slot(state_block_table, b, q, page, pages)]
+            lo = d if overlap else 0
+            rows_kv.append(row[lo:lo + d])
+            rows_score.append(row[w + lo:w + lo + d])
+        weight = torch.stack(rows_score).softmax(dim=0)
+        pooled = (torch.stack(rows_kv) * weight).sum(dim=0)
+        normed = pooled * torch.rsqrt(pooled.pow(2).mean() + eps) * weights.norm.float()
+        out[t] = normed.to(torch.bfloat16)
+        closes[t] = True
+    return out, closes, pool.reshape(pages, page, 2 * coff * d)
+
+
+def csa_compressors(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: torch.Tensor,
+                    main_table: torch.Tensor, main_pool: torch.Tensor, main: V4CompressorWeights,
+                    inner_table: torch.Tensor, inner_pool: torch.Tensor, inner: V4CompressorWeights, *,
+                    ratio: int = 4, eps: float = 1e-6, ops=None) -> dict[str, torch.Tensor]:
+    """CSA's two ratio-4 overlapping compressors: the main one (the compressed KV) and the indexer's inner one
+    (the index keys), each reading and writing only its own state pool through its own table. Spec: §8."""
+    compress = (ops or {}).get("v4_compressor", v4_compressor)
+    m_out, m_closes, m_pool = compress(x, position_ids, token_to_req, main_table, main_pool, main, ratio=ratio,
+                                       overlap=True, eps=eps)
+    i_out, _, i_pool = compress(x, position_ids, token_to_req, inner_table, inner_pool, inner, ratio=ratio,
+                                overlap=True, eps=eps)
+    return {"compressed": m_out, "index_key": i_out, "closes": m_closes, "main_pool": m_pool, "inner_pool": i_pool}
+
+
+csa_compressors.composes_operators = True
