@@ -66,6 +66,7 @@ def test_a_chunked_run_equals_the_one_shot_run_for_every_split(backend, ratio, o
     pool = _pool(blocks, page, overlap)
     full, closes, full_pool = _run(backend, x, list(range(n)), [0] * n, table, pool, w, ratio, overlap)
     assert closes.nonzero().flatten().tolist() == [ratio - 1, 2 * ratio - 1]
+    assert full.dtype == torch.bfloat16 and bool((pool == 7.0).all()), "the input pool was written in place"
     splits = range(1, n) if ratio <= 8 else (1, ratio - 1, ratio, ratio + 1, n - 1)
     for cut in splits:
         a, _, mid = _run(backend, x[:cut], list(range(cut)), [0] * cut, table, pool, w, ratio, overlap)
@@ -124,29 +125,36 @@ def test_request_order_and_page_reuse_change_nothing(backend, ratio, overlap, pa
 
 
 def test_the_overlapping_window_pools_the_previous_first_half_and_the_current_second_half(backend):
-    """Ratio 4 with overlap, positions 0..7: the output at 3 pools positions 0..3's second-half channels only
-    (nothing before 0); the output at 7 pools positions 0..3's first-half channels and 4..7's second-half
-    channels, 8 rows softmax-weighted, then RMS-normalised -- checked against an independent computation; the
-    non-overlapping ratio-128 window pools all channels of its 128 rows. Spec: §8."""
-    w, x = _weights(4, True, 5), _rows(8, 6)
-    table = torch.arange(2, dtype=torch.int32)[None]
-    out, closes, _ = _run(backend, x, list(range(8)), [0] * 8, table, _pool(2, 4, True), w, 4, True)
-    kv = x.double() @ w.wkv.double()
-    score = (x.double() @ w.wgate.double()).float().double() + w.ape.double()[torch.arange(8) % 4]
-    kv = kv.float().double()
+    """Ratio 4 with overlap, positions 0..11: the output at 3 pools positions 0..3's second-half channels only
+    (nothing before 0); the output at 7 pools 0..3's first-half and 4..7's second-half channels, at 11 4..7's
+    first half and 8..11's second half -- 8 rows softmax-weighted, then RMS-normalised with eps 1e-6, checked
+    against an independent computation at unit scale and at 1e-4 (where the eps dominates). Spec: §8."""
+    w = _weights(4, True, 5)
+    table = torch.arange(3, dtype=torch.int32)[None]
+    for scale in (1.0, 1e-4):  # at 1e-4 the pooled rows are below the 1e-6 eps of the RMS norm
+        x = (_rows(12, 6).float() * scale).to(torch.bfloat16)
+        out, closes, _ = _run(backend, x, list(range(12)), [0] * 12, table, _pool(3, 4, True), w, 4, True)
+        kv = (x.double() @ w.wkv.double()).float().double()
+        score = (x.double() @ w.wgate.double()).float().double() + w.ape.double()[torch.arange(12) % 4]
 
-    def pooled(rows_kv, rows_score):
-        p = (rows_kv * rows_score.softmax(0)).sum(0)
-        return (p * torch.rsqrt(p.pow(2).mean() + 1e-6) * w.norm.double()).to(torch.bfloat16)
+        def pooled(rows_kv, rows_score, w=w):
+            p = (rows_kv * rows_score.softmax(0)).sum(0)
+            return (p * torch.rsqrt(p.pow(2).mean() + 1e-6) * w.norm.double()).to(torch.bfloat16)
 
-    first = pooled(kv[0:4, D:], score[0:4, D:])
-    second = pooled(torch.cat((kv[0:4, :D], kv[4:8, D:])), torch.cat((score[0:4, :D], score[4:8, D:])))
-    assert closes.tolist() == [False, False, False, True] * 2
-    for got, want, name in ((out[3], first, "position 3"), (out[7], second, "position 7")):
-        assert (got.float() - want.float()).abs().max() <= want.float().abs().max() * 2**-7, name
-    wrong = pooled(torch.cat((kv[2:4, :D], kv[4:8, D:])), torch.cat((score[2:4, :D], score[4:8, D:])))
-    assert (wrong.float() - second.float()).abs().max() > second.float().abs().max() * 2**-7, \
-        "the inputs do not separate an overlap of 2 rows"
+        def window(p, kv=kv, score=score, pooled=pooled):
+            prev = slice(max(0, p - 7), p - 3)
+            cur = slice(p - 3, p + 1)
+            return pooled(torch.cat((kv[prev, :D], kv[cur, D:])), torch.cat((score[prev, :D], score[cur, D:])))
+
+        second = window(7)
+        assert closes.tolist() == [False, False, False, True] * 3
+        for p in (3, 7, 11):
+            want = window(p)
+            assert (out[p].float() - want.float()).abs().max() <= want.float().abs().max() * 2**-7, \
+                f"position {p} (scale {scale})"
+        wrong = pooled(torch.cat((kv[2:4, :D], kv[4:8, D:])), torch.cat((score[2:4, :D], score[4:8, D:])))
+        assert (wrong.float() - second.float()).abs().max() > second.float().abs().max() * 2**-7, \
+            "the inputs do not separate an overlap of 2 rows"
 
 
 def test_csa_keeps_the_inner_state_out_of_the_main_pool(backend):
@@ -154,7 +162,7 @@ def test_csa_keeps_the_inner_state_out_of_the_main_pool(backend):
     own table: the main pool equals the main compressor run alone, the inner pool the inner one alone, and both
     outputs too; a main pool byte no main token wrote keeps its initial value. Spec: §8."""
     main, inner = _weights(4, True, 7), _weights(4, True, 8, d=4)
-    x, n = _rows(9, 9), 9
+    x, n = (_rows(9, 9).float() * 1e-4).to(torch.bfloat16), 9  # eps-sensitive: the pair must pass eps on
     pos, req = list(range(n)), [0] * n
     mt, it = torch.tensor([[0, 1, 2]], dtype=torch.int32), torch.tensor([[2, 0, 1]], dtype=torch.int32)
     mp, ip = _pool(3, 4, True), _pool(3, 4, True, d=4)
@@ -165,6 +173,16 @@ def test_csa_keeps_the_inner_state_out_of_the_main_pool(backend):
     assert torch.equal(res["inner_pool"], i_pool) and torch.equal(res["compressed"], m_out)
     assert torch.equal(res["index_key"], i_out)
     assert bool((res["main_pool"][2, 1:] == 7.0).all()), "rows after position 8 are untouched"
+    calls = []
+    inner_op = backend.get("v4_compressor")
+
+    def counted(*a, **kw):
+        calls.append(kw["ratio"])
+        return inner_op(*a, **kw)
+
+    derived = backend.derive("counting", v4_compressor=counted)
+    again = derived.get("csa_compressors")(x, torch.tensor(pos), torch.tensor(req), mt, mp, main, it, ip, inner)
+    assert calls == [4, 4] and torch.equal(again["compressed"], res["compressed"]), "not the backend's compressor"
 
 
 def test_bad_compressor_inputs_are_refused_naming_the_field(backend):
@@ -174,9 +192,13 @@ def test_bad_compressor_inputs_are_refused_naming_the_field(backend):
     table, pool = torch.tensor([[0]], dtype=torch.int32), _pool(1, 4, True)
     with pytest.raises(ContractInputError, match="state_block_table"):
         _run(backend, x, [3, 4], [0, 0], table, pool, w, 4, True)
-    with pytest.raises(ContractInputError, match=r"state_block_table\[0\]\[0\]"):
-        _run(backend, x, [0, 1], [0, 0], torch.tensor([[5]], dtype=torch.int32), pool, w, 4, True)
+    for bad in (1, -1):  # one page: page 1 is just outside
+        with pytest.raises(ContractInputError, match=r"state_block_table\[0\]\[0\]"):
+            _run(backend, x, [0, 1], [0, 0], torch.tensor([[bad]], dtype=torch.int32), pool, w, 4, True)
     with pytest.raises(ContractInputError, match="weights"):
         _run(backend, x, [0, 1], [0, 0], table, pool, w, 4, False)
+    short_ape = V4CompressorWeights(w.wkv, w.wgate, w.ape[:3], w.norm)
+    with pytest.raises(ContractInputError, match="weights"):
+        _run(backend, x, [0, 1], [0, 0], table, pool, short_ape, 4, True)
     with pytest.raises(ContractInputError, match="state_pool"):
         _run(backend, x, [0, 1], [0, 0], table, pool.to(torch.bfloat16), w, 4, True)

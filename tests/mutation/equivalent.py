@@ -149,6 +149,9 @@ NORM_FP32 = ("rms_norm takes the FP32 view itself and the result is cast to BF16
 NONEMPTY_PARTS = ("Every request appends one range (possibly empty) to the lists _cat joins, and a call has at least "
                   "one request, so the empty-list fallback is never taken.")
 
+INT_BOUND = ("pos // page >= n and pos / page >= n agree for integers pos, page and n: the bound check of the state "
+             "table is the same either way.")
+
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
@@ -490,4 +493,8 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.decode_metadata:_windows:name:int64->int32#1': DTYPE,
     'kernels.v4.decode_metadata:hca_topk:drop-call:position_ids.to(torch.int64)[to]->(skipped)#0': CASTNOOP,
     'kernels.v4.decode_metadata:hca_topk:drop-call:kv_seq_lens.to(torch.int64)[to]->(skipped)#0': CASTNOOP,
+    'kernels.v4.compressor:v4_compressor:drop-call:weights.norm.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.compressor:v4_compressor:name:bfloat16->float32#1': CASTNOOP,
+    'kernels.v4.compressor:v4_compressor:drop-call:normed.to(torch.bfloat16)[to]->(skipped)#0': CASTNOOP,
+    'kernels.v4.compressor:_slot:binop:pos // page[FloorDiv]->Div#0': INT_BOUND,
 }
