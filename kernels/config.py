@@ -448,6 +448,9 @@ class V4Config:
     hca_state_pool: int = 64
     csa_state_pool: int = 65
     csa_inner_state_pool: int = 65
+    int8_scale_max: float = 127.0  # the INT8 stand-in's per-row quantization (INT8_SCALE_MAX, INT8_AMAX_EPS)
+    int8_amax_eps: float = 1e-4
+    hc_mult: int = 4
     shrunk: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:

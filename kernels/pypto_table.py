@@ -404,6 +404,14 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             "decode_compressor_ratio4.py::compressor_ratio4", "@pl.jit.inline",
             note="arguments not transcribed yet: the V4 binding comes with V4-Pro (#14); the entries write the "
                  "compressed row into the paged cmp pool and keep the state as a paged FP32 ring"),
+    Binding("mtp_projection", "not bound", f"{PRO}/mtp_projection.py::mtp_projection", "@pl.jit.inline",
+            _args(("hidden_states", "in", "BF16", "[T_DYN, D]"), ("prev_hidden_states", "in", "FP32", "[T_DYN, HC_MULT, D]"),
+                  ("enorm_w", "in", "FP32", "[D]"), ("hnorm_w", "in", "FP32", "[D]"),
+                  ("e_proj_w", "in", "INT8", "[D, D]"), ("e_proj_w_scale", "in", "FP32", "[D]"),
+                  ("e_proj_smooth", "in", "FP32", "[D]"), ("h_proj_w", "in", "INT8", "[D, D]"),
+                  ("h_proj_w_scale", "in", "FP32", "[D]"), ("h_proj_smooth", "in", "FP32", "[D]"),
+                  ("hidden_states_out", "out", "FP32", "[T_DYN, HC_MULT, D]")),
+            note="compiled at the V4 geometry (D 7168 / 4096) while the contracts run the tiny twin"),
     Binding("csa_compressors", "composition", f"{PRO}/decode_attention_csa.py (compressor_ratio4 and "
             "decode_indexer_compressor)", "composition",
             note="composed from v4_compressor on this backend"),

@@ -159,6 +159,8 @@ CASES = [
      "test_v4_compressor:test_the_overlapping_window_pools_the_previous_first_half_and_the_current_second_half",
      "position 7"),
     ("v4:INNER_TO_MAIN", "test_v4_compressor:test_csa_keeps_the_inner_state_out_of_the_main_pool", "main pool"),
+    ("v4:E_ON_STREAM_ZERO", "test_v4_mtp:test_the_mtp_projection_is_the_shared_embedding_half_plus_each_streams_half",
+     "not the released MTP projection"),
     # the Engram block (HC-13, HC-14)
     ("engram:GATE_WITHOUT_SQRT", "test_engram:test_the_engram_output_is_the_released_formula_within_its_budget",
      "engram"),

@@ -85,3 +85,18 @@ def _inner_to_main(x, position_ids, token_to_req, main_table, main_pool, main, i
 _inner_to_main.composes_operators = True
 OVERLAP_BY_TWO = _base.derive("defect:v4-ratio4-overlap-by-two", v4_compressor=_overlap_by_two)
 INNER_TO_MAIN = _base.derive("defect:v4-csa-inner-state-in-main", csa_compressors=_inner_to_main)
+
+
+def _e_on_stream_zero(hidden, prev, enorm, hnorm, e_proj, e_scale, e_smooth, h_proj, h_scale, h_smooth, *, config):
+    """Wrong: the embedding half is added to the first stream only."""
+    from kernels.v4 import mtp
+
+    out = mtp.mtp_projection(hidden, prev, enorm, hnorm, e_proj, e_scale, e_smooth, h_proj, h_scale, h_smooth,
+                             config=config)
+    only_h = mtp.mtp_projection(hidden, prev, enorm, hnorm, torch.zeros_like(e_proj), e_scale, e_smooth, h_proj,
+                                h_scale, h_smooth, config=config)
+    out[:, 1:] = only_h[:, 1:]
+    return out
+
+
+E_ON_STREAM_ZERO = _base.derive("defect:v4-mtp-embedding-on-stream-0", mtp_projection=_e_on_stream_zero)

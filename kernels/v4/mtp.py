@@ -1,0 +1,61 @@
+"""V4's MTP input projection (spec §8; upstream mtp_projection.py): the MTP layer's residual streams from the
+embedding of the sampled token and the main model's last streams.
+
+out[t, c] = e[t] + h[t, c] (FP32), with
+
+* e = linear_int8(RMSNorm(hidden[t], enorm) · e_smooth, e_proj): one row per token, the same for every stream;
+* h[t, c] = linear_int8(RMSNorm(prev[t, c], hnorm) · h_smooth, h_proj): one row per token and stream;
+* linear_int8(v, W): v quantized per row to INT8 -- amax = max(|v|, 1e-4), codes = clamp(round(v · 127 / amax),
+  ±127) (round half to even) -- times the INT8 weight [out, in] in exact integers, then times amax / 127 and the
+  weight's per-output scale.
+
+RMSNorm here: x · rsqrt(mean(x²) + eps) · w in FP32 (eps = rms_norm_eps, 1e-6).
+
+Spec: §8 (INT8_SCALE_MAX 127, INT8_AMAX_EPS 1e-4); docs/coverage.md, V4 section.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.errors import ContractInputError
+
+SPEC = "§8"
+ROUNDING_VERSION = "v4-mtp-1"
+
+
+def quantize_rows_int8(v: torch.Tensor, *, scale_max: float = 127.0, amax_eps: float = 1e-4
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row INT8 codes and the dequantization factor amax / scale_max ([..., 1])."""
+    amax = v.abs().amax(dim=-1, keepdim=True).clamp_min(amax_eps)
+    codes = torch.clamp(torch.round(v * (scale_max / amax)), -scale_max, scale_max).to(torch.int8)
+    return codes, amax / scale_max
+
+
+def _linear_int8(v: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, config) -> torch.Tensor:
+    codes, factor = quantize_rows_int8(v, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
+    acc = codes.to(torch.int64) @ weight.to(torch.int64).T  # exact
+    return acc.to(torch.float32) * factor * weight_scale.float()
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+
+
+def mtp_projection(hidden: torch.Tensor, prev: torch.Tensor, enorm: torch.Tensor, hnorm: torch.Tensor,
+                   e_proj: torch.Tensor, e_scale: torch.Tensor, e_smooth: torch.Tensor, h_proj: torch.Tensor,
+                   h_scale: torch.Tensor, h_smooth: torch.Tensor, *, config) -> torch.Tensor:
+    """hidden [T, D] BF16, prev [T, hc, D] FP32, INT8 projections [D, D] (out-major) with per-output scales
+    -> [T, hc, D] FP32. Spec: §8."""
+    t, d, hc = hidden.shape[0], config.hidden_size, config.hc_mult
+    if hidden.shape != (t, d) or prev.shape != (t, hc, d):
+        raise ContractInputError("mtp_projection", None, f"hidden [T, {d}] and prev [T, {hc}, {d}]",
+                                 [list(hidden.shape), list(prev.shape)], SPEC)
+    for name, w in (("e_proj", e_proj), ("h_proj", h_proj)):
+        if w.dtype != torch.int8 or w.shape != (d, d):
+            raise ContractInputError(name, None, f"INT8 [{d}, {d}]", f"{w.dtype}{list(w.shape)}", SPEC)
+    eps = config.rms_norm_eps
+    e = _linear_int8(_rms(hidden, enorm, eps) * e_smooth.float(), e_proj, e_scale, config)
+    h = _linear_int8(_rms(prev, hnorm, eps) * h_smooth.float(), h_proj, h_scale, config)
+    return (e[:, None, :] + h).to(torch.float32)
