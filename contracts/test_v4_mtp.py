@@ -68,6 +68,10 @@ def test_the_mtp_projection_is_the_shared_embedding_half_plus_each_streams_half(
     only_e = _call(backend, {**i, "h_proj": torch.zeros_like(i["h_proj"])})
     assert all(torch.equal(only_e[:, c], only_e[:, 0]) for c in range(HC)), "the embedding half differs per stream"
     assert float(only_e.abs().max()) > 0
+    zero = {**i, "hidden": i["hidden"].clone()}
+    zero["hidden"][3] = 0  # a zero row: the eps keeps its RMS norm finite, and its embedding half is zero
+    z = _call(backend, zero)
+    assert bool(torch.isfinite(z).all()) and _close(z, _independent(zero))
     only_h = _call(backend, {**i, "e_proj": torch.zeros_like(i["e_proj"])})
     assert not torch.equal(only_h[:, 1], only_h[:, 0]), "the stream half is shared"
     assert _close(only_h, _independent({**i, "e_proj": torch.zeros_like(i["e_proj"])}))
@@ -84,7 +88,8 @@ def test_the_int8_rows_keep_the_amax_floor_and_round_half_to_even(backend):
     assert _close(out, want), "the amax floor"
     assert not _close(want, _independent({**i, "h_proj": torch.zeros_like(i["h_proj"])}, floor=1e-30)), \
         "the inputs do not separate the floor"
-    codes, factor = quantize_rows_int8(torch.tensor([[127.0, 2.5, -0.5, 126.5]]))  # amax 127: scale exactly 1
+    codes, factor = quantize_rows_int8(torch.tensor([[127.0, 2.5, -0.5, 126.5]]), scale_max=C.int8_scale_max,
+                                       amax_eps=C.int8_amax_eps)  # amax 127: a scale of exactly 1
     assert codes.tolist() == [[127, 2, 0, 126]] and codes.dtype == torch.int8 and float(factor) == 1.0
 
 

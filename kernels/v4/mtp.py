@@ -24,8 +24,7 @@ SPEC = "§8"
 ROUNDING_VERSION = "v4-mtp-1"
 
 
-def quantize_rows_int8(v: torch.Tensor, *, scale_max: float = 127.0, amax_eps: float = 1e-4
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows_int8(v: torch.Tensor, *, scale_max: float, amax_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row INT8 codes and the dequantization factor amax / scale_max ([..., 1])."""
     amax = v.abs().amax(dim=-1, keepdim=True).clamp_min(amax_eps)
     codes = torch.clamp(torch.round(v * (scale_max / amax)), -scale_max, scale_max).to(torch.int8)

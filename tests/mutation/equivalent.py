@@ -152,6 +152,9 @@ NONEMPTY_PARTS = ("Every request appends one range (possibly empty) to the lists
 INT_BOUND = ("pos // page >= n and pos / page >= n agree for integers pos, page and n: the bound check of the state "
              "table is the same either way.")
 
+INT8_CLAMP = ("The per-row codes never leave +-scale_max: amax is at least every |v| of the row, so |v| · scale_max / "
+              "amax <= scale_max and the clamp (kept as upstream has it) changes nothing.")
+
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
@@ -497,4 +500,12 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.compressor:v4_compressor:name:bfloat16->float32#1': CASTNOOP,
     'kernels.v4.compressor:v4_compressor:drop-call:normed.to(torch.bfloat16)[to]->(skipped)#0': CASTNOOP,
     'kernels.v4.compressor:_slot:binop:pos // page[FloorDiv]->Div#0': INT_BOUND,
+    'kernels.v4.mtp:quantize_rows_int8:drop-call:torch.clamp(torch.round(v * (scale_max / amax)), -scale_m...[clamp]->(skipped)#0': INT8_CLAMP,
+    'kernels.v4.mtp:quantize_rows_int8:drop-call:torch.clamp(torch.round(v * (scale_max / amax)), -scale_m...[to]->(skipped)#0': CASTNOOP,
+    'kernels.v4.mtp:mtp_projection:drop-call:e_smooth.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.mtp:mtp_projection:drop-call:h_smooth.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.mtp:_linear_int8:drop-call:acc.to(torch.float32)[to]->(skipped)#0': CASTNOOP,
+    'kernels.v4.mtp:_linear_int8:drop-call:weight_scale.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.mtp:_rms:drop-call:w.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.mtp:mtp_projection:drop-call:(e[:, None, :] + h).to(torch.float32)[to]->(skipped)#0': CASTNOOP,
 }
