@@ -123,6 +123,9 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
         OperatorSpec("mtp_projection", "(hidden [T,D] BF16, prev [T,hc,D] FP32, enorm, hnorm, e_proj INT8 [D,D], "
                      "e_scale, e_smooth, h_proj INT8 [D,D], h_scale, h_smooth, *, config (V4))",
                      "[T, hc, D] FP32: the embedding half shared by every stream plus each stream's own half", "§8"),
+        OperatorSpec("dp_attention", "(rank_inputs [per DP rank: half-layer inputs], *, kind, config)",
+                     "list of each rank's half-layer outputs (TP 1, nothing reduced across ranks), composed from "
+                     "this backend's attention_half_layer", "§8"),
         OperatorSpec("hca_topk", "(position_ids [T], kv_seq_lens [B], *, seq, limit, ratio=128)",
                      "[T, limit] INT32: HCA's deterministic compressed top-k (the first valid positions, -1 after)",
                      "§8"),
@@ -294,6 +297,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "v4_decode_metadata": ("kernels.v4.decode_metadata", "v4_decode_metadata"),
     "hca_topk": ("kernels.v4.decode_metadata", "hca_topk"),
     "mtp_projection": ("kernels.v4.mtp", "mtp_projection"),
+    "dp_attention": ("kernels.v4.dp_attention", "dp_attention"),
     "v4_compressor": ("kernels.v4.compressor", "v4_compressor"),
     "csa_compressors": ("kernels.v4.compressor", "csa_compressors"),
     "encoder_replay": ("kernels.prefill_plan", "select_encoder_replay"),

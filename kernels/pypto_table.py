@@ -412,6 +412,9 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
                   ("h_proj_w_scale", "in", "FP32", "[D]"), ("h_proj_smooth", "in", "FP32", "[D]"),
                   ("hidden_states_out", "out", "FP32", "[T_DYN, HC_MULT, D]")),
             note="compiled at the V4 geometry (D 7168 / 4096) while the contracts run the tiny twin"),
+    Binding("dp_attention", "composition", f"{PRO}/decode_fwd.py (one rank-generic kernel per EP rank; "
+            "attention has no TP)", "composition",
+            note="composed from attention_half_layer at TP 1 on this backend"),
     Binding("csa_compressors", "composition", f"{PRO}/decode_attention_csa.py (compressor_ratio4 and "
             "decode_indexer_compressor)", "composition",
             note="composed from v4_compressor on this backend"),

@@ -161,6 +161,9 @@ CASES = [
     ("v4:INNER_TO_MAIN", "test_v4_compressor:test_csa_keeps_the_inner_state_out_of_the_main_pool", "main pool"),
     ("v4:E_ON_STREAM_ZERO", "test_v4_mtp:test_the_mtp_projection_is_the_shared_embedding_half_plus_each_streams_half",
      "not the released MTP projection"),
+    ("v4:REDUCED_ACROSS_DP",
+     "test_v4_dp_attention:test_each_dp_rank_gets_its_own_attention_and_nothing_is_reduced_across_ranks",
+     "rank 0: output"),
     # the Engram block (HC-13, HC-14)
     ("engram:GATE_WITHOUT_SQRT", "test_engram:test_the_engram_output_is_the_released_formula_within_its_budget",
      "engram"),

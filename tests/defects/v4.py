@@ -100,3 +100,20 @@ def _e_on_stream_zero(hidden, prev, enorm, hnorm, e_proj, e_scale, e_smooth, h_p
 
 
 E_ON_STREAM_ZERO = _base.derive("defect:v4-mtp-embedding-on-stream-0", mtp_projection=_e_on_stream_zero)
+
+
+def _reduced_across_dp(rank_inputs, *, kind, config, ops=None):
+    """Wrong: the attention outputs are all-reduced across the DP ranks as if the ranks were a TP group."""
+    from kernels.v4 import dp_attention
+
+    outs = dp_attention.dp_attention(rank_inputs, kind=kind, config=config, ops=ops)
+    rows = min(o["output"].shape[1] for o in outs)
+    total = sum(o["output"][:, :rows].float() for o in outs).to(outs[0]["output"].dtype)
+    for o in outs:
+        o["output"] = o["output"].clone()
+        o["output"][:, :rows] = total
+    return outs
+
+
+_reduced_across_dp.composes_operators = True
+REDUCED_ACROSS_DP = _base.derive("defect:v4-attention-reduced-across-dp", dp_attention=_reduced_across_dp)
