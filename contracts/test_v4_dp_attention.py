@@ -36,3 +36,11 @@ def test_each_dp_rank_gets_its_own_attention_and_nothing_is_reduced_across_ranks
                 f"rank {r}: {name} is not its own single-rank attention"
     with pytest.raises(ContractInputError, match="rank_inputs"):
         op(backend, "dp_attention")([], kind=kind, config=C)
+    calls = []
+
+    def counted(inputs, **kw):
+        calls.append(kw["tp"])
+        return attention(inputs, **kw)
+
+    backend.derive("counting", attention_half_layer=counted).get("dp_attention")(ranks, kind=kind, config=C)
+    assert calls == [1, 1, 1], "dp_attention must run the backend's own attention, once per rank at TP 1"
