@@ -12,6 +12,7 @@ Spec: §8.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 import torch
 
@@ -29,6 +30,8 @@ def dp_attention(rank_inputs: Sequence[Mapping[str, torch.Tensor]], *, kind, con
     if not rank_inputs:
         raise ContractInputError("rank_inputs", None, "one input set per DP rank (at least one)", 0, SPEC)
     attention = (ops or {}).get("attention_half_layer", attention_half_layer)
+    if ops and getattr(attention, "composes_operators", False):  # the half-layer composes the backend's operators
+        attention = partial(attention, ops=ops)
     return [dict(attention(dict(inputs), kind=kind, phase="decode", wiring="replicated", tp=1, config=config))
             for inputs in rank_inputs]
 
