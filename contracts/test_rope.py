@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.plugin import counterexample, op
-from kernels.config import FLASH, FLASH_TINY
+from kernels.config import FLASH, FLASH_TINY, V4_FLASH, V4_PRO, V4_PRO_TINY
 from kernels.reference.rope import precompute_rope_tables, rope_frequencies, rope_interleave
 
 SENTINEL_COS, SENTINEL_SIN = 17.0, 19.0
@@ -37,9 +37,10 @@ def _independent_freqs(compressed: bool, c) -> list[float]:
 
 
 @pytest.mark.parametrize("compressed", [False, True], ids=["plain", "compressed"])
-@pytest.mark.parametrize("config", [FLASH, FLASH_TINY], ids=lambda c: c.name)
+@pytest.mark.parametrize("config", [FLASH, FLASH_TINY, V4_PRO, V4_PRO_TINY, V4_FLASH], ids=lambda c: c.name)
 def test_rope_tables_match_the_spec_formula(compressed, config):
-    """Plain: theta 1e4; compressed: theta 1.6e5 with YaRN (factor 16, beta 32/1, orig 65536). Spec: §4.2."""
+    """Plain: theta 1e4; compressed: theta 1.6e5 with YaRN (factor 16, beta 32/1, orig 65536) -- the same on
+    V4.1-Flash, V4-Pro and V4-Flash (rope dim 64; the tiny twins 16). Spec: §4.2, §8."""
     got = rope_frequencies(compressed, config).double()
     want = torch.tensor(_independent_freqs(compressed, config), dtype=torch.float64)
     assert torch.allclose(got, want, rtol=2e-6, atol=0), f"max rel {float(((got - want) / want).abs().max())}"
@@ -64,7 +65,7 @@ def test_rope_interleave_rotates_adjacent_pairs():
 
 
 @given(capacity=st.sampled_from((1, 17, 257)), tokens=st.integers(0, 70), data=st.data(),
-       compressed=st.booleans(), config=st.sampled_from((FLASH_TINY, FLASH)))
+       compressed=st.booleans(), config=st.sampled_from((FLASH_TINY, FLASH, V4_PRO_TINY)))
 def test_rope_rows_exact_identity_and_untouched(backend, capacity, tokens, data, compressed, config):
     """t < num_tokens: table row p exactly (p >= 0) or identity (p < 0); rows >= num_tokens keep the 17/19
     sentinels; num_tokens = 0 writes nothing. Spec: §4.2 (RR-04, RR-06)."""

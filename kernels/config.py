@@ -424,6 +424,12 @@ class V4Config:
     compress_rope_theta: float = 160000.0
     rope_factor: float = 16.0
     original_max_position_embeddings: int = 65536
+    rope_theta: float = 10000.0
+    beta_fast: int = 32
+    beta_slow: int = 1
+    vocab_size: int = 129_280
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
     dtype: str = "fp8"
     scale_fmt: str = "ue8m0"
     expert_dtype: str = "fp4"
