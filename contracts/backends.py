@@ -116,6 +116,10 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "state_pool [pages,page,2*coff*d] FP32, weights, *, ratio, overlap, eps)",
                      "(compressed [T,d] BF16, closes [T] bool, new state pool): V4's ratio-128 / ratio-4 compressor",
                      "§8"),
+        OperatorSpec("v4_publish_compressed", "(compressed [T,d] BF16, closes [T], position_ids [T], cmp_slot_mapping "
+                     "[T], cmp_pool [blocks,page,1,d] BF16, rope_cos, rope_sin (compressed profile), *, ratio)",
+                     "the new cmp pool: each closed window's row, RoPE'd at the window's first position, at its slot",
+                     "§8"),
         OperatorSpec("csa_compressors", "(x, position_ids, token_to_req, main_table, main_pool, main weights, "
                      "inner_table, inner_pool, inner weights, *, ratio=4, eps)",
                      "{compressed, index_key, closes, main_pool, inner_pool}: CSA's main and inner compressors",
@@ -300,6 +304,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "dp_attention": ("kernels.v4.dp_attention", "dp_attention"),
     "v4_compressor": ("kernels.v4.compressor", "v4_compressor"),
     "csa_compressors": ("kernels.v4.compressor", "csa_compressors"),
+    "v4_publish_compressed": ("kernels.v4.compressor", "v4_publish_compressed"),
     "encoder_replay": ("kernels.prefill_plan", "select_encoder_replay"),
     "hc_mixes": ("kernels.reference.mhc", "hc_mixes"),
     "hc_pre": ("kernels.reference.mhc", "hc_pre"),

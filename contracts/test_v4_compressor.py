@@ -202,3 +202,46 @@ def test_bad_compressor_inputs_are_refused_naming_the_field(backend):
         _run(backend, x, [0, 1], [0, 0], table, pool, short_ape, 4, True)
     with pytest.raises(ContractInputError, match="state_pool"):
         _run(backend, x, [0, 1], [0, 0], table, pool.to(torch.bfloat16), w, 4, True)
+
+
+@pytest.mark.parametrize("ratio, overlap, page", CASES, ids=IDS)
+def test_a_closed_window_is_published_rotated_at_the_windows_first_position(backend, ratio, overlap, page):
+    """Two requests: each closed window's row lands at its compressed slot, its last rope dims rotated by the
+    compressed-profile table row of the window's first position (pos - ratio + 1), not of the closing
+    position; a slot of -1 (an uncommitted boundary) writes nothing; every other byte of the pool is kept.
+    Spec: §8."""
+    from kernels.config import V4_PRO_TINY
+    from kernels.reference.rope import precompute_rope_tables, rope_interleave
+
+    rd = 4  # the last 4 of the 8 dims carry RoPE here (2 pairs)
+    n = 2 * ratio + 1
+    w, x = _weights(ratio, overlap, 12), _rows(2 * n, 13)
+    pos = list(range(n)) + list(range(n))
+    req = [0] * n + [1] * n
+    blocks = -(-n // page)
+    table = torch.arange(2 * blocks, dtype=torch.int32).reshape(2, blocks)
+    out, closes, _ = _run(backend, x, pos, req, table, _pool(2 * blocks, page, overlap), w, ratio, overlap)
+    cos, sin = precompute_rope_tables(n + 1, True, V4_PRO_TINY)
+    cos, sin = cos[:, :rd // 2], sin[:, :rd // 2]
+    slots = torch.full((2 * n,), -1, dtype=torch.int64)
+    closed = closes.nonzero().flatten().tolist()
+    for k, t in enumerate(closed):
+        slots[t] = 5 + 3 * k
+    slots[closed[-1]] = -1  # the last boundary is uncommitted
+    pool = torch.full((4, 8, 1, D), 3.0).to(torch.bfloat16)
+    new = op(backend, "v4_publish_compressed")(out, closes, torch.tensor(pos), slots, pool, cos, sin, ratio=ratio)
+    flat, before = new.reshape(-1, D), pool.reshape(-1, D)
+    written = set()
+    for t in closed[:-1]:
+        start = pos[t] - ratio + 1
+        want = rope_interleave(out[t:t + 1], cos[start:start + 1], sin[start:start + 1])[0]
+        assert torch.equal(flat[int(slots[t])], want), f"token {t}: not rotated at the window start {start}"
+        wrong = rope_interleave(out[t:t + 1], cos[pos[t]:pos[t] + 1], sin[pos[t]:pos[t] + 1])[0]
+        assert not torch.equal(want, wrong), "the case does not separate the window start from the closing position"
+        written.add(int(slots[t]))
+    keep = [r for r in range(flat.shape[0]) if r not in written]
+    assert torch.equal(flat[keep], before[keep]), "a byte no closed, committed window owns was written"
+    assert bool((pool == 3.0).all()), "the input pool was written in place"
+    with pytest.raises(ContractInputError, match="cmp_pool"):
+        op(backend, "v4_publish_compressed")(out, closes, torch.tensor(pos), slots, pool[..., 0, :], cos, sin,
+                                             ratio=ratio)

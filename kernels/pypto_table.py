@@ -415,6 +415,10 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
     Binding("dp_attention", "composition", f"{PRO}/decode_fwd.py (one rank-generic kernel per EP rank; "
             "attention has no TP)", "composition",
             note="composed from attention_half_layer at TP 1 on this backend"),
+    Binding("v4_publish_compressed", "not exposed", f"{PRO}/decode_compressor_ratio128.py::compressor_ratio128 "
+            "(and compressor_ratio4)", "@pl.jit.inline",
+            note="the compressor entries rotate and write the compressed row into the cmp pool themselves; no "
+                 "entry publishes a given row"),
     Binding("csa_compressors", "composition", f"{PRO}/decode_attention_csa.py (compressor_ratio4 and "
             "decode_indexer_compressor)", "composition",
             note="composed from v4_compressor on this backend"),

@@ -164,6 +164,8 @@ CASES = [
     ("v4:REDUCED_ACROSS_DP",
      "test_v4_dp_attention:test_each_dp_rank_gets_its_own_attention_and_nothing_is_reduced_across_ranks",
      "rank 0: output"),
+    ("v4:ROPE_AT_CLOSE", "test_v4_compressor:test_a_closed_window_is_published_rotated_at_the_windows_first_position",
+     "not rotated at the window start"),
     # the Engram block (HC-13, HC-14)
     ("engram:GATE_WITHOUT_SQRT", "test_engram:test_the_engram_output_is_the_released_formula_within_its_budget",
      "engram"),

@@ -112,3 +112,29 @@ def csa_compressors(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: t
 
 
 csa_compressors.composes_operators = True
+
+
+def v4_publish_compressed(compressed: torch.Tensor, closes: torch.Tensor, position_ids: torch.Tensor,
+                          cmp_slot_mapping: torch.Tensor, cmp_pool: torch.Tensor, rope_cos: torch.Tensor,
+                          rope_sin: torch.Tensor, *, ratio: int) -> torch.Tensor:
+    """Write each closed window's row into the compressed KV pool [blocks, page, 1, d] (BF16): its last rope dims
+    rotated (adjacent pairs) by the compressed-profile table row of the window's first position pos - ratio + 1,
+    at its slot of ``cmp_slot_mapping`` (-1: no write, e.g. an uncommitted token). Other bytes are kept; the
+    input pool is not modified. Spec: §8."""
+    from kernels.reference.rope import rope_interleave
+
+    if cmp_pool.ndim != 4 or cmp_pool.shape[2] != 1 or cmp_pool.shape[3] != compressed.shape[1]:
+        raise ContractInputError("cmp_pool", None, f"[blocks, page, 1, {compressed.shape[1]}]",
+                                 list(cmp_pool.shape), SPEC)
+    pool = cmp_pool.clone()
+    flat = pool.reshape(-1, compressed.shape[1])
+    for t in closes.nonzero().flatten().tolist():
+        slot = int(cmp_slot_mapping[t])
+        if slot < 0:
+            continue
+        if slot >= flat.shape[0]:
+            raise ContractInputError("cmp_slot_mapping", (t,), f"a row in [0, {flat.shape[0]})", slot, SPEC)
+        start = int(position_ids[t]) - ratio + 1
+        row = rope_interleave(compressed[t:t + 1], rope_cos[start:start + 1], rope_sin[start:start + 1])
+        flat[slot] = row[0].to(pool.dtype)
+    return pool

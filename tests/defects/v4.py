@@ -117,3 +117,14 @@ def _reduced_across_dp(rank_inputs, *, kind, config, ops=None):
 
 _reduced_across_dp.composes_operators = True
 REDUCED_ACROSS_DP = _base.derive("defect:v4-attention-reduced-across-dp", dp_attention=_reduced_across_dp)
+
+
+def _rope_at_close(compressed, closes, position_ids, cmp_slot_mapping, cmp_pool, rope_cos, rope_sin, *, ratio):
+    """Wrong: the compressed row is rotated at the closing position instead of the window's first position."""
+    from kernels.v4 import compressor
+
+    return compressor.v4_publish_compressed(compressed, closes, position_ids + ratio - 1, cmp_slot_mapping,
+                                            cmp_pool, rope_cos, rope_sin, ratio=ratio)
+
+
+ROPE_AT_CLOSE = _base.derive("defect:v4-compressed-rope-at-close", v4_publish_compressed=_rope_at_close)
