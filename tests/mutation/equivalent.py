@@ -155,6 +155,9 @@ INT_BOUND = ("pos // page >= n and pos / page >= n agree for integers pos, page 
 INT8_CLAMP = ("The per-row codes never leave +-scale_max: amax is at least every |v| of the row, so |v| · scale_max / "
               "amax <= scale_max and the clamp (kept as upstream has it) changes nothing.")
 
+FIRST_ROW = ("Rotates one more row of the batch along with the closing token's row; only row 0 (the closing "
+             "token's) is kept.")
+
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
@@ -508,4 +511,6 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.mtp:_linear_int8:drop-call:weight_scale.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.mtp:_rms:drop-call:w.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.mtp:mtp_projection:drop-call:(e[:, None, :] + h).to(torch.float32)[to]->(skipped)#0': CASTNOOP,
+    'kernels.v4.compressor:v4_publish_compressed:const:1->2#5': FIRST_ROW,
+    'kernels.v4.compressor:v4_publish_compressed:drop-call:row[0].to(pool.dtype)[to]->(skipped)#0': CASTNOOP,
 }
