@@ -226,7 +226,7 @@ def test_a_closed_window_is_published_rotated_at_the_windows_first_position(back
     slots = torch.full((2 * n,), -1, dtype=torch.int64)
     closed = closes.nonzero().flatten().tolist()
     for k, t in enumerate(closed):
-        slots[t] = 3 * k  # the first one at row 0
+        slots[t] = 9 * k  # the first one at row 0, later ones past the row width
     slots[closed[-1]] = -1  # the last boundary is uncommitted
     pool = torch.full((4, 8, 1, D), 3.0).to(torch.bfloat16)
     new = op(backend, "v4_publish_compressed")(out, closes, torch.tensor(pos), slots, pool, cos, sin, ratio=ratio)
