@@ -564,6 +564,69 @@ def _block_call(fn, inputs: Tensors, kind) -> Tensors:
               kind=kind, tp=TP, config=FLASH_TINY)
 
 
+# ---------------------------------------------------------------------------
+# V4 (spec §8): the V4-Pro tiny twin's kernel preset
+
+
+def _v4_config():
+    from kernels.config import V4_PRO_TINY
+
+    return V4_PRO_TINY.kernel_preset()
+
+
+def _v4_metadata_build(seed: int, wiring: str) -> Tensors:
+    """Upstream's HCA decode start regimes (a long start, the ratio-128 boundary, a block crossing, a state page
+    edge) over request-interleaved tables with one unmapped window page."""
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.tensor([300, 127, 255, 7])
+    tables = {name: torch.randperm(4 * n, generator=g).reshape(4, n).to(torch.int32)
+              for name, n in (("ori_table", 4), ("cmp4_table", 2), ("cmp128_table", 2), ("state4_table", 80),
+                              ("state128_table", 40))}
+    tables["ori_table"][1, 0] = -1
+    return {"starts": starts, **tables}
+
+
+def _v4_metadata_call(get, inputs: Tensors, wiring: str) -> Tensors:
+    md = get("v4_decode_metadata")(inputs["starts"], inputs["ori_table"],
+                                   {4: inputs["cmp4_table"], 128: inputs["cmp128_table"]},
+                                   {4: inputs["state4_table"], 128: inputs["state128_table"]}, config=_v4_config())
+    limit = min(_v4_config().max_position_embeddings // 128, _v4_config().index_topk)
+    return {"position_ids": md.position_ids, "kv_seq_lens": md.kv_seq_lens, "ori_slot_mapping": md.ori_slot_mapping,
+            "swa_indices": md.swa_indices, "swa_lens": md.swa_lens, "history_indices": md.history_indices,
+            "history_lens": md.history_lens, "cmp4_slot_mapping": md.cmp_slot_mapping[4],
+            "cmp128_slot_mapping": md.cmp_slot_mapping[128], "state4_slot_mapping": md.state_slot_mapping[4],
+            "state128_slot_mapping": md.state_slot_mapping[128],
+            "hca_topk": get("hca_topk")(md.position_ids, md.kv_seq_lens, seq=2, limit=limit)}
+
+
+def _v4_compressor_build(ratio: int, overlap: bool):
+    def build(seed: int, wiring: str) -> Tensors:
+        g = torch.Generator().manual_seed(seed)
+        hidden, d, page = 32, 8, (4 if overlap else 8)
+        c = (2 if overlap else 1) * d
+        n = 2 * ratio + 3
+        blocks = -(-n // page)
+        return {"x": torch.randn(2 * n, hidden, generator=g).to(torch.bfloat16),
+                "position_ids": torch.cat((torch.arange(n), torch.arange(n))),
+                "token_to_req": torch.cat((torch.zeros(n, dtype=torch.int64), torch.ones(n, dtype=torch.int64))),
+                "state_block_table": torch.arange(2 * blocks, dtype=torch.int32).reshape(2, blocks).flip(1),
+                "state_pool": torch.randn(2 * blocks, page, 2 * c, generator=g),
+                "wkv": torch.randn(hidden, c, generator=g) / hidden**0.5,
+                "wgate": torch.randn(hidden, c, generator=g) / hidden**0.5,
+                "ape": torch.randn(ratio, c, generator=g) * 0.5, "norm": torch.rand(d, generator=g) + 0.5}
+    return build
+
+
+def _v4_compressor_call(get, inputs: Tensors, ratio: int, overlap: bool) -> Tensors:
+    from kernels.v4.compressor import V4CompressorWeights
+
+    w = V4CompressorWeights(inputs["wkv"], inputs["wgate"], inputs["ape"], inputs["norm"])
+    out, closes, pool = get("v4_compressor")(inputs["x"], inputs["position_ids"], inputs["token_to_req"],
+                                             inputs["state_block_table"], inputs["state_pool"], w, ratio=ratio,
+                                             overlap=overlap)
+    return {"compressed": out, "closes": closes, "state_pool": pool}
+
+
 def _build_cases() -> dict[str, Case]:
     from kernels import sequence_parallel as sp
     from kernels.reference import compressor, indexer, rope
@@ -647,6 +710,30 @@ def _build_cases() -> dict[str, Case]:
                       lambda i, w: _engram_call(engram_ops.__getitem__, i, w),
                       lambda b, i, w: _engram_call(b.get, i, w), lambda w: {"out": "engram"},
                       params={"tp": ENGRAM_TP}))
+    from kernels.v4 import compressor as v4c
+    from kernels.v4 import decode_metadata as v4md
+
+    v4_ops = {"v4_decode_metadata": v4md.v4_decode_metadata, "hca_topk": v4md.hca_topk,
+              "v4_compressor": v4c.v4_compressor}
+    cases.append(Case("v4_decode_metadata", "v4_decode_metadata+hca_topk", "V4-Pro (tiny, kernel preset) decode "
+                      "metadata of upstream's HCA start regimes and HCA's deterministic top-k", ("replicated",),
+                      ("kernels.v4.decode_metadata",), _v4_metadata_build,
+                      lambda i, w: _v4_metadata_call(v4_ops.__getitem__, i, w),
+                      lambda b, i, w: _v4_metadata_call(b.get, i, w),
+                      lambda w: {k: "exact" for k in ("position_ids", "kv_seq_lens", "ori_slot_mapping", "swa_indices",
+                                                      "swa_lens", "history_indices", "history_lens",
+                                                      "cmp4_slot_mapping", "cmp128_slot_mapping",
+                                                      "state4_slot_mapping", "state128_slot_mapping", "hca_topk")},
+                      preset="v4-pro-tiny"))
+    for name, ratio, overlap in (("v4_compressor_hca", 128, False), ("v4_compressor_csa", 4, True)):
+        cases.append(Case(name, "v4_compressor", f"V4 paged compressor, ratio {ratio}"
+                          f"{' with overlapping windows' if overlap else ''}: two requests, pages in reverse order, "
+                          "a state pool of random bytes", ("replicated",), ("kernels.v4.compressor",),
+                          _v4_compressor_build(ratio, overlap),
+                          lambda i, w, r=ratio, o=overlap: _v4_compressor_call(v4_ops.__getitem__, i, r, o),
+                          lambda b, i, w, r=ratio, o=overlap: _v4_compressor_call(b.get, i, r, o),
+                          lambda w: {"compressed": "hc_out", "closes": "exact", "state_pool": "exact"},
+                          preset="v4-pro-tiny"))
     from kernels.reference import mhc
 
     boundary_ops = {**head_ops, "hc_head": mhc.hc_head, "final_norm": lm_head.final_norm}
