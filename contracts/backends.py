@@ -130,6 +130,9 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
         OperatorSpec("dp_attention", "(rank_inputs [per DP rank: half-layer inputs], *, kind, config)",
                      "list of each rank's half-layer outputs (TP 1, nothing reduced across ranks), composed from "
                      "this backend's attention_half_layer", "§8"),
+        OperatorSpec("v4_index_cache_quant", "(x [..., d])",
+                     "(payload float8_e4m3fn [..., d], scale FP32 [..., 1]): V4's index-key cache row quantization",
+                     "§8"),
         OperatorSpec("hca_topk", "(position_ids [T], kv_seq_lens [B], *, seq, limit, ratio=128)",
                      "[T, limit] INT32: HCA's deterministic compressed top-k (the first valid positions, -1 after)",
                      "§8"),
@@ -301,6 +304,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "v4_decode_metadata": ("kernels.v4.decode_metadata", "v4_decode_metadata"),
     "hca_topk": ("kernels.v4.decode_metadata", "hca_topk"),
     "mtp_projection": ("kernels.v4.mtp", "mtp_projection"),
+    "v4_index_cache_quant": ("kernels.v4.index_cache", "index_cache_quant"),
     "dp_attention": ("kernels.v4.dp_attention", "dp_attention"),
     "v4_compressor": ("kernels.v4.compressor", "v4_compressor"),
     "csa_compressors": ("kernels.v4.compressor", "csa_compressors"),

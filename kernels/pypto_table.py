@@ -419,6 +419,10 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             "(and compressor_ratio4)", "@pl.jit.inline",
             note="the compressor entries rotate and write the compressed row into the cmp pool themselves; no "
                  "entry publishes a given row"),
+    Binding("v4_index_cache_quant", "not exposed", f"{PRO}/indexer_cache_quant.py::reference_indexer_cache_quant "
+            "(the CANN indexer_quant_cache the indexer compressor calls)", "host reference of a CANN operator",
+            note="the device side is CANN's indexer_quant_cache(quant_mode='fp8', round_scale=True) inside the "
+                 "indexer compressor; no pypto entry returns it"),
     Binding("csa_compressors", "composition", f"{PRO}/decode_attention_csa.py (compressor_ratio4 and "
             "decode_indexer_compressor)", "composition",
             note="composed from v4_compressor on this backend"),

@@ -166,6 +166,8 @@ CASES = [
      "rank 0: output"),
     ("v4:ROPE_AT_CLOSE", "test_v4_compressor:test_a_closed_window_is_published_rotated_at_the_windows_first_position",
      "not rotated at the window start"),
+    ("v4:SCALE_ROUNDED_DOWN", "test_v4_index_cache:test_the_scale_is_the_power_of_two_at_or_above_amax_over_448",
+     "[1.0, 1.0,"),
     # the Engram block (HC-13, HC-14)
     ("engram:GATE_WITHOUT_SQRT", "test_engram:test_the_engram_output_is_the_released_formula_within_its_budget",
      "engram"),

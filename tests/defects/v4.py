@@ -128,3 +128,15 @@ def _rope_at_close(compressed, closes, position_ids, cmp_slot_mapping, cmp_pool,
 
 
 ROPE_AT_CLOSE = _base.derive("defect:v4-compressed-rope-at-close", v4_publish_compressed=_rope_at_close)
+
+
+def _scale_rounded_down(x):
+    """Wrong: the power-of-two scale is rounded down (the row's largest element then passes 448)."""
+    values = x.to(torch.bfloat16).float()
+    amax = values.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, torch.exp2(torch.floor(torch.log2(amax.double() / 448.0))), 0.0).float()
+    payload = torch.where(scale > 0, values / torch.where(scale > 0, scale, 1.0), values)
+    return payload.to(torch.float8_e4m3fn), scale
+
+
+SCALE_ROUNDED_DOWN = _base.derive("defect:v4-index-cache-scale-down", v4_index_cache_quant=_scale_rounded_down)

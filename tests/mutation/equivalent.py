@@ -158,6 +158,11 @@ INT8_CLAMP = ("The per-row codes never leave +-scale_max: amax is at least every
 FIRST_ROW = ("Rotates one more row of the batch along with the closing token's row; only row 0 (the closing "
              "token's) is kept.")
 
+ZERO_SCALE = "For an all-zero row log2(0) = -inf and 2^-inf = 0: the zero scale comes out either way."
+POW2_BF16 = ("The row divided by a power-of-two scale is exact in BF16 as in FP32 (the values are BF16 already), "
+             "so the E4M3 payload and the amax are the same.")
+ZERO_ROW_DIVISOR = "Only a zero row takes the fallback divisor: 0 divided by 1 or by 2 is 0."
+
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
@@ -513,4 +518,7 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.mtp:mtp_projection:drop-call:(e[:, None, :] + h).to(torch.float32)[to]->(skipped)#0': CASTNOOP,
     'kernels.v4.compressor:v4_publish_compressed:const:1->2#5': FIRST_ROW,
     'kernels.v4.compressor:v4_publish_compressed:drop-call:row[0].to(pool.dtype)[to]->(skipped)#0': CASTNOOP,
+    'kernels.v4.index_cache:index_cache_quant:cmp:amax > 0[Gt]->GtE#0': ZERO_SCALE,
+    'kernels.v4.index_cache:index_cache_quant:drop-call:x.to(torch.bfloat16).float()[float]->(skipped)#0': POW2_BF16,
+    'kernels.v4.index_cache:index_cache_quant:const:1.0->2.0#0': ZERO_ROW_DIVISOR,
 }
