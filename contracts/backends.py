@@ -133,6 +133,17 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
         OperatorSpec("v4_index_cache_quant", "(x [..., d])",
                      "(payload float8_e4m3fn [..., d], scale FP32 [..., 1]): V4's index-key cache row quantization",
                      "§8"),
+        OperatorSpec("v4_sparse_attention", "(q [T,H,hd] BF16, ori_kv [blocks,bs,1,hd], window_indices [T,W], "
+                     "cmp_kv [blocks,bs,1,hd], cmp_block_table [B,P], cmp_indices [T,K] logical slots, attn_sink [H], "
+                     "*, seq)", "o [T, H, hd] FP32: V4's sparse attention, compressed slots paged per request", "§8"),
+        OperatorSpec("v4_output_projection", "(o [T,H,hd] FP32, freqs_cos [T,rope], freqs_sin [T,rope], wo_a "
+                     "[G,O_LORA,group_in] BF16, wo_b INT8 [hidden,G*O_LORA], wo_b_scale [hidden], *, config (V4))",
+                     "attn_out [T, hidden] BF16: inverse RoPE, FP32 grouped latent, per-(token, group) INT8 W8A8",
+                     "§8"),
+        OperatorSpec("v4_attention", "(path HCA|CSA|SWA, q, ori_kv, window_indices, cmp_kv, cmp_block_table, "
+                     "compressed (HCA top-k / CSA raw indexer top-k / None), position_ids [T], attn_sink, freqs_cos, "
+                     "freqs_sin, wo_a, wo_b, wo_b_scale, *, config (V4))",
+                     "attn_out [T, hidden] BF16, composed from v4_sparse_attention and v4_output_projection", "§8"),
         OperatorSpec("hca_topk", "(position_ids [T], kv_seq_lens [B], *, seq, limit, ratio=128)",
                      "[T, limit] INT32: HCA's deterministic compressed top-k (the first valid positions, -1 after)",
                      "§8"),
@@ -306,6 +317,9 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "mtp_projection": ("kernels.v4.mtp", "mtp_projection"),
     "v4_index_cache_quant": ("kernels.v4.index_cache", "index_cache_quant"),
     "dp_attention": ("kernels.v4.dp_attention", "dp_attention"),
+    "v4_sparse_attention": ("kernels.v4.sparse_attention", "v4_sparse_attention"),
+    "v4_output_projection": ("kernels.v4.sparse_attention", "v4_output_projection"),
+    "v4_attention": ("kernels.v4.sparse_attention", "v4_attention"),
     "v4_compressor": ("kernels.v4.compressor", "v4_compressor"),
     "csa_compressors": ("kernels.v4.compressor", "csa_compressors"),
     "v4_publish_compressed": ("kernels.v4.compressor", "v4_publish_compressed"),
@@ -364,11 +378,14 @@ def torch_backend() -> Backend:
 def emulated_backend() -> Backend:
     """The Torch references with the device-arithmetic twins in place of the operators that have one
     (``kernels.emulated``): today ``sparse_attention`` (C1A tiles, BF16 PV, FP32 patch), which every attention
-    half-layer composed on this backend then uses."""
+    half-layer composed on this backend then uses, and ``v4_sparse_attention`` (V4's 128-key FP32 tiles, BF16 PV),
+    which ``v4_attention`` composed on this backend uses."""
     from kernels.emulated.attention import tiled_sparse_attention
+    from kernels.emulated.v4_attention import tiled_v4_sparse_attention
 
     return torch_backend().derive("emulated", description="device-arithmetic twins (CPU)",
-                                  sparse_attention=tiled_sparse_attention)
+                                  sparse_attention=tiled_sparse_attention,
+                                  v4_sparse_attention=tiled_v4_sparse_attention)
 
 
 def pypto_backend(platform: str | None = None, device: str | None = None, pypto_lib: str | None = None) -> Backend:

@@ -332,12 +332,25 @@ def half_layer(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
                             only=name, **{k: v for k, v in call.items() if k != "config"})
 
 
+V4_ATTN_OUT_TOL = (1e-4, 1.0 / 128)  # upstream decode_sparse_attn*.py compare_fn for attn_out
+
+
+def attn_out_v4(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """V4 attention output (the sparse attention with its W8A8 output projection): upstream's compare_fn for
+    ``attn_out``, ratio_allclose(1e-4, 1/128) with the 0.5 % quota (§8)."""
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    atol, rtol = V4_ATTN_OUT_TOL
+    return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, name=name)
+
+
 COMPARATORS: dict[str, Comparator] = {
     "exact": exact, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
     "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out, "bf16_stage": bf16_stage, "engram": engram, "recv_y": recv_y,
     "gate_ids": gate_ids, "gate_weights": gate_weights, "moe_out": moe_out, "logits": logits, "greedy": greedy,
-    "ffn_input": ffn_input,
+    "ffn_input": ffn_input, "attn_out_v4": attn_out_v4,
 }
 
 

@@ -627,6 +627,56 @@ def _v4_compressor_call(get, inputs: Tensors, ratio: int, overlap: bool) -> Tens
     return {"compressed": out, "closes": closes, "state_pool": pool}
 
 
+def _v4_attention_build(path: str):
+    def build(seed: int, wiring: str) -> Tensors:
+        """V4-Pro (tiny) decode attention of one path at upstream's HCA start regimes: the windows from
+        v4_decode_metadata (an unmapped window page), compressed pages in a shuffled order, HCA's own top-k or a
+        raw CSA indexer top-k with slots past the causal bound."""
+        from kernels.v4.decode_metadata import hca_topk, v4_decode_metadata
+
+        config = _v4_config()
+        g = torch.Generator().manual_seed(seed)
+        t, h, d, bs = config.decode_tokens, config.num_attention_heads, config.head_dim, config.block_size
+        ori_table = torch.randperm(12, generator=g).reshape(4, 3).to(torch.int32)
+        ori_table[1, 0] = -1
+        cmp_table = torch.randperm(8, generator=g).reshape(4, 2).to(torch.int32)
+        md = v4_decode_metadata(torch.tensor([300, 127, 255, 7]), ori_table, {4: cmp_table, 128: cmp_table},
+                                {4: torch.zeros(4, 80, dtype=torch.int32), 128: torch.zeros(4, 40, dtype=torch.int32)},
+                                config=config)
+        groups, lora = config.o_groups, config.o_lora_rank
+        inputs = {"q": (torch.rand(t, h, d, generator=g) - 0.5).to(torch.bfloat16),
+                  "ori_kv": (torch.rand(12, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+                  "window_indices": md.swa_indices, "position_ids": md.position_ids,
+                  "cmp_kv": (torch.rand(8 if path != "SWA" else 1, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+                  "cmp_block_table": cmp_table if path != "SWA" else torch.zeros(4, 1, dtype=torch.int32),
+                  "attn_sink": torch.randn(h, generator=g),
+                  "freqs_cos": torch.cos(md.position_ids[:, None] * torch.rand(config.qk_rope_head_dim, generator=g))
+                  .to(torch.bfloat16),
+                  "freqs_sin": torch.sin(md.position_ids[:, None] * torch.rand(config.qk_rope_head_dim, generator=g))
+                  .to(torch.bfloat16),
+                  "wo_a": ((torch.rand(groups, lora, h * d // groups, generator=g) - 0.5) / 4).to(torch.bfloat16),
+                  "wo_b": torch.randint(-127, 128, (config.hidden_size, groups * lora), generator=g, dtype=torch.int8),
+                  "wo_b_scale": torch.rand(config.hidden_size, generator=g) / 500}
+        if path == "HCA":
+            limit = min(config.max_position_embeddings // 128, config.index_topk)
+            inputs["compressed"] = hca_topk(md.position_ids, md.kv_seq_lens, seq=config.decode_seq, limit=limit)
+        elif path == "CSA":
+            bound = (md.position_ids.to(torch.int64) + 1) // 4
+            raw = (torch.rand(t, config.index_topk, generator=g) * (bound[:, None] + 3)).to(torch.int32) - 1
+            raw[:, 0], raw[:, 1] = (bound - 1).to(torch.int32), bound.to(torch.int32)
+            inputs["compressed"] = raw
+        return inputs
+    return build
+
+
+def _v4_attention_call(get, inputs: Tensors, path: str) -> Tensors:
+    i = inputs
+    out = get("v4_attention")(path, i["q"], i["ori_kv"], i["window_indices"], i["cmp_kv"], i["cmp_block_table"],
+                              i.get("compressed"), i["position_ids"], i["attn_sink"], i["freqs_cos"], i["freqs_sin"],
+                              i["wo_a"], i["wo_b"], i["wo_b_scale"], config=_v4_config())
+    return {"attn_out": out}
+
+
 def _build_cases() -> dict[str, Case]:
     from kernels import sequence_parallel as sp
     from kernels.reference import compressor, indexer, rope
@@ -734,6 +784,17 @@ def _build_cases() -> dict[str, Case]:
                           lambda b, i, w, r=ratio, o=overlap: _v4_compressor_call(b.get, i, r, o),
                           lambda w: {"compressed": "hc_out", "closes": "exact", "state_pool": "exact"},
                           preset="v4-pro-tiny"))
+    from kernels.v4 import sparse_attention as v4sa
+
+    for path in v4sa.PATHS:
+        cases.append(Case(f"v4_attention_{path.lower()}", "v4_attention", f"V4-Pro (tiny, kernel preset) decode "
+                          f"{path} attention with the fused grouped W8A8 output projection: upstream's HCA start "
+                          "regimes, an unmapped window page, shuffled compressed pages" +
+                          (", raw CSA slots at and past the causal bound" if path == "CSA" else ""),
+                          ("replicated",), ("kernels.v4.sparse_attention",), _v4_attention_build(path),
+                          lambda i, w, p=path: _v4_attention_call({"v4_attention": v4sa.v4_attention}.__getitem__, i, p),
+                          lambda b, i, w, p=path: _v4_attention_call(b.get, i, p),
+                          lambda w: {"attn_out": "attn_out_v4"}, preset="v4-pro-tiny"))
     from kernels.reference import mhc
 
     boundary_ops = {**head_ops, "hc_head": mhc.hc_head, "final_norm": lm_head.final_norm}

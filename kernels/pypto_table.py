@@ -412,6 +412,29 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
                   ("h_proj_w_scale", "in", "FP32", "[D]"), ("h_proj_smooth", "in", "FP32", "[D]"),
                   ("hidden_states_out", "out", "FP32", "[T_DYN, HC_MULT, D]")),
             note="compiled at the V4 geometry (D 7168 / 4096) while the contracts run the tiny twin"),
+    Binding("v4_attention", "not bound", f"{PRO}/decode_sparse_attn.py::sparse_attn (CSA), "
+            "decode_sparse_attn_hca.py::sparse_attn_hca (HCA), decode_sparse_attn_swa.py (SWA); the @pl.jit "
+            "entries sparse_attn_test / sparse_attn_hca_test wrap them", "@pl.jit.inline",
+            _args(("q", "in", "BF16", "[T, H, HEAD_DIM]"),
+                  ("ori_kv", "in", "BF16", "[ORI_BLOCK_NUM, BLOCK_SIZE, 1, HEAD_DIM]"),
+                  ("window_swa_indices", "in", "INT32", "[T, WIN]"),
+                  ("cmp_kv", "in", "BF16", "[CMP_BLOCK_NUM, BLOCK_SIZE, 1, HEAD_DIM]"),
+                  ("cmp_block_table", "in", "INT32", "[B, CMP_MAX_BLOCKS]"),
+                  ("idx_topk", "in", "INT32", "[T, INDEXER_SCORE_LEN] (CSA; HCA: cmp_sparse_indices [T, CMP_TOPK])"),
+                  ("position_ids", "in", "INT32", "[T, 1] (CSA only)"), ("attn_sink", "in", "FP32", "[H]"),
+                  ("freqs_cos", "in", "BF16", "[T, ROPE_DIM]"), ("freqs_sin", "in", "BF16", "[T, ROPE_DIM]"),
+                  ("wo_a", "in", "BF16", "[O_GROUPS, O_LORA, O_GROUP_IN]"),
+                  ("wo_b", "in", "INT8", "[D, O_GROUPS * O_LORA]"), ("wo_b_scale", "in", "FP32", "[D]"),
+                  ("attn_out", "out", "BF16", "[T, D]")),
+            note="compiled at the V4 geometry (D 7168 / 4096, H 128 / 64, HEAD_DIM 512) while the contracts run "
+                 "the tiny twin; the SWA entry takes no compressed arguments (this operator passes None)"),
+    Binding("v4_sparse_attention", "not exposed", f"{PRO}/decode_sparse_attn*.py (the qk_pv and merge_norm "
+            "stages inside sparse_attn)", "@pl.jit.inline",
+            note="the attention and the output projection are one fused entry; no entry returns the FP32 "
+                 "attention before the projection"),
+    Binding("v4_output_projection", "not exposed", f"{PRO}/decode_sparse_attn*.py (the proj_a_mm, quant, "
+            "proj_b_mm and proj_b_act stages inside sparse_attn)", "@pl.jit.inline",
+            note="fused into the sparse attention entry (see v4_attention)"),
     Binding("dp_attention", "composition", f"{PRO}/decode_fwd.py (one rank-generic kernel per EP rank; "
             "attention has no TP)", "composition",
             note="composed from attention_half_layer at TP 1 on this backend"),

@@ -20,7 +20,8 @@ def test_the_emulated_backend_replaces_sparse_attention():
     causal encoder composed on the emulated backend run on it (a composition is bound to its backend's operators), so their contracts run here
     too."""
     assert TWINNED == ["attention_half_layer", "causal_encoder", "csa_compressors", "decode_block",
-                       "decode_block_sharded", "dp_attention", "sparse_attention"], TWINNED
+                       "decode_block_sharded", "dp_attention", "sparse_attention", "v4_attention",
+                       "v4_sparse_attention"], TWINNED
     assert CONTRACTS, "no contract calls the twinned operators"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -526,3 +527,28 @@ def test_last_failed_works_because_the_cache_provider_is_on(tmp_path):
     failed = first.stdout.strip().splitlines()[-1]
     assert "failed" in failed and "deselected" in again.stdout.strip().splitlines()[-1], (failed, again.stdout[-400:])
     assert failed.split(" failed")[0].split()[-1] == again.stdout.strip().splitlines()[-1].split(" failed")[0].split()[-1]
+
+
+V4_ATTENTION_DEFECTS = ("CSA_BOUND_INCLUSIVE", "CMP_SLOTS_PHYSICAL", "PROBS_UNROUNDED", "LATENT_ROUNDED_BF16",
+                        "ACT_SCALE_PER_TOKEN", "FORWARD_ROPE")
+
+
+def test_the_v4_attention_trees_replay_on_the_twin_and_catch_each_attention_defect():
+    """The sample store's V4 attention trees (HCA, CSA, SWA) pass on the emulated twin (V4's FP32 128-key tiles)
+    and each of the six V4 attention defects fails at least one of them, naming attn_out; CSA_BOUND_INCLUSIVE
+    only the CSA tree. Spec: §8."""
+    from contracts.backends import emulated_backend, load_backend_module
+
+    reader = GoldenStore(Path(__file__).resolve().parents[1] / "artifacts" / "store").reader()
+    loaded = {p: trees.load_tree(reader, f"v4_attention_{p}", "replicated") for p in ("hca", "csa", "swa")}
+    for p, tree in loaded.items():
+        results = trees.replay(tree, emulated_backend())
+        assert results and all(r.ok for r in results.values()), (p, {k: r.message() for k, r in results.items()})
+    for name in V4_ATTENTION_DEFECTS:
+        backend = load_backend_module(f"tests.defects.v4:{name}")
+        failing = {p for p, tree in loaded.items() if not trees.replay(tree, backend)["attn_out"].ok}
+        assert failing, f"{name}: no V4 attention tree fails"
+        if name == "CSA_BOUND_INCLUSIVE":
+            assert failing == {"csa"}, failing  # only CSA applies the causal bound
+        if name == "CMP_SLOTS_PHYSICAL":
+            assert failing == {"hca", "csa"}, failing  # SWA reads no compressed slot

@@ -140,3 +140,76 @@ def _scale_rounded_down(x):
 
 
 SCALE_ROUNDED_DOWN = _base.derive("defect:v4-index-cache-scale-down", v4_index_cache_quant=_scale_rounded_down)
+
+
+def _csa_bound_inclusive(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
+                         attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, ops=None):
+    """Wrong: CSA keeps a raw slot up to and including (position + 1) // 4 (a row not yet written)."""
+    from kernels.v4 import sparse_attention as sa
+
+    if path == "CSA":
+        raw = compressed[:, : config.index_topk].to(torch.int64)
+        bound = ((position_ids.reshape(-1).to(torch.int64) + 1) // 4).unsqueeze(1)
+        compressed, path = torch.where((raw >= 0) & (raw <= bound), raw, -1).to(torch.int32), "HCA"
+    return sa.v4_attention(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
+                           attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, config=config)
+
+
+CSA_BOUND_INCLUSIVE = _base.derive("defect:v4-csa-bound-inclusive", v4_attention=_csa_bound_inclusive)
+
+
+def _slots_as_physical(q, ori_kv, window_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, *, seq):
+    """Wrong: the compressed slots are read as physical rows of the cmp pool (the request's table ignored)."""
+    from kernels.v4 import sparse_attention as sa
+
+    identity = torch.arange(cmp_block_table.shape[1], dtype=torch.int32).expand_as(cmp_block_table).contiguous()
+    return sa.v4_sparse_attention(q, ori_kv, window_indices, cmp_kv, identity, cmp_indices, attn_sink, seq=seq)
+
+
+CMP_SLOTS_PHYSICAL = _base.derive("defect:v4-cmp-slots-physical", v4_sparse_attention=_slots_as_physical)
+
+
+def _one_pass(q, ori_kv, window_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, *, seq):
+    """Wrong: V4.1's one-pass attention (no 128-key tiles, probabilities not rounded to BF16 for PV)."""
+    from kernels.reference.attention import sparse_attention
+    from kernels.v4 import sparse_attention as sa
+
+    dim = q.shape[-1]
+    rows = sa.paged_compressed_rows(cmp_indices, cmp_block_table, seq=seq, block_size=cmp_kv.shape[1])
+    return sparse_attention(q.float(), ori_kv.reshape(-1, dim), window_indices, cmp_kv.reshape(-1, dim), rows,
+                            attn_sink.float())
+
+
+PROBS_UNROUNDED = _base.derive("defect:v4-attention-one-pass", v4_sparse_attention=_one_pass)
+
+
+def _projection_variant(*, bf16_latent=False, per_token=False, forward=False):
+    from kernels.reference.rope import rope_interleave
+    from kernels.v4.mtp import quantize_rows_int8
+
+    def project(o, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config):
+        t, h, d = o.shape
+        g_n, lora, half = config.o_groups, config.o_lora_rank, config.qk_rope_head_dim // 2
+        cos, sin = freqs_cos[:, :half].float().unsqueeze(1), freqs_sin[:, :half].float().unsqueeze(1)
+        x = rope_interleave(o.float(), cos, sin, inverse=not forward).to(torch.bfloat16)
+        lat = torch.einsum("tgk,gnk->tgn", x.reshape(t, g_n, -1).double(), wo_a.double()).float()
+        if bf16_latent:
+            lat = lat.to(torch.bfloat16).float()
+        if per_token:
+            codes, f = quantize_rows_int8(lat.reshape(t, -1), scale_max=127.0, amax_eps=1e-4)
+            codes, f = codes.reshape(t, g_n, lora), f.unsqueeze(1).expand(t, g_n, 1)
+        else:
+            codes, f = quantize_rows_int8(lat, scale_max=127.0, amax_eps=1e-4)
+        w = wo_b.to(torch.int64).reshape(-1, g_n, lora)
+        out = torch.zeros(t, w.shape[0])
+        for g in range(g_n):
+            out = out + (codes[:, g].to(torch.int64) @ w[:, g].T).float() * f[:, g]
+        return (out * wo_b_scale.float()).to(torch.bfloat16)
+
+    return project
+
+
+LATENT_ROUNDED_BF16 = _base.derive("defect:v4-latent-bf16", v4_output_projection=_projection_variant(bf16_latent=True))
+ACT_SCALE_PER_TOKEN = _base.derive("defect:v4-int8-scale-per-token",
+                                   v4_output_projection=_projection_variant(per_token=True))
+FORWARD_ROPE = _base.derive("defect:v4-oproj-forward-rope", v4_output_projection=_projection_variant(forward=True))

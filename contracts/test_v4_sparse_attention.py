@@ -1,0 +1,316 @@
+"""V4 decode sparse attention with the fused grouped output projection (``v4_attention``, composed from
+``v4_sparse_attention`` and ``v4_output_projection``) on the three V4 paths, on V4-Pro and V4-Flash (tiny twins).
+
+Each rule is checked on inputs that separate it from its plausible port: the CSA causal bound at its edge
+(``raw == (pos + 1) // 4`` dropped, one below kept), logical compressed slots paged through each request's own
+table (not read as physical rows), the inverse (not forward) rotation on the last rope dims, the latent kept
+FP32 before the INT8 activation (a BF16 latent moves one code), one INT8 scale per (token, group) (one per token
+loses a small group), plus a whole-stage comparison with an independent FP64 evaluation written here.
+
+Spec: §8; docs/coverage.md, V4 section (V4-14).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from contracts.checks.precision import check_ratio_allclose
+from contracts.plugin import op
+from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
+from kernels.errors import ContractInputError
+
+MODELS = [V4_PRO_TINY, V4_FLASH_TINY]
+ATTN_OUT_TOL = (1e-4, 1.0 / 128)  # upstream's compare_fn for attn_out: ratio_allclose(1e-4, 1/128)
+
+
+def _inputs(config, seed: int = 0, *, tables=None) -> dict:
+    """Two-request decode batch (4 x 2 rows), window rows with -1 holes, compressed pages in a shuffled order."""
+    g = torch.Generator().manual_seed(seed)
+    t, h, d, bs = config.decode_tokens, config.num_attention_heads, config.head_dim, config.block_size
+    groups, lora, hidden = config.o_groups, config.o_lora_rank, config.hidden_size
+    win = torch.randint(0, 3 * bs, (t, config.sliding_window), generator=g, dtype=torch.int32)
+    win[torch.rand(win.shape, generator=g) < 0.3] = -1
+    if tables is None:
+        tables = torch.tensor([[3, 1], [0, 2], [2, 3], [1, 0]], dtype=torch.int32)
+    pos = (torch.arange(t, dtype=torch.int32) * 5 + 20).reshape(-1)
+    return dict(
+        q=(torch.rand(t, h, d, generator=g) - 0.5).to(torch.bfloat16),
+        ori_kv=(torch.rand(3, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+        window_indices=win,
+        cmp_kv=(torch.rand(4, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+        cmp_block_table=tables,
+        position_ids=pos,
+        attn_sink=torch.randn(h, generator=g),
+        freqs_cos=torch.cos(torch.rand(t, config.qk_rope_head_dim, generator=g) * 6).to(torch.bfloat16),
+        freqs_sin=torch.sin(torch.rand(t, config.qk_rope_head_dim, generator=g) * 6).to(torch.bfloat16),
+        wo_a=((torch.rand(groups, lora, h * d // groups, generator=g) - 0.5) / 4).to(torch.bfloat16),
+        wo_b=torch.randint(-127, 128, (hidden, groups * lora), generator=g, dtype=torch.int8),
+        wo_b_scale=torch.rand(hidden, generator=g) / 500,
+    )
+
+
+def _compressed(path: str, config, inputs: dict, seed: int = 1) -> torch.Tensor | None:
+    g = torch.Generator().manual_seed(seed)
+    t = config.decode_tokens
+    if path == "SWA":
+        return None
+    if path == "HCA":
+        k = min(config.kernel_max_seq_len // 128, config.index_topk)
+        out = torch.randint(0, 2 * config.block_size, (t, k), generator=g, dtype=torch.int32)
+        out[:, k // 2:] = -1
+        return out
+    bound = (inputs["position_ids"].to(torch.int64) + 1) // 4
+    raw = torch.randint(-1, int(bound.max()) + 3, (t, config.index_topk + 3), generator=g, dtype=torch.int32)
+    raw[:, 0] = (bound - 1).to(torch.int32)  # the last existing compressed row: kept
+    raw[:, 1] = bound.to(torch.int32)  # the first not yet written: dropped
+    return raw
+
+
+def _call(backend, path, config, inputs, compressed):
+    return op(backend, "v4_attention")(path, inputs["q"], inputs["ori_kv"], inputs["window_indices"],
+                                       inputs["cmp_kv"], inputs["cmp_block_table"], compressed,
+                                       inputs["position_ids"], inputs["attn_sink"], inputs["freqs_cos"],
+                                       inputs["freqs_sin"], inputs["wo_a"], inputs["wo_b"], inputs["wo_b_scale"],
+                                       config=config)
+
+
+def _independent(path, config, inputs, compressed) -> torch.Tensor:
+    """A per-token FP64 evaluation written apart from the reference, after upstream's golden: hand page walk,
+    128-key tiles merged one after another with BF16 probabilities for PV, explicit pair formulas, explicit
+    per-(token, group) INT8 codes."""
+    i = {k: v for k, v in inputs.items()}
+    t_n, heads, dim = i["q"].shape
+    bs, seq, rope = config.block_size, config.decode_seq, config.qk_rope_head_dim
+    ori = i["ori_kv"].double().reshape(-1, dim)
+    cmp = i["cmp_kv"].double().reshape(-1, dim)
+    o = torch.zeros(t_n, heads, dim, dtype=torch.float64)
+    zero = torch.zeros(dim, dtype=torch.float64)
+    for t in range(t_n):
+        keys = [(ori[int(r)], True) if r >= 0 else (zero, False) for r in i["window_indices"][t].tolist()]
+        if path != "SWA":
+            width = config.index_topk if path == "CSA" else compressed.shape[1]
+            limit = (int(i["position_ids"][t]) + 1) // 4 if path == "CSA" else 1 << 30
+            for raw in compressed[t, :width].tolist():
+                if 0 <= raw < limit:
+                    page = int(i["cmp_block_table"][t // seq, raw // bs])
+                    keys.append((cmp[page * bs + raw % bs], True))
+                else:
+                    keys.append((zero, False))
+        if not any(ok for _, ok in keys):
+            continue
+        run_max, run_sum, acc = None, None, None
+        for start in range(0, len(keys), 128):  # upstream's tile walk: 128 keys, BF16 probabilities for PV
+            kv = torch.stack([k for k, _ in keys[start:start + 128]])
+            ok = torch.tensor([v for _, v in keys[start:start + 128]])
+            s = (i["q"][t].double() @ kv.T * dim**-0.5).masked_fill(~ok, -1e20)
+            m = s.max(dim=1).values
+            p = torch.exp(s - m[:, None]) * ok
+            pv = p.to(torch.bfloat16).double() @ kv
+            if run_max is None:
+                run_max, run_sum, acc = m, p.sum(1), pv
+                continue
+            new = torch.maximum(run_max, m)
+            a, b = torch.exp(run_max - new), torch.exp(m - new)
+            run_sum, acc, run_max = a * run_sum + b * p.sum(1), a[:, None] * acc + b[:, None] * pv, new
+        o[t] = acc / (run_sum + torch.exp(i["attn_sink"].double() - run_max))[:, None]
+    half = rope // 2
+    cos = i["freqs_cos"][:, :half].double()[:, None, :]
+    sin = i["freqs_sin"][:, :half].double()[:, None, :]
+    even, odd = o[..., dim - rope::2], o[..., dim - rope + 1::2]
+    o[..., dim - rope::2], o[..., dim - rope + 1::2] = even * cos + odd * sin, odd * cos - even * sin
+    x = o.to(torch.bfloat16).double().reshape(t_n, config.o_groups, -1)
+    out = torch.zeros(t_n, config.hidden_size, dtype=torch.float64)
+    for g in range(config.o_groups):
+        lat = (x[:, g] @ i["wo_a"][g].double().T).float().double()
+        amax = lat.abs().amax(1, keepdim=True).clamp_min(1e-4)
+        codes = torch.round(lat * (127.0 / amax))
+        cols = i["wo_b"][:, g * config.o_lora_rank:(g + 1) * config.o_lora_rank].double()
+        out += (codes @ cols.T) * amax / 127.0
+    return (out * i["wo_b_scale"].double()).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.parametrize("path", ["HCA", "CSA", "SWA"])
+def test_each_path_matches_an_independent_evaluation(backend, path, config):
+    """attn_out of every path on V4-Pro and V4-Flash is within upstream's ratio_allclose(1e-4, 1/128) of an
+    FP64 evaluation written here (hand page walk, the CSA bound, explicit inverse pairs, explicit INT8 codes).
+    Spec: §8."""
+    inputs = _inputs(config)
+    compressed = _compressed(path, config, inputs)
+    got = _call(backend, path, config, inputs, compressed)
+    want = _independent(path, config, inputs, compressed)
+    assert got.dtype == torch.bfloat16 and got.shape == (config.decode_tokens, config.hidden_size)
+    assert bool(want.abs().amax(1).gt(0).all()), "every row attends something"
+    r = check_ratio_allclose(got, want, atol=ATTN_OUT_TOL[0], rtol=ATTN_OUT_TOL[1], name="attn_out")
+    assert r.ok, r.message()
+
+
+def test_csa_keeps_a_raw_slot_only_below_position_plus_one_over_four(backend):
+    """Positions 3, 6, 7, 11 (bounds 1, 1, 2, 3): the slot one below the bound is read, the slot at the bound is
+    not (it is written when position bound·4 + 3 closes), nor are -1 or the columns past index_topk. The CSA
+    output equals HCA's with the slots masked by hand, and differs from HCA's unmasked one (the input separates
+    the rule). Spec: §8."""
+    config = V4_PRO_TINY
+    inputs = _inputs(config, 3)
+    inputs["position_ids"] = torch.tensor([3, 6, 7, 11, 3, 6, 7, 11], dtype=torch.int32)
+    inputs["window_indices"][:] = -1
+    inputs["window_indices"][:, 0] = 5  # one window row each, so the compressed rows decide the output
+    bound = torch.tensor([1, 1, 2, 3] * 2)
+    raw = torch.full((8, config.index_topk + 2), -1, dtype=torch.int32)
+    raw[:, 0] = bound - 1
+    raw[:, 1] = bound
+    raw[:, config.index_topk] = 0  # past index_topk: never read
+    csa = _call(backend, "CSA", config, inputs, raw)
+    masked = raw[:, : config.index_topk].clone()
+    masked[:, 1] = -1
+    assert torch.equal(csa, _call(backend, "HCA", config, inputs, masked)), "CSA must read exactly the slots below"
+    unmasked = _call(backend, "HCA", config, inputs, raw[:, : config.index_topk])
+    assert not torch.equal(csa, unmasked), "the slot at the bound changes the output: the input separates the rule"
+
+
+def test_compressed_slots_are_paged_through_each_requests_table(backend):
+    """Moving the compressed pages to other physical blocks and rewriting the tables to match leaves attn_out
+    bit-identical (the slots are logical, per request); reading the same slots as physical rows would not.
+    Spec: §8."""
+    config = V4_FLASH_TINY
+    inputs = _inputs(config, 5)
+    compressed = _compressed("HCA", config, inputs, seed=6)
+    got = _call(backend, "HCA", config, inputs, compressed)
+    perm = torch.tensor([2, 0, 3, 1])  # physical block b moves to perm[b]
+    moved = dict(inputs)
+    moved["cmp_kv"] = torch.empty_like(inputs["cmp_kv"])
+    moved["cmp_kv"][perm] = inputs["cmp_kv"]
+    moved["cmp_block_table"] = perm[inputs["cmp_block_table"].long()].to(torch.int32)
+    again = _call(backend, "HCA", config, moved, compressed)
+    assert torch.equal(again, got), f"pages moved with their tables: {int((again != got).sum())} attn_out elements " \
+                                    "changed (slots read as physical rows?)"
+    identity = dict(inputs, cmp_block_table=torch.tensor([[0, 1]] * 4, dtype=torch.int32))
+    assert not torch.equal(_call(backend, "HCA", config, identity, compressed), got), \
+        "the tables matter: the input separates paged from physical slots"
+
+
+def test_the_inverse_rotation_acts_on_the_last_rope_dims(backend):
+    """With cos 0 and sin 1 the inverse rotation maps each rope pair (a, b) to (b, -a) exactly: projecting o
+    with that table equals projecting the hand-rotated o with the identity table (cos 1, sin 0); the forward
+    rotation (-b, a) or the first dims rotated would not. Spec: §8."""
+    config = V4_PRO_TINY
+    inputs = _inputs(config, 7)
+    t, h, d, rope = config.decode_tokens, config.num_attention_heads, config.head_dim, config.qk_rope_head_dim
+    o = (torch.rand(t, h, d, generator=torch.Generator().manual_seed(8)) - 0.5).to(torch.bfloat16).float()
+    project = op(backend, "v4_output_projection")
+    ones, zeros = torch.ones(t, rope, dtype=torch.bfloat16), torch.zeros(t, rope, dtype=torch.bfloat16)
+    args = (inputs["wo_a"], inputs["wo_b"], inputs["wo_b_scale"])
+    got = project(o, zeros, ones, *args, config=config)
+    turned = o.clone()
+    turned[..., d - rope::2], turned[..., d - rope + 1::2] = o[..., d - rope + 1::2], -o[..., d - rope::2]
+    assert torch.equal(got, project(turned, ones, zeros, *args, config=config)), \
+        "cos 0 / sin 1 must turn each rope pair (a, b) of the last dims into (b, -a) (the inverse rotation)"
+    forward = o.clone()
+    forward[..., d - rope::2], forward[..., d - rope + 1::2] = -o[..., d - rope + 1::2], o[..., d - rope::2]
+    assert not torch.equal(got, project(forward, ones, zeros, *args, config=config))
+
+
+def _one_hot_projection(config):
+    """wo_a reads input column 2j of a group into latent column j (weights 1) and column 1 into latent column
+    0 with weight 2^-9; wo_b channel c reads latent (group c % G, column 0 or 1); scales 1."""
+    groups, lora, hidden = config.o_groups, config.o_lora_rank, config.hidden_size
+    group_in = config.num_attention_heads * config.head_dim // groups
+    wo_a = torch.zeros(groups, lora, group_in)
+    for j in range(lora):
+        wo_a[:, j, 2 * j] = 1.0
+    wo_a[:, 0, 1] = 2.0**-9
+    wo_b = torch.zeros(hidden, groups * lora, dtype=torch.int8)
+    for c in range(hidden):
+        wo_b[c, (c % groups) * lora + (c // groups) % 2] = 1
+    return wo_a.to(torch.bfloat16), wo_b, torch.ones(hidden)
+
+
+def test_the_latent_stays_fp32_and_each_token_group_has_its_own_int8_scale(backend):
+    """Hand vectors through v4_output_projection (nope dims only, so the rotation is out of play):
+
+    * group 0: latent (1 + 2^-9, 0.5). Kept FP32, amax = 1 + 2^-9 and 0.5 codes to round(63.38) = 63; a BF16
+      latent (amax 1.0) would code 63.5 -> 64. Channel 8 (group 0, column 1) is 63 · (1 + 2^-9) / 127.
+    * group 1: latent (100, 0) and group 2: latent (0.01, 0): each group's own scale gives 127 codes, so
+      channel 1 = 100 and channel 2 = 0.01 (within one code); one scale per token (amax 100) would code 0.01
+      to 0. Spec: §8."""
+    config = V4_PRO_TINY
+    t, h, d = config.decode_tokens, config.num_attention_heads, config.head_dim
+    group_in = h * d // config.o_groups
+    flat = torch.zeros(t, config.o_groups, group_in)
+    flat[:, 0, 0], flat[:, 0, 1], flat[:, 0, 2] = 1.0, 1.0, 0.5
+    flat[:, 1, 0] = 100.0
+    flat[:, 2, 0] = 0.01
+    o = flat.reshape(t, h, d)
+    assert bool((o[..., d - config.qk_rope_head_dim:] == 0).all())
+    wo_a, wo_b, scale = _one_hot_projection(config)
+    ones, zeros = torch.ones(t, 16, dtype=torch.bfloat16), torch.zeros(t, 16, dtype=torch.bfloat16)
+    out = op(backend, "v4_output_projection")(o, ones, zeros, wo_a, wo_b, scale, config=config).float()
+    amax0 = torch.tensor(1 + 2.0**-9, dtype=torch.float32)
+    ch0 = torch.tensor(127 * float(amax0) / 127).to(torch.bfloat16).item()
+    assert out[0, 0].item() == ch0, f"channel 0: {out[0, 0].item()} != {ch0} (group 0 coded on its own scale)"
+    ch8 = torch.tensor(63 * float(amax0) / 127).to(torch.bfloat16).item()
+    assert out[0, 8].item() == ch8, f"channel 8: {out[0, 8].item()} != 63·(1 + 2^-9)/127 = {ch8} (64 codes: BF16 latent)"
+    assert out[0, 1].item() == torch.tensor(100.0).to(torch.bfloat16).item(), f"channel 1: {out[0, 1].item()} != 100"
+    assert abs(out[0, 2].item() - 0.01) <= 0.01 / 127 + 1e-4, f"channel 2: {out[0, 2].item()} (0: one scale per token)"
+    assert torch.equal(out, out[:1].expand_as(out)), "every token row the same"
+
+
+def test_a_token_with_nothing_to_attend_outputs_zero(backend):
+    """A row with every window slot -1 and no compressed slot (SWA) attends only the sink: its attention is
+    exactly zero, so its latent is zero, its INT8 codes are zero (the 1e-4 amax floor) and attn_out is 0.
+    Spec: §8."""
+    config = V4_PRO_TINY
+    inputs = _inputs(config, 9)
+    inputs["window_indices"][3] = -1
+    out = _call(backend, "SWA", config, inputs, None)
+    assert bool((out[3] == 0).all()) and bool(out.abs().amax(1).gt(0).sum() == config.decode_tokens - 1)
+
+
+def test_bad_inputs_are_refused_naming_the_field(backend):
+    """An unmapped compressed page names (request, page); a slot past the table names (token, column); an
+    unknown path, a non-INT8 wo_b and a missing compressed top-k are refused. Spec: §8."""
+    config = V4_PRO_TINY
+    inputs = _inputs(config, 11)
+    compressed = _compressed("HCA", config, inputs)
+    bad_table = inputs["cmp_block_table"].clone()
+    bad_table[2, 1] = -1
+    compressed[5, 0] = config.block_size + 3  # request 2, page 1
+    with pytest.raises(ContractInputError, match=r"cmp_block_table\[2\]\[1\]"):
+        _call(backend, "HCA", config, dict(inputs, cmp_block_table=bad_table), compressed)
+    compressed[5, 0] = 2 * config.block_size
+    with pytest.raises(ContractInputError, match=r"cmp_indices\[5\]\[0\]"):
+        _call(backend, "HCA", config, inputs, compressed)
+    with pytest.raises(ContractInputError, match="path"):
+        _call(backend, "MLA", config, inputs, None)
+    with pytest.raises(ContractInputError, match="compressed"):
+        _call(backend, "CSA", config, inputs, None)
+    with pytest.raises(ContractInputError, match="wo_b"):
+        _call(backend, "SWA", config, dict(inputs, wo_b=inputs["wo_b"].float()), None)
+
+
+def test_the_attn_out_comparator_fails_just_outside_its_bound():
+    """``attn_out_v4`` (the golden trees' comparator): elements at 0.99 of atol + rtol·|e| pass; three of 512
+    elements at 1.01 of it fail (the 0.5 % quota allows two); a NaN, a wrong shape or dtype fails. Spec: §8."""
+    from contracts.compare import V4_ATTN_OUT_TOL, attn_out_v4
+
+    e = (torch.rand(8, 64, generator=torch.Generator().manual_seed(2)) - 0.5).to(torch.bfloat16).float()
+    atol, rtol = V4_ATTN_OUT_TOL
+    bound = atol + rtol * e.abs()
+    assert attn_out_v4("attn_out", e + 0.99 * bound, e, None).ok
+    two = e.clone()
+    two.view(-1)[:2] += 1.01 * bound.view(-1)[:2]
+    assert attn_out_v4("attn_out", two, e, None).ok, "two of 512 elements are within the 0.5 % quota"
+    three = e.clone()
+    three.view(-1)[:3] += 1.01 * bound.view(-1)[:3]
+    r = attn_out_v4("attn_out", three, e, None)
+    assert not r.ok and r.n_failed == 3, r.message()
+    z = e.clone()
+    z[0] = 0.0  # the atol clause alone: |e| = 0
+    assert attn_out_v4("attn_out", z + (z == 0) * 0.99 * atol, z, None).ok
+    r = attn_out_v4("attn_out", z + (z == 0) * 1.01 * atol, z, None)
+    assert not r.ok and r.n_failed == 64, r.message()
+    nan = e.clone()
+    nan[3, 4] = float("nan")
+    assert not attn_out_v4("attn_out", nan, e, None).ok
+    assert not attn_out_v4("attn_out", e[:7], e, None).ok
