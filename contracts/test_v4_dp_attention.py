@@ -11,10 +11,47 @@ import torch
 
 from contracts.half_layer_cases import HalfLayerCase, build
 from contracts.plugin import op
-from kernels.config import FLASH_TINY, LayerKind
+from contracts.v4_cases import attention_inputs, compressed_topk
+from kernels.config import FLASH_TINY, V4_PRO_TINY, LayerKind
 from kernels.errors import ContractInputError
 
 C = FLASH_TINY
+
+
+@pytest.mark.parametrize("path", ["HCA", "CSA", "SWA"])
+def test_each_dp_rank_runs_its_own_v4_attention(backend, path):
+    """V4-Pro (tiny): three DP ranks with different requests, caches and tables; rank r's attn_out equals the
+    backend's v4_attention of rank r's inputs alone, byte for byte (nothing reduced or mixed across ranks); a
+    rank missing an input is refused naming the rank. Spec: §8."""
+    config = V4_PRO_TINY
+    ranks = []
+    for r in range(3):
+        inputs = attention_inputs(config, 20 + r)
+        compressed = compressed_topk(path, config, inputs, 30 + r)
+        ranks.append(inputs if compressed is None else dict(inputs, compressed=compressed))
+    outs = op(backend, "dp_attention")(ranks, kind=path, config=config)
+    attention = op(backend, "v4_attention")
+    assert len(outs) == 3
+    for r, i in enumerate(ranks):
+        alone = attention(path, i["q"], i["ori_kv"], i["window_indices"], i["cmp_kv"], i["cmp_block_table"],
+                          i.get("compressed"), i["position_ids"], i["attn_sink"], i["freqs_cos"], i["freqs_sin"],
+                          i["wo_a"], i["wo_b"], i["wo_b_scale"], config=config)
+        assert set(outs[r]) == {"attn_out"}, f"rank {r}: outputs {sorted(outs[r])}"
+        assert torch.equal(outs[r]["attn_out"], alone), f"rank {r}: attn_out is not its own single-rank attention"
+    with pytest.raises(ContractInputError, match=r"rank_inputs\[1\]"):
+        op(backend, "dp_attention")([ranks[0], {k: v for k, v in ranks[1].items() if k != "wo_b"}], kind=path,
+                                    config=config)
+    for wrong in (LayerKind.SWA, "MLA"):  # a V4.1 layer kind or an unknown path with a V4 config
+        with pytest.raises(ContractInputError, match="kind"):
+            op(backend, "dp_attention")(ranks, kind=wrong, config=config)
+    calls = []
+
+    def counted(path_, q, *args, config):  # a kernel-bound operator: takes no ``ops``
+        calls.append(path_)
+        return attention(path_, q, *args, config=config)
+
+    backend.derive("counting", v4_attention=counted).get("dp_attention")(ranks, kind=path, config=config)
+    assert calls == [path] * 3, "dp_attention must run the backend's own v4_attention, once per rank"
 
 
 @pytest.mark.parametrize("kind", [LayerKind.SWA, LayerKind.C2A_FULL], ids=["SWA", "C2A_FULL"])
@@ -38,9 +75,9 @@ def test_each_dp_rank_gets_its_own_attention_and_nothing_is_reduced_across_ranks
         op(backend, "dp_attention")([], kind=kind, config=C)
     calls = []
 
-    def counted(inputs, **kw):
-        calls.append(kw["tp"])
-        return attention(inputs, **kw)
+    def counted(inputs, *, kind, phase, wiring, tp, config):  # a kernel-bound operator: takes no ``ops``
+        calls.append(tp)
+        return attention(inputs, kind=kind, phase=phase, wiring=wiring, tp=tp, config=config)
 
     backend.derive("counting", attention_half_layer=counted).get("dp_attention")(ranks, kind=kind, config=C)
     assert calls == [1, 1, 1], "dp_attention must run the backend's own attention, once per rank at TP 1"

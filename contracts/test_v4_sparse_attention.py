@@ -17,54 +17,13 @@ import torch
 
 from contracts.checks.precision import check_ratio_allclose
 from contracts.plugin import op
+from contracts.v4_cases import attention_inputs as _inputs
+from contracts.v4_cases import compressed_topk as _compressed
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 
 MODELS = [V4_PRO_TINY, V4_FLASH_TINY]
 ATTN_OUT_TOL = (1e-4, 1.0 / 128)  # upstream's compare_fn for attn_out: ratio_allclose(1e-4, 1/128)
-
-
-def _inputs(config, seed: int = 0, *, tables=None) -> dict:
-    """Two-request decode batch (4 x 2 rows), window rows with -1 holes, compressed pages in a shuffled order."""
-    g = torch.Generator().manual_seed(seed)
-    t, h, d, bs = config.decode_tokens, config.num_attention_heads, config.head_dim, config.block_size
-    groups, lora, hidden = config.o_groups, config.o_lora_rank, config.hidden_size
-    win = torch.randint(0, 3 * bs, (t, config.sliding_window), generator=g, dtype=torch.int32)
-    win[torch.rand(win.shape, generator=g) < 0.3] = -1
-    if tables is None:
-        tables = torch.tensor([[3, 1], [0, 2], [2, 3], [1, 0]], dtype=torch.int32)
-    pos = (torch.arange(t, dtype=torch.int32) * 5 + 20).reshape(-1)
-    return dict(
-        q=(torch.rand(t, h, d, generator=g) - 0.5).to(torch.bfloat16),
-        ori_kv=(torch.rand(3, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
-        window_indices=win,
-        cmp_kv=(torch.rand(4, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
-        cmp_block_table=tables,
-        position_ids=pos,
-        attn_sink=torch.randn(h, generator=g),
-        freqs_cos=torch.cos(torch.rand(t, config.qk_rope_head_dim, generator=g) * 6).to(torch.bfloat16),
-        freqs_sin=torch.sin(torch.rand(t, config.qk_rope_head_dim, generator=g) * 6).to(torch.bfloat16),
-        wo_a=((torch.rand(groups, lora, h * d // groups, generator=g) - 0.5) / 4).to(torch.bfloat16),
-        wo_b=torch.randint(-127, 128, (hidden, groups * lora), generator=g, dtype=torch.int8),
-        wo_b_scale=torch.rand(hidden, generator=g) / 500,
-    )
-
-
-def _compressed(path: str, config, inputs: dict, seed: int = 1) -> torch.Tensor | None:
-    g = torch.Generator().manual_seed(seed)
-    t = config.decode_tokens
-    if path == "SWA":
-        return None
-    if path == "HCA":
-        k = min(config.kernel_max_seq_len // 128, config.index_topk)
-        out = torch.randint(0, 2 * config.block_size, (t, k), generator=g, dtype=torch.int32)
-        out[:, k // 2:] = -1
-        return out
-    bound = (inputs["position_ids"].to(torch.int64) + 1) // 4
-    raw = torch.randint(-1, int(bound.max()) + 3, (t, config.index_topk + 3), generator=g, dtype=torch.int32)
-    raw[:, 0] = (bound - 1).to(torch.int32)  # the last existing compressed row: kept
-    raw[:, 1] = bound.to(torch.int32)  # the first not yet written: dropped
-    return raw
 
 
 def _call(backend, path, config, inputs, compressed):
@@ -75,10 +34,10 @@ def _call(backend, path, config, inputs, compressed):
                                        config=config)
 
 
-def _independent(path, config, inputs, compressed) -> torch.Tensor:
+def _independent(path, config, inputs, compressed, *, attention_only: bool = False) -> torch.Tensor:
     """A per-token FP64 evaluation written apart from the reference, after upstream's golden: hand page walk,
     128-key tiles merged one after another with BF16 probabilities for PV, explicit pair formulas, explicit
-    per-(token, group) INT8 codes."""
+    per-(token, group) INT8 codes. ``attention_only``: o [T, H, hd] before the projection."""
     i = {k: v for k, v in inputs.items()}
     t_n, heads, dim = i["q"].shape
     bs, seq, rope = config.block_size, config.decode_seq, config.qk_rope_head_dim
@@ -114,6 +73,8 @@ def _independent(path, config, inputs, compressed) -> torch.Tensor:
             a, b = torch.exp(run_max - new), torch.exp(m - new)
             run_sum, acc, run_max = a * run_sum + b * p.sum(1), a[:, None] * acc + b[:, None] * pv, new
         o[t] = acc / (run_sum + torch.exp(i["attn_sink"].double() - run_max))[:, None]
+    if attention_only:
+        return o
     half = rope // 2
     cos = i["freqs_cos"][:, :half].double()[:, None, :]
     sin = i["freqs_sin"][:, :half].double()[:, None, :]
@@ -144,6 +105,39 @@ def test_each_path_matches_an_independent_evaluation(backend, path, config):
     assert bool(want.abs().amax(1).gt(0).all()), "every row attends something"
     r = check_ratio_allclose(got, want, atol=ATTN_OUT_TOL[0], rtol=ATTN_OUT_TOL[1], name="attn_out")
     assert r.ok, r.message()
+
+
+def test_the_attention_before_the_projection_is_the_128_key_tile_rule(backend):
+    """v4_sparse_attention's o (FP32 [T, H, hd]) against the FP64 tile walk written here, within 1e-5 relative
+    to the row's peak: per tile the maximum over its valid keys only (two tokens whose valid scores are all
+    negative, in tiles half -1), BF16 probabilities for PV, the tiles merged by their maxima, the sink in the
+    denominator; a token with no valid key is exactly 0. Spec: §8."""
+    config = V4_PRO_TINY
+    inputs = _inputs(config, 13)
+    compressed = _compressed("HCA", config, inputs, seed=14)
+    ori = inputs["ori_kv"].float()
+    ori[0, :64] = ori[0, :64].abs()  # rows 0..63: positive entries
+    inputs["ori_kv"] = ori.to(torch.bfloat16)
+    q = inputs["q"].float()
+    for t in (1, 6):  # half the window tile valid (rows 0..63), every valid score negative
+        inputs["window_indices"][t] = -1
+        inputs["window_indices"][t, ::2] = torch.arange(64, dtype=torch.int32)
+        q[t] = -q[t].abs()
+    inputs["q"] = q.to(torch.bfloat16)
+    inputs["window_indices"][2] = -1
+    compressed[2] = -1
+    compressed[3] = -1  # token 3: the window only, its compressed tile all -1 (the tile maximum is -1e20)
+    o = op(backend, "v4_sparse_attention")(inputs["q"], inputs["ori_kv"], inputs["window_indices"],
+                                           inputs["cmp_kv"], inputs["cmp_block_table"], compressed,
+                                           inputs["attn_sink"], seq=config.decode_seq)
+    want = _independent("HCA", config, inputs, compressed, attention_only=True)
+    assert o.dtype == torch.float32 and o.shape == want.shape, f"o: {o.dtype}{list(o.shape)}"
+    assert bool((o[2] == 0).all()), "token 2 has nothing to attend"
+    peak = want.abs().amax(dim=(1, 2), keepdim=True).clamp_min(1e-30)
+    err = float(((o.double() - want).abs() / peak).max())
+    assert err <= 1e-5, f"o differs from the 128-key tile rule by {err:.3g} of the row peak"
+    scores = inputs["q"][1].double() @ inputs["ori_kv"][0, :64, 0].double().T
+    assert bool((scores < 0).all()), "token 1's valid window scores are all negative"
 
 
 def test_csa_keeps_a_raw_slot_only_below_position_plus_one_over_four(backend):
@@ -233,7 +227,11 @@ def test_the_latent_stays_fp32_and_each_token_group_has_its_own_int8_scale(backe
       latent (amax 1.0) would code 63.5 -> 64. Channel 8 (group 0, column 1) is 63 · (1 + 2^-9) / 127.
     * group 1: latent (100, 0) and group 2: latent (0.01, 0): each group's own scale gives 127 codes, so
       channel 1 = 100 and channel 2 = 0.01 (within one code); one scale per token (amax 100) would code 0.01
-      to 0. Spec: §8."""
+      to 0.
+    * groups 3 and 4: integer partials 127·127 + 95 = 16224 and -(127·127 + 71) = -16200 cancel in channel 63
+      to 24 / 127; partials rounded to BF16 (16256, -16192) would give 64 / 127.
+    * group 5: latent (1 + 2^-30, 0.5) is (1.0, 0.5) in FP32: 0.5 codes to 64 (channel 13 = 64 / 127); an FP64
+      latent would code 63. Spec: §8."""
     config = V4_PRO_TINY
     t, h, d = config.decode_tokens, config.num_attention_heads, config.head_dim
     group_in = h * d // config.o_groups
@@ -241,9 +239,15 @@ def test_the_latent_stays_fp32_and_each_token_group_has_its_own_int8_scale(backe
     flat[:, 0, 0], flat[:, 0, 1], flat[:, 0, 2] = 1.0, 1.0, 0.5
     flat[:, 1, 0] = 100.0
     flat[:, 2, 0] = 0.01
+    flat[:, 3, 0], flat[:, 3, 2] = 1.0, 0.748  # codes (127, 95): BF16 0.748046875 · 127 = 95.0
+    flat[:, 4, 0], flat[:, 4, 2] = 1.0, 0.559  # codes (127, 71)
+    flat[:, 5, 0], flat[:, 5, 1], flat[:, 5, 2] = 1.0, 2.0**-21, 0.5  # latent 1 + 2^-30: 1.0 in FP32
     o = flat.reshape(t, h, d)
     assert bool((o[..., d - config.qk_rope_head_dim:] == 0).all())
     wo_a, wo_b, scale = _one_hot_projection(config)
+    lora = config.o_lora_rank
+    wo_b[63] = 0  # channel 63: +(127·127 + 95) from group 3, -(127·127 + 71) from group 4
+    wo_b[63, 3 * lora], wo_b[63, 3 * lora + 1], wo_b[63, 4 * lora], wo_b[63, 4 * lora + 1] = 127, 1, -127, -1
     ones, zeros = torch.ones(t, 16, dtype=torch.bfloat16), torch.zeros(t, 16, dtype=torch.bfloat16)
     out = op(backend, "v4_output_projection")(o, ones, zeros, wo_a, wo_b, scale, config=config).float()
     amax0 = torch.tensor(1 + 2.0**-9, dtype=torch.float32)
@@ -253,18 +257,27 @@ def test_the_latent_stays_fp32_and_each_token_group_has_its_own_int8_scale(backe
     assert out[0, 8].item() == ch8, f"channel 8: {out[0, 8].item()} != 63·(1 + 2^-9)/127 = {ch8} (64 codes: BF16 latent)"
     assert out[0, 1].item() == torch.tensor(100.0).to(torch.bfloat16).item(), f"channel 1: {out[0, 1].item()} != 100"
     assert abs(out[0, 2].item() - 0.01) <= 0.01 / 127 + 1e-4, f"channel 2: {out[0, 2].item()} (0: one scale per token)"
+    ch63 = torch.tensor(24 / 127).to(torch.bfloat16).item()
+    assert out[0, 63].item() == ch63, f"channel 63: {out[0, 63].item()} != (16224 - 16200) / 127 = {ch63} (the " \
+        "integer partials 16224 and 16200 are not BF16 numbers: an FP32-exact partial, then the group scale)"
+    ch13 = torch.tensor(64 / 127).to(torch.bfloat16).item()
+    assert out[0, 13].item() == ch13, f"channel 13: {out[0, 13].item()} != 64 / 127 = {ch13} (the latent " \
+        "1 + 2^-30 is 1.0 in FP32, so 0.5 codes to 63.5 -> 64; an FP64 latent codes 63)"
     assert torch.equal(out, out[:1].expand_as(out)), "every token row the same"
 
 
 def test_a_token_with_nothing_to_attend_outputs_zero(backend):
     """A row with every window slot -1 and no compressed slot (SWA) attends only the sink: its attention is
-    exactly zero, so its latent is zero, its INT8 codes are zero (the 1e-4 amax floor) and attn_out is 0.
-    Spec: §8."""
+    exactly zero, so its latent is zero, its INT8 codes are zero (the 1e-4 amax floor) and attn_out is 0. The
+    batch is two requests (4 rows, fewer than the heads). Spec: §8."""
     config = V4_PRO_TINY
     inputs = _inputs(config, 9)
+    inputs = {k: (v[:4] if k in ("q", "window_indices", "position_ids", "freqs_cos", "freqs_sin") else
+                  v[:2] if k == "cmp_block_table" else v) for k, v in inputs.items()}
     inputs["window_indices"][3] = -1
     out = _call(backend, "SWA", config, inputs, None)
-    assert bool((out[3] == 0).all()) and bool(out.abs().amax(1).gt(0).sum() == config.decode_tokens - 1)
+    assert out.shape == (4, config.hidden_size)
+    assert bool((out[3] == 0).all()) and bool(out.abs().amax(1).gt(0).sum() == 3)
 
 
 def test_bad_inputs_are_refused_naming_the_field(backend):
@@ -275,8 +288,10 @@ def test_bad_inputs_are_refused_naming_the_field(backend):
     compressed = _compressed("HCA", config, inputs)
     bad_table = inputs["cmp_block_table"].clone()
     bad_table[2, 1] = -1
-    compressed[5, 0] = config.block_size + 3  # request 2, page 1
-    with pytest.raises(ContractInputError, match=r"cmp_block_table\[2\]\[1\]"):
+    compressed[:] = -1
+    compressed[:, 0] = 3
+    compressed[5, 0] = config.block_size + 3  # request 2, page 1: the only slot there
+    with pytest.raises(ContractInputError, match=r"cmp_block_table\[2\]\[1\]: .* slot 131 of token 5"):
         _call(backend, "HCA", config, dict(inputs, cmp_block_table=bad_table), compressed)
     compressed[5, 0] = 2 * config.block_size
     with pytest.raises(ContractInputError, match=r"cmp_indices\[5\]\[0\]"):
@@ -287,6 +302,22 @@ def test_bad_inputs_are_refused_naming_the_field(backend):
         _call(backend, "CSA", config, inputs, None)
     with pytest.raises(ContractInputError, match="wo_b"):
         _call(backend, "SWA", config, dict(inputs, wo_b=inputs["wo_b"].float()), None)
+    raw = _compressed("CSA", config, inputs)
+    _call(backend, "CSA", config, inputs, raw[:, : config.index_topk])  # exactly index_topk columns: accepted
+    for bad in (raw[:, : config.index_topk - 1], raw.float(), raw[0]):
+        with pytest.raises(ContractInputError, match="idx_topk"):
+            _call(backend, "CSA", config, inputs, bad)
+    with pytest.raises(ContractInputError, match="cmp_block_table"):
+        _call(backend, "HCA", config, dict(inputs, cmp_block_table=inputs["cmp_block_table"][:3]), compressed)
+    with pytest.raises(ContractInputError, match="ori_kv"):
+        _call(backend, "SWA", config, dict(inputs, ori_kv=inputs["ori_kv"].expand(-1, -1, 2, -1)), None)
+    half = config.qk_rope_head_dim // 2
+    _call(backend, "SWA", config, dict(inputs, freqs_cos=inputs["freqs_cos"][:, :half],
+                                       freqs_sin=inputs["freqs_sin"][:, :half]), None)  # [T, rope/2]: accepted
+    for name, table in (("freqs_cos", inputs["freqs_cos"][:, : half - 1]), ("freqs_sin", inputs["freqs_sin"][:7]),
+                        ("freqs_cos", inputs["freqs_cos"][None])):
+        with pytest.raises(ContractInputError, match=name):
+            _call(backend, "SWA", config, dict(inputs, **{name: table}), None)
 
 
 def test_the_attn_out_comparator_fails_just_outside_its_bound():
@@ -314,3 +345,33 @@ def test_the_attn_out_comparator_fails_just_outside_its_bound():
     nan[3, 4] = float("nan")
     assert not attn_out_v4("attn_out", nan, e, None).ok
     assert not attn_out_v4("attn_out", e[:7], e, None).ok
+
+
+def test_v4_attention_composes_the_backends_own_operators(backend):
+    """v4_attention runs the backend's v4_sparse_attention and v4_output_projection, once each (a kernel
+    backend that binds either is judged through the composition); a one-page compressed table with -1 slots
+    beyond it works. Spec: §8."""
+    config = V4_PRO_TINY
+    inputs = _inputs(config, 15)
+    calls = []
+    attend, project = op(backend, "v4_sparse_attention"), op(backend, "v4_output_projection")
+
+    def counted_attend(*a, **k):
+        calls.append("v4_sparse_attention")
+        return attend(*a, **k)
+
+    def counted_project(*a, **k):
+        calls.append("v4_output_projection")
+        return project(*a, **k)
+
+    derived = backend.derive("counting", v4_sparse_attention=counted_attend, v4_output_projection=counted_project)
+    compressed = torch.full((config.decode_tokens, 4), -1, dtype=torch.int32)
+    compressed[:, 0] = 7
+    one_page = dict(inputs, cmp_block_table=inputs["cmp_block_table"][:, :1].contiguous())
+    out = derived.get("v4_attention")("HCA", *(one_page[n] for n in ("q", "ori_kv", "window_indices", "cmp_kv",
+                                                                     "cmp_block_table")),
+                                      compressed, *(one_page[n] for n in ("position_ids", "attn_sink", "freqs_cos",
+                                                                          "freqs_sin", "wo_a", "wo_b", "wo_b_scale")),
+                                      config=config)
+    assert calls == ["v4_sparse_attention", "v4_output_projection"], calls
+    assert out.shape == (config.decode_tokens, config.hidden_size)

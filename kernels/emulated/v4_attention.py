@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from kernels.reference.attention import check_inputs
-from kernels.v4.sparse_attention import paged_compressed_rows
+from kernels.v4.sparse_attention import flat_pool, paged_compressed_rows
 
 TILE = 128
 NEG = -1.0e20
@@ -25,7 +25,7 @@ def tiled_v4_sparse_attention(q: torch.Tensor, ori_kv: torch.Tensor, window_indi
                               attn_sink: torch.Tensor, *, seq: int) -> torch.Tensor:
     """Same signature and result as ``kernels.v4.sparse_attention.v4_sparse_attention``."""
     tokens, heads, dim = q.shape
-    ori, cmp = ori_kv.reshape(-1, dim), cmp_kv.reshape(-1, dim)
+    ori, cmp = flat_pool(ori_kv, "ori_kv", dim), flat_pool(cmp_kv, "cmp_kv", dim)  # validation shared
     rows = paged_compressed_rows(cmp_indices, cmp_block_table, seq=seq, block_size=cmp_kv.shape[1])
     check_inputs(q, ori, window_indices, cmp, rows, attn_sink)
     sink = attn_sink.to(torch.float32)

@@ -101,7 +101,7 @@ def paged_compressed_rows(cmp_indices: torch.Tensor, cmp_block_table: torch.Tens
     return torch.where(valid, block * block_size + slots % block_size, -1)
 
 
-def _flat(pool: torch.Tensor, name: str, dim: int) -> torch.Tensor:
+def flat_pool(pool: torch.Tensor, name: str, dim: int) -> torch.Tensor:
     if pool.ndim != 4 or pool.shape[2] != 1 or pool.shape[3] != dim:
         raise ContractInputError(name, None, f"[blocks, block_size, 1, {dim}]", list(pool.shape), SPEC)
     return pool.reshape(-1, dim)
@@ -116,9 +116,8 @@ def v4_sparse_attention(q: torch.Tensor, ori_kv: torch.Tensor, window_indices: t
     if q.ndim != 3:
         raise ContractInputError("q", None, "[T, H, head_dim]", list(q.shape), SPEC)
     tokens, heads, dim = q.shape
-    block_size = cmp_kv.shape[1] if cmp_kv.ndim == 4 else 0
-    ori, cmp = _flat(ori_kv, "ori_kv", dim), _flat(cmp_kv, "cmp_kv", dim)
-    rows = paged_compressed_rows(cmp_indices, cmp_block_table, seq=seq, block_size=block_size)
+    ori, cmp = flat_pool(ori_kv, "ori_kv", dim), flat_pool(cmp_kv, "cmp_kv", dim)
+    rows = paged_compressed_rows(cmp_indices, cmp_block_table, seq=seq, block_size=cmp_kv.shape[1])
     check_inputs(q, ori, window_indices, cmp, rows, attn_sink)
     w_rows, w_valid = _gather(ori, window_indices)
     c_rows, c_valid = _gather(cmp, rows)
@@ -195,7 +194,7 @@ def v4_attention(path: str, q: torch.Tensor, ori_kv: torch.Tensor, window_indice
         raise ContractInputError("path", None, f"one of {PATHS}", path, SPEC)
     tokens = q.shape[0]
     if path == "SWA":
-        cmp_indices = torch.full((tokens, 0), -1, dtype=torch.int32)
+        cmp_indices = torch.zeros((tokens, 0), dtype=torch.int32)
     elif compressed is None:
         raise ContractInputError("compressed", None, f"the {path} compressed top-k", None, SPEC)
     elif path == "CSA":

@@ -107,11 +107,12 @@ def _reduced_across_dp(rank_inputs, *, kind, config, ops=None):
     from kernels.v4 import dp_attention
 
     outs = dp_attention.dp_attention(rank_inputs, kind=kind, config=config, ops=ops)
-    rows = min(o["output"].shape[1] for o in outs)
-    total = sum(o["output"][:, :rows].float() for o in outs).to(outs[0]["output"].dtype)
+    key = "attn_out" if "attn_out" in outs[0] else "output"
+    rows = min(o[key].shape[-2] for o in outs)
+    total = sum(o[key][..., :rows, :].float() for o in outs).to(outs[0][key].dtype)
     for o in outs:
-        o["output"] = o["output"].clone()
-        o["output"][:, :rows] = total
+        o[key] = o[key].clone()
+        o[key][..., :rows, :] = total
     return outs
 
 

@@ -163,6 +163,16 @@ POW2_BF16 = ("The row divided by a power-of-two scale is exact in BF16 as in FP3
              "so the E4M3 payload and the amax are the same.")
 ZERO_ROW_DIVISOR = "Only a zero row takes the fallback divisor: 0 divided by 1 or by 2 is 0."
 
+V4_MASK = ("The -1e20 additive mask of an invalid key only has to lie far below every real score: each tile's "
+           "probabilities are multiplied by the validity mask, and an all-invalid tile's weight exp(-1e20 - max) and "
+           "exp(-2e20 - max) are both 0.")
+V4_SENTINEL = ("csa_compressed_indices feeds paged_compressed_rows inside v4_attention, which reads every slot < 0 as "
+               "'no row': a -2 sentinel is consumed exactly as -1.")
+V4_PROMOTE = ("torch promotes the mixed operation to the wider float type (FP32 with FP64 -> FP64; BF16 or INT64 with "
+              "FP32 -> FP32) and the dropped or narrowed cast was to that same type, so every value is unchanged.")
+V4_EVEN_ROPE = "rope // 2 and rope / 2 are equal for the even rope widths V4Config admits; the comparison is the same."
+
+
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
@@ -521,4 +531,28 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.index_cache:index_cache_quant:cmp:amax > 0[Gt]->GtE#0': ZERO_SCALE,
     'kernels.v4.index_cache:index_cache_quant:drop-call:x.to(torch.bfloat16).float()[float]->(skipped)#0': POW2_BF16,
     'kernels.v4.index_cache:index_cache_quant:const:1.0->2.0#0': ZERO_ROW_DIVISOR,
+    'kernels.v4.sparse_attention:<module>:const:1e+20->2e+20#0': V4_MASK,
+    'kernels.v4.sparse_attention:csa_compressed_indices:drop-call:position_ids.reshape(-1).to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.sparse_attention:csa_compressed_indices:name:int64->int32#2': DTYPE,
+    'kernels.v4.sparse_attention:csa_compressed_indices:name:int32->int64#1': DTYPE,
+    'kernels.v4.sparse_attention:paged_compressed_rows:drop-call:cmp_indices.to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.sparse_attention:paged_compressed_rows:name:int64->int32#1': DTYPE,
+    'kernels.v4.sparse_attention:v4_sparse_attention:name:float64->float32#2': V4_PROMOTE,
+    'kernels.v4.sparse_attention:v4_output_projection:binop:rope // 2[FloorDiv]->Div#0': V4_EVEN_ROPE,
+    'kernels.v4.sparse_attention:v4_output_projection:drop-call:freqs_cos[:, :rope // 2].float()[float]->(skipped)#0': V4_PROMOTE,
+    'kernels.v4.sparse_attention:v4_output_projection:drop-call:freqs_sin[:, :rope // 2].float()[float]->(skipped)#0': V4_PROMOTE,
+    'kernels.v4.sparse_attention:v4_output_projection:name:float32->bfloat16#1': V4_PROMOTE,
+    'kernels.v4.sparse_attention:csa_compressed_indices:name:int64->int32#0': DTYPE,
+    'kernels.v4.sparse_attention:csa_compressed_indices:name:int64->int32#1': DTYPE,
+    'kernels.v4.sparse_attention:csa_compressed_indices:drop-call:idx_topk[:, :topk].to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.sparse_attention:csa_compressed_indices:drop-call:torch.where(keep, raw, torch.full_like(raw, -1)).to(torch...[to]->(skipped)#0': DTYPE,
+    'kernels.v4.sparse_attention:csa_compressed_indices:const:1->2#4': V4_SENTINEL,
+    'kernels.v4.sparse_attention:paged_compressed_rows:name:int64->int32#0': DTYPE,
+    'kernels.v4.sparse_attention:paged_compressed_rows:drop-call:cmp_block_table.to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.sparse_attention:v4_sparse_attention:drop-unary:-1[USub]->(none)#1': DIM,
+    'kernels.v4.sparse_attention:v4_sparse_attention:drop-call:attn_sink.to(torch.float64)[to]->(skipped)#0': V4_PROMOTE,
+    'kernels.v4.sparse_attention:v4_output_projection:drop-call:o.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.sparse_attention:v4_output_projection:drop-call:partial.to(torch.float32)[to]->(skipped)#0': V4_PROMOTE,
+    'kernels.v4.sparse_attention:v4_output_projection:drop-call:wo_b_scale.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.sparse_attention:v4_attention:name:int32->int64#0': DTYPE,
 }

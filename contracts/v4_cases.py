@@ -1,0 +1,50 @@
+"""Input builders of the V4 contracts (spec §8): small decode batches at a V4 preset's (tiny) geometry."""
+
+from __future__ import annotations
+
+import torch
+
+
+def attention_inputs(config, seed: int = 0, *, tables=None) -> dict:
+    """Two-request decode batch (4 x 2 rows), window rows with -1 holes, compressed pages in a shuffled order."""
+    g = torch.Generator().manual_seed(seed)
+    t, h, d, bs = config.decode_tokens, config.num_attention_heads, config.head_dim, config.block_size
+    groups, lora, hidden = config.o_groups, config.o_lora_rank, config.hidden_size
+    win = torch.randint(0, 3 * bs, (t, config.sliding_window), generator=g, dtype=torch.int32)
+    win[torch.rand(win.shape, generator=g) < 0.3] = -1
+    if tables is None:
+        tables = torch.tensor([[3, 1], [0, 2], [2, 3], [1, 0]], dtype=torch.int32)
+    pos = (torch.arange(t, dtype=torch.int32) * 5 + 20).reshape(-1)
+    return dict(
+        q=(torch.rand(t, h, d, generator=g) - 0.5).to(torch.bfloat16),
+        ori_kv=(torch.rand(3, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+        window_indices=win,
+        cmp_kv=(torch.rand(4, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+        cmp_block_table=tables,
+        position_ids=pos,
+        attn_sink=torch.randn(h, generator=g),
+        freqs_cos=torch.cos(torch.rand(t, config.qk_rope_head_dim, generator=g) * 6).to(torch.bfloat16),
+        freqs_sin=torch.sin(torch.rand(t, config.qk_rope_head_dim, generator=g) * 6).to(torch.bfloat16),
+        wo_a=((torch.rand(groups, lora, h * d // groups, generator=g) - 0.5) / 4).to(torch.bfloat16),
+        wo_b=torch.randint(-127, 128, (hidden, groups * lora), generator=g, dtype=torch.int8),
+        wo_b_scale=torch.rand(hidden, generator=g) / 500,
+    )
+
+
+def compressed_topk(path: str, config, inputs: dict, seed: int = 1) -> torch.Tensor | None:
+    """The path's compressed argument: None (SWA); HCA's top-k with its second half -1; a raw CSA indexer
+    top-k wider than index_topk, column 0 the last existing compressed row, column 1 the first not written."""
+    g = torch.Generator().manual_seed(seed)
+    t = config.decode_tokens
+    if path == "SWA":
+        return None
+    if path == "HCA":
+        k = min(config.kernel_max_seq_len // 128, config.index_topk)
+        out = torch.randint(0, 2 * config.block_size, (t, k), generator=g, dtype=torch.int32)
+        out[:, k // 2:] = -1
+        return out
+    bound = (inputs["position_ids"].to(torch.int64) + 1) // 4
+    raw = torch.randint(-1, int(bound.max()) + 3, (t, config.index_topk + 3), generator=g, dtype=torch.int32)
+    raw[:, 0] = (bound - 1).to(torch.int32)  # the last existing compressed row: kept
+    raw[:, 1] = bound.to(torch.int32)  # the first not yet written: dropped
+    return raw
