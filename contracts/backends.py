@@ -144,6 +144,12 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "compressed (HCA top-k / CSA raw indexer top-k / None), position_ids [T], attn_sink, freqs_cos, "
                      "freqs_sin, wo_a, wo_b, wo_b_scale, *, config (V4))",
                      "attn_out [T, hidden] BF16, composed from v4_sparse_attention and v4_output_projection", "§8"),
+        OperatorSpec("v4_indexer", "(x [T,hidden] BF16, qr [T,Q_LORA] INT8, qr_scale [T,1], wq_b INT8 [Q_LORA,H*d], "
+                     "wq_b_scale [H*d], weights_proj [hidden,H] BF16, cos/sin [B,rope/2] (per request), hadamard "
+                     "[d,d], idx_kv_cache INT8 [blocks,bs,1,d], idx_kv_scale [blocks,bs,1,1], idx_block_table [B,P], "
+                     "position_ids [T], kv_seq_lens [B], *, offset, config (V4))",
+                     "{score [T, kernel_max/4] FP32 (lowest FP32 past visible), topk_idxs [T, kernel_max/4] INT32 "
+                     "(best first, + offset, -1 after)}: CSA's decode indexer", "§8"),
         OperatorSpec("hca_topk", "(position_ids [T], kv_seq_lens [B], *, seq, limit, ratio=128)",
                      "[T, limit] INT32: HCA's deterministic compressed top-k (the first valid positions, -1 after)",
                      "§8"),
@@ -320,6 +326,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "v4_sparse_attention": ("kernels.v4.sparse_attention", "v4_sparse_attention"),
     "v4_output_projection": ("kernels.v4.sparse_attention", "v4_output_projection"),
     "v4_attention": ("kernels.v4.sparse_attention", "v4_attention"),
+    "v4_indexer": ("kernels.v4.indexer", "v4_indexer"),
     "v4_compressor": ("kernels.v4.compressor", "v4_compressor"),
     "csa_compressors": ("kernels.v4.compressor", "csa_compressors"),
     "v4_publish_compressed": ("kernels.v4.compressor", "v4_publish_compressed"),

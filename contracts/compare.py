@@ -332,6 +332,28 @@ def half_layer(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
                             only=name, **{k: v for k, v in call.items() if k != "config"})
 
 
+def v4_index_score(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """V4 index scores (§8): the lowest-FP32 tail exact, the visible scores within ratio_allclose(1e-4, 1/128)
+    and each within max(4·(1e-4 + |s|/128), 5e-3) (upstream's score_valid_compare)."""
+    from contracts.checks.topk import check_v4_index_scores
+
+    return check_v4_index_scores(a, e, name=name)
+
+
+def v4_index_topk(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """V4 top-k (§8): count, range [offset, offset + visible), distinct, -1 tail; a differing row judged by
+    the actual and the reference scores (upstream's decode_topk_compare). ``visible`` from the stored
+    positions and kv lengths; ``topk``, ``offset`` and ``seq`` from the case parameters."""
+    from contracts.checks.topk import check_v4_topk
+    from kernels.v4.indexer import visible_lengths
+
+    p = ctx.params
+    visible = visible_lengths(ctx.inputs["position_ids"], ctx.inputs["kv_seq_lens"], seq=int(p["seq"]),
+                              limit=a.shape[-1])
+    return check_v4_topk(a, e, ctx.actual_outputs["score"], ctx.expected_outputs["score"], visible,
+                         topk=int(p["topk"]), offset=int(p["offset"]), name=name)
+
+
 V4_ATTN_OUT_TOL = (1e-4, 1.0 / 128)  # upstream decode_sparse_attn*.py compare_fn for attn_out
 
 
@@ -351,6 +373,7 @@ COMPARATORS: dict[str, Comparator] = {
     "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out, "bf16_stage": bf16_stage, "engram": engram, "recv_y": recv_y,
     "gate_ids": gate_ids, "gate_weights": gate_weights, "moe_out": moe_out, "logits": logits, "greedy": greedy,
     "ffn_input": ffn_input, "attn_out_v4": attn_out_v4,
+    "v4_index_score": v4_index_score, "v4_index_topk": v4_index_topk,
 }
 
 

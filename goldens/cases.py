@@ -677,6 +677,19 @@ def _v4_attention_call(get, inputs: Tensors, path: str) -> Tensors:
     return {"attn_out": out}
 
 
+def _v4_indexer_build(seed: int, wiring: str) -> Tensors:
+    """V4-Pro (tiny, kernel preset) decode indexer at upstream's start regimes with a shuffled INT8 index cache
+    (contracts.v4_cases.indexer_inputs)."""
+    from contracts.v4_cases import indexer_inputs
+
+    return indexer_inputs(_v4_config(), seed)
+
+
+def _v4_indexer_call(get, inputs: Tensors) -> Tensors:
+    config = _v4_config()
+    return dict(get("v4_indexer")(**inputs, offset=config.sliding_window, config=config))
+
+
 def _build_cases() -> dict[str, Case]:
     from kernels import sequence_parallel as sp
     from kernels.reference import compressor, indexer, rope
@@ -784,6 +797,17 @@ def _build_cases() -> dict[str, Case]:
                           lambda b, i, w, r=ratio, o=overlap: _v4_compressor_call(b.get, i, r, o),
                           lambda w: {"compressed": "hc_out", "closes": "exact", "state_pool": "exact"},
                           preset="v4-pro-tiny"))
+    from kernels.v4 import indexer as v4ix
+
+    cases.append(Case("v4_indexer", "v4_indexer", "V4-Pro (tiny, kernel preset) CSA decode indexer: visible ranges "
+                      "75 / 32 / 64 / 2 at upstream's start regimes, INT8 query and index cache, shuffled pages",
+                      ("replicated",), ("kernels.v4.indexer",), _v4_indexer_build,
+                      lambda i, w: _v4_indexer_call({"v4_indexer": v4ix.v4_indexer}.__getitem__, i),
+                      lambda b, i, w: _v4_indexer_call(b.get, i),
+                      lambda w: {"score": "v4_index_score", "topk_idxs": "v4_index_topk"},
+                      params={"topk": _v4_config().index_topk, "offset": _v4_config().sliding_window,
+                              "seq": _v4_config().decode_seq},
+                      preset="v4-pro-tiny"))
     from kernels.v4 import sparse_attention as v4sa
 
     for path in v4sa.PATHS:

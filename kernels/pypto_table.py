@@ -428,6 +428,31 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
                   ("attn_out", "out", "BF16", "[T, D]")),
             note="compiled at the V4 geometry (D 7168 / 4096, H 128 / 64, HEAD_DIM 512) while the contracts run "
                  "the tiny twin; the SWA entry takes no compressed arguments (this operator passes None)"),
+    Binding("v4_indexer", "not bound", f"{PRO}/decode_indexer.py::indexer (the @pl.jit entry indexer_test wraps "
+            "it)", "@pl.jit.inline",
+            _args(("x", "in", "BF16", "[B, S, D]"), ("qr", "in", "INT8", "[T, Q_LORA]"),
+                  ("qr_scale", "in", "FP32", "[T, 1]"), ("wq_b", "in", "INT8", "[Q_LORA, IDX_N_HEADS * IDX_HEAD_DIM]"),
+                  ("wq_b_scale", "in", "FP32", "[IDX_N_HEADS * IDX_HEAD_DIM]"),
+                  ("weights_proj", "in", "BF16", "[D, IDX_N_HEADS]"), ("cos", "in", "FP32", "[B, ROPE_HEAD_DIM // 2]"),
+                  ("sin", "in", "FP32", "[B, ROPE_HEAD_DIM // 2]"),
+                  ("hadamard", "in", "BF16", "[IDX_HEAD_DIM, IDX_HEAD_DIM]"),
+                  ("inner_kv", "in", "FP32", "[B, S, INNER_HEAD_DIM]"),
+                  ("inner_compress_state", "inout", "FP32",
+                   "[INNER_STATE_BLOCK_NUM, INNER_STATE_BLOCK_SIZE, INNER_STATE_DIM]"),
+                  ("inner_compress_state_block_table", "in", "INT32", "[B, INNER_STATE_MAX_BLOCKS]"),
+                  ("inner_wkv", "in", "BF16", "[INNER_OUT_DIM, D]"), ("inner_wgate", "in", "BF16", "[INNER_OUT_DIM, D]"),
+                  ("inner_ape", "in", "FP32", "[COMPRESS_RATIO, INNER_OUT_DIM]"),
+                  ("inner_norm_w", "in", "BF16", "[INNER_HEAD_DIM]"),
+                  ("idx_kv_cache", "inout", "INT8", "[IDX_CACHE_BLOCK_NUM, BLOCK_SIZE, 1, IDX_HEAD_DIM]"),
+                  ("idx_kv_scale", "inout", "FP32", "[IDX_CACHE_BLOCK_NUM, BLOCK_SIZE, 1, 1]"),
+                  ("idx_block_table", "in", "INT32", "[B, IDX_CACHE_MAX_BLOCKS]"),
+                  ("score", "out", "FP32", "[B, S, SCORE_LEN]"), ("topk_idxs", "out", "INT32", "[B, S, SCORE_LEN]"),
+                  ("position_ids", "in", "INT32", "[B, S]"), ("idx_slot_mapping", "in", "INT64", "[B, S]"),
+                  ("inner_state_slot_mapping", "in", "INT64", "[B, S]"), ("kv_seq_lens", "in", "INT32", "[B]"),
+                  ("offset", "scalar", "INT32", "")),
+            note="the entry also runs the indexer compressor (writing this step's index keys into idx_kv_cache "
+                 "before scoring); this operator starts from the written cache, and its golden trees hold the "
+                 "cache as an input. Compiled at the V4 geometry (Q_LORA 1536 / 1024, 64 index heads of 128)"),
     Binding("v4_sparse_attention", "not exposed", f"{PRO}/decode_sparse_attn*.py (the qk_pv and merge_norm "
             "stages inside sparse_attn)", "@pl.jit.inline",
             note="the attention and the output projection are one fused entry; no entry returns the FP32 "

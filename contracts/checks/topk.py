@@ -138,3 +138,129 @@ def selected_output_reference(selection: torch.Tensor, validity: CheckResult, re
     if not validity.ok:
         raise ValueError(f"an invalid Top-K selection cannot define the output reference: {validity.message()}")
     return attention_reference(selection, reference_caches)
+
+
+# --- V4 (CSA's learned indexer, spec §8): logical positions + offset, best first, -1 tail ------------------------
+# V4.1 selects physical rows sorted by logical position (check_topk_validity); V4's decode indexer emits logical
+# compressed positions plus the window offset, best score first, and upstream judges them against the scores.
+V4_SCORE_TOL = (1e-4, 1.0 / 128)  # SCORE_ATOL, SCORE_RTOL: ratio_allclose over the visible scores
+V4_SCORE_HARD = (4.0, 5e-3)  # SCORE_HARD_MULTIPLIER, SCORE_HARD_ATOL: the pointwise ceiling
+V4_LOWEST = float(torch.finfo(torch.float32).min)  # the score of a position past the visible range
+
+
+def v4_hard_bound(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """max(4 · (1e-4 + 1/128 · max(|a|, |e|)), 5e-3), elementwise: how far one score may move."""
+    atol, rtol = V4_SCORE_TOL
+    mult, floor = V4_SCORE_HARD
+    return torch.clamp(mult * (atol + rtol * torch.maximum(a.abs(), e.abs())), min=floor)
+
+
+def check_v4_index_scores(actual: torch.Tensor, expected: torch.Tensor, *, name: str = "score") -> CheckResult:
+    """V4 index scores [T, L] FP32: every element finite; the past-visible tail (the lowest FP32 number in the
+    expected scores) exactly the same in the actual ones; the visible scores within ratio_allclose(1e-4, 1/128)
+    (0.5 % quota) and each within the hard bound ``v4_hard_bound``. Spec: §8."""
+    from contracts.checks.precision import check_ratio_allclose
+
+    check, spec = "check_v4_index_scores", "§8"
+    if actual.dtype != torch.float32 or tuple(actual.shape) != tuple(expected.shape):
+        return failed(check, spec, 1, 1, Violation(f"{name}.layout", (), f"{actual.dtype}{list(actual.shape)}",
+                                                   f"torch.float32{list(expected.shape)}"))
+    a, e = actual.double(), expected.double()
+    nonfinite = ~torch.isfinite(a)
+    if bool(nonfinite.any()):
+        r, c = (int(v) for v in nonfinite.nonzero()[0])
+        return failed(check, spec, a.numel(), int(nonfinite.sum()), Violation(name, (r, c), float(a[r, c]),
+                                                                              "a finite score"))
+    tail = e == V4_LOWEST
+    wrong_tail = tail != (a == V4_LOWEST)
+    if bool(wrong_tail.any()):
+        r, c = (int(v) for v in wrong_tail.nonzero()[0])
+        return failed(check, spec, a.numel(), int(wrong_tail.sum()),
+                      Violation(f"{name} visible mask", (r, c), float(a[r, c]), float(e[r, c]),
+                                note="past the visible range the score is the lowest FP32 number, and only there"))
+    ratio = check_ratio_allclose(a[~tail], e[~tail], atol=V4_SCORE_TOL[0], rtol=V4_SCORE_TOL[1], name=name)
+    if not ratio.ok:
+        return ratio
+    hard = v4_hard_bound(a, e)
+    over = ~tail & ((a - e).abs() > hard)
+    if bool(over.any()):
+        r, c = (int(v) for v in over.nonzero()[0])
+        return failed(check, spec, int((~tail).sum()), int(over.sum()),
+                      Violation(name, (r, c), float(a[r, c]), float(e[r, c]), float(hard[r, c]),
+                                note="past the hard bound max(4·(atol + rtol·|s|), 5e-3)"))
+    return passed(check, spec, int((~tail).sum()))
+
+
+def check_v4_topk(actual: torch.Tensor, expected: torch.Tensor, actual_scores: torch.Tensor,
+                  expected_scores: torch.Tensor, visible: torch.Tensor, *, topk: int, offset: int,
+                  name: str = "topk_idxs") -> CheckResult:
+    """V4 top-k rows [T, L] INT32 (``visible`` [T] from the positions and kv lengths): each row holds
+    k = min(topk, visible) entries in [offset, offset + visible), all distinct, then only -1. Where a row differs
+    from the expected one: every displaced candidate's score error within the hard bound, no clear inversion
+    (on either score row, a later pick above an earlier one by more than both bounds) and no clear boundary
+    miss (an omitted candidate above a selected one by more than both bounds). Spec: §8."""
+    check, spec = "check_v4_topk", "§8"
+    if actual.dtype != torch.int32 or tuple(actual.shape) != tuple(expected.shape):
+        return failed(check, spec, 1, 1, Violation(f"{name}.layout", (), f"{actual.dtype}{list(actual.shape)}",
+                                                   f"torch.int32{list(expected.shape)}"))
+    t_ = Tally(check, spec)
+    for t in range(actual.shape[0]):
+        t_.n_checked += 1
+        n = int(visible[t])
+        k = min(topk, n)
+        row = actual[t].to(torch.int64)
+        prefix, rest = row[:k], row[k:]
+        if bool((rest != -1).any()):
+            j = int((rest != -1).nonzero()[0]) + k
+            t_.fail(Violation(name, (t, j), int(row[j]), "-1", note=f"the row holds {k} entries, then -1"))
+            continue
+        outside = (prefix < offset) | (prefix >= offset + n)
+        if bool(outside.any()):
+            j = int(outside.nonzero()[0])
+            t_.fail(Violation(name, (t, j), int(row[j]), f"in [{offset}, {offset + n})",
+                              note=f"visible {n} positions after offset {offset}"))
+            continue
+        if int(torch.unique(prefix).numel()) != k:
+            dup = next(int(v) for v in prefix.tolist() if prefix.tolist().count(v) > 1)
+            t_.fail(Violation(name, (t,), dup, "distinct entries", note="position selected twice"))
+            continue
+        want = expected[t, :k].to(torch.int64)
+        if torch.equal(prefix, want):
+            continue
+        got_pos, want_pos = prefix - offset, want - offset
+        a_row, e_row = actual_scores[t, :n].double(), expected_scores[t, :n].double()
+        hard = v4_hard_bound(a_row, e_row)
+        displaced = torch.unique(torch.cat((got_pos[got_pos != want_pos], want_pos[got_pos != want_pos])))
+        err = (a_row - e_row).abs()
+        bad = displaced[err[displaced] > hard[displaced]]
+        if bad.numel():
+            c = int(bad[0])
+            t_.fail(Violation(f"{name} candidate", (t, c), float(a_row[c]), float(e_row[c]), float(hard[c]),
+                              note="a displaced candidate's score moved past its hard bound"))
+            continue
+        problem = None
+        for label, s in (("expected", e_row), ("actual", a_row)):
+            upper = s[got_pos] + hard[got_pos]
+            lower = s[got_pos] - hard[got_pos]
+            for j in range(1, k):
+                i = int(upper[:j].argmin())
+                if lower[j] > upper[i]:
+                    problem = Violation(f"{name} order", (t, j), f"position {int(got_pos[j])} ({float(s[got_pos[j]]):.6g})",
+                                        f"after position {int(got_pos[i])} ({float(s[got_pos[i]]):.6g})",
+                                        note=f"clear inversion on the {label} scores")
+                    break
+            if problem is None and n > k:
+                missing = want_pos[~torch.isin(want_pos, got_pos)]
+                added = got_pos[~torch.isin(got_pos, want_pos)]
+                if missing.numel() and added.numel():
+                    m = missing[int((s[missing] - hard[missing]).argmax())]
+                    x = added[int((s[added] + hard[added]).argmin())]
+                    if s[m] - hard[m] > s[x] + hard[x]:
+                        problem = Violation(f"{name} boundary", (t,), f"selected position {int(x)} "
+                                            f"({float(s[x]):.6g})", f"omitted position {int(m)} ({float(s[m]):.6g})",
+                                            note=f"clear top-k boundary miss on the {label} scores")
+            if problem is not None:
+                break
+        if problem is not None:
+            t_.fail(problem)
+    return t_.result()

