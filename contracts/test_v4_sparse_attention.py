@@ -19,6 +19,7 @@ from contracts.checks.precision import check_ratio_allclose
 from contracts.plugin import op
 from contracts.v4_cases import attention_inputs as _inputs
 from contracts.v4_cases import compressed_topk as _compressed
+from contracts.v4_cases import prefill_attention_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 
@@ -34,13 +35,14 @@ def _call(backend, path, config, inputs, compressed):
                                        config=config)
 
 
-def _independent(path, config, inputs, compressed, *, attention_only: bool = False) -> torch.Tensor:
+def _independent(path, config, inputs, compressed, *, attention_only: bool = False, seq: int | None = None) -> torch.Tensor:
     """A per-token FP64 evaluation written apart from the reference, after upstream's golden: hand page walk,
     128-key tiles merged one after another with BF16 probabilities for PV, explicit pair formulas, explicit
     per-(token, group) INT8 codes. ``attention_only``: o [T, H, hd] before the projection."""
     i = {k: v for k, v in inputs.items()}
     t_n, heads, dim = i["q"].shape
-    bs, seq, rope = config.block_size, config.decode_seq, config.qk_rope_head_dim
+    bs, rope = config.block_size, config.qk_rope_head_dim
+    seq = config.decode_seq if seq is None else seq
     ori = i["ori_kv"].double().reshape(-1, dim)
     cmp = i["cmp_kv"].double().reshape(-1, dim)
     o = torch.zeros(t_n, heads, dim, dtype=torch.float64)
@@ -375,3 +377,37 @@ def test_v4_attention_composes_the_backends_own_operators(backend):
                                       config=config)
     assert calls == ["v4_sparse_attention", "v4_output_projection"], calls
     assert out.shape == (config.decode_tokens, config.hidden_size)
+
+
+def test_a_prefill_chunk_is_one_request_with_zero_padding_rows(backend):
+    """Prefill (upstream prefill_sparse_attn.py): one request of 128 rows at positions 100..227 with 100 real
+    rows (num_tokens), compressed slots given as logical slots of the request's table. Rows 100.. are exactly 0
+    although their indices point at real cache rows; rows ..99 equal the run of those 100
+    rows alone, byte for byte, and are within upstream's ratio_allclose(1e-4, 1/128) of the FP64 evaluation.
+    num_tokens 128 is the whole chunk, 0 gives all zeros, outside [0, 128] (or a bool) is refused; the index
+    inputs are not modified. Spec: §8."""
+    config = V4_PRO_TINY
+    i = prefill_attention_inputs(config, 17)
+    i["window_indices"][100:] = i["window_indices"][0]  # valid rows: reading them would show
+    i["compressed"][100:] = i["compressed"][0]
+    names = ("q", "ori_kv", "window_indices", "cmp_kv", "cmp_block_table", "compressed", "position_ids",
+             "attn_sink", "freqs_cos", "freqs_sin", "wo_a", "wo_b", "wo_b_scale")
+    attention = op(backend, "v4_attention")
+    before = {n: i[n].clone() for n in ("window_indices", "compressed")}
+    out = attention("HCA", *(i[n] for n in names), config=config, seq=128, num_tokens=100)
+    assert all(torch.equal(i[n], v) for n, v in before.items()), "the call must not modify its index inputs"
+    assert out.shape == (128, config.hidden_size)
+    assert bool((out[100:] == 0).all()), f"{int((out[100:] != 0).any(1).sum())} padding rows are not zero"
+    per_row = ("q", "window_indices", "compressed", "position_ids", "freqs_cos", "freqs_sin")
+    real = {n: (v[:100] if n in per_row else v) for n, v in i.items()}
+    alone = attention("HCA", *(real[n] for n in names), config=config, seq=100)
+    assert torch.equal(out[:100], alone), "the real rows must not depend on the padding rows"
+    want = _independent("HCA", config, real, real["compressed"], seq=100)
+    r = check_ratio_allclose(out[:100], want, atol=ATTN_OUT_TOL[0], rtol=ATTN_OUT_TOL[1], name="attn_out")
+    assert r.ok, r.message()
+    full = attention("HCA", *(i[n] for n in names), config=config, seq=128)
+    assert torch.equal(attention("HCA", *(i[n] for n in names), config=config, seq=128, num_tokens=128), full)
+    assert bool((attention("HCA", *(i[n] for n in names), config=config, seq=128, num_tokens=0) == 0).all())
+    for bad in (-1, 129, True):
+        with pytest.raises(ContractInputError, match="num_tokens"):
+            attention("HCA", *(i[n] for n in names), config=config, seq=128, num_tokens=bad)

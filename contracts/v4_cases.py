@@ -76,3 +76,42 @@ def indexer_inputs(config, seed: int = 0, *, starts=(300, 127, 255, 7)) -> dict:
         idx_kv_scale=(torch.rand(b * pages, bs, 1, 1, generator=g) + 0.5) * 2.0,
         idx_block_table=table, position_ids=pos, kv_seq_lens=lens,
     )
+
+
+def prefill_attention_inputs(config, seed: int = 0, *, rows: int = 128, start: int = 100) -> dict:
+    """One request's prefill chunk of ``rows`` rows at positions start .. start + rows - 1: each row's window
+    of the last ``sliding_window`` positions (physical rows through a shuffled page table), and its compressed
+    slots -- the compressed rows that exist at its position ((pos + 1) // 4), best-first from an indexer, -1
+    after -- in logical slots through the request's compressed table."""
+    g = torch.Generator().manual_seed(seed)
+    h, d, bs, win = config.num_attention_heads, config.head_dim, config.block_size, config.sliding_window
+    groups, lora, hidden = config.o_groups, config.o_lora_rank, config.hidden_size
+    pos = torch.arange(start, start + rows, dtype=torch.int32)
+    pages = -(-(start + rows) // bs)
+    ori_table = torch.randperm(pages + 1, generator=g)[:pages]
+    window = torch.full((rows, win), -1, dtype=torch.int32)
+    for t, p in enumerate(pos.tolist()):
+        first = max(0, p - win + 1)
+        logical = torch.arange(first, p + 1)
+        window[t, : logical.numel()] = (ori_table[logical // bs] * bs + logical % bs).to(torch.int32)
+    k = config.index_topk
+    cmp = torch.full((rows, k), -1, dtype=torch.int32)
+    for t, p in enumerate(pos.tolist()):
+        n = (p + 1) // 4
+        pick = torch.randperm(n, generator=g)[:k]
+        cmp[t, : pick.numel()] = pick.to(torch.int32)
+    cmp_pages = -(-((start + rows) // 4) // bs)
+    return dict(
+        q=(torch.rand(rows, h, d, generator=g) - 0.5).to(torch.bfloat16),
+        ori_kv=(torch.rand(pages + 1, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+        window_indices=window,
+        cmp_kv=(torch.rand(cmp_pages + 1, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+        cmp_block_table=torch.randperm(cmp_pages + 1, generator=g)[:cmp_pages].reshape(1, -1).to(torch.int32),
+        compressed=cmp, position_ids=pos,
+        attn_sink=torch.randn(h, generator=g),
+        freqs_cos=torch.cos(pos[:, None] * torch.rand(config.qk_rope_head_dim, generator=g)).to(torch.bfloat16),
+        freqs_sin=torch.sin(pos[:, None] * torch.rand(config.qk_rope_head_dim, generator=g)).to(torch.bfloat16),
+        wo_a=((torch.rand(groups, lora, h * d // groups, generator=g) - 0.5) / 4).to(torch.bfloat16),
+        wo_b=torch.randint(-127, 128, (hidden, groups * lora), generator=g, dtype=torch.int8),
+        wo_b_scale=torch.rand(hidden, generator=g) / 500,
+    )

@@ -671,10 +671,22 @@ def _v4_attention_build(path: str):
 
 def _v4_attention_call(get, inputs: Tensors, path: str) -> Tensors:
     i = inputs
+    prefill = {} if "num_tokens" not in i else {"seq": i["q"].shape[0], "num_tokens": int(i["num_tokens"])}
     out = get("v4_attention")(path, i["q"], i["ori_kv"], i["window_indices"], i["cmp_kv"], i["cmp_block_table"],
                               i.get("compressed"), i["position_ids"], i["attn_sink"], i["freqs_cos"], i["freqs_sin"],
-                              i["wo_a"], i["wo_b"], i["wo_b_scale"], config=_v4_config())
+                              i["wo_a"], i["wo_b"], i["wo_b_scale"], config=_v4_config(), **prefill)
     return {"attn_out": out}
+
+
+def _v4_prefill_attention_build(seed: int, wiring: str) -> Tensors:
+    """One request's prefill chunk (contracts.v4_cases.prefill_attention_inputs): 128 rows at positions
+    100..227, 100 real (num_tokens), the padding rows pointing at real cache rows."""
+    from contracts.v4_cases import prefill_attention_inputs
+
+    inputs = prefill_attention_inputs(_v4_config(), seed)
+    inputs["window_indices"][100:] = inputs["window_indices"][0]
+    inputs["compressed"][100:] = inputs["compressed"][0]
+    return {**inputs, "num_tokens": torch.tensor(100, dtype=torch.int32)}
 
 
 def _v4_indexer_build(seed: int, wiring: str) -> Tensors:
@@ -819,6 +831,14 @@ def _build_cases() -> dict[str, Case]:
                           lambda i, w, p=path: _v4_attention_call({"v4_attention": v4sa.v4_attention}.__getitem__, i, p),
                           lambda b, i, w, p=path: _v4_attention_call(b.get, i, p),
                           lambda w: {"attn_out": "attn_out_v4"}, preset="v4-pro-tiny"))
+    cases.append(Case("v4_attention_prefill", "v4_attention", "V4-Pro (tiny, kernel preset) prefill sparse "
+                      "attention with the fused W8A8 output projection: one request of 128 rows (100 real, padding "
+                      "rows pointing at real cache rows), compressed slots given as logical slots (the prefill "
+                      "entry takes HCA's and CSA's this way)", ("replicated",), ("kernels.v4.sparse_attention",),
+                      _v4_prefill_attention_build,
+                      lambda i, w: _v4_attention_call({"v4_attention": v4sa.v4_attention}.__getitem__, i, "HCA"),
+                      lambda b, i, w: _v4_attention_call(b.get, i, "HCA"), lambda w: {"attn_out": "attn_out_v4"},
+                      preset="v4-pro-tiny"))
     from kernels.reference import mhc
 
     boundary_ops = {**head_ops, "hc_head": mhc.hc_head, "final_norm": lm_head.final_norm}

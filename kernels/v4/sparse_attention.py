@@ -186,13 +186,21 @@ def v4_attention(path: str, q: torch.Tensor, ori_kv: torch.Tensor, window_indice
                  cmp_kv: torch.Tensor, cmp_block_table: torch.Tensor, compressed: torch.Tensor | None,
                  position_ids: torch.Tensor, attn_sink: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor,
                  wo_a: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor, *, config,
-                 ops=None) -> torch.Tensor:
-    """One V4 decode attention stage -> attn_out [T, hidden] BF16. ``compressed``: HCA's top-k [T, K] (HCA), the
-    indexer's raw top-k [T, >= index_topk] (CSA), ignored for SWA. Composed from the backend's
-    ``v4_sparse_attention`` and ``v4_output_projection``. Spec: §8."""
+                 seq: int | None = None, num_tokens: int | None = None, ops=None) -> torch.Tensor:
+    """One V4 attention stage -> attn_out [T, hidden] BF16. ``compressed``: HCA's top-k [T, K] (HCA), the
+    indexer's raw top-k [T, >= index_topk] (CSA), ignored for SWA. ``seq``: rows per request (default the
+    decode batch's ``decode_seq``; a prefill chunk is one request of T rows, upstream prefill_sparse_attn.py,
+    which takes HCA's and CSA's compressed slots as given: path "HCA" here). ``num_tokens``: rows from
+    ``num_tokens`` on are padding -- their indices are not read and their attn_out is exactly 0. Composed from
+    the backend's ``v4_sparse_attention`` and ``v4_output_projection``. Spec: §8."""
     if path not in PATHS:
         raise ContractInputError("path", None, f"one of {PATHS}", path, SPEC)
     tokens = q.shape[0]
+    if num_tokens is not None:
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens:
+            raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", num_tokens, SPEC)
+        window_indices = window_indices.clone()
+        window_indices[num_tokens:] = -1  # padding rows read nothing
     if path == "SWA":
         cmp_indices = torch.zeros((tokens, 0), dtype=torch.int32)
     elif compressed is None:
@@ -201,10 +209,14 @@ def v4_attention(path: str, q: torch.Tensor, ori_kv: torch.Tensor, window_indice
         cmp_indices = csa_compressed_indices(compressed, position_ids, topk=config.index_topk)
     else:
         cmp_indices = compressed
+    if num_tokens is not None and cmp_indices.shape[0] == tokens:
+        cmp_indices = cmp_indices.clone()
+        cmp_indices[num_tokens:] = -1
     ops = ops or {}
     attend = ops.get("v4_sparse_attention", v4_sparse_attention)
     project = ops.get("v4_output_projection", v4_output_projection)
-    o = attend(q, ori_kv, window_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, seq=config.decode_seq)
+    o = attend(q, ori_kv, window_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink,
+               seq=config.decode_seq if seq is None else seq)
     return project(o, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, config=config)
 
 

@@ -268,3 +268,15 @@ OFFSET_DROPPED = _base.derive("defect:v4-indexer-no-offset", v4_indexer=_indexer
 TAIL_ZERO = _base.derive("defect:v4-indexer-tail-zero", v4_indexer=_indexer_variant(tail_zero=True))
 TOPK_BY_POSITION = _base.derive("defect:v4-indexer-topk-by-position", v4_indexer=_indexer_variant(by_position=True))
 HADAMARD_BEFORE_ROPE = _base.derive("defect:v4-indexer-hadamard-first", v4_indexer=_indexer_variant(hadamard_first=True))
+
+
+def _padding_attended(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids, attn_sink,
+                      freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq=None, num_tokens=None, ops=None):
+    """Wrong: the padding rows of a prefill chunk are attended like real rows (num_tokens ignored)."""
+    from kernels.v4 import sparse_attention as sa
+
+    return sa.v4_attention(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
+                           attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, config=config, seq=seq)
+
+
+PADDING_ROWS_ATTENDED = _base.derive("defect:v4-prefill-padding-attended", v4_attention=_padding_attended)

@@ -182,6 +182,9 @@ V4_TIES = ("The order of exactly equal scores: the ABI leaves it open (upstream'
 V4_WEIGHTS = ("FP32 vs FP64 rounding of the head weights scales a score by at most 1 + 2^-24: the hand vectors use "
               "weights that are exact in FP32, and the ABI's score bound is 1/128 relative.")
 
+V4_PAD_SENTINEL = ("The padding rows' compressed slots are read by paged_compressed_rows, which treats every slot < 0 "
+                   "as 'no row': -2 is consumed exactly as -1.")
+
 
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
@@ -585,4 +588,5 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.indexer:v4_indexer_scores:name:int64->int32#1': DTYPE,
     'kernels.v4.indexer:v4_indexer_topk:const:True->False#0': V4_TIES,
     'kernels.v4.indexer:v4_indexer:drop-call:(x.double() @ weights_proj.double()).float()[float]->(skipped)#0': V4_WEIGHTS,
+    'kernels.v4.sparse_attention:v4_attention:const:1->2#1': V4_PAD_SENTINEL,
 }
