@@ -114,7 +114,8 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "history windows", "§8"),
         OperatorSpec("v4_compressor", "(x [T,hidden], position_ids [T], token_to_req [T], state_block_table [B,P], "
                      "state_pool [pages,page,2*coff*d] FP32, weights, *, ratio, overlap, eps)",
-                     "(compressed [T,d] BF16, closes [T] bool, new state pool): V4's ratio-128 / ratio-4 compressor",
+                     "(compressed [T,d] FP32 (rounded once, after its RoPE, on publication), closes [T] bool, new "
+                     "state pool): V4's ratio-128 / ratio-4 compressor",
                      "§8"),
         OperatorSpec("v4_publish_compressed", "(compressed [T,d] BF16, closes [T], position_ids [T], cmp_slot_mapping "
                      "[T], cmp_pool [blocks,page,1,d] BF16, rope_cos, rope_sin (compressed profile), *, ratio)",

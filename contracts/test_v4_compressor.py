@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from contracts.plugin import op
+from kernels.config import V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
 
@@ -66,12 +67,15 @@ def test_a_chunked_run_equals_the_one_shot_run_for_every_split(backend, ratio, o
     pool = _pool(blocks, page, overlap)
     full, closes, full_pool = _run(backend, x, list(range(n)), [0] * n, table, pool, w, ratio, overlap)
     assert closes.nonzero().flatten().tolist() == [ratio - 1, 2 * ratio - 1]
-    assert full.dtype == torch.bfloat16 and bool((pool == 7.0).all()), "the input pool was written in place"
+    assert full.dtype == torch.float32 and bool((pool == 7.0).all()), "the input pool was written in place"
+    rows = full[closes]
+    assert bool((rows != rows.to(torch.bfloat16).float()).any()), \
+        "the compressed rows must stay FP32 (V4 rounds once, after the RoPE, on the cache write)"
     splits = range(1, n) if ratio <= 8 else (1, ratio - 1, ratio, ratio + 1, n - 1)
     for cut in splits:
         a, _, mid = _run(backend, x[:cut], list(range(cut)), [0] * cut, table, pool, w, ratio, overlap)
         b, _, end = _run(backend, x[cut:], list(range(cut, n)), [0] * (n - cut), table, mid, w, ratio, overlap)
-        assert torch.equal(torch.cat((a, b)).view(torch.int16), full.view(torch.int16)), f"split at {cut}"
+        assert torch.equal(torch.cat((a, b)).view(torch.int32), full.view(torch.int32)), f"split at {cut}"
         assert torch.equal(end, full_pool), f"split at {cut}: state differs"
 
 
@@ -139,7 +143,7 @@ def test_the_overlapping_window_pools_the_previous_first_half_and_the_current_se
 
         def pooled(rows_kv, rows_score, w=w):
             p = (rows_kv * rows_score.softmax(0)).sum(0)
-            return (p * torch.rsqrt(p.pow(2).mean() + 1e-6) * w.norm.double()).to(torch.bfloat16)
+            return p * torch.rsqrt(p.pow(2).mean() + 1e-6) * w.norm.double()
 
         def window(p, kv=kv, score=score, pooled=pooled):
             prev = slice(max(0, p - 7), p - 3)
@@ -150,7 +154,7 @@ def test_the_overlapping_window_pools_the_previous_first_half_and_the_current_se
         assert closes.tolist() == [False, False, False, True] * 3
         for p in (3, 7, 11):
             want = window(p)
-            assert (out[p].float() - want.float()).abs().max() <= want.float().abs().max() * 2**-7, \
+            assert (out[p].double() - want).abs().max() <= want.abs().max() * 2**-18, \
                 f"position {p} (scale {scale})"
         wrong = pooled(torch.cat((kv[2:4, :D], kv[4:8, D:])), torch.cat((score[2:4, :D], score[4:8, D:])))
         assert (wrong.float() - second.float()).abs().max() > second.float().abs().max() * 2**-7, \
@@ -234,9 +238,9 @@ def test_a_closed_window_is_published_rotated_at_the_windows_first_position(back
     written = set()
     for t in closed[:-1]:
         start = pos[t] - ratio + 1
-        want = rope_interleave(out[t:t + 1], cos[start:start + 1], sin[start:start + 1])[0]
+        want = rope_interleave(out[t:t + 1], cos[start:start + 1], sin[start:start + 1])[0].to(torch.bfloat16)
         assert torch.equal(flat[int(slots[t])], want), f"token {t}: not rotated at the window start {start}"
-        wrong = rope_interleave(out[t:t + 1], cos[pos[t]:pos[t] + 1], sin[pos[t]:pos[t] + 1])[0]
+        wrong = rope_interleave(out[t:t + 1], cos[pos[t]:pos[t] + 1], sin[pos[t]:pos[t] + 1])[0].to(torch.bfloat16)
         assert not torch.equal(want, wrong), "the case does not separate the window start from the closing position"
         written.add(int(slots[t]))
     keep = [r for r in range(flat.shape[0]) if r not in written]
@@ -249,3 +253,24 @@ def test_a_closed_window_is_published_rotated_at_the_windows_first_position(back
     past[closed[0]] = flat.shape[0]  # one row past the pool
     with pytest.raises(ContractInputError, match=r"cmp_slot_mapping\[\d+\]: expected a row in \[0, 32\)"):
         op(backend, "v4_publish_compressed")(out, closes, torch.tensor(pos), past, pool, cos, sin, ratio=ratio)
+
+
+def test_the_compressed_row_is_rounded_once_after_its_rope(backend):
+    """Hand vector: the FP32 pair (1.5409960746765137, -0.293428897857666) rotated by (cos, sin) =
+    (-0.26953125, 0.9609375) is (-0.1337890625, 1.5625) in BF16 when rounded once after the rotation (upstream's
+    decode compressors); rounded to BF16 first it would be (-0.1328125, 1.5546875). Spec: §8."""
+    rd = V4_PRO_TINY.qk_rope_head_dim
+    width = rd + 4  # 4 nope dims, then the rope dims
+    row = torch.zeros(1, width)
+    row[0, width - rd:width - rd + 2] = torch.tensor([1069891420, -1097450416], dtype=torch.int32).view(torch.float32)
+    cos = torch.ones(4, rd // 2)
+    sin = torch.zeros(4, rd // 2)
+    cos[0, 0], sin[0, 0] = -0.26953125, 0.9609375  # the window of position 3 starts at 0
+    pool = torch.zeros(1, 8, 1, width, dtype=torch.bfloat16)
+    new = op(backend, "v4_publish_compressed")(row, torch.tensor([True]), torch.tensor([3]), torch.tensor([2]), pool,
+                                               cos, sin, ratio=4)
+    got = new[0, 2, 0, width - rd:width - rd + 2].float().tolist()
+    assert got == [-0.1337890625, 1.5625], f"{got}: expected one rounding after the rotation, not {[-0.1328125, 1.5546875]}"
+    with pytest.raises(ContractInputError, match="compressed"):
+        op(backend, "v4_publish_compressed")(row.to(torch.bfloat16), torch.tensor([True]), torch.tensor([3]),
+                                             torch.tensor([2]), pool, cos, sin, ratio=4)

@@ -11,8 +11,9 @@ For each token (in the order given; a decode chunk is each request's rows in pos
   are pooled, per channel sum(kv · softmax(score)); with overlap (ratio 4) the previous window's positions
   pos - 2·ratio + 1 .. pos - ratio contribute their first d channels and the current window's positions their
   last d channels (8 rows pooled into d channels); positions before 0 take no part; the pooled row is RMS-
-  normalised (FP32, times the weight) and rounded to BF16 -- the compressed value before its RoPE and
-  quantization.
+  normalised (FP32, times the weight) and **stays FP32**: the compressed value before its RoPE. V4 rounds it
+  once, to the cache's BF16, after the rotation (``v4_publish_compressed``; upstream's decode_compressor_ratio4
+  / ratio128 goldens rotate the FP32 row and round on the cache write).
 
 Spec: §8 (C4A / C128 state pages 4 / 8, HCA / CSA paths); docs/coverage.md, V4 section.
 """
@@ -27,7 +28,7 @@ from kernels.errors import ContractInputError
 from kernels.reference.compressor import project
 
 SPEC = "§8"
-ROUNDING_VERSION = "v4-compressor-1"
+ROUNDING_VERSION = "v4-compressor-2"
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def _slot(table: torch.Tensor, req: int, pos: int, page: int, pages: int) -> int
 def v4_compressor(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: torch.Tensor,
                   state_block_table: torch.Tensor, state_pool: torch.Tensor, weights: V4CompressorWeights, *,
                   ratio: int, overlap: bool, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [T, hidden] -> (compressed [T, d] BF16, zero where no window closes; closes [T] bool; the new state
+    """x [T, hidden] -> (compressed [T, d] FP32, zero where no window closes; closes [T] bool; the new state
     pool). The input pool is not modified. Spec: §8."""
     coff = 2 if overlap else 1
     d = weights.norm.shape[0]
@@ -67,7 +68,7 @@ def v4_compressor(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: tor
     pool = state_pool.clone().reshape(pages * page, 2 * coff * d)
     kv = project(x, weights.wkv)
     score = project(x, weights.wgate)
-    out = torch.zeros(x.shape[0], d, dtype=torch.bfloat16)
+    out = torch.zeros(x.shape[0], d, dtype=torch.float32)
     closes = torch.zeros(x.shape[0], dtype=torch.bool)
     w = coff * d
     for t in range(x.shape[0]):
@@ -92,7 +93,7 @@ def v4_compressor(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: tor
         weight = torch.stack(rows_score).softmax(dim=0)
         pooled = (torch.stack(rows_kv) * weight).sum(dim=0)
         normed = pooled * torch.rsqrt(pooled.pow(2).mean() + eps) * weights.norm.float()
-        out[t] = normed.to(torch.bfloat16)
+        out[t] = normed
         closes[t] = True
     return out, closes, pool.reshape(pages, page, 2 * coff * d)
 
@@ -117,12 +118,15 @@ csa_compressors.composes_operators = True
 def v4_publish_compressed(compressed: torch.Tensor, closes: torch.Tensor, position_ids: torch.Tensor,
                           cmp_slot_mapping: torch.Tensor, cmp_pool: torch.Tensor, rope_cos: torch.Tensor,
                           rope_sin: torch.Tensor, *, ratio: int) -> torch.Tensor:
-    """Write each closed window's row into the compressed KV pool [blocks, page, 1, d] (BF16): its last rope dims
-    rotated (adjacent pairs) by the compressed-profile table row of the window's first position pos - ratio + 1,
-    at its slot of ``cmp_slot_mapping`` (-1: no write, e.g. an uncommitted token). Other bytes are kept; the
-    input pool is not modified. Spec: §8."""
+    """Write each closed window's FP32 row into the compressed KV pool [blocks, page, 1, d] (BF16): its last rope
+    dims rotated (adjacent pairs, FP32) by the compressed-profile table row of the window's first position
+    pos - ratio + 1, then rounded once to the pool's dtype, at its slot of ``cmp_slot_mapping`` (-1: no write,
+    e.g. an uncommitted token). Other bytes are kept; the input pool is not modified. Spec: §8."""
     from kernels.reference.rope import rope_interleave
 
+    if compressed.dtype != torch.float32:
+        raise ContractInputError("compressed", None, "the FP32 rows of v4_compressor (a BF16 row would round twice)",
+                                 str(compressed.dtype), SPEC)
     if cmp_pool.ndim != 4 or cmp_pool.shape[2] != 1 or cmp_pool.shape[3] != compressed.shape[1]:
         raise ContractInputError("cmp_pool", None, f"[blocks, page, 1, {compressed.shape[1]}]",
                                  list(cmp_pool.shape), SPEC)

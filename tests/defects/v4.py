@@ -59,7 +59,7 @@ def _overlap_by_two(x, position_ids, token_to_req, state_block_table, state_pool
             rows.append((row[lo:lo + d], row[2 * d + lo:2 * d + lo + d]))
         weight = torch.stack([s for _, s in rows]).softmax(0)
         pooled = (torch.stack([k for k, _ in rows]) * weight).sum(0)
-        out[t] = (pooled * torch.rsqrt(pooled.pow(2).mean() + eps) * weights.norm.float()).to(torch.bfloat16)
+        out[t] = pooled * torch.rsqrt(pooled.pow(2).mean() + eps) * weights.norm.float()
     return out, closes, pool
 
 
@@ -280,3 +280,14 @@ def _padding_attended(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, 
 
 
 PADDING_ROWS_ATTENDED = _base.derive("defect:v4-prefill-padding-attended", v4_attention=_padding_attended)
+
+
+def _bf16_before_rope(compressed, closes, position_ids, cmp_slot_mapping, cmp_pool, rope_cos, rope_sin, *, ratio):
+    """Wrong: the compressed row is rounded to BF16 before its rotation (two roundings instead of one)."""
+    from kernels.v4 import compressor
+
+    return compressor.v4_publish_compressed(compressed.to(torch.bfloat16).float(), closes, position_ids,
+                                            cmp_slot_mapping, cmp_pool, rope_cos, rope_sin, ratio=ratio)
+
+
+BF16_BEFORE_ROPE = _base.derive("defect:v4-compressed-bf16-before-rope", v4_publish_compressed=_bf16_before_rope)
