@@ -151,6 +151,11 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "position_ids [T], kv_seq_lens [B], *, offset, config (V4))",
                      "{score [T, kernel_max/4] FP32 (lowest FP32 past visible), topk_idxs [T, kernel_max/4] INT32 "
                      "(best first, + offset, -1 after)}: CSA's decode indexer", "§8"),
+        OperatorSpec("v4_publish_index_keys", "(index_key [T,d] FP32, closes [T], position_ids [T], idx_slot_mapping "
+                     "[T], idx_kv_cache INT8 [blocks,bs,1,d], idx_kv_scale FP32 [blocks,bs,1,1], rope_cos, rope_sin "
+                     "(compressed profile), hadamard [d,d], *, ratio=4)",
+                     "(new idx_kv_cache, new idx_kv_scale): each closed window's key rotated, BF16, Hadamard, BF16, "
+                     "one INT8 row with scale 1 / (127 / amax)", "§8"),
         OperatorSpec("hca_topk", "(position_ids [T], kv_seq_lens [B], *, seq, limit, ratio=128)",
                      "[T, limit] INT32: HCA's deterministic compressed top-k (the first valid positions, -1 after)",
                      "§8"),
@@ -323,6 +328,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "hca_topk": ("kernels.v4.decode_metadata", "hca_topk"),
     "mtp_projection": ("kernels.v4.mtp", "mtp_projection"),
     "v4_index_cache_quant": ("kernels.v4.index_cache", "index_cache_quant"),
+    "v4_publish_index_keys": ("kernels.v4.index_cache", "publish_index_keys"),
     "dp_attention": ("kernels.v4.dp_attention", "dp_attention"),
     "v4_sparse_attention": ("kernels.v4.sparse_attention", "v4_sparse_attention"),
     "v4_output_projection": ("kernels.v4.sparse_attention", "v4_output_projection"),

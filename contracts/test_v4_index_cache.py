@@ -74,3 +74,84 @@ def test_rows_are_the_last_dim_and_the_amax_is_of_magnitudes(backend):
             want = 2.0 ** torch.ceil(torch.log2(torch.tensor(amax / 448, dtype=torch.float64))).item()
             assert scale[i, j].item() == want, (i, j, scale[i, j].item(), want)
     assert scale[1, 2].item() == 1.0 and payload[1, 2, 0].float().item() == -288.0  # E4M3 steps of 32 there
+
+
+def _key_inputs(seed: int = 0, *, d: int = 32, rope: int = 16):
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.tensor([2, 3, 6, 7, 126, 127, 300, 301])
+    closes = (pos + 1) % 4 == 0
+    slots = torch.tensor([-1, 5, -1, 130, -1, 7, -1, -1])  # position 301's boundary is uncommitted
+    angle = torch.arange(302, dtype=torch.float32)[:, None] * torch.rand(rope // 2, generator=g)
+    return dict(index_key=torch.randn(8, d, generator=g), closes=closes, position_ids=pos, idx_slot_mapping=slots,
+                idx_kv_cache=torch.randint(-127, 128, (2, 128, 1, d), generator=g, dtype=torch.int8),
+                idx_kv_scale=torch.rand(2, 128, 1, 1, generator=g),
+                rope_cos=torch.cos(angle), rope_sin=torch.sin(angle),
+                hadamard=((torch.rand(d, d, generator=g) - 0.5) * d**-0.5).to(torch.bfloat16))
+
+
+def test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded(backend):
+    """Each closed, committed window's key (rows 1, 3, 5 at slots 5, 130, 7): the last 16 dims rotated in FP32 at
+    the window's first position, BF16, the Hadamard in FP32, BF16, then INT8 codes with quant = 127 / amax and
+    the stored scale 1 / quant -- all equal, code for code and bit for bit, to the steps written here. A row
+    whose amax is 0.01025390625 stores 1 / (127 / amax), which is not amax / 127 in FP32. Spec: §8."""
+    i = _key_inputs()
+    cache, scale = op(backend, "v4_publish_index_keys")(**i)  # ratio 4 by default
+    d = i["index_key"].shape[1]
+    for t, slot in ((1, 5), (3, 130), (5, 7)):
+        start = int(i["position_ids"][t]) - 3
+        row = i["index_key"][t].clone()
+        a, b = row[d - 16::2].clone(), row[d - 15::2].clone()
+        c, s = i["rope_cos"][start], i["rope_sin"][start]
+        row[d - 16::2], row[d - 15::2] = a * c - b * s, a * s + b * c  # FP32, as the kernel rotates
+        row = (row.to(torch.bfloat16).double() @ i["hadamard"].double()).float().to(torch.bfloat16).float()
+        amax = row.abs().max().clamp_min(1e-4)
+        quant = torch.tensor(127.0) / amax
+        codes = torch.round(row * quant).to(torch.int8)
+        got_codes, got_scale = cache.reshape(-1, d)[slot], scale.reshape(-1)[slot]
+        assert torch.equal(got_codes, codes), f"row {t} (slot {slot}): codes {got_codes.tolist()} != {codes.tolist()}"
+        assert got_scale.item() == (1.0 / quant).item(), f"row {t}: scale {got_scale.item()} != 1 / (127 / amax)"
+    hand = dict(i, hadamard=torch.eye(d).to(torch.bfloat16), index_key=torch.zeros(8, d))
+    hand["index_key"][1, 0], hand["index_key"][1, 1] = 0.01025390625, -0.005  # nope dims: no rotation
+    hand["idx_slot_mapping"] = torch.tensor([-1, 5, -1, 0, -1, 7, -1, -1])  # row 3 (all zero) to slot 0
+    cache, scale = op(backend, "v4_publish_index_keys")(**hand, ratio=4)
+    amax = torch.tensor(0.01025390625)
+    recip, divided = (1.0 / (torch.tensor(127.0) / amax)).item(), (amax / 127.0).item()
+    assert recip != divided and scale.reshape(-1)[5].item() == recip, \
+        f"scale {scale.reshape(-1)[5].item()}: expected 1 / (127 / amax) = {recip}, not amax / 127 = {divided}"
+    floor = (1.0 / (torch.tensor(127.0) / torch.tensor(1e-4))).item()
+    assert scale.reshape(-1)[0].item() == floor and bool((cache.reshape(-1, d)[0] == 0).all()), \
+        "a zero key (slot 0): codes 0 with the 1e-4 amax floor's scale"
+    mixed = torch.zeros(d, d)
+    mixed[0, 0] = mixed[1, 0] = mixed[2, 0] = 1.0  # column 0 sums 1 + 2^-8 + 2^-30: 1 + 2^-8 in FP32, a BF16 tie
+    mixed[3, 1] = 1.0
+    tie = dict(hand, hadamard=mixed.to(torch.bfloat16), index_key=torch.zeros(8, d))
+    tie["index_key"][1, :4] = torch.tensor([1.0, 2.0**-8, 2.0**-30, 0.5])
+    cache, _ = op(backend, "v4_publish_index_keys")(**tie)
+    got = cache.reshape(-1, d)[5, :2].tolist()
+    assert got == [127, 64], f"codes {got}: the Hadamard output rounds to FP32 (a tie, to 1.0), then BF16 -> 0.5 " \
+                             "codes 63.5 -> 64; rounded from FP64 directly it would be 1 + 2^-7 and 63"
+
+
+def test_only_closed_committed_windows_write_their_key(backend):
+    """Rows that close no window, or whose slot is -1 (an uncommitted boundary), write nothing: every other
+    code and scale keeps its bytes; the inputs are not modified; a slot past the cache, an FP32 cache and a
+    BF16 key are refused naming the field. Spec: §8."""
+    i = _key_inputs(1)
+    before = {k: v.clone() for k, v in i.items()}
+    cache, scale = op(backend, "v4_publish_index_keys")(**i, ratio=4)
+    d = i["index_key"].shape[1]
+    written = [5, 130, 7]
+    keep = [r for r in range(256) if r not in written]
+    assert torch.equal(cache.reshape(-1, d)[keep], i["idx_kv_cache"].reshape(-1, d)[keep]), "a code no key owns moved"
+    assert torch.equal(scale.reshape(-1)[keep], i["idx_kv_scale"].reshape(-1)[keep]), "a scale no key owns moved"
+    assert all(torch.equal(i[k], v) for k, v in before.items()), "an input was modified in place"
+    past = i["idx_slot_mapping"].clone()
+    past[1] = 256
+    with pytest.raises(ContractInputError, match=r"idx_slot_mapping\[1\]"):
+        op(backend, "v4_publish_index_keys")(**dict(i, idx_slot_mapping=past), ratio=4)
+    with pytest.raises(ContractInputError, match="idx_kv_cache"):
+        op(backend, "v4_publish_index_keys")(**dict(i, idx_kv_cache=i["idx_kv_cache"].float()), ratio=4)
+    for name, value in (("index_key", i["index_key"].to(torch.bfloat16)), ("index_key", i["index_key"][0]),
+                        ("idx_kv_scale", i["idx_kv_scale"].to(torch.bfloat16)), ("hadamard", i["hadamard"][:-1])):
+        with pytest.raises(ContractInputError, match=name):
+            op(backend, "v4_publish_index_keys")(**dict(i, **{name: value}), ratio=4)

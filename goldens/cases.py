@@ -702,6 +702,26 @@ def _v4_indexer_call(get, inputs: Tensors) -> Tensors:
     return dict(get("v4_indexer")(**inputs, offset=config.sliding_window, config=config))
 
 
+def _v4_index_keys_build(seed: int, wiring: str) -> Tensors:
+    """CSA's index-key write (V4-Pro tiny: d 32, rope 16): four requests at upstream's start regimes, closed
+    windows at slots 5, 130 and 7, an uncommitted boundary, a cache of random bytes, a random Hadamard."""
+    g = torch.Generator().manual_seed(seed)
+    config = _v4_config()
+    d, rope = config.index_head_dim, config.qk_rope_head_dim
+    pos = torch.tensor([2, 3, 6, 7, 126, 127, 300, 301])
+    angle = torch.arange(302, dtype=torch.float32)[:, None] * torch.rand(rope // 2, generator=g)
+    return {"index_key": torch.randn(8, d, generator=g), "closes": (pos + 1) % 4 == 0, "position_ids": pos,
+            "idx_slot_mapping": torch.tensor([-1, 5, -1, 130, -1, 7, -1, -1]),
+            "idx_kv_cache": torch.randint(-127, 128, (2, 128, 1, d), generator=g, dtype=torch.int8),
+            "idx_kv_scale": torch.rand(2, 128, 1, 1, generator=g), "rope_cos": torch.cos(angle),
+            "rope_sin": torch.sin(angle), "hadamard": ((torch.rand(d, d, generator=g) - 0.5) * d**-0.5).to(torch.bfloat16)}
+
+
+def _v4_index_keys_call(get, inputs: Tensors) -> Tensors:
+    cache, scale = get("v4_publish_index_keys")(**inputs, ratio=4)
+    return {"idx_kv_cache": cache, "idx_kv_scale": scale}
+
+
 def _build_cases() -> dict[str, Case]:
     from kernels import sequence_parallel as sp
     from kernels.reference import compressor, indexer, rope
@@ -809,6 +829,17 @@ def _build_cases() -> dict[str, Case]:
                           lambda b, i, w, r=ratio, o=overlap: _v4_compressor_call(b.get, i, r, o),
                           lambda w: {"compressed": "hc_out", "closes": "exact", "state_pool": "exact"},
                           preset="v4-pro-tiny"))
+    from kernels.v4 import index_cache as v4ic
+
+    cases.append(Case("v4_index_keys", "v4_publish_index_keys", "V4-Pro (tiny) CSA index-key write: closed windows "
+                      "rotated at their first position, BF16, Hadamard, BF16, one INT8 row each; an uncommitted "
+                      "boundary and a cache of random bytes", ("replicated",), ("kernels.v4.index_cache",),
+                      _v4_index_keys_build,
+                      lambda i, w: _v4_index_keys_call({"v4_publish_index_keys": v4ic.publish_index_keys}.__getitem__,
+                                                       i),
+                      lambda b, i, w: _v4_index_keys_call(b.get, i),
+                      lambda w: {"idx_kv_cache": "exact", "idx_kv_scale": "exact"},
+                      inout=("idx_kv_cache", "idx_kv_scale"), preset="v4-pro-tiny"))
     from kernels.v4 import indexer as v4ix
 
     cases.append(Case("v4_indexer", "v4_indexer", "V4-Pro (tiny, kernel preset) CSA decode indexer: visible ranges "

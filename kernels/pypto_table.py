@@ -467,6 +467,11 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             "(and compressor_ratio4)", "@pl.jit.inline",
             note="the compressor entries rotate and write the compressed row into the cmp pool themselves; no "
                  "entry publishes a given row"),
+    Binding("v4_publish_index_keys", "not exposed", f"{PRO}/decode_indexer_compressor.py::indexer_compressor "
+            "(the @pl.jit entry compressor_test returns kv, compress_state, idx_kv_cache, idx_kv_scale)",
+            "@pl.jit.inline",
+            note="the entry pools, normalises, rotates, applies the Hadamard and writes the INT8 key in one; no "
+                 "entry writes a given key row (the pooling is v4_compressor's, the write is this operator)"),
     Binding("v4_index_cache_quant", "not exposed", f"{PRO}/indexer_cache_quant.py::reference_indexer_cache_quant "
             "(the CANN indexer_quant_cache the indexer compressor calls)", "host reference of a CANN operator",
             note="the device side is CANN's indexer_quant_cache(quant_mode='fp8', round_scale=True) inside the "

@@ -193,6 +193,12 @@ CASES = [
      "padding rows are not zero"),
     ("v4:BF16_BEFORE_ROPE", "test_v4_compressor:test_the_compressed_row_is_rounded_once_after_its_rope",
      "expected one rounding after the rotation"),
+    ("v4:KEY_SCALE_DIVIDED", "test_v4_index_cache:test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded",
+     "1 / (127 / amax)"),
+    ("v4:KEY_HADAMARD_BEFORE_ROPE",
+     "test_v4_index_cache:test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded", "codes"),
+    ("v4:KEY_UNROUNDED_BEFORE_HADAMARD",
+     "test_v4_index_cache:test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded", "codes"),
     ("v4:SCALE_ROUNDED_DOWN", "test_v4_index_cache:test_the_scale_is_the_power_of_two_at_or_above_amax_over_448",
      "[1.0, 1.0,"),
     # the Engram block (HC-13, HC-14)

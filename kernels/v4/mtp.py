@@ -5,9 +5,9 @@ out[t, c] = e[t] + h[t, c] (FP32), with
 
 * e = linear_int8(RMSNorm(hidden[t], enorm) · e_smooth, e_proj): one row per token, the same for every stream;
 * h[t, c] = linear_int8(RMSNorm(prev[t, c], hnorm) · h_smooth, h_proj): one row per token and stream;
-* linear_int8(v, W): v quantized per row to INT8 -- amax = max(|v|, 1e-4), codes = clamp(round(v · 127 / amax),
-  ±127) (round half to even) -- times the INT8 weight [out, in] in exact integers, then times amax / 127 and the
-  weight's per-output scale.
+* linear_int8(v, W): v quantized per row to INT8 -- amax = max(|v|, 1e-4), quant = 127 / amax (FP32),
+  codes = clamp(round(v · quant), ±127) (round half to even) -- times the INT8 weight [out, in] in exact
+  integers, then times 1 / quant (upstream's reciprocal, not amax / 127) and the weight's per-output scale.
 
 RMSNorm here: x · rsqrt(mean(x²) + eps) · w in FP32 (eps = rms_norm_eps, 1e-6).
 
@@ -21,14 +21,21 @@ import torch
 from kernels.errors import ContractInputError
 
 SPEC = "§8"
-ROUNDING_VERSION = "v4-mtp-1"
+ROUNDING_VERSION = "v4-mtp-2"
 
 
 def quantize_rows_int8(v: torch.Tensor, *, scale_max: float, amax_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row INT8 codes and the dequantization factor amax / scale_max ([..., 1])."""
+    """Per-row INT8 codes and the dequantization factor ([..., 1]), as the V4 kernels compute them in the row's
+    dtype (FP32): quant = scale_max / amax (a true division, as the kernels' div), codes =
+    round-half-even(v · quant), factor = 1 / quant -- the reciprocal of the quantization factor, which differs
+    from amax / scale_max in the last bit for about a quarter of the amax values. (Upstream's torch goldens
+    write ``INT8_SCALE_MAX / amax``, which torch evaluates as 127 · (1 / amax): one more rounding, one ulp at
+    most, inside every comparator.)"""
     amax = v.abs().amax(dim=-1, keepdim=True).clamp_min(amax_eps)
-    codes = torch.clamp(torch.round(v * (scale_max / amax)), -scale_max, scale_max).to(torch.int8)
-    return codes, amax / scale_max
+    # a true division, as the kernels' div (torch evaluates ``scalar / tensor`` as scalar · (1 / tensor))
+    quant = torch.full_like(amax, scale_max) / amax
+    codes = torch.clamp(torch.round(v * quant), -scale_max, scale_max).to(torch.int8)
+    return codes, torch.reciprocal(quant)
 
 
 def _linear_int8(v: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, config) -> torch.Tensor:

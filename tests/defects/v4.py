@@ -291,3 +291,42 @@ def _bf16_before_rope(compressed, closes, position_ids, cmp_slot_mapping, cmp_po
 
 
 BF16_BEFORE_ROPE = _base.derive("defect:v4-compressed-bf16-before-rope", v4_publish_compressed=_bf16_before_rope)
+
+
+def _key_variant(*, divided=False, hadamard_first=False, unrounded=False):
+    """A port of v4_publish_index_keys with one step changed (see each defect below)."""
+    from kernels.reference.rope import rope_interleave
+
+    def publish(index_key, closes, position_ids, idx_slot_mapping, idx_kv_cache, idx_kv_scale, rope_cos, rope_sin,
+                hadamard, *, ratio=4):
+        d = index_key.shape[1]
+        cache, scale = idx_kv_cache.clone(), idx_kv_scale.clone()
+        flat, flat_scale = cache.reshape(-1, d), scale.reshape(-1)
+        for t in closes.nonzero().flatten().tolist():
+            slot = int(idx_slot_mapping[t])
+            if slot < 0:
+                continue
+            start = int(position_ids[t]) - ratio + 1
+            row = index_key[t:t + 1]
+            if hadamard_first:
+                row = (row.double() @ hadamard.double()).float()
+            row = rope_interleave(row, rope_cos[start:start + 1].float(), rope_sin[start:start + 1].float())
+            if not hadamard_first:
+                row = row if unrounded else row.to(torch.bfloat16).float()
+                row = (row.double() @ hadamard.double()).float()
+            row = row.to(torch.bfloat16).float()
+            amax = row.abs().amax().clamp_min(1e-4)
+            quant = torch.tensor(127.0) / amax
+            flat[slot] = torch.round(row[0] * quant).to(torch.int8)
+            flat_scale[slot] = amax / 127.0 if divided else 1.0 / quant
+        return cache, scale
+
+    return publish
+
+
+KEY_SCALE_DIVIDED = _base.derive("defect:v4-index-key-scale-amax-over-127",
+                                 v4_publish_index_keys=_key_variant(divided=True))
+KEY_HADAMARD_BEFORE_ROPE = _base.derive("defect:v4-index-key-hadamard-first",
+                                        v4_publish_index_keys=_key_variant(hadamard_first=True))
+KEY_UNROUNDED_BEFORE_HADAMARD = _base.derive("defect:v4-index-key-no-bf16-before-hadamard",
+                                             v4_publish_index_keys=_key_variant(unrounded=True))

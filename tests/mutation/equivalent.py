@@ -185,6 +185,9 @@ V4_WEIGHTS = ("FP32 vs FP64 rounding of the head weights scales a score by at mo
 V4_PAD_SENTINEL = ("The padding rows' compressed slots are read by paged_compressed_rows, which treats every slot < 0 "
                    "as 'no row': -2 is consumed exactly as -1.")
 
+V4_BF16_VIA_FP32 = ("torch converts FP64 to BF16 through FP32 (c10::BFloat16 is built from a float), so the explicit "
+                    "FP32 step before the BF16 rounding changes nothing.")
+
 
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
@@ -529,8 +532,8 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.decode_metadata:hca_topk:drop-call:kv_seq_lens.to(torch.int64)[to]->(skipped)#0': CASTNOOP,
     'kernels.v4.compressor:v4_compressor:drop-call:weights.norm.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.compressor:_slot:binop:pos // page[FloorDiv]->Div#0': INT_BOUND,
-    'kernels.v4.mtp:quantize_rows_int8:drop-call:torch.clamp(torch.round(v * (scale_max / amax)), -scale_m...[clamp]->(skipped)#0': INT8_CLAMP,
-    'kernels.v4.mtp:quantize_rows_int8:drop-call:torch.clamp(torch.round(v * (scale_max / amax)), -scale_m...[to]->(skipped)#0': CASTNOOP,
+    'kernels.v4.mtp:quantize_rows_int8:drop-call:torch.clamp(torch.round(v * quant), -scale_max, scale_max)[clamp]->(skipped)#0': INT8_CLAMP,
+    'kernels.v4.mtp:quantize_rows_int8:drop-call:torch.clamp(torch.round(v * quant), -scale_max, scale_max...[to]->(skipped)#0': CASTNOOP,
     'kernels.v4.mtp:mtp_projection:drop-call:e_smooth.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.mtp:mtp_projection:drop-call:h_smooth.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.mtp:_linear_int8:drop-call:acc.to(torch.float32)[to]->(skipped)#0': CASTNOOP,
@@ -587,4 +590,8 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.indexer:v4_indexer_topk:const:True->False#0': V4_TIES,
     'kernels.v4.indexer:v4_indexer:drop-call:(x.double() @ weights_proj.double()).float()[float]->(skipped)#0': V4_WEIGHTS,
     'kernels.v4.sparse_attention:v4_attention:const:1->2#1': V4_PAD_SENTINEL,
+    'kernels.v4.index_cache:publish_index_keys:drop-call:rope_cos[start].float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.index_cache:publish_index_keys:drop-call:rope_sin[start].float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.index_cache:publish_index_keys:drop-call:(row.to(torch.bfloat16).double() @ hadamard.double()).flo...[float]->(skipped)#1': V4_BF16_VIA_FP32,
+    'kernels.v4.index_cache:publish_index_keys:const:1->2#7': FIRST_ROW,
 }
