@@ -156,6 +156,11 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "(compressed profile), hadamard [d,d], *, ratio=4)",
                      "(new idx_kv_cache, new idx_kv_scale): each closed window's key rotated, BF16, Hadamard, BF16, "
                      "one INT8 row with scale 1 / (127 / amax)", "§8"),
+        OperatorSpec("v4_qkv_proj_rope", "(x [T,hidden] BF16, wq_a [hidden,Q_LORA] BF16, wq_b INT8 [Q_LORA,H*hd], "
+                     "wq_b_scale [H*hd], wkv [hidden,hd] BF16, rope_cos/rope_sin [T,rope], gamma_cq [Q_LORA], "
+                     "gamma_ckv [hd], *, config (V4))",
+                     "{q [T,H,hd] BF16, kv [T,hd] BF16, qr [T,Q_LORA] INT8, qr_scale [T,1] FP32}: V4's Q/KV LoRA "
+                     "projection with RoPE", "§8"),
         OperatorSpec("hca_topk", "(position_ids [T], kv_seq_lens [B], *, seq, limit, ratio=128)",
                      "[T, limit] INT32: HCA's deterministic compressed top-k (the first valid positions, -1 after)",
                      "§8"),
@@ -334,6 +339,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "v4_output_projection": ("kernels.v4.sparse_attention", "v4_output_projection"),
     "v4_attention": ("kernels.v4.sparse_attention", "v4_attention"),
     "v4_indexer": ("kernels.v4.indexer", "v4_indexer"),
+    "v4_qkv_proj_rope": ("kernels.v4.qkv_proj", "v4_qkv_proj_rope"),
     "v4_compressor": ("kernels.v4.compressor", "v4_compressor"),
     "csa_compressors": ("kernels.v4.compressor", "csa_compressors"),
     "v4_publish_compressed": ("kernels.v4.compressor", "v4_publish_compressed"),

@@ -453,6 +453,17 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             note="the entry also runs the indexer compressor (writing this step's index keys into idx_kv_cache "
                  "before scoring); this operator starts from the written cache, and its golden trees hold the "
                  "cache as an input. Compiled at the V4 geometry (Q_LORA 1536 / 1024, 64 index heads of 128)"),
+    Binding("v4_qkv_proj_rope", "not bound", f"{PRO}/qkv_proj_rope.py::qkv_proj_rope (the @pl.jit entry "
+            "qkv_proj_rope_test wraps it)", "@pl.jit.inline",
+            _args(("x", "in", "BF16", "[T_DYN, D]"), ("wq_a", "in", "BF16", "[D, Q_LORA]"),
+                  ("wq_b", "in", "INT8", "[Q_LORA, H * HEAD_DIM]"), ("wq_b_scale", "in", "FP32", "[H * HEAD_DIM]"),
+                  ("wkv", "in", "BF16", "[D, HEAD_DIM]"), ("rope_cos", "in", "BF16", "[T_DYN, ROPE_DIM]"),
+                  ("rope_sin", "in", "BF16", "[T_DYN, ROPE_DIM]"), ("gamma_cq", "in", "BF16", "[Q_LORA]"),
+                  ("gamma_ckv", "in", "BF16", "[HEAD_DIM]"), ("q", "out", "BF16", "[T_DYN, H, HEAD_DIM]"),
+                  ("kv", "out", "BF16", "[T_DYN, HEAD_DIM]"), ("qr", "out", "INT8", "[T_DYN, Q_LORA]"),
+                  ("qr_scale", "out", "FP32", "[T_DYN, 1]")),
+            note="compiled at the V4 geometry (D 7168 / 4096, Q_LORA 1536 / 1024, H 128 / 64) while the contracts "
+                 "run the tiny twin"),
     Binding("v4_sparse_attention", "not exposed", f"{PRO}/decode_sparse_attn*.py (the qk_pv and merge_norm "
             "stages inside sparse_attn)", "@pl.jit.inline",
             note="the attention and the output projection are one fused entry; no entry returns the FP32 "

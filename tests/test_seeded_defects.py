@@ -199,6 +199,11 @@ CASES = [
      "test_v4_index_cache:test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded", "codes"),
     ("v4:KEY_UNROUNDED_BEFORE_HADAMARD",
      "test_v4_index_cache:test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded", "codes"),
+    ("v4:Q_FROM_FP32_QR", "test_v4_qkv_proj:test_the_query_is_built_from_the_int8_codes", "not the INT8 path"),
+    ("v4:Q_NORM_ACROSS_HEADS", "test_v4_qkv_proj:test_each_query_head_is_normalised_on_its_own_without_a_weight",
+     "the norm must be per head"),
+    ("v4:KV_GAMMA_AFTER_ROPE", "test_v4_qkv_proj:test_the_kv_weight_applies_before_the_rotation",
+     "the weight before the rotation"),
     ("v4:SCALE_ROUNDED_DOWN", "test_v4_index_cache:test_the_scale_is_the_power_of_two_at_or_above_amax_over_448",
      "[1.0, 1.0,"),
     # the Engram block (HC-13, HC-14)

@@ -330,3 +330,40 @@ KEY_HADAMARD_BEFORE_ROPE = _base.derive("defect:v4-index-key-hadamard-first",
                                         v4_publish_index_keys=_key_variant(hadamard_first=True))
 KEY_UNROUNDED_BEFORE_HADAMARD = _base.derive("defect:v4-index-key-no-bf16-before-hadamard",
                                              v4_publish_index_keys=_key_variant(unrounded=True))
+
+
+def _qkv_variant(*, q_from_fp32=False, norm_across_heads=False, gamma_after_rope=False):
+    """A port of v4_qkv_proj_rope with one rule changed (see each defect below)."""
+    from kernels.v4 import qkv_proj as qp
+
+    def run(x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv, *, config):
+        out = qp.v4_qkv_proj_rope(x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv,
+                                  config=config)
+        h, d, rope, eps = config.num_attention_heads, config.head_dim, config.qk_rope_head_dim, config.rms_norm_eps
+        cos, sin = rope_cos[:, : rope // 2].float(), rope_sin[:, : rope // 2].float()
+        if q_from_fp32 or norm_across_heads:
+            if q_from_fp32:
+                qr = (x.double() @ wq_a.double()).float()
+                normed = qr * qp._rsqrt_mean_sq(qr, eps) * gamma_cq.float()
+                q = ((normed.double() @ wq_b.double()) * wq_b_scale.double()).float().reshape(-1, h, d)
+                inv = qp._rsqrt_mean_sq(q, eps)
+            else:
+                q = ((out["qr"].long() @ wq_b.long()).float() * out["qr_scale"] * wq_b_scale.float()).reshape(-1, h, d)
+                inv = qp._rsqrt_mean_sq(q.reshape(q.shape[0], 1, -1), eps)
+            out["q"] = torch.cat(((q[..., : d - rope] * inv).to(torch.bfloat16),
+                                  qp._rotate(q[..., d - rope:] * inv, cos[:, None], sin[:, None]).to(torch.bfloat16)),
+                                 dim=-1)
+        if gamma_after_rope:
+            kv = (x.double() @ wkv.double()).float()
+            n = kv * qp._rsqrt_mean_sq(kv, eps)
+            g = gamma_ckv.float()
+            out["kv"] = torch.cat(((n[:, : d - rope] * g[: d - rope]).to(torch.bfloat16),
+                                   (qp._rotate(n[:, d - rope:], cos, sin) * g[d - rope:]).to(torch.bfloat16)), dim=-1)
+        return out
+
+    return run
+
+
+Q_FROM_FP32_QR = _base.derive("defect:v4-q-from-fp32-qr", v4_qkv_proj_rope=_qkv_variant(q_from_fp32=True))
+Q_NORM_ACROSS_HEADS = _base.derive("defect:v4-q-norm-across-heads", v4_qkv_proj_rope=_qkv_variant(norm_across_heads=True))
+KV_GAMMA_AFTER_ROPE = _base.derive("defect:v4-kv-gamma-after-rope", v4_qkv_proj_rope=_qkv_variant(gamma_after_rope=True))

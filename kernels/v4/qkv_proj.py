@@ -1,0 +1,90 @@
+"""V4's Q/KV LoRA projection with RoPE (spec §8; upstream qkv_proj_rope.py), for decode and prefill rows of an
+attention-normalized input x [T, hidden] BF16.
+
+Query low-rank path, and the INT8 ``qr`` the CSA indexer reads:
+
+1. qr = x · wq_a (BF16 operands, FP32 result) [T, Q_LORA];
+2. inv = rsqrt(mean(qr²) + eps) (FP32); the INT8 row: amax = max(inv · max|qr · γ_cq|, 1e-4), quant = 127 / amax
+   (a true division), codes = round-half-even((qr · inv) · γ_cq · quant), ``qr_scale`` = 1 / quant;
+3. q = (codes · wq_b in exact integers) · qr_scale[t] · wq_b_scale[c] (FP32) -- the query is built from the INT8
+   codes, not from the FP32 normalised row;
+4. per head, an RMSNorm **without a weight**: inv_h = rsqrt(mean over head_dim(q²) + eps); the nope dims are
+   BF16(q · inv_h); the last ``qk_rope_head_dim`` dims are normalised first and then rotated (adjacent pairs,
+   forward: (a, b) -> (a·cos - b·sin, a·sin + b·cos) with the token's row, the first rope/2 columns of
+   ``rope_cos`` / ``rope_sin`` [T, rope]), then rounded to BF16.
+
+KV path: kv = x · wkv (FP32); inv = rsqrt(mean(kv²) + eps); n = kv · inv · γ_ckv -- the weight applied
+**before** the rotation (γ does not commute with it); nope dims BF16(n), rope dims BF16(rotate(n)).
+
+Arithmetic is FP32 at the kernel's rounding points; the reductions (matmuls, sums of squares) are evaluated in
+FP64 and rounded to FP32 once, so a device's accumulation order moves the result by FP32 rounding only.
+
+Spec: §8; docs/coverage.md, V4 section.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.errors import ContractInputError
+
+SPEC = "§8"
+ROUNDING_VERSION = "v4-qkv-1"
+
+
+def _rsqrt_mean_sq(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """rsqrt(mean(x²) + eps) over the last dim: the mean in FP32 (from an FP64 sum), the rsqrt at high precision."""
+    mean = (x.double().pow(2).sum(-1, keepdim=True).float() * (1.0 / x.shape[-1])).float()
+    return torch.rsqrt((mean + eps).double()).float()
+
+
+def _rotate(n: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Forward adjacent-pair rotation in FP32 of the last 2·cos.shape[-1] dims (cos / sin broadcast to n)."""
+    a, b = n[..., 0::2], n[..., 1::2]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+
+
+def v4_qkv_proj_rope(x: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor, wq_b_scale: torch.Tensor,
+                     wkv: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, gamma_cq: torch.Tensor,
+                     gamma_ckv: torch.Tensor, *, config) -> dict[str, torch.Tensor]:
+    """-> {"q" [T, H, head_dim] BF16, "kv" [T, head_dim] BF16, "qr" [T, Q_LORA] INT8, "qr_scale" [T, 1] FP32}.
+    Spec: §8."""
+    hidden, lora, heads = config.hidden_size, config.q_lora_rank, config.num_attention_heads
+    dim, rope, eps = config.head_dim, config.qk_rope_head_dim, config.rms_norm_eps
+    if x.ndim != 2 or x.shape[1] != hidden:
+        raise ContractInputError("x", None, f"[T, {hidden}]", list(x.shape), SPEC)
+    tokens = x.shape[0]
+    for name, t, shape in (("wq_a", wq_a, (hidden, lora)), ("wkv", wkv, (hidden, dim)), ("gamma_cq", gamma_cq, (lora,)),
+                           ("gamma_ckv", gamma_ckv, (dim,)), ("wq_b_scale", wq_b_scale, (heads * dim,))):
+        if tuple(t.shape) != shape:
+            raise ContractInputError(name, None, list(shape), list(t.shape), SPEC)
+    if wq_b.dtype != torch.int8 or wq_b.shape != (lora, heads * dim):
+        raise ContractInputError("wq_b", None, f"INT8 [{lora}, {heads * dim}]", f"{wq_b.dtype}{list(wq_b.shape)}", SPEC)
+    for name, table in (("rope_cos", rope_cos), ("rope_sin", rope_sin)):
+        if table.ndim != 2 or table.shape[0] != tokens or table.shape[1] < rope // 2:
+            raise ContractInputError(name, None, f"[{tokens}, {rope}]", list(table.shape), SPEC)
+    for name, t in (("x", x), ("wq_a", wq_a), ("wkv", wkv), ("gamma_cq", gamma_cq), ("gamma_ckv", gamma_ckv)):
+        if t.dtype != torch.bfloat16:
+            raise ContractInputError(name, None, "BF16", str(t.dtype), SPEC)
+    cos, sin = rope_cos[:, : rope // 2].float(), rope_sin[:, : rope // 2].float()
+    xb = x.double()
+
+    qr = (xb @ wq_a.double()).float()
+    inv = _rsqrt_mean_sq(qr, eps)
+    g_cq = gamma_cq.float()
+    amax = torch.clamp(inv * (qr * g_cq).abs().amax(-1, keepdim=True), min=config.int8_amax_eps)
+    quant = torch.full_like(amax, config.int8_scale_max) / amax
+    codes = torch.round((qr * inv) * g_cq * quant).to(torch.int8)
+    qr_scale = torch.reciprocal(quant)
+
+    acc = codes.to(torch.int64) @ wq_b.to(torch.int64)  # exact
+    q = (acc.to(torch.float32) * qr_scale * wq_b_scale.float()).reshape(tokens, heads, dim)
+    inv_h = _rsqrt_mean_sq(q, eps)  # [T, H, 1], no weight
+    q_nope = (q[..., : dim - rope] * inv_h).to(torch.bfloat16)
+    q_rope = _rotate(q[..., dim - rope:] * inv_h, cos[:, None, :], sin[:, None, :]).to(torch.bfloat16)
+
+    kv = (xb @ wkv.double()).float()
+    n = kv * _rsqrt_mean_sq(kv, eps) * gamma_ckv.float()
+    kv_out = torch.cat((n[:, : dim - rope].to(torch.bfloat16), _rotate(n[:, dim - rope:], cos, sin).to(torch.bfloat16)),
+                       dim=-1)
+    return {"q": torch.cat((q_nope, q_rope), dim=-1), "kv": kv_out, "qr": codes, "qr_scale": qr_scale}
