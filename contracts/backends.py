@@ -161,6 +161,12 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "gamma_ckv [hd], *, config (V4))",
                      "{q [T,H,hd] BF16, kv [T,hd] BF16, qr [T,Q_LORA] INT8, qr_scale [T,1] FP32}: V4's Q/KV LoRA "
                      "projection with RoPE", "§8"),
+        OperatorSpec("v4_attention_stage", "(path, x_hc [T,hc,D] FP32, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, "
+                     "wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos/freqs_sin [positions,rope], kv_cache "
+                     "[blocks,bs,1,hd], swa_slot_mapping [T], window_indices [T,W], position_ids [T], attn_sink, "
+                     "wo_a, wo_b, wo_b_scale, cmp_kv=None, cmp_block_table=None, compressed=None, *, config (V4))",
+                     "{x_out [T,hc,D] FP32, kv_cache, qr, qr_scale}: hc_pre, RMSNorm, Q/KV projection, the kv "
+                     "write, v4_attention, hc_post -- composed from this backend's operators", "§8"),
         OperatorSpec("hca_topk", "(position_ids [T], kv_seq_lens [B], *, seq, limit, ratio=128)",
                      "[T, limit] INT32: HCA's deterministic compressed top-k (the first valid positions, -1 after)",
                      "§8"),
@@ -340,6 +346,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "v4_attention": ("kernels.v4.sparse_attention", "v4_attention"),
     "v4_indexer": ("kernels.v4.indexer", "v4_indexer"),
     "v4_qkv_proj_rope": ("kernels.v4.qkv_proj", "v4_qkv_proj_rope"),
+    "v4_attention_stage": ("kernels.v4.attention_stage", "v4_attention_stage"),
     "v4_compressor": ("kernels.v4.compressor", "v4_compressor"),
     "csa_compressors": ("kernels.v4.compressor", "csa_compressors"),
     "v4_publish_compressed": ("kernels.v4.compressor", "v4_publish_compressed"),

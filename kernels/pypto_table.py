@@ -464,6 +464,10 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
                   ("qr_scale", "out", "FP32", "[T_DYN, 1]")),
             note="compiled at the V4 geometry (D 7168 / 4096, Q_LORA 1536 / 1024, H 128 / 64) while the contracts "
                  "run the tiny twin"),
+    Binding("v4_attention_stage", "composition", f"{PRO}/decode_attention_swa.py::attention_swa (and "
+            "decode_attention_hca.py / decode_attention_csa.py around their compressors)", "composition",
+            note="composed from hc_mixes, hc_pre, final_norm, v4_qkv_proj_rope, v4_attention and hc_post on this "
+                 "backend"),
     Binding("v4_sparse_attention", "not exposed", f"{PRO}/decode_sparse_attn*.py (the qk_pv and merge_norm "
             "stages inside sparse_attn)", "@pl.jit.inline",
             note="the attention and the output projection are one fused entry; no entry returns the FP32 "

@@ -204,6 +204,10 @@ CASES = [
      "the norm must be per head"),
     ("v4:KV_GAMMA_AFTER_ROPE", "test_v4_qkv_proj:test_the_kv_weight_applies_before_the_rotation",
      "the weight before the rotation"),
+    ("v4:READ_BEFORE_WRITE", "test_v4_attention_stage:test_each_token_sees_its_own_kv_row",
+     "with this chunk's rows written"),
+    ("v4:ATTN_NORM_SKIPPED", "test_v4_attention_stage:test_the_stage_is_the_chain_of_its_operators",
+     "not hc_post of the chained attention"),
     ("v4:SCALE_ROUNDED_DOWN", "test_v4_index_cache:test_the_scale_is_the_power_of_two_at_or_above_amax_over_448",
      "[1.0, 1.0,"),
     # the Engram block (HC-13, HC-14)

@@ -367,3 +367,35 @@ def _qkv_variant(*, q_from_fp32=False, norm_across_heads=False, gamma_after_rope
 Q_FROM_FP32_QR = _base.derive("defect:v4-q-from-fp32-qr", v4_qkv_proj_rope=_qkv_variant(q_from_fp32=True))
 Q_NORM_ACROSS_HEADS = _base.derive("defect:v4-q-norm-across-heads", v4_qkv_proj_rope=_qkv_variant(norm_across_heads=True))
 KV_GAMMA_AFTER_ROPE = _base.derive("defect:v4-kv-gamma-after-rope", v4_qkv_proj_rope=_qkv_variant(gamma_after_rope=True))
+
+
+def _stage_variant(*, read_before_write=False, skip_norm=False):
+    """A port of v4_attention_stage with one step changed (see each defect below)."""
+    from kernels.v4 import attention_stage as st
+
+    def run(path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, *args, config, ops=None, **kw):
+        ops = dict(ops or {})
+        if skip_norm:
+            ops["final_norm"] = lambda x, w, *, config: x
+        if read_before_write:
+            from kernels.v4.sparse_attention import v4_attention
+
+            names = ("wq_a", "wq_b", "wq_b_scale", "wkv", "gamma_cq", "gamma_ckv", "freqs_cos", "freqs_sin",
+                     "kv_cache")
+            kv_cache = dict(zip(names, args, strict=False)).get("kv_cache", kw.get("kv_cache"))
+            original = kv_cache.clone()
+
+            def stale(path_, q, cache, *rest, config):
+                return v4_attention(path_, q, original, *rest, config=config)
+
+            ops["v4_attention"] = stale
+        return st.v4_attention_stage(path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, *args, config=config,
+                                     ops=ops, **kw)
+
+    run.composes_operators = True
+    return run
+
+
+READ_BEFORE_WRITE = _base.derive("defect:v4-stage-read-before-write",
+                                 v4_attention_stage=_stage_variant(read_before_write=True))
+ATTN_NORM_SKIPPED = _base.derive("defect:v4-stage-no-attn-norm", v4_attention_stage=_stage_variant(skip_norm=True))

@@ -192,6 +192,9 @@ V4_FP32_REDUCTION = ("A reduction (matmul, sum of squares) is evaluated in FP64 
                      "device's own FP32 accumulation order, which the ABI leaves open; without that rounding a result "
                      "moves by under 2^-24 relative, far inside the one-BF16-step bound the outputs are judged by.")
 
+V4_SWA_PLACEHOLDER = ("The SWA stage hands v4_attention a placeholder compressed cache and table that it never reads (SWA "
+                      "has no compressed slots): their size and dtype do not matter.")
+
 
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
@@ -610,4 +613,11 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.qkv_proj:v4_qkv_proj_rope:drop-call:wq_b_scale.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.qkv_proj:v4_qkv_proj_rope:binop:rope // 2[FloorDiv]->Div#0': V4_EVEN_ROPE,
     'kernels.v4.qkv_proj:v4_qkv_proj_rope:drop-call:(xb @ wkv.double()).float()[float]->(skipped)#0': V4_FP32_REDUCTION,
+    'kernels.v4.attention_stage:v4_attention_stage:name:int64->int32#0': DTYPE,
+    'kernels.v4.attention_stage:v4_attention_stage:drop-call:position_ids.reshape(-1).to(torch.int64)[to]->(skipped)#0': DTYPE,
+    "kernels.v4.attention_stage:v4_attention_stage:drop-call:proj['kv'][t].to(cache.dtype)[to]->(skipped)#0": CASTNOOP,
+    'kernels.v4.attention_stage:v4_attention_stage:const:1->2#4': V4_SWA_PLACEHOLDER,
+    'kernels.v4.attention_stage:v4_attention_stage:const:1->2#5': V4_SWA_PLACEHOLDER,
+    'kernels.v4.attention_stage:v4_attention_stage:const:1->2#8': V4_SWA_PLACEHOLDER,
+    'kernels.v4.attention_stage:v4_attention_stage:name:int32->int64#0': V4_SWA_PLACEHOLDER,
 }

@@ -1,0 +1,182 @@
+"""One V4 attention stage (``v4_attention_stage``): hc_pre -> RMSNorm -> Q/KV projection -> the kv write ->
+``v4_attention`` -> hc_post, composed from the backend's operators, on V4-Pro and V4-Flash (tiny twins).
+
+Spec: §8; docs/coverage.md, V4 section (V4-21).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from contracts.plugin import op
+from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
+from kernels.errors import ContractInputError
+
+
+def _inputs(config, seed: int = 0) -> dict:
+    """Four requests at positions 40.., their windows over the 8 rows before them and their own rows (the rows
+    this stage writes), the current rows at slots 200 + t."""
+    g = torch.Generator().manual_seed(seed)
+    t, hc, dm = config.decode_tokens, config.hc_mult, config.hidden_size
+    h, d, lora, rope = config.num_attention_heads, config.head_dim, config.q_lora_rank, config.qk_rope_head_dim
+    groups, o_lora, bs = config.o_groups, config.o_lora_rank, config.block_size
+    mix = (2 + hc) * hc
+    pos = torch.tensor([40 + 2 * (r // 2) * 10 + r % 2 for r in range(t)], dtype=torch.int32)
+    slots = torch.arange(200, 200 + t)
+    window = torch.full((t, config.sliding_window), -1, dtype=torch.int32)
+    for r in range(t):
+        req_first = r - r % config.decode_seq
+        past = torch.arange(8 * (r // 2), 8 * (r // 2) + 8)  # the request's 8 earlier rows
+        own = slots[req_first:r + 1]  # this chunk's rows up to the token itself
+        rows = torch.cat((past, own)).to(torch.int32)
+        window[r, : rows.numel()] = rows
+    angle = torch.arange(512, dtype=torch.float32)[:, None] * torch.rand(rope, generator=g) * 0.05
+    return dict(
+        x_hc=torch.randn(t, hc, dm, generator=g), hc_fn=torch.randn(mix, hc * dm, generator=g) * 0.05,
+        hc_scale=torch.tensor([2.0, 0.02, 0.25]), hc_base=torch.randn(mix, generator=g),
+        attn_norm_w=(torch.rand(dm, generator=g) + 0.5).to(torch.bfloat16),
+        wq_a=(torch.randn(dm, lora, generator=g) / dm**0.5).to(torch.bfloat16),
+        wq_b=torch.randint(-127, 128, (lora, h * d), generator=g, dtype=torch.int8),
+        wq_b_scale=torch.rand(h * d, generator=g) / 127 + 1e-3,
+        wkv=(torch.randn(dm, d, generator=g) / dm**0.5).to(torch.bfloat16),
+        gamma_cq=(torch.rand(lora, generator=g) + 0.5).to(torch.bfloat16),
+        gamma_ckv=(torch.rand(d, generator=g) + 0.5).to(torch.bfloat16),
+        freqs_cos=torch.cos(angle).to(torch.bfloat16), freqs_sin=torch.sin(angle).to(torch.bfloat16),
+        kv_cache=(torch.rand(2, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+        swa_slot_mapping=slots, window_indices=window, position_ids=pos,
+        attn_sink=torch.randn(h, generator=g),
+        wo_a=((torch.rand(groups, o_lora, h * d // groups, generator=g) - 0.5) / 4).to(torch.bfloat16),
+        wo_b=torch.randint(-127, 128, (dm, groups * o_lora), generator=g, dtype=torch.int8),
+        wo_b_scale=torch.rand(dm, generator=g) / 500,
+    )
+
+
+def _chain(backend, config, i):
+    """The stage spelled out with the backend's own operators."""
+    mixes = op(backend, "hc_mixes")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], config=config)
+    x = op(backend, "final_norm")(op(backend, "hc_pre")(i["x_hc"], mixes.pre), i["attn_norm_w"], config=config)
+    pos = i["position_ids"].long()
+    cos, sin = i["freqs_cos"][pos], i["freqs_sin"][pos]
+    proj = op(backend, "v4_qkv_proj_rope")(x, i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"], cos, sin,
+                                           i["gamma_cq"], i["gamma_ckv"], config=config)
+    cache = i["kv_cache"].clone()
+    cache.reshape(-1, cache.shape[-1])[i["swa_slot_mapping"]] = proj["kv"]
+    cmp = torch.zeros(1, cache.shape[1], 1, cache.shape[-1], dtype=cache.dtype)
+    table = torch.zeros(config.decode_batch, 1, dtype=torch.int32)
+    out = op(backend, "v4_attention")("SWA", proj["q"], cache, i["window_indices"], cmp, table, None,
+                                      i["position_ids"], i["attn_sink"], cos, sin, i["wo_a"], i["wo_b"],
+                                      i["wo_b_scale"], config=config)
+    return op(backend, "hc_post")(out, i["x_hc"], mixes.post, mixes.residual), cache, out
+
+
+@pytest.mark.parametrize("config", [V4_PRO_TINY, V4_FLASH_TINY], ids=lambda c: c.name)
+def test_the_stage_is_the_chain_of_its_operators(backend, config):
+    """x_out, the written cache and qr / qr_scale equal the chain spelled out with the same backend's
+    operators, byte for byte: hc_pre, the RMSNorm, the projection at the tokens' RoPE rows, the kv write, the
+    SWA attention, hc_post. The input cache is not modified. Spec: §8."""
+    i = _inputs(config)
+    before = i["kv_cache"].clone()
+    got = op(backend, "v4_attention_stage")("SWA", **i, config=config)
+    want, cache, _ = _chain(backend, config, i)
+    assert got["x_out"].dtype == torch.float32 and got["x_out"].shape == i["x_hc"].shape
+    assert torch.equal(got["x_out"], want), "x_out is not hc_post of the chained attention"
+    assert torch.equal(got["kv_cache"].view(torch.int16), cache.view(torch.int16)), "the written cache differs"
+    assert torch.equal(i["kv_cache"], before), "the input cache was written in place"
+
+
+def test_each_token_sees_its_own_kv_row(backend):
+    """Every window lists the token's own slot: the stage writes the current kv rows before the attention
+    reads the cache. Reading the cache as it came in (the rows not yet written) gives a different attention --
+    the input separates the order. A slot of -1 writes nothing. Spec: §8."""
+    config = V4_PRO_TINY
+    i = _inputs(config, 1)
+    got = op(backend, "v4_attention_stage")("SWA", **i, config=config)
+    _, _, out = _chain(backend, config, i)
+    mixes = op(backend, "hc_mixes")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], config=config)
+    assert torch.equal(got["x_out"], op(backend, "hc_post")(out, i["x_hc"], mixes.post, mixes.residual)), \
+        "x_out must come from the attention over the cache with this chunk's rows written"
+    pos = i["position_ids"].long()
+    stale = op(backend, "v4_attention")("SWA", op(backend, "v4_qkv_proj_rope")(
+        op(backend, "final_norm")(op(backend, "hc_pre")(i["x_hc"], mixes.pre), i["attn_norm_w"], config=config),
+        i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"], i["freqs_cos"][pos], i["freqs_sin"][pos], i["gamma_cq"],
+        i["gamma_ckv"], config=config)["q"], i["kv_cache"], i["window_indices"],
+        torch.zeros(1, config.block_size, 1, config.head_dim, dtype=torch.bfloat16),
+        torch.zeros(config.decode_batch, 1, dtype=torch.int32), None, i["position_ids"], i["attn_sink"],
+        i["freqs_cos"][pos], i["freqs_sin"][pos], i["wo_a"], i["wo_b"], i["wo_b_scale"], config=config)
+    assert not torch.equal(stale, out), "the input does not separate writing before reading"
+    skip = i["swa_slot_mapping"].clone()
+    skip[3] = -1
+    again = op(backend, "v4_attention_stage")("SWA", **dict(i, swa_slot_mapping=skip), config=config)
+    row = again["kv_cache"].reshape(-1, config.head_dim)[203]
+    assert torch.equal(row, i["kv_cache"].reshape(-1, config.head_dim)[203]), "slot -1 must write nothing"
+
+
+def test_bad_stage_inputs_are_refused(backend):
+    """A position past the RoPE table and a slot past the cache are refused naming the field. Spec: §8."""
+    config = V4_PRO_TINY
+    i = _inputs(config, 2)
+    pos = i["position_ids"].clone()
+    pos[5] = 512
+    with pytest.raises(ContractInputError, match=r"position_ids\[5\]"):
+        op(backend, "v4_attention_stage")("SWA", **dict(i, position_ids=pos), config=config)
+    slots = i["swa_slot_mapping"].clone()
+    slots[2] = 256
+    with pytest.raises(ContractInputError, match=r"swa_slot_mapping\[2\]"):
+        op(backend, "v4_attention_stage")("SWA", **dict(i, swa_slot_mapping=slots), config=config)
+
+
+def test_the_stage_runs_the_backends_operators_and_any_path(backend):
+    """On a backend whose operators are wrapped to count (and accept no ``ops``), the stage calls each of
+    hc_mixes, hc_pre, final_norm, v4_qkv_proj_rope, v4_attention and hc_post once. An HCA stage with a
+    compressed cache and slots equals the chain with HCA's attention; a token at position 0 and a write to
+    slot 0 are ordinary. Spec: §8."""
+    config = V4_FLASH_TINY
+    i = _inputs(config, 3)
+    calls = []
+
+    def counted(name):
+        fn = op(backend, name)
+
+        def wrapper(*a, config=None):  # a kernel-bound operator: takes no ``ops``
+            calls.append(name)
+            return fn(*a) if config is None else fn(*a, config=config)
+
+        return wrapper
+
+    names = ("hc_mixes", "hc_pre", "final_norm", "v4_qkv_proj_rope", "v4_attention", "hc_post")
+    derived = backend.derive("counting", **{n: counted(n) for n in names})
+    derived.get("v4_attention_stage")("SWA", **i, config=config)
+    assert sorted(calls) == sorted(names), calls
+
+    i["position_ids"][0] = 0
+    i["swa_slot_mapping"][1] = 0
+    cmp_kv = (torch.rand(2, config.block_size, 1, config.head_dim, generator=torch.Generator().manual_seed(4)) - 0.5)
+    cmp_kv = cmp_kv.to(torch.bfloat16)
+    table = torch.tensor([[1], [0], [1], [0]], dtype=torch.int32)
+    compressed = torch.full((config.decode_tokens, 4), -1, dtype=torch.int32)
+    compressed[:, :3] = torch.tensor([0, 5, 9], dtype=torch.int32)
+    got = op(backend, "v4_attention_stage")("HCA", **i, cmp_kv=cmp_kv, cmp_block_table=table, compressed=compressed,
+                                            config=config)
+    mixes = op(backend, "hc_mixes")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], config=config)
+    x = op(backend, "final_norm")(op(backend, "hc_pre")(i["x_hc"], mixes.pre), i["attn_norm_w"], config=config)
+    pos = i["position_ids"].long()
+    cos, sin = i["freqs_cos"][pos], i["freqs_sin"][pos]
+    proj = op(backend, "v4_qkv_proj_rope")(x, i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"], cos, sin,
+                                           i["gamma_cq"], i["gamma_ckv"], config=config)
+    cache = i["kv_cache"].clone()
+    cache.reshape(-1, config.head_dim)[i["swa_slot_mapping"]] = proj["kv"]
+    assert torch.equal(got["kv_cache"].view(torch.int16), cache.view(torch.int16)), "slot 0 must be written"
+    out = op(backend, "v4_attention")("HCA", proj["q"], cache, i["window_indices"], cmp_kv, table, compressed,
+                                      i["position_ids"], i["attn_sink"], cos, sin, i["wo_a"], i["wo_b"],
+                                      i["wo_b_scale"], config=config)
+    want = op(backend, "hc_post")(out, i["x_hc"], mixes.post, mixes.residual)
+    assert torch.equal(got["x_out"], want), "the HCA stage must attend the given compressed cache and slots"
+    for index, value in ((2, -1), (6, 600)):
+        bad = i["position_ids"].clone()
+        bad[index] = value
+        with pytest.raises(ContractInputError, match=rf"position_ids\[{index}\]"):
+            op(backend, "v4_attention_stage")("SWA", **dict(i, position_ids=bad), config=config)
+    for given in ({}, {"cmp_kv": cmp_kv}, {"cmp_block_table": table}):  # HCA needs both
+        with pytest.raises(ContractInputError, match="cmp_kv"):
+            op(backend, "v4_attention_stage")("HCA", **i, **given, compressed=compressed, config=config)

@@ -1,0 +1,91 @@
+"""One V4 attention stage of a decode layer (spec §8; upstream decode_attention_swa.py, and the same chain in
+decode_attention_hca.py / decode_attention_csa.py around their compressors):
+
+    hc_mixes / hc_pre -> RMSNorm (attn_norm_w) -> v4_qkv_proj_rope -> write kv into the window cache
+    -> v4_attention -> hc_post
+
+* the streams x_hc [T, hc, D] FP32 are collapsed with the stage's pre mix (``kernels.reference.mhc``: the same
+  inverse RMS over hc·D, sigmoid maps and Sinkhorn as V4.1, with V4's 20 iterations), rounded to BF16, then
+  RMS-normalised with ``attn_norm_w`` (FP32, one BF16 rounding);
+* the RoPE rows are the tables' rows at each token's position (``freqs_cos`` / ``freqs_sin``
+  [positions, rope] BF16);
+* each token's kv row is written at ``swa_slot_mapping[t]`` (-1: no write) **before** the attention reads
+  the cache, so a token sees its own row and the earlier rows of its chunk;
+* the attention output goes back through ``hc_post`` with the stage's post and residual mixes: x_out
+  [T, hc, D] FP32.
+
+Composed from the backend's operators (``hc_mixes``, ``hc_pre``, ``final_norm``, ``v4_qkv_proj_rope``,
+``v4_attention``, ``hc_post``). For HCA / CSA, ``cmp_kv`` / ``cmp_block_table`` / ``compressed`` are the
+compressed cache and slots the path's compressor and selector produced (``v4_attention``'s arguments).
+
+Spec: §8; docs/coverage.md, V4 section (V4-21).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from kernels.errors import ContractInputError
+
+SPEC = "§8"
+
+
+def v4_attention_stage(path: str, x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor,
+                       hc_base: torch.Tensor, attn_norm_w: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor,
+                       wq_b_scale: torch.Tensor, wkv: torch.Tensor, gamma_cq: torch.Tensor, gamma_ckv: torch.Tensor,
+                       freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, kv_cache: torch.Tensor,
+                       swa_slot_mapping: torch.Tensor, window_indices: torch.Tensor, position_ids: torch.Tensor,
+                       attn_sink: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor,
+                       cmp_kv: torch.Tensor | None = None, cmp_block_table: torch.Tensor | None = None,
+                       compressed: torch.Tensor | None = None, *, config, ops=None) -> dict[str, torch.Tensor]:
+    """-> {"x_out" [T, hc, D] FP32, "kv_cache" (the new window cache), "qr" [T, Q_LORA] INT8, "qr_scale"
+    [T, 1] FP32}. The input cache is not modified. Spec: §8."""
+    from kernels.reference import lm_head, mhc
+    from kernels.v4.qkv_proj import v4_qkv_proj_rope
+    from kernels.v4.sparse_attention import v4_attention
+
+    ops = ops or {}
+    mixes_of = ops.get("hc_mixes", mhc.hc_mixes)
+    collapse = ops.get("hc_pre", mhc.hc_pre)
+    expand = ops.get("hc_post", mhc.hc_post)
+    norm = ops.get("final_norm", lm_head.final_norm)
+    project = ops.get("v4_qkv_proj_rope", v4_qkv_proj_rope)
+    attend = ops.get("v4_attention", v4_attention)
+    if getattr(attend, "composes_operators", False):
+        attend = partial(attend, ops=ops)
+
+    tokens = x_hc.shape[0]
+    pos = position_ids.reshape(-1).to(torch.int64)
+    if pos.shape[0] != tokens or bool((pos < 0).any()) or bool((pos >= freqs_cos.shape[0]).any()):
+        bad = int(((pos < 0) | (pos >= freqs_cos.shape[0])).nonzero()[0]) if pos.shape[0] == tokens else None
+        raise ContractInputError("position_ids", (bad,) if bad is not None else None,
+                                 f"{tokens} positions in [0, {freqs_cos.shape[0]}) (the RoPE table rows)",
+                                 pos.tolist(), SPEC)
+    mixes = mixes_of(x_hc, hc_fn, hc_scale, hc_base, config=config)
+    x_normed = norm(collapse(x_hc, mixes.pre), attn_norm_w, config=config)
+    rope_cos, rope_sin = freqs_cos[pos], freqs_sin[pos]
+    proj = project(x_normed, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv, config=config)
+
+    cache = kv_cache.clone()
+    flat = cache.reshape(-1, cache.shape[-1])
+    for t, slot in enumerate(swa_slot_mapping.reshape(-1).tolist()):
+        if slot < 0:
+            continue
+        if slot >= flat.shape[0]:
+            raise ContractInputError("swa_slot_mapping", (t,), f"a row in [0, {flat.shape[0]})", slot, SPEC)
+        flat[slot] = proj["kv"][t].to(cache.dtype)  # written before the attention reads the cache
+
+    if path == "SWA":  # no compressed slots: a placeholder the attention never reads
+        cmp_kv = torch.zeros(1, cache.shape[1], 1, cache.shape[-1], dtype=cache.dtype)
+        cmp_block_table = torch.zeros(tokens // config.decode_seq, 1, dtype=torch.int32)
+    elif cmp_kv is None or cmp_block_table is None:
+        raise ContractInputError("cmp_kv", None, f"the {path} compressed cache and its block table", None, SPEC)
+    out = attend(path, proj["q"], cache, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
+                 attn_sink, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale, config=config)
+    x_out = expand(out, x_hc, mixes.post, mixes.residual)
+    return {"x_out": x_out, "kv_cache": cache, "qr": proj["qr"], "qr_scale": proj["qr_scale"]}
+
+
+v4_attention_stage.composes_operators = True
