@@ -454,14 +454,17 @@ def cmd_gc(args) -> int:
     from goldens.store import GoldenStore
 
     cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(days=args.older_than_days)
-    doomed, summary = GoldenStore(args.store).gc(cutoff, keep_last=args.keep_last, dry_run=args.dry_run)
+    doomed, dropped, summary = GoldenStore(args.store).gc(cutoff, keep_last=args.keep_last,
+                                                          keep_regen_tags=args.keep_regen_tags, dry_run=args.dry_run)
     verb = "would expire" if args.dry_run else "expired"
-    table = Table(title=f"gc: {verb} {len(doomed)} snapshot(s) older than {cutoff:%Y-%m-%d %H:%M} UTC (kept: tags, the "
-                        f"head, the newest {args.keep_last})")
-    for col in ("snapshot", "written (UTC)", "message"):
+    regen = "" if args.keep_regen_tags is None else f" but the regen tags past the newest {args.keep_regen_tags}"
+    table = Table(title=f"gc: {verb} {len(doomed)} snapshot(s) older than {cutoff:%Y-%m-%d %H:%M} UTC (kept: tags{regen}, "
+                        f"the head, the newest {args.keep_last})")
+    for col in ("snapshot", "written (UTC)", "tags deleted", "message"):
         table.add_column(col, overflow="fold")
     for e in doomed:
-        table.add_row(e.snapshot, f"{e.written_at:%Y-%m-%d %H:%M:%S}", escape(e.message))
+        table.add_row(e.snapshot, f"{e.written_at:%Y-%m-%d %H:%M:%S}", " ".join(t for t in e.tags if t in dropped),
+                      escape(e.message))
     console.print(table)
     console.print("dry run: nothing changed" if args.dry_run else f"gc: {summary}")
     return 0
@@ -609,8 +612,12 @@ def build_parser() -> argparse.ArgumentParser:
     gc = sub.add_parser("gc", help="expire old snapshots (tags kept) and delete unreachable data")
     gc.add_argument("--older-than-days", type=_days, default=30.0,
                     help="expire untagged snapshots older than this many days (a finite number >= 0; default 30)")
-    gc.add_argument("--keep-last", type=int, default=10, metavar="N",
+    gc.add_argument("--keep-last", type=_count, default=10, metavar="N",
                     help="never expire the newest N snapshots of the branch (default 10; 0 keeps only the head)")
+    gc.add_argument("--keep-regen-tags", type=_count, default=None, metavar="N",
+                    help="keep only the newest N of the regen-<time> tags that regen makes: an older one is deleted "
+                         "with its snapshot when that snapshot is otherwise expired (other tags are never deleted; "
+                         "default: keep every tag). For a store kept small, e.g. the sample store in git")
     gc.add_argument("--dry-run", action="store_true", help="list what would be expired; change nothing")
     gc.set_defaults(fn=cmd_gc)
 
@@ -638,6 +645,16 @@ def _days(text: str) -> float:
         value = math.nan
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"expected a finite number of days >= 0, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
     return value
 
 

@@ -51,6 +51,7 @@ LOCK_NAME = "pto-store.lock"
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14
 READ_CACHE_DIR = ".read-cache"  # decoded arrays by content digest, memory-mapped on later reads (not versioned)
 REPO_DIR = "icechunk"  # the repository lives beside the lock file: icechunk needs a clean prefix
+REGEN_TAG_PREFIX = "regen-"  # the tags goldens regen makes (gc --keep-regen-tags may delete the oldest)
 CHUNK_BYTES = 8 * 2**20  # target bytes per chunk along the first dimension (see benchmarks/store.py)
 CACHE_MIN_BYTES = 1 << 16  # smaller arrays read faster from the store than from a file of their own
 COMPRESS_BELOW = 0.85  # compress an array only if a 1 MB sample shrinks below this ratio
@@ -392,11 +393,18 @@ class GoldenStore:
 
     @staticmethod
     def _create_tag(repo: icechunk.Repository, name: str, snapshot: str) -> None:
-        """Create a tag; one that already names this snapshot (another process restored it) is fine."""
+        """Create a tag; one that already names this snapshot (another process restored it) is fine, and so is
+        one gc deleted (its tombstone keeps the name: the deletion stands)."""
         try:
             repo.create_tag(name, snapshot)
         except Exception as exc:
-            if not (_already_exists(exc) and repo.lookup_tag(name) == snapshot):
+            if not _already_exists(exc):
+                raise
+            try:
+                current = repo.lookup_tag(name)
+            except Exception:
+                return  # deleted by gc --keep-regen-tags
+            if current != snapshot:
                 raise
 
     @classmethod
@@ -475,13 +483,16 @@ class GoldenStore:
         with self.lock():  # (creating a tag is atomic on S3: a name that exists is refused)
             self._repo().create_tag(name, snapshot)
 
-    def gc(self, older_than: dt.datetime, *, keep_last: int = 10, dry_run: bool = False
-           ) -> tuple[list[LogEntry], object]:
+    def gc(self, older_than: dt.datetime, *, keep_last: int = 10, keep_regen_tags: int | None = None,
+           dry_run: bool = False) -> tuple[list[LogEntry], list[str], object]:
         """Expire snapshots older than ``older_than`` -- never a tagged snapshot, the branch head or the newest
         ``keep_last`` snapshots of the branch (the cutoff moves back to the keep_last-th newest) -- then delete
-        unreachable objects. ``dry_run`` lists what would be expired and changes nothing. Refuses, changing
-        nothing, when a tag cannot be read (its snapshot would lose the tag's protection). Returns (the
-        snapshots expired, or that would be, and the GC summary or None).
+        unreachable objects. ``keep_regen_tags`` N (None: all) keeps the newest N of the tags ``regen`` made
+        (``regen-<time>``) and deletes an older one only when its snapshot is itself expired by these rules, so
+        the snapshot goes with it; a tag anyone else made is never deleted. ``dry_run`` lists what would be
+        expired and changes nothing. Refuses, changing nothing, when a tag cannot be read (its snapshot would
+        lose the tag's protection). Returns (the snapshots expired, or that would be; the regen tags deleted,
+        or that would be; the GC summary or None).
 
         On S3 no lock is taken: icechunk's expiry never touches a branch head or a tagged snapshot and its
         collection deletes only objects older than ``older_than``, so a concurrent commit (whose objects are
@@ -491,7 +502,8 @@ class GoldenStore:
             repo = self._repo()
             self._restore_tags(repo)
             on_disk = set() if self.location.remote else \
-                {p.name.removeprefix("tag.") for p in (self.root / REPO_DIR / "refs").glob("tag.*")}
+                {p.name.removeprefix("tag.") for p in (self.root / REPO_DIR / "refs").glob("tag.*")
+                 if not (p / "ref.json.deleted").exists()}  # a deleted tag leaves a tombstone
             for name in sorted(set(repo.list_tags()) | on_disk):  # list_tags leaves out a tag it cannot read
                 try:
                     next(iter(repo.ancestry(tag=name)))
@@ -503,13 +515,25 @@ class GoldenStore:
             branch = [e for e in history if e.snapshot in {s.id for s in repo.ancestry(branch="main")}]
             if keep_last > 0 and len(branch) >= keep_last:
                 older_than = min(older_than, branch[keep_last - 1].written_at)
-            tagged = {e.snapshot for e in history if e.tags}
+            regen = sorted((e for e in history for t in e.tags if t.startswith(REGEN_TAG_PREFIX)),
+                           key=lambda e: e.written_at, reverse=True)
+            head = branch[0].snapshot if branch else None
+            kept = {e.snapshot for e in branch[:max(keep_last, 1)]}
+            droppable = set() if keep_regen_tags is None else \
+                {e.snapshot for e in regen[keep_regen_tags:]
+                 if e.written_at < older_than and e.snapshot not in kept and e.snapshot != head
+                 and all(t.startswith(REGEN_TAG_PREFIX) for t in e.tags)}
+            dropped = sorted(t for e in history if e.snapshot in droppable for t in e.tags)
+            tagged = {e.snapshot for e in history if e.tags} - droppable
             doomed = [e for e in branch[1:-1] if e.written_at < older_than and e.snapshot not in tagged]
+            doomed += [e for e in history if e.snapshot in droppable and e not in doomed]
             if dry_run:
-                return doomed, None
+                return doomed, dropped, None
+            for name in dropped:  # a kill here leaves the tag deleted: the snapshot's next expiry takes it
+                repo.delete_tag(name)
             repo.expire_snapshots(older_than, delete_expired_branches=False, delete_expired_tags=False)
             summary = repo.garbage_collect(older_than)
-            return doomed, summary
+            return doomed, dropped, summary
 
     def disk_bytes(self) -> int:
         """Bytes of a local versioned store (the read cache is a disposable copy and does not count)."""

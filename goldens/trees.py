@@ -26,7 +26,7 @@ from goldens.catalog import WIRINGS, ArgSpec, TreeRecord, tree_path
 from goldens.codec import from_numpy, to_numpy
 from goldens.errors import BackendFailure, GoldenStoreError
 from goldens.fingerprint import changes, combined
-from goldens.store import CommitResult, GoldenStore, StoreReader, digest
+from goldens.store import REGEN_TAG_PREFIX, CommitResult, GoldenStore, StoreReader, digest
 
 
 def _versions() -> dict:
@@ -398,7 +398,7 @@ def regen(store: GoldenStore, items: list[tuple[str, str]], *, dry_run: bool = F
         return f"{label}; {what}" + (f"; reason: {reason}" if reason else "")
 
     report, result = store.update(body, message, metadata={"action": "regen", **({"reason": reason} if reason else {})},
-                                  tag=f"regen-{stamp}")
+                                  tag=f"{REGEN_TAG_PREFIX}{stamp}")
     return report, result
 
 

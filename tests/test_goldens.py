@@ -456,7 +456,7 @@ def test_gc_dry_run_lists_exactly_what_gc_expires_and_the_newest_n_are_kept(stor
     out = capsys.readouterr().out
     assert "would expire" in out and "dry run: nothing changed" in out
     assert [e.snapshot for e in store.log()] == snaps, "a dry run changed the history"
-    would, _ = store.gc(dt.datetime.now(dt.UTC), keep_last=2, dry_run=True)
+    would, _, _ = store.gc(dt.datetime.now(dt.UTC), keep_last=2, dry_run=True)
     assert snaps[0] not in {e.snapshot for e in would} and snaps[1] not in {e.snapshot for e in would}
     assert snaps[3] not in {e.snapshot for e in would}, "a tagged snapshot would be expired"
     assert run_cli(store, "gc", "--older-than-days", "0", "--keep-last", "2") == 0
@@ -552,3 +552,51 @@ def test_the_v4_attention_trees_replay_on_the_twin_and_catch_each_attention_defe
             assert failing == {"csa"}, failing  # only CSA applies the causal bound
         if name == "CMP_SLOTS_PHYSICAL":
             assert failing == {"hca", "csa"}, failing  # SWA reads no compressed slot
+
+
+def test_gc_keep_regen_tags_deletes_only_old_regen_tags_with_their_snapshots(store, capsys):
+    """--keep-regen-tags N keeps the newest N regen-<time> tags; an older one goes with its snapshot, a tag anyone
+    else made is kept, the head and the newest --keep-last stay, and the store shrinks. A deleted tag's name is
+    never resurrected by the next write's tag restoration, and its tombstone does not make the next gc refuse."""
+    for seed in (6, 7, 8, 9):
+        trees.record(store, [("sp_slabs", "replicated")], seed=seed)
+    log = store.log()  # newest first: head, r3, r2, r1, base, ...
+    head, r3, r2, r1, base = (e.snapshot for e in log[:5])
+    store.tag("regen-20260101T000000000000Z", base)
+    store.tag("regen-20260102T000000000000Z", r1)
+    store.tag("pinned", r2)
+    store.tag("regen-20260103T000000000000Z", r3)
+    before = store.disk_bytes()
+    args = ("gc", "--older-than-days", "0", "--keep-last", "0", "--keep-regen-tags", "1")
+    assert run_cli(store, *args, "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "regen-20260101T000000000000Z" in out and "regen-20260102T000000000000Z" in out, out
+    assert "regen-20260103T000000000000Z" not in out and "dry run: nothing changed" in out, out
+    would, dropped, _ = store.gc(dt.datetime.now(dt.UTC), keep_last=0, keep_regen_tags=1, dry_run=True)
+    assert dropped == ["regen-20260101T000000000000Z", "regen-20260102T000000000000Z"], dropped
+    assert {base, r1} <= {e.snapshot for e in would} and not {head, r2, r3} & {e.snapshot for e in would}
+    assert run_cli(store, *args) == 0
+    tags = {t: e.snapshot for e in store.log() for t in e.tags}
+    assert tags == {"pinned": r2, "regen-20260103T000000000000Z": r3}, tags
+    assert not {base, r1} & {e.snapshot for e in store.log()}
+    assert store.disk_bytes() < before
+    for rev in ("pinned", "regen-20260103T000000000000Z", "main"):
+        assert run_cli(store, "replay", "--rev", rev) == 0, rev
+    # a gc killed between deleting a tag and expiring its snapshot: the snapshot still names the tag
+    trees.record(store, [("sp_slabs", "replicated")], seed=10)
+    snap = store.log()[0].snapshot
+    res = store.commit({}, {"sp_slabs": {"note": "x"}}, "tagged", tag="regen-20260104T000000000000Z")
+    assert res.snapshot and store.log()[0].metadata.get("tag") == "regen-20260104T000000000000Z"
+    store._repo().delete_tag("regen-20260104T000000000000Z")
+    trees.record(store, [("sp_slabs", "replicated")], seed=11)  # restores tags: the deleted name stays deleted
+    assert "regen-20260104T000000000000Z" not in {t for e in store.log() for t in e.tags}
+    assert run_cli(store, "gc", "--older-than-days", "0", "--keep-last", "0") == 0, capsys.readouterr().err
+    assert snap not in {e.snapshot for e in store.log()}
+
+
+@pytest.mark.parametrize("value", ["-1", "x", "1.5"])
+def test_gc_counts_must_be_whole_numbers(store, capsys, value):
+    for flag in ("--keep-last", "--keep-regen-tags"):
+        with pytest.raises(SystemExit) as exc:
+            run_cli(store, "gc", flag, value)
+        assert exc.value.code == 2 and "whole number >= 0" in capsys.readouterr().err
