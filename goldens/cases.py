@@ -689,6 +689,41 @@ def _v4_prefill_attention_build(seed: int, wiring: str) -> Tensors:
     return {**inputs, "num_tokens": torch.tensor(100, dtype=torch.int32)}
 
 
+def _v4_prefill_path_build(path: str):
+    """A prefill chunk of the HCA or SWA path: one request of 128 rows at positions 200..327 (100 real, the
+    padding rows pointing at real cache rows). HCA: its deterministic compressed top-k at ratio 128 -- the first
+    (pos + 1) // 128 slots, -1 after (one row crosses from 1 to 2 at position 255), paged so that no logical page
+    is its own physical page; SWA (the MTP layer): the window only."""
+
+    def build(seed: int, wiring: str) -> Tensors:
+        from contracts.v4_cases import prefill_attention_inputs
+
+        inputs = prefill_attention_inputs(_v4_config(), seed, start=200)
+        inputs["window_indices"][100:] = inputs["window_indices"][0]
+        if path == "HCA":
+            k = _v4_config().index_topk
+            valid = (inputs["position_ids"].to(torch.int64) + 1) // 128
+            cols = torch.arange(k)
+            inputs["compressed"] = torch.where(cols[None] < valid[:, None], cols[None], -1).to(torch.int32)
+            inputs["compressed"][100:] = inputs["compressed"][0]
+            pages = inputs["cmp_block_table"].shape[1]  # logical page i on physical page pages - i: never itself
+            inputs["cmp_block_table"] = torch.arange(pages, 0, -1, dtype=torch.int32).reshape(1, -1)
+        else:
+            del inputs["compressed"], inputs["cmp_kv"], inputs["cmp_block_table"]
+        return {**inputs, "num_tokens": torch.tensor(100, dtype=torch.int32)}
+
+    return build
+
+
+def _v4_prefill_path_call(get, inputs: Tensors, path: str) -> Tensors:
+    i = dict(inputs)
+    if path == "SWA":  # no compressed pool: an empty one, never read
+        d = i["q"].shape[-1]
+        i.update(cmp_kv=torch.zeros((1, _v4_config().block_size, 1, d), dtype=torch.bfloat16),
+                 cmp_block_table=torch.zeros((1, 1), dtype=torch.int32), compressed=None)
+    return _v4_attention_call(get, i, path)
+
+
 def _v4_indexer_build(seed: int, wiring: str) -> Tensors:
     """V4-Pro (tiny, kernel preset) decode indexer at upstream's start regimes with a shuffled INT8 index cache
     (contracts.v4_cases.indexer_inputs)."""
@@ -863,13 +898,24 @@ def _build_cases() -> dict[str, Case]:
                           lambda b, i, w, p=path: _v4_attention_call(b.get, i, p),
                           lambda w: {"attn_out": "attn_out_v4"}, preset="v4-pro-tiny"))
     cases.append(Case("v4_attention_prefill", "v4_attention", "V4-Pro (tiny, kernel preset) prefill sparse "
-                      "attention with the fused W8A8 output projection: one request of 128 rows (100 real, padding "
-                      "rows pointing at real cache rows), compressed slots given as logical slots (the prefill "
-                      "entry takes HCA's and CSA's this way)", ("replicated",), ("kernels.v4.sparse_attention",),
+                      "attention with the fused W8A8 output projection, the CSA path: one request of 128 rows (100 "
+                      "real, padding rows pointing at real cache rows), an indexer's ratio-4 picks given as logical "
+                      "compressed slots (the prefill entry takes HCA's and CSA's as given)", ("replicated",), ("kernels.v4.sparse_attention",),
                       _v4_prefill_attention_build,
                       lambda i, w: _v4_attention_call({"v4_attention": v4sa.v4_attention}.__getitem__, i, "HCA"),
                       lambda b, i, w: _v4_attention_call(b.get, i, "HCA"), lambda w: {"attn_out": "attn_out_v4"},
                       preset="v4-pro-tiny"))
+    for path in ("HCA", "SWA"):
+        what = ("its deterministic compressed top-k at ratio 128 (slots 0 .. (pos + 1) // 128 - 1, crossing from 1 "
+                "to 2 slots at position 255)") if path == "HCA" else "the window only (the MTP layer's path)"
+        cases.append(Case(f"v4_attention_prefill_{path.lower()}", "v4_attention", f"V4-Pro (tiny, kernel preset) "
+                          f"prefill {path} attention with the fused W8A8 output projection: one request of 128 rows "
+                          f"at positions 200..327 (100 real, padding rows pointing at real cache rows), {what}",
+                          ("replicated",), ("kernels.v4.sparse_attention",), _v4_prefill_path_build(path),
+                          lambda i, w, p=path: _v4_prefill_path_call({"v4_attention": v4sa.v4_attention}.__getitem__,
+                                                                     i, p),
+                          lambda b, i, w, p=path: _v4_prefill_path_call(b.get, i, p),
+                          lambda w: {"attn_out": "attn_out_v4"}, preset="v4-pro-tiny"))
     from kernels.reference import mhc
 
     boundary_ops = {**head_ops, "hc_head": mhc.hc_head, "final_norm": lm_head.final_norm}

@@ -144,7 +144,7 @@ SCALE_ROUNDED_DOWN = _base.derive("defect:v4-index-cache-scale-down", v4_index_c
 
 
 def _csa_bound_inclusive(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
-                         attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, ops=None):
+                         attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, ops=None, **prefill):
     """Wrong: CSA keeps a raw slot up to and including (position + 1) // 4 (a row not yet written)."""
     from kernels.v4 import sparse_attention as sa
 
@@ -153,7 +153,7 @@ def _csa_bound_inclusive(path, q, ori_kv, window_indices, cmp_kv, cmp_block_tabl
         bound = ((position_ids.reshape(-1).to(torch.int64) + 1) // 4).unsqueeze(1)
         compressed, path = torch.where((raw >= 0) & (raw <= bound), raw, -1).to(torch.int32), "HCA"
     return sa.v4_attention(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
-                           attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, config=config)
+                           attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, config=config, **prefill)
 
 
 CSA_BOUND_INCLUSIVE = _base.derive("defect:v4-csa-bound-inclusive", v4_attention=_csa_bound_inclusive)
