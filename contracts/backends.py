@@ -151,6 +151,13 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "position_ids [T], kv_seq_lens [B], *, offset, config (V4))",
                      "{score [T, kernel_max/4] FP32 (lowest FP32 past visible), topk_idxs [T, kernel_max/4] INT32 "
                      "(best first, + offset, -1 after)}: CSA's decode indexer", "§8"),
+        OperatorSpec("v4_prefill_indexer", "(x [T,hidden] BF16, qr [T,Q_LORA] INT8, qr_scale [T,1], wq_b INT8 "
+                     "[Q_LORA,H*d], wq_b_scale [H*d], weights_proj [hidden,H] BF16, cos/sin [T,rope/2] (per row), "
+                     "hadamard [d,d], idx_kv_cache INT8 [blocks,bs,1,d], idx_kv_scale [blocks,bs,1,1], "
+                     "idx_block_table [P] (one request), position_ids [T], num_tokens (int), *, config (V4), "
+                     "padding_rows='unscored'|'scored')",
+                     "{score [T, 2*bs] FP32 (lowest FP32 past visible and on padding rows), topk_idxs [T, 2*bs] "
+                     "INT32 (raw positions best first, -1 after)}: CSA's indexer on a prefill chunk", "§8"),
         OperatorSpec("v4_publish_index_keys", "(index_key [T,d] FP32, closes [T], position_ids [T], idx_slot_mapping "
                      "[T], idx_kv_cache INT8 [blocks,bs,1,d], idx_kv_scale FP32 [blocks,bs,1,1], rope_cos, rope_sin "
                      "(compressed profile), hadamard [d,d], *, ratio=4)",
@@ -345,6 +352,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "v4_output_projection": ("kernels.v4.sparse_attention", "v4_output_projection"),
     "v4_attention": ("kernels.v4.sparse_attention", "v4_attention"),
     "v4_indexer": ("kernels.v4.indexer", "v4_indexer"),
+    "v4_prefill_indexer": ("kernels.v4.prefill_indexer", "v4_prefill_indexer"),
     "v4_qkv_proj_rope": ("kernels.v4.qkv_proj", "v4_qkv_proj_rope"),
     "v4_attention_stage": ("kernels.v4.attention_stage", "v4_attention_stage"),
     "v4_compressor": ("kernels.v4.compressor", "v4_compressor"),

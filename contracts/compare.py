@@ -367,6 +367,28 @@ def attn_out_v4(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Ch
     return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, name=name)
 
 
+def v4_prefill_index_score(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """V4 prefill index scores (§8): as ``v4_index_score`` with upstream's prefill hard floor 7e-3
+    (PREFILL_SCORE_HARD_ATOL); a padding row's scores are the lowest FP32 number, exactly."""
+    from contracts.checks.topk import V4_PREFILL_HARD_ATOL, check_v4_index_scores
+
+    return check_v4_index_scores(a, e, name=name, hard_floor=V4_PREFILL_HARD_ATOL)
+
+
+def v4_prefill_index_topk(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """V4 prefill top-k (§8): raw compressed positions (no offset), min(topk, visible) of them with
+    visible = min((pos + 1) // 4, the row width) for the first ``num_tokens`` rows and 0 (all -1) for the
+    padding rows; a differing row judged by both score rows with the prefill hard floor (upstream's
+    prefill_topk_compare). ``topk`` from the case parameters."""
+    from contracts.checks.topk import V4_PREFILL_HARD_ATOL, check_v4_topk
+    from kernels.v4.prefill_indexer import prefill_visible
+
+    visible = prefill_visible(ctx.inputs["position_ids"], int(ctx.inputs["num_tokens"]), cap=a.shape[-1],
+                              padding_rows="unscored")
+    return check_v4_topk(a, e, ctx.actual_outputs["score"], ctx.expected_outputs["score"], visible,
+                         topk=int(ctx.params["topk"]), offset=0, name=name, hard_floor=V4_PREFILL_HARD_ATOL)
+
+
 COMPARATORS: dict[str, Comparator] = {
     "exact": exact, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
@@ -374,6 +396,7 @@ COMPARATORS: dict[str, Comparator] = {
     "gate_ids": gate_ids, "gate_weights": gate_weights, "moe_out": moe_out, "logits": logits, "greedy": greedy,
     "ffn_input": ffn_input, "attn_out_v4": attn_out_v4,
     "v4_index_score": v4_index_score, "v4_index_topk": v4_index_topk,
+    "v4_prefill_index_score": v4_prefill_index_score, "v4_prefill_index_topk": v4_prefill_index_topk,
 }
 
 

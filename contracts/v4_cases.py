@@ -78,6 +78,30 @@ def indexer_inputs(config, seed: int = 0, *, starts=(300, 127, 255, 7)) -> dict:
     )
 
 
+def prefill_indexer_inputs(config, seed: int = 0, *, rows: int = 128, start: int = 0) -> dict:
+    """One request's prefill chunk for CSA's indexer: ``rows`` rows at positions start .. start + rows - 1, all
+    real (``num_tokens`` = rows; a case sets fewer), INT8 qr / wq_b with per-row / per-column scales, a RoPE row
+    per token at its position, the request's two index-cache pages shuffled among three."""
+    g = torch.Generator().manual_seed(seed)
+    heads, dim, rope, bs = config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim, config.block_size
+    pos = torch.arange(start, start + rows, dtype=torch.int32)
+    angle = pos.float()[:, None] * torch.rand(rope // 2, generator=g)
+    return dict(
+        x=(torch.randn(rows, config.hidden_size, generator=g) * 0.5).to(torch.bfloat16),
+        qr=torch.randint(-127, 128, (rows, config.q_lora_rank), generator=g, dtype=torch.int8),
+        qr_scale=torch.rand(rows, 1, generator=g) / 127 + 1e-3,
+        wq_b=torch.randint(-127, 128, (config.q_lora_rank, heads * dim), generator=g, dtype=torch.int8),
+        wq_b_scale=torch.rand(heads * dim, generator=g) / 127 / config.q_lora_rank**0.5 + 1e-4,
+        weights_proj=(torch.randn(config.hidden_size, heads, generator=g) * 0.25).to(torch.bfloat16),
+        cos=torch.cos(angle), sin=torch.sin(angle),
+        hadamard=((torch.rand(dim, dim, generator=g) - 0.5) * dim**-0.5).to(torch.bfloat16),
+        idx_kv_cache=torch.randint(-127, 128, (3, bs, 1, dim), generator=g, dtype=torch.int8),
+        idx_kv_scale=(torch.rand(3, bs, 1, 1, generator=g) + 0.5) * 2.0,
+        idx_block_table=torch.tensor([2, 0], dtype=torch.int32), position_ids=pos,
+        num_tokens=torch.tensor(rows, dtype=torch.int32),
+    )
+
+
 def prefill_attention_inputs(config, seed: int = 0, *, rows: int = 128, start: int = 100) -> dict:
     """One request's prefill chunk of ``rows`` rows at positions start .. start + rows - 1: each row's window
     of the last ``sliding_window`` positions (physical rows through a shuffled page table), and its compressed

@@ -724,6 +724,19 @@ def _v4_prefill_path_call(get, inputs: Tensors, path: str) -> Tensors:
     return _v4_attention_call(get, i, path)
 
 
+def _v4_prefill_indexer_build(seed: int, wiring: str) -> Tensors:
+    """CSA's indexer on one request's prefill chunk (contracts.v4_cases.prefill_indexer_inputs): 128 rows at
+    positions 960 .. 1087 (visible 240 .. 256, capped from position 1023), the last 28 rows padding."""
+    from contracts.v4_cases import prefill_indexer_inputs
+
+    inputs = prefill_indexer_inputs(_v4_config(), seed, start=960)
+    return {**inputs, "num_tokens": torch.tensor(100, dtype=torch.int32)}
+
+
+def _v4_prefill_indexer_call(get, inputs: Tensors) -> Tensors:
+    return dict(get("v4_prefill_indexer")(**{**inputs, "num_tokens": int(inputs["num_tokens"])}, config=_v4_config()))
+
+
 def _v4_indexer_build(seed: int, wiring: str) -> Tensors:
     """V4-Pro (tiny, kernel preset) decode indexer at upstream's start regimes with a shuffled INT8 index cache
     (contracts.v4_cases.indexer_inputs)."""
@@ -886,6 +899,17 @@ def _build_cases() -> dict[str, Case]:
                       params={"topk": _v4_config().index_topk, "offset": _v4_config().sliding_window,
                               "seq": _v4_config().decode_seq},
                       preset="v4-pro-tiny"))
+    from kernels.v4 import prefill_indexer as v4pix
+
+    cases.append(Case("v4_prefill_indexer", "v4_prefill_indexer", "V4-Pro (tiny, kernel preset) CSA indexer on a "
+                      "prefill chunk: 128 rows at positions 960 .. 1087 (visible 240 .. 256, capped at two cache "
+                      "blocks from position 1023), a RoPE row per token, 28 padding rows, shuffled pages",
+                      ("replicated",), ("kernels.v4.prefill_indexer", "kernels.v4.indexer"), _v4_prefill_indexer_build,
+                      lambda i, w: _v4_prefill_indexer_call({"v4_prefill_indexer": v4pix.v4_prefill_indexer}.__getitem__,
+                                                            i),
+                      lambda b, i, w: _v4_prefill_indexer_call(b.get, i),
+                      lambda w: {"score": "v4_prefill_index_score", "topk_idxs": "v4_prefill_index_topk"},
+                      params={"topk": _v4_config().index_topk}, preset="v4-pro-tiny"))
     from kernels.v4 import sparse_attention as v4sa
 
     for path in v4sa.PATHS:

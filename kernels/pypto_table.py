@@ -453,6 +453,31 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             note="the entry also runs the indexer compressor (writing this step's index keys into idx_kv_cache "
                  "before scoring); this operator starts from the written cache, and its golden trees hold the "
                  "cache as an input. Compiled at the V4 geometry (Q_LORA 1536 / 1024, 64 index heads of 128)"),
+    Binding("v4_prefill_indexer", "not bound", f"{PRO}/prefill_indexer.py::prefill_indexer", "@pl.jit.inline",
+            _args(("x", "in", "BF16", "[T, D]"), ("qr", "in", "INT8", "[T, Q_LORA]"), ("qr_scale", "in", "FP32", "[T, 1]"),
+                  ("wq_b", "in", "INT8", "[Q_LORA, IDX_N_HEADS * IDX_HEAD_DIM]"),
+                  ("wq_b_scale", "in", "FP32", "[IDX_N_HEADS * IDX_HEAD_DIM]"),
+                  ("weights_proj", "in", "BF16", "[D, IDX_N_HEADS]"), ("cos", "in", "FP32", "[T, ROPE_HEAD_DIM // 2]"),
+                  ("sin", "in", "FP32", "[T, ROPE_HEAD_DIM // 2]"),
+                  ("freqs_cos", "in", "BF16", "[MAX_SEQ_LEN, ROPE_HEAD_DIM]"),
+                  ("freqs_sin", "in", "BF16", "[MAX_SEQ_LEN, ROPE_HEAD_DIM]"),
+                  ("hadamard", "in", "BF16", "[IDX_HEAD_DIM, IDX_HEAD_DIM]"),
+                  ("inner_compress_state", "inout", "FP32",
+                   "[INNER_STATE_BLOCK_NUM_DYN, INNER_STATE_BLOCK_SIZE, INNER_COMPRESS_STATE_DIM]"),
+                  ("inner_compress_state_block_table", "in", "INT32", "[INNER_STATE_MAX_BLOCKS]"),
+                  ("inner_wkv", "in", "BF16", "[INNER_OUT_DIM, D]"), ("inner_wgate", "in", "BF16", "[INNER_OUT_DIM, D]"),
+                  ("inner_ape", "in", "FP32", "[COMPRESS_RATIO, INNER_OUT_DIM]"),
+                  ("inner_norm_w", "in", "BF16", "[INNER_HEAD_DIM]"),
+                  ("idx_kv_cache", "out", "INT8", "[IDX_BLOCK_NUM_DYN, BLOCK_SIZE, 1, IDX_HEAD_DIM]"),
+                  ("idx_kv_scale", "out", "FP32", "[IDX_BLOCK_NUM_DYN, BLOCK_SIZE, 1, 1]"),
+                  ("idx_block_table", "in", "INT32", "[IDX_CACHE_MAX_BLOCKS]"),
+                  ("score", "out", "FP32", "[T, INDEXER_SCORE_CAP]"), ("cmp_topk_indices", "out", "INT32", "[T, IDX_TOPK]"),
+                  ("position_ids", "in", "INT32", "[T]"), ("num_tokens", "scalar", "INT32", ""),
+                  ("idx_slot_mapping", "in", "INT64", "[T]"), ("inner_state_slot_mapping", "in", "INT64", "[T]")),
+            note="the entry also runs the prefill indexer compressor (writing the chunk's index keys before scoring); "
+                 "this operator starts from the written cache. Upstream's top-k is [T, IDX_TOPK] and its test wrapper "
+                 "pads it to [T, INDEXER_SCORE_CAP]; the operator returns the padded form. Compiled at the V4 "
+                 "geometry with T = 128"),
     Binding("v4_qkv_proj_rope", "not bound", f"{PRO}/qkv_proj_rope.py::qkv_proj_rope (the @pl.jit entry "
             "qkv_proj_rope_test wraps it)", "@pl.jit.inline",
             _args(("x", "in", "BF16", "[T_DYN, D]"), ("wq_a", "in", "BF16", "[D, Q_LORA]"),

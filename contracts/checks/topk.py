@@ -145,20 +145,24 @@ def selected_output_reference(selection: torch.Tensor, validity: CheckResult, re
 # compressed positions plus the window offset, best score first, and upstream judges them against the scores.
 V4_SCORE_TOL = (1e-4, 1.0 / 128)  # SCORE_ATOL, SCORE_RTOL: ratio_allclose over the visible scores
 V4_SCORE_HARD = (4.0, 5e-3)  # SCORE_HARD_MULTIPLIER, SCORE_HARD_ATOL: the pointwise ceiling
+V4_PREFILL_HARD_ATOL = 7e-3  # PREFILL_SCORE_HARD_ATOL: the prefill indexer's floor (its longer reductions)
 V4_LOWEST = float(torch.finfo(torch.float32).min)  # the score of a position past the visible range
 
 
-def v4_hard_bound(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """max(4 · (1e-4 + 1/128 · max(|a|, |e|)), 5e-3), elementwise: how far one score may move."""
+def v4_hard_bound(a: torch.Tensor, e: torch.Tensor, floor: float = V4_SCORE_HARD[1]) -> torch.Tensor:
+    """max(4 · (1e-4 + 1/128 · max(|a|, |e|)), floor), elementwise: how far one score may move (floor 5e-3 at
+    decode, 7e-3 on a prefill chunk)."""
     atol, rtol = V4_SCORE_TOL
-    mult, floor = V4_SCORE_HARD
+    mult = V4_SCORE_HARD[0]
     return torch.clamp(mult * (atol + rtol * torch.maximum(a.abs(), e.abs())), min=floor)
 
 
-def check_v4_index_scores(actual: torch.Tensor, expected: torch.Tensor, *, name: str = "score") -> CheckResult:
+def check_v4_index_scores(actual: torch.Tensor, expected: torch.Tensor, *, name: str = "score",
+                          hard_floor: float = V4_SCORE_HARD[1]) -> CheckResult:
     """V4 index scores [T, L] FP32: every element finite; the past-visible tail (the lowest FP32 number in the
     expected scores) exactly the same in the actual ones; the visible scores within ratio_allclose(1e-4, 1/128)
-    (0.5 % quota) and each within the hard bound ``v4_hard_bound``. Spec: §8."""
+    (0.5 % quota) and each within the hard bound ``v4_hard_bound`` (``hard_floor``: 5e-3 at decode,
+    ``V4_PREFILL_HARD_ATOL`` on a prefill chunk). Spec: §8."""
     from contracts.checks.precision import check_ratio_allclose
 
     check, spec = "check_v4_index_scores", "§8"
@@ -181,24 +185,25 @@ def check_v4_index_scores(actual: torch.Tensor, expected: torch.Tensor, *, name:
     ratio = check_ratio_allclose(a[~tail], e[~tail], atol=V4_SCORE_TOL[0], rtol=V4_SCORE_TOL[1], name=name)
     if not ratio.ok:
         return ratio
-    hard = v4_hard_bound(a, e)
+    hard = v4_hard_bound(a, e, hard_floor)
     over = ~tail & ((a - e).abs() > hard)
     if bool(over.any()):
         r, c = (int(v) for v in over.nonzero()[0])
         return failed(check, spec, int((~tail).sum()), int(over.sum()),
                       Violation(name, (r, c), float(a[r, c]), float(e[r, c]), float(hard[r, c]),
-                                note="past the hard bound max(4·(atol + rtol·|s|), 5e-3)"))
+                                note=f"past the hard bound max(4·(atol + rtol·|s|), {hard_floor:g})"))
     return passed(check, spec, int((~tail).sum()))
 
 
 def check_v4_topk(actual: torch.Tensor, expected: torch.Tensor, actual_scores: torch.Tensor,
                   expected_scores: torch.Tensor, visible: torch.Tensor, *, topk: int, offset: int,
-                  name: str = "topk_idxs") -> CheckResult:
+                  name: str = "topk_idxs", hard_floor: float = V4_SCORE_HARD[1]) -> CheckResult:
     """V4 top-k rows [T, L] INT32 (``visible`` [T] from the positions and kv lengths): each row holds
     k = min(topk, visible) entries in [offset, offset + visible), all distinct, then only -1. Where a row differs
     from the expected one: every displaced candidate's score error within the hard bound, no clear inversion
     (on either score row, a later pick above an earlier one by more than both bounds) and no clear boundary
-    miss (an omitted candidate above a selected one by more than both bounds). Spec: §8."""
+    miss (an omitted candidate above a selected one by more than both bounds). ``hard_floor`` as in
+    ``check_v4_index_scores``. Spec: §8."""
     check, spec = "check_v4_topk", "§8"
     if actual.dtype != torch.int32 or tuple(actual.shape) != tuple(expected.shape):
         return failed(check, spec, 1, 1, Violation(f"{name}.layout", (), f"{actual.dtype}{list(actual.shape)}",
@@ -229,7 +234,7 @@ def check_v4_topk(actual: torch.Tensor, expected: torch.Tensor, actual_scores: t
             continue
         got_pos, want_pos = prefix - offset, want - offset
         a_row, e_row = actual_scores[t, :n].double(), expected_scores[t, :n].double()
-        hard = v4_hard_bound(a_row, e_row)
+        hard = v4_hard_bound(a_row, e_row, hard_floor)
         displaced = torch.unique(torch.cat((got_pos[got_pos != want_pos], want_pos[got_pos != want_pos])))
         err = (a_row - e_row).abs()
         bad = displaced[err[displaced] > hard[displaced]]

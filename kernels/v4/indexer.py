@@ -53,11 +53,10 @@ def _int8(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
         raise ContractInputError(name, None, f"INT8 {list(shape)}", f"{t.dtype}{list(t.shape)}", SPEC)
 
 
-def v4_indexer_query(qr: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.Tensor, wq_b_scale: torch.Tensor,
-                     cos: torch.Tensor, sin: torch.Tensor, hadamard: torch.Tensor, *,
-                     config) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (q_i8 [T, H, d] INT8, q_scale [T, H, 1] FP32): the index query of every (token, head). Spec: §8."""
-    heads, dim, rope, seq = config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim, config.decode_seq
+def check_query_inputs(qr: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.Tensor, wq_b_scale: torch.Tensor,
+                       hadamard: torch.Tensor, *, config) -> int:
+    """The index query's operands (decode and prefill alike) -> T, or the field that is wrong. Spec: §8."""
+    heads, dim = config.index_n_heads, config.index_head_dim
     if qr.ndim != 2:
         raise ContractInputError("qr", None, f"INT8 [T, {config.q_lora_rank}]", f"{qr.dtype}{list(qr.shape)}", SPEC)
     tokens = qr.shape[0]
@@ -66,20 +65,47 @@ def v4_indexer_query(qr: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.Tenso
     if qr_scale.shape != (tokens, 1) or wq_b_scale.shape != (heads * dim,):
         raise ContractInputError("qr_scale/wq_b_scale", None, f"[{tokens}, 1] / [{heads * dim}]",
                                  [list(qr_scale.shape), list(wq_b_scale.shape)], SPEC)
+    if hadamard.shape != (dim, dim):
+        raise ContractInputError("hadamard", None, f"[{dim}, {dim}]", list(hadamard.shape), SPEC)
+    return tokens
+
+
+def index_query(qr: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.Tensor, wq_b_scale: torch.Tensor,
+                row_cos: torch.Tensor, row_sin: torch.Tensor, hadamard: torch.Tensor, *,
+                config) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 1-4 with each row's own table row (``row_cos`` / ``row_sin`` [T, rope/2]; operands checked by
+    ``check_query_inputs``) -> (q_i8 [T, H, d] INT8, q_scale [T, H, 1] FP32). Spec: §8."""
+    tokens, heads, dim = qr.shape[0], config.index_n_heads, config.index_head_dim
+    acc = qr.to(torch.int64) @ wq_b.to(torch.int64)  # exact
+    q = (acc.to(torch.float64) * qr_scale.double() * wq_b_scale.double()).float().reshape(tokens, heads, dim)
+    q = rope_interleave(q, row_cos.float().unsqueeze(1), row_sin.float().unsqueeze(1)).to(torch.bfloat16)
+    q = (q.double() @ hadamard.double()).float()
+    return quantize_rows_int8(q, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
+
+
+def v4_indexer_query(qr: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.Tensor, wq_b_scale: torch.Tensor,
+                     cos: torch.Tensor, sin: torch.Tensor, hadamard: torch.Tensor, *,
+                     config) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (q_i8 [T, H, d] INT8, q_scale [T, H, 1] FP32): the index query of every (token, head), each row rotated
+    with its request's table row. Spec: §8."""
+    rope, seq = config.qk_rope_head_dim, config.decode_seq
+    tokens = check_query_inputs(qr, qr_scale, wq_b, wq_b_scale, hadamard, config=config)
     if tokens % seq:
         raise ContractInputError("qr", None, f"a multiple of decode_seq={seq} rows (request-major)", tokens, SPEC)
     for name, table in (("cos", cos), ("sin", sin)):
         if table.shape != (tokens // seq, rope // 2):
             raise ContractInputError(name, None, f"[{tokens // seq} requests, {rope // 2}]", list(table.shape), SPEC)
-    if hadamard.shape != (dim, dim):
-        raise ContractInputError("hadamard", None, f"[{dim}, {dim}]", list(hadamard.shape), SPEC)
-    acc = qr.to(torch.int64) @ wq_b.to(torch.int64)  # exact
-    q = (acc.to(torch.float64) * qr_scale.double() * wq_b_scale.double()).float().reshape(tokens, heads, dim)
     req = torch.arange(tokens) // seq
-    rows_cos, rows_sin = cos.float()[req].unsqueeze(1), sin.float()[req].unsqueeze(1)  # the request's row
-    q = rope_interleave(q, rows_cos, rows_sin).to(torch.bfloat16)
-    q = (q.double() @ hadamard.double()).float()
-    return quantize_rows_int8(q, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
+    return index_query(qr, qr_scale, wq_b, wq_b_scale, cos[req], sin[req], hadamard, config=config)
+
+
+def head_weights(x: torch.Tensor, weights_proj: torch.Tensor, *, config) -> torch.Tensor:
+    """[T, H] FP64 holding FP32 products: (x · weights_proj) rounded to FP32 once, times d^-0.5 · H^-0.5 (kept
+    in FP32 arithmetic, not rounded to BF16 as V4.1 does). Spec: §8."""
+    heads, dim = config.index_n_heads, config.index_head_dim
+    if x.ndim != 2 or weights_proj.shape != (x.shape[1], heads):
+        raise ContractInputError("weights_proj", None, f"[{x.shape[-1]}, {heads}]", list(weights_proj.shape), SPEC)
+    return (x.double() @ weights_proj.double()).float().double() * (dim**-0.5 * heads**-0.5)
 
 
 def visible_lengths(position_ids: torch.Tensor, kv_seq_lens: torch.Tensor, *, seq: int, limit: int) -> torch.Tensor:
@@ -96,20 +122,23 @@ def visible_lengths(position_ids: torch.Tensor, kv_seq_lens: torch.Tensor, *, se
     return torch.minimum(torch.minimum(lens.repeat_interleave(seq) // RATIO, (pos + 1) // RATIO), torch.tensor(limit))
 
 
-def v4_indexer_scores(q_i8: torch.Tensor, q_scale: torch.Tensor, weights: torch.Tensor, idx_kv_cache: torch.Tensor,
-                      idx_kv_scale: torch.Tensor, idx_block_table: torch.Tensor, position_ids: torch.Tensor,
-                      kv_seq_lens: torch.Tensor, *, config) -> torch.Tensor:
-    """q_i8 [T, H, d], q_scale [T, H, 1], weights [T, H] (from ``v4_indexer_query`` and the head projection)
-    -> scores [T, score_len] FP32 (the lowest FP32 number past each row's visible length). Spec: §8."""
-    tokens, heads, dim = q_i8.shape
-    seq, bs, width = config.decode_seq, config.block_size, score_len(config)
+def check_index_cache(idx_kv_cache: torch.Tensor, idx_kv_scale: torch.Tensor, *, config) -> None:
+    bs, dim = config.block_size, config.index_head_dim
     if idx_kv_cache.dtype != torch.int8 or idx_kv_cache.ndim != 4 or idx_kv_cache.shape[1:] != (bs, 1, dim):
         raise ContractInputError("idx_kv_cache", None, f"INT8 [blocks, {bs}, 1, {dim}]",
                                  f"{idx_kv_cache.dtype}{list(idx_kv_cache.shape)}", SPEC)
     if idx_kv_scale.shape != (idx_kv_cache.shape[0], bs, 1, 1):
         raise ContractInputError("idx_kv_scale", None, f"[{idx_kv_cache.shape[0]}, {bs}, 1, 1]",
                                  list(idx_kv_scale.shape), SPEC)
-    visible = visible_lengths(position_ids, kv_seq_lens, seq=seq, limit=width)
+
+
+def score_rows(q_i8: torch.Tensor, q_scale: torch.Tensor, weights: torch.Tensor, idx_kv_cache: torch.Tensor,
+               idx_kv_scale: torch.Tensor, tables: list[tuple[torch.Tensor, tuple]], visible: torch.Tensor, *,
+               width: int, block_size: int) -> torch.Tensor:
+    """The score rule over each row's first ``visible[t]`` compressed positions, read through its page table
+    ``tables[t]`` = (pages, the table's index for an error) -> [T, width] FP32, the lowest FP32 number past
+    ``visible``. Spec: §8."""
+    tokens, _heads, dim = q_i8.shape
     keys = idx_kv_cache.reshape(-1, dim).to(torch.int64)
     key_scale = idx_kv_scale.reshape(-1).double()
     out = torch.full((tokens, width), LOWEST, dtype=torch.float32)
@@ -118,16 +147,30 @@ def v4_indexer_scores(q_i8: torch.Tensor, q_scale: torch.Tensor, weights: torch.
         if n == 0:
             continue
         j = torch.arange(n)
-        pages = idx_block_table[t // seq].to(torch.int64)
-        if n > pages.numel() * bs or bool((pages[: (n + bs - 1) // bs] < 0).any()):
-            raise ContractInputError("idx_block_table", (t // seq,), f"mapped pages for {n} visible positions",
+        pages, where = tables[t]
+        pages = pages.to(torch.int64)
+        if n > pages.numel() * block_size or bool((pages[: (n + block_size - 1) // block_size] < 0).any()):
+            raise ContractInputError("idx_block_table", where, f"mapped pages for {n} visible positions",
                                      pages.tolist(), SPEC)
-        rows = pages[j // bs] * bs + j % bs
+        rows = pages[j // block_size] * block_size + j % block_size
         dots = q_i8[t].to(torch.int64) @ keys[rows].T  # [H, n] exact
         per_head = torch.relu(dots.double() * q_scale[t].double())  # the ReLU per head, before the weights
         score = (per_head * weights[t].double().unsqueeze(1)).sum(0) * key_scale[rows]
         out[t, :n] = score.float()
     return out
+
+
+def v4_indexer_scores(q_i8: torch.Tensor, q_scale: torch.Tensor, weights: torch.Tensor, idx_kv_cache: torch.Tensor,
+                      idx_kv_scale: torch.Tensor, idx_block_table: torch.Tensor, position_ids: torch.Tensor,
+                      kv_seq_lens: torch.Tensor, *, config) -> torch.Tensor:
+    """q_i8 [T, H, d], q_scale [T, H, 1], weights [T, H] (from ``v4_indexer_query`` and the head projection)
+    -> scores [T, score_len] FP32 (the lowest FP32 number past each row's visible length). Spec: §8."""
+    seq, width = config.decode_seq, score_len(config)
+    check_index_cache(idx_kv_cache, idx_kv_scale, config=config)
+    visible = visible_lengths(position_ids, kv_seq_lens, seq=seq, limit=width)
+    tables = [(idx_block_table[t // seq], (t // seq,)) for t in range(q_i8.shape[0])]
+    return score_rows(q_i8, q_scale, weights, idx_kv_cache, idx_kv_scale, tables, visible, width=width,
+                      block_size=config.block_size)
 
 
 def v4_indexer_topk(scores: torch.Tensor, visible: torch.Tensor, *, topk: int, offset: int) -> torch.Tensor:
@@ -152,11 +195,8 @@ def v4_indexer(x: torch.Tensor, qr: torch.Tensor, qr_scale: torch.Tensor, wq_b: 
                config) -> dict[str, torch.Tensor]:
     """The decode indexer after its compressor has written the index cache: -> {"score" [T, score_len] FP32,
     "topk_idxs" [T, score_len] INT32}. x [T, hidden] BF16; weights_proj [hidden, H] BF16. Spec: §8."""
-    heads, dim = config.index_n_heads, config.index_head_dim
-    if x.ndim != 2 or weights_proj.shape != (x.shape[1], heads):
-        raise ContractInputError("weights_proj", None, f"[{x.shape[-1]}, {heads}]", list(weights_proj.shape), SPEC)
+    weights = head_weights(x, weights_proj, config=config)
     q_i8, q_scale = v4_indexer_query(qr, qr_scale, wq_b, wq_b_scale, cos, sin, hadamard, config=config)
-    weights = (x.double() @ weights_proj.double()).float().double() * (dim**-0.5 * heads**-0.5)
     scores = v4_indexer_scores(q_i8, q_scale, weights, idx_kv_cache, idx_kv_scale, idx_block_table, position_ids,
                                kv_seq_lens, config=config)
     visible = visible_lengths(position_ids, kv_seq_lens, seq=config.decode_seq, limit=score_len(config))

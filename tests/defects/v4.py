@@ -270,6 +270,43 @@ TOPK_BY_POSITION = _base.derive("defect:v4-indexer-topk-by-position", v4_indexer
 HADAMARD_BEFORE_ROPE = _base.derive("defect:v4-indexer-hadamard-first", v4_indexer=_indexer_variant(hadamard_first=True))
 
 
+def _prefill_indexer_variant(*, rope_per_request=False, offset_added=False, padding_scored=False,
+                             decode_width=False):
+    """A port of v4_prefill_indexer with one rule changed (see each defect below)."""
+    from kernels.v4 import indexer as ix
+    from kernels.v4 import prefill_indexer as pix
+
+    def run(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, hadamard, idx_kv_cache, idx_kv_scale,
+            idx_block_table, position_ids, num_tokens, *, config, padding_rows="unscored"):
+        t_n = qr.shape[0]
+        width = ix.score_len(config) if decode_width else pix.score_cap(config)
+        w = ix.head_weights(x, weights_proj, config=config)
+        if rope_per_request:  # decode's rule: the request's row (its first position) for every row
+            cos, sin = cos[:1].expand(t_n, -1), sin[:1].expand(t_n, -1)
+        q_i8, q_scale = ix.index_query(qr, qr_scale, wq_b, wq_b_scale, cos, sin, hadamard, config=config)
+        visible = torch.clamp((position_ids.long() + 1) // 4, max=width)
+        if not padding_scored:
+            visible[num_tokens:] = 0
+        scores = ix.score_rows(q_i8, q_scale, w, idx_kv_cache, idx_kv_scale, [(idx_block_table, ())] * t_n,
+                               visible, width=width, block_size=config.block_size)
+        visible[num_tokens:] = 0
+        topk = ix.v4_indexer_topk(scores, visible, topk=config.index_topk,
+                                  offset=config.sliding_window if offset_added else 0)
+        return {"score": scores, "topk_idxs": topk}
+
+    return run
+
+
+PREFILL_ROPE_PER_REQUEST = _base.derive("defect:v4-prefill-indexer-rope-per-request",
+                                        v4_prefill_indexer=_prefill_indexer_variant(rope_per_request=True))
+PREFILL_OFFSET_ADDED = _base.derive("defect:v4-prefill-indexer-offset-added",
+                                    v4_prefill_indexer=_prefill_indexer_variant(offset_added=True))
+PREFILL_PADDING_SCORED = _base.derive("defect:v4-prefill-indexer-padding-scored",
+                                      v4_prefill_indexer=_prefill_indexer_variant(padding_scored=True))
+PREFILL_DECODE_WIDTH = _base.derive("defect:v4-prefill-indexer-decode-width",
+                                    v4_prefill_indexer=_prefill_indexer_variant(decode_width=True))
+
+
 def _padding_attended(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids, attn_sink,
                       freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq=None, num_tokens=None, ops=None):
     """Wrong: the padding rows of a prefill chunk are attended like real rows (num_tokens ignored)."""
