@@ -121,6 +121,12 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "[T], cmp_pool [blocks,page,1,d] BF16, rope_cos, rope_sin (compressed profile), *, ratio)",
                      "the new cmp pool: each closed window's row, RoPE'd at the window's first position, at its slot",
                      "§8"),
+        OperatorSpec("v4_prefill_compressor", "(x [T,hidden] BF16, position_ids [T], num_tokens (int), "
+                     "state_block_table [P] (one request), state_pool FP32 [pages,4|8,2*coff*d], weights, "
+                     "cmp_slot_mapping [T], state_slot_mapping [T], cmp_pool BF16 [blocks,bs,1,d], rope_cos, "
+                     "rope_sin (compressed profile), *, ratio 4|128)",
+                     "{cmp_pool, state_pool}: a prefill chunk's closed windows published and its mapped state rows "
+                     "written, composed from v4_compressor and v4_publish_compressed", "§8"),
         OperatorSpec("csa_compressors", "(x, position_ids, token_to_req, main_table, main_pool, main weights, "
                      "inner_table, inner_pool, inner weights, *, ratio=4, eps)",
                      "{compressed, index_key, closes, main_pool, inner_pool}: CSA's main and inner compressors",
@@ -358,6 +364,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "v4_compressor": ("kernels.v4.compressor", "v4_compressor"),
     "csa_compressors": ("kernels.v4.compressor", "csa_compressors"),
     "v4_publish_compressed": ("kernels.v4.compressor", "v4_publish_compressed"),
+    "v4_prefill_compressor": ("kernels.v4.prefill_compressor", "v4_prefill_compressor"),
     "encoder_replay": ("kernels.prefill_plan", "select_encoder_replay"),
     "hc_mixes": ("kernels.reference.mhc", "hc_mixes"),
     "hc_pre": ("kernels.reference.mhc", "hc_pre"),

@@ -389,6 +389,24 @@ def v4_prefill_index_topk(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Cont
                          topk=int(ctx.params["topk"]), offset=0, name=name, hard_floor=V4_PREFILL_HARD_ATOL)
 
 
+V4_CMP_POOL_TOL, V4_STATE_POOL_TOL = (1e-4, 1.0 / 128), (1e-3, 1e-3)  # upstream's prefill compressor compare_fn
+
+
+def v4_cmp_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """A V4 compressed pool written in place (§8): the rows the reference published within ratio_allclose(1e-4,
+    1/128) with no quota (upstream's cmp_kv compare_fn), every other row kept byte for byte (the input of the
+    same name)."""
+    return precision.check_owned_rows(a, e, ctx.inputs[name], atol=V4_CMP_POOL_TOL[0], rtol=V4_CMP_POOL_TOL[1],
+                                      name=name)
+
+
+def v4_state_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """A V4 compressor state pool written in place (§8): the rows the reference wrote within ratio_allclose(1e-3,
+    1e-3) with no quota (upstream's compress_state compare_fn), every other row kept byte for byte."""
+    return precision.check_owned_rows(a, e, ctx.inputs[name], atol=V4_STATE_POOL_TOL[0],
+                                      rtol=V4_STATE_POOL_TOL[1], name=name)
+
+
 COMPARATORS: dict[str, Comparator] = {
     "exact": exact, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
@@ -397,6 +415,7 @@ COMPARATORS: dict[str, Comparator] = {
     "ffn_input": ffn_input, "attn_out_v4": attn_out_v4,
     "v4_index_score": v4_index_score, "v4_index_topk": v4_index_topk,
     "v4_prefill_index_score": v4_prefill_index_score, "v4_prefill_index_topk": v4_prefill_index_topk,
+    "v4_cmp_pool": v4_cmp_pool, "v4_state_pool": v4_state_pool,
 }
 
 

@@ -102,6 +102,52 @@ def prefill_indexer_inputs(config, seed: int = 0, *, rows: int = 128, start: int
     )
 
 
+PREFILL_COMPRESSOR_HIDDEN, PREFILL_COMPRESSOR_D, PREFILL_COMPRESSOR_ROPE = 32, 8, 4  # tiny: 4 nope + 4 rope dims
+
+
+def prefill_compressor_inputs(ratio: int, seed: int = 0, *, start: int = 0, rows: int = 16,
+                              num_tokens: int | None = None, state_pages: int | None = None) -> dict:
+    """One request's prefill chunk for a V4 compressor (ratio 4 overlapping, or 128): rows at positions
+    start .. start + rows - 1 (``num_tokens`` real, default all); the state pool paged by absolute position
+    through a reversed table (no page is its own block) with random FP32 rows before ``start`` (an earlier
+    chunk's state) and a constant 7.0 elsewhere; every real row's state_slot_mapping its table row; a
+    compressed row for each closing position through a reversed compressed table of 8-row pages, over a pool of
+    BF16 3.0; the compressed-profile RoPE rows [positions, rope/2]."""
+    g = torch.Generator().manual_seed(seed)
+    overlap = ratio == 4
+    page = {4: 4, 128: 8}[ratio]
+    d, hidden, rope = PREFILL_COMPRESSOR_D, PREFILL_COMPRESSOR_HIDDEN, PREFILL_COMPRESSOR_ROPE
+    c = (2 if overlap else 1) * d
+    real = rows if num_tokens is None else num_tokens
+    end = start + rows
+    blocks = state_pages or -(-end // page)
+    table = torch.arange(blocks - 1, -1, -1, dtype=torch.int32)
+    pool = torch.full((blocks + 1, page, 2 * c), 7.0)
+    flat = pool.reshape(-1, 2 * c)
+    for p in range(max(0, start - 2 * ratio), start):
+        flat[int(table[p // page]) * page + p % page] = torch.randn(2 * c, generator=g)
+    pos = torch.arange(start, end)
+    state_slots = torch.tensor([int(table[p // page]) * page + p % page for p in pos.tolist()])
+    state_slots[real:] = -1
+    cmp_pages = max(1, -(-(end // ratio) // 8))
+    cmp_table = torch.arange(cmp_pages, 0, -1)
+    cmp_slots = torch.full((rows,), -1, dtype=torch.int64)
+    for t, p in enumerate(pos.tolist()):
+        if (p + 1) % ratio == 0 and t < real:
+            k = (p + 1) // ratio - 1
+            cmp_slots[t] = int(cmp_table[k // 8]) * 8 + k % 8
+    angle = torch.arange(end, dtype=torch.float32)[:, None] * torch.rand(rope // 2, generator=g)
+    return dict(
+        x=torch.randn(rows, hidden, generator=g).to(torch.bfloat16), position_ids=pos,
+        num_tokens=torch.tensor(real, dtype=torch.int32), state_block_table=table, state_pool=pool,
+        wkv=torch.randn(hidden, c, generator=g) / hidden**0.5, wgate=torch.randn(hidden, c, generator=g) / hidden**0.5,
+        ape=torch.randn(ratio, c, generator=g) * 0.5, norm=torch.rand(d, generator=g) + 0.5,
+        cmp_slot_mapping=cmp_slots, state_slot_mapping=state_slots,
+        cmp_pool=torch.full((cmp_pages + 1, 8, 1, d), 3.0).to(torch.bfloat16),
+        rope_cos=torch.cos(angle), rope_sin=torch.sin(angle),
+    )
+
+
 def prefill_attention_inputs(config, seed: int = 0, *, rows: int = 128, start: int = 100) -> dict:
     """One request's prefill chunk of ``rows`` rows at positions start .. start + rows - 1: each row's window
     of the last ``sliding_window`` positions (physical rows through a shuffled page table), and its compressed

@@ -737,6 +737,34 @@ def _v4_prefill_indexer_call(get, inputs: Tensors) -> Tensors:
     return dict(get("v4_prefill_indexer")(**{**inputs, "num_tokens": int(inputs["num_tokens"])}, config=_v4_config()))
 
 
+def _v4_prefill_compressor_build(ratio: int, start: int):
+    def build(seed: int, wiring: str) -> Tensors:
+        """One request's prefill chunk for a V4 compressor (contracts.v4_cases.prefill_compressor_inputs): 16
+        rows from ``start`` (the first windows reading the earlier chunk's state), reversed state and compressed
+        tables, pools of constant bytes around the owned rows; the last 2 rows padding that carry the mappings
+        they would have as real rows, and the first closing row not persisted (state_slot_mapping -1)."""
+        from contracts.v4_cases import prefill_compressor_inputs
+
+        inputs = prefill_compressor_inputs(ratio, seed, start=start, rows=16, num_tokens=14)
+        real = prefill_compressor_inputs(ratio, seed, start=start, rows=16)
+        for name in ("cmp_slot_mapping", "state_slot_mapping"):
+            inputs[name][14:] = real[name][14:]
+        inputs["state_slot_mapping"][int((inputs["cmp_slot_mapping"] >= 0).nonzero()[0])] = -1
+        return inputs
+
+    return build
+
+
+def _v4_prefill_compressor_call(get, inputs: Tensors, ratio: int) -> Tensors:
+    from kernels.v4.compressor import V4CompressorWeights
+
+    i = inputs
+    w = V4CompressorWeights(i["wkv"], i["wgate"], i["ape"], i["norm"])
+    return dict(get("v4_prefill_compressor")(i["x"], i["position_ids"], int(i["num_tokens"]), i["state_block_table"],
+                                             i["state_pool"], w, i["cmp_slot_mapping"], i["state_slot_mapping"],
+                                             i["cmp_pool"], i["rope_cos"], i["rope_sin"], ratio=ratio))
+
+
 def _v4_indexer_build(seed: int, wiring: str) -> Tensors:
     """V4-Pro (tiny, kernel preset) decode indexer at upstream's start regimes with a shuffled INT8 index cache
     (contracts.v4_cases.indexer_inputs)."""
@@ -877,6 +905,21 @@ def _build_cases() -> dict[str, Case]:
                           lambda b, i, w, r=ratio, o=overlap: _v4_compressor_call(b.get, i, r, o),
                           lambda w: {"compressed": "hc_out", "closes": "exact", "state_pool": "exact"},
                           preset="v4-pro-tiny"))
+    from kernels.v4 import prefill_compressor as v4pc
+
+    for name, ratio, start in (("v4_prefill_compressor_csa", 4, 2), ("v4_prefill_compressor_hca", 128, 120)):
+        cases.append(Case(name, "v4_prefill_compressor", f"V4 prefill compressor, ratio {ratio}"
+                          f"{' with overlapping windows' if ratio == 4 else ''}: one request's chunk of 16 rows from "
+                          f"position {start}, the first windows reading the earlier chunk's state through a reversed "
+                          "table" + (" (the window closing at 3 has no previous half)" if ratio == 4 else "") +
+                          ", 2 padding rows with real-looking mappings, the first closing row not persisted", ("replicated",),
+                          ("kernels.v4.prefill_compressor", "kernels.v4.compressor"),
+                          _v4_prefill_compressor_build(ratio, start),
+                          lambda i, w, r=ratio: _v4_prefill_compressor_call(
+                              {"v4_prefill_compressor": v4pc.v4_prefill_compressor}.__getitem__, i, r),
+                          lambda b, i, w, r=ratio: _v4_prefill_compressor_call(b.get, i, r),
+                          lambda w: {"cmp_pool": "v4_cmp_pool", "state_pool": "v4_state_pool"},
+                          inout=("cmp_pool", "state_pool"), preset="v4-pro-tiny"))
     from kernels.v4 import index_cache as v4ic
 
     cases.append(Case("v4_index_keys", "v4_publish_index_keys", "V4-Pro (tiny) CSA index-key write: closed windows "

@@ -516,6 +516,21 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             "(the CANN indexer_quant_cache the indexer compressor calls)", "host reference of a CANN operator",
             note="the device side is CANN's indexer_quant_cache(quant_mode='fp8', round_scale=True) inside the "
                  "indexer compressor; no pypto entry returns it"),
+    Binding("v4_prefill_compressor", "not bound", f"{PRO}/prefill_compressor_ratio4.py::prefill_compressor_ratio4, "
+            "prefill_compressor_ratio128.py::prefill_compressor_ratio128", "@pl.jit.inline",
+            _args(("x", "in", "BF16", "[T, D]"),
+                  ("compress_state", "inout", "FP32", "[STATE_BLOCK_NUM_DYN, STATE_BLOCK_SIZE (4 / 8), 2 * OUT_DIM]"),
+                  ("compress_state_block_table", "in", "INT32", "[STATE_MAX_BLOCKS]"),
+                  ("wkv", "in", "BF16", "[OUT_DIM, D]"), ("wgate", "in", "BF16", "[OUT_DIM, D]"),
+                  ("ape", "in", "FP32", "[COMPRESS_RATIO, OUT_DIM]"), ("norm_w", "in", "BF16", "[HEAD_DIM]"),
+                  ("freqs_cos", "in", "BF16", "[MAX_SEQ_LEN, ROPE_HEAD_DIM]"),
+                  ("freqs_sin", "in", "BF16", "[MAX_SEQ_LEN, ROPE_HEAD_DIM]"),
+                  ("cmp_kv", "inout", "BF16", "[CMP_BLOCK_NUM_DYN, BLOCK_SIZE, 1, HEAD_DIM]"),
+                  ("position_ids", "in", "INT32", "[T]"), ("num_tokens", "scalar", "INT32", ""),
+                  ("cmp_slot_mapping", "in", "INT64", "[T]"), ("state_slot_mapping", "in", "INT64", "[T]")),
+            note="the weights are stored transposed ([OUT_DIM, D]; the operator takes [D, OUT_DIM] as "
+                 "v4_compressor does) and the RoPE tables are the full compressed-profile rows (the operator takes "
+                 "their first ROPE_HEAD_DIM // 2 columns); the ratio-4 entry also takes a completion task array"),
     Binding("csa_compressors", "composition", f"{PRO}/decode_attention_csa.py (compressor_ratio4 and "
             "decode_indexer_compressor)", "composition",
             note="composed from v4_compressor on this backend"),

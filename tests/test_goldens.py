@@ -607,3 +607,28 @@ def test_gc_counts_must_be_whole_numbers(store, capsys, value):
         with pytest.raises(SystemExit) as exc:
             run_cli(store, "gc", flag, value)
         assert exc.value.code == 2 and "whole number >= 0" in capsys.readouterr().err
+
+
+V4_TREE_DEFECTS = {  # sample-store tree -> the seeded defects its replay must fail
+    "v4_indexer": ("RELU_AFTER_SUM", "VISIBLE_FROM_POSITION", "OFFSET_DROPPED", "TAIL_ZERO", "TOPK_BY_POSITION",
+                   "HADAMARD_BEFORE_ROPE"),
+    "v4_prefill_indexer": ("PREFILL_ROPE_PER_REQUEST", "PREFILL_OFFSET_ADDED", "PREFILL_PADDING_SCORED",
+                           "PREFILL_DECODE_WIDTH"),
+    "v4_index_keys": ("KEY_SCALE_DIVIDED", "KEY_HADAMARD_BEFORE_ROPE", "KEY_UNROUNDED_BEFORE_HADAMARD"),
+    "v4_prefill_compressor_csa": ("PREFILL_PADDING_COMPRESSED", "PREFILL_UNPERSISTED_WRITTEN", "PREV_HALF_ZERO_SCORE"),
+    "v4_prefill_compressor_hca": ("PREFILL_PADDING_COMPRESSED", "PREFILL_UNPERSISTED_WRITTEN"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(V4_TREE_DEFECTS))
+def test_the_v4_trees_catch_their_seeded_defects(case):
+    """Each V4 indexer, index-key and prefill-compressor tree of the sample store passes on the reference and
+    fails (a comparator verdict, not a crash) on each seeded defect of its operator. Spec: §8."""
+    from contracts.backends import load_backend_module, torch_backend
+
+    reader = GoldenStore(Path(__file__).resolve().parents[1] / "artifacts" / "store").reader()
+    tree = trees.load_tree(reader, case, "replicated")
+    assert all(r.ok for r in trees.replay(tree, torch_backend()).values())
+    for name in V4_TREE_DEFECTS[case]:
+        results = trees.replay(tree, load_backend_module(f"tests.defects.v4:{name}"))
+        assert results and not all(r.ok for r in results.values()), f"{case}: {name} passes every output"

@@ -290,6 +290,32 @@ def check_ratio_allclose(actual: torch.Tensor, expected: torch.Tensor, *, atol: 
     return passed(check, spec, n)
 
 
+def check_owned_rows(actual: torch.Tensor, expected: torch.Tensor, before: torch.Tensor, *, atol: float,
+                     rtol: float, name: str = "pool") -> CheckResult:
+    """An in-out pool [..., width]: the rows the reference wrote (expected differs from ``before`` there) within
+    ratio_allclose(atol, rtol) with no quota, and every other row byte for byte as it was (a written row the
+    reference left alone is a failure however small). Spec: §8 (upstream's cmp_kv / compress_state
+    compare_fn, no error quota)."""
+    check, spec = "check_owned_rows", "§8"
+    problem = _pair_problem(check, spec, name, actual, expected)
+    if problem is not None:
+        return problem
+    if before.shape != expected.shape or before.dtype != expected.dtype:
+        return failed(check, spec, 1, 1, Violation(f"{name}.before", (), f"{before.dtype}{list(before.shape)}",
+                                                   f"{expected.dtype}{list(expected.shape)}"))
+    width = expected.shape[-1]
+    a, e, b = (byte_view(v.contiguous()).reshape(-1, width * v.element_size()) for v in (actual, expected, before))
+    owned = (e != b).any(1)
+    moved = (a != b).any(1) & ~owned
+    if bool(moved.any()):
+        r = int(moved.nonzero()[0])
+        return failed(check, spec, int((~owned).sum()), int(moved.sum()),
+                      Violation(f"{name} row", (r,), "written", "kept byte for byte",
+                                note=f"{int(moved.sum())} row(s) the reference did not write were changed"))
+    rows = lambda v: v.reshape(-1, width)[owned]  # noqa: E731
+    return check_ratio_allclose(rows(actual), rows(expected), atol=atol, rtol=rtol, max_error_ratio=0.0, name=name)
+
+
 # The BF16-ending stages (attention input, hc_post replay): on top of ratio_allclose(1e-4, 1/128), every token
 # row's relative L2 error within 2^-8 (one BF16 step). upstream_checks AP-14.
 BF16_STAGE_TOL = (1e-4, 1 / 128)

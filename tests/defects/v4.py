@@ -307,6 +307,66 @@ PREFILL_DECODE_WIDTH = _base.derive("defect:v4-prefill-indexer-decode-width",
                                     v4_prefill_indexer=_prefill_indexer_variant(decode_width=True))
 
 
+def _prefill_compressor_variant(*, padding_read=False, unpersisted_written=False, prev_zero_score=False):
+    """A port of v4_prefill_compressor with one rule changed (see each defect below)."""
+    from kernels.v4 import compressor as c
+    from kernels.v4 import prefill_compressor as pc
+
+    def zero_score_compressor(x, position_ids, token_to_req, state_block_table, state_pool, weights, *, ratio,
+                              overlap, eps=1e-6):
+        """The decode compressor with the previous half before position 0 taken as kv 0, score 0."""
+        d, w = weights.norm.shape[0], (2 if overlap else 1) * weights.norm.shape[0]
+        pages, page, _ = state_pool.shape
+        pool = state_pool.clone().reshape(pages * page, 2 * w)
+        kv, score = c.project(x, weights.wkv), c.project(x, weights.wgate)
+        out = torch.zeros(x.shape[0], d)
+        closes = torch.zeros(x.shape[0], dtype=torch.bool)
+        for t in range(x.shape[0]):
+            p, b = int(position_ids[t]), int(token_to_req[t])
+            pool[c._slot(state_block_table, b, p, page, pages)] = torch.cat((kv[t], score[t] + weights.ape[p % ratio]))
+            if (p + 1) % ratio:
+                continue
+            rows_kv, rows_score = [], []
+            for q in range(p - 2 * ratio + 1, p - ratio + 1):
+                if not overlap:
+                    break
+                row = pool[c._slot(state_block_table, b, q, page, pages)] if q >= 0 else torch.zeros(2 * w)
+                rows_kv.append(row[:d])
+                rows_score.append(row[w:w + d])
+            lo = d if overlap else 0
+            for q in range(p - ratio + 1, p + 1):
+                row = pool[c._slot(state_block_table, b, q, page, pages)]
+                rows_kv.append(row[lo:lo + d])
+                rows_score.append(row[w + lo:w + lo + d])
+            pooled = (torch.stack(rows_kv) * torch.stack(rows_score).softmax(dim=0)).sum(dim=0)
+            out[t] = pooled * torch.rsqrt(pooled.pow(2).mean() + eps) * weights.norm.float()
+            closes[t] = True
+        return out, closes, pool.reshape(pages, page, 2 * w)
+
+    def run(x, position_ids, num_tokens, state_block_table, state_pool, weights, cmp_slot_mapping,
+            state_slot_mapping, cmp_pool, rope_cos, rope_sin, *, ratio, eps=1e-6, ops=None):
+        if padding_read:  # every row processed (num_tokens ignored)
+            num_tokens = x.shape[0]
+        if unpersisted_written:  # the decode rule: every row's state written at its home
+            page = state_pool.shape[1]
+            state_slot_mapping = torch.tensor([int(state_block_table[int(p) // page]) * page + int(p) % page
+                                               for p in position_ids.tolist()])
+        ops = {"v4_compressor": zero_score_compressor} if prev_zero_score else None
+        return pc.v4_prefill_compressor(x, position_ids, num_tokens, state_block_table, state_pool, weights,
+                                        cmp_slot_mapping, state_slot_mapping, cmp_pool, rope_cos, rope_sin,
+                                        ratio=ratio, eps=eps, ops=ops)
+
+    return run
+
+
+PREFILL_PADDING_COMPRESSED = _base.derive("defect:v4-prefill-compressor-padding-read",
+                                          v4_prefill_compressor=_prefill_compressor_variant(padding_read=True))
+PREFILL_UNPERSISTED_WRITTEN = _base.derive("defect:v4-prefill-compressor-unpersisted-written",
+                                           v4_prefill_compressor=_prefill_compressor_variant(unpersisted_written=True))
+PREV_HALF_ZERO_SCORE = _base.derive("defect:v4-prefill-compressor-prev-zero-score",
+                                    v4_prefill_compressor=_prefill_compressor_variant(prev_zero_score=True))
+
+
 def _padding_attended(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids, attn_sink,
                       freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq=None, num_tokens=None, ops=None):
     """Wrong: the padding rows of a prefill chunk are attended like real rows (num_tokens ignored)."""

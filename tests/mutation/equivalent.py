@@ -196,6 +196,13 @@ V4_SWA_PLACEHOLDER = ("The SWA stage hands v4_attention a placeholder compressed
                       "has no compressed slots): their size and dtype do not matter.")
 
 
+V4_DIV_COMPARE = ("p / k >= n and p // k >= n agree for integers p >= 0, k > 0, n >= 0 (both say p >= n·k).")
+V4_EMPTY_CHUNK = ("The chunk's first position is only read when the chunk has rows: with num_tokens = 0 every check "
+                  "runs over empty tensors, whatever the placeholder.")
+V4_OPS_SAME = ("Under the reference backend a composition receives the reference's own operators as ops; falling back "
+               "to the module's defaults runs the very same functions.")
+
+
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
@@ -590,6 +597,12 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.prefill_indexer:v4_prefill_indexer:binop:rope // 2[FloorDiv]->Div#0': V4_EVEN_ROPE,
     'kernels.v4.prefill_indexer:prefill_visible:name:int64->int32#0': DTYPE,
     'kernels.v4.prefill_indexer:prefill_visible:binop:(pos + 1) // RATIO[FloorDiv]->Div#0': V4_TRUNC,
+    'kernels.v4.prefill_compressor:_check:drop-call:position_ids[:num_tokens].to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.prefill_compressor:_check:binop:p // page[FloorDiv]->Div#0': V4_DIV_COMPARE,
+    'kernels.v4.prefill_compressor:_check:name:int64->int32#0': DTYPE,
+    'kernels.v4.prefill_compressor:_check:const:0->1#3': V4_EMPTY_CHUNK,
+    'kernels.v4.prefill_compressor:v4_prefill_compressor:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
+    'kernels.v4.prefill_compressor:v4_prefill_compressor:name:int64->int32#0': DTYPE,
     'kernels.v4.indexer:visible_lengths:name:int64->int32#0': DTYPE,
     'kernels.v4.indexer:visible_lengths:name:int64->int32#1': DTYPE,
     'kernels.v4.indexer:visible_lengths:binop:(pos + 1) // RATIO[FloorDiv]->Div#0': V4_TRUNC,

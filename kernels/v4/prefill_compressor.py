@@ -1,0 +1,116 @@
+"""V4's compressors on a prefill chunk (spec §8; upstream prefill_compressor_ratio4.py and
+prefill_compressor_ratio128.py, the packed single-request token-major layout).
+
+A prefill chunk is one request of T rows, ``num_tokens`` real (the rest padding, never read or written). Its
+state pool is paged by absolute position through one table ``state_block_table`` [P] (pages of 4 rows at
+ratio 4, 8 at ratio 128: no ring within a request), and the chunk's writes are given by two slot mappings:
+
+* ``state_slot_mapping[t]``: the state row token t's projections go to (kv = x · wkv, score = x · wgate +
+  ape[pos % ratio], FP32), or -1 for none. It must be the row the table gives the token's position (the state
+  of a position has one home), or -1;
+* ``cmp_slot_mapping[t]``: the compressed-pool row [blocks, block_size, 1, d] of the window closing at token t,
+  or -1. Only a closing position ((pos + 1) % ratio == 0) may carry one.
+
+The compressed row of a window closing at t is the decode compressor's (``kernels.v4.compressor``): the
+window's positions pooled per channel by softmax of their scores -- with overlap (ratio 4) the previous
+window's first-half channels and the current window's second-half channels, positions before 0 taking no part
+-- RMS-normalised in FP32 times the weight, rotated at the window's first position pos - ratio + 1 and rounded
+once to the pool's BF16 (``v4_publish_compressed``). A window position inside the chunk uses the chunk's own
+projection; one before the chunk is read from the state pool through the table (an unmapped page there is
+refused). The state rows of the chunk's tokens are persisted only where ``state_slot_mapping`` says so.
+
+Upstream's two kernels reach this rule differently: the ratio-4 kernel overlays the chunk's projections on the
+state it reads, the ratio-128 kernel scatters the chunk's state first and reads the window back. They agree
+whenever ``state_slot_mapping`` is the table's row (the only mapping accepted besides -1); with -1 on a token
+whose window closes inside the chunk they would differ, and this rule is the ratio-4 kernel's.
+
+Composed from the backend's ``v4_compressor`` and ``v4_publish_compressed``. Spec: §8; docs/coverage.md, V4
+section (V4-11, V4-12).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.errors import ContractInputError, first_true
+from kernels.v4.compressor import V4CompressorWeights, v4_compressor, v4_publish_compressed
+
+SPEC = "§8"
+ROUNDING_VERSION = "v4-prefill-compressor-1"
+STATE_PAGE = {4: 4, 128: 8}  # CSA_STATE_BLOCK_SIZE, HCA_STATE_BLOCK_SIZE: state rows per page
+
+
+def _check(x, position_ids, num_tokens, state_block_table, state_pool, cmp_slot_mapping, state_slot_mapping,
+           ratio) -> int:
+    tokens = x.shape[0]
+    if ratio not in STATE_PAGE:
+        raise ContractInputError("ratio", None, f"one of {sorted(STATE_PAGE)}", ratio, SPEC)
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens:
+        raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", num_tokens, SPEC)
+    for name, t in (("position_ids", position_ids), ("cmp_slot_mapping", cmp_slot_mapping),
+                    ("state_slot_mapping", state_slot_mapping)):
+        if t.shape != (tokens,):
+            raise ContractInputError(name, None, f"[{tokens}] (one per row)", list(t.shape), SPEC)
+    if state_block_table.ndim != 1:
+        raise ContractInputError("state_block_table", None, "[P] (the one request's pages)",
+                                 list(state_block_table.shape), SPEC)
+    page = STATE_PAGE[ratio]
+    if state_pool.ndim != 3 or state_pool.shape[1] != page:
+        raise ContractInputError("state_pool", None, f"[pages, {page}, 2 · coff · d] (ratio {ratio})",
+                                 list(state_pool.shape), SPEC)
+    pos = position_ids[:num_tokens].to(torch.int64)
+    first = int(pos[0]) if num_tokens else 0
+    if first < 0:
+        raise ContractInputError("position_ids", (0,), ">= 0", first, SPEC)
+    gap = pos != first + torch.arange(num_tokens)
+    if bool(gap.any()):
+        i = first_true(gap)
+        raise ContractInputError("position_ids", (i,), f"{first + i} (consecutive from the chunk's first position)",
+                                 int(pos[i]), SPEC)
+    for t in range(num_tokens):
+        p = int(pos[t])
+        if int(cmp_slot_mapping[t]) >= 0 and (p + 1) % ratio:
+            raise ContractInputError("cmp_slot_mapping", (t,), f"-1 (position {p} closes no ratio-{ratio} window)",
+                                     int(cmp_slot_mapping[t]), SPEC)
+        row = int(state_slot_mapping[t])
+        if row < 0:
+            continue
+        if p // page >= state_block_table.numel():
+            raise ContractInputError("state_block_table", None, f"a page for position {p} (block {p // page})",
+                                     f"{state_block_table.numel()} blocks", SPEC)
+        home = int(state_block_table[p // page]) * page + p % page
+        if row != home:
+            raise ContractInputError("state_slot_mapping", (t,), f"-1 or {home} (the table's row for position {p})",
+                                     row, SPEC)
+    return tokens
+
+
+def v4_prefill_compressor(x: torch.Tensor, position_ids: torch.Tensor, num_tokens: int,
+                          state_block_table: torch.Tensor, state_pool: torch.Tensor, weights: V4CompressorWeights,
+                          cmp_slot_mapping: torch.Tensor, state_slot_mapping: torch.Tensor, cmp_pool: torch.Tensor,
+                          rope_cos: torch.Tensor, rope_sin: torch.Tensor, *, ratio: int, eps: float = 1e-6,
+                          ops=None) -> dict[str, torch.Tensor]:
+    """One request's prefill chunk -> {"cmp_pool": the compressed pool with the closed windows written (BF16),
+    "state_pool": the state pool with the mapped rows written}; x [T, hidden] BF16; ratio 4 (overlapping) or 128.
+    The inputs are not modified. Spec: §8."""
+    _check(x, position_ids, num_tokens, state_block_table, state_pool, cmp_slot_mapping, state_slot_mapping, ratio)
+    ops = ops or {}
+    compress = ops.get("v4_compressor", v4_compressor)
+    publish = ops.get("v4_publish_compressed", v4_publish_compressed)
+    n = num_tokens
+    table = state_block_table.reshape(1, -1)
+    compressed, closes, pool = compress(x[:n], position_ids[:n], torch.zeros(n, dtype=torch.int64), table,
+                                        state_pool, weights, ratio=ratio, overlap=ratio == 4, eps=eps)
+    page = state_pool.shape[1]
+    flat, before = pool.reshape(-1, pool.shape[2]), state_pool.reshape(-1, state_pool.shape[2])
+    for t in range(n):
+        if int(state_slot_mapping[t]) < 0:  # the chunk's projection pooled, not persisted
+            p = int(position_ids[t])
+            home = int(state_block_table[p // page]) * page + p % page
+            flat[home] = before[home]
+    cmp = publish(compressed, closes, position_ids[:n], cmp_slot_mapping[:n], cmp_pool, rope_cos, rope_sin,
+                  ratio=ratio)
+    return {"cmp_pool": cmp, "state_pool": pool}
+
+
+v4_prefill_compressor.composes_operators = True
