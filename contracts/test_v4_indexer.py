@@ -43,9 +43,9 @@ def _independent(config, i, offset):
     seq, heads, dim, rope = config.decode_seq, config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim
     t_n, width, bs = i["qr"].shape[0], config.kernel_max_seq_len // 4, config.block_size
     q = (i["qr"].double() @ i["wq_b"].double()) * i["qr_scale"].double() * i["wq_b_scale"].double()
-    q = q.float().double().reshape(t_n, heads, dim)
-    cos = i["cos"].double()[torch.arange(t_n) // seq][:, None, :]
-    sin = i["sin"].double()[torch.arange(t_n) // seq][:, None, :]
+    q = q.float().reshape(t_n, heads, dim)  # the rotation in FP32, as upstream's golden computes it: an FP64
+    cos = i["cos"].float()[torch.arange(t_n) // seq][:, None, :]  # rotation can land a BF16 tie on the other
+    sin = i["sin"].float()[torch.arange(t_n) // seq][:, None, :]  # side, and the INT8 codes amplify that
     x0, x1 = q[..., dim - rope::2].clone(), q[..., dim - rope + 1::2].clone()
     q[..., dim - rope::2], q[..., dim - rope + 1::2] = x0 * cos - x1 * sin, x0 * sin + x1 * cos
     q = q.float().to(torch.bfloat16).double() @ i["hadamard"].double()

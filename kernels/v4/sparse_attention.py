@@ -174,10 +174,10 @@ def v4_output_projection(o: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: to
     x = heads_bf16.reshape(tokens, groups, group_in).to(torch.float64)
     latent = torch.einsum("tgk,gnk->tgn", x, wo_a.to(torch.float64)).to(torch.float32)  # [T, G, O_LORA], FP32
     codes, factor = quantize_rows_int8(latent, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
-    w = wo_b.to(torch.int64).reshape(hidden, groups, lora)
+    w = wo_b.reshape(hidden, groups, lora)
     out = torch.zeros(tokens, hidden, dtype=torch.float32)
-    for g in range(groups):
-        partial = codes[:, g].to(torch.int64) @ w[:, g].T  # exact integers
+    for g in range(groups):  # exact integers: |partial| <= 127 · 127 · O_LORA < 2^53, so FP64 holds every sum
+        partial = codes[:, g].to(torch.float64) @ w[:, g].to(torch.float64).T
         out = out + partial.to(torch.float32) * factor[:, g]
     return (out * wo_b_scale.float()).to(torch.bfloat16)
 
