@@ -121,6 +121,12 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "[T], cmp_pool [blocks,page,1,d] BF16, rope_cos, rope_sin (compressed profile), *, ratio)",
                      "the new cmp pool: each closed window's row, RoPE'd at the window's first position, at its slot",
                      "§8"),
+        OperatorSpec("v4_compressor_txn", "(x [B*seq,hidden], position_ids [T], state_page_ids [B,P], "
+                     "state_page_epochs [B,P], request_epochs [B], state_valid_ranges [B,2], state_slot_mapping [T], "
+                     "state_pool FP32 [pages,page,2*coff*d], weights, *, ratio 4|128, seq)",
+                     "(compressed [T,d] FP32, closes [T], new state pool): the decode compressor as a state "
+                     "transaction (only current-epoch pages in the valid range are read; this step overlays; the "
+                     "commit follows the pool)", "§8"),
         OperatorSpec("v4_prefill_compressor", "(x [T,hidden] BF16, position_ids [T], num_tokens (int), "
                      "state_block_table [P] (one request), state_pool FP32 [pages,4|8,2*coff*d], weights, "
                      "cmp_slot_mapping [T], state_slot_mapping [T], cmp_pool BF16 [blocks,bs,1,d], rope_cos, "
@@ -365,6 +371,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "csa_compressors": ("kernels.v4.compressor", "csa_compressors"),
     "v4_publish_compressed": ("kernels.v4.compressor", "v4_publish_compressed"),
     "v4_prefill_compressor": ("kernels.v4.prefill_compressor", "v4_prefill_compressor"),
+    "v4_compressor_txn": ("kernels.v4.compressor_txn", "v4_compressor_txn"),
     "encoder_replay": ("kernels.prefill_plan", "select_encoder_replay"),
     "hc_mixes": ("kernels.reference.mhc", "hc_mixes"),
     "hc_pre": ("kernels.reference.mhc", "hc_pre"),

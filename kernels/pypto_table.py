@@ -516,6 +516,24 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             "(the CANN indexer_quant_cache the indexer compressor calls)", "host reference of a CANN operator",
             note="the device side is CANN's indexer_quant_cache(quant_mode='fp8', round_scale=True) inside the "
                  "indexer compressor; no pypto entry returns it"),
+    Binding("v4_compressor_txn", "not bound", f"{PRO}/decode_compressor_ratio4.py::compressor_ratio4 (the "
+            "persistent-state form; the @pl.jit entry compressor_test wraps it)", "@pl.jit.inline",
+            _args(("x", "in", "BF16", "[T_DYN, D]"), ("kv", "out", "FP32", "[T_DYN, HEAD_DIM]"),
+                  ("compress_state", "inout", "FP32", "[STATE_BLOCK_NUM_DYN, CSA_STATE_BLOCK_SIZE, 2 * OUT_DIM]"),
+                  ("state_page_ids", "in", "INT32", "[B_DYN, CSA_STATE_PAGES_PER_REQUEST]"),
+                  ("state_valid_ranges", "in", "INT32", "[B_DYN, 2]"),
+                  ("state_page_epochs", "in", "INT32", "[B_DYN, CSA_STATE_PAGES_PER_REQUEST]"),
+                  ("request_epochs", "in", "INT32", "[B_DYN]"),
+                  ("wkv", "in", "BF16", "[OUT_DIM, D]"), ("wgate", "in", "BF16", "[OUT_DIM, D]"),
+                  ("ape", "in", "FP32", "[COMPRESS_RATIO, OUT_DIM]"), ("norm_w", "in", "BF16", "[HEAD_DIM]"),
+                  ("request_event_indices", "in", "INT32", "[B_DYN]"), ("event_query_ids", "in", "INT32", "[EVENT_DYN]"),
+                  ("cos", "in", "FP32", "[EVENT_DYN, ROPE_HEAD_DIM]"), ("sin", "in", "FP32", "[EVENT_DYN, ROPE_HEAD_DIM]"),
+                  ("cmp_kv_cache", "inout", "BF16", "[CMP_BLOCK_NUM_DYN, BLOCK_SIZE, 1, HEAD_DIM]"),
+                  ("event_write_slots", "in", "INT64", "[EVENT_DYN]"), ("position_ids", "in", "INT32", "[T_DYN]"),
+                  ("state_slot_mapping", "in", "INT64", "[T_DYN]")),
+            note="the entry also publishes each event's row (rotated, BF16) into cmp_kv_cache -- this operator "
+                 "returns the FP32 rows for v4_publish_compressed; upstream names closing rows by event lists "
+                 "(one per request a step), the operator by (pos + 1) % ratio"),
     Binding("v4_prefill_compressor", "not bound", f"{PRO}/prefill_compressor_ratio4.py::prefill_compressor_ratio4, "
             "prefill_compressor_ratio128.py::prefill_compressor_ratio128", "@pl.jit.inline",
             _args(("x", "in", "BF16", "[T, D]"),

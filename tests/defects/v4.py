@@ -367,6 +367,70 @@ PREV_HALF_ZERO_SCORE = _base.derive("defect:v4-prefill-compressor-prev-zero-scor
                                     v4_prefill_compressor=_prefill_compressor_variant(prev_zero_score=True))
 
 
+def _txn_variant(*, epoch_ignored=False, range_ignored=False, no_overlay=False, commit_first=False):
+    """A port of v4_compressor_txn with one rule changed (see each defect below)."""
+    from kernels.reference.compressor import project
+    from kernels.v4 import compressor_txn as ct
+
+    def run(x, position_ids, state_page_ids, state_page_epochs, request_epochs, state_valid_ranges,
+            state_slot_mapping, state_pool, weights, *, ratio, seq, eps=1e-6):
+        overlap = ratio == 4
+        d = weights.norm.shape[0]
+        w = (2 if overlap else 1) * d
+        pages, page, _ = state_pool.shape
+        rows = ct.ring_rows(ratio)
+        flat = state_pool.reshape(pages * page, 2 * w).clone()
+        own = torch.cat((project(x, weights.wkv), project(x, weights.wgate) + weights.ape[position_ids.long() % ratio]), 1)
+        if commit_first:  # the decode ring's order: write, then read
+            for t in range(x.shape[0]):
+                if int(state_slot_mapping[t]) >= 0:
+                    flat[int(state_slot_mapping[t])] = own[t]
+
+        def held(b, q):
+            k = (q % rows) // page
+            pid = int(state_page_ids[b, k])
+            ok = pid >= 0 and (epoch_ignored or int(state_page_epochs[b, k]) == int(request_epochs[b]))
+            if not ok or not (range_ignored or int(state_valid_ranges[b, 0]) <= q < int(state_valid_ranges[b, 1])):
+                return None
+            return flat[pid * page + (q % rows) % page]
+
+        out = torch.zeros(x.shape[0], d)
+        closes = torch.zeros(x.shape[0], dtype=torch.bool)
+        for t in range(x.shape[0]):
+            p, b = int(position_ids[t]), t // seq
+            if (p + 1) % ratio:
+                continue
+            first = int(position_ids[b * seq])
+            window = ([(q, 0) for q in range(p - 2 * ratio + 1, p - ratio + 1)] if overlap else []) + \
+                [(q, d if overlap else 0) for q in range(p - ratio + 1, p + 1)]
+            vals, scores = [], []
+            for q, lo in window:
+                if first <= q <= p and not (no_overlay or commit_first):
+                    row = own[b * seq + q - first]
+                else:
+                    row = held(b, q) if q >= 0 else None
+                    if row is None and first <= q <= p and commit_first:
+                        row = own[b * seq + q - first]
+                vals.append(row[lo:lo + d] if row is not None else torch.zeros(d))
+                scores.append(row[w + lo:w + lo + d] if row is not None else torch.full((d,), float("-inf")))
+            pooled = (torch.stack(vals) * torch.stack(scores).softmax(0)).sum(0)
+            out[t] = pooled * torch.rsqrt(pooled.pow(2).mean() + eps) * weights.norm.float()
+            closes[t] = True
+        if not commit_first:
+            for t in range(x.shape[0]):
+                if int(state_slot_mapping[t]) >= 0:
+                    flat[int(state_slot_mapping[t])] = own[t]
+        return out, closes, flat.reshape(pages, page, 2 * w)
+
+    return run
+
+
+TXN_EPOCH_IGNORED = _base.derive("defect:v4-txn-epoch-ignored", v4_compressor_txn=_txn_variant(epoch_ignored=True))
+TXN_RANGE_IGNORED = _base.derive("defect:v4-txn-range-ignored", v4_compressor_txn=_txn_variant(range_ignored=True))
+TXN_NO_OVERLAY = _base.derive("defect:v4-txn-no-overlay", v4_compressor_txn=_txn_variant(no_overlay=True))
+TXN_COMMIT_FIRST = _base.derive("defect:v4-txn-commit-first", v4_compressor_txn=_txn_variant(commit_first=True))
+
+
 def _padding_attended(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids, attn_sink,
                       freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq=None, num_tokens=None, ops=None):
     """Wrong: the padding rows of a prefill chunk are attended like real rows (num_tokens ignored)."""

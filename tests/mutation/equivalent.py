@@ -203,6 +203,10 @@ V4_OPS_SAME = ("Under the reference backend a composition receives the reference
                "to the module's defaults runs the very same functions.")
 
 
+V4_NEG_FIRST = ("Within a request's rows a negative later position means a negative first one or a gap, both refused "
+                "already; testing more columns for < 0 refuses the same inputs, naming the same request.")
+
+
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
@@ -603,6 +607,10 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.prefill_compressor:_check:const:0->1#3': V4_EMPTY_CHUNK,
     'kernels.v4.prefill_compressor:v4_prefill_compressor:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
     'kernels.v4.prefill_compressor:v4_prefill_compressor:name:int64->int32#0': DTYPE,
+    'kernels.v4.compressor_txn:_check:drop-call:position_ids.reshape(requests, seq).to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.compressor_txn:_check:name:int64->int32#0': DTYPE,
+    'kernels.v4.compressor_txn:_check:const:1->2#5': V4_NEG_FIRST,
+    'kernels.v4.compressor_txn:v4_compressor_txn:drop-call:weights.norm.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.indexer:visible_lengths:name:int64->int32#0': DTYPE,
     'kernels.v4.indexer:visible_lengths:name:int64->int32#1': DTYPE,
     'kernels.v4.indexer:visible_lengths:binop:(pos + 1) // RATIO[FloorDiv]->Div#0': V4_TRUNC,
