@@ -127,6 +127,10 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "(compressed [T,d] FP32, closes [T], new state pool): the decode compressor as a state "
                      "transaction (only current-epoch pages in the valid range are read; this step overlays; the "
                      "commit follows the pool)", "§8"),
+        OperatorSpec("v4_gate", "(x_mixed [T,D] BF16, norm_w [D] BF16, gate_w [E,D] FP32, gate_bias [E], layer_id, "
+                     "num_tokens, tid2eid [V,K] INT32, input_ids [T], *, config (V4))",
+                     "{x_norm_i8 [T,D] INT8, x_norm_scale [T,1] (amax/127 · inv_rms), indices [T,K] INT32, weights "
+                     "[T,K]}: V4's MoE router (hash layers by token id, else biased top-k; unbiased weights)", "§8"),
         OperatorSpec("v4_prefill_compressor", "(x [T,hidden] BF16, position_ids [T], num_tokens (int), "
                      "state_block_table [P] (one request), state_pool FP32 [pages,4|8,2*coff*d], weights, "
                      "cmp_slot_mapping [T], state_slot_mapping [T], cmp_pool BF16 [blocks,bs,1,d], rope_cos, "
@@ -372,6 +376,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "v4_publish_compressed": ("kernels.v4.compressor", "v4_publish_compressed"),
     "v4_prefill_compressor": ("kernels.v4.prefill_compressor", "v4_prefill_compressor"),
     "v4_compressor_txn": ("kernels.v4.compressor_txn", "v4_compressor_txn"),
+    "v4_gate": ("kernels.v4.gate", "v4_gate"),
     "encoder_replay": ("kernels.prefill_plan", "select_encoder_replay"),
     "hc_mixes": ("kernels.reference.mhc", "hc_mixes"),
     "hc_pre": ("kernels.reference.mhc", "hc_pre"),

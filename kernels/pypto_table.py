@@ -534,6 +534,15 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             note="the entry also publishes each event's row (rotated, BF16) into cmp_kv_cache -- this operator "
                  "returns the FP32 rows for v4_publish_compressed; upstream names closing rows by event lists "
                  "(one per request a step), the operator by (pos + 1) % ratio"),
+    Binding("v4_gate", "not bound", f"{PRO}/gate.py::gate (the @pl.jit entry gate_test wraps it)", "@pl.jit.inline",
+            _args(("x_mixed", "in", "BF16", "[T, D]"), ("norm_w", "in", "BF16", "[D]"),
+                  ("gate_w", "in", "FP32", "[N_EXPERTS, D]"), ("gate_bias", "in", "FP32", "[N_EXPERTS]"),
+                  ("layer_id", "scalar", "INT32", ""), ("num_tokens", "scalar", "INT32", ""),
+                  ("tid2eid", "in", "INT32", "[VOCAB, TOPK]"), ("input_ids", "in", "INT64", "[T]"),
+                  ("x_norm_i8", "out", "INT8", "[T, D]"), ("x_norm_scale", "out", "FP32", "[T, 1]"),
+                  ("indices", "out", "INT32", "[T, TOPK]"), ("weights", "out", "FP32", "[T, TOPK]")),
+            note="the deferred-RMSNorm form (xg = x · gamma, inv_rms in the factor and the logits); upstream also "
+                 "keeps a normalise-then-BF16 form and an MXFP8 form of this gate in earlier versions"),
     Binding("v4_prefill_compressor", "not bound", f"{PRO}/prefill_compressor_ratio4.py::prefill_compressor_ratio4, "
             "prefill_compressor_ratio128.py::prefill_compressor_ratio128", "@pl.jit.inline",
             _args(("x", "in", "BF16", "[T, D]"),

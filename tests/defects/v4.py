@@ -431,6 +431,52 @@ TXN_NO_OVERLAY = _base.derive("defect:v4-txn-no-overlay", v4_compressor_txn=_txn
 TXN_COMMIT_FIRST = _base.derive("defect:v4-txn-commit-first", v4_compressor_txn=_txn_variant(commit_first=True))
 
 
+def _gate_variant(*, bias_in_weights=False, hash_by_score=False, scale_reciprocal=False, naive_softplus=False,
+                  padding_routed=False):
+    """A port of v4_gate with one rule changed (see each defect below)."""
+    from kernels.v4 import gate as vg
+
+    def run(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, *, config):
+        vg._check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, config)
+        tokens, d = x_mixed.shape
+        n = tokens if padding_routed else num_tokens
+        k = config.num_experts_per_tok
+        x = x_mixed[:n].float()
+        xg = x * norm_w.float()
+        inv_rms = torch.rsqrt((x.double().pow(2).sum(-1, keepdim=True) / d).float() + config.rms_norm_eps)
+        amax = xg.abs().amax(-1, keepdim=True).clamp_min(1e-4)
+        quant = torch.full_like(amax, 127.0) / amax
+        codes = torch.clamp(torch.round(xg * quant), -127, 127)
+        factor = torch.reciprocal(quant) if scale_reciprocal else amax * torch.tensor(1 / 127, dtype=torch.float32)
+        logits = inv_rms * (xg.double() @ gate_w.double().T).float()
+        if naive_softplus:
+            scores = torch.log(1 + torch.exp(logits)).sqrt()
+        else:
+            scores = (logits.clamp(min=0) + torch.log1p(torch.exp(-logits.abs()))).sqrt()
+        biased = scores + gate_bias.float()
+        if layer_id < config.num_hash_layers and not hash_by_score:
+            routes = tid2eid[input_ids[:n].long()].long()
+        else:
+            routes = torch.argsort(-biased, dim=-1, stable=True)[:, :k]
+        picked = torch.gather(biased if bias_in_weights else scores, 1, routes)
+        out = {"x_norm_i8": torch.zeros(tokens, d, dtype=torch.int8), "x_norm_scale": torch.zeros(tokens, 1),
+               "indices": torch.zeros(tokens, k, dtype=torch.int32), "weights": torch.zeros(tokens, k)}
+        out["x_norm_i8"][:n] = codes.to(torch.int8)
+        out["x_norm_scale"][:n] = factor * inv_rms
+        out["indices"][:n] = routes.to(torch.int32)
+        out["weights"][:n] = picked / picked.sum(-1, keepdim=True) * config.routed_scaling_factor
+        return out
+
+    return run
+
+
+GATE_BIAS_IN_WEIGHTS = _base.derive("defect:v4-gate-bias-in-weights", v4_gate=_gate_variant(bias_in_weights=True))
+GATE_HASH_BY_SCORE = _base.derive("defect:v4-gate-hash-by-score", v4_gate=_gate_variant(hash_by_score=True))
+GATE_SCALE_RECIPROCAL = _base.derive("defect:v4-gate-scale-reciprocal", v4_gate=_gate_variant(scale_reciprocal=True))
+GATE_NAIVE_SOFTPLUS = _base.derive("defect:v4-gate-naive-softplus", v4_gate=_gate_variant(naive_softplus=True))
+GATE_PADDING_ROUTED = _base.derive("defect:v4-gate-padding-routed", v4_gate=_gate_variant(padding_routed=True))
+
+
 def _padding_attended(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids, attn_sink,
                       freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq=None, num_tokens=None, ops=None):
     """Wrong: the padding rows of a prefill chunk are attended like real rows (num_tokens ignored)."""

@@ -207,6 +207,16 @@ V4_NEG_FIRST = ("Within a request's rows a negative later position means a negat
                 "already; testing more columns for < 0 refuses the same inputs, naming the same request.")
 
 
+V4_CLAMP_NOOP = ("|xg| <= amax, so |xg · (127 / amax)| <= 127 · (1 + 2^-23), which rounds to at most 127: the clamp "
+                 "never acts.")
+V4_LOGITS_FP64 = ("Keeping the router logits in FP64 instead of rounding them to FP32 once moves a weight by at most "
+                  "2^-24 relative (the contracts' bound is 1e-5) and a route only at a tie closer than 2^-24, which "
+                  "upstream's score-route comparator accepts either way (swaps within 1e-4 + 2e-5·|s|).")
+V4_STABLE_CPU = ("torch's CPU sort keeps equal keys in index order at these sizes with stable=False too (the tie test "
+                 "test_v4_gate.py::test_tied_experts_go_to_the_lower_id passes under this mutant); that test pins the "
+                 "rule for every backend.")
+
+
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
@@ -611,6 +621,28 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.compressor_txn:_check:name:int64->int32#0': DTYPE,
     'kernels.v4.compressor_txn:_check:const:1->2#5': V4_NEG_FIRST,
     'kernels.v4.compressor_txn:v4_compressor_txn:drop-call:weights.norm.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.gate:_check:name:int64->int32#0': DTYPE,
+    'kernels.v4.gate:_check:drop-call:tid2eid[ids].to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.gate:v4_gate:drop-call:x_mixed[:n].float()[float]->(skipped)#0': V4_PROMOTE,
+    'kernels.v4.gate:v4_gate:drop-call:norm_w.float()[float]->(skipped)#0': V4_PROMOTE,
+    'kernels.v4.gate:v4_gate:drop-unary:-1[USub]->(none)#0': DIM,
+    'kernels.v4.gate:v4_gate:drop-call:(xg.double() @ gate_w.double().T).float()[float]->(skipped)#0': V4_LOGITS_FP64,
+    'kernels.v4.gate:v4_gate:drop-call:input_ids[:n].to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.gate:v4_gate:name:int64->int32#1': DTYPE,
+    'kernels.v4.gate:v4_gate:drop-unary:-1[USub]->(none)#2': DIM,
+    'kernels.v4.gate:v4_gate:const:True->False#2': V4_STABLE_CPU,
+    'kernels.v4.gate:v4_gate:drop-call:codes.to(torch.int8)[to]->(skipped)#0': CASTNOOP,
+    'kernels.v4.gate:v4_gate:name:int32->int64#1': DTYPE,
+    'kernels.v4.gate:_check:drop-call:input_ids[:num_tokens].to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.gate:_check:name:int64->int32#1': DTYPE,
+    'kernels.v4.gate:v4_gate:drop-unary:-1[USub]->(none)#1': DIM,
+    'kernels.v4.gate:v4_gate:drop-call:torch.clamp(torch.round(xg * quant), -config.int8_scale_m...[clamp]->(skipped)#0': V4_CLAMP_NOOP,
+    'kernels.v4.gate:v4_gate:drop-call:tid2eid[input_ids[:n].to(torch.int64)].to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.gate:v4_gate:name:int64->int32#0': DTYPE,
+    'kernels.v4.gate:v4_gate:drop-call:gate_bias.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.gate:v4_gate:drop-unary:-1[USub]->(none)#3': DIM,
+    'kernels.v4.gate:v4_gate:drop-call:routes.to(torch.int32)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.gate:v4_gate:drop-call:weights.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.indexer:visible_lengths:name:int64->int32#0': DTYPE,
     'kernels.v4.indexer:visible_lengths:name:int64->int32#1': DTYPE,
     'kernels.v4.indexer:visible_lengths:binop:(pos + 1) // RATIO[FloorDiv]->Div#0': V4_TRUNC,

@@ -1,0 +1,96 @@
+"""V4's MoE router at decode (spec §8; upstream gate.py, the deferred-RMSNorm form): the FFN RMSNorm, the INT8
+activation the experts are dispatched with, the router scores and the top-k routes.
+
+For each real row t (t < num_tokens) of x_mixed [T, D] BF16:
+
+1. xg = x · γ in FP32 (γ = norm_w, BF16) -- the row is *not* divided by its RMS here;
+   inv_rms = 1 / sqrt(Σ x² / D + eps) of the raw row;
+2. the dispatched activation: amax = max(|xg|, 1e-4), codes = round-half-even(xg · (127 / amax)) (INT8; the
+   positive inv_rms would cancel in a symmetric code, so it is left out), and the dequantization factor
+   ``x_norm_scale = (amax · (1/127)) · inv_rms`` -- amax times the FP32 constant 1/127, not the reciprocal of the
+   quantization factor (V4's other INT8 rows, ``kernels.v4.mtp.quantize_rows_int8``, store that reciprocal);
+3. logits = inv_rms · (xg · gate_wᵀ) in FP32; score = sqrt(softplus(logit)) with softplus kept alive in the
+   negative tail (log1p(exp(-|l|)) + max(l, 0): a naive log(1 + exp(l)) is 0 in FP32 below about -17);
+4. routes: a hash layer (layer_id < num_hash_layers) takes tid2eid[input_ids[t]]; a score layer the top-k of
+   score + gate_bias, best first, ties to the lower expert id;
+5. weights = score[routes] / Σ score[routes] · routed_scaling_factor -- the *unbiased* scores, the bias only
+   chooses.
+
+Rows from num_tokens on are padding: codes 0, scale 0, routes 0 and weights 0.
+Spec: §8; docs/coverage.md, V4 section (V4-15).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.errors import ContractInputError
+
+SPEC = "§8"
+ROUNDING_VERSION = "v4-gate-1"
+
+
+def _check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, config) -> None:
+    tokens, d = x_mixed.shape
+    experts, k = config.n_routed_experts, config.num_experts_per_tok
+    if d != config.hidden_size or norm_w.shape != (d,):
+        raise ContractInputError("x_mixed/norm_w", None, f"[T, {config.hidden_size}] / [{config.hidden_size}]",
+                                 [list(x_mixed.shape), list(norm_w.shape)], SPEC)
+    if gate_w.shape != (experts, d) or gate_bias.shape != (experts,):
+        raise ContractInputError("gate_w/gate_bias", None, f"[{experts}, {d}] / [{experts}]",
+                                 [list(gate_w.shape), list(gate_bias.shape)], SPEC)
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens:
+        raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", num_tokens, SPEC)
+    if isinstance(layer_id, bool) or not isinstance(layer_id, int) or not 0 <= layer_id <= config.num_hidden_layers:
+        raise ContractInputError("layer_id", None, f"an int in [0, {config.num_hidden_layers}] (the MTP layer last)",
+                                 layer_id, SPEC)
+    if layer_id < config.num_hash_layers:
+        if tid2eid.ndim != 2 or tid2eid.shape[1] != k or input_ids.shape != (tokens,):
+            raise ContractInputError("tid2eid/input_ids", None, f"[vocab, {k}] / [{tokens}]",
+                                     [list(tid2eid.shape), list(input_ids.shape)], SPEC)
+        ids = input_ids[:num_tokens].to(torch.int64)
+        bad = (ids < 0) | (ids >= tid2eid.shape[0])
+        if bool(bad.any()):
+            t = int(bad.nonzero()[0])
+            raise ContractInputError("input_ids", (t,), f"a token id in [0, {tid2eid.shape[0]})", int(ids[t]), SPEC)
+        routes = tid2eid[ids].to(torch.int64)
+        bad = (routes < 0) | (routes >= experts)
+        if bool(bad.any()):
+            t = int(bad.any(1).nonzero()[0])
+            raise ContractInputError("tid2eid", (int(ids[t]),), f"expert ids in [0, {experts})", routes[t].tolist(),
+                                     SPEC)
+
+
+def v4_gate(x_mixed: torch.Tensor, norm_w: torch.Tensor, gate_w: torch.Tensor, gate_bias: torch.Tensor,
+            layer_id: int, num_tokens: int, tid2eid: torch.Tensor, input_ids: torch.Tensor, *,
+            config) -> dict[str, torch.Tensor]:
+    """-> {"x_norm_i8" [T, D] INT8, "x_norm_scale" [T, 1] FP32, "indices" [T, K] INT32, "weights" [T, K] FP32}.
+    Spec: §8."""
+    _check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, config)
+    tokens, d = x_mixed.shape
+    k, n = config.num_experts_per_tok, num_tokens
+    x = x_mixed[:n].float()
+    xg = x * norm_w.float()
+    inv_rms = torch.rsqrt((x.double().pow(2).sum(-1, keepdim=True) / d).float() + config.rms_norm_eps)
+    amax = xg.abs().amax(-1, keepdim=True).clamp_min(config.int8_amax_eps)
+    quant = torch.full_like(amax, config.int8_scale_max) / amax
+    codes = torch.clamp(torch.round(xg * quant), -config.int8_scale_max, config.int8_scale_max)
+    scale = amax * torch.tensor(1.0 / config.int8_scale_max, dtype=torch.float32) * inv_rms
+    logits = inv_rms * (xg.double() @ gate_w.double().T).float()
+    softplus = logits.clamp(min=0) + torch.log1p(torch.exp(-logits.abs()))
+    scores = softplus.sqrt()
+    if layer_id < config.num_hash_layers:
+        routes = tid2eid[input_ids[:n].to(torch.int64)].to(torch.int64)
+    else:
+        routes = torch.argsort(-(scores + gate_bias.float()), dim=-1, stable=True)[:, :k]
+    picked = torch.gather(scores, 1, routes)
+    weights = picked / picked.sum(-1, keepdim=True) * config.routed_scaling_factor
+    out = {"x_norm_i8": torch.zeros(tokens, d, dtype=torch.int8),
+           "x_norm_scale": torch.zeros(tokens, 1, dtype=torch.float32),
+           "indices": torch.zeros(tokens, k, dtype=torch.int32),
+           "weights": torch.zeros(tokens, k, dtype=torch.float32)}
+    out["x_norm_i8"][:n] = codes.to(torch.int8)
+    out["x_norm_scale"][:n] = scale
+    out["indices"][:n] = routes.to(torch.int32)
+    out["weights"][:n] = weights.float()
+    return out
