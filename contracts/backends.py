@@ -131,6 +131,18 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "num_tokens, tid2eid [V,K] INT32, input_ids [T], *, config (V4))",
                      "{x_norm_i8 [T,D] INT8, x_norm_scale [T,1] (amax/127 · inv_rms), indices [T,K] INT32, weights "
                      "[T,K]}: V4's MoE router (hash layers by token id, else biased top-k; unbiased weights)", "§8"),
+        OperatorSpec("v4_expert", "(x_i8 [N,D] INT8, x_scale [N,1], route_weight [N] or None (shared), weights "
+                     "(INT8 w1/w3 [inter,D], w2 [D,inter], per-channel scales), *, config (V4))",
+                     "y [N, D] BF16: W8A8 SwiGLU expert with its hidden row re-coded to INT8, the routing weight on "
+                     "the row factor before the BF16 rounding", "§8"),
+        OperatorSpec("v4_moe", "(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, "
+                     "routed [E experts], shared, *, config (V4))",
+                     "{ffn_out [T,D] BF16, indices, weights}: one rank's MoE, composed from v4_gate and v4_expert "
+                     "(combine: one FP32 sum, shared first, rounded once)", "§8"),
+        OperatorSpec("v4_moe_stage", "(x_hc [T,hc,D] FP32, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, "
+                     "layer_id, num_tokens, tid2eid, input_ids, routed, shared, *, config (V4))",
+                     "{x_out [T,hc,D] FP32, ffn_out, indices, weights}: hc_mixes / hc_pre -> v4_moe -> hc_post",
+                     "§8"),
         OperatorSpec("v4_prefill_compressor", "(x [T,hidden] BF16, position_ids [T], num_tokens (int), "
                      "state_block_table [P] (one request), state_pool FP32 [pages,4|8,2*coff*d], weights, "
                      "cmp_slot_mapping [T], state_slot_mapping [T], cmp_pool BF16 [blocks,bs,1,d], rope_cos, "
@@ -377,6 +389,9 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "v4_prefill_compressor": ("kernels.v4.prefill_compressor", "v4_prefill_compressor"),
     "v4_compressor_txn": ("kernels.v4.compressor_txn", "v4_compressor_txn"),
     "v4_gate": ("kernels.v4.gate", "v4_gate"),
+    "v4_expert": ("kernels.v4.moe", "v4_expert"),
+    "v4_moe": ("kernels.v4.moe", "v4_moe"),
+    "v4_moe_stage": ("kernels.v4.moe", "v4_moe_stage"),
     "encoder_replay": ("kernels.prefill_plan", "select_encoder_replay"),
     "hc_mixes": ("kernels.reference.mhc", "hc_mixes"),
     "hc_pre": ("kernels.reference.mhc", "hc_pre"),

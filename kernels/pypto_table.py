@@ -543,6 +543,29 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
                   ("indices", "out", "INT32", "[T, TOPK]"), ("weights", "out", "FP32", "[T, TOPK]")),
             note="the deferred-RMSNorm form (xg = x · gamma, inv_rms in the factor and the logits); upstream also "
                  "keeps a normalise-then-BF16 form and an MXFP8 form of this gate in earlier versions"),
+    Binding("v4_expert", "not bound", f"{PRO}/expert_routed.py::expert_routed (and expert_shared.py::expert_shared "
+            "without the routing weight)", "@pl.jit.inline",
+            _args(("recv_x", "in", "INT8", "[N_LOCAL_EXPERTS, RECV_MAX, D]"),
+                  ("recv_scale_dq", "in", "FP32", "[N_LOCAL_EXPERTS, RECV_MAX]"),
+                  ("recv_weights", "in", "FP32", "[N_LOCAL_EXPERTS, RECV_MAX]"),
+                  ("recv_expert_count", "in", "INT32", "[N_LOCAL_EXPERTS, 1]"),
+                  ("routed_w1", "in", "INT8", "[N_LOCAL_EXPERTS, MOE_INTER, D]"),
+                  ("routed_w1_scale", "in", "FP32", "[N_LOCAL_EXPERTS, MOE_INTER]"),
+                  ("routed_w3", "in", "INT8", "[N_LOCAL_EXPERTS, MOE_INTER, D]"),
+                  ("routed_w3_scale", "in", "FP32", "[N_LOCAL_EXPERTS, MOE_INTER]"),
+                  ("routed_w2", "in", "INT8", "[N_LOCAL_EXPERTS, D, MOE_INTER]"),
+                  ("routed_w2_scale", "in", "FP32", "[N_LOCAL_EXPERTS, D]"),
+                  ("recv_y", "out", "BF16", "[N_LOCAL_EXPERTS, RECV_MAX, D]")),
+            note="the entry runs every local expert over its received rows; the operator is one expert over the "
+                 "rows given (rows are independent). Upstream also keeps MXFP4 / MXFP8 and NZ-layout forms"),
+    Binding("v4_moe", "composition", f"{PRO}/moe.py::moe (gate, dispatch, expert_routed, expert_shared, combine, "
+            "hc_post)", "composition",
+            note="composed from v4_gate and v4_expert on this backend, every expert local (no EP transport, no "
+                 "hc_pre / hc_post)"),
+    Binding("v4_moe_stage", "composition", f"{PRO}/moe.py::moe (hc_pre, gate, dispatch, experts, combine, "
+            "hc_post)", "composition",
+            note="composed from hc_mixes, hc_pre, v4_moe and hc_post on this backend; the EP transport is folded "
+                 "(every expert local)"),
     Binding("v4_prefill_compressor", "not bound", f"{PRO}/prefill_compressor_ratio4.py::prefill_compressor_ratio4, "
             "prefill_compressor_ratio128.py::prefill_compressor_ratio128", "@pl.jit.inline",
             _args(("x", "in", "BF16", "[T, D]"),

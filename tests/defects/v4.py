@@ -477,6 +477,75 @@ GATE_NAIVE_SOFTPLUS = _base.derive("defect:v4-gate-naive-softplus", v4_gate=_gat
 GATE_PADDING_ROUTED = _base.derive("defect:v4-gate-padding-routed", v4_gate=_gate_variant(padding_routed=True))
 
 
+def _expert_variant(*, up_open_below=False, no_route_weight=False, h_not_recoded=False):
+    """A port of v4_expert with one rule changed (see each defect below)."""
+    from kernels.v4 import moe as vm
+
+    def run(x_i8, x_scale, route_weight, weights, *, config):
+        lim = config.swiglu_limit
+        gate = vm._int_matmul(x_i8, weights.w1) * x_scale.float() * weights.w1_scale.float()
+        up = vm._int_matmul(x_i8, weights.w3) * x_scale.float() * weights.w3_scale.float()
+        gate = gate.clamp(max=lim)
+        up = up.clamp(max=lim) if up_open_below else up.clamp(-lim, lim)
+        h = (gate * torch.reciprocal(torch.exp(-gate) + 1.0)) * up
+        if h_not_recoded:
+            codes, row = h, torch.ones(h.shape[0], 1)
+        else:
+            amax = h.abs().amax(-1, keepdim=True).clamp_min(1e-4)
+            quant = torch.full_like(amax, 127.0) / amax
+            codes, row = torch.round(h * quant), torch.reciprocal(quant)
+        if route_weight is not None and not no_route_weight:
+            row = row * route_weight.float().reshape(-1, 1)
+        y = (codes.double() @ weights.w2.double().T).float() * row * weights.w2_scale.float()
+        return y.to(torch.bfloat16)
+
+    return run
+
+
+def _combine_in_bf16(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, routed, shared, *,
+                     config, ops=None):
+    """Wrong: the combine accumulates in BF16 (each partial sum rounded)."""
+    from kernels.v4 import gate as vg
+    from kernels.v4 import moe as vm
+
+    g = vg.v4_gate(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, config=config)
+    out = torch.zeros_like(x_mixed)
+    n = num_tokens
+    if n:
+        x_i8, xs = g["x_norm_i8"][:n], g["x_norm_scale"][:n]
+        acc = vm.v4_expert(x_i8, xs, None, shared, config=config)
+        for k in range(config.num_experts_per_tok):
+            rows = torch.cat([vm.v4_expert(x_i8[t:t + 1], xs[t:t + 1], g["weights"][t:t + 1, k],
+                                           routed[int(g["indices"][t, k])], config=config) for t in range(n)])
+            acc = (acc.float() + rows.float()).to(torch.bfloat16)
+        out[:n] = acc
+    return {"ffn_out": out, "indices": g["indices"], "weights": g["weights"]}
+
+
+EXPERT_UP_OPEN_BELOW = _base.derive("defect:v4-expert-up-open-below", v4_expert=_expert_variant(up_open_below=True))
+EXPERT_NO_ROUTE_WEIGHT = _base.derive("defect:v4-expert-no-route-weight",
+                                      v4_expert=_expert_variant(no_route_weight=True))
+EXPERT_H_NOT_RECODED = _base.derive("defect:v4-expert-h-not-recoded", v4_expert=_expert_variant(h_not_recoded=True))
+COMBINE_IN_BF16 = _base.derive("defect:v4-moe-combine-bf16", v4_moe=_combine_in_bf16)
+
+
+def _stage_prenormed(x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid,
+                     input_ids, routed, shared, *, config, ops=None):
+    """Wrong: the collapsed row is RMS-normalised before the router (the attention stage's pattern), which
+    normalises it again."""
+    from kernels.reference import lm_head, mhc
+    from kernels.v4 import moe as vm
+
+    mixes = mhc.hc_mixes(x_hc, hc_fn, hc_scale, hc_base, num_tokens=num_tokens, config=config)
+    x = lm_head.final_norm(mhc.hc_pre(x_hc, mixes.pre), norm_w, config=config)
+    out = vm.v4_moe(x, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, routed, shared,
+                    config=config)
+    return {"x_out": mhc.hc_post(out["ffn_out"], x_hc, mixes.post, mixes.residual), **out}
+
+
+MOE_STAGE_PRENORMED = _base.derive("defect:v4-moe-stage-prenormed", v4_moe_stage=_stage_prenormed)
+
+
 def _padding_attended(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids, attn_sink,
                       freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq=None, num_tokens=None, ops=None):
     """Wrong: the padding rows of a prefill chunk are attended like real rows (num_tokens ignored)."""

@@ -1,0 +1,223 @@
+"""V4's MoE experts and combine (``v4_expert``, ``v4_moe``; upstream expert_routed.py / expert_shared.py, the
+INT8 W8A8 experts, and moe.py's combine), on V4-Pro and V4-Flash (tiny twins).
+
+An expert row is judged against an FP64 evaluation written here with upstream's MoE row bound (ratio_reldiff
+3e-3 with a 2 % quota, worst |Δ| 0.25: ``check_moe_rows``); the SwiGLU limits on inputs that cross them; the
+combine bit for bit against the backend's own expert rows (one FP32 sum, shared first, routes in order, one
+BF16 rounding); padding rows exactly 0.
+
+Spec: §8; docs/coverage.md, V4 section (V4-15).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from contracts.checks.moe import check_moe_rows
+from contracts.plugin import op
+from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
+from kernels.errors import ContractInputError
+from kernels.v4.moe import V4ExpertWeights
+
+MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
+T = 8
+
+
+def _expert(config, g, scale=0.02):
+    d, inter = config.hidden_size, config.moe_intermediate_size
+
+    def w(shape):
+        return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+
+    return V4ExpertWeights(w((inter, d)), torch.rand(inter, generator=g) * scale + scale / 4,
+                           w((inter, d)), torch.rand(inter, generator=g) * scale + scale / 4,
+                           w((d, inter)), torch.rand(d, generator=g) * scale + scale / 4)
+
+
+def _rows(config, g, n=T):
+    x = torch.randn(n, config.hidden_size, generator=g)
+    amax = x.abs().amax(1, keepdim=True)
+    return torch.round(x * 127 / amax).to(torch.int8), (amax / 127 * 0.05).float()
+
+
+def _independent(config, x_i8, x_scale, weight, ew):
+    """FP64, written apart: dequantized operands, gate / up clamped at ±limit (gate above only), SiLU · up, the
+    hidden row re-coded to INT8 (127 / amax, 1e-4 floor), the routing weight on the row factor, w2, one BF16
+    rounding."""
+    lim = config.swiglu_limit
+    x = x_i8.double() * x_scale.double()
+    gate = (x @ (ew.w1.double() * ew.w1_scale.double()[:, None]).T).clamp(max=lim)
+    up = (x @ (ew.w3.double() * ew.w3_scale.double()[:, None]).T).clamp(-lim, lim)
+    h = gate * torch.sigmoid(gate) * up
+    amax = h.abs().amax(1, keepdim=True).clamp_min(1e-4)
+    hq = torch.round(h * 127 / amax) * amax / 127
+    if weight is not None:
+        hq = hq * weight.double()[:, None]
+    return (hq @ (ew.w2.double() * ew.w2_scale.double()[:, None]).T).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("routed", [True, False], ids=["routed", "shared"])
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+def test_an_expert_row_matches_an_independent_evaluation(backend, config, routed):
+    """A routed expert (weights in (0.1, 1)) and the shared one (no weight) on V4-Pro and V4-Flash tiny: y [8, D]
+    BF16 within upstream's MoE row bound of the FP64 evaluation written here. Spec: §8."""
+    g = torch.Generator().manual_seed(1)
+    ew = _expert(config, g)
+    x_i8, x_scale = _rows(config, g)
+    weight = torch.rand(T, generator=g) * 0.9 + 0.1 if routed else None
+    y = op(backend, "v4_expert")(x_i8, x_scale, weight, ew, config=config)
+    assert y.dtype == torch.bfloat16 and y.shape == (T, config.hidden_size)
+    r = check_moe_rows(y, _independent(config, x_i8, x_scale, weight, ew), T, name="y")
+    assert r.ok, r.message()
+
+
+def test_the_swiglu_limits_clamp_gate_above_and_up_on_both_sides(backend):
+    """Scales that push gate and up far past ±10 (swiglu_limit): gate is cut at +10 only, up at -10 and +10; the
+    rows match the evaluation with exactly those cuts (a port that leaves up's negative side open, or cuts gate
+    from below, does not). Spec: §8."""
+    config = MODELS[0]
+    g = torch.Generator().manual_seed(2)
+    ew = _expert(config, g, scale=0.5)
+    x_i8, x_scale = _rows(config, g)
+    x_scale = x_scale * 20
+    lim = config.swiglu_limit
+    x = x_i8.double() * x_scale.double()
+    up = x @ (ew.w3.double() * ew.w3_scale.double()[:, None]).T
+    gate = x @ (ew.w1.double() * ew.w1_scale.double()[:, None]).T
+    assert bool((up < -lim).any()) and bool((up > lim).any()) and bool((gate < -lim).any()), \
+        "the case does not cross the limits"
+    y = op(backend, "v4_expert")(x_i8, x_scale, None, ew, config=config)
+    r = check_moe_rows(y, _independent(config, x_i8, x_scale, None, ew), T, name="y")
+    assert r.ok, r.message()
+
+
+def _moe_inputs(config, seed=3, num_tokens=6):
+    g = torch.Generator().manual_seed(seed)
+    d, e, k = config.hidden_size, config.n_routed_experts, config.num_experts_per_tok
+    return dict(
+        x_mixed=torch.randn(T, d, generator=g).to(torch.bfloat16),
+        norm_w=(1 + 0.2 * torch.randn(d, generator=g)).to(torch.bfloat16),
+        gate_w=torch.randn(e, d, generator=g) / d**0.5, gate_bias=torch.randn(e, generator=g) * 0.1,
+        num_tokens=num_tokens,
+        tid2eid=torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(16)]).to(torch.int32),
+        input_ids=torch.randint(0, 16, (T,), generator=g),
+        routed=[_expert(config, g) for _ in range(e)], shared=_expert(config, g),
+    )
+
+
+def _moe(backend, config, i, layer_id):
+    return op(backend, "v4_moe")(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], layer_id, i["num_tokens"],
+                                 i["tid2eid"], i["input_ids"], i["routed"], i["shared"], config=config)
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+def test_the_combine_is_one_fp32_sum_rounded_once(backend, config):
+    """The MTP layer (score-routed), two padding rows: ffn_out is BF16(FP32(shared) + Σ_k FP32(routed_k)) of the
+    backend's own router and expert rows, bit for bit -- no BF16 partial sums -- and the padding rows are 0.
+    Spec: §8."""
+    i = _moe_inputs(config)
+    layer = config.num_hidden_layers
+    out = _moe(backend, config, i, layer)
+    n = i["num_tokens"]
+    gt = op(backend, "v4_gate")(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], layer, n, i["tid2eid"],
+                                i["input_ids"], config=config)
+    x_i8, xs = gt["x_norm_i8"][:n], gt["x_norm_scale"][:n]
+    acc = op(backend, "v4_expert")(x_i8, xs, None, i["shared"], config=config).float()
+    for k in range(config.num_experts_per_tok):
+        rows = [op(backend, "v4_expert")(x_i8[t:t + 1], xs[t:t + 1], gt["weights"][t:t + 1, k],
+                                         i["routed"][int(gt["indices"][t, k])], config=config) for t in range(n)]
+        acc = acc + torch.cat(rows).float()
+    assert out["ffn_out"].dtype == torch.bfloat16, f"ffn_out: {out['ffn_out'].dtype}, expected BF16"
+    assert torch.equal(out["ffn_out"][:n], acc.to(torch.bfloat16)), "ffn_out is not the FP32 sum rounded once"
+    assert bool((out["ffn_out"][n:] == 0).all()), "padding rows are not 0"
+    assert torch.equal(out["indices"], gt["indices"]) and torch.equal(out["weights"], gt["weights"])
+
+
+def test_each_route_reaches_its_own_expert(backend):
+    """Zeroing one routed expert's w2 removes exactly the rows routed to it from ffn_out (tokens not routed there
+    keep their bytes); on a hash layer, so the routes are tid2eid's. Spec: §8."""
+    config = MODELS[0]
+    i = _moe_inputs(config, 4, num_tokens=T)
+    base = _moe(backend, config, i, 0)
+    e = int(i["tid2eid"][int(i["input_ids"][0]), 2])
+    zeroed = list(i["routed"])
+    w = zeroed[e]
+    zeroed[e] = V4ExpertWeights(w.w1, w.w1_scale, w.w3, w.w3_scale, torch.zeros_like(w.w2), w.w2_scale)
+    out = _moe(backend, config, dict(i, routed=zeroed), 0)
+    hit = (i["tid2eid"][i["input_ids"].long()] == e).any(1)
+    changed = (out["ffn_out"] != base["ffn_out"]).any(1)
+    assert bool(changed[0]) and torch.equal(changed & ~hit, torch.zeros_like(hit)), \
+        f"rows changed {changed.tolist()}, rows routed to expert {e}: {hit.tolist()}"
+
+
+def test_bad_inputs_name_the_field(backend):
+    config = MODELS[0]
+    i = _moe_inputs(config, 5)
+    with pytest.raises(ContractInputError, match="routed"):
+        _moe(backend, config, dict(i, routed=i["routed"][:-1]), 0)
+    g = torch.Generator().manual_seed(6)
+    x_i8, xs = _rows(config, g)
+    with pytest.raises(ContractInputError, match="x_i8/x_scale"):
+        op(backend, "v4_expert")(x_i8.float(), xs, None, i["shared"], config=config)
+    w = i["shared"]
+    bad = V4ExpertWeights(w.w1, w.w1_scale, w.w3, w.w3_scale, w.w2.float(), w.w2_scale)
+    with pytest.raises(ContractInputError, match="w2"):
+        op(backend, "v4_expert")(x_i8, xs, None, bad, config=config)
+
+
+def test_a_zero_row_keeps_the_hidden_amax_floor(backend):
+    """A row of zero codes: gate and up are 0, the hidden row is 0 and is re-coded with the 1e-4 amax floor, so y
+    is exactly 0 (no NaN from 0 / 0). Spec: §8."""
+    config = MODELS[0]
+    g = torch.Generator().manual_seed(7)
+    ew = _expert(config, g)
+    x_i8, xs = _rows(config, g)
+    x_i8[3] = 0
+    y = op(backend, "v4_expert")(x_i8, xs, torch.ones(T), ew, config=config)
+    assert bool((y[3] == 0).all()), f"zero row: y = {y[3, :4].tolist()}"
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1])
+def test_a_chunk_of_zero_or_one_token(backend, num_tokens):
+    """num_tokens 0: ffn_out all 0; num_tokens 1: row 0 is the combine of its routes and every other row is 0.
+    Spec: §8."""
+    config = MODELS[0]
+    i = _moe_inputs(config, 8, num_tokens=num_tokens)
+    out = _moe(backend, config, i, config.num_hidden_layers)
+    assert bool((out["ffn_out"][num_tokens:] == 0).all())
+    assert bool((out["ffn_out"][:num_tokens] != 0).any(1).all()), "an active row came back 0"
+
+
+def _stage_inputs(config, seed=9, num_tokens=6):
+    g = torch.Generator().manual_seed(seed)
+    hc, dm = config.hc_mult, config.hidden_size
+    mix = (2 + hc) * hc
+    i = _moe_inputs(config, seed, num_tokens=num_tokens)
+    del i["x_mixed"]
+    return dict(i, x_hc=torch.randn(T, hc, dm, generator=g), hc_fn=torch.randn(mix, hc * dm, generator=g) * 0.05,
+                hc_scale=torch.tensor([2.0, 0.02, 0.25]), hc_base=torch.randn(mix, generator=g))
+
+
+def _stage(backend, config, i, layer_id):
+    return op(backend, "v4_moe_stage")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], i["norm_w"], i["gate_w"],
+                                       i["gate_bias"], layer_id, i["num_tokens"], i["tid2eid"], i["input_ids"],
+                                       i["routed"], i["shared"], config=config)
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+def test_the_moe_stage_is_hc_pre_then_the_moe_then_hc_post(backend, config):
+    """The MTP layer's MoE stage (two padding rows): x_out equals hc_post(v4_moe(hc_pre(x_hc)), x_hc) with the
+    stage's own mixes, chained here from the backend's operators, bit for bit; the collapsed row goes to the
+    router unnormalised (v4_gate does the FFN RMSNorm); padding rows of x_out are 0. Spec: §8."""
+    i = _stage_inputs(config)
+    layer, n = config.num_hidden_layers, i["num_tokens"]
+    out = _stage(backend, config, i, layer)
+    mixes = op(backend, "hc_mixes")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], num_tokens=n, config=config)
+    x = op(backend, "hc_pre")(i["x_hc"], mixes.pre)
+    moe = op(backend, "v4_moe")(x, i["norm_w"], i["gate_w"], i["gate_bias"], layer, n, i["tid2eid"], i["input_ids"],
+                                i["routed"], i["shared"], config=config)
+    want = op(backend, "hc_post")(moe["ffn_out"], i["x_hc"], mixes.post, mixes.residual)
+    assert out["x_out"].dtype == torch.float32 and torch.equal(out["x_out"], want), \
+        "x_out is not hc_post(v4_moe(hc_pre(x_hc)))"
+    assert torch.equal(out["ffn_out"], moe["ffn_out"]) and bool((out["x_out"][n:] == 0).all())

@@ -1,0 +1,134 @@
+"""V4's MoE experts and the combine at decode (spec §8; upstream expert_routed.py / expert_shared.py, the INT8
+W8A8 stand-in of the MXFP4 routed and MXFP8 shared experts, and moe.py's combine).
+
+``v4_expert``: one expert over rows already coded by the router (``v4_gate``'s INT8 x_norm_i8 and its factor):
+
+1. gate = FP32(x_i8 · w1_i8, exact integers) · x_scale[row] · w1_scale[col]; up likewise with w3;
+2. gate clamped above at ``swiglu_limit``, up to ±limit; h = (gate · 1 / (e^-gate + 1)) · up in FP32;
+3. h re-coded per row: amax = max(|h|, 1e-4), codes = round-half-even(h · (127 / amax)), factor 1 / (127 / amax);
+4. y = FP32(h_i8 · w2_i8) · (factor · route_weight)[row] · w2_scale[col], rounded once to BF16. The routing
+   weight rides the row factor *before* the BF16 rounding (the shared expert has none: weight 1).
+
+``v4_moe`` composes one rank's MoE after its hc_pre (EP folded: every expert local): the router
+(``v4_gate``), each route's expert row, the shared expert, and the combine
+``ffn_out = BF16(FP32(shared) + Σ_k FP32(routed_k))`` in route order k = 0 .. K-1; padding rows are 0.
+
+Spec: §8; docs/coverage.md, V4 section (V4-15).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.errors import ContractInputError
+from kernels.v4.gate import v4_gate
+
+SPEC = "§8"
+ROUNDING_VERSION = "v4-moe-1"
+
+
+@dataclass(frozen=True)
+class V4ExpertWeights:
+    """INT8 ``w1`` / ``w3`` [inter, D] and ``w2`` [D, inter] with per-output-channel FP32 scales."""
+
+    w1: torch.Tensor
+    w1_scale: torch.Tensor
+    w3: torch.Tensor
+    w3_scale: torch.Tensor
+    w2: torch.Tensor
+    w2_scale: torch.Tensor
+
+
+def _int_matmul(codes: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """FP32 of the exact integer product (as the INT32 accumulator cast to FP32)."""
+    return (codes.to(torch.float64) @ w.to(torch.float64).T).to(torch.float32)
+
+
+def v4_expert(x_i8: torch.Tensor, x_scale: torch.Tensor, route_weight: torch.Tensor | None,
+              weights: V4ExpertWeights, *, config) -> torch.Tensor:
+    """x_i8 [N, D] INT8, x_scale [N, 1] FP32, route_weight [N] FP32 or None (the shared expert) -> y [N, D] BF16.
+    Spec: §8."""
+    n, d = x_i8.shape
+    inter = weights.w1.shape[0]
+    if x_i8.dtype != torch.int8 or x_scale.shape != (n, 1):
+        raise ContractInputError("x_i8/x_scale", None, f"INT8 [N, {d}] / [N, 1]",
+                                 [f"{x_i8.dtype}{list(x_i8.shape)}", list(x_scale.shape)], SPEC)
+    for name, w, shape in (("w1", weights.w1, (inter, d)), ("w3", weights.w3, (inter, d)),
+                           ("w2", weights.w2, (d, inter))):
+        if w.dtype != torch.int8 or tuple(w.shape) != shape:
+            raise ContractInputError(name, None, f"INT8 {list(shape)}", f"{w.dtype}{list(w.shape)}", SPEC)
+    limit = config.swiglu_limit
+    xs = x_scale.float()
+    gate = _int_matmul(x_i8, weights.w1) * xs * weights.w1_scale.float()
+    up = _int_matmul(x_i8, weights.w3) * xs * weights.w3_scale.float()
+    gate = gate.clamp(max=limit)
+    up = up.clamp(-limit, limit)
+    h = (gate * torch.reciprocal(torch.exp(-gate) + 1.0)) * up
+    amax = h.abs().amax(-1, keepdim=True).clamp_min(config.int8_amax_eps)
+    quant = torch.full_like(amax, config.int8_scale_max) / amax
+    codes = torch.round(h * quant)
+    row = torch.reciprocal(quant)
+    if route_weight is not None:
+        row = row * route_weight.float().reshape(n, 1)
+    y = _int_matmul(codes, weights.w2) * row * weights.w2_scale.float()
+    return y.to(torch.bfloat16)
+
+
+def v4_moe(x_mixed: torch.Tensor, norm_w: torch.Tensor, gate_w: torch.Tensor, gate_bias: torch.Tensor,
+           layer_id: int, num_tokens: int, tid2eid: torch.Tensor, input_ids: torch.Tensor,
+           routed: list[V4ExpertWeights], shared: V4ExpertWeights, *, config, ops=None) -> dict[str, torch.Tensor]:
+    """One rank's MoE (every expert local) -> {"ffn_out" [T, D] BF16, "indices", "weights"}; composed from the
+    backend's ``v4_gate`` and ``v4_expert``. Spec: §8."""
+    if len(routed) != config.n_routed_experts:
+        raise ContractInputError("routed", None, f"{config.n_routed_experts} experts", len(routed), SPEC)
+    ops = ops or {}
+    gate = ops.get("v4_gate", v4_gate)
+    expert = ops.get("v4_expert", v4_expert)
+    g = gate(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, config=config)
+    tokens, d = x_mixed.shape
+    out = torch.zeros(tokens, d, dtype=torch.bfloat16)
+    if num_tokens == 0:
+        return {"ffn_out": out, "indices": g["indices"], "weights": g["weights"]}
+    x_i8, x_scale = g["x_norm_i8"][:num_tokens], g["x_norm_scale"][:num_tokens]
+    acc = expert(x_i8, x_scale, None, shared, config=config).float()
+    for k in range(config.num_experts_per_tok):
+        ys = torch.zeros(num_tokens, d, dtype=torch.bfloat16)
+        for e in g["indices"][:num_tokens, k].unique().tolist():
+            rows = (g["indices"][:num_tokens, k] == e).nonzero().flatten()
+            ys[rows] = expert(x_i8[rows], x_scale[rows], g["weights"][rows, k], routed[e], config=config)
+        acc = acc + ys.float()
+    out[:num_tokens] = acc.to(torch.bfloat16)
+    return {"ffn_out": out, "indices": g["indices"], "weights": g["weights"]}
+
+
+v4_moe.composes_operators = True
+
+
+def v4_moe_stage(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
+                 norm_w: torch.Tensor, gate_w: torch.Tensor, gate_bias: torch.Tensor, layer_id: int,
+                 num_tokens: int, tid2eid: torch.Tensor, input_ids: torch.Tensor, routed: list[V4ExpertWeights],
+                 shared: V4ExpertWeights, *, config, ops=None) -> dict[str, torch.Tensor]:
+    """One V4 MoE stage of a decode layer (upstream moe.py around its experts): hc_mixes / hc_pre (the stage's own
+    ffn mixes) -> v4_moe (its router does the FFN RMSNorm) -> hc_post -> {"x_out" [T, hc, D] FP32, "ffn_out",
+    "indices", "weights"}. Rows from num_tokens on: mixes 0, so x_out 0 there. Composed from the backend's
+    operators. Spec: §8."""
+    from functools import partial
+
+    from kernels.reference import mhc
+
+    ops = ops or {}
+    mixes_of = ops.get("hc_mixes", mhc.hc_mixes)
+    collapse = ops.get("hc_pre", mhc.hc_pre)
+    expand = ops.get("hc_post", mhc.hc_post)
+    moe = ops.get("v4_moe", v4_moe)
+    if getattr(moe, "composes_operators", False):
+        moe = partial(moe, ops=ops)
+    mixes = mixes_of(x_hc, hc_fn, hc_scale, hc_base, num_tokens=num_tokens, config=config)
+    out = moe(collapse(x_hc, mixes.pre), norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, routed,
+              shared, config=config)
+    return {"x_out": expand(out["ffn_out"], x_hc, mixes.post, mixes.residual), **out}
+
+
+v4_moe_stage.composes_operators = True
