@@ -143,6 +143,13 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "layer_id, num_tokens, tid2eid, input_ids, routed, shared, *, config (V4))",
                      "{x_out [T,hc,D] FP32, ffn_out, indices, weights}: hc_mixes / hc_pre -> v4_moe -> hc_post",
                      "§8"),
+        OperatorSpec("v4_head_mix", "(x_hc [T,hc,D] FP32, fn [hc,hc*D], scale [1], base [hc], *, config (V4))",
+                     "pre [T, hc] FP32: the head's collapse weights, sigmoid(logit · scale + base) + hc_eps", "§8"),
+        OperatorSpec("v4_mtp_layer", "(hidden [T,D] BF16, prev [T,hc,D] FP32, projection {...}, attention {...}, "
+                     "moe {...}, head {fn, scale, base, norm_w}, *, config (V4))",
+                     "{hidden_out [T,D] BF16, next_pre_hc_hidden [T,hc,D] FP32, kv_cache}: the MTP layer, composed "
+                     "from mtp_projection, v4_attention_stage (SWA), v4_moe_stage, v4_head_mix, hc_head, final_norm",
+                     "§8"),
         OperatorSpec("v4_prefill_compressor", "(x [T,hidden] BF16, position_ids [T], num_tokens (int), "
                      "state_block_table [P] (one request), state_pool FP32 [pages,4|8,2*coff*d], weights, "
                      "cmp_slot_mapping [T], state_slot_mapping [T], cmp_pool BF16 [blocks,bs,1,d], rope_cos, "
@@ -392,6 +399,8 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "v4_expert": ("kernels.v4.moe", "v4_expert"),
     "v4_moe": ("kernels.v4.moe", "v4_moe"),
     "v4_moe_stage": ("kernels.v4.moe", "v4_moe_stage"),
+    "v4_head_mix": ("kernels.v4.mtp_layer", "v4_head_mix"),
+    "v4_mtp_layer": ("kernels.v4.mtp_layer", "v4_mtp_layer"),
     "encoder_replay": ("kernels.prefill_plan", "select_encoder_replay"),
     "hc_mixes": ("kernels.reference.mhc", "hc_mixes"),
     "hc_pre": ("kernels.reference.mhc", "hc_pre"),

@@ -566,6 +566,13 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             "hc_post)", "composition",
             note="composed from hc_mixes, hc_pre, v4_moe and hc_post on this backend; the EP transport is folded "
                  "(every expert local)"),
+    Binding("v4_head_mix", "not exposed", f"{PRO}/hc_head.py::hc_head (its mixes stage)", "@pl.jit.inline",
+            note="hc_head computes its head mix and collapses in one; no entry returns the mix (the operator is the "
+                 "mix, hc_head the collapse)"),
+    Binding("v4_mtp_layer", "not bound", f"{PRO}/decode_mtp.py::mtp_decode_layer", "@pl.jit",
+            note="composed here from mtp_projection, v4_attention_stage (SWA), v4_moe_stage, v4_head_mix, hc_head "
+                 "and final_norm on this backend; upstream's entry also owns the EP windows and signal epochs of "
+                 "its MoE, which the composition folds"),
     Binding("v4_prefill_compressor", "not bound", f"{PRO}/prefill_compressor_ratio4.py::prefill_compressor_ratio4, "
             "prefill_compressor_ratio128.py::prefill_compressor_ratio128", "@pl.jit.inline",
             _args(("x", "in", "BF16", "[T, D]"),

@@ -546,6 +546,40 @@ def _stage_prenormed(x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, 
 MOE_STAGE_PRENORMED = _base.derive("defect:v4-moe-stage-prenormed", v4_moe_stage=_stage_prenormed)
 
 
+def _head_mix_no_eps(x_hc, fn, scale, base, *, config):
+    """Wrong: the head's weights without the + hc_eps."""
+    from kernels.v4 import mtp_layer as ml
+
+    return ml.v4_head_mix(x_hc, fn, scale, base, config=config) - config.hc_eps
+
+
+def _mtp_layer_variant(*, next_from_attention=False, head_unnormed=False):
+    """A port of v4_mtp_layer with one rule changed (see each defect below)."""
+    from kernels.reference import lm_head, mhc
+    from kernels.v4 import attention_stage as ast
+    from kernels.v4 import moe as vm
+    from kernels.v4 import mtp
+    from kernels.v4 import mtp_layer as ml
+
+    def run(hidden, prev, projection, attention, moe, head, *, config, ops=None):
+        x = mtp.mtp_projection(hidden, prev, **projection, config=config)
+        att = ast.v4_attention_stage("SWA", x, **attention, config=config)
+        out = vm.v4_moe_stage(att["x_out"], **moe, layer_id=config.num_hidden_layers, config=config)
+        pre = ml.v4_head_mix(out["x_out"], head["fn"], head["scale"], head["base"], config=config)
+        y = mhc.hc_head(out["x_out"], pre)
+        y = y if head_unnormed else lm_head.final_norm(y, head["norm_w"], config=config)
+        nxt = att["x_out"] if next_from_attention else out["x_out"]
+        return {"hidden_out": y, "next_pre_hc_hidden": nxt, "kv_cache": att["kv_cache"]}
+
+    return run
+
+
+HEAD_MIX_NO_EPS = _base.derive("defect:v4-head-mix-no-eps", v4_head_mix=_head_mix_no_eps)
+MTP_NEXT_FROM_ATTENTION = _base.derive("defect:v4-mtp-next-from-attention",
+                                       v4_mtp_layer=_mtp_layer_variant(next_from_attention=True))
+MTP_HEAD_UNNORMED = _base.derive("defect:v4-mtp-head-unnormed", v4_mtp_layer=_mtp_layer_variant(head_unnormed=True))
+
+
 def _padding_attended(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids, attn_sink,
                       freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq=None, num_tokens=None, ops=None):
     """Wrong: the padding rows of a prefill chunk are attended like real rows (num_tokens ignored)."""

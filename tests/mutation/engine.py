@@ -40,7 +40,7 @@ MODULES = (
     "kernels.reference.rope", "kernels.reference.compressor", "kernels.reference.indexer",
     "kernels.reference.attention", "kernels.half_layer", "kernels.reference.tp", "kernels.reference.o_proj",
     "kernels.reference.attention_layer", "kernels.reference.rowwise", "kernels.reference.mhc", "kernels.reference.moe",
-    "kernels.reference.lm_head", "kernels.prefill_plan", "kernels.reference.block", "kernels.reference.engram", "kernels.v4.decode_metadata", "kernels.v4.compressor", "kernels.v4.mtp", "kernels.v4.dp_attention", "kernels.v4.index_cache", "kernels.v4.sparse_attention", "kernels.v4.indexer", "kernels.v4.qkv_proj", "kernels.v4.attention_stage", "kernels.v4.prefill_indexer", "kernels.v4.prefill_compressor", "kernels.v4.compressor_txn", "kernels.v4.gate", "kernels.v4.moe",
+    "kernels.reference.lm_head", "kernels.prefill_plan", "kernels.reference.block", "kernels.reference.engram", "kernels.v4.decode_metadata", "kernels.v4.compressor", "kernels.v4.mtp", "kernels.v4.dp_attention", "kernels.v4.index_cache", "kernels.v4.sparse_attention", "kernels.v4.indexer", "kernels.v4.qkv_proj", "kernels.v4.attention_stage", "kernels.v4.prefill_indexer", "kernels.v4.prefill_compressor", "kernels.v4.compressor_txn", "kernels.v4.gate", "kernels.v4.moe", "kernels.v4.mtp_layer",
     "contracts.checks.precision",
 )
 

@@ -1,0 +1,114 @@
+"""V4's MTP layer end to end (``v4_mtp_layer``, upstream decode_mtp.py) and its head mix (``v4_head_mix``), on
+V4-Pro and V4-Flash (tiny twins).
+
+The head mix is judged against an FP64 evaluation written here; the layer bit for bit against the chain of the
+backend's own operators (projection -> SWA attention stage -> MoE stage -> head mix -> hc_head -> RMSNorm),
+with the next step's streams taken after the MoE stage.
+
+Spec: §8; docs/coverage.md, V4 section (V4-15).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from contracts.plugin import op
+from contracts.test_v4_attention_stage import _inputs as attention_inputs
+from contracts.test_v4_moe import _moe_inputs
+from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
+from kernels.errors import ContractInputError
+
+MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
+
+
+def _inputs(config, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    t, hc, d = config.decode_tokens, config.hc_mult, config.hidden_size
+    mix = (2 + hc) * hc
+
+    def w():
+        return torch.randint(-127, 128, (d, d), generator=g, dtype=torch.int8), torch.rand(d, generator=g) * 1e-3
+
+    (ep, es), (hp, hs) = w(), w()
+    projection = dict(enorm=torch.rand(d, generator=g) + 0.5, hnorm=torch.rand(d, generator=g) + 0.5, e_proj=ep,
+                      e_scale=es, e_smooth=torch.rand(d, generator=g) + 0.5, h_proj=hp, h_scale=hs,
+                      h_smooth=torch.rand(d, generator=g) + 0.5)
+    attention = attention_inputs(config, seed)
+    del attention["x_hc"]
+    m = _moe_inputs(config, seed, num_tokens=t)
+    moe = dict(hc_fn=torch.randn(mix, hc * d, generator=g) * 0.05, hc_scale=torch.tensor([2.0, 0.02, 0.25]),
+               hc_base=torch.randn(mix, generator=g), norm_w=m["norm_w"], gate_w=m["gate_w"],
+               gate_bias=m["gate_bias"], num_tokens=t, tid2eid=m["tid2eid"], input_ids=m["input_ids"],
+               routed=m["routed"], shared=m["shared"])
+    head = dict(fn=torch.randn(hc, hc * d, generator=g) * 0.05, scale=torch.tensor([0.5]),
+                base=torch.randn(hc, generator=g), norm_w=(torch.rand(d, generator=g) + 0.5).to(torch.bfloat16))
+    return dict(hidden=torch.randn(t, d, generator=g).to(torch.bfloat16), prev=torch.randn(t, hc, d, generator=g),
+                projection=projection, attention=attention, moe=moe, head=head)
+
+
+def _layer(backend, config, i):
+    return op(backend, "v4_mtp_layer")(i["hidden"], i["prev"], i["projection"], i["attention"], i["moe"], i["head"],
+                                       config=config)
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+def test_the_head_mix_matches_an_independent_evaluation(backend, config):
+    """pre = sigmoid((x_flat · fn[h]) / rms(x_flat) · scale + base) + hc_eps, within 1e-6 of an FP64 evaluation,
+    a row at the RMS epsilon's scale included. Spec: §8."""
+    g = torch.Generator().manual_seed(1)
+    t, hc, d = 8, config.hc_mult, config.hidden_size
+    x = torch.randn(t, hc, d, generator=g)
+    x[5] *= 1e-3  # a row whose mean square (1e-6) is the RMS epsilon's size
+    fn, scale, base = torch.randn(hc, hc * d, generator=g) * 0.1, torch.tensor([0.7]), torch.randn(hc, generator=g)
+    pre = op(backend, "v4_head_mix")(x, fn, scale, base, config=config)
+    flat = x.reshape(t, -1).double()
+    logit = (flat @ fn.double().T) / torch.sqrt(flat.pow(2).mean(-1, keepdim=True) + config.rms_norm_eps)
+    want = torch.sigmoid(logit * 0.7 + base.double()) + config.hc_eps
+    assert pre.dtype == torch.float32 and pre.shape == (t, hc)
+    err = float((pre.double() - want).abs().max())
+    assert err <= 1e-6, f"head mix off by {err:.3g}"
+
+
+def test_the_head_mix_keeps_hc_eps(backend):
+    """A base of -100 drives the sigmoid to 0: each weight is then exactly hc_eps (1e-6), not 0. Spec: §8."""
+    config = MODELS[0]
+    hc, d = config.hc_mult, config.hidden_size
+    x = torch.randn(4, hc, d, generator=torch.Generator().manual_seed(2))
+    pre = op(backend, "v4_head_mix")(x, torch.zeros(hc, hc * d), torch.tensor([1.0]), torch.full((hc,), -100.0),
+                                     config=config)
+    assert bool((pre == torch.tensor(config.hc_eps, dtype=torch.float32)).all()), pre.tolist()
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+def test_the_mtp_layer_is_its_stages_in_order(backend, config):
+    """hidden_out = final_norm(hc_head(x, v4_head_mix(x)), mtp_norm_w) with x the MoE stage's streams after the SWA
+    attention stage after mtp_projection -- chained here from the backend's own operators, bit for bit -- and the
+    next step receives x itself (FP32), the MoE stage routing by score (layer num_hidden_layers). Spec: §8."""
+    i = _inputs(config)
+    out = _layer(backend, config, i)
+    x = op(backend, "mtp_projection")(i["hidden"], i["prev"], **i["projection"], config=config)
+    att = op(backend, "v4_attention_stage")("SWA", x, **i["attention"], config=config)
+    moe = op(backend, "v4_moe_stage")(att["x_out"], **i["moe"], layer_id=config.num_hidden_layers, config=config)
+    pre = op(backend, "v4_head_mix")(moe["x_out"], i["head"]["fn"], i["head"]["scale"], i["head"]["base"],
+                                     config=config)
+    want = op(backend, "final_norm")(op(backend, "hc_head")(moe["x_out"], pre), i["head"]["norm_w"], config=config)
+    assert out["hidden_out"].dtype == torch.bfloat16 and torch.equal(out["hidden_out"], want), \
+        "hidden_out is not the stages in order"
+    assert out["next_pre_hc_hidden"].dtype == torch.float32 and torch.equal(out["next_pre_hc_hidden"], moe["x_out"]), \
+        "the next step does not receive the MoE stage's streams"
+    assert torch.equal(out["kv_cache"], att["kv_cache"])
+
+
+def test_a_missing_head_weight_is_named(backend):
+    config = MODELS[0]
+    i = _inputs(config, 3)
+    del i["head"]["norm_w"]
+    with pytest.raises(ContractInputError, match="norm_w"):
+        _layer(backend, config, i)
+    with pytest.raises(ContractInputError, match="x_hc"):
+        op(backend, "v4_head_mix")(i["prev"][:, :-1], i["head"]["fn"], i["head"]["scale"], i["head"]["base"],
+                                   config=config)
+    with pytest.raises(ContractInputError, match="head fn/scale/base"):
+        op(backend, "v4_head_mix")(i["prev"], i["head"]["fn"][:, :-1], i["head"]["scale"], i["head"]["base"],
+                                   config=config)

@@ -1,0 +1,83 @@
+"""V4's MTP layer at decode (spec §8; upstream decode_mtp.py), end to end:
+
+    current hidden + previous pre-hc hidden -> mtp_projection -> the SWA attention stage -> the MoE stage
+    -> next pre-hc hidden -> hc_head (its own head mix) -> RMSNorm (mtp_norm_w) -> hidden out
+
+* ``v4_head_mix``: the head's collapse weights pre [T, hc] = sigmoid(logit · scale + base) + hc_eps with
+  logit = (x_flat · fn[h]) · inv_rms(x_flat) over the hc·D stream row (FP32; the pre part of ``hc_mixes``
+  with the head's own fn [hc, hc·D], scale [1], base [hc]);
+* the head collapses the streams with it (``hc_head``: Σ_h pre_h · x_h in FP32, one BF16 rounding) and
+  ``final_norm`` normalises with ``mtp_norm_w`` (FP32, one BF16 rounding);
+* the next draft step receives the MoE stage's streams (FP32 [T, hc, D]), not the normalised output.
+
+The MoE stage routes the MTP layer by score (its layer id is num_hidden_layers, past the hash layers).
+Composed from the backend's operators. Spec: §8; docs/coverage.md, V4 section (V4-15).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from kernels.errors import ContractInputError
+
+SPEC = "§8"
+ROUNDING_VERSION = "v4-mtp-layer-1"
+
+
+def v4_head_mix(x_hc: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *,
+                config) -> torch.Tensor:
+    """x_hc [T, hc, D] FP32, fn [hc, hc·D], scale [1], base [hc] -> pre [T, hc] FP32. Spec: §8."""
+    from kernels.reference.rowwise import rowwise_matmul
+
+    hc = config.hc_mult
+    if x_hc.ndim != 3 or x_hc.shape[1] != hc:
+        raise ContractInputError("x_hc", None, f"[T, {hc}, D]", list(x_hc.shape), SPEC)
+    tokens, _, dim = x_hc.shape
+    if fn.shape != (hc, hc * dim) or scale.shape != (1,) or base.shape != (hc,):
+        raise ContractInputError("head fn/scale/base", None, f"[{hc}, {hc * dim}] / [1] / [{hc}]",
+                                 [list(fn.shape), list(scale.shape), list(base.shape)], SPEC)
+    flat = x_hc.reshape(tokens, hc * dim).float()
+    inverse_rms = torch.rsqrt(flat.square().mean(dim=-1, keepdim=True) + config.rms_norm_eps)
+    logits = rowwise_matmul(flat, fn) * inverse_rms
+    return torch.sigmoid(logits * scale.float()[0] + base.float()) + config.hc_eps
+
+
+def v4_mtp_layer(hidden: torch.Tensor, prev: torch.Tensor, projection: dict, attention: dict, moe: dict,
+                 head: dict, *, config, ops=None) -> dict[str, torch.Tensor]:
+    """hidden [T, D] BF16 and prev [T, hc, D] FP32 (the previous step's pre-hc streams); ``projection`` the
+    ``mtp_projection`` weights, ``attention`` the SWA stage's arguments (``v4_attention_stage`` by name, without
+    x_hc), ``moe`` the MoE stage's (``v4_moe_stage`` by name, without x_hc and layer_id), ``head`` {fn, scale,
+    base, norm_w} -> {"hidden_out" [T, D] BF16, "next_pre_hc_hidden" [T, hc, D] FP32, "kv_cache"}.
+    Spec: §8."""
+    from kernels.reference import lm_head, mhc
+    from kernels.v4.attention_stage import v4_attention_stage
+    from kernels.v4.moe import v4_moe_stage
+    from kernels.v4.mtp import mtp_projection
+
+    missing = {"fn", "scale", "base", "norm_w"} - set(head)
+    if missing:
+        raise ContractInputError("head", None, "fn, scale, base and norm_w", sorted(missing), SPEC)
+    ops = ops or {}
+
+    def bound(name, default):
+        fn = ops.get(name, default)
+        return partial(fn, ops=ops) if getattr(fn, "composes_operators", False) else fn
+
+    project = bound("mtp_projection", mtp_projection)
+    attend = bound("v4_attention_stage", v4_attention_stage)
+    ffn = bound("v4_moe_stage", v4_moe_stage)
+    mix = bound("v4_head_mix", v4_head_mix)
+    collapse = bound("hc_head", mhc.hc_head)
+    norm = bound("final_norm", lm_head.final_norm)
+
+    x = project(hidden, prev, **projection, config=config)
+    att = attend("SWA", x, **attention, config=config)
+    out = ffn(att["x_out"], **moe, layer_id=config.num_hidden_layers, config=config)
+    pre = mix(out["x_out"], head["fn"], head["scale"], head["base"], config=config)
+    hidden_out = norm(collapse(out["x_out"], pre), head["norm_w"], config=config)
+    return {"hidden_out": hidden_out, "next_pre_hc_hidden": out["x_out"], "kv_cache": att["kv_cache"]}
+
+
+v4_mtp_layer.composes_operators = True
