@@ -765,6 +765,52 @@ def _v4_prefill_compressor_call(get, inputs: Tensors, ratio: int) -> Tensors:
                                              i["cmp_pool"], i["rope_cos"], i["rope_sin"], ratio=ratio))
 
 
+_MTP_GROUPS = ("projection", "attention", "moe", "head")
+
+
+def _v4_mtp_layer_build(seed: int, wiring: str) -> Tensors:
+    """The MTP layer of V4-Pro (tiny, kernel preset) at decode (contracts.test_v4_mtp_layer's inputs), flattened:
+    each group's tensors as ``<group>.<name>``, the routed experts stacked as ``moe.routed.<w>`` [E, ...]."""
+    from contracts.test_v4_mtp_layer import _inputs
+
+    i = _inputs(_v4_config(), seed)
+    flat = {"hidden": i["hidden"], "prev": i["prev"]}
+    for group in _MTP_GROUPS:
+        for name, value in i[group].items():
+            if name == "routed":
+                for w in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale"):
+                    flat[f"moe.routed.{w}"] = torch.stack([getattr(e, w) for e in value])
+            elif name == "shared":
+                for w in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale"):
+                    flat[f"moe.shared.{w}"] = getattr(value, w)
+            elif isinstance(value, torch.Tensor):
+                flat[f"{group}.{name}"] = value
+            else:
+                flat[f"{group}.{name}"] = torch.tensor(value, dtype=torch.int32)
+    return flat
+
+
+def _v4_mtp_layer_call(get, inputs: Tensors) -> Tensors:
+    from kernels.v4.moe import V4ExpertWeights
+
+    groups: dict[str, dict] = {g: {} for g in _MTP_GROUPS}
+    routed, shared = {}, {}
+    for key, value in inputs.items():
+        if key.startswith("moe.routed."):
+            routed[key.split(".")[-1]] = value
+        elif key.startswith("moe.shared."):
+            shared[key.split(".")[-1]] = value
+        elif "." in key:
+            group, name = key.split(".", 1)
+            groups[group][name] = int(value) if name == "num_tokens" else value
+    ws = ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")
+    groups["moe"]["routed"] = [V4ExpertWeights(*(routed[w][e] for w in ws)) for e in range(routed["w1"].shape[0])]
+    groups["moe"]["shared"] = V4ExpertWeights(*(shared[w] for w in ws))
+    out = get("v4_mtp_layer")(inputs["hidden"], inputs["prev"], groups["projection"], groups["attention"],
+                              groups["moe"], groups["head"], config=_v4_config())
+    return {"hidden_out": out["hidden_out"], "next_pre_hc_hidden": out["next_pre_hc_hidden"]}
+
+
 def _v4_indexer_build(seed: int, wiring: str) -> Tensors:
     """V4-Pro (tiny, kernel preset) decode indexer at upstream's start regimes with a shuffled INT8 index cache
     (contracts.v4_cases.indexer_inputs)."""
@@ -905,6 +951,16 @@ def _build_cases() -> dict[str, Case]:
                           lambda b, i, w, r=ratio, o=overlap: _v4_compressor_call(b.get, i, r, o),
                           lambda w: {"compressed": "hc_out", "closes": "exact", "state_pool": "exact"},
                           preset="v4-pro-tiny"))
+    from kernels.v4 import mtp_layer as v4ml
+
+    cases.append(Case("v4_mtp_layer", "v4_mtp_layer", "V4-Pro (tiny, kernel preset) MTP layer at decode: projection, "
+                      "the SWA attention stage (its kv rows written before the read), the score-routed MoE stage "
+                      "with INT8 experts, the head mix, hc_head and the RMSNorm", ("replicated",),
+                      ("kernels.v4.mtp_layer", "kernels.v4.moe", "kernels.v4.gate", "kernels.v4.attention_stage",
+                       "kernels.v4.mtp"), _v4_mtp_layer_build,
+                      lambda i, w: _v4_mtp_layer_call({"v4_mtp_layer": v4ml.v4_mtp_layer}.__getitem__, i),
+                      lambda b, i, w: _v4_mtp_layer_call(b.get, i),
+                      lambda w: {"hidden_out": "hc_out", "next_pre_hc_hidden": "hc_out"}, preset="v4-pro-tiny"))
     from kernels.v4 import prefill_compressor as v4pc
 
     for name, ratio, start in (("v4_prefill_compressor_csa", 4, 2), ("v4_prefill_compressor_hca", 128, 120)):

@@ -617,13 +617,15 @@ V4_TREE_DEFECTS = {  # sample-store tree -> the seeded defects its replay must f
     "v4_index_keys": ("KEY_SCALE_DIVIDED", "KEY_HADAMARD_BEFORE_ROPE", "KEY_UNROUNDED_BEFORE_HADAMARD"),
     "v4_prefill_compressor_csa": ("PREFILL_PADDING_COMPRESSED", "PREFILL_UNPERSISTED_WRITTEN", "PREV_HALF_ZERO_SCORE"),
     "v4_prefill_compressor_hca": ("PREFILL_PADDING_COMPRESSED", "PREFILL_UNPERSISTED_WRITTEN"),
+    "v4_mtp_layer": ("MTP_NEXT_FROM_ATTENTION", "MTP_HEAD_UNNORMED", "COMBINE_IN_BF16", "GATE_BIAS_IN_WEIGHTS",
+                     "EXPERT_H_NOT_RECODED"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(V4_TREE_DEFECTS))
 def test_the_v4_trees_catch_their_seeded_defects(case):
-    """Each V4 indexer, index-key and prefill-compressor tree of the sample store passes on the reference and
-    fails (a comparator verdict, not a crash) on each seeded defect of its operator. Spec: §8."""
+    """Each V4 indexer, index-key, prefill-compressor and MTP-layer tree of the sample store passes on the
+    reference and fails (a comparator verdict, not a crash) on each seeded defect of its operator. Spec: §8."""
     from contracts.backends import load_backend_module, torch_backend
 
     reader = GoldenStore(Path(__file__).resolve().parents[1] / "artifacts" / "store").reader()
