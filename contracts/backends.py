@@ -150,6 +150,11 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "{hidden_out [T,D] BF16, next_pre_hc_hidden [T,hc,D] FP32, kv_cache}: the MTP layer, composed "
                      "from mtp_projection, v4_attention_stage (SWA), v4_moe_stage, v4_head_mix, hc_head, final_norm",
                      "§8"),
+        OperatorSpec("v4_prefill_index_keys", "(x, position_ids, num_tokens, state_block_table [P], state_pool, inner "
+                     "weights, idx_slot_mapping [T], state_slot_mapping [T], idx_kv_cache INT8, idx_kv_scale FP32, "
+                     "rope_cos, rope_sin, hadamard)",
+                     "{idx_kv_cache, idx_kv_scale, state_pool}: CSA's indexer compressor on a prefill chunk, composed "
+                     "from v4_compressor and v4_publish_index_keys", "§8"),
         OperatorSpec("v4_prefill_compressor", "(x [T,hidden] BF16, position_ids [T], num_tokens (int), "
                      "state_block_table [P] (one request), state_pool FP32 [pages,4|8,2*coff*d], weights, "
                      "cmp_slot_mapping [T], state_slot_mapping [T], cmp_pool BF16 [blocks,bs,1,d], rope_cos, "
@@ -394,6 +399,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "csa_compressors": ("kernels.v4.compressor", "csa_compressors"),
     "v4_publish_compressed": ("kernels.v4.compressor", "v4_publish_compressed"),
     "v4_prefill_compressor": ("kernels.v4.prefill_compressor", "v4_prefill_compressor"),
+    "v4_prefill_index_keys": ("kernels.v4.prefill_compressor", "v4_prefill_index_keys"),
     "v4_compressor_txn": ("kernels.v4.compressor_txn", "v4_compressor_txn"),
     "v4_gate": ("kernels.v4.gate", "v4_gate"),
     "v4_expert": ("kernels.v4.moe", "v4_expert"),

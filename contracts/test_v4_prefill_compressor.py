@@ -250,3 +250,67 @@ def test_the_rms_epsilon_is_1e_6(backend):
     out = _call(backend, i, 4)
     want_cmp, want_state = _independent(i, 4)
     _judge(out, want_cmp, want_state, i)
+
+
+def _key_call(backend, i, **over):
+    i = {**i, **over}
+    w = V4CompressorWeights(i["wkv"], i["wgate"], i["ape"], i["norm"])
+    return op(backend, "v4_prefill_index_keys")(
+        i["x"], i["position_ids"], int(i["num_tokens"]), i["state_block_table"], i["state_pool"], w,
+        i["cmp_slot_mapping"], i["state_slot_mapping"], i["idx_kv_cache"], i["idx_kv_scale"], i["rope_cos"],
+        i["rope_sin"], i["hadamard"])
+
+
+def _key_inputs(seed=21, **kw):
+    i = prefill_compressor_inputs(4, seed, **kw)
+    g = torch.Generator().manual_seed(seed + 1)
+    blocks = i["cmp_pool"].shape[0]
+    return dict(i, idx_kv_cache=torch.randint(-127, 128, (blocks, 8, 1, 8), generator=g, dtype=torch.int8),
+                idx_kv_scale=torch.rand(blocks, 8, 1, 1, generator=g),
+                hadamard=((torch.rand(8, 8, generator=g) - 0.5) * 8**-0.5).to(torch.bfloat16))
+
+
+def test_the_prefill_index_keys_are_the_chunks_windows_written_as_int8_keys(backend):
+    """CSA's indexer compressor on a prefill chunk (positions 5 .. 20, the last 2 rows padding carrying
+    real-looking mappings): its INT8 keys and scales are v4_publish_index_keys of the chunk's own closed windows
+    -- pooled from the backend's v4_compressor over the real rows -- bit for bit, and its state pool is the one
+    v4_prefill_compressor leaves with the same mappings. Spec: §8."""
+    i = _key_inputs(start=5, num_tokens=14)
+    real = _key_inputs(start=5)
+    for name in ("cmp_slot_mapping", "state_slot_mapping"):
+        i[name] = i[name].clone()
+        i[name][14:] = real[name][14:]
+    out = _key_call(backend, i)
+    n = 14
+    w = V4CompressorWeights(i["wkv"], i["wgate"], i["ape"], i["norm"])
+    keys, closes, _pool = op(backend, "v4_compressor")(i["x"][:n], i["position_ids"][:n], torch.zeros(n, dtype=torch.int64),
+                                                       i["state_block_table"].reshape(1, -1), i["state_pool"], w,
+                                                       ratio=4, overlap=True)
+    cache, scale = op(backend, "v4_publish_index_keys")(keys, closes, i["position_ids"][:n], i["cmp_slot_mapping"][:n],
+                                                        i["idx_kv_cache"], i["idx_kv_scale"], i["rope_cos"],
+                                                        i["rope_sin"], i["hadamard"], ratio=4)
+    assert int(closes.sum()) >= 3, "the chunk closes too few windows"
+    assert torch.equal(out["idx_kv_cache"], cache) and torch.equal(out["idx_kv_scale"], scale), \
+        "the keys are not the chunk's windows published as INT8 keys (or a padding row was written)"
+    main = _call(backend, i, 4)
+    assert torch.equal(out["state_pool"], main["state_pool"]), "the state pool differs from the prefill compressor's"
+    tiny = _key_inputs(start=0)  # rows at the RMS epsilon's scale: the keys depend on eps = 1e-6
+    tiny["x"] = (tiny["x"].float() * 1e-3).to(torch.bfloat16)
+    got = _key_call(backend, tiny)
+    w = V4CompressorWeights(tiny["wkv"], tiny["wgate"], tiny["ape"], tiny["norm"])
+    keys, closes, _pool = op(backend, "v4_compressor")(tiny["x"], tiny["position_ids"], torch.zeros(16, dtype=torch.int64),
+                                                       tiny["state_block_table"].reshape(1, -1), tiny["state_pool"], w,
+                                                       ratio=4, overlap=True)
+    cache, _scale = op(backend, "v4_publish_index_keys")(keys, closes, tiny["position_ids"], tiny["cmp_slot_mapping"],
+                                                         tiny["idx_kv_cache"], tiny["idx_kv_scale"], tiny["rope_cos"],
+                                                         tiny["rope_sin"], tiny["hadamard"], ratio=4)
+    assert torch.equal(got["idx_kv_cache"], cache), "tiny rows: the keys differ (the RMS epsilon is not 1e-6)"
+
+
+def test_a_prefill_index_key_only_at_a_closing_position(backend):
+    i = _key_inputs(start=4)
+    i["num_tokens"] = 16
+    slots = i["cmp_slot_mapping"].clone()
+    slots[0] = 3
+    with pytest.raises(ContractInputError, match=r"idx_slot_mapping\[0\]: expected -1 \(position 4 closes no"):
+        _key_call(backend, i, cmp_slot_mapping=slots)

@@ -573,6 +573,25 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             note="composed here from mtp_projection, v4_attention_stage (SWA), v4_moe_stage, v4_head_mix, hc_head "
                  "and final_norm on this backend; upstream's entry also owns the EP windows and signal epochs of "
                  "its MoE, which the composition folds"),
+    Binding("v4_prefill_index_keys", "not bound", f"{PRO}/prefill_indexer_compressor.py::prefill_indexer_compressor",
+            "@pl.jit.inline",
+            _args(("x", "in", "BF16", "[T, D]"),
+                  ("inner_compress_state", "inout", "FP32", "[INNER_STATE_BLOCK_NUM_DYN, INNER_STATE_BLOCK_SIZE, "
+                   "2 * INNER_OUT_DIM]"),
+                  ("inner_compress_state_block_table", "in", "INT32", "[INNER_STATE_MAX_BLOCKS]"),
+                  ("inner_wkv", "in", "BF16", "[INNER_OUT_DIM, D]"), ("inner_wgate", "in", "BF16", "[INNER_OUT_DIM, D]"),
+                  ("inner_ape", "in", "FP32", "[COMPRESS_RATIO, INNER_OUT_DIM]"),
+                  ("inner_norm_w", "in", "BF16", "[INNER_HEAD_DIM]"),
+                  ("freqs_cos", "in", "BF16", "[MAX_SEQ_LEN, ROPE_HEAD_DIM]"),
+                  ("freqs_sin", "in", "BF16", "[MAX_SEQ_LEN, ROPE_HEAD_DIM]"),
+                  ("hadamard", "in", "BF16", "[IDX_HEAD_DIM, IDX_HEAD_DIM]"),
+                  ("idx_kv_cache", "inout", "INT8", "[IDX_BLOCK_NUM_DYN, BLOCK_SIZE, 1, IDX_HEAD_DIM]"),
+                  ("idx_kv_scale", "inout", "FP32", "[IDX_BLOCK_NUM_DYN, BLOCK_SIZE, 1, 1]"),
+                  ("idx_block_table", "in", "INT32", "[IDX_CACHE_MAX_BLOCKS]"), ("position_ids", "in", "INT32", "[T]"),
+                  ("num_tokens", "scalar", "INT32", ""), ("idx_slot_mapping", "in", "INT64", "[T]"),
+                  ("inner_state_slot_mapping", "in", "INT64", "[T]")),
+            note="composed here from v4_compressor and v4_publish_index_keys; the entry also takes a completion task "
+                 "array and reads the index block table for its own write map"),
     Binding("v4_prefill_compressor", "not bound", f"{PRO}/prefill_compressor_ratio4.py::prefill_compressor_ratio4, "
             "prefill_compressor_ratio128.py::prefill_compressor_ratio128", "@pl.jit.inline",
             _args(("x", "in", "BF16", "[T, D]"),

@@ -41,13 +41,13 @@ STATE_PAGE = {4: 4, 128: 8}  # CSA_STATE_BLOCK_SIZE, HCA_STATE_BLOCK_SIZE: state
 
 
 def _check(x, position_ids, num_tokens, state_block_table, state_pool, cmp_slot_mapping, state_slot_mapping,
-           ratio) -> int:
+           ratio, slot_name: str = "cmp_slot_mapping") -> int:
     tokens = x.shape[0]
     if ratio not in STATE_PAGE:
         raise ContractInputError("ratio", None, f"one of {sorted(STATE_PAGE)}", ratio, SPEC)
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens:
         raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", num_tokens, SPEC)
-    for name, t in (("position_ids", position_ids), ("cmp_slot_mapping", cmp_slot_mapping),
+    for name, t in (("position_ids", position_ids), (slot_name, cmp_slot_mapping),
                     ("state_slot_mapping", state_slot_mapping)):
         if t.shape != (tokens,):
             raise ContractInputError(name, None, f"[{tokens}] (one per row)", list(t.shape), SPEC)
@@ -70,7 +70,7 @@ def _check(x, position_ids, num_tokens, state_block_table, state_pool, cmp_slot_
     for t in range(num_tokens):
         p = int(pos[t])
         if int(cmp_slot_mapping[t]) >= 0 and (p + 1) % ratio:
-            raise ContractInputError("cmp_slot_mapping", (t,), f"-1 (position {p} closes no ratio-{ratio} window)",
+            raise ContractInputError(slot_name, (t,), f"-1 (position {p} closes no ratio-{ratio} window)",
                                      int(cmp_slot_mapping[t]), SPEC)
         row = int(state_slot_mapping[t])
         if row < 0:
@@ -95,8 +95,19 @@ def v4_prefill_compressor(x: torch.Tensor, position_ids: torch.Tensor, num_token
     The inputs are not modified. Spec: §8."""
     _check(x, position_ids, num_tokens, state_block_table, state_pool, cmp_slot_mapping, state_slot_mapping, ratio)
     ops = ops or {}
-    compress = ops.get("v4_compressor", v4_compressor)
     publish = ops.get("v4_publish_compressed", v4_publish_compressed)
+    compressed, closes, pool = _chunk_rows(x, position_ids, num_tokens, state_block_table, state_pool, weights,
+                                           state_slot_mapping, ratio=ratio, eps=eps,
+                                           compress=ops.get("v4_compressor", v4_compressor))
+    n = num_tokens
+    cmp = publish(compressed, closes, position_ids[:n], cmp_slot_mapping[:n], cmp_pool, rope_cos, rope_sin,
+                  ratio=ratio)
+    return {"cmp_pool": cmp, "state_pool": pool}
+
+
+def _chunk_rows(x, position_ids, num_tokens, state_block_table, state_pool, weights, state_slot_mapping, *, ratio,
+                eps, compress):
+    """The chunk's closed windows (FP32 rows, closes) and its state pool with only the mapped rows persisted."""
     n = num_tokens
     table = state_block_table.reshape(1, -1)
     compressed, closes, pool = compress(x[:n], position_ids[:n], torch.zeros(n, dtype=torch.int64), table,
@@ -108,9 +119,36 @@ def v4_prefill_compressor(x: torch.Tensor, position_ids: torch.Tensor, num_token
             p = int(position_ids[t])
             home = int(state_block_table[p // page]) * page + p % page
             flat[home] = before[home]
-    cmp = publish(compressed, closes, position_ids[:n], cmp_slot_mapping[:n], cmp_pool, rope_cos, rope_sin,
-                  ratio=ratio)
-    return {"cmp_pool": cmp, "state_pool": pool}
+    return compressed, closes, pool
 
 
 v4_prefill_compressor.composes_operators = True
+
+
+def v4_prefill_index_keys(x: torch.Tensor, position_ids: torch.Tensor, num_tokens: int,
+                          state_block_table: torch.Tensor, state_pool: torch.Tensor, weights: V4CompressorWeights,
+                          idx_slot_mapping: torch.Tensor, state_slot_mapping: torch.Tensor, idx_kv_cache: torch.Tensor,
+                          idx_kv_scale: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
+                          hadamard: torch.Tensor, *, eps: float = 1e-6, ops=None) -> dict[str, torch.Tensor]:
+    """CSA's indexer compressor on a prefill chunk (upstream prefill_indexer_compressor.py): the inner ratio-4
+    compressor's closed windows, as ``v4_prefill_compressor`` pools them (the same mappings and padding rules,
+    ``idx_slot_mapping`` in place of the compressed slots), each written as an INT8 index key by
+    ``v4_publish_index_keys`` (rotated at the window's first position, BF16, Hadamard, BF16, INT8 with its FP32
+    scale) -> {"idx_kv_cache", "idx_kv_scale", "state_pool"}. Composed from the backend's operators.
+    Spec: §8."""
+    from kernels.v4.index_cache import publish_index_keys
+
+    _check(x, position_ids, num_tokens, state_block_table, state_pool, idx_slot_mapping, state_slot_mapping, 4,
+           "idx_slot_mapping")
+    ops = ops or {}
+    publish = ops.get("v4_publish_index_keys", publish_index_keys)
+    keys, closes, pool = _chunk_rows(x, position_ids, num_tokens, state_block_table, state_pool, weights,
+                                     state_slot_mapping, ratio=4, eps=eps,
+                                     compress=ops.get("v4_compressor", v4_compressor))
+    n = num_tokens
+    cache, scale = publish(keys, closes, position_ids[:n], idx_slot_mapping[:n], idx_kv_cache, idx_kv_scale,
+                           rope_cos, rope_sin, hadamard, ratio=4)
+    return {"idx_kv_cache": cache, "idx_kv_scale": scale, "state_pool": pool}
+
+
+v4_prefill_index_keys.composes_operators = True

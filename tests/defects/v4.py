@@ -580,6 +580,20 @@ MTP_NEXT_FROM_ATTENTION = _base.derive("defect:v4-mtp-next-from-attention",
 MTP_HEAD_UNNORMED = _base.derive("defect:v4-mtp-head-unnormed", v4_mtp_layer=_mtp_layer_variant(head_unnormed=True))
 
 
+def _keys_padding_read(x, position_ids, num_tokens, state_block_table, state_pool, weights, idx_slot_mapping,
+                       state_slot_mapping, idx_kv_cache, idx_kv_scale, rope_cos, rope_sin, hadamard, *, eps=1e-6,
+                       ops=None):
+    """Wrong: the index-key write processes every row of the chunk (num_tokens ignored)."""
+    from kernels.v4 import prefill_compressor as pc
+
+    return pc.v4_prefill_index_keys(x, position_ids, x.shape[0], state_block_table, state_pool, weights,
+                                    idx_slot_mapping, state_slot_mapping, idx_kv_cache, idx_kv_scale, rope_cos, rope_sin,
+                                    hadamard, eps=eps)
+
+
+PREFILL_KEYS_PADDING_READ = _base.derive("defect:v4-prefill-keys-padding-read", v4_prefill_index_keys=_keys_padding_read)
+
+
 def _padding_attended(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids, attn_sink,
                       freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq=None, num_tokens=None, ops=None):
     """Wrong: the padding rows of a prefill chunk are attended like real rows (num_tokens ignored)."""
