@@ -155,6 +155,10 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "rope_cos, rope_sin, hadamard)",
                      "{idx_kv_cache, idx_kv_scale, state_pool}: CSA's indexer compressor on a prefill chunk, composed "
                      "from v4_compressor and v4_publish_index_keys", "§8"),
+        OperatorSpec("v4_moe_ep", "(gates: per rank v4_gate outputs, num_tokens per rank, routed [E experts], shared, "
+                     "*, ep, config (V4))",
+                     "{ffn_out per rank, send_counts [ep,ep,n_local], recv_counts, recv_x INT8 lanes, recv_y}: V4's "
+                     "MoE across EP ranks (source-major lanes, one FP32 combine)", "§8"),
         OperatorSpec("v4_prefill_compressor", "(x [T,hidden] BF16, position_ids [T], num_tokens (int), "
                      "state_block_table [P] (one request), state_pool FP32 [pages,4|8,2*coff*d], weights, "
                      "cmp_slot_mapping [T], state_slot_mapping [T], cmp_pool BF16 [blocks,bs,1,d], rope_cos, "
@@ -405,6 +409,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "v4_expert": ("kernels.v4.moe", "v4_expert"),
     "v4_moe": ("kernels.v4.moe", "v4_moe"),
     "v4_moe_stage": ("kernels.v4.moe", "v4_moe_stage"),
+    "v4_moe_ep": ("kernels.v4.moe", "v4_moe_ep"),
     "v4_head_mix": ("kernels.v4.mtp_layer", "v4_head_mix"),
     "v4_mtp_layer": ("kernels.v4.mtp_layer", "v4_mtp_layer"),
     "encoder_replay": ("kernels.prefill_plan", "select_encoder_replay"),

@@ -221,3 +221,74 @@ def test_the_moe_stage_is_hc_pre_then_the_moe_then_hc_post(backend, config):
     assert out["x_out"].dtype == torch.float32 and torch.equal(out["x_out"], want), \
         "x_out is not hc_post(v4_moe(hc_pre(x_hc)))"
     assert torch.equal(out["ffn_out"], moe["ffn_out"]) and bool((out["x_out"][n:] == 0).all())
+
+
+def _ep_inputs(backend, config, ep, counts, seed=10):
+    g = torch.Generator().manual_seed(seed)
+    i = _moe_inputs(config, seed)
+    gates = []
+    for r in range(ep):
+        x = torch.randn(T, config.hidden_size, generator=g).to(torch.bfloat16)
+        gates.append(op(backend, "v4_gate")(x, i["norm_w"], i["gate_w"], i["gate_bias"], config.num_hidden_layers,
+                                            counts[r], i["tid2eid"], i["input_ids"], config=config))
+    return i, gates
+
+
+@pytest.mark.parametrize("ep, counts", [(1, [6]), (2, [6, 8]), (4, [8, 0, 5, 8])], ids=["ep1", "ep2", "ep4-idle-rank"])
+def test_expert_parallel_moe_equals_each_ranks_own_moe(backend, ep, counts):
+    """Across EP ranks (uneven token counts, an idle rank at EP4): each rank's ffn_out equals the one-rank MoE of
+    its own rows (v4_moe with every expert local), bit for bit -- the transport moves rows and never changes
+    them -- and an idle rank's output is 0. Spec: §8."""
+    config = MODELS[0]
+    i, gates = _ep_inputs(backend, config, ep, counts)
+    out = op(backend, "v4_moe_ep")(gates, counts, i["routed"], i["shared"], ep=ep, config=config)
+    for r in range(ep):
+        n = counts[r]
+        want = torch.zeros(T, config.hidden_size, dtype=torch.bfloat16)
+        if n:
+            g = gates[r]
+            acc = op(backend, "v4_expert")(g["x_norm_i8"][:n], g["x_norm_scale"][:n], None, i["shared"],
+                                           config=config).float()
+            for j in range(config.num_experts_per_tok):
+                acc = acc + torch.cat([op(backend, "v4_expert")(
+                    g["x_norm_i8"][t:t + 1], g["x_norm_scale"][t:t + 1], g["weights"][t:t + 1, j],
+                    i["routed"][int(g["indices"][t, j])], config=config) for t in range(n)]).float()
+            want[:n] = acc.to(torch.bfloat16)
+        assert out["ffn_out"][r].dtype == torch.bfloat16, f"rank {r}: ffn_out {out['ffn_out'][r].dtype}"
+        assert torch.equal(out["ffn_out"][r], want), f"rank {r}: ffn_out differs from its own one-rank MoE"
+
+
+def test_each_experts_lanes_are_source_major(backend):
+    """EP4: on every rank each local expert's received rows are the INT8 rows routed to it, source rank by source
+    rank, tokens in order within a source, routes in order within a token; the counts are the rows sent
+    (send_counts summed over sources) and the lanes past them are zero; padding tokens send nothing.
+    Spec: §8."""
+    config = MODELS[0]
+    ep, counts = 4, [8, 3, 6, 8]
+    i, gates = _ep_inputs(backend, config, ep, counts, seed=11)
+    out = op(backend, "v4_moe_ep")(gates, counts, i["routed"], i["shared"], ep=ep, config=config)
+    n_local = config.n_routed_experts // ep
+    assert out["send_counts"].dtype == torch.int32 and out["send_counts"].shape == (ep, ep, n_local)
+    for dst in range(ep):
+        assert out["recv_counts"][dst].dtype == torch.int32 and out["recv_y"][dst].dtype == torch.bfloat16
+        assert out["recv_x"][dst].dtype == torch.int8 and out["recv_x"][dst].shape == (n_local, ep * T,
+                                                                                      config.hidden_size)
+        for loc in range(n_local):
+            e = dst * n_local + loc
+            want = [gates[s]["x_norm_i8"][t] for s in range(ep) for t in range(counts[s])
+                    for j in range(config.num_experts_per_tok) if int(gates[s]["indices"][t, j]) == e]
+            n = int(out["recv_counts"][dst][loc])
+            assert n == len(want) == int(out["send_counts"][:, dst, loc].sum()), (dst, loc, n, len(want))
+            if want:
+                assert torch.equal(out["recv_x"][dst][loc, :n], torch.stack(want)), f"rank {dst} expert {loc}: lanes"
+            assert bool((out["recv_x"][dst][loc, n:] == 0).all()), f"rank {dst} expert {loc}: a lane past the count"
+    assert int(out["send_counts"][1].sum()) == 3 * config.num_experts_per_tok, "padding tokens were dispatched"
+
+
+def test_ep_inputs_are_refused_naming_the_field(backend):
+    config = MODELS[0]
+    i, gates = _ep_inputs(backend, config, 2, [8, 8])
+    with pytest.raises(ContractInputError, match="ep"):
+        op(backend, "v4_moe_ep")(gates, [8, 8], i["routed"], i["shared"], ep=3, config=config)
+    with pytest.raises(ContractInputError, match=r"num_tokens\[1\]"):
+        op(backend, "v4_moe_ep")(gates, [8, 9], i["routed"], i["shared"], ep=2, config=config)

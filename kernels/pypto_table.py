@@ -592,6 +592,10 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
                   ("inner_state_slot_mapping", "in", "INT64", "[T]")),
             note="composed here from v4_compressor and v4_publish_index_keys; the entry also takes a completion task "
                  "array and reads the index block table for its own write map"),
+    Binding("v4_moe_ep", "composition", f"{PRO}/moe.py::dispatch, ::combine (with expert_routed / expert_shared "
+            "per rank)", "composition",
+            note="a host model of the transport (lanes, counts, the route-keyed combine) over this backend's "
+                 "v4_expert; upstream moves the rows through distributed windows with per-epoch signals"),
     Binding("v4_prefill_compressor", "not bound", f"{PRO}/prefill_compressor_ratio4.py::prefill_compressor_ratio4, "
             "prefill_compressor_ratio128.py::prefill_compressor_ratio128", "@pl.jit.inline",
             _args(("x", "in", "BF16", "[T, D]"),

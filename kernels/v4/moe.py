@@ -132,3 +132,73 @@ def v4_moe_stage(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
 
 
 v4_moe_stage.composes_operators = True
+
+
+def v4_moe_ep(gates: list[dict[str, torch.Tensor]], num_tokens: list[int], routed: list[V4ExpertWeights],
+              shared: V4ExpertWeights, *, ep: int, config, ops=None) -> dict[str, list[torch.Tensor]]:
+    """V4's MoE across ``ep`` expert-parallel ranks (upstream moe.py's dispatch, experts and combine): ``gates``
+    per rank the ``v4_gate`` outputs over its T rows, ``num_tokens`` its real rows; rank r holds experts
+    r·n_local .. (r+1)·n_local - 1.
+
+    Dispatch: each real (token, route) sends its INT8 row, its factor and its routing weight to the expert's
+    rank; on the receiving rank each local expert's lanes are packed source rank by source rank, tokens in order
+    within a source, routes in order within a token (upstream's per-source lane cumsum), at most ep · T rows
+    an expert. Each lane is computed by ``v4_expert``; the combine returns every route's row to its token and
+    sums ``FP32(shared) + Σ_k FP32(routed_k)``, rounded once to BF16, exactly as ``v4_moe`` on one rank.
+
+    -> {"ffn_out": [T, D] BF16 per rank, "send_counts": [ep, ep, n_local] INT32 (src, dst, local expert),
+    "recv_counts": [n_local] INT32 per rank, "recv_x": [n_local, ep·T, D] INT8 per rank (lanes, zero tail),
+    "recv_y": [n_local, ep·T, D] BF16 per rank}. Spec: §8."""
+    n_experts = config.n_routed_experts
+    if ep < 1 or n_experts % ep or len(gates) != ep or len(num_tokens) != ep:
+        raise ContractInputError("ep", None, f"a divisor of {n_experts} with one gate and one count per rank",
+                                 [ep, len(gates), len(num_tokens)], SPEC)
+    if len(routed) != n_experts:
+        raise ContractInputError("routed", None, f"{n_experts} experts", len(routed), SPEC)
+    expert = (ops or {}).get("v4_expert", v4_expert)
+    n_local, k = n_experts // ep, config.num_experts_per_tok
+    tokens, d = gates[0]["x_norm_i8"].shape
+    cap = ep * tokens
+    for r, n in enumerate(num_tokens):
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= tokens:
+            raise ContractInputError("num_tokens", (r,), f"an int in [0, {tokens}]", n, SPEC)
+    send = torch.zeros(ep, ep, n_local, dtype=torch.int32)
+    lanes: list[list[list[tuple[int, int, int]]]] = [[[] for _ in range(n_local)] for _ in range(ep)]
+    for src in range(ep):  # appended source by source: each expert's lanes come out source-major
+        for t in range(num_tokens[src]):
+            for j in range(k):
+                e = int(gates[src]["indices"][t, j])
+                lanes[e // n_local][e % n_local].append((src, t, j))
+                send[src, e // n_local, e % n_local] += 1
+    back: dict[tuple[int, int, int], torch.Tensor] = {}
+    recv_x, recv_y, recv_counts = [], [], []
+    for dst in range(ep):
+        rx = torch.zeros(n_local, cap, d, dtype=torch.int8)
+        ry = torch.zeros(n_local, cap, d, dtype=torch.bfloat16)
+        for loc in range(n_local):
+            slots = lanes[dst][loc]
+            if not slots:
+                continue
+            rows = torch.stack([gates[s]["x_norm_i8"][t] for s, t, _ in slots])
+            scale = torch.stack([gates[s]["x_norm_scale"][t] for s, t, _ in slots])
+            weight = torch.stack([gates[s]["weights"][t, j] for s, t, j in slots])
+            y = expert(rows, scale, weight, routed[dst * n_local + loc], config=config)
+            rx[loc, :len(slots)], ry[loc, :len(slots)] = rows, y
+            back.update(zip(slots, y, strict=True))
+        recv_x.append(rx)
+        recv_y.append(ry)
+        recv_counts.append(torch.tensor([len(lanes[dst][loc]) for loc in range(n_local)], dtype=torch.int32))
+    outs = []
+    for src in range(ep):
+        out = torch.zeros(tokens, d, dtype=torch.bfloat16)
+        n = num_tokens[src]
+        if n:
+            acc = expert(gates[src]["x_norm_i8"][:n], gates[src]["x_norm_scale"][:n], None, shared, config=config).float()
+            for j in range(k):
+                acc = acc + torch.stack([back[(src, t, j)] for t in range(n)]).float()
+            out[:n] = acc.to(torch.bfloat16)
+        outs.append(out)
+    return {"ffn_out": outs, "send_counts": send, "recv_counts": recv_counts, "recv_x": recv_x, "recv_y": recv_y}
+
+
+v4_moe_ep.composes_operators = True

@@ -594,6 +594,62 @@ def _keys_padding_read(x, position_ids, num_tokens, state_block_table, state_poo
 PREFILL_KEYS_PADDING_READ = _base.derive("defect:v4-prefill-keys-padding-read", v4_prefill_index_keys=_keys_padding_read)
 
 
+def _ep_variant(*, token_major=False, route_shifted=False):
+    """A port of v4_moe_ep with one rule changed (see each defect below)."""
+    from kernels.v4 import moe as vm
+
+    def run(gates, num_tokens, routed, shared, *, ep, config, ops=None):
+        n_local, k = config.n_routed_experts // ep, config.num_experts_per_tok
+        tokens, d = gates[0]["x_norm_i8"].shape
+        sent = list(num_tokens)
+        order = [(s, t) for t in range(tokens) for s in range(ep)] if token_major else \
+            [(s, t) for s in range(ep) for t in range(tokens)]
+        send = torch.zeros(ep, ep, n_local, dtype=torch.int32)
+        lanes = [[[] for _ in range(n_local)] for _ in range(ep)]
+        for s, t in order:
+            if t >= sent[s]:
+                continue
+            for j in range(k):
+                e = int(gates[s]["indices"][t, j])
+                lanes[e // n_local][e % n_local].append((s, t, j))
+                send[s, e // n_local, e % n_local] += 1
+        back, rxs, rys, counts = {}, [], [], []
+        for dst in range(ep):
+            rx = torch.zeros(n_local, ep * tokens, d, dtype=torch.int8)
+            ry = torch.zeros(n_local, ep * tokens, d, dtype=torch.bfloat16)
+            for loc in range(n_local):
+                slots = lanes[dst][loc]
+                if slots:
+                    rows = torch.stack([gates[s]["x_norm_i8"][t] for s, t, _ in slots])
+                    y = vm.v4_expert(rows, torch.stack([gates[s]["x_norm_scale"][t] for s, t, _ in slots]),
+                                     torch.stack([gates[s]["weights"][t, j] for s, t, j in slots]),
+                                     routed[dst * n_local + loc], config=config)
+                    rx[loc, :len(slots)], ry[loc, :len(slots)] = rows, y
+                    back.update(zip(slots, y, strict=True))
+            rxs.append(rx)
+            rys.append(ry)
+            counts.append(torch.tensor([len(x) for x in lanes[dst]], dtype=torch.int32))
+        outs = []
+        for src in range(ep):
+            out = torch.zeros(tokens, d, dtype=torch.bfloat16)
+            n = num_tokens[src]
+            if n:
+                acc = vm.v4_expert(gates[src]["x_norm_i8"][:n], gates[src]["x_norm_scale"][:n], None, shared,
+                                   config=config).float()
+                for j in range(k):  # route_shifted: each token takes the next token's route j
+                    acc = acc + torch.stack([back[(src, (t + 1) % n if route_shifted else t, j)]
+                                             for t in range(n)]).float()
+                out[:n] = acc.to(torch.bfloat16)
+            outs.append(out)
+        return {"ffn_out": outs, "send_counts": send, "recv_counts": counts, "recv_x": rxs, "recv_y": rys}
+
+    return run
+
+
+EP_LANES_TOKEN_MAJOR = _base.derive("defect:v4-ep-lanes-token-major", v4_moe_ep=_ep_variant(token_major=True))
+EP_COMBINE_ROUTE_SHIFTED = _base.derive("defect:v4-ep-combine-route-shifted", v4_moe_ep=_ep_variant(route_shifted=True))
+
+
 def _padding_attended(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids, attn_sink,
                       freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq=None, num_tokens=None, ops=None):
     """Wrong: the padding rows of a prefill chunk are attended like real rows (num_tokens ignored)."""
