@@ -50,28 +50,38 @@ def compressed_topk(path: str, config, inputs: dict, seed: int = 1) -> torch.Ten
     return raw
 
 
+def _index_query_operands(config, g: torch.Generator, rows: int) -> dict:
+    """The indexer's query operands, drawn in this order: x, INT8 qr / wq_b with per-row / per-column scales,
+    the head projection, a random BF16 Hadamard."""
+    heads, dim = config.index_n_heads, config.index_head_dim
+    return dict(
+        x=(torch.randn(rows, config.hidden_size, generator=g) * 0.5).to(torch.bfloat16),
+        qr=torch.randint(-127, 128, (rows, config.q_lora_rank), generator=g, dtype=torch.int8),
+        qr_scale=torch.rand(rows, 1, generator=g) / 127 + 1e-3,
+        wq_b=torch.randint(-127, 128, (config.q_lora_rank, heads * dim), generator=g, dtype=torch.int8),
+        wq_b_scale=torch.rand(heads * dim, generator=g) / 127 / config.q_lora_rank**0.5 + 1e-4,
+        weights_proj=(torch.randn(config.hidden_size, heads, generator=g) * 0.25).to(torch.bfloat16),
+        hadamard=((torch.rand(dim, dim, generator=g) - 0.5) * dim**-0.5).to(torch.bfloat16),
+    )
+
+
 def indexer_inputs(config, seed: int = 0, *, starts=(300, 127, 255, 7)) -> dict:
     """A decode batch for CSA's indexer: requests at upstream's start regimes (two visible ranges past
     index_topk, one at a block edge, one short), INT8 qr / wq_b with per-row / per-column scales, an INT8 index
     cache in shuffled pages with per-row scales, per-request RoPE rows at each request's first position."""
     g = torch.Generator().manual_seed(seed)
     b, seq = len(starts), config.decode_seq
-    t, heads, dim, rope = b * seq, config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim
+    t, dim, rope = b * seq, config.index_head_dim, config.qk_rope_head_dim
     bs = config.block_size
     pos = torch.tensor([s + j for s in starts for j in range(seq)], dtype=torch.int32)
     lens = torch.tensor([s + seq for s in starts], dtype=torch.int32)
     pages = -(-(config.kernel_max_seq_len // 4) // bs)
     table = torch.randperm(b * pages, generator=g).reshape(b, pages).to(torch.int32)
     angle = torch.tensor(starts, dtype=torch.float32)[:, None] * torch.rand(rope // 2, generator=g)
+    q = _index_query_operands(config, g, t)
+    hadamard = q.pop("hadamard")  # the argument order: x .. weights_proj, cos, sin, hadamard, caches
     return dict(
-        x=(torch.randn(t, config.hidden_size, generator=g) * 0.5).to(torch.bfloat16),
-        qr=torch.randint(-127, 128, (t, config.q_lora_rank), generator=g, dtype=torch.int8),
-        qr_scale=torch.rand(t, 1, generator=g) / 127 + 1e-3,
-        wq_b=torch.randint(-127, 128, (config.q_lora_rank, heads * dim), generator=g, dtype=torch.int8),
-        wq_b_scale=torch.rand(heads * dim, generator=g) / 127 / config.q_lora_rank**0.5 + 1e-4,
-        weights_proj=(torch.randn(config.hidden_size, heads, generator=g) * 0.25).to(torch.bfloat16),
-        cos=torch.cos(angle), sin=torch.sin(angle),
-        hadamard=((torch.rand(dim, dim, generator=g) - 0.5) * dim**-0.5).to(torch.bfloat16),
+        **q, cos=torch.cos(angle), sin=torch.sin(angle), hadamard=hadamard,
         idx_kv_cache=torch.randint(-127, 128, (b * pages, bs, 1, dim), generator=g, dtype=torch.int8),
         idx_kv_scale=(torch.rand(b * pages, bs, 1, 1, generator=g) + 0.5) * 2.0,
         idx_block_table=table, position_ids=pos, kv_seq_lens=lens,
@@ -83,18 +93,13 @@ def prefill_indexer_inputs(config, seed: int = 0, *, rows: int = 128, start: int
     real (``num_tokens`` = rows; a case sets fewer), INT8 qr / wq_b with per-row / per-column scales, a RoPE row
     per token at its position, the request's two index-cache pages shuffled among three."""
     g = torch.Generator().manual_seed(seed)
-    heads, dim, rope, bs = config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim, config.block_size
+    dim, rope, bs = config.index_head_dim, config.qk_rope_head_dim, config.block_size
     pos = torch.arange(start, start + rows, dtype=torch.int32)
     angle = pos.float()[:, None] * torch.rand(rope // 2, generator=g)
+    q = _index_query_operands(config, g, rows)
+    hadamard = q.pop("hadamard")  # the argument order: x .. weights_proj, cos, sin, hadamard, caches
     return dict(
-        x=(torch.randn(rows, config.hidden_size, generator=g) * 0.5).to(torch.bfloat16),
-        qr=torch.randint(-127, 128, (rows, config.q_lora_rank), generator=g, dtype=torch.int8),
-        qr_scale=torch.rand(rows, 1, generator=g) / 127 + 1e-3,
-        wq_b=torch.randint(-127, 128, (config.q_lora_rank, heads * dim), generator=g, dtype=torch.int8),
-        wq_b_scale=torch.rand(heads * dim, generator=g) / 127 / config.q_lora_rank**0.5 + 1e-4,
-        weights_proj=(torch.randn(config.hidden_size, heads, generator=g) * 0.25).to(torch.bfloat16),
-        cos=torch.cos(angle), sin=torch.sin(angle),
-        hadamard=((torch.rand(dim, dim, generator=g) - 0.5) * dim**-0.5).to(torch.bfloat16),
+        **q, cos=torch.cos(angle), sin=torch.sin(angle), hadamard=hadamard,
         idx_kv_cache=torch.randint(-127, 128, (3, bs, 1, dim), generator=g, dtype=torch.int8),
         idx_kv_scale=(torch.rand(3, bs, 1, 1, generator=g) + 0.5) * 2.0,
         idx_block_table=torch.tensor([2, 0], dtype=torch.int32), position_ids=pos,
