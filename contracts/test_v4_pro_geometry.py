@@ -21,6 +21,7 @@ from contracts.plugin import op
 from contracts.test_v4_indexer import _independent as independent_indexer
 from contracts.test_v4_indexer import _visible
 from contracts.test_v4_sparse_attention import _independent as independent_attention
+from contracts.test_v4_sparse_attention import independent_projection
 from contracts.v4_cases import attention_inputs, compressed_topk, indexer_inputs
 from kernels.config import V4_PRO
 
@@ -62,30 +63,10 @@ def test_attention_and_its_output_projection_at_pro_geometry(backend, path):
     got = op(backend, "v4_output_projection")(ref_o, i["freqs_cos"], i["freqs_sin"], i["wo_a"], i["wo_b"],
                                                i["wo_b_scale"], config=PRO)
     assert got.dtype == torch.bfloat16 and got.shape == (PRO.decode_tokens, PRO.hidden_size)
-    want = _projection(ref_o, i)
+    want = independent_projection(ref_o, i, PRO)
     assert bool(want.abs().amax(1).gt(0).all()), "every row attends something"
     r = check_ratio_allclose(got, want, atol=ATTN_OUT_TOL[0], rtol=ATTN_OUT_TOL[1], name="attn_out")
     assert r.ok, r.message()
-
-
-def _projection(o: torch.Tensor, i: dict) -> torch.Tensor:
-    """The FP64 projection written apart (inverse pairs, BF16 heads, FP32 latent per group, explicit INT8 codes
-    with the 1e-4 floor, exact integer partials, the channel scale, one BF16 rounding)."""
-    t_n, _heads, dim = o.shape
-    rope, half = PRO.qk_rope_head_dim, PRO.qk_rope_head_dim // 2
-    o = o.double().clone()
-    cos, sin = i["freqs_cos"][:, :half].double()[:, None, :], i["freqs_sin"][:, :half].double()[:, None, :]
-    even, odd = o[..., dim - rope::2].clone(), o[..., dim - rope + 1::2].clone()
-    o[..., dim - rope::2], o[..., dim - rope + 1::2] = even * cos + odd * sin, odd * cos - even * sin
-    x = o.float().to(torch.bfloat16).double().reshape(t_n, PRO.o_groups, -1)
-    out = torch.zeros(t_n, PRO.hidden_size, dtype=torch.float64)
-    for g in range(PRO.o_groups):
-        lat = (x[:, g] @ i["wo_a"][g].double().T).float().double()
-        amax = lat.abs().amax(1, keepdim=True).clamp_min(1e-4)
-        codes = torch.round(lat * (127.0 / amax))
-        cols = i["wo_b"][:, g * PRO.o_lora_rank:(g + 1) * PRO.o_lora_rank].double()
-        out += (codes @ cols.T) * amax / 127.0
-    return (out * i["wo_b_scale"].double()).to(torch.bfloat16)
 
 
 def test_the_indexer_picks_1024_of_thousands_at_pro_geometry(backend):

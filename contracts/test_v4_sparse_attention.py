@@ -41,7 +41,7 @@ def _independent(path, config, inputs, compressed, *, attention_only: bool = Fal
     per-(token, group) INT8 codes. ``attention_only``: o [T, H, hd] before the projection."""
     i = {k: v for k, v in inputs.items()}
     t_n, heads, dim = i["q"].shape
-    bs, rope = config.block_size, config.qk_rope_head_dim
+    bs = config.block_size
     seq = config.decode_seq if seq is None else seq
     ori = i["ori_kv"].double().reshape(-1, dim)
     cmp = i["cmp_kv"].double().reshape(-1, dim)
@@ -77,10 +77,19 @@ def _independent(path, config, inputs, compressed, *, attention_only: bool = Fal
         o[t] = acc / (run_sum + torch.exp(i["attn_sink"].double() - run_max))[:, None]
     if attention_only:
         return o
+    return independent_projection(o, i, config)
+
+
+def independent_projection(o: torch.Tensor, i: dict, config) -> torch.Tensor:
+    """The FP64 projection written apart: inverse pairs, BF16 heads, the FP32 latent per group, explicit INT8
+    codes with the 1e-4 floor, exact integer partials, the channel scale, one BF16 rounding."""
+    t_n, _heads, dim = o.shape
+    rope = config.qk_rope_head_dim
     half = rope // 2
+    o = o.double().clone()
     cos = i["freqs_cos"][:, :half].double()[:, None, :]
     sin = i["freqs_sin"][:, :half].double()[:, None, :]
-    even, odd = o[..., dim - rope::2], o[..., dim - rope + 1::2]
+    even, odd = o[..., dim - rope::2].clone(), o[..., dim - rope + 1::2].clone()
     o[..., dim - rope::2], o[..., dim - rope + 1::2] = even * cos + odd * sin, odd * cos - even * sin
     x = o.to(torch.bfloat16).double().reshape(t_n, config.o_groups, -1)
     out = torch.zeros(t_n, config.hidden_size, dtype=torch.float64)
