@@ -52,8 +52,9 @@ def _inputs(config, seed: int = 0) -> dict:
     )
 
 
-def _chain(backend, config, i):
-    """The stage spelled out with the backend's own operators."""
+def _projected(backend, config, i):
+    """The stage's first half with the backend's own operators: mixes, the normed row's projection, the RoPE
+    rows, and the cache with this step's kv rows written."""
     mixes = op(backend, "hc_mixes")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], config=config)
     x = op(backend, "final_norm")(op(backend, "hc_pre")(i["x_hc"], mixes.pre), i["attn_norm_w"], config=config)
     pos = i["position_ids"].long()
@@ -62,6 +63,12 @@ def _chain(backend, config, i):
                                            i["gamma_cq"], i["gamma_ckv"], config=config)
     cache = i["kv_cache"].clone()
     cache.reshape(-1, cache.shape[-1])[i["swa_slot_mapping"]] = proj["kv"]
+    return mixes, proj, cache, cos, sin
+
+
+def _chain(backend, config, i):
+    """The stage spelled out with the backend's own operators."""
+    mixes, proj, cache, cos, sin = _projected(backend, config, i)
     cmp = torch.zeros(1, cache.shape[1], 1, cache.shape[-1], dtype=cache.dtype)
     table = torch.zeros(config.decode_batch, 1, dtype=torch.int32)
     out = op(backend, "v4_attention")("SWA", proj["q"], cache, i["window_indices"], cmp, table, None,
@@ -158,14 +165,7 @@ def test_the_stage_runs_the_backends_operators_and_any_path(backend):
     compressed[:, :3] = torch.tensor([0, 5, 9], dtype=torch.int32)
     got = op(backend, "v4_attention_stage")("HCA", **i, cmp_kv=cmp_kv, cmp_block_table=table, compressed=compressed,
                                             config=config)
-    mixes = op(backend, "hc_mixes")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], config=config)
-    x = op(backend, "final_norm")(op(backend, "hc_pre")(i["x_hc"], mixes.pre), i["attn_norm_w"], config=config)
-    pos = i["position_ids"].long()
-    cos, sin = i["freqs_cos"][pos], i["freqs_sin"][pos]
-    proj = op(backend, "v4_qkv_proj_rope")(x, i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"], cos, sin,
-                                           i["gamma_cq"], i["gamma_ckv"], config=config)
-    cache = i["kv_cache"].clone()
-    cache.reshape(-1, config.head_dim)[i["swa_slot_mapping"]] = proj["kv"]
+    mixes, proj, cache, cos, sin = _projected(backend, config, i)
     assert torch.equal(got["kv_cache"].view(torch.int16), cache.view(torch.int16)), "slot 0 must be written"
     out = op(backend, "v4_attention")("HCA", proj["q"], cache, i["window_indices"], cmp_kv, table, compressed,
                                       i["position_ids"], i["attn_sink"], cos, sin, i["wo_a"], i["wo_b"],

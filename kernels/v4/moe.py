@@ -24,6 +24,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.v4.gate import v4_gate
+from kernels.v4.mtp import quantize_rows_int8
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-moe-1"
@@ -66,10 +67,7 @@ def v4_expert(x_i8: torch.Tensor, x_scale: torch.Tensor, route_weight: torch.Ten
     gate = gate.clamp(max=limit)
     up = up.clamp(-limit, limit)
     h = (gate * torch.reciprocal(torch.exp(-gate) + 1.0)) * up
-    amax = h.abs().amax(-1, keepdim=True).clamp_min(config.int8_amax_eps)
-    quant = torch.full_like(amax, config.int8_scale_max) / amax
-    codes = torch.round(h * quant)
-    row = torch.reciprocal(quant)
+    codes, row = quantize_rows_int8(h, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
     if route_weight is not None:
         row = row * route_weight.float().reshape(n, 1)
     y = _int_matmul(codes, weights.w2) * row * weights.w2_scale.float()
@@ -80,27 +78,12 @@ def v4_moe(x_mixed: torch.Tensor, norm_w: torch.Tensor, gate_w: torch.Tensor, ga
            layer_id: int, num_tokens: int, tid2eid: torch.Tensor, input_ids: torch.Tensor,
            routed: list[V4ExpertWeights], shared: V4ExpertWeights, *, config, ops=None) -> dict[str, torch.Tensor]:
     """One rank's MoE (every expert local) -> {"ffn_out" [T, D] BF16, "indices", "weights"}; composed from the
-    backend's ``v4_gate`` and ``v4_expert``. Spec: §8."""
-    if len(routed) != config.n_routed_experts:
-        raise ContractInputError("routed", None, f"{config.n_routed_experts} experts", len(routed), SPEC)
+    backend's ``v4_gate`` and ``v4_expert`` (``v4_moe_ep`` at one rank). Spec: §8."""
     ops = ops or {}
     gate = ops.get("v4_gate", v4_gate)
-    expert = ops.get("v4_expert", v4_expert)
     g = gate(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, config=config)
-    tokens, d = x_mixed.shape
-    out = torch.zeros(tokens, d, dtype=torch.bfloat16)
-    if num_tokens == 0:
-        return {"ffn_out": out, "indices": g["indices"], "weights": g["weights"]}
-    x_i8, x_scale = g["x_norm_i8"][:num_tokens], g["x_norm_scale"][:num_tokens]
-    acc = expert(x_i8, x_scale, None, shared, config=config).float()
-    for k in range(config.num_experts_per_tok):
-        ys = torch.zeros(num_tokens, d, dtype=torch.bfloat16)
-        for e in g["indices"][:num_tokens, k].unique().tolist():
-            rows = (g["indices"][:num_tokens, k] == e).nonzero().flatten()
-            ys[rows] = expert(x_i8[rows], x_scale[rows], g["weights"][rows, k], routed[e], config=config)
-        acc = acc + ys.float()
-    out[:num_tokens] = acc.to(torch.bfloat16)
-    return {"ffn_out": out, "indices": g["indices"], "weights": g["weights"]}
+    out = v4_moe_ep([g], [num_tokens], routed, shared, ep=1, config=config, ops=ops)  # every expert local
+    return {"ffn_out": out["ffn_out"][0], "indices": g["indices"], "weights": g["weights"]}
 
 
 v4_moe.composes_operators = True
