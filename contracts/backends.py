@@ -150,6 +150,12 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "{hidden_out [T,D] BF16, next_pre_hc_hidden [T,hc,D] FP32, kv_cache}: the MTP layer, composed "
                      "from mtp_projection, v4_attention_stage (SWA), v4_moe_stage, v4_head_mix, hc_head, final_norm",
                      "§8"),
+        OperatorSpec("v4_prefill_mtp_layer", "(hidden [T,D] BF16, prev [T,hc,D] FP32, projection {...}, attention "
+                     "{... block_table [pages], freqs_cos/freqs_sin [2,positions,rope]}, moe {...}, head {...}, "
+                     "num_tokens, *, config (V4))",
+                     "{hidden_out, next_pre_hc_hidden, kv_cache}: the MTP layer on one request's prefill chunk, "
+                     "composed from v4_prefill_swa_indices, mtp_projection, v4_attention_stage (SWA, prefill form, "
+                     "profile 0), v4_moe_stage, v4_head_mix, hc_head, final_norm", "§8"),
         OperatorSpec("v4_prefill_index_keys", "(x, position_ids, num_tokens, state_block_table [P], state_pool, inner "
                      "weights, idx_slot_mapping [T], state_slot_mapping [T], idx_kv_cache INT8, idx_kv_scale FP32, "
                      "rope_cos, rope_sin, hadamard)",
@@ -218,6 +224,9 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "wo_a, wo_b, wo_b_scale, cmp_kv=None, cmp_block_table=None, compressed=None, *, config (V4))",
                      "{x_out [T,hc,D] FP32, kv_cache, qr, qr_scale}: hc_pre, RMSNorm, Q/KV projection, the kv "
                      "write, v4_attention, hc_post -- composed from this backend's operators", "§8"),
+        OperatorSpec("v4_prefill_swa_indices", "(position_ids [T], block_table [pages], num_tokens, *, config (V4))",
+                     "[T, sliding_window] INT32: a prefill chunk's window, the last min(window, pos + 1) positions "
+                     "oldest first through the 1-D table (-1 holes), padding rows -1", "§8"),
         OperatorSpec("hca_topk", "(position_ids [T], kv_seq_lens [B], *, seq, limit, ratio=128)",
                      "[T, limit] INT32: HCA's deterministic compressed top-k (the first valid positions, -1 after)",
                      "§8"),
@@ -388,6 +397,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "decoder_replay": ("kernels.prefill_plan", "select_decoder_replay"),
     "v4_decode_metadata": ("kernels.v4.decode_metadata", "v4_decode_metadata"),
     "hca_topk": ("kernels.v4.decode_metadata", "hca_topk"),
+    "v4_prefill_swa_indices": ("kernels.v4.decode_metadata", "v4_prefill_swa_indices"),
     "mtp_projection": ("kernels.v4.mtp", "mtp_projection"),
     "v4_index_cache_quant": ("kernels.v4.index_cache", "index_cache_quant"),
     "v4_publish_index_keys": ("kernels.v4.index_cache", "publish_index_keys"),
@@ -412,6 +422,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "v4_moe_ep": ("kernels.v4.moe", "v4_moe_ep"),
     "v4_head_mix": ("kernels.v4.mtp_layer", "v4_head_mix"),
     "v4_mtp_layer": ("kernels.v4.mtp_layer", "v4_mtp_layer"),
+    "v4_prefill_mtp_layer": ("kernels.v4.mtp_layer", "v4_prefill_mtp_layer"),
     "encoder_replay": ("kernels.prefill_plan", "select_encoder_replay"),
     "hc_mixes": ("kernels.reference.mhc", "hc_mixes"),
     "hc_pre": ("kernels.reference.mhc", "hc_pre"),

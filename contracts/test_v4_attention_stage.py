@@ -52,6 +52,27 @@ def _inputs(config, seed: int = 0) -> dict:
     )
 
 
+def _prefill_inputs(config, seed: int = 0, *, rows: int = 32, num_tokens: int = 28, start: int = 200) -> dict:
+    """One request's prefill chunk for the SWA stage: ``rows`` rows at positions start .., ``num_tokens`` real.
+    The window pages go through a shuffled 1-D ``block_table`` (in place of ``window_indices``) whose first page
+    is unmapped (-1: holes in the early rows' windows); the padding rows carry real-looking positions and the
+    slot of real row 0, which they must not write."""
+    g = torch.Generator().manual_seed(seed + 100)
+    i = _inputs(config, seed)
+    hc, d, bs = config.hc_mult, config.hidden_size, config.block_size
+    pos = torch.arange(start, start + rows, dtype=torch.int32)
+    pages = -(-(start + rows) // bs)
+    table = torch.randperm(pages + 1, generator=g)[:pages].to(torch.int32)
+    table[0] = -1
+    logical = pos.long()
+    slots = torch.where(table[logical // bs] >= 0, table[logical // bs].long() * bs + logical % bs, -1)
+    slots[num_tokens:] = slots[0]
+    del i["window_indices"]
+    i.update(x_hc=torch.randn(rows, hc, d, generator=g), block_table=table, swa_slot_mapping=slots, position_ids=pos,
+             kv_cache=(torch.rand(pages + 1, bs, 1, config.head_dim, generator=g) - 0.5).to(torch.bfloat16))
+    return i
+
+
 def _projected(backend, config, i):
     """The stage's first half with the backend's own operators: mixes, the normed row's projection, the RoPE
     rows, and the cache with this step's kv rows written."""
@@ -180,3 +201,35 @@ def test_the_stage_runs_the_backends_operators_and_any_path(backend):
     for given in ({}, {"cmp_kv": cmp_kv}, {"cmp_block_table": table}):  # HCA needs both
         with pytest.raises(ContractInputError, match="cmp_kv"):
             op(backend, "v4_attention_stage")("HCA", **i, **given, compressed=compressed, config=config)
+
+
+@pytest.mark.parametrize("config", [V4_PRO_TINY, V4_FLASH_TINY], ids=lambda c: c.name)
+def test_the_prefill_form_is_the_decode_chain_on_the_real_rows_with_a_zero_tail(backend, config):
+    """The prefill form (num_tokens 28 of 32 rows, the window from v4_prefill_swa_indices): the real rows' x_out,
+    qr and qr_scale and the cache equal the stage run on the real rows alone, bit for bit; the padding rows'
+    x_out, qr and qr_scale are exactly 0 and their slot (real row 0's) is not written by them. Spec: §8
+    (upstream prefill_attention_swa.py: the kv write and the window stop at num_tokens, hc_post_prefill zeroes
+    the tail)."""
+    i = _prefill_inputs(config)
+    n = 28
+    table = i.pop("block_table")
+    i["window_indices"] = op(backend, "v4_prefill_swa_indices")(i["position_ids"], table, n, config=config)
+    got = op(backend, "v4_attention_stage")("SWA", **i, num_tokens=n, config=config)
+    real = {k: (v[:n] if k in ("x_hc", "swa_slot_mapping", "window_indices", "position_ids") else v)
+            for k, v in i.items()}
+    want = op(backend, "v4_attention_stage")("SWA", **real, config=config)
+    assert torch.equal(got["kv_cache"].view(torch.int16), want["kv_cache"].view(torch.int16)), \
+        "the cache differs from the real rows' writes alone (a padding row wrote its slot)"
+    for key in ("x_out", "qr", "qr_scale"):
+        assert got[key].dtype == want[key].dtype and torch.equal(got[key][:n], want[key]), f"real rows of {key}"
+        assert not bool(got[key][n:].any()), f"the padding rows of {key} are not 0"
+
+
+def test_the_prefill_form_refuses_a_bad_num_tokens(backend):
+    config = V4_PRO_TINY
+    i = _prefill_inputs(config, 1)
+    table = i.pop("block_table")
+    i["window_indices"] = op(backend, "v4_prefill_swa_indices")(i["position_ids"], table, 28, config=config)
+    for bad in (33, -1, True):
+        with pytest.raises(ContractInputError, match="num_tokens"):
+            op(backend, "v4_attention_stage")("SWA", **i, num_tokens=bad, config=config)

@@ -163,3 +163,42 @@ def test_hca_topk_takes_the_first_compressed_positions(backend, config):
     assert capped.tolist() == [[0, 1, 2], [0, 1, 2]], capped.tolist()
     with pytest.raises(ContractInputError, match="position_ids"):
         op(backend, "hca_topk")(pos[:-1], kv, seq=2, limit=limit)
+
+
+@pytest.mark.parametrize("config", MODELS, ids=IDS)
+def test_a_prefill_window_is_the_last_positions_oldest_first(backend, config):
+    """A prefill chunk's window (v4_prefill_swa_indices; upstream prefill_attention_swa.py lowers it in the
+    stage): row t < num_tokens at position p lists p + 1 - min(window, p + 1) .. p oldest first from column 0,
+    its own position last, through the 1-D table, an unmapped page a -1 hole; the padding rows are all -1.
+    Positions 0, 1, window - 1, window and a row whose window crosses an unmapped page. Spec: §8."""
+    w, bs = config.sliding_window, config.block_size
+    table = torch.tensor([2, -1, 0, 3], dtype=torch.int32)
+    pos = torch.tensor([0, 1, w - 1, w, w + 5, 2 * w + 3, 3 * w + 7, 2 * w + 3, 9], dtype=torch.int32)
+    n = 7
+    got = op(backend, "v4_prefill_swa_indices")(pos, table, n, config=config)
+    assert got.dtype == torch.int32 and got.shape == (pos.numel(), w)
+    for t, p in enumerate(pos.tolist()):
+        if t >= n:
+            assert got[t].tolist() == [-1] * w, f"padding row {t} has a window"
+            continue
+        visible = range(p + 1 - min(w, p + 1), p + 1)
+        want = [int(table[q // bs]) * bs + q % bs if int(table[q // bs]) >= 0 else -1 for q in visible]
+        assert got[t].tolist() == want + [-1] * (w - len(want)), f"window of row {t} at position {p}"
+    assert -1 in got[5].tolist() and got[5].tolist()[-1] == int(table[2]) * bs + 3, \
+        "the unmapped page leaves a hole and the own row is last"
+
+
+def test_bad_prefill_window_inputs_are_refused_naming_the_field(backend):
+    config = MODELS[0]
+    pos, table = torch.arange(4, dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+    lower = op(backend, "v4_prefill_swa_indices")
+    with pytest.raises(ContractInputError, match="block_table"):
+        lower(pos, table.reshape(1, 2), 4, config=config)
+    with pytest.raises(ContractInputError, match=r"position_ids\[2\]"):
+        lower(torch.tensor([0, 1, 2 * config.block_size, 3], dtype=torch.int32), table, 4, config=config)
+    with pytest.raises(ContractInputError, match=r"position_ids\[1\]"):
+        lower(torch.tensor([0, -1, 2, 3], dtype=torch.int32), table, 4, config=config)
+    with pytest.raises(ContractInputError, match="num_tokens"):
+        lower(pos, table, 5, config=config)
+    assert lower(torch.tensor([0, 1, 999, -5], dtype=torch.int32), table, 2, config=config)[2:].eq(-1).all(), \
+        "padding positions are not read"

@@ -92,16 +92,16 @@ def test_the_swiglu_limits_clamp_gate_above_and_up_on_both_sides(backend):
     assert r.ok, r.message()
 
 
-def _moe_inputs(config, seed=3, num_tokens=6):
+def _moe_inputs(config, seed=3, num_tokens=6, rows=T):
     g = torch.Generator().manual_seed(seed)
     d, e, k = config.hidden_size, config.n_routed_experts, config.num_experts_per_tok
     return dict(
-        x_mixed=torch.randn(T, d, generator=g).to(torch.bfloat16),
+        x_mixed=torch.randn(rows, d, generator=g).to(torch.bfloat16),
         norm_w=(1 + 0.2 * torch.randn(d, generator=g)).to(torch.bfloat16),
         gate_w=torch.randn(e, d, generator=g) / d**0.5, gate_bias=torch.randn(e, generator=g) * 0.1,
         num_tokens=num_tokens,
         tid2eid=torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(16)]).to(torch.int32),
-        input_ids=torch.randint(0, 16, (T,), generator=g),
+        input_ids=torch.randint(0, 16, (rows,), generator=g),
         routed=[_expert(config, g) for _ in range(e)], shared=_expert(config, g),
     )
 

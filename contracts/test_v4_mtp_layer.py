@@ -1,5 +1,5 @@
-"""V4's MTP layer end to end (``v4_mtp_layer``, upstream decode_mtp.py) and its head mix (``v4_head_mix``), on
-V4-Pro and V4-Flash (tiny twins).
+"""V4's MTP layer end to end (``v4_mtp_layer``, upstream decode_mtp.py; ``v4_prefill_mtp_layer``, upstream
+prefill_mtp.py) and its head mix (``v4_head_mix``), on V4-Pro and V4-Flash (tiny twins).
 
 The head mix is judged against an FP64 evaluation written here; the layer bit for bit against the chain of the
 backend's own operators (projection -> SWA attention stage -> MoE stage -> head mix -> hc_head -> RMSNorm),
@@ -15,6 +15,7 @@ import torch
 
 from contracts.plugin import op
 from contracts.test_v4_attention_stage import _inputs as attention_inputs
+from contracts.test_v4_attention_stage import _prefill_inputs as prefill_stage_inputs
 from contracts.test_v4_moe import _moe_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
@@ -45,6 +46,29 @@ def _inputs(config, seed=0):
                 base=torch.randn(hc, generator=g), norm_w=(torch.rand(d, generator=g) + 0.5).to(torch.bfloat16))
     return dict(hidden=torch.randn(t, d, generator=g).to(torch.bfloat16), prev=torch.randn(t, hc, d, generator=g),
                 projection=projection, attention=attention, moe=moe, head=head)
+
+
+def _prefill_inputs(config, seed=0, *, rows=32, num_tokens=28, start=200):
+    """One request's prefill chunk (contracts.test_v4_attention_stage's prefill stage inputs) with the layer's
+    two-profile RoPE tables [2, positions, rope]: profile 0 (the sliding-window one) and a different profile 1."""
+    base = _inputs(config, seed)
+    stage = prefill_stage_inputs(config, seed, rows=rows, num_tokens=num_tokens, start=start)
+    x_hc = stage.pop("x_hc")
+    g = torch.Generator().manual_seed(seed + 200)
+    angle = torch.arange(config.max_position_embeddings, dtype=torch.float32)[:, None] \
+        * torch.rand(config.qk_rope_head_dim, generator=g) * 0.9
+    stage["freqs_cos"] = torch.stack((stage["freqs_cos"], torch.cos(angle).to(torch.bfloat16)))
+    stage["freqs_sin"] = torch.stack((stage["freqs_sin"], torch.sin(angle).to(torch.bfloat16)))
+    m = _moe_inputs(config, seed, num_tokens=num_tokens, rows=rows)
+    moe = {**base["moe"], "tid2eid": m["tid2eid"], "input_ids": m["input_ids"]}
+    del moe["num_tokens"]
+    return dict(hidden=torch.randn(rows, config.hidden_size, generator=g).to(torch.bfloat16), prev=x_hc,
+                projection=base["projection"], attention=stage, moe=moe, head=base["head"], num_tokens=num_tokens)
+
+
+def _prefill_layer(backend, config, i):
+    return op(backend, "v4_prefill_mtp_layer")(i["hidden"], i["prev"], i["projection"], i["attention"], i["moe"],
+                                               i["head"], i["num_tokens"], config=config)
 
 
 def _layer(backend, config, i):
@@ -112,3 +136,63 @@ def test_a_missing_head_weight_is_named(backend):
     with pytest.raises(ContractInputError, match="head fn/scale/base"):
         op(backend, "v4_head_mix")(i["prev"], i["head"]["fn"][:, :-1], i["head"]["scale"], i["head"]["base"],
                                    config=config)
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+def test_the_prefill_mtp_layer_is_its_stages_in_order(backend, config):
+    """On one request's prefill chunk (28 of 32 rows real): the window lowered by v4_prefill_swa_indices, the SWA
+    stage in its prefill form rotating with profile 0 of the two-profile tables, the MoE stage with the same
+    num_tokens, then the head -- chained here from the backend's own operators, bit for bit; the padding rows of
+    hidden_out and next_pre_hc_hidden exactly 0. Spec: §8 (upstream prefill_mtp.py)."""
+    i = _prefill_inputs(config)
+    n, a = i["num_tokens"], dict(i["attention"])
+    out = _prefill_layer(backend, config, i)
+    window = op(backend, "v4_prefill_swa_indices")(a["position_ids"], a.pop("block_table"), n, config=config)
+    a.update(freqs_cos=a["freqs_cos"][0], freqs_sin=a["freqs_sin"][0], window_indices=window)
+    x = op(backend, "mtp_projection")(i["hidden"], i["prev"], **i["projection"], config=config)
+    att = op(backend, "v4_attention_stage")("SWA", x, **a, num_tokens=n, config=config)
+    moe = op(backend, "v4_moe_stage")(att["x_out"], **i["moe"], num_tokens=n, layer_id=config.num_hidden_layers,
+                                      config=config)
+    pre = op(backend, "v4_head_mix")(moe["x_out"], i["head"]["fn"], i["head"]["scale"], i["head"]["base"],
+                                     config=config)
+    want = op(backend, "final_norm")(op(backend, "hc_head")(moe["x_out"], pre), i["head"]["norm_w"], config=config)
+    assert out["hidden_out"].dtype == torch.bfloat16 and torch.equal(out["hidden_out"], want), \
+        "the prefill hidden_out is not the stages in order"
+    assert out["next_pre_hc_hidden"].dtype == torch.float32 and torch.equal(out["next_pre_hc_hidden"], moe["x_out"]), \
+        "the next step does not receive the prefill MoE stage's streams"
+    assert torch.equal(out["kv_cache"], att["kv_cache"]), "the prefill kv cache is not the SWA stage's"
+    assert not bool(out["hidden_out"][n:].any()) and not bool(out["next_pre_hc_hidden"][n:].any()), \
+        "padding rows are not 0"
+
+
+def test_prefill_padding_rows_leave_no_trace(backend):
+    """Whatever the padding rows carry (hidden, prev, positions, token ids, a slot of a real row), no output byte
+    moves: the real rows, the cache and the zero tail are the same. Spec: §8."""
+    config = MODELS[0]
+    i = _prefill_inputs(config, 4)
+    n = i["num_tokens"]
+    ref = _prefill_layer(backend, config, i)
+    j = _prefill_inputs(config, 4)
+    j["hidden"][n:] = 7.0
+    j["prev"][n:] = -3.0
+    j["attention"]["position_ids"][n:] = 0
+    j["attention"]["swa_slot_mapping"][n:] = j["attention"]["swa_slot_mapping"][n - 1]
+    j["moe"]["input_ids"][n:] = 1
+    out = _prefill_layer(backend, config, j)
+    for key in ("hidden_out", "next_pre_hc_hidden", "kv_cache"):
+        assert torch.equal(out[key], ref[key]), f"{key} moved with the padding rows' contents"
+
+
+def test_prefill_mtp_inputs_are_refused_naming_the_field(backend):
+    config = MODELS[0]
+    i = _prefill_inputs(config, 5)
+    bad = {**i, "attention": {**i["attention"], "freqs_cos": i["attention"]["freqs_cos"][0]}}
+    with pytest.raises(ContractInputError, match="freqs_cos"):
+        _prefill_layer(backend, config, bad)
+    bad = {**i, "attention": {k: v for k, v in i["attention"].items() if k != "block_table"}}
+    with pytest.raises(ContractInputError, match="block_table"):
+        _prefill_layer(backend, config, bad)
+    with pytest.raises(ContractInputError, match="num_tokens"):
+        _prefill_layer(backend, config, {**i, "num_tokens": 33})
+    with pytest.raises(ContractInputError, match="norm_w"):
+        _prefill_layer(backend, config, {**i, "head": {k: v for k, v in i["head"].items() if k != "norm_w"}})

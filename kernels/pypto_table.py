@@ -400,6 +400,10 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
     Binding("hca_topk", "not exposed", f"{PRO}/decode_attention_hca.py::attention_hca (the hca_cache_topk block)",
             "@pl.jit.inline", note="computed inside the HCA attention entry and handed straight to "
             "sparse_attn_hca; no entry returns it"),
+    Binding("v4_prefill_swa_indices", "not exposed", f"{PRO}/prefill_attention_swa.py::prefill_attention_swa (the "
+            "prefill_swa_window_indices block)", "@pl.jit.inline",
+            note="computed inside the prefill SWA stage and handed straight to prefill_sparse_attn; no entry "
+                 "returns it"),
     Binding("v4_compressor", "not bound", f"{PRO}/decode_compressor_ratio128.py::compressor_ratio128, "
             "decode_compressor_ratio4.py::compressor_ratio4", "@pl.jit.inline",
             note="arguments not transcribed yet: the V4 binding comes with V4-Pro (#14); the entries write the "
@@ -573,6 +577,10 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             note="composed here from mtp_projection, v4_attention_stage (SWA), v4_moe_stage, v4_head_mix, hc_head "
                  "and final_norm on this backend; upstream's entry also owns the EP windows and signal epochs of "
                  "its MoE, which the composition folds"),
+    Binding("v4_prefill_mtp_layer", "not bound", f"{PRO}/prefill_mtp.py::mtp_prefill_fwd", "@pl.jit",
+            note="composed here from v4_prefill_swa_indices, mtp_projection, v4_attention_stage (SWA, prefill "
+                 "form), v4_moe_stage, v4_head_mix, hc_head and final_norm on this backend; upstream's entry also "
+                 "owns the EP windows and signal epochs of its MoE, which the composition folds"),
     Binding("v4_prefill_index_keys", "not bound", f"{PRO}/prefill_indexer_compressor.py::prefill_indexer_compressor",
             "@pl.jit.inline",
             _args(("x", "in", "BF16", "[T, D]"),

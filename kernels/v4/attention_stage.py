@@ -13,6 +13,10 @@ decode_attention_hca.py / decode_attention_csa.py around their compressors):
   the cache, so a token sees its own row and the earlier rows of its chunk;
 * the attention output goes back through ``hc_post`` with the stage's post and residual mixes: x_out
   [T, hc, D] FP32.
+* prefill form (``num_tokens`` given; upstream prefill_attention_swa.py): the chunk is one request of T rows,
+  rows from ``num_tokens`` on are padding -- their position is not read, they write no kv row whatever their
+  slot says, attend nothing, and their x_out, qr and qr_scale are exactly 0 (hc_post_prefill's zero tail).
+  ``window_indices`` then comes from ``v4_prefill_swa_indices``.
 
 Composed from the backend's operators (``hc_mixes``, ``hc_pre``, ``final_norm``, ``v4_qkv_proj_rope``,
 ``v4_attention``, ``hc_post``). For HCA / CSA, ``cmp_kv`` / ``cmp_block_table`` / ``compressed`` are the
@@ -39,9 +43,10 @@ def v4_attention_stage(path: str, x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_sc
                        swa_slot_mapping: torch.Tensor, window_indices: torch.Tensor, position_ids: torch.Tensor,
                        attn_sink: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor,
                        cmp_kv: torch.Tensor | None = None, cmp_block_table: torch.Tensor | None = None,
-                       compressed: torch.Tensor | None = None, *, config, ops=None) -> dict[str, torch.Tensor]:
+                       compressed: torch.Tensor | None = None, *, config, num_tokens: int | None = None,
+                       ops=None) -> dict[str, torch.Tensor]:
     """-> {"x_out" [T, hc, D] FP32, "kv_cache" (the new window cache), "qr" [T, Q_LORA] INT8, "qr_scale"
-    [T, 1] FP32}. The input cache is not modified. Spec: §8."""
+    [T, 1] FP32}. The input cache is not modified. ``num_tokens``: the prefill form (module doc). Spec: §8."""
     from kernels.reference import lm_head, mhc
     from kernels.v4.qkv_proj import v4_qkv_proj_rope
     from kernels.v4.sparse_attention import v4_attention
@@ -57,7 +62,13 @@ def v4_attention_stage(path: str, x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_sc
         attend = partial(attend, ops=ops)
 
     tokens = x_hc.shape[0]
+    prefill = num_tokens is not None
+    if prefill and (isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens):
+        raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", repr(num_tokens), SPEC)
+    real = num_tokens if prefill else tokens
     pos = position_ids.reshape(-1).to(torch.int64)
+    if prefill and pos.shape[0] == tokens:
+        pos = torch.where(torch.arange(tokens) < real, pos, 0)  # a padding row's position is never read
     if pos.shape[0] != tokens or bool((pos < 0).any()) or bool((pos >= freqs_cos.shape[0]).any()):
         bad = int(((pos < 0) | (pos >= freqs_cos.shape[0])).nonzero()[0]) if pos.shape[0] == tokens else None
         raise ContractInputError("position_ids", (bad,) if bad is not None else None,
@@ -71,7 +82,7 @@ def v4_attention_stage(path: str, x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_sc
     cache = kv_cache.clone()
     flat = cache.reshape(-1, cache.shape[-1])
     for t, slot in enumerate(swa_slot_mapping.reshape(-1).tolist()):
-        if slot < 0:
+        if slot < 0 or t >= real:  # padding rows write nothing
             continue
         if slot >= flat.shape[0]:
             raise ContractInputError("swa_slot_mapping", (t,), f"a row in [0, {flat.shape[0]})", slot, SPEC)
@@ -79,13 +90,18 @@ def v4_attention_stage(path: str, x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_sc
 
     if path == "SWA":  # no compressed slots: a placeholder the attention never reads
         cmp_kv = torch.zeros(1, cache.shape[1], 1, cache.shape[-1], dtype=cache.dtype)
-        cmp_block_table = torch.zeros(tokens // config.decode_seq, 1, dtype=torch.int32)
+        cmp_block_table = torch.zeros(1 if prefill else tokens // config.decode_seq, 1, dtype=torch.int32)
     elif cmp_kv is None or cmp_block_table is None:
         raise ContractInputError("cmp_kv", None, f"the {path} compressed cache and its block table", None, SPEC)
+    chunk = {"seq": tokens, "num_tokens": real} if prefill else {}
     out = attend(path, proj["q"], cache, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
-                 attn_sink, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale, config=config)
+                 attn_sink, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale, config=config, **chunk)
     x_out = expand(out, x_hc, mixes.post, mixes.residual)
-    return {"x_out": x_out, "kv_cache": cache, "qr": proj["qr"], "qr_scale": proj["qr_scale"]}
+    qr, qr_scale = proj["qr"], proj["qr_scale"]
+    if prefill:  # the zero tail: padding rows leave nothing behind
+        x_out, qr, qr_scale = x_out.clone(), qr.clone(), qr_scale.clone()
+        x_out[real:], qr[real:], qr_scale[real:] = 0, 0, 0
+    return {"x_out": x_out, "kv_cache": cache, "qr": qr, "qr_scale": qr_scale}
 
 
 v4_attention_stage.composes_operators = True

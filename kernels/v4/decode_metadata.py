@@ -20,6 +20,9 @@ dense and request-major: row t = b · seq + s holds request b's s-th token at po
 * ``hca_topk``: HCA's deterministic compressed top-k: for row t, columns 0 .. valid-1 hold 0 .. valid-1 (the
   first, oldest compressed positions) and the rest -1, valid = min(limit, (pos + 1) // 128,
   kv_seq_len // 128), limit = min(max_seq_len // 128, index_topk).
+* ``v4_prefill_swa_indices``: a prefill chunk's window (upstream prefill_attention_swa.py lowers it inside the
+  stage): one request, a 1-D page table; row t < num_tokens at position p sees positions
+  p + 1 - min(window, p + 1) .. p oldest first in columns 0 .., an unmapped page a -1 hole; padding rows all -1.
 
 Spec: §8; the V4 section of docs/coverage.md.
 """
@@ -138,3 +141,30 @@ def hca_topk(position_ids: torch.Tensor, kv_seq_lens: torch.Tensor, *, seq: int,
     valid = torch.minimum(torch.minimum((pos + 1) // ratio, kv // ratio), torch.tensor(limit))
     cols = torch.arange(limit)
     return torch.where(cols[None] < valid[:, None], cols[None], -1).to(torch.int32)
+
+
+def v4_prefill_swa_indices(position_ids: torch.Tensor, block_table: torch.Tensor, num_tokens: int, *,
+                           config) -> torch.Tensor:
+    """A prefill chunk's SWA window [T, sliding_window] INT32 (see the module doc): one request's ``position_ids``
+    [T], its 1-D ``block_table`` [pages] (-1: unmapped), rows from ``num_tokens`` on padding. Spec: §8."""
+    window, bs = config.sliding_window, config.block_size
+    if position_ids.ndim != 1 or position_ids.dtype not in (torch.int32, torch.int64):
+        raise ContractInputError("position_ids", None, "a 1-D INT32/INT64 tensor",
+                                 f"{position_ids.dtype}{list(position_ids.shape)}", SPEC)
+    if block_table.ndim != 1 or block_table.dtype not in (torch.int32, torch.int64):
+        raise ContractInputError("block_table", None, "a 1-D INT32/INT64 page table (one request)",
+                                 f"{block_table.dtype}{list(block_table.shape)}", SPEC)
+    tokens = position_ids.shape[0]
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens:
+        raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", repr(num_tokens), SPEC)
+    pos = position_ids[:num_tokens].to(torch.int64)
+    bad = (pos < 0) | (pos >= block_table.shape[0] * bs)
+    if bool(bad.any()):
+        t = int(bad.nonzero()[0])
+        raise ContractInputError("position_ids", (t,), f"in [0, {block_table.shape[0] * bs}) (the table's pages)",
+                                 int(pos[t]), SPEC)
+    out = torch.full((tokens, window), -1, dtype=torch.int32)
+    rows, _ = _windows(pos, torch.zeros_like(pos), num_tokens, block_table.reshape(1, -1), window, bs,
+                       history=False)
+    out[:num_tokens] = rows
+    return out

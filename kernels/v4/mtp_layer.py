@@ -11,6 +11,13 @@
 * the next draft step receives the MoE stage's streams (FP32 [T, hc, D]), not the normalised output.
 
 The MoE stage routes the MTP layer by score (its layer id is num_hidden_layers, past the hash layers).
+
+``v4_prefill_mtp_layer`` is the same chain on one request's prefill chunk (upstream prefill_mtp.py): T rows,
+``num_tokens`` of them real. Its SWA stage lowers its window from the chunk's positions and 1-D page table
+(``v4_prefill_swa_indices``), rotates with **profile 0** of the two-profile RoPE tables [2, positions, rope]
+(the sliding-window profile; profile 1 is the compressors'), and runs in its prefill form (padding rows write
+no kv row and leave x_out 0); the MoE stage gets the same ``num_tokens``, so padding rows route nowhere, and
+hidden_out / next_pre_hc_hidden are exactly 0 there.
 Composed from the backend's operators. Spec: §8; docs/coverage.md, V4 section (V4-15).
 """
 
@@ -51,33 +58,78 @@ def v4_mtp_layer(hidden: torch.Tensor, prev: torch.Tensor, projection: dict, att
     x_hc), ``moe`` the MoE stage's (``v4_moe_stage`` by name, without x_hc and layer_id), ``head`` {fn, scale,
     base, norm_w} -> {"hidden_out" [T, D] BF16, "next_pre_hc_hidden" [T, hc, D] FP32, "kv_cache"}.
     Spec: §8."""
-    from kernels.reference import lm_head, mhc
     from kernels.v4.attention_stage import v4_attention_stage
     from kernels.v4.moe import v4_moe_stage
     from kernels.v4.mtp import mtp_projection
 
-    missing = {"fn", "scale", "base", "norm_w"} - set(head)
-    if missing:
-        raise ContractInputError("head", None, "fn, scale, base and norm_w", sorted(missing), SPEC)
-    ops = ops or {}
-
-    def bound(name, default):
-        fn = ops.get(name, default)
-        return partial(fn, ops=ops) if getattr(fn, "composes_operators", False) else fn
-
-    project = bound("mtp_projection", mtp_projection)
-    attend = bound("v4_attention_stage", v4_attention_stage)
-    ffn = bound("v4_moe_stage", v4_moe_stage)
-    mix = bound("v4_head_mix", v4_head_mix)
-    collapse = bound("hc_head", mhc.hc_head)
-    norm = bound("final_norm", lm_head.final_norm)
-
-    x = project(hidden, prev, **projection, config=config)
-    att = attend("SWA", x, **attention, config=config)
-    out = ffn(att["x_out"], **moe, layer_id=config.num_hidden_layers, config=config)
-    pre = mix(out["x_out"], head["fn"], head["scale"], head["base"], config=config)
-    hidden_out = norm(collapse(out["x_out"], pre), head["norm_w"], config=config)
-    return {"hidden_out": hidden_out, "next_pre_hc_hidden": out["x_out"], "kv_cache": att["kv_cache"]}
+    _check_head(head)
+    bound = _binder(ops or {})
+    x = bound("mtp_projection", mtp_projection)(hidden, prev, **projection, config=config)
+    att = bound("v4_attention_stage", v4_attention_stage)("SWA", x, **attention, config=config)
+    out = bound("v4_moe_stage", v4_moe_stage)(att["x_out"], **moe, layer_id=config.num_hidden_layers, config=config)
+    return _head(bound, out["x_out"], head, att["kv_cache"], config)
 
 
 v4_mtp_layer.composes_operators = True
+
+
+def _binder(ops: dict):
+    def bound(name, default):
+        fn = ops.get(name, default)
+        return partial(fn, ops=ops) if getattr(fn, "composes_operators", False) else fn
+    return bound
+
+
+def _check_head(head: dict) -> None:
+    missing = {"fn", "scale", "base", "norm_w"} - set(head)
+    if missing:
+        raise ContractInputError("head", None, "fn, scale, base and norm_w", sorted(missing), SPEC)
+
+
+def _head(bound, x: torch.Tensor, head: dict, kv_cache: torch.Tensor, config) -> dict[str, torch.Tensor]:
+    """The MoE stage's streams x -> head mix -> hc_head -> RMSNorm; x itself goes to the next step."""
+    from kernels.reference import lm_head, mhc
+
+    pre = bound("v4_head_mix", v4_head_mix)(x, head["fn"], head["scale"], head["base"], config=config)
+    hidden_out = bound("final_norm", lm_head.final_norm)(bound("hc_head", mhc.hc_head)(x, pre), head["norm_w"],
+                                                         config=config)
+    return {"hidden_out": hidden_out, "next_pre_hc_hidden": x, "kv_cache": kv_cache}
+
+
+def v4_prefill_mtp_layer(hidden: torch.Tensor, prev: torch.Tensor, projection: dict, attention: dict, moe: dict,
+                         head: dict, num_tokens: int, *, config, ops=None) -> dict[str, torch.Tensor]:
+    """One request's prefill chunk through the MTP layer (module doc): hidden [T, D] BF16, prev [T, hc, D] FP32,
+    ``attention`` the SWA stage's arguments with ``block_table`` [pages] in place of ``window_indices`` and the
+    two-profile ``freqs_cos`` / ``freqs_sin`` [2, positions, rope]; ``moe`` without num_tokens; ``num_tokens`` the
+    real rows -> {"hidden_out", "next_pre_hc_hidden", "kv_cache"} as ``v4_mtp_layer``. Spec: §8."""
+    from kernels.v4.attention_stage import v4_attention_stage
+    from kernels.v4.decode_metadata import v4_prefill_swa_indices
+    from kernels.v4.moe import v4_moe_stage
+    from kernels.v4.mtp import mtp_projection
+
+    _check_head(head)
+    tokens = hidden.shape[0]
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens:
+        raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", repr(num_tokens), SPEC)
+    missing = {"block_table", "freqs_cos", "freqs_sin", "position_ids"} - set(attention)
+    if missing:
+        raise ContractInputError("attention", None, "block_table, freqs_cos, freqs_sin and position_ids",
+                                 sorted(missing), SPEC)
+    stage = dict(attention)
+    for name in ("freqs_cos", "freqs_sin"):
+        table = stage[name]
+        if table.ndim != 3 or table.shape[0] != 2:
+            raise ContractInputError(name, None, "[2, positions, rope] (profile 0 sliding-window, 1 compressed)",
+                                     list(table.shape), SPEC)
+        stage[name] = table[0]  # the sliding-window profile
+    bound = _binder(ops or {})
+    stage["window_indices"] = bound("v4_prefill_swa_indices", v4_prefill_swa_indices)(
+        stage["position_ids"], stage.pop("block_table"), num_tokens, config=config)
+    x = bound("mtp_projection", mtp_projection)(hidden, prev, **projection, config=config)
+    att = bound("v4_attention_stage", v4_attention_stage)("SWA", x, **stage, num_tokens=num_tokens, config=config)
+    out = bound("v4_moe_stage", v4_moe_stage)(att["x_out"], **moe, layer_id=config.num_hidden_layers,
+                                               num_tokens=num_tokens, config=config)
+    return _head(bound, out["x_out"], head, att["kv_cache"], config)
+
+
+v4_prefill_mtp_layer.composes_operators = True
