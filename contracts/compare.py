@@ -407,6 +407,34 @@ def v4_state_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> 
                                       rtol=V4_STATE_POOL_TOL[1], name=name)
 
 
+# Upstream prefill_mtp.py's compare_fn: hidden_out / pre_hc_hidden_out by ratio_reldiff(0.02, 5 %) on the
+# active rows; kv_cache by mapped_pool_ratio_reldiff(0.01, 5 %) on the mapped rows, every other row unchanged.
+V4_PREFILL_MTP_RELDIFF = (0.02, 0.05)
+V4_KV_POOL_RELDIFF = (0.01, 0.05)
+
+
+def v4_prefill_mtp_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """A V4 prefill MTP output [T, ...] (§8): the first ``num_tokens`` token rows within upstream's
+    ratio_reldiff(0.02, 5 %) and the padding rows exactly 0 (the zero tail the stages leave)."""
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    diff_thd, pct_thd = V4_PREFILL_MTP_RELDIFF
+    return precision.check_ratio_reldiff(a, e, diff_thd=diff_thd, pct_thd=pct_thd,
+                                         valid_rows=int(ctx.inputs["num_tokens"]), zero_tail=True, name=name)
+
+
+def v4_kv_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """A V4 window cache written in place (§8): the rows the reference wrote within upstream's
+    mapped_pool_ratio_reldiff(0.01, 5 %), every other row kept byte for byte (the input of the same name)."""
+    diff_thd, pct_thd = V4_KV_POOL_RELDIFF
+
+    def leaf(x, y, *, name):
+        return precision.check_ratio_reldiff(x, y, diff_thd=diff_thd, pct_thd=pct_thd, name=name)
+
+    return precision.check_owned_rows(a, e, ctx.inputs[name], leaf=leaf, name=name)
+
+
 COMPARATORS: dict[str, Comparator] = {
     "exact": exact, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
@@ -416,6 +444,7 @@ COMPARATORS: dict[str, Comparator] = {
     "v4_index_score": v4_index_score, "v4_index_topk": v4_index_topk,
     "v4_prefill_index_score": v4_prefill_index_score, "v4_prefill_index_topk": v4_prefill_index_topk,
     "v4_cmp_pool": v4_cmp_pool, "v4_state_pool": v4_state_pool,
+    "v4_prefill_mtp_out": v4_prefill_mtp_out, "v4_kv_pool": v4_kv_pool,
 }
 
 

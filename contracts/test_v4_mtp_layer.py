@@ -196,3 +196,45 @@ def test_prefill_mtp_inputs_are_refused_naming_the_field(backend):
         _prefill_layer(backend, config, {**i, "num_tokens": 33})
     with pytest.raises(ContractInputError, match="norm_w"):
         _prefill_layer(backend, config, {**i, "head": {k: v for k, v in i["head"].items() if k != "norm_w"}})
+
+
+def test_the_prefill_mtp_checks_fail_just_outside_each_clause():
+    """check_ratio_reldiff (upstream's ratio_reldiff, the prefill MTP tree's comparators v4_prefill_mtp_out and,
+    on the written rows, v4_kv_pool): an absolute difference just under diff_thd never counts; at or over it an
+    element counts once d / max(|a|, |e|) passes diff_thd (10.2 vs 10 does not, 10.21 does); the quota counts 5
+    of 100 such elements in and 6 out; the floor 2^-14 / diff_thd caps the worst ratio against max_diff; NaN in
+    either side fails; a padding row must be exactly 0 while its reldiff is not judged. Spec: §8."""
+    from contracts.checks.precision import check_owned_rows, check_ratio_reldiff
+
+    def judge(a, e, **kw):
+        kw = {"diff_thd": 0.02, "pct_thd": 0.05, **kw}
+        return check_ratio_reldiff(torch.tensor(a, dtype=torch.float32), torch.tensor(e, dtype=torch.float32),
+                                   **kw).ok
+
+    assert judge([0.0199] * 10, [0.0] * 10), "an absolute difference under diff_thd counted"
+    assert not judge([0.0201] * 10, [0.0] * 10), "an absolute difference over diff_thd with |a| small passed"
+    assert judge([10.2] * 10, [10.0] * 10) and not judge([10.21] * 10, [10.0] * 10), "the relative clause"
+    base = [10.0] * 100
+    assert judge([10.21] * 5 + [10.0] * 95, base) and not judge([10.21] * 6 + [10.0] * 94, base), "the 5 % quota"
+    # floor 2^-14 / 0.01 = 0.0061 > max(|a|, |e|) = 0.0051: worst r = 0.0102 / 0.0061 = 1.67, not 0.0102 / 0.0051 = 2
+    assert judge([0.0051], [-0.0051], diff_thd=0.01, pct_thd=1.0, max_diff=1.7), "the floor"
+    assert not judge([0.0051], [-0.0051], diff_thd=0.01, pct_thd=1.0, max_diff=1.65), "the max_diff cap"
+    assert not judge([float("nan")] + [1.0] * 99, [1.0] * 100) and not judge([1.0] * 100, [float("nan")] + [1.0] * 99)
+    rows = torch.ones(4, 8)
+    tail = rows.clone()
+    tail[3] = 5.0  # a padding row far off: not judged by reldiff, but not 0
+    assert check_ratio_reldiff(torch.cat((rows[:3], torch.zeros(1, 8))), tail, diff_thd=0.02, pct_thd=0.05,
+                               valid_rows=3, zero_tail=True).ok
+    assert not check_ratio_reldiff(torch.cat((rows[:3], torch.full((1, 8), 1e-30))), tail, diff_thd=0.02,
+                                   pct_thd=0.05, valid_rows=3, zero_tail=True).ok, "a nonzero padding row passed"
+    before = torch.zeros(6, 8, dtype=torch.bfloat16)
+    want = before.clone()
+    want[1] = 1.0
+
+    def leaf(x, y, *, name):
+        return check_ratio_reldiff(x, y, diff_thd=0.01, pct_thd=0.05, name=name)
+
+    got = want.clone()
+    got[4, 0] = torch.finfo(torch.bfloat16).tiny  # a row the reference left alone, moved by one subnormal
+    assert check_owned_rows(want.clone(), want, before, leaf=leaf).ok
+    assert not check_owned_rows(got, want, before, leaf=leaf).ok, "an unwritten row moved and passed"

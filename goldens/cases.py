@@ -773,7 +773,27 @@ def _v4_mtp_layer_build(seed: int, wiring: str) -> Tensors:
     each group's tensors as ``<group>.<name>``, the routed experts stacked as ``moe.routed.<w>`` [E, ...]."""
     from contracts.test_v4_mtp_layer import _inputs
 
-    i = _inputs(_v4_config(), seed)
+    return _mtp_flat(_inputs(_v4_config(), seed))
+
+
+def _v4_prefill_mtp_layer_build(seed: int, wiring: str) -> Tensors:
+    """The MTP layer of V4-Pro (tiny, kernel preset) on one request's prefill chunk
+    (contracts.test_v4_mtp_layer's prefill inputs): 128 rows at positions 200 .. 327, 100 real, the window's
+    first page unmapped. The padding rows' slots are -1, as upstream's fixture ABI requires of inactive
+    entries (the contracts give them a real row's slot to show the kernel ignores it). Flattened as the
+    decode tree, with the window cache at the top as ``kv_cache`` (the in-out pool its comparator reads) and
+    ``num_tokens``."""
+    from contracts.test_v4_mtp_layer import _prefill_inputs
+
+    i = _prefill_inputs(_v4_config(), seed, rows=128, num_tokens=100, start=200)
+    i["attention"]["swa_slot_mapping"][i["num_tokens"]:] = -1
+    flat = _mtp_flat(i)
+    flat["kv_cache"] = flat.pop("attention.kv_cache")
+    flat["num_tokens"] = torch.tensor(i["num_tokens"], dtype=torch.int32)
+    return flat
+
+
+def _mtp_flat(i: dict) -> Tensors:
     flat = {"hidden": i["hidden"], "prev": i["prev"]}
     for group in _MTP_GROUPS:
         for name, value in i[group].items():
@@ -791,6 +811,23 @@ def _v4_mtp_layer_build(seed: int, wiring: str) -> Tensors:
 
 
 def _v4_mtp_layer_call(get, inputs: Tensors) -> Tensors:
+    groups = _mtp_groups(inputs)
+    out = get("v4_mtp_layer")(inputs["hidden"], inputs["prev"], groups["projection"], groups["attention"],
+                              groups["moe"], groups["head"], config=_v4_config())
+    return {"hidden_out": out["hidden_out"], "next_pre_hc_hidden": out["next_pre_hc_hidden"]}
+
+
+def _v4_prefill_mtp_layer_call(get, inputs: Tensors) -> Tensors:
+    groups = _mtp_groups({k: v for k, v in inputs.items() if k not in ("kv_cache", "num_tokens")})
+    groups["attention"]["kv_cache"] = inputs["kv_cache"]
+    out = get("v4_prefill_mtp_layer")(inputs["hidden"], inputs["prev"], groups["projection"], groups["attention"],
+                                      groups["moe"], groups["head"], int(inputs["num_tokens"]), config=_v4_config())
+    return {"hidden_out": out["hidden_out"], "next_pre_hc_hidden": out["next_pre_hc_hidden"],
+            "kv_cache": out["kv_cache"]}
+
+
+def _mtp_groups(inputs: Tensors) -> dict[str, dict]:
+    """The flattened MTP tree's inputs back into the layer's argument groups."""
     from kernels.v4.moe import V4ExpertWeights
 
     groups: dict[str, dict] = {g: {} for g in _MTP_GROUPS}
@@ -806,9 +843,7 @@ def _v4_mtp_layer_call(get, inputs: Tensors) -> Tensors:
     ws = ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")
     groups["moe"]["routed"] = [V4ExpertWeights(*(routed[w][e] for w in ws)) for e in range(routed["w1"].shape[0])]
     groups["moe"]["shared"] = V4ExpertWeights(*(shared[w] for w in ws))
-    out = get("v4_mtp_layer")(inputs["hidden"], inputs["prev"], groups["projection"], groups["attention"],
-                              groups["moe"], groups["head"], config=_v4_config())
-    return {"hidden_out": out["hidden_out"], "next_pre_hc_hidden": out["next_pre_hc_hidden"]}
+    return groups
 
 
 def _v4_indexer_build(seed: int, wiring: str) -> Tensors:
@@ -961,6 +996,18 @@ def _build_cases() -> dict[str, Case]:
                       lambda i, w: _v4_mtp_layer_call({"v4_mtp_layer": v4ml.v4_mtp_layer}.__getitem__, i),
                       lambda b, i, w: _v4_mtp_layer_call(b.get, i),
                       lambda w: {"hidden_out": "hc_out", "next_pre_hc_hidden": "hc_out"}, preset="v4-pro-tiny"))
+    cases.append(Case("v4_mtp_layer_prefill", "v4_prefill_mtp_layer", "V4-Pro (tiny, kernel preset) MTP layer on one "
+                      "request's prefill chunk: 128 rows at positions 200 .. 327, 100 real; the window lowered from a "
+                      "1-D page table whose first page is unmapped, profile-0 RoPE, no output for the padding rows "
+                      "(slot -1), the MoE stage with the same num_tokens",
+                      ("replicated",), ("kernels.v4.mtp_layer", "kernels.v4.moe", "kernels.v4.gate",
+                                        "kernels.v4.attention_stage", "kernels.v4.decode_metadata", "kernels.v4.mtp"),
+                      _v4_prefill_mtp_layer_build,
+                      lambda i, w: _v4_prefill_mtp_layer_call(
+                          {"v4_prefill_mtp_layer": v4ml.v4_prefill_mtp_layer}.__getitem__, i),
+                      lambda b, i, w: _v4_prefill_mtp_layer_call(b.get, i),
+                      lambda w: {"hidden_out": "v4_prefill_mtp_out", "next_pre_hc_hidden": "v4_prefill_mtp_out",
+                                 "kv_cache": "v4_kv_pool"}, preset="v4-pro-tiny"))
     from kernels.v4 import prefill_compressor as v4pc
 
     for name, ratio, start in (("v4_prefill_compressor_csa", 4, 2), ("v4_prefill_compressor_hca", 128, 120)):

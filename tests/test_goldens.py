@@ -619,6 +619,8 @@ V4_TREE_DEFECTS = {  # sample-store tree -> the seeded defects its replay must f
     "v4_prefill_compressor_hca": ("PREFILL_PADDING_COMPRESSED", "PREFILL_UNPERSISTED_WRITTEN"),
     "v4_mtp_layer": ("MTP_NEXT_FROM_ATTENTION", "MTP_HEAD_UNNORMED", "COMBINE_IN_BF16", "GATE_BIAS_IN_WEIGHTS",
                      "EXPERT_H_NOT_RECODED"),
+    "v4_mtp_layer_prefill": ("PREFILL_WINDOW_WITHOUT_SELF", "PREFILL_MTP_COMPRESSED_PROFILE", "GATE_BIAS_IN_WEIGHTS",
+                             "EXPERT_NO_ROUTE_WEIGHT", "E_ON_STREAM_ZERO"),
 }
 
 

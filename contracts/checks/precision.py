@@ -290,12 +290,66 @@ def check_ratio_allclose(actual: torch.Tensor, expected: torch.Tensor, *, atol: 
     return passed(check, spec, n)
 
 
-def check_owned_rows(actual: torch.Tensor, expected: torch.Tensor, before: torch.Tensor, *, atol: float,
-                     rtol: float, name: str = "pool") -> CheckResult:
+def check_ratio_reldiff(actual: torch.Tensor, expected: torch.Tensor, *, diff_thd: float, pct_thd: float,
+                        max_diff: float = math.inf, valid_rows: int | None = None, zero_tail: bool = False,
+                        name: str = "output") -> CheckResult:
+    """Upstream's ratio_reldiff (cann-recipes-infer's data_compare): per element d = |a - e| and
+    r = d if d < diff_thd else d / (max(|a|, |e|, 2^-14 / diff_thd) + 1e-9); an element is bad when
+    r > diff_thd; pass iff bad / n <= pct_thd and every bad r < max_diff. An absolute difference below diff_thd
+    never counts; the floor 2^-14 / diff_thd only bounds r (it matters to max_diff). NaN / Inf in either side
+    fail. With ``valid_rows`` only the first token rows (dim 0) are judged; with ``zero_tail`` every later row of
+    ``actual`` must be exactly 0. Spec: §8 (upstream prefill_mtp.py's hidden_out / pre_hc_hidden_out)."""
+    check, spec = "check_ratio_reldiff", "§8"
+    for pname, value, ok in (("diff_thd", diff_thd, lambda v: math.isfinite(v) and v > 0),
+                             ("pct_thd", pct_thd, lambda v: 0 <= v <= 1), ("max_diff", max_diff, lambda v: v > 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or not ok(value):
+            raise ContractInputError(pname, None, "a number > 0 (diff_thd finite, pct_thd in [0, 1])", repr(value),
+                                     spec)
+    problem = _pair_problem(check, spec, name, actual, expected)
+    if problem is not None:
+        return problem
+    a = actual.detach().cpu().to(torch.float64)
+    e = expected.detach().cpu().to(torch.float64)
+    if valid_rows is not None:
+        if isinstance(valid_rows, bool) or not isinstance(valid_rows, int) or not 0 <= valid_rows <= a.shape[0]:
+            return failed(check, spec, 1, 1, Violation(f"{name}.valid_rows", (), valid_rows, f"0..{a.shape[0]}"))
+        tail = a[valid_rows:]
+        if zero_tail and bool((tail != 0).any()):
+            where = (tail != 0).nonzero()[0].tolist()
+            where[0] += valid_rows
+            n_pad = int((tail != 0).sum())
+            return failed(check, spec, tail.numel(), n_pad,
+                          Violation(f"{name} padding row", tuple(where), float(a[tuple(where)]), 0.0,
+                                    note=f"{n_pad} nonzero padding elements after the {valid_rows} valid rows"))
+        a, e = a[:valid_rows], e[:valid_rows]
+    n = a.numel()
+    if n == 0:
+        return passed(check, spec, 0)
+    nonfinite = ~torch.isfinite(a) | ~torch.isfinite(e)
+    d = (a - e).abs()
+    floor = 2.0**-14 / diff_thd
+    r = torch.where(d < diff_thd, d, d / (torch.maximum(torch.maximum(a.abs(), e.abs()), torch.tensor(floor)) + 1e-9))
+    r = torch.where(nonfinite, torch.full_like(r, math.inf), r)
+    bad = r > diff_thd
+    n_bad = int(bad.sum())
+    if n_bad == 0:
+        return passed(check, spec, n)
+    flat = int(r.flatten().argmax())
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape))
+    worst = Violation(name, idx, float(a[idx]), float(e[idx]), diff_thd,
+                      note=f"{n_bad}/{n} elements with relative diff > {diff_thd:g} (quota {pct_thd:g}); "
+                           f"worst {float(r[idx]):.4g} (cap {max_diff:g})")
+    if bool(nonfinite.any()) or n_bad > pct_thd * n or float(r[idx]) >= max_diff:
+        return failed(check, spec, n, n_bad, worst)
+    return passed(check, spec, n)
+
+
+def check_owned_rows(actual: torch.Tensor, expected: torch.Tensor, before: torch.Tensor, *, atol: float = 0.0,
+                     rtol: float = 0.0, name: str = "pool", leaf: Leaf | None = None) -> CheckResult:
     """An in-out pool [..., width]: the rows the reference wrote (expected differs from ``before`` there) within
-    ratio_allclose(atol, rtol) with no quota, and every other row byte for byte as it was (a written row the
-    reference left alone is a failure however small). Spec: §8 (upstream's cmp_kv / compress_state
-    compare_fn, no error quota)."""
+    ratio_allclose(atol, rtol) with no quota -- or ``leaf`` when given --, and every other row byte for byte as
+    it was (a written row the reference left alone is a failure however small). Spec: §8 (upstream's cmp_kv /
+    compress_state compare_fn, no error quota; mapped_pool_ratio_reldiff with a leaf)."""
     check, spec = "check_owned_rows", "§8"
     problem = _pair_problem(check, spec, name, actual, expected)
     if problem is not None:
@@ -313,6 +367,8 @@ def check_owned_rows(actual: torch.Tensor, expected: torch.Tensor, before: torch
                       Violation(f"{name} row", (r,), "written", "kept byte for byte",
                                 note=f"{int(moved.sum())} row(s) the reference did not write were changed"))
     rows = lambda v: v.reshape(-1, width)[owned]  # noqa: E731
+    if leaf is not None:
+        return leaf(rows(actual), rows(expected), name=name)
     return check_ratio_allclose(rows(actual), rows(expected), atol=atol, rtol=rtol, max_error_ratio=0.0, name=name)
 
 
