@@ -225,11 +225,51 @@ def test_the_prefill_form_is_the_decode_chain_on_the_real_rows_with_a_zero_tail(
         assert not bool(got[key][n:].any()), f"the padding rows of {key} are not 0"
 
 
-def test_the_prefill_form_refuses_a_bad_num_tokens(backend):
+def test_the_prefill_form_at_its_edges(backend):
+    """num_tokens = 0: every output 0 and the cache untouched; num_tokens = T: the stage on every row, bit for
+    bit; the padding rows' positions are never read -- -1 and a position past the RoPE table are accepted there
+    and change nothing. Spec: §8."""
+    config = V4_PRO_TINY
+    i = _prefill_inputs(config, 1)
+    table = i.pop("block_table")
+    rows = i["x_hc"].shape[0]
+    stage = op(backend, "v4_attention_stage")
+    i["window_indices"] = op(backend, "v4_prefill_swa_indices")(i["position_ids"], table, 0, config=config)
+    none = stage("SWA", **i, num_tokens=0, config=config)
+    assert torch.equal(none["kv_cache"].view(torch.int16), i["kv_cache"].view(torch.int16)), "a padding row wrote"
+    assert not any(bool(none[k].any()) for k in ("x_out", "qr", "qr_scale")), "a chunk of padding has output"
+    i["window_indices"] = op(backend, "v4_prefill_swa_indices")(i["position_ids"], table, rows, config=config)
+    i["swa_slot_mapping"][28:] = -1  # no two rows on one slot
+    every = stage("SWA", **i, num_tokens=rows, config=config)
+    full = stage("SWA", **i, config=config)
+    for key in ("x_out", "qr", "qr_scale", "kv_cache"):
+        assert torch.equal(every[key], full[key]), f"num_tokens = T differs from the decode form in {key}"
+    n = 28
+    i["window_indices"] = op(backend, "v4_prefill_swa_indices")(i["position_ids"], table, n, config=config)
+    want = stage("SWA", **i, num_tokens=n, config=config)
+    far = i["position_ids"].clone()
+    far[n], far[n + 1:] = 10**6, -1
+    got = stage("SWA", **dict(i, position_ids=far), num_tokens=n, config=config)
+    for key in ("x_out", "qr", "qr_scale", "kv_cache"):
+        assert torch.equal(got[key], want[key]), f"a padding row's position moved {key}"
+
+
+def test_the_prefill_form_refuses_a_bad_num_tokens_before_any_operator_runs(backend):
+    """33 of 32 rows, -1 and True are refused naming num_tokens, and 31 positions for 32 rows naming
+    position_ids, by the stage itself: no operator of the backend has run. Spec: §8."""
     config = V4_PRO_TINY
     i = _prefill_inputs(config, 1)
     table = i.pop("block_table")
     i["window_indices"] = op(backend, "v4_prefill_swa_indices")(i["position_ids"], table, 28, config=config)
+
+    def untouched(*a, **k):
+        raise AssertionError("an operator ran before num_tokens was checked")
+
+    names = ("hc_mixes", "hc_pre", "final_norm", "v4_qkv_proj_rope", "v4_attention", "hc_post")
+    guarded = backend.derive("guarded", **{n: untouched for n in names})
     for bad in (33, -1, True):
-        with pytest.raises(ContractInputError, match="num_tokens"):
-            op(backend, "v4_attention_stage")("SWA", **i, num_tokens=bad, config=config)
+        with pytest.raises(ContractInputError, match=r"num_tokens.*\[0, 32\]"):
+            guarded.get("v4_attention_stage")("SWA", **i, num_tokens=bad, config=config)
+    with pytest.raises(ContractInputError, match="position_ids"):  # one position short
+        guarded.get("v4_attention_stage")("SWA", **dict(i, position_ids=i["position_ids"][:-1]), num_tokens=28,
+                                          config=config)

@@ -200,5 +200,13 @@ def test_bad_prefill_window_inputs_are_refused_naming_the_field(backend):
         lower(torch.tensor([0, -1, 2, 3], dtype=torch.int32), table, 4, config=config)
     with pytest.raises(ContractInputError, match="num_tokens"):
         lower(pos, table, 5, config=config)
+    with pytest.raises(ContractInputError, match="position_ids"):
+        lower(pos.reshape(2, 2), table, 2, config=config)
+    with pytest.raises(ContractInputError, match="position_ids"):
+        lower(pos.float(), table, 4, config=config)
+    assert lower(pos, table, 0, config=config).eq(-1).all(), "a chunk of padding has a window"
+    assert lower(pos, table, 4, config=config)[3, :4].tolist() == [0, 1, 2, 3], "every row real"
+    assert torch.equal(lower(pos.long(), table.long(), 4, config=config), lower(pos, table, 4, config=config)), \
+        "INT64 positions and tables are part of the ABI"
     assert lower(torch.tensor([0, 1, 999, -5], dtype=torch.int32), table, 2, config=config)[2:].eq(-1).all(), \
         "padding positions are not read"

@@ -76,6 +76,19 @@ def _layer(backend, config, i):
                                        config=config)
 
 
+def _assert_the_chain(backend, config, i, out, att, moe, form):
+    """The layer's outputs against the chain's: the head (head mix, hc_head, RMSNorm) on the MoE stage's streams
+    computed here with the backend's operators, the streams themselves for the next step, the stage's cache."""
+    pre = op(backend, "v4_head_mix")(moe["x_out"], i["head"]["fn"], i["head"]["scale"], i["head"]["base"],
+                                     config=config)
+    want = op(backend, "final_norm")(op(backend, "hc_head")(moe["x_out"], pre), i["head"]["norm_w"], config=config)
+    assert out["hidden_out"].dtype == torch.bfloat16 and torch.equal(out["hidden_out"], want), \
+        f"{form}hidden_out is not the stages in order"
+    assert out["next_pre_hc_hidden"].dtype == torch.float32 and torch.equal(out["next_pre_hc_hidden"], moe["x_out"]), \
+        f"the next step does not receive {form or 'the '}MoE stage's streams"
+    assert torch.equal(out["kv_cache"], att["kv_cache"]), f"{form or 'the '}kv cache is not the SWA stage's"
+
+
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
 def test_the_head_mix_matches_an_independent_evaluation(backend, config):
     """pre = sigmoid((x_flat · fn[h]) / rms(x_flat) · scale + base) + hc_eps, within 1e-6 of an FP64 evaluation,
@@ -114,14 +127,7 @@ def test_the_mtp_layer_is_its_stages_in_order(backend, config):
     x = op(backend, "mtp_projection")(i["hidden"], i["prev"], **i["projection"], config=config)
     att = op(backend, "v4_attention_stage")("SWA", x, **i["attention"], config=config)
     moe = op(backend, "v4_moe_stage")(att["x_out"], **i["moe"], layer_id=config.num_hidden_layers, config=config)
-    pre = op(backend, "v4_head_mix")(moe["x_out"], i["head"]["fn"], i["head"]["scale"], i["head"]["base"],
-                                     config=config)
-    want = op(backend, "final_norm")(op(backend, "hc_head")(moe["x_out"], pre), i["head"]["norm_w"], config=config)
-    assert out["hidden_out"].dtype == torch.bfloat16 and torch.equal(out["hidden_out"], want), \
-        "hidden_out is not the stages in order"
-    assert out["next_pre_hc_hidden"].dtype == torch.float32 and torch.equal(out["next_pre_hc_hidden"], moe["x_out"]), \
-        "the next step does not receive the MoE stage's streams"
-    assert torch.equal(out["kv_cache"], att["kv_cache"])
+    _assert_the_chain(backend, config, i, out, att, moe, "")
 
 
 def test_a_missing_head_weight_is_named(backend):
@@ -153,16 +159,22 @@ def test_the_prefill_mtp_layer_is_its_stages_in_order(backend, config):
     att = op(backend, "v4_attention_stage")("SWA", x, **a, num_tokens=n, config=config)
     moe = op(backend, "v4_moe_stage")(att["x_out"], **i["moe"], num_tokens=n, layer_id=config.num_hidden_layers,
                                       config=config)
-    pre = op(backend, "v4_head_mix")(moe["x_out"], i["head"]["fn"], i["head"]["scale"], i["head"]["base"],
-                                     config=config)
-    want = op(backend, "final_norm")(op(backend, "hc_head")(moe["x_out"], pre), i["head"]["norm_w"], config=config)
-    assert out["hidden_out"].dtype == torch.bfloat16 and torch.equal(out["hidden_out"], want), \
-        "the prefill hidden_out is not the stages in order"
-    assert out["next_pre_hc_hidden"].dtype == torch.float32 and torch.equal(out["next_pre_hc_hidden"], moe["x_out"]), \
-        "the next step does not receive the prefill MoE stage's streams"
-    assert torch.equal(out["kv_cache"], att["kv_cache"]), "the prefill kv cache is not the SWA stage's"
+    _assert_the_chain(backend, config, i, out, att, moe, "the prefill ")
     assert not bool(out["hidden_out"][n:].any()) and not bool(out["next_pre_hc_hidden"][n:].any()), \
         "padding rows are not 0"
+
+
+def test_a_prefill_chunk_of_padding_and_a_chunk_without_padding(backend):
+    """num_tokens = 0: both outputs 0 and the cache untouched; num_tokens = T is accepted (every row real, no
+    padding row 0). Spec: §8."""
+    config = MODELS[0]
+    i = _prefill_inputs(config, 6)
+    none = _prefill_layer(backend, config, {**i, "num_tokens": 0})
+    assert not bool(none["hidden_out"].any()) and not bool(none["next_pre_hc_hidden"].any())
+    assert torch.equal(none["kv_cache"].view(torch.int16), i["attention"]["kv_cache"].view(torch.int16))
+    i["attention"]["swa_slot_mapping"][28:] = -1
+    every = _prefill_layer(backend, config, {**i, "num_tokens": 32})
+    assert bool(every["hidden_out"][28:].abs().sum(-1).gt(0).all()), "a real row's hidden_out is 0"
 
 
 def test_prefill_padding_rows_leave_no_trace(backend):
@@ -192,8 +204,18 @@ def test_prefill_mtp_inputs_are_refused_naming_the_field(backend):
     bad = {**i, "attention": {k: v for k, v in i["attention"].items() if k != "block_table"}}
     with pytest.raises(ContractInputError, match="block_table"):
         _prefill_layer(backend, config, bad)
-    with pytest.raises(ContractInputError, match="num_tokens"):
-        _prefill_layer(backend, config, {**i, "num_tokens": 33})
+    def untouched(*a, **k):
+        raise AssertionError("an operator ran before num_tokens was checked")
+
+    guarded = backend.derive("guarded", **{n: untouched for n in ("mtp_projection", "v4_prefill_swa_indices",
+                                                                   "v4_attention_stage", "v4_moe_stage")})
+    for bad in (33, -1, True):  # refused by the layer itself, before any stage runs
+        with pytest.raises(ContractInputError, match=r"num_tokens.*\[0, 32\]"):
+            _prefill_layer(guarded, config, {**i, "num_tokens": bad})
+    for name in ("freqs_cos", "freqs_sin"):
+        three = torch.cat((i["attention"][name], i["attention"][name][:1]))  # [3, positions, rope]
+        with pytest.raises(ContractInputError, match=name):
+            _prefill_layer(backend, config, {**i, "attention": {**i["attention"], name: three}})
     with pytest.raises(ContractInputError, match="norm_w"):
         _prefill_layer(backend, config, {**i, "head": {k: v for k, v in i["head"].items() if k != "norm_w"}})
 

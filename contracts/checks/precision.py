@@ -64,6 +64,13 @@ def _pair_problem(check: str, spec: str, name: str, actual: torch.Tensor, expect
     return None
 
 
+def _pair64(check: str, spec: str, name: str, actual: torch.Tensor, expected: torch.Tensor
+            ) -> tuple[CheckResult | None, torch.Tensor, torch.Tensor]:
+    """The pair's layout problem (or None) and both sides as FP64 on the CPU."""
+    f64 = lambda t: t.detach().cpu().to(torch.float64)  # noqa: E731
+    return _pair_problem(check, spec, name, actual, expected), f64(actual), f64(expected)
+
+
 def _norm(t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """L2 norm without under/overflow: scaled by the largest magnitude first (1e-300 rows keep their norm)."""
     top = t.abs().amax() if dim is None else t.abs().amax(dim=dim, keepdim=True)
@@ -255,11 +262,9 @@ def check_ratio_allclose(actual: torch.Tensor, expected: torch.Tensor, *, atol: 
     """
     check, spec = "check_ratio_allclose", "§6"
     check_tolerances(atol=atol, rtol=rtol, max_error_ratio=max_error_ratio)
-    problem = _pair_problem(check, spec, name, actual, expected)
+    problem, a, e = _pair64(check, spec, name, actual, expected)
     if problem is not None:
         return problem
-    a = actual.detach().cpu().to(torch.float64)
-    e = expected.detach().cpu().to(torch.float64)
     if valid_rows is not None:
         rows = a.shape[-2] if a.ndim >= 2 else 0
         if isinstance(valid_rows, bool) or not 0 <= valid_rows <= rows:
@@ -305,11 +310,9 @@ def check_ratio_reldiff(actual: torch.Tensor, expected: torch.Tensor, *, diff_th
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or not ok(value):
             raise ContractInputError(pname, None, "a number > 0 (diff_thd finite, pct_thd in [0, 1])", repr(value),
                                      spec)
-    problem = _pair_problem(check, spec, name, actual, expected)
+    problem, a, e = _pair64(check, spec, name, actual, expected)
     if problem is not None:
         return problem
-    a = actual.detach().cpu().to(torch.float64)
-    e = expected.detach().cpu().to(torch.float64)
     if valid_rows is not None:
         if isinstance(valid_rows, bool) or not isinstance(valid_rows, int) or not 0 <= valid_rows <= a.shape[0]:
             return failed(check, spec, 1, 1, Violation(f"{name}.valid_rows", (), valid_rows, f"0..{a.shape[0]}"))

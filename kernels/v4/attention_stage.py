@@ -98,8 +98,7 @@ def v4_attention_stage(path: str, x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_sc
                  attn_sink, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale, config=config, **chunk)
     x_out = expand(out, x_hc, mixes.post, mixes.residual)
     qr, qr_scale = proj["qr"], proj["qr_scale"]
-    if prefill:  # the zero tail: padding rows leave nothing behind
-        x_out, qr, qr_scale = x_out.clone(), qr.clone(), qr_scale.clone()
+    if prefill:  # the zero tail: padding rows leave nothing behind (the operators' outputs are this stage's own)
         x_out[real:], qr[real:], qr_scale[real:] = 0, 0, 0
     return {"x_out": x_out, "kv_cache": cache, "qr": qr, "qr_scale": qr_scale}
 

@@ -789,52 +789,7 @@ def _window_without_self(position_ids, block_table, num_tokens, *, config):
     return out
 
 
-def _stage_variant(*, read_before_write=False, skip_norm=False):
-    """A port of v4_attention_stage with one step changed (see each defect below)."""
-    from kernels.v4 import attention_stage as st
-
-    def run(path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, *args, config, ops=None, **kw):
-        ops = dict(ops or {})
-        if skip_norm:
-            ops["final_norm"] = lambda x, w, *, config: x
-        if read_before_write:
-            from kernels.v4.sparse_attention import v4_attention
-
-            names = ("wq_a", "wq_b", "wq_b_scale", "wkv", "gamma_cq", "gamma_ckv", "freqs_cos", "freqs_sin",
-                     "kv_cache")
-            kv_cache = dict(zip(names, args, strict=False)).get("kv_cache", kw.get("kv_cache"))
-            original = kv_cache.clone()
-
-            def stale(path_, q, cache, *rest, config):
-                return v4_attention(path_, q, original, *rest, config=config)
-
-            ops["v4_attention"] = stale
-        return st.v4_attention_stage(path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, *args, config=config,
-                                     ops=ops, **kw)
-
-    run.composes_operators = True
-    return run
-
-
-READ_BEFORE_WRITE = _base.derive("defect:v4-stage-read-before-write",
-                                 v4_attention_stage=_stage_variant(read_before_write=True))
-ATTN_NORM_SKIPPED = _base.derive("defect:v4-stage-no-attn-norm", v4_attention_stage=_stage_variant(skip_norm=True))
-
-
-def _window_without_self(position_ids, block_table, num_tokens, *, config):
-    """Wrong: the prefill window starts one position early and stops before the row's own position."""
-    return v4md.v4_prefill_swa_indices(position_ids - 1, block_table, num_tokens, config=config) \
-        if bool((position_ids[:num_tokens] > 0).all()) else _shifted_window(position_ids, block_table, num_tokens,
-                                                                            config)
-
-
-def _shifted_window(position_ids, block_table, num_tokens, config):
-    out = v4md.v4_prefill_swa_indices(position_ids.clamp(min=1) - 1, block_table, num_tokens, config=config)
-    out[:num_tokens][position_ids[:num_tokens] == 0] = -1  # position 0 sees nothing before it
-    return out
-
-
-def _stage_variant(*, padding_writes=False, no_zero_tail=False):
+def _prefill_stage_variant(*, padding_writes=False, no_zero_tail=False):
     """A port of v4_attention_stage's prefill form with one rule changed (see each defect below)."""
     from kernels.v4 import attention_stage as ast
 
@@ -859,9 +814,9 @@ def _stage_variant(*, padding_writes=False, no_zero_tail=False):
 PREFILL_WINDOW_WITHOUT_SELF = _base.derive("defect:v4-prefill-window-without-self",
                                            v4_prefill_swa_indices=_window_without_self)
 PREFILL_PADDING_KV_WRITTEN = _base.derive("defect:v4-prefill-padding-kv-written",
-                                          v4_attention_stage=_stage_variant(padding_writes=True))
+                                          v4_attention_stage=_prefill_stage_variant(padding_writes=True))
 PREFILL_STAGE_NO_ZERO_TAIL = _base.derive("defect:v4-prefill-stage-no-zero-tail",
-                                          v4_attention_stage=_stage_variant(no_zero_tail=True))
+                                          v4_attention_stage=_prefill_stage_variant(no_zero_tail=True))
 
 
 def _prefill_mtp_variant(*, compressed_profile=False, all_rows_real=False):

@@ -227,6 +227,10 @@ V4_COMPOSES_DEFAULT = ("Under the reference backend the composed operator is the
                        "composes_operators = True, so getattr's default is never read.")
 
 
+V4_PADDING_POSITION = ("A prefill padding row's position only picks its RoPE row, and the stage zeroes that row's outputs "
+                       "and writes no kv row for it: row 0 or row 1 of the table, nothing of it is visible.")
+
+
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
@@ -706,6 +710,10 @@ EQUIVALENT: dict[str, str] = {
     "kernels.v4.attention_stage:v4_attention_stage:drop-call:proj['kv'][t].to(cache.dtype)[to]->(skipped)#0": CASTNOOP,
     'kernels.v4.attention_stage:v4_attention_stage:const:1->2#4': V4_SWA_PLACEHOLDER,
     'kernels.v4.attention_stage:v4_attention_stage:const:1->2#5': V4_SWA_PLACEHOLDER,
-    'kernels.v4.attention_stage:v4_attention_stage:const:1->2#8': V4_SWA_PLACEHOLDER,
+    'kernels.v4.attention_stage:v4_attention_stage:const:1->2#9': V4_SWA_PLACEHOLDER,
     'kernels.v4.attention_stage:v4_attention_stage:name:int32->int64#0': V4_SWA_PLACEHOLDER,
+    'kernels.v4.attention_stage:v4_attention_stage:const:0->1#3': V4_PADDING_POSITION,
+    'kernels.v4.mtp_layer:v4_prefill_mtp_layer:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
+    'kernels.v4.decode_metadata:v4_prefill_swa_indices:name:int64->int32#2': DTYPE,
+    'kernels.v4.decode_metadata:v4_prefill_swa_indices:drop-call:position_ids[:num_tokens].to(torch.int64)[to]->(skipped)#0': DTYPE,
 }
