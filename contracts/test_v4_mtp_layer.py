@@ -236,11 +236,16 @@ def test_the_prefill_mtp_checks_fail_just_outside_each_clause():
     assert judge([0.0199] * 10, [0.0] * 10), "an absolute difference under diff_thd counted"
     assert not judge([0.0201] * 10, [0.0] * 10), "an absolute difference over diff_thd with |a| small passed"
     assert judge([10.2] * 10, [10.0] * 10) and not judge([10.21] * 10, [10.0] * 10), "the relative clause"
+    assert judge([10.201], [10.0]) and judge([10.0], [10.201]), "the denominator is the larger of |a| and |e|"
+    assert not judge([0.25], [0.0], diff_thd=0.25, pct_thd=0.0), "a difference of exactly diff_thd is relative"
     base = [10.0] * 100
     assert judge([10.21] * 5 + [10.0] * 95, base) and not judge([10.21] * 6 + [10.0] * 94, base), "the 5 % quota"
     # floor 2^-14 / 0.01 = 0.0061 > max(|a|, |e|) = 0.0051: worst r = 0.0102 / 0.0061 = 1.67, not 0.0102 / 0.0051 = 2
     assert judge([0.0051], [-0.0051], diff_thd=0.01, pct_thd=1.0, max_diff=1.7), "the floor"
     assert not judge([0.0051], [-0.0051], diff_thd=0.01, pct_thd=1.0, max_diff=1.65), "the max_diff cap"
+    a32, e32 = (float(torch.tensor(v, dtype=torch.float32)) for v in (0.0051, -0.0051))
+    exact = abs(a32 - e32) / (2.0**-14 / 0.01 + 1e-9)  # the worst ratio itself: the cap is exclusive
+    assert not judge([0.0051], [-0.0051], diff_thd=0.01, pct_thd=1.0, max_diff=exact), "r == max_diff passed"
     assert not judge([float("nan")] + [1.0] * 99, [1.0] * 100) and not judge([1.0] * 100, [float("nan")] + [1.0] * 99)
     rows = torch.ones(4, 8)
     tail = rows.clone()
