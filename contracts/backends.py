@@ -227,6 +227,11 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
         OperatorSpec("v4_prefill_swa_indices", "(position_ids [T], block_table [pages], num_tokens, *, config (V4))",
                      "[T, sliding_window] INT32: a prefill chunk's window, the last min(window, pos + 1) positions "
                      "oldest first through the 1-D table (-1 holes), padding rows -1", "§8"),
+        OperatorSpec("v4_publish_events", "(compressed [T,d] FP32, closes [T], cmp_slot_mapping [T], cmp_pool "
+                     "[blocks,page,1,d], request_event_indices [B], event_cos/event_sin [E,rope/2], *, seq, "
+                     "no_event='skip')",
+                     "the new compressed pool: each request's closed row rotated by its event's RoPE rows, written "
+                     "at its slot; no event: nothing (or, no_event='zero_rope', the RoPE dims 0)", "§8"),
         OperatorSpec("hca_topk", "(position_ids [T], kv_seq_lens [B], *, seq, limit, ratio=128)",
                      "[T, limit] INT32: HCA's deterministic compressed top-k (the first valid positions, -1 after)",
                      "§8"),
@@ -398,6 +403,7 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "v4_decode_metadata": ("kernels.v4.decode_metadata", "v4_decode_metadata"),
     "hca_topk": ("kernels.v4.decode_metadata", "hca_topk"),
     "v4_prefill_swa_indices": ("kernels.v4.decode_metadata", "v4_prefill_swa_indices"),
+    "v4_publish_events": ("kernels.v4.compressor_txn", "v4_publish_events"),
     "mtp_projection": ("kernels.v4.mtp", "mtp_projection"),
     "v4_index_cache_quant": ("kernels.v4.index_cache", "index_cache_quant"),
     "v4_publish_index_keys": ("kernels.v4.index_cache", "publish_index_keys"),

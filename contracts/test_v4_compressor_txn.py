@@ -254,3 +254,85 @@ def test_a_gap_is_named_by_its_request(backend):
         op(backend, "v4_compressor_txn")(x, pos, ids, torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
                                          torch.tensor([[0, 4], [0, 9]]), torch.full((6,), -1), pool, w, ratio=4, seq=3)
     assert exc.value.field == "position_ids" and exc.value.index == (1,), str(exc.value)
+
+
+def _event_step(backend):
+    """One ratio-4 step of three requests at positions (4, 5), (2, 3) and (7, 8): the first closes no window, the
+    second closes on its second row, the third on its first; a BF16 compressed pool of random rows, a slot for
+    every closing row (slot 0 among them)."""
+    w = _weights(4, 3)
+    ids, page_epochs, epochs, pool = _setup(4, requests=3, seed=4)
+    pos = torch.tensor([4, 5, 2, 3, 7, 8])
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, HIDDEN, generator=g).to(torch.bfloat16)
+    ranges = torch.tensor([[0, 4], [0, 2], [0, 7]])
+    out, closes, _ = _step(backend, x, pos, ids, page_epochs, epochs, ranges, _slots(pos, ids, 4), pool, w, 4)
+    assert closes.tolist() == [False, False, False, True, True, False]
+    cmp_pool = (torch.rand(3, 4, 1, D, generator=g) - 0.5).to(torch.bfloat16)
+    slots = torch.tensor([-1, -1, -1, 0, 9, -1])
+    return pos, out, closes, slots, cmp_pool, g
+
+
+def test_an_event_publishes_its_requests_row_with_the_events_rope_rows(backend):
+    """The event list (request_event_indices [B], event_cos / event_sin [E, rope/2]): with each request's event
+    holding the table row of its window's first position, v4_publish_events writes what v4_publish_compressed
+    writes from the table, bit for bit -- with the events listed in the other order than the requests (request 0
+    -> event 1, request 1 -> event 0), so the event a request names is the one used, not its rank among the
+    closing requests. The first request, with no closing row, writes nothing although it names an event; event
+    index 2 of three events is valid. Spec: §8."""
+    pos, out, closes, slots, cmp_pool, g = _event_step(backend)
+    rope = 2
+    cos, sin = torch.rand(16, rope, generator=g), torch.rand(16, rope, generator=g)
+    want = op(backend, "v4_publish_compressed")(out, closes, pos, slots, cmp_pool, cos, sin, ratio=4)
+    first = {1: 3 - 3, 2: 7 - 3}  # each closing request's window first position
+    spare = torch.rand(1, rope, generator=g)  # event 1: named by no closing request
+    event_cos = torch.cat((cos[first[2]][None], spare, cos[first[1]][None]))
+    event_sin = torch.cat((sin[first[2]][None], spare, sin[first[1]][None]))
+    got = op(backend, "v4_publish_events")(out, closes, slots, cmp_pool, torch.tensor([1, 2, 0]), event_cos, event_sin,
+                                           seq=SEQ)
+    assert got.dtype == cmp_pool.dtype and torch.equal(got.view(torch.int16), want.view(torch.int16)), \
+        "the event's rows did not publish the request's row"
+    assert not torch.equal(want, cmp_pool), "nothing was published"
+
+
+def test_a_request_without_an_event_publishes_nothing_under_the_current_rule(backend):
+    """Request 1 names no event (-1) though its closing row has a slot: under the current rule (upstream's
+    golden, no_event="skip") its slot keeps its bytes -- request 0, closing nothing, names an event but must not
+    publish its neighbour's row -- and request 2 still publishes; under upstream's kernel
+    variant (no_event="zero_rope") the row is written with its RoPE dims exactly 0 and the rest rounded once.
+    Spec: §8."""
+    pos, out, closes, slots, cmp_pool, g = _event_step(backend)
+    event_cos, event_sin = torch.rand(1, 2, generator=g), torch.rand(1, 2, generator=g)
+    publish = op(backend, "v4_publish_events")
+    got = publish(out, closes, slots, cmp_pool, torch.tensor([0, -1, 0]), event_cos, event_sin, seq=SEQ)
+    flat, before = got.reshape(-1, D), cmp_pool.reshape(-1, D)
+    assert torch.equal(flat[0].view(torch.int16), before[0].view(torch.int16)), "a request without an event wrote"
+    assert not torch.equal(flat[9], before[9]), "the request with an event did not publish"
+    kernel = publish(out, closes, slots, cmp_pool, torch.tensor([-1, -1, 0]), event_cos, event_sin, seq=SEQ,
+                     no_event="zero_rope")
+    row = kernel.reshape(-1, D)[0]
+    assert torch.equal(row[:D - 4], out[3, :D - 4].to(torch.bfloat16)) and not bool(row[D - 4:].any()), \
+        "the kernel variant writes the row with RoPE dims 0"
+
+
+@pytest.mark.parametrize("field, change, needle", [
+    ("request_event_indices", lambda a: {**a, "events": torch.tensor([0, 3, -1])}, r"request_event_indices\[1\]"),
+    ("request_event_indices", lambda a: {**a, "events": torch.tensor([-2, 0, 0])}, r"request_event_indices\[0\]"),
+    ("request_event_indices", lambda a: {**a, "events": torch.tensor([0, 0])}, "request_event_indices"),
+    ("event_cos", lambda a: {**a, "cos": a["cos"][:, :1]}, "event_cos"),
+    ("no_event", lambda a: {**a, "no_event": "zero"}, "no_event"),
+    ("compressed", lambda a: {**a, "out": a["out"].to(torch.bfloat16)}, "compressed"),
+    ("cmp_slot_mapping", lambda a: {**a, "slots": torch.tensor([-1, -1, -1, 12, 9, -1])}, r"cmp_slot_mapping\[3\]"),
+    ("cmp_pool", lambda a: {**a, "pool": a["pool"][:, :, 0]}, "cmp_pool"),
+    ("closes", lambda a: {**a, "out": a["out"][:5], "closes": a["closes"][:5], "slots": a["slots"][:5]},
+     "closes/cmp_slot_mapping"),
+])
+def test_bad_event_inputs_name_the_field(backend, field, change, needle):
+    """Three events (E = 3, rope/2 = 2): index 3 and -2 refused, one entry a request, matching tables, a known
+    no_event rule, FP32 rows, a slot inside the 12-row pool, a 4-D pool, whole requests. Spec: §8."""
+    pos, out, closes, slots, cmp_pool, g = _event_step(backend)
+    a = change({"out": out, "closes": closes, "slots": slots, "events": torch.tensor([1, 0, -1]),
+                "cos": torch.rand(3, 2), "sin": torch.rand(3, 2), "no_event": "skip", "pool": cmp_pool})
+    with pytest.raises(ContractInputError, match=needle):
+        op(backend, "v4_publish_events")(a["out"], a["closes"], a["slots"], a["pool"], a["events"], a["cos"], a["sin"],
+                                         seq=SEQ, no_event=a["no_event"])

@@ -400,6 +400,10 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
     Binding("hca_topk", "not exposed", f"{PRO}/decode_attention_hca.py::attention_hca (the hca_cache_topk block)",
             "@pl.jit.inline", note="computed inside the HCA attention entry and handed straight to "
             "sparse_attn_hca; no entry returns it"),
+    Binding("v4_publish_events", "not exposed", f"{PRO}/decode_compressor_ratio128.py::compressor_ratio128 (the "
+            "rmsnorm_rope_cache_write block of the event-list ABI; ratio 4 alike)", "@pl.jit.inline",
+            note="the compressor entries pool and publish in one; no entry publishes a given row, so the operator is "
+                 "reached through the entry's cmp_kv_cache output"),
     Binding("v4_prefill_swa_indices", "not exposed", f"{PRO}/prefill_attention_swa.py::prefill_attention_swa (the "
             "prefill_swa_window_indices block)", "@pl.jit.inline",
             note="computed inside the prefill SWA stage and handed straight to prefill_sparse_attn; no entry "

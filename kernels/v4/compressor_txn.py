@@ -17,7 +17,18 @@ ratio 128, in pages of ``page`` rows (the state pool's second dimension):
   projections (kv, score + ape[pos % ratio]), and it must be the ring row of the token's position.
 
 The closed window's row is pooled, RMS-normalised and kept FP32 exactly as ``v4_compressor`` does, for
-``v4_publish_compressed``. Spec: §8; docs/coverage.md, V4 section (V4-11, V4-12).
+``v4_publish_compressed`` -- or, under the transaction ABI's event list, for ``v4_publish_events``:
+
+* ``request_event_indices`` [B] names each request's closing event of this step (-1: none) and the event's RoPE
+  rows ``event_cos`` / ``event_sin`` [E, rope/2] (the caller's rows for the window's first position) rotate the
+  request's closed row -- they are used as given, not looked up from a position;
+* a request has at most one closing row a step (its first, the one upstream writes); the row goes to that row's
+  ``cmp_slot_mapping`` entry (-1: no write) and is rounded once to the pool's dtype;
+* a request whose event is -1 publishes nothing even when its closing row has a slot (upstream's Torch golden,
+  ``no_event="skip"``, the current rule); upstream's kernel instead writes the row with its RoPE dims 0 (it loads
+  no event rows and rotates by cos = sin = 0), kept by name as ``no_event="zero_rope"``.
+
+Spec: §8; docs/coverage.md, V4 section (V4-11, V4-12).
 """
 
 from __future__ import annotations
@@ -126,3 +137,56 @@ def v4_compressor_txn(x: torch.Tensor, position_ids: torch.Tensor, state_page_id
         if slot >= 0:
             new[slot] = own[t]
     return out, closes, new.reshape(pages, page, 2 * w)
+
+
+NO_EVENT_RULES = ("skip", "zero_rope")
+
+
+def v4_publish_events(compressed: torch.Tensor, closes: torch.Tensor, cmp_slot_mapping: torch.Tensor,
+                      cmp_pool: torch.Tensor, request_event_indices: torch.Tensor, event_cos: torch.Tensor,
+                      event_sin: torch.Tensor, *, seq: int, no_event: str = "skip") -> torch.Tensor:
+    """Publish each request's closed row through its event (module doc): compressed [B·seq, d] FP32 and closes
+    [B·seq] from ``v4_compressor_txn``, cmp_slot_mapping [B·seq], cmp_pool [blocks, page, 1, d] -> the new pool
+    (the input is not modified). Spec: §8."""
+    from kernels.reference.rope import rope_interleave
+
+    if no_event not in NO_EVENT_RULES:
+        raise ContractInputError("no_event", None, f"one of {NO_EVENT_RULES}", repr(no_event), SPEC)
+    if compressed.dtype != torch.float32:
+        raise ContractInputError("compressed", None, "the FP32 rows of v4_compressor_txn (a BF16 row would round "
+                                 "twice)", str(compressed.dtype), SPEC)
+    tokens, d = compressed.shape
+    requests = tokens // seq
+    if tokens % seq or tuple(closes.shape) != (tokens,) or tuple(cmp_slot_mapping.shape) != (tokens,):
+        raise ContractInputError("closes/cmp_slot_mapping", None, f"[{tokens}] each, {seq} rows a request",
+                                 [list(closes.shape), list(cmp_slot_mapping.shape)], SPEC)
+    if tuple(request_event_indices.shape) != (requests,):
+        raise ContractInputError("request_event_indices", None, f"[{requests}] (one entry a request)",
+                                 list(request_event_indices.shape), SPEC)
+    if event_cos.ndim != 2 or event_cos.shape != event_sin.shape:
+        raise ContractInputError("event_cos/event_sin", None, "[E, rope/2] each",
+                                 [list(event_cos.shape), list(event_sin.shape)], SPEC)
+    if cmp_pool.ndim != 4 or cmp_pool.shape[2] != 1 or cmp_pool.shape[3] != d:
+        raise ContractInputError("cmp_pool", None, f"[blocks, page, 1, {d}]", list(cmp_pool.shape), SPEC)
+    events = event_cos.shape[0]
+    pool = cmp_pool.clone()
+    flat = pool.reshape(-1, d)
+    for b in range(requests):
+        e = int(request_event_indices[b])
+        if not -1 <= e < events:
+            raise ContractInputError("request_event_indices", (b,), f"-1 or an event in [0, {events})", e, SPEC)
+        closing = closes[b * seq:(b + 1) * seq].nonzero().flatten().tolist()
+        if not closing:
+            continue
+        t = b * seq + closing[0]  # upstream writes the request's first closing row
+        slot = int(cmp_slot_mapping[t])
+        if slot < 0:
+            continue
+        if slot >= flat.shape[0]:
+            raise ContractInputError("cmp_slot_mapping", (t,), f"a row in [0, {flat.shape[0]})", slot, SPEC)
+        if e < 0 and no_event == "skip":
+            continue
+        cos, sin = (event_cos[e:e + 1], event_sin[e:e + 1]) if e >= 0 else \
+            (torch.zeros(1, event_cos.shape[1]), torch.zeros(1, event_cos.shape[1]))
+        flat[slot] = rope_interleave(compressed[t:t + 1], cos.float(), sin.float())[0].to(pool.dtype)
+    return pool

@@ -842,3 +842,33 @@ PREFILL_MTP_COMPRESSED_PROFILE = _base.derive("defect:v4-prefill-mtp-compressed-
                                               v4_prefill_mtp_layer=_prefill_mtp_variant(compressed_profile=True))
 PREFILL_MTP_ALL_ROWS_REAL = _base.derive("defect:v4-prefill-mtp-all-rows-real",
                                          v4_prefill_mtp_layer=_prefill_mtp_variant(all_rows_real=True))
+
+
+def _events_variant(*, request_order=False, missing_unrotated=False):
+    """A port of v4_publish_events with one rule changed (see each defect below)."""
+    from kernels.v4 import compressor_txn as ct
+
+    def run(compressed, closes, cmp_slot_mapping, cmp_pool, request_event_indices, event_cos, event_sin, *, seq,
+            no_event="skip"):
+        events = request_event_indices.clone()
+        if request_order:  # the k-th closing request takes the k-th event, whatever it names
+            closing = [b for b in range(events.numel()) if bool(closes[b * seq:(b + 1) * seq].any())]
+            for k, b in enumerate(closing):
+                events[b] = k
+        pool = ct.v4_publish_events(compressed, closes, cmp_slot_mapping, cmp_pool, events, event_cos, event_sin,
+                                    seq=seq, no_event=no_event)
+        if missing_unrotated:  # a request without an event still writes its row, unrotated
+            flat = pool.reshape(-1, compressed.shape[1])
+            for b in (events < 0).nonzero().flatten().tolist():
+                rows = closes[b * seq:(b + 1) * seq].nonzero().flatten().tolist()
+                if rows and int(cmp_slot_mapping[b * seq + rows[0]]) >= 0:
+                    flat[int(cmp_slot_mapping[b * seq + rows[0]])] = compressed[b * seq + rows[0]].to(pool.dtype)
+        return pool
+
+    return run
+
+
+EVENTS_IN_REQUEST_ORDER = _base.derive("defect:v4-events-in-request-order",
+                                       v4_publish_events=_events_variant(request_order=True))
+EVENT_MISSING_WRITTEN = _base.derive("defect:v4-event-missing-written",
+                                     v4_publish_events=_events_variant(missing_unrotated=True))

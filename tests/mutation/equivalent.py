@@ -227,6 +227,8 @@ V4_COMPOSES_DEFAULT = ("Under the reference backend the composed operator is the
                        "composes_operators = True, so getattr's default is never read.")
 
 
+V4_ONE_ROW_SLICE = ("rope_interleave of rows t .. t + 1 instead of t alone: only the rotated slice's row 0 is kept, and it "
+                    "is row t either way.")
 V4_PADDING_POSITION = ("A prefill padding row's position only picks its RoPE row, and the stage zeroes that row's outputs "
                        "and writes no kv row for it: row 0 or row 1 of the table, nothing of it is visible.")
 
@@ -716,4 +718,8 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.mtp_layer:v4_prefill_mtp_layer:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
     'kernels.v4.decode_metadata:v4_prefill_swa_indices:name:int64->int32#2': DTYPE,
     'kernels.v4.decode_metadata:v4_prefill_swa_indices:drop-call:position_ids[:num_tokens].to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.compressor_txn:v4_publish_events:const:1->2#10': V4_ONE_ROW_SLICE,
+    "kernels.v4.compressor_txn:v4_publish_events:drop-call:rope_interleave(compressed[t:t + 1], cos.float(), sin.flo...[to]->(skipped)#0": CASTNOOP,
+    'kernels.v4.compressor_txn:v4_publish_events:drop-call:cos.float()[float]->(skipped)#0': V4_PROMOTE,
+    'kernels.v4.compressor_txn:v4_publish_events:drop-call:sin.float()[float]->(skipped)#0': V4_PROMOTE,
 }
