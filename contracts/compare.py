@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -428,10 +429,7 @@ def v4_kv_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
     """A V4 window cache written in place (§8): the rows the reference wrote within upstream's
     mapped_pool_ratio_reldiff(0.01, 5 %), every other row kept byte for byte (the input of the same name)."""
     diff_thd, pct_thd = V4_KV_POOL_RELDIFF
-
-    def leaf(x, y, *, name):
-        return precision.check_ratio_reldiff(x, y, diff_thd=diff_thd, pct_thd=pct_thd, name=name)
-
+    leaf = partial(precision.check_ratio_reldiff, diff_thd=diff_thd, pct_thd=pct_thd)
     return precision.check_owned_rows(a, e, ctx.inputs[name], leaf=leaf, name=name)
 
 

@@ -71,6 +71,24 @@ def _pair64(check: str, spec: str, name: str, actual: torch.Tensor, expected: to
     return _pair_problem(check, spec, name, actual, expected), f64(actual), f64(expected)
 
 
+def _valid_rows_problem(check: str, spec: str, name: str, a: torch.Tensor, valid_rows, zero_tail: bool, *,
+                        dim: int) -> CheckResult | None:
+    """``valid_rows`` outside 0 .. the token rows (dimension ``dim``) of ``a``, or -- with ``zero_tail`` -- a
+    nonzero element after them, as a failure naming it; None when the rows may be judged."""
+    rows = a.shape[dim]
+    if isinstance(valid_rows, bool) or not 0 <= valid_rows <= rows:
+        return failed(check, spec, 1, 1, Violation(f"{name}.valid_rows", (), valid_rows, f"0..{rows}"))
+    tail = a.narrow(dim, valid_rows, rows - valid_rows)
+    if zero_tail and bool((tail != 0).any()):
+        where = (tail != 0).nonzero()[0].tolist()
+        where[dim] += valid_rows
+        n_pad = int((tail != 0).sum())
+        return failed(check, spec, tail.numel(), n_pad,
+                      Violation(f"{name} padding row", tuple(where), float(a[tuple(where)]), 0.0,
+                                note=f"{n_pad} nonzero padding elements after the {valid_rows} valid rows"))
+    return None
+
+
 def _norm(t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """L2 norm without under/overflow: scaled by the largest magnitude first (1e-300 rows keep their norm)."""
     top = t.abs().amax() if dim is None else t.abs().amax(dim=dim, keepdim=True)
@@ -266,17 +284,11 @@ def check_ratio_allclose(actual: torch.Tensor, expected: torch.Tensor, *, atol: 
     if problem is not None:
         return problem
     if valid_rows is not None:
-        rows = a.shape[-2] if a.ndim >= 2 else 0
-        if isinstance(valid_rows, bool) or not 0 <= valid_rows <= rows:
-            return failed(check, spec, 1, 1, Violation(f"{name}.valid_rows", (), valid_rows, f"0..{rows}"))
-        tail = a[..., valid_rows:, :]
-        if zero_tail and bool((tail != 0).any()):
-            where = (tail != 0).nonzero()[0].tolist()
-            where[-2] += valid_rows
-            n_pad = int((tail != 0).sum())
-            return failed(check, spec, tail.numel(), n_pad,
-                          Violation(f"{name} padding row", tuple(where), float(a[tuple(where)]), 0.0,
-                                    note=f"{n_pad} nonzero padding elements after the {valid_rows} valid rows"))
+        if a.ndim < 2:  # no token rows to choose from
+            return failed(check, spec, 1, 1, Violation(f"{name}.valid_rows", (), valid_rows, "0..0"))
+        problem = _valid_rows_problem(check, spec, name, a, valid_rows, zero_tail, dim=a.ndim - 2)
+        if problem is not None:
+            return problem
         a, e = a[..., :valid_rows, :], e[..., :valid_rows, :]
     n = a.numel()
     nonfinite = ~torch.isfinite(a) | ~torch.isfinite(e)
@@ -314,16 +326,11 @@ def check_ratio_reldiff(actual: torch.Tensor, expected: torch.Tensor, *, diff_th
     if problem is not None:
         return problem
     if valid_rows is not None:
-        if isinstance(valid_rows, bool) or not isinstance(valid_rows, int) or not 0 <= valid_rows <= a.shape[0]:
+        if not isinstance(valid_rows, int):
             return failed(check, spec, 1, 1, Violation(f"{name}.valid_rows", (), valid_rows, f"0..{a.shape[0]}"))
-        tail = a[valid_rows:]
-        if zero_tail and bool((tail != 0).any()):
-            where = (tail != 0).nonzero()[0].tolist()
-            where[0] += valid_rows
-            n_pad = int((tail != 0).sum())
-            return failed(check, spec, tail.numel(), n_pad,
-                          Violation(f"{name} padding row", tuple(where), float(a[tuple(where)]), 0.0,
-                                    note=f"{n_pad} nonzero padding elements after the {valid_rows} valid rows"))
+        problem = _valid_rows_problem(check, spec, name, a, valid_rows, zero_tail, dim=0)
+        if problem is not None:
+            return problem
         a, e = a[:valid_rows], e[:valid_rows]
     n = a.numel()
     if n == 0:

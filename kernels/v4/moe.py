@@ -24,7 +24,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.v4.gate import v4_gate
-from kernels.v4.mtp import quantize_rows_int8
+from kernels.v4.mtp import int8_matmul, quantize_rows_int8
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-moe-1"
@@ -42,11 +42,6 @@ class V4ExpertWeights:
     w2_scale: torch.Tensor
 
 
-def _int_matmul(codes: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """FP32 of the exact integer product (as the INT32 accumulator cast to FP32)."""
-    return (codes.to(torch.float64) @ w.to(torch.float64).T).to(torch.float32)
-
-
 def v4_expert(x_i8: torch.Tensor, x_scale: torch.Tensor, route_weight: torch.Tensor | None,
               weights: V4ExpertWeights, *, config) -> torch.Tensor:
     """x_i8 [N, D] INT8, x_scale [N, 1] FP32, route_weight [N] FP32 or None (the shared expert) -> y [N, D] BF16.
@@ -62,15 +57,15 @@ def v4_expert(x_i8: torch.Tensor, x_scale: torch.Tensor, route_weight: torch.Ten
             raise ContractInputError(name, None, f"INT8 {list(shape)}", f"{w.dtype}{list(w.shape)}", SPEC)
     limit = config.swiglu_limit
     xs = x_scale.float()
-    gate = _int_matmul(x_i8, weights.w1) * xs * weights.w1_scale.float()
-    up = _int_matmul(x_i8, weights.w3) * xs * weights.w3_scale.float()
+    gate = int8_matmul(x_i8, weights.w1) * xs * weights.w1_scale.float()
+    up = int8_matmul(x_i8, weights.w3) * xs * weights.w3_scale.float()
     gate = gate.clamp(max=limit)
     up = up.clamp(-limit, limit)
     h = (gate * torch.reciprocal(torch.exp(-gate) + 1.0)) * up
     codes, row = quantize_rows_int8(h, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
     if route_weight is not None:
         row = row * route_weight.float().reshape(n, 1)
-    y = _int_matmul(codes, weights.w2) * row * weights.w2_scale.float()
+    y = int8_matmul(codes, weights.w2) * row * weights.w2_scale.float()
     return y.to(torch.bfloat16)
 
 

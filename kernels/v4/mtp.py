@@ -38,10 +38,15 @@ def quantize_rows_int8(v: torch.Tensor, *, scale_max: float, amax_eps: float) ->
     return codes, torch.reciprocal(quant)
 
 
+def int8_matmul(codes: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """codes [..., K] INT8 times an out-major INT8 weight [N, K] -> [..., N] FP32: the exact integer sums (the
+    kernels' INT32 accumulator; |sum| <= 127 · 127 · K < 2^53, so FP64 holds each one) rounded once to FP32."""
+    return (codes.to(torch.float64) @ weight.to(torch.float64).T).to(torch.float32)
+
+
 def _linear_int8(v: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, config) -> torch.Tensor:
     codes, factor = quantize_rows_int8(v, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
-    acc = codes.to(torch.int64) @ weight.to(torch.int64).T  # exact
-    return acc.to(torch.float32) * factor * weight_scale.float()
+    return int8_matmul(codes, weight) * factor * weight_scale.float()
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -48,7 +48,7 @@ import torch
 from kernels.errors import ContractInputError
 from kernels.reference.attention import _gather, check_inputs
 from kernels.reference.rope import rope_interleave
-from kernels.v4.mtp import quantize_rows_int8
+from kernels.v4.mtp import int8_matmul, quantize_rows_int8
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-sparse-attn-1"
@@ -176,9 +176,8 @@ def v4_output_projection(o: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: to
     codes, factor = quantize_rows_int8(latent, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
     w = wo_b.reshape(hidden, groups, lora)
     out = torch.zeros(tokens, hidden, dtype=torch.float32)
-    for g in range(groups):  # exact integers: |partial| <= 127 · 127 · O_LORA < 2^53, so FP64 holds every sum
-        partial = codes[:, g].to(torch.float64) @ w[:, g].to(torch.float64).T
-        out = out + partial.to(torch.float32) * factor[:, g]
+    for g in range(groups):  # each group's exact integer partial, rounded to FP32, then scaled and summed
+        out = out + int8_matmul(codes[:, g], w[:, g]) * factor[:, g]
     return (out * wo_b_scale.float()).to(torch.bfloat16)
 
 

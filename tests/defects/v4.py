@@ -479,12 +479,12 @@ GATE_PADDING_ROUTED = _base.derive("defect:v4-gate-padding-routed", v4_gate=_gat
 
 def _expert_variant(*, up_open_below=False, no_route_weight=False, h_not_recoded=False):
     """A port of v4_expert with one rule changed (see each defect below)."""
-    from kernels.v4 import moe as vm
+    from kernels.v4.mtp import int8_matmul
 
     def run(x_i8, x_scale, route_weight, weights, *, config):
         lim = config.swiglu_limit
-        gate = vm._int_matmul(x_i8, weights.w1) * x_scale.float() * weights.w1_scale.float()
-        up = vm._int_matmul(x_i8, weights.w3) * x_scale.float() * weights.w3_scale.float()
+        gate = int8_matmul(x_i8, weights.w1) * x_scale.float() * weights.w1_scale.float()
+        up = int8_matmul(x_i8, weights.w3) * x_scale.float() * weights.w3_scale.float()
         gate = gate.clamp(max=lim)
         up = up.clamp(max=lim) if up_open_below else up.clamp(-lim, lim)
         h = (gate * torch.reciprocal(torch.exp(-gate) + 1.0)) * up
@@ -801,7 +801,7 @@ def _prefill_stage_variant(*, padding_writes=False, no_zero_tail=False):
             full = ast.v4_attention_stage(path, x_hc, *args, num_tokens=x_hc.shape[0], config=config, ops=ops, **kw)
             out = {**out, "kv_cache": full["kv_cache"]}
         if no_zero_tail:  # the padding rows keep hc_post's output (the residual streams)
-            full = ast.v4_attention_stage(path, x_hc, *args, config=config, ops=ops, **kw) if path == "SWA" else out
+            full = ast.v4_attention_stage(path, x_hc, *args, config=config, ops=ops, **kw)
             x_out = out["x_out"].clone()
             x_out[num_tokens:] = full["x_out"][num_tokens:]
             out = {**out, "x_out": x_out}

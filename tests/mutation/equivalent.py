@@ -217,10 +217,11 @@ V4_STABLE_CPU = ("torch's CPU sort keeps equal keys in index order at these size
                  "rule for every backend.")
 
 
-V4_MOE_FP64_TAIL = ("Keeping the integer product in FP64 instead of the device's FP32 cast (exact at the tiny "
-                    "geometries, a 2^-24 rounding at Pro's 127 · 127 · 7168) carries the row in FP64: it moves y far "
-                    "below upstream's MoE row bound and flips a BF16 rounding only at a tie -- the Pro-geometry expert "
-                    "contract runs it and cannot see it, nor should any comparator.")
+V4_INT8_PRODUCT_FP64 = ("Keeping int8_matmul's exact integer product in FP64 instead of its FP32 cast (exact while the sum "
+                        "stays under 2^24, a 2^-24 rounding beyond, e.g. Pro's 127 · 127 · 7168) carries the row in FP64 "
+                        "into its scale factors: it moves the MoE, MTP-projection and output-projection rows far below "
+                        "every bound and flips a BF16 rounding only at a tie -- the Pro-geometry contracts run it and "
+                        "cannot see it, nor should any comparator.")
 
 
 V4_COMPOSES_DEFAULT = ("Under the reference backend the composed operator is the reference's own, which carries "
@@ -580,7 +581,6 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.mtp:quantize_rows_int8:drop-call:torch.clamp(torch.round(v * quant), -scale_max, scale_max...[to]->(skipped)#0': CASTNOOP,
     'kernels.v4.mtp:mtp_projection:drop-call:e_smooth.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.mtp:mtp_projection:drop-call:h_smooth.float()[float]->(skipped)#0': CASTNOOP,
-    'kernels.v4.mtp:_linear_int8:drop-call:acc.to(torch.float32)[to]->(skipped)#0': CASTNOOP,
     'kernels.v4.mtp:_linear_int8:drop-call:weight_scale.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.mtp:_rms:drop-call:w.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.mtp:mtp_projection:drop-call:(e[:, None, :] + h).to(torch.float32)[to]->(skipped)#0': CASTNOOP,
@@ -610,7 +610,6 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.sparse_attention:v4_sparse_attention:drop-unary:-1[USub]->(none)#1': DIM,
     'kernels.v4.sparse_attention:v4_sparse_attention:drop-call:attn_sink.to(torch.float64)[to]->(skipped)#0': V4_PROMOTE,
     'kernels.v4.sparse_attention:v4_output_projection:drop-call:o.float()[float]->(skipped)#0': CASTNOOP,
-    'kernels.v4.sparse_attention:v4_output_projection:drop-call:partial.to(torch.float32)[to]->(skipped)#0': V4_PROMOTE,
     'kernels.v4.sparse_attention:v4_output_projection:drop-call:wo_b_scale.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.sparse_attention:v4_attention:name:int32->int64#0': DTYPE,
     'kernels.v4.indexer:v4_indexer_query:binop:tokens // seq[FloorDiv]->Div#0': V4_EVEN_ROPE_SHAPE,
@@ -673,7 +672,6 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.mtp_layer:v4_mtp_layer:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
     'kernels.v4.mtp_layer:v4_head_mix:drop-call:x_hc.reshape(tokens, hc * dim).float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.mtp_layer:v4_head_mix:drop-unary:-1[USub]->(none)#0': DIM,
-    'kernels.v4.moe:_int_matmul:drop-call:(codes.to(torch.float64) @ w.to(torch.float64).T).to(torc...[to]->(skipped)#0': V4_MOE_FP64_TAIL,
     'kernels.v4.moe:v4_moe_ep:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
     "kernels.v4.moe:v4_moe_ep:drop-call:expert(gates[src]['x_norm_i8'][:n], gates[src]['x_norm_sc...[float]->(skipped)#0": V4_PROMOTE,
     'kernels.v4.moe:v4_moe_ep:drop-call:torch.stack([back[src, t, j] for t in range(n)]).float()[float]->(skipped)#0': V4_PROMOTE,
@@ -722,4 +720,5 @@ EQUIVALENT: dict[str, str] = {
     "kernels.v4.compressor_txn:v4_publish_events:drop-call:rope_interleave(compressed[t:t + 1], cos.float(), sin.flo...[to]->(skipped)#0": CASTNOOP,
     'kernels.v4.compressor_txn:v4_publish_events:drop-call:cos.float()[float]->(skipped)#0': V4_PROMOTE,
     'kernels.v4.compressor_txn:v4_publish_events:drop-call:sin.float()[float]->(skipped)#0': V4_PROMOTE,
+    'kernels.v4.mtp:int8_matmul:drop-call:(codes.to(torch.float64) @ weight.to(torch.float64).T).to...[to]->(skipped)#0': V4_INT8_PRODUCT_FP64,
 }
