@@ -17,6 +17,7 @@ import torch
 from contracts.plugin import op
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from kernels.v4.gate import GATE_M_TILE, v4_gate
 
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
 T, VOCAB_ROWS = 8, 32
@@ -46,11 +47,12 @@ def _independent(config, i, layer_id):
     amax / 127 · inv_rms, logits inv_rms · xg·Wᵀ, scores sqrt(log(1 + e^l)), hash or biased top-k (stable), weights
     from the unbiased scores times the routed scale; padding rows zero."""
     n, k = i["num_tokens"], config.num_experts_per_tok
+    every = i["x_mixed"].double() * i["norm_w"].double()
+    scaled = every * 127 / every.abs().amax(-1, keepdim=True).clamp_min(1e-4)  # every row, padding included
     x = i["x_mixed"][:n].double()
     xg = x * i["norm_w"].double()
     inv_rms = 1 / torch.sqrt((x * x).mean(-1, keepdim=True) + config.rms_norm_eps)
     amax = xg.abs().amax(-1, keepdim=True).clamp_min(1e-4)
-    scaled = xg * 127 / amax
     logits = inv_rms * (xg @ i["gate_w"].double().T)
     scores = torch.sqrt(torch.log1p(torch.exp(logits)))
     if layer_id < config.num_hash_layers:
@@ -63,23 +65,34 @@ def _independent(config, i, layer_id):
                 biased=scores + i["gate_bias"].double())
 
 
+def active_rows(num_tokens: int, tokens: int) -> int:
+    """Upstream's gate_active_rows: num_tokens rounded up to the gate's 16-row M-tile, capped at T. The rows of
+    x_norm_i8 below it are checked (padding rows inside the tile hold their own codes); the rows past it are not."""
+    return min(tokens, -(-num_tokens // GATE_M_TILE) * GATE_M_TILE)
+
+
 def _judge(config, out, want, i):
     n = i["num_tokens"]
     for name, dtype in (("x_norm_i8", torch.int8), ("x_norm_scale", torch.float32), ("indices", torch.int32),
                         ("weights", torch.float32)):
         assert out[name].dtype == dtype, f"{name}: {out[name].dtype}, expected {dtype}"
-    codes = out["x_norm_i8"][:n].double()
-    off = (codes - want["scaled"]).abs()
-    near_tie = ((want["scaled"] - want["scaled"].floor()) - 0.5).abs() < 1e-4
+    tile = active_rows(n, out["x_norm_i8"].shape[0])
+    codes = out["x_norm_i8"][:tile].double()
+    scaled = want["scaled"][:tile]
+    off = (codes - scaled).abs()
+    near_tie = ((scaled - scaled.floor()) - 0.5).abs() < 1e-4
     bad = (off > 0.5 + 1e-4) | ((off > 0.5 - 1e-4) & ~near_tie)
-    assert not bool(bad.any()), f"x_norm_i8 row {int(bad.any(1).nonzero()[0])}: codes off the round-half-even rule"
+    if bool(bad.any()):
+        r = int(bad.any(1).nonzero()[0])
+        where = "a real row" if r < n else f"a padding row inside the active tile (rows < {tile} are coded)"
+        raise AssertionError(f"x_norm_i8 row {r} ({where}): codes off the round-half-even rule")
     rel = ((out["x_norm_scale"][:n].double() - want["scale"]).abs() / want["scale"]).max()
     assert float(rel) <= 1e-6, f"x_norm_scale off by {float(rel):.3g} relative"
     assert torch.equal(out["indices"][:n].long(), want["routes"]), \
         f"routes {out['indices'][:n].tolist()} != {want['routes'].tolist()}"
     rel = ((out["weights"][:n].double() - want["weights"]).abs() / want["weights"]).max()
     assert float(rel) <= 1e-5, f"weights off by {float(rel):.3g} relative"
-    for name in ("x_norm_i8", "x_norm_scale", "indices", "weights"):
+    for name in ("x_norm_scale", "indices", "weights"):
         assert bool((out[name][n:] == 0).all()), f"{name}: padding rows are not zero"
 
 
@@ -180,11 +193,12 @@ def test_the_softplus_keeps_its_negative_tail(backend):
 
 
 def test_padding_rows_route_nowhere(backend):
-    """num_tokens = 0: every output is zero; num_tokens = T: no row is. Spec: §8."""
+    """num_tokens = 0: scale, routes and weights are zero (x_norm_i8 is unchecked: no tile is active);
+    num_tokens = T: no row is. Spec: §8."""
     config = MODELS[0]
     i = _inputs(config, 8, num_tokens=0)
     out = _call(backend, config, i, 61)
-    assert all(bool((v == 0).all()) for v in out.values())
+    assert all(bool((out[name] == 0).all()) for name in ("x_norm_scale", "indices", "weights"))
     full = _call(backend, config, dict(i, num_tokens=T), 61)
     assert bool((full["x_norm_scale"] > 0).all()) and bool((full["weights"] > 0).all())
 
@@ -253,3 +267,43 @@ def test_tied_experts_go_to_the_lower_id(backend):
     out = _call(backend, config, i, config.num_hidden_layers)
     n = i["num_tokens"]
     assert out["indices"][:n, :2].tolist() == [[4, 9]] * n, out["indices"][:n, :2].tolist()
+
+
+@pytest.mark.parametrize("num_tokens", [1, 6])
+def test_padding_rows_inside_the_active_tile_hold_their_codes(backend, num_tokens):
+    """Upstream codes every row of the gate's active 16-row tile and zeroes only the padding rows' scale, routes
+    and weights; its comparator checks x_norm_i8 on every row below gate_active_rows. So the padding rows of
+    x_norm_i8 (T = 8 < 16: every row) must hold their own codes, not zeros, and the judge tells the two rules
+    apart: the former rule (``padding_codes="zero"``, kept by name) fails it. Spec: §8; docs/upstream.md."""
+    config = MODELS[0]
+    i = _inputs(config, 9, num_tokens=num_tokens)
+    want = _independent(config, i, 61)
+    out = _call(backend, config, i, 61)
+    _judge(config, out, want, i)
+    assert bool((out["x_norm_i8"][num_tokens:] != 0).any()), "padding rows of the active tile hold no codes"
+    zero = v4_gate(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], 61, num_tokens, i["tid2eid"],
+                   i["input_ids"], config=config, padding_codes="zero")
+    assert bool((zero["x_norm_i8"][num_tokens:] == 0).all()), "the named 'zero' variant codes its padding rows"
+    with pytest.raises(AssertionError, match="padding row inside the active tile"):
+        _judge(config, zero, want, i)
+
+
+def test_rows_past_the_active_tile_are_not_judged():
+    """With T = 24 and num_tokens = 6 the active tile is rows 0..15: rows 16..23 of x_norm_i8 may hold anything
+    (upstream's comparator does not read them), rows 6..15 may not. Spec: §8."""
+    config = MODELS[0]
+    i = _inputs(config, 10, num_tokens=6)
+    g = torch.Generator().manual_seed(11)
+    i["x_mixed"] = torch.randn(24, config.hidden_size, generator=g).to(torch.bfloat16)
+    i["input_ids"] = torch.zeros(24, dtype=torch.int64)
+    want = _independent(config, i, 61)
+    out = v4_gate(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], 61, 6, i["tid2eid"], i["input_ids"],
+                  config=config)
+    assert active_rows(6, 24) == 16
+    past = {k: v.clone() for k, v in out.items()}
+    past["x_norm_i8"][16:] = 7
+    _judge(config, past, want, i)
+    inside = {k: v.clone() for k, v in out.items()}
+    inside["x_norm_i8"][15] = 0
+    with pytest.raises(AssertionError, match="row 15"):
+        _judge(config, inside, want, i)

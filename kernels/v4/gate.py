@@ -16,8 +16,15 @@ For each real row t (t < num_tokens) of x_mixed [T, D] BF16:
 5. weights = score[routes] / Σ score[routes] · routed_scaling_factor -- the *unbiased* scores, the bias only
    chooses.
 
-Rows from num_tokens on are padding: codes 0, scale 0, routes 0 and weights 0.
-Spec: §8; docs/coverage.md, V4 section (V4-15).
+Rows from num_tokens on are padding: scale 0, routes 0 and weights 0. Their codes follow ``padding_codes``:
+
+- ``"quantized"`` (default, upstream's rule): every row is coded by step 2, padding rows included, as upstream's
+  kernel codes every row of the active 16-row M-tile and upstream's golden codes every row; upstream's comparator
+  checks ``x_norm_i8`` on the rows below ``gate_active_rows(num_tokens)`` (num_tokens rounded up to the M-tile),
+  so a faithful kernel's padding rows inside the tile hold their codes and the rows past it are unchecked;
+- ``"zero"``: padding rows' codes are 0 (this project's rule before 2026-12; kept by name).
+
+Spec: §8; docs/coverage.md, V4 section (V4-15); docs/upstream.md (the x_norm_i8 padding rows).
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ import torch
 from kernels.errors import ContractInputError
 
 SPEC = "§8"
-ROUNDING_VERSION = "v4-gate-1"
+ROUNDING_VERSION = "v4-gate-2"
+PADDING_CODES = ("quantized", "zero")  # named variants of the padding rows' x_norm_i8 (see above)
+GATE_M_TILE = 16  # upstream gate.py: the Cube M-tile the kernel codes whole
 
 
 def _check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, config) -> None:
@@ -63,19 +72,23 @@ def _check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, in
 
 def v4_gate(x_mixed: torch.Tensor, norm_w: torch.Tensor, gate_w: torch.Tensor, gate_bias: torch.Tensor,
             layer_id: int, num_tokens: int, tid2eid: torch.Tensor, input_ids: torch.Tensor, *,
-            config) -> dict[str, torch.Tensor]:
+            config, padding_codes: str = "quantized") -> dict[str, torch.Tensor]:
     """-> {"x_norm_i8" [T, D] INT8, "x_norm_scale" [T, 1] FP32, "indices" [T, K] INT32, "weights" [T, K] FP32}.
-    Spec: §8."""
+    ``padding_codes`` names the padding rows' x_norm_i8 rule (``PADDING_CODES``). Spec: §8."""
+    if padding_codes not in PADDING_CODES:
+        raise ContractInputError("padding_codes", None, f"one of {PADDING_CODES}", repr(padding_codes), SPEC)
     _check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, config)
     tokens, d = x_mixed.shape
     k, n = config.num_experts_per_tok, num_tokens
-    x = x_mixed[:n].float()
+    coded = tokens if padding_codes == "quantized" else n
+    x = x_mixed[:coded].float()
     xg = x * norm_w.float()
     inv_rms = torch.rsqrt((x.double().pow(2).sum(-1, keepdim=True) / d).float() + config.rms_norm_eps)
     amax = xg.abs().amax(-1, keepdim=True).clamp_min(config.int8_amax_eps)
     quant = torch.full_like(amax, config.int8_scale_max) / amax
     codes = torch.clamp(torch.round(xg * quant), -config.int8_scale_max, config.int8_scale_max)
-    scale = amax * torch.tensor(1.0 / config.int8_scale_max, dtype=torch.float32) * inv_rms
+    scale = (amax * torch.tensor(1.0 / config.int8_scale_max, dtype=torch.float32) * inv_rms)[:n]
+    xg, inv_rms = xg[:n], inv_rms[:n]
     logits = inv_rms * (xg.double() @ gate_w.double().T).float()
     softplus = logits.clamp(min=0) + torch.log1p(torch.exp(-logits.abs()))
     scores = softplus.sqrt()
@@ -89,7 +102,7 @@ def v4_gate(x_mixed: torch.Tensor, norm_w: torch.Tensor, gate_w: torch.Tensor, g
            "x_norm_scale": torch.zeros(tokens, 1, dtype=torch.float32),
            "indices": torch.zeros(tokens, k, dtype=torch.int32),
            "weights": torch.zeros(tokens, k, dtype=torch.float32)}
-    out["x_norm_i8"][:n] = codes.to(torch.int8)
+    out["x_norm_i8"][:coded] = codes.to(torch.int8)
     out["x_norm_scale"][:n] = scale
     out["indices"][:n] = routes.to(torch.int32)
     out["weights"][:n] = weights.float()

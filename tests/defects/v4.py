@@ -441,6 +441,9 @@ def _gate_variant(*, bias_in_weights=False, hash_by_score=False, scale_reciproca
         tokens, d = x_mixed.shape
         n = tokens if padding_routed else num_tokens
         k = config.num_experts_per_tok
+        every = x_mixed.float() * norm_w.float()  # upstream codes every row of the tile
+        amax_all = every.abs().amax(-1, keepdim=True).clamp_min(1e-4)
+        codes_all = torch.clamp(torch.round(every * (torch.full_like(amax_all, 127.0) / amax_all)), -127, 127)
         x = x_mixed[:n].float()
         xg = x * norm_w.float()
         inv_rms = torch.rsqrt((x.double().pow(2).sum(-1, keepdim=True) / d).float() + config.rms_norm_eps)
@@ -461,7 +464,7 @@ def _gate_variant(*, bias_in_weights=False, hash_by_score=False, scale_reciproca
         picked = torch.gather(biased if bias_in_weights else scores, 1, routes)
         out = {"x_norm_i8": torch.zeros(tokens, d, dtype=torch.int8), "x_norm_scale": torch.zeros(tokens, 1),
                "indices": torch.zeros(tokens, k, dtype=torch.int32), "weights": torch.zeros(tokens, k)}
-        out["x_norm_i8"][:n] = codes.to(torch.int8)
+        out["x_norm_i8"][:] = codes_all.to(torch.int8)
         out["x_norm_scale"][:n] = factor * inv_rms
         out["indices"][:n] = routes.to(torch.int32)
         out["weights"][:n] = picked / picked.sum(-1, keepdim=True) * config.routed_scaling_factor
