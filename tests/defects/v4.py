@@ -449,7 +449,6 @@ def _gate_variant(*, bias_in_weights=False, hash_by_score=False, scale_reciproca
         inv_rms = torch.rsqrt((x.double().pow(2).sum(-1, keepdim=True) / d).float() + config.rms_norm_eps)
         amax = xg.abs().amax(-1, keepdim=True).clamp_min(1e-4)
         quant = torch.full_like(amax, 127.0) / amax
-        codes = torch.clamp(torch.round(xg * quant), -127, 127)
         factor = torch.reciprocal(quant) if scale_reciprocal else amax * torch.tensor(1 / 127, dtype=torch.float32)
         logits = inv_rms * (xg.double() @ gate_w.double().T).float()
         if naive_softplus:
