@@ -24,7 +24,7 @@ from kernels.errors import ContractInputError
 
 SPEC = "§2.2"
 # Bump when the arithmetic or a rounding rule changes on purpose: goldens recorded before go stale.
-ROUNDING_VERSION = "mx-1"
+ROUNDING_VERSION = "mx-2"
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 FP4_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 E4M3_MAX = 448.0
@@ -54,7 +54,11 @@ class QuantRule:
     tie: str = "toward_zero"
     e4m3_scale_max: float = E4M3_MAX
     bf16_io: bool = False
-    pow2: str = "frexp"  # "frexp" (exact ceil) | "bits" (device (bits + 0x7FFFFF) >> 23)
+    # the E8M0 power-of-two ceiling: "frexp" (exact: the smallest 2^e >= v), "bits" (the device's
+    # (bits + 0x7FFFFF) >> 23, also exact) or "log2" (upstream's host goldens: ceil(log2(v)) in FP32 torch, which
+    # rounds log2 of 2^k·(1 + 2^-23) to k for k >= 4 and k <= -5, so that value keeps the scale 2^k, one FP32 ulp
+    # short of covering it, and its largest element saturates at the format's max)
+    pow2: str = "frexp"
 
     @property
     def qmax(self) -> float:
@@ -64,14 +68,18 @@ class QuantRule:
 RULES: dict[str, QuantRule] = {r.name: r for r in (
     # window KV: device publish_window (1e-4 amax floor, bit-trick ceiling) is the cache default
     QuantRule("window", "mxfp8", 32, "e8m0", amax_floor=1e-4, pow2="bits"),
-    QuantRule("window_host", "mxfp8", 32, "e8m0"),  # quantize_mxfp8_cache: 2^-127 floor, log2 ceiling
+    # upstream's quantize_mxfp8_cache: 2^-127 floor, FP32 log2 ceiling (the exact ceiling kept by name)
+    QuantRule("window_host", "mxfp8", 32, "e8m0", pow2="log2"),
+    QuantRule("window_host_exact", "mxfp8", 32, "e8m0"),
     QuantRule("compressed", "mxfp4", 16, "e4m3", scale_floor=2.0**-9),  # argmin: ties toward zero
-    QuantRule("index", "mxfp4", 32, "e8m0", scale_floor=2.0**-9),
+    # upstream's E8M0 index path: FP32 log2 ceiling (the exact ceiling kept by name)
+    QuantRule("index", "mxfp4", 32, "e8m0", scale_floor=2.0**-9, pow2="log2"),
+    QuantRule("index_exact", "mxfp4", 32, "e8m0", scale_floor=2.0**-9),
     QuantRule("ced_mxfp8", "mxfp8", 32, "e8m0", amax_floor=1e-4, bf16_io=True),
     QuantRule("ced_kv_fp4", "mxfp4", 16, "e4m3", scale_floor=2.0**-9, tie="even", bf16_io=True),
     QuantRule("ced_index_fp4", "mxfp4", 32, "e8m0", scale_floor=2.0**-126, tie="even", bf16_io=True),
     QuantRule("compressed_even", "mxfp4", 16, "e4m3", scale_floor=2.0**-9, tie="even"),
-    QuantRule("index_even", "mxfp4", 32, "e8m0", scale_floor=2.0**-9, tie="even"),
+    QuantRule("index_even", "mxfp4", 32, "e8m0", scale_floor=2.0**-9, tie="even", pow2="log2"),
 )}
 
 
@@ -116,7 +124,11 @@ def e8m0_encode(scale: torch.Tensor) -> torch.Tensor:
 
 
 def _ceil_pow2_exponent(v: torch.Tensor, method: str) -> torch.Tensor:
-    """Exponent e with 2^e the smallest power of two >= v (v > 0, finite, FP32)."""
+    """Exponent e of the E8M0 scale 2^e for v (v > 0, finite, FP32): the smallest power of two >= v for "frexp"
+    and "bits"; ceil(log2(v)) evaluated in FP32 for "log2" (one below that for v = 2^k·(1 + 2^-23), k >= 4 or
+    k <= -5; see QuantRule.pow2)."""
+    if method == "log2":
+        return torch.ceil(torch.log2(v.to(torch.float32))).to(torch.int64)
     if method == "bits":
         bits = v.to(torch.float32).view(torch.int32).to(torch.int64)
         return ((bits + 0x7FFFFF) >> 23) - 127
@@ -285,9 +297,11 @@ def _quantize_rows(x: torch.Tensor, r: QuantRule) -> MXTensor:
         if any_poison:
             scale_code = torch.where(poisoned, E8M0_NAN, scale_code).to(torch.uint8)
         scale = scale_code.squeeze(-1).view(torch.float8_e8m0fnu)
-        y = g * inv  # a covering power-of-two scale: |y| <= qmax, no clamp needed
+        y = g * inv  # a covering power-of-two scale: |y| <= qmax, no clamp needed ...
         if r.fmt == "mxfp4" and not shift:
             y.mul_(4.0)
+        if r.pow2 == "log2" and r.fmt == "mxfp8":  # ... except log2's one-ulp short scale: saturate as upstream
+            y.clamp_(-r.qmax, r.qmax)
     else:
         raw = (amax / r.qmax).clamp_min(r.scale_floor).clamp(max=r.e4m3_scale_max)
         stored = raw.to(torch.float8_e4m3fn)
