@@ -158,7 +158,7 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "profile 0), v4_moe_stage, v4_head_mix, hc_head, final_norm", "§8"),
         OperatorSpec("v4_prefill_index_keys", "(x, position_ids, num_tokens, state_block_table [P], state_pool, inner "
                      "weights, idx_slot_mapping [T], state_slot_mapping [T], idx_kv_cache INT8, idx_kv_scale FP32, "
-                     "rope_cos, rope_sin, hadamard)",
+                     "rope_cos, rope_sin, hadamard, *, rope_head_dim)",
                      "{idx_kv_cache, idx_kv_scale, state_pool}: CSA's indexer compressor on a prefill chunk, composed "
                      "from v4_compressor and v4_publish_index_keys", "§8"),
         OperatorSpec("v4_moe_ep", "(gates: per rank v4_gate outputs, num_tokens per rank, routed [E experts], shared, "
@@ -168,7 +168,8 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
         OperatorSpec("v4_prefill_compressor", "(x [T,hidden] BF16, position_ids [T], num_tokens (int), "
                      "state_block_table [P] (one request), state_pool FP32 [pages,4|8,2*coff*d], weights, "
                      "cmp_slot_mapping [T], state_slot_mapping [T], cmp_pool BF16 [blocks,bs,1,d], rope_cos, "
-                     "rope_sin (compressed profile), *, ratio 4|128)",
+                     "rope_sin (compressed profile; [L, rope/2] or upstream's [L, rope]), *, ratio 4|128, "
+                     "rope_head_dim)",
                      "{cmp_pool, state_pool}: a prefill chunk's closed windows published and its mapped state rows "
                      "written, composed from v4_compressor and v4_publish_compressed", "§8"),
         OperatorSpec("csa_compressors", "(x, position_ids, token_to_req, main_table, main_pool, main weights, "

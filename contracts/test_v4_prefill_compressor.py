@@ -19,7 +19,7 @@ import torch
 
 from contracts.checks.precision import check_owned_rows, check_ratio_allclose
 from contracts.plugin import op
-from contracts.v4_cases import prefill_compressor_inputs
+from contracts.v4_cases import PREFILL_COMPRESSOR_ROPE, prefill_compressor_inputs
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
 
@@ -35,7 +35,8 @@ def _call(backend, i, ratio, **over):
     w = V4CompressorWeights(i["wkv"], i["wgate"], i["ape"], i["norm"])
     return op(backend, "v4_prefill_compressor")(
         i["x"], i["position_ids"], int(i["num_tokens"]), i["state_block_table"], i["state_pool"], w,
-        i["cmp_slot_mapping"], i["state_slot_mapping"], i["cmp_pool"], i["rope_cos"], i["rope_sin"], ratio=ratio)
+        i["cmp_slot_mapping"], i["state_slot_mapping"], i["cmp_pool"], i["rope_cos"], i["rope_sin"], ratio=ratio,
+        rope_head_dim=i.get("rope_head_dim", PREFILL_COMPRESSOR_ROPE))
 
 
 def _independent(i, ratio):
@@ -208,7 +209,8 @@ def test_bad_inputs_name_the_field(backend, field, change, needle):
     with pytest.raises(ContractInputError) as exc:
         op(backend, "v4_prefill_compressor")(
             i["x"], i["position_ids"], i["num_tokens"], i["state_block_table"], i["state_pool"], w,
-            i["cmp_slot_mapping"], i["state_slot_mapping"], i["cmp_pool"], i["rope_cos"], i["rope_sin"], ratio=ratio)
+            i["cmp_slot_mapping"], i["state_slot_mapping"], i["cmp_pool"], i["rope_cos"], i["rope_sin"], ratio=ratio,
+            rope_head_dim=i.get("rope_head_dim", PREFILL_COMPRESSOR_ROPE))
     assert field in str(exc.value) and needle in str(exc.value), str(exc.value)
 
 
@@ -258,7 +260,7 @@ def _key_call(backend, i, **over):
     return op(backend, "v4_prefill_index_keys")(
         i["x"], i["position_ids"], int(i["num_tokens"]), i["state_block_table"], i["state_pool"], w,
         i["cmp_slot_mapping"], i["state_slot_mapping"], i["idx_kv_cache"], i["idx_kv_scale"], i["rope_cos"],
-        i["rope_sin"], i["hadamard"])
+        i["rope_sin"], i["hadamard"], rope_head_dim=i.get("rope_head_dim", PREFILL_COMPRESSOR_ROPE))
 
 
 def _key_inputs(seed=21, **kw):
@@ -314,3 +316,26 @@ def test_a_prefill_index_key_only_at_a_closing_position(backend):
     slots[0] = 3
     with pytest.raises(ContractInputError, match=r"idx_slot_mapping\[0\]: expected -1 \(position 4 closes no"):
         _key_call(backend, i, cmp_slot_mapping=slots)
+
+
+@pytest.mark.parametrize("ratio, start, rows", CASES, ids=IDS)
+def test_upstreams_full_width_rope_table_reads_its_first_half(backend, ratio, start, rows):
+    """Upstream's prefill compressors take freqs_cos/freqs_sin [MAX_SEQ_LEN, ROPE_HEAD_DIM] and read the first
+    ROPE_HEAD_DIM/2 columns. Given that full-width layout (its second half filled with other angles), the
+    compressor writes the same pools as with the half-width rows; read as half-width rows (the rule before
+    issue #23: the rotated width taken from the table), it rotates twice the rope dims and the pools differ; a
+    table of neither width is refused, naming both. Spec: §8; docs/upstream.md."""
+    i = prefill_compressor_inputs(ratio, 31, start=start, rows=rows)
+    half = _call(backend, i, ratio)
+    g = torch.Generator().manual_seed(32)
+    other = torch.rand(i["rope_cos"].shape, generator=g) * 6
+    full = dict(i, rope_cos=torch.cat((i["rope_cos"], torch.cos(other)), 1),
+                rope_sin=torch.cat((i["rope_sin"], torch.sin(other)), 1))
+    got = _call(backend, full, ratio)
+    assert torch.equal(got["cmp_pool"], half["cmp_pool"]), "the full-width table's first half was not the rotation"
+    misread = _call(backend, full, ratio, rope_head_dim=2 * full["rope_cos"].shape[1])
+    assert not torch.equal(misread["cmp_pool"], half["cmp_pool"]), "the case does not separate the two widths"
+    with pytest.raises(ContractInputError, match=r"rope_cos/rope_sin.*\[positions, 2\].*\[positions, 4\]"):
+        _call(backend, dict(i, rope_cos=full["rope_cos"][:, :3], rope_sin=full["rope_sin"][:, :3]), ratio)
+    with pytest.raises(ContractInputError, match="rope_head_dim"):
+        _call(backend, i, ratio, rope_head_dim=3)

@@ -762,7 +762,8 @@ def _v4_prefill_compressor_call(get, inputs: Tensors, ratio: int) -> Tensors:
     w = V4CompressorWeights(i["wkv"], i["wgate"], i["ape"], i["norm"])
     return dict(get("v4_prefill_compressor")(i["x"], i["position_ids"], int(i["num_tokens"]), i["state_block_table"],
                                              i["state_pool"], w, i["cmp_slot_mapping"], i["state_slot_mapping"],
-                                             i["cmp_pool"], i["rope_cos"], i["rope_sin"], ratio=ratio))
+                                             i["cmp_pool"], i["rope_cos"], i["rope_sin"], ratio=ratio,
+                                             rope_head_dim=2 * i["rope_cos"].shape[1]))
 
 
 _MTP_GROUPS = ("projection", "attention", "moe", "head")

@@ -24,8 +24,14 @@ state it reads, the ratio-128 kernel scatters the chunk's state first and reads 
 whenever ``state_slot_mapping`` is the table's row (the only mapping accepted besides -1); with -1 on a token
 whose window closes inside the chunk they would differ, and this rule is the ratio-4 kernel's.
 
+The RoPE tables: ``rope_head_dim`` (the rotated width, qk_rope_head_dim) is required, and the tables are taken
+in either of two layouts, told apart by their width: this project's half-width rows [positions, rope_head_dim/2],
+or upstream's full-width rows [positions, rope_head_dim] (upstream's prefill compressors take ``freqs_cos``
+[MAX_SEQ_LEN, ROPE_HEAD_DIM] and read its first ROPE_HEAD_DIM/2 columns), which are sliced the same way. Any other
+width is refused: a full-width table used as half-width rows would rotate twice the rope dims.
+
 Composed from the backend's ``v4_compressor`` and ``v4_publish_compressed``. Spec: §8; docs/coverage.md, V4
-section (V4-11, V4-12).
+section (V4-11, V4-12); docs/upstream.md (the prefill compressor's RoPE width).
 """
 
 from __future__ import annotations
@@ -85,15 +91,31 @@ def _check(x, position_ids, num_tokens, state_block_table, state_pool, cmp_slot_
     return tokens
 
 
+def rope_half_rows(rope_cos: torch.Tensor, rope_sin: torch.Tensor, rope_head_dim: int, d: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The [positions, rope_head_dim/2] rows of either table layout (see the module's docstring), else refuse."""
+    if isinstance(rope_head_dim, bool) or not isinstance(rope_head_dim, int) or rope_head_dim <= 0 or \
+            rope_head_dim % 2 or rope_head_dim > d:
+        raise ContractInputError("rope_head_dim", None, f"an even int in [2, {d}] (qk_rope_head_dim)",
+                                 repr(rope_head_dim), SPEC)
+    half = rope_head_dim // 2
+    if rope_cos.ndim != 2 or rope_cos.shape != rope_sin.shape or rope_cos.shape[1] not in (half, rope_head_dim):
+        raise ContractInputError("rope_cos/rope_sin", None, f"[positions, {half}] (half-width rows) or "
+                                 f"[positions, {rope_head_dim}] (upstream's full-width freqs, first {half} columns "
+                                 "read)", f"{list(rope_cos.shape)} / {list(rope_sin.shape)}", SPEC)
+    return rope_cos[:, :half], rope_sin[:, :half]
+
+
 def v4_prefill_compressor(x: torch.Tensor, position_ids: torch.Tensor, num_tokens: int,
                           state_block_table: torch.Tensor, state_pool: torch.Tensor, weights: V4CompressorWeights,
                           cmp_slot_mapping: torch.Tensor, state_slot_mapping: torch.Tensor, cmp_pool: torch.Tensor,
-                          rope_cos: torch.Tensor, rope_sin: torch.Tensor, *, ratio: int, eps: float = 1e-6,
-                          ops=None) -> dict[str, torch.Tensor]:
+                          rope_cos: torch.Tensor, rope_sin: torch.Tensor, *, ratio: int, rope_head_dim: int,
+                          eps: float = 1e-6, ops=None) -> dict[str, torch.Tensor]:
     """One request's prefill chunk -> {"cmp_pool": the compressed pool with the closed windows written (BF16),
-    "state_pool": the state pool with the mapped rows written}; x [T, hidden] BF16; ratio 4 (overlapping) or 128.
-    The inputs are not modified. Spec: §8."""
+    "state_pool": the state pool with the mapped rows written}; x [T, hidden] BF16; ratio 4 (overlapping) or 128;
+    the RoPE tables in either layout of the module's docstring. The inputs are not modified. Spec: §8."""
     _check(x, position_ids, num_tokens, state_block_table, state_pool, cmp_slot_mapping, state_slot_mapping, ratio)
+    rope_cos, rope_sin = rope_half_rows(rope_cos, rope_sin, rope_head_dim, weights.norm.shape[0])
     ops = ops or {}
     publish = ops.get("v4_publish_compressed", v4_publish_compressed)
     compressed, closes, pool = _chunk_rows(x, position_ids, num_tokens, state_block_table, state_pool, weights,
@@ -129,17 +151,20 @@ def v4_prefill_index_keys(x: torch.Tensor, position_ids: torch.Tensor, num_token
                           state_block_table: torch.Tensor, state_pool: torch.Tensor, weights: V4CompressorWeights,
                           idx_slot_mapping: torch.Tensor, state_slot_mapping: torch.Tensor, idx_kv_cache: torch.Tensor,
                           idx_kv_scale: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
-                          hadamard: torch.Tensor, *, eps: float = 1e-6, ops=None) -> dict[str, torch.Tensor]:
+                          hadamard: torch.Tensor, *, rope_head_dim: int, eps: float = 1e-6,
+                          ops=None) -> dict[str, torch.Tensor]:
     """CSA's indexer compressor on a prefill chunk (upstream prefill_indexer_compressor.py): the inner ratio-4
     compressor's closed windows, as ``v4_prefill_compressor`` pools them (the same mappings and padding rules,
     ``idx_slot_mapping`` in place of the compressed slots), each written as an INT8 index key by
     ``v4_publish_index_keys`` (rotated at the window's first position, BF16, Hadamard, BF16, INT8 with its FP32
-    scale) -> {"idx_kv_cache", "idx_kv_scale", "state_pool"}. Composed from the backend's operators.
+    scale) -> {"idx_kv_cache", "idx_kv_scale", "state_pool"}; RoPE tables as ``v4_prefill_compressor`` takes them.
+    Composed from the backend's operators.
     Spec: §8."""
     from kernels.v4.index_cache import publish_index_keys
 
     _check(x, position_ids, num_tokens, state_block_table, state_pool, idx_slot_mapping, state_slot_mapping, 4,
            "idx_slot_mapping")
+    rope_cos, rope_sin = rope_half_rows(rope_cos, rope_sin, rope_head_dim, weights.norm.shape[0])
     ops = ops or {}
     publish = ops.get("v4_publish_index_keys", publish_index_keys)
     keys, closes, pool = _chunk_rows(x, position_ids, num_tokens, state_block_table, state_pool, weights,

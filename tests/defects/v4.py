@@ -344,7 +344,7 @@ def _prefill_compressor_variant(*, padding_read=False, unpersisted_written=False
         return out, closes, pool.reshape(pages, page, 2 * w)
 
     def run(x, position_ids, num_tokens, state_block_table, state_pool, weights, cmp_slot_mapping,
-            state_slot_mapping, cmp_pool, rope_cos, rope_sin, *, ratio, eps=1e-6, ops=None):
+            state_slot_mapping, cmp_pool, rope_cos, rope_sin, *, ratio, rope_head_dim, eps=1e-6, ops=None):
         if padding_read:  # every row processed (num_tokens ignored)
             num_tokens = x.shape[0]
         if unpersisted_written:  # the decode rule: every row's state written at its home
@@ -354,7 +354,7 @@ def _prefill_compressor_variant(*, padding_read=False, unpersisted_written=False
         ops = {"v4_compressor": zero_score_compressor} if prev_zero_score else None
         return pc.v4_prefill_compressor(x, position_ids, num_tokens, state_block_table, state_pool, weights,
                                         cmp_slot_mapping, state_slot_mapping, cmp_pool, rope_cos, rope_sin,
-                                        ratio=ratio, eps=eps, ops=ops)
+                                        ratio=ratio, rope_head_dim=rope_head_dim, eps=eps, ops=ops)
 
     return run
 
@@ -583,14 +583,14 @@ MTP_HEAD_UNNORMED = _base.derive("defect:v4-mtp-head-unnormed", v4_mtp_layer=_mt
 
 
 def _keys_padding_read(x, position_ids, num_tokens, state_block_table, state_pool, weights, idx_slot_mapping,
-                       state_slot_mapping, idx_kv_cache, idx_kv_scale, rope_cos, rope_sin, hadamard, *, eps=1e-6,
-                       ops=None):
+                       state_slot_mapping, idx_kv_cache, idx_kv_scale, rope_cos, rope_sin, hadamard, *, rope_head_dim,
+                       eps=1e-6, ops=None):
     """Wrong: the index-key write processes every row of the chunk (num_tokens ignored)."""
     from kernels.v4 import prefill_compressor as pc
 
     return pc.v4_prefill_index_keys(x, position_ids, x.shape[0], state_block_table, state_pool, weights,
                                     idx_slot_mapping, state_slot_mapping, idx_kv_cache, idx_kv_scale, rope_cos, rope_sin,
-                                    hadamard, eps=eps)
+                                    hadamard, rope_head_dim=rope_head_dim, eps=eps)
 
 
 PREFILL_KEYS_PADDING_READ = _base.derive("defect:v4-prefill-keys-padding-read", v4_prefill_index_keys=_keys_padding_read)
