@@ -332,3 +332,33 @@ def test_epochs_thread_the_ring_and_are_not_idempotent(backend):
     fresh = fn(inputs["x"][1], starts, inputs["position_ids"][1], reqs, inputs["state_block_table"],
                inputs["state_cache"].clone(), weights)[0]
     assert not torch.equal(threaded, fresh), "epoch 2 ignored the state epoch 1 left"
+
+
+def test_two_requests_on_one_state_block_are_refused_or_updated_in_place_by_name(backend):
+    """Two requests of one call on state block 1: refused by default, naming both requests (upstream's kernel
+    would update the ring in place request by request; this project's reads-before-writes would read the old
+    slot, so the two rules disagree on this input). The named ``shared_block="in_place"`` rule follows upstream:
+    request 1's first (odd) position pairs with the slot request 0 just wrote, which the reads-before-writes
+    result does not (request 1 re-runs position 5, whose partner slot 0 request 0 wrote at position 4).
+    Spec: §4.1; docs/upstream.md."""
+    from kernels.errors import ContractInputError
+    from kernels.reference.compressor import compressor_ratio2_paged
+
+    ring = Ring(FLASH_TINY, 4, 3, seed=41)
+    a, b = ring.tokens(2), ring.tokens(1)
+    with pytest.raises(ContractInputError, match=r"state_block_table\[1\]\[0\].*request 0 has block 1"):
+        call(backend, ring, ring.state, [(a, 4, 1), (b, 5, 1)])
+    args = (torch.cat((a, b)), torch.tensor([0, 2, 3]), torch.tensor([4, 5, 5]), torch.tensor([0, 0, 1]),
+            torch.tensor([[1], [1]]), ring.state, ring.weights)
+    in_place = compressor_ratio2_paged(*args, shared_block="in_place")
+    # request 1 alone, on the ring request 0 left behind, is what in place means
+    first = compressor_ratio2_paged(args[0][:2], torch.tensor([0, 2]), args[2][:2], args[3][:2],
+                                    torch.tensor([[1]]), ring.state, ring.weights)
+    second = compressor_ratio2_paged(b, torch.tensor([0, 1]), torch.tensor([5]), torch.tensor([0]),
+                                     torch.tensor([[1]]), first[2], ring.weights)
+    assert torch.equal(in_place[0][2], second[0][0]), "in place: request 1 did not read request 0's write"
+    stale = compressor_ratio2_paged(b, torch.tensor([0, 1]), torch.tensor([5]), torch.tensor([0]),
+                                    torch.tensor([[1]]), ring.state, ring.weights)
+    assert not torch.equal(in_place[0][2], stale[0][0]), "the case does not separate in place from reads-first"
+    with pytest.raises(ContractInputError, match="shared_block"):
+        compressor_ratio2_paged(*args, shared_block="later")

@@ -40,6 +40,9 @@ class CompressorWeights:
     norm: torch.Tensor
 
 
+SHARED_BLOCK = ("refuse", "in_place")  # named rules for two requests of one call on one state block
+
+
 def compressor_ratio2_paged(
     x: torch.Tensor,
     query_start_loc: torch.Tensor,
@@ -51,6 +54,7 @@ def compressor_ratio2_paged(
     *,
     eps: float = 1e-20,
     num_tokens: int | None = None,
+    shared_block: str = "refuse",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One ratio-2 compressor call -> (latent [T, D] in x's dtype, publish [T] bool, new state cache).
 
@@ -60,8 +64,15 @@ def compressor_ratio2_paged(
     pooled = sum(kv * softmax(score)) per channel in FP32, rounded to x's dtype, RMSNorm * w, rounded.
     All reads precede the writes of the last min(chunk, capacity) rows to ``p % cap``. Requests with
     an empty span or a block outside [0, blocks) and tokens of another request or with p < 0 are
-    skipped. Spec: §4.1.
+    skipped.
+
+    Two requests with tokens in this call on one state block (``shared_block``, named variants of
+    ``SHARED_BLOCK``): ``"refuse"`` (default) raises, naming both requests; ``"in_place"`` is upstream's
+    kernel, which updates the ring in place request by request, so a later request's first odd position reads
+    what an earlier request of the call wrote there. Spec: §4.1; docs/upstream.md.
     """
+    if shared_block not in SHARED_BLOCK:
+        raise ContractInputError("shared_block", None, f"one of {SHARED_BLOCK}", repr(shared_block), SPEC)
     if state_cache.ndim != 3 or state_cache.dtype != torch.float32 or state_cache.shape[1] < 1:
         raise ContractInputError("state_cache", None, "FP32 [blocks, capacity >= 1, 2*head_dim]",
                                  f"{state_cache.dtype}{list(state_cache.shape)}", SPEC)
@@ -79,10 +90,21 @@ def compressor_ratio2_paged(
     publish = torch.zeros(x.shape[0], dtype=torch.bool)
     if total == 0:
         return latent, publish, state
-    kv = project(x[:total], weights.wkv)
-    score = project(x[:total], weights.wgate)
     req_of = token_to_req_indices.tolist()
     pos_of = position_ids.tolist()
+    owner: dict[int, int] = {}
+    for r in range(state_block_table.shape[0]):
+        start, end = qsl[r], min(qsl[r + 1], total)
+        block = int(state_block_table[r, 0])
+        if start < end and 0 <= block < blocks:
+            if block in owner and shared_block == "refuse":
+                raise ContractInputError("state_block_table", (r, 0), f"a state block no other request of the call "
+                                         f"uses (request {owner[block]} has block {block}; upstream would update it "
+                                         "in place request by request: shared_block='in_place')", block, SPEC)
+            owner.setdefault(block, r)
+    kv = project(x[:total], weights.wkv)
+    score = project(x[:total], weights.wgate)
+    ring = state if shared_block == "in_place" else state_cache  # in place: a request reads earlier requests' writes
     writes: list[tuple[int, int, int]] = []
     for r in range(state_block_table.shape[0]):
         start, end = qsl[r], min(qsl[r + 1], total)
@@ -97,7 +119,7 @@ def compressor_ratio2_paged(
                 if t > start:
                     prev_kv, prev_score = kv[t - 1], score[t - 1]
                 else:
-                    slot = state_cache[block, (p - 1) % capacity]
+                    slot = ring[block, (p - 1) % capacity]
                     prev_kv, prev_score = slot[:head_dim], slot[head_dim:]
                 pair_kv = torch.stack((prev_kv, kv[t]))
                 weight = torch.stack((prev_score, score[t])).softmax(dim=0)
@@ -108,6 +130,11 @@ def compressor_ratio2_paged(
             p = int(pos_of[t])
             if int(req_of[t]) == r and p >= 0:
                 writes.append((block, p % capacity, t))
+        if shared_block == "in_place":  # this request's writes land before the next request reads
+            for block_w, slot, t in writes:
+                state[block_w, slot, :head_dim] = kv[t]
+                state[block_w, slot, head_dim:] = score[t]
+            writes = []
     for block, slot, t in writes:  # every historical read above happened before any write
         state[block, slot, :head_dim] = kv[t]
         state[block, slot, head_dim:] = score[t]
