@@ -285,3 +285,32 @@ def test_index_scores_round_at_each_spec_boundary(backend):
                                       block_size=FLASH_TINY.block_size, width=3)
     assert got.dtype == torch.float32, f"scores dtype {got.dtype}, expected FP32"
     assert got[0].tolist() == want, f"scores {got[0].tolist()}, hand-computed {want} (§5.1 rounding steps)"
+
+
+def test_candidate_blocks_accept_every_tie_order_and_nothing_else():
+    """Upstream picks candidate blocks with torch.topk, whose order among equal scores is implementation-defined.
+    Blocks of 2: maxima 5, 1, 5, 2, the last block (3) forced; topk_blocks = 2 leaves one place, for which blocks 0
+    and 2 tie at 5.0: keeping either is legal (the reference's stable rule keeps 0). Keeping block 1 (below the
+    cutoff), dropping the forced block, keeping three blocks or half a block is rejected. Spec: §5.2."""
+    from contracts.checks.topk import check_candidate_blocks
+
+    scores = torch.tensor([[5.0, 0.0, 1.0, 0.0, 5.0, 0.0, 2.0, 0.0]])
+    lens = torch.tensor([8])
+    ref_mask = ref.select_candidate_blocks(scores, lens, block=2, topk_blocks=2)
+
+    def mask(*blocks):
+        m = torch.zeros(1, 8, dtype=torch.uint8)
+        for b in blocks:
+            m[0, 2 * b:2 * b + 2] = 1
+        return m
+
+    assert torch.equal(ref_mask, mask(3, 0)), ref_mask.tolist()
+    for ok in (mask(3, 0), mask(3, 2)):
+        r = check_candidate_blocks(ok, scores, lens, block=2, topk_blocks=2)
+        assert r.ok, r.message()
+    half = mask(3, 0)
+    half[0, 1] = 0
+    for bad, needle in ((mask(3, 1), "block 1 kept"), (mask(0, 2), "block 3 dropped"), (mask(3, 0, 2), "3 blocks kept"),
+                        (half, "whole")):
+        r = check_candidate_blocks(bad, scores, lens, block=2, topk_blocks=2)
+        assert not r.ok and needle in r.message(), r.message()

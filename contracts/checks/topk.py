@@ -269,3 +269,58 @@ def check_v4_topk(actual: torch.Tensor, expected: torch.Tensor, actual_scores: t
         if problem is not None:
             t_.fail(problem)
     return t_.result()
+
+
+def check_candidate_blocks(actual: torch.Tensor, scores: torch.Tensor, compressed_lens: torch.Tensor, *, block: int,
+                           topk_blocks: int, width: int | None = None) -> CheckResult:
+    """The level-1 candidate mask [T, width] U8, judged by the rule and not by one tie order: blocks of ``block``
+    positions ranked by their max score, the block holding compressed_len - 1 forced first, the best
+    min(topk_blocks, blocks) finite blocks kept whole. Where blocks tie at the cutoff any of them may be kept (upstream
+    selects with torch.topk, whose tie order is implementation-defined; the reference breaks ties stably), so a
+    row passes iff every kept block is kept whole, every block above the cutoff score is kept, none below it is, no
+    -inf block is, and the count is the rule's (at most it where the crop hides blocks). Spec: §5.2."""
+    check, spec = "check_candidate_blocks", "§5.2"
+    tokens, length = scores.shape
+    width = length if width is None else width
+    if actual.dtype != torch.uint8 or tuple(actual.shape) != (tokens, width):
+        return failed(check, spec, 1, 1, Violation("candidate_mask.layout", (), f"{actual.dtype}{list(actual.shape)}",
+                                                   f"torch.uint8[{tokens}, {width}]"))
+    nblocks = -(-length // block)
+    padded = torch.full((tokens, nblocks * block), float("-inf"))
+    padded[:, :length] = scores.float()
+    best = padded.unflatten(-1, (nblocks, block)).amax(-1)
+    t_ = Tally(check, spec)
+    for t in range(tokens):
+        t_.n_checked += 1
+        n = int(compressed_lens[t])
+        row_best = best[t].clone()
+        if n > 0 and nblocks:
+            row_best[min((n - 1) // block, nblocks - 1)] = float("inf")
+        finite = row_best > float("-inf")
+        want = min(topk_blocks, nblocks, int(finite.sum()))
+        cutoff = row_best.sort(descending=True).values[want - 1] if want else float("inf")
+        seen = 0
+        for b in range(nblocks):
+            lo, hi = b * block, min((b + 1) * block, width)
+            if lo >= hi:  # cropped away: unseen
+                continue
+            seg = actual[t, lo:hi]
+            if bool((seg != seg[0]).any()) or int(seg[0]) not in (0, 1):
+                t_.fail(Violation("candidate_mask", (t, lo), seg.tolist(), f"all 0 or all 1 (block {b} whole)"))
+                break
+            kept, v = bool(seg[0]), float(row_best[b])
+            seen += kept
+            if kept and (v == float("-inf") or v < cutoff):
+                t_.fail(Violation("candidate_mask", (t, lo), f"block {b} kept (score {v:.6g})",
+                                  f"not kept (cutoff {float(cutoff):.6g})", note="below the cutoff or -inf"))
+                break
+            if not kept and v > cutoff and v > float("-inf"):
+                t_.fail(Violation("candidate_mask", (t, lo), f"block {b} dropped (score {v:.6g})",
+                                  f"kept (cutoff {float(cutoff):.6g})", note="above the cutoff (forced blocks: inf)"))
+                break
+        else:
+            visible_all = nblocks * block <= width or width >= length
+            if (visible_all and seen != want) or seen > want:
+                t_.fail(Violation("candidate_mask", (t,), f"{seen} blocks kept", f"{want}",
+                                  note="min(topk_blocks, finite blocks); ties at the cutoff count once each"))
+    return t_.result()
