@@ -322,7 +322,7 @@ class Backend:
 
     def __init__(self, name: str, operators: Mapping[str, Callable], *, platform: str = "cpu",
                  unavailable: str | None = None, description: str = "", why_missing: Mapping[str, str] = (),
-                 replay: Callable | None = None):
+                 replay: Callable | None = None, variants: Mapping[str, Mapping[str, str]] = ()):
         unknown = sorted(set(operators) - set(OPERATORS))
         if unknown:
             raise BackendError(f"backend {name!r}: unknown operator(s) {unknown}; known: {sorted(KERNEL_OPERATORS)}")
@@ -336,6 +336,9 @@ class Backend:
         self.why_missing = dict(why_missing)  # operator -> why this backend does not bind it
         # a device backend's own way to replay a golden tree (tree -> outputs, or None to run the operators)
         self.replay = replay
+        # operator -> {rule: named variant} where this backend follows a named variant, not the default rule (e.g.
+        # upstream's goldens); the contracts pinning that rule judge the backend by the variant it names
+        self.variants = {k: dict(v) for k, v in dict(variants).items()}
 
     def has(self, op: str) -> bool:
         return op in self._ops or op in COMPARATORS
@@ -513,9 +516,21 @@ def _cpu(factory: Callable[[], Backend], name: str) -> Callable[..., Backend]:
     return make
 
 
+def upstream_backend(platform: str | None = None, device: str | None = None, pypto_lib: str | None = None) -> Backend:
+    """Upstream's own Torch goldens from a pypto-lib checkout (``backends.upstream``), on the CPU."""
+    given = [f"--{k} {v}" for k, v in (("platform", platform), ("device", device)) if v is not None]
+    if given:
+        raise BackendError(f"backend 'upstream' runs upstream's Torch goldens on the CPU: {', '.join(given)} "
+                           "applies to --backend pypto")
+    from backends.upstream import make_backend
+
+    return make_backend(pypto_lib)
+
+
 BUILTIN: dict[str, Callable[..., Backend]] = {"torch": _cpu(torch_backend, "torch"),
                                               "emulated": _cpu(emulated_backend, "emulated"),
-                                              "pypto": pypto_backend}
+                                              "pypto": pypto_backend,
+                                              "upstream": upstream_backend}
 
 
 def get_backend(name: str, *, platform: str | None = None, device: str | None = None,

@@ -58,7 +58,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--device", default=None, metavar="IDS",
                     help="comma-separated device ids for a device backend (default 0..TP-1)")
     group.addoption("--pypto-lib", default=None, metavar="PATH",
-                    help="root of the upstream pypto-lib checkout the pypto backend binds (default $PYPTO_LIB_ROOT)")
+                    help="root of the upstream pypto-lib checkout the pypto and upstream backends use (default $PYPTO_LIB_ROOT)")
     group.addoption("--tp", type=int, default=None, metavar="N",
                     help="attention TP of the deployment the topology contracts check (1, 2, 4, 8; default 4)")
     group.addoption("--ep", type=int, default=None, metavar="N",

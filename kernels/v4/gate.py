@@ -7,8 +7,9 @@ For each real row t (t < num_tokens) of x_mixed [T, D] BF16:
    inv_rms = 1 / sqrt(Σ x² / D + eps) of the raw row;
 2. the dispatched activation: amax = max(|xg|, 1e-4), codes = round-half-even(xg · (127 / amax)) (INT8; the
    positive inv_rms would cancel in a symmetric code, so it is left out), and the dequantization factor
-   ``x_norm_scale = (amax · (1/127)) · inv_rms`` -- amax times the FP32 constant 1/127, not the reciprocal of the
-   quantization factor (V4's other INT8 rows, ``kernels.v4.mtp.quantize_rows_int8``, store that reciprocal);
+   ``x_norm_scale = (amax · (1/127)) · inv_rms`` -- amax times the FP32 constant 1/127, as upstream's kernel computes
+   it, not the reciprocal of the quantization factor (V4's other INT8 rows, ``kernels.v4.mtp.quantize_rows_int8``,
+   store that reciprocal; so does upstream's gate *golden*, kept as ``dequant_factor="reciprocal"``);
 3. logits = inv_rms · (xg · gate_wᵀ) in FP32; score = sqrt(softplus(logit)) with softplus kept alive in the
    negative tail (log1p(exp(-|l|)) + max(l, 0): a naive log(1 + exp(l)) is 0 in FP32 below about -17);
 4. routes: a hash layer (layer_id < num_hash_layers) takes tid2eid[input_ids[t]]; a score layer the top-k of
@@ -37,6 +38,9 @@ SPEC = "§8"
 ROUNDING_VERSION = "v4-gate-2"
 PADDING_CODES = ("quantized", "zero")  # named variants of the padding rows' x_norm_i8 (see above)
 GATE_M_TILE = 16  # upstream gate.py: the Cube M-tile the kernel codes whole
+# named variants of the dispatch factor: "product" amax · (1/127) (upstream's kernel, gate.py's ffn_norm stage) and
+# "reciprocal" 1 / (127 / amax) (upstream's golden, _per_token_int8_quant); they differ by an FP32 ulp on some rows
+DEQUANT_FACTOR = ("product", "reciprocal")
 
 
 def _check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, config) -> None:
@@ -72,11 +76,14 @@ def _check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, in
 
 def v4_gate(x_mixed: torch.Tensor, norm_w: torch.Tensor, gate_w: torch.Tensor, gate_bias: torch.Tensor,
             layer_id: int, num_tokens: int, tid2eid: torch.Tensor, input_ids: torch.Tensor, *,
-            config, padding_codes: str = "quantized") -> dict[str, torch.Tensor]:
+            config, padding_codes: str = "quantized", dequant_factor: str = "product") -> dict[str, torch.Tensor]:
     """-> {"x_norm_i8" [T, D] INT8, "x_norm_scale" [T, 1] FP32, "indices" [T, K] INT32, "weights" [T, K] FP32}.
-    ``padding_codes`` names the padding rows' x_norm_i8 rule (``PADDING_CODES``). Spec: §8."""
+    ``padding_codes`` names the padding rows' x_norm_i8 rule (``PADDING_CODES``), ``dequant_factor`` the dispatch
+    factor's (``DEQUANT_FACTOR``). Spec: §8."""
     if padding_codes not in PADDING_CODES:
         raise ContractInputError("padding_codes", None, f"one of {PADDING_CODES}", repr(padding_codes), SPEC)
+    if dequant_factor not in DEQUANT_FACTOR:
+        raise ContractInputError("dequant_factor", None, f"one of {DEQUANT_FACTOR}", repr(dequant_factor), SPEC)
     _check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, config)
     tokens, d = x_mixed.shape
     k, n = config.num_experts_per_tok, num_tokens
@@ -87,7 +94,11 @@ def v4_gate(x_mixed: torch.Tensor, norm_w: torch.Tensor, gate_w: torch.Tensor, g
     amax = xg.abs().amax(-1, keepdim=True).clamp_min(config.int8_amax_eps)
     quant = torch.full_like(amax, config.int8_scale_max) / amax
     codes = torch.clamp(torch.round(xg * quant), -config.int8_scale_max, config.int8_scale_max)
-    scale = (amax * torch.tensor(1.0 / config.int8_scale_max, dtype=torch.float32) * inv_rms)[:n]
+    if dequant_factor == "product":
+        factor = amax * torch.tensor(1.0 / config.int8_scale_max, dtype=torch.float32)
+    else:
+        factor = 1.0 / quant
+    scale = (factor * inv_rms)[:n]
     xg, inv_rms = xg[:n], inv_rms[:n]
     logits = inv_rms * (xg.double() @ gate_w.double().T).float()
     softplus = logits.clamp(min=0) + torch.log1p(torch.exp(-logits.abs()))

@@ -1,0 +1,81 @@
+"""``make_backend``: the upstream-goldens backend for one checkout (see ``backends.upstream``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from functools import partial
+from pathlib import Path
+
+TEST_DOUBLE_MARKER = "PTO_CONTRACTS_TEST_DOUBLE"
+ALLOW_TEST_DOUBLE = "PTO_CONTRACTS_ALLOW_TEST_DOUBLE"
+MODEL_FOLDERS = ("deepseek_v4_pro", "deepseek_v4_1_flash")
+
+
+def checkout(option: str | None) -> tuple[Path | None, str]:
+    """(root, "") or (None, why not): a pypto-lib checkout is a folder with ``golden/runner.py`` and at least one
+    of the model folders this harness has adapters for."""
+    given = option or os.environ.get("PYPTO_LIB_ROOT")
+    if not given:
+        return None, "no pypto-lib checkout given (pass --pypto-lib PATH or set PYPTO_LIB_ROOT)"
+    root = Path(given).expanduser()
+    if not (root / "golden" / "runner.py").is_file():
+        return None, f"{root} is not a pypto-lib checkout: golden/runner.py is missing"
+    have = [f for f in MODEL_FOLDERS if (root / "models" / f).is_dir()]
+    if not have:
+        return None, f"{root} has none of models/{{{','.join(MODEL_FOLDERS)}}}"
+    if (root / TEST_DOUBLE_MARKER).exists() and os.environ.get(ALLOW_TEST_DOUBLE) != "1":
+        return None, f"{root} is pto-contracts' test double of upstream, never used outside the project's tests"
+    return root.resolve(), ""
+
+
+def revision(root: Path) -> str:
+    if (root / TEST_DOUBLE_MARKER).exists():
+        return "test double (not upstream)"
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or "unknown (not a git checkout)"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (git not available)"
+
+
+def _operator(adapter, root: Path):
+    from backends.upstream.client import UpstreamError, worker
+    from contracts.backends import BackendError
+
+    def run(tensors, fields, constants):
+        try:
+            return worker(root).call(adapter.folder, adapter.module, adapter.function, tensors, fields=fields,
+                                     constants=constants)
+        except UpstreamError as exc:
+            raise BackendError(str(exc)) from None
+
+    fn = partial(adapter.build, run)
+    fn.__name__ = adapter.operator
+    fn.__doc__ = f"upstream {adapter.upstream} through backends.upstream.adapters"
+    return fn
+
+
+def make_backend(pypto_lib: str | None = None):
+    from backends.upstream.adapters import ADAPTERS, PENDING
+    from contracts.backends import KERNEL_OPERATORS, Backend
+
+    root, reason = checkout(pypto_lib)
+    if root is None:
+        return Backend("upstream", {}, unavailable=reason)
+    ops = {name: _operator(a, root) for name, a in ADAPTERS.items() if (root / "models" / a.folder).is_dir()}
+    why = {}
+    for name in KERNEL_OPERATORS:
+        if name in ops:
+            continue
+        if name in ADAPTERS:
+            why[name] = f"this checkout has no models/{ADAPTERS[name].folder}"
+        elif name in PENDING:
+            why[name] = f"upstream golden {PENDING[name]} not adapted yet"
+        else:
+            why[name] = "upstream main has no golden for it"
+    from backends.upstream.adapters import VARIANTS
+
+    return Backend("upstream", ops, why_missing=why, variants={k: v for k, v in VARIANTS.items() if k in ops},
+                   description=f"upstream Torch goldens from {root} @ {revision(root)} (worker process)")

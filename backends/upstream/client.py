@@ -1,0 +1,78 @@
+"""Starts and talks to the upstream worker (``backends.upstream.worker``), one per (checkout, process)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from backends.upstream import worker as protocol
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class UpstreamError(RuntimeError):
+    """The upstream worker could not start, or a golden function raised (one line: what and where)."""
+
+
+class Worker:
+    def __init__(self, root: Path):
+        self.root = root
+        self.proc: subprocess.Popen | None = None
+        self.info: dict = {}
+        self.log = tempfile.NamedTemporaryFile(prefix="pto-upstream-worker-", suffix=".log", delete=False)  # noqa: SIM115 (kept open for the worker's stderr)
+
+    def _start(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+        # upstream's golden package sets torch's threads from this (16 by default); one thread keeps the worker's
+        # FP32 sums in one order on every machine and leaves the cores to the test process
+        env.setdefault("PYPTO_GOLDEN_NUM_THREADS", "1")
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self.proc = subprocess.Popen([sys.executable, "-O", "-m", "backends.upstream.worker", str(self.root)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env)
+        hello = protocol._read(self.proc.stdout)
+        if not isinstance(hello, dict) or not hello.get("ready"):
+            raise UpstreamError(f"the upstream worker for {self.root} did not start (see {self.log.name})")
+        self.info = hello
+        atexit.register(self.close)
+
+    def call(self, folder: str, module: str, function: str, tensors: dict, *, fields: dict | None = None,
+             constants: dict | None = None) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        request = {"folder": folder, "module": module, "function": function, "tensors": tensors,
+                   "fields": fields or {}, "constants": constants or {}}
+        try:
+            protocol._write(self.proc.stdin, request)
+            answer = protocol._read(self.proc.stdout)
+        except (BrokenPipeError, OSError) as exc:
+            answer = {"error": f"worker died ({exc})"}
+        if answer is None:
+            self.proc = None
+            raise UpstreamError(f"upstream worker died running models/{folder}/{module}.py::{function} "
+                                f"(see {self.log.name})")
+        if "error" in answer:
+            raise UpstreamError(f"upstream models/{folder}/{module}.py::{function} raised {answer['error']}")
+        return answer["tensors"]
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None
+
+
+_WORKERS: dict[Path, Worker] = {}
+
+
+def worker(root: Path) -> Worker:
+    if root not in _WORKERS:
+        _WORKERS[root] = Worker(root)
+    return _WORKERS[root]
