@@ -1,0 +1,123 @@
+"""The upstream-goldens backend (``backends.upstream``) without a pypto-lib checkout: a checkout-shaped folder
+written here (a config module and one model module whose "golden" is a few lines of Torch written for this test,
+declaring a kernel the way upstream's modules do), so the worker protocol, the import shim, the geometry
+overrides, the isolation of upstream's import side effects and the one-line errors are exercised on every CI run.
+With ``PYPTO_LIB_ROOT`` naming a real checkout, ``test_real_checkout_gate_matches_the_reference`` runs upstream
+main's own gate golden."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from backends.upstream.backend import checkout, make_backend
+from backends.upstream.client import UpstreamError, Worker
+from contracts.backends import BackendError, get_backend
+
+CONFIG = '''
+import dataclasses, torch
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    name: str
+    hidden_size: int
+
+ACTIVE = Cfg("pro", 8)
+MOE_TOKENS = 4
+torch.set_num_threads(1)  # an import side effect, as upstream's golden package has
+'''
+
+MODULE = '''
+import pypto.language as pl
+from config import ACTIVE as M, MOE_TOKENS
+
+T, D = MOE_TOKENS, M.hidden_size
+assert D % 512 == 0, "a kernel tiling assert the worker runs without (python -O)"
+DYN = pl.dynamic("DYN")
+
+@pl.jit
+def kernel(x: pl.Tensor[[T, D], pl.BF16], y: pl.Out[pl.Tensor[[T, D], pl.FP32]]):
+    return pl.add(x, x)
+
+def golden_double(tensors):
+    tensors["y"][:] = tensors["x"].float().view(T, D) * 2 + len(M.name)
+
+def golden_raises(tensors):
+    raise ValueError("bad geometry")
+'''
+
+
+@pytest.fixture(scope="module")
+def fake_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("checkout")
+    (root / "golden").mkdir()
+    (root / "golden" / "runner.py").write_text("# layout only\n")
+    model = root / "models" / "deepseek_v4_pro"
+    model.mkdir(parents=True)
+    (model / "config.py").write_text(textwrap.dedent(CONFIG))
+    (model / "toy.py").write_text(textwrap.dedent(MODULE))
+    return root
+
+
+def test_without_a_checkout_the_backend_is_unavailable_with_one_line(monkeypatch):
+    monkeypatch.delenv("PYPTO_LIB_ROOT", raising=False)
+    b = get_backend("upstream")
+    assert b.unavailable and "--pypto-lib" in b.unavailable and b.operators == ()
+    with pytest.raises(BackendError, match="runs upstream's Torch goldens on the CPU"):
+        get_backend("upstream", platform="a5sim")
+
+
+def test_a_folder_without_golden_or_models_is_not_a_checkout(tmp_path):
+    assert "golden/runner.py is missing" in checkout(str(tmp_path))[1]
+    (tmp_path / "golden").mkdir()
+    (tmp_path / "golden" / "runner.py").write_text("")
+    assert "has none of models/" in checkout(str(tmp_path))[1]
+
+
+def test_the_worker_runs_a_golden_at_the_asked_geometry_and_keeps_side_effects_out(fake_root):
+    threads, path = torch.get_num_threads(), list(sys.path)
+    w = Worker(fake_root)
+    try:
+        x = torch.arange(12, dtype=torch.float32).reshape(3, 4).to(torch.bfloat16)
+        out = w.call("deepseek_v4_pro", "toy", "golden_double", {"x": x, "y": torch.zeros(3, 4)},
+                     fields={"hidden_size": 4, "name": "flash"}, constants={"MOE_TOKENS": 3})
+        assert torch.equal(out["y"], x.float() * 2 + 5), "geometry or config fields not applied"
+        assert w.info["shim"] is True, "the pypto shim should stand in where the toolchain is absent"
+        again = w.call("deepseek_v4_pro", "toy", "golden_double", {"x": x[:2, :2], "y": torch.zeros(2, 2)},
+                       fields={"hidden_size": 2}, constants={"MOE_TOKENS": 2})
+        assert torch.equal(again["y"], x[:2, :2].float() * 2 + 3)
+        with pytest.raises(UpstreamError, match=r"toy.py::golden_raises raised ValueError: bad geometry \(at toy.py"):
+            w.call("deepseek_v4_pro", "toy", "golden_raises", {}, fields={"hidden_size": 4})
+        with pytest.raises(UpstreamError, match="no NOT_A_CONSTANT"):
+            w.call("deepseek_v4_pro", "toy", "golden_double", {}, constants={"NOT_A_CONSTANT": 1})
+        with pytest.raises(UpstreamError, match="models/deepseek_v4_1_flash is not in this checkout"):
+            w.call("deepseek_v4_1_flash", "toy", "golden_double", {})
+    finally:
+        w.close()
+    assert torch.get_num_threads() == threads and sys.path == path, "upstream's import side effects leaked"
+    assert not any(m == "config" or m.startswith("pto_upstream_") for m in sys.modules), "upstream modules leaked"
+
+
+def test_the_backend_lists_every_operator_it_does_not_run_with_a_reason(fake_root):
+    b = make_backend(str(fake_root))
+    assert b.operators == ("v4_gate",) and b.variants == {"v4_gate": {"dequant_factor": "reciprocal"}}
+    assert "golden_expert_routed not adapted yet" in b.why_missing["v4_expert"]
+    assert b.why_missing["build_forward_metadata"] == "upstream main has no golden for it"
+    assert set(b.why_missing) | set(b.operators) >= {"v4_gate", "v4_moe", "sp_bounds"}
+
+
+@pytest.mark.skipif(not os.environ.get("PYPTO_LIB_ROOT"), reason="needs a pypto-lib checkout (PYPTO_LIB_ROOT)")
+def test_real_checkout_gate_matches_the_reference():
+    """Upstream main's gate golden against this project's v4_gate on one score layer: codes and routes equal;
+    scale and weights within the contract's bounds (upstream's FP32 two-stage row sums, its reciprocal factor)."""
+    from contracts.test_v4_gate import MODELS, _call, _independent, _inputs, _judge
+
+    b = make_backend(os.environ["PYPTO_LIB_ROOT"])
+    config = MODELS[0]
+    i = _inputs(config, 3)
+    _judge(config, _call(b, config, i, 61), _independent(config, i, 61), i)
