@@ -69,6 +69,13 @@ def sinkhorn(logits: torch.Tensor, *, iterations: int, eps: float) -> torch.Tens
     return m
 
 
+def _sigmoid(z: torch.Tensor) -> torch.Tensor:
+    """FP32 sigmoid evaluated in FP64 and rounded once: torch's FP32 sigmoid takes a SIMD path for whole vectors
+    and a scalar path for the tail, which differ by an ulp, so a row's mix would depend on how many rows share the
+    call (seen on AVX-512 machines: the sharded Block's slabs against the gathered rows)."""
+    return torch.sigmoid(z.double()).float()
+
+
 def hc_mixes(x_hc: torch.Tensor, function: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *,
              num_tokens: int | None = None, config: V41Config = FLASH) -> Mixes:
     """``x_hc`` [T, hc, D]; ``function`` [(2+hc)·hc, hc·D]; ``scale`` [3]; ``base`` [(2+hc)·hc] -> Mixes with
@@ -88,8 +95,8 @@ def hc_mixes(x_hc: torch.Tensor, function: torch.Tensor, scale: torch.Tensor, ba
     inverse_rms = torch.rsqrt(flat.square().mean(dim=-1, keepdim=True) + config.rms_norm_eps)
     logits = rowwise_matmul(flat, function) * inverse_rms  # FP64, one rounding: rows independent of the batch
     s, b = scale.float(), base.float()
-    pre = torch.sigmoid(logits[:, :hc] * s[0] + b[:hc]) + config.hc_eps
-    post = 2 * torch.sigmoid(logits[:, hc:2 * hc] * s[1] + b[hc:2 * hc])
+    pre = _sigmoid(logits[:, :hc] * s[0] + b[:hc]) + config.hc_eps
+    post = 2 * _sigmoid(logits[:, hc:2 * hc] * s[1] + b[hc:2 * hc])
     residual_logits = (logits[:, 2 * hc:] * s[2] + b[2 * hc:]).reshape(tokens, hc, hc)
     residual = sinkhorn(residual_logits, iterations=config.hc_sinkhorn_iters, eps=config.hc_eps)
     keep = (torch.arange(tokens) < active).to(torch.float32)
