@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -50,15 +49,10 @@ def pypto_lib_root(option: str | None) -> tuple[Path | None, str | None]:
 
 
 def revision(root: Path) -> str:
-    """The checkout's git revision, or what is known instead."""
-    if (root / TEST_DOUBLE_MARKER).exists():
-        return "test double (not upstream)"
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-        return out.stdout.strip() or "unknown (not a git checkout)"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (git not available)"
+    """The checkout's git revision, or what is known instead (shared with the upstream-goldens backend)."""
+    from backends.upstream.backend import revision as checkout_revision
+
+    return checkout_revision(root)
 
 
 def detect_toolchain(root: Path) -> str | None:

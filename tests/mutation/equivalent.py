@@ -639,7 +639,7 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.compressor_txn:v4_compressor_txn:drop-call:weights.norm.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.gate:_check:name:int64->int32#0': DTYPE,
     'kernels.v4.gate:_check:drop-call:tid2eid[ids].to(torch.int64)[to]->(skipped)#0': DTYPE,
-    'kernels.v4.gate:v4_gate:drop-call:x_mixed[:n].float()[float]->(skipped)#0': V4_PROMOTE,
+    'kernels.v4.gate:v4_gate:drop-call:x_mixed[:coded].float()[float]->(skipped)#0': V4_PROMOTE,
     'kernels.v4.gate:v4_gate:drop-call:norm_w.float()[float]->(skipped)#0': V4_PROMOTE,
     'kernels.v4.gate:v4_gate:drop-unary:-1[USub]->(none)#0': DIM,
     'kernels.v4.gate:v4_gate:drop-call:(xg.double() @ gate_w.double().T).float()[float]->(skipped)#0': V4_LOGITS_FP64,
