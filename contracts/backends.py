@@ -367,7 +367,8 @@ class Backend:
     def derive(self, name: str, *, description: str = "", **overrides: Callable) -> Backend:
         """A copy with some operators replaced (how seeded defects and partial backends are built)."""
         return Backend(name, {**self._ops, **self._comparators, **overrides}, platform=self.platform,
-                       description=description)
+                       description=description,
+                       variants={k: v for k, v in self.variants.items() if k not in overrides})
 
     def without(self, name: str, *ops: str) -> Backend:
         return Backend(name, {k: v for k, v in {**self._ops, **self._comparators}.items() if k not in ops},
@@ -504,24 +505,22 @@ def pypto_backend(platform: str | None = None, device: str | None = None, pypto_
     return make_backend(platform or "a5sim", device=device, pypto_lib=pypto_lib)
 
 
-def _cpu(factory: Callable[[], Backend], name: str) -> Callable[..., Backend]:
+def _cpu(factory: Callable[..., Backend], name: str, *, checkout: bool = False) -> Callable[..., Backend]:
+    """A CPU backend's factory: --platform / --device refused; --pypto-lib passed on when it takes a checkout."""
     def make(platform=None, device=None, pypto_lib=None) -> Backend:
         given = [f"--{k.replace('_', '-')} {v}" for k, v in
-                 (("platform", platform), ("device", device), ("pypto_lib", pypto_lib)) if v is not None]
+                 (("platform", platform), ("device", device), ("pypto_lib", None if checkout else pypto_lib))
+                 if v is not None]
         if given:
             raise BackendError(f"backend {name!r} runs on the CPU: {', '.join(given)} applies to device backends "
                                "(--backend pypto)")
-        return factory()
+        return factory(pypto_lib) if checkout else factory()
 
     return make
 
 
-def upstream_backend(platform: str | None = None, device: str | None = None, pypto_lib: str | None = None) -> Backend:
+def upstream_backend(pypto_lib: str | None = None) -> Backend:
     """Upstream's own Torch goldens from a pypto-lib checkout (``backends.upstream``), on the CPU."""
-    given = [f"--{k} {v}" for k, v in (("platform", platform), ("device", device)) if v is not None]
-    if given:
-        raise BackendError(f"backend 'upstream' runs upstream's Torch goldens on the CPU: {', '.join(given)} "
-                           "applies to --backend pypto")
     from backends.upstream import make_backend
 
     return make_backend(pypto_lib)
@@ -530,7 +529,7 @@ def upstream_backend(platform: str | None = None, device: str | None = None, pyp
 BUILTIN: dict[str, Callable[..., Backend]] = {"torch": _cpu(torch_backend, "torch"),
                                               "emulated": _cpu(emulated_backend, "emulated"),
                                               "pypto": pypto_backend,
-                                              "upstream": upstream_backend}
+                                              "upstream": _cpu(upstream_backend, "upstream", checkout=True)}
 
 
 def get_backend(name: str, *, platform: str | None = None, device: str | None = None,

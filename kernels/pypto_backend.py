@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
+from backends.upstream.backend import ALLOW_TEST_DOUBLE, TEST_DOUBLE_MARKER, revision  # noqa: F401 (shared with the upstream backend)
+
 PLATFORMS = ("a5sim", "a5")
-TEST_DOUBLE_MARKER = "PTO_CONTRACTS_TEST_DOUBLE"
-ALLOW_TEST_DOUBLE = "PTO_CONTRACTS_ALLOW_TEST_DOUBLE"
 
 
 class UpstreamRunError(RuntimeError):
@@ -46,13 +46,6 @@ def pypto_lib_root(option: str | None) -> tuple[Path | None, str | None]:
         return None, (f"{root} is pto-contracts' test double of upstream (tests/fake_upstream), never used "
                       "outside the project's tests")
     return root.resolve(), None
-
-
-def revision(root: Path) -> str:
-    """The checkout's git revision, or what is known instead (shared with the upstream-goldens backend)."""
-    from backends.upstream.backend import revision as checkout_revision
-
-    return checkout_revision(root)
 
 
 def detect_toolchain(root: Path) -> str | None:

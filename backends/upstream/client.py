@@ -23,6 +23,7 @@ class Worker:
         self.root = root
         self.proc: subprocess.Popen | None = None
         self.info: dict = {}
+        atexit.register(self.close)
         self.log = tempfile.NamedTemporaryFile(prefix="pto-upstream-worker-", suffix=".log", delete=False)  # noqa: SIM115 (kept open for the worker's stderr)
 
     def _start(self) -> None:
@@ -34,11 +35,10 @@ class Worker:
         env.setdefault("OMP_NUM_THREADS", "1")
         self.proc = subprocess.Popen([sys.executable, "-O", "-m", "backends.upstream.worker", str(self.root)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env)
-        hello = protocol._read(self.proc.stdout)
+        hello = protocol.read_message(self.proc.stdout)
         if not isinstance(hello, dict) or not hello.get("ready"):
             raise UpstreamError(f"the upstream worker for {self.root} did not start (see {self.log.name})")
         self.info = hello
-        atexit.register(self.close)
 
     def call(self, folder: str, module: str, function: str, tensors: dict, *, fields: dict | None = None,
              constants: dict | None = None) -> dict:
@@ -47,8 +47,8 @@ class Worker:
         request = {"folder": folder, "module": module, "function": function, "tensors": tensors,
                    "fields": fields or {}, "constants": constants or {}}
         try:
-            protocol._write(self.proc.stdin, request)
-            answer = protocol._read(self.proc.stdout)
+            protocol.write_message(self.proc.stdin, request)
+            answer = protocol.read_message(self.proc.stdout)
         except (BrokenPipeError, OSError) as exc:
             answer = {"error": f"worker died ({exc})"}
         if answer is None:

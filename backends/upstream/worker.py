@@ -24,7 +24,7 @@ import traceback
 import torch
 
 
-def _read(stream) -> object | None:
+def read_message(stream) -> object | None:
     head = stream.read(8)
     if len(head) < 8:
         return None
@@ -32,7 +32,7 @@ def _read(stream) -> object | None:
     return torch.load(io.BytesIO(stream.read(size)), weights_only=True)
 
 
-def _write(stream, obj: object) -> None:
+def write_message(stream, obj: object) -> None:
     buf = io.BytesIO()
     torch.save(obj, buf)
     data = buf.getvalue()
@@ -86,9 +86,9 @@ def main() -> int:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # upstream prints go to stderr, never into the protocol stream
     modules = Modules(root)
-    _write(stdout, {"ready": True, "shim": shimmed, "threads": torch.get_num_threads(), "python": sys.version})
+    write_message(stdout, {"ready": True, "shim": shimmed, "threads": torch.get_num_threads(), "python": sys.version})
     while True:
-        request = _read(stdin)
+        request = read_message(stdin)
         if request is None:
             return 0
         try:
@@ -97,11 +97,11 @@ def main() -> int:
             fn = getattr(mod, request["function"])
             tensors = request["tensors"]
             fn(tensors)
-            _write(stdout, {"tensors": tensors})
+            write_message(stdout, {"tensors": tensors})
         except Exception as exc:  # one line back to the client, the trace on the worker's stderr
             traceback.print_exc(file=sys.stderr)
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            _write(stdout, {"error": f"{type(exc).__name__}: {exc} (at {os.path.basename(where.filename)}:"
+            write_message(stdout, {"error": f"{type(exc).__name__}: {exc} (at {os.path.basename(where.filename)}:"
                                      f"{where.lineno})"})
 
 

@@ -319,8 +319,8 @@ def check_candidate_blocks(actual: torch.Tensor, scores: torch.Tensor, compresse
                                   f"kept (cutoff {float(cutoff):.6g})", note="above the cutoff (forced blocks: inf)"))
                 break
         else:
-            visible_all = nblocks * block <= width or width >= length
-            if (visible_all and seen != want) or seen > want:
+            every_block_seen = (nblocks - 1) * block < width
+            if (every_block_seen and seen != want) or seen > want:
                 t_.fail(Violation("candidate_mask", (t,), f"{seen} blocks kept", f"{want}",
                                   note="min(topk_blocks, finite blocks); ties at the cutoff count once each"))
     return t_.result()

@@ -104,8 +104,8 @@ def compressor_ratio2_paged(
             owner.setdefault(block, r)
     kv = project(x[:total], weights.wkv)
     score = project(x[:total], weights.wgate)
-    ring = state if shared_block == "in_place" else state_cache  # in place: a request reads earlier requests' writes
-    writes: list[tuple[int, int, int]] = []
+    # each request's writes land before the next request reads: upstream's in-place ring. With one request per
+    # block (the "refuse" rule) a request reads only its own block, so this equals every read before any write.
     for r in range(state_block_table.shape[0]):
         start, end = qsl[r], min(qsl[r + 1], total)
         block = int(state_block_table[r, 0])
@@ -119,25 +119,18 @@ def compressor_ratio2_paged(
                 if t > start:
                     prev_kv, prev_score = kv[t - 1], score[t - 1]
                 else:
-                    slot = ring[block, (p - 1) % capacity]
+                    slot = state[block, (p - 1) % capacity]
                     prev_kv, prev_score = slot[:head_dim], slot[head_dim:]
                 pair_kv = torch.stack((prev_kv, kv[t]))
                 weight = torch.stack((prev_score, score[t])).softmax(dim=0)
                 pooled = (pair_kv * weight).sum(dim=0)
                 latent[t] = rms_norm(pooled.to(x.dtype), weights.norm, eps)
                 publish[t] = True
-        for t in range(max(start, end - capacity), end):
+        for t in range(max(start, end - capacity), end):  # after this request's reads
             p = int(pos_of[t])
             if int(req_of[t]) == r and p >= 0:
-                writes.append((block, p % capacity, t))
-        if shared_block == "in_place":  # this request's writes land before the next request reads
-            for block_w, slot, t in writes:
-                state[block_w, slot, :head_dim] = kv[t]
-                state[block_w, slot, head_dim:] = score[t]
-            writes = []
-    for block, slot, t in writes:  # every historical read above happened before any write
-        state[block, slot, :head_dim] = kv[t]
-        state[block, slot, head_dim:] = score[t]
+                state[block, p % capacity, :head_dim] = kv[t]
+                state[block, p % capacity, head_dim:] = score[t]
     return latent, publish, state
 
 
