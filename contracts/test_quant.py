@@ -371,3 +371,25 @@ def test_each_rule_matches_its_hand_vectors(backend, rule_name):
             f"{rule_name} probe {i} {RULE_VECTORS[rule_name][i][0]}: scale 0x{got_s[i]:02x}, payload "
             f"{[f'0x{b:02x}' for b in got_p[i][:3]]}; expected scale 0x{scales[i]:02x}, payload "
             f"{[f'0x{b:02x}' for b in payloads[i][:3]]} (§2.2)")
+
+
+@pytest.mark.parametrize("probe, qmax, rules", [(_E, 448.0, ("window_host", "window_host_exact")),
+                                               (_F, 6.0, ("index", "index_exact"))], ids=["E-mxfp8", "F-fp4-index"])
+def test_the_ulp_probes_separate_the_log2_ceiling_from_the_exact_one(probe, qmax, rules):
+    """Probes E and F, computed here apart from the code: amax/qmax in FP32 is 2^k·(1 + 2^-23); the exact
+    power-of-two ceiling (a Fraction) is 2^(k+1), upstream's ceil(log2(.)) evaluated in FP32 (log2 correctly
+    rounded to FP32, here from float64 through numpy's float32) is 2^k. The two rules' hand-vector scale bytes are
+    127 + each exponent, so the probe separates them. Spec: §2.2; docs/upstream.md."""
+    import math
+    from fractions import Fraction
+
+    import numpy as np
+
+    raw = np.float32(np.float32(probe[0]) / np.float32(qmax))
+    k = math.floor(math.log2(float(raw)))
+    assert Fraction(float(raw)) == Fraction(2) ** k * (1 + Fraction(1, 2**23)), "not one ulp above a power of two"
+    exact = k + 1  # the smallest 2^e >= raw
+    log2_fp32 = math.ceil(float(np.float32(math.log2(float(raw)))))
+    assert (log2_fp32, exact) == (k, k + 1), (log2_fp32, exact)
+    log2_rule, exact_rule = rules
+    assert RULE_VECTORS[log2_rule][-1][1] == 127 + log2_fp32 and RULE_VECTORS[exact_rule][-1][1] == 127 + exact

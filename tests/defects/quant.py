@@ -167,6 +167,14 @@ def _publishing(quantize):
     return publish
 
 
+def _host_exact_ceiling(x, rule_name):
+    """Wrong (the rule before issue #23): the host and index rules take the exact power-of-two ceiling, not
+    upstream's FP32 ceil(log2)."""
+    exact = {"window_host": "window_host_exact", "index": "index_exact"}
+    q = QUANTIZE(x, exact.get(quant.rule(rule_name).name, rule_name))
+    return quant.MXTensor(q.payload, q.scale, quant.rule(rule_name).name)
+
+
 SWAPPED_NIBBLES = _base.derive("defect:swapped-nibbles", mx_quantize=_swapped_nibbles)
 ROUND_HALF_UP = _base.derive("defect:round-half-up", mx_quantize=_round_half_up)
 SCALE_FLOOR = _base.derive("defect:scale-floor", mx_quantize=_scale_floor)
@@ -175,6 +183,7 @@ E4M3_CLAMP_240 = _base.derive("defect:e4m3-clamp-240", mx_quantize=_e4m3_clamp_2
 PUBLISH_UNMAPPED = _base.derive("defect:publish-unmapped", cache_publish=_publish_unmapped)
 E8M0_BIAS_128 = _base.derive("defect:e8m0-bias-128", mx_quantize=_e8m0_bias_128)
 DEQUANT_HALF_SCALE = _base.derive("defect:dequant-half-scale", mx_dequantize=_dequant_half_scale)
+HOST_EXACT_CEILING = _base.derive("defect:host-exact-ceiling", mx_quantize=_host_exact_ceiling)
 NAN_TO_ZERO = _base.derive("defect:nan-to-zero", mx_quantize=_nan_to_zero)
 SIGNLESS_ZERO = _base.derive("defect:signless-zero", mx_quantize=_signless_zero)
 DEQUANT_SATURATES = _base.derive("defect:dequant-saturates", mx_dequantize=_dequant_saturates)

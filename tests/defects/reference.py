@@ -158,6 +158,13 @@ def _candidates_no_force(scores, compressed_lens, *, block, topk_blocks, width=N
 
 # registrations: each defect is the torch backend with one operator replaced
 _base = torch_backend()
+def _shared_block_unchecked(*args, **kwargs):
+    """Wrong: two requests on one state block are not refused (the check dropped; the ring updated in place)."""
+    return REF(*args, shared_block="in_place", **kwargs)
+
+
+COMPRESSOR_SHARED_BLOCK_UNCHECKED = _base.derive("defect:compressor-shared-block-unchecked",
+                                                 compressor_ratio2=_shared_block_unchecked)
 COMPRESSOR_ALL_ROWS_WRITE = _base.derive("defect:compressor-all-rows-write", compressor_ratio2=_all_rows_write)
 COMPRESSOR_PARTNER_WRONG_SLOT = _base.derive("defect:compressor-partner-wrong-slot",
                                              compressor_ratio2=_partner_wrong_slot)

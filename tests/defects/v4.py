@@ -307,7 +307,8 @@ PREFILL_DECODE_WIDTH = _base.derive("defect:v4-prefill-indexer-decode-width",
                                     v4_prefill_indexer=_prefill_indexer_variant(decode_width=True))
 
 
-def _prefill_compressor_variant(*, padding_read=False, unpersisted_written=False, prev_zero_score=False):
+def _prefill_compressor_variant(*, padding_read=False, unpersisted_written=False, prev_zero_score=False,
+                                rope_from_table=False):
     """A port of v4_prefill_compressor with one rule changed (see each defect below)."""
     from kernels.v4 import compressor as c
     from kernels.v4 import prefill_compressor as pc
@@ -352,6 +353,8 @@ def _prefill_compressor_variant(*, padding_read=False, unpersisted_written=False
             state_slot_mapping = torch.tensor([int(state_block_table[int(p) // page]) * page + int(p) % page
                                                for p in position_ids.tolist()])
         ops = {"v4_compressor": zero_score_compressor} if prev_zero_score else None
+        if rope_from_table:  # the rotated width taken from the table (upstream's full-width freqs rotate 2x dims)
+            rope_head_dim = 2 * rope_cos.shape[1]
         return pc.v4_prefill_compressor(x, position_ids, num_tokens, state_block_table, state_pool, weights,
                                         cmp_slot_mapping, state_slot_mapping, cmp_pool, rope_cos, rope_sin,
                                         ratio=ratio, rope_head_dim=rope_head_dim, eps=eps, ops=ops)
@@ -365,6 +368,8 @@ PREFILL_UNPERSISTED_WRITTEN = _base.derive("defect:v4-prefill-compressor-unpersi
                                            v4_prefill_compressor=_prefill_compressor_variant(unpersisted_written=True))
 PREV_HALF_ZERO_SCORE = _base.derive("defect:v4-prefill-compressor-prev-zero-score",
                                     v4_prefill_compressor=_prefill_compressor_variant(prev_zero_score=True))
+PREFILL_ROPE_WIDTH_FROM_TABLE = _base.derive("defect:v4-prefill-rope-width-from-table",
+                                             v4_prefill_compressor=_prefill_compressor_variant(rope_from_table=True))
 
 
 def _txn_variant(*, epoch_ignored=False, range_ignored=False, no_overlay=False, commit_first=False):
@@ -476,6 +481,14 @@ GATE_BIAS_IN_WEIGHTS = _base.derive("defect:v4-gate-bias-in-weights", v4_gate=_g
 GATE_HASH_BY_SCORE = _base.derive("defect:v4-gate-hash-by-score", v4_gate=_gate_variant(hash_by_score=True))
 GATE_SCALE_RECIPROCAL = _base.derive("defect:v4-gate-scale-reciprocal", v4_gate=_gate_variant(scale_reciprocal=True))
 GATE_NAIVE_SOFTPLUS = _base.derive("defect:v4-gate-naive-softplus", v4_gate=_gate_variant(naive_softplus=True))
+def _gate_padding_codes_zero(*args, **kwargs):
+    """Wrong (the rule before issue #23): the padding rows' x_norm_i8 zeroed inside the gate's active tile."""
+    from kernels.v4.gate import v4_gate
+
+    return v4_gate(*args, **{**kwargs, "padding_codes": "zero"})
+
+
+GATE_PADDING_CODES_ZERO = _base.derive("defect:v4-gate-padding-codes-zero", v4_gate=_gate_padding_codes_zero)
 GATE_PADDING_ROUTED = _base.derive("defect:v4-gate-padding-routed", v4_gate=_gate_variant(padding_routed=True))
 
 
