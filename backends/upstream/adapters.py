@@ -68,8 +68,25 @@ def _gate(run, x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid
     return {name: out[name] for name in ("x_norm_i8", "x_norm_scale", "indices", "weights")}
 
 
+def _mtp_projection(run, hidden, prev, enorm, hnorm, e_proj, e_scale, e_smooth, h_proj, h_scale, h_smooth, *,
+                    config):
+    """mtp_projection -> mtp_projection.py::golden_mtp_projection (T from the tensors, D and hc from the preset)."""
+    from kernels.v4.mtp import check_mtp_projection
+
+    check_mtp_projection(hidden, prev, e_proj, h_proj, config=config)
+    t, hc, d = prev.shape
+    tensors = {"hidden_states": hidden.to(torch.bfloat16).clone(), "prev_hidden_states": prev.float().clone(),
+               "enorm_w": enorm.float().clone(), "hnorm_w": hnorm.float().clone(),
+               "e_proj_w": e_proj.clone(), "e_proj_w_scale": e_scale.float().reshape(d).clone(),
+               "e_proj_smooth": e_smooth.float().reshape(d).clone(), "h_proj_w": h_proj.clone(),
+               "h_proj_w_scale": h_scale.float().reshape(d).clone(), "h_proj_smooth": h_smooth.float().reshape(d).clone(),
+               "hidden_states_out": torch.zeros(t, hc, d, dtype=torch.float32)}
+    return run(tensors, _variant_fields(config), {})["hidden_states_out"]
+
+
 ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_gate", PRO, "gate", "golden_gate_core", _gate),
+    Adapter("mtp_projection", PRO, "mtp_projection", "golden_mtp_projection", _mtp_projection),
 )}
 
 # Where upstream's golden follows a named variant of this project's rule rather than the default (the contracts
@@ -88,7 +105,6 @@ PENDING: dict[str, str] = {
     "hc_post": f"models/{PRO}/hc_post.py::golden_hc_post",
     "hc_head": f"models/{PRO}/hc_head.py::golden_hc_head",
     "lm_head": f"models/{PRO}/lm_head.py::golden_lm_head",
-    "mtp_projection": f"models/{PRO}/mtp_projection.py::golden_mtp_projection",
     "v4_qkv_proj_rope": f"models/{PRO}/qkv_proj_rope.py::golden_qkv_proj_rope",
     "v4_compressor": f"models/{PRO}/decode_compressor_ratio4.py / decode_compressor_ratio128.py::golden_compressor",
     "v4_prefill_compressor": f"models/{PRO}/prefill_compressor_ratio4.py / _ratio128.py",

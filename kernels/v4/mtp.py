@@ -54,11 +54,9 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.float()
 
 
-def mtp_projection(hidden: torch.Tensor, prev: torch.Tensor, enorm: torch.Tensor, hnorm: torch.Tensor,
-                   e_proj: torch.Tensor, e_scale: torch.Tensor, e_smooth: torch.Tensor, h_proj: torch.Tensor,
-                   h_scale: torch.Tensor, h_smooth: torch.Tensor, *, config) -> torch.Tensor:
-    """hidden [T, D] BF16, prev [T, hc, D] FP32, INT8 projections [D, D] (out-major) with per-output scales
-    -> [T, hc, D] FP32. Spec: §8."""
+def check_mtp_projection(hidden: torch.Tensor, prev: torch.Tensor, e_proj: torch.Tensor, h_proj: torch.Tensor, *,
+                         config) -> None:
+    """The call's shapes and INT8 weights (raises ContractInputError). Spec: §8."""
     t, d, hc = hidden.shape[0], config.hidden_size, config.hc_mult
     if hidden.shape != (t, d) or prev.shape != (t, hc, d):
         raise ContractInputError("mtp_projection", None, f"hidden [T, {d}] and prev [T, {hc}, {d}]",
@@ -66,6 +64,14 @@ def mtp_projection(hidden: torch.Tensor, prev: torch.Tensor, enorm: torch.Tensor
     for name, w in (("e_proj", e_proj), ("h_proj", h_proj)):
         if w.dtype != torch.int8 or w.shape != (d, d):
             raise ContractInputError(name, None, f"INT8 [{d}, {d}]", f"{w.dtype}{list(w.shape)}", SPEC)
+
+
+def mtp_projection(hidden: torch.Tensor, prev: torch.Tensor, enorm: torch.Tensor, hnorm: torch.Tensor,
+                   e_proj: torch.Tensor, e_scale: torch.Tensor, e_smooth: torch.Tensor, h_proj: torch.Tensor,
+                   h_scale: torch.Tensor, h_smooth: torch.Tensor, *, config) -> torch.Tensor:
+    """hidden [T, D] BF16, prev [T, hc, D] FP32, INT8 projections [D, D] (out-major) with per-output scales
+    -> [T, hc, D] FP32. Spec: §8."""
+    check_mtp_projection(hidden, prev, e_proj, h_proj, config=config)
     eps = config.rms_norm_eps
     e = _linear_int8(_rms(hidden, enorm, eps) * e_smooth.float(), e_proj, e_scale, config)
     h = _linear_int8(_rms(prev, hnorm, eps) * h_smooth.float(), h_proj, h_scale, config)
