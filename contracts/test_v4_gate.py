@@ -178,9 +178,32 @@ def test_the_dispatch_scale_is_amax_over_127_times_the_rms(backend):
     want, other = (product, reciprocal) if rule == "product" else (reciprocal, product)
     formula = "amax · (1/127) · inv_rms" if rule == "product" else "1 / (127 / amax) · inv_rms"
     assert torch.equal(a["x_norm_scale"], want), f"x_norm_scale is not {formula} (the {rule!r} rule of DEQUANT_FACTOR)"
-    named = v4_gate(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], 61, 512, i["tid2eid"], i["input_ids"],
-                    config=config, dequant_factor="product" if rule == "reciprocal" else "reciprocal")
-    assert torch.equal(named["x_norm_scale"], other), "the other named factor rule is not the other formula"
+    assert not torch.equal(a["x_norm_scale"], other)
+
+
+@pytest.mark.parametrize("rule", ["product", "reciprocal"])
+def test_each_named_dispatch_factor_rule_is_its_formula(backend, rule):
+    """``dequant_factor`` selects the factor by name: "product" amax · (1/127) · inv_rms (upstream's kernel),
+    "reciprocal" 1 / (127 / amax) · inv_rms (upstream's golden), each bit for bit on rows that separate them (sums
+    of squares exact in FP32, as in the test above). A backend with one rule only skips the other. Spec: §8."""
+    config = MODELS[0]
+    g = torch.Generator().manual_seed(61)
+    ints = torch.randint(-15, 16, (256, config.hidden_size), generator=g).float()
+    ints[:, 0] = 15.0
+    i = _inputs(config, 6, num_tokens=T)
+    i.update(x_mixed=(ints * 2.0 ** torch.randint(-3, 4, (256, 1), generator=g).float()).to(torch.bfloat16),
+             input_ids=torch.zeros(256, dtype=torch.int64), num_tokens=256)
+    out = op(backend, "v4_gate")(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], 61, 256, i["tid2eid"],
+                                 i["input_ids"], config=config, dequant_factor=rule)
+    x = i["x_mixed"].float()
+    xg = x * i["norm_w"].float()
+    amax = xg.abs().amax(-1, keepdim=True)
+    inv_rms = torch.rsqrt((x.double().pow(2).sum(-1, keepdim=True) / x.shape[1]).float() + config.rms_norm_eps)
+    product = amax * torch.tensor(1 / 127, dtype=torch.float32) * inv_rms
+    reciprocal = torch.reciprocal(torch.full_like(amax, 127.0) / amax) * inv_rms
+    assert bool((product != reciprocal).any()), "no row separates the two factor rules"
+    want = product if rule == "product" else reciprocal
+    assert torch.equal(out["x_norm_scale"], want), f"dequant_factor={rule!r} is not its formula"
 
 
 def test_the_softplus_keeps_its_negative_tail(backend):

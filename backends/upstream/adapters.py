@@ -43,7 +43,7 @@ def _variant_fields(config) -> dict:
 
 
 def _gate(run, x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, *, config,
-          padding_codes="quantized"):
+          padding_codes="quantized", dequant_factor="reciprocal"):
     """v4_gate -> gate.py::golden_gate_core at T = x_mixed rows (MOE_TOKENS), the call's experts and vocabulary.
     Upstream has one padding rule (every row coded): the 'zero' variant is this project's only."""
     from contracts.backends import Unsupported
@@ -53,6 +53,9 @@ def _gate(run, x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid
     if padding_codes != "quantized":
         raise Unsupported(f"upstream's gate golden codes every row; padding_codes={padding_codes!r} is this "
                           "project's named variant only")
+    if dequant_factor != "reciprocal":
+        raise Unsupported(f"upstream's gate golden dequantizes by 1 / (127 / amax); dequant_factor={dequant_factor!r} "
+                          "is upstream's kernel's rule, not its golden's")
     tokens, d = x_mixed.shape
     k = config.num_experts_per_tok
     fields = dict(_variant_fields(config), vocab_size=int(tid2eid.shape[0]))
