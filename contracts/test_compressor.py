@@ -362,3 +362,31 @@ def test_two_requests_on_one_state_block_are_refused_or_updated_in_place_by_name
     assert not torch.equal(in_place[0][2], stale[0][0]), "the case does not separate in place from reads-first"
     with pytest.raises(ContractInputError, match="shared_block"):
         compressor_ratio2_paged(*args, shared_block="later")
+
+
+@pytest.mark.parametrize("second, table, shared", [
+    ("empty span", [[0], [0]], False),
+    ("beyond num_tokens", [[1], [1]], False),
+    ("block out of range", [[3], [3]], False),
+    ("block 0 shared", [[0], [0]], True),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_only_requests_with_tokens_on_a_real_block_count_as_sharing_it(backend, second, table, shared):
+    """The shared-block refusal counts a request only when it has tokens in this call (num_tokens cuts its span)
+    and a block inside the cache: a second request with an empty span, with every row past num_tokens, or with
+    both on a block outside [0, blocks) (skipped, as the docstring says) is not a conflict; two real requests on
+    block 0 are. Spec: §4.1."""
+    from kernels.errors import ContractInputError
+
+    ring = Ring(FLASH_TINY, 4, 3, seed=42)
+    a, b = ring.tokens(2), ring.tokens(2)
+    x = torch.cat((a, b))
+    qsl = {"empty span": [0, 2, 2], "beyond num_tokens": [0, 2, 4]}.get(second, [0, 2, 4])
+    total = 2 if second == "beyond num_tokens" else qsl[-1]
+    args = (x, torch.tensor(qsl), torch.tensor([4, 5, 6, 7]), torch.tensor([0, 0, 1, 1]), torch.tensor(table),
+            ring.state, ring.weights)
+    run = op(backend, "compressor_ratio2")
+    if shared:
+        with pytest.raises(ContractInputError, match="request 0 has block 0"):
+            run(*args, num_tokens=total)
+    else:
+        run(*args, num_tokens=total)

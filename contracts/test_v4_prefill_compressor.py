@@ -337,5 +337,6 @@ def test_upstreams_full_width_rope_table_reads_its_first_half(backend, ratio, st
     assert not torch.equal(misread["cmp_pool"], half["cmp_pool"]), "the case does not separate the two widths"
     with pytest.raises(ContractInputError, match=r"rope_cos/rope_sin.*\[positions, 2\].*\[positions, 4\]"):
         _call(backend, dict(i, rope_cos=full["rope_cos"][:, :3], rope_sin=full["rope_sin"][:, :3]), ratio)
-    with pytest.raises(ContractInputError, match="rope_head_dim"):
-        _call(backend, i, ratio, rope_head_dim=3)
+    for bad in (3, 0, -4):  # odd, zero, negative
+        with pytest.raises(ContractInputError, match="rope_head_dim"):
+            _call(backend, i, ratio, rope_head_dim=bad)
