@@ -294,6 +294,8 @@ EQUIVALENT: dict[str, str] = {
         "and FP32), and the attention half-layer RMS-normalises its projections, so no output of the chain moves "
         "(measured: it survives every Block contract); the one-hot of 1.0 is pinned on the function directly by "
         "contracts/test_mhc.py.",
+    'kernels.v4.prefill_compressor:rope_half_rows:const:0->1#0':
+        "rope_head_dim <= 1 instead of <= 0: the only value between is 1, which the odd check refuses the same way.",
     'kernels.quant:_ceil_pow2_exponent:drop-call:exp.to(torch.int64)[to]->(skipped)#0': CASTNOOP,
     'kernels.quant:_ceil_pow2_exponent:drop-call:v.to(torch.float32).view(torch.int32).to(torch.int64)[to]->(skipped)#0': CASTNOOP,
     'kernels.quant:_ceil_pow2_exponent:drop-call:v.to(torch.float32)[to]->(skipped)#0': CASTNOOP,
