@@ -51,7 +51,7 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
         OperatorSpec("cache_read", "(cache: QuantCache, *, dtype=bfloat16)", "[blocks, rows, 1, logical]", "§2.3"),
         OperatorSpec("compressor_ratio2",
                      "(x [T,hidden], query_start_loc, position_ids, token_to_req_indices, state_block_table [B,1], "
-                     "state_cache [blocks,cap,2D] FP32, weights, *, eps, num_tokens)",
+                     "state_cache [blocks,cap,2D] FP32, weights, *, eps, num_tokens, shared_block='refuse'|'in_place')",
                      "(latent [T,D], publish [T] bool, new state_cache)", "§4.1"),
         OperatorSpec("materialize_rope_rows",
                      "(freqs_cos [L,R], freqs_sin, position_ids [T], num_tokens, rope_cos [T,R], rope_sin) in place",
@@ -128,7 +128,8 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "transaction (only current-epoch pages in the valid range are read; this step overlays; the "
                      "commit follows the pool)", "§8"),
         OperatorSpec("v4_gate", "(x_mixed [T,D] BF16, norm_w [D] BF16, gate_w [E,D] FP32, gate_bias [E], layer_id, "
-                     "num_tokens, tid2eid [V,K] INT32, input_ids [T], *, config (V4))",
+                     "num_tokens, tid2eid [V,K] INT32, input_ids [T], *, config (V4), padding_codes='quantized'|'zero', "
+                     "dequant_factor='product'|'reciprocal')",
                      "{x_norm_i8 [T,D] INT8, x_norm_scale [T,1] (amax/127 · inv_rms), indices [T,K] INT32, weights "
                      "[T,K]}: V4's MoE router (hash layers by token id, else biased top-k; unbiased weights)", "§8"),
         OperatorSpec("v4_expert", "(x_i8 [N,D] INT8, x_scale [N,1], route_weight [N] or None (shared), weights "
