@@ -142,6 +142,29 @@ def test_the_first_layers_route_by_token_id(backend, layer_id, hashed):
     _judge(config, out, _independent(config, i, layer_id), i)
 
 
+def _exact_square_sum_rows(config, i, seed, rows):
+    """``i`` with ``rows`` rows of small integers times a power of two per row (every row's amax 15 · 2^e): every
+    square and every partial sum of squares is exact in FP32, so inv_rms is the same bits in any summation order
+    (upstream sums in two FP32 stages, this reference in FP64) and the rows pin the dispatch-factor rule alone."""
+    g = torch.Generator().manual_seed(seed)
+    ints = torch.randint(-15, 16, (rows, config.hidden_size), generator=g).float()
+    ints[:, 0] = 15.0
+    return dict(i, x_mixed=(ints * 2.0 ** torch.randint(-3, 4, (rows, 1), generator=g).float()).to(torch.bfloat16),
+                input_ids=torch.zeros(rows, dtype=torch.int64), num_tokens=rows)
+
+
+def _factor_rules(config, i):
+    """(product, reciprocal): the two factor rules computed here, amax · fl(1/127) · inv_rms and
+    1 / (127 / amax) · inv_rms, asserted to differ on some row."""
+    x = i["x_mixed"].float()
+    amax = (x * i["norm_w"].float()).abs().amax(-1, keepdim=True)
+    inv_rms = torch.rsqrt((x.double().pow(2).sum(-1, keepdim=True) / x.shape[1]).float() + config.rms_norm_eps)
+    product = amax * torch.tensor(1 / 127, dtype=torch.float32) * inv_rms
+    reciprocal = torch.reciprocal(torch.full_like(amax, 127.0) / amax) * inv_rms
+    assert bool((product != reciprocal).any()), "no row separates the two factor rules"
+    return product, reciprocal
+
+
 def test_the_dispatch_scale_is_amax_over_127_times_the_rms(backend):
     """The dispatched row's factor is amax · (1/127) · inv_rms, every step in FP32: a row and the same row times
     4 (exact in BF16) give the same codes and the same factor up to eps (the RMS divides out); over 512 rows whose
@@ -155,23 +178,9 @@ def test_the_dispatch_scale_is_amax_over_127_times_the_rms(backend):
     assert torch.equal(a["x_norm_i8"], b["x_norm_i8"]), "scaling the row by 4 moved its codes"
     assert torch.allclose(a["x_norm_scale"], b["x_norm_scale"], rtol=1e-6, atol=0), \
         "scaling the row by 4 moved its factor (the RMS must divide out, up to eps)"
-    g = torch.Generator().manual_seed(60)
-    # rows of small integers times a power of two per row: every square and every partial sum of squares is exact
-    # in FP32, so inv_rms is the same bits in any summation order (upstream sums in two FP32 stages, this
-    # reference in FP64) and the rows pin the factor rule alone
-    ints = torch.randint(-15, 16, (512, config.hidden_size), generator=g).float()
-    ints[:, 0] = 15.0
-    i["x_mixed"] = (ints * 2.0 ** torch.randint(-3, 4, (512, 1), generator=g).float()).to(torch.bfloat16)
-    i["input_ids"] = torch.zeros(512, dtype=torch.int64)
-    i["num_tokens"] = 512
+    i = _exact_square_sum_rows(config, i, 60, 512)
     a = _call(backend, config, i, 61)
-    x = i["x_mixed"].float()
-    xg = x * i["norm_w"].float()
-    amax = xg.abs().amax(-1, keepdim=True)
-    inv_rms = torch.rsqrt((x.double().pow(2).sum(-1, keepdim=True) / x.shape[1]).float() + config.rms_norm_eps)
-    product = amax * torch.tensor(1 / 127, dtype=torch.float32) * inv_rms
-    reciprocal = torch.reciprocal(torch.full_like(amax, 127.0) / amax) * inv_rms
-    assert bool((product != reciprocal).any()), "no row separates the two factor rules"
+    product, reciprocal = _factor_rules(config, i)
     # upstream's kernel computes the product, upstream's golden the reciprocal: a backend that follows the golden
     # says so (Backend.variants) and is judged by that named rule, bit for bit
     rule = backend.variants.get("v4_gate", {}).get("dequant_factor", "product")
@@ -187,21 +196,10 @@ def test_each_named_dispatch_factor_rule_is_its_formula(backend, rule):
     "reciprocal" 1 / (127 / amax) · inv_rms (upstream's golden), each bit for bit on rows that separate them (sums
     of squares exact in FP32, as in the test above). A backend with one rule only skips the other. Spec: §8."""
     config = MODELS[0]
-    g = torch.Generator().manual_seed(61)
-    ints = torch.randint(-15, 16, (256, config.hidden_size), generator=g).float()
-    ints[:, 0] = 15.0
-    i = _inputs(config, 6, num_tokens=T)
-    i.update(x_mixed=(ints * 2.0 ** torch.randint(-3, 4, (256, 1), generator=g).float()).to(torch.bfloat16),
-             input_ids=torch.zeros(256, dtype=torch.int64), num_tokens=256)
+    i = _exact_square_sum_rows(config, _inputs(config, 6, num_tokens=T), 61, 256)
     out = op(backend, "v4_gate")(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], 61, 256, i["tid2eid"],
                                  i["input_ids"], config=config, dequant_factor=rule)
-    x = i["x_mixed"].float()
-    xg = x * i["norm_w"].float()
-    amax = xg.abs().amax(-1, keepdim=True)
-    inv_rms = torch.rsqrt((x.double().pow(2).sum(-1, keepdim=True) / x.shape[1]).float() + config.rms_norm_eps)
-    product = amax * torch.tensor(1 / 127, dtype=torch.float32) * inv_rms
-    reciprocal = torch.reciprocal(torch.full_like(amax, 127.0) / amax) * inv_rms
-    assert bool((product != reciprocal).any()), "no row separates the two factor rules"
+    product, reciprocal = _factor_rules(config, i)
     want = product if rule == "product" else reciprocal
     assert torch.equal(out["x_norm_scale"], want), f"dequant_factor={rule!r} is not its formula"
 
