@@ -9,6 +9,7 @@ one exists). Both are read by ``backends.upstream.backend`` for the per-operator
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -87,9 +88,106 @@ def _mtp_projection(run, hidden, prev, enorm, hnorm, e_proj, e_scale, e_smooth, 
     return run(tensors, _variant_fields(config), {})["hidden_states_out"]
 
 
+def _hc_post(run, sublayer, x_hc, post_mix, residual_mix, *, rule="fp32"):
+    """hc_post -> hc_post.py::golden_hc_post: x = the sublayer's output, residual = the streams, post, comb.
+    Upstream's V4 streams are FP32 end to end, which is this project's ``rule="fp32"``."""
+    from contracts.backends import Unsupported
+    from kernels.reference.mhc import POST_RULES
+
+    if rule not in POST_RULES:
+        from kernels.reference.mhc import hc_post
+
+        return hc_post(sublayer, x_hc, post_mix, residual_mix, rule=rule)  # the caller's side: refused by name
+    if rule != "fp32":
+        raise Unsupported(f"upstream's hc_post golden keeps the FP32 sum; rule={rule!r} is the older golden's")
+    tokens, hc, d = x_hc.shape
+    if sublayer.shape != (tokens, d) or post_mix.shape != (tokens, hc) or residual_mix.shape != (tokens, hc, hc):
+        from kernels.reference.mhc import hc_post
+
+        return hc_post(sublayer, x_hc, post_mix, residual_mix, rule=rule)  # raises the caller-side error
+    tensors = {"x": sublayer.clone(), "residual": x_hc.clone(), "post": post_mix.float().clone(),
+               "comb": residual_mix.float().reshape(tokens, hc * hc).clone(),
+               "y": torch.zeros(tokens, hc, d, dtype=torch.float32)}
+    return run(tensors, {"hidden_size": d, "hc_mult": hc}, {})["y"]
+
+
+def _lm_head(run, hidden, weight, *, tp=1):
+    """lm_head -> lm_head.py::golden_lm_head with one DP owner holding every row (DP_SIZE 1, TP_SIZE tp,
+    MAX_LOGIT_ROWS T, row indices 0..T-1); its [1, T, vocab] logits are cut back into tp shards."""
+    from kernels.reference.lm_head import lm_head_layout
+
+    if hidden.ndim != 2 or weight.ndim != 2 or weight.shape[1] != hidden.shape[1]:
+        from kernels.reference.lm_head import lm_head
+
+        return lm_head(hidden, weight, tp=tp)  # raises the caller-side error
+    rows = lm_head_layout(vocab=weight.shape[0], tp=tp, dp=tp)
+    tokens, d = hidden.shape
+    vocab = weight.shape[0]
+    tensors = {"hidden_states": hidden.reshape(1, tokens, d).clone(),
+               "lm_head_weight": weight.reshape(tp, rows, d).clone(),
+               "logit_row_indices": torch.arange(tokens, dtype=torch.int32).reshape(1, tokens),
+               "logits": torch.zeros(1, tokens, vocab, dtype=torch.float32)}
+    out = run(tensors, {"hidden_size": d, "vocab_size": vocab}, {},
+              module_globals={"TP_SIZE": tp, "DP_SIZE": 1, "MAX_LOGIT_ROWS": tokens, "D": d, "VOCAB": vocab,
+                              "VOCAB_PER_TP": rows})
+    logits = out["logits"][0]
+    return [logits[:, r * rows:(r + 1) * rows].clone() for r in range(tp)]
+
+
+def _v4_expert(run, x_i8, x_scale, route_weight, weights, *, config):
+    """v4_expert -> expert_routed.py::golden_expert_routed (one local expert receiving the N rows, their routing
+    weights) or, for the shared expert (``route_weight`` None), expert_shared.py::golden_expert_shared."""
+    from kernels.v4.moe import check_v4_expert
+
+    check_v4_expert(x_i8, x_scale, weights)
+    n, d = x_i8.shape
+    inter = weights.w1.shape[0]
+    fields = dict(_variant_fields(config), hidden_size=d, moe_intermediate_size=inter)
+    w = {"w1": weights.w1.clone(), "w1_scale": weights.w1_scale.float().reshape(inter).clone(),
+         "w3": weights.w3.clone(), "w3_scale": weights.w3_scale.float().reshape(inter).clone(),
+         "w2": weights.w2.clone(), "w2_scale": weights.w2_scale.float().reshape(d).clone()}
+    if route_weight is None:
+        tensors = {"x_local_i8": x_i8.clone(), "x_local_scale_dq": x_scale.float().clone(),
+                   **{f"shared_{k}": v for k, v in w.items()}, "sh": torch.zeros(n, d, dtype=torch.bfloat16)}
+        return run(tensors, fields, {"MOE_TOKENS": n}, module="expert_shared", function="golden_expert_shared")["sh"]
+    tensors = {"recv_x": x_i8.reshape(1, n, d).clone(), "recv_scale_dq": x_scale.float().reshape(1, n).clone(),
+               "recv_weights": route_weight.float().reshape(1, n).clone(),
+               "recv_expert_count": torch.tensor([[n]], dtype=torch.int32),
+               **{f"routed_{k}": v.unsqueeze(0) for k, v in w.items()},
+               "recv_y": torch.zeros(1, n, d, dtype=torch.bfloat16)}
+    out = run(tensors, fields, {"RECV_MAX": n}, module_globals={"N_LOCAL_EXPERTS": 1, "RECV_MAX": n})
+    return out["recv_y"][0]
+
+
+def _v4_qkv_proj_rope(run, x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv, *, config):
+    """v4_qkv_proj_rope -> qkv_proj_rope.py::golden_qkv_proj_rope: the same layout (x [T, D], wq_a [D, Q_LORA],
+    wq_b INT8 [Q_LORA, H*hd], wkv [D, hd], RoPE tables read up to rope/2 columns); no num_tokens (every row)."""
+    from kernels.v4.qkv_proj import check_v4_qkv_proj_rope
+
+    check_v4_qkv_proj_rope(x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv, config=config)
+    tokens = x.shape[0]
+    heads, dim, lora = config.num_attention_heads, config.head_dim, config.q_lora_rank
+    tensors = {"x": x.clone(), "wq_a": wq_a.clone(), "wq_b": wq_b.clone(), "wq_b_scale": wq_b_scale.float().clone(),
+               "wkv": wkv.clone(), "rope_cos": rope_cos.clone(), "rope_sin": rope_sin.clone(),
+               "gamma_cq": gamma_cq.clone(), "gamma_ckv": gamma_ckv.clone(),
+               "q": torch.zeros(tokens, heads, dim, dtype=torch.bfloat16),
+               "kv": torch.zeros(tokens, dim, dtype=torch.bfloat16),
+               "qr": torch.zeros(tokens, lora, dtype=torch.int8),
+               "qr_scale": torch.zeros(tokens, 1, dtype=torch.float32)}
+    # the QR RMS chunk (256 at model geometry) and the A5 TROWSUM lane count (64) must divide Q_LORA and head_dim:
+    # at a tiny preset, the largest divisor of each (the model geometry keeps upstream's values)
+    out = run(tensors, _variant_fields(config), {},
+              module_globals={"Q_LORA_TILE": math.gcd(256, lora), "_A5_FP32_VECTOR_LANES": math.gcd(64, lora, dim)})
+    return {name: out[name] for name in ("q", "kv", "qr", "qr_scale")}
+
+
 ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_gate", PRO, "gate", "golden_gate_core", _gate),
     Adapter("mtp_projection", PRO, "mtp_projection", "golden_mtp_projection", _mtp_projection),
+    Adapter("hc_post", PRO, "hc_post", "golden_hc_post", _hc_post),
+    Adapter("lm_head", PRO, "lm_head", "golden_lm_head", _lm_head),
+    Adapter("v4_expert", PRO, "expert_routed", "golden_expert_routed", _v4_expert),
+    Adapter("v4_qkv_proj_rope", PRO, "qkv_proj_rope", "golden_qkv_proj_rope", _v4_qkv_proj_rope),
 )}
 
 # Where upstream's golden follows a named variant of this project's rule rather than the default (the contracts
@@ -102,13 +200,9 @@ VARIANTS: dict[str, dict[str, str]] = {
 # Operators upstream main has a golden for, not yet adapted (the golden named); every other operator: upstream
 # main has no golden for it (V4.1-Flash's, the harness's own compositions, comparators).
 PENDING: dict[str, str] = {
-    "v4_expert": f"models/{PRO}/expert_routed.py::golden_expert_routed",
     "v4_moe": f"models/{PRO}/moe.py::golden_moe",
     "hc_pre": f"models/{PRO}/hc_pre.py::golden_hc_pre",
-    "hc_post": f"models/{PRO}/hc_post.py::golden_hc_post",
     "hc_head": f"models/{PRO}/hc_head.py::golden_hc_head",
-    "lm_head": f"models/{PRO}/lm_head.py::golden_lm_head",
-    "v4_qkv_proj_rope": f"models/{PRO}/qkv_proj_rope.py::golden_qkv_proj_rope",
     "v4_compressor": f"models/{PRO}/decode_compressor_ratio4.py / decode_compressor_ratio128.py::golden_compressor",
     "v4_prefill_compressor": f"models/{PRO}/prefill_compressor_ratio4.py / _ratio128.py",
     "v4_indexer": f"models/{PRO}/decode_indexer.py::golden_indexer",

@@ -44,10 +44,10 @@ def _operator(adapter, root: Path):
     from backends.upstream.client import UpstreamError, worker
     from contracts.backends import BackendError
 
-    def run(tensors, fields, constants):
+    def run(tensors, fields, constants, *, module_globals=None, module=None, function=None):
         try:
-            return worker(root).call(adapter.folder, adapter.module, adapter.function, tensors, fields=fields,
-                                     constants=constants)
+            return worker(root).call(adapter.folder, module or adapter.module, function or adapter.function, tensors,
+                                     fields=fields, constants=constants, module_globals=module_globals)
         except UpstreamError as exc:
             raise BackendError(str(exc)) from None
 

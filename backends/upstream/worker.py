@@ -4,7 +4,9 @@ modules and runs their golden functions on request. Started by ``backends.upstre
 Protocol on stdin/stdout: each message is an 8-byte little-endian length and a ``torch.save`` payload of plain
 containers and tensors, read back with ``torch.load(weights_only=True)``. A request names the model folder, the
 module file, the golden function, config field overrides (applied to the checkout's ``config.ACTIVE``), config
-constant overrides, and the tensors dict the golden function fills in place; the answer is
+constant overrides, module global overrides (constants a module derives at import, e.g. ``lm_head.py``'s
+``TP_SIZE`` from its command line, set on the imported module before each call), and the tensors dict the golden
+function fills in place; the answer is
 ``{"tensors": ...}`` or ``{"error": "<one line>"}``.
 
 Why ``-O``: upstream's modules assert their kernels' tiling (e.g. ``D % GATE_D_TILE == 0``) at import; the golden
@@ -94,6 +96,10 @@ def main() -> int:
         try:
             mod = modules.load(request["folder"], request["module"], request.get("fields", {}),
                                request.get("constants", {}))
+            for name, value in request.get("globals", {}).items():
+                if not hasattr(mod, name):
+                    raise AttributeError(f"models/{request['folder']}/{request['module']}.py has no {name}")
+                setattr(mod, name, value)
             fn = getattr(mod, request["function"])
             tensors = request["tensors"]
             fn(tensors)

@@ -42,10 +42,8 @@ class V4ExpertWeights:
     w2_scale: torch.Tensor
 
 
-def v4_expert(x_i8: torch.Tensor, x_scale: torch.Tensor, route_weight: torch.Tensor | None,
-              weights: V4ExpertWeights, *, config) -> torch.Tensor:
-    """x_i8 [N, D] INT8, x_scale [N, 1] FP32, route_weight [N] FP32 or None (the shared expert) -> y [N, D] BF16.
-    Spec: §8."""
+def check_v4_expert(x_i8: torch.Tensor, x_scale: torch.Tensor, weights: V4ExpertWeights) -> None:
+    """The caller's side of ``v4_expert``: INT8 rows with [N, 1] scales, INT8 weights of matching shapes."""
     n, d = x_i8.shape
     inter = weights.w1.shape[0]
     if x_i8.dtype != torch.int8 or x_scale.shape != (n, 1):
@@ -55,6 +53,14 @@ def v4_expert(x_i8: torch.Tensor, x_scale: torch.Tensor, route_weight: torch.Ten
                            ("w2", weights.w2, (d, inter))):
         if w.dtype != torch.int8 or tuple(w.shape) != shape:
             raise ContractInputError(name, None, f"INT8 {list(shape)}", f"{w.dtype}{list(w.shape)}", SPEC)
+
+
+def v4_expert(x_i8: torch.Tensor, x_scale: torch.Tensor, route_weight: torch.Tensor | None,
+              weights: V4ExpertWeights, *, config) -> torch.Tensor:
+    """x_i8 [N, D] INT8, x_scale [N, 1] FP32, route_weight [N] FP32 or None (the shared expert) -> y [N, D] BF16.
+    Spec: §8."""
+    check_v4_expert(x_i8, x_scale, weights)
+    n = x_i8.shape[0]
     limit = config.swiglu_limit
     xs = x_scale.float()
     gate = int8_matmul(x_i8, weights.w1) * xs * weights.w1_scale.float()

@@ -44,13 +44,12 @@ def _rotate(n: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
 
 
-def v4_qkv_proj_rope(x: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor, wq_b_scale: torch.Tensor,
-                     wkv: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, gamma_cq: torch.Tensor,
-                     gamma_ckv: torch.Tensor, *, config) -> dict[str, torch.Tensor]:
-    """-> {"q" [T, H, head_dim] BF16, "kv" [T, head_dim] BF16, "qr" [T, Q_LORA] INT8, "qr_scale" [T, 1] FP32}.
-    Spec: §8."""
+def check_v4_qkv_proj_rope(x: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor, wq_b_scale: torch.Tensor,
+                           wkv: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, gamma_cq: torch.Tensor,
+                           gamma_ckv: torch.Tensor, *, config) -> None:
+    """The caller's side of ``v4_qkv_proj_rope``: shapes and dtypes against the preset."""
     hidden, lora, heads = config.hidden_size, config.q_lora_rank, config.num_attention_heads
-    dim, rope, eps = config.head_dim, config.qk_rope_head_dim, config.rms_norm_eps
+    dim, rope = config.head_dim, config.qk_rope_head_dim
     if x.ndim != 2 or x.shape[1] != hidden:
         raise ContractInputError("x", None, f"[T, {hidden}]", list(x.shape), SPEC)
     tokens = x.shape[0]
@@ -66,6 +65,17 @@ def v4_qkv_proj_rope(x: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor, wq
     for name, t in (("x", x), ("wq_a", wq_a), ("wkv", wkv), ("gamma_cq", gamma_cq), ("gamma_ckv", gamma_ckv)):
         if t.dtype != torch.bfloat16:
             raise ContractInputError(name, None, "BF16", str(t.dtype), SPEC)
+
+
+def v4_qkv_proj_rope(x: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor, wq_b_scale: torch.Tensor,
+                     wkv: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, gamma_cq: torch.Tensor,
+                     gamma_ckv: torch.Tensor, *, config) -> dict[str, torch.Tensor]:
+    """-> {"q" [T, H, head_dim] BF16, "kv" [T, head_dim] BF16, "qr" [T, Q_LORA] INT8, "qr_scale" [T, 1] FP32}.
+    Spec: §8."""
+    check_v4_qkv_proj_rope(x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv, config=config)
+    heads = config.num_attention_heads
+    dim, rope, eps = config.head_dim, config.qk_rope_head_dim, config.rms_norm_eps
+    tokens = x.shape[0]
     cos, sin = rope_cos[:, : rope // 2].float(), rope_sin[:, : rope // 2].float()
     xb = x.double()
 
