@@ -323,7 +323,8 @@ class Backend:
 
     def __init__(self, name: str, operators: Mapping[str, Callable], *, platform: str = "cpu",
                  unavailable: str | None = None, description: str = "", why_missing: Mapping[str, str] = (),
-                 replay: Callable | None = None, variants: Mapping[str, Mapping[str, str]] = ()):
+                 replay: Callable | None = None, variants: Mapping[str, Mapping[str, str]] = (),
+                 provenance: Mapping[str, object] = ()):
         unknown = sorted(set(operators) - set(OPERATORS))
         if unknown:
             raise BackendError(f"backend {name!r}: unknown operator(s) {unknown}; known: {sorted(KERNEL_OPERATORS)}")
@@ -340,6 +341,9 @@ class Backend:
         # operator -> {rule: named variant} where this backend follows a named variant, not the default rule (e.g.
         # upstream's goldens); the contracts pinning that rule judge the backend by the variant it names
         self.variants = {k: dict(v) for k, v in dict(variants).items()}
+        # where a backend's numbers come from, for trees recorded from it (upstream: repository, commit, dirty,
+        # goldens {operator: "models/<folder>/<file>.py::<function>"})
+        self.provenance = dict(provenance)
 
     def has(self, op: str) -> bool:
         return op in self._ops or op in COMPARATORS

@@ -60,6 +60,36 @@ def exact(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRes
                   Violation(f"{name} row", (row, col), av[col].item(), ev[col].item()))
 
 
+FP32_ULPS = 4
+
+
+def fp32_ulps(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """FP32 values within ``FP32_ULPS`` units in the last place of their row's largest expected magnitude (rows
+    along the last dim): what one FP32 summation order gives against another over terms of the row's size (a
+    router's weight normalisation, an RMS over chunks, an mHC expansion, a projection), where an element
+    cancelled to near zero may move many of its own ulps. A changed rule moves far more (a rule that differs by
+    one ulp is pinned by its contract, not here). Non-finite values must be identical."""
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    if a.numel() == 0:
+        return passed("fp32_ulps", "§7.3", 0)
+    af, ef = a.float(), e.float()
+    finite = torch.isfinite(ef)
+    row_max = torch.where(finite, ef.abs(), torch.zeros_like(ef)).amax(-1, keepdim=True)
+    ulp = (torch.nextafter(row_max, torch.tensor(float("inf"))) - row_max).expand_as(ef)
+    same_bits = byte_rows(af.reshape(-1, 1)).eq(byte_rows(ef.reshape(-1, 1))).all(1).reshape(ef.shape)
+    off = torch.where(finite, ~((af - ef).abs() <= FP32_ULPS * ulp), ~same_bits)
+    if not bool(off.any()):
+        return passed("fp32_ulps", "§7.3", af.numel())
+    score = torch.where(off, ((af - ef).abs() / ulp).nan_to_num(float("inf")), torch.zeros_like(ef))
+    i = int(score.reshape(-1).argmax())
+    idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(i), a.shape))
+    return failed("fp32_ulps", "§7.3", af.numel(), int(off.sum()),
+                  Violation(name, idx, af.reshape(-1)[i].item(), ef.reshape(-1)[i].item(),
+                            f"{FP32_ULPS} ulp of the row's largest |expected| ({FP32_ULPS * ulp.reshape(-1)[i].item():.3g})"))
+
+
 def row_rms_peak(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     return precision.check_row_precision(a, e, name=name)
 
@@ -128,6 +158,7 @@ def cache_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Ch
 
 TOLERANCES: dict[str, dict[str, float]] = {
     "exact": {},
+    "fp32_ulps": {"ulps": FP32_ULPS},
     "row_rms_peak": {"rms_atol": precision.ROW_BOUND.rms_atol, "rms_rtol": precision.ROW_BOUND.rms_rtol,
                      "peak_atol": precision.ROW_BOUND.peak_atol, "peak_rtol": precision.ROW_BOUND.peak_rtol},
     "fp8_budget": {"global_rel_l2": precision.FP8_BUDGET.global_rel_l2, "row_rel_l2": precision.FP8_BUDGET.row_rel_l2,
@@ -434,7 +465,7 @@ def v4_kv_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
 
 
 COMPARATORS: dict[str, Comparator] = {
-    "exact": exact, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
+    "exact": exact, "fp32_ulps": fp32_ulps, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
     "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out, "bf16_stage": bf16_stage, "engram": engram, "recv_y": recv_y,
     "gate_ids": gate_ids, "gate_weights": gate_weights, "moe_out": moe_out, "logits": logits, "greedy": greedy,

@@ -39,6 +39,7 @@ class Case:
     params: dict = field(default_factory=dict)
     preset: str = "flash-tiny"
     base: str | None = None  # a case derived from another (a recorded counterexample): its operator and call
+    upstream: dict = field(default_factory=dict)  # a case whose expected outputs are upstream's (see upstream_case)
 
     def arg_specs(self, inputs: Tensors, outputs: Tensors) -> tuple[ArgSpec, ...]:
         specs = []
@@ -65,6 +66,10 @@ def fingerprint_parts(case: Case) -> dict[str, str]:
     reference reaches, each by its normalised code or value (goldens/fingerprint.py), plus the operator."""
     from goldens.fingerprint import parts
 
+    if case.upstream:  # upstream's numbers: they move when upstream's golden does, never with this project's code
+        u = case.upstream
+        return {f"upstream {u.get('repository')}@{u.get('commit')}": " ".join(u.get("goldens", [])),
+                f"operator {case.operator}": case.operator}
     return {**parts(case.reference), f"operator {case.operator}": case.operator}
 
 
@@ -1113,6 +1118,9 @@ def _build_cases() -> dict[str, Case]:
 
     cases += [block_case(k) for k in (LayerKind.SWA, LayerKind.C2A_FULL, LayerKind.C1A_FULL)]
     cases += [_half_layer_case(kind, phase) for kind in LayerKind for phase in ("prefill", "decode")]
+    from goldens import cases_v4_ops  # one V4 operator per case: the ones upstream has a golden for
+
+    cases.extend(cases_v4_ops.build())
     return {c.name: c for c in cases}
 
 
@@ -1148,6 +1156,53 @@ def derived(base: Case, name: str, inputs: Tensors | None = None, *, description
     return Case(name, base.operator, description or f"counterexample of {base.name}", base.wirings, base.modules,
                 build, base.reference, base.run, base.comparators, base.inout, dict(base.params), base.preset,
                 base=base.name)
+
+
+UPSTREAM_PREFIX = "up-"
+
+
+class WithVariants:
+    """A backend whose operators are called with the named variants a tree is judged by (``{operator: {rule:
+    variant}}``), e.g. upstream's gate golden's ``dequant_factor="reciprocal"``."""
+
+    def __init__(self, backend, variants: dict):
+        self.backend, self.variants = backend, variants
+        self.name = getattr(backend, "name", "backend")
+
+    def get(self, op: str):
+        from functools import partial
+
+        fn = self.backend.get(op)
+        return partial(fn, **self.variants[op]) if self.variants.get(op) else fn
+
+    def __getattr__(self, attr):
+        return getattr(self.backend, attr)
+
+
+def upstream_case(base: Case, inputs: Tensors | None, upstream: dict) -> Case:
+    """The case of a tree recorded from upstream's goldens: ``base``'s operator, call and comparators, its fixed
+    ``inputs``, expected outputs that are upstream's numbers (``upstream``: repository, commit, goldens, variants).
+    Replayed on any backend with the named variants upstream's goldens follow; never regenerated from this
+    project's reference (record it again from upstream instead)."""
+    name = UPSTREAM_PREFIX + base.name
+    fixed = {k: v.clone() for k, v in (inputs or {}).items()}
+    variants = {op: dict(v) for op, v in upstream.get("variants", {}).items()}
+
+    def build(seed: int, wiring: str) -> Tensors:
+        if not fixed:
+            raise GoldenStoreError(f"case {name}: a tree recorded from upstream replays its stored inputs; record "
+                                   f"new ones with `goldens record --from upstream {base.name}`")
+        return {k: v.clone() for k, v in fixed.items()}
+
+    def reference(inputs: Tensors, wiring: str) -> Tensors:
+        raise GoldenStoreError(f"{name} holds upstream's numbers ({upstream.get('repository')}@"
+                               f"{str(upstream.get('commit'))[:12]}), not this project's reference: record it again "
+                               f"with `goldens record --from upstream --pypto-lib PATH {base.name}`")
+
+    return Case(name, base.operator, f"{base.description} -- expected outputs from upstream's goldens",
+                base.wirings, base.modules, build, reference,
+                lambda b, i, w: base.run(WithVariants(b, variants), i, w), base.comparators, base.inout,
+                dict(base.params), base.preset, base=base.name, upstream=dict(upstream))
 
 
 def load_case_modules(names=()) -> None:

@@ -61,6 +61,9 @@ class TreeRecord:
     arrays: dict = field(default_factory=dict)  # "in/<name>" / "out/<name>" -> content digest
     fingerprint_parts: dict = field(default_factory=dict)  # what the reference reaches -> its digest
     base_case: str = ""  # a counterexample tree: the case whose operator, call and comparators it uses
+    # a tree recorded from upstream's goldens (goldens record --from upstream): repository, commit, the golden
+    # functions, the named variants it is judged by; its expected outputs are upstream's numbers
+    upstream: dict = field(default_factory=dict)
 
     def to_attrs(self) -> dict:
         d = asdict(self)
@@ -108,7 +111,7 @@ class TreeRecord:
                    fingerprint=need("fingerprint", str), rounding=attrs.get("rounding", {}),
                    source=attrs.get("source", "record"), tolerances=attrs.get("tolerances", {}),
                    arrays=need("arrays", dict), fingerprint_parts=attrs.get("fingerprint_parts", {}),
-                   base_case=attrs.get("base_case", ""))
+                   base_case=attrs.get("base_case", ""), upstream=attrs.get("upstream", {}))
         outputs = set(record.outputs)
         if set(record.comparators) != outputs:
             missing, extra = sorted(outputs - set(record.comparators)), sorted(set(record.comparators) - outputs)

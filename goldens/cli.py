@@ -66,6 +66,10 @@ def cmd_record(args) -> int:
     from goldens import trees
     from goldens.store import GoldenStore
 
+    if args.source == "upstream":
+        return _record_from_upstream(args)
+    if args.pypto_lib is not None:
+        raise GoldenStoreError("--pypto-lib applies to record --from upstream")
     items = _items(args.cases, args.wiring)
     with console.status(f"recording {len(items)} tree(s)"):
         result = trees.record(GoldenStore(args.store), items, args.seed, force=args.force)
@@ -75,6 +79,40 @@ def cmd_record(args) -> int:
     for case, wiring in items:
         n = sum(1 for p in result.written if p.startswith(f"{case}/{wiring}/"))
         table.add_row(case, wiring, str(n))
+    console.print(table)
+    console.print(f"snapshot {result.snapshot or '(unchanged, no commit)'}; {len(result.unchanged)} arrays unchanged")
+    return 0
+
+
+def _record_from_upstream(args) -> int:
+    from contracts.backends import BackendError, get_backend
+    from goldens import trees
+    from goldens.cases import get_case
+    from goldens.store import GoldenStore
+
+    if not args.cases:
+        raise GoldenStoreError("record --from upstream: name the case(s) to record (goldens cases lists them; the "
+                               "upstream backend covers the operators its adapters bind)")
+    try:
+        backend = get_backend("upstream", pypto_lib=args.pypto_lib)
+    except BackendError as exc:
+        raise BackendFailure(str(exc)) from exc
+    if backend.unavailable:
+        raise BackendFailure(f"backend 'upstream' is unavailable: {backend.unavailable}")
+    if backend.provenance.get("dirty"):
+        console.print(f"warning: the checkout has local changes; the trees name commit "
+                      f"{backend.provenance['commit'][:12]} with dirty=true")
+    items = _items(args.cases, args.wiring)
+    with console.status(f"recording {len(items)} tree(s) from upstream"):
+        names, result = trees.record_from_upstream(GoldenStore(args.store), backend, items, args.seed,
+                                                   force=args.force)
+    table = Table(title=f"record --from upstream ({backend.provenance['commit'][:12]}) -> {args.store}")
+    for col in ("tree", "wiring", "upstream golden", "variants", "arrays written"):
+        table.add_column(col)
+    for name, (_base, wiring) in zip(names, items, strict=True):
+        n = sum(1 for p in result.written if p.startswith(f"{name}/{wiring}/"))
+        u = get_case(name).upstream
+        table.add_row(name, wiring, ", ".join(u["goldens"]), str(u["variants"] or "-"), str(n))
     console.print(table)
     console.print(f"snapshot {result.snapshot or '(unchanged, no commit)'}; {len(result.unchanged)} arrays unchanged")
     return 0
@@ -255,10 +293,19 @@ def _replay_code(args, failures, errors, skipped, ran, stale, first_skip) -> int
 
 def cmd_regen(args) -> int:
     from goldens import trees
+    from goldens.cases import get_case
     from goldens.store import GoldenStore
 
     store = GoldenStore(args.store)
     items = _items(args.cases, args.wiring, reader=store.reader())
+    if not args.cases:  # trees recorded from upstream hold upstream's numbers: never regenerated from ours
+        skipped = sorted({c for c, _w in items if get_case(c).upstream})
+        items = [(c, w) for c, w in items if not get_case(c).upstream]
+        if skipped and not args.json:
+            console.print(f"not regenerated (upstream's numbers; `goldens record --from upstream` refreshes them): "
+                          f"{', '.join(skipped)}")
+        if not items:
+            raise GoldenStoreError("nothing to regenerate: every recorded tree holds upstream's numbers")
     report, result = trees.regen(store, items, dry_run=args.dry_run, reason=args.message)
     if args.json:
         _emit({"dry_run": args.dry_run, "snapshot": None if result is None else result.snapshot,
@@ -550,6 +597,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--force", action="store_true",
                    help="replace a recorded tree whose content would change (refused by default, saying what "
                         "would change); recording identical content is always a no-op")
+    r.add_argument("--from", dest="source", choices=("reference", "upstream"), default="reference",
+                   help="where the expected outputs come from: this project's Torch reference (default), or "
+                        "upstream pypto-lib's own Torch goldens through the upstream backend (trees named "
+                        "up-<case>, recording the upstream commit, golden functions and named variants; replayed "
+                        "on any backend, never regenerated from the reference)")
+    r.add_argument("--pypto-lib", default=None, metavar="PATH",
+                   help="with --from upstream: the pypto-lib checkout (default $PYPTO_LIB_ROOT)")
     r.set_defaults(fn=cmd_record)
 
     rp = sub.add_parser("replay", help="run a backend on stored inputs and judge its outputs",

@@ -26,7 +26,7 @@ import threading
 import types
 from collections.abc import Callable
 
-PROJECT = ("kernels", "goldens.cases")
+PROJECT = ("kernels", "goldens.cases", "goldens.cases_v4_ops")
 _LOCK = threading.Lock()  # CPython 3.11's AST constructor is not thread-safe ("recursion depth mismatch")
 _CODE: dict[str, str] = {}  # normalised-source cache: source text -> digest
 

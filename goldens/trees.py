@@ -21,7 +21,17 @@ import torch
 from contracts.backends import MissingOperator
 from contracts.compare import TOLERANCES, Context, compare_all
 from contracts.result import CheckResult
-from goldens.cases import Case, cases, derived, fingerprint_parts, get_case, register, rounding_versions
+from goldens.cases import (
+    Case,
+    WithVariants,
+    cases,
+    derived,
+    fingerprint_parts,
+    get_case,
+    register,
+    rounding_versions,
+    upstream_case,
+)
 from goldens.catalog import WIRINGS, ArgSpec, TreeRecord, tree_path
 from goldens.codec import from_numpy, to_numpy
 from goldens.errors import BackendFailure, GoldenStoreError
@@ -64,7 +74,7 @@ def make_record(case: Case, wiring: str, seed: int, inputs: dict, outputs: dict,
                       args=specs, comparators=case.comparators(wiring),
                       params=dict(case.params), versions=_versions(), fingerprint=combined(parts := fingerprint_parts(case)),
                       fingerprint_parts=parts, base_case=case.base or "",
-                      rounding=rounding_versions(case), source=source,
+                      rounding=rounding_versions(case), source=source, upstream=dict(case.upstream),
                       tolerances={out: TOLERANCES.get(comp, {}) for out, comp in case.comparators(wiring).items()},
                       arrays=arrays)
 
@@ -99,6 +109,67 @@ def record(store: GoldenStore, items: list[tuple[str, str]], seed: int, *, force
     label = ", ".join(f"{c}/{w}" for c, w in items)
     _none, result = store.update(body, f"record {label} (seed {seed})", metadata={"action": "record", "seed": seed})
     return result
+
+
+def record_from_upstream(store: GoldenStore, backend, items: list[tuple[str, str]], seed: int, *,
+                         force: bool = False) -> tuple[list[str], CommitResult]:
+    """Record, for each (case, wiring), a tree named ``up-<case>`` whose inputs come from ``seed`` and whose
+    expected outputs are upstream's own goldens run through ``backend`` (the upstream backend), called with the
+    named variants upstream's goldens follow; the tree record names the repository, the commit, the golden
+    functions and those variants. One commit; an existing tree with other content is refused unless ``force``."""
+    provenance = getattr(backend, "provenance", None) or {}
+    if not provenance.get("commit"):
+        raise GoldenStoreError(f"backend {getattr(backend, 'name', backend)!r} names no upstream commit: record "
+                               "--from upstream needs the upstream backend on a git checkout of pypto-lib")
+    arrays, groups, names = {}, {}, []
+    for name, wiring in items:
+        base = get_case(name)
+        if base.upstream or base.base:
+            raise GoldenStoreError(f"case {name} is itself derived (from {base.base}); record its base case")
+        ops = base.operator.split("+")
+        missing = [op for op in ops if not backend.has(op)]
+        if missing:
+            why = "; ".join(f"{op}: {backend.why_missing.get(op, 'not bound')}" for op in missing)
+            raise GoldenStoreError(f"case {name} needs {missing} from backend {backend.name!r}: {why}")
+        if wiring not in base.wirings:
+            raise GoldenStoreError(f"case {name} has no {wiring} wiring (it has {list(base.wirings)})")
+        inputs = base.build_inputs(seed, wiring)
+        variants = {op: dict(backend.variants[op]) for op in ops if backend.variants.get(op)}
+        called = provenance.get("called")  # the golden functions this case's call reached, when the backend says
+        if isinstance(called, list):
+            called.clear()
+        try:
+            outputs = base.run(WithVariants(backend, variants), _clone(inputs), wiring)
+        except MissingOperator:
+            raise
+        except Exception as exc:
+            first = str(exc).splitlines()[0][:300] if str(exc) else ""
+            raise BackendFailure(f"{name}/{wiring}: upstream raised in {base.operator}: {type(exc).__name__}: "
+                                 f"{first}") from exc
+        upstream = {"repository": provenance.get("repository", ""), "commit": provenance["commit"],
+                    "dirty": bool(provenance.get("dirty")),
+                    "goldens": sorted(set(called) if isinstance(called, list) and called else
+                                      {provenance.get("goldens", {}).get(op, "") for op in ops} - {""}),
+                    "variants": variants}
+        case = register(upstream_case(base, inputs, upstream), replace=True)
+        rec = make_record(case, wiring, seed, inputs, outputs, source=f"upstream {provenance['commit'][:12]}")
+        arrays.update(tree_arrays(case, rec, inputs, outputs))
+        groups[tree_path(case.name, wiring)] = rec.to_attrs()
+        names.append(case.name)
+
+    def body(txn):
+        if not force:
+            changes = [line for path, attrs in groups.items() if (line := _overwrite(txn.reader, path, attrs))]
+            if changes:
+                raise GoldenStoreError("refusing to overwrite recorded tree(s): " + "; ".join(changes)
+                                       + " (pass --force to replace them; nothing was committed)")
+        txn.write(arrays, groups)
+
+    label = ", ".join(f"{c}/{w}" for c, w in items)
+    _none, result = store.update(body, f"record from upstream {provenance['commit'][:12]}: {label} (seed {seed})",
+                                 metadata={"action": "record-upstream", "seed": seed,
+                                           "upstream_commit": provenance["commit"]})
+    return names, result
 
 
 def _record_changes(old: dict, new: dict) -> str:
@@ -168,11 +239,16 @@ def recorded_cases(reader: StoreReader) -> list[str]:
 
 
 def adopt(reader: StoreReader, name: str) -> None:
-    """Register the derived case of a counterexample tree (its record names its base case), if needed."""
+    """Register the derived case of a counterexample tree or of a tree recorded from upstream (its record names
+    its base case, and upstream's provenance), if needed."""
     if name in cases():
         return
     for wiring in recorded_wirings(reader, name):
-        base = reader.group_attrs(tree_path(name, wiring)).get("base_case")
+        attrs = reader.group_attrs(tree_path(name, wiring))
+        base = attrs.get("base_case")
+        if base and attrs.get("upstream"):
+            register(upstream_case(get_case(base), None, attrs["upstream"]))
+            return
         if base:
             register(derived(get_case(base), name))
             return

@@ -636,3 +636,127 @@ def test_the_v4_trees_catch_their_seeded_defects(case):
     for name in V4_TREE_DEFECTS[case]:
         results = trees.replay(tree, load_backend_module(f"tests.defects.v4:{name}"))
         assert results and not all(r.ok for r in results.values()), f"{case}: {name} passes every output"
+
+
+UPSTREAM_TREE_DEFECTS = {  # sample-store tree recorded from upstream's goldens -> seeded defects its replay must fail
+    "up-v4_gate_hash": ("v4:GATE_PADDING_CODES_ZERO", "v4:GATE_HASH_BY_SCORE", "v4:GATE_NAIVE_SOFTPLUS"),
+    "up-v4_gate_scored": ("v4:GATE_PADDING_CODES_ZERO", "v4:GATE_BIAS_IN_WEIGHTS", "v4:GATE_NAIVE_SOFTPLUS"),
+    "up-v4_expert_routed": ("v4:EXPERT_UP_OPEN_BELOW", "v4:EXPERT_NO_ROUTE_WEIGHT", "v4:EXPERT_H_NOT_RECODED"),
+    "up-v4_expert_shared": ("v4:EXPERT_UP_OPEN_BELOW", "v4:EXPERT_H_NOT_RECODED"),
+    "up-v4_qkv_proj_rope": ("v4:Q_FROM_FP32_QR", "v4:Q_NORM_ACROSS_HEADS", "v4:KV_GAMMA_AFTER_ROPE"),
+    "up-mtp_projection": ("v4:E_ON_STREAM_ZERO",),
+    "up-v4_hc_post": ("mhc:RESIDUAL_NOT_TRANSPOSED", "mhc:POST_THROUGH_BF16"),
+    "up-v4_lm_head": ("lm_head:SHARD_OFF_BY_ONE",),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UPSTREAM_TREE_DEFECTS))
+def test_the_trees_recorded_from_upstream_judge_the_reference_the_twin_and_defects(case):
+    """The sample store's trees whose expected outputs are upstream pypto-lib's own goldens (goldens record --from
+    upstream): each names its upstream commit and golden, passes on the reference and on the emulated twin
+    (judged by the named variants upstream's goldens follow), and fails on each seeded defect of its operator."""
+    from contracts.backends import emulated_backend, load_backend_module, torch_backend
+
+    reader = GoldenStore(Path(__file__).resolve().parents[1] / "artifacts" / "store").reader()
+    trees.adopt(reader, case)
+    tree = trees.load_tree(reader, case, "replicated")
+    up = tree.record.upstream
+    assert up["repository"] == "hw-native-sys/pypto-lib" and len(up["commit"]) == 40 and up["goldens"]
+    assert all(g.startswith("models/deepseek_v4_pro/") and "::golden_" in g for g in up["goldens"])
+    assert not tree.stale and tree.record.source.startswith("upstream ")
+    for backend in (torch_backend(), emulated_backend()):
+        results = trees.replay(tree, backend)
+        assert results and all(r.ok for r in results.values()), (backend.name, {k: str(r) for k, r in results.items()})
+    for name in UPSTREAM_TREE_DEFECTS[case]:
+        results = trees.replay(tree, load_backend_module(f"tests.defects.{name}"))
+        assert results and not all(r.ok for r in results.values()), f"{case}: {name} passes every output"
+
+
+def test_the_gate_trees_from_upstream_are_judged_by_the_variant_upstream_follows():
+    """Upstream's gate golden dequantizes by 1 / (127 / amax): its trees record that variant, and replay calls
+    the operator with it (the reference's default is the kernel's product, a different rule)."""
+    reader = GoldenStore(Path(__file__).resolve().parents[1] / "artifacts" / "store").reader()
+    for case in ("up-v4_gate_hash", "up-v4_gate_scored"):
+        trees.adopt(reader, case)
+        tree = trees.load_tree(reader, case, "replicated")
+        assert tree.record.upstream["variants"] == {"v4_gate": {"dequant_factor": "reciprocal"}}
+        seen = {}
+
+        class Spy:
+            name = "spy"
+
+            def get(self, op):
+                from contracts.backends import torch_backend
+
+                fn = torch_backend().get(op)
+
+                def call(*args, **kwargs):
+                    seen.update(kwargs)
+                    return fn(*args, **kwargs)
+                return call
+
+        trees.replay(tree, Spy())
+        assert seen.get("dequant_factor") == "reciprocal"
+
+
+def _fake_upstream(torch_backend):
+    """The reference operators dressed as an upstream backend (a provenance naming a commit and goldens): what
+    record --from upstream needs, without a checkout."""
+    from contracts.backends import Backend
+
+    ref = torch_backend()
+    ops = {op: ref.get(op) for op in ("v4_gate", "hc_post")}
+    return Backend("upstream", ops, variants={"v4_gate": {"dequant_factor": "reciprocal"}},
+                   provenance={"repository": "hw-native-sys/pypto-lib", "commit": "a" * 40, "dirty": False,
+                               "goldens": {"v4_gate": "models/deepseek_v4_pro/gate.py::golden_gate_core",
+                                           "hc_post": "models/deepseek_v4_pro/hc_post.py::golden_hc_post"}})
+
+
+def test_record_from_upstream_writes_provenance_is_never_stale_and_is_never_regenerated(store, capsys):
+    """record --from upstream (through trees.record_from_upstream): the tree is up-<case>, its record names the
+    repository, commit, goldens and variants; a later change of this project's reference never makes it stale;
+    regen of it by name is refused naming how to refresh it, and regen of everything leaves it alone."""
+    from contracts.backends import torch_backend
+
+    backend = _fake_upstream(torch_backend)
+    names, result = trees.record_from_upstream(store, backend, [("v4_gate_scored", "replicated"),
+                                                                ("v4_hc_post", "replicated")], 5)
+    assert names == ["up-v4_gate_scored", "up-v4_hc_post"] and result.snapshot
+    reader = store.reader()
+    rec = trees.load_tree(reader, "up-v4_gate_scored", "replicated").record
+    assert rec.upstream["commit"] == "a" * 40 and rec.upstream["variants"] == {"v4_gate":
+                                                                                 {"dequant_factor": "reciprocal"}}
+    assert rec.base_case == "v4_gate_scored" and rec.fingerprint_parts == {
+        f"upstream hw-native-sys/pypto-lib@{'a' * 40}": "models/deepseek_v4_pro/gate.py::golden_gate_core",
+        "operator v4_gate": "v4_gate"}
+    assert run_cli(store, "regen", "up-v4_gate_scored") == 2
+    err = capsys.readouterr().err
+    assert "holds upstream's numbers" in err and "record --from upstream" in err and "Traceback" not in err
+    trees.record(store, [("v4_gate_hash", "replicated")], 3)
+    assert run_cli(store, "regen") == 0
+    out = capsys.readouterr().out
+    assert "not regenerated (upstream's numbers" in out and "up-v4_hc_post" in out
+
+
+def test_record_from_upstream_refuses_what_it_cannot_record(store):
+    """A backend without a commit, a case whose operator the backend lacks, a derived case: one-line errors,
+    nothing committed."""
+    from contracts.backends import Backend, torch_backend
+
+    before = len(store.log())
+    with pytest.raises(GoldenStoreError, match="names no upstream commit"):
+        trees.record_from_upstream(store, torch_backend(), [("v4_gate_hash", "replicated")], 1)
+    with pytest.raises(GoldenStoreError, match=r"needs \['v4_expert'\].*not adapted"):
+        trees.record_from_upstream(store, Backend("upstream", {}, why_missing={"v4_expert": "not adapted"},
+                                                  provenance={"commit": "b" * 40}),
+                                   [("v4_expert_routed", "replicated")], 1)
+    assert len(store.log()) == before
+
+
+def test_record_from_upstream_without_a_checkout_is_one_line_exit_3(store, capsys, monkeypatch):
+    monkeypatch.delenv("PYPTO_LIB_ROOT", raising=False)
+    assert run_cli(store, "record", "--from", "upstream", "v4_gate_hash") == 3
+    err = capsys.readouterr().err
+    assert "no pypto-lib checkout given" in err and len(err.strip().splitlines()) == 1
+    assert run_cli(store, "record", "--pypto-lib", "/x", "v4_gate_hash") == 2
+    assert "--pypto-lib applies to record --from upstream" in capsys.readouterr().err

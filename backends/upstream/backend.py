@@ -40,11 +40,32 @@ def revision(root: Path) -> str:
         return "unknown (git not available)"
 
 
+CALLED: list[str] = []  # the golden functions called, in order (read by goldens record --from upstream)
+
+
+def git_state(root: Path) -> tuple[str, bool]:
+    """(full commit, whether the work tree has local changes) of a checkout; ("", False) when not a git checkout
+    (or the project's test double)."""
+    if (root / TEST_DOUBLE_MARKER).exists():
+        return "", False
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "", False
+    if head.returncode != 0:
+        return "", False
+    return head.stdout.strip(), bool(status.stdout.strip())
+
+
 def _operator(adapter, root: Path):
     from backends.upstream.client import UpstreamError, worker
     from contracts.backends import BackendError
 
     def run(tensors, fields, constants, *, module_globals=None, module=None, function=None):
+        CALLED.append(f"models/{adapter.folder}/{module or adapter.module}.py::{function or adapter.function}")
         try:
             return worker(root).call(adapter.folder, module or adapter.module, function or adapter.function, tensors,
                                      fields=fields, constants=constants, module_globals=module_globals)
@@ -78,5 +99,9 @@ def make_backend(pypto_lib: str | None = None):
             why[name] = "upstream main has no golden for it"
     from backends.upstream.adapters import VARIANTS
 
+    commit, dirty = git_state(root)
+    provenance = {"repository": "hw-native-sys/pypto-lib", "commit": commit, "dirty": dirty,
+                  "goldens": {name: ADAPTERS[name].upstream for name in ops}, "called": CALLED}
     return Backend("upstream", ops, why_missing=why, variants={k: v for k, v in VARIANTS.items() if k in ops},
-                   description=f"upstream Torch goldens from {root} @ {revision(root)} (worker process)")
+                   description=f"upstream Torch goldens from {root} @ {revision(root)} (worker process)",
+                   provenance=provenance)

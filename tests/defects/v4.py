@@ -441,7 +441,8 @@ def _gate_variant(*, bias_in_weights=False, hash_by_score=False, scale_reciproca
     """A port of v4_gate with one rule changed (see each defect below)."""
     from kernels.v4 import gate as vg
 
-    def run(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, *, config):
+    def run(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, *, config,
+            dequant_factor="product"):  # the named rule of v4_gate a tree (upstream's) may be judged by
         vg._check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, config)
         tokens, d = x_mixed.shape
         n = tokens if padding_routed else num_tokens
@@ -454,7 +455,8 @@ def _gate_variant(*, bias_in_weights=False, hash_by_score=False, scale_reciproca
         inv_rms = torch.rsqrt((x.double().pow(2).sum(-1, keepdim=True) / d).float() + config.rms_norm_eps)
         amax = xg.abs().amax(-1, keepdim=True).clamp_min(1e-4)
         quant = torch.full_like(amax, 127.0) / amax
-        factor = torch.reciprocal(quant) if scale_reciprocal else amax * torch.tensor(1 / 127, dtype=torch.float32)
+        reciprocal = scale_reciprocal or dequant_factor == "reciprocal"
+        factor = torch.reciprocal(quant) if reciprocal else amax * torch.tensor(1 / 127, dtype=torch.float32)
         logits = inv_rms * (xg.double() @ gate_w.double().T).float()
         if naive_softplus:
             scores = torch.log(1 + torch.exp(logits)).sqrt()

@@ -1,0 +1,186 @@
+"""Cases for one V4 operator each, at the V4-Pro tiny preset: the operators upstream pypto-lib has a Torch golden
+for (``backends.upstream.adapters``), so that ``goldens record --from upstream`` can record trees whose expected
+outputs are upstream's own numbers. Each case is one keyword ``Case``; inputs are seeded, with the edges that
+separate the rules (padding rows inside the gate's 16-row tile, a hash layer and a scored one, an idle shared
+expert row of zeros, ties broken by nothing but the rule). Spec: §8.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from goldens.cases import Case, Tensors
+from kernels.config import V4_PRO_TINY as PRO
+
+GATE_ROWS = 16  # upstream's gate M-tile: rows num_tokens..15 are padding inside the tile
+GATE_VOCAB = 32
+
+
+def _g(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _int8(shape, g) -> torch.Tensor:
+    return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+
+
+# --- v4_gate ---------------------------------------------------------------------------------------------------
+
+def _gate_build(layer_id: int):
+    def build(seed: int, wiring: str) -> Tensors:
+        g = _g(seed)
+        d, e, k = PRO.hidden_size, PRO.n_routed_experts, PRO.num_experts_per_tok
+        x = torch.randn(GATE_ROWS, d, generator=g)
+        x[1] = 0.0  # a zero row: the amax floor
+        x[2] *= 1e3  # a large row: inv_rms small, codes still span ±127
+        gate_w = torch.randn(e, d, generator=g) / d**0.5
+        gate_w[3] = 2 * x[0] / x[0].norm() * d**0.5  # row 0's logit for expert 3 is about 2·d = 128: exp overflows
+        tid2eid = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(GATE_VOCAB)]).to(torch.int32)
+        input_ids = torch.randint(0, GATE_VOCAB, (GATE_ROWS,), generator=g)
+        hashed = tid2eid[int(input_ids[0])]
+        if not bool((hashed == 3).any()):
+            hashed[0] = 3  # and the hash layer routes row 0 to expert 3 too: only a stable softplus keeps it finite
+        return {"x_mixed": x.to(torch.bfloat16), "norm_w": (1 + 0.2 * torch.randn(d, generator=g)).to(torch.bfloat16),
+                "gate_w": gate_w, "gate_bias": torch.randn(e, generator=g) * 0.1,
+                "layer_id": torch.tensor(layer_id), "num_tokens": torch.tensor(6), "tid2eid": tid2eid,
+                "input_ids": input_ids}
+    return build
+
+
+def _gate_call(get, i: Tensors) -> Tensors:
+    return get("v4_gate")(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], int(i["layer_id"]),
+                          int(i["num_tokens"]), i["tid2eid"], i["input_ids"], config=PRO)
+
+
+# --- v4_expert -------------------------------------------------------------------------------------------------
+
+def _expert_build(routed: bool):
+    def build(seed: int, wiring: str) -> Tensors:
+        g = _g(seed)
+        d, inter, n = PRO.hidden_size, PRO.moe_intermediate_size, 9
+        x = _int8((n, d), g)
+        x[3] = 0  # a row of zero codes: h is 0, its re-code takes the amax floor
+        out = {"x_i8": x, "x_scale": torch.rand(n, 1, generator=g) * 0.02 + 1e-3,
+               "w1": _int8((inter, d), g), "w1_scale": torch.rand(inter, generator=g) * 0.02 + 0.005,
+               "w3": _int8((inter, d), g), "w3_scale": torch.rand(inter, generator=g) * 0.02 + 0.005,
+               "w2": _int8((d, inter), g), "w2_scale": torch.rand(d, generator=g) * 0.02 + 0.005}
+        if routed:
+            out["route_weight"] = torch.rand(n, generator=g)
+        return out
+    return build
+
+
+def _expert_call(get, i: Tensors) -> Tensors:
+    from kernels.v4.moe import V4ExpertWeights
+
+    w = V4ExpertWeights(i["w1"], i["w1_scale"], i["w3"], i["w3_scale"], i["w2"], i["w2_scale"])
+    return {"y": get("v4_expert")(i["x_i8"], i["x_scale"], i.get("route_weight"), w, config=PRO)}
+
+
+# --- v4_qkv_proj_rope ------------------------------------------------------------------------------------------
+
+def _qkv_build(seed: int, wiring: str) -> Tensors:
+    g = _g(seed)
+    hidden, lora, h, d, rope = PRO.hidden_size, PRO.q_lora_rank, PRO.num_attention_heads, PRO.head_dim, \
+        PRO.qk_rope_head_dim
+    tokens = 8
+    angle = torch.rand(tokens, 1, generator=g) * 300 * torch.rand(rope, generator=g)
+    return {"x": torch.randn(tokens, hidden, generator=g).to(torch.bfloat16),
+            "wq_a": (torch.randn(hidden, lora, generator=g) / hidden**0.5).to(torch.bfloat16),
+            "wq_b": _int8((lora, h * d), g), "wq_b_scale": torch.rand(h * d, generator=g) / 127 + 1e-3,
+            "wkv": (torch.randn(hidden, d, generator=g) / hidden**0.5).to(torch.bfloat16),
+            "rope_cos": torch.cos(angle).to(torch.bfloat16), "rope_sin": torch.sin(angle).to(torch.bfloat16),
+            "gamma_cq": (torch.rand(lora, generator=g) + 0.5).to(torch.bfloat16),
+            "gamma_ckv": (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16)}
+
+
+def _qkv_call(get, i: Tensors) -> Tensors:
+    return get("v4_qkv_proj_rope")(**i, config=PRO)
+
+
+# --- mtp_projection --------------------------------------------------------------------------------------------
+
+def _mtp_build(seed: int, wiring: str) -> Tensors:
+    g = _g(seed)
+    d, hc, t = PRO.hidden_size, PRO.hc_mult, 8
+    return {"hidden": torch.randn(t, d, generator=g).to(torch.bfloat16), "prev": torch.randn(t, hc, d, generator=g),
+            "enorm": torch.rand(d, generator=g) + 0.5, "hnorm": torch.rand(d, generator=g) + 0.5,
+            "e_proj": _int8((d, d), g), "e_scale": torch.rand(d, generator=g) * 1e-3,
+            "e_smooth": torch.rand(d, generator=g) + 0.5, "h_proj": _int8((d, d), g),
+            "h_scale": torch.rand(d, generator=g) * 1e-3, "h_smooth": torch.rand(d, generator=g) + 0.5}
+
+
+def _mtp_call(get, i: Tensors) -> Tensors:
+    names = ("hidden", "prev", "enorm", "hnorm", "e_proj", "e_scale", "e_smooth", "h_proj", "h_scale", "h_smooth")
+    return {"out": get("mtp_projection")(*(i[n] for n in names), config=PRO)}
+
+
+# --- hc_post ---------------------------------------------------------------------------------------------------
+
+def _hc_post_build(seed: int, wiring: str) -> Tensors:
+    g = _g(seed)
+    d, hc, t = PRO.hidden_size, PRO.hc_mult, 8
+    comb = torch.rand(t, hc, hc, generator=g)
+    return {"sublayer": torch.randn(t, d, generator=g).to(torch.bfloat16), "x_hc": torch.randn(t, hc, d, generator=g),
+            "post_mix": 2 * torch.rand(t, hc, generator=g), "residual_mix": comb / comb.sum(1, keepdim=True)}
+
+
+def _hc_post_call(get, i: Tensors) -> Tensors:
+    return {"x_out": get("hc_post")(i["sublayer"], i["x_hc"], i["post_mix"], i["residual_mix"])}
+
+
+# --- lm_head ---------------------------------------------------------------------------------------------------
+
+LM_TP = 2
+
+
+def _lm_build(seed: int, wiring: str) -> Tensors:
+    g = _g(seed)
+    vocab, d = 512, PRO.hidden_size  # the smallest vocabulary the layout accepts at TP2 (a multiple of 256)
+    return {"hidden": torch.randn(6, d, generator=g).to(torch.bfloat16),
+            "weight": (torch.randn(vocab, d, generator=g) / d**0.5).to(torch.bfloat16)}
+
+
+def _lm_call(get, i: Tensors) -> Tensors:
+    return {"logits": torch.cat(get("lm_head")(i["hidden"], i["weight"], tp=LM_TP), dim=1)}
+
+
+# --- the cases -------------------------------------------------------------------------------------------------
+
+def _case(name: str, operator: str, description: str, modules: tuple[str, ...], build, call, comparators: dict,
+          params: dict | None = None) -> Case:
+    from contracts.backends import reference_operators
+
+    fn = reference_operators()[operator]  # the reference: its code is what the tree's fingerprint walks
+    return Case(name=name, operator=operator, description=description, wirings=("replicated",), modules=modules,
+                build_inputs=build, reference=lambda i, w: call(lambda _name: fn, i),
+                run=lambda b, i, w: call(b.get, i), comparators=lambda w: dict(comparators),
+                params=dict(params or {}), preset="v4-pro-tiny")
+
+
+def build() -> list[Case]:
+    # exact where one rule gives one byte pattern; fp32_ulps where upstream and this project sum in another FP32
+    # order (the router's RMS and weight normalisation, the QR RMS over chunks, the mHC expansion, the projections)
+    gate_out = {"x_norm_i8": "exact", "x_norm_scale": "fp32_ulps", "indices": "exact", "weights": "fp32_ulps"}
+    return [
+        _case("v4_gate_hash", "v4_gate", "V4 router on a hash layer (layer 0): ids from tid2eid by token id, 6 real "
+              "rows and 10 padding rows inside the 16-row tile, a zero row, a 1000x row and row 0's logit for expert 3 near 128 (routed there on both layers)",
+              ("kernels.v4.gate",), _gate_build(0), _gate_call, gate_out),
+        _case("v4_gate_scored", "v4_gate", "V4 router on a scored layer: biased top-k, unbiased weights, 6 real rows "
+              "and 10 padding rows inside the 16-row tile, a zero row, a 1000x row and row 0's logit for expert 3 near 128 (routed there on both layers)",
+              ("kernels.v4.gate",), _gate_build(PRO.num_hidden_layers - 1), _gate_call, gate_out),
+        _case("v4_expert_routed", "v4_expert", "V4 routed expert: W8A8 SwiGLU with the routing weight on the row "
+              "factor, a row of zero codes", ("kernels.v4.moe",), _expert_build(True), _expert_call, {"y": "exact"}),
+        _case("v4_expert_shared", "v4_expert", "V4 shared expert (no routing weight), a row of zero codes",
+              ("kernels.v4.moe",), _expert_build(False), _expert_call, {"y": "exact"}),
+        _case("v4_qkv_proj_rope", "v4_qkv_proj_rope", "V4 Q/KV LoRA projection with RoPE: INT8 qr codes and their "
+              "scale, per-head RMS of q, KV RMSNorm then rotation", ("kernels.v4.qkv_proj",), _qkv_build, _qkv_call,
+              {"q": "exact", "kv": "exact", "qr": "exact", "qr_scale": "fp32_ulps"}),
+        _case("mtp_projection", "mtp_projection", "MTP projection: the embedding and previous-stream RMSNorms, "
+              "smoothed INT8 projections, summed into the FP32 streams", ("kernels.v4.mtp",), _mtp_build, _mtp_call,
+              {"out": "fp32_ulps"}),
+        _case("v4_hc_post", "hc_post", "mHC expansion after a sublayer, FP32 streams end to end (rule fp32)",
+              ("kernels.reference.mhc",), _hc_post_build, _hc_post_call, {"x_out": "fp32_ulps"}),
+        _case("v4_lm_head", "lm_head", f"LM head on TP{LM_TP}: the full FP32 logits of two vocabulary shards",
+              ("kernels.reference.lm_head",), _lm_build, _lm_call, {"logits": "fp32_ulps"}, {"tp": LM_TP}),
+    ]
