@@ -39,7 +39,8 @@ def _items(names: list[str], wiring: str, *, reader=None) -> list[tuple[str, str
     from goldens.cases import cases, get_case
 
     if not names:
-        names = trees.recorded_cases(reader) if reader is not None else sorted(cases())
+        names = trees.recorded_cases(reader) if reader is not None else \
+            sorted(n for n, c in cases().items() if not c.base)  # derived cases replay their stored inputs only
     out = []
     for name in names:
         if reader is not None:

@@ -241,13 +241,15 @@ def recorded_cases(reader: StoreReader) -> list[str]:
 def adopt(reader: StoreReader, name: str) -> None:
     """Register the derived case of a counterexample tree or of a tree recorded from upstream (its record names
     its base case, and upstream's provenance), if needed."""
-    if name in cases():
+    known = cases().get(name)
+    if known is not None and not known.upstream:
         return
     for wiring in recorded_wirings(reader, name):
         attrs = reader.group_attrs(tree_path(name, wiring))
         base = attrs.get("base_case")
         if base and attrs.get("upstream"):
-            register(upstream_case(get_case(base), None, attrs["upstream"]))
+            if known is None or known.upstream != attrs["upstream"]:  # this store's provenance is the truth
+                register(upstream_case(get_case(base), None, attrs["upstream"]), replace=True)
             return
         if base:
             register(derived(get_case(base), name))

@@ -181,6 +181,62 @@ def _v4_qkv_proj_rope(run, x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, g
     return {name: out[name] for name in ("q", "kv", "qr", "qr_scale")}
 
 
+COMPRESSOR_MODULES = {(4, True): "decode_compressor_ratio4", (128, False): "decode_compressor_ratio128"}
+
+
+def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_pool, weights, *, ratio, overlap,
+                   eps=1e-6):
+    """v4_compressor -> decode_compressor_ratio4.py (ratio 4, overlap) / decode_compressor_ratio128.py (ratio 128)
+    ::golden_compressor, one decode step per token in the call's order (B = S = 1), the state pool carried from
+    step to step: upstream's decode golden handles one step of S tokens per request and at most one closing
+    window, so a call of many tokens is that many steps. The golden rotates the closed row (RoPE) before writing
+    it: it is called with the identity rotation (cos 1, sin 0, exact in FP32) to read the row before its RoPE,
+    which is this operator's output (the rotation is ``v4_publish_compressed``'s). Tokens at a negative position
+    are skipped (this project's padding convention; upstream's decode steps have none)."""
+    from contracts.backends import Unsupported
+    from kernels.v4.compressor import _slot
+
+    module = COMPRESSOR_MODULES.get((int(ratio), bool(overlap)))
+    if module is None:
+        raise Unsupported(f"upstream has decode compressor goldens for ratio 4 with overlap and ratio 128 without; "
+                          f"not ratio={ratio}, overlap={overlap}")
+    coff = 2 if overlap else 1
+    d = weights.norm.shape[0]
+    from kernels.v4.compressor import v4_compressor
+
+    if weights.wkv.shape[1] != coff * d or weights.ape.shape != (ratio, coff * d) or state_pool.ndim != 3 or \
+            state_pool.shape[2] != 2 * coff * d or state_pool.dtype != torch.float32:
+        return v4_compressor(x, position_ids, token_to_req, state_block_table, state_pool, weights, ratio=ratio,
+                             overlap=overlap, eps=eps)  # the caller's side: refused naming the field
+    pages, page, _ = state_pool.shape
+    pool = state_pool.clone()
+    out = torch.zeros(x.shape[0], d, dtype=torch.float32)
+    closes = torch.zeros(x.shape[0], dtype=torch.bool)
+    rd = 2  # the rotated width: any even width is the identity here
+    wkv_t, wgate_t = weights.wkv.float().t().contiguous(), weights.wgate.float().t().contiguous()
+    module_globals = {"S": 1, "B": 1, "COMPRESS_STATE_BLOCK_SIZE": page, "HEAD_DIM": d, "OUT_DIM": coff * d,
+                      "ROPE_HEAD_DIM": rd, "EPS": float(eps), "BLOCK_SIZE": 1}
+    for t in range(x.shape[0]):
+        p, b = int(position_ids[t]), int(token_to_req[t])
+        if p < 0:
+            continue
+        slot = _slot(state_block_table, b, p, page, pages)  # the caller's side: a page for this position
+        tensors = {"x": x[t].reshape(1, 1, -1).clone(), "compress_state": pool,
+                   "compress_state_block_table": state_block_table[b:b + 1].to(torch.int32).clone(),
+                   "wkv": wkv_t, "wgate": wgate_t, "ape": weights.ape.float().clone(), "norm_w": weights.norm.clone(),
+                   "cos": torch.ones(1, rd // 2), "sin": torch.zeros(1, rd // 2),
+                   "cmp_kv_cache": torch.zeros(1, 1, 1, d, dtype=torch.bfloat16),
+                   "position_ids": torch.tensor([[p]], dtype=torch.int32),
+                   "cmp_slot_mapping": torch.tensor([[0]]), "state_slot_mapping": torch.tensor([[slot]]),
+                   "kv": torch.zeros(1, 1, d, dtype=torch.float32)}
+        got = run(tensors, {}, {}, module=module, module_globals=module_globals)
+        pool = got["compress_state"]
+        if (p + 1) % ratio == 0:  # upstream's boundary of a one-token step: the row it wrote to kv[:, 0]
+            out[t] = got["kv"][0, 0]
+            closes[t] = True
+    return out, closes, pool
+
+
 ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_gate", PRO, "gate", "golden_gate_core", _gate),
     Adapter("mtp_projection", PRO, "mtp_projection", "golden_mtp_projection", _mtp_projection),
@@ -188,6 +244,7 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("lm_head", PRO, "lm_head", "golden_lm_head", _lm_head),
     Adapter("v4_expert", PRO, "expert_routed", "golden_expert_routed", _v4_expert),
     Adapter("v4_qkv_proj_rope", PRO, "qkv_proj_rope", "golden_qkv_proj_rope", _v4_qkv_proj_rope),
+    Adapter("v4_compressor", PRO, "decode_compressor_ratio4", "golden_compressor", _v4_compressor),
 )}
 
 # Where upstream's golden follows a named variant of this project's rule rather than the default (the contracts
@@ -200,10 +257,7 @@ VARIANTS: dict[str, dict[str, str]] = {
 # Operators upstream main has a golden for, not yet adapted (the golden named); every other operator: upstream
 # main has no golden for it (V4.1-Flash's, the harness's own compositions, comparators).
 PENDING: dict[str, str] = {
-    "v4_moe": f"models/{PRO}/moe.py::golden_moe",
-    "hc_pre": f"models/{PRO}/hc_pre.py::golden_hc_pre",
-    "hc_head": f"models/{PRO}/hc_head.py::golden_hc_head",
-    "v4_compressor": f"models/{PRO}/decode_compressor_ratio4.py / decode_compressor_ratio128.py::golden_compressor",
+    "v4_moe_stage": f"models/{PRO}/moe.py::golden_moe",
     "v4_prefill_compressor": f"models/{PRO}/prefill_compressor_ratio4.py / _ratio128.py",
     "v4_indexer": f"models/{PRO}/decode_indexer.py::golden_indexer",
     "v4_prefill_indexer": f"models/{PRO}/prefill_indexer.py::golden_prefill_indexer",
@@ -213,4 +267,21 @@ PENDING: dict[str, str] = {
     "v4_decode_metadata": f"models/{PRO}/decode_metadata.py",
     "v4_mtp_layer": f"models/{PRO}/decode_mtp.py::golden_mtp_decode_layer",
     "v4_prefill_mtp_layer": f"models/{PRO}/prefill_mtp.py::golden_mtp_prefill_fwd",
+}
+
+# Operators whose arithmetic upstream's goldens cover only fused with another operator's: no golden of the
+# operator alone, so no adapter (the fused golden is adapted where this project has the fused operator)
+_PRE = f"upstream's models/{PRO}/hc_pre.py::golden_hc_pre fuses hc_mixes and hc_pre (x_hc, fn, scale, base -> " \
+       "x_mixed, post, comb; its pre mix is never an output)"
+_HEAD = f"upstream's models/{PRO}/hc_head.py::golden_hc_head fuses v4_head_mix and hc_head (its pre mix is never an " \
+        "output)"
+FUSED: dict[str, str] = {
+    "hc_mixes": _PRE,
+    "hc_pre": _PRE,
+    "v4_head_mix": _HEAD,
+    "hc_head": _HEAD,
+    "v4_publish_compressed": f"upstream's models/{PRO}/decode_compressor_ratio*.py goldens pool, rotate and write the "
+                             "cache in one call (v4_compressor is adapted through them with the identity rotation)",
+    "v4_moe": f"upstream's models/{PRO}/moe.py::golden_moe is the whole stage (hc_pre, gate, experts, combine, "
+              "hc_post: v4_moe_stage)",
 }

@@ -80,7 +80,7 @@ def _operator(adapter, root: Path):
 
 
 def make_backend(pypto_lib: str | None = None):
-    from backends.upstream.adapters import ADAPTERS, PENDING
+    from backends.upstream.adapters import ADAPTERS, FUSED, PENDING
     from contracts.backends import KERNEL_OPERATORS, Backend
 
     root, reason = checkout(pypto_lib)
@@ -95,6 +95,8 @@ def make_backend(pypto_lib: str | None = None):
             why[name] = f"this checkout has no models/{ADAPTERS[name].folder}"
         elif name in PENDING:
             why[name] = f"upstream golden {PENDING[name]} not adapted yet"
+        elif name in FUSED:
+            why[name] = FUSED[name]
         else:
             why[name] = "upstream main has no golden for it"
     from backends.upstream.adapters import VARIANTS
