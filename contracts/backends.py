@@ -505,7 +505,7 @@ def emulated_backend() -> Backend:
 
 
 def pypto_backend(platform: str | None = None, device: str | None = None, pypto_lib: str | None = None) -> Backend:
-    from kernels.pypto_backend import make_backend
+    from backends.pypto import make_backend
 
     return make_backend(platform or "a5sim", device=device, pypto_lib=pypto_lib)
 

@@ -151,7 +151,7 @@ def deployment_from_options(config: pytest.Config):
         deployment = Deployment(**given)
         device = config.getoption("device")
         if given and device is not None:
-            from kernels.pypto_backend import parse_devices
+            from backends.pypto import parse_devices
 
             deployment.check_devices(parse_devices(device))
     except (ConfigError, BackendError) as exc:

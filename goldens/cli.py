@@ -434,9 +434,9 @@ def doctor_report(store_spec: str, pypto_lib: str | None) -> list[tuple[str, str
             rows.append(("ok", dist, md.version(dist) + (f" (want {want})" if want else "")))
         except md.PackageNotFoundError:
             rows.append(("MISSING", dist, f"not installed: bash scripts/run-tests.sh installs it ({want or 'any'})"))
-    from kernels import pypto_backend as pb
+    from backends import pypto as pb
 
-    root, why = pb.pypto_lib_root(pypto_lib)
+    root, why = pb.checkout(pypto_lib)
     if root is None:
         rows.append(("MISSING", "pypto-lib checkout", why + "; only --backend pypto needs it"))
     else:
@@ -446,17 +446,9 @@ def doctor_report(store_spec: str, pypto_lib: str | None) -> list[tuple[str, str
             rows.append(("MISSING", "pypto toolchain", reason + " (build and install pypto from source; the PyPI "
                                                                "package named pypto is a different project)"))
         else:
-            rows.append(("ok", "pypto toolchain", "pypto.language and golden.runner import"
+            rows.append(("ok", "pypto toolchain", "pypto.language imports in the upstream worker"
                          + (" (TEST DOUBLE: tests/fake_upstream)" if (root / pb.TEST_DOUBLE_MARKER).exists() else "")))
-            try:
-                from pypto.backend import BackendType  # the runner maps a5 / a5sim to Ascend950
-
-                rows.append(("ok" if hasattr(BackendType, "Ascend950") else "MISSING", "platforms a5sim/a5",
-                             "pypto.backend.BackendType.Ascend950" + ("" if hasattr(BackendType, "Ascend950")
-                                                                      else " missing: rebuild pypto with A5 support")))
-            except Exception as exc:
-                rows.append(("info", "platforms a5sim/a5", f"cannot tell: pypto.backend does not import ({exc})"))
-    from kernels.pypto_table import BINDINGS
+    from backends.pypto.table import BINDINGS
 
     bound = sorted(b.operator for b in BINDINGS.values() if b.status == "bound")
     rows.append(("info", "pypto bindings", f"{len(bound)}/{len(BINDINGS)} operators bound ({', '.join(bound)}); "

@@ -1,5 +1,5 @@
 """Generates docs/backends.md from the operator registry (contracts.backends), the contract index
-(tests.harness) and the pypto binding table (kernels.pypto_table): ``python -m tests.backends_doc``.
+(tests.harness) and the pypto binding table (backends.pypto.table): ``python -m tests.backends_doc``.
 tests/test_backends_doc.py fails when the committed file differs from what this renders."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from backends.pypto.table import BINDINGS
 from contracts.backends import BUILTIN, COMPARATORS, KERNEL_OPERATORS
-from kernels.pypto_table import BINDINGS
 from tests.harness import contract_index
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,15 +48,24 @@ def render() -> str:
             "| comparator | inputs | returns | spec |", "|---|---|---|---|"]
     out += [f"| `{n}` | `{c.signature}` | {c.returns} | {c.spec} |" for n, c in sorted(COMPARATORS.items())]
     out += ["", "## The pypto backend: upstream entries", "",
-            "Each `bound` operator runs its upstream entry through upstream's `golden.runner.run` (spec §7.3): "
-            "a `@pl.jit` wrapper program (`kernels/pypto_programs.py`) whose parameters carry this project's "
-            "argument names, TensorSpec/ScalarSpec built from the call, `compare_fn` = a capture hook for every "
-            "output (the kernel's actual outputs are handed to this project's comparators; a run that hands "
-            "back nothing is an error, never a result). `goldens replay --backend pypto` exports each tree as "
-            "upstream's `golden_data` directory (`in/`, `out/`) and runs with `golden_data` pointing at it; "
-            "`--keep-actual` commits the actual outputs under `actual/<backend>-<platform>/` in the store.", "",
-            "Not runnable on this machine (no Ascend toolchain): the binding is exercised against the test "
-            "double in `tests/fake_upstream` only.", ""]
+            "Each `bound` operator runs its upstream kernel entry through upstream's own harness, "
+            "`golden.run_jit(fn, specs, golden_fn, golden_data, compile_cfg, runtime_cfg, rtol, atol, "
+            "compare_fn, ...)` (spec §7.3), inside the upstream worker process: the specs follow the entry's "
+            "declared parameters (order, `pl.Tensor` / `pl.Out` / `pl.InOut` / `pl.Scalar`, dtype, static and "
+            "dynamic dims, read from its source), outputs carry `is_output=True`, `runtime_cfg` = {platform, "
+            "device_id} or, on several devices, `compile_cfg` = {distributed_config}, and `compare_fn` = a "
+            "capture hook per output (the kernel's actual outputs go to this project's comparators; a run that "
+            "hands back nothing is an error, never a result). A call that does not fit the entry as compiled (a "
+            "static dim of the model's geometry) is unsupported, naming the dim. V4-Pro entries take the call "
+            "as `backends.upstream.adapters` lays it out; V4.1 entries (a checkout with "
+            "`models/deepseek_v4_1_flash`) go through `@pl.jit` wrappers (`backends/pypto/programs.py`), and "
+            "`goldens replay --backend pypto` hands their trees to upstream as a `golden_data` directory "
+            "(`in/`, `out/`); `--keep-actual` commits the actual outputs under `actual/<backend>-<platform>/`.",
+            "",
+            "The binding is exercised against the test double in `tests/fake_upstream`, whose `golden` "
+            "package has the real runner's signatures and semantics (checked against a checkout by "
+            "`tests/test_upstream_double.py`); it runs for real where the a5 simulator toolchain is built "
+            "(`scripts/a5sim-setup.sh`).", ""]
     for status in ("bound", "not bound", "not exposed", "composition", "host"):
         rows = [b for b in BINDINGS.values() if b.status == status]
         if not rows:

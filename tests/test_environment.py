@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 
-from kernels.pypto_backend import detect_toolchain
+from backends.pypto import detect_toolchain
 
 
 def test_pypi_pypto_is_not_installed():

@@ -1,8 +1,9 @@
-"""The pypto device backend, tested here against the TEST DOUBLE of upstream in tests/fake_upstream (this
-machine has no Ascend toolchain): start-up refusals, the operator table, the run through upstream's
-``golden.runner.run`` with the ``compare_fn`` capture, replay through upstream's ``golden_data`` layout,
-``--keep-actual``, a seeded wrong kernel caught, and "nothing ran is not a pass" for pytest and
-``goldens replay``. Spec: §4.2, §7.2, §7.3; issue: the device backend."""
+"""The pypto device backend, tested here against the TEST DOUBLE of upstream in tests/fake_upstream (whose
+``golden`` package has the real runner's signatures and semantics, checked by tests/test_upstream_double.py):
+start-up refusals, the operator table, the run through upstream's ``golden.run_jit`` in the worker with specs
+from each entry's declaration and the ``compare_fn`` capture, calls off the compiled geometry refused by name,
+a multi-device entry, replay through upstream's ``golden_data`` layout, ``--keep-actual``, seeded wrong kernels
+caught, and "nothing ran is not a pass" for pytest and ``goldens replay``. Spec: §4.2, §7.2, §7.3."""
 
 from __future__ import annotations
 
@@ -15,25 +16,30 @@ from pathlib import Path
 import pytest
 import torch
 
+from backends import pypto as pb
+from backends.pypto.table import BINDINGS, PRO_ENTRIES
 from contracts.backends import KERNEL_OPERATORS, BackendError, get_backend
-from kernels import pypto_backend as pb
-from kernels.pypto_table import BINDINGS
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_upstream"
-FAKE_MODULES = ("pypto", "golden", "models", "kernels.pypto_programs")
 
 
 @pytest.fixture
 def fake_upstream(monkeypatch):
-    """The test double allowed for this test; its modules and path entry are removed afterwards."""
+    """The test double allowed for this test (it runs in the upstream worker: nothing of it enters this
+    process)."""
     monkeypatch.setenv(pb.ALLOW_TEST_DOUBLE, "1")
     yield FAKE
-    for name in [m for m in sys.modules if m.split(".")[0] in ("pypto", "golden", "models")
-                 or m == "kernels.pypto_programs"]:
-        sys.modules.pop(name)
-    while str(FAKE.resolve()) in sys.path:
-        sys.path.remove(str(FAKE.resolve()))
+    assert not any(m.split(".")[0] in ("pypto", "golden", "models") for m in sys.modules), "upstream code leaked"
+
+
+@pytest.fixture
+def fake_copy(tmp_path, monkeypatch):
+    """A private copy of the double (its own worker, started with this test's environment)."""
+    monkeypatch.setenv(pb.ALLOW_TEST_DOUBLE, "1")
+    copy = tmp_path / "fake_upstream"
+    shutil.copytree(FAKE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
 
 
 def _env(**extra) -> dict:
@@ -43,21 +49,25 @@ def _env(**extra) -> dict:
 
 
 def test_every_kernel_operator_has_exactly_one_table_row():
-    from kernels.pypto_table import PENDING
+    from backends.pypto import v41
+    from backends.pypto.table import PENDING
+    from backends.upstream.adapters import ADAPTERS
 
     assert set(BINDINGS) == set(KERNEL_OPERATORS)
     for b in BINDINGS.values():
         assert b.status in ("bound", "not bound", "not exposed", "host", "composition"), b
         assert b.upstream, b.operator
-        if b.status == "bound":
-            assert b.program and b.args and b.operator in pb.ADAPTERS, b.operator
+        if b.status == "bound" and b.upstream.startswith("models/deepseek_v4_1_flash"):
+            assert b.program and b.args and b.operator in v41.ADAPTERS, b.operator
+        elif b.status == "bound":  # V4-Pro: the adapter's module has an entry
+            assert b.operator in ADAPTERS and ADAPTERS[b.operator].module in PRO_ENTRIES, b.operator
         if b.status in ("not bound", "not exposed"):
             assert b.note, f"{b.operator}: a '{b.status}' row must say what is missing or where the work lives"
         assert "not transcribed" not in b.note or b.operator in PENDING, f"{b.operator}: the table is incomplete"
 
 
 def test_every_prefill_leaf_is_its_decode_twin_with_the_prefill_output_window():
-    from kernels.pypto_table import LEAF_VARIANTS
+    from backends.pypto.table import LEAF_VARIANTS
 
     entries = dict(LEAF_VARIANTS)
     assert len(entries) == 12, "six decode leaves and six prefill leaves"
@@ -94,8 +104,11 @@ def test_a_bound_operator_runs_through_upstreams_runner_and_matches_the_referenc
     from kernels.reference.rope import materialize_rope_rows, precompute_rope_tables
 
     b = get_backend("pypto", pypto_lib=str(fake_upstream))
-    assert b.name == "pypto-test-double" and b.operators == ("candidate_blocks", "materialize_rope_rows")
+    assert b.name == "pypto-test-double"
+    assert b.operators == ("candidate_blocks", "hc_post", "lm_head", "materialize_rope_rows")
     assert "not bound" in b.why_missing["o_proj"] and "host" in b.why_missing["sp_shard"]
+    assert b.why_missing["v4_gate"] == ("bound to models/deepseek_v4_pro/gate.py::gate_test, which this checkout "
+                                        "does not have")
     cos, sin = precompute_rope_tables(300, True, FLASH_TINY)
     pos = torch.tensor([256, -1, 0, 3, 3, 129, -9, 299], dtype=torch.int32)
     want = (torch.full((8, cos.shape[1]), 17.0), torch.full((8, cos.shape[1]), 19.0))
@@ -105,15 +118,46 @@ def test_a_bound_operator_runs_through_upstreams_runner_and_matches_the_referenc
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def test_a_run_that_hands_back_no_output_is_an_error_never_a_result(fake_upstream, monkeypatch):
-    b = get_backend("pypto", pypto_lib=str(fake_upstream))
-    import golden
-
-    monkeypatch.setattr(golden, "run", lambda **kw: golden.RunResult(True))  # "passed", compare_fn never called
-    cos = torch.zeros(4, 32)
-    with pytest.raises(pb.UpstreamRunError, match="handed back no"):
+def test_a_run_that_hands_back_no_output_is_an_error_never_a_result(fake_copy, monkeypatch):
+    monkeypatch.setenv("PTO_FAKE_UPSTREAM_DEFECT", "runner_skips_validation")  # "passed", compare_fn never called
+    b = get_backend("pypto", pypto_lib=str(fake_copy))
+    cos = torch.zeros(4, 8)
+    with pytest.raises(pb.UpstreamRunError, match=r"run_jit of backends.pypto.programs::materialize_rope_rows "
+                                                  r"handed back no \['rope_cos', 'rope_sin'\]"):
         b.get("materialize_rope_rows")(cos, cos.clone(), torch.zeros(2, dtype=torch.int32), 2,
-                                       torch.zeros(2, 32), torch.zeros(2, 32))
+                                       torch.zeros(2, 8), torch.zeros(2, 8))
+
+
+def test_a_v4_pro_entry_runs_with_specs_from_its_declaration_and_refuses_other_geometry(fake_upstream):
+    """hc_post through models/deepseek_v4_pro/hc_post.py::hc_post_test: the double's runner validates only the
+    is_output spec (y) and hands it back; a call at another hidden size is unsupported naming the dim, before
+    any launch; lm_head's two-device entry needs two device ids and then runs with a distributed config."""
+    from contracts.backends import Unsupported
+    from kernels.reference.lm_head import lm_head
+    from kernels.reference.mhc import hc_post
+
+    b = get_backend("pypto", pypto_lib=str(fake_upstream))
+    g = torch.Generator().manual_seed(0)
+    x, r = torch.randn(5, 64, generator=g).to(torch.bfloat16), torch.randn(5, 4, 64, generator=g)
+    p, c = torch.rand(5, 4, generator=g), torch.rand(5, 4, 4, generator=g)
+    assert torch.equal(b.get("hc_post")(x, r, p, c), hc_post(x, r, p, c))
+    with pytest.raises(Unsupported, match=r"hc_post_test: x dim 1: the kernel is compiled for 64 \(its static "
+                                          r"geometry\), the call has 32"):
+        b.get("hc_post")(x[:, :32], r[:, :, :32], p, c)
+    h, w = torch.randn(6, 64, generator=g).to(torch.bfloat16), (torch.randn(512, 64, generator=g) / 8).to(torch.bfloat16)
+    with pytest.raises(Unsupported, match=r"l3_lm_head runs on 2 devices; --device gives \[0\]"):
+        b.get("lm_head")(h, w, tp=2)
+    two = get_backend("pypto", pypto_lib=str(fake_upstream), device="0,1")
+    for got, want in zip(two.get("lm_head")(h, w, tp=2), lm_head(h, w, tp=2), strict=True):
+        assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_seeded_hc_post_kernel_is_caught_by_the_contracts():
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_mhc.py",
+                           "--backend", "pypto", "--pypto-lib", str(FAKE)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=_env(**{pb.ALLOW_TEST_DOUBLE: "1",
+                                                   "PTO_FAKE_UPSTREAM_DEFECT": "hc_post_untransposed"}))
+    assert proc.returncode == 1 and "FAILED contracts/test_mhc.py" in proc.stdout, proc.stdout[-2000:]
 
 
 def _pytest(*args, **env) -> subprocess.CompletedProcess:
@@ -137,7 +181,8 @@ def test_pytest_runs_the_contracts_on_the_test_double_and_catches_its_seeded_wro
     env = {pb.ALLOW_TEST_DOUBLE: "1"}
     good = _pytest("--backend", "pypto", "--pypto-lib", str(FAKE), **env)
     assert good.returncode == 0, good.stdout[-2000:]
-    assert "materialize_rope_rows            2       2       0        0" in good.stdout, good.stdout[-1500:]
+    assert "materialize_rope_rows            1       1       0        1  " in good.stdout, good.stdout[-1500:]
+    assert "freqs_cos dim 1: the kernel is compiled" in good.stdout  # the FLASH-width call: refused, by name
     bad = _pytest("--backend", "pypto", "--pypto-lib", str(FAKE), PTO_FAKE_UPSTREAM_DEFECT="rope_negative_zero",
                   **env)
     assert bad.returncode == 1 and "failed" in bad.stdout, bad.stdout[-2000:]

@@ -25,6 +25,7 @@ class Adapter:
     module: str
     function: str
     build: Callable  # (run, *args, **kwargs) -> outputs, where run(tensors, fields, constants) calls the golden
+    also: tuple[str, ...] = ()  # other modules of the folder the adapter may call (run(..., module=...))
 
     @property
     def upstream(self) -> str:
@@ -126,7 +127,8 @@ def _lm_head(run, hidden, weight, *, tp=1):
     tensors = {"hidden_states": hidden.reshape(1, tokens, d).clone(),
                "lm_head_weight": weight.reshape(tp, rows, d).clone(),
                "logit_row_indices": torch.arange(tokens, dtype=torch.int32).reshape(1, tokens),
-               "logits": torch.zeros(1, tokens, vocab, dtype=torch.float32)}
+               "logits": torch.zeros(1, tokens, vocab, dtype=torch.float32),
+               "sampled_ids": torch.zeros(1, tokens, 8, dtype=torch.int32)}  # the entry's greedy ids (not judged)
     out = run(tensors, {"hidden_size": d, "vocab_size": vocab}, {},
               module_globals={"TP_SIZE": tp, "DP_SIZE": 1, "MAX_LOGIT_ROWS": tokens, "D": d, "VOCAB": vocab,
                               "VOCAB_PER_TP": rows})
@@ -242,9 +244,10 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("mtp_projection", PRO, "mtp_projection", "golden_mtp_projection", _mtp_projection),
     Adapter("hc_post", PRO, "hc_post", "golden_hc_post", _hc_post),
     Adapter("lm_head", PRO, "lm_head", "golden_lm_head", _lm_head),
-    Adapter("v4_expert", PRO, "expert_routed", "golden_expert_routed", _v4_expert),
+    Adapter("v4_expert", PRO, "expert_routed", "golden_expert_routed", _v4_expert, also=("expert_shared",)),
     Adapter("v4_qkv_proj_rope", PRO, "qkv_proj_rope", "golden_qkv_proj_rope", _v4_qkv_proj_rope),
-    Adapter("v4_compressor", PRO, "decode_compressor_ratio4", "golden_compressor", _v4_compressor),
+    Adapter("v4_compressor", PRO, "decode_compressor_ratio4", "golden_compressor", _v4_compressor,
+            also=("decode_compressor_ratio128",)),
 )}
 
 # Where upstream's golden follows a named variant of this project's rule rather than the default (the contracts

@@ -18,6 +18,10 @@ class UpstreamError(RuntimeError):
     """The upstream worker could not start, or a golden function raised (one line: what and where)."""
 
 
+class UpstreamUnsupported(UpstreamError):
+    """The call cannot be fed to the upstream kernel entry as compiled (its static geometry, its devices)."""
+
+
 class Worker:
     def __init__(self, root: Path):
         self.root = root
@@ -57,6 +61,43 @@ class Worker:
                                 f"(see {self.log.name})")
         if "error" in answer:
             raise UpstreamError(f"upstream models/{folder}/{module}.py::{function} raised {answer['error']}")
+        return answer["tensors"]
+
+    def device(self, folder: str, module: str, entry: str, tensors: dict, *, platform: str, devices: list[int],
+               ranks: int = 1, golden_data: str | None = None) -> dict:
+        """Run a kernel entry on ``platform`` through upstream's runner (in the worker) -> the captured outputs.
+        ``folder`` "" means ``module`` is one of this project's wrapper programs (a dotted module name)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        request = {"kind": "device", "folder": folder, "module": module, "entry": entry, "tensors": tensors,
+                   "platform": platform, "devices": list(devices), "ranks": ranks, "golden_data": golden_data}
+        return self._ask(request, f"{module}::{entry}")
+
+    def values(self, module: str, names: list[str]) -> dict:
+        """Plain values (ints, floats, strings) of ``module`` (importable in the worker), by dotted name."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        return self._ask({"kind": "values", "module": module, "names": list(names)}, module)
+
+    def ready(self) -> dict:
+        """Start the worker if needed; its hello ({"shim", "toolchain_error", "threads", ...})."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        return self.info
+
+    def _ask(self, request: dict, what: str) -> dict:
+        try:
+            protocol.write_message(self.proc.stdin, request)
+            answer = protocol.read_message(self.proc.stdout)
+        except (BrokenPipeError, OSError) as exc:
+            answer = {"error": f"worker died ({exc})"}
+        if answer is None:
+            self.proc = None
+            raise UpstreamError(f"upstream worker died running {what} (see {self.log.name})")
+        if "unsupported" in answer:
+            raise UpstreamUnsupported(answer["unsupported"])
+        if "error" in answer:
+            raise UpstreamError(answer["error"])
         return answer["tensors"]
 
     def close(self) -> None:

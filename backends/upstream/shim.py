@@ -70,13 +70,14 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
 
-def install_if_missing() -> bool:
-    """Install the shim when ``pypto.language`` (upstream's toolchain) does not import; True if installed."""
+def install_if_missing() -> str:
+    """Install the shim when ``pypto.language`` (upstream's toolchain) does not import: "" when the real one
+    imports (nothing installed), else why it does not (one line; the shim is then installed)."""
     try:
         import pypto.language  # noqa: F401
-        return False
-    except Exception:
+        return ""
+    except Exception as exc:
         for name in [m for m in sys.modules if m == "pypto" or m.startswith("pypto.")]:
             del sys.modules[name]
         sys.meta_path.insert(0, _Finder())
-        return True
+        return f"import pypto.language failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

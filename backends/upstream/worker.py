@@ -79,21 +79,113 @@ class Modules:
         return mod
 
 
+def _leave_outputs(values: dict) -> None:
+    """golden_fn of a device run: the expected outputs stay as initialized (the harness judges the outputs it
+    captures with its own comparators, never upstream's allclose)."""
+    return None
+
+
+def device_run(modules: Modules, request: dict) -> dict:
+    """Run one kernel entry through upstream's ``golden.run_jit`` / ``golden.run`` on the request's platform and
+    devices, at the checkout's own geometry (kernels are compiled there), and hand back the outputs the harness
+    captured through ``compare_fn``. {"tensors"} / {"unsupported": why} / {"error": why}."""
+    from backends.upstream.entries import declared, mismatch
+
+    folder, module, entry = request["folder"], request["module"], request["entry"]
+    where = f"models/{folder}/{module}.py::{entry}" if folder else f"{module}::{entry}"
+    if folder:
+        mod = modules.load(folder, module, {}, {})
+        path = os.path.join(modules.root, "models", folder, module + ".py")
+    else:  # one of this project's wrapper programs around an upstream inline entry
+        mod = importlib.import_module(module)
+        path = mod.__file__
+    with open(path, encoding="utf-8") as fh:
+        params = declared(fh.read(), entry, vars(mod), where=where)
+    tensors = request["tensors"]
+    why = mismatch(params, tensors)
+    if why:
+        return {"unsupported": f"{where}: {why}"}
+    devices = list(request.get("devices") or [0])
+    ranks = int(request.get("ranks", 1))
+    if len(devices) < ranks:
+        return {"unsupported": f"{where} runs on {ranks} devices; --device gives {devices}"}
+    import golden
+    import torch as _torch
+
+    specs = []
+    for p in params:
+        value = tensors[p.name]
+        if p.direction == "scalar":
+            specs.append(golden.ScalarSpec(p.name, getattr(_torch, p.dtype), int(value)))
+        else:
+            specs.append(golden.TensorSpec(p.name, list(value.shape), value.dtype,
+                                           init_value=None if p.direction == "out" else value.clone(),
+                                           is_output=p.is_output))
+    captured: dict = {}
+
+    def capture(actual, expected, *, actual_outputs, expected_outputs, inputs, rtol, atol):
+        captured.update({name: t.detach().cpu().clone() for name, t in actual_outputs.items()})
+        return True, "captured by pto-contracts (judged by its own comparators)"
+
+    capture.__name__ = "pto_contracts_capture"
+    compile_cfg: dict = {}
+    runtime_cfg: dict = {"platform": request["platform"]}
+    if ranks > 1:
+        from pypto.ir.distributed_compiled_program import DistributedConfig
+
+        compile_cfg["distributed_config"] = DistributedConfig(device_ids=devices[:ranks], num_sub_workers=0)
+    else:
+        runtime_cfg["device_id"] = devices[0]
+    fn = getattr(mod, entry)
+    runner = golden.run_jit if hasattr(fn, "compile") else golden.run
+    outputs = [p.name for p in params if p.is_output]
+    golden_data = request.get("golden_data")
+    result = runner(fn, specs, golden_fn=None if golden_data else _leave_outputs, golden_data=golden_data,
+                    compile_cfg=compile_cfg, runtime_cfg=runtime_cfg, rtol=0.0, atol=0.0,
+                    compare_fn=dict.fromkeys(outputs, capture), save_data=False)
+    if not result.passed:
+        first = str(result.error or "no error text").strip().splitlines()[0][:300]
+        return {"error": f"upstream {runner.__name__} of {where} on {request['platform']} failed: {first}"}
+    missing = [o for o in outputs if o not in captured]
+    if missing:
+        return {"error": f"upstream {runner.__name__} of {where} handed back no {missing} (compare_fn never "
+                         "called): nothing to judge"}
+    return {"tensors": {o: captured[o] for o in outputs}}
+
+
 def main() -> int:
     root = sys.argv[1]
     sys.path.insert(0, root)  # upstream's golden package, for modules that import it
     from backends.upstream.shim import install_if_missing
 
-    shimmed = install_if_missing()
+    toolchain = install_if_missing()  # "" = the real pypto toolchain imports; else why not (the shim is in)
+    shimmed = bool(toolchain)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # upstream prints go to stderr, never into the protocol stream
     modules = Modules(root)
-    write_message(stdout, {"ready": True, "shim": shimmed, "threads": torch.get_num_threads(), "python": sys.version})
+    write_message(stdout, {"ready": True, "shim": shimmed, "toolchain_error": toolchain,
+                           "threads": torch.get_num_threads(), "python": sys.version})
     while True:
         request = read_message(stdin)
         if request is None:
             return 0
         try:
+            if request.get("kind") == "values":  # constants a kernel is compiled with, by dotted name
+                mod = importlib.import_module(request["module"])
+                out = {}
+                for name in request["names"]:
+                    value = mod
+                    for part in name.split("."):
+                        value = getattr(value, part)
+                    out[name] = value
+                write_message(stdout, {"tensors": out})
+                continue
+            if request.get("kind") == "device":
+                if shimmed:
+                    write_message(stdout, {"error": f"no pypto toolchain in the worker ({toolchain})"})
+                else:
+                    write_message(stdout, device_run(modules, request))
+                continue
             mod = modules.load(request["folder"], request["module"], request.get("fields", {}),
                                request.get("constants", {}))
             for name, value in request.get("globals", {}).items():

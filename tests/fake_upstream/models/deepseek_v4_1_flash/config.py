@@ -1,7 +1,7 @@
 """TEST DOUBLE of upstream ``models/deepseek_v4_1_flash/config.py``: the dynamic dims and widths used here."""
 import pypto.language as pl
 
-ROPE_DIM = 64
+ROPE_DIM = 16  # the FLASH tiny preset's width: the double is "compiled" where the contracts call it
 T_DYN = pl.dynamic("T")
 
 CMP_POSITIONS_DYN = pl.dynamic("CMP_POSITIONS")

@@ -3,6 +3,10 @@ Python function (``golden.runner.run`` of this double calls it on CPU tensors)."
 
 from __future__ import annotations
 
+import functools
+import inspect
+import tempfile
+
 import torch
 
 TEST_DOUBLE = True
@@ -45,14 +49,41 @@ class _Factory:
 Tensor, Scalar, InOut, Out = _Factory("Tensor"), _Factory("Scalar"), _Factory("InOut"), _Factory("Out")
 
 
+class _Compiled:
+    """What ``JITFunction.compile`` returns: an output directory and the "kernel" (the Python function)."""
+
+    def __init__(self, fn, output_dir: str):
+        self.fn, self.output_dir = fn, output_dir
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+class JITFunction:
+    """``@pl.jit``: a callable with ``compile(*dummy_args, config=RunConfig)`` as the real one has (golden's
+    run_jit compiles through it); the arguments must match the function's parameters in number."""
+
+    def __init__(self, fn):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def compile(self, *dummy_args, config=None):
+        params = inspect.signature(self.fn).parameters
+        if len(dummy_args) != len(params):
+            raise TypeError(f"{self.fn.__name__}: {len(params)} parameters, {len(dummy_args)} arguments")
+        return _Compiled(self.fn, tempfile.gettempdir())
+
+
 class _Jit:
-    """``@pl.jit`` (a program) / ``@pl.jit.inline`` (a function programs call): both keep the function."""
+    """``@pl.jit`` (an entry: a JITFunction) / ``@pl.jit.inline`` (a function entries call: kept as is)."""
 
     def __call__(self, fn=None, **_kw):
         if fn is None:
             return lambda f: self(f)
-        fn.__pto_program__ = True
-        return fn
+        return JITFunction(fn)
 
     def inline(self, fn=None, **_kw):
         if fn is None:

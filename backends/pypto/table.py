@@ -3,8 +3,10 @@ place that says so (``docs/backends.md`` is generated from it and a test keeps t
 
 Every kernel operator of ``contracts.backends.KERNEL_OPERATORS`` has a row:
 
-* ``bound``: the backend runs the upstream entry through upstream's ``golden.runner.run`` (via the wrapper
-  program in ``kernels/pypto_programs.py`` named by ``program``) and returns the outputs it captured;
+* ``bound``: the backend runs the upstream entry through upstream's ``golden.run_jit`` in the upstream worker and
+  returns the outputs it captured: a V4-Pro entry of ``PRO_ENTRIES`` directly (the call laid out by
+  ``backends.upstream.adapters``; its arguments are read from the entry's declaration at run time), a V4.1 entry
+  through the wrapper program of ``backends/pypto/programs.py`` named by ``program``;
 * ``not bound``: upstream has an entry for it, but this version does not bind it yet; ``note`` says what is
   missing;
 * ``not exposed``: upstream has no entry with this operator's inputs and outputs (the work is fused inside
@@ -19,7 +21,7 @@ Facts: spec §2.3, §4.1, §4.2, §5, §7.1-§7.3 and the upstream entry files n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 FLASH = "models/deepseek_v4_1_flash"
 PRO = "models/deepseek_v4_pro"
@@ -40,7 +42,7 @@ class Binding:
     upstream: str  # file::function (or files)
     kind: str = ""  # @pl.jit / @pl.jit.inline / host Python
     args: tuple[Arg, ...] = ()
-    program: str | None = None  # kernels.pypto_programs attribute when bound
+    program: str | None = None  # backends.pypto.programs attribute when bound (V4.1)
     note: str = ""
     variants: tuple[tuple[str, tuple[Arg, ...]], ...] = ()  # (upstream entry, its arguments) per mode
 
@@ -647,6 +649,43 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
     Binding("sp_gather", "host", f"{FLASH}/decode_sp_integration.py (gather)", "host Python"),
     Binding("half_layer_call", "host", f"{FLASH}/decode_common.py (validate_args)", "host Python"),
 )}
+
+
+# V4-Pro kernel entries (upstream main): module of models/deepseek_v4_pro -> (the @pl.jit entry upstream's own
+# __main__ hands to golden.run_jit, the number of devices it runs on). The adapters of backends.upstream.adapters
+# lay each call out as that module's tensors dict; the entry's declaration says order, directions and which dims
+# are compiled in.
+PRO_ENTRIES: dict[str, tuple[str, int]] = {
+    "gate": ("gate_test", 1),
+    "mtp_projection": ("mtp_projection_test", 1),
+    "hc_post": ("hc_post_test", 1),
+    "expert_routed": ("expert_routed_test", 1),
+    "expert_shared": ("expert_shared_test", 1),
+    "qkv_proj_rope": ("qkv_proj_rope_test", 1),
+    "decode_compressor_ratio4": ("compressor_test", 1),
+    "decode_compressor_ratio128": ("compressor_test", 1),
+    "lm_head": ("l3_lm_head", 2),
+}
+
+
+def _pro_bound() -> dict[str, Binding]:
+    from backends.upstream.adapters import ADAPTERS
+
+    out = {}
+    for name, a in ADAPTERS.items():
+        if a.folder == "deepseek_v4_pro" and a.module in PRO_ENTRIES and name in BINDINGS:
+            entry, ranks = PRO_ENTRIES[a.module]
+            also = [f"{m}.py::{PRO_ENTRIES[m][0]}" for m in a.also if m in PRO_ENTRIES]
+            out[name] = replace(BINDINGS[name], status="bound", upstream=f"{PRO}/{a.module}.py::{entry}" +
+                                (f" (also {', '.join(also)})" if also else ""), kind="@pl.jit" +
+                                (f" on {ranks} devices (distributed_config)" if ranks > 1 else ""),
+                                note="laid out by backends.upstream.adapters; arguments, directions and compiled "
+                                     "dims read from the entry's declaration at run time (a call off the compiled "
+                                     "geometry is unsupported, naming the dim)")
+    return out
+
+
+BINDINGS.update(_pro_bound())
 
 
 def bound() -> list[Binding]:

@@ -1,7 +1,7 @@
 """Device programs of the ``pypto`` backend: each wraps one upstream ``@pl.jit.inline`` entry in a ``@pl.jit``
 program whose parameters are this project's argument names (spec §4.2 rope rows, §5.2 candidate blocks), so a replay tree exported with ``goldens
-export-pt`` is directly upstream's ``golden_data`` layout for it. Imported only after ``pypto.language`` and
-the pypto-lib root resolved (``kernels.pypto_backend``); no ``from __future__ import annotations`` here: the
+export-pt`` is directly upstream's ``golden_data`` layout for it. Imported only inside the upstream worker
+(``backends.upstream.worker``), with the pypto-lib root on the path and the real toolchain present; no ``from __future__ import annotations`` here: the
 toolchain reads these annotations. Facts: spec §4.2 (materialize_rope_rows), §7.3 (run, golden_data)."""
 
 import pypto.language as pl

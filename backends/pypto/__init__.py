@@ -1,0 +1,180 @@
+"""The upstream pypto A5 kernels as a backend (``--backend pypto --platform a5sim|a5 [--device IDS]
+[--pypto-lib PATH]``).
+
+Each bound operator runs one upstream kernel entry through upstream's own harness, ``golden.run_jit`` (or
+``golden.run`` for a ``@pl.program``), inside the upstream worker process (``backends.upstream.worker``): the
+specs are built in the entry's declared parameter order with its declared directions (``pl.Tensor`` in,
+``pl.Out`` out, ``pl.InOut`` in and out, ``pl.Scalar``) read from the entry's source, ``is_output`` set on the
+outputs, ``runtime_cfg`` = {platform, device_id} (or, for a multi-device entry, ``compile_cfg`` =
+{distributed_config: DistributedConfig(device_ids, ...)}), and ``compare_fn`` = {each output: a hook that hands
+the kernel's actual outputs back}; this project's comparators then judge them. A call whose tensors do not fit
+the entry as compiled (a static dim of the model's geometry, a dtype, a missing argument) is refused as
+unsupported, naming the dim, before anything is launched. Nothing is computed here: a run that hands back no
+output is an error.
+
+Which entries: V4-Pro (``models/deepseek_v4_pro``, upstream main) through the same adapters the upstream-goldens
+backend uses (``backends.upstream.adapters``: one tensors dict per call, named as upstream names them), at the
+entries listed in ``backends.pypto.table.PRO_ENTRIES``; V4.1-Flash (``models/deepseek_v4_1_flash``, where the
+checkout has it) through this project's wrapper programs (``backends.pypto.programs``). A checkout is detected
+by the model folders it has.
+
+The test double in ``tests/fake_upstream`` (marked by ``PTO_CONTRACTS_TEST_DOUBLE``) is refused unless
+``PTO_CONTRACTS_ALLOW_TEST_DOUBLE=1``, which only this project's tests set; the backend is then named
+``pypto-test-double`` everywhere it is reported.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from backends.upstream.backend import ALLOW_TEST_DOUBLE, TEST_DOUBLE_MARKER, checkout, revision  # noqa: F401
+
+PLATFORMS = ("a5sim", "a5")
+
+
+class UpstreamRunError(RuntimeError):
+    """The upstream harness failed, or returned without handing back every output."""
+
+
+def parse_devices(device: str | None) -> list[int]:
+    from contracts.backends import BackendError
+
+    if device is None:
+        return [0]
+    try:
+        ids = [int(d) for d in device.split(",")]
+    except ValueError:
+        raise BackendError(f"--device {device!r}: expected comma-separated device ids, e.g. 0 or 0,1") from None
+    if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+        raise BackendError(f"--device {device!r}: ids must be distinct non-negative integers")
+    return ids
+
+
+def detect_toolchain(root: Path) -> str | None:
+    """None when upstream's pypto toolchain imports in the worker for ``root``, else why not (one line)."""
+    from backends.upstream.client import UpstreamError, worker
+
+    try:
+        info = worker(root).ready()
+    except UpstreamError as exc:
+        return str(exc)
+    if info.get("toolchain_error"):
+        return f"upstream pypto toolchain not installed ({info['toolchain_error']})"
+    return None
+
+
+class Device:
+    """Runs kernel entries of one checkout on one platform and device list, through the worker."""
+
+    def __init__(self, root: Path, platform: str, devices: list[int]):
+        self.root, self.platform, self.devices = root, platform, devices
+
+    def run(self, folder: str, module: str, entry: str, tensors: dict, *, ranks: int = 1,
+            golden_data: Path | None = None) -> dict[str, torch.Tensor]:
+        from backends.upstream.client import UpstreamError, UpstreamUnsupported, worker
+        from contracts.backends import Unsupported
+
+        try:
+            return worker(self.root).device(folder, module, entry, tensors, platform=self.platform,
+                                            devices=self.devices, ranks=ranks,
+                                            golden_data=str(golden_data) if golden_data else None)
+        except UpstreamUnsupported as exc:
+            raise Unsupported(str(exc)) from None
+        except UpstreamError as exc:
+            raise UpstreamRunError(str(exc)) from None
+
+
+def _pro_operator(adapter, device: Device):
+    """An adapter of ``backends.upstream.adapters`` whose ``run`` launches the module's kernel entry instead of
+    calling its golden: the tensors dict is the same (upstream's names); geometry overrides (``fields``,
+    ``constants``, ``module_globals``: they re-target a golden at a tiny preset) do not apply to a kernel compiled
+    at the model's geometry, so a call off that geometry is refused as unsupported by the entry check."""
+    from backends.pypto.table import PRO_ENTRIES
+    from contracts.backends import Unsupported
+
+    def run(tensors, fields, constants, *, module_globals=None, module=None, function=None):
+        name = module or adapter.module
+        if name not in PRO_ENTRIES:
+            raise Unsupported(f"no kernel entry of models/{adapter.folder}/{name}.py is bound")
+        entry, ranks = PRO_ENTRIES[name]
+        return device.run(adapter.folder, name, entry, tensors, ranks=ranks)
+
+    fn = partial(adapter.build, run)
+    fn.__name__ = adapter.operator
+    fn.__doc__ = f"upstream kernel entry of models/{adapter.folder}/{adapter.module}.py on the device"
+    fn.may_be_unsupported = True
+    return fn
+
+
+def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_lib: str | None = None):
+    from backends.pypto import v41
+    from backends.pypto.table import BINDINGS, PRO_ENTRIES, bound
+    from backends.upstream.adapters import ADAPTERS
+    from contracts.backends import Backend, BackendError
+
+    if platform not in PLATFORMS:
+        raise BackendError(f"pypto backend: platform must be one of {PLATFORMS}, got {platform!r}")
+    devices = parse_devices(device)
+    root, reason = checkout(pypto_lib)
+    if root is None:
+        return Backend("pypto", {}, platform=platform, unavailable=reason)
+    reason = detect_toolchain(root)
+    if reason is not None:
+        return Backend("pypto", {}, platform=platform, unavailable=reason)
+    double = (root / TEST_DOUBLE_MARKER).exists()
+    dev = Device(root, platform, devices)
+    ops, launchers = {}, {}
+    for name, adapter in ADAPTERS.items():
+        if adapter.module in PRO_ENTRIES and (root / "models" / adapter.folder / f"{adapter.module}.py").is_file():
+            ops[name] = _pro_operator(adapter, dev)
+    if (root / "models" / v41.FOLDER).is_dir():
+        for b in bound():
+            if b.program:
+                launchers[b.operator] = v41.Launcher(b, dev)
+                ops[b.operator] = v41.ADAPTERS[b.operator](launchers[b.operator])
+    why = {}
+    for b in BINDINGS.values():
+        if b.operator in ops:
+            continue
+        if b.status == "bound":
+            why[b.operator] = f"bound to {b.upstream.split(' ')[0]}, which this checkout does not have"
+        else:
+            why[b.operator] = (f"{b.status}: {b.note}" if b.note else b.status) + f" (upstream {b.upstream})"
+    return Backend("pypto-test-double" if double else "pypto", ops, platform=platform, why_missing=why,
+                   description=f"upstream A5 kernels from {root} @ {revision(root)} on {platform}, devices {devices}",
+                   replay=lambda tree: replay_through_upstream(launchers, tree))
+
+
+def replay_through_upstream(launchers: dict, tree) -> dict[str, torch.Tensor] | None:
+    """Replay a golden tree the way upstream replays saved data, when its operator is one V4.1 entry: the tree
+    written in upstream's ``golden_data`` layout (``in/<name>.pt`` for inputs, scalars and InOut initial values,
+    ``out/<name>.pt`` for outputs), the entry run with ``golden_data`` pointing there, the kernel's outputs
+    captured. None otherwise (the caller runs the backend's operators on the tree's inputs)."""
+    launch = launchers.get(tree.case.operator)
+    if launch is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="pto-golden-data-") as tmp:
+        write_golden_data(tree, Path(tmp))
+        return launch(_values(tree), golden_data=Path(tmp))
+
+
+def write_golden_data(tree, directory: Path) -> None:
+    """Upstream's golden_data layout of a loaded tree (its record's argument directions), into a fresh dir."""
+    for sub in ("in", "out"):
+        (directory / sub).mkdir(parents=True, exist_ok=True)
+    for spec in tree.record.args:
+        if spec.is_input:
+            torch.save(tree.inputs[spec.name].clone(), directory / "in" / f"{spec.name}.pt")
+        if spec.is_output:
+            torch.save(tree.expected[spec.name].clone(), directory / "out" / f"{spec.name}.pt")
+
+
+def _values(tree) -> dict:
+    values = dict(tree.inputs)
+    for name, t in tree.expected.items():
+        values.setdefault(name, torch.zeros_like(t))
+    return {k: (int(v) if isinstance(v, torch.Tensor) and v.ndim == 0 else v) for k, v in values.items()}

@@ -1,0 +1,1 @@
+"""TEST DOUBLE of ``pypto.ir`` (only what the binding touches)."""
