@@ -181,7 +181,7 @@ def test_pytest_runs_the_contracts_on_the_test_double_and_catches_its_seeded_wro
     env = {pb.ALLOW_TEST_DOUBLE: "1"}
     good = _pytest("--backend", "pypto", "--pypto-lib", str(FAKE), **env)
     assert good.returncode == 0, good.stdout[-2000:]
-    assert "materialize_rope_rows            1       1       0        1  " in good.stdout, good.stdout[-1500:]
+    assert "materialize_rope_rows            3       3       0        1  " in good.stdout, good.stdout[-1500:]
     assert "freqs_cos dim 1: the kernel is compiled" in good.stdout  # the FLASH-width call: refused, by name
     bad = _pytest("--backend", "pypto", "--pypto-lib", str(FAKE), PTO_FAKE_UPSTREAM_DEFECT="rope_negative_zero",
                   **env)
