@@ -17,7 +17,12 @@ JOBS=2
 ONLY=""
 FORCE=""
 MIRROR="${A5SIM_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-STAGES=(chroot packages)
+STAGES=(chroot packages venv sources pypto)
+# Commits known to work together (docs/a5sim.md); a checkout at another commit is used as it is, with a warning.
+PIN_PYPTO=e2d0f78a
+PIN_SIMPLER=93adc386
+PIN_PTO_ISA=cd4a3d3f
+PIN_PTOAS=2477ac1d
 
 usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "a5sim-setup: $*" >&2; exit 2; }
@@ -69,4 +74,76 @@ stage_packages() {
   if [ -e "$lib/libMLIR.so.21.1" ] || [ ! -e "$lib/libMLIR.so" ]; then :; else ln -s libMLIR.so "$lib/libMLIR.so.21.1"; fi
 }
 
+HOST_PY="${A5SIM_PYTHON:-$(python3 -c 'import sys; print(sys.base_prefix)' 2>/dev/null)/bin/python3}"
+VENV="$PREFIX/venv"
+SRC="$PREFIX/src"
+
+mounts() {  # the host paths the chroot needs, at the same absolute paths (idempotent)
+  local p
+  for p in /proc /sys /dev /dev/pts "$(dirname "$(dirname "$(readlink -f "$HOST_PY")")")" "$PREFIX" "$SOURCES" \
+           "${CCACHE_DIR:-$HOME/.ccache}"; do
+    [ -n "$p" ] && [ -e "$p" ] || continue
+    mkdir -p "$ROOTFS$p"
+    mountpoint -q "$ROOTFS$p" || mount --bind "$p" "$ROOTFS$p"
+  done
+}
+
+in_chroot() {  # run a command inside the chroot, with the toolchain's compilers and ccache
+  mounts
+  chroot "$ROOTFS" /usr/bin/env -i HOME=/root PATH="$VENV/bin:/usr/lib/llvm-21/bin:/usr/bin:/bin" \
+    CC="ccache gcc-15" CXX="ccache g++-15" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" MAX_JOBS="$JOBS" \
+    CCACHE_DIR="${CCACHE_DIR:-$HOME/.ccache}" LANG=C.UTF-8 "$@"
+}
+
+stage_venv() {
+  [ -x "$HOST_PY" ] || die "no host Python at $HOST_PY (set A5SIM_PYTHON to the python the project's venv uses)"
+  [ -x "$VENV/bin/python" ] || "$HOST_PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q "torch==2.13.0"  # the CPU wheel, from pip's configured index (no CUDA download)
+  "$VENV/bin/pip" install -q "scikit-build-core>=0.10" "nanobind>=2,<3" cmake ninja "numpy>=2" cloudpickle pytest \
+    pytest-timeout PyYAML
+}
+
+checkout_at() {  # checkout_at NAME PIN: clone the user's checkout into PREFIX/src (no network), at PIN when present
+  local name="$1" pin="$2"
+  [ -d "$SOURCES/$name/.git" ] || die "missing checkout $SOURCES/$name (see --help)"
+  [ -d "$SRC/$name/.git" ] || git clone -q "$SOURCES/$name" "$SRC/$name"
+  if git -C "$SRC/$name" cat-file -e "$pin^{commit}" 2>/dev/null; then
+    git -C "$SRC/$name" checkout -q "$pin"
+  else
+    echo "warning: $name has no commit $pin; building $(git -C "$SRC/$name" rev-parse --short HEAD) as checked out"
+  fi
+}
+
+stage_sources() {
+  [ -n "$SOURCES" ] || die "--sources DIR is required (the directory holding the upstream checkouts)"
+  SOURCES="$(readlink -f "$SOURCES")"
+  mkdir -p "$SRC"
+  checkout_at pypto "$PIN_PYPTO"
+  checkout_at pto-isa "$PIN_PTO_ISA"
+  checkout_at PTOAS "$PIN_PTOAS"
+  # pypto's submodules from the local checkouts (the pinned libbacktrace / msgpack-c commits are not in every
+  # snapshot: their default branches work)
+  local sub
+  git -C "$SRC/pypto" config submodule.runtime.url "$SOURCES/simpler"
+  git -C "$SRC/pypto" config submodule.3rdparty/libbacktrace.url "$SOURCES/libbacktrace"
+  git -C "$SRC/pypto" config submodule.3rdparty/msgpack-c.url "$SOURCES/msgpack-c"
+  for sub in runtime 3rdparty/libbacktrace 3rdparty/msgpack-c; do
+    if ! git -C "$SRC/pypto" -c protocol.file.allow=always submodule update --init -q "$sub" 2>/dev/null; then
+      local url; url="$(git -C "$SRC/pypto" config "submodule.$sub.url")"
+      rm -rf "$SRC/pypto/$sub"; git clone -q "$url" "$SRC/pypto/$sub"
+      [ "$sub" = 3rdparty/msgpack-c ] && git -C "$SRC/pypto/$sub" checkout -q cpp_master 2>/dev/null || true
+    fi
+  done
+  # the runtime clones pto-isa on first use: put the pinned one where it looks
+  mkdir -p "$SRC/pypto/runtime/build"
+  [ -d "$SRC/pypto/runtime/build/pto-isa" ] || git clone -q "$SRC/pto-isa" "$SRC/pypto/runtime/build/pto-isa"
+}
+
+stage_pypto() {
+  in_chroot /bin/sh -c "cd '$SRC/pypto' && '$VENV/bin/pip' install --no-build-isolation -v . > '$PREFIX/pypto-build.log' 2>&1" \
+    || die "pypto build failed: see $PREFIX/pypto-build.log"
+}
+
+SOURCES="${SOURCES:+$(readlink -f "$SOURCES")}"
 for s in "${STAGES[@]}"; do stage "$s"; done

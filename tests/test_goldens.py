@@ -647,6 +647,10 @@ UPSTREAM_TREE_DEFECTS = {  # sample-store tree recorded from upstream's goldens 
     "up-mtp_projection": ("v4:E_ON_STREAM_ZERO",),
     "up-v4_hc_post": ("mhc:RESIDUAL_NOT_TRANSPOSED", "mhc:POST_THROUGH_BF16"),
     "up-v4_lm_head": ("lm_head:SHARD_OFF_BY_ONE",),
+    "up-v4_attention_csa": ("v4:CSA_BOUND_INCLUSIVE", "v4:CMP_SLOTS_PHYSICAL", "v4:LATENT_ROUNDED_BF16",
+                            "v4:FORWARD_ROPE"),
+    "up-v4_attention_hca": ("v4:CMP_SLOTS_PHYSICAL", "v4:PROBS_UNROUNDED", "v4:LATENT_ROUNDED_BF16"),
+    "up-v4_attention_swa": ("v4:LATENT_ROUNDED_BF16", "v4:FORWARD_ROPE"),
 }
 
 

@@ -239,6 +239,71 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
     return out, closes, pool
 
 
+ATTENTION_MODULES = {"CSA": "decode_sparse_attn", "HCA": "decode_sparse_attn_hca", "SWA": "decode_sparse_attn_swa"}
+
+
+def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
+                  attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq=None, num_tokens=None):
+    """v4_attention -> decode_sparse_attn.py (CSA: the raw indexer top-k, masked by position inside the golden),
+    decode_sparse_attn_hca.py (HCA: the compressed slots), decode_sparse_attn_swa.py (SWA: the window only)
+    ::golden_sparse_attn, each the sparse attention fused with the grouped output projection. Geometry: B = T /
+    seq requests of S = seq rows (DECODE_BATCH, DECODE_SEQ), the call's page size as BLOCK_SIZE. The window
+    is upstream's WIN columns and HCA's slots its CMP_TOPK columns (a narrower call is padded with -1, which
+    reads nothing; a wider one is unsupported: upstream's key tiles would drop the excess)."""
+    from contracts.backends import Unsupported
+    from kernels.reference.attention import check_inputs
+    from kernels.v4.sparse_attention import (
+        attention_indices,
+        check_output_projection,
+        flat_pool,
+        paged_compressed_rows,
+    )
+
+    seq = config.decode_seq if seq is None else seq
+    window, cmp_indices = attention_indices(path, q, window_indices, compressed, position_ids, num_tokens=num_tokens,
+                                            config=config)
+    tokens, heads, dim = q.shape
+    ori, cmp = flat_pool(ori_kv, "ori_kv", dim), flat_pool(cmp_kv, "cmp_kv", dim)
+    rows = paged_compressed_rows(cmp_indices, cmp_block_table, seq=seq, block_size=cmp_kv.shape[1])
+    check_inputs(q, ori, window, cmp, rows, attn_sink)
+    check_output_projection(q.shape, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, config=config)
+    if ori_kv.shape[1] != cmp_kv.shape[1]:
+        raise Unsupported(f"upstream's decode attention goldens take one BLOCK_SIZE for both caches; the call's are "
+                          f"{ori_kv.shape[1]} and {cmp_kv.shape[1]}")
+    win = config.sliding_window
+    cmp_topk = {"CSA": config.index_topk, "HCA": min(config.max_position_embeddings // 128, config.index_topk),
+                "SWA": 0}[path]
+
+    def widen(t, width, what):
+        if t.shape[1] > width:
+            raise Unsupported(f"upstream's {path} golden reads {width} {what} columns; the call has {t.shape[1]}")
+        return torch.cat((t.to(torch.int32), torch.full((tokens, width - t.shape[1]), -1, dtype=torch.int32)), 1)
+
+    tensors = {"q": q.clone(), "ori_kv": ori_kv.clone(), "attn_sink": attn_sink.float().clone(),
+               "freqs_cos": freqs_cos.clone(), "freqs_sin": freqs_sin.clone(), "wo_a": wo_a.clone(),
+               "wo_b": wo_b.clone(), "wo_b_scale": wo_b_scale.float().clone(),
+               "attn_out": torch.zeros(tokens, config.hidden_size, dtype=torch.bfloat16)}
+    if path == "SWA":
+        tensors["swa_indices"] = widen(window, win, "window")
+        tensors["swa_lens"] = torch.full((tokens,), win, dtype=torch.int32)
+    else:
+        tensors.update(window_swa_indices=widen(window, win, "window"), cmp_kv=cmp_kv.clone(),
+                       cmp_block_table=cmp_block_table.to(torch.int32).clone())
+        if path == "CSA":  # the raw top-k: upstream masks it by position itself (as attention_indices did)
+            raw = compressed.to(torch.int32).clone()
+            if num_tokens is not None:
+                raw[num_tokens:] = -1
+            tensors.update(idx_topk=widen(raw[:, :cmp_topk], cmp_topk, "top-k"),
+                           position_ids=position_ids.reshape(tokens, 1).to(torch.int32).clone())
+        else:
+            tensors["cmp_sparse_indices"] = widen(cmp_indices, cmp_topk, "compressed")
+    out = run(tensors, _variant_fields(config), {"DECODE_BATCH": tokens // seq, "DECODE_SEQ": seq,
+                                                  "BLOCK_SIZE": int(ori_kv.shape[1])},
+              module=ATTENTION_MODULES[path],
+              module_globals={"ORI_BLOCK_NUM": int(ori_kv.shape[0])} if path == "SWA" else None)
+    return out["attn_out"]
+
+
 ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_gate", PRO, "gate", "golden_gate_core", _gate),
     Adapter("mtp_projection", PRO, "mtp_projection", "golden_mtp_projection", _mtp_projection),
@@ -246,6 +311,8 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("lm_head", PRO, "lm_head", "golden_lm_head", _lm_head),
     Adapter("v4_expert", PRO, "expert_routed", "golden_expert_routed", _v4_expert, also=("expert_shared",)),
     Adapter("v4_qkv_proj_rope", PRO, "qkv_proj_rope", "golden_qkv_proj_rope", _v4_qkv_proj_rope),
+    Adapter("v4_attention", PRO, "decode_sparse_attn", "golden_sparse_attn", _v4_attention,
+            also=("decode_sparse_attn_hca", "decode_sparse_attn_swa")),
     Adapter("v4_compressor", PRO, "decode_compressor_ratio4", "golden_compressor", _v4_compressor,
             also=("decode_compressor_ratio128",)),
 )}
@@ -265,7 +332,6 @@ PENDING: dict[str, str] = {
     "v4_indexer": f"models/{PRO}/decode_indexer.py::golden_indexer",
     "v4_prefill_indexer": f"models/{PRO}/prefill_indexer.py::golden_prefill_indexer",
     "v4_prefill_index_keys": f"models/{PRO}/prefill_indexer_compressor.py::golden_prefill_indexer_compressor",
-    "v4_sparse_attention": f"models/{PRO}/decode_sparse_attn*.py::golden_sparse_attn",
     "v4_attention_stage": f"models/{PRO}/decode_attention_{{swa,csa,hca}}.py::golden_attention_*",
     "v4_decode_metadata": f"models/{PRO}/decode_metadata.py",
     "v4_mtp_layer": f"models/{PRO}/decode_mtp.py::golden_mtp_decode_layer",
@@ -285,6 +351,10 @@ FUSED: dict[str, str] = {
     "hc_head": _HEAD,
     "v4_publish_compressed": f"upstream's models/{PRO}/decode_compressor_ratio*.py goldens pool, rotate and write the "
                              "cache in one call (v4_compressor is adapted through them with the identity rotation)",
+    "v4_sparse_attention": f"upstream's models/{PRO}/decode_sparse_attn*.py::golden_sparse_attn fuse the sparse "
+                           "attention with the output projection (v4_attention is adapted through them)",
+    "v4_output_projection": f"upstream's models/{PRO}/decode_sparse_attn*.py::golden_sparse_attn fuse the output "
+                            "projection with the sparse attention (v4_attention is adapted through them)",
     "v4_moe": f"upstream's models/{PRO}/moe.py::golden_moe is the whole stage (hc_pre, gate, experts, combine, "
               "hc_post: v4_moe_stage)",
 }

@@ -146,16 +146,14 @@ def v4_sparse_attention(q: torch.Tensor, ori_kv: torch.Tensor, window_indices: t
 
 
 
-def v4_output_projection(o: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, wo_a: torch.Tensor,
-                         wo_b: torch.Tensor, wo_b_scale: torch.Tensor, *, config) -> torch.Tensor:
-    """o [T, H, head_dim] FP32 -> attn_out [T, hidden] BF16: inverse RoPE, grouped wo_a kept FP32, per-(token,
-    group) INT8 activation times the INT8 ``wo_b``, group scales summed in FP32, channel scale, one BF16 cast.
-    Spec: §8."""
-    tokens, heads, dim = o.shape
+def check_output_projection(o_shape, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, wo_a: torch.Tensor,
+                            wo_b: torch.Tensor, wo_b_scale: torch.Tensor, *, config) -> None:
+    """The caller's side of ``v4_output_projection`` (and of ``v4_attention``'s projection)."""
+    tokens, heads, dim = o_shape
     groups, lora, rope = config.o_groups, config.o_lora_rank, config.qk_rope_head_dim
     group_in = heads * dim // groups
     if (heads, dim) != (config.num_attention_heads, config.head_dim):
-        raise ContractInputError("o", None, f"[T, {config.num_attention_heads}, {config.head_dim}]", list(o.shape),
+        raise ContractInputError("o", None, f"[T, {config.num_attention_heads}, {config.head_dim}]", list(o_shape),
                                  SPEC)
     for name, table in (("freqs_cos", freqs_cos), ("freqs_sin", freqs_sin)):
         if table.ndim != 2 or table.shape[0] != tokens or table.shape[1] < rope // 2:
@@ -168,6 +166,17 @@ def v4_output_projection(o: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: to
                                  SPEC)
     if wo_b_scale.shape != (hidden,):
         raise ContractInputError("wo_b_scale", None, f"[{hidden}]", list(wo_b_scale.shape), SPEC)
+
+
+def v4_output_projection(o: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, wo_a: torch.Tensor,
+                         wo_b: torch.Tensor, wo_b_scale: torch.Tensor, *, config) -> torch.Tensor:
+    """o [T, H, head_dim] FP32 -> attn_out [T, hidden] BF16: inverse RoPE, grouped wo_a kept FP32, per-(token,
+    group) INT8 activation times the INT8 ``wo_b``, group scales summed in FP32, channel scale, one BF16 cast.
+    Spec: §8."""
+    check_output_projection(o.shape, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, config=config)
+    tokens, heads, dim = o.shape
+    groups, lora, rope, hidden = config.o_groups, config.o_lora_rank, config.qk_rope_head_dim, config.hidden_size
+    group_in = heads * dim // groups
     cos = freqs_cos[:, : rope // 2].float().unsqueeze(1)
     sin = freqs_sin[:, : rope // 2].float().unsqueeze(1)
     heads_bf16 = rope_interleave(o.float(), cos, sin, inverse=True).to(torch.bfloat16)
@@ -181,17 +190,10 @@ def v4_output_projection(o: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: to
     return (out * wo_b_scale.float()).to(torch.bfloat16)
 
 
-def v4_attention(path: str, q: torch.Tensor, ori_kv: torch.Tensor, window_indices: torch.Tensor,
-                 cmp_kv: torch.Tensor, cmp_block_table: torch.Tensor, compressed: torch.Tensor | None,
-                 position_ids: torch.Tensor, attn_sink: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor,
-                 wo_a: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor, *, config,
-                 seq: int | None = None, num_tokens: int | None = None, ops=None) -> torch.Tensor:
-    """One V4 attention stage -> attn_out [T, hidden] BF16. ``compressed``: HCA's top-k [T, K] (HCA), the
-    indexer's raw top-k [T, >= index_topk] (CSA), ignored for SWA. ``seq``: rows per request (default the
-    decode batch's ``decode_seq``; a prefill chunk is one request of T rows, upstream prefill_sparse_attn.py,
-    which takes HCA's and CSA's compressed slots as given: path "HCA" here). ``num_tokens``: rows from
-    ``num_tokens`` on are padding -- their indices are not read and their attn_out is exactly 0. Composed from
-    the backend's ``v4_sparse_attention`` and ``v4_output_projection``. Spec: §8."""
+def attention_indices(path: str, q: torch.Tensor, window_indices: torch.Tensor, compressed: torch.Tensor | None,
+                      position_ids: torch.Tensor, *, num_tokens: int | None, config) -> tuple[torch.Tensor, torch.Tensor]:
+    """The caller's side of ``v4_attention`` and the indices it attends: (window_indices, compressed slots
+    [T, K]) with padding rows (from ``num_tokens``) reading nothing. Spec: §8."""
     if path not in PATHS:
         raise ContractInputError("path", None, f"one of {PATHS}", path, SPEC)
     tokens = q.shape[0]
@@ -211,6 +213,22 @@ def v4_attention(path: str, q: torch.Tensor, ori_kv: torch.Tensor, window_indice
     if num_tokens is not None and cmp_indices.shape[0] == tokens:
         cmp_indices = cmp_indices.clone()
         cmp_indices[num_tokens:] = -1
+    return window_indices, cmp_indices
+
+
+def v4_attention(path: str, q: torch.Tensor, ori_kv: torch.Tensor, window_indices: torch.Tensor,
+                 cmp_kv: torch.Tensor, cmp_block_table: torch.Tensor, compressed: torch.Tensor | None,
+                 position_ids: torch.Tensor, attn_sink: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor,
+                 wo_a: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor, *, config,
+                 seq: int | None = None, num_tokens: int | None = None, ops=None) -> torch.Tensor:
+    """One V4 attention stage -> attn_out [T, hidden] BF16. ``compressed``: HCA's top-k [T, K] (HCA), the
+    indexer's raw top-k [T, >= index_topk] (CSA), ignored for SWA. ``seq``: rows per request (default the
+    decode batch's ``decode_seq``; a prefill chunk is one request of T rows, upstream prefill_sparse_attn.py,
+    which takes HCA's and CSA's compressed slots as given: path "HCA" here). ``num_tokens``: rows from
+    ``num_tokens`` on are padding -- their indices are not read and their attn_out is exactly 0. Composed from
+    the backend's ``v4_sparse_attention`` and ``v4_output_projection``. Spec: §8."""
+    window_indices, cmp_indices = attention_indices(path, q, window_indices, compressed, position_ids,
+                                                    num_tokens=num_tokens, config=config)
     ops = ops or {}
     attend = ops.get("v4_sparse_attention", v4_sparse_attention)
     project = ops.get("v4_output_projection", v4_output_projection)
