@@ -52,7 +52,7 @@ def test_register_refuses_a_taken_name_and_the_builtins_use_it():
 def test_a_failing_property_leaves_a_counterexample_tree_that_replays_as_failing(tmp_path):
     store = tmp_path / "store"
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_rope.py", "-k",
-                          "exact_identity", "--backend-module", "tests.defects.reference:ROPE_INTO_PADDING",
+                          "exact_identity and flash-tiny", "--backend-module", "tests.defects.reference:ROPE_INTO_PADDING",
                           "--record-counterexamples", "--golden-store", str(store)], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 1 and "recorded counterexample tree cx-rope_rows-" in run.stdout, run.stdout[-1500:]
