@@ -145,6 +145,51 @@ def _lm_call(get, i: Tensors) -> Tensors:
     return {"logits": torch.cat(get("lm_head")(i["hidden"], i["weight"], tp=LM_TP), dim=1)}
 
 
+# --- v4_attention_stage (SWA decode) ------------------------------------------------------------------------
+
+STAGE_NAMES = ("x_hc", "hc_fn", "hc_scale", "hc_base", "attn_norm_w", "wq_a", "wq_b", "wq_b_scale", "wkv", "gamma_cq",
+               "gamma_ckv", "freqs_cos", "freqs_sin", "kv_cache", "swa_slot_mapping", "window_indices",
+               "position_ids", "attn_sink", "wo_a", "wo_b", "wo_b_scale")
+
+
+def _stage_build(seed: int, wiring: str) -> Tensors:
+    """The decode batch's requests at positions 40.. (two rows each), windows over 8 earlier cache rows of their
+    own plus this chunk's rows up to the token, the current rows written at slots 200 + t (the attention reads
+    them after the write), one window column short of the full width."""
+    g = _g(seed)
+    c = PRO
+    t, hc, dm = c.decode_tokens, c.hc_mult, c.hidden_size
+    h, d, lora, rope = c.num_attention_heads, c.head_dim, c.q_lora_rank, c.qk_rope_head_dim
+    mix = (2 + hc) * hc
+    pos = torch.tensor([40 + 20 * (r // 2) + r % 2 for r in range(t)], dtype=torch.int32)
+    slots = torch.arange(200, 200 + t)
+    window = torch.full((t, c.sliding_window - 1), -1, dtype=torch.int32)
+    for r in range(t):
+        first = r - r % c.decode_seq
+        rows = torch.cat((torch.arange(8 * (r // 2), 8 * (r // 2) + 8), slots[first:r + 1])).to(torch.int32)
+        window[r, : rows.numel()] = rows
+    angle = torch.arange(512, dtype=torch.float32)[:, None] * torch.rand(rope, generator=g) * 0.05
+    return {"x_hc": torch.randn(t, hc, dm, generator=g), "hc_fn": torch.randn(mix, hc * dm, generator=g) * 0.05,
+            "hc_scale": torch.tensor([2.0, 0.02, 0.25]), "hc_base": torch.randn(mix, generator=g),
+            "attn_norm_w": (torch.rand(dm, generator=g) + 0.5).to(torch.bfloat16),
+            "wq_a": (torch.randn(dm, lora, generator=g) / dm**0.5).to(torch.bfloat16),
+            "wq_b": _int8((lora, h * d), g), "wq_b_scale": torch.rand(h * d, generator=g) / 127 + 1e-3,
+            "wkv": (torch.randn(dm, d, generator=g) / dm**0.5).to(torch.bfloat16),
+            "gamma_cq": (torch.rand(lora, generator=g) + 0.5).to(torch.bfloat16),
+            "gamma_ckv": (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16),
+            "freqs_cos": torch.cos(angle).to(torch.bfloat16), "freqs_sin": torch.sin(angle).to(torch.bfloat16),
+            "kv_cache": (torch.rand(2, c.block_size, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+            "swa_slot_mapping": slots, "window_indices": window, "position_ids": pos,
+            "attn_sink": torch.randn(h, generator=g),
+            "wo_a": ((torch.rand(c.o_groups, c.o_lora_rank, h * d // c.o_groups, generator=g) - 0.5) / 4
+                     ).to(torch.bfloat16),
+            "wo_b": _int8((dm, c.o_groups * c.o_lora_rank), g), "wo_b_scale": torch.rand(dm, generator=g) / 500}
+
+
+def _stage_call(get, i: Tensors) -> Tensors:
+    return get("v4_attention_stage")("SWA", *(i[n] for n in STAGE_NAMES), config=PRO)
+
+
 # --- the cases -------------------------------------------------------------------------------------------------
 
 def _case(name: str, operator: str, description: str, modules: tuple[str, ...], build, call, comparators: dict,
@@ -181,6 +226,10 @@ def build() -> list[Case]:
               {"out": "fp32_ulps"}),
         _case("v4_hc_post", "hc_post", "mHC expansion after a sublayer, FP32 streams end to end (rule fp32)",
               ("kernels.reference.mhc",), _hc_post_build, _hc_post_call, {"x_out": "fp32_ulps"}),
+        _case("v4_attention_stage_swa", "v4_attention_stage", "V4 SWA decode attention stage: hc_pre, RMSNorm, "
+              "Q/KV, the window-cache write read back by the attention, SWA attention with the grouped output "
+              "projection, hc_post", ("kernels.v4.attention_stage",), _stage_build, _stage_call,
+              {"x_out": "fp32_ulps", "kv_cache": "exact", "qr": "exact", "qr_scale": "qr_scale"}),
         _case("v4_lm_head", "lm_head", f"LM head on TP{LM_TP}: the full FP32 logits of two vocabulary shards",
               ("kernels.reference.lm_head",), _lm_build, _lm_call, {"logits": "fp32_ulps"}, {"tp": LM_TP}),
     ]

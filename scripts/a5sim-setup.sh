@@ -129,10 +129,20 @@ stage_sources() {
   git -C "$SRC/pypto" config submodule.3rdparty/libbacktrace.url "$SOURCES/libbacktrace"
   git -C "$SRC/pypto" config submodule.3rdparty/msgpack-c.url "$SOURCES/msgpack-c"
   for sub in runtime 3rdparty/libbacktrace 3rdparty/msgpack-c; do
-    if ! git -C "$SRC/pypto" -c protocol.file.allow=always submodule update --init -q "$sub" 2>/dev/null; then
-      local url; url="$(git -C "$SRC/pypto" config "submodule.$sub.url")"
-      rm -rf "$SRC/pypto/$sub"; git clone -q "$url" "$SRC/pypto/$sub"
-      [ "$sub" = 3rdparty/msgpack-c ] && git -C "$SRC/pypto/$sub" checkout -q cpp_master 2>/dev/null || true
+    local url want; url="$(git -C "$SRC/pypto" config "submodule.$sub.url")"
+    want="$(git -C "$SRC/pypto" ls-tree HEAD "$sub" | awk '{print $3}')"
+    if [ "$(git -C "$SRC/pypto/$sub" rev-parse HEAD 2>/dev/null)" = "$want" ]; then continue; fi
+    rm -rf "${SRC:?}/pypto/$sub"; git clone -q "$url" "$SRC/pypto/$sub"
+    if git -C "$SRC/pypto/$sub" cat-file -e "$want^{commit}" 2>/dev/null; then
+      git -C "$SRC/pypto/$sub" checkout -q "$want"
+    elif [ "$sub" = 3rdparty/msgpack-c ]; then  # the pinned commit is not in every snapshot: cpp_master works
+      # (the C++ line: a local branch of the user's checkout, or its remote-tracking one)
+      git -C "$SRC/pypto/$sub" fetch -q "$url" refs/heads/cpp_master:refs/heads/cpp_master 2>/dev/null ||
+        git -C "$SRC/pypto/$sub" fetch -q "$url" refs/remotes/origin/cpp_master:refs/heads/cpp_master
+      git -C "$SRC/pypto/$sub" checkout -q cpp_master
+      echo "warning: $sub has no commit $want; using cpp_master $(git -C "$SRC/pypto/$sub" rev-parse --short HEAD)"
+    else
+      echo "warning: $sub has no commit $want; using $(git -C "$SRC/pypto/$sub" rev-parse --short HEAD)"
     fi
   done
   # the runtime clones pto-isa on first use: put the pinned one where it looks

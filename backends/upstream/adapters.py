@@ -304,6 +304,75 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
     return out["attn_out"]
 
 
+def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                        gamma_ckv, freqs_cos, freqs_sin, kv_cache, swa_slot_mapping, window_indices, position_ids,
+                        attn_sink, wo_a, wo_b, wo_b_scale, cmp_kv=None, cmp_block_table=None, compressed=None, *,
+                        config, num_tokens=None):
+    """v4_attention_stage, SWA decode -> decode_attention_swa.py::golden_attention_swa (hc_pre, RMSNorm, Q/KV,
+    the window-cache write, the SWA attention with its projection, hc_post): x_out and the new cache. That golden
+    computes qr / qr_scale and drops them; they are read by running the same three goldens it chains
+    (hc_pre.py::golden_hc_pre -> rmsnorm.py::golden_rms_norm_test -> qkv_proj_rope.py::golden_qkv_proj_rope).
+    HCA / CSA: upstream's stage goldens also run the compressor (and the indexer), which this operator takes as
+    inputs; the prefill form is upstream's prefill_attention_swa golden: both unsupported here."""
+    from contracts.backends import Unsupported
+    from kernels.v4.attention_stage import stage_positions
+
+    from kernels.errors import ContractInputError
+    from kernels.v4.attention_stage import SPEC
+
+    tokens = x_hc.shape[0]
+    stage_positions(position_ids, freqs_cos, tokens=tokens, num_tokens=num_tokens)  # the caller's side
+    rows = kv_cache.shape[0] * kv_cache.shape[1]
+    for t, slot in enumerate(swa_slot_mapping.reshape(-1).tolist()):
+        if slot >= rows:
+            raise ContractInputError("swa_slot_mapping", (t,), f"a row in [0, {rows})", slot, SPEC)
+    if path != "SWA":
+        raise Unsupported(f"upstream's decode_attention_{path.lower()} golden runs the compressor{' and indexer' if path == 'CSA' else ''} "
+                          "inside the stage; this operator takes the compressed cache and top-k as inputs")
+    if num_tokens is not None:
+        raise Unsupported("the prefill form is upstream's prefill_attention_swa golden (not adapted)")
+    seq, win, lora, dim = config.decode_seq, config.sliding_window, config.q_lora_rank, config.head_dim
+    if window_indices.shape[1] > win:
+        raise Unsupported(f"upstream's SWA golden reads {win} window columns; the call has {window_indices.shape[1]}")
+    swa = torch.cat((window_indices.to(torch.int32), torch.full((tokens, win - window_indices.shape[1]), -1,
+                                                                 dtype=torch.int32)), 1)
+    fields = _variant_fields(config)
+    constants = {"DECODE_BATCH": tokens // seq, "DECODE_SEQ": seq, "BLOCK_SIZE": int(kv_cache.shape[1])}
+    qkv_globals = {"qkv_proj_rope.Q_LORA_TILE": math.gcd(256, lora),
+                   "qkv_proj_rope._A5_FP32_VECTOR_LANES": math.gcd(64, lora, dim)}
+    tensors = {"x_hc": x_hc.float().clone(), "hc_attn_fn": hc_fn.float().clone(), "hc_attn_scale": hc_scale.float().clone(),
+               "hc_attn_base": hc_base.float().clone(), "attn_norm_w": attn_norm_w.clone(), "wq_a": wq_a.clone(),
+               "wq_b": wq_b.clone(), "wq_b_scale": wq_b_scale.float().clone(), "wkv": wkv.clone(),
+               "gamma_cq": gamma_cq.clone(), "gamma_ckv": gamma_ckv.clone(), "freqs_cos": freqs_cos.clone(),
+               "freqs_sin": freqs_sin.clone(), "kv_cache": kv_cache.clone(),
+               "swa_slot_mapping": swa_slot_mapping.reshape(-1).to(torch.int64).clone(), "swa_indices": swa,
+               "swa_lens": torch.full((tokens,), win, dtype=torch.int32),
+               "position_ids": position_ids.reshape(-1).to(torch.int32).clone(), "attn_sink": attn_sink.float().clone(),
+               "wo_a": wo_a.clone(), "wo_b": wo_b.clone(), "wo_b_scale": wo_b_scale.float().clone(),
+               "x_out": torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32)}
+    out = run(tensors, fields, constants, module="decode_attention_swa", function="golden_attention_swa",
+              module_globals={**qkv_globals, "decode_sparse_attn_swa.ORI_BLOCK_NUM": int(kv_cache.shape[0])})
+    # qr / qr_scale: the same chain of upstream goldens the stage golden runs
+    pre = run({"x": x_hc.float().clone(), "hc_fn": hc_fn.float().clone(), "hc_scale": hc_scale.float().clone(),
+               "hc_base": hc_base.float().clone(),
+               "x_mixed": torch.zeros(tokens, config.hidden_size, dtype=torch.bfloat16),
+               "post": torch.zeros(tokens, config.hc_mult), "comb": torch.zeros(tokens, config.hc_mult ** 2)},
+              fields, constants, module="hc_pre", function="golden_hc_pre")
+    normed = run({"x": pre["x_mixed"], "norm_w": attn_norm_w.clone(),
+                  "x_normed": torch.zeros(tokens, config.hidden_size, dtype=torch.bfloat16)},
+                 fields, constants, module="rmsnorm", function="golden_rms_norm_test")
+    pos = position_ids.reshape(-1).to(torch.long)
+    proj = run({"x": normed["x_normed"], "wq_a": wq_a.clone(), "wq_b": wq_b.clone(),
+                "wq_b_scale": wq_b_scale.float().clone(), "wkv": wkv.clone(), "rope_cos": freqs_cos[pos].clone(),
+                "rope_sin": freqs_sin[pos].clone(), "gamma_cq": gamma_cq.clone(), "gamma_ckv": gamma_ckv.clone(),
+                "q": torch.zeros(tokens, config.num_attention_heads, dim, dtype=torch.bfloat16),
+                "kv": torch.zeros(tokens, dim, dtype=torch.bfloat16), "qr": torch.zeros(tokens, lora, dtype=torch.int8),
+                "qr_scale": torch.zeros(tokens, 1)}, fields, constants, module="qkv_proj_rope",
+               function="golden_qkv_proj_rope",
+               module_globals={"Q_LORA_TILE": math.gcd(256, lora), "_A5_FP32_VECTOR_LANES": math.gcd(64, lora, dim)})
+    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": proj["qr"], "qr_scale": proj["qr_scale"]}
+
+
 ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_gate", PRO, "gate", "golden_gate_core", _gate),
     Adapter("mtp_projection", PRO, "mtp_projection", "golden_mtp_projection", _mtp_projection),
@@ -313,6 +382,8 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_qkv_proj_rope", PRO, "qkv_proj_rope", "golden_qkv_proj_rope", _v4_qkv_proj_rope),
     Adapter("v4_attention", PRO, "decode_sparse_attn", "golden_sparse_attn", _v4_attention,
             also=("decode_sparse_attn_hca", "decode_sparse_attn_swa")),
+    Adapter("v4_attention_stage", PRO, "decode_attention_swa", "golden_attention_swa", _v4_attention_stage,
+            also=("hc_pre", "rmsnorm", "qkv_proj_rope")),
     Adapter("v4_compressor", PRO, "decode_compressor_ratio4", "golden_compressor", _v4_compressor,
             also=("decode_compressor_ratio128",)),
 )}
@@ -332,7 +403,6 @@ PENDING: dict[str, str] = {
     "v4_indexer": f"models/{PRO}/decode_indexer.py::golden_indexer",
     "v4_prefill_indexer": f"models/{PRO}/prefill_indexer.py::golden_prefill_indexer",
     "v4_prefill_index_keys": f"models/{PRO}/prefill_indexer_compressor.py::golden_prefill_indexer_compressor",
-    "v4_attention_stage": f"models/{PRO}/decode_attention_{{swa,csa,hca}}.py::golden_attention_*",
     "v4_decode_metadata": f"models/{PRO}/decode_metadata.py",
     "v4_mtp_layer": f"models/{PRO}/decode_mtp.py::golden_mtp_decode_layer",
     "v4_prefill_mtp_layer": f"models/{PRO}/prefill_mtp.py::golden_mtp_prefill_fwd",

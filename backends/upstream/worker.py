@@ -5,7 +5,8 @@ Protocol on stdin/stdout: each message is an 8-byte little-endian length and a `
 containers and tensors, read back with ``torch.load(weights_only=True)``. A request names the model folder, the
 module file, the golden function, config field overrides (applied to the checkout's ``config.ACTIVE``), config
 constant overrides, module global overrides (constants a module derives at import, e.g. ``lm_head.py``'s
-``TP_SIZE`` from its command line, set on the imported module before each call), and the tensors dict the golden
+``TP_SIZE`` from its command line, set on the imported module before each call; ``"<module>.<NAME>"`` sets one
+on another module of the folder that the golden imports by name), and the tensors dict the golden
 function fills in place; the answer is
 ``{"tensors": ...}`` or ``{"error": "<one line>"}``.
 
@@ -54,6 +55,7 @@ class Modules:
         key = (folder, module, tuple(sorted(fields.items())), tuple(sorted(constants.items())))
         if key in self.cache:
             return self.cache[key]
+        self.cache.clear()  # one geometry at a time: the modules a golden imports by name are this geometry's
         model_dir = os.path.join(self.root, "models", folder)
         if not os.path.isdir(model_dir):
             raise FileNotFoundError(f"models/{folder} is not in this checkout")
@@ -189,9 +191,14 @@ def main() -> int:
             mod = modules.load(request["folder"], request["module"], request.get("fields", {}),
                                request.get("constants", {}))
             for name, value in request.get("globals", {}).items():
-                if not hasattr(mod, name):
-                    raise AttributeError(f"models/{request['folder']}/{request['module']}.py has no {name}")
-                setattr(mod, name, value)
+                target, attr = mod, name
+                if "." in name:  # "<module>.<NAME>": a module of the folder the golden imports by name
+                    other, attr = name.split(".", 1)
+                    target = importlib.import_module(other)
+                if not hasattr(target, attr):
+                    raise AttributeError(f"models/{request['folder']}/{name.split('.')[0] if '.' in name else request['module']}"
+                                         f".py has no {attr}")
+                setattr(target, attr, value)
             fn = getattr(mod, request["function"])
             tensors = request["tensors"]
             fn(tensors)

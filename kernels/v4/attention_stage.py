@@ -36,6 +36,24 @@ from kernels.errors import ContractInputError
 SPEC = "§8"
 
 
+def stage_positions(position_ids: torch.Tensor, freqs_cos: torch.Tensor, *, tokens: int,
+                    num_tokens: int | None) -> tuple[int, torch.Tensor]:
+    """The caller's side of a stage's positions: (real rows, positions [T] INT64, padding rows' set to 0)."""
+    prefill = num_tokens is not None
+    if prefill and (isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens):
+        raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", repr(num_tokens), SPEC)
+    real = num_tokens if prefill else tokens
+    pos = position_ids.reshape(-1).to(torch.int64)
+    if prefill and pos.shape[0] == tokens:
+        pos = torch.where(torch.arange(tokens) < real, pos, 0)  # a padding row's position is never read
+    if pos.shape[0] != tokens or bool((pos < 0).any()) or bool((pos >= freqs_cos.shape[0]).any()):
+        bad = int(((pos < 0) | (pos >= freqs_cos.shape[0])).nonzero()[0]) if pos.shape[0] == tokens else None
+        raise ContractInputError("position_ids", (bad,) if bad is not None else None,
+                                 f"{tokens} positions in [0, {freqs_cos.shape[0]}) (the RoPE table rows)",
+                                 pos.tolist(), SPEC)
+    return real, pos
+
+
 def v4_attention_stage(path: str, x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor,
                        hc_base: torch.Tensor, attn_norm_w: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor,
                        wq_b_scale: torch.Tensor, wkv: torch.Tensor, gamma_cq: torch.Tensor, gamma_ckv: torch.Tensor,
@@ -63,17 +81,7 @@ def v4_attention_stage(path: str, x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_sc
 
     tokens = x_hc.shape[0]
     prefill = num_tokens is not None
-    if prefill and (isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens):
-        raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", repr(num_tokens), SPEC)
-    real = num_tokens if prefill else tokens
-    pos = position_ids.reshape(-1).to(torch.int64)
-    if prefill and pos.shape[0] == tokens:
-        pos = torch.where(torch.arange(tokens) < real, pos, 0)  # a padding row's position is never read
-    if pos.shape[0] != tokens or bool((pos < 0).any()) or bool((pos >= freqs_cos.shape[0]).any()):
-        bad = int(((pos < 0) | (pos >= freqs_cos.shape[0])).nonzero()[0]) if pos.shape[0] == tokens else None
-        raise ContractInputError("position_ids", (bad,) if bad is not None else None,
-                                 f"{tokens} positions in [0, {freqs_cos.shape[0]}) (the RoPE table rows)",
-                                 pos.tolist(), SPEC)
+    real, pos = stage_positions(position_ids, freqs_cos, tokens=tokens, num_tokens=num_tokens)
     mixes = mixes_of(x_hc, hc_fn, hc_scale, hc_base, config=config)
     x_normed = norm(collapse(x_hc, mixes.pre), attn_norm_w, config=config)
     rope_cos, rope_sin = freqs_cos[pos], freqs_sin[pos]
