@@ -315,10 +315,8 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
     HCA / CSA: upstream's stage goldens also run the compressor (and the indexer), which this operator takes as
     inputs; the prefill form is upstream's prefill_attention_swa golden: both unsupported here."""
     from contracts.backends import Unsupported
-    from kernels.v4.attention_stage import stage_positions
-
     from kernels.errors import ContractInputError
-    from kernels.v4.attention_stage import SPEC
+    from kernels.v4.attention_stage import SPEC, stage_positions
 
     tokens = x_hc.shape[0]
     stage_positions(position_ids, freqs_cos, tokens=tokens, num_tokens=num_tokens)  # the caller's side
