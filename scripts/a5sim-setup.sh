@@ -67,7 +67,7 @@ stage_packages() {
   # a mirror snapshot's Release file may be older than its validity window: accept it (the signature still counts)
   chroot "$ROOTFS" /usr/bin/env DEBIAN_FRONTEND=noninteractive apt-get -o Acquire::Check-Valid-Until=false update -q
   chroot "$ROOTFS" /usr/bin/env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-    g++-15 cmake ninja-build git ca-certificates ccache python3 python3-dev python3-venv pybind11-dev zlib1g-dev \
+    g++-15 make cmake ninja-build git ca-certificates ccache python3 python3-dev python3-venv pybind11-dev zlib1g-dev \
     libzstd-dev libmlir-21-dev libmlir-21 mlir-21-tools llvm-21-dev llvm-21-tools
   # Debian's libMLIR package lacks the versioned symlink the CMake config names
   local lib="$ROOTFS/usr/lib/llvm-21/lib"

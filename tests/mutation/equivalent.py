@@ -171,6 +171,9 @@ V4_SENTINEL = ("csa_compressed_indices feeds paged_compressed_rows inside v4_att
 V4_PROMOTE = ("torch promotes the mixed operation to the wider float type (FP32 with FP64 -> FP64; BF16 or INT64 with "
               "FP32 -> FP32) and the dropped or narrowed cast was to that same type, so every value is unchanged.")
 V4_EVEN_ROPE_SHAPE = ("tokens // seq and tokens / seq are equal for the request-major batches the shape check admits (a float equal to an int compares equal inside a shape tuple).")
+V4_GROUP_IN = ("group_in = heads * dim / groups is a whole number for every V4 preset (heads * head_dim divisible by "
+               "o_groups), and a float equal to an int compares equal inside a shape tuple: the check (only the check "
+               "computes it since the input checks were factored out) accepts and refuses the same wo_a.")
 V4_EVEN_ROPE = "rope // 2 and rope / 2 are equal for the even rope widths V4Config admits; the comparison is the same."
 
 V4_ROPE_FP32 = ("rope_interleave computes every element in FP32 (the unrotated dims included) and returns the input "
@@ -613,6 +616,9 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.sparse_attention:paged_compressed_rows:name:int64->int32#1': DTYPE,
     'kernels.v4.sparse_attention:v4_sparse_attention:name:float64->float32#2': V4_PROMOTE,
     'kernels.v4.sparse_attention:v4_output_projection:binop:rope // 2[FloorDiv]->Div#0': V4_EVEN_ROPE,
+    'kernels.v4.sparse_attention:check_output_projection:binop:rope // 2[FloorDiv]->Div#0': V4_EVEN_ROPE,
+    'kernels.v4.sparse_attention:check_output_projection:binop:heads * dim // groups[FloorDiv]->Div#0': V4_GROUP_IN,
+    'kernels.v4.qkv_proj:check_v4_qkv_proj_rope:binop:rope // 2[FloorDiv]->Div#0': V4_EVEN_ROPE,
     'kernels.v4.sparse_attention:v4_output_projection:drop-call:freqs_cos[:, :rope // 2].float()[float]->(skipped)#0': V4_PROMOTE,
     'kernels.v4.sparse_attention:v4_output_projection:drop-call:freqs_sin[:, :rope // 2].float()[float]->(skipped)#0': V4_PROMOTE,
     'kernels.v4.sparse_attention:v4_output_projection:name:float32->bfloat16#1': V4_PROMOTE,
