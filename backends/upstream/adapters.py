@@ -371,6 +371,58 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": proj["qr"], "qr_scale": proj["qr_scale"]}
 
 
+def _v4_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, hadamard, idx_kv_cache, idx_kv_scale,
+                idx_block_table, position_ids, kv_seq_lens, *, offset, config):
+    """v4_indexer -> decode_indexer.py::golden_indexer on B = T / decode_seq requests of decode_seq rows. That
+    golden first runs the indexer's inner compressor (decode_indexer_compressor.py), which would publish a closing
+    window's key into the index cache; this operator is the indexer after that publication, so the inner
+    compressor is given no slot to write (state and index slot mappings -1, an unmapped state table) and the call's
+    cache is scored as it is. SCORE_LEN is the call's score width (kernel_max_seq_len / 4)."""
+    from kernels.v4.indexer import (
+        check_index_cache,
+        check_query_inputs,
+        score_len,
+        visible_lengths,
+        visible_pages,
+    )
+
+    seq, heads = config.decode_seq, config.index_n_heads
+    check_query_inputs(qr, qr_scale, wq_b, wq_b_scale, hadamard, config=config)  # the caller's side
+    from kernels.v4.indexer import head_weights, v4_indexer_query
+
+    head_weights(x, weights_proj, config=config)
+    v4_indexer_query(qr, qr_scale, wq_b, wq_b_scale, cos, sin, hadamard, config=config)
+    check_index_cache(idx_kv_cache, idx_kv_scale, config=config)
+    width = score_len(config)
+    visible = visible_lengths(position_ids, kv_seq_lens, seq=seq, limit=width)
+    for t in range(x.shape[0]):
+        if int(visible[t]):
+            visible_pages(idx_block_table[t // seq], (t // seq,), int(visible[t]), block_size=config.block_size)
+    tokens, d = x.shape
+    b = tokens // seq
+    inner = config.index_head_dim
+    tensors = {"x": x.reshape(b, seq, d).clone(), "qr": qr.clone(), "qr_scale": qr_scale.float().clone(),
+               "wq_b": wq_b.clone(), "wq_b_scale": wq_b_scale.float().clone(), "weights_proj": weights_proj.clone(),
+               "cos": cos.float().clone(), "sin": sin.float().clone(), "hadamard": hadamard.clone(),
+               "inner_kv": torch.zeros(b, seq, inner), "inner_compress_state": torch.zeros(1, 4, 4 * inner),
+               "inner_compress_state_block_table": torch.full((b, int(position_ids.max()) // 4 + 2), -1,
+                                                              dtype=torch.int32),  # every page unmapped
+               "inner_wkv": torch.zeros(2 * inner, d), "inner_wgate": torch.zeros(2 * inner, d),
+               "inner_ape": torch.zeros(4, 2 * inner), "inner_norm_w": torch.ones(inner),
+               "idx_kv_cache": idx_kv_cache.clone(), "idx_kv_scale": idx_kv_scale.float().clone(),
+               "idx_block_table": idx_block_table.to(torch.int32).clone(),
+               "position_ids": position_ids.reshape(b, seq).to(torch.int32).clone(),
+               "idx_slot_mapping": torch.full((b, seq), -1, dtype=torch.int64),
+               "inner_state_slot_mapping": torch.full((b, seq), -1, dtype=torch.int64),
+               "kv_seq_lens": kv_seq_lens.to(torch.int32).clone(), "offset": int(offset),
+               "score": torch.zeros(b, seq, width), "topk_idxs": torch.zeros(b, seq, width, dtype=torch.int32)}
+    out = run(tensors, _variant_fields(config), {"DECODE_BATCH": b, "DECODE_SEQ": seq,
+                                                  "BLOCK_SIZE": int(idx_kv_cache.shape[1])},
+              module_globals={"SCORE_LEN": width})
+    del heads
+    return {"score": out["score"].reshape(tokens, width), "topk_idxs": out["topk_idxs"].reshape(tokens, width)}
+
+
 ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_gate", PRO, "gate", "golden_gate_core", _gate),
     Adapter("mtp_projection", PRO, "mtp_projection", "golden_mtp_projection", _mtp_projection),
@@ -382,6 +434,7 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
             also=("decode_sparse_attn_hca", "decode_sparse_attn_swa")),
     Adapter("v4_attention_stage", PRO, "decode_attention_swa", "golden_attention_swa", _v4_attention_stage,
             also=("hc_pre", "rmsnorm", "qkv_proj_rope")),
+    Adapter("v4_indexer", PRO, "decode_indexer", "golden_indexer", _v4_indexer, also=("decode_indexer_compressor",)),
     Adapter("v4_compressor", PRO, "decode_compressor_ratio4", "golden_compressor", _v4_compressor,
             also=("decode_compressor_ratio128",)),
 )}
@@ -398,7 +451,6 @@ VARIANTS: dict[str, dict[str, str]] = {
 PENDING: dict[str, str] = {
     "v4_moe_stage": f"models/{PRO}/moe.py::golden_moe",
     "v4_prefill_compressor": f"models/{PRO}/prefill_compressor_ratio4.py / _ratio128.py",
-    "v4_indexer": f"models/{PRO}/decode_indexer.py::golden_indexer",
     "v4_prefill_indexer": f"models/{PRO}/prefill_indexer.py::golden_prefill_indexer",
     "v4_prefill_index_keys": f"models/{PRO}/prefill_indexer_compressor.py::golden_prefill_indexer_compressor",
     "v4_decode_metadata": f"models/{PRO}/decode_metadata.py",

@@ -132,6 +132,16 @@ def check_index_cache(idx_kv_cache: torch.Tensor, idx_kv_scale: torch.Tensor, *,
                                  list(idx_kv_scale.shape), SPEC)
 
 
+def visible_pages(pages: torch.Tensor, where: tuple, n: int, *, block_size: int) -> torch.Tensor:
+    """The caller's side of reading ``n`` visible positions through one page table: every page they fall on is
+    mapped (>= 0) and inside the table, else the table (``where``: its index) is refused. -> pages INT64."""
+    pages = pages.to(torch.int64)
+    if n > pages.numel() * block_size or bool((pages[: (n + block_size - 1) // block_size] < 0).any()):
+        raise ContractInputError("idx_block_table", where, f"mapped pages for {n} visible positions", pages.tolist(),
+                                 SPEC)
+    return pages
+
+
 def score_rows(q_i8: torch.Tensor, q_scale: torch.Tensor, weights: torch.Tensor, idx_kv_cache: torch.Tensor,
                idx_kv_scale: torch.Tensor, tables: list[tuple[torch.Tensor, tuple]], visible: torch.Tensor, *,
                width: int, block_size: int) -> torch.Tensor:
@@ -147,11 +157,7 @@ def score_rows(q_i8: torch.Tensor, q_scale: torch.Tensor, weights: torch.Tensor,
         if n == 0:
             continue
         j = torch.arange(n)
-        pages, where = tables[t]
-        pages = pages.to(torch.int64)
-        if n > pages.numel() * block_size or bool((pages[: (n + block_size - 1) // block_size] < 0).any()):
-            raise ContractInputError("idx_block_table", where, f"mapped pages for {n} visible positions",
-                                     pages.tolist(), SPEC)
+        pages = visible_pages(*tables[t], n, block_size=block_size)
         rows = pages[j // block_size] * block_size + j % block_size
         dots = q_i8[t].to(torch.int64) @ keys[rows].T  # [H, n] exact
         per_head = torch.relu(dots.double() * q_scale[t].double())  # the ReLU per head, before the weights
