@@ -35,7 +35,7 @@ def pytest_generate_tests(metafunc):
 
 
 def test_golden_tree_replays(backend, golden_tree, pytestconfig):
-    from contracts.backends import MissingOperator
+    from contracts.backends import MissingOperator, Unsupported
     from goldens import trees
     from goldens.errors import BackendFailure, GoldenStoreError
     from goldens.store import GoldenStore
@@ -61,7 +61,7 @@ def test_golden_tree_replays(backend, golden_tree, pytestconfig):
     actual: dict = {}
     try:
         results = trees.replay(tree, backend, keep=actual)
-    except MissingOperator as exc:  # names the backend and the operator it lacks (e.g. no pypto toolchain)
+    except (MissingOperator, Unsupported) as exc:  # the operator it lacks (e.g. no toolchain) / a call it cannot run
         _report(report_dir, case, wiring, "SKIP", str(exc))
         pytest.skip(str(exc))
     except BackendFailure as exc:  # the backend raised: an ERROR in the report, the test errors with it

@@ -990,7 +990,7 @@ def _build_cases() -> dict[str, Case]:
                           _v4_compressor_build(ratio, overlap),
                           lambda i, w, r=ratio, o=overlap: _v4_compressor_call(v4_ops.__getitem__, i, r, o),
                           lambda b, i, w, r=ratio, o=overlap: _v4_compressor_call(b.get, i, r, o),
-                          lambda w: {"compressed": "hc_out", "closes": "exact", "state_pool": "exact"},
+                          lambda w: {"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"},
                           preset="v4-pro-tiny"))
     from kernels.v4 import mtp_layer as v4ml
 

@@ -139,7 +139,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from contracts.backends import MissingOperator
+    from contracts.backends import MissingOperator, Unsupported
     from goldens import report, trees
     from goldens.store import GoldenStore
 
@@ -188,7 +188,7 @@ def cmd_replay(args) -> int:
         actual: dict = {}
         try:
             results = trees.replay(tree, backend, allow_stale=args.allow_stale, keep=actual)
-        except MissingOperator as exc:
+        except (MissingOperator, Unsupported) as exc:  # lacks the operator / cannot run this call: skipped, named
             skipped += 1
             first_skip = first_skip or str(exc)
             row(case, wiring, "*", "-", "SKIP", str(exc))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from contracts.backends import MissingOperator
+from contracts.backends import MissingOperator, Unsupported
 from contracts.compare import TOLERANCES, Context, compare_all
 from contracts.result import CheckResult
 from goldens.cases import (
@@ -347,8 +347,8 @@ def replay(tree: LoadedTree, backend, *, allow_stale: bool = False, keep: dict |
         actual = own(tree) if own is not None else None
         if actual is None:
             actual = tree.case.run(backend, _clone(tree.inputs), tree.record.wiring)
-    except MissingOperator:
-        raise  # the backend does not have the operator: the tree is skipped with that reason, not judged
+    except (MissingOperator, Unsupported):
+        raise  # the backend lacks the operator, or cannot run this call: skipped with that reason, not judged
     except Exception as exc:
         first = str(exc).splitlines()[0][:300] if str(exc) else ""
         raise BackendFailure(f"{tree.case.name}/{tree.record.wiring}: backend {getattr(backend, 'name', backend)!r} "

@@ -651,6 +651,8 @@ UPSTREAM_TREE_DEFECTS = {  # sample-store tree recorded from upstream's goldens 
                             "v4:FORWARD_ROPE"),
     "up-v4_attention_hca": ("v4:CMP_SLOTS_PHYSICAL", "v4:PROBS_UNROUNDED", "v4:LATENT_ROUNDED_BF16"),
     "up-v4_attention_swa": ("v4:LATENT_ROUNDED_BF16", "v4:FORWARD_ROPE"),
+    "up-v4_compressor_hca": ("v4:APE_OFF_BY_ONE",),
+    "up-v4_compressor_csa": ("v4:APE_OFF_BY_ONE", "v4:OVERLAP_BY_TWO"),
     "up-v4_indexer": ("v4:RELU_AFTER_SUM", "v4:VISIBLE_FROM_POSITION", "v4:OFFSET_DROPPED", "v4:TAIL_ZERO",
                       "v4:TOPK_BY_POSITION", "v4:HADAMARD_BEFORE_ROPE"),
     "up-v4_attention_stage_swa": ("v4:READ_BEFORE_WRITE", "v4:ATTN_NORM_SKIPPED", "v4:KV_GAMMA_AFTER_ROPE",

@@ -83,7 +83,18 @@ def _inner_to_main(x, position_ids, token_to_req, main_table, main_pool, main, i
 
 
 _inner_to_main.composes_operators = True
+def _ape_off_by_one(x, position_ids, token_to_req, state_block_table, state_pool, weights, **kw):
+    """Wrong: the position bias row of pos + 1 (ape[(pos + 1) % ratio]) added to the score, not of pos."""
+    from dataclasses import replace
+
+    from kernels.v4 import compressor
+
+    return compressor.v4_compressor(x, position_ids, token_to_req, state_block_table, state_pool,
+                                    replace(weights, ape=torch.roll(weights.ape, -1, dims=0)), **kw)
+
+
 OVERLAP_BY_TWO = _base.derive("defect:v4-ratio4-overlap-by-two", v4_compressor=_overlap_by_two)
+APE_OFF_BY_ONE = _base.derive("defect:v4-compressor-ape-off-by-one", v4_compressor=_ape_off_by_one)
 INNER_TO_MAIN = _base.derive("defect:v4-csa-inner-state-in-main", csa_compressors=_inner_to_main)
 
 
