@@ -324,7 +324,7 @@ class Backend:
     def __init__(self, name: str, operators: Mapping[str, Callable], *, platform: str = "cpu",
                  unavailable: str | None = None, description: str = "", why_missing: Mapping[str, str] = (),
                  replay: Callable | None = None, variants: Mapping[str, Mapping[str, str]] = (),
-                 provenance: Mapping[str, object] = ()):
+                 provenance: Mapping[str, object] = (), deviations: Mapping[str, str] = ()):
         unknown = sorted(set(operators) - set(OPERATORS))
         if unknown:
             raise BackendError(f"backend {name!r}: unknown operator(s) {unknown}; known: {sorted(KERNEL_OPERATORS)}")
@@ -344,6 +344,9 @@ class Backend:
         # where a backend's numbers come from, for trees recorded from it (upstream: repository, commit, dirty,
         # goldens {operator: "models/<folder>/<file>.py::<function>"})
         self.provenance = dict(provenance)
+        # named, documented ways a backend is known to depart from a property a contract pins (docs/upstream.md):
+        # such a contract that fails on it is reported as an expected failure naming the deviation, never a pass
+        self.deviations = dict(deviations)
 
     def has(self, op: str) -> bool:
         return op in self._ops or op in COMPARATORS

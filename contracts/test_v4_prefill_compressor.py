@@ -123,6 +123,9 @@ def test_a_chunk_split_anywhere_gives_the_one_shot_pools(backend, ratio, total, 
         second = part(cut, total, first["state_pool"], first["cmp_pool"])
         for name in ("cmp_pool", "state_pool"):
             diff = (second[name].float() != one[name].float()).reshape(-1, one[name].shape[-1]).any(1)
+            if bool(diff.any()) and "batched-host-matmul" in getattr(backend, "deviations", {}):
+                pytest.xfail(f"split at {cut}: {name} row {int(diff.nonzero()[0])} differs; named deviation "
+                             f"batched-host-matmul: {backend.deviations['batched-host-matmul']}")
             assert not bool(diff.any()), f"split at {cut}: {name} row {int(diff.nonzero()[0])} differs from the " \
                                          "one-shot chunk"
 

@@ -64,11 +64,12 @@ def _operator(adapter, root: Path):
     from backends.upstream.client import UpstreamError, worker
     from contracts.backends import BackendError
 
-    def run(tensors, fields, constants, *, module_globals=None, module=None, function=None):
+    def run(tensors, fields, constants, *, module_globals=None, module=None, function=None, args=None, kwargs=None):
         CALLED.append(f"models/{adapter.folder}/{module or adapter.module}.py::{function or adapter.function}")
         try:
             return worker(root).call(adapter.folder, module or adapter.module, function or adapter.function, tensors,
-                                     fields=fields, constants=constants, module_globals=module_globals)
+                                     fields=fields, constants=constants, module_globals=module_globals, args=args,
+                                     kwargs=kwargs)
         except UpstreamError as exc:
             raise BackendError(str(exc)) from None
 
@@ -104,6 +105,9 @@ def make_backend(pypto_lib: str | None = None):
     commit, dirty = git_state(root)
     provenance = {"repository": "hw-native-sys/pypto-lib", "commit": commit, "dirty": dirty,
                   "goldens": {name: ADAPTERS[name].upstream for name in ops}, "called": CALLED}
+    from backends.upstream.adapters import DEVIATIONS
+
     return Backend("upstream", ops, why_missing=why, variants={k: v for k, v in VARIANTS.items() if k in ops},
+                   deviations=DEVIATIONS,
                    description=f"upstream Torch goldens from {root} @ {revision(root)} (worker process)",
                    provenance=provenance)

@@ -45,11 +45,14 @@ class Worker:
         self.info = hello
 
     def call(self, folder: str, module: str, function: str, tensors: dict, *, fields: dict | None = None,
-             constants: dict | None = None, module_globals: dict | None = None) -> dict:
+             constants: dict | None = None, module_globals: dict | None = None, args: tuple | None = None,
+             kwargs: dict | None = None) -> dict:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
         request = {"folder": folder, "module": module, "function": function, "tensors": tensors,
                    "fields": fields or {}, "constants": constants or {}, "globals": module_globals or {}}
+        if args is not None:
+            request.update(args=list(args), kwargs=dict(kwargs or {}))
         try:
             protocol.write_message(self.proc.stdin, request)
             answer = protocol.read_message(self.proc.stdout)

@@ -7,7 +7,8 @@ module file, the golden function, config field overrides (applied to the checkou
 constant overrides, module global overrides (constants a module derives at import, e.g. ``lm_head.py``'s
 ``TP_SIZE`` from its command line, set on the imported module before each call; ``"<module>.<NAME>"`` sets one
 on another module of the folder that the golden imports by name), and the tensors dict the golden
-function fills in place; the answer is
+function fills in place (or ``args`` / ``kwargs`` for a plain host function, whose result comes back as
+``{"result": ...}``); the answer is
 ``{"tensors": ...}`` or ``{"error": "<one line>"}``.
 
 Why ``-O``: upstream's modules assert their kernels' tiling (e.g. ``D % GATE_D_TILE == 0``) at import; the golden
@@ -200,6 +201,9 @@ def main() -> int:
                                          f".py has no {attr}")
                 setattr(target, attr, value)
             fn = getattr(mod, request["function"])
+            if "args" in request:  # a plain host function of the module (decode_metadata.py's lowering)
+                write_message(stdout, {"tensors": {"result": fn(*request["args"], **request.get("kwargs", {}))}})
+                continue
             tensors = request["tensors"]
             fn(tensors)
             write_message(stdout, {"tensors": tensors})

@@ -97,6 +97,15 @@ def _windows(pos: torch.Tensor, req: torch.Tensor, seq: int, table: torch.Tensor
     return indices.to(torch.int32), lens.to(torch.int32)
 
 
+def check_tables(batch: int, ori_table: torch.Tensor, cmp_tables: Mapping[int, torch.Tensor],
+                 state_tables: Mapping[int, torch.Tensor]) -> None:
+    """The caller's side of the page tables: one row per request."""
+    for name, table in (("ori_table", ori_table), *((f"cmp_tables[{r}]", t) for r, t in cmp_tables.items()),
+                        *((f"state_tables[{r}]", t) for r, t in state_tables.items())):
+        if table.ndim != 2 or table.shape[0] != batch:
+            raise ContractInputError(name, None, f"[{batch}, pages] (one row per request)", list(table.shape), SPEC)
+
+
 def v4_decode_metadata(starts: torch.Tensor, ori_table: torch.Tensor, cmp_tables: Mapping[int, torch.Tensor],
                        state_tables: Mapping[int, torch.Tensor], *, config,
                        commit_tokens: int | None = None) -> V4DecodeMetadata:
@@ -108,10 +117,7 @@ def v4_decode_metadata(starts: torch.Tensor, ori_table: torch.Tensor, cmp_tables
     committed = seq if commit_tokens is None else commit_tokens
     if isinstance(committed, bool) or not isinstance(committed, int) or not 0 <= committed <= seq:
         raise ContractInputError("commit_tokens", None, f"an int in [0, {seq}]", repr(commit_tokens), SPEC)
-    for name, table in (("ori_table", ori_table), *((f"cmp_tables[{r}]", t) for r, t in cmp_tables.items()),
-                        *((f"state_tables[{r}]", t) for r, t in state_tables.items())):
-        if table.ndim != 2 or table.shape[0] != batch:
-            raise ContractInputError(name, None, f"[{batch}, pages] (one row per request)", list(table.shape), SPEC)
+    check_tables(batch, ori_table, cmp_tables, state_tables)
     req = torch.arange(batch).repeat_interleave(seq)
     pos = s[req] + torch.arange(seq).repeat(batch)
     swa, swa_lens = _windows(pos, req, seq, ori_table, window, bs, history=False)
