@@ -29,10 +29,17 @@ def _call(backend, config, inputs, **kw):
     return op(backend, "v4_prefill_indexer")(**{**i, "num_tokens": int(i["num_tokens"])}, config=config, **kw)
 
 
-def _independent(config, i, *, scored_padding=False):
+def _padding_rule(backend) -> str:
+    """The padding rule the backend follows by name (upstream's golden: "scored"; the kernel and the reference:
+    "unscored"); the contracts that pin it judge the backend by it."""
+    return getattr(backend, "variants", {}).get("v4_prefill_indexer", {}).get("padding_rows", "unscored")
+
+
+def _independent(config, i, *, scored_padding=False, capped=False):
     """Upstream's golden, written apart: integer q, each row's own RoPE row, BF16, Hadamard, INT8 rows, then the
     one request's page walk, INT32 dots, ReLU per head, head weights, key scales over min((pos + 1) // 4, 256)
-    positions; padding rows unscored unless ``scored_padding``; top-k raw positions by descending score."""
+    positions; padding rows unscored unless ``scored_padding`` (then up to the widest real row when ``capped``);
+    top-k raw positions by descending score."""
     heads, dim, rope, bs = config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim, config.block_size
     t_n, width, real = i["qr"].shape[0], 2 * bs, int(i["num_tokens"])
     q = (i["qr"].double() @ i["wq_b"].double()) * i["qr_scale"].double() * i["wq_b_scale"].double()
@@ -46,8 +53,11 @@ def _independent(config, i, *, scored_padding=False):
     weights = (i["x"].double() @ i["weights_proj"].double()).float().double() * dim**-0.5 * heads**-0.5
     score = torch.full((t_n, width), V4_LOWEST, dtype=torch.float32)
     topk = torch.full((t_n, width), -1, dtype=torch.int32)
+    widest = max((min((int(i["position_ids"][t]) + 1) // 4, width) for t in range(real)), default=0)
     for t in range(t_n):
         n = min((int(i["position_ids"][t]) + 1) // 4, width) if (t < real or scored_padding) else 0
+        if t >= real and capped:
+            n = min(n, widest)
         for j in range(n):
             page = int(i["idx_block_table"][j // bs])
             key = i["idx_kv_cache"][page, j % bs, 0].double()
@@ -84,7 +94,9 @@ def test_prefill_scores_and_topk_match_an_independent_evaluation(backend, config
     inputs = prefill_indexer_inputs(config, start=start)
     inputs["num_tokens"] = torch.tensor(100, dtype=torch.int32)
     out = _call(backend, config, inputs)
-    want_score, want_topk = _independent(config, inputs)
+    rule = _padding_rule(backend)
+    want_score, want_topk = _independent(config, inputs, scored_padding=rule != "unscored",
+                                         capped=rule == "scored_capped")
     _judge(config, out, want_score, want_topk, inputs)
 
 
@@ -131,23 +143,34 @@ def test_picks_are_raw_compressed_positions(backend):
 
 
 def test_padding_rows_are_never_scored_and_do_not_touch_real_rows(backend):
-    """Rows from num_tokens on: score row the lowest FP32 number throughout, top-k all -1 (upstream's kernel);
-    the real rows equal the unpadded run's. The golden's variant ``padding_rows="scored"`` scores a padding row
-    from its own position and still gives it no picks. Spec: §8."""
+    """Rows from num_tokens on, under each named rule: "unscored" (upstream's kernel; the default) leaves their
+    score row the lowest FP32 number throughout; "scored" scores a padding row from its own position; and
+    "scored_capped" (upstream's golden) scores it only up to the widest real row's range -- here real rows see
+    up to 27 positions and padding rows 27 .. 29, so the last two rules differ on five of the six. Under every rule a padding row
+    holds no picks and the real rows equal the unpadded run's. A backend is judged by the rule it follows by
+    name; the reference by all three. Spec: §8."""
     config = V4_PRO_TINY
     inputs = prefill_indexer_inputs(config, rows=16, start=100, seed=5)
     full = _call(backend, config, inputs)
     padded = dict(inputs, num_tokens=torch.tensor(10, dtype=torch.int32))
-    out = _call(backend, config, padded)
-    assert bool((out["score"][10:] == V4_LOWEST).all()), "padding rows were scored (expected the lowest FP32 " \
-                                                         "number throughout)"
-    assert bool((out["topk_idxs"][10:] == -1).all()), "padding rows hold picks (expected -1)"
-    assert torch.equal(out["score"][:10], full["score"][:10]) and torch.equal(out["topk_idxs"][:10],
-                                                                              full["topk_idxs"][:10])
-    scored = _call(backend, config, padded, padding_rows="scored")
-    assert torch.equal(scored["score"], full["score"]) and bool((scored["topk_idxs"][10:] == -1).all())
-    want, _ = _independent(config, padded, scored_padding=True)
-    assert check_v4_index_scores(scored["score"], want, hard_floor=V4_PREFILL_HARD_ATOL).ok
+    own = _padding_rule(backend)
+    rules = (own,) if own != "unscored" else ("unscored", "scored", "scored_capped")
+    for rule in rules:
+        out = _call(backend, config, padded) if rule == own else _call(backend, config, padded, padding_rows=rule)
+        assert bool((out["topk_idxs"][10:] == -1).all()), f"{rule}: padding rows hold picks (expected -1)"
+        assert torch.equal(out["score"][:10], full["score"][:10]), f"{rule}: a real row's scores moved"
+        picks = check_v4_topk(out["topk_idxs"][:10], full["topk_idxs"][:10], out["score"][:10], full["score"][:10],
+                              _visible(inputs)[:10], topk=config.index_topk, offset=0, hard_floor=V4_PREFILL_HARD_ATOL)
+        assert picks.ok, f"{rule}: a real row's picks moved beyond tie order: {picks.message()}"
+        if rule == "unscored":
+            assert bool((out["score"][10:] == V4_LOWEST).all()), "padding rows were scored (expected the lowest " \
+                                                                 "FP32 number throughout)"
+            continue
+        want, _ = _independent(config, padded, scored_padding=True, capped=rule == "scored_capped")
+        seen = [27, 28, 28, 28, 28, 29] if rule == "scored" else [27] * 6
+        assert (want[10:] != V4_LOWEST).sum(1).tolist() == seen, f"{rule}: the vector no longer separates the rules"
+        result = check_v4_index_scores(out["score"], want, hard_floor=V4_PREFILL_HARD_ATOL)
+        assert result.ok, f"{rule}: {result.message()}"
 
 
 def test_the_prefill_hard_floor_is_7e_3():
@@ -176,7 +199,7 @@ def test_the_prefill_hard_floor_is_7e_3():
     ("num_tokens", lambda i: True, "an int in [0, 16]"),
     ("position_ids", lambda i: torch.tensor([0, 5, -1, 7, -3] + [9] * 11, dtype=torch.int32), "position_ids[2]"),
     ("idx_block_table", lambda i: i["idx_block_table"][None], "one request's pages"),
-    ("padding_rows", lambda i: "zero", "one of ('unscored', 'scored')"),
+    ("padding_rows", lambda i: "zero", "one of ('unscored', 'scored', 'scored_capped')"),
     ("idx_block_table", lambda i: torch.tensor([2, -1], dtype=torch.int32), "mapped pages"),
 ])
 def test_bad_inputs_name_the_field(backend, field, change, needle):

@@ -656,6 +656,7 @@ UPSTREAM_TREE_DEFECTS = {  # sample-store tree recorded from upstream's goldens 
     "up-v4_prefill_compressor_csa": ("v4:PREFILL_PADDING_COMPRESSED", "v4:PREFILL_UNPERSISTED_WRITTEN",
                                      "v4:PREV_HALF_ZERO_SCORE"),
     "up-v4_prefill_compressor_hca": ("v4:PREFILL_PADDING_COMPRESSED", "v4:PREFILL_UNPERSISTED_WRITTEN"),
+    "up-v4_prefill_indexer": ("v4:PREFILL_ROPE_PER_REQUEST", "v4:PREFILL_OFFSET_ADDED", "v4:PREFILL_DECODE_WIDTH"),
     "up-v4_indexer": ("v4:RELU_AFTER_SUM", "v4:VISIBLE_FROM_POSITION", "v4:OFFSET_DROPPED", "v4:TAIL_ZERO",
                       "v4:TOPK_BY_POSITION", "v4:HADAMARD_BEFORE_ROPE"),
     "up-v4_attention_stage_swa": ("v4:READ_BEFORE_WRITE", "v4:ATTN_NORM_SKIPPED", "v4:KV_GAMMA_AFTER_ROPE",

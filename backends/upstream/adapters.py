@@ -504,6 +504,54 @@ def _v4_prefill_compressor(run, x, position_ids, num_tokens, state_block_table, 
     return {"cmp_pool": out["cmp_kv"], "state_pool": out["compress_state"]}
 
 
+def _v4_prefill_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, hadamard, idx_kv_cache,
+                        idx_kv_scale, idx_block_table, position_ids, num_tokens, *, config,
+                        padding_rows="scored_capped"):
+    """v4_prefill_indexer -> prefill_indexer.py::golden_prefill_indexer on the packed chunk (T = the call's rows).
+    Its inner compressor (prefill_indexer_compressor.py) would publish the chunk's closing keys first; this
+    operator is the indexer after that publication, so the compressor is given no slot to write. Upstream's
+    golden scores every row of the chunk, padding rows included, over the real rows' widest visible range: the
+    named variant ``padding_rows="scored_capped"``."""
+    from contracts.backends import Unsupported
+    from kernels.v4.indexer import head_weights, visible_pages
+    from kernels.v4.prefill_indexer import check_prefill_indexer, score_cap
+
+    head_weights(x, weights_proj, config=config)
+    tokens, visible = check_prefill_indexer(qr, qr_scale, wq_b, wq_b_scale, cos, sin, hadamard, idx_kv_cache,
+                                            idx_kv_scale, idx_block_table, position_ids, num_tokens, config=config,
+                                            padding_rows=padding_rows)  # the caller's side
+    for t in range(tokens):
+        if int(visible[t]):
+            visible_pages(idx_block_table, (), int(visible[t]), block_size=config.block_size)
+    if padding_rows != "scored_capped":
+        raise Unsupported(f"upstream's prefill indexer golden scores padding rows up to the real rows' widest range; "
+                          f"padding_rows={padding_rows!r} is another named rule")
+    cap, d, hidden, inner = score_cap(config), config.index_head_dim, x.shape[1], config.index_head_dim
+    writes = max(1, tokens // 4)
+    tensors = {"x": x.clone(), "qr": qr.clone(), "qr_scale": qr_scale.float().clone(), "wq_b": wq_b.clone(),
+               "wq_b_scale": wq_b_scale.float().clone(), "weights_proj": weights_proj.clone(),
+               "cos": cos.float().clone(), "sin": sin.float().clone(), "hadamard": hadamard.clone(),
+               "idx_kv_cache": idx_kv_cache.clone(), "idx_kv_scale": idx_kv_scale.float().clone(),
+               "idx_block_table": idx_block_table.to(torch.int32).clone(),
+               "position_ids": position_ids.to(torch.int32).clone(), "num_tokens": int(num_tokens),
+               "inner_compress_state": torch.zeros(1, 4, 4 * inner),
+               "inner_compress_state_block_table": torch.full((int(position_ids.max()) // 4 + 2,), -1,
+                                                              dtype=torch.int32),
+               "inner_wkv": torch.zeros(2 * inner, hidden), "inner_wgate": torch.zeros(2 * inner, hidden),
+               "inner_ape": torch.zeros(4, 2 * inner), "inner_norm_w": torch.ones(inner),
+               "freqs_cos": torch.ones(int(position_ids.max()) + 1, config.qk_rope_head_dim),
+               "freqs_sin": torch.zeros(int(position_ids.max()) + 1, config.qk_rope_head_dim),
+               "idx_slot_mapping": torch.full((tokens,), -1, dtype=torch.int64),
+               "inner_state_slot_mapping": torch.full((tokens,), -1, dtype=torch.int64),
+               "score": torch.zeros(tokens, cap), "topk_idxs": torch.zeros(tokens, cap, dtype=torch.int32)}
+    out = run(tensors, _variant_fields(config), {"BLOCK_SIZE": config.block_size},
+              module_globals={"T": tokens, "MAX_CMP_WRITES": writes, "INDEXER_SCORE_CAP": cap,
+                              "INDEXER_TOPK_CAP": min(config.index_topk, cap), "prefill_indexer_compressor.T": tokens,
+                              "prefill_indexer_compressor.MAX_CMP_WRITES": writes})
+    del d
+    return {"score": out["score"], "topk_idxs": out["topk_idxs"]}
+
+
 ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_gate", PRO, "gate", "golden_gate_core", _gate),
     Adapter("mtp_projection", PRO, "mtp_projection", "golden_mtp_projection", _mtp_projection),
@@ -519,6 +567,8 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_decode_metadata", PRO, "decode_metadata", "(host lowering)", _v4_decode_metadata),
     Adapter("v4_prefill_compressor", PRO, "prefill_compressor_ratio4", "golden_prefill_compressor_ratio4",
             _v4_prefill_compressor, also=("prefill_compressor_ratio128",)),
+    Adapter("v4_prefill_indexer", PRO, "prefill_indexer", "golden_prefill_indexer", _v4_prefill_indexer,
+            also=("prefill_indexer_compressor",)),
     Adapter("v4_compressor", PRO, "decode_compressor_ratio4", "golden_compressor", _v4_compressor,
             also=("decode_compressor_ratio128",)),
 )}
@@ -528,6 +578,8 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
 VARIANTS: dict[str, dict[str, str]] = {
     # gate.py's golden dequantizes by 1 / (127 / amax); its kernel (and this project's default) by amax · (1/127)
     "v4_gate": {"dequant_factor": "reciprocal"},
+    # prefill_indexer.py's golden scores every row of the chunk, padding rows up to the real rows' widest range
+    "v4_prefill_indexer": {"padding_rows": "scored_capped"},
 }
 
 # Named ways upstream's goldens depart from a property a contract pins, not a rule of the kernel (docs/upstream.md)
@@ -541,7 +593,6 @@ DEVIATIONS: dict[str, str] = {
 # main has no golden for it (V4.1-Flash's, the harness's own compositions, comparators).
 PENDING: dict[str, str] = {
     "v4_moe_stage": f"models/{PRO}/moe.py::golden_moe",
-    "v4_prefill_indexer": f"models/{PRO}/prefill_indexer.py::golden_prefill_indexer",
     "v4_prefill_index_keys": f"models/{PRO}/prefill_indexer_compressor.py::golden_prefill_indexer_compressor",
     "v4_mtp_layer": f"models/{PRO}/decode_mtp.py::golden_mtp_decode_layer",
     "v4_prefill_mtp_layer": f"models/{PRO}/prefill_mtp.py::golden_mtp_prefill_fwd",

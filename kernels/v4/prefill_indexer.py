@@ -39,7 +39,7 @@ from kernels.v4.indexer import (
 SPEC = "§8"
 ROUNDING_VERSION = "v4-prefill-indexer-1"
 SCORE_BLOCKS = 2  # INDEXER_SCORE_MAX_BLOCKS: the score row spans two cache blocks
-PADDING_RULES = ("unscored", "scored")
+PADDING_RULES = ("unscored", "scored", "scored_capped")
 
 
 def score_cap(config) -> int:
@@ -48,8 +48,9 @@ def score_cap(config) -> int:
 
 
 def prefill_visible(position_ids: torch.Tensor, num_tokens: int, *, cap: int, padding_rows: str) -> torch.Tensor:
-    """[T]: min((position + 1) // 4, cap) for each real row; a padding row 0 ("unscored") or its own
-    ("scored"). Spec: §8."""
+    """[T]: min((position + 1) // 4, cap) for each real row; a padding row 0 ("unscored", upstream's kernel), its
+    own ("scored"), or its own capped at the widest real row's ("scored_capped", upstream's golden, which scores
+    the whole chunk over the real rows' columns). Spec: §8."""
     pos = position_ids.reshape(-1).to(torch.int64)
     if bool((pos < 0).any()):
         i = int((pos < 0).nonzero()[0])
@@ -57,20 +58,18 @@ def prefill_visible(position_ids: torch.Tensor, num_tokens: int, *, cap: int, pa
     visible = torch.clamp((pos + 1) // RATIO, max=cap)
     if padding_rows == "unscored":
         visible[num_tokens:] = 0
+    elif padding_rows == "scored_capped":
+        widest = int(visible[:num_tokens].max()) if num_tokens else 0
+        visible[num_tokens:] = torch.clamp(visible[num_tokens:], max=widest)
     return visible
 
 
-def v4_prefill_indexer(x: torch.Tensor, qr: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.Tensor,
-                       wq_b_scale: torch.Tensor, weights_proj: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                       hadamard: torch.Tensor, idx_kv_cache: torch.Tensor, idx_kv_scale: torch.Tensor,
-                       idx_block_table: torch.Tensor, position_ids: torch.Tensor, num_tokens: int, *, config,
-                       padding_rows: str = "unscored") -> dict[str, torch.Tensor]:
-    """One request's prefill chunk -> {"score" [T, score_cap] FP32, "topk_idxs" [T, score_cap] INT32}. x [T, hidden]
-    BF16; cos / sin [T, rope/2] FP32 (a row each); idx_block_table [P] (the request's pages); num_tokens: rows
-    from it on are padding. Spec: §8."""
+def check_prefill_indexer(qr, qr_scale, wq_b, wq_b_scale, cos, sin, hadamard, idx_kv_cache, idx_kv_scale,
+                          idx_block_table, position_ids, num_tokens, *, config, padding_rows: str = "unscored"
+                          ) -> tuple[int, torch.Tensor]:
+    """The caller's side of ``v4_prefill_indexer`` -> (T, each row's visible compressed positions)."""
     if padding_rows not in PADDING_RULES:
         raise ContractInputError("padding_rows", None, f"one of {PADDING_RULES}", padding_rows, SPEC)
-    weights = head_weights(x, weights_proj, config=config)
     tokens = check_query_inputs(qr, qr_scale, wq_b, wq_b_scale, hadamard, config=config)
     rope = config.qk_rope_head_dim
     for name, table in (("cos", cos), ("sin", sin)):
@@ -87,6 +86,22 @@ def v4_prefill_indexer(x: torch.Tensor, qr: torch.Tensor, qr_scale: torch.Tensor
     check_index_cache(idx_kv_cache, idx_kv_scale, config=config)
     cap = score_cap(config)
     visible = prefill_visible(position_ids, num_tokens, cap=cap, padding_rows=padding_rows)
+    return tokens, visible
+
+
+def v4_prefill_indexer(x: torch.Tensor, qr: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.Tensor,
+                       wq_b_scale: torch.Tensor, weights_proj: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       hadamard: torch.Tensor, idx_kv_cache: torch.Tensor, idx_kv_scale: torch.Tensor,
+                       idx_block_table: torch.Tensor, position_ids: torch.Tensor, num_tokens: int, *, config,
+                       padding_rows: str = "unscored") -> dict[str, torch.Tensor]:
+    """One request's prefill chunk -> {"score" [T, score_cap] FP32, "topk_idxs" [T, score_cap] INT32}. x [T, hidden]
+    BF16; cos / sin [T, rope/2] FP32 (a row each); idx_block_table [P] (the request's pages); num_tokens: rows
+    from it on are padding. Spec: §8."""
+    weights = head_weights(x, weights_proj, config=config)
+    tokens, visible = check_prefill_indexer(qr, qr_scale, wq_b, wq_b_scale, cos, sin, hadamard, idx_kv_cache,
+                                            idx_kv_scale, idx_block_table, position_ids, num_tokens, config=config,
+                                            padding_rows=padding_rows)
+    cap = score_cap(config)
     q_i8, q_scale = index_query(qr, qr_scale, wq_b, wq_b_scale, cos, sin, hadamard, config=config)
     scores = score_rows(q_i8, q_scale, weights, idx_kv_cache, idx_kv_scale,
                         [(idx_block_table, ())] * tokens, visible, width=cap, block_size=config.block_size)
