@@ -171,6 +171,11 @@ def test_padding_rows_are_never_scored_and_do_not_touch_real_rows(backend):
         assert (want[10:] != V4_LOWEST).sum(1).tolist() == seen, f"{rule}: the vector no longer separates the rules"
         result = check_v4_index_scores(out["score"], want, hard_floor=V4_PREFILL_HARD_ATOL)
         assert result.ok, f"{rule}: {result.message()}"
+    if "scored_capped" in rules:  # a chunk of padding only: no real row, so nothing is scored (upstream: max 0)
+        empty = dict(inputs, num_tokens=torch.tensor(0, dtype=torch.int32))
+        out = _call(backend, config, empty, **({} if own == "scored_capped" else {"padding_rows": "scored_capped"}))
+        assert bool((out["score"] == V4_LOWEST).all()) and bool((out["topk_idxs"] == -1).all()), \
+            "scored_capped: a chunk without real rows was scored"
 
 
 def test_the_prefill_hard_floor_is_7e_3():
