@@ -552,6 +552,42 @@ def _v4_prefill_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, co
     return {"score": out["score"], "topk_idxs": out["topk_idxs"]}
 
 
+def _v4_prefill_index_keys(run, x, position_ids, num_tokens, state_block_table, state_pool, weights,
+                           idx_slot_mapping, state_slot_mapping, idx_kv_cache, idx_kv_scale, rope_cos, rope_sin,
+                           hadamard, *, rope_head_dim, eps=1e-6):
+    """v4_prefill_index_keys -> prefill_indexer_compressor.py::golden_prefill_indexer_compressor (the packed chunk,
+    T = the call's rows): the inner ratio-4 compressor's closed windows written as INT8 index keys with their
+    scales, and the mapped state rows. Geometry from the call (hidden, index head_dim = the norm's width,
+    rope_head_dim, eps); the state page must be upstream's 4."""
+    from contracts.backends import Unsupported
+    from kernels.v4.prefill_compressor import _check, rope_half_rows
+
+    _check(x, position_ids, num_tokens, state_block_table, state_pool, idx_slot_mapping, state_slot_mapping, 4,
+           "idx_slot_mapping")
+    rope_half_rows(rope_cos, rope_sin, rope_head_dim, weights.norm.shape[0])  # the caller's side
+    if state_pool.shape[1] != 4:
+        raise Unsupported(f"upstream's prefill indexer compressor golden pages its state by 4 rows; the call's pool "
+                          f"has {state_pool.shape[1]}")
+    tokens, hidden = x.shape
+    d = weights.norm.shape[0]
+    fields = {"hidden_size": hidden, "index_head_dim": d, "qk_rope_head_dim": rope_head_dim,
+              "rms_norm_eps": float(eps), "max_position_embeddings": int(rope_cos.shape[0])}
+    tensors = {"x": x.clone(), "kv": torch.zeros(max(1, tokens // 4), d, dtype=torch.bfloat16),
+               "compress_state": state_pool.clone(),
+               "inner_compress_state_block_table": state_block_table.reshape(-1).to(torch.int32).clone(),
+               "wkv": weights.wkv.float().t().contiguous(), "wgate": weights.wgate.float().t().contiguous(),
+               "ape": weights.ape.float().clone(), "norm_w": weights.norm.clone(), "freqs_cos": rope_cos.clone(),
+               "freqs_sin": rope_sin.clone(), "hadamard": hadamard.clone(), "idx_kv_cache": idx_kv_cache.clone(),
+               "idx_kv_scale": idx_kv_scale.float().clone(), "idx_block_table": torch.zeros(1, dtype=torch.int32),
+               "position_ids": position_ids.to(torch.int32).clone(), "num_tokens": int(num_tokens),
+               "idx_slot_mapping": idx_slot_mapping.to(torch.int64).clone(),
+               "inner_state_slot_mapping": state_slot_mapping.to(torch.int64).clone()}
+    out = run(tensors, fields, {"BLOCK_SIZE": int(idx_kv_cache.shape[1])},
+              module_globals={"T": tokens, "MAX_CMP_WRITES": max(1, tokens // 4)})
+    return {"idx_kv_cache": out["idx_kv_cache"], "idx_kv_scale": out["idx_kv_scale"],
+            "state_pool": out["compress_state"]}
+
+
 ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_gate", PRO, "gate", "golden_gate_core", _gate),
     Adapter("mtp_projection", PRO, "mtp_projection", "golden_mtp_projection", _mtp_projection),
@@ -569,6 +605,8 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
             _v4_prefill_compressor, also=("prefill_compressor_ratio128",)),
     Adapter("v4_prefill_indexer", PRO, "prefill_indexer", "golden_prefill_indexer", _v4_prefill_indexer,
             also=("prefill_indexer_compressor",)),
+    Adapter("v4_prefill_index_keys", PRO, "prefill_indexer_compressor", "golden_prefill_indexer_compressor",
+            _v4_prefill_index_keys),
     Adapter("v4_compressor", PRO, "decode_compressor_ratio4", "golden_compressor", _v4_compressor,
             also=("decode_compressor_ratio128",)),
 )}
@@ -593,7 +631,6 @@ DEVIATIONS: dict[str, str] = {
 # main has no golden for it (V4.1-Flash's, the harness's own compositions, comparators).
 PENDING: dict[str, str] = {
     "v4_moe_stage": f"models/{PRO}/moe.py::golden_moe",
-    "v4_prefill_index_keys": f"models/{PRO}/prefill_indexer_compressor.py::golden_prefill_indexer_compressor",
     "v4_mtp_layer": f"models/{PRO}/decode_mtp.py::golden_mtp_decode_layer",
     "v4_prefill_mtp_layer": f"models/{PRO}/prefill_mtp.py::golden_mtp_prefill_fwd",
 }
