@@ -98,6 +98,15 @@ def record(store: GoldenStore, items: list[tuple[str, str]], seed: int, *, force
         arrays.update(tree_arrays(case, rec, inputs, outputs))
         groups[tree_path(case.name, wiring)] = rec.to_attrs()
 
+    label = ", ".join(f"{c}/{w}" for c, w in items)
+    return _commit_trees(store, arrays, groups, force=force, message=f"record {label} (seed {seed})",
+                         metadata={"action": "record", "seed": seed})
+
+
+def _commit_trees(store: GoldenStore, arrays: dict, groups: dict, *, force: bool, message: str,
+                  metadata: dict) -> CommitResult:
+    """Write recorded trees in one commit; without ``force`` a tree stored with other content is refused, saying
+    what would change (checked against the head the commit goes on, under the store's lock)."""
     def body(txn):
         if not force:
             changes = [line for path, attrs in groups.items() if (line := _overwrite(txn.reader, path, attrs))]
@@ -106,8 +115,7 @@ def record(store: GoldenStore, items: list[tuple[str, str]], seed: int, *, force
                                        + " (pass --force to replace them; nothing was committed)")
         txn.write(arrays, groups)
 
-    label = ", ".join(f"{c}/{w}" for c, w in items)
-    _none, result = store.update(body, f"record {label} (seed {seed})", metadata={"action": "record", "seed": seed})
+    _none, result = store.update(body, message, metadata=metadata)
     return result
 
 
@@ -157,19 +165,11 @@ def record_from_upstream(store: GoldenStore, backend, items: list[tuple[str, str
         groups[tree_path(case.name, wiring)] = rec.to_attrs()
         names.append(case.name)
 
-    def body(txn):
-        if not force:
-            changes = [line for path, attrs in groups.items() if (line := _overwrite(txn.reader, path, attrs))]
-            if changes:
-                raise GoldenStoreError("refusing to overwrite recorded tree(s): " + "; ".join(changes)
-                                       + " (pass --force to replace them; nothing was committed)")
-        txn.write(arrays, groups)
-
     label = ", ".join(f"{c}/{w}" for c, w in items)
-    _none, result = store.update(body, f"record from upstream {provenance['commit'][:12]}: {label} (seed {seed})",
-                                 metadata={"action": "record-upstream", "seed": seed,
-                                           "upstream_commit": provenance["commit"]})
-    return names, result
+    return names, _commit_trees(store, arrays, groups, force=force,
+                                message=f"record from upstream {provenance['commit'][:12]}: {label} (seed {seed})",
+                                metadata={"action": "record-upstream", "seed": seed,
+                                          "upstream_commit": provenance["commit"]})
 
 
 def _record_changes(old: dict, new: dict) -> str:

@@ -107,7 +107,9 @@ def test_the_backend_lists_every_operator_it_does_not_run_with_a_reason(fake_roo
     b = make_backend(str(fake_root))
     from backends.upstream.adapters import ADAPTERS
 
-    assert b.operators == tuple(sorted(ADAPTERS)) and b.variants == {"v4_gate": {"dequant_factor": "reciprocal"}}
+    assert b.operators == tuple(sorted(ADAPTERS)) and b.variants == {
+        "v4_gate": {"dequant_factor": "reciprocal"}, "v4_prefill_indexer": {"padding_rows": "scored_capped"}}
+    assert b.deviations == {"batched-host-matmul": b.deviations["batched-host-matmul"]}
     assert "moe.py::golden_moe not adapted yet" in b.why_missing["v4_moe_stage"]
     assert "fuses hc_mixes and hc_pre" in b.why_missing["hc_pre"]
     assert b.why_missing["build_forward_metadata"] == "upstream main has no golden for it"

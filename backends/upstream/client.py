@@ -53,18 +53,15 @@ class Worker:
                    "fields": fields or {}, "constants": constants or {}, "globals": module_globals or {}}
         if args is not None:
             request.update(args=list(args), kwargs=dict(kwargs or {}))
+        where = f"models/{folder}/{module}.py::{function}"
         try:
-            protocol.write_message(self.proc.stdin, request)
-            answer = protocol.read_message(self.proc.stdout)
-        except (BrokenPipeError, OSError) as exc:
-            answer = {"error": f"worker died ({exc})"}
-        if answer is None:
-            self.proc = None
-            raise UpstreamError(f"upstream worker died running models/{folder}/{module}.py::{function} "
-                                f"(see {self.log.name})")
-        if "error" in answer:
-            raise UpstreamError(f"upstream models/{folder}/{module}.py::{function} raised {answer['error']}")
-        return answer["tensors"]
+            return self._ask(request, where)
+        except UpstreamUnsupported:
+            raise
+        except UpstreamError as exc:
+            if str(exc).startswith("upstream worker died"):
+                raise
+            raise UpstreamError(f"upstream {where} raised {exc}") from None
 
     def device(self, folder: str, module: str, entry: str, tensors: dict, *, platform: str, devices: list[int],
                ranks: int = 1, golden_data: str | None = None) -> dict:
