@@ -342,6 +342,13 @@ def replay(tree: LoadedTree, backend, *, allow_stale: bool = False, keep: dict |
     the tree exported as ``golden_data`` and the kernel's outputs captured through ``compare_fn``."""
     if tree.stale and not allow_stale:
         raise GoldenStoreError(f"{tree.case.name}/{tree.record.wiring} is stale: {tree.stale_reason()}")
+    recorded = tree.record.upstream.get("variants", {}) if tree.record.upstream else {}
+    for op in tree.case.operator.split("+"):  # a backend following another named rule than the tree's: not judged
+        follows = getattr(backend, "variants", {}).get(op)
+        if follows and follows != recorded.get(op):
+            raise Unsupported(f"backend {getattr(backend, 'name', backend)!r} follows {follows} for {op} by name; "
+                              f"{tree.case.name}/{tree.record.wiring} holds the numbers of "
+                              f"{recorded.get(op) or 'the default rules'}")
     try:
         own = getattr(backend, "replay", None)  # a device backend replays upstream's way
         actual = own(tree) if own is not None else None

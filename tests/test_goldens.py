@@ -775,3 +775,22 @@ def test_record_from_upstream_without_a_checkout_is_one_line_exit_3(store, capsy
     assert "no pypto-lib checkout given" in err and len(err.strip().splitlines()) == 1
     assert run_cli(store, "record", "--pypto-lib", "/x", "v4_gate_hash") == 2
     assert "--pypto-lib applies to record --from upstream" in capsys.readouterr().err
+
+
+def test_a_tree_is_not_judged_by_a_backend_that_follows_another_named_rule(store):
+    """A backend following a named variant of an operator (upstream's gate golden: dequant_factor="reciprocal")
+    is not judged by a tree holding another rule's numbers: a tree recorded from the reference (the default
+    rule) is a named skip (Unsupported) on it, while a tree recorded under that same variant runs."""
+    from contracts.backends import Unsupported, torch_backend
+
+    backend = _fake_upstream(torch_backend)
+    trees.record(store, [("v4_gate_scored", "replicated")], 5)
+    trees.record_from_upstream(store, backend, [("v4_gate_hash", "replicated")], 5)
+    reader = store.reader()
+    with pytest.raises(Unsupported, match=r"follows \{'dequant_factor': 'reciprocal'\} for v4_gate by name; "
+                                          r"v4_gate_scored/replicated holds the numbers of the default rules"):
+        trees.replay(trees.load_tree(reader, "v4_gate_scored", "replicated"), backend)
+    results = trees.replay(trees.load_tree(reader, "up-v4_gate_hash", "replicated"), backend)
+    assert results and all(r.ok for r in results.values())
+    assert all(r.ok for r in trees.replay(trees.load_tree(reader, "v4_gate_scored", "replicated"),
+                                          torch_backend()).values())
