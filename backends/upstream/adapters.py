@@ -93,19 +93,12 @@ def _hc_post(run, sublayer, x_hc, post_mix, residual_mix, *, rule="fp32"):
     """hc_post -> hc_post.py::golden_hc_post: x = the sublayer's output, residual = the streams, post, comb.
     Upstream's V4 streams are FP32 end to end, which is this project's ``rule="fp32"``."""
     from contracts.backends import Unsupported
-    from kernels.reference.mhc import POST_RULES
+    from kernels.reference.mhc import check_hc_post
 
-    if rule not in POST_RULES:
-        from kernels.reference.mhc import hc_post
-
-        return hc_post(sublayer, x_hc, post_mix, residual_mix, rule=rule)  # the caller's side: refused by name
+    check_hc_post(sublayer, x_hc, post_mix, residual_mix, rule=rule)  # the caller's side
     if rule != "fp32":
         raise Unsupported(f"upstream's hc_post golden keeps the FP32 sum; rule={rule!r} is the older golden's")
     tokens, hc, d = x_hc.shape
-    if sublayer.shape != (tokens, d) or post_mix.shape != (tokens, hc) or residual_mix.shape != (tokens, hc, hc):
-        from kernels.reference.mhc import hc_post
-
-        return hc_post(sublayer, x_hc, post_mix, residual_mix, rule=rule)  # raises the caller-side error
     tensors = {"x": sublayer.clone(), "residual": x_hc.clone(), "post": post_mix.float().clone(),
                "comb": residual_mix.float().reshape(tokens, hc * hc).clone(),
                "y": torch.zeros(tokens, hc, d, dtype=torch.float32)}
@@ -386,7 +379,7 @@ def _v4_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, 
         visible_pages,
     )
 
-    seq, heads = config.decode_seq, config.index_n_heads
+    seq = config.decode_seq
     check_query_inputs(qr, qr_scale, wq_b, wq_b_scale, hadamard, config=config)  # the caller's side
     from kernels.v4.indexer import head_weights, v4_indexer_query
 
@@ -419,7 +412,6 @@ def _v4_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, 
     out = run(tensors, _variant_fields(config), {"DECODE_BATCH": b, "DECODE_SEQ": seq,
                                                   "BLOCK_SIZE": int(idx_kv_cache.shape[1])},
               module_globals={"SCORE_LEN": width})
-    del heads
     return {"score": out["score"].reshape(tokens, width), "topk_idxs": out["topk_idxs"].reshape(tokens, width)}
 
 
@@ -526,7 +518,7 @@ def _v4_prefill_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, co
     if padding_rows != "scored_capped":
         raise Unsupported(f"upstream's prefill indexer golden scores padding rows up to the real rows' widest range; "
                           f"padding_rows={padding_rows!r} is another named rule")
-    cap, d, hidden, inner = score_cap(config), config.index_head_dim, x.shape[1], config.index_head_dim
+    cap, hidden, inner = score_cap(config), x.shape[1], config.index_head_dim
     writes = max(1, tokens // 4)
     tensors = {"x": x.clone(), "qr": qr.clone(), "qr_scale": qr_scale.float().clone(), "wq_b": wq_b.clone(),
                "wq_b_scale": wq_b_scale.float().clone(), "weights_proj": weights_proj.clone(),
@@ -548,7 +540,6 @@ def _v4_prefill_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, co
               module_globals={"T": tokens, "MAX_CMP_WRITES": writes, "INDEXER_SCORE_CAP": cap,
                               "INDEXER_TOPK_CAP": min(config.index_topk, cap), "prefill_indexer_compressor.T": tokens,
                               "prefill_indexer_compressor.MAX_CMP_WRITES": writes})
-    del d
     return {"score": out["score"], "topk_idxs": out["topk_idxs"]}
 
 

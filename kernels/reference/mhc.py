@@ -115,12 +115,9 @@ def hc_pre(x_hc: torch.Tensor, pre_mix: torch.Tensor, *, dtype: torch.dtype = to
 POST_RULES = ("fp32", "via-sublayer-dtype")
 
 
-def hc_post(sublayer: torch.Tensor, x_hc: torch.Tensor, post_mix: torch.Tensor, residual_mix: torch.Tensor, *,
-            rule: str = "fp32") -> torch.Tensor:
-    """out[:, j] = post[:, j]·sublayer + Σ_i residual[:, i, j]·x_hc[:, i] in FP32, returned as FP32 (the ABI's
-    output dtype, rule ``fp32``; ``via-sublayer-dtype`` -- the older golden -- rounds the sum to the
-    sublayer's dtype first, selectable by name): [T, D], [T, hc, D], [T, hc], [T, hc, hc] -> [T, hc, D] FP32.
-    Spec: HC-02."""
+def check_hc_post(sublayer: torch.Tensor, x_hc: torch.Tensor, post_mix: torch.Tensor, residual_mix: torch.Tensor, *,
+                  rule: str = "fp32") -> None:
+    """The caller's side of ``hc_post``: a named rule and shapes that agree with the streams."""
     if rule not in POST_RULES:
         raise ContractInputError("rule", None, f"one of {POST_RULES}", rule, SPEC)
     tokens, hc = x_hc.shape[0], x_hc.shape[1]
@@ -129,6 +126,15 @@ def hc_post(sublayer: torch.Tensor, x_hc: torch.Tensor, post_mix: torch.Tensor, 
     if post_mix.shape != (tokens, hc) or residual_mix.shape != (tokens, hc, hc):
         raise ContractInputError("post_mix/residual_mix", None, f"[{tokens}, {hc}] and [{tokens}, {hc}, {hc}]",
                                  [list(post_mix.shape), list(residual_mix.shape)], SPEC)
+
+
+def hc_post(sublayer: torch.Tensor, x_hc: torch.Tensor, post_mix: torch.Tensor, residual_mix: torch.Tensor, *,
+            rule: str = "fp32") -> torch.Tensor:
+    """out[:, j] = post[:, j]·sublayer + Σ_i residual[:, i, j]·x_hc[:, i] in FP32, returned as FP32 (the ABI's
+    output dtype, rule ``fp32``; ``via-sublayer-dtype`` -- the older golden -- rounds the sum to the
+    sublayer's dtype first, selectable by name): [T, D], [T, hc, D], [T, hc], [T, hc, hc] -> [T, hc, D] FP32.
+    Spec: HC-02."""
+    check_hc_post(sublayer, x_hc, post_mix, residual_mix, rule=rule)
     update = post_mix.float().unsqueeze(-1) * sublayer.float().unsqueeze(1)
     skip = torch.einsum("tij,tid->tjd", residual_mix.float(), x_hc.float())
     out = update + skip
