@@ -8,7 +8,7 @@
 #   bash scripts/a5sim-setup.sh --sources DIR [--prefix DIR] [--jobs N] [--stage NAME] [--force NAME]
 #
 # DIR holds (or symlinks) the checkouts: pypto, simpler (pypto's runtime), pto-isa, PTOAS, libbacktrace,
-# msgpack-c. See docs/a5sim.md for the commits known to work together. Needs root (debootstrap, bind mounts).
+# msgpack-c; the commits known to work together are pinned below (PIN_*). Needs root (debootstrap, bind mounts).
 set -euo pipefail
 
 PREFIX="${A5SIM_PREFIX:-/opt/pto-a5sim}"
@@ -24,7 +24,7 @@ PIN_SIMPLER=93adc386
 PIN_PTO_ISA=cd4a3d3f
 PIN_PTOAS=2477ac1d
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "a5sim-setup: $*" >&2; exit 2; }
 
 while [ $# -gt 0 ]; do
