@@ -336,7 +336,8 @@ class Backend:
         self._ops = kernels if unavailable is None else {}
         self._comparators = {k: v for k, v in operators.items() if k in COMPARATORS}
         self.why_missing = dict(why_missing)  # operator -> why this backend does not bind it
-        # a device backend's own way to replay a golden tree (tree -> outputs, or None to run the operators)
+        # a device backend's own way to replay a golden tree ((tree, export) -> outputs, or None to run the
+        # operators; export(directory) writes the tree in upstream's golden_data layout)
         self.replay = replay
         # operator -> {rule: named variant} where this backend follows a named variant, not the default rule (e.g.
         # upstream's goldens); the contracts pinning that rule judge the backend by the variant it names

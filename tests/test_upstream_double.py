@@ -118,11 +118,6 @@ def describe(root: Path, threads: str = "3") -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _revision(root: Path) -> str:
-    out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
-
-
 def test_the_double_keeps_upstreams_pinned_signatures_and_semantics():
     d = describe(FAKE)
     assert [p[0] for p in d["run"]] == PINNED_RUN
@@ -137,6 +132,8 @@ def test_the_double_keeps_upstreams_pinned_signatures_and_semantics():
 
 @pytest.mark.skipif(not os.environ.get("PYPTO_LIB_ROOT"), reason="needs a pypto-lib checkout (PYPTO_LIB_ROOT)")
 def test_the_double_matches_the_real_golden_package():
+    from backends.upstream.backend import revision
+
     real_root = Path(os.environ["PYPTO_LIB_ROOT"]).expanduser()
     real, double = describe(real_root), describe(FAKE)
     sys.path.insert(0, str(FAKE))
@@ -147,6 +144,6 @@ def test_the_double_matches_the_real_golden_package():
         for name in [m for m in sys.modules if m == "golden" or m.startswith("golden.")]:
             del sys.modules[name]
     differ = sorted(k for k in real if real[k] != double.get(k))
-    assert not differ, (f"the test double differs from the golden package of {real_root} @ {_revision(real_root)} "
+    assert not differ, (f"the test double differs from the golden package of {real_root} @ {revision(real_root)} "
                         f"in {differ} (last checked against {CHECKED_AGAINST}): "
                         + "; ".join(f"{k}: real {real[k]} double {double.get(k)}" for k in differ))

@@ -146,31 +146,20 @@ def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_li
             why[b.operator] = (f"{b.status}: {b.note}" if b.note else b.status) + f" (upstream {b.upstream})"
     return Backend("pypto-test-double" if double else "pypto", ops, platform=platform, why_missing=why,
                    description=f"upstream A5 kernels from {root} @ {revision(root)} on {platform}, devices {devices}",
-                   replay=lambda tree: replay_through_upstream(launchers, tree))
+                   replay=lambda tree, export: replay_through_upstream(launchers, tree, export))
 
 
-def replay_through_upstream(launchers: dict, tree) -> dict[str, torch.Tensor] | None:
-    """Replay a golden tree the way upstream replays saved data, when its operator is one V4.1 entry: the tree
-    written in upstream's ``golden_data`` layout (``in/<name>.pt`` for inputs, scalars and InOut initial values,
-    ``out/<name>.pt`` for outputs), the entry run with ``golden_data`` pointing there, the kernel's outputs
-    captured. None otherwise (the caller runs the backend's operators on the tree's inputs)."""
+def replay_through_upstream(launchers: dict, tree, export) -> dict[str, torch.Tensor] | None:
+    """Replay a golden tree the way upstream replays saved data, when its operator is one V4.1 entry: ``export``
+    (the caller's, ``goldens.trees.export_pt_tree``) writes the tree in upstream's ``golden_data`` layout into a
+    fresh directory, the entry runs with ``golden_data`` pointing there, the kernel's outputs are captured. None
+    otherwise (the caller runs the backend's operators on the tree's inputs)."""
     launch = launchers.get(tree.case.operator)
     if launch is None:
         return None
     with tempfile.TemporaryDirectory(prefix="pto-golden-data-") as tmp:
-        write_golden_data(tree, Path(tmp))
+        export(Path(tmp))
         return launch(_values(tree), golden_data=Path(tmp))
-
-
-def write_golden_data(tree, directory: Path) -> None:
-    """Upstream's golden_data layout of a loaded tree (its record's argument directions), into a fresh dir."""
-    for sub in ("in", "out"):
-        (directory / sub).mkdir(parents=True, exist_ok=True)
-    for spec in tree.record.args:
-        if spec.is_input:
-            torch.save(tree.inputs[spec.name].clone(), directory / "in" / f"{spec.name}.pt")
-        if spec.is_output:
-            torch.save(tree.expected[spec.name].clone(), directory / "out" / f"{spec.name}.pt")
 
 
 def _values(tree) -> dict:

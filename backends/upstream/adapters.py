@@ -3,8 +3,9 @@ layout, dtypes, padding conventions, geometry) onto the golden's tensors dict an
 goldens do not validate their inputs, so each adapter first applies this project's input checks (the caller's
 side of the ABI): the bad-call contracts judge those checks, not upstream.
 
-``ADAPTERS``: operator -> Adapter. ``UNADAPTED``: operator -> why it has none yet (upstream's golden named where
-one exists). Both are read by ``backends.upstream.backend`` for the per-operator summary.
+``ADAPTERS``: operator -> Adapter; ``PENDING``: upstream goldens not adapted yet; ``FUSED``: operators upstream
+computes only inside another's golden; ``VARIANTS`` / ``DEVIATIONS``: the named rules and deviations upstream's
+goldens follow. Read by ``backends.upstream.backend`` (and the device binding, ``backends.pypto``).
 """
 
 from __future__ import annotations
@@ -154,6 +155,15 @@ def _v4_expert(run, x_i8, x_scale, route_weight, weights, *, config):
     return out["recv_y"][0]
 
 
+def _qkv_tiling(config, module: str = "") -> dict:
+    """qkv_proj_rope.py's QR RMS chunk (256 at model geometry) and A5 TROWSUM lane count (64) must divide Q_LORA
+    and head_dim: at a tiny preset, the largest divisor of each (the model geometry keeps upstream's values).
+    ``module``: set them on that module of the folder (``"qkv_proj_rope"``) rather than the golden's own."""
+    lora, dim = config.q_lora_rank, config.head_dim
+    prefix = f"{module}." if module else ""
+    return {f"{prefix}Q_LORA_TILE": math.gcd(256, lora), f"{prefix}_A5_FP32_VECTOR_LANES": math.gcd(64, lora, dim)}
+
+
 def _v4_qkv_proj_rope(run, x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv, *, config):
     """v4_qkv_proj_rope -> qkv_proj_rope.py::golden_qkv_proj_rope: the same layout (x [T, D], wq_a [D, Q_LORA],
     wq_b INT8 [Q_LORA, H*hd], wkv [D, hd], RoPE tables read up to rope/2 columns); no num_tokens (every row)."""
@@ -169,10 +179,7 @@ def _v4_qkv_proj_rope(run, x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, g
                "kv": torch.zeros(tokens, dim, dtype=torch.bfloat16),
                "qr": torch.zeros(tokens, lora, dtype=torch.int8),
                "qr_scale": torch.zeros(tokens, 1, dtype=torch.float32)}
-    # the QR RMS chunk (256 at model geometry) and the A5 TROWSUM lane count (64) must divide Q_LORA and head_dim:
-    # at a tiny preset, the largest divisor of each (the model geometry keeps upstream's values)
-    out = run(tensors, _variant_fields(config), {},
-              module_globals={"Q_LORA_TILE": math.gcd(256, lora), "_A5_FP32_VECTOR_LANES": math.gcd(64, lora, dim)})
+    out = run(tensors, _variant_fields(config), {}, module_globals=_qkv_tiling(config))
     return {name: out[name] for name in ("q", "kv", "qr", "qr_scale")}
 
 
@@ -189,20 +196,14 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
     which is this operator's output (the rotation is ``v4_publish_compressed``'s). Tokens at a negative position
     are skipped (this project's padding convention; upstream's decode steps have none)."""
     from contracts.backends import Unsupported
-    from kernels.v4.compressor import _slot
+    from kernels.v4.compressor import _slot, check_v4_compressor
 
     module = COMPRESSOR_MODULES.get((int(ratio), bool(overlap)))
     if module is None:
         raise Unsupported(f"upstream has decode compressor goldens for ratio 4 with overlap and ratio 128 without; "
                           f"not ratio={ratio}, overlap={overlap}")
-    coff = 2 if overlap else 1
-    d = weights.norm.shape[0]
-    from kernels.v4.compressor import v4_compressor
-
-    if weights.wkv.shape[1] != coff * d or weights.ape.shape != (ratio, coff * d) or state_pool.ndim != 3 or \
-            state_pool.shape[2] != 2 * coff * d or state_pool.dtype != torch.float32:
-        return v4_compressor(x, position_ids, token_to_req, state_block_table, state_pool, weights, ratio=ratio,
-                             overlap=overlap, eps=eps)  # the caller's side: refused naming the field
+    check_v4_compressor(state_pool, weights, ratio=ratio, overlap=overlap)  # the caller's side
+    coff, d = (2 if overlap else 1), weights.norm.shape[0]
     pages, page, _ = state_pool.shape
     pool = state_pool.clone()
     out = torch.zeros(x.shape[0], d, dtype=torch.float32)
@@ -329,8 +330,6 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
                                                                  dtype=torch.int32)), 1)
     fields = _variant_fields(config)
     constants = {"DECODE_BATCH": tokens // seq, "DECODE_SEQ": seq, "BLOCK_SIZE": int(kv_cache.shape[1])}
-    qkv_globals = {"qkv_proj_rope.Q_LORA_TILE": math.gcd(256, lora),
-                   "qkv_proj_rope._A5_FP32_VECTOR_LANES": math.gcd(64, lora, dim)}
     tensors = {"x_hc": x_hc.float().clone(), "hc_attn_fn": hc_fn.float().clone(), "hc_attn_scale": hc_scale.float().clone(),
                "hc_attn_base": hc_base.float().clone(), "attn_norm_w": attn_norm_w.clone(), "wq_a": wq_a.clone(),
                "wq_b": wq_b.clone(), "wq_b_scale": wq_b_scale.float().clone(), "wkv": wkv.clone(),
@@ -342,7 +341,8 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
                "wo_a": wo_a.clone(), "wo_b": wo_b.clone(), "wo_b_scale": wo_b_scale.float().clone(),
                "x_out": torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32)}
     out = run(tensors, fields, constants, module="decode_attention_swa", function="golden_attention_swa",
-              module_globals={**qkv_globals, "decode_sparse_attn_swa.ORI_BLOCK_NUM": int(kv_cache.shape[0])})
+              module_globals={**_qkv_tiling(config, "qkv_proj_rope"),
+                              "decode_sparse_attn_swa.ORI_BLOCK_NUM": int(kv_cache.shape[0])})
     # qr / qr_scale: the same chain of upstream goldens the stage golden runs
     pre = run({"x": x_hc.float().clone(), "hc_fn": hc_fn.float().clone(), "hc_scale": hc_scale.float().clone(),
                "hc_base": hc_base.float().clone(),
@@ -359,8 +359,7 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
                 "q": torch.zeros(tokens, config.num_attention_heads, dim, dtype=torch.bfloat16),
                 "kv": torch.zeros(tokens, dim, dtype=torch.bfloat16), "qr": torch.zeros(tokens, lora, dtype=torch.int8),
                 "qr_scale": torch.zeros(tokens, 1)}, fields, constants, module="qkv_proj_rope",
-               function="golden_qkv_proj_rope",
-               module_globals={"Q_LORA_TILE": math.gcd(256, lora), "_A5_FP32_VECTOR_LANES": math.gcd(64, lora, dim)})
+               function="golden_qkv_proj_rope", module_globals=_qkv_tiling(config))
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": proj["qr"], "qr_scale": proj["qr_scale"]}
 
 
@@ -373,17 +372,15 @@ def _v4_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, 
     cache is scored as it is. SCORE_LEN is the call's score width (kernel_max_seq_len / 4)."""
     from kernels.v4.indexer import (
         check_index_cache,
-        check_query_inputs,
+        head_weights,
         score_len,
+        v4_indexer_query,
         visible_lengths,
         visible_pages,
     )
 
     seq = config.decode_seq
-    check_query_inputs(qr, qr_scale, wq_b, wq_b_scale, hadamard, config=config)  # the caller's side
-    from kernels.v4.indexer import head_weights, v4_indexer_query
-
-    head_weights(x, weights_proj, config=config)
+    head_weights(x, weights_proj, config=config)  # the caller's side (these raise on a bad call)
     v4_indexer_query(qr, qr_scale, wq_b, wq_b_scale, cos, sin, hadamard, config=config)
     check_index_cache(idx_kv_cache, idx_kv_scale, config=config)
     width = score_len(config)

@@ -32,12 +32,8 @@ def checkout(option: str | None) -> tuple[Path | None, str]:
 def revision(root: Path) -> str:
     if (root / TEST_DOUBLE_MARKER).exists():
         return "test double (not upstream)"
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-        return out.stdout.strip() or "unknown (not a git checkout)"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (git not available)"
+    commit, dirty = git_state(root)
+    return (commit[:12] + (" (with local changes)" if dirty else "")) if commit else "unknown (not a git checkout)"
 
 
 CALLED: list[str] = []  # the golden functions called, in order (read by goldens record --from upstream)

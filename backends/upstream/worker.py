@@ -46,17 +46,19 @@ def write_message(stream, obj: object) -> None:
 
 
 class Modules:
-    """Model modules imported per (folder, file, geometry): each geometry gets a fresh ``config`` and module."""
+    """The model module of the last request's (folder, file, geometry), imported afresh when any of them changes:
+    one geometry at a time, so the modules a golden imports by name (and its ``config``) are this geometry's."""
 
     def __init__(self, root: str):
         self.root = root
-        self.cache: dict[tuple, object] = {}
+        self.key: tuple | None = None
+        self.module = None
+        self.loads = 0
 
     def load(self, folder: str, module: str, fields: dict, constants: dict):
         key = (folder, module, tuple(sorted(fields.items())), tuple(sorted(constants.items())))
-        if key in self.cache:
-            return self.cache[key]
-        self.cache.clear()  # one geometry at a time: the modules a golden imports by name are this geometry's
+        if key == self.key:
+            return self.module
         model_dir = os.path.join(self.root, "models", folder)
         if not os.path.isdir(model_dir):
             raise FileNotFoundError(f"models/{folder} is not in this checkout")
@@ -75,10 +77,11 @@ class Modules:
                 raise AttributeError(f"models/{folder}/config.py has no {name}")
             setattr(config, name, value)
         path = os.path.join(model_dir, module + ".py")
-        spec = importlib.util.spec_from_file_location(f"pto_upstream_{folder}_{module}_{len(self.cache)}", path)
+        self.loads += 1
+        spec = importlib.util.spec_from_file_location(f"pto_upstream_{folder}_{module}_{self.loads}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        self.cache[key] = mod
+        self.key, self.module = key, mod
         return mod
 
 

@@ -51,11 +51,8 @@ def _slot(table: torch.Tensor, req: int, pos: int, page: int, pages: int) -> int
     return phys * page + pos % page
 
 
-def v4_compressor(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: torch.Tensor,
-                  state_block_table: torch.Tensor, state_pool: torch.Tensor, weights: V4CompressorWeights, *,
-                  ratio: int, overlap: bool, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [T, hidden] -> (compressed [T, d] FP32, zero where no window closes; closes [T] bool; the new state
-    pool). The input pool is not modified. Spec: §8."""
+def check_v4_compressor(state_pool: torch.Tensor, weights: V4CompressorWeights, *, ratio: int, overlap: bool) -> None:
+    """The caller's side of ``v4_compressor``: weights and state pool shaped for the ratio and overlap."""
     coff = 2 if overlap else 1
     d = weights.norm.shape[0]
     if weights.wkv.shape[1] != coff * d or weights.ape.shape != (ratio, coff * d):
@@ -64,6 +61,16 @@ def v4_compressor(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: tor
     if state_pool.ndim != 3 or state_pool.shape[2] != 2 * coff * d or state_pool.dtype != torch.float32:
         raise ContractInputError("state_pool", None, f"FP32 [pages, page, {2 * coff * d}]",
                                  f"{state_pool.dtype}{list(state_pool.shape)}", SPEC)
+
+
+def v4_compressor(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: torch.Tensor,
+                  state_block_table: torch.Tensor, state_pool: torch.Tensor, weights: V4CompressorWeights, *,
+                  ratio: int, overlap: bool, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, hidden] -> (compressed [T, d] FP32, zero where no window closes; closes [T] bool; the new state
+    pool). The input pool is not modified. Spec: §8."""
+    check_v4_compressor(state_pool, weights, ratio=ratio, overlap=overlap)
+    coff = 2 if overlap else 1
+    d = weights.norm.shape[0]
     pages, page, _ = state_pool.shape
     pool = state_pool.clone().reshape(pages * page, 2 * coff * d)
     kv = project(x, weights.wkv)
