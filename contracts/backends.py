@@ -141,8 +141,9 @@ KERNEL_OPERATORS: dict[str, OperatorSpec] = {
                      "{ffn_out [T,D] BF16, indices, weights}: one rank's MoE, composed from v4_gate and v4_expert "
                      "(combine: one FP32 sum, shared first, rounded once)", "§8"),
         OperatorSpec("v4_moe_stage", "(x_hc [T,hc,D] FP32, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, "
-                     "layer_id, num_tokens, tid2eid, input_ids, routed, shared, *, config (V4))",
-                     "{x_out [T,hc,D] FP32, ffn_out, indices, weights}: hc_mixes / hc_pre -> v4_moe -> hc_post",
+                     "layer_id, num_tokens, tid2eid, input_ids, routed, shared, *, config (V4), padding_rows='residual'|'zero')",
+                     "{x_out [T,hc,D] FP32, ffn_out, indices, weights}: hc_mixes / hc_pre -> v4_moe -> hc_post "
+                     "(padding rows: their streams' residual mix, or 0 by name)",
                      "§8"),
         OperatorSpec("v4_head_mix", "(x_hc [T,hc,D] FP32, fn [hc,hc*D], scale [1], base [hc], *, config (V4))",
                      "pre [T, hc] FP32: the head's collapse weights, sigmoid(logit · scale + base) + hc_eps", "§8"),

@@ -208,19 +208,57 @@ def _stage(backend, config, i, layer_id):
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
 def test_the_moe_stage_is_hc_pre_then_the_moe_then_hc_post(backend, config):
     """The MTP layer's MoE stage (two padding rows): x_out equals hc_post(v4_moe(hc_pre(x_hc)), x_hc) with the
-    stage's own mixes, chained here from the backend's operators, bit for bit; the collapsed row goes to the
-    router unnormalised (v4_gate does the FFN RMSNorm); padding rows of x_out are 0. Spec: §8."""
+    stage's own mixes over every row, chained here from the backend's operators, bit for bit; the collapsed row
+    goes to the router unnormalised (v4_gate does the FFN RMSNorm). Spec: §8."""
     i = _stage_inputs(config)
     layer, n = config.num_hidden_layers, i["num_tokens"]
     out = _stage(backend, config, i, layer)
-    mixes = op(backend, "hc_mixes")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], num_tokens=n, config=config)
+    mixes = op(backend, "hc_mixes")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], config=config)
     x = op(backend, "hc_pre")(i["x_hc"], mixes.pre)
     moe = op(backend, "v4_moe")(x, i["norm_w"], i["gate_w"], i["gate_bias"], layer, n, i["tid2eid"], i["input_ids"],
                                 i["routed"], i["shared"], config=config)
     want = op(backend, "hc_post")(moe["ffn_out"], i["x_hc"], mixes.post, mixes.residual)
     assert out["x_out"].dtype == torch.float32 and torch.equal(out["x_out"], want), \
         "x_out is not hc_post(v4_moe(hc_pre(x_hc)))"
-    assert torch.equal(out["ffn_out"], moe["ffn_out"]) and bool((out["x_out"][n:] == 0).all())
+    assert torch.equal(out["ffn_out"], moe["ffn_out"]) and not bool(out["ffn_out"][n:].any())
+
+
+def _judge_padding_rows(config, i, out):
+    """x_out's padding rows against upstream's rule, computed here in FP64 from the inputs alone: the routed FFN
+    is 0 there, so each stream row is Σ_j comb[j, h] · x_hc[j] with comb the Sinkhorn-normalised residual mix of
+    that row (``sinkhorn`` on FP64 logits); a 2e-6 relative bound (FP32 against FP64)."""
+    from kernels.reference.mhc import sinkhorn
+
+    hc, n = config.hc_mult, i["num_tokens"]
+    x = i["x_hc"][n:].double()
+    flat = x.reshape(x.shape[0], -1)
+    logits = (flat @ i["hc_fn"].double().T) / torch.sqrt(flat.square().mean(-1, keepdim=True) + config.rms_norm_eps)
+    res = (logits[:, 2 * hc:] * float(i["hc_scale"][2]) + i["hc_base"].double()[2 * hc:]).reshape(-1, hc, hc)
+    comb = sinkhorn(res, iterations=config.hc_sinkhorn_iters, eps=config.hc_eps)
+    want = torch.einsum("tjh,tjd->thd", comb, x)
+    got = out["x_out"][n:].double()
+    err = float(((got - want).abs() / want.abs().amax().clamp_min(1e-30)).max())
+    assert err <= 2e-6, f"padding rows {n}..: x_out is not their residual mix (relative error {err:.3g} > 2e-6)"
+
+
+def test_padding_rows_carry_their_residual_mix(backend):
+    """Upstream's MoE stage (moe.py, kernel and golden) mixes and post-mixes every row: a padding row routes
+    nowhere (ffn_out 0) but x_out there is its streams' residual mix, hc_post(0, x_hc), not 0 -- upstream's
+    comparator checks every row of x_next. Judged from the inputs alone; the former rule (``padding_rows="zero"``,
+    kept by name) fails the judge. Spec: §8; docs/upstream.md."""
+    config = MODELS[0]
+    i = _stage_inputs(config)
+    out = _stage(backend, config, i, config.num_hidden_layers)
+    n = i["num_tokens"]
+    assert bool(out["x_out"][n:].abs().sum((1, 2)).gt(0).all()), "a padding row of x_out is 0"
+    _judge_padding_rows(config, i, out)
+    from kernels.v4.moe import v4_moe_stage
+
+    zero = v4_moe_stage(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], i["norm_w"], i["gate_w"], i["gate_bias"],
+                        config.num_hidden_layers, n, i["tid2eid"], i["input_ids"], i["routed"], i["shared"],
+                        config=config, padding_rows="zero")
+    with pytest.raises(AssertionError, match="residual mix"):
+        _judge_padding_rows(config, i, zero)
 
 
 def _ep_inputs(backend, config, ep, counts, seed=10):

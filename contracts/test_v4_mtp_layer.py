@@ -136,6 +136,34 @@ def test_a_missing_head_weight_is_named(backend):
     del i["head"]["norm_w"]
     with pytest.raises(ContractInputError, match="norm_w"):
         _layer(backend, config, i)
+
+
+def test_a_decode_row_moves_only_its_own_outputs_and_cache_row(backend):
+    """The decode MTP layer is row-local: changing the last row's hidden and prev (its request's newest token, in
+    no other row's window) moves that row's hidden_out and next_pre_hc_hidden and its own cache row -- they do
+    move -- and no other byte of any output. Spec: §8."""
+    config = MODELS[0]
+    i = _inputs(config, 5)
+    last = i["hidden"].shape[0] - 1
+    slot = int(i["attention"]["swa_slot_mapping"][last])
+    assert not bool((i["attention"]["window_indices"][:last] == slot).any()), "the vector's last row is read by another"
+    ref = _layer(backend, config, i)
+    j = _inputs(config, 5)
+    j["hidden"][last] = -j["hidden"][last]
+    j["prev"][last] = j["prev"][last] * 2
+    out = _layer(backend, config, j)
+    flat = ref["kv_cache"].shape[-1]  # cache rows of the window pool, [blocks · block_size, head_dim]
+    for key in ("hidden_out", "next_pre_hc_hidden"):
+        moved = (out[key] != ref[key]).reshape(out[key].shape[0], -1).any(1)
+        assert moved.tolist() == [False] * last + [True], f"{key}: rows moved {moved.nonzero().flatten().tolist()}"
+    rows = (out["kv_cache"].view(torch.int16) != ref["kv_cache"].view(torch.int16)).reshape(-1, flat).any(1)
+    assert rows.nonzero().flatten().tolist() == [slot], f"cache rows moved {rows.nonzero().flatten().tolist()}, " \
+                                                         f"the last row's slot is {slot}"
+
+
+def test_the_head_mix_names_a_bad_stream_or_weight(backend):
+    config = MODELS[0]
+    i = _inputs(config, 3)
     with pytest.raises(ContractInputError, match="x_hc"):
         op(backend, "v4_head_mix")(i["prev"][:, :-1], i["head"]["fn"], i["head"]["scale"], i["head"]["base"],
                                    config=config)

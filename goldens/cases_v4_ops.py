@@ -190,6 +190,49 @@ def _stage_call(get, i: Tensors) -> Tensors:
     return get("v4_attention_stage")("SWA", *(i[n] for n in STAGE_NAMES), config=PRO)
 
 
+# --- v4_moe_stage ----------------------------------------------------------------------------------------------
+
+MOE_WEIGHTS = ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")
+
+
+def _moe_stage_build(seed: int, wiring: str) -> Tensors:
+    """One decode batch (8 rows, 6 real: two padding rows that route nowhere but carry their residual mix) on the
+    MTP layer (scored routing); the routed experts' weights stacked [E, ...]."""
+    g = _g(seed)
+    c = PRO
+    t, hc, d, e, k, inter = (c.decode_tokens, c.hc_mult, c.hidden_size, c.n_routed_experts, c.num_experts_per_tok,
+                             c.moe_intermediate_size)
+    mix = (2 + hc) * hc
+
+    def expert(n: int | None) -> Tensors:
+        lead = () if n is None else (n,)
+        return {"w1": _int8((*lead, inter, d), g), "w1_scale": torch.rand(*lead, inter, generator=g) * 0.02 + 0.005,
+                "w3": _int8((*lead, inter, d), g), "w3_scale": torch.rand(*lead, inter, generator=g) * 0.02 + 0.005,
+                "w2": _int8((*lead, d, inter), g), "w2_scale": torch.rand(*lead, d, generator=g) * 0.02 + 0.005}
+
+    return {"x_hc": torch.randn(t, hc, d, generator=g), "hc_fn": torch.randn(mix, hc * d, generator=g) * 0.05,
+            "hc_scale": torch.tensor([2.0, 0.02, 0.25]), "hc_base": torch.randn(mix, generator=g),
+            "norm_w": (1 + 0.2 * torch.randn(d, generator=g)).to(torch.bfloat16),
+            "gate_w": torch.randn(e, d, generator=g) / d**0.5, "gate_bias": torch.randn(e, generator=g) * 0.1,
+            "layer_id": torch.tensor(c.num_hidden_layers), "num_tokens": torch.tensor(6),
+            "tid2eid": torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(GATE_VOCAB)]).to(torch.int32),
+            "input_ids": torch.randint(0, GATE_VOCAB, (t,), generator=g),
+            **{f"routed_{n}": v for n, v in expert(e).items()}, **{f"shared_{n}": v for n, v in expert(None).items()}}
+
+
+def _moe_stage_call(get, i: Tensors) -> Tensors:
+    from kernels.v4.moe import V4ExpertWeights
+
+    routed = [V4ExpertWeights(*(i[f"routed_{n}"][j] for n in MOE_WEIGHTS)) for j in range(i["routed_w1"].shape[0])]
+    shared = V4ExpertWeights(*(i[f"shared_{n}"] for n in MOE_WEIGHTS))
+    out = get("v4_moe_stage")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], i["norm_w"], i["gate_w"],
+                              i["gate_bias"], int(i["layer_id"]), int(i["num_tokens"]), i["tid2eid"], i["input_ids"],
+                              routed, shared, config=PRO)
+    # not the routing weights: the stage's mixes are summed in another FP32 order upstream, and a BF16 rounding of
+    # x_mixed that flips moves them by ~50 FP32 ulps (the v4_gate trees judge the router on a given x_mixed)
+    return {name: out[name] for name in ("x_out", "ffn_out", "indices")}
+
+
 # --- the cases -------------------------------------------------------------------------------------------------
 
 def _case(name: str, operator: str, description: str, modules: tuple[str, ...], build, call, comparators: dict,
@@ -230,6 +273,10 @@ def build() -> list[Case]:
               "Q/KV, the window-cache write read back by the attention, SWA attention with the grouped output "
               "projection, hc_post", ("kernels.v4.attention_stage",), _stage_build, _stage_call,
               {"x_out": "fp32_ulps", "kv_cache": "exact", "qr": "exact", "qr_scale": "qr_scale"}),
+        _case("v4_moe_stage", "v4_moe_stage", "V4 MoE stage at decode on the MTP layer: hc_pre, the router, routed "
+              "and shared experts, the combine, hc_post; 2 padding rows that route nowhere and carry their residual "
+              "mix", ("kernels.v4.moe", "kernels.v4.gate", "kernels.reference.mhc"), _moe_stage_build,
+              _moe_stage_call, {"x_out": "fp32_ulps", "ffn_out": "exact", "indices": "exact"}),
         _case("v4_lm_head", "lm_head", f"LM head on TP{LM_TP}: the full FP32 logits of two vocabulary shards",
               ("kernels.reference.lm_head",), _lm_build, _lm_call, {"logits": "fp32_ulps"}, {"tp": LM_TP}),
     ]

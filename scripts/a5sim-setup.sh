@@ -17,7 +17,7 @@ JOBS=2
 ONLY=""
 FORCE=""
 MIRROR="${A5SIM_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-STAGES=(chroot packages venv sources pypto)
+STAGES=(chroot packages venv sources pypto runtime ptoas)
 # Commits known to work together (docs/a5sim.md); a checkout at another commit is used as it is, with a warning.
 PIN_PYPTO=e2d0f78a
 PIN_SIMPLER=93adc386
@@ -69,9 +69,14 @@ stage_packages() {
   chroot "$ROOTFS" /usr/bin/env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
     g++-15 make cmake ninja-build git ca-certificates ccache python3 python3-dev python3-venv pybind11-dev zlib1g-dev \
     libzstd-dev libmlir-21-dev libmlir-21 mlir-21-tools llvm-21-dev llvm-21-tools
-  # Debian's libMLIR package lacks the versioned symlink the CMake config names
+  mlir_symlink
+}
+
+mlir_symlink() {
+  # Debian's libMLIR package lacks the versioned link under llvm-21/lib that its CMake config names (libMLIR.so
+  # there points at it, dangling); the library itself is in the multiarch folder
   local lib="$ROOTFS/usr/lib/llvm-21/lib"
-  if [ -e "$lib/libMLIR.so.21.1" ] || [ ! -e "$lib/libMLIR.so" ]; then :; else ln -s libMLIR.so "$lib/libMLIR.so.21.1"; fi
+  [ -e "$lib/libMLIR.so.21.1" ] || ln -sf ../../x86_64-linux-gnu/libMLIR.so.21.1 "$lib/libMLIR.so.21.1"
 }
 
 HOST_PY="${A5SIM_PYTHON:-$(python3 -c 'import sys; print(sys.base_prefix)' 2>/dev/null)/bin/python3}"
@@ -153,6 +158,67 @@ stage_sources() {
 stage_pypto() {
   in_chroot /bin/sh -c "cd '$SRC/pypto' && '$VENV/bin/pip' install --no-build-isolation -v . > '$PREFIX/pypto-build.log' 2>&1" \
     || die "pypto build failed: see $PREFIX/pypto-build.log"
+}
+
+stage_runtime() {
+  # pypto's runtime ("simpler") with its a5sim runtimes, then pto-isa at the pinned commit in the installed
+  # runtime's own asset folder (kernels stop with "PTO-ISA not available" otherwise)
+  in_chroot /bin/sh -c "cd '$SRC/pypto' && '$VENV/bin/pip' install --no-build-isolation -v ./runtime \
+    > '$PREFIX/runtime-build.log' 2>&1" || die "runtime build failed: see $PREFIX/runtime-build.log"
+  local assets
+  assets="$("$VENV/bin/python" -c 'import os, simpler_setup; print(os.path.dirname(simpler_setup.__file__))')/_assets/build"
+  mkdir -p "$assets"
+  [ -d "$assets/pto-isa/.git" ] || git clone -q "$SRC/pto-isa" "$assets/pto-isa"
+  git -C "$assets/pto-isa" checkout -q "$PIN_PTO_ISA" 2>/dev/null || echo "warning: pto-isa has no commit $PIN_PTO_ISA"
+}
+
+stage_ptoas() {
+  # The PTO assembler as a plain command. Debian builds no MLIR Python bindings, and the pinned ptoas command is a
+  # Python extension: build PTOAS's libraries with the bindings off and a small executable whose main calls
+  # mlir::pto::runPTOAS, linked against Debian's shared libMLIR / libLLVM only (the static component archives
+  # register LLVM's options twice). Two spots in the device (LLVM IR) back end use types and a calling convention
+  # that only upstream's LLVM fork has; neither is on the simulator path: the low-precision float types are lowered
+  # as i8 and the SIMT entry convention as C, in the build copy (PREFIX/src/PTOAS), never in the user's checkout.
+  local src="$SRC/PTOAS" build="$PREFIX/build-ptoas" t
+  mlir_symlink
+  for t in LLVMHiFloat8Type LLVMFloat8E4M3Type LLVMFloat8E5M2Type LLVMFloat4E1M2x2Type LLVMFloat4E2M1x2Type; do
+    { grep -rl "LLVM::$t" "$src/lib" "$src/tools" 2>/dev/null || true; } | while read -r f; do
+      perl -0pi -e "s/isa<LLVM::LLVMHiFloat8Type,[^>]*>\(type\)/false/g; s/LLVM::$t::get\(([^()]*(?:\([^()]*\))?)\)/IntegerType::get(\1, 8)/g" "$f"
+    done
+  done
+  { grep -rl "CallingConv::SimtEntry" "$src/lib" "$src/tools" 2>/dev/null || true; } | xargs -r sed -i 's/CallingConv::SimtEntry/CallingConv::C/g'
+  mkdir -p "$src/tools/ptoas-cli"
+  cat > "$src/tools/ptoas-cli/main.cpp" <<'CPP'
+// pto-contracts a5sim-setup: the PTO assembler as a plain command (the driver is PTOAS's own).
+#include "ptoas.h"
+int main(int argc, char **argv) { return mlir::pto::runPTOAS(argc, argv); }
+CPP
+  cat > "$src/tools/ptoas-cli/CMakeLists.txt" <<'CMAKE'
+# pto-contracts a5sim-setup: PTOAS's driver sources and library objects, linked against the shared libMLIR / libLLVM
+set(_drv "${CMAKE_SOURCE_DIR}/tools/ptoas")
+add_executable(ptoas-cli main.cpp "${_drv}/ptoas.cpp" "${_drv}/driver.cpp" "${_drv}/VPTOHostStubEmission.cpp"
+  "${_drv}/ObjectEmission.cpp" "${_drv}/VFSIMTSizePatcher.cpp"
+  $<TARGET_OBJECTS:obj.PTOIR> $<TARGET_OBJECTS:obj.PTOTransforms> $<TARGET_OBJECTS:obj.ptobc_lib>)
+set_target_properties(ptoas-cli PROPERTIES OUTPUT_NAME ptoas RUNTIME_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/bin")
+target_compile_definitions(ptoas-cli PRIVATE PTOAS_RELEASE_VERSION="${PTOAS_CLI_VERSION}"
+  PTOAS_COMPILER_BUILDING_LIBRARY=1)
+add_dependencies(ptoas-cli PTOOpsIncGen PTOPassesIncGen)
+target_include_directories(ptoas-cli PRIVATE "${_drv}" "${CMAKE_SOURCE_DIR}/tools/ptobc/include"
+  "${CMAKE_SOURCE_DIR}/tools/ptobc/generated")
+target_link_libraries(ptoas-cli PRIVATE "${LLVM_LIBRARY_DIR}/libMLIR.so" "${LLVM_LIBRARY_DIR}/libLLVM.so")
+CMAKE
+  sed -i 's/^add_subdirectory(ptoas)$/add_subdirectory(ptoas-cli)/; s/^add_subdirectory(pto-test-opt)$//' \
+    "$src/tools/CMakeLists.txt"
+  in_chroot /bin/sh -c "cmake -S '$src' -B '$build' -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE=-O1 \
+      -DLLVM_DIR=/usr/lib/llvm-21/lib/cmake/llvm -DMLIR_DIR=/usr/lib/llvm-21/lib/cmake/mlir \
+      -DPTO_ENABLE_PYTHON_BINDING=OFF -DPTOAS_ENABLE_WERROR=OFF -DBUILD_TESTING=OFF \
+      -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+      -DCMAKE_C_COMPILER=gcc-15 -DCMAKE_CXX_COMPILER=g++-15 > '$PREFIX/ptoas-build.log' 2>&1 \
+    && ninja -C '$build' -j '$JOBS' ptoas-cli >> '$PREFIX/ptoas-build.log' 2>&1" \
+    || die "PTOAS build failed: see $PREFIX/ptoas-build.log"
+  mkdir -p "$PREFIX/ptoas/bin"
+  cp "$build/bin/ptoas" "$PREFIX/ptoas/bin/ptoas"
+  in_chroot "$PREFIX/ptoas/bin/ptoas" --version > /dev/null 2>&1 || die "the built ptoas does not run: see $PREFIX/ptoas-build.log"
 }
 
 SOURCES="${SOURCES:+$(readlink -f "$SOURCES")}"

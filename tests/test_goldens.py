@@ -659,6 +659,10 @@ UPSTREAM_TREE_DEFECTS = {  # sample-store tree recorded from upstream's goldens 
     "up-v4_prefill_indexer": ("v4:PREFILL_ROPE_PER_REQUEST", "v4:PREFILL_OFFSET_ADDED", "v4:PREFILL_DECODE_WIDTH"),
     "up-v4_indexer": ("v4:RELU_AFTER_SUM", "v4:VISIBLE_FROM_POSITION", "v4:OFFSET_DROPPED", "v4:TAIL_ZERO",
                       "v4:TOPK_BY_POSITION", "v4:HADAMARD_BEFORE_ROPE"),
+    "up-v4_moe_stage": ("v4:MOE_STAGE_PADDING_ZERO", "v4:MOE_STAGE_PRENORMED", "v4:COMBINE_IN_BF16",
+                        "mhc:RESIDUAL_NOT_TRANSPOSED", "v4:GATE_BIAS_IN_WEIGHTS", "v4:EXPERT_NO_ROUTE_WEIGHT"),
+    "up-v4_mtp_layer": ("v4:MOE_STAGE_PRENORMED", "v4:READ_BEFORE_WRITE", "v4:E_ON_STREAM_ZERO",
+                        "v4:COMBINE_IN_BF16"),
     "up-v4_attention_stage_swa": ("v4:READ_BEFORE_WRITE", "v4:ATTN_NORM_SKIPPED", "v4:KV_GAMMA_AFTER_ROPE",
                                   "v4:Q_FROM_FP32_QR", "mhc:RESIDUAL_NOT_TRANSPOSED"),
 }

@@ -27,7 +27,8 @@ class Cfg:
     name: str
     hidden_size: int
 
-ACTIVE = Cfg("pro", 8)
+ACTIVE_BASE = Cfg("pro", 8)
+ACTIVE = ACTIVE_BASE
 MOE_TOKENS = 4
 torch.set_num_threads(1)  # an import side effect, as upstream's golden package has
 '''
@@ -51,6 +52,22 @@ def golden_raises(tensors):
     raise ValueError("bad geometry")
 '''
 
+# a whole-stage golden that chains another module's golden imported by name at call time (as moe.py's does), and
+# re-derives ACTIVE from ACTIVE_BASE at import (as moe.py does for its EP)
+STAGE = '''
+import dataclasses
+import config
+
+config.ACTIVE = dataclasses.replace(config.ACTIVE_BASE, hidden_size=config.ACTIVE_BASE.hidden_size // 2)
+from config import ACTIVE as M
+
+def golden_stage(tensors):
+    from toy import golden_double
+    for r in range(tensors["x"].shape[0]):
+        golden_double({"x": tensors["x"][r], "y": tensors["y"][r]})
+    tensors["width"][:] = M.hidden_size
+'''
+
 
 @pytest.fixture(scope="module")
 def fake_root(tmp_path_factory) -> Path:
@@ -61,6 +78,7 @@ def fake_root(tmp_path_factory) -> Path:
     model.mkdir(parents=True)
     (model / "config.py").write_text(textwrap.dedent(CONFIG))
     (model / "toy.py").write_text(textwrap.dedent(MODULE))
+    (model / "stage.py").write_text(textwrap.dedent(STAGE))
     return root
 
 
@@ -103,6 +121,27 @@ def test_the_worker_runs_a_golden_at_the_asked_geometry_and_keeps_side_effects_o
     assert not any(m == "config" or m.startswith("pto_upstream_") for m in sys.modules), "upstream modules leaked"
 
 
+def test_taps_observe_a_chained_golden_per_call_and_put_it_back(fake_root):
+    """A tap copies the named entries after each call of a golden the stage golden imports by name (one dict per
+    call, in order) and only when asked; config fields reach ACTIVE_BASE too, so a module re-deriving
+    ACTIVE from it at import (moe.py's EP) sees this geometry."""
+    w = Worker(fake_root)
+    try:
+        x = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4).to(torch.bfloat16)
+        tensors = {"x": x, "y": torch.zeros(2, 3, 4), "width": torch.zeros(1)}
+        fields, constants = {"hidden_size": 8, "name": "flash"}, {"MOE_TOKENS": 3}
+        out = w.call("deepseek_v4_pro", "stage", "golden_stage", tensors, fields=fields, constants=constants,
+                     taps={"toy.golden_double": ["y"]})
+        seen = out["toy.golden_double"]
+        assert len(seen) == 2 and all(torch.equal(seen[r]["y"], x[r].float() * 2 + 5) for r in range(2))
+        assert int(out["width"]) == 4, "ACTIVE_BASE was not given the call's fields"
+        plain = w.call("deepseek_v4_pro", "stage", "golden_stage", {**tensors, "y": torch.zeros(2, 3, 4)},
+                       fields=fields, constants=constants)
+        assert "toy.golden_double" not in plain and torch.equal(plain["y"], out["y"]), "a tap answered a call that asked for none"
+    finally:
+        w.close()
+
+
 def test_the_backend_lists_every_operator_it_does_not_run_with_a_reason(fake_root):
     b = make_backend(str(fake_root))
     from backends.upstream.adapters import ADAPTERS
@@ -110,7 +149,10 @@ def test_the_backend_lists_every_operator_it_does_not_run_with_a_reason(fake_roo
     assert b.operators == tuple(sorted(ADAPTERS)) and b.variants == {
         "v4_gate": {"dequant_factor": "reciprocal"}, "v4_prefill_indexer": {"padding_rows": "scored_capped"}}
     assert b.deviations == {"batched-host-matmul": b.deviations["batched-host-matmul"]}
-    assert "moe.py::golden_moe not adapted yet" in b.why_missing["v4_moe_stage"]
+    from backends.upstream.adapters import PENDING
+
+    assert PENDING == {}, f"upstream goldens not adapted: {PENDING}"
+    assert "moe.py::golden_moe is the whole stage" in b.why_missing["v4_moe"]
     assert "fuses hc_mixes and hc_pre" in b.why_missing["hc_pre"]
     assert b.why_missing["build_forward_metadata"] == "upstream main has no golden for it"
     assert set(b.why_missing) | set(b.operators) >= {"v4_gate", "v4_moe", "sp_bounds"}

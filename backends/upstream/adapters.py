@@ -155,6 +155,194 @@ def _v4_expert(run, x_i8, x_scale, route_weight, weights, *, config):
     return out["recv_y"][0]
 
 
+def check_v4_moe_stage(x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid,
+                       input_ids, routed, shared, *, config) -> None:
+    """The caller's side of ``v4_moe_stage``, as the reference's operators apply it (the stage's mixes, the
+    router, the experts' count and shapes)."""
+    from kernels.errors import ContractInputError
+    from kernels.reference.mhc import hc_mixes
+    from kernels.v4.gate import _check
+    from kernels.v4.moe import SPEC, check_v4_expert
+
+    hc, d = config.hc_mult, config.hidden_size
+    if x_hc.ndim != 3 or tuple(x_hc.shape[1:]) != (hc, d):
+        raise ContractInputError("x_hc", None, f"[T, {hc}, {d}]", list(x_hc.shape), SPEC)
+    hc_mixes(x_hc[:0], hc_fn, hc_scale, hc_base, num_tokens=0, config=config)  # fn / scale / base shapes
+    x_mixed = torch.zeros(x_hc.shape[0], d, dtype=torch.bfloat16)
+    _check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, config)
+    if len(routed) != config.n_routed_experts:
+        raise ContractInputError("routed", None, f"{config.n_routed_experts} experts", len(routed), SPEC)
+    codes, scale = torch.zeros(1, d, dtype=torch.int8), torch.ones(1, 1)
+    for w in (*routed, shared):
+        check_v4_expert(codes, scale, w)
+
+
+MOE_RANKS = 2  # moe.py's smallest EP world (its default)
+
+
+def _both(t: torch.Tensor) -> torch.Tensor:
+    """One tensor for each of the MOE_RANKS ranks, stacked (every rank gets the call's inputs)."""
+    return torch.stack([t] * MOE_RANKS).clone()
+
+
+def _moe_tensors(hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, routed, shared, *,
+                 config) -> tuple[dict, dict]:
+    """moe.py::golden_moe's weights (all but x_hc, x_next, layer_id, num_tokens) at EP MOE_RANKS, rank r holding
+    experts r·E/R .. (r+1)·E/R - 1, and the config fields: moe.py re-derives the expert count from the EP8 preset
+    at import (n_routed_experts // 8 · EP), so the preset given holds 8 / R times this call's experts."""
+    from contracts.backends import Unsupported
+
+    experts, ranks = config.n_routed_experts, MOE_RANKS
+    if experts % ranks:
+        raise Unsupported(f"upstream's moe golden runs at EP >= 2: {experts} experts do not split over {ranks} ranks")
+    local, d, inter = experts // ranks, config.hidden_size, shared.w1.shape[0]
+
+    def shard(name):
+        return torch.stack([torch.stack([getattr(w, name) for w in routed[r * local:(r + 1) * local]])
+                            for r in range(ranks)]).clone()
+
+    tensors = {"hc_ffn_fn": _both(hc_fn.float()), "hc_ffn_scale": _both(hc_scale.float()),
+               "hc_ffn_base": _both(hc_base.float()), "norm_w": _both(norm_w.to(torch.bfloat16)),
+               "gate_w": _both(gate_w.float()), "gate_bias": _both(gate_bias.float()),
+               "tid2eid": _both(tid2eid.to(torch.int32)), "input_ids": _both(input_ids.to(torch.int64)),
+               "routed_w1": shard("w1"), "routed_w3": shard("w3"), "routed_w2": shard("w2"),
+               "routed_w1_scale": shard("w1_scale").float().reshape(ranks, local, inter),
+               "routed_w3_scale": shard("w3_scale").float().reshape(ranks, local, inter),
+               "routed_w2_scale": shard("w2_scale").float().reshape(ranks, local, d),
+               "shared_w1": _both(shared.w1), "shared_w1_scale": _both(shared.w1_scale.float().reshape(inter)),
+               "shared_w3": _both(shared.w3), "shared_w3_scale": _both(shared.w3_scale.float().reshape(inter)),
+               "shared_w2": _both(shared.w2), "shared_w2_scale": _both(shared.w2_scale.float().reshape(d))}
+    fields = dict(_variant_fields(config), vocab_size=int(tid2eid.shape[0]), n_routed_experts=experts * 8 // ranks,
+                  moe_intermediate_size=inter)
+    return tensors, fields
+
+
+def _v4_moe_stage(run, x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid,
+                  input_ids, routed, shared, *, config, padding_rows="residual"):
+    """v4_moe_stage -> moe.py::golden_moe (hc_pre, gate, dispatch, routed and shared experts, combine, hc_post)
+    at EP 2, its smallest world: both ranks get this call's inputs, rank r holds experts r·E/2 .. (r+1)·E/2 - 1, and
+    rank 0's x_next is x_out (the transport never changes a row, so rank 0 is this one-rank stage). The golden
+    returns only x_next; ffn_out is what it hands to hc_post.py::golden_hc_post for rank 0 and indices / weights
+    what gate.py::golden_gate_core returns for rank 0 (its own intermediates, observed, not recomputed).
+    Upstream's decode stage mixes and post-mixes every row: padding rows carry hc_post(0, x_hc) (the
+    ``padding_rows="residual"`` rule); ``"zero"`` is this project's older rule only."""
+    from contracts.backends import Unsupported
+
+    check_v4_moe_stage(x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid,
+                       input_ids, routed, shared, config=config)
+    if padding_rows != "residual":
+        raise Unsupported(f"upstream's moe golden post-mixes every row; padding_rows={padding_rows!r} is this "
+                          "project's older rule only")
+    tokens = x_hc.shape[0]
+    tensors, fields = _moe_tensors(hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, routed,
+                                   shared, config=config)
+    tensors.update(x_hc=_both(x_hc.float()), x_next=torch.zeros(MOE_RANKS, *x_hc.shape), layer_id=int(layer_id),
+                   num_tokens=int(num_tokens))
+    out = run(tensors, fields, {"MOE_TOKENS": tokens}, taps={"hc_post.golden_hc_post": ["x"],
+                                                             "gate.golden_gate_core": ["indices", "weights"]})
+    gate = out["gate.golden_gate_core"][0]
+    return {"x_out": out["x_next"][0], "ffn_out": out["hc_post.golden_hc_post"][0]["x"],
+            "indices": gate["indices"], "weights": gate["weights"]}
+
+
+def _hc_head_tiling(config) -> dict:
+    """hc_head.py's golden sums the head logits over LINEAR_OK = 8 disjoint K splits in chunks of LINEAR_K_CHUNK
+    (256 at model geometry): at a tiny preset one chunk per split (hc·D / 8), so no chunk crosses a split."""
+    per_split = config.hc_mult * config.hidden_size // 8
+    return {"hc_head.LINEAR_K_CHUNK": min(256, per_split)}
+
+
+def _mtp_common(hidden, prev, projection, moe, head, *, config) -> dict:
+    """decode_mtp.py's and prefill_mtp.py's shared tensors (the projection, the MoE weights, the head) for
+    MOE_RANKS replicated ranks, without the attention's."""
+    from kernels.errors import ContractInputError
+    from kernels.v4.mtp import check_mtp_projection
+    from kernels.v4.mtp_layer import SPEC, _check_head
+
+    _check_head(head)
+    check_mtp_projection(hidden, prev, projection["e_proj"], projection["h_proj"], config=config)
+    missing = {"hc_fn", "hc_scale", "hc_base", "norm_w", "gate_w", "gate_bias", "tid2eid", "input_ids", "routed",
+               "shared"} - set(moe)
+    if missing:
+        raise ContractInputError("moe", None, "the MoE stage's arguments", sorted(missing), SPEC)
+    p, d = projection, prev.shape[2]
+    tensors, fields = _moe_tensors(moe["hc_fn"], moe["hc_scale"], moe["hc_base"], moe["norm_w"], moe["gate_w"],
+                                   moe["gate_bias"], moe["tid2eid"], moe["input_ids"], moe["routed"], moe["shared"],
+                                   config=config)
+    tensors.update({
+        "hidden_states": _both(hidden.to(torch.bfloat16)), "enorm_w": _both(p["enorm"].float()),
+        "hnorm_w": _both(p["hnorm"].float()), "e_proj_w": _both(p["e_proj"]),
+        "e_proj_w_scale": _both(p["e_scale"].float().reshape(d)), "e_proj_smooth": _both(p["e_smooth"].float().reshape(d)),
+        "h_proj_w": _both(p["h_proj"]), "h_proj_w_scale": _both(p["h_scale"].float().reshape(d)),
+        "h_proj_smooth": _both(p["h_smooth"].float().reshape(d)),
+        "mtp_hc_head_fn": _both(head["fn"].float()), "mtp_hc_head_scale": _both(head["scale"].float().reshape(1)),
+        "mtp_hc_head_base": _both(head["base"].float()), "mtp_norm_w": _both(head["norm_w"].to(torch.bfloat16)),
+        "hidden_out": torch.zeros(MOE_RANKS, *hidden.shape, dtype=torch.bfloat16)})
+    return tensors, fields
+
+
+def _v4_mtp_layer(run, hidden, prev, projection, attention, moe, head, *, config):
+    """v4_mtp_layer -> decode_mtp.py::golden_mtp_decode_layer (mtp_projection, the SWA attention stage, the MoE
+    stage at EP 2, hc_head, RMSNorm) with both ranks given this call's inputs: rank 0's hidden_out and
+    next_pre_hc_hidden, and its window cache (written in place by the stage golden)."""
+    from kernels.errors import ContractInputError
+    from kernels.v4.mtp_layer import SPEC
+
+    a = dict(attention)
+    missing = {"hc_fn", "freqs_cos", "kv_cache", "swa_slot_mapping", "window_indices", "position_ids"} - set(a)
+    if missing:
+        raise ContractInputError("attention", None, "the SWA stage's arguments", sorted(missing), SPEC)
+    tokens = hidden.shape[0]
+    _check_swa_stage(a["position_ids"], a["freqs_cos"], a["kv_cache"], a["swa_slot_mapping"], tokens=tokens)
+    check_v4_moe_stage(prev, **moe, layer_id=config.num_hidden_layers, config=config)
+    tensors, fields = _mtp_common(hidden, prev, projection, moe, head, config=config)
+    swa, constants, module_globals = _swa_stage_tensors(
+        a["hc_fn"], a["hc_scale"], a["hc_base"], a["attn_norm_w"], a["wq_a"], a["wq_b"], a["wq_b_scale"], a["wkv"],
+        a["gamma_cq"], a["gamma_ckv"], a["freqs_cos"], a["freqs_sin"], a["kv_cache"], a["swa_slot_mapping"],
+        a["window_indices"], a["position_ids"], a["attn_sink"], a["wo_a"], a["wo_b"], a["wo_b_scale"], config=config)
+    for name, value in swa.items():  # decode_mtp.py's tables carry a profile axis: [ranks, profiles, positions, rope]
+        tensors[name] = _both(value).unsqueeze(1) if name in ("freqs_cos", "freqs_sin") else _both(value)
+    tensors.update(prev_pre_hc_hidden=_both(prev.float()), num_tokens=int(moe["num_tokens"]),
+                   next_pre_hc_hidden=torch.zeros(MOE_RANKS, *prev.shape))
+    out = run(tensors, fields, {**constants, "MOE_TOKENS": tokens}, module="decode_mtp",
+              function="golden_mtp_decode_layer", module_globals={**module_globals, **_hc_head_tiling(config)})
+    return {"hidden_out": out["hidden_out"][0], "next_pre_hc_hidden": out["next_pre_hc_hidden"][0],
+            "kv_cache": out["kv_cache"][0]}
+
+
+def _v4_prefill_mtp_layer(run, hidden, prev, projection, attention, moe, head, num_tokens, *, config):
+    """v4_prefill_mtp_layer -> prefill_mtp.py::golden_mtp_prefill_fwd (mtp_projection, the prefill SWA attention
+    stage lowering its window from the chunk's positions and page table, the MoE stage at EP 2, hc_head, RMSNorm)
+    on one request's chunk (PREFILL_BATCH 1, PREFILL_SEQ the chunk's rows), both ranks given this call's inputs:
+    rank 0's outputs and its window cache."""
+    from kernels.v4.mtp_layer import check_prefill_mtp_layer
+
+    check_prefill_mtp_layer(hidden, attention, head, num_tokens)
+    a = attention
+    tokens = hidden.shape[0]
+    _check_swa_stage(a["position_ids"], a["freqs_cos"][0], a["kv_cache"], a["swa_slot_mapping"], tokens=tokens,
+                     num_tokens=num_tokens)
+    check_v4_moe_stage(prev, **moe, layer_id=config.num_hidden_layers, num_tokens=num_tokens, config=config)
+    tensors, fields = _mtp_common(hidden, prev, projection, moe, head, config=config)
+    tensors.update({
+        "prev_hidden_states": _both(prev.float()), "hc_attn_fn": _both(a["hc_fn"].float()),
+        "hc_attn_scale": _both(a["hc_scale"].float()), "hc_attn_base": _both(a["hc_base"].float()),
+        **{name: _both(a[name]) for name in ("attn_norm_w", "wq_a", "wq_b", "wkv", "gamma_cq", "gamma_ckv", "wo_a",
+                                             "wo_b", "freqs_cos", "freqs_sin", "kv_cache")},
+        "wq_b_scale": _both(a["wq_b_scale"].float()), "wo_b_scale": _both(a["wo_b_scale"].float()),
+        "attn_sink": _both(a["attn_sink"].float()), "ori_block_table": _both(a["block_table"].to(torch.int32)),
+        "ori_slot_mapping": _both(a["swa_slot_mapping"].reshape(-1).to(torch.int64)),
+        "position_ids": _both(a["position_ids"].reshape(-1).to(torch.int32)), "num_tokens": int(num_tokens),
+        "pre_hc_hidden_out": torch.zeros(MOE_RANKS, *prev.shape)})
+    # PREFILL_TOKENS is derived in config.py at import; prefill_mtp.py sets MOE_TOKENS from it
+    constants = {"PREFILL_BATCH": 1, "PREFILL_SEQ": tokens, "PREFILL_TOKENS": tokens,
+                 "BLOCK_SIZE": int(a["kv_cache"].shape[1])}
+    out = run(tensors, fields, constants, module="prefill_mtp", function="golden_mtp_prefill_fwd",
+              module_globals={**_qkv_tiling(config, "qkv_proj_rope")})
+    return {"hidden_out": out["hidden_out"][0], "next_pre_hc_hidden": out["pre_hc_hidden_out"][0],
+            "kv_cache": out["kv_cache"][0]}
+
+
 def _qkv_tiling(config, module: str = "") -> dict:
     """qkv_proj_rope.py's QR RMS chunk (256 at model geometry) and A5 TROWSUM lane count (64) must divide Q_LORA
     and head_dim: at a tiny preset, the largest divisor of each (the model geometry keeps upstream's values).
@@ -298,6 +486,46 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
     return out["attn_out"]
 
 
+def _check_swa_stage(position_ids, freqs_cos, kv_cache, swa_slot_mapping, *, tokens, num_tokens=None) -> None:
+    """The caller's side of the SWA attention stage: positions inside the RoPE table, slots inside the cache."""
+    from kernels.errors import ContractInputError
+    from kernels.v4.attention_stage import SPEC, stage_positions
+
+    stage_positions(position_ids, freqs_cos, tokens=tokens, num_tokens=num_tokens)
+    rows = kv_cache.shape[0] * kv_cache.shape[1]
+    for t, slot in enumerate(swa_slot_mapping.reshape(-1).tolist()):
+        if slot >= rows:
+            raise ContractInputError("swa_slot_mapping", (t,), f"a row in [0, {rows})", slot, SPEC)
+
+
+def _swa_stage_tensors(hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv,
+                       freqs_cos, freqs_sin, kv_cache, swa_slot_mapping, window_indices, position_ids, attn_sink, wo_a,
+                       wo_b, wo_b_scale, *, config) -> tuple[dict, dict, dict]:
+    """decode_attention_swa.py::golden_attention_swa's tensors (all but x_hc and x_out), config constants and
+    module globals for one decode batch: the window padded with -1 to upstream's width."""
+    from contracts.backends import Unsupported
+
+    tokens = position_ids.reshape(-1).shape[0]
+    seq, win = config.decode_seq, config.sliding_window
+    if window_indices.shape[1] > win:
+        raise Unsupported(f"upstream's SWA golden reads {win} window columns; the call has {window_indices.shape[1]}")
+    swa = torch.cat((window_indices.to(torch.int32), torch.full((tokens, win - window_indices.shape[1]), -1,
+                                                                 dtype=torch.int32)), 1)
+    constants = {"DECODE_BATCH": tokens // seq, "DECODE_SEQ": seq, "BLOCK_SIZE": int(kv_cache.shape[1])}
+    tensors = {"hc_attn_fn": hc_fn.float().clone(), "hc_attn_scale": hc_scale.float().clone(),
+               "hc_attn_base": hc_base.float().clone(), "attn_norm_w": attn_norm_w.clone(), "wq_a": wq_a.clone(),
+               "wq_b": wq_b.clone(), "wq_b_scale": wq_b_scale.float().clone(), "wkv": wkv.clone(),
+               "gamma_cq": gamma_cq.clone(), "gamma_ckv": gamma_ckv.clone(), "freqs_cos": freqs_cos.clone(),
+               "freqs_sin": freqs_sin.clone(), "kv_cache": kv_cache.clone(),
+               "swa_slot_mapping": swa_slot_mapping.reshape(-1).to(torch.int64).clone(), "swa_indices": swa,
+               "swa_lens": torch.full((tokens,), win, dtype=torch.int32),
+               "position_ids": position_ids.reshape(-1).to(torch.int32).clone(), "attn_sink": attn_sink.float().clone(),
+               "wo_a": wo_a.clone(), "wo_b": wo_b.clone(), "wo_b_scale": wo_b_scale.float().clone()}
+    module_globals = {**_qkv_tiling(config, "qkv_proj_rope"),
+                      "decode_sparse_attn_swa.ORI_BLOCK_NUM": int(kv_cache.shape[0])}
+    return tensors, constants, module_globals
+
+
 def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
                         gamma_ckv, freqs_cos, freqs_sin, kv_cache, swa_slot_mapping, window_indices, position_ids,
                         attn_sink, wo_a, wo_b, wo_b_scale, cmp_kv=None, cmp_block_table=None, compressed=None, *,
@@ -309,40 +537,23 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
     HCA / CSA: upstream's stage goldens also run the compressor (and the indexer), which this operator takes as
     inputs; the prefill form is upstream's prefill_attention_swa golden: both unsupported here."""
     from contracts.backends import Unsupported
-    from kernels.errors import ContractInputError
-    from kernels.v4.attention_stage import SPEC, stage_positions
 
     tokens = x_hc.shape[0]
-    stage_positions(position_ids, freqs_cos, tokens=tokens, num_tokens=num_tokens)  # the caller's side
-    rows = kv_cache.shape[0] * kv_cache.shape[1]
-    for t, slot in enumerate(swa_slot_mapping.reshape(-1).tolist()):
-        if slot >= rows:
-            raise ContractInputError("swa_slot_mapping", (t,), f"a row in [0, {rows})", slot, SPEC)
+    _check_swa_stage(position_ids, freqs_cos, kv_cache, swa_slot_mapping, tokens=tokens, num_tokens=num_tokens)
     if path != "SWA":
         raise Unsupported(f"upstream's decode_attention_{path.lower()} golden runs the compressor{' and indexer' if path == 'CSA' else ''} "
                           "inside the stage; this operator takes the compressed cache and top-k as inputs")
     if num_tokens is not None:
         raise Unsupported("the prefill form is upstream's prefill_attention_swa golden (not adapted)")
-    seq, win, lora, dim = config.decode_seq, config.sliding_window, config.q_lora_rank, config.head_dim
-    if window_indices.shape[1] > win:
-        raise Unsupported(f"upstream's SWA golden reads {win} window columns; the call has {window_indices.shape[1]}")
-    swa = torch.cat((window_indices.to(torch.int32), torch.full((tokens, win - window_indices.shape[1]), -1,
-                                                                 dtype=torch.int32)), 1)
+    lora, dim = config.q_lora_rank, config.head_dim
+    tensors, constants, module_globals = _swa_stage_tensors(
+        hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos, freqs_sin,
+        kv_cache, swa_slot_mapping, window_indices, position_ids, attn_sink, wo_a, wo_b, wo_b_scale, config=config)
     fields = _variant_fields(config)
-    constants = {"DECODE_BATCH": tokens // seq, "DECODE_SEQ": seq, "BLOCK_SIZE": int(kv_cache.shape[1])}
-    tensors = {"x_hc": x_hc.float().clone(), "hc_attn_fn": hc_fn.float().clone(), "hc_attn_scale": hc_scale.float().clone(),
-               "hc_attn_base": hc_base.float().clone(), "attn_norm_w": attn_norm_w.clone(), "wq_a": wq_a.clone(),
-               "wq_b": wq_b.clone(), "wq_b_scale": wq_b_scale.float().clone(), "wkv": wkv.clone(),
-               "gamma_cq": gamma_cq.clone(), "gamma_ckv": gamma_ckv.clone(), "freqs_cos": freqs_cos.clone(),
-               "freqs_sin": freqs_sin.clone(), "kv_cache": kv_cache.clone(),
-               "swa_slot_mapping": swa_slot_mapping.reshape(-1).to(torch.int64).clone(), "swa_indices": swa,
-               "swa_lens": torch.full((tokens,), win, dtype=torch.int32),
-               "position_ids": position_ids.reshape(-1).to(torch.int32).clone(), "attn_sink": attn_sink.float().clone(),
-               "wo_a": wo_a.clone(), "wo_b": wo_b.clone(), "wo_b_scale": wo_b_scale.float().clone(),
-               "x_out": torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32)}
+    tensors.update(x_hc=x_hc.float().clone(),
+                   x_out=torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32))
     out = run(tensors, fields, constants, module="decode_attention_swa", function="golden_attention_swa",
-              module_globals={**_qkv_tiling(config, "qkv_proj_rope"),
-                              "decode_sparse_attn_swa.ORI_BLOCK_NUM": int(kv_cache.shape[0])})
+              module_globals=module_globals)
     # qr / qr_scale: the same chain of upstream goldens the stage golden runs
     pre = run({"x": x_hc.float().clone(), "hc_fn": hc_fn.float().clone(), "hc_scale": hc_scale.float().clone(),
                "hc_base": hc_base.float().clone(),
@@ -595,6 +806,12 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
             also=("prefill_indexer_compressor",)),
     Adapter("v4_prefill_index_keys", PRO, "prefill_indexer_compressor", "golden_prefill_indexer_compressor",
             _v4_prefill_index_keys),
+    Adapter("v4_moe_stage", PRO, "moe", "golden_moe", _v4_moe_stage,
+            also=("hc_pre", "gate", "expert_routed", "expert_shared", "hc_post")),
+    Adapter("v4_mtp_layer", PRO, "decode_mtp", "golden_mtp_decode_layer", _v4_mtp_layer,
+            also=("mtp_projection", "decode_attention_swa", "moe", "hc_head", "rmsnorm")),
+    Adapter("v4_prefill_mtp_layer", PRO, "prefill_mtp", "golden_mtp_prefill_fwd", _v4_prefill_mtp_layer,
+            also=("mtp_projection", "prefill_attention_swa", "moe", "rmsnorm")),
     Adapter("v4_compressor", PRO, "decode_compressor_ratio4", "golden_compressor", _v4_compressor,
             also=("decode_compressor_ratio128",)),
 )}
@@ -618,9 +835,6 @@ DEVIATIONS: dict[str, str] = {
 # Operators upstream main has a golden for, not yet adapted (the golden named); every other operator: upstream
 # main has no golden for it (V4.1-Flash's, the harness's own compositions, comparators).
 PENDING: dict[str, str] = {
-    "v4_moe_stage": f"models/{PRO}/moe.py::golden_moe",
-    "v4_mtp_layer": f"models/{PRO}/decode_mtp.py::golden_mtp_decode_layer",
-    "v4_prefill_mtp_layer": f"models/{PRO}/prefill_mtp.py::golden_mtp_prefill_fwd",
 }
 
 # Operators whose arithmetic upstream's goldens cover only fused with another operator's: no golden of the

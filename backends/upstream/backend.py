@@ -60,12 +60,13 @@ def _operator(adapter, root: Path):
     from backends.upstream.client import UpstreamError, worker
     from contracts.backends import BackendError
 
-    def run(tensors, fields, constants, *, module_globals=None, module=None, function=None, args=None, kwargs=None):
+    def run(tensors, fields, constants, *, module_globals=None, module=None, function=None, args=None, kwargs=None,
+            taps=None):
         CALLED.append(f"models/{adapter.folder}/{module or adapter.module}.py::{function or adapter.function}")
         try:
             return worker(root).call(adapter.folder, module or adapter.module, function or adapter.function, tensors,
                                      fields=fields, constants=constants, module_globals=module_globals, args=args,
-                                     kwargs=kwargs)
+                                     kwargs=kwargs, taps=taps)
         except UpstreamError as exc:
             raise BackendError(str(exc)) from None
 

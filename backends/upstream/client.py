@@ -46,13 +46,15 @@ class Worker:
 
     def call(self, folder: str, module: str, function: str, tensors: dict, *, fields: dict | None = None,
              constants: dict | None = None, module_globals: dict | None = None, args: tuple | None = None,
-             kwargs: dict | None = None) -> dict:
+             kwargs: dict | None = None, taps: dict | None = None) -> dict:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
         request = {"folder": folder, "module": module, "function": function, "tensors": tensors,
                    "fields": fields or {}, "constants": constants or {}, "globals": module_globals or {}}
         if args is not None:
             request.update(args=list(args), kwargs=dict(kwargs or {}))
+        if taps:
+            request["taps"] = {key: list(names) for key, names in taps.items()}
         where = f"models/{folder}/{module}.py::{function}"
         try:
             return self._ask(request, where)

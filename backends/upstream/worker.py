@@ -9,7 +9,10 @@ constant overrides, module global overrides (constants a module derives at impor
 on another module of the folder that the golden imports by name), and the tensors dict the golden
 function fills in place (or ``args`` / ``kwargs`` for a plain host function, whose result comes back as
 ``{"result": ...}``); the answer is
-``{"tensors": ...}`` or ``{"error": "<one line>"}``.
+``{"tensors": ...}`` or ``{"error": "<one line>"}``. ``taps`` {"<module>.<golden>": [names]} observes the goldens a
+whole-stage golden chains (it imports them by name at call time): after each call of that golden, the named
+entries of its tensors dict are copied, and the answer's tensors gain ``"<module>.<golden>"``: one dict per call,
+in call order (upstream's own intermediates, e.g. the combine that ``moe.py``'s golden hands to ``hc_post``).
 
 Why ``-O``: upstream's modules assert their kernels' tiling (e.g. ``D % GATE_D_TILE == 0``) at import; the golden
 functions' arithmetic does not depend on it, and the harness calls them at its own small geometries.
@@ -17,6 +20,7 @@ functions' arithmetic does not depend on it, and the harness calls them at its o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import io
@@ -72,6 +76,8 @@ class Modules:
 
         if fields:
             config.ACTIVE = dataclasses.replace(config.ACTIVE, **fields)
+            if hasattr(config, "ACTIVE_BASE"):  # modules that re-derive ACTIVE from it at import (moe.py's EP)
+                config.ACTIVE_BASE = dataclasses.replace(config.ACTIVE_BASE, **fields)
         for name, value in constants.items():
             if not hasattr(config, name):
                 raise AttributeError(f"models/{folder}/config.py has no {name}")
@@ -83,6 +89,31 @@ class Modules:
         spec.loader.exec_module(mod)
         self.key, self.module = key, mod
         return mod
+
+
+@contextlib.contextmanager
+def _tapped(taps: dict):
+    """Wrap each tapped golden ("<module>.<golden>", the module imported by name) for one call: yields
+    {key: [copies of the named entries, one dict per call]}; the originals are put back afterwards."""
+    seen: dict[str, list] = {key: [] for key in taps}
+    undo = []
+    try:
+        for key, names in taps.items():
+            other, attr = key.split(".", 1)
+            target = importlib.import_module(other)
+            original = getattr(target, attr)
+
+            def wrapper(tensors, _original=original, _key=key, _names=tuple(names)):
+                result = _original(tensors)
+                seen[_key].append({n: tensors[n].detach().clone() for n in _names})
+                return result
+
+            setattr(target, attr, wrapper)
+            undo.append((target, attr, original))
+        yield seen
+    finally:
+        for target, attr, original in reversed(undo):
+            setattr(target, attr, original)
 
 
 def _leave_outputs(values: dict) -> None:
@@ -208,8 +239,9 @@ def main() -> int:
                 write_message(stdout, {"tensors": {"result": fn(*request["args"], **request.get("kwargs", {}))}})
                 continue
             tensors = request["tensors"]
-            fn(tensors)
-            write_message(stdout, {"tensors": tensors})
+            with _tapped(request.get("taps", {})) as seen:
+                fn(tensors)
+            write_message(stdout, {"tensors": {**tensors, **seen}})
         except Exception as exc:  # one line back to the client, the trace on the worker's stderr
             traceback.print_exc(file=sys.stderr)
             where = traceback.extract_tb(exc.__traceback__)[-1]

@@ -27,7 +27,8 @@ from kernels.v4.gate import v4_gate
 from kernels.v4.mtp import int8_matmul, quantize_rows_int8
 
 SPEC = "§8"
-ROUNDING_VERSION = "v4-moe-1"
+ROUNDING_VERSION = "v4-moe-2"  # 2: the MoE stage's padding rows carry their residual mix (upstream's rule)
+PADDING_ROWS = ("residual", "zero")
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,21 @@ v4_moe.composes_operators = True
 def v4_moe_stage(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
                  norm_w: torch.Tensor, gate_w: torch.Tensor, gate_bias: torch.Tensor, layer_id: int,
                  num_tokens: int, tid2eid: torch.Tensor, input_ids: torch.Tensor, routed: list[V4ExpertWeights],
-                 shared: V4ExpertWeights, *, config, ops=None) -> dict[str, torch.Tensor]:
+                 shared: V4ExpertWeights, *, config, ops=None, padding_rows: str = "residual"
+                 ) -> dict[str, torch.Tensor]:
     """One V4 MoE stage of a decode layer (upstream moe.py around its experts): hc_mixes / hc_pre (the stage's own
     ffn mixes) -> v4_moe (its router does the FFN RMSNorm) -> hc_post -> {"x_out" [T, hc, D] FP32, "ffn_out",
-    "indices", "weights"}. Rows from num_tokens on: mixes 0, so x_out 0 there. Composed from the backend's
-    operators. Spec: §8."""
+    "indices", "weights"}. Rows from num_tokens on route nowhere (ffn_out 0 there); ``padding_rows`` names what
+    x_out holds on them (``PADDING_ROWS``): ``"residual"`` (upstream's moe.py, kernel and golden: the stage mixes
+    and post-mixes every row, so a padding row carries hc_post(0, x_hc), its streams' residual mix) or
+    ``"zero"`` (this project's former rule: mixes 0 from num_tokens on, so x_out 0). Composed from the backend's
+    operators. Spec: §8; docs/upstream.md."""
     from functools import partial
 
     from kernels.reference import mhc
 
+    if padding_rows not in PADDING_ROWS:
+        raise ContractInputError("padding_rows", None, f"one of {PADDING_ROWS}", repr(padding_rows), SPEC)
     ops = ops or {}
     mixes_of = ops.get("hc_mixes", mhc.hc_mixes)
     collapse = ops.get("hc_pre", mhc.hc_pre)
@@ -109,7 +116,8 @@ def v4_moe_stage(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
     moe = ops.get("v4_moe", v4_moe)
     if getattr(moe, "composes_operators", False):
         moe = partial(moe, ops=ops)
-    mixes = mixes_of(x_hc, hc_fn, hc_scale, hc_base, num_tokens=num_tokens, config=config)
+    mixed_rows = None if padding_rows == "residual" else num_tokens  # None: every row
+    mixes = mixes_of(x_hc, hc_fn, hc_scale, hc_base, num_tokens=mixed_rows, config=config)
     out = moe(collapse(x_hc, mixes.pre), norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, routed,
               shared, config=config)
     return {"x_out": expand(out["ffn_out"], x_hc, mixes.post, mixes.residual), **out}

@@ -96,6 +96,24 @@ def _head(bound, x: torch.Tensor, head: dict, kv_cache: torch.Tensor, config) ->
     return {"hidden_out": hidden_out, "next_pre_hc_hidden": x, "kv_cache": kv_cache}
 
 
+def check_prefill_mtp_layer(hidden: torch.Tensor, attention: dict, head: dict, num_tokens: int) -> None:
+    """The caller's side of ``v4_prefill_mtp_layer`` that the layer itself checks, before any stage runs: the
+    head's weights, num_tokens, the attention's prefill arguments and its two-profile RoPE tables."""
+    _check_head(head)
+    tokens = hidden.shape[0]
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens:
+        raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", repr(num_tokens), SPEC)
+    missing = {"block_table", "freqs_cos", "freqs_sin", "position_ids"} - set(attention)
+    if missing:
+        raise ContractInputError("attention", None, "block_table, freqs_cos, freqs_sin and position_ids",
+                                 sorted(missing), SPEC)
+    for name in ("freqs_cos", "freqs_sin"):
+        table = attention[name]
+        if table.ndim != 3 or table.shape[0] != 2:
+            raise ContractInputError(name, None, "[2, positions, rope] (profile 0 sliding-window, 1 compressed)",
+                                     list(table.shape), SPEC)
+
+
 def v4_prefill_mtp_layer(hidden: torch.Tensor, prev: torch.Tensor, projection: dict, attention: dict, moe: dict,
                          head: dict, num_tokens: int, *, config, ops=None) -> dict[str, torch.Tensor]:
     """One request's prefill chunk through the MTP layer (module doc): hidden [T, D] BF16, prev [T, hc, D] FP32,
@@ -107,21 +125,10 @@ def v4_prefill_mtp_layer(hidden: torch.Tensor, prev: torch.Tensor, projection: d
     from kernels.v4.moe import v4_moe_stage
     from kernels.v4.mtp import mtp_projection
 
-    _check_head(head)
-    tokens = hidden.shape[0]
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens:
-        raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", repr(num_tokens), SPEC)
-    missing = {"block_table", "freqs_cos", "freqs_sin", "position_ids"} - set(attention)
-    if missing:
-        raise ContractInputError("attention", None, "block_table, freqs_cos, freqs_sin and position_ids",
-                                 sorted(missing), SPEC)
+    check_prefill_mtp_layer(hidden, attention, head, num_tokens)
     stage = dict(attention)
     for name in ("freqs_cos", "freqs_sin"):
-        table = stage[name]
-        if table.ndim != 3 or table.shape[0] != 2:
-            raise ContractInputError(name, None, "[2, positions, rope] (profile 0 sliding-window, 1 compressed)",
-                                     list(table.shape), SPEC)
-        stage[name] = table[0]  # the sliding-window profile
+        stage[name] = stage[name][0]  # the sliding-window profile
     bound = _binder(ops or {})
     stage["window_indices"] = bound("v4_prefill_swa_indices", v4_prefill_swa_indices)(
         stage["position_ids"], stage.pop("block_table"), num_tokens, config=config)

@@ -564,7 +564,7 @@ def _stage_prenormed(x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, 
     from kernels.reference import lm_head, mhc
     from kernels.v4 import moe as vm
 
-    mixes = mhc.hc_mixes(x_hc, hc_fn, hc_scale, hc_base, num_tokens=num_tokens, config=config)
+    mixes = mhc.hc_mixes(x_hc, hc_fn, hc_scale, hc_base, config=config)  # every row (padding rows' residual)
     x = lm_head.final_norm(mhc.hc_pre(x_hc, mixes.pre), norm_w, config=config)
     out = vm.v4_moe(x, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, routed, shared,
                     config=config)
@@ -572,6 +572,17 @@ def _stage_prenormed(x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, 
 
 
 MOE_STAGE_PRENORMED = _base.derive("defect:v4-moe-stage-prenormed", v4_moe_stage=_stage_prenormed)
+
+
+def _stage_padding_zero(*args, **kwargs):
+    """Wrong (this project's former rule): the stage's mixes are 0 from num_tokens on, so padding rows of x_out
+    are 0 instead of their streams' residual mix."""
+    from kernels.v4.moe import v4_moe_stage
+
+    return v4_moe_stage(*args, **{**kwargs, "padding_rows": "zero"})
+
+
+MOE_STAGE_PADDING_ZERO = _base.derive("defect:v4-moe-stage-padding-zero", v4_moe_stage=_stage_padding_zero)
 
 
 def _head_mix_no_eps(x_hc, fn, scale, base, *, config):
@@ -606,6 +617,21 @@ HEAD_MIX_NO_EPS = _base.derive("defect:v4-head-mix-no-eps", v4_head_mix=_head_mi
 MTP_NEXT_FROM_ATTENTION = _base.derive("defect:v4-mtp-next-from-attention",
                                        v4_mtp_layer=_mtp_layer_variant(next_from_attention=True))
 MTP_HEAD_UNNORMED = _base.derive("defect:v4-mtp-head-unnormed", v4_mtp_layer=_mtp_layer_variant(head_unnormed=True))
+
+
+def _mtp_head_mix_over_batch(hidden, prev, projection, attention, moe, head, *, config, ops=None):
+    """Wrong: the head's collapse weights averaged over the batch's rows (one row's input moves every row)."""
+    from kernels.v4 import mtp_layer as ml
+
+    def mixed(x_hc, fn, scale, base, *, config):
+        pre = ml.v4_head_mix(x_hc, fn, scale, base, config=config)
+        return pre.mean(0, keepdim=True).expand_as(pre).contiguous()
+
+    return ml.v4_mtp_layer(hidden, prev, projection, attention, moe, head, config=config,
+                           ops={**(ops or {}), "v4_head_mix": mixed})
+
+
+MTP_HEAD_MIX_OVER_BATCH = _base.derive("defect:v4-mtp-head-mix-over-batch", v4_mtp_layer=_mtp_head_mix_over_batch)
 
 
 def _keys_padding_read(x, position_ids, num_tokens, state_block_table, state_pool, weights, idx_slot_mapping,
