@@ -2,13 +2,16 @@
 # Build the a5 CPU simulator toolchain (pypto + its runtime, pto-isa, the PTO assembler) from checkouts the user
 # provides, in a Debian sid chroot that has g++ >= 13 (std::bfloat16_t) and LLVM/MLIR 21. Idempotent: each stage
 # leaves a stamp and is skipped when its inputs have not changed; --force STAGE redoes one. Every stage's time is
-# printed and appended to PREFIX/times.log. Nothing is cloned: the sources are the user's checkouts; system
-# packages come from Debian's registry (debootstrap / apt) and Python packages from pip's configured index.
+# printed and appended to PREFIX/times.log. Nothing comes from the network but Debian's registry (debootstrap /
+# apt) and pip's configured index: the sources are the user's checkouts, cloned locally into PREFIX/src.
 #
 #   bash scripts/a5sim-setup.sh --sources DIR [--prefix DIR] [--jobs N] [--stage NAME] [--force NAME]
 #
 # DIR holds (or symlinks) the checkouts: pypto, simpler (pypto's runtime), pto-isa, PTOAS, libbacktrace,
-# msgpack-c; the commits known to work together are pinned below (PIN_*). Needs root (debootstrap, bind mounts).
+# msgpack-c, and pypto-lib (its hello_world example runs last); the commits known to work together are pinned
+# below (PIN_*). The result: PREFIX/bin/python, the toolchain's Python in its chroot; pto-contracts' upstream
+# worker uses it with PTO_UPSTREAM_PYTHON=PREFIX/bin/python (goldens doctor checks each piece).
+# Needs root (debootstrap, bind mounts).
 set -euo pipefail
 
 PREFIX="${A5SIM_PREFIX:-/opt/pto-a5sim}"
@@ -17,14 +20,14 @@ JOBS=2
 ONLY=""
 FORCE=""
 MIRROR="${A5SIM_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-STAGES=(chroot packages venv sources pypto runtime ptoas)
+STAGES=(chroot packages venv sources pypto runtime ptoas wrapper example)
 # Commits known to work together (docs/a5sim.md); a checkout at another commit is used as it is, with a warning.
 PIN_PYPTO=e2d0f78a
 PIN_SIMPLER=93adc386
 PIN_PTO_ISA=cd4a3d3f
 PIN_PTOAS=2477ac1d
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "a5sim-setup: $*" >&2; exit 2; }
 
 while [ $# -gt 0 ]; do
@@ -67,7 +70,7 @@ stage_packages() {
   # a mirror snapshot's Release file may be older than its validity window: accept it (the signature still counts)
   chroot "$ROOTFS" /usr/bin/env DEBIAN_FRONTEND=noninteractive apt-get -o Acquire::Check-Valid-Until=false update -q
   chroot "$ROOTFS" /usr/bin/env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-    g++-15 make cmake ninja-build git ca-certificates ccache python3 python3-dev python3-venv pybind11-dev zlib1g-dev \
+    g++-15 g++ make cmake ninja-build git ca-certificates ccache python3 python3-dev python3-venv pybind11-dev zlib1g-dev \
     libzstd-dev libmlir-21-dev libmlir-21 mlir-21-tools llvm-21-dev llvm-21-tools
   mlir_symlink
 }
@@ -219,6 +222,47 @@ CMAKE
   mkdir -p "$PREFIX/ptoas/bin"
   cp "$build/bin/ptoas" "$PREFIX/ptoas/bin/ptoas"
   in_chroot "$PREFIX/ptoas/bin/ptoas" --version > /dev/null 2>&1 || die "the built ptoas does not run: see $PREFIX/ptoas-build.log"
+}
+
+stage_wrapper() {
+  # PREFIX/bin/python: the toolchain's Python inside the chroot, for pto-contracts' upstream worker
+  # (PTO_UPSTREAM_PYTHON=PREFIX/bin/python) and for running upstream's examples. It bind-mounts the working folder,
+  # every existing absolute path among its arguments and PYTHONPATH, and passes the PTO* / PYPTO* / OMP_* settings.
+  mkdir -p "$PREFIX/bin"
+  cat > "$PREFIX/bin/python" <<WRAP
+#!/bin/sh
+# Written by pto-contracts scripts/a5sim-setup.sh: the a5sim toolchain's Python, run inside its chroot (needs root).
+ROOTFS='$ROOTFS'
+mount_in() {
+  p="\$1"; [ -d "\$p" ] || p="\$(dirname "\$p")"
+  case "\$p" in /|/proc*|/sys*|/dev*) return 0 ;; esac
+  mkdir -p "\$ROOTFS\$p" && { mountpoint -q "\$ROOTFS\$p" || mount --bind "\$p" "\$ROOTFS\$p"; }
+}
+for p in "\$PWD" \$(echo "\$PYTHONPATH" | tr ':' ' ') "\$@"; do
+  case "\$p" in /*) [ -e "\$p" ] && mount_in "\$p" ;; esac
+done
+for p in /proc /sys /dev /dev/pts '$(dirname "$(dirname "$(readlink -f "$HOST_PY")")")' '$PREFIX'; do
+  mountpoint -q "\$ROOTFS\$p" || { mkdir -p "\$ROOTFS\$p"; mount --bind "\$p" "\$ROOTFS\$p"; }
+done
+pass=\$(env | grep -E '^(PTO|PYPTO|OMP_|PYTHONPATH=|TMPDIR=)' | tr '\n' '\001')
+IFS=\$(printf '\001')
+exec chroot "\$ROOTFS" /usr/bin/env -i HOME=/root LANG=C.UTF-8 PATH='$VENV/bin:/usr/lib/llvm-21/bin:/usr/bin:/bin' \\
+  PTOAS_ROOT='$PREFIX/ptoas' \$pass /bin/sh -c 'cd "\$0" && exec "\$@"' "\$PWD" '$VENV/bin/python' "\$@"
+WRAP
+  chmod +x "$PREFIX/bin/python"
+  "$PREFIX/bin/python" -c 'import pypto.language, simpler_setup; print("pypto and its runtime import")' \
+    || die "the toolchain's Python does not import pypto (see $PREFIX/pypto-build.log)"
+}
+
+stage_example() {
+  # one upstream example on a5sim, from the user's pypto-lib checkout
+  local lib="$SOURCES/pypto-lib"
+  [ -f "$lib/examples/beginner/hello_world.py" ] \
+    || die "no pypto-lib checkout with examples/beginner/hello_world.py at $lib (put one in --sources)"
+  lib="$(readlink -f "$lib")"
+  (cd "$lib" && PYTHONPATH="$lib" "$PREFIX/bin/python" "$lib/examples/beginner/hello_world.py" -p a5sim) \
+    > "$PREFIX/example.log" 2>&1 || die "hello_world.py -p a5sim failed: see $PREFIX/example.log"
+  tail -n 3 "$PREFIX/example.log"
 }
 
 SOURCES="${SOURCES:+$(readlink -f "$SOURCES")}"

@@ -168,3 +168,33 @@ def test_real_checkout_gate_matches_the_reference():
     config = MODELS[0]
     i = _inputs(config, 3)
     _judge(config, _call(b, config, i, 61), _independent(config, i, 61), i)
+
+
+def test_the_worker_python_comes_from_the_environment_and_a_bad_one_is_named(fake_root, monkeypatch):
+    """$PTO_UPSTREAM_PYTHON (e.g. the a5sim toolchain's chroot Python from scripts/a5sim-setup.sh) runs the worker;
+    one that cannot start it is named in one line."""
+    from backends.upstream.client import worker_python
+
+    monkeypatch.setenv("PTO_UPSTREAM_PYTHON", f"{sys.executable} -X utf8")
+    assert worker_python() == [sys.executable, "-X", "utf8"]
+    w = Worker(fake_root)
+    try:
+        assert w.ready()["python"].split()[0] == sys.version.split()[0]
+    finally:
+        w.close()
+    monkeypatch.setenv("PTO_UPSTREAM_PYTHON", "/bin/false")
+    w = Worker(fake_root)
+    try:
+        with pytest.raises(UpstreamError, match=r"did not start with /bin/false .*PTO_UPSTREAM_PYTHON chose it"):
+            w.ready()
+    finally:
+        w.close()
+    monkeypatch.setenv("PTO_UPSTREAM_PYTHON", "/nonexistent/python")
+    w = Worker(fake_root)
+    try:
+        with pytest.raises(UpstreamError, match=r"did not start with /nonexistent/python: No such file"):
+            w.ready()
+    finally:
+        w.close()
+    monkeypatch.delenv("PTO_UPSTREAM_PYTHON")
+    assert worker_python() == [sys.executable]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,15 @@ class UpstreamUnsupported(UpstreamError):
     """The call cannot be fed to the upstream kernel entry as compiled (its static geometry, its devices)."""
 
 
+PYTHON_ENV = "PTO_UPSTREAM_PYTHON"
+
+
+def worker_python() -> list[str]:
+    """The command that runs the worker's Python: ``$PTO_UPSTREAM_PYTHON`` (split like a shell word list), e.g. the
+    a5sim toolchain's ``PREFIX/bin/python`` that scripts/a5sim-setup.sh writes, else this interpreter."""
+    return shlex.split(os.environ.get(PYTHON_ENV, "")) or [sys.executable]
+
+
 class Worker:
     def __init__(self, root: Path):
         self.root = root
@@ -37,11 +47,19 @@ class Worker:
         # FP32 sums in one order on every machine and leaves the cores to the test process
         env.setdefault("PYPTO_GOLDEN_NUM_THREADS", "1")
         env.setdefault("OMP_NUM_THREADS", "1")
-        self.proc = subprocess.Popen([sys.executable, "-O", "-m", "backends.upstream.worker", str(self.root)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env)
+        python = worker_python()
+        chosen = f"; ${PYTHON_ENV} chose it" if PYTHON_ENV in os.environ else ""
+        try:
+            self.proc = subprocess.Popen([*python, "-O", "-m", "backends.upstream.worker", str(self.root)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env)
+        except OSError as exc:
+            self.proc = None
+            raise UpstreamError(f"the upstream worker for {self.root} did not start with {' '.join(python)}: "
+                                f"{exc.strerror or exc}{chosen}") from None
         hello = protocol.read_message(self.proc.stdout)
         if not isinstance(hello, dict) or not hello.get("ready"):
-            raise UpstreamError(f"the upstream worker for {self.root} did not start (see {self.log.name})")
+            raise UpstreamError(f"the upstream worker for {self.root} did not start with {' '.join(python)} "
+                                f"(see {self.log.name}{chosen})")
         self.info = hello
 
     def call(self, folder: str, module: str, function: str, tensors: dict, *, fields: dict | None = None,
