@@ -441,13 +441,22 @@ def doctor_report(store_spec: str, pypto_lib: str | None) -> list[tuple[str, str
         rows.append(("MISSING", "pypto-lib checkout", why + "; only --backend pypto needs it"))
     else:
         rows.append(("ok", "pypto-lib checkout", f"{root} @ {pb.revision(root)}"))
+        from backends.upstream.client import PYTHON_ENV, UpstreamError, worker, worker_python
+
+        rows.append(("info", "worker python", " ".join(worker_python()) + (f" (${PYTHON_ENV})" if PYTHON_ENV in
+                                                                             os.environ else " (this interpreter)")))
         reason = pb.detect_toolchain(root)
         if reason:
-            rows.append(("MISSING", "pypto toolchain", reason + " (build and install pypto from source; the PyPI "
+            rows.append(("MISSING", "pypto toolchain", reason + " (build it with scripts/a5sim-setup.sh --sources DIR "
+                                                               f"and set {PYTHON_ENV}=PREFIX/bin/python; the PyPI "
                                                                "package named pypto is a different project)"))
         else:
             rows.append(("ok", "pypto toolchain", "pypto.language imports in the upstream worker"
                          + (" (TEST DOUBLE: tests/fake_upstream)" if (root / pb.TEST_DOUBLE_MARKER).exists() else "")))
+            try:
+                rows.extend((state, f"a5sim: {piece}", detail) for state, piece, detail in worker(root).toolchain())
+            except UpstreamError as exc:
+                rows.append(("MISSING", "a5sim toolchain", str(exc)))
     from backends.pypto.table import BINDINGS
 
     bound = sorted(b.operator for b in BINDINGS.values() if b.status == "bound")

@@ -247,7 +247,7 @@ done
 pass=\$(env | grep -E '^(PTO|PYPTO|OMP_|PYTHONPATH=|TMPDIR=)' | tr '\n' '\001')
 IFS=\$(printf '\001')
 exec chroot "\$ROOTFS" /usr/bin/env -i HOME=/root LANG=C.UTF-8 PATH='$VENV/bin:/usr/lib/llvm-21/bin:/usr/bin:/bin' \\
-  PTOAS_ROOT='$PREFIX/ptoas' \$pass /bin/sh -c 'cd "\$0" && exec "\$@"' "\$PWD" '$VENV/bin/python' "\$@"
+  PTOAS_ROOT='$PREFIX/ptoas/bin' \$pass /bin/sh -c 'cd "\$0" && exec "\$@"' "\$PWD" '$VENV/bin/python' "\$@"
 WRAP
   chmod +x "$PREFIX/bin/python"
   "$PREFIX/bin/python" -c 'import pypto.language, simpler_setup; print("pypto and its runtime import")' \

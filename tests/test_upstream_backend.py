@@ -198,3 +198,36 @@ def test_the_worker_python_comes_from_the_environment_and_a_bad_one_is_named(fak
         w.close()
     monkeypatch.delenv("PTO_UPSTREAM_PYTHON")
     assert worker_python() == [sys.executable]
+
+
+def test_the_toolchain_check_names_each_missing_piece_and_the_bf16_probe_can_fail(tmp_path, monkeypatch):
+    """goldens doctor's a5sim rows (computed in the worker's environment): without pypto, its runtime and ptoas each
+    is MISSING with the set-up command; a g++-15 whose -std=c++23 lacks std::bfloat16_t (g++-12's case, where
+    pto-isa silently takes BF16 for _Float16) is MISSING, one that has it is ok."""
+    from backends.upstream.worker import BF16_PROBE, toolchain_facts
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    gxx = fake / "g++-15"
+    log = tmp_path / "probe.cpp"
+    # a stand-in compiler: --version answers; a compile keeps its input and fails unless told to pass
+    gxx.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "g++-15 (stand-in) 15"; exit 0; fi\n'
+                   f'cat > {log}\n[ -n "$PROBE_PASSES" ] || {{ echo "error: no std::bfloat16_t" >&2; exit 1; }}\n')
+    gxx.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")
+    monkeypatch.delenv("PTOAS_ROOT", raising=False)
+    monkeypatch.delenv("PROBE_PASSES", raising=False)
+    rows = {piece: (state, detail) for state, piece, detail in toolchain_facts()}
+    assert rows["std::bfloat16_t"][0] == "MISSING" and "_Float16" in rows["std::bfloat16_t"][1]
+    assert log.read_text() == BF16_PROBE and "__STDCPP_BFLOAT16_T__" in BF16_PROBE
+    assert rows["PTO assembler"][0] == "MISSING" and "a5sim-setup.sh" in rows["PTO assembler"][1]
+    if "pypto" in rows and rows["pypto"][0] == "MISSING":  # CI: no toolchain (the a5sim chroot has one)
+        assert "a5sim-setup.sh" in rows["pypto"][1]
+    monkeypatch.setenv("PROBE_PASSES", "1")
+    ptoas = fake / "ptoas"
+    ptoas.write_text("#!/bin/sh\necho 'ptoas 0.57 (stand-in)'\n")
+    ptoas.chmod(0o755)
+    monkeypatch.setenv("PTOAS_ROOT", str(fake))
+    rows = {piece: (state, detail) for state, piece, detail in toolchain_facts()}
+    assert rows["std::bfloat16_t"][0] == "ok" and rows["g++-15"] == ("ok", "g++-15 (stand-in) 15")
+    assert rows["PTO assembler"] == ("ok", f"{ptoas}: ptoas 0.57 (stand-in)")

@@ -99,6 +99,12 @@ class Worker:
             self._start()
         return self._ask({"kind": "values", "module": module, "names": list(names)}, module)
 
+    def toolchain(self) -> list[tuple[str, str, str]]:
+        """(state, piece, detail) rows for the a5 simulator's pieces, seen from the worker's environment."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        return [tuple(r) for r in self._ask({"kind": "toolchain"}, "the toolchain check")["rows"]]
+
     def ready(self) -> dict:
         """Start the worker if needed; its hello ({"shim", "toolchain_error", "threads", ...})."""
         if self.proc is None or self.proc.poll() is not None:

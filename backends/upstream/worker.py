@@ -190,6 +190,70 @@ def device_run(modules: Modules, request: dict) -> dict:
     return {"tensors": {o: captured[o] for o in outputs}}
 
 
+BF16_PROBE = "#include <stdfloat>\n#ifndef __STDCPP_BFLOAT16_T__\n#error no std::bfloat16_t\n#endif\n" \
+             "std::bfloat16_t x{1.0f};\n"
+
+
+def toolchain_facts() -> list[tuple[str, str, str]]:
+    """(state, piece, detail) for each piece the a5 simulator needs, as seen from this worker's environment (the
+    a5sim chroot when $PTO_UPSTREAM_PYTHON points there): pypto, its runtime, pto-isa at the runtime's pin, g++-15
+    with std::bfloat16_t (without it pto-isa silently takes BF16 for _Float16), the PTO assembler."""
+    import shutil
+    import subprocess
+
+    setup = "scripts/a5sim-setup.sh --sources DIR, then PTO_UPSTREAM_PYTHON=PREFIX/bin/python"
+    rows: list[tuple[str, str, str]] = []
+
+    def run(cmd, **kw):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kw)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return subprocess.CompletedProcess(cmd, 127, "", str(exc))
+
+    try:
+        import pypto as _p
+        import pypto.language  # noqa: F401
+        rows.append(("ok", "pypto", os.path.dirname(_p.__file__)))
+    except Exception as exc:  # noqa: BLE001 (any import failure is the answer)
+        rows.append(("MISSING", "pypto", f"import pypto.language failed ({type(exc).__name__}): {setup}"))
+    try:
+        import simpler_setup
+        assets = os.path.join(os.path.dirname(simpler_setup.__file__), "_assets")
+        rows.append(("ok", "pypto runtime (simpler)", os.path.dirname(simpler_setup.__file__)))
+        with open(os.path.join(assets, "pto_isa.pin"), encoding="utf-8") as fh:
+            pin = fh.read().strip()
+        isa = os.path.join(assets, "build", "pto-isa")
+        head = run(["git", "-C", isa, "rev-parse", "HEAD"]).stdout.strip()
+        if not head:
+            rows.append(("MISSING", "pto-isa", f"no checkout at {isa} (kernels stop with 'PTO-ISA not available'): "
+                                               f"{setup}"))
+        elif head != pin:
+            rows.append(("MISSING", "pto-isa", f"{isa} is at {head[:12]}, the runtime pins {pin[:12]}: check out the pin"))
+        else:
+            rows.append(("ok", "pto-isa", f"{isa} @ {head[:12]} (the runtime's pin)"))
+    except Exception as exc:  # noqa: BLE001
+        rows.append(("MISSING", "pypto runtime (simpler)", f"import simpler_setup failed ({type(exc).__name__}): {setup}"))
+    gxx = shutil.which("g++-15")
+    if gxx is None:
+        rows.append(("MISSING", "g++-15", f"the simulator compiles its kernels with g++-15 (not on PATH): {setup}"))
+    else:
+        rows.append(("ok", "g++-15", run([gxx, "--version"]).stdout.splitlines()[0] if gxx else ""))
+        probe = run([gxx, "-std=c++23", "-fsyntax-only", "-x", "c++", "-"], input=BF16_PROBE)
+        rows.append(("ok", "std::bfloat16_t", "__STDCPP_BFLOAT16_T__ defined under -std=c++23") if probe.returncode == 0
+                    else ("MISSING", "std::bfloat16_t", "g++-15 -std=c++23 has no std::bfloat16_t (pto-isa would take "
+                          f"BF16 for _Float16): {(probe.stderr.strip().splitlines() or [''])[0][:160]}"))
+    root = os.environ.get("PTOAS_ROOT")
+    ptoas = os.path.join(root, "ptoas") if root else shutil.which("ptoas")
+    if not ptoas or not os.access(ptoas, os.X_OK):
+        where = f"PTOAS_ROOT={root} has no executable ptoas" if root else "no ptoas on PATH and no PTOAS_ROOT"
+        rows.append(("MISSING", "PTO assembler", f"{where}: {setup}"))
+    else:
+        out = run([ptoas, "--version"])
+        rows.append(("ok", "PTO assembler", f"{ptoas}: {(out.stdout or out.stderr).strip().splitlines()[0][:80]}")
+                    if out.returncode == 0 else ("MISSING", "PTO assembler", f"{ptoas} --version exits {out.returncode}"))
+    return rows
+
+
 def main() -> int:
     root = sys.argv[1]
     sys.path.insert(0, root)  # upstream's golden package, for modules that import it
@@ -216,6 +280,9 @@ def main() -> int:
                         value = getattr(value, part)
                     out[name] = value
                 write_message(stdout, {"tensors": out})
+                continue
+            if request.get("kind") == "toolchain":
+                write_message(stdout, {"tensors": {"rows": toolchain_facts()}})
                 continue
             if request.get("kind") == "device":
                 if shimmed:
