@@ -117,12 +117,20 @@ def _mtp_call(get, i: Tensors) -> Tensors:
 
 # --- hc_post ---------------------------------------------------------------------------------------------------
 
-def _hc_post_build(seed: int, wiring: str) -> Tensors:
+def _hc_post_build(seed: int, wiring: str, *, d: int = PRO.hidden_size, t: int = 8) -> Tensors:
     g = _g(seed)
-    d, hc, t = PRO.hidden_size, PRO.hc_mult, 8
+    hc = PRO.hc_mult
     comb = torch.rand(t, hc, hc, generator=g)
     return {"sublayer": torch.randn(t, d, generator=g).to(torch.bfloat16), "x_hc": torch.randn(t, hc, d, generator=g),
             "post_mix": 2 * torch.rand(t, hc, generator=g), "residual_mix": comb / comb.sum(1, keepdim=True)}
+
+
+def _hc_post_pro_build(seed: int, wiring: str) -> Tensors:
+    """At V4-Pro's own width (D 7168, the geometry upstream's hc_post_test is compiled for), 2 rows: what the a5
+    simulator runs through the device binding (a tiny tree is refused there as another geometry)."""
+    from kernels.config import V4_PRO
+
+    return _hc_post_build(seed, wiring, d=V4_PRO.hidden_size, t=2)
 
 
 def _hc_post_call(get, i: Tensors) -> Tensors:
@@ -273,6 +281,9 @@ def build() -> list[Case]:
               "Q/KV, the window-cache write read back by the attention, SWA attention with the grouped output "
               "projection, hc_post", ("kernels.v4.attention_stage",), _stage_build, _stage_call,
               {"x_out": "fp32_ulps", "kv_cache": "exact", "qr": "exact", "qr_scale": "qr_scale"}),
+        _case("v4_hc_post_pro", "hc_post", "mHC expansion at V4-Pro's width (D 7168, 2 rows): the geometry "
+              "upstream's hc_post_test kernel is compiled for, so the a5 simulator runs it", ("kernels.reference.mhc",),
+              _hc_post_pro_build, _hc_post_call, {"x_out": "fp32_ulps"}),
         _case("v4_moe_stage", "v4_moe_stage", "V4 MoE stage at decode on the MTP layer: hc_pre, the router, routed "
               "and shared experts, the combine, hc_post; 2 padding rows that route nowhere and carry their residual "
               "mix", ("kernels.v4.moe", "kernels.v4.gate", "kernels.reference.mhc"), _moe_stage_build,

@@ -128,6 +128,11 @@ def _backend(args):
             if any(v is not None for v in device.values()):
                 raise BackendError("--platform/--device/--pypto-lib apply to --backend pypto, not to --backend-module")
             return load_backend_module(args.backend_module)
+        if args.backend == "recorded" or args.backend.startswith("recorded:"):
+            if any(v is not None for v in device.values()):
+                raise BackendError("--platform/--device/--pypto-lib apply to a device backend, not to --backend "
+                                   "recorded (it replays outputs a device run kept)")
+            return None  # built from the store by cmd_replay
         return get_backend(args.backend, **device)
     except BackendError as exc:
         raise GoldenStoreError(str(exc)) from exc
@@ -144,13 +149,21 @@ def cmd_replay(args) -> int:
     from goldens.store import GoldenStore
 
     backend = _backend(args)
-    if backend.unavailable and not args.allow_unavailable:
+    if backend is not None and backend.unavailable and not args.allow_unavailable:
         raise BackendFailure(f"backend {backend.name!r} (platform {backend.platform}) is unavailable here: "
                              f"{backend.unavailable}; nothing was replayed (--allow-unavailable accepts that)")
     store = GoldenStore(args.store)
     reader = store.reader(args.rev)
     items = _items(args.cases, args.wiring, reader=reader)
     kept: dict = {}
+    digests: dict = {}
+    if backend is None:  # --backend recorded[:SOURCE]: a device's kept outputs, judged again
+        from goldens.recorded import recorded_backend
+
+        if args.keep_actual:
+            raise GoldenStoreError("--keep-actual keeps a device run's outputs; --backend recorded runs nothing")
+
+        backend = recorded_backend(reader, args.backend)
     table = Table(title=escape(f"replay on backend {backend.name} ({backend.platform}) from {args.store}@{reader.snapshot[:12]}"))
     for col in ("case", "wiring", "output", "comparator", "verdict", "detail"):
         table.add_column(col, overflow="fold")
@@ -186,6 +199,10 @@ def cmd_replay(args) -> int:
                       f"{tree.record.fingerprint}); replaying anyway because of --allow-stale. Its expected outputs "
                       "do not reflect the current reference.[/]")
         actual: dict = {}
+        if args.keep_actual:
+            from goldens.recorded import inputs_digest
+
+            digests[(case, wiring)] = inputs_digest(tree.inputs)
         try:
             results = trees.replay(tree, backend, allow_stale=args.allow_stale, keep=actual)
         except (MissingOperator, Unsupported) as exc:  # lacks the operator / cannot run this call: skipped, named
@@ -224,7 +241,7 @@ def cmd_replay(args) -> int:
         verdicts: dict = {}
         for r in rows:
             verdicts.setdefault((r["case"], r["wiring"]), {})[r["output"]] = r["verdict"]
-        result = trees.keep_actual(store, backend, reader.snapshot, kept, verdicts)
+        result = trees.keep_actual(store, backend, reader.snapshot, kept, verdicts, digests)
         out.print(f"kept the actual outputs of {len(kept)} tree(s) under {trees.ACTUAL_ROOT}/ "
                   f"(snapshot {result.snapshot or 'unchanged'})")
     code = _replay_code(args, failures, errors, skipped, ran, stale, first_skip)
@@ -570,7 +587,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def replay_arguments(sp):
         sp.add_argument("cases", nargs="*", metavar="CASE")
-        sp.add_argument("--backend", default="torch", help="built-in backend (torch, emulated, pypto)")
+        sp.add_argument("--backend", default="torch",
+                        help="built-in backend (torch, emulated, upstream, pypto), or recorded[:SOURCE]: the "
+                             "outputs a device run kept with --keep-actual (e.g. recorded:pypto-a5sim), judged again")
         sp.add_argument("--backend-module", default=None, metavar="MOD:OBJ", help="out-of-tree backend")
         sp.add_argument("--platform", default=None, choices=("a5sim", "a5"),
                         help="platform of a device backend (pypto; default a5sim); refused for CPU backends")

@@ -366,19 +366,25 @@ def replay(tree: LoadedTree, backend, *, allow_stale: bool = False, keep: dict |
     return compare_all(tree.record.comparators, ctx)
 
 
-ACTUAL_ROOT = "actual"  # goldens replay --keep-actual: actual/<backend>/<case>/<wiring>/<output>
+from goldens.recorded import ACTUAL_ROOT  # noqa: E402 (goldens replay --keep-actual: actual/<source>/<case>/<wiring>/<output>)
 
 
-def keep_actual(store: GoldenStore, backend, replayed: str, kept: dict[tuple[str, str], dict], verdicts: dict
-                ) -> CommitResult:
-    """Commit the actual outputs of a replay beside the trees (``actual/<backend>/<case>/<wiring>/``), one
-    commit, so ``goldens diff`` shows them against earlier kept runs; the expected outputs are untouched."""
+def keep_actual(store: GoldenStore, backend, replayed: str, kept: dict[tuple[str, str], dict], verdicts: dict,
+                inputs: dict[tuple[str, str], str] | None = None) -> CommitResult:
+    """Commit the actual outputs of a replay beside the trees (``actual/<backend>-<platform>/<case>/<wiring>/``),
+    one commit, so ``goldens diff`` shows them against earlier kept runs and ``--backend recorded`` judges them
+    again; the expected outputs are untouched. Each run records the backend's provenance (toolchain, upstream
+    commits) and the digest of the inputs it ran on (``inputs``: (case, wiring) -> ``recorded.inputs_digest``)."""
+    import json
+
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{backend.name}-{backend.platform}").strip("-")
+    provenance = json.loads(json.dumps(getattr(backend, "provenance", None) or {}, default=str))
     arrays, groups = {}, {}
     for (case, wiring), outputs in kept.items():
         base = f"{ACTUAL_ROOT}/{slug}/{case}/{wiring}"
         groups[base] = {"backend": backend.name, "platform": backend.platform, "replayed_snapshot": replayed,
-                        "case": case, "wiring": wiring, "verdicts": verdicts.get((case, wiring), {})}
+                        "case": case, "wiring": wiring, "verdicts": verdicts.get((case, wiring), {}),
+                        "inputs_digest": (inputs or {}).get((case, wiring)), "provenance": provenance}
         for name, t in outputs.items():
             arrays[f"{base}/{name}"] = to_numpy(t.detach().cpu().contiguous())
     return store.commit(arrays, groups, f"keep-actual {backend.name} ({backend.platform}) replay of {replayed[:12]}",

@@ -229,6 +229,10 @@ stage_wrapper() {
   # (PTO_UPSTREAM_PYTHON=PREFIX/bin/python) and for running upstream's examples. It bind-mounts the working folder,
   # every existing absolute path among its arguments and PYTHONPATH, and passes the PTO* / PYPTO* / OMP_* settings.
   mkdir -p "$PREFIX/bin"
+  local name
+  for name in pypto pypto/runtime pto-isa PTOAS; do  # what was built, for the provenance of kept device runs
+    echo "$name $(git -C "$SRC/$name" rev-parse --short=12 HEAD)"
+  done > "$PREFIX/commits.txt"
   cat > "$PREFIX/bin/python" <<WRAP
 #!/bin/sh
 # Written by pto-contracts scripts/a5sim-setup.sh: the a5sim toolchain's Python, run inside its chroot (needs root).
@@ -247,7 +251,7 @@ done
 pass=\$(env | grep -E '^(PTO|PYPTO|OMP_|PYTHONPATH=|TMPDIR=)' | tr '\n' '\001')
 IFS=\$(printf '\001')
 exec chroot "\$ROOTFS" /usr/bin/env -i HOME=/root LANG=C.UTF-8 PATH='$VENV/bin:/usr/lib/llvm-21/bin:/usr/bin:/bin' \\
-  PTOAS_ROOT='$PREFIX/ptoas/bin' \$pass /bin/sh -c 'cd "\$0" && exec "\$@"' "\$PWD" '$VENV/bin/python' "\$@"
+  PTOAS_ROOT='$PREFIX/ptoas/bin' A5SIM_COMMITS='$PREFIX/commits.txt' \$pass /bin/sh -c 'cd "\$0" && exec "\$@"' "\$PWD" '$VENV/bin/python' "\$@"
 WRAP
   chmod +x "$PREFIX/bin/python"
   "$PREFIX/bin/python" -c 'import pypto.language, simpler_setup; print("pypto and its runtime import")' \

@@ -146,7 +146,24 @@ def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_li
             why[b.operator] = (f"{b.status}: {b.note}" if b.note else b.status) + f" (upstream {b.upstream})"
     return Backend("pypto-test-double" if double else "pypto", ops, platform=platform, why_missing=why,
                    description=f"upstream A5 kernels from {root} @ {revision(root)} on {platform}, devices {devices}",
-                   replay=lambda tree, export: replay_through_upstream(launchers, tree, export))
+                   replay=lambda tree, export: replay_through_upstream(launchers, tree, export),
+                   provenance=_provenance(root, platform, devices))
+
+
+def _provenance(root: Path, platform: str, devices: list[int]) -> dict:
+    """What a kept device run ran on: the pypto-lib checkout, the platform and devices, and the toolchain as the
+    worker sees it (pypto, its runtime, pto-isa, g++-15, the assembler, the source commits the a5sim set-up
+    built)."""
+    from backends.upstream.backend import git_state
+    from backends.upstream.client import UpstreamError, worker, worker_python
+
+    commit, dirty = git_state(root)
+    try:
+        toolchain = {piece: f"{state}: {detail}" for state, piece, detail in worker(root).toolchain()}
+    except UpstreamError as exc:
+        toolchain = {"error": str(exc)}
+    return {"repository": "hw-native-sys/pypto-lib", "commit": commit, "dirty": dirty, "platform": platform,
+            "devices": devices, "worker_python": " ".join(worker_python()), "toolchain": toolchain}
 
 
 def replay_through_upstream(launchers: dict, tree, export) -> dict[str, torch.Tensor] | None:

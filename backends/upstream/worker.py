@@ -251,6 +251,10 @@ def toolchain_facts() -> list[tuple[str, str, str]]:
         out = run([ptoas, "--version"])
         rows.append(("ok", "PTO assembler", f"{ptoas}: {(out.stdout or out.stderr).strip().splitlines()[0][:80]}")
                     if out.returncode == 0 else ("MISSING", "PTO assembler", f"{ptoas} --version exits {out.returncode}"))
+    commits = os.environ.get("A5SIM_COMMITS")  # written by scripts/a5sim-setup.sh: the sources it built
+    if commits and os.path.isfile(commits):
+        with open(commits, encoding="utf-8") as fh:
+            rows.append(("info", "built from", ", ".join(line.strip() for line in fh if line.strip())))
     return rows
 
 
