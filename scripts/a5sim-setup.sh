@@ -99,7 +99,8 @@ mounts() {  # the host paths the chroot needs, at the same absolute paths (idemp
 in_chroot() {  # run a command inside the chroot, with the toolchain's compilers and ccache
   mounts
   chroot "$ROOTFS" /usr/bin/env -i HOME=/root PATH="$VENV/bin:/usr/lib/llvm-21/bin:/usr/bin:/bin" \
-    CC="ccache gcc-15" CXX="ccache g++-15" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" MAX_JOBS="$JOBS" \
+    CC=gcc-15 CXX=g++-15 CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache \
+    CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" MAX_JOBS="$JOBS" \
     CCACHE_DIR="${CCACHE_DIR:-$HOME/.ccache}" LANG=C.UTF-8 "$@"
 }
 
