@@ -126,11 +126,11 @@ def _hc_post_build(seed: int, wiring: str, *, d: int = PRO.hidden_size, t: int =
 
 
 def _hc_post_pro_build(seed: int, wiring: str) -> Tensors:
-    """At V4-Pro's own width (D 7168, the geometry upstream's hc_post_test is compiled for), 2 rows: what the a5
+    """At V4-Pro's own width (D 7168, the geometry upstream's hc_post_test is compiled for), 4 rows (its T_TILE): what the a5
     simulator runs through the device binding (a tiny tree is refused there as another geometry)."""
     from kernels.config import V4_PRO
 
-    return _hc_post_build(seed, wiring, d=V4_PRO.hidden_size, t=2)
+    return _hc_post_build(seed, wiring, d=V4_PRO.hidden_size, t=4)
 
 
 def _hc_post_call(get, i: Tensors) -> Tensors:
@@ -281,7 +281,7 @@ def build() -> list[Case]:
               "Q/KV, the window-cache write read back by the attention, SWA attention with the grouped output "
               "projection, hc_post", ("kernels.v4.attention_stage",), _stage_build, _stage_call,
               {"x_out": "fp32_ulps", "kv_cache": "exact", "qr": "exact", "qr_scale": "qr_scale"}),
-        _case("v4_hc_post_pro", "hc_post", "mHC expansion at V4-Pro's width (D 7168, 2 rows): the geometry "
+        _case("v4_hc_post_pro", "hc_post", "mHC expansion at V4-Pro's width (D 7168, 4 rows): the geometry "
               "upstream's hc_post_test kernel is compiled for, so the a5 simulator runs it", ("kernels.reference.mhc",),
               _hc_post_pro_build, _hc_post_call, {"x_out": "fp32_ulps"}),
         _case("v4_moe_stage", "v4_moe_stage", "V4 MoE stage at decode on the MTP layer: hc_pre, the router, routed "

@@ -75,13 +75,15 @@ class Device:
 
     def run(self, folder: str, module: str, entry: str, tensors: dict, *, ranks: int = 1,
             golden_data: Path | None = None) -> dict[str, torch.Tensor]:
+        from backends.pypto.table import DYN_TILES
         from backends.upstream.client import UpstreamError, UpstreamUnsupported, worker
         from contracts.backends import Unsupported
 
         try:
             return worker(self.root).device(folder, module, entry, tensors, platform=self.platform,
                                             devices=self.devices, ranks=ranks,
-                                            golden_data=str(golden_data) if golden_data else None)
+                                            golden_data=str(golden_data) if golden_data else None,
+                                            tiles=DYN_TILES.get(module, {}))
         except UpstreamUnsupported as exc:
             raise Unsupported(str(exc)) from None
         except UpstreamError as exc:

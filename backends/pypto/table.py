@@ -655,6 +655,13 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
 # __main__ hands to golden.run_jit, the number of devices it runs on). The adapters of backends.upstream.adapters
 # lay each call out as that module's tensors dict; the entry's declaration says order, directions and which dims
 # are compiled in.
+# Dynamic dims an entry only takes in whole tiles, by the module constant that sizes the tile (the kernel spreads
+# dim // tile blocks: a remainder is silently dropped, and fewer rows than one tile launch no block at all, which
+# the runtime aborts on). Checked in the worker before any launch; an off-tile call is refused as unsupported.
+DYN_TILES: dict[str, dict[str, str]] = {
+    "hc_post": {"T_DYN": "T_TILE"},  # hc_post_test: pl.spmd((t_dim // T_TILE) * HC_MULT)
+}
+
 PRO_ENTRIES: dict[str, tuple[str, int]] = {
     "gate": ("gate_test", 1),
     "mtp_projection": ("mtp_projection_test", 1),

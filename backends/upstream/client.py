@@ -84,13 +84,14 @@ class Worker:
             raise UpstreamError(f"upstream {where} raised {exc}") from None
 
     def device(self, folder: str, module: str, entry: str, tensors: dict, *, platform: str, devices: list[int],
-               ranks: int = 1, golden_data: str | None = None) -> dict:
+               ranks: int = 1, golden_data: str | None = None, tiles: dict | None = None) -> dict:
         """Run a kernel entry on ``platform`` through upstream's runner (in the worker) -> the captured outputs.
         ``folder`` "" means ``module`` is one of this project's wrapper programs (a dotted module name)."""
         if self.proc is None or self.proc.poll() is not None:
             self._start()
         request = {"kind": "device", "folder": folder, "module": module, "entry": entry, "tensors": tensors,
-                   "platform": platform, "devices": list(devices), "ranks": ranks, "golden_data": golden_data}
+                   "platform": platform, "devices": list(devices), "ranks": ranks, "golden_data": golden_data,
+                   "tiles": dict(tiles or {})}
         return self._ask(request, f"{module}::{entry}")
 
     def values(self, module: str, names: list[str]) -> dict:

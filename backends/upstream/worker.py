@@ -122,6 +122,21 @@ def _leave_outputs(values: dict) -> None:
     return None
 
 
+def _off_tile(params, tensors: dict, tiles: dict, mod) -> str:
+    """"" or why a dynamic dim the entry takes only in whole tiles (``tiles``: dim name -> the module constant
+    sizing its tile) is not a positive multiple of that tile in this call."""
+    for p in params:
+        for axis, dim in enumerate(getattr(p, "dims", ())):
+            name = dim if isinstance(dim, str) else None
+            if name not in tiles or p.name not in tensors:
+                continue
+            tile, size = int(getattr(mod, tiles[name])), int(tensors[p.name].shape[axis])
+            if size < tile or size % tile:
+                return (f"{p.name} dim {axis} ({name}) is {size}: the kernel takes it in whole tiles of "
+                        f"{tiles[name]} = {tile} (a remainder is dropped, and less than one tile launches nothing)")
+    return ""
+
+
 def device_run(modules: Modules, request: dict) -> dict:
     """Run one kernel entry through upstream's ``golden.run_jit`` / ``golden.run`` on the request's platform and
     devices, at the checkout's own geometry (kernels are compiled there), and hand back the outputs the harness
@@ -139,7 +154,7 @@ def device_run(modules: Modules, request: dict) -> dict:
     with open(path, encoding="utf-8") as fh:
         params = declared(fh.read(), entry, vars(mod), where=where)
     tensors = request["tensors"]
-    why = mismatch(params, tensors)
+    why = mismatch(params, tensors) or _off_tile(params, tensors, request.get("tiles") or {}, mod)
     if why:
         return {"unsupported": f"{where}: {why}"}
     devices = list(request.get("devices") or [0])
