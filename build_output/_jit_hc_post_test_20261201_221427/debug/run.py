@@ -46,7 +46,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from pypto.runtime.debug.replay import _main
 
 _WORK_DIR = Path(__file__).resolve().parent.parent
