@@ -62,6 +62,8 @@ config.ACTIVE = dataclasses.replace(config.ACTIVE_BASE, hidden_size=config.ACTIV
 from config import ACTIVE as M
 
 def golden_stage(tensors):
+    import os
+    os.makedirs("build_output", exist_ok=True)  # upstream's runner writes its work folder where it runs
     from toy import golden_double
     for r in range(tensors["x"].shape[0]):
         golden_double({"x": tensors["x"][r], "y": tensors["y"][r]})
@@ -138,8 +140,12 @@ def test_taps_observe_a_chained_golden_per_call_and_put_it_back(fake_root):
         plain = w.call("deepseek_v4_pro", "stage", "golden_stage", {**tensors, "y": torch.zeros(2, 3, 4)},
                        fields=fields, constants=constants)
         assert "toy.golden_double" not in plain and torch.equal(plain["y"], out["y"]), "a tap answered a call that asked for none"
+        workdir = Path(w.workdir)
+        assert (workdir / "build_output").is_dir() and not (Path.cwd() / "build_output").exists(), \
+            "the worker wrote into the caller's folder"
     finally:
         w.close()
+    assert not workdir.exists(), "the worker's work folder outlived it"
 
 
 def test_the_backend_lists_every_operator_it_does_not_run_with_a_reason(fake_root):

@@ -37,6 +37,7 @@ class Worker:
         self.root = root
         self.proc: subprocess.Popen | None = None
         self.info: dict = {}
+        self.workdir: str | None = None
         atexit.register(self.close)
         self.log = tempfile.NamedTemporaryFile(prefix="pto-upstream-worker-", suffix=".log", delete=False)  # noqa: SIM115 (kept open for the worker's stderr)
 
@@ -47,11 +48,14 @@ class Worker:
         # FP32 sums in one order on every machine and leaves the cores to the test process
         env.setdefault("PYPTO_GOLDEN_NUM_THREADS", "1")
         env.setdefault("OMP_NUM_THREADS", "1")
+        # upstream's runner writes its build_output/ into the working folder: the worker gets one of its own
+        self.workdir = self.workdir or tempfile.mkdtemp(prefix="pto-upstream-work-")
         python = worker_python()
         chosen = f"; ${PYTHON_ENV} chose it" if PYTHON_ENV in os.environ else ""
         try:
             self.proc = subprocess.Popen([*python, "-O", "-m", "backends.upstream.worker", str(self.root)],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env)
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env,
+                                         cwd=self.workdir)
         except OSError as exc:
             self.proc = None
             raise UpstreamError(f"the upstream worker for {self.root} did not start with {' '.join(python)}: "
@@ -135,6 +139,11 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.proc = None
+        if self.workdir is not None:
+            import shutil
+
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
 
 
 _WORKERS: dict[Path, Worker] = {}
