@@ -25,7 +25,9 @@ STAGES=(chroot packages venv sources pypto runtime ptoas wrapper example)
 PIN_PYPTO=e2d0f78a
 PIN_SIMPLER=93adc386
 PIN_PTO_ISA=cd4a3d3f
-PIN_PTOAS=2477ac1d
+# PTOAS: the v0.57 version bump (pypto's toolchain/versions.env pins ptoas v0.57). Later commits (596559c6, Aug 10)
+# refuse pypto's tsort32 without an explicit tmp at --pto-level=level3, which V4-Pro's gate.py needs
+PIN_PTOAS=d9705519
 
 usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "a5sim-setup: $*" >&2; exit 2; }
@@ -185,6 +187,9 @@ stage_ptoas() {
   # as i8 and the SIMT entry convention as C, in the build copy (PREFIX/src/PTOAS), never in the user's checkout.
   local src="$SRC/PTOAS" build="$PREFIX/build-ptoas" t
   mlir_symlink
+  # the build copy is ours: back to the pin, clean, before the edits below
+  git -C "$src" reset -q --hard && git -C "$src" clean -fdq
+  git -C "$src" checkout -q "$PIN_PTOAS" 2>/dev/null || echo "warning: PTOAS has no commit $PIN_PTOAS; building as checked out"
   for t in LLVMHiFloat8Type LLVMFloat8E4M3Type LLVMFloat8E5M2Type LLVMFloat4E1M2x2Type LLVMFloat4E2M1x2Type; do
     { grep -rl "LLVM::$t" "$src/lib" "$src/tools" 2>/dev/null || true; } | while read -r f; do
       perl -0pi -e "s/isa<LLVM::LLVMHiFloat8Type,[^>]*>\(type\)/false/g; s/LLVM::$t::get\(([^()]*(?:\([^()]*\))?)\)/IntegerType::get(\1, 8)/g" "$f"
