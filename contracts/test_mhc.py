@@ -198,20 +198,24 @@ def test_hc_pre_sums_in_fp32_and_casts_once(backend):
 def test_hc_post_applies_the_residual_mix_transposed_and_keeps_fp32(backend):
     """A residual mix with a single 1 at [i=0, j=2]: stream 2 receives stream 0 (out[j] = Σ_i mix[i, j]·x[i]),
     stream 0 receives nothing; values with bits below BF16's mantissa survive (the FP32 output is not
-    rounded through the sublayer's BF16). Spec: HC-02."""
+    rounded through the sublayer's BF16). Four rows, a device kernel's whole tile (upstream's hc_post_test takes
+    rows 4 at a time); rows 1..3 carry zero mixes and come back 0. Spec: HC-02."""
     dim = C.hidden_size
-    x = torch.zeros(1, HC, dim)
+    x = torch.zeros(4, HC, dim)
     x[0, 0] = 1.0 + 2.0**-20  # an FP32 value that BF16 cannot hold
     x[0, 1] = 3.0
-    sub = torch.full((1, dim), 0.5, dtype=torch.bfloat16)
-    post = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
-    mix = torch.zeros(1, HC, HC)
+    x[1:] = 7.0
+    sub = torch.full((4, dim), 0.5, dtype=torch.bfloat16)
+    post = torch.zeros(4, HC)
+    post[0, 2] = 1.0
+    mix = torch.zeros(4, HC, HC)
     mix[0, 0, 2] = 1.0
     mix[0, 1, 3] = 2.0
     out = op(backend, "hc_post")(sub, x, post, mix)
     assert out.dtype == torch.float32
     assert torch.equal(out[0, 2], torch.full((dim,), 0.5 + 1.0 + 2.0**-20)), f"stream 2 = {out[0, 2, :3]}"
     assert torch.equal(out[0, 3], torch.full((dim,), 6.0)) and not bool(out[0, :2].any()), out[0, :, :3]
+    assert not bool(out[1:].any()), "a row with zero mixes came back non-zero"
 
 
 def test_the_older_post_rule_stays_selectable_by_name(backend):

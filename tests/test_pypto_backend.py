@@ -130,17 +130,20 @@ def test_a_run_that_hands_back_no_output_is_an_error_never_a_result(fake_copy, m
 
 def test_a_v4_pro_entry_runs_with_specs_from_its_declaration_and_refuses_other_geometry(fake_upstream):
     """hc_post through models/deepseek_v4_pro/hc_post.py::hc_post_test: the double's runner validates only the
-    is_output spec (y) and hands it back; a call at another hidden size is unsupported naming the dim, before
-    any launch; lm_head's two-device entry needs two device ids and then runs with a distributed config."""
+    is_output spec (y) and hands it back; a call at another hidden size, or with rows that are not whole tiles
+    of its T_TILE, is unsupported naming the dim, before any launch; lm_head's two-device entry needs two device ids and then runs with a distributed config."""
     from contracts.backends import Unsupported
     from kernels.reference.lm_head import lm_head
     from kernels.reference.mhc import hc_post
 
     b = get_backend("pypto", pypto_lib=str(fake_upstream))
     g = torch.Generator().manual_seed(0)
-    x, r = torch.randn(5, 64, generator=g).to(torch.bfloat16), torch.randn(5, 4, 64, generator=g)
-    p, c = torch.rand(5, 4, generator=g), torch.rand(5, 4, 4, generator=g)
+    x, r = torch.randn(8, 64, generator=g).to(torch.bfloat16), torch.randn(8, 4, 64, generator=g)
+    p, c = torch.rand(8, 4, generator=g), torch.rand(8, 4, 4, generator=g)
     assert torch.equal(b.get("hc_post")(x, r, p, c), hc_post(x, r, p, c))
+    with pytest.raises(Unsupported, match=r"x dim 0 \(T_DYN\) is 5: the kernel takes it in whole tiles of "
+                                          r"T_TILE = 4"):  # the kernel would drop row 4 (found on a5sim)
+        b.get("hc_post")(x[:5], r[:5], p[:5], c[:5])
     with pytest.raises(Unsupported, match=r"hc_post_test: x dim 1: the kernel is compiled for 64 \(its static "
                                           r"geometry\), the call has 32"):
         b.get("hc_post")(x[:, :32], r[:, :, :32], p, c)

@@ -12,6 +12,7 @@ from config import ACTIVE as M
 D = M.hidden_size
 HC_MULT = M.hc_mult
 T_DYN = pl.dynamic("T_DYN")
+T_TILE = 4  # upstream's kernel spreads (T // T_TILE) · HC_MULT blocks: T in whole tiles
 
 
 @pl.jit
