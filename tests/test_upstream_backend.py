@@ -182,12 +182,7 @@ def test_the_worker_python_comes_from_the_environment_and_a_bad_one_is_named(fak
     from backends.upstream.client import worker_python
 
     monkeypatch.setenv("PTO_UPSTREAM_PYTHON", f"{sys.executable} -X utf8")
-    assert worker_python() == [sys.executable, "-X", "utf8"]
-    w = Worker(fake_root)
-    try:
-        assert w.ready()["python"].split()[0] == sys.version.split()[0]
-    finally:
-        w.close()
+    assert worker_python() == [sys.executable, "-X", "utf8"]  # a command line, split as the shell would
     monkeypatch.setenv("PTO_UPSTREAM_PYTHON", "/bin/false")
     w = Worker(fake_root)
     try:
