@@ -36,6 +36,9 @@ from goldens.catalog import WIRINGS, ArgSpec, TreeRecord, tree_path
 from goldens.codec import from_numpy, to_numpy
 from goldens.errors import BackendFailure, GoldenStoreError
 from goldens.fingerprint import changes, combined
+from goldens.recorded import (
+    ACTUAL_ROOT,  # goldens replay --keep-actual: actual/<source>/<case>/<wiring>/<output>
+)
 from goldens.store import REGEN_TAG_PREFIX, CommitResult, GoldenStore, StoreReader, digest
 
 
@@ -366,7 +369,6 @@ def replay(tree: LoadedTree, backend, *, allow_stale: bool = False, keep: dict |
     return compare_all(tree.record.comparators, ctx)
 
 
-from goldens.recorded import ACTUAL_ROOT  # noqa: E402 (goldens replay --keep-actual: actual/<source>/<case>/<wiring>/<output>)
 
 
 def keep_actual(store: GoldenStore, backend, replayed: str, kept: dict[tuple[str, str], dict], verdicts: dict,
@@ -378,7 +380,10 @@ def keep_actual(store: GoldenStore, backend, replayed: str, kept: dict[tuple[str
     import json
 
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{backend.name}-{backend.platform}").strip("-")
-    provenance = json.loads(json.dumps(getattr(backend, "provenance", None) or {}, default=str))
+    provenance = dict(getattr(backend, "provenance", None) or {})
+    if callable(getattr(backend, "toolchain", None)):  # a device backend: what it ran on, asked once per kept run
+        provenance["toolchain"] = backend.toolchain()
+    provenance = json.loads(json.dumps(provenance, default=str))
     arrays, groups = {}, {}
     for (case, wiring), outputs in kept.items():
         base = f"{ACTUAL_ROOT}/{slug}/{case}/{wiring}"

@@ -183,20 +183,15 @@ def test_the_worker_python_comes_from_the_environment_and_a_bad_one_is_named(fak
 
     monkeypatch.setenv("PTO_UPSTREAM_PYTHON", f"{sys.executable} -X utf8")
     assert worker_python() == [sys.executable, "-X", "utf8"]  # a command line, split as the shell would
-    monkeypatch.setenv("PTO_UPSTREAM_PYTHON", "/bin/false")
-    w = Worker(fake_root)
-    try:
-        with pytest.raises(UpstreamError, match=r"did not start with /bin/false .*PTO_UPSTREAM_PYTHON chose it"):
-            w.ready()
-    finally:
-        w.close()
-    monkeypatch.setenv("PTO_UPSTREAM_PYTHON", "/nonexistent/python")
-    w = Worker(fake_root)
-    try:
-        with pytest.raises(UpstreamError, match=r"did not start with /nonexistent/python: No such file"):
-            w.ready()
-    finally:
-        w.close()
+    for command, said in (("/bin/false", r"did not start with /bin/false .*PTO_UPSTREAM_PYTHON chose it"),
+                          ("/nonexistent/python", r"did not start with /nonexistent/python: No such file")):
+        monkeypatch.setenv("PTO_UPSTREAM_PYTHON", command)
+        w = Worker(fake_root)
+        try:
+            with pytest.raises(UpstreamError, match=said):
+                w.ready()
+        finally:
+            w.close()
     monkeypatch.delenv("PTO_UPSTREAM_PYTHON")
     assert worker_python() == [sys.executable]
 

@@ -146,26 +146,33 @@ def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_li
             why[b.operator] = f"bound to {b.upstream.split(' ')[0]}, which this checkout does not have"
         else:
             why[b.operator] = (f"{b.status}: {b.note}" if b.note else b.status) + f" (upstream {b.upstream})"
-    return Backend("pypto-test-double" if double else "pypto", ops, platform=platform, why_missing=why,
+    backend = Backend("pypto-test-double" if double else "pypto", ops, platform=platform, why_missing=why,
                    description=f"upstream A5 kernels from {root} @ {revision(root)} on {platform}, devices {devices}",
                    replay=lambda tree, export: replay_through_upstream(launchers, tree, export),
                    provenance=_provenance(root, platform, devices))
+    backend.toolchain = lambda: toolchain(root)  # asked only when a run is kept (goldens replay --keep-actual)
+    return backend
 
 
 def _provenance(root: Path, platform: str, devices: list[int]) -> dict:
-    """What a kept device run ran on: the pypto-lib checkout, the platform and devices, and the toolchain as the
-    worker sees it (pypto, its runtime, pto-isa, g++-15, the assembler, the source commits the a5sim set-up
-    built)."""
+    """What a kept device run ran on: the pypto-lib checkout, the platform and devices, the worker's Python."""
     from backends.upstream.backend import git_state
-    from backends.upstream.client import UpstreamError, worker, worker_python
+    from backends.upstream.client import worker_python
 
     commit, dirty = git_state(root)
-    try:
-        toolchain = {piece: f"{state}: {detail}" for state, piece, detail in worker(root).toolchain()}
-    except UpstreamError as exc:
-        toolchain = {"error": str(exc)}
     return {"repository": "hw-native-sys/pypto-lib", "commit": commit, "dirty": dirty, "platform": platform,
-            "devices": devices, "worker_python": " ".join(worker_python()), "toolchain": toolchain}
+            "devices": devices, "worker_python": " ".join(worker_python())}
+
+
+def toolchain(root: Path) -> dict[str, str]:
+    """The toolchain as the worker sees it (pypto, its runtime, pto-isa, g++-15, the assembler, the source commits
+    the a5sim set-up built): piece -> "state: detail"."""
+    from backends.upstream.client import UpstreamError, worker
+
+    try:
+        return {piece: f"{state}: {detail}" for state, piece, detail in worker(root).toolchain()}
+    except UpstreamError as exc:
+        return {"error": str(exc)}
 
 
 def replay_through_upstream(launchers: dict, tree, export) -> dict[str, torch.Tensor] | None:

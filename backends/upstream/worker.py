@@ -252,7 +252,7 @@ def toolchain_facts() -> list[tuple[str, str, str]]:
     if gxx is None:
         rows.append(("MISSING", "g++-15", f"the simulator compiles its kernels with g++-15 (not on PATH): {setup}"))
     else:
-        rows.append(("ok", "g++-15", run([gxx, "--version"]).stdout.splitlines()[0] if gxx else ""))
+        rows.append(("ok", "g++-15", (run([gxx, "--version"]).stdout.splitlines() or [gxx])[0]))
         probe = run([gxx, "-std=c++23", "-fsyntax-only", "-x", "c++", "-"], input=BF16_PROBE)
         rows.append(("ok", "std::bfloat16_t", "__STDCPP_BFLOAT16_T__ defined under -std=c++23") if probe.returncode == 0
                     else ("MISSING", "std::bfloat16_t", "g++-15 -std=c++23 has no std::bfloat16_t (pto-isa would take "
