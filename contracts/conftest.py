@@ -1,1 +1,1 @@
-"""Contracts get ``backend`` (and profiles/options) from the pto_contracts plugin (contracts.plugin)."""
+"""Contracts get ``backend`` (and profiles/options) from the project plugin (contracts.plugin, loaded by the root conftest.py)."""

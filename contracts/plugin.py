@@ -1,4 +1,4 @@
-"""pytest plugin (entry point ``pytest11``): hypothesis profiles and backend selection.
+"""pytest plugin (loaded by the project's root conftest.py, or `-p contracts.plugin`): hypothesis profiles and backend selection.
 
 Profiles: ``ci`` (derandomized, few examples; chosen automatically when CI=true), ``dev``
 (the default elsewhere) and ``thorough`` (many examples, on demand:
