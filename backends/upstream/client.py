@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import atexit
 import os
-import shlex
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from backends.upstream import worker as protocol
+from backends.upstream.python import PYTHON_ENV, worker_python  # noqa: F401  (re-exported)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,15 +20,6 @@ class UpstreamError(RuntimeError):
 
 class UpstreamUnsupported(UpstreamError):
     """The call cannot be fed to the upstream kernel entry as compiled (its static geometry, its devices)."""
-
-
-PYTHON_ENV = "PTO_UPSTREAM_PYTHON"
-
-
-def worker_python() -> list[str]:
-    """The command that runs the worker's Python: ``$PTO_UPSTREAM_PYTHON`` (split like a shell word list), e.g. the
-    a5sim toolchain's ``PREFIX/bin/python`` that scripts/a5sim-setup.sh writes, else this interpreter."""
-    return shlex.split(os.environ.get(PYTHON_ENV, "")) or [sys.executable]
 
 
 class Worker:

@@ -1,0 +1,96 @@
+"""backends.upstream.survey reads upstream drivers' output the way upstream's runner prints it.
+
+The driver double below prints what pypto-lib's ``golden/runner.py`` prints (``[RUN] <stage> ...`` when a stage
+starts, ``[RUN] <stage> done (Ns)`` when it ends, also when it raised; ``[RUN] PASS (Ns)`` on success) and fails the
+ways the real drivers were seen to fail on a5sim (a ptoas error in compile, a comparator refusal in validate).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from backends.upstream.survey import classify, drivers
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_DRIVER = '''
+import sys
+from golden import run_jit  # noqa: F401  (what marks a driver)
+stages = {stages!r}
+for s in stages:
+    print(f"[RUN] {{s}} ...", flush=True)
+    print(f"[RUN] {{s}} done (0.01s)", flush=True)
+{tail}
+if __name__ == "__main__":
+    result = run_jit
+'''
+
+_TAILS = {
+    "ok": ('["compile", "generate inputs", "compute golden", "runtime", "validate"]', 'print("[RUN] PASS (0.05s)")'),
+    "sort": ('["compile"]', 'sys.stderr.write("Failed to compile function \'route_sort\': ptoas compilation failed: '
+             'error: \'pto.tsort32\' op requires explicit tmp\\\\nTraceback (most recent call last):\\\\n'
+             'pypto.backend.pto_backend.PartialCodegenError: 1 function(s) failed to compile:\\\\n"); sys.exit(1)'),
+    "refused": ('["compile", "generate inputs", "compute golden", "runtime", "validate"]',
+                'print("Output \'sh\' does not match golden: 0.5% of points over 2e-3"); sys.exit(1)'),
+    "slow": ('["compile"]', 'import time; time.sleep(60)'),
+}
+
+
+def _checkout(tmp_path: Path) -> Path:
+    root = tmp_path / "pypto-lib"
+    models = root / "models" / "deepseek_v4_pro"
+    models.mkdir(parents=True)
+    (root / "golden").mkdir()
+    (root / "golden" / "__init__.py").write_text("run_jit = None\n")
+    for name, (stages, tail) in _TAILS.items():
+        (models / f"{name}.py").write_text(_DRIVER.format(stages=eval(stages), tail=tail))
+    (models / "config.py").write_text("X = 1\n")  # no driver
+    (tmp_path / "pypto").mkdir()
+    (tmp_path / "pypto" / "__init__.py").write_text("")
+    return root
+
+
+def test_drivers_are_the_modules_whose_main_runs_an_entry(tmp_path):
+    assert drivers(_checkout(tmp_path), "deepseek_v4_pro") == ["ok", "refused", "slow", "sort"]
+
+
+def test_each_way_a_driver_ends_gets_its_status(tmp_path):
+    root = _checkout(tmp_path)
+    results = tmp_path / "r.jsonl"
+    env = dict(os.environ, PTO_UPSTREAM_PYTHON=sys.executable, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}")
+    proc = subprocess.run([sys.executable, "-m", "backends.upstream.survey", "--pypto-lib", str(root), "--timeout", "5",
+                           "--results", str(results)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = {r["module"]: r for r in map(json.loads, results.read_text().splitlines())}
+    assert got["ok"]["status"] == "PASS" and got["ok"]["detail"] == "[RUN] PASS (0.05s)"
+    assert got["sort"]["status"] == "FAIL compile" and "tsort32" in got["sort"]["detail"]
+    assert got["refused"]["status"] == "FAIL validate" and "does not match golden" in got["refused"]["detail"]
+    assert got["slow"]["status"] == "TIMEOUT" and got["slow"]["exit_code"] is None
+    # resumable: nothing left to run
+    again = subprocess.run([sys.executable, "-m", "backends.upstream.survey", "--pypto-lib", str(root), "--resume",
+                            "--results", str(results), "--list"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0 and again.stdout.strip() == ""
+
+
+def test_bad_usage_and_a_python_without_pypto_are_one_line(tmp_path):
+    root = _checkout(tmp_path)
+    env = dict(os.environ, PTO_UPSTREAM_PYTHON=sys.executable, PYTHONPATH=str(ROOT))
+    for args, code, words in ((["--pypto-lib", str(tmp_path / "nowhere")], 2, "is not a folder"),
+                              (["--pypto-lib", str(root), "nosuch"], 2, "no driver module nosuch"),
+                              (["--pypto-lib", str(root), "ok"], 3, "cannot import pypto")):
+        proc = subprocess.run([sys.executable, "-m", "backends.upstream.survey", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == code, (args, proc.stderr)
+        assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_stage_that_raised_is_named_though_the_runner_printed_done():
+    out = "[RUN] compile ...\n[RUN] compile done (0.54s)\n"
+    assert classify(out, "Traceback (most recent call last):\nRuntimeError: boom\n", 1) == ("FAIL compile",
+                                                                                           "RuntimeError: boom")
+    assert classify("", "ImportError: no module x\n", 1) == ("FAIL before any stage", "ImportError: no module x")
