@@ -25,8 +25,12 @@ for s in stages:
     print(f"[RUN] {{s}} ...", flush=True)
     print(f"[RUN] {{s}} done (0.01s)", flush=True)
 {tail}
+def main():
+    run_jit(None)
+
+
 if __name__ == "__main__":
-    result = run_jit
+    pass
 '''
 
 _TAILS = {
@@ -36,6 +40,8 @@ _TAILS = {
              'pypto.backend.pto_backend.PartialCodegenError: 1 function(s) failed to compile:\\\\n"); sys.exit(1)'),
     "refused": ('["compile", "generate inputs", "compute golden", "runtime", "validate"]',
                 'print("Output \'sh\' does not match golden: 0.5% of points over 2e-3"); sys.exit(1)'),
+    "nosim": ('[]', 'sys.stderr.write("usage: nosim.py [-h] [-p {a2a3,a5}]\\nnosim.py: error: argument -p/--platform: '
+              'invalid choice: \'a5sim\' (choose from \'a2a3\', \'a5\')\\n"); sys.exit(2)'),
     "slow": ('["compile"]', 'import time; time.sleep(60)'),
 }
 
@@ -55,7 +61,7 @@ def _checkout(tmp_path: Path) -> Path:
 
 
 def test_drivers_are_the_modules_whose_main_runs_an_entry(tmp_path):
-    assert drivers(_checkout(tmp_path), "deepseek_v4_pro") == ["ok", "refused", "slow", "sort"]
+    assert drivers(_checkout(tmp_path), "deepseek_v4_pro") == ["nosim", "ok", "refused", "slow", "sort"]
 
 
 def test_each_way_a_driver_ends_gets_its_status(tmp_path):
@@ -69,6 +75,7 @@ def test_each_way_a_driver_ends_gets_its_status(tmp_path):
     assert got["ok"]["status"] == "PASS" and got["ok"]["detail"] == "[RUN] PASS (0.05s)"
     assert got["sort"]["status"] == "FAIL compile" and "tsort32" in got["sort"]["detail"]
     assert got["refused"]["status"] == "FAIL validate" and "does not match golden" in got["refused"]["detail"]
+    assert got["nosim"]["status"] == "NOT OFFERED" and "invalid choice" in got["nosim"]["detail"]
     assert got["slow"]["status"] == "TIMEOUT" and got["slow"]["exit_code"] is None
     # resumable: nothing left to run
     again = subprocess.run([sys.executable, "-m", "backends.upstream.survey", "--pypto-lib", str(root), "--resume",

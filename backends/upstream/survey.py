@@ -13,6 +13,7 @@ golden with upstream's own comparators. This survey only reads what the driver p
 - ``FAIL <stage>``: the driver stopped in ``compile``, ``generate inputs``, ``runtime`` or ``compute golden``
   (the stage the runner had started and not finished; the first error line is kept);
 - ``FAIL before any stage``: it stopped before the runner started a stage (an import or argument error);
+- ``NOT OFFERED``: the driver's ``-p`` refuses the platform (its argparse choices);
 - ``TIMEOUT``: still running after ``--timeout`` seconds (the process group is killed).
 
 One JSON object per module is appended to ``--results`` as each ends, so a long survey can be stopped and
@@ -55,7 +56,7 @@ def drivers(root: Path, folder: str) -> list[str]:
     out = []
     for p in sorted((root / "models" / folder).glob("*.py")):
         text = p.read_text(errors="replace")
-        if '__name__ == "__main__"' in text and "run_jit" in text.split('__name__ == "__main__"', 1)[1]:
+        if '__name__ == "__main__"' in text and re.search(r"\brun_jit\(", text):
             out.append(p.stem)
     return out
 
@@ -69,6 +70,8 @@ def classify(stdout: str, stderr: str, code: int | None) -> tuple[str, str]:
         if m and m.group(2) == "...":
             stage = m.group(1)
     lines = [ln.strip() for ln in (stdout + "\n" + stderr).splitlines() if ln.strip()]
+    if code == 2 and "invalid choice" in stderr and "-p/--platform" in stderr:
+        return "NOT OFFERED", [ln for ln in lines if "invalid choice" in ln][0][:400]
     if code == 0:
         verdicts = [ln for ln in lines if ln.startswith("[RUN] PASS")]
         return "PASS", verdicts[-1] if verdicts else "exit 0"
