@@ -184,6 +184,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "cache_payload": {"mxfp8_max_rel_l2": cache_checks.MAX_REL_L2["mxfp8"],
                       "mxfp4_max_rel_l2": cache_checks.MAX_REL_L2["mxfp4"]},
     "cache_scale": {},
+    "mtp_out": {"ulps": FP32_ULPS, "tie_window": 2.0 ** -18},
     "hc_mix": {"atol": precision.HC_MIX_TOL[0], "rtol": precision.HC_MIX_TOL[1], "padding": 0.0},
     "hc_out": {"atol": precision.HC_OUT_TOL[0], "rtol": precision.HC_OUT_TOL[1]},
     "gate_ids": {"score_atol": 2e-4, "score_rtol": 5e-5},
@@ -471,6 +472,61 @@ def v4_prefill_mtp_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context
                                          valid_rows=int(ctx.inputs["num_tokens"]), zero_tail=True, name=name)
 
 
+MTP_OUT_INPUTS = ("hidden", "prev", "enorm", "hnorm", "e_proj", "e_scale", "e_smooth", "h_proj", "h_scale", "h_smooth")
+
+
+def mtp_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """mtp_projection's FP32 streams [T, hc, D] (§8): ``fp32_ulps``, plus at each element the move of one INT8
+    code step at every input element of its rows (the embedding row, the stream's row) whose exact scaled value
+    lies within a hair of a rounding tie (contracts.checks.quant_ties): another FP32 order of the RMS may round
+    those to the neighbouring code, nothing else may move."""
+    from contracts.checks.quant_ties import int8_linear_slack
+    from kernels.config import preset
+    from kernels.v4.mtp import _rms
+
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    missing = [k for k in MTP_OUT_INPUTS if k not in ctx.inputs]
+    if missing:
+        return failed("mtp_out", "§8", a.numel(), a.numel(),
+                      Violation(name, (), None, None, f"the tree has no input {missing[0]!r} (not an MTP tree?)"))
+    c = preset(str(ctx.params.get("preset", "v4-pro-tiny")))
+    i, eps, smax, aeps = ctx.inputs, c.rms_norm_eps, c.int8_scale_max, c.int8_amax_eps
+
+    def exact_and_fp32(x, w, smooth):
+        x64 = x.double()
+        v64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w.double() * smooth.double()
+        v32 = _rms(x, w, eps) * smooth.float()
+        amax = v32.abs().amax(-1, keepdim=True).clamp_min(aeps)
+        return v64, v32 * (torch.full_like(amax, smax) / amax)
+
+    v_e, s_e = exact_and_fp32(i["hidden"], i["enorm"], i["e_smooth"])
+    v_h, s_h = exact_and_fp32(i["prev"], i["hnorm"], i["h_smooth"])
+    slack_e, near_e = int8_linear_slack(v_e, i["e_proj"], i["e_scale"], scale_max=smax, amax_eps=aeps,
+                                        fp32_scaled=s_e)
+    slack_h, near_h = int8_linear_slack(v_h, i["h_proj"], i["h_scale"], scale_max=smax, amax_eps=aeps,
+                                        fp32_scaled=s_h)
+    slack = slack_e[:, None, :] + slack_h
+    af, ef = a.float(), e.float()
+    finite = torch.isfinite(ef)
+    row_max = torch.where(finite, ef.abs(), torch.zeros_like(ef)).amax(-1, keepdim=True)
+    ulp = (torch.nextafter(row_max, torch.tensor(float("inf"))) - row_max).expand_as(ef)
+    bound = FP32_ULPS * ulp.double() + slack * (1 + 2.0 ** -20)
+    diff = (af.double() - ef.double()).abs()
+    off = torch.where(finite, ~(diff <= bound), ~(af == ef) & ~(af.isnan() & ef.isnan()))
+    if not bool(off.any()):
+        return passed("mtp_out", "§8", af.numel())
+    score = torch.where(off, (diff / bound).nan_to_num(float("inf")), torch.zeros_like(diff))
+    k = int(score.reshape(-1).argmax())
+    idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(k), a.shape))
+    ties = int(near_e[idx[0]].sum()) + int(near_h[idx[0], idx[1]].sum())
+    return failed("mtp_out", "§8", af.numel(), int(off.sum()),
+                  Violation(name, idx, af.reshape(-1)[k].item(), ef.reshape(-1)[k].item(),
+                            f"{FP32_ULPS} ulp of the row's largest |expected| plus one code step at the {ties} "
+                            f"near-tie input element(s) of its rows ({bound.reshape(-1)[k].item():.3g})"))
+
+
 def v4_kv_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """A V4 window cache written in place (§8): the rows the reference wrote within upstream's
     mapped_pool_ratio_reldiff(0.01, 5 %), every other row kept byte for byte (the input of the same name)."""
@@ -488,7 +544,7 @@ COMPARATORS: dict[str, Comparator] = {
     "v4_index_score": v4_index_score, "v4_index_topk": v4_index_topk,
     "v4_prefill_index_score": v4_prefill_index_score, "v4_prefill_index_topk": v4_prefill_index_topk,
     "v4_cmp_pool": v4_cmp_pool, "v4_state_pool": v4_state_pool,
-    "v4_prefill_mtp_out": v4_prefill_mtp_out, "v4_kv_pool": v4_kv_pool,
+    "v4_prefill_mtp_out": v4_prefill_mtp_out, "v4_kv_pool": v4_kv_pool, "mtp_out": mtp_out,
 }
 
 

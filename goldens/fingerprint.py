@@ -26,7 +26,7 @@ import threading
 import types
 from collections.abc import Callable
 
-PROJECT = ("kernels", "goldens.cases", "goldens.cases_v4_ops")
+PROJECT = ("kernels", "goldens.cases", "goldens.cases_v4_ops", "goldens.cases_pro")
 _LOCK = threading.Lock()  # CPython 3.11's AST constructor is not thread-safe ("recursion depth mismatch")
 _CODE: dict[str, str] = {}  # normalised-source cache: source text -> digest
 

@@ -1,0 +1,125 @@
+"""``mtp_out`` excuses exactly the INT8 code steps another FP32 order may take, and nothing else (§8, §7.3).
+
+Hand vectors at the V4-Pro tiny preset: one embedding element placed a hair off a rounding tie (the case real
+kernels meet: docs/a5sim.md, mtp_projection at Pro geometry), one placed exactly on an FP32 tie (the tie rule,
+half to even, stays pinned), and outputs that step one code there, one code elsewhere, or change eps. Each
+alternative is shown to give other bytes than the reference before it is judged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from contracts.compare import Context, fp32_ulps, mtp_out
+from kernels.config import V4_PRO_TINY as C
+from kernels.v4 import mtp
+
+NAMES = ("hidden", "prev", "enorm", "hnorm", "e_proj", "e_scale", "e_smooth", "h_proj", "h_scale", "h_smooth")
+
+
+def _inputs(seed: int = 5) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    d, hc, t = C.hidden_size, C.hc_mult, 4
+    return {"hidden": torch.randn(t, d, generator=g).to(torch.bfloat16), "prev": torch.randn(t, hc, d, generator=g),
+            "enorm": torch.rand(d, generator=g) + 0.5, "hnorm": torch.rand(d, generator=g) + 0.5,
+            "e_proj": torch.randint(-127, 128, (d, d), generator=g, dtype=torch.int8),
+            "e_scale": torch.rand(d, generator=g) * 1e-3 + 1e-4, "e_smooth": torch.rand(d, generator=g) + 0.5,
+            "h_proj": torch.randint(-127, 128, (d, d), generator=g, dtype=torch.int8),
+            "h_scale": torch.rand(d, generator=g) * 1e-3 + 1e-4, "h_smooth": torch.rand(d, generator=g) + 0.5}
+
+
+def _scaled(i: dict) -> torch.Tensor:
+    """The reference's FP32 v · quant of the embedding rows."""
+    v = mtp._rms(i["hidden"], i["enorm"], C.rms_norm_eps) * i["e_smooth"].float()
+    amax = v.abs().amax(-1, keepdim=True).clamp_min(C.int8_amax_eps)
+    return v * (torch.full_like(amax, C.int8_scale_max) / amax)
+
+
+def _free_element(i: dict) -> int:
+    """An element of row 0 that is not the row's amax and scales to about ±20."""
+    s = _scaled(i)[0]
+    order = (s.abs() - 20).abs().argsort()
+    return int(next(k for k in order if s[k].abs() < 100))
+
+
+def _place(i: dict, k: int, target: float, *, exact: bool) -> dict:
+    """e_smooth[k] moved so that row 0's scaled element k is ``target`` exactly in FP32 (``exact``), else a few
+    FP32 ulps below it (another FP32 order may land on the other side); the RMS and amax do not move."""
+    i = {n: t.clone() for n, t in i.items()}
+    s = float(_scaled(i)[0, k])
+    i["e_smooth"][k] = i["e_smooth"][k] * abs(target) / abs(s)
+    for _ in range(400):
+        f = float(_scaled(i)[0, k].abs())
+        if (f == abs(target)) if exact else (abs(target) * (1 - 2.0 ** -21) < f < abs(target)):
+            return i
+        up = f < abs(target) if exact else f <= abs(target) * (1 - 2.0 ** -21)
+        i["e_smooth"][k] = torch.nextafter(i["e_smooth"][k], torch.tensor(float("inf") if up else 0.0))
+    raise AssertionError(f"could not place element {k} at {target}")
+
+
+def _with_code_step(i: dict, k: int, step: int) -> torch.Tensor:
+    """The projection with row 0's embedding code k stepped by ``step`` (everything else the reference's)."""
+    v = mtp._rms(i["hidden"], i["enorm"], C.rms_norm_eps) * i["e_smooth"].float()
+    codes, factor = mtp.quantize_rows_int8(v, scale_max=C.int8_scale_max, amax_eps=C.int8_amax_eps)
+    codes = codes.clone()
+    codes[0, k] += step
+    e = mtp.int8_matmul(codes, i["e_proj"]) * factor * i["e_scale"].float()
+    h = mtp._linear_int8(mtp._rms(i["prev"], i["hnorm"], C.rms_norm_eps) * i["h_smooth"].float(), i["h_proj"],
+                         i["h_scale"], C)
+    return (e[:, None, :] + h).to(torch.float32)
+
+
+def _ref(i: dict, **kw) -> torch.Tensor:
+    cfg = C if not kw else C.__class__(**{**C.__dict__, **kw})
+    return mtp.mtp_projection(*(i[n] for n in NAMES), config=cfg)
+
+
+def _judge(i: dict, actual: torch.Tensor, expected: torch.Tensor):
+    ctx = Context(i, {"out": actual}, {"out": expected}, {"preset": C.name})
+    return mtp_out("out", actual, expected, ctx), fp32_ulps("out", actual, expected, ctx)
+
+
+def test_a_code_step_at_a_near_tie_is_excused_and_fp32_ulps_would_not():
+    base = _inputs()
+    k = _free_element(base)
+    i = _place(base, k, 18.5, exact=False)  # a few FP32 ulps below 18.5: the reference's code is 18
+    ref = _ref(i)
+    assert int(mtp.quantize_rows_int8(mtp._rms(i["hidden"], i["enorm"], C.rms_norm_eps) * i["e_smooth"].float(),
+                                      scale_max=127.0, amax_eps=1e-4)[0][0, k].abs()) == 18
+    stepped = _with_code_step(i, k, 1 if float(_scaled(i)[0, k]) > 0 else -1)  # 19: another order's code
+    assert not torch.equal(stepped, ref)
+    ok, strict = _judge(i, stepped, ref)
+    assert ok.ok, ok.message()
+    assert not strict.ok  # the step is thousands of FP32 ulps: fp32_ulps alone cannot hold a real kernel
+    assert _judge(i, ref, ref)[0].ok
+
+
+def test_the_same_step_away_from_a_tie_fails():
+    i = _inputs()
+    k = _free_element(i)
+    stepped = _with_code_step(i, k, 1)
+    assert not torch.equal(stepped, _ref(i))
+    res, _ = _judge(i, stepped, _ref(i))
+    assert not res.ok and res.worst.index[0] == 0, res.message()
+    assert "near-tie" in res.message()
+
+
+def test_an_exact_fp32_tie_keeps_half_to_even_pinned():
+    base = _inputs()
+    k = _free_element(base)
+    i = _place(base, k, 18.5, exact=True)
+    assert float(_scaled(i)[0, k].abs()) == 18.5
+    ref = _ref(i)
+    away = _with_code_step(i, k, 1 if float(_scaled(i)[0, k]) > 0 else -1)  # half away from zero: 19, not 18
+    assert not torch.equal(away, ref)
+    res, _ = _judge(i, away, ref)
+    assert not res.ok, "a half-away tie passed: the exact tie must not be excused"
+
+
+def test_a_wrong_eps_is_not_excused():
+    i = _inputs()
+    i["hidden"][1] = (i["hidden"][1].float() * 1e-3).to(torch.bfloat16)  # a small row: eps matters
+    wrong = _ref(i, rms_norm_eps=1e-5)
+    assert not torch.equal(wrong, _ref(i))
+    res, _ = _judge(i, wrong, _ref(i))
+    assert not res.ok, res.message()

@@ -1,0 +1,134 @@
+"""Cases at V4-Pro's own geometry: the shapes upstream's kernel entries are compiled for, so that the device
+binding (``--backend pypto --platform a5sim|a5``) runs them instead of refusing a tiny tree as another geometry.
+
+Their inputs are 10-100 MB (the weights of one layer at hidden 7168), so they never go into the sample store:
+load this module and name a store of your own::
+
+    goldens --cases-module goldens.cases_pro --store ~/pro-store record v4_expert_shared_pro
+    goldens --cases-module goldens.cases_pro --store ~/pro-store replay --backend pypto --platform a5sim \\
+        --pypto-lib ~/pypto-lib --keep-actual v4_expert_shared_pro
+
+Each case is its tiny twin of ``goldens.cases_v4_ops`` at Pro's dims, with the rows the entry is compiled for
+(``MOE_TOKENS`` = 8 for the gate and the shared expert, one 8-row tile for the projections) and the same edges
+(a zero row, a 1000x row, a row of zero codes, a logit near 128). Spec: §8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from goldens.cases import Case, Tensors, register
+from goldens.cases_v4_ops import _case, _g, _int8
+from kernels.config import V4_PRO
+
+PRO = V4_PRO.kernel_preset()
+ROWS = PRO.decode_tokens  # MOE_TOKENS / one T_TILE of 8 rows: what the Pro entries are compiled to take
+GATE_REAL = 6  # rows 6, 7 are padding (num_tokens 6)
+
+
+def _gate_build(layer_id: int):
+    def build(seed: int, wiring: str) -> Tensors:
+        g = _g(seed)
+        d, e, k, vocab = PRO.hidden_size, PRO.n_routed_experts, PRO.num_experts_per_tok, PRO.vocab_size
+        x = torch.randn(ROWS, d, generator=g)
+        x[1] = 0.0  # a zero row: the amax floor
+        x[2] *= 1e3  # a large row
+        gate_w = torch.randn(e, d, generator=g) / d**0.5
+        gate_w[3] = x[0] / x[0].norm() * 128 / d**0.5  # row 0's logit for expert 3 near 128 (|RMSNorm(x)| = √d)
+        tid2eid = torch.argsort(torch.rand(vocab, e, generator=g), dim=1)[:, :k].to(torch.int32)
+        input_ids = torch.randint(0, vocab, (ROWS,), generator=g)
+        hashed = tid2eid[int(input_ids[0])]
+        if not bool((hashed == 3).any()):
+            hashed[0] = 3  # the hash layer routes row 0 to expert 3 too
+        return {"x_mixed": x.to(torch.bfloat16), "norm_w": (1 + 0.2 * torch.randn(d, generator=g)).to(torch.bfloat16),
+                "gate_w": gate_w, "gate_bias": torch.randn(e, generator=g) * 0.1, "layer_id": torch.tensor(layer_id),
+                "num_tokens": torch.tensor(GATE_REAL), "tid2eid": tid2eid, "input_ids": input_ids}
+    return build
+
+
+def _gate_call(get, i: Tensors) -> Tensors:
+    return get("v4_gate")(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], int(i["layer_id"]),
+                          int(i["num_tokens"]), i["tid2eid"], i["input_ids"], config=PRO)
+
+
+def _expert_build(seed: int, wiring: str) -> Tensors:
+    g = _g(seed)
+    d, inter = PRO.hidden_size, PRO.moe_intermediate_size
+    x = _int8((ROWS, d), g)
+    x[3] = 0  # a row of zero codes
+    return {"x_i8": x, "x_scale": torch.rand(ROWS, 1, generator=g) * 0.02 + 1e-3,
+            "w1": _int8((inter, d), g), "w1_scale": torch.rand(inter, generator=g) * 2e-4 + 5e-5,
+            "w3": _int8((inter, d), g), "w3_scale": torch.rand(inter, generator=g) * 2e-4 + 5e-5,
+            "w2": _int8((d, inter), g), "w2_scale": torch.rand(d, generator=g) * 2e-4 + 5e-5}
+
+
+def _expert_call(get, i: Tensors) -> Tensors:
+    from kernels.v4.moe import V4ExpertWeights
+
+    w = V4ExpertWeights(i["w1"], i["w1_scale"], i["w3"], i["w3_scale"], i["w2"], i["w2_scale"])
+    return {"y": get("v4_expert")(i["x_i8"], i["x_scale"], i.get("route_weight"), w, config=PRO)}
+
+
+def _mtp_build(seed: int, wiring: str) -> Tensors:
+    g = _g(seed)
+    d, hc = PRO.hidden_size, PRO.hc_mult
+    return {"hidden": torch.randn(ROWS, d, generator=g).to(torch.bfloat16),
+            "prev": torch.randn(ROWS, hc, d, generator=g), "enorm": torch.rand(d, generator=g) + 0.5,
+            "hnorm": torch.rand(d, generator=g) + 0.5, "e_proj": _int8((d, d), g),
+            "e_scale": torch.rand(d, generator=g) * 1e-4, "e_smooth": torch.rand(d, generator=g) + 0.5,
+            "h_proj": _int8((d, d), g), "h_scale": torch.rand(d, generator=g) * 1e-4,
+            "h_smooth": torch.rand(d, generator=g) + 0.5}
+
+
+def _mtp_call(get, i: Tensors) -> Tensors:
+    names = ("hidden", "prev", "enorm", "hnorm", "e_proj", "e_scale", "e_smooth", "h_proj", "h_scale", "h_smooth")
+    return {"out": get("mtp_projection")(*(i[n] for n in names), config=PRO)}
+
+
+def _qkv_build(seed: int, wiring: str) -> Tensors:
+    g = _g(seed)
+    hidden, lora, h, d, rope = PRO.hidden_size, PRO.q_lora_rank, PRO.num_attention_heads, PRO.head_dim, \
+        PRO.qk_rope_head_dim
+    angle = torch.rand(ROWS, 1, generator=g) * 300 * torch.rand(rope, generator=g)
+    return {"x": torch.randn(ROWS, hidden, generator=g).to(torch.bfloat16),
+            "wq_a": (torch.randn(hidden, lora, generator=g) / hidden**0.5).to(torch.bfloat16),
+            "wq_b": _int8((lora, h * d), g), "wq_b_scale": torch.rand(h * d, generator=g) / 127 + 1e-3,
+            "wkv": (torch.randn(hidden, d, generator=g) / hidden**0.5).to(torch.bfloat16),
+            "rope_cos": torch.cos(angle).to(torch.bfloat16), "rope_sin": torch.sin(angle).to(torch.bfloat16),
+            "gamma_cq": (torch.rand(lora, generator=g) + 0.5).to(torch.bfloat16),
+            "gamma_ckv": (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16)}
+
+
+def _qkv_call(get, i: Tensors) -> Tensors:
+    return get("v4_qkv_proj_rope")(**i, config=PRO)
+
+
+def _pro(case: Case) -> Case:
+    return replace(case, preset=PRO.name)
+
+
+def build() -> list[Case]:
+    gate_out = {"x_norm_i8": "exact", "x_norm_scale": "fp32_ulps", "indices": "exact", "weights": "fp32_ulps"}
+    return [_pro(c) for c in (
+        _case("v4_gate_hash_pro", "v4_gate", "V4 router at Pro geometry (D 7168, 384 experts, the full 129280-id "
+              "tid2eid) on a hash layer: 6 real rows and 2 padding rows of the 8 the entry takes, a zero row, a 1000x "
+              "row", ("kernels.v4.gate",), _gate_build(0), _gate_call, gate_out),
+        _case("v4_gate_scored_pro", "v4_gate", "V4 router at Pro geometry on a scored layer (the last): biased top-k, "
+              "unbiased weights, 6 real rows and 2 padding rows, a zero row, a 1000x row",
+              ("kernels.v4.gate",), _gate_build(PRO.num_hidden_layers - 1), _gate_call, gate_out),
+        _case("v4_expert_shared_pro", "v4_expert", "V4 shared expert at Pro geometry (D 7168, inter 3072, the 8 "
+              "rows expert_shared_test takes), a row of zero codes", ("kernels.v4.moe",), _expert_build,
+              _expert_call, {"y": "exact"}),
+        _case("mtp_projection_pro", "mtp_projection", "MTP projection at Pro geometry (D 7168, 8 rows): both RMSNorms, "
+              "smoothed INT8 projections [7168, 7168], summed into the FP32 streams", ("kernels.v4.mtp",), _mtp_build,
+              _mtp_call, {"out": "mtp_out"}, {"preset": "v4-pro"}),
+        _case("v4_qkv_proj_rope_pro", "v4_qkv_proj_rope", "V4 Q/KV projection with RoPE at Pro geometry (D 7168, "
+              "128 heads of 512, q LoRA 1536, 8 rows)", ("kernels.v4.qkv_proj",), _qkv_build, _qkv_call,
+              {"q": "exact", "kv": "exact", "qr": "exact", "qr_scale": "fp32_ulps"}),
+    )]
+
+
+for _c in build():
+    register(_c)
