@@ -185,6 +185,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
                       "mxfp4_max_rel_l2": cache_checks.MAX_REL_L2["mxfp4"]},
     "cache_scale": {},
     "mtp_out": {"ulps": FP32_ULPS, "tie_window": 2.0 ** -18},
+    "q_bf16": {"midpoint_fp32_ulps": 32},
     "hc_mix": {"atol": precision.HC_MIX_TOL[0], "rtol": precision.HC_MIX_TOL[1], "padding": 0.0},
     "hc_out": {"atol": precision.HC_OUT_TOL[0], "rtol": precision.HC_OUT_TOL[1]},
     "gate_ids": {"score_atol": 2e-4, "score_rtol": 5e-5},
@@ -482,7 +483,7 @@ def mtp_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckR
     those to the neighbouring code, nothing else may move."""
     from contracts.checks.quant_ties import int8_linear_slack
     from kernels.config import preset
-    from kernels.v4.mtp import _rms
+    from kernels.v4.mtp import _rms, quantize_rows_int8
 
     bad = _layout(name, a, e)
     if bad:
@@ -494,37 +495,74 @@ def mtp_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckR
     c = preset(str(ctx.params.get("preset", "v4-pro-tiny")))
     i, eps, smax, aeps = ctx.inputs, c.rms_norm_eps, c.int8_scale_max, c.int8_amax_eps
 
-    def exact_and_fp32(x, w, smooth):
+    def rows(x, w, smooth, weight, scale):
         x64 = x.double()
-        v64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w.double() * smooth.double()
-        v32 = _rms(x, w, eps) * smooth.float()
-        amax = v32.abs().amax(-1, keepdim=True).clamp_min(aeps)
-        return v64, v32 * (torch.full_like(amax, smax) / amax)
+        exact = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w.double() * smooth.double()
+        codes, _ = quantize_rows_int8(_rms(x, w, eps) * smooth.float(), scale_max=smax, amax_eps=aeps)
+        return int8_linear_slack(exact, codes, weight, scale, scale_max=smax, amax_eps=aeps)
 
-    v_e, s_e = exact_and_fp32(i["hidden"], i["enorm"], i["e_smooth"])
-    v_h, s_h = exact_and_fp32(i["prev"], i["hnorm"], i["h_smooth"])
-    slack_e, near_e = int8_linear_slack(v_e, i["e_proj"], i["e_scale"], scale_max=smax, amax_eps=aeps,
-                                        fp32_scaled=s_e)
-    slack_h, near_h = int8_linear_slack(v_h, i["h_proj"], i["h_scale"], scale_max=smax, amax_eps=aeps,
-                                        fp32_scaled=s_h)
-    slack = slack_e[:, None, :] + slack_h
+    lo_e, hi_e, near_e = rows(i["hidden"], i["enorm"], i["e_smooth"], i["e_proj"], i["e_scale"])
+    lo_h, hi_h, near_h = rows(i["prev"], i["hnorm"], i["h_smooth"], i["h_proj"], i["h_scale"])
+    lo, hi = lo_e[:, None, :] + lo_h, hi_e[:, None, :] + hi_h
     af, ef = a.float(), e.float()
     finite = torch.isfinite(ef)
     row_max = torch.where(finite, ef.abs(), torch.zeros_like(ef)).amax(-1, keepdim=True)
-    ulp = (torch.nextafter(row_max, torch.tensor(float("inf"))) - row_max).expand_as(ef)
-    bound = FP32_ULPS * ulp.double() + slack * (1 + 2.0 ** -20)
-    diff = (af.double() - ef.double()).abs()
-    off = torch.where(finite, ~(diff <= bound), ~(af == ef) & ~(af.isnan() & ef.isnan()))
+    tol = FP32_ULPS * (torch.nextafter(row_max, torch.tensor(float("inf"))) - row_max).expand_as(ef).double()
+    diff = af.double() - ef.double()
+    lo, hi = lo * (1 + 2.0 ** -20) - tol, hi * (1 + 2.0 ** -20) + tol
+    off = torch.where(finite, ~((diff >= lo) & (diff <= hi)), ~(af == ef) & ~(af.isnan() & ef.isnan()))
     if not bool(off.any()):
         return passed("mtp_out", "§8", af.numel())
-    score = torch.where(off, (diff / bound).nan_to_num(float("inf")), torch.zeros_like(diff))
+    over = torch.where(diff > hi, diff - hi, lo - diff) / tol
+    score = torch.where(off, over.nan_to_num(float("inf")), torch.zeros_like(diff))
     k = int(score.reshape(-1).argmax())
     idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(k), a.shape))
     ties = int(near_e[idx[0]].sum()) + int(near_h[idx[0], idx[1]].sum())
     return failed("mtp_out", "§8", af.numel(), int(off.sum()),
                   Violation(name, idx, af.reshape(-1)[k].item(), ef.reshape(-1)[k].item(),
-                            f"{FP32_ULPS} ulp of the row's largest |expected| plus one code step at the {ties} "
-                            f"near-tie input element(s) of its rows ({bound.reshape(-1)[k].item():.3g})"))
+                            f"{FP32_ULPS} ulp of the row's largest |expected| plus one code step toward the tie's "
+                            f"other side at the {ties} near-tie input element(s) of its rows "
+                            f"([{lo.reshape(-1)[k].item():.3g}, {hi.reshape(-1)[k].item():.3g}] around expected)"))
+
+
+Q_BF16_INPUTS = ("wq_b", "wq_b_scale", "rope_cos", "rope_sin")
+
+
+def q_bf16(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """v4_qkv_proj_rope's q [T, H, head_dim] BF16 (§8): the reference's bytes, except the other BF16 neighbour of
+    the reference's FP32 value where the reference's FP32 value before the rounding (``kernels.v4.qkv_proj.q_before_rounding`` of the
+    expected qr codes and scale, which their own comparators pin) lies within 32 FP32 ulps of a BF16 midpoint
+    (contracts.checks.quant_ties.bf16_near_midpoints): another FP32 order of a head's RMS may land there on the
+    other side, nothing else may move."""
+    from contracts.checks.quant_ties import bf16_near_midpoints, bf16_neighbours
+    from kernels.config import preset
+    from kernels.v4.qkv_proj import q_before_rounding
+
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    missing = [k for k in Q_BF16_INPUTS if k not in ctx.inputs] + \
+        [k for k in ("qr", "qr_scale") if k not in ctx.expected_outputs]
+    if missing:
+        return failed("q_bf16", "§8", a.numel(), a.numel(),
+                      Violation(name, (), None, None, f"the tree has no {missing[0]!r} (not a Q/KV projection tree?)"))
+    c = preset(str(ctx.params.get("preset", "v4-pro-tiny")))
+    i = ctx.inputs
+    pre = q_before_rounding(ctx.expected_outputs["qr"], ctx.expected_outputs["qr_scale"], i["wq_b"], i["wq_b_scale"],
+                            i["rope_cos"], i["rope_sin"], config=c)
+    ab, eb = a.contiguous().view(torch.int16).int(), e.contiguous().view(torch.int16).int()
+    down, up = bf16_neighbours(pre)
+    step = (ab == down) | (ab == up)  # the reference's FP32 value rounded either way
+    off = ~(ab == eb) & ~(step & bf16_near_midpoints(pre))
+    if not bool(off.any()):
+        return passed("q_bf16", "§8", a.numel())
+    k = int(off.reshape(-1).to(torch.uint8).argmax())
+    idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(k), a.shape))
+    why = ("the other BF16 neighbour, but the reference's FP32 value is not near a BF16 midpoint"
+           if bool(step.reshape(-1)[k]) else "not a BF16 neighbour of the reference's FP32 value")
+    return failed("q_bf16", "§8", a.numel(), int(off.sum()),
+                  Violation(name, idx, a.reshape(-1)[k].item(), e.reshape(-1)[k].item(),
+                            f"{why} (FP32 before rounding {pre.reshape(-1)[k].item():.9g})"))
 
 
 def v4_kv_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
@@ -544,7 +582,7 @@ COMPARATORS: dict[str, Comparator] = {
     "v4_index_score": v4_index_score, "v4_index_topk": v4_index_topk,
     "v4_prefill_index_score": v4_prefill_index_score, "v4_prefill_index_topk": v4_prefill_index_topk,
     "v4_cmp_pool": v4_cmp_pool, "v4_state_pool": v4_state_pool,
-    "v4_prefill_mtp_out": v4_prefill_mtp_out, "v4_kv_pool": v4_kv_pool, "mtp_out": mtp_out,
+    "v4_prefill_mtp_out": v4_prefill_mtp_out, "v4_kv_pool": v4_kv_pool, "mtp_out": mtp_out, "q_bf16": q_bf16,
 }
 
 

@@ -126,7 +126,7 @@ def build() -> list[Case]:
               _mtp_call, {"out": "mtp_out"}, {"preset": "v4-pro"}),
         _case("v4_qkv_proj_rope_pro", "v4_qkv_proj_rope", "V4 Q/KV projection with RoPE at Pro geometry (D 7168, "
               "128 heads of 512, q LoRA 1536, 8 rows)", ("kernels.v4.qkv_proj",), _qkv_build, _qkv_call,
-              {"q": "exact", "kv": "exact", "qr": "exact", "qr_scale": "fp32_ulps"}),
+              {"q": "q_bf16", "kv": "exact", "qr": "exact", "qr_scale": "fp32_ulps"}, {"preset": "v4-pro"}),
     )]
 
 

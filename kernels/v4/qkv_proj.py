@@ -67,15 +67,27 @@ def check_v4_qkv_proj_rope(x: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tens
             raise ContractInputError(name, None, "BF16", str(t.dtype), SPEC)
 
 
+def q_before_rounding(codes: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.Tensor, wq_b_scale: torch.Tensor,
+                      rope_cos: torch.Tensor, rope_sin: torch.Tensor, *, config) -> torch.Tensor:
+    """q [T, H, head_dim] in FP32, just before its BF16 rounding: the INT8 qr codes times wq_b (exact integers),
+    dequantized, each head RMS-normed (no weight), its last qk_rope_head_dim columns rotated. Shared by the
+    reference and the comparator that judges a kernel's BF16 q against these values (contracts.compare.q_bf16)."""
+    heads, dim, rope, eps = config.num_attention_heads, config.head_dim, config.qk_rope_head_dim, config.rms_norm_eps
+    cos, sin = rope_cos[:, : rope // 2].float(), rope_sin[:, : rope // 2].float()
+    acc = codes.to(torch.int64) @ wq_b.to(torch.int64)  # exact
+    q = (acc.to(torch.float32) * qr_scale * wq_b_scale.float()).reshape(codes.shape[0], heads, dim)
+    inv_h = _rsqrt_mean_sq(q, eps)  # [T, H, 1], no weight
+    return torch.cat((q[..., : dim - rope] * inv_h, _rotate(q[..., dim - rope:] * inv_h, cos[:, None, :],
+                                                             sin[:, None, :])), dim=-1)
+
+
 def v4_qkv_proj_rope(x: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor, wq_b_scale: torch.Tensor,
                      wkv: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, gamma_cq: torch.Tensor,
                      gamma_ckv: torch.Tensor, *, config) -> dict[str, torch.Tensor]:
     """-> {"q" [T, H, head_dim] BF16, "kv" [T, head_dim] BF16, "qr" [T, Q_LORA] INT8, "qr_scale" [T, 1] FP32}.
     Spec: §8."""
     check_v4_qkv_proj_rope(x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv, config=config)
-    heads = config.num_attention_heads
     dim, rope, eps = config.head_dim, config.qk_rope_head_dim, config.rms_norm_eps
-    tokens = x.shape[0]
     cos, sin = rope_cos[:, : rope // 2].float(), rope_sin[:, : rope // 2].float()
     xb = x.double()
 
@@ -87,14 +99,10 @@ def v4_qkv_proj_rope(x: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor, wq
     codes = torch.round((qr * inv) * g_cq * quant).to(torch.int8)
     qr_scale = torch.reciprocal(quant)
 
-    acc = codes.to(torch.int64) @ wq_b.to(torch.int64)  # exact
-    q = (acc.to(torch.float32) * qr_scale * wq_b_scale.float()).reshape(tokens, heads, dim)
-    inv_h = _rsqrt_mean_sq(q, eps)  # [T, H, 1], no weight
-    q_nope = (q[..., : dim - rope] * inv_h).to(torch.bfloat16)
-    q_rope = _rotate(q[..., dim - rope:] * inv_h, cos[:, None, :], sin[:, None, :]).to(torch.bfloat16)
+    q = q_before_rounding(codes, qr_scale, wq_b, wq_b_scale, rope_cos, rope_sin, config=config)
 
     kv = (xb @ wkv.double()).float()
     n = kv * _rsqrt_mean_sq(kv, eps) * gamma_ckv.float()
     kv_out = torch.cat((n[:, : dim - rope].to(torch.bfloat16), _rotate(n[:, dim - rope:], cos, sin).to(torch.bfloat16)),
                        dim=-1)
-    return {"q": torch.cat((q_nope, q_rope), dim=-1), "kv": kv_out, "qr": codes, "qr_scale": qr_scale}
+    return {"q": q.to(torch.bfloat16), "kv": kv_out, "qr": codes, "qr_scale": qr_scale}
