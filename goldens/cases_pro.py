@@ -105,6 +105,70 @@ def _qkv_call(get, i: Tensors) -> Tensors:
     return get("v4_qkv_proj_rope")(**i, config=PRO)
 
 
+def _compressor_hca_build(seed: int, wiring: str) -> Tensors:
+    """Two requests of HCA's ratio-128 compressor at Pro's width (D 7168, head_dim 512, state pages of 8): request
+    0 at 125..127 (its window closes at 127), request 1 at 254, 255 (closes at 255); BF16-exact weights (the
+    entry's dtype), a state pool of random values, pages in reverse order."""
+    g = _g(seed)
+    hidden, d, page, ratio = PRO.hidden_size, PRO.head_dim, PRO.c128_state_block_size, 128
+    pos = torch.tensor([125, 126, 127, 254, 255])
+    req = torch.tensor([0, 0, 0, 1, 1])
+    blocks = 256 // page
+    return {"x": torch.randn(pos.numel(), hidden, generator=g).to(torch.bfloat16), "position_ids": pos,
+            "token_to_req": req,
+            "state_block_table": torch.arange(2 * blocks, dtype=torch.int32).reshape(2, blocks).flip(1).contiguous(),
+            "state_pool": torch.randn(2 * blocks, page, 2 * d, generator=g),
+            "wkv": (torch.randn(hidden, d, generator=g) / hidden**0.5).to(torch.bfloat16).float(),
+            "wgate": (torch.randn(hidden, d, generator=g) / hidden**0.5).to(torch.bfloat16).float(),
+            "ape": torch.randn(ratio, d, generator=g) * 0.5,
+            "norm": (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16).float()}
+
+
+def _compressor_hca_call(get, i: Tensors) -> Tensors:
+    from kernels.v4.compressor import V4CompressorWeights
+
+    w = V4CompressorWeights(i["wkv"], i["wgate"], i["ape"], i["norm"])
+    out, closes, pool = get("v4_compressor")(i["x"], i["position_ids"], i["token_to_req"], i["state_block_table"],
+                                             i["state_pool"], w, ratio=128, overlap=False)
+    return {"compressed": out, "closes": closes, "state_pool": pool}
+
+
+def _compressor_csa_build(seed: int, wiring: str) -> Tensors:
+    """One decode step of CSA's ratio-4 compressor (overlapping windows) at Pro geometry, as compressor_test is
+    compiled (4 requests x 2 tokens, 65 state pages of 4, a block table of 4096 pages): request 0 at 2, 3 (its
+    first window closes at 3, the previous window before position 0), request 1 at 7, 8 (closes at 7, the next
+    window opens), request 2 at 100, 101 (no close), request 3 at 4094, 4095 (closes at the table's last page);
+    unmapped pages are -1."""
+    g = _g(seed)
+    hidden, d, page, ratio = PRO.hidden_size, PRO.head_dim, PRO.c4a_state_block_size, 4
+    starts = (2, 7, 100, 4094)
+    pos = torch.tensor([p + s for p in starts for s in range(2)])
+    req = torch.tensor([r for r in range(4) for _ in range(2)])
+    width = PRO.kernel_max_seq_len // page
+    table = torch.full((4, width), -1, dtype=torch.int32)
+    phys = iter(torch.randperm(PRO.csa_state_pool, generator=g).tolist())
+    for r, p in enumerate(starts):
+        for blk in range(max(0, (p - 2 * ratio) // page), (p + 1) // page + 1):
+            table[r, blk] = next(phys)
+    c = 2 * d
+    return {"x": torch.randn(pos.numel(), hidden, generator=g).to(torch.bfloat16), "position_ids": pos,
+            "token_to_req": req, "state_block_table": table,
+            "state_pool": torch.randn(PRO.csa_state_pool, page, 2 * c, generator=g),
+            "wkv": (torch.randn(hidden, c, generator=g) / hidden**0.5).to(torch.bfloat16).float(),
+            "wgate": (torch.randn(hidden, c, generator=g) / hidden**0.5).to(torch.bfloat16).float(),
+            "ape": torch.randn(ratio, c, generator=g) * 0.5,
+            "norm": (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16).float()}
+
+
+def _compressor_csa_call(get, i: Tensors) -> Tensors:
+    from kernels.v4.compressor import V4CompressorWeights
+
+    w = V4CompressorWeights(i["wkv"], i["wgate"], i["ape"], i["norm"])
+    out, closes, pool = get("v4_compressor")(i["x"], i["position_ids"], i["token_to_req"], i["state_block_table"],
+                                             i["state_pool"], w, ratio=4, overlap=True)
+    return {"compressed": out, "closes": closes, "state_pool": pool}
+
+
 def _pro(case: Case) -> Case:
     return replace(case, preset=PRO.name)
 
@@ -127,6 +191,15 @@ def build() -> list[Case]:
         _case("v4_qkv_proj_rope_pro", "v4_qkv_proj_rope", "V4 Q/KV projection with RoPE at Pro geometry (D 7168, "
               "128 heads of 512, q LoRA 1536, 8 rows)", ("kernels.v4.qkv_proj",), _qkv_build, _qkv_call,
               {"q": "q_bf16", "kv": "exact", "qr": "exact", "qr_scale": "fp32_ulps"}, {"preset": "v4-pro"}),
+        _case("v4_compressor_hca_pro", "v4_compressor", "V4 HCA compressor (ratio 128) at Pro geometry: two requests "
+              "whose windows close (127, 255), one decode step per token", ("kernels.v4.compressor",),
+              _compressor_hca_build, _compressor_hca_call,
+              {"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"}),
+        _case("v4_compressor_csa_pro", "v4_compressor", "V4 CSA compressor (ratio 4, overlapping windows) at Pro "
+              "geometry: one decode step of 4 requests x 2 tokens, three windows closing (one before position 0, "
+              "one opening the next, one at the block table's last page)", ("kernels.v4.compressor",),
+              _compressor_csa_build, _compressor_csa_call,
+              {"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"}),
     )]
 
 

@@ -372,6 +372,72 @@ def _v4_qkv_proj_rope(run, x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, g
 
 
 COMPRESSOR_MODULES = {(4, True): "decode_compressor_ratio4", (128, False): "decode_compressor_ratio128"}
+ROPE_HEAD_DIM, CMP_PAGE, CMP_BLOCKS = 64, 128, 32  # V4's qk_rope_head_dim, compressed-cache page and pages (decode)
+
+
+def _bf16_if_exact(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as BF16 when every value is one (the dtype the kernel entries declare for weights; the goldens read
+    them with ``.float()``, so nothing moves), else a copy as is (a kernel then refuses the dtype, naming it)."""
+    b = t.to(torch.bfloat16)
+    return b.contiguous() if torch.equal(b.float(), t.float()) else t.clone().contiguous()
+
+
+def _decode_step(position_ids: torch.Tensor, token_to_req: torch.Tensor) -> list[tuple[int, list[int]]] | None:
+    """The call as [(request, [token index] * S)] * B when it is exactly one decode step of the model (V4's
+    DECODE_BATCH requests, each DECODE_SEQ consecutive positions, in position order within the call), else None."""
+    from kernels.config import V4_PRO
+
+    b, s = V4_PRO.decode_batch, V4_PRO.decode_seq
+    if position_ids.numel() != b * s:
+        return None
+    order: dict[int, list[int]] = {}
+    for t in range(position_ids.numel()):
+        order.setdefault(int(token_to_req[t]), []).append(t)
+    if len(order) != b or any(len(r) != s for r in order.values()):
+        return None
+    for r in order.values():
+        ps = [int(position_ids[t]) for t in r]
+        if ps[0] < 0 or ps != list(range(ps[0], ps[0] + s)):
+            return None
+    return list(order.items())
+
+
+def _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, pool, weights, out, closes, *,
+                        ratio, coff, eps):
+    """One decode step of B requests x S tokens through ``compressor_test`` / ``golden_compressor`` laid out as
+    compiled (ratio 4's entry takes exactly DECODE_BATCH x DECODE_SEQ): every token's state row is written, and
+    the closed row of a request whose window ends inside the step is kv[b, 0] (upstream writes the committed row
+    there); the state pool is carried out."""
+    from kernels.v4.compressor import _slot
+
+    pages, page, _ = pool.shape
+    d = weights.norm.shape[0]
+    rd, cache_page = (ROPE_HEAD_DIM, CMP_PAGE) if d >= ROPE_HEAD_DIM else (2, 1)
+    b, s = len(steps), len(steps[0][1])
+    flat = [t for _req, row in steps for t in row]
+    table = torch.stack([state_block_table[req] for req, _row in steps]).to(torch.int32).contiguous()
+    state_slots = torch.tensor([[_slot(state_block_table, req, int(position_ids[t]), page, pages) for t in row]
+                                for req, row in steps], dtype=torch.int64)
+    cache_blocks = CMP_BLOCKS if d >= ROPE_HEAD_DIM else b
+    tensors = {
+        "x": x[flat].reshape(b, s, -1).clone(), "compress_state": pool, "compress_state_block_table": table,
+        "wkv": _bf16_if_exact(weights.wkv.float().t()), "wgate": _bf16_if_exact(weights.wgate.float().t()),
+        "ape": weights.ape.float().clone(), "norm_w": _bf16_if_exact(weights.norm),
+        "cos": torch.ones(b, rd // 2), "sin": torch.zeros(b, rd // 2),
+        "cmp_kv_cache": torch.zeros(cache_blocks, cache_page, 1, d, dtype=torch.bfloat16),
+        "position_ids": position_ids[flat].reshape(b, s).to(torch.int32).contiguous(),
+        # request i commits into cache slot i (block 0 row i at the model's page; block i at a page of 1)
+        "cmp_slot_mapping": torch.arange(b, dtype=torch.int64)[:, None].expand(b, s).contiguous(),
+        "state_slot_mapping": state_slots, "kv": torch.zeros(b, s, d, dtype=torch.float32)}
+    module_globals = {"S": s, "B": b, "COMPRESS_STATE_BLOCK_SIZE": page, "HEAD_DIM": d, "OUT_DIM": coff * d,
+                      "ROPE_HEAD_DIM": rd, "EPS": float(eps), "BLOCK_SIZE": cache_page}
+    got = run(tensors, {}, {}, module=module, module_globals=module_globals)
+    for i, (_req, row) in enumerate(steps):
+        for t in row:
+            if (int(position_ids[t]) + 1) % ratio == 0:  # the window this step closes
+                out[t] = got["kv"][i, 0]
+                closes[t] = True
+    return out, closes, got["compress_state"]
 
 
 def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_pool, weights, *, ratio, overlap,
@@ -396,10 +462,16 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
     pool = state_pool.clone()
     out = torch.zeros(x.shape[0], d, dtype=torch.float32)
     closes = torch.zeros(x.shape[0], dtype=torch.bool)
-    rd = 2  # the rotated width: any even width is the identity here
-    wkv_t, wgate_t = weights.wkv.float().t().contiguous(), weights.wgate.float().t().contiguous()
+    steps = _decode_step(position_ids, token_to_req)
+    if steps is not None:  # the call is one decode step of the model's B requests x S tokens: one launch
+        return _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, pool, weights, out, closes,
+                                   ratio=ratio, coff=coff, eps=eps)
+    # the rotated width and the compressed-cache page: the model's (64, 128) when the row is that wide, as a kernel
+    # compiled at the model's geometry takes them; any even width is the identity rotation here
+    rd, cache_page = (ROPE_HEAD_DIM, CMP_PAGE) if d >= ROPE_HEAD_DIM else (2, 1)
+    wkv_t, wgate_t = _bf16_if_exact(weights.wkv.float().t()), _bf16_if_exact(weights.wgate.float().t())
     module_globals = {"S": 1, "B": 1, "COMPRESS_STATE_BLOCK_SIZE": page, "HEAD_DIM": d, "OUT_DIM": coff * d,
-                      "ROPE_HEAD_DIM": rd, "EPS": float(eps), "BLOCK_SIZE": 1}
+                      "ROPE_HEAD_DIM": rd, "EPS": float(eps), "BLOCK_SIZE": cache_page}
     for t in range(x.shape[0]):
         p, b = int(position_ids[t]), int(token_to_req[t])
         if p < 0:
@@ -407,9 +479,9 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
         slot = _slot(state_block_table, b, p, page, pages)  # the caller's side: a page for this position
         tensors = {"x": x[t].reshape(1, 1, -1).clone(), "compress_state": pool,
                    "compress_state_block_table": state_block_table[b:b + 1].to(torch.int32).clone(),
-                   "wkv": wkv_t, "wgate": wgate_t, "ape": weights.ape.float().clone(), "norm_w": weights.norm.clone(),
-                   "cos": torch.ones(1, rd // 2), "sin": torch.zeros(1, rd // 2),
-                   "cmp_kv_cache": torch.zeros(1, 1, 1, d, dtype=torch.bfloat16),
+                   "wkv": wkv_t, "wgate": wgate_t, "ape": weights.ape.float().clone(),
+                   "norm_w": _bf16_if_exact(weights.norm), "cos": torch.ones(1, rd // 2), "sin": torch.zeros(1, rd // 2),
+                   "cmp_kv_cache": torch.zeros(1, cache_page, 1, d, dtype=torch.bfloat16),
                    "position_ids": torch.tensor([[p]], dtype=torch.int32),
                    "cmp_slot_mapping": torch.tensor([[0]]), "state_slot_mapping": torch.tensor([[slot]]),
                    "kv": torch.zeros(1, 1, d, dtype=torch.float32)}
