@@ -174,3 +174,20 @@ def test_q_one_bf16_step_is_excused_only_near_a_midpoint():
     assert not res.ok and "not a BF16 neighbour" in res.message()
     assert not _q_judge(i, out, _bf16_step(out["q"], k_near, have - other)).ok  # the step away from the midpoint
     assert _q_judge(i, out, out["q"]).ok
+
+
+def test_a_tree_without_the_inputs_fails_naming_them_and_non_finite_must_match():
+    from contracts.compare import q_bf16
+
+    i = _inputs()
+    ref = _ref(i)
+    no_prev = {k: v for k, v in i.items() if k != "prev"}
+    res = mtp_out("out", ref, ref, Context(no_prev, {}, {}, {}))
+    assert not res.ok and "'prev'" in res.message()
+    res = q_bf16("q", torch.zeros(1, 1, 2, dtype=torch.bfloat16), torch.zeros(1, 1, 2, dtype=torch.bfloat16),
+                 Context({}, {}, {}, {}))
+    assert not res.ok and "'wq_b'" in res.message()
+    nan = ref.clone()
+    nan[0, 0, 0] = float("nan")
+    assert not mtp_out("out", ref, nan, Context(i, {}, {}, {"preset": C.name})).ok
+    assert mtp_out("out", nan, nan, Context(i, {}, {}, {"preset": C.name})).ok
