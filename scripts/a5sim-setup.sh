@@ -196,6 +196,13 @@ stage_ptoas() {
     done
   done
   { grep -rl "CallingConv::SimtEntry" "$src/lib" "$src/tools" 2>/dev/null || true; } | xargs -r sed -i 's/CallingConv::SimtEntry/CallingConv::C/g'
+  # the driver's own sources, as its CMakeLists lists them at this commit (the list grows: d9705519 added the
+  # Tilelang daemon), plus the SIMT size patcher it links as a library
+  local drv
+  drv=$(awk '/set\(PTOAS_RUNTIME_SOURCES/{p=1; next} p && /\)/{p=0} p {print $1}' "$src/tools/ptoas/CMakeLists.txt" \
+        | sed 's|^|"${_drv}/|; s|$|"|' | tr '\n' ' ')
+  [ -n "$drv" ] || drv='"${_drv}/ptoas.cpp" "${_drv}/driver.cpp" "${_drv}/VPTOHostStubEmission.cpp" "${_drv}/ObjectEmission.cpp"'
+  if [ -f "$src/tools/ptoas/VFSIMTSizePatcher.cpp" ]; then drv="$drv \"\${_drv}/VFSIMTSizePatcher.cpp\""; fi
   mkdir -p "$src/tools/ptoas-cli"
   cat > "$src/tools/ptoas-cli/main.cpp" <<'CPP'
 // pto-contracts a5sim-setup: the PTO assembler as a plain command (the driver is PTOAS's own).
@@ -205,8 +212,7 @@ CPP
   cat > "$src/tools/ptoas-cli/CMakeLists.txt" <<'CMAKE'
 # pto-contracts a5sim-setup: PTOAS's driver sources and library objects, linked against the shared libMLIR / libLLVM
 set(_drv "${CMAKE_SOURCE_DIR}/tools/ptoas")
-add_executable(ptoas-cli main.cpp "${_drv}/ptoas.cpp" "${_drv}/driver.cpp" "${_drv}/VPTOHostStubEmission.cpp"
-  "${_drv}/ObjectEmission.cpp" "${_drv}/VFSIMTSizePatcher.cpp"
+add_executable(ptoas-cli main.cpp @DRIVER_SOURCES@
   $<TARGET_OBJECTS:obj.PTOIR> $<TARGET_OBJECTS:obj.PTOTransforms> $<TARGET_OBJECTS:obj.ptobc_lib>)
 set_target_properties(ptoas-cli PROPERTIES OUTPUT_NAME ptoas RUNTIME_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/bin")
 target_compile_definitions(ptoas-cli PRIVATE PTOAS_RELEASE_VERSION="${PTOAS_CLI_VERSION}"
@@ -216,6 +222,7 @@ target_include_directories(ptoas-cli PRIVATE "${_drv}" "${CMAKE_SOURCE_DIR}/tool
   "${CMAKE_SOURCE_DIR}/tools/ptobc/generated")
 target_link_libraries(ptoas-cli PRIVATE "${LLVM_LIBRARY_DIR}/libMLIR.so" "${LLVM_LIBRARY_DIR}/libLLVM.so")
 CMAKE
+  DRV="$drv" perl -pi -e 's/\@DRIVER_SOURCES\@/$ENV{DRV}/' "$src/tools/ptoas-cli/CMakeLists.txt"
   sed -i 's/^add_subdirectory(ptoas)$/add_subdirectory(ptoas-cli)/; s/^add_subdirectory(pto-test-opt)$//' \
     "$src/tools/CMakeLists.txt"
   in_chroot /bin/sh -c "cmake -S '$src' -B '$build' -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE=-O1 \
@@ -235,10 +242,6 @@ stage_wrapper() {
   # (PTO_UPSTREAM_PYTHON=PREFIX/bin/python) and for running upstream's examples. It bind-mounts the working folder,
   # every existing absolute path among its arguments and PYTHONPATH, and passes the PTO* / PYPTO* / OMP_* settings.
   mkdir -p "$PREFIX/bin"
-  local name
-  for name in pypto pypto/runtime pto-isa PTOAS; do  # what was built, for the provenance of kept device runs
-    echo "$name $(git -C "$SRC/$name" rev-parse --short=12 HEAD)"
-  done > "$PREFIX/commits.txt"
   cat > "$PREFIX/bin/python" <<WRAP
 #!/bin/sh
 # Written by pto-contracts scripts/a5sim-setup.sh: the a5sim toolchain's Python, run inside its chroot (needs root).
@@ -275,5 +278,16 @@ stage_example() {
   tail -n 3 "$PREFIX/example.log"
 }
 
+record_commits() {
+  # what the toolchain was built from, for the provenance of kept device runs: rewritten after every run, so a
+  # stage redone with --force (a new assembler) is what the wrapper reports
+  local name
+  [ -d "$SRC" ] || return 0
+  for name in pypto pypto/runtime pto-isa PTOAS; do
+    if [ -d "$SRC/$name" ]; then echo "$name $(git -C "$SRC/$name" rev-parse --short=12 HEAD)"; fi
+  done > "$PREFIX/commits.txt"
+}
+
 SOURCES="${SOURCES:+$(readlink -f "$SOURCES")}"
 for s in "${STAGES[@]}"; do stage "$s"; done
+record_commits
