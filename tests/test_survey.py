@@ -101,3 +101,28 @@ def test_a_stage_that_raised_is_named_though_the_runner_printed_done():
     assert classify(out, "Traceback (most recent call last):\nRuntimeError: boom\n", 1) == ("FAIL compile",
                                                                                            "RuntimeError: boom")
     assert classify("", "ImportError: no module x\n", 1) == ("FAIL before any stage", "ImportError: no module x")
+
+
+# What the survey reads of upstream's golden/runner.py, pinned from upstream main (634e77bde7c3): the stages it
+# opens with _Stage(...), the line a stage prints when it starts, and the success line.
+RUNNER_FACTS = {"stages": ["benchmark", "compile", "compute golden", "generate inputs", "runtime", "validate"],
+                "start": 'print(f"[RUN] {self._name} ...", flush=True)', "pass": 'print(f"[RUN] PASS ('}
+
+
+def _runner_facts(runner: Path) -> dict:
+    import re
+
+    text = runner.read_text()
+    return {"stages": sorted(set(re.findall(r'_Stage\("([^"]+)"\)', text))),
+            "start": RUNNER_FACTS["start"] if RUNNER_FACTS["start"] in text else None,
+            "pass": RUNNER_FACTS["pass"] if RUNNER_FACTS["pass"] in text else None}
+
+
+def test_the_survey_reads_every_stage_upstreams_runner_opens():
+    from backends.upstream.survey import _STAGE
+
+    for stage in RUNNER_FACTS["stages"]:
+        assert _STAGE.match(f"[RUN] {stage} ..."), stage
+    root = os.environ.get("PYPTO_LIB_ROOT")
+    if root:  # against the real runner: the same facts (a difference means the survey must learn a new line)
+        assert _runner_facts(Path(root) / "golden" / "runner.py") == RUNNER_FACTS
