@@ -632,54 +632,55 @@ def _v4_compressor_call(get, inputs: Tensors, ratio: int, overlap: bool) -> Tens
     return {"compressed": out, "closes": closes, "state_pool": pool}
 
 
-def _v4_attention_build(path: str):
+def _v4_attention_build(path: str, config=None, ori_pages: int = 12, cmp_pages: int = 8):
     def build(seed: int, wiring: str) -> Tensors:
-        """V4-Pro (tiny) decode attention of one path at upstream's HCA start regimes: the windows from
-        v4_decode_metadata (an unmapped window page), compressed pages in a shuffled order, HCA's own top-k or a
-        raw CSA indexer top-k with slots past the causal bound."""
+        """V4-Pro (tiny, or ``config``) decode attention of one path at upstream's HCA start regimes: the windows
+        from v4_decode_metadata (an unmapped window page), compressed pages in a shuffled order, HCA's own top-k or
+        a raw CSA indexer top-k with slots past the causal bound; pools of ``ori_pages`` / ``cmp_pages`` pages
+        (12 and 8 of them in use)."""
         from kernels.v4.decode_metadata import hca_topk, v4_decode_metadata
 
-        config = _v4_config()
+        c = config or _v4_config()
         g = torch.Generator().manual_seed(seed)
-        t, h, d, bs = config.decode_tokens, config.num_attention_heads, config.head_dim, config.block_size
-        ori_table = torch.randperm(12, generator=g).reshape(4, 3).to(torch.int32)
+        t, h, d, bs = c.decode_tokens, c.num_attention_heads, c.head_dim, c.block_size
+        ori_table = torch.randperm(ori_pages, generator=g)[:12].reshape(4, 3).to(torch.int32)
         ori_table[1, 0] = -1
-        cmp_table = torch.randperm(8, generator=g).reshape(4, 2).to(torch.int32)
+        cmp_table = torch.randperm(cmp_pages, generator=g)[:8].reshape(4, 2).to(torch.int32)
         md = v4_decode_metadata(torch.tensor([300, 127, 255, 7]), ori_table, {4: cmp_table, 128: cmp_table},
                                 {4: torch.zeros(4, 80, dtype=torch.int32), 128: torch.zeros(4, 40, dtype=torch.int32)},
-                                config=config)
-        groups, lora = config.o_groups, config.o_lora_rank
+                                config=c)
+        groups, lora = c.o_groups, c.o_lora_rank
         inputs = {"q": (torch.rand(t, h, d, generator=g) - 0.5).to(torch.bfloat16),
-                  "ori_kv": (torch.rand(12, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+                  "ori_kv": (torch.rand(ori_pages, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
                   "window_indices": md.swa_indices, "position_ids": md.position_ids,
-                  "cmp_kv": (torch.rand(8 if path != "SWA" else 1, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+                  "cmp_kv": (torch.rand(cmp_pages if path != "SWA" else 1, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
                   "cmp_block_table": cmp_table if path != "SWA" else torch.zeros(4, 1, dtype=torch.int32),
                   "attn_sink": torch.randn(h, generator=g),
-                  "freqs_cos": torch.cos(md.position_ids[:, None] * torch.rand(config.qk_rope_head_dim, generator=g))
+                  "freqs_cos": torch.cos(md.position_ids[:, None] * torch.rand(c.qk_rope_head_dim, generator=g))
                   .to(torch.bfloat16),
-                  "freqs_sin": torch.sin(md.position_ids[:, None] * torch.rand(config.qk_rope_head_dim, generator=g))
+                  "freqs_sin": torch.sin(md.position_ids[:, None] * torch.rand(c.qk_rope_head_dim, generator=g))
                   .to(torch.bfloat16),
                   "wo_a": ((torch.rand(groups, lora, h * d // groups, generator=g) - 0.5) / 4).to(torch.bfloat16),
-                  "wo_b": torch.randint(-127, 128, (config.hidden_size, groups * lora), generator=g, dtype=torch.int8),
-                  "wo_b_scale": torch.rand(config.hidden_size, generator=g) / 500}
+                  "wo_b": torch.randint(-127, 128, (c.hidden_size, groups * lora), generator=g, dtype=torch.int8),
+                  "wo_b_scale": torch.rand(c.hidden_size, generator=g) / 500}
         if path == "HCA":
-            limit = min(config.max_position_embeddings // 128, config.index_topk)
-            inputs["compressed"] = hca_topk(md.position_ids, md.kv_seq_lens, seq=config.decode_seq, limit=limit)
+            limit = min(c.max_position_embeddings // 128, c.index_topk)
+            inputs["compressed"] = hca_topk(md.position_ids, md.kv_seq_lens, seq=c.decode_seq, limit=limit)
         elif path == "CSA":
             bound = (md.position_ids.to(torch.int64) + 1) // 4
-            raw = (torch.rand(t, config.index_topk, generator=g) * (bound[:, None] + 3)).to(torch.int32) - 1
+            raw = (torch.rand(t, c.index_topk, generator=g) * (bound[:, None] + 3)).to(torch.int32) - 1
             raw[:, 0], raw[:, 1] = (bound - 1).to(torch.int32), bound.to(torch.int32)
             inputs["compressed"] = raw
         return inputs
     return build
 
 
-def _v4_attention_call(get, inputs: Tensors, path: str) -> Tensors:
+def _v4_attention_call(get, inputs: Tensors, path: str, config=None) -> Tensors:
     i = inputs
     prefill = {} if "num_tokens" not in i else {"seq": i["q"].shape[0], "num_tokens": int(i["num_tokens"])}
     out = get("v4_attention")(path, i["q"], i["ori_kv"], i["window_indices"], i["cmp_kv"], i["cmp_block_table"],
                               i.get("compressed"), i["position_ids"], i["attn_sink"], i["freqs_cos"], i["freqs_sin"],
-                              i["wo_a"], i["wo_b"], i["wo_b_scale"], config=_v4_config(), **prefill)
+                              i["wo_a"], i["wo_b"], i["wo_b_scale"], config=config or _v4_config(), **prefill)
     return {"attn_out": out}
 
 

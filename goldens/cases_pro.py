@@ -169,6 +169,17 @@ def _compressor_csa_call(get, i: Tensors) -> Tensors:
     return {"compressed": out, "closes": closes, "state_pool": pool}
 
 
+def _attention_case(path: str) -> Case:
+    from goldens.cases import _v4_attention_build, _v4_attention_call
+
+    return _case(f"v4_attention_{path.lower()}_pro", "v4_attention", f"V4 decode attention, {path} path, at Pro "
+                 "geometry (128 heads of 512, a window of 128, the grouped output projection to 7168; pools of 128 "
+                 "window pages and 32 compressed pages, as sparse_attn_test is compiled): the tiny case's regimes "
+                 "(an unmapped window page, shuffled compressed pages)", ("kernels.v4.sparse_attention",),
+                 _v4_attention_build(path, PRO, ori_pages=PRO.ori_pool, cmp_pages=PRO.cmp_pool),
+                 lambda get, i: _v4_attention_call(get, i, path, PRO), {"attn_out": "attn_out_v4"})
+
+
 def _pro(case: Case) -> Case:
     return replace(case, preset=PRO.name)
 
@@ -200,6 +211,7 @@ def build() -> list[Case]:
               "one opening the next, one at the block table's last page)", ("kernels.v4.compressor",),
               _compressor_csa_build, _compressor_csa_call,
               {"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"}),
+        *(_attention_case(path) for path in ("SWA", "HCA", "CSA")),
     )]
 
 
