@@ -152,13 +152,19 @@ def _defined_in(fn: types.FunctionType, module: str) -> bool:
 def _local_imports(fn: types.FunctionType) -> list[tuple[str, str | None]]:
     """(module, name) for ``from module import name`` and (module, None) for ``import module`` statements in
     the function's own body (absolute imports of project modules only)."""
+    if fn.__name__ == "<lambda>":
+        return []  # a lambda holds no statement; its source line may hold more than the lambda and not parse
     src = _source(fn)
     if not src:
         return []
     if src in _IMPORTS:
         return _IMPORTS[src]
-    with _LOCK:
-        tree = ast.parse(textwrap.dedent(src))
+    try:
+        with _LOCK:
+            tree = ast.parse(textwrap.dedent(src))
+    except SyntaxError:
+        _IMPORTS[src] = []
+        return []
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and _ours(node.module):
