@@ -20,7 +20,7 @@ JOBS=2
 ONLY=""
 FORCE=""
 MIRROR="${A5SIM_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-STAGES=(chroot packages venv sources pypto runtime ptoas wrapper example)
+STAGES=(chroot packages venv sources pypto runtime simfix ptoas wrapper example)
 # Commits known to work together (docs/a5sim.md); a checkout at another commit is used as it is, with a warning.
 PIN_PYPTO=e2d0f78a
 PIN_SIMPLER=93adc386
@@ -176,6 +176,56 @@ stage_runtime() {
   mkdir -p "$assets"
   [ -d "$assets/pto-isa/.git" ] || git clone -q "$SRC/pto-isa" "$assets/pto-isa"
   git -C "$assets/pto-isa" checkout -q "$PIN_PTO_ISA" 2>/dev/null || echo "warning: pto-isa has no commit $PIN_PTO_ISA"
+  rm -f "$STAMPS/simfix"  # the simulator fix is applied on top of this checkout: redo it
+}
+
+stage_simfix() {
+  # pto-isa's CPU simulator (the runtime's pin cd4a3d3f, and every commit since 439faf48) adds tiles of one C++
+  # type only, while the V4-Pro kernels' generated code adds INT32 tiles whose valid shape is static on one
+  # operand and dynamic on another: the gate, the compressors, the indexers and the attention kernels stop in g++
+  # ("no matching function for call to TADD_IMPL"). This adds a TADD over such tiles (same element type, storage
+  # shape and layout; valid shapes checked equal at run time) to the toolchain's copy of pto-isa -- never your
+  # checkout --, commits it there and points the installed runtime's pin at that commit (the runtime takes only a
+  # pristine checkout at its pin).
+  local assets hdr
+  assets="$("$VENV/bin/python" -c 'import os, simpler_setup; print(os.path.dirname(simpler_setup.__file__))')/_assets"
+  [ -d "$assets/build/pto-isa/.git" ] || die "no pto-isa in the runtime's assets: redo the runtime stage"
+  git -C "$assets/build/pto-isa" reset -q --hard "$PIN_PTO_ISA"
+  hdr="$assets/build/pto-isa/include/pto/cpu/TAdd.hpp"
+  "$HOST_PY" - "$hdr" <<'PY' || die "could not add the mixed-tile TADD to $hdr"
+import sys
+path = sys.argv[1]
+text = open(path).read()
+marker = "PTO_INTERNAL void TADD_IMPL(tile_shape& dst, tile_shape& src0, tile_shape& src1)"
+if marker not in text:
+    sys.exit(f"{path}: the one-type TADD_IMPL is not where it was; this pto-isa may not need the fix")
+end = text.index("\n}\n", text.index(marker)) + 3
+overload = """
+// pto-contracts a5sim-setup: TADD over tiles that differ only in how their valid shape is given.
+template <typename D, typename S0, typename S1>
+    requires(!(std::is_same_v<D, S0> && std::is_same_v<D, S1>))
+PTO_INTERNAL void TADD_IMPL(D& dst, S0& src0, S1& src1)
+{
+    static_assert(std::is_same_v<typename D::DType, typename S0::DType> &&
+                  std::is_same_v<typename D::DType, typename S1::DType>, "TADD: one element type");
+    static_assert(D::Rows == S0::Rows && D::Rows == S1::Rows && D::Cols == S0::Cols && D::Cols == S1::Cols &&
+                  D::isRowMajor == S0::isRowMajor && D::isRowMajor == S1::isRowMajor &&
+                  D::SFractal == S0::SFractal && D::SFractal == S1::SFractal, "TADD: one storage shape and layout");
+    unsigned row = dst.GetValidRow();
+    unsigned col = dst.GetValidCol();
+    PTO_ASSERT(src0.GetValidRow() == row && src0.GetValidCol() == col, "TADD: src0 valid shape differs from dst");
+    PTO_ASSERT(src1.GetValidRow() == row && src1.GetValidCol() == col, "TADD: src1 valid shape differs from dst");
+    TAdd_Impl<D>(dst.data(), src0.data(), src1.data(), row, col);
+}
+"""
+text = text[:end] + overload + text[end:]
+if "#include <type_traits>" not in text:
+    text = text.replace("#include <pto/common/pto_tile.hpp>", "#include <pto/common/pto_tile.hpp>\n#include <type_traits>", 1)
+open(path, "w").write(text)
+PY
+  git -C "$assets/build/pto-isa" -c user.name=a5sim-setup -c user.email=a5sim-setup@localhost commit -qam \
+    "pto-contracts a5sim-setup: TADD over tiles of static and dynamic valid shapes (CPU simulator)"
+  git -C "$assets/build/pto-isa" rev-parse HEAD > "$assets/pto_isa.pin"
 }
 
 stage_ptoas() {
@@ -283,9 +333,15 @@ record_commits() {
   # stage redone with --force (a new assembler) is what the wrapper reports
   local name
   [ -d "$SRC" ] || return 0
+  local sim
   for name in pypto pypto/runtime pto-isa PTOAS; do
     if [ -d "$SRC/$name" ]; then echo "$name $(git -C "$SRC/$name" rev-parse --short=12 HEAD)"; fi
   done > "$PREFIX/commits.txt"
+  sim="$("$VENV/bin/python" -c 'import os, simpler_setup; print(os.path.dirname(simpler_setup.__file__))' 2>/dev/null)/_assets/build/pto-isa"
+  if [ -d "$sim/.git" ]; then  # what the simulator compiles kernels with (pto-isa plus the simfix commit)
+    echo "pto-isa-sim $(git -C "$sim" rev-parse --short=12 HEAD) ($(git -C "$sim" log -1 --format=%s | cut -c1-60))" \
+      >> "$PREFIX/commits.txt"
+  fi
 }
 
 SOURCES="${SOURCES:+$(readlink -f "$SOURCES")}"
