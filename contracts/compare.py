@@ -186,6 +186,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "cache_scale": {},
     "mtp_out": {"ulps": FP32_ULPS, "tie_window": 2.0 ** -18},
     "q_bf16": {"midpoint_fp32_ulps": 32},
+    "rms_scale": {"ulps": FP32_ULPS, "sum_rel_per_term": 2.0 ** -24},
     "hc_mix": {"atol": precision.HC_MIX_TOL[0], "rtol": precision.HC_MIX_TOL[1], "padding": 0.0},
     "hc_out": {"atol": precision.HC_OUT_TOL[0], "rtol": precision.HC_OUT_TOL[1]},
     "gate_ids": {"score_atol": 2e-4, "score_rtol": 5e-5},
@@ -525,6 +526,34 @@ def mtp_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckR
                             f"([{lo.reshape(-1)[k].item():.3g}, {hi.reshape(-1)[k].item():.3g}] around expected)"))
 
 
+def rms_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """A per-row FP32 scale that is exact factors times rsqrt(mean of D squares + eps) (v4_gate's x_norm_scale,
+    D the last dim of the input ``x_mixed``), §8: ``fp32_ulps`` plus the worst-case FP32 error of a sum of D
+    non-negative terms in any order, (D - 1)·2^-24 relative, halved by the square root. A kernel sums the squares in
+    its own tile order (measured on a5sim: the V4-Pro gate's scales 5 to 6 ulps from the FP64-summed reference at
+    D 7168); at D 64 the bound is 16 ulps, and a rule change (a mean over D - 1, a missing eps) is pinned by the
+    tiny contracts, where it moves the scale far more."""
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    if "x_mixed" not in ctx.inputs:
+        return failed("rms_scale", "§8", a.numel(), a.numel(),
+                      Violation(name, (), None, None, "the tree has no input 'x_mixed' (the reduction's length)"))
+    d = int(ctx.inputs["x_mixed"].shape[-1])
+    af, ef = a.float().double(), e.float().double()
+    ulp = (torch.nextafter(e.float().abs(), torch.tensor(float("inf"))) - e.float().abs()).double()
+    bound = FP32_ULPS * ulp + ef.abs() * (d - 1) * 2.0 ** -24 / 2
+    off = ~((af - ef).abs() <= bound) & ~(a.float() == e.float())
+    if not bool(off.any()):
+        return passed("rms_scale", "§8", a.numel())
+    k = int(((af - ef).abs() / bound).masked_fill(~off, 0).reshape(-1).argmax())
+    idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(k), a.shape))
+    return failed("rms_scale", "§8", a.numel(), int(off.sum()),
+                  Violation(name, idx, a.reshape(-1)[k].item(), e.reshape(-1)[k].item(),
+                            f"{FP32_ULPS} ulp plus (D - 1)·2^-24 / 2 relative, D = {d} "
+                            f"({bound.reshape(-1)[k].item():.3g})"))
+
+
 Q_BF16_INPUTS = ("wq_b", "wq_b_scale", "rope_cos", "rope_sin")
 
 
@@ -582,7 +611,7 @@ COMPARATORS: dict[str, Comparator] = {
     "v4_index_score": v4_index_score, "v4_index_topk": v4_index_topk,
     "v4_prefill_index_score": v4_prefill_index_score, "v4_prefill_index_topk": v4_prefill_index_topk,
     "v4_cmp_pool": v4_cmp_pool, "v4_state_pool": v4_state_pool,
-    "v4_prefill_mtp_out": v4_prefill_mtp_out, "v4_kv_pool": v4_kv_pool, "mtp_out": mtp_out, "q_bf16": q_bf16,
+    "v4_prefill_mtp_out": v4_prefill_mtp_out, "v4_kv_pool": v4_kv_pool, "mtp_out": mtp_out, "q_bf16": q_bf16, "rms_scale": rms_scale,
 }
 
 

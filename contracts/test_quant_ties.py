@@ -191,3 +191,25 @@ def test_a_tree_without_the_inputs_fails_naming_them_and_non_finite_must_match()
     nan[0, 0, 0] = float("nan")
     assert not mtp_out("out", ref, nan, Context(i, {}, {}, {"preset": C.name})).ok
     assert mtp_out("out", nan, nan, Context(i, {}, {}, {"preset": C.name})).ok
+
+
+def test_rms_scale_holds_another_summation_order_and_nothing_more():
+    from contracts.compare import rms_scale
+
+    g = torch.Generator().manual_seed(11)
+    for d in (64, 7168):
+        x = torch.randn(8, d, generator=g)
+        ctx = Context({"x_mixed": x.to(torch.bfloat16)}, {}, {}, {})
+        sq = x.double().pow(2)
+        exact = torch.rsqrt((sq.sum(-1, keepdim=True) / d).float() + 1e-6)
+        seq = torch.zeros(8, 1)
+        for k in range(d):  # one FP32 order: left to right, one term at a time
+            seq += x[:, k:k + 1].pow(2)
+        other = torch.rsqrt(seq / d + 1e-6)
+        assert rms_scale("s", other, exact, ctx).ok
+        wrong = torch.rsqrt((sq.sum(-1, keepdim=True) / (d - 1)).float() + 1e-6)  # a mean over D - 1
+        assert not torch.equal(wrong, exact)
+        res = rms_scale("s", wrong, exact, ctx)
+        assert res.ok == (d > 4096), (d, res.message())  # at Pro width the rule hides under the order bound
+        edge = exact * (1 + (d - 1) * 2.0 ** -24 / 2 * 1.01) + 1e-30
+        assert not rms_scale("s", edge + 8 * (torch.nextafter(exact, torch.tensor(1.0)) - exact), exact, ctx).ok

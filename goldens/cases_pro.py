@@ -185,7 +185,8 @@ def _pro(case: Case) -> Case:
 
 
 def build() -> list[Case]:
-    gate_out = {"x_norm_i8": "exact", "x_norm_scale": "fp32_ulps", "indices": "exact", "weights": "fp32_ulps"}
+    # x_norm_scale: a 7168-term FP32 sum of squares in the kernel's order moves it past 4 ulps (rms_scale)
+    gate_out = {"x_norm_i8": "exact", "x_norm_scale": "rms_scale", "indices": "exact", "weights": "fp32_ulps"}
     return [_pro(c) for c in (
         _case("v4_gate_hash_pro", "v4_gate", "V4 router at Pro geometry (D 7168, 384 experts, the full 129280-id "
               "tid2eid) on a hash layer: 6 real rows and 2 padding rows of the 8 the entry takes, a zero row, a 1000x "
