@@ -672,6 +672,9 @@ PRO_ENTRIES: dict[str, tuple[str, int]] = {
     "decode_compressor_ratio4": ("compressor_test", 1),
     "decode_compressor_ratio128": ("compressor_test", 1),
     "lm_head": ("l3_lm_head", 2),
+    "decode_sparse_attn": ("sparse_attn_test", 1),
+    "decode_sparse_attn_hca": ("sparse_attn_test", 1),
+    "decode_sparse_attn_swa": ("sparse_attn_test", 1),
 }
 
 
