@@ -246,6 +246,15 @@ def toolchain_facts() -> list[tuple[str, str, str]]:
             rows.append(("MISSING", "pto-isa", f"{isa} is at {head[:12]}, the runtime pins {pin[:12]}: check out the pin"))
         else:
             rows.append(("ok", "pto-isa", f"{isa} @ {head[:12]} (the runtime's pin)"))
+            try:
+                with open(os.path.join(isa, "include", "pto", "cpu", "TAdd.hpp"), encoding="utf-8") as fh:
+                    fixed = "pto-contracts a5sim-setup: TADD" in fh.read()
+            except OSError:
+                fixed = False
+            rows.append(("ok", "pto-isa mixed-tile TADD", "present (scripts/a5sim-setup.sh stage simfix)") if fixed
+                        else ("MISSING", "pto-isa mixed-tile TADD", "the CPU simulator adds tiles of one type only: the "
+                              "gate, compressors, indexers and attention stop in g++ (no matching TADD_IMPL); run "
+                              "scripts/a5sim-setup.sh --force simfix"))
     except Exception as exc:  # noqa: BLE001
         rows.append(("MISSING", "pypto runtime (simpler)", f"import simpler_setup failed ({type(exc).__name__}): {setup}"))
     gxx = shutil.which("g++-15")
