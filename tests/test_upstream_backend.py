@@ -227,3 +227,24 @@ def test_the_toolchain_check_names_each_missing_piece_and_the_bf16_probe_can_fai
     rows = {piece: (state, detail) for state, piece, detail in toolchain_facts()}
     assert rows["std::bfloat16_t"][0] == "ok" and rows["g++-15"] == ("ok", "g++-15 (stand-in) 15")
     assert rows["PTO assembler"] == ("ok", f"{ptoas}: ptoas 0.57 (stand-in)")
+
+
+def test_a_compressor_call_is_one_device_step_only_when_it_is_exactly_4_requests_of_2_consecutive_tokens():
+    # decode_compressor_ratio4.py::compressor_test is compiled for DECODE_BATCH x DECODE_SEQ = 4 x 2; the adapter
+    # launches such a call once, in the request order of the call, and any other call one token at a time
+    from backends.upstream.adapters import _bf16_if_exact, _decode_step
+
+    pos = torch.tensor([2, 3, 7, 8, 100, 101, 4094, 4095])
+    req = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    assert _decode_step(pos, req) == [(0, [0, 1]), (1, [2, 3]), (2, [4, 5]), (3, [6, 7])]
+    mixed = torch.tensor([0, 2, 1, 3, 4, 6, 5, 7])  # requests interleaved, each in position order: the same steps
+    assert _decode_step(pos[mixed], req[mixed]) == [(0, [0, 2]), (1, [1, 3]), (2, [4, 6]), (3, [5, 7])]
+    for p, r in ((pos[:6], req[:6]),                                  # 3 requests
+                 (torch.tensor([2, 4, 7, 8, 100, 101, 4094, 4095]), req),  # not consecutive
+                 (torch.tensor([3, 2, 7, 8, 100, 101, 4094, 4095]), req),  # out of order within the request
+                 (torch.tensor([-1, 0, 7, 8, 100, 101, 4094, 4095]), req),  # a padding position
+                 (pos, torch.tensor([0, 0, 0, 1, 2, 2, 3, 3]))):             # 3 tokens of one request
+        assert _decode_step(p, r) is None, (p, r)
+    w = torch.randn(4, 3)
+    assert _bf16_if_exact(w.to(torch.bfloat16).float()).dtype == torch.bfloat16
+    assert _bf16_if_exact(w + 1e-4).dtype == torch.float32  # not BF16: kept, a kernel then refuses the dtype
