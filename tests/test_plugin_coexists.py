@@ -58,8 +58,11 @@ def test_loading_the_plugin_by_name_into_that_suite_is_the_clash_it_avoids(tmp_p
     assert "already used" in proc.stdout + proc.stderr
 
 
-def test_sessions_rooted_in_the_project_get_the_plugin():
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:xdist"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "--golden-store" in proc.stdout and "--backend-module" in proc.stdout
+def test_sessions_rooted_in_the_project_get_the_plugin(request):
+    # this very session is rooted here: the root conftest loaded the plugin, and its options exist
+    import conftest as root_conftest
+
+    assert Path(root_conftest.__file__).resolve() == ROOT / "conftest.py"
+    assert root_conftest.pytest_plugins == ("contracts.plugin",)
+    assert request.config.pluginmanager.has_plugin("contracts.plugin")
+    assert request.config.getoption("golden_store") and request.config.getoption("backend_module") is None
