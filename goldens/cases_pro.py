@@ -16,11 +16,12 @@ Each case is its tiny twin of ``goldens.cases_v4_ops`` at Pro's dims, with the r
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import torch
 
 from goldens.cases import Case, Tensors, register
-from goldens.cases_v4_ops import _case, _g, _int8
+from goldens.cases_v4_ops import _case, _g, _int8, _qkv_build
 from kernels.config import V4_PRO
 
 PRO = V4_PRO.kernel_preset()
@@ -87,20 +88,6 @@ def _mtp_call(get, i: Tensors) -> Tensors:
     return {"out": get("mtp_projection")(*(i[n] for n in names), config=PRO)}
 
 
-def _qkv_build(seed: int, wiring: str) -> Tensors:
-    g = _g(seed)
-    hidden, lora, h, d, rope = PRO.hidden_size, PRO.q_lora_rank, PRO.num_attention_heads, PRO.head_dim, \
-        PRO.qk_rope_head_dim
-    angle = torch.rand(ROWS, 1, generator=g) * 300 * torch.rand(rope, generator=g)
-    return {"x": torch.randn(ROWS, hidden, generator=g).to(torch.bfloat16),
-            "wq_a": (torch.randn(hidden, lora, generator=g) / hidden**0.5).to(torch.bfloat16),
-            "wq_b": _int8((lora, h * d), g), "wq_b_scale": torch.rand(h * d, generator=g) / 127 + 1e-3,
-            "wkv": (torch.randn(hidden, d, generator=g) / hidden**0.5).to(torch.bfloat16),
-            "rope_cos": torch.cos(angle).to(torch.bfloat16), "rope_sin": torch.sin(angle).to(torch.bfloat16),
-            "gamma_cq": (torch.rand(lora, generator=g) + 0.5).to(torch.bfloat16),
-            "gamma_ckv": (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16)}
-
-
 def _qkv_call(get, i: Tensors) -> Tensors:
     return get("v4_qkv_proj_rope")(**i, config=PRO)
 
@@ -124,13 +111,16 @@ def _compressor_hca_build(seed: int, wiring: str) -> Tensors:
             "norm": (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16).float()}
 
 
-def _compressor_hca_call(get, i: Tensors) -> Tensors:
-    from kernels.v4.compressor import V4CompressorWeights
+def _compressor_call(ratio: int, overlap: bool):
+    def call(get, i: Tensors) -> Tensors:
+        from kernels.v4.compressor import V4CompressorWeights
 
-    w = V4CompressorWeights(i["wkv"], i["wgate"], i["ape"], i["norm"])
-    out, closes, pool = get("v4_compressor")(i["x"], i["position_ids"], i["token_to_req"], i["state_block_table"],
-                                             i["state_pool"], w, ratio=128, overlap=False)
-    return {"compressed": out, "closes": closes, "state_pool": pool}
+        w = V4CompressorWeights(i["wkv"], i["wgate"], i["ape"], i["norm"])
+        out, closes, pool = get("v4_compressor")(i["x"], i["position_ids"], i["token_to_req"],
+                                                 i["state_block_table"], i["state_pool"], w, ratio=ratio,
+                                                 overlap=overlap)
+        return {"compressed": out, "closes": closes, "state_pool": pool}
+    return call
 
 
 def _compressor_csa_build(seed: int, wiring: str) -> Tensors:
@@ -158,15 +148,6 @@ def _compressor_csa_build(seed: int, wiring: str) -> Tensors:
             "wgate": (torch.randn(hidden, c, generator=g) / hidden**0.5).to(torch.bfloat16).float(),
             "ape": torch.randn(ratio, c, generator=g) * 0.5,
             "norm": (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16).float()}
-
-
-def _compressor_csa_call(get, i: Tensors) -> Tensors:
-    from kernels.v4.compressor import V4CompressorWeights
-
-    w = V4CompressorWeights(i["wkv"], i["wgate"], i["ape"], i["norm"])
-    out, closes, pool = get("v4_compressor")(i["x"], i["position_ids"], i["token_to_req"], i["state_block_table"],
-                                             i["state_pool"], w, ratio=4, overlap=True)
-    return {"compressed": out, "closes": closes, "state_pool": pool}
 
 
 def _attention_case(path: str) -> Case:
@@ -201,16 +182,16 @@ def build() -> list[Case]:
               "smoothed INT8 projections [7168, 7168], summed into the FP32 streams", ("kernels.v4.mtp",), _mtp_build,
               _mtp_call, {"out": "mtp_out"}, {"preset": "v4-pro"}),
         _case("v4_qkv_proj_rope_pro", "v4_qkv_proj_rope", "V4 Q/KV projection with RoPE at Pro geometry (D 7168, "
-              "128 heads of 512, q LoRA 1536, 8 rows)", ("kernels.v4.qkv_proj",), _qkv_build, _qkv_call,
+              "128 heads of 512, q LoRA 1536, 8 rows)", ("kernels.v4.qkv_proj",), partial(_qkv_build, config=PRO), _qkv_call,
               {"q": "q_bf16", "kv": "exact", "qr": "exact", "qr_scale": "fp32_ulps"}, {"preset": "v4-pro"}),
         _case("v4_compressor_hca_pro", "v4_compressor", "V4 HCA compressor (ratio 128) at Pro geometry: two requests "
               "whose windows close (127, 255), one decode step per token", ("kernels.v4.compressor",),
-              _compressor_hca_build, _compressor_hca_call,
+              _compressor_hca_build, _compressor_call(128, False),
               {"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"}),
         _case("v4_compressor_csa_pro", "v4_compressor", "V4 CSA compressor (ratio 4, overlapping windows) at Pro "
               "geometry: one decode step of 4 requests x 2 tokens, three windows closing (one before position 0, "
               "one opening the next, one at the block table's last page)", ("kernels.v4.compressor",),
-              _compressor_csa_build, _compressor_csa_call,
+              _compressor_csa_build, _compressor_call(4, True),
               {"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"}),
         *(_attention_case(path) for path in ("SWA", "HCA", "CSA")),
     )]

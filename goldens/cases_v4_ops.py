@@ -79,10 +79,11 @@ def _expert_call(get, i: Tensors) -> Tensors:
 
 # --- v4_qkv_proj_rope ------------------------------------------------------------------------------------------
 
-def _qkv_build(seed: int, wiring: str) -> Tensors:
+def _qkv_build(seed: int, wiring: str, config=PRO) -> Tensors:
+    """8 tokens at ``config``'s widths (the V4-Pro tiny preset; goldens.cases_pro passes Pro's own)."""
     g = _g(seed)
-    hidden, lora, h, d, rope = PRO.hidden_size, PRO.q_lora_rank, PRO.num_attention_heads, PRO.head_dim, \
-        PRO.qk_rope_head_dim
+    hidden, lora, h, d, rope = config.hidden_size, config.q_lora_rank, config.num_attention_heads, config.head_dim, \
+        config.qk_rope_head_dim
     tokens = 8
     angle = torch.rand(tokens, 1, generator=g) * 300 * torch.rand(rope, generator=g)
     return {"x": torch.randn(tokens, hidden, generator=g).to(torch.bfloat16),
