@@ -42,7 +42,8 @@ def _independent(config, i, offset):
     request the page walk, INT32 dots, ReLU per head, head weights, key scales; top-k by descending score."""
     seq, heads, dim, rope = config.decode_seq, config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim
     t_n, width, bs = i["qr"].shape[0], config.kernel_max_seq_len // 4, config.block_size
-    q = (i["qr"].double() @ i["wq_b"].double()) * i["qr_scale"].double() * i["wq_b_scale"].double()
+    q = (i["qr"].double() @ i["wq_b"].double()).float() * i["qr_scale"].float()  # staged in FP32, as the kernel
+    q = q * i["wq_b_scale"].float()
     q = q.float().reshape(t_n, heads, dim)  # the rotation in FP32, as upstream's golden computes it: an FP64
     cos = i["cos"].float()[torch.arange(t_n) // seq][:, None, :]  # rotation can land a BF16 tie on the other
     sin = i["sin"].float()[torch.arange(t_n) // seq][:, None, :]  # side, and the INT8 codes amplify that
@@ -335,3 +336,59 @@ def test_the_query_is_fp32_before_its_bf16_rounding_and_after_the_hadamard(backe
     want = 6400 / 127 * w
     assert abs(float(got[0, 0]) - want) <= 1e-6 * want, \
         f"score {float(got[0, 0]):.7g} != {want:.7g} (the Hadamard output rounded to FP32 codes 0.5 to 64)"
+
+
+# A query element whose staging decides its BF16 rounding, hence its INT8 code: acc 99 · 91 = 9009 times the row
+# scale 0.0037 and the column scale below lands (staged in FP32, row scale first, as the kernel's row_expand_mul
+# then col_expand_mul) exactly on 1.01171875, a BF16 value, while the exact product and the column-first staging
+# land one FP32 step below, which rounds to 1.0078125. Beside an element of acc 120 · 100 = 12000 that sets the
+# row's amax, the codes are 127, 96 staged and 127, 95 either other way.
+_STAGED_ROW_SCALE = 0.0037
+_STAGED_COL_SCALE = 0.030351590365171432
+
+
+def _staging_codes(order: str) -> tuple[int, int]:
+    """(code of the 12000 element, code of the 9009 element) when the dequantization is staged by ``order``."""
+    s1, s2 = torch.tensor(_STAGED_ROW_SCALE), torch.tensor(_STAGED_COL_SCALE)
+    acc = torch.tensor([12000.0, 9009.0])
+    if order == "row-first":
+        q = acc * s1 * s2
+    elif order == "column-first":
+        q = acc * s2 * s1
+    else:  # one rounding of the exact product
+        q = (acc.double() * s1.double() * s2.double()).float()
+    q = q.to(torch.bfloat16).float()
+    codes = torch.round(q * (torch.tensor(127.0) / q.abs().max()))
+    return int(codes[0]), int(codes[1])
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+def test_the_query_dequantization_is_staged_in_fp32_row_scale_first(backend, config):
+    """Step 1 of the query, through the operator: every row's head 0 holds the two elements above (dims 0, 1; no
+    rotation, an identity Hadamard), and the request's first two index keys read one each (127 at dim 0, 127 at
+    dim 1, scale 1), so score[t, 1] / score[t, 0] = code / 127 and 127 · that ratio is the 9009 element's code:
+    96 as the kernel stages it, 95 for one rounding of the exact product and for the column scale first (the
+    vector separates the rule from both; shown below). Spec: §8."""
+    assert _staging_codes("row-first") == (127, 96)
+    assert _staging_codes("exact") == (127, 95) and _staging_codes("column-first") == (127, 95)
+    i = indexer_inputs(config)
+    t_n, q_lora = i["qr"].shape
+    heads, dim = config.index_n_heads, config.index_head_dim
+    qr = torch.zeros(t_n, q_lora, dtype=torch.int8)
+    qr[:, 0], qr[:, 1] = 99, 120
+    wq_b = torch.zeros(q_lora, heads * dim, dtype=torch.int8)
+    wq_b[0, 1], wq_b[1, 0] = 91, 100  # head 0: dim 0 <- 120 · 100, dim 1 <- 99 · 91
+    cache = torch.zeros_like(i["idx_kv_cache"])
+    cache[:, 0, 0, 0], cache[:, 1, 0, 1] = 127, 127  # every page's first two rows
+    i.update(qr=qr, qr_scale=torch.full((t_n, 1), _STAGED_ROW_SCALE),
+             wq_b=wq_b, wq_b_scale=torch.full((heads * dim,), _STAGED_COL_SCALE),
+             cos=torch.ones_like(i["cos"]), sin=torch.zeros_like(i["sin"]),
+             hadamard=torch.eye(dim, dtype=torch.bfloat16), idx_kv_cache=cache,
+             idx_kv_scale=torch.ones_like(i["idx_kv_scale"]),
+             x=torch.ones_like(i["x"]), weights_proj=torch.ones_like(i["weights_proj"]))
+    score = _call(backend, config, i)["score"]
+    assert bool((score[:, 0] > 0).all()), f"the 127-code key scores {score[:, 0].tolist()}"
+    codes = torch.round(127 * score[:, 1].double() / score[:, 0].double())
+    assert codes.tolist() == [96.0] * t_n, (
+        f"the 9009 element's INT8 code per row is {codes.tolist()}, expected 96: q = (FP32(acc) · qr_scale) · "
+        "wq_b_scale, each product rounded to FP32 (95: one rounding, or the column scale first)")

@@ -42,7 +42,8 @@ def _independent(config, i, *, scored_padding=False, capped=False):
     top-k raw positions by descending score."""
     heads, dim, rope, bs = config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim, config.block_size
     t_n, width, real = i["qr"].shape[0], 2 * bs, int(i["num_tokens"])
-    q = (i["qr"].double() @ i["wq_b"].double()) * i["qr_scale"].double() * i["wq_b_scale"].double()
+    q = (i["qr"].double() @ i["wq_b"].double()).float() * i["qr_scale"].float()  # staged in FP32, as the kernel
+    q = q * i["wq_b_scale"].float()
     q = q.float().reshape(t_n, heads, dim)  # the rotation in FP32, as upstream's golden computes it
     cos, sin = i["cos"].float()[:, None, :], i["sin"].float()[:, None, :]
     x0, x1 = q[..., dim - rope::2].clone(), q[..., dim - rope + 1::2].clone()

@@ -675,6 +675,7 @@ PRO_ENTRIES: dict[str, tuple[str, int]] = {
     "decode_sparse_attn": ("sparse_attn_test", 1),
     "decode_sparse_attn_hca": ("sparse_attn_test", 1),
     "decode_sparse_attn_swa": ("sparse_attn_test", 1),
+    "decode_indexer": ("indexer_test", 1),
 }
 
 

@@ -652,7 +652,8 @@ def _v4_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, 
     golden first runs the indexer's inner compressor (decode_indexer_compressor.py), which would publish a closing
     window's key into the index cache; this operator is the indexer after that publication, so the inner
     compressor is given no slot to write (state and index slot mappings -1, an unmapped state table) and the call's
-    cache is scored as it is. SCORE_LEN is the call's score width (kernel_max_seq_len / 4)."""
+    cache is scored as it is. SCORE_LEN is the call's score width (kernel_max_seq_len / 4). The state pool, the
+    state table and the index table are laid out as wide as the kernel entry is compiled (unread pages -1)."""
     from kernels.v4.indexer import (
         check_index_cache,
         head_weights,
@@ -674,16 +675,22 @@ def _v4_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, 
     tokens, d = x.shape
     b = tokens // seq
     inner = config.index_head_dim
+    # the inner compressor's state as indexer_test is compiled (its pool, a page per 4 positions up to the kernel's
+    # sequence length), every page unmapped; the index table as wide as the index pool (unread columns -1)
+    page = config.c4a_state_block_size
+    state_cols = max(config.kernel_max_seq_len // page, int(position_ids.max()) // page + 2)
     tensors = {"x": x.reshape(b, seq, d).clone(), "qr": qr.clone(), "qr_scale": qr_scale.float().clone(),
                "wq_b": wq_b.clone(), "wq_b_scale": wq_b_scale.float().clone(), "weights_proj": weights_proj.clone(),
                "cos": cos.float().clone(), "sin": sin.float().clone(), "hadamard": hadamard.clone(),
-               "inner_kv": torch.zeros(b, seq, inner), "inner_compress_state": torch.zeros(1, 4, 4 * inner),
-               "inner_compress_state_block_table": torch.full((b, int(position_ids.max()) // 4 + 2), -1,
-                                                              dtype=torch.int32),  # every page unmapped
+               "inner_kv": torch.zeros(b, seq, inner),
+               "inner_compress_state": torch.zeros(config.csa_inner_state_pool, page, 4 * inner),
+               "inner_compress_state_block_table": torch.full((b, state_cols), -1, dtype=torch.int32),  # unmapped
                "inner_wkv": torch.zeros(2 * inner, d), "inner_wgate": torch.zeros(2 * inner, d),
                "inner_ape": torch.zeros(4, 2 * inner), "inner_norm_w": torch.ones(inner),
                "idx_kv_cache": idx_kv_cache.clone(), "idx_kv_scale": idx_kv_scale.float().clone(),
-               "idx_block_table": idx_block_table.to(torch.int32).clone(),
+               "idx_block_table": torch.nn.functional.pad(idx_block_table.to(torch.int32),
+                                                          (0, max(0, config.idx_pool - idx_block_table.shape[1])),
+                                                          value=-1),
                "position_ids": position_ids.reshape(b, seq).to(torch.int32).clone(),
                "idx_slot_mapping": torch.full((b, seq), -1, dtype=torch.int64),
                "inner_state_slot_mapping": torch.full((b, seq), -1, dtype=torch.int64),

@@ -4,7 +4,11 @@
 ``v4_indexer_query`` (qr [T, Q_LORA] INT8 with its per-row scale, wq_b [Q_LORA, H·d] INT8 with per-column
 scales):
 
-1. q = (qr · wq_b in exact integers) · qr_scale[t] · wq_b_scale[c], FP32, viewed [T, H, d];
+1. q = ((FP32(qr · wq_b) · qr_scale[t]) · wq_b_scale[c]), viewed [T, H, d]: the exact integer sums cast to
+   FP32, then the row scale, then the column scale, each product rounded to FP32 (the kernel's INT32 -> FP32
+   cast, ``row_expand_mul``, ``col_expand_mul``; upstream's golden stages it the same way). One rounding of
+   the exact product instead lands a BF16 tie of step 2 on the other side about once per 10^5 elements, and the
+   INT8 codes of step 4 carry that into whole score rows;
 2. the last ``qk_rope_head_dim`` dims get the forward adjacent-pair rotation with the **request's** table row
    (``cos`` / ``sin`` [B, rope/2]: both MTP rows of request b = t // seq use row b, as upstream's decode
    indexer takes them), then every element is rounded to BF16;
@@ -38,7 +42,7 @@ from kernels.reference.rope import rope_interleave
 from kernels.v4.mtp import quantize_rows_int8
 
 SPEC = "§8"
-ROUNDING_VERSION = "v4-indexer-1"
+ROUNDING_VERSION = "v4-indexer-2"  # 2: the query dequantization staged in FP32 (step 1)
 RATIO = 4
 LOWEST = torch.finfo(torch.float32).min  # FP32_NEG_INF: the score of a position past the visible range
 
@@ -76,8 +80,9 @@ def index_query(qr: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.Tensor, wq
     """Steps 1-4 with each row's own table row (``row_cos`` / ``row_sin`` [T, rope/2]; operands checked by
     ``check_query_inputs``) -> (q_i8 [T, H, d] INT8, q_scale [T, H, 1] FP32). Spec: §8."""
     tokens, heads, dim = qr.shape[0], config.index_n_heads, config.index_head_dim
-    acc = qr.to(torch.int64) @ wq_b.to(torch.int64)  # exact
-    q = (acc.to(torch.float64) * qr_scale.double() * wq_b_scale.double()).float().reshape(tokens, heads, dim)
+    acc = qr.to(torch.int64) @ wq_b.to(torch.int64)  # exact (|sum| <= 127 · 127 · Q_LORA < 2^31)
+    q = (acc.to(torch.float32) * qr_scale.float()) * wq_b_scale.float()  # three FP32 roundings, in this order
+    q = q.reshape(tokens, heads, dim)
     q = rope_interleave(q, row_cos.float().unsqueeze(1), row_sin.float().unsqueeze(1)).to(torch.bfloat16)
     q = (q.double() @ hadamard.double()).float()
     return quantize_rows_int8(q, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
