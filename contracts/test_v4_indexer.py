@@ -178,7 +178,8 @@ def test_every_pick_carries_the_window_offset(backend):
 
 
 def test_bad_indexer_inputs_are_refused_naming_the_field(backend):
-    """A float qr, a wq_b of the wrong width, a per-token RoPE table, a wrong Hadamard, a float index cache,
+    """A float qr, a wq_b of the wrong width, scales that are not FP32 (the query is staged in FP32), a per-token
+    RoPE table, a wrong Hadamard, a float index cache,
     kv lengths of the wrong count and an unmapped index page are refused. Spec: §8."""
     config = V4_PRO_TINY
     inputs = indexer_inputs(config, 5)
@@ -188,6 +189,7 @@ def test_bad_indexer_inputs_are_refused_naming_the_field(backend):
     neg_lens[2] = -1
     for name, value in (("qr", inputs["qr"].float()), ("qr", inputs["qr"][0]), ("wq_b", inputs["wq_b"][:, :-1]),
                         ("qr_scale", inputs["qr_scale"][:, 0]), ("weights_proj", inputs["weights_proj"][:, :-1]),
+                        ("qr_scale", inputs["qr_scale"].double()), ("wq_b_scale", inputs["wq_b_scale"].double()),
                         (r"position_ids\[3\]", neg_pos), (r"kv_seq_lens\[2\]", neg_lens),
                         ("cos", inputs["cos"].repeat(2, 1)), ("hadamard", inputs["hadamard"][:-1]),
                         ("idx_kv_cache", inputs["idx_kv_cache"].float()), ("kv_seq_lens", inputs["kv_seq_lens"][:3])):

@@ -69,6 +69,9 @@ def check_query_inputs(qr: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.Ten
     if qr_scale.shape != (tokens, 1) or wq_b_scale.shape != (heads * dim,):
         raise ContractInputError("qr_scale/wq_b_scale", None, f"[{tokens}, 1] / [{heads * dim}]",
                                  [list(qr_scale.shape), list(wq_b_scale.shape)], SPEC)
+    for name, t in (("qr_scale", qr_scale), ("wq_b_scale", wq_b_scale)):  # the dequantization is staged in FP32
+        if t.dtype != torch.float32:
+            raise ContractInputError(name, None, "FP32", str(t.dtype).removeprefix("torch."), SPEC)
     if hadamard.shape != (dim, dim):
         raise ContractInputError("hadamard", None, f"[{dim}, {dim}]", list(hadamard.shape), SPEC)
     return tokens

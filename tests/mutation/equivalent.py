@@ -176,6 +176,8 @@ V4_GROUP_IN = ("group_in = heads * dim / groups is a whole number for every V4 p
                "computes it since the input checks were factored out) accepts and refuses the same wo_a.")
 V4_EVEN_ROPE = "rope // 2 and rope / 2 are equal for the even rope widths V4Config admits; the comparison is the same."
 
+V4_SCALES_FP32 = ("check_query_inputs admits qr_scale and wq_b_scale only as FP32 (the ABI's dtype; any other is "
+                  "refused, contracts/test_v4_indexer.py), so the cast is to the dtype they already have.")
 V4_ROPE_FP32 = ("rope_interleave computes every element in FP32 (the unrotated dims included) and returns the input "
                 "dtype, so q reaches its BF16 rounding through FP32 either way.")
 V4_TRUNC = ("The visible length is only consumed through int(): truncating the non-negative quotient equals the floor "
@@ -635,15 +637,15 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.sparse_attention:v4_output_projection:drop-call:wo_b_scale.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.sparse_attention:attention_indices:name:int32->int64#0': DTYPE,
     'kernels.v4.indexer:v4_indexer_query:binop:tokens // seq[FloorDiv]->Div#0': V4_EVEN_ROPE_SHAPE,
-    'kernels.v4.indexer:index_query:drop-call:(acc.to(torch.float64) * qr_scale.double() * wq_b_scale.d...[float]->(skipped)#0': V4_ROPE_FP32,
-    'kernels.v4.indexer:index_query:name:float64->float32#0': DTYPE,
+    'kernels.v4.indexer:index_query:drop-call:acc.to(torch.float32)[to]->(skipped)#0': V4_PROMOTE,
+    'kernels.v4.indexer:index_query:drop-call:qr_scale.float()[float]->(skipped)#0': V4_SCALES_FP32,
+    'kernels.v4.indexer:index_query:drop-call:wq_b_scale.float()[float]->(skipped)#0': V4_SCALES_FP32,
     'kernels.v4.indexer:index_query:drop-call:row_cos.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.indexer:index_query:drop-call:row_sin.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.indexer:head_weights:drop-call:(x.double() @ weights_proj.double()).float()[float]->(skipped)#0': V4_WEIGHTS,
     'kernels.v4.indexer:visible_pages:drop-call:pages.to(torch.int64)[to]->(skipped)#0': DTYPE,
     'kernels.v4.indexer:visible_pages:name:int64->int32#0': DTYPE,
     'kernels.v4.indexer:score_rows:drop-call:score.float()[float]->(skipped)#0': CASTNOOP,
-    'kernels.v4.indexer:index_query:drop-call:acc.to(torch.float64)[to]->(skipped)#0': V4_PROMOTE,
     'kernels.v4.indexer:score_rows:name:int64->int32#1': DTYPE,
     'kernels.v4.prefill_indexer:prefill_visible:drop-call:position_ids.reshape(-1).to(torch.int64)[to]->(skipped)#0': DTYPE,
     'kernels.v4.prefill_indexer:check_prefill_indexer:binop:rope // 2[FloorDiv]->Div#0': V4_EVEN_ROPE,
