@@ -383,11 +383,20 @@ def half_layer(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
 
 
 def v4_index_score(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
-    """V4 index scores (§8): the lowest-FP32 tail exact, the visible scores within ratio_allclose(1e-4, 1/128)
-    and each within max(4·(1e-4 + |s|/128), 5e-3) (upstream's score_valid_compare)."""
+    """V4 decode index scores (§8): every score finite, the visible ones within ratio_allclose(1e-4, 1/128) and
+    each within max(4·(1e-4 + |s|/128), 5e-3), the row past the visible range not judged (upstream's
+    score_valid_compare; its kernel leaves that part of the row unwritten)."""
+    from contracts.checks.topk import V4_DECODE_TAIL, check_v4_index_scores
+
+    return check_v4_index_scores(a, e, name=name, tail=V4_DECODE_TAIL)
+
+
+def v4_index_score_lowest_tail(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """``v4_index_score`` with the row past the visible range held to the lowest FP32 number, as upstream's
+    decode golden writes it (a named variant for a kernel that promises the whole row)."""
     from contracts.checks.topk import check_v4_index_scores
 
-    return check_v4_index_scores(a, e, name=name)
+    return check_v4_index_scores(a, e, name=name, tail="lowest")
 
 
 def v4_index_topk(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
@@ -419,10 +428,11 @@ def attn_out_v4(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Ch
 
 def v4_prefill_index_score(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """V4 prefill index scores (§8): as ``v4_index_score`` with upstream's prefill hard floor 7e-3
-    (PREFILL_SCORE_HARD_ATOL); a padding row's scores are the lowest FP32 number, exactly."""
-    from contracts.checks.topk import V4_PREFILL_HARD_ATOL, check_v4_index_scores
+    (PREFILL_SCORE_HARD_ATOL), and the row past the visible range (a padding row whole) the lowest FP32 number,
+    exactly (upstream's prefill_score_compare)."""
+    from contracts.checks.topk import V4_PREFILL_HARD_ATOL, V4_PREFILL_TAIL, check_v4_index_scores
 
-    return check_v4_index_scores(a, e, name=name, hard_floor=V4_PREFILL_HARD_ATOL)
+    return check_v4_index_scores(a, e, name=name, hard_floor=V4_PREFILL_HARD_ATOL, tail=V4_PREFILL_TAIL)
 
 
 def v4_prefill_index_topk(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
@@ -608,7 +618,8 @@ COMPARATORS: dict[str, Comparator] = {
     "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out, "bf16_stage": bf16_stage, "engram": engram, "recv_y": recv_y,
     "gate_ids": gate_ids, "gate_weights": gate_weights, "moe_out": moe_out, "logits": logits, "greedy": greedy,
     "ffn_input": ffn_input, "attn_out_v4": attn_out_v4,
-    "v4_index_score": v4_index_score, "v4_index_topk": v4_index_topk,
+    "v4_index_score": v4_index_score, "v4_index_score_lowest_tail": v4_index_score_lowest_tail,
+    "v4_index_topk": v4_index_topk,
     "v4_prefill_index_score": v4_prefill_index_score, "v4_prefill_index_topk": v4_prefill_index_topk,
     "v4_cmp_pool": v4_cmp_pool, "v4_state_pool": v4_state_pool,
     "v4_prefill_mtp_out": v4_prefill_mtp_out, "v4_kv_pool": v4_kv_pool, "mtp_out": mtp_out, "q_bf16": q_bf16, "rms_scale": rms_scale,

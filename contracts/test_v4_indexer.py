@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.checks.topk import V4_LOWEST, check_v4_index_scores, check_v4_topk
+from contracts.checks.topk import V4_DECODE_TAIL, V4_LOWEST, check_v4_index_scores, check_v4_topk
 from contracts.plugin import op
 from contracts.v4_cases import indexer_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
@@ -80,7 +80,7 @@ def test_scores_and_topk_match_an_independent_evaluation(backend, config):
     out = _call(backend, config, inputs)
     want_score, want_topk = _independent(config, inputs, config.sliding_window)
     assert set(out) == {"score", "topk_idxs"}, sorted(out)
-    r = check_v4_index_scores(out["score"], want_score)
+    r = check_v4_index_scores(out["score"], want_score, tail=V4_DECODE_TAIL)
     assert r.ok, r.message()
     visible = _visible(config, inputs)
     assert float(want_score[want_score != V4_LOWEST].abs().median()) > 0.1
@@ -98,16 +98,20 @@ def test_the_visible_range_is_the_cache_and_the_causal_bound(backend):
     inputs = indexer_inputs(config, 1, starts=(10, 14, 21, 2))
     inputs["kv_seq_lens"] = torch.tensor([12, 16, 12, 4], dtype=torch.int32)
     out = _call(backend, config, inputs)
-    want = [2, 3, 3, 4, 3, 3, 0, 1]
-    got = (out["score"] != V4_LOWEST).sum(1).tolist()
-    assert got == want, f"visible scores per row {got}, expected {want} (min(kv_len // 4, (pos + 1) // 4))"
-    assert (out["topk_idxs"] != -1).sum(1).tolist() == want, out["topk_idxs"][:, :6].tolist()
-    r = check_v4_index_scores(out["score"], _independent(config, inputs, config.sliding_window)[0])
+    want = [2, 3, 3, 4, 3, 3, 0, 1]  # each below index_topk, so the picks count the visible range
+    assert _visible(config, inputs).tolist() == want
+    got = (out["topk_idxs"] != -1).sum(1).tolist()
+    assert got == want, f"picks per row {got}, expected {want} (min(kv_len // 4, (pos + 1) // 4))"
+    r = check_v4_index_scores(out["score"], _independent(config, inputs, config.sliding_window)[0],
+                              tail=V4_DECODE_TAIL)  # the visible scores: one short leaves the last unscored
     assert r.ok, r.message()
     fresh = indexer_inputs(config, 1, starts=(0, 14, 21, 2))  # position 0; request 0 with nothing cached
     fresh["kv_seq_lens"][0] = 0
     out = _call(backend, config, fresh)
-    assert (out["score"] != V4_LOWEST).sum(1).tolist()[:2] == [0, 0] and bool((out["topk_idxs"][:2] == -1).all())
+    assert bool((out["topk_idxs"][:2] == -1).all()), out["topk_idxs"][:2, :4].tolist()
+    r = check_v4_index_scores(out["score"], _independent(config, fresh, config.sliding_window)[0],
+                              tail=V4_DECODE_TAIL)
+    assert r.ok, r.message()
 
 
 def test_the_relu_acts_per_head_before_the_head_weights(backend):
@@ -137,7 +141,7 @@ def test_the_relu_acts_per_head_before_the_head_weights(backend):
     amax = qv.abs().max()
     q_codes = torch.round(qv * (127 / amax))
     checked = {1: 0, -1: 0}
-    for j in range(int((out[t] != V4_LOWEST).sum())):
+    for j in range(int(_visible(config, inputs)[t])):
         page = int(inputs["idx_block_table"][0, j // bs])
         key = inputs["idx_kv_cache"][page, j % bs, 0, : dim - config.qk_rope_head_dim].double()
         d = float(q_codes @ key) * float(amax) / 127
@@ -203,8 +207,9 @@ def test_bad_indexer_inputs_are_refused_naming_the_field(backend):
 
 def test_the_v4_score_and_topk_checks_fail_just_outside_their_bounds():
     """check_v4_index_scores: a score moved by 0.99 of its ratio bound passes, three of the 206 visible moved by
-    1.01 fail the 0.5 % quota, one moved past the hard bound fails alone, a finite score in the tail or a
-    lowest one inside fails, NaN fails. check_v4_topk: a swap of two picks whose scores are within their hard
+    1.01 fail the 0.5 % quota, one moved past the hard bound fails alone, a finite score in the tail (the
+    prefill rule, ``tail="lowest"``) or a lowest one inside fails, NaN fails; under the decode rule
+    (``tail="unread"``) the finite tail passes, while the lowest inside and a NaN in the tail still fail. check_v4_topk: a swap of two picks whose scores are within their hard
     bounds passes; past them it is a clear inversion; a -1 inside the prefix, an entry past the tail, a
     duplicate, an entry below the offset and a clear boundary miss each fail naming the row. Spec: §8."""
     from contracts.checks.topk import V4_SCORE_TOL, v4_hard_bound
@@ -237,6 +242,12 @@ def test_the_v4_score_and_topk_checks_fail_just_outside_their_bounds():
     nan = score.clone()
     nan[0, 1] = float("nan")
     assert not check_v4_index_scores(nan, score).ok
+    # the decode rule: the row past the visible range is not judged, except that it is finite
+    assert check_v4_index_scores(tail, score, tail=V4_DECODE_TAIL).ok
+    assert "visible mask" in check_v4_index_scores(inside, score, tail=V4_DECODE_TAIL).message()
+    nan_tail = score.clone()
+    nan_tail[6, 5] = float("nan")
+    assert "finite" in check_v4_index_scores(nan_tail, score, tail=V4_DECODE_TAIL).message()
 
     def judged(rows, scores=score):
         return check_v4_topk(rows, topk, scores, score, visible, topk=config.index_topk, offset=128)
@@ -276,7 +287,9 @@ def test_the_pages_read_are_exactly_the_visible_ones(backend):
     inputs = indexer_inputs(config, 7, starts=(510, 3, 40, 7))
     assert _visible(config, inputs)[:4].tolist() == [127, 128, 1, 1]
     out = _call(backend, config, inputs)  # one page per request
-    assert int((out["score"][1] != V4_LOWEST).sum()) == 128
+    r = check_v4_index_scores(out["score"], _independent(config, inputs, config.sliding_window)[0],
+                              tail=V4_DECODE_TAIL)
+    assert r.ok, r.message()
     two = torch.cat((inputs["idx_block_table"], torch.full((4, 1), -1, dtype=torch.int32)), dim=1)
     assert torch.equal(_call(backend, config, dict(inputs, idx_block_table=two))["score"], out["score"])
     table = inputs["idx_block_table"].clone()

@@ -610,7 +610,7 @@ def test_gc_counts_must_be_whole_numbers(store, capsys, value):
 
 
 V4_TREE_DEFECTS = {  # sample-store tree -> the seeded defects its replay must fail
-    "v4_indexer": ("RELU_AFTER_SUM", "VISIBLE_FROM_POSITION", "OFFSET_DROPPED", "TAIL_ZERO", "TOPK_BY_POSITION",
+    "v4_indexer": ("RELU_AFTER_SUM", "VISIBLE_FROM_POSITION", "OFFSET_DROPPED", "TAIL_NAN", "TOPK_BY_POSITION",
                    "HADAMARD_BEFORE_ROPE"),
     "v4_prefill_indexer": ("PREFILL_ROPE_PER_REQUEST", "PREFILL_OFFSET_ADDED", "PREFILL_PADDING_SCORED",
                            "PREFILL_DECODE_WIDTH"),
@@ -657,7 +657,7 @@ UPSTREAM_TREE_DEFECTS = {  # sample-store tree recorded from upstream's goldens 
                                      "v4:PREV_HALF_ZERO_SCORE"),
     "up-v4_prefill_compressor_hca": ("v4:PREFILL_PADDING_COMPRESSED", "v4:PREFILL_UNPERSISTED_WRITTEN"),
     "up-v4_prefill_indexer": ("v4:PREFILL_ROPE_PER_REQUEST", "v4:PREFILL_OFFSET_ADDED", "v4:PREFILL_DECODE_WIDTH"),
-    "up-v4_indexer": ("v4:RELU_AFTER_SUM", "v4:VISIBLE_FROM_POSITION", "v4:OFFSET_DROPPED", "v4:TAIL_ZERO",
+    "up-v4_indexer": ("v4:RELU_AFTER_SUM", "v4:VISIBLE_FROM_POSITION", "v4:OFFSET_DROPPED", "v4:TAIL_NAN",
                       "v4:TOPK_BY_POSITION", "v4:HADAMARD_BEFORE_ROPE"),
     "up-v4_moe_stage": ("v4:MOE_STAGE_PADDING_ZERO", "v4:MOE_STAGE_PRENORMED", "v4:COMBINE_IN_BF16",
                         "mhc:RESIDUAL_NOT_TRANSPOSED", "v4:GATE_BIAS_IN_WEIGHTS", "v4:EXPERT_NO_ROUTE_WEIGHT"),

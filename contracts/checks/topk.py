@@ -157,15 +157,26 @@ def v4_hard_bound(a: torch.Tensor, e: torch.Tensor, floor: float = V4_SCORE_HARD
     return torch.clamp(mult * (atol + rtol * torch.maximum(a.abs(), e.abs())), min=floor)
 
 
+# What a decode score row holds past its visible range: upstream's decode kernel writes scores tile by tile (128
+# keys) and the lowest FP32 number to the end of the last tile, and leaves the rest of the row unwritten; its
+# comparator (score_valid_compare) judges the visible scores only and every score finite. Its prefill kernel fills
+# the whole row, and prefill_score_compare holds the tail to the sentinel. Both rules are kept by name.
+V4_SCORE_TAILS = ("unread", "lowest")
+V4_DECODE_TAIL, V4_PREFILL_TAIL = "unread", "lowest"
+
+
 def check_v4_index_scores(actual: torch.Tensor, expected: torch.Tensor, *, name: str = "score",
-                          hard_floor: float = V4_SCORE_HARD[1]) -> CheckResult:
-    """V4 index scores [T, L] FP32: every element finite; the past-visible tail (the lowest FP32 number in the
-    expected scores) exactly the same in the actual ones; the visible scores within ratio_allclose(1e-4, 1/128)
-    (0.5 % quota) and each within the hard bound ``v4_hard_bound`` (``hard_floor``: 5e-3 at decode,
-    ``V4_PREFILL_HARD_ATOL`` on a prefill chunk). Spec: §8."""
+                          hard_floor: float = V4_SCORE_HARD[1], tail: str = V4_PREFILL_TAIL) -> CheckResult:
+    """V4 index scores [T, L] FP32: every element finite; the visible scores (the expected ones that are not the
+    lowest FP32 number) within ratio_allclose(1e-4, 1/128) (0.5 % quota) and each within the hard bound
+    ``v4_hard_bound`` (``hard_floor``: 5e-3 at decode, ``V4_PREFILL_HARD_ATOL`` on a prefill chunk). Past the
+    visible range (``tail``): ``"lowest"`` -- exactly the lowest FP32 number, as the expected ones (prefill);
+    ``"unread"`` -- any finite value (decode: the kernel does not write it). Spec: §8."""
     from contracts.checks.precision import check_ratio_allclose
 
     check, spec = "check_v4_index_scores", "§8"
+    if tail not in V4_SCORE_TAILS:
+        raise ValueError(f"tail must be one of {V4_SCORE_TAILS}, got {tail!r}")
     if actual.dtype != torch.float32 or tuple(actual.shape) != tuple(expected.shape):
         return failed(check, spec, 1, 1, Violation(f"{name}.layout", (), f"{actual.dtype}{list(actual.shape)}",
                                                    f"torch.float32{list(expected.shape)}"))
@@ -175,13 +186,17 @@ def check_v4_index_scores(actual: torch.Tensor, expected: torch.Tensor, *, name:
         r, c = (int(v) for v in nonfinite.nonzero()[0])
         return failed(check, spec, a.numel(), int(nonfinite.sum()), Violation(name, (r, c), float(a[r, c]),
                                                                               "a finite score"))
-    tail = e == V4_LOWEST
-    wrong_tail = tail != (a == V4_LOWEST)
+    tail_mask = e == V4_LOWEST
+    wrong_tail = tail_mask != (a == V4_LOWEST)
+    if tail == "unread":
+        wrong_tail &= ~tail_mask  # only the visible range is judged
     if bool(wrong_tail.any()):
         r, c = (int(v) for v in wrong_tail.nonzero()[0])
         return failed(check, spec, a.numel(), int(wrong_tail.sum()),
                       Violation(f"{name} visible mask", (r, c), float(a[r, c]), float(e[r, c]),
-                                note="past the visible range the score is the lowest FP32 number, and only there"))
+                                note="past the visible range the score is the lowest FP32 number, and only there"
+                                if tail == "lowest" else "a visible score is the lowest FP32 number"))
+    tail = tail_mask
     ratio = check_ratio_allclose(a[~tail], e[~tail], atol=V4_SCORE_TOL[0], rtol=V4_SCORE_TOL[1], name=name)
     if not ratio.ok:
         return ratio

@@ -227,7 +227,7 @@ ACT_SCALE_PER_TOKEN = _base.derive("defect:v4-int8-scale-per-token",
 FORWARD_ROPE = _base.derive("defect:v4-oproj-forward-rope", v4_output_projection=_projection_variant(forward=True))
 
 
-def _indexer_variant(*, relu_after_sum=False, bound_from_position=False, offset_dropped=False, tail_zero=False,
+def _indexer_variant(*, relu_after_sum=False, bound_from_position=False, offset_dropped=False, tail_nan=False,
                      by_position=False, hadamard_first=False):
     """A port of v4_indexer with one rule changed (see each defect below)."""
     from kernels.reference.rope import rope_interleave
@@ -238,7 +238,7 @@ def _indexer_variant(*, relu_after_sum=False, bound_from_position=False, offset_
             idx_block_table, position_ids, kv_seq_lens, *, offset, config):
         heads, dim, seq, bs = config.index_n_heads, config.index_head_dim, config.decode_seq, config.block_size
         t_n, width = qr.shape[0], ix.score_len(config)
-        q = ((qr.long() @ wq_b.long()).double() * qr_scale.double() * wq_b_scale.double()).float()
+        q = ((qr.long() @ wq_b.long()).float() * qr_scale.float()) * wq_b_scale.float()
         q = q.reshape(t_n, heads, dim)
         req = torch.arange(t_n) // seq
         if hadamard_first:
@@ -251,7 +251,7 @@ def _indexer_variant(*, relu_after_sum=False, bound_from_position=False, offset_
         lens = kv_seq_lens.long().repeat_interleave(seq) // 4
         visible = torch.minimum(torch.minimum(lens, pos // 4), torch.tensor(width))
         keys, kscale = idx_kv_cache.reshape(-1, dim).long(), idx_kv_scale.reshape(-1).double()
-        score = torch.full((t_n, width), 0.0 if tail_zero else ix.LOWEST)
+        score = torch.full((t_n, width), float("nan") if tail_nan else ix.LOWEST)
         topk = torch.full((t_n, width), -1, dtype=torch.int32)
         for t in range(t_n):
             n = int(visible[t])
@@ -276,7 +276,9 @@ RELU_AFTER_SUM = _base.derive("defect:v4-indexer-relu-after-sum", v4_indexer=_in
 VISIBLE_FROM_POSITION = _base.derive("defect:v4-indexer-bound-pos-over-4",
                                      v4_indexer=_indexer_variant(bound_from_position=True))
 OFFSET_DROPPED = _base.derive("defect:v4-indexer-no-offset", v4_indexer=_indexer_variant(offset_dropped=True))
-TAIL_ZERO = _base.derive("defect:v4-indexer-tail-zero", v4_indexer=_indexer_variant(tail_zero=True))
+# the row past the visible range left as an uninitialized device buffer may hold it (upstream's decode kernel does
+# not write there; its comparator still wants every score finite)
+TAIL_NAN = _base.derive("defect:v4-indexer-tail-nan", v4_indexer=_indexer_variant(tail_nan=True))
 TOPK_BY_POSITION = _base.derive("defect:v4-indexer-topk-by-position", v4_indexer=_indexer_variant(by_position=True))
 HADAMARD_BEFORE_ROPE = _base.derive("defect:v4-indexer-hadamard-first", v4_indexer=_indexer_variant(hadamard_first=True))
 
