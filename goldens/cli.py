@@ -154,16 +154,25 @@ def cmd_replay(args) -> int:
                              f"{backend.unavailable}; nothing was replayed (--allow-unavailable accepts that)")
     store = GoldenStore(args.store)
     reader = store.reader(args.rev)
-    items = _items(args.cases, args.wiring, reader=reader)
-    kept: dict = {}
-    digests: dict = {}
+    rebuilt: list = []
     if backend is None:  # --backend recorded[:SOURCE]: a device's kept outputs, judged again
-        from goldens.recorded import recorded_backend
+        from goldens.recorded import rebuilt_items, recorded_backend
 
         if args.keep_actual:
             raise GoldenStoreError("--keep-actual keeps a device run's outputs; --backend recorded runs nothing")
 
         backend = recorded_backend(reader, args.backend)
+        # kept runs imported without their tree (goldens import-kept): rebuilt, judged with the others
+        rebuilt = [(c, w) for c, w in rebuilt_items(reader, backend.source)
+                   if (not args.cases or c in args.cases) and w in select_wirings(args.wiring)]
+    names = [c for c in args.cases if c not in {c for c, _w in rebuilt}]
+    if names or not rebuilt:
+        items = _items(names, args.wiring, reader=reader)
+    else:  # only imported runs named, or no tree in the store beside them
+        items = _items(names, args.wiring, reader=reader) if trees.recorded_cases(reader) and not args.cases else []
+    items += rebuilt
+    kept: dict = {}
+    digests: dict = {}
     table = Table(title=escape(f"replay on backend {backend.name} ({backend.platform}) from {args.store}@{reader.snapshot[:12]}"))
     for col in ("case", "wiring", "output", "comparator", "verdict", "detail"):
         table.add_column(col, overflow="fold")
@@ -185,7 +194,19 @@ def cmd_replay(args) -> int:
     progress.start()
     for case, wiring in items:
         progress.advance(task)
-        tree = trees.load_tree(reader, case, wiring)
+        if (case, wiring) in rebuilt:
+            from goldens.recorded import rebuild_tree
+
+            try:
+                tree = rebuild_tree(reader, backend.source, case, wiring)
+            except Unsupported as exc:
+                skipped += 1
+                first_skip = first_skip or str(exc)
+                row(case, wiring, "*", "-", "SKIP", str(exc))
+                reported.append(report.TreeReport(case, wiring, "SKIP", str(exc)))
+                continue
+        else:
+            tree = trees.load_tree(reader, case, wiring)
         if tree.stale and not args.allow_stale:
             stale += 1
             row(case, wiring, "*", "-", "STALE",
@@ -564,6 +585,25 @@ def cmd_import(args) -> int:
     return 0
 
 
+def cmd_import_kept(args) -> int:
+    from goldens.recorded import import_kept, sources
+    from goldens.store import GoldenStore
+
+    if len(args.cases_module) != 1:
+        raise GoldenStoreError("import-kept: name the one module that builds these cases with --cases-module "
+                               "(e.g. goldens.cases_pro): the recipe stored with the outputs")
+    from_reader = GoldenStore(args.source_store).reader()
+    have = sources(from_reader)
+    source = args.source or (have[0] if len(have) == 1 else None)
+    if source is None or source not in have:
+        raise GoldenStoreError(f"import-kept: --source must name one of the kept sources in {args.source_store}: "
+                               f"{have or 'none kept'}")
+    items = [(c, w) for c in args.cases for w in select_wirings(args.wiring)]
+    result = import_kept(GoldenStore(args.store), from_reader, source, items, args.cases_module[0])
+    console.print(f"imported the {source} outputs of {len(items)} run(s); snapshot {result.snapshot or '(unchanged)'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="goldens", description="Versioned replay trees (inputs + expected outputs, "
                                 "one per wiring) for the V4.1 kernels, stored as Zarr in an icechunk repository. "
@@ -703,6 +743,24 @@ def build_parser() -> argparse.ArgumentParser:
     ip.add_argument("--case", required=True)
     wiring(ip)
     ip.set_defaults(fn=cmd_import)
+
+    ik = sub.add_parser("import-kept", help="copy a device's kept outputs (not their trees) from another store",
+                        description="Copy the outputs a device run kept (goldens replay --keep-actual) for CASEs "
+                                    "from the store FROM, where their trees are, into --store, without the trees' "
+                                    "inputs: with the case module (--cases-module, required) and seed that rebuild "
+                                    "them. `goldens replay --backend recorded:SOURCE` then rebuilds the inputs, "
+                                    "judges the kept outputs only if their digest is the one the device ran on, and "
+                                    "computes the expected outputs with the current reference. For trees at a "
+                                    "kernel's own geometry, too large for the sample store. Refused, nothing "
+                                    "written, for a stale tree, a run kept for other inputs, or a builder that does "
+                                    "not give them again.")
+    ik.add_argument("cases", nargs="+", metavar="CASE")
+    ik.add_argument("--from", dest="source_store", required=True, metavar="PATH|s3://BUCKET/PREFIX",
+                    help="the store the device run was kept in")
+    ik.add_argument("--source", default=None, metavar="SOURCE",
+                    help="the kept run's source, <backend>-<platform> (default: the only one kept there)")
+    wiring(ik, "replicated")
+    ik.set_defaults(fn=cmd_import_kept)
 
     ep = sub.add_parser("export-pt", help="export a case to the upstream .pt layout")
     ep.add_argument("case", metavar="CASE")

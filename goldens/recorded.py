@@ -81,3 +81,97 @@ def recorded_backend(reader: StoreReader, spec: str) -> RecordedBackend:
         raise GoldenStoreError(f"no kept outputs of {source!r} in this store (kept: {have or 'none'}; goldens replay "
                                "--backend pypto --platform a5sim --keep-actual keeps them)")
     return RecordedBackend(reader, source)
+
+
+# --- kept runs whose tree is not in this store: the inputs rebuilt from the case, the expected outputs computed ---
+# A device run at a kernel's own geometry (goldens.cases_pro: 10-120 MB of inputs a tree) is kept where it ran (a
+# store of the user's); `goldens import-kept` copies its outputs alone into another store (the sample store) with
+# how to rebuild its inputs (the case module and seed). Replaying them rebuilds the inputs, refuses to judge unless
+# their digest is the one the device ran on, and computes the expected outputs with the current reference.
+REBUILD = "rebuild"
+
+
+def rebuilt_items(reader: StoreReader, source: str) -> list[tuple[str, str]]:
+    """(case, wiring) of the kept runs of ``source`` that carry a rebuild recipe instead of a tree."""
+    out = []
+    root = f"{ACTUAL_ROOT}/{source}"
+    for case in reader.groups(root) if reader.has(root) else []:
+        for wiring in reader.groups(f"{root}/{case}"):
+            if REBUILD in reader.group_attrs(f"{root}/{case}/{wiring}"):
+                out.append((case, wiring))
+    return out
+
+
+def _recipe_case(recipe: dict, case_name: str, where: str):
+    import importlib
+
+    from goldens.cases import get_case
+
+    module = recipe.get("cases_module")
+    if not isinstance(module, str) or not module.startswith("goldens."):
+        raise GoldenStoreError(f"{where}: rebuild recipe names cases module {module!r} (expected goldens.*)")
+    try:
+        importlib.import_module(module)
+        return get_case(case_name)
+    except GoldenStoreError:
+        raise
+    except Exception as exc:
+        raise GoldenStoreError(f"{where}: cannot load case {case_name} from {module}: {type(exc).__name__}: {exc}") \
+            from None
+
+
+def rebuild_tree(reader: StoreReader, source: str, case_name: str, wiring: str):
+    """The tree a kept run of ``source`` ran on, rebuilt here: its inputs from the case's builder and seed (their
+    digest must be the kept run's, else Unsupported: never judged against other inputs), its expected outputs
+    from the current reference, its comparators the case's current ones."""
+    from goldens.trees import LoadedTree, _clone, make_record
+
+    where = f"{ACTUAL_ROOT}/{source}/{case_name}/{wiring}"
+    attrs = reader.group_attrs(where)
+    recipe = attrs.get(REBUILD)
+    if not isinstance(recipe, dict) or isinstance(recipe.get("seed"), bool) or not isinstance(recipe.get("seed"), int):
+        raise GoldenStoreError(f"{where}: no usable rebuild recipe ({recipe!r})")
+    case = _recipe_case(recipe, case_name, where)
+    inputs = case.build_inputs(recipe["seed"], wiring)
+    if inputs_digest(inputs) != attrs.get("inputs_digest"):
+        raise Unsupported(f"{case_name}/{wiring}: the inputs {recipe['cases_module']} builds here (seed "
+                          f"{recipe['seed']}) are not the ones {source} ran on (digest {inputs_digest(inputs)} vs "
+                          f"{attrs.get('inputs_digest')}): the case's builder changed since the run; replay on the "
+                          "device again and import the kept run again")
+    expected = case.reference(_clone(inputs), wiring)
+    record = make_record(case, wiring, recipe["seed"], inputs, expected, source="rebuilt")
+    return LoadedTree(case, record, inputs, expected, False)
+
+
+def import_kept(store, from_reader: StoreReader, source: str, items: list[tuple[str, str]], cases_module: str):
+    """Copy the kept outputs of ``source`` for ``items`` from another store (``from_reader``, where their trees
+    are) into ``store`` with a rebuild recipe (``cases_module``, the tree's seed), one commit. Refused, nothing
+    written, when a tree is stale there, when the kept run ran on other inputs than its tree's, or when the
+    builder here does not give those inputs again."""
+    from goldens.trees import load_tree
+
+    arrays, groups = {}, {}
+    for case_name, wiring in items:
+        base = f"{ACTUAL_ROOT}/{source}/{case_name}/{wiring}"
+        if not from_reader.has(base):
+            raise GoldenStoreError(f"no outputs of {source} kept for {case_name}/{wiring} in the source store")
+        attrs = dict(from_reader.group_attrs(base))
+        tree = load_tree(from_reader, case_name, wiring)
+        if tree.stale:
+            raise GoldenStoreError(f"{case_name}/{wiring} is stale in the source store ({tree.stale_reason()}); "
+                                   "regenerate it there, replay on the device again, then import")
+        if attrs.get("inputs_digest") != inputs_digest(tree.inputs):
+            raise GoldenStoreError(f"{base}: the kept run ran on other inputs than the tree in the source store "
+                                   "(re-recorded since): replay on the device again with --keep-actual")
+        rebuilt = tree.case.build_inputs(tree.record.seed, wiring)
+        if inputs_digest(rebuilt) != attrs["inputs_digest"]:
+            raise GoldenStoreError(f"{case_name}/{wiring}: {cases_module} does not rebuild the inputs the run was "
+                                   f"kept for (seed {tree.record.seed}); not imported")
+        attrs[REBUILD] = {"cases_module": cases_module, "seed": tree.record.seed,
+                          "from_snapshot": from_reader.snapshot}
+        groups[base] = attrs
+        for name in tree.record.comparators:
+            arr, a = from_reader.read(f"{base}/{name}")
+            arrays[f"{base}/{name}"] = to_numpy(from_numpy(arr, a, name=f"{base}/{name}"))
+    return store.commit(arrays, groups, f"import-kept {source}: {', '.join(c for c, _w in items)}",
+                        metadata={"action": "import-kept"})
