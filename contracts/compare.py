@@ -8,6 +8,7 @@ the inputs/outputs).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -418,12 +419,44 @@ V4_ATTN_OUT_TOL = (1e-4, 1.0 / 128)  # upstream decode_sparse_attn*.py compare_f
 
 def attn_out_v4(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """V4 attention output (the sparse attention with its W8A8 output projection): upstream's compare_fn for
-    ``attn_out``, ratio_allclose(1e-4, 1/128) with the 0.5 % quota (§8)."""
+    ``attn_out``, ratio_allclose(1e-4, 1/128) with the 0.5 % quota (§8). A tree that names its ``path`` and
+    ``preset`` (the V4-Pro geometry trees) is judged around the reference's output shifted by what a BF16 head
+    value on the other side of its rounding can do through the INT8 latent codes, and nothing else
+    (contracts.checks.quant_ties.attention_output_slack): at that width one such value moves whole rows."""
     bad = _layout(name, a, e)
     if bad:
         return bad
     atol, rtol = V4_ATTN_OUT_TOL
-    return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, name=name)
+    if "path" not in ctx.params:
+        return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, name=name)
+    from contracts.checks.quant_ties import attention_code_flips, explain_rows
+    from kernels.config import preset
+    from kernels.v4.sparse_attention import attention_indices, v4_sparse_attention
+
+    c, i = preset(str(ctx.params["preset"])), ctx.inputs
+    path = str(ctx.params["path"])
+    num_tokens = int(i["num_tokens"]) if "num_tokens" in i else None
+    seq = c.decode_seq if num_tokens is None else i["q"].shape[0]
+    window, cmp = attention_indices(path, i["q"], i["window_indices"], i.get("compressed"), i["position_ids"],
+                                    num_tokens=num_tokens, config=c)
+    o = v4_sparse_attention(i["q"], i["ori_kv"], window, i["cmp_kv"], i["cmp_block_table"], cmp, i["attn_sink"],
+                            seq=seq)
+    y, moves = attention_code_flips(o, i["freqs_cos"], i["freqs_sin"], i["wo_a"], i["wo_b"], i["wo_b_scale"],
+                                    config=c)
+    bad, used = explain_rows(a, y, moves, lambda ev: atol + rtol * ev.abs())
+    n_bad, n = int(bad.sum()), a.numel()
+    if n_bad <= 0.005 * n:
+        return passed("attn_out_v4", "§8", n)
+    a64, e64 = a.double(), e.double()
+    excess = torch.where(bad, (a64 - e64).abs() - (atol + rtol * e64.abs()), torch.full_like(a64, -math.inf))
+    k = int(excess.reshape(-1).argmax())
+    idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(k), a.shape))
+    return failed("attn_out_v4", "§8", n, n_bad,
+                  Violation(name, idx, float(a64[idx]), float(e64[idx]), atol + rtol * abs(float(e64[idx])),
+                            note=f"{n_bad} of {n} elements outside ratio_allclose({atol:g}, 1/128) (quota 0.5 %) "
+                                 f"after explaining each row by at most 8 INT8 latent codes that a BF16 head value "
+                                 f"on the other side of its rounding can flip ({sum(used)} taken; candidates per "
+                                 f"row {[m.shape[0] for m in moves]})"))
 
 
 def v4_prefill_index_score(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:

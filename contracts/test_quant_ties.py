@@ -213,3 +213,61 @@ def test_rms_scale_holds_another_summation_order_and_nothing_more():
         assert res.ok == (d > 4096), (d, res.message())  # at Pro width the rule hides under the order bound
         edge = exact * (1 + (d - 1) * 2.0 ** -24 / 2 * 1.01) + 1e-30
         assert not rms_scale("s", edge + 8 * (torch.nextafter(exact, torch.tensor(1.0)) - exact), exact, ctx).ok
+
+
+def _projection_setup():
+    """o [2, 8, 64] (tiny Pro), head 0's element 0 of token 0 exactly on the BF16 midpoint 1 + 2^-8 (round to
+    nearest even gives 1.0, the other neighbour is 1 + 2^-7), and a wo_a whose group 0 reads that element only into
+    latent 5, with the weight -0.78125 that puts latent 5 on one side of an INT8 tie at 1.0 and on the other at
+    1 + 2^-7 (the group's amax unchanged)."""
+    g = torch.Generator().manual_seed(3)
+    t, h, d, groups, lora, hidden = 2, C.num_attention_heads, C.head_dim, C.o_groups, C.o_lora_rank, C.hidden_size
+    o = torch.randn(t, h, d, generator=g) * 0.5
+    cos = torch.cos(torch.rand(t, C.qk_rope_head_dim, generator=g))
+    sin = torch.sin(torch.rand(t, C.qk_rope_head_dim, generator=g))
+    wo_a = (torch.randn(groups, lora, h * d // groups, generator=g) * 0.1).to(torch.bfloat16)
+    wo_b = torch.randint(-127, 128, (hidden, groups * lora), generator=g, dtype=torch.int8)
+    ws = torch.rand(hidden, generator=g) * 1e-3 + 1e-4
+    o[0, 0, 0] = 1 + 2**-8
+    wo_a[0, :, 0] = 0
+    wo_a[0, 5, 0] = -0.78125
+    return o, cos, sin, wo_a, wo_b, ws
+
+
+def test_attn_out_explains_a_bf16_head_flip_through_its_latent_code_and_nothing_else():
+    """attention_code_flips + explain_rows (attn_out_v4 at V4-Pro geometry, §8): the output of o whose midpoint
+    head value took its other BF16 neighbour moves latent 5's code by one and fails upstream's ratio_allclose on
+    its own, and is explained by that one code; the same output when the head value was not on a midpoint (1 +
+    2^-9: only 1.0 is a rounding of it), and one code flipped where no head value reaches, are not."""
+    from contracts.checks.precision import check_ratio_allclose
+    from contracts.checks.quant_ties import attention_code_flips, explain_rows
+    from kernels.v4.sparse_attention import v4_output_projection
+
+    o, cos, sin, wo_a, wo_b, ws = _projection_setup()
+    expected = v4_output_projection(o, cos, sin, wo_a, wo_b, ws, config=C)
+    flipped = o.clone()
+    flipped[0, 0, 0] = 1 + 2**-7
+    actual = v4_output_projection(flipped, cos, sin, wo_a, wo_b, ws, config=C)
+    bound = lambda e: 1e-4 + e.abs() / 128  # noqa: E731
+    assert not check_ratio_allclose(actual, expected, atol=1e-4, rtol=1 / 128).ok, "the vector must move the output"
+    y, moves = attention_code_flips(o, cos, sin, wo_a, wo_b, ws, config=C)
+    assert torch.equal(y.float().to(torch.bfloat16), expected), "y is the reference's output before its BF16 cast"
+    bad, used = explain_rows(actual, y, moves, bound)
+    assert not bool(bad.any()) and used == [1, 0], (int(bad.sum()), used)
+    bad, used = explain_rows(expected, y, moves, bound)
+    assert not bool(bad.any()) and used == [0, 0], "the reference itself needs no flip"
+
+    off = o.clone()
+    off[0, 0, 0] = 1 + 2**-9  # rounds to 1.0 in any order: no other neighbour is a rounding of it
+    y_off, moves_off = attention_code_flips(off, cos, sin, wo_a, wo_b, ws, config=C)
+    assert torch.equal(v4_output_projection(off, cos, sin, wo_a, wo_b, ws, config=C), expected)
+    bad, _used = explain_rows(actual, y_off, moves_off, bound)
+    assert bool(bad[0].any()), "a head value off its midpoint must not excuse the flip"
+
+    lora = C.o_lora_rank
+    latent = torch.einsum("tgk,gnk->tgn", o.to(torch.bfloat16).reshape(2, C.o_groups, -1).double(),
+                          wo_a.double()).float()
+    factor = latent.abs().amax(-1).clamp_min(C.int8_amax_eps)[0, 1] / C.int8_scale_max
+    far = y[0] + float(factor) * wo_b.double()[:, 1 * lora + 3] * ws.double()  # group 1's code 3 up by one
+    bad, _used = explain_rows(torch.stack((far, y[1])).float().to(torch.bfloat16), y, moves, bound)
+    assert bool(bad[0].any()), "a code no head value reaches must stay unexplained"

@@ -158,7 +158,8 @@ def _attention_case(path: str) -> Case:
                  "window pages and 32 compressed pages, as sparse_attn_test is compiled): the tiny case's regimes "
                  "(an unmapped window page, shuffled compressed pages)", ("kernels.v4.sparse_attention",),
                  _v4_attention_build(path, PRO, ori_pages=PRO.ori_pool, cmp_pages=PRO.cmp_pool),
-                 lambda get, i: _v4_attention_call(get, i, path, PRO), {"attn_out": "attn_out_v4"})
+                 lambda get, i: _v4_attention_call(get, i, path, PRO), {"attn_out": "attn_out_v4"},
+                 {"path": path, "preset": PRO.name})  # attn_out_v4 with the BF16-head / INT8-latent slack
 
 
 def _indexer_build(seed: int, wiring: str) -> Tensors:

@@ -541,8 +541,12 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
         tensors["swa_indices"] = widen(window, win, "window")
         tensors["swa_lens"] = torch.full((tokens,), win, dtype=torch.int32)
     else:
+        # the compressed table as wide as the entries are compiled (KV_CMP_MAX_BLOCKS, the pool's 32 pages);
+        # unread columns -1
+        table = cmp_block_table.to(torch.int32)
         tensors.update(window_swa_indices=widen(window, win, "window"), cmp_kv=cmp_kv.clone(),
-                       cmp_block_table=cmp_block_table.to(torch.int32).clone())
+                       cmp_block_table=torch.nn.functional.pad(table, (0, max(0, config.cmp_pool - table.shape[1])),
+                                                               value=-1))
         if path == "CSA":  # the raw top-k: upstream masks it by position itself (as attention_indices did)
             raw = compressed.to(torch.int32).clone()
             if num_tokens is not None:
