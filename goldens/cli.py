@@ -633,7 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--backend-module", default=None, metavar="MOD:OBJ", help="out-of-tree backend")
         sp.add_argument("--platform", default=None, choices=("a5sim", "a5"),
                         help="platform of a device backend (pypto; default a5sim); refused for CPU backends")
-        sp.add_argument("--device", default=None, metavar="IDS", help="device ids for a device backend, e.g. 0,1")
+        sp.add_argument("--device", default=None, metavar="IDS",
+                        help="device ids for a device backend, e.g. 0,1 (one launch, compile included, is stopped "
+                             "after $PTO_DEVICE_TIMEOUT seconds, default 1800: an ERROR row naming the entry)")
         sp.add_argument("--pypto-lib", default=None, metavar="PATH",
                         help="pypto-lib checkout the pypto backend binds (default $PYPTO_LIB_ROOT)")
         sp.add_argument("--allow-unavailable", action="store_true",

@@ -130,6 +130,35 @@ def test_a_run_that_hands_back_no_output_is_an_error_never_a_result(fake_copy, m
                                        torch.zeros(2, 8), torch.zeros(2, 8))
 
 
+def test_a_launch_that_never_finishes_is_stopped_after_the_timeout_and_named(fake_copy, monkeypatch):
+    """A simulated kernel that waits forever (the V4-Pro SWA and HCA sparse attention on a5sim: docs/a5sim.md)
+    does not hang the run: after $PTO_DEVICE_TIMEOUT seconds the worker is stopped and the launch is an error
+    naming the entry and the limit; the next call starts a fresh worker. A bad limit is refused."""
+    import time
+
+    from backends.upstream.client import UpstreamError, device_timeout
+
+    monkeypatch.setenv("PTO_FAKE_UPSTREAM_DEFECT", "kernel_hangs")
+    monkeypatch.setenv("PTO_DEVICE_TIMEOUT", "3")
+    b = get_backend("pypto", pypto_lib=str(fake_copy))
+    g = torch.Generator().manual_seed(0)
+    x, r = torch.randn(8, 64, generator=g).to(torch.bfloat16), torch.randn(8, 4, 64, generator=g)
+    p, c = torch.rand(8, 4, generator=g), torch.rand(8, 4, 4, generator=g)
+    start = time.monotonic()
+    with pytest.raises(pb.UpstreamRunError, match=r"hc_post::hc_post_test did not finish within 3 s on a5sim "
+                                                  r"\(\$PTO_DEVICE_TIMEOUT\); the worker was stopped"):
+        b.get("hc_post")(x, r, p, c)
+    assert time.monotonic() - start < 60
+    monkeypatch.delenv("PTO_FAKE_UPSTREAM_DEFECT")
+    from kernels.reference.mhc import hc_post
+
+    assert torch.equal(b.get("hc_post")(x, r, p, c), hc_post(x, r, p, c))  # a fresh worker
+    for bad in ("0", "-1", "soon", "nan"):
+        monkeypatch.setenv("PTO_DEVICE_TIMEOUT", bad)
+        with pytest.raises(UpstreamError, match="expected a positive number of seconds"):
+            device_timeout()
+
+
 def test_a_v4_pro_entry_runs_with_specs_from_its_declaration_and_refuses_other_geometry(fake_upstream):
     """hc_post through models/deepseek_v4_pro/hc_post.py::hc_post_test: the double's runner validates only the
     is_output spec (y) and hands it back; a call at another hidden size, or with rows that are not whole tiles

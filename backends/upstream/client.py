@@ -6,6 +6,7 @@ import atexit
 import os
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 from backends.upstream import worker as protocol
@@ -20,6 +21,25 @@ class UpstreamError(RuntimeError):
 
 class UpstreamUnsupported(UpstreamError):
     """The call cannot be fed to the upstream kernel entry as compiled (its static geometry, its devices)."""
+
+
+TIMEOUT_ENV = "PTO_DEVICE_TIMEOUT"
+DEFAULT_DEVICE_TIMEOUT = 1800.0  # seconds: compiling a V4-Pro entry and running it on a5sim takes 1-10 minutes
+
+
+def device_timeout() -> float:
+    """Seconds one kernel launch (compile + run) may take before the worker is stopped: $PTO_DEVICE_TIMEOUT, or
+    30 minutes."""
+    text = os.environ.get(TIMEOUT_ENV)
+    if text is None:
+        return DEFAULT_DEVICE_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value != value or value == float("inf"):
+        raise UpstreamError(f"${TIMEOUT_ENV}={text!r}: expected a positive number of seconds")
+    return value
 
 
 class Worker:
@@ -86,7 +106,26 @@ class Worker:
         request = {"kind": "device", "folder": folder, "module": module, "entry": entry, "tensors": tensors,
                    "platform": platform, "devices": list(devices), "ranks": ranks, "golden_data": golden_data,
                    "tiles": dict(tiles or {})}
-        return self._ask(request, f"{module}::{entry}")
+        limit = device_timeout()
+        stopped = threading.Event()
+
+        def stop():  # a launch that never returns (a simulated kernel that waits forever) must not hang the run
+            if self.proc is not None and self.proc.poll() is None:
+                stopped.set()
+                self.proc.kill()
+
+        watchdog = threading.Timer(limit, stop)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            return self._ask(request, f"{module}::{entry}")
+        except UpstreamError:
+            if stopped.is_set():
+                raise UpstreamError(f"{module}::{entry} did not finish within {limit:g} s on {platform} "
+                                    f"(${TIMEOUT_ENV}); the worker was stopped (see {self.log.name})") from None
+            raise
+        finally:
+            watchdog.cancel()
 
     def values(self, module: str, names: list[str]) -> dict:
         """Plain values (ints, floats, strings) of ``module`` (importable in the worker), by dotted name."""

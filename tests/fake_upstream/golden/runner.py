@@ -122,6 +122,8 @@ def _harness(kernel_of: Callable, specs, golden_fn, golden_data, compile_cfg, ru
 
     if os.environ.get("PTO_FAKE_UPSTREAM_DEFECT") == "runner_skips_validation":  # a seeded runner fault
         golden_fn = golden_data = None
+    if os.environ.get("PTO_FAKE_UPSTREAM_DEFECT") == "kernel_hangs":  # a simulated kernel that never finishes
+        time.sleep(3600)
     if golden_fn is not None or golden_data is not None:
         golden = _golden(specs, scalars, snapshot, data_dir, golden_fn)
     _execute(kernel, specs, tensors, scalars, runtime_cfg)
