@@ -622,19 +622,48 @@ def q_bf16(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
     i = ctx.inputs
     pre = q_before_rounding(ctx.expected_outputs["qr"], ctx.expected_outputs["qr_scale"], i["wq_b"], i["wq_b_scale"],
                             i["rope_cos"], i["rope_sin"], config=c)
+    return _bf16_either_side("q_bf16", name, a, e, pre)
+
+
+def _bf16_either_side(check: str, name: str, a: torch.Tensor, e: torch.Tensor, pre: torch.Tensor) -> CheckResult:
+    """BF16 ``a`` against the reference's bytes ``e``: equal, or the other BF16 neighbour of the reference's FP32
+    value ``pre`` where ``pre`` lies within 32 FP32 ulps of a BF16 midpoint (quant_ties.bf16_near_midpoints)."""
+    from contracts.checks.quant_ties import bf16_near_midpoints, bf16_neighbours
+
     ab, eb = a.contiguous().view(torch.int16).int(), e.contiguous().view(torch.int16).int()
     down, up = bf16_neighbours(pre)
     step = (ab == down) | (ab == up)  # the reference's FP32 value rounded either way
     off = ~(ab == eb) & ~(step & bf16_near_midpoints(pre))
     if not bool(off.any()):
-        return passed("q_bf16", "§8", a.numel())
+        return passed(check, "§8", a.numel())
     k = int(off.reshape(-1).to(torch.uint8).argmax())
     idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(k), a.shape))
     why = ("the other BF16 neighbour, but the reference's FP32 value is not near a BF16 midpoint"
            if bool(step.reshape(-1)[k]) else "not a BF16 neighbour of the reference's FP32 value")
-    return failed("q_bf16", "§8", a.numel(), int(off.sum()),
+    return failed(check, "§8", a.numel(), int(off.sum()),
                   Violation(name, idx, a.reshape(-1)[k].item(), e.reshape(-1)[k].item(),
                             f"{why} (FP32 before rounding {pre.reshape(-1)[k].item():.9g})"))
+
+
+def norm_bf16(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """final_norm's BF16 rows [T, D] (§8): the reference's bytes, except the other BF16 neighbour where the
+    reference's FP32 value before the rounding (x · rsqrt(mean(x²) + eps) · w of the tree's ``hidden`` and
+    ``weight``) lies within 32 FP32 ulps of a BF16 midpoint: a kernel sums the D squares in another FP32 order
+    (upstream's V4-Pro rms_norm: 128-wide tiles, then times 1/D), which lands there on either side; nothing else
+    may move."""
+    from kernels.config import preset
+    from kernels.reference.compressor import rms_norm
+
+    bad = _layout(name, a, e)
+    if bad:
+        return bad
+    missing = [k for k in ("hidden", "weight") if k not in ctx.inputs]
+    if missing:
+        return failed("norm_bf16", "§8", a.numel(), a.numel(),
+                      Violation(name, (), None, None, f"the tree has no input {missing[0]!r} (not a norm tree?)"))
+    eps = preset(str(ctx.params.get("preset", "v4-pro"))).rms_norm_eps
+    pre = rms_norm(ctx.inputs["hidden"].float(), ctx.inputs["weight"], eps).float()
+    return _bf16_either_side("norm_bf16", name, a, e, pre)
 
 
 def v4_kv_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
@@ -646,7 +675,7 @@ def v4_kv_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
 
 
 COMPARATORS: dict[str, Comparator] = {
-    "exact": exact, "fp32_ulps": fp32_ulps, "qr_scale": qr_scale, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
+    "exact": exact, "fp32_ulps": fp32_ulps, "norm_bf16": norm_bf16, "qr_scale": qr_scale, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
     "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out, "bf16_stage": bf16_stage, "engram": engram, "recv_y": recv_y,
     "gate_ids": gate_ids, "gate_weights": gate_weights, "moe_out": moe_out, "logits": logits, "greedy": greedy,

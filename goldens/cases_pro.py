@@ -188,6 +188,21 @@ def _indexer_call(get, i: Tensors) -> Tensors:
     return dict(get("v4_indexer")(**i, offset=PRO.sliding_window, config=PRO))
 
 
+def _norm_build(seed: int, wiring: str) -> Tensors:
+    """The final RMSNorm at Pro width (D 7168, the 8 rows rms_norm_test's decode step takes): a row of zeros
+    (only eps under the root), a 1000x row, BF16 weights around 1."""
+    g = _g(seed)
+    d = PRO.hidden_size
+    x = torch.randn(ROWS, d, generator=g)
+    x[1] = 0.0
+    x[2] *= 1e3
+    return {"hidden": x.to(torch.bfloat16), "weight": (1 + 0.2 * torch.randn(d, generator=g)).to(torch.bfloat16)}
+
+
+def _norm_call(get, i: Tensors) -> Tensors:
+    return {"x_normed": get("final_norm")(i["hidden"], i["weight"], config=PRO)}
+
+
 def _pro(case: Case) -> Case:
     return replace(case, preset=PRO.name)
 
@@ -221,6 +236,9 @@ def build() -> list[Case]:
               _compressor_csa_build, _compressor_call(4, True),
               {"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"}),
         *(_attention_case(path) for path in ("SWA", "HCA", "CSA")),
+        _case("final_norm_pro", "final_norm", "RMSNorm at Pro width (D 7168, 8 rows: a zero row, a 1000x row), "
+              "FP32 times the BF16 weight, one BF16 rounding", ("kernels.reference.lm_head",), _norm_build,
+              _norm_call, {"x_normed": "norm_bf16"}, {"preset": PRO.name}),
         _case("v4_indexer_pro", "v4_indexer", "V4 CSA decode indexer at Pro geometry (64 index heads of 128, top-k "
               "1024 of 4096): 4 requests x 2 tokens seeing 2000, 1025, 4000 and 128 index keys, shuffled pages",
               ("kernels.v4.indexer",), _indexer_build, _indexer_call,

@@ -660,6 +660,7 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
 # the runtime aborts on). Checked in the worker before any launch; an off-tile call is refused as unsupported.
 DYN_TILES: dict[str, dict[str, str]] = {
     "hc_post": {"T_DYN": "T_TILE"},  # hc_post_test: pl.spmd((t_dim // T_TILE) * HC_MULT)
+    "rmsnorm": {"T_DYN": "T_TILE"},  # rms_norm_test: row tiles of T_TILE
 }
 
 PRO_ENTRIES: dict[str, tuple[str, int]] = {
@@ -676,6 +677,7 @@ PRO_ENTRIES: dict[str, tuple[str, int]] = {
     "decode_sparse_attn_hca": ("sparse_attn_test", 1),
     "decode_sparse_attn_swa": ("sparse_attn_test", 1),
     "decode_indexer": ("indexer_test", 1),
+    "rmsnorm": ("rms_norm_test", 1),
 }
 
 

@@ -106,6 +106,21 @@ def _hc_post(run, sublayer, x_hc, post_mix, residual_mix, *, rule="fp32"):
     return run(tensors, {"hidden_size": d, "hc_mult": hc}, {})["y"]
 
 
+def _final_norm(run, hidden, weight, *, config=None):
+    """final_norm -> rmsnorm.py::golden_rms_norm_test (V4-Pro's RMSNorm: the FP32 sum of squares in 128-wide
+    tiles, times 1/D, rsqrt, x · inv · w, one BF16 rounding) at the call's width and ``config``'s epsilon."""
+    from kernels.reference.lm_head import FLASH
+
+    if hidden.ndim != 2 or weight.shape != hidden.shape[1:]:
+        from kernels.reference.lm_head import final_norm
+
+        return final_norm(hidden, weight, config=config or FLASH)  # raises the caller-side error
+    eps = (config or FLASH).rms_norm_eps
+    tensors = {"x": hidden.clone(), "norm_w": weight.clone(),
+               "x_normed": torch.zeros(hidden.shape, dtype=torch.bfloat16)}
+    return run(tensors, {"hidden_size": hidden.shape[1], "rms_norm_eps": eps}, {})["x_normed"]
+
+
 def _lm_head(run, hidden, weight, *, tp=1):
     """lm_head -> lm_head.py::golden_lm_head with one DP owner holding every row (DP_SIZE 1, TP_SIZE tp,
     MAX_LOGIT_ROWS T, row indices 0..T-1); its [1, T, vocab] logits are cut back into tp shards."""
@@ -876,6 +891,7 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("mtp_projection", PRO, "mtp_projection", "golden_mtp_projection", _mtp_projection),
     Adapter("hc_post", PRO, "hc_post", "golden_hc_post", _hc_post),
     Adapter("lm_head", PRO, "lm_head", "golden_lm_head", _lm_head),
+    Adapter("final_norm", PRO, "rmsnorm", "golden_rms_norm_test", _final_norm),
     Adapter("v4_expert", PRO, "expert_routed", "golden_expert_routed", _v4_expert, also=("expert_shared",)),
     Adapter("v4_qkv_proj_rope", PRO, "qkv_proj_rope", "golden_qkv_proj_rope", _v4_qkv_proj_rope),
     Adapter("v4_attention", PRO, "decode_sparse_attn", "golden_sparse_attn", _v4_attention,
