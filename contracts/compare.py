@@ -606,7 +606,6 @@ def q_bf16(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
     expected qr codes and scale, which their own comparators pin) lies within 32 FP32 ulps of a BF16 midpoint
     (contracts.checks.quant_ties.bf16_near_midpoints): another FP32 order of a head's RMS may land there on the
     other side, nothing else may move."""
-    from contracts.checks.quant_ties import bf16_near_midpoints, bf16_neighbours
     from kernels.config import preset
     from kernels.v4.qkv_proj import q_before_rounding
 
