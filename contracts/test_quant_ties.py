@@ -271,3 +271,38 @@ def test_attn_out_explains_a_bf16_head_flip_through_its_latent_code_and_nothing_
     far = y[0] + float(factor) * wo_b.double()[:, 1 * lora + 3] * ws.double()  # group 1's code 3 up by one
     bad, _used = explain_rows(torch.stack((far, y[1])).float().to(torch.bfloat16), y, moves, bound)
     assert bool(bad[0].any()), "a code no head value reaches must stay unexplained"
+
+
+def test_norm_bf16_allows_the_other_neighbour_only_at_a_midpoint():
+    """norm_bf16 (final_norm at V4-Pro width, §8): a weight chosen to put row 0's element 3 within an FP32 ulp
+    or two of the BF16 midpoint 1 + 2^-8 -- the other BF16 neighbour there passes, the other neighbour at an
+    element far from any midpoint fails, and two steps fail."""
+    from contracts.checks.quant_ties import bf16_near_midpoints
+    from contracts.compare import norm_bf16
+    from kernels.config import V4_PRO
+    from kernels.reference.compressor import rms_norm
+
+    g = torch.Generator().manual_seed(7)
+    eps = V4_PRO.rms_norm_eps
+    hidden = torch.randn(2, 64, generator=g).to(torch.bfloat16)
+    weight = torch.ones(64)
+    inv = torch.rsqrt(hidden.float().pow(2).mean(-1) + eps)
+    weight[3] = (1 + 2**-8) / (float(hidden[0, 3]) * float(inv[0]))
+    pre = rms_norm(hidden.float(), weight, eps).float()
+    near = bf16_near_midpoints(pre)
+    assert bool(near[0, 3]), float(pre[0, 3])
+    expected = pre.to(torch.bfloat16)
+    ctx = Context({"hidden": hidden, "weight": weight}, {}, {}, {"preset": V4_PRO.name}, "replicated")
+
+    def stepped(r, c, steps=1):
+        out = expected.clone()
+        bits = out.view(torch.int16)
+        other = 1 if float(pre[r, c]) > float(expected[r, c]) else -1
+        bits[r, c] += other * steps
+        return out
+
+    far = next((r, c) for r in range(2) for c in range(64) if not bool(near[r, c]))
+    assert norm_bf16("x_normed", expected, expected, ctx).ok
+    assert norm_bf16("x_normed", stepped(0, 3), expected, ctx).ok
+    assert not norm_bf16("x_normed", stepped(*far), expected, ctx).ok
+    assert not norm_bf16("x_normed", stepped(0, 3, 2), expected, ctx).ok
