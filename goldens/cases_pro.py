@@ -203,6 +203,19 @@ def _norm_call(get, i: Tensors) -> Tensors:
     return {"x_normed": get("final_norm")(i["hidden"], i["weight"], config=PRO)}
 
 
+def _prefill_indexer_build(seed: int, wiring: str) -> Tensors:
+    """CSA's indexer on one request's prefill chunk at Pro geometry (the 128 rows prefill_indexer_test takes, all
+    real): positions 960 .. 1087, visible 240 .. 256 (capped at two index pages from position 1023)."""
+    from contracts.v4_cases import prefill_indexer_inputs
+
+    inputs = prefill_indexer_inputs(PRO, seed, start=960)
+    return {**inputs, "num_tokens": torch.tensor(inputs["qr"].shape[0], dtype=torch.int32)}
+
+
+def _prefill_indexer_call(get, i: Tensors) -> Tensors:
+    return dict(get("v4_prefill_indexer")(**{**i, "num_tokens": int(i["num_tokens"])}, config=PRO))
+
+
 def _pro(case: Case) -> Case:
     return replace(case, preset=PRO.name)
 
@@ -239,6 +252,10 @@ def build() -> list[Case]:
         _case("final_norm_pro", "final_norm", "RMSNorm at Pro width (D 7168, 8 rows: a zero row, a 1000x row), "
               "FP32 times the BF16 weight, one BF16 rounding", ("kernels.reference.lm_head",), _norm_build,
               _norm_call, {"x_normed": "norm_bf16"}, {"preset": PRO.name}),
+        _case("v4_prefill_indexer_pro", "v4_prefill_indexer", "V4 CSA indexer on a prefill chunk at Pro geometry "
+              "(128 rows at 960 .. 1087, all real; visible 240 .. 256; 64 index heads of 128)",
+              ("kernels.v4.prefill_indexer", "kernels.v4.indexer"), _prefill_indexer_build, _prefill_indexer_call,
+              {"score": "v4_prefill_index_score", "topk_idxs": "v4_prefill_index_topk"}, {"topk": PRO.index_topk}),
         _case("v4_indexer_pro", "v4_indexer", "V4 CSA decode indexer at Pro geometry (64 index heads of 128, top-k "
               "1024 of 4096): 4 requests x 2 tokens seeing 2000, 1025, 4000 and 128 index keys, shuffled pages",
               ("kernels.v4.indexer",), _indexer_build, _indexer_call,

@@ -678,6 +678,7 @@ PRO_ENTRIES: dict[str, tuple[str, int]] = {
     "decode_sparse_attn_swa": ("sparse_attn_test", 1),
     "decode_indexer": ("indexer_test", 1),
     "rmsnorm": ("rms_norm_test", 1),
+    "prefill_indexer": ("prefill_indexer_test", 1),
 }
 
 

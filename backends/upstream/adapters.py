@@ -827,19 +827,27 @@ def _v4_prefill_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, co
                           f"padding_rows={padding_rows!r} is another named rule")
     cap, hidden, inner = score_cap(config), x.shape[1], config.index_head_dim
     writes = max(1, tokens // 4)
+    # laid out as wide as prefill_indexer_test is compiled: the inner state's pool and its page table (a page per
+    # 4 positions up to the kernel's sequence length, all unmapped), RoPE tables of that many rows, the index
+    # table as wide as the index pool (unread entries -1)
+    page = config.c4a_state_block_size
+    state_cols = max(config.kernel_max_seq_len // page, int(position_ids.max()) // page + 2)
+    rows = max(config.kernel_max_seq_len, int(position_ids.max()) + 1)
     tensors = {"x": x.clone(), "qr": qr.clone(), "qr_scale": qr_scale.float().clone(), "wq_b": wq_b.clone(),
                "wq_b_scale": wq_b_scale.float().clone(), "weights_proj": weights_proj.clone(),
                "cos": cos.float().clone(), "sin": sin.float().clone(), "hadamard": hadamard.clone(),
                "idx_kv_cache": idx_kv_cache.clone(), "idx_kv_scale": idx_kv_scale.float().clone(),
-               "idx_block_table": idx_block_table.to(torch.int32).clone(),
+               "idx_block_table": torch.nn.functional.pad(idx_block_table.to(torch.int32),
+                                                          (0, max(0, config.idx_pool - idx_block_table.shape[0])),
+                                                          value=-1),
                "position_ids": position_ids.to(torch.int32).clone(), "num_tokens": int(num_tokens),
-               "inner_compress_state": torch.zeros(1, 4, 4 * inner),
-               "inner_compress_state_block_table": torch.full((int(position_ids.max()) // 4 + 2,), -1,
-                                                              dtype=torch.int32),
-               "inner_wkv": torch.zeros(2 * inner, hidden), "inner_wgate": torch.zeros(2 * inner, hidden),
-               "inner_ape": torch.zeros(4, 2 * inner), "inner_norm_w": torch.ones(inner),
-               "freqs_cos": torch.ones(int(position_ids.max()) + 1, config.qk_rope_head_dim),
-               "freqs_sin": torch.zeros(int(position_ids.max()) + 1, config.qk_rope_head_dim),
+               "inner_compress_state": torch.zeros(config.csa_inner_state_pool, page, 4 * inner),
+               "inner_compress_state_block_table": torch.full((state_cols,), -1, dtype=torch.int32),
+               "inner_wkv": torch.zeros(2 * inner, hidden, dtype=torch.bfloat16),
+               "inner_wgate": torch.zeros(2 * inner, hidden, dtype=torch.bfloat16),
+               "inner_ape": torch.zeros(4, 2 * inner), "inner_norm_w": torch.ones(inner, dtype=torch.bfloat16),
+               "freqs_cos": torch.ones(rows, config.qk_rope_head_dim, dtype=torch.bfloat16),
+               "freqs_sin": torch.zeros(rows, config.qk_rope_head_dim, dtype=torch.bfloat16),
                "idx_slot_mapping": torch.full((tokens,), -1, dtype=torch.int64),
                "inner_state_slot_mapping": torch.full((tokens,), -1, dtype=torch.int64),
                "score": torch.zeros(tokens, cap), "topk_idxs": torch.zeros(tokens, cap, dtype=torch.int32)}
