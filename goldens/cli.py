@@ -20,7 +20,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from goldens.catalog import select_wirings
-from goldens.errors import BackendFailure, GoldenStoreError
+from goldens.errors import BackendFailure, GoldenStoreError, RuleChange
 from goldens.store import damaged
 
 
@@ -206,11 +206,17 @@ def cmd_replay(args) -> int:
                 reported.append(report.TreeReport(case, wiring, "SKIP", str(exc)))
                 continue
         else:
-            tree = trees.load_tree(reader, case, wiring)
+            try:
+                tree = trees.load_tree(reader, case, wiring)
+            except BackendFailure as exc:  # the reference fails on this tree: an ERROR row, the others still run
+                errors += 1
+                row(case, wiring, "*", "-", "ERROR", str(exc))
+                reported.append(report.TreeReport(case, wiring, "ERROR", str(exc)))
+                continue
         if tree.stale and not args.allow_stale:
             stale += 1
             row(case, wiring, "*", "-", "STALE",
-                (tree.stale_reason() + " (or --allow-stale)") if args.rev is None else
+                _stale_advice(tree) if args.rev is None else
                 f"recorded at {args.rev} with an older reference: replay it with --allow-stale (regen "
                 "rewrites main, not an old revision)")
             reported.append(report.TreeReport(case, wiring, "STALE", rows[-1]["detail"]))
@@ -309,9 +315,31 @@ def _delta(d) -> dict:
             "max_rel": None if math.isnan(d.max_rel) else d.max_rel, "rows_affected": d.rows_affected}
 
 
+def _stale_advice(tree) -> str:
+    """What changed, and whether regenerating is safe: the current reference's outputs on the stored inputs
+    judged against the stored ones by the tree's own comparators (goldens.trees.classify_change)."""
+    from goldens import trees
+
+    what = f"changed {tree.moved_text().removeprefix('changed ')}"
+    try:
+        change = trees.classify_change(tree, trees.reference_outputs(tree))
+    except BackendFailure as exc:
+        return f"{what}; and the current reference raises on it ({exc}): fix the reference, regen cannot run"
+    if change.kind == "none":
+        return f"{what}; no output moves: `goldens regen {tree.case.name}` only refreshes its fingerprint"
+    if change.kind == "rounding":
+        return (f"{what}; {change.detail}: a rounding change, `goldens regen {tree.case.name}` is safe (or "
+                "--allow-stale)")
+    return (f"{what}; OUTPUTS MOVE PAST THEIR COMPARATORS: {change.detail}. A reference bug looks exactly like "
+            f"this: check it; only a rule changed on purpose is recorded, with `goldens regen {tree.case.name} "
+            "--accept-rule-change`")
+
+
 def _replay_code(args, failures, errors, skipped, ran, stale, first_skip) -> int:
     if stale:
-        advice = ("run `goldens regen` (the reference changed since they were recorded)" if args.rev is None else
+        advice = ("the reference changed since they were recorded; each row says whether its outputs move within "
+                  "their comparators (rounding: `goldens regen` is safe) or past them (check the reference first)"
+                  if args.rev is None else
                   f"revision {args.rev} predates the current reference: `goldens replay --rev {args.rev} "
                   "--allow-stale` replays it anyway, `goldens replay` replays main")
         err.print(f"[bold red]error:[/] {stale} stale tree(s) refused: {advice}", highlight=False, soft_wrap=True)
@@ -345,21 +373,35 @@ def cmd_regen(args) -> int:
                           f"{', '.join(skipped)}")
         if not items:
             raise GoldenStoreError("nothing to regenerate: every recorded tree holds upstream's numbers")
-    report, result = trees.regen(store, items, dry_run=args.dry_run, reason=args.message)
+    report, result = trees.regen(store, items, dry_run=args.dry_run, reason=args.message,
+                                 accept_rule_change=args.accept_rule_change)
+    beyond = [(c, w, ch) for c, w, _ds, ch in report if ch.kind == "beyond"]
     if args.json:
         _emit({"dry_run": args.dry_run, "snapshot": None if result is None else result.snapshot,
-               "trees": [{"case": c, "wiring": w, "deltas": [_delta(d) for d in ds]} for c, w, ds in report]})
-        return 0
+               "trees": [{"case": c, "wiring": w, "change": ch.kind, "change_detail": ch.detail,
+                          "deltas": [_delta(d) for d in ds]} for c, w, ds, ch in report]})
+        return 1 if beyond and args.dry_run and not args.accept_rule_change else 0
     table = Table(title="regen (dry run: nothing committed)" if args.dry_run else "regen")
-    for col in ("case", "wiring", "output", "elements changed", "max abs", "mean abs", "max rel", "rows affected"):
+    for col in ("case", "wiring", "output", "elements changed", "max abs", "mean abs", "max rel", "rows affected",
+                "change"):
         table.add_column(col)
-    for case, wiring, deltas in report:
+    kinds = {"none": "", "rounding": "[green]rounding[/]", "beyond": "[bold red]PAST ITS COMPARATOR[/]"}
+    for case, wiring, deltas, change in report:
         if not deltas:
-            table.add_row(case, wiring, "(no output changed)", "0", "", "", "", "")
+            table.add_row(case, wiring, "(no output changed)", "0", "", "", "", "", "")
         for d in deltas:
             table.add_row(case, wiring, d.name, f"{d.elements_changed}/{d.elements}", _num(d.max_abs),
-                          _num(d.mean_abs), _num(d.max_rel), str(d.rows_affected))
+                          _num(d.mean_abs), _num(d.max_rel), str(d.rows_affected), kinds[change.kind])
     console.print(table)
+    if beyond:
+        shown = "; ".join(f"{c}/{w}: {escape(ch.detail)}" for c, w, ch in beyond[:3])
+        say = err.print if args.dry_run and not args.accept_rule_change else console.print
+        say(f"[bold red]{len(beyond)} tree(s) move past their comparators[/] (a rounding change does not; a reference "
+            f"bug does): {shown}" + ("" if args.accept_rule_change else
+                                     ". Check the reference; `goldens regen --accept-rule-change` records a rule "
+                                     "changed on purpose"), highlight=False, soft_wrap=True)
+        if args.dry_run and not args.accept_rule_change:
+            return 1
     if result is not None:
         console.print(f"snapshot {result.snapshot or '(unchanged, no commit)'}; "
                       f"{len([p for p in result.written if '/out/' in p])} output arrays rewritten")
@@ -692,12 +734,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     rg = sub.add_parser("regen", help="recompute expected outputs with the current reference",
                         description="Recompute expected outputs from stored inputs with the current reference; "
-                                    "commit only changed arrays in one tagged snapshot and report what moved.")
+                                    "commit only changed arrays in one tagged snapshot and report what moved. Each "
+                                    "tree's change is classified: 'rounding' (every moved output still within the "
+                                    "tree's own comparator of the stored one, or one unit of its dtype) is written; "
+                                    "past its comparator (a rule change, or a reference bug: they look the same) is "
+                                    "refused with exit 1 and nothing committed, unless --accept-rule-change.")
     rg.add_argument("cases", nargs="*", metavar="CASE")
     rg.add_argument("--dry-run", action="store_true", help="report the changes without committing")
     rg.add_argument("-m", "--message", default=None, metavar="REASON",
                     help="why the reference changed (kept in the regen snapshot's message, shown by goldens log)")
     rg.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
+    rg.add_argument("--accept-rule-change", action="store_true",
+                    help="also write trees whose outputs move past their own comparators of the stored ones (refused "
+                         "by default, exit 1, nothing committed: a rounding change stays within them or moves one "
+                         "unit, a rule change or a reference bug does not)")
     wiring(rg)
     rg.set_defaults(fn=cmd_regen)
 
@@ -802,6 +852,9 @@ def main(argv: list[str] | None = None) -> int:
 
             load_case_modules(args.cases_module)
         return args.fn(args)
+    except RuleChange as exc:  # regen: outputs past their comparators, nothing committed (out of bound: 1)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return 1
     except GoldenStoreError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)  # one unwrapped line
         return 2

@@ -34,7 +34,7 @@ from goldens.cases import (
 )
 from goldens.catalog import WIRINGS, ArgSpec, TreeRecord, tree_path
 from goldens.codec import from_numpy, to_numpy
-from goldens.errors import BackendFailure, GoldenStoreError
+from goldens.errors import BackendFailure, GoldenStoreError, RuleChange
 from goldens.fingerprint import changes, combined
 from goldens.recorded import (
     ACTUAL_ROOT,  # goldens replay --keep-actual: actual/<source>/<case>/<wiring>/<output>
@@ -268,9 +268,11 @@ class LoadedTree:
     stale: bool
     moved: tuple[str, ...] = ()  # what changed in the reference since recording ("changed kernels.quant.RULES")
 
+    def moved_text(self) -> str:
+        return "; ".join(self.moved[:4]) + (f"; +{len(self.moved) - 4} more" if len(self.moved) > 4 else "")
+
     def stale_reason(self) -> str:
-        shown = "; ".join(self.moved[:4]) + (f"; +{len(self.moved) - 4} more" if len(self.moved) > 4 else "")
-        return f"{shown}: run `goldens regen {self.case.name}`"
+        return f"{self.moved_text()}: run `goldens regen {self.case.name}`"
 
 
 def load_tree(reader: StoreReader, case_name: str, wiring: str) -> LoadedTree:
@@ -287,7 +289,14 @@ def load_tree(reader: StoreReader, case_name: str, wiring: str) -> LoadedTree:
     if rec.wiring != wiring or rec.case != case_name:
         raise GoldenStoreError(f"{path}: tree records case {rec.case!r} wiring {rec.wiring!r}; refusing to replay "
                                f"it as {case_name}/{wiring}")
-    want = case.arg_specs(*_spec_probe(case, wiring))
+    try:
+        probe = _spec_probe(case, wiring)
+    except (GoldenStoreError, MissingOperator, Unsupported):
+        raise
+    except Exception as exc:  # the reference itself fails: a reference error (exit 3), named, never a traceback
+        raise BackendFailure(f"{case_name}/{wiring}: the reference raised while describing the tree's arguments "
+                             f"({case.operator}): {type(exc).__name__}: {_first_line(exc)}") from exc
+    want = case.arg_specs(*probe)
     got_sig = [(a.name, a.direction, a.dtype, a.scalar) for a in rec.args]
     want_sig = [(a.name, a.direction, a.dtype, a.scalar) for a in want]
     if got_sig != want_sig:
@@ -455,32 +464,129 @@ def delta(name: str, old: torch.Tensor, new: torch.Tensor) -> OutputDelta:
     return OutputDelta(name, n, a.numel(), float(diff.max()), float(diff.mean()), float(rel.max()), rows)
 
 
-def _regen_trees(reader: StoreReader, items: list[tuple[str, str]]):
+@dataclass(frozen=True)
+class Change:
+    """How the current reference's outputs on a tree's stored inputs differ from its stored expected ones."""
+
+    kind: str  # "none" | "rounding" (every moved output within its comparator, or one step of its format) | "beyond"
+    detail: str = ""
+
+
+_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _ordinals(t: torch.Tensor, name: str) -> torch.Tensor:
+    """Each element's position on its format's ladder of values (int64): a float's bit pattern as sign-magnitude
+    (so +0 and -0 are both 0 and neighbours differ by 1), a packed FP4 pair's two E2M1 codes the same way, an
+    integer its value."""
+    from contracts.evidence import is_packed_fp4
+
+    if is_packed_fp4(name, t):
+        from kernels import quant
+
+        codes = quant.unpack_fp4(t).long()
+        return torch.where(codes & 8 != 0, -(codes & 7), codes & 7)
+    if t.dtype.is_floating_point:
+        width = t.element_size()
+        bits = t.contiguous().view(_INT_VIEW[width]).long()
+        sign = 1 << (8 * width - 1)
+        mag = bits & (sign - 1)
+        return torch.where(bits < 0, -mag, mag)
+    return t.long()
+
+
+def _unit_sized(name: str, old: torch.Tensor, new: torch.Tensor) -> bool:
+    """Every element at most one step of its format from the stored one (the neighbouring float of its dtype, the
+    neighbouring FP4 code, an integer +-1): what a rounding change moves; NaN stays NaN."""
+    if old.shape != new.shape or old.dtype != new.dtype:
+        return False
+    steps = (_ordinals(old, name) - _ordinals(new, name)).abs()
+    if old.dtype.is_floating_point:
+        steps = torch.where(old.isnan() & new.isnan(), torch.zeros_like(steps), steps)
+        steps = torch.where(old.isnan() ^ new.isnan(), torch.full_like(steps, 2), steps)
+    return bool((steps <= 1).all())
+
+
+def classify_change(tree: LoadedTree, outputs: dict) -> Change:
+    """A rounding change keeps every output within the tree's own comparator of the stored expected outputs (a
+    kernel that matched the old goldens still matches the new ones), or moves it by at most one unit of its dtype;
+    anything else is a rule change or a reference bug, and says which output moved and how."""
+    moved = [k for k in tree.expected if not torch.equal(tree.expected[k], outputs[k])]
+    if not moved:
+        return Change("none")
+    try:
+        verdicts = compare_all({k: tree.record.comparators[k] for k in moved},
+                               Context(tree.inputs, outputs, tree.expected, tree.record.params, tree.record.wiring))
+    except Exception as exc:  # a comparator that cannot judge the new outputs: not a rounding change
+        verdicts = {k: None for k in moved}
+        why = f"{type(exc).__name__}: {exc}"
+    beyond = []
+    for k in moved:
+        r = verdicts.get(k)
+        if (r is not None and r.ok) or _unit_sized(k, tree.expected[k], outputs[k]):
+            continue
+        d = delta(k, tree.expected[k], outputs[k])
+        size = (f"{d.elements_changed}/{d.elements} elements in {d.rows_affected} rows, max rel {d.max_rel:.3g}"
+                if not math.isnan(d.max_rel) else f"{d.elements_changed}/{d.elements} elements in {d.rows_affected} rows")
+        cause = r.message().splitlines()[0][:140] if r is not None else why
+        beyond.append(f"{k} ({size}; {tree.record.comparators[k]}: {cause})")
+    if not beyond:
+        return Change("rounding", f"{', '.join(moved)} moved within the comparators (or one unit)")
+    return Change("beyond", "; ".join(beyond))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def reference_outputs(tree: LoadedTree) -> dict:
+    """The current reference on the tree's stored inputs; a reference that raises is a BackendFailure naming the
+    tree (exit 3), never a traceback."""
+    try:
+        return tree.case.reference(_clone(tree.inputs), tree.record.wiring)
+    except (GoldenStoreError, MissingOperator, Unsupported):
+        raise
+    except Exception as exc:
+        raise BackendFailure(f"{tree.case.name}/{tree.record.wiring}: the current reference raised on the stored "
+                             f"inputs ({tree.case.operator}): {type(exc).__name__}: {_first_line(exc)}") from exc
+
+
+def _regen_trees(reader: StoreReader, items: list[tuple[str, str]], *, accept: bool = True):
     report, arrays, groups = [], {}, {}
+    refused = []
     for name, wiring in items:
         tree = load_tree(reader, name, wiring)
-        outputs = tree.case.reference(_clone(tree.inputs), wiring)
+        outputs = reference_outputs(tree)
         deltas = [delta(k, tree.expected[k], outputs[k]) for k in tree.expected]
-        report.append((name, wiring, [d for d in deltas if d.elements_changed]))
+        change = classify_change(tree, outputs)
+        if change.kind == "beyond" and not accept:
+            refused.append(f"{name}/{wiring}: {change.detail}")
+        report.append((name, wiring, [d for d in deltas if d.elements_changed], change))
         rec = make_record(tree.case, wiring, tree.record.seed, tree.inputs, outputs, source=tree.record.source)
         arrays.update(tree_arrays(tree.case, rec, tree.inputs, outputs))
         groups[tree_path(name, wiring)] = rec.to_attrs()
+    if refused:
+        raise RuleChange(refused)
     return report, arrays, groups
 
 
-def regen(store: GoldenStore, items: list[tuple[str, str]], *, dry_run: bool = False, reason: str | None = None
-          ) -> tuple[list[tuple[str, str, list[OutputDelta]]], CommitResult | None]:
+def regen(store: GoldenStore, items: list[tuple[str, str]], *, dry_run: bool = False, reason: str | None = None,
+          accept_rule_change: bool = False) -> tuple[list[tuple[str, str, list[OutputDelta], Change]],
+                                                      CommitResult | None]:
     """Recompute expected outputs from stored inputs with the current reference; commit only changed
     arrays (and the new fingerprint) in one tagged commit. The trees are read as the commit's base (under the
     lock, or rerun when an S3 commit finds the branch moved), so a record or import committed meanwhile is
-    never overwritten by stale trees."""
+    never overwritten by stale trees. A tree whose outputs would move past their comparators (``classify_change``:
+    a rule change or a reference bug, never rounding) is refused, nothing committed (``RuleChange``), unless
+    ``accept_rule_change``; a dry run reports each tree's change without refusing."""
     if dry_run:
         report, _arrays, _groups = _regen_trees(store.reader(), items)
         return report, None
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
 
     def body(txn):
-        report, arrays, groups = _regen_trees(txn.reader, items)
+        report, arrays, groups = _regen_trees(txn.reader, items, accept=accept_rule_change)
         txn.write(arrays, groups)
         return report
 
@@ -488,7 +594,7 @@ def regen(store: GoldenStore, items: list[tuple[str, str]], *, dry_run: bool = F
                                                                         else "")
 
     def message(report_) -> str:  # the snapshot says what moved (and why, with -m)
-        moved = [f"{c}/{w}:{d.name}" for c, w, ds in report_ for d in ds]
+        moved = [f"{c}/{w}:{d.name}" for c, w, ds, _ch in report_ for d in ds]
         what = (f"outputs moved: {', '.join(moved[:8])}" + (f" (+{len(moved) - 8} more)" if len(moved) > 8 else "")
                 if moved else "no output moved (fingerprints only)")
         return f"{label}; {what}" + (f"; reason: {reason}" if reason else "")

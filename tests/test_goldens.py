@@ -138,7 +138,7 @@ def test_rounding_change_makes_trees_stale_and_regen_reports_exactly_what_moved(
     assert run_cli(store, "replay", "cache_index", "--allow-stale") in (0, 1)
     assert "WARNING" in capsys.readouterr().err
     report, _ = trees.regen(store, [("cache_index", "replicated"), ("rope_rows", "replicated")], dry_run=True)
-    moved = {(c, d.name) for c, _w, ds in report for d in ds}
+    moved = {(c, d.name) for c, _w, ds, _change in report for d in ds}
     assert moved == {("cache_index", "payload")}, moved  # midpoint rows move; scales and RoPE do not
     before = {e.snapshot for e in store.log()}
     _, result = trees.regen(store, [("cache_index", "replicated"), ("rope_rows", "replicated")])

@@ -122,3 +122,55 @@ def test_a_lambda_sharing_its_line_with_other_arguments_is_fingerprinted():
 
     got = fingerprint_parts(get_case("v4_attention_swa_pro"))
     assert any(k.startswith("goldens.cases._v4_attention_call") for k in got), sorted(got)[:5]
+
+
+def _goldens(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "goldens.cli", "--store", str(root / "artifacts" / "store"), *args],
+                          cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root), "PTO_STORE_READ_CACHE": "", "COLUMNS": "400"})
+
+
+def test_a_reference_bug_is_not_advised_as_a_regen_and_regen_refuses_it(tmp_path):
+    """An off-by-one in the RoPE row gather (idx = pos - 1): the replay's STALE row says the outputs move past
+    their comparators (a bug looks like that; a rounding change does not), names the output and how far it moved,
+    and does not advise a plain regen; regen refuses with exit 1 and commits nothing; --accept-rule-change
+    records it (a rule changed on purpose). Issue: stale is not regenerate."""
+    root = _project_copy(tmp_path)
+    path = root / "kernels" / "reference" / "rope.py"
+    text = path.read_text()
+    assert "    idx = pos.clamp_min(0)\n" in text
+    path.write_text(text.replace("    idx = pos.clamp_min(0)\n", "    idx = (pos - 1).clamp_min(0)\n"))
+    proc = _goldens(root, "replay", "rope_rows")
+    flat = re.sub(r"[\s│]+", " ", proc.stdout)
+    assert proc.returncode == 2 and "OUTPUTS MOVE PAST THEIR COMPARATORS" in flat, flat[-1500:]
+    assert "rope_cos (58/128 elements in 10 rows, max rel 20.7" in flat and "--accept-rule-change" in flat, flat
+    store = GoldenStore(root / "artifacts" / "store")
+    before = [e.snapshot for e in store.log()]
+    proc = _goldens(root, "regen", "rope_rows")
+    assert proc.returncode == 1 and "would move past their comparators" in proc.stderr, proc.stderr[-800:]
+    assert "Traceback" not in proc.stderr and [e.snapshot for e in store.log()] == before
+    proc = _goldens(root, "regen", "rope_rows", "--dry-run")
+    assert proc.returncode == 1 and "PAST ITS COMPARATOR" in re.sub(r"[\s│]+", " ", proc.stdout)
+    assert [e.snapshot for e in store.log()] == before
+    proc = _goldens(root, "regen", "rope_rows", "--accept-rule-change", "-m", "rows are 1-based now")
+    assert proc.returncode == 0 and len(store.log()) == len(before) + 1, proc.stderr[-800:]
+    assert _goldens(root, "replay", "rope_rows").returncode == 0
+
+
+def test_a_reference_that_raises_is_one_line_naming_the_tree_exit_3(tmp_path):
+    """A rounding edit that makes the reference raise (here an index past the table): replay reports an ERROR row
+    naming the tree and the exception, exit 3, no traceback; regen says the same and commits nothing."""
+    root = _project_copy(tmp_path)
+    path = root / "kernels" / "reference" / "rope.py"
+    text = path.read_text()
+    path.write_text(text.replace("    idx = pos.clamp_min(0)\n", "    idx = pos.clamp_min(0) + 10**6\n"))
+    proc = _goldens(root, "replay", "rope_rows", "sp_slabs")
+    flat = re.sub(r"[\s│]+", " ", proc.stdout + proc.stderr)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr[-1500:]
+    assert "rope_rows/replicated: the reference raised" in flat and "IndexError" in flat, flat[-1500:]
+    store = GoldenStore(root / "artifacts" / "store")
+    before = [e.snapshot for e in store.log()]
+    proc = _goldens(root, "regen", "rope_rows")
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr and "rope_rows/replicated" in proc.stderr, \
+        proc.stderr[-1500:]
+    assert [e.snapshot for e in store.log()] == before

@@ -33,8 +33,8 @@ def test_record_regen_and_import_interleave_without_losing_a_commit(where, tmp_p
     interleavings.)"""
     slow = trees._regen_trees
 
-    def regen_trees_slowly(reader, items):
-        out = slow(reader, items)
+    def regen_trees_slowly(reader, items, **kwargs):
+        out = slow(reader, items, **kwargs)
         time.sleep(0.02)
         return out
 

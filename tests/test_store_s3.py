@@ -39,7 +39,7 @@ def test_record_replay_regen_diff_gc_on_s3(s3_store, monkeypatch, capsys):
     assert cli.main(["--store", s3_store, "replay", "cache_index"]) == 2
     assert "stale tree(s) refused" in capsys.readouterr().err
     report, result = trees.regen(store, [("cache_index", "replicated"), ("rope_rows", "replicated")])
-    assert {(c, d.name) for c, _w, ds in report for d in ds} == {("cache_index", "payload")}
+    assert {(c, d.name) for c, _w, ds, _change in report for d in ds} == {("cache_index", "payload")}
     assert [p for p in result.written if "/out/" in p or "/in/" in p] == ["cache_index/replicated/out/payload"]
     tag = next(t for e in store.log() for t in e.tags if t.startswith("regen-"))
     assert cli.main(["--store", s3_store, "replay"]) == 0
