@@ -567,7 +567,14 @@ def load_backend_module(target: str) -> Backend:
     except AttributeError:
         raise BackendError(f"--backend-module {target!r}: {module_name!r} has no attribute {attr!r}") from None
     if callable(obj) and not isinstance(obj, Backend):
-        obj = obj()
+        try:
+            obj = obj()
+        except BackendError:
+            raise
+        except Exception as exc:  # not a zero-argument factory (os:system), or one that fails: one line, named
+            raise BackendError(f"--backend-module {target!r}: calling {attr} raised {type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0][:200] if str(exc) else ''} (expected a Backend, or a "
+                               "zero-argument callable returning one)") from None
     if not isinstance(obj, Backend):
         raise BackendError(f"--backend-module {target!r}: expected a Backend, got {type(obj).__name__}")
     return obj

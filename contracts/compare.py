@@ -427,7 +427,7 @@ def attn_out_v4(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Ch
     if bad:
         return bad
     atol, rtol = V4_ATTN_OUT_TOL
-    if "path" not in ctx.params:
+    if ctx is None or "path" not in ctx.params:
         return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, name=name)
     from contracts.checks.quant_ties import attention_code_flips, explain_rows
     from kernels.config import preset

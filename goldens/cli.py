@@ -10,7 +10,10 @@ import datetime as dt
 import json
 import math
 import os
+import re
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import icechunk
@@ -33,6 +36,37 @@ console = Console(width=160)
 err = Console(stderr=True, width=160)
 
 
+_CASE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+
+
+def check_case_name(name: str) -> None:
+    """A case name is one path segment of the store: letters, digits, '_', '.', '+', '-', not starting with '.'
+    (so never '..' or a path)."""
+    if not _CASE_NAME.fullmatch(name) or ".." in name:
+        raise GoldenStoreError(f"case name {name!r}: expected letters, digits, '_', '.', '+' or '-' (one path "
+                               "segment, not starting with '.'); see goldens show for the known cases")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+    if not 0 <= value < 2**62:
+        raise argparse.ArgumentTypeError(f"a seed is in [0, 2^62), got {value}")
+    return value
+
+
 def _items(names: list[str], wiring: str, *, reader=None) -> list[tuple[str, str]]:
     """(case, wiring) pairs. Without names: every recorded case (replay/regen) or every known case (record)."""
     from goldens import trees
@@ -43,6 +77,7 @@ def _items(names: list[str], wiring: str, *, reader=None) -> list[tuple[str, str
             sorted(n for n, c in cases().items() if not c.base)  # derived cases replay their stored inputs only
     out = []
     for name in names:
+        check_case_name(name)
         if reader is not None:
             trees.adopt(reader, name)
         case = get_case(name)
@@ -143,7 +178,29 @@ def cmd_report(args) -> int:
     return cmd_replay(args)
 
 
+_INTERRUPTED = threading.Event()
+
+
+def _on_sigint(signum, frame):  # the first Ctrl-C ends the replay after the tree in hand; the second at once
+    if _INTERRUPTED.is_set():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        raise KeyboardInterrupt
+    _INTERRUPTED.set()
+    err.print("\n[yellow]Ctrl-C: stopping after the tree in hand (again to stop now)[/]", highlight=False)
+
+
 def cmd_replay(args) -> int:
+    _INTERRUPTED.clear()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        return _cmd_replay(args)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _cmd_replay(args) -> int:
     from contracts.backends import MissingOperator, Unsupported
     from goldens import report, trees
     from goldens.store import GoldenStore
@@ -192,7 +249,13 @@ def cmd_replay(args) -> int:
     progress = Progress(console=err, transient=True, disable=len(items) < 2)
     task = progress.add_task("replaying", total=len(items))
     progress.start()
-    for case, wiring in items:
+    interrupted = False
+    for done, (case, wiring) in enumerate(items):
+        if _INTERRUPTED.is_set():
+            interrupted = True
+            err.print(f"[bold red]interrupted[/] (Ctrl-C) after {done} of {len(items)} tree(s): the rows so far "
+                      "are below; nothing was committed", highlight=False, soft_wrap=True)
+            break
         progress.advance(task)
         if (case, wiring) in rebuilt:
             from goldens.recorded import rebuild_tree
@@ -260,6 +323,9 @@ def cmd_replay(args) -> int:
                 "" if ok else result.message(), result.evidence, result.cause)
     progress.stop()
     summary = {"failed_outputs": failures, "errors": errors, "skipped": skipped, "stale": stale, "ran": ran}
+    if interrupted:
+        (console if not args.json else Console(quiet=True)).print(table)
+        return 130
     out = console if not args.json else Console(quiet=True)
     out.print(table)
     out.print(f"{failures} failed output(s), {errors} tree(s) with a backend error, {skipped} skipped tree(s), "
@@ -471,6 +537,7 @@ def cmd_show(args) -> int:
             raise GoldenStoreError(f"no golden store at {args.store} (the cases above can be recorded with "
                                    "goldens record CASE)")
         return 0
+    check_case_name(args.case)
     reader = store.reader(args.rev)
     if args.json:
         found = trees.recorded_wirings(reader, args.case)
@@ -698,7 +765,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "commit the trees in one snapshot. No CASE: every known case.")
     r.add_argument("cases", nargs="*", metavar="CASE")
     wiring(r)
-    r.add_argument("--seed", type=int, default=17)
+    r.add_argument("--seed", type=_seed, default=17, help="input seed, in [0, 2^62) (default 17)")
     r.add_argument("--force", action="store_true",
                    help="replace a recorded tree whose content would change (refused by default, saying what "
                         "would change); recording identical content is always a no-op")
@@ -752,7 +819,7 @@ def build_parser() -> argparse.ArgumentParser:
     rg.set_defaults(fn=cmd_regen)
 
     lg = sub.add_parser("log", help="snapshots of the store, newest first")
-    lg.add_argument("--limit", type=int, default=50)
+    lg.add_argument("--limit", type=_positive_int, default=50, help="newest N snapshots (default 50)")
     lg.set_defaults(fn=cmd_log)
 
     df = sub.add_parser("diff", help="arrays added/changed/removed between two revisions",
@@ -864,6 +931,9 @@ def main(argv: list[str] | None = None) -> int:
     except BackendFailure as exc:
         err.print(f"[bold red]backend error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 3
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/] (Ctrl-C); nothing was committed", highlight=False)
+        return 130
     except OSError as exc:  # the file system under the store: missing, read-only, full, a file where a dir is
         where = exc.filename or args.store
         err.print(f"[bold red]error:[/] {escape(str(where))}: {escape(exc.strerror or str(exc))} (store "

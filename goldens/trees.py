@@ -286,6 +286,13 @@ def load_tree(reader: StoreReader, case_name: str, wiring: str) -> LoadedTree:
         raise GoldenStoreError(f"no {wiring} tree for case {case_name} (recorded wirings: {have or 'none'}); "
                                "a tree saved by one wiring is never fed to the other")
     rec = TreeRecord.from_attrs(reader.group_attrs(path), where=path)
+    from contracts.compare import COMPARATORS
+
+    unknown = sorted({c for c in rec.comparators.values() if c not in COMPARATORS})
+    if unknown:
+        raise GoldenStoreError(f"{path}: the tree names comparator(s) {unknown} that this version does not have "
+                               f"(known: {sorted(COMPARATORS)}); record the tree again or use the version that "
+                               "wrote it")
     if rec.wiring != wiring or rec.case != case_name:
         raise GoldenStoreError(f"{path}: tree records case {rec.case!r} wiring {rec.wiring!r}; refusing to replay "
                                f"it as {case_name}/{wiring}")
@@ -375,7 +382,12 @@ def replay(tree: LoadedTree, backend, *, allow_stale: bool = False, keep: dict |
     if keep is not None:
         keep.update(actual)
     ctx = Context(tree.inputs, actual, tree.expected, tree.record.params, tree.record.wiring)
-    return compare_all(tree.record.comparators, ctx)
+    try:
+        return compare_all(tree.record.comparators, ctx)
+    except Exception as exc:  # a comparator that cannot judge this tree (a missing param, a shape it does not take)
+        raise BackendFailure(f"{tree.case.name}/{tree.record.wiring}: a comparator raised judging it "
+                             f"({', '.join(sorted(set(tree.record.comparators.values())))}): {type(exc).__name__}: "
+                             f"{_first_line(exc)}") from exc
 
 
 
