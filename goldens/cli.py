@@ -242,7 +242,7 @@ def _cmd_replay(args) -> int:
                      "evidence": [m.as_dict() for m in evidence]})
         if not (args.quiet and verdict == "PASS"):
             table.add_row(case, wiring, output, comparator, f"[{styles[verdict]}]{verdict}[/]", escape(detail))
-    failures = skipped = stale = ran = errors = 0
+    failures = skipped = stale = ran = errors = unreadable = 0
     first_skip = ""
     reported: list = []
     history = None
@@ -274,6 +274,13 @@ def _cmd_replay(args) -> int:
             except BackendFailure as exc:  # the reference fails on this tree: an ERROR row, the others still run
                 errors += 1
                 row(case, wiring, "*", "-", "ERROR", str(exc))
+                reported.append(report.TreeReport(case, wiring, "ERROR", str(exc)))
+                continue
+            except GoldenStoreError as exc:  # this tree cannot be read or judged: its row, the others still run
+                if len(items) == 1:
+                    raise
+                unreadable += 1
+                row(case, wiring, "*", "-", "ERROR", f"unreadable tree: {exc}")
                 reported.append(report.TreeReport(case, wiring, "ERROR", str(exc)))
                 continue
         if tree.stale and not args.allow_stale:
@@ -322,7 +329,8 @@ def _cmd_replay(args) -> int:
             row(case, wiring, output, tree.record.comparators[output], "PASS" if ok else "FAIL",
                 "" if ok else result.message(), result.evidence, result.cause)
     progress.stop()
-    summary = {"failed_outputs": failures, "errors": errors, "skipped": skipped, "stale": stale, "ran": ran}
+    summary = {"failed_outputs": failures, "errors": errors, "skipped": skipped, "stale": stale, "ran": ran,
+               "unreadable": unreadable}
     if interrupted:
         (console if not args.json else Console(quiet=True)).print(table)
         return 130
@@ -338,6 +346,10 @@ def _cmd_replay(args) -> int:
         out.print(f"kept the actual outputs of {len(kept)} tree(s) under {trees.ACTUAL_ROOT}/ "
                   f"(snapshot {result.snapshot or 'unchanged'})")
     code = _replay_code(args, failures, errors, skipped, ran, stale, first_skip)
+    if unreadable:
+        err.print(f"[bold red]error:[/] {unreadable} tree(s) could not be read or judged (ERROR rows above: "
+                  "unreadable tree); the others were replayed", highlight=False, soft_wrap=True)
+        code = 2 if code in (0, 1) else code
     if args.report:
         page = report.write(args.report, f"goldens replay on {backend.name} ({backend.platform}) of {args.store}"
                             f"@{reader.snapshot[:12]}", reported, {**summary, "exit_code": code})
@@ -471,6 +483,8 @@ def cmd_regen(args) -> int:
     if result is not None:
         console.print(f"snapshot {result.snapshot or '(unchanged, no commit)'}; "
                       f"{len([p for p in result.written if '/out/' in p])} output arrays rewritten")
+        if result.tag_error:
+            err.print(f"[yellow]warning:[/] {escape(result.tag_error)}", highlight=False, soft_wrap=True)
     return 0
 
 

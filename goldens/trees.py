@@ -730,11 +730,24 @@ def import_pt(store: GoldenStore, case_name: str, directory: Path, wirings: tupl
         extra = sorted({p.stem for p in base.glob("*/*.pt")} - {s.name for s in specs})
         if extra:
             raise GoldenStoreError(f"{base}: files not in the operator's spec: {extra}")
+        for kind, wanted in (("in", {s.name for s in specs if s.is_input}),
+                             ("out", {s.name for s in specs if s.is_output})):
+            misplaced = sorted({p.stem for p in (base / kind).glob("*.pt")} - wanted)
+            if misplaced:
+                raise GoldenStoreError(f"{base / kind}: {misplaced} are not {'inputs' if kind == 'in' else 'outputs'} "
+                                       f"of operator {case.operator} (they belong under "
+                                       f"{'out' if kind == 'in' else 'in'}/); nothing was imported")
         for spec in specs:
             if spec.direction == "inout":
                 outputs.setdefault(spec.name, inputs[spec.name])
         _check_against_reference(case, wiring, inputs, outputs, base)
         rec = make_record(case, wiring, -1, inputs, outputs, source=f"import-pt {directory}")
+        for got, want in zip(rec.args, specs, strict=True):  # what load_tree will check, before anything is written
+            if (got.name, got.direction, got.dtype, got.scalar) != (want.name, want.direction, want.dtype, want.scalar):
+                shape = "a 0-dim scalar" if want.scalar else "a tensor, not a 0-dim scalar"
+                raise GoldenStoreError(f"{base}/{'in' if want.is_input else 'out'}/{want.name}.pt: the operator "
+                                       f"{case.operator} takes {shape} {want.dtype} here; the file holds "
+                                       f"{got.dtype}{' (0-dim)' if got.scalar else ''}: nothing was imported")
         arrays.update(tree_arrays(case, rec, inputs, outputs))
         groups[tree_path(case_name, wiring)] = rec.to_attrs()
 

@@ -82,3 +82,67 @@ def test_ctrl_c_stops_after_the_tree_in_hand_with_the_rows_so_far(store, capsys,
     assert cli.main(["--store", str(store.root), "replay"]) == 130
     captured = capsys.readouterr()
     assert "interrupted (Ctrl-C) after 1 of 2 tree(s)" in captured.err and "rope_rows" in captured.out
+
+
+def _exported(store, tmp_path, case="sp_slabs"):
+    out = tmp_path / "pt"
+    assert cli.main(["--store", str(store.root), "export-pt", case, str(out), "--wiring", "replicated"]) == 0
+    return out
+
+
+def test_import_pt_refuses_a_tree_the_replay_could_not_take_and_writes_nothing(store, tmp_path, capsys):
+    """A 1-dim tensor where the operator takes a 0-dim scalar (tp.pt = tensor([4])), and an output's file under
+    in/: refused naming the file, exit 2, nothing committed (the replay would have refused the tree)."""
+    import shutil
+
+    import torch
+
+    out = _exported(store, tmp_path)
+    before = [e.snapshot for e in store.log()]
+    scalar = next(p for p in (out / "replicated" / "in").glob("*.pt") if torch.load(p, weights_only=True).ndim == 0)
+    torch.save(torch.load(scalar, weights_only=True).reshape(1), scalar)
+    capsys.readouterr()
+    assert cli.main(["--store", str(store.root), "import-pt", str(out), "--case", "sp_slabs"]) == 2
+    err = capsys.readouterr().err
+    assert f"{scalar.stem}.pt: the operator" in err and "0-dim scalar" in err and "nothing was imported" in err, err
+    out2 = _exported(store, tmp_path / "b")
+    moved = next((out2 / "replicated" / "out").glob("*.pt"))
+    shutil.copy(moved, out2 / "replicated" / "in" / moved.name)
+    assert cli.main(["--store", str(store.root), "import-pt", str(out2), "--case", "sp_slabs"]) == 2
+    assert "are not inputs of operator" in capsys.readouterr().err
+    assert [e.snapshot for e in store.log()] == before
+
+
+def test_one_unreadable_tree_does_not_block_the_others(store, capsys):
+    """A tree whose record fails its checksum is an ERROR row; every other tree is still replayed; exit 2."""
+    path = "sp_slabs/replicated"
+    attrs = dict(store.reader().group_attrs(path))
+    attrs["seed"] = 12345  # changed outside goldens: the record's checksum no longer matches
+    store.commit({}, {path: attrs}, "tampered")
+    assert cli.main(["--store", str(store.root), "replay", "--json"]) == 2
+    rows = __import__("json").loads(capsys.readouterr().out)["rows"]
+    verdicts = {(r["case"], r["verdict"]) for r in rows}
+    assert ("sp_slabs", "ERROR") in verdicts and ("rope_rows", "PASS") in verdicts, verdicts
+
+
+def test_a_commit_whose_tag_cannot_be_written_is_committed_and_said_so(store, monkeypatch):
+    """The commit lands, its tag (regen-<time>) does not (permission denied; on S3 a dropped connection): the
+    result says the store is fine and the snapshot is on main (goldens regen prints it as a warning, exit 0),
+    never 'damaged, restore from a backup'; the next write restores the tag from the snapshot's metadata."""
+    from goldens.store import GoldenStore as Store
+
+    real = Store._create_tag
+
+    def denied(repo, name, snapshot):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Store, "_create_tag", staticmethod(denied))
+    before = len(store.log())
+    result = store.commit({}, {"notes": {"why": "a regen"}}, "regen notes", metadata={"action": "regen"},
+                          tag="regen-20261202T000000000000Z")
+    assert result.snapshot and "is on main, but its tag regen-20261202T000000000000Z" in result.tag_error
+    assert "store is fine" in result.tag_error and len(store.log()) == before + 1
+    assert not any(t.startswith("regen-") for e in store.log() for t in e.tags)
+    monkeypatch.setattr(Store, "_create_tag", staticmethod(real))
+    trees.record(store, [("cache_index", "replicated")], seed=4)  # the next write
+    assert any(t == "regen-20261202T000000000000Z" for e in store.log() for t in e.tags)
