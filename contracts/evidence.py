@@ -27,7 +27,8 @@ class Mismatch:
     rel_diff: float | None = None
     ulps: int | None = None
     hex: bool = False  # raw byte codes read best in hex
-    unit: str = "ulp"  # what ``ulps`` counts: "ulp" (IEEE-like dtypes), "step" (E2M1 codes), "code" (E8M0)
+    unit: str = "ulp"  # what ``ulps`` counts: "ulp" (IEEE-like dtypes), "step" (E2M1 codes), "code" (E8M0);
+    # "opposite signs": no count (across zero it would be every representable value in between)
     codes: tuple[int, int] | None = None  # (actual, expected) format codes of decoded FP4 / E8M0 elements
 
     def describe(self) -> str:
@@ -36,7 +37,8 @@ class Mismatch:
             if self.hex:
                 return f"{where} actual=0x{self.actual:02x} expected=0x{self.expected:02x}"
             return f"{where} actual={self.actual} expected={self.expected}"
-        ulp = "" if self.ulps is None else f" {self.unit}={self.ulps}"
+        ulp = " (opposite signs)" if self.unit == "opposite signs" else \
+            "" if self.ulps is None else f" {self.unit}={self.ulps}"
         code = "" if self.codes is None else f" (codes 0x{self.codes[0]:x} vs 0x{self.codes[1]:x})"
         return (f"{where} actual={self.actual:.6g} expected={self.expected:.6g} |diff|={self.abs_diff:.3g} "
                 f"rel={self.rel_diff:.3g}{ulp}{code}")
@@ -150,6 +152,9 @@ def mismatches(actual: torch.Tensor, expected: torch.Tensor, *, limit: int = LIM
             d = abs(x - y)
             rel = d / abs(y) if y != 0 else (0.0 if d == 0 else float("inf"))
             ulps = int(abs(int(oa[i]) - int(oe[i]))) if oa is not None else None
+            if ulps is not None and x * y < 0:  # across zero the step count is every value in between: say so
+                out.append(Mismatch(index, x, y, d, rel, None, unit="opposite signs"))
+                continue
             out.append(Mismatch(index, x, y, d, rel, ulps))
         else:
             out.append(Mismatch(index, int(fa[i]), int(fe[i]), hex=a.dtype == torch.uint8))

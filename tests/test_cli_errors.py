@@ -146,3 +146,21 @@ def test_a_commit_whose_tag_cannot_be_written_is_committed_and_said_so(store, mo
     monkeypatch.setattr(Store, "_create_tag", staticmethod(real))
     trees.record(store, [("cache_index", "replicated")], seed=4)  # the next write
     assert any(t == "regen-20261202T000000000000Z" for e in store.log() for t in e.tags)
+
+
+def test_evidence_names_the_worst_element_and_says_when_signs_differ():
+    """check_moe_rows' quota failure shows the element with the largest relative difference (not the first over
+    the threshold); a mismatch across zero says 'opposite signs' instead of a step count in the billions."""
+    import torch
+
+    from contracts.checks.moe import RELDIFF_THD, check_moe_rows
+    from contracts.evidence import mismatches
+
+    e = torch.ones(4, 64, dtype=torch.float32)
+    a = e.clone()
+    a[0, :8] *= 1 + 2 * RELDIFF_THD  # over the threshold, first (8 of 256: past the 2 % quota)
+    a[2, 5] *= 1 + 20 * RELDIFF_THD  # the worst
+    r = check_moe_rows(a, e, 4)
+    assert not r.ok and r.worst.index == (2, 5), r.message()
+    (m,) = mismatches(torch.tensor([-1.0]), torch.tensor([1.0]))
+    assert m.ulps is None and "opposite signs" in m.describe(), m.describe()
