@@ -189,11 +189,13 @@ def parts(entry: Callable) -> dict[str, str]:
     seen: set[int] = set()
     codes: list[types.CodeType] = []  # every walked function's code: the names modules are asked for
     modules: dict[str, types.ModuleType] = {}
+    reached: set[str] = set()  # modules of every function walked
 
     def function(fn: types.FunctionType) -> None:
         if not _defined_in(fn, fn.__module__):  # generated (dataclass __init__/__repr__): no source of ours
             return
         codes.append(fn.__code__)
+        reached.add(fn.__module__)
         for module_name, name in _local_imports(fn):  # ``from kernels.cache import publish`` inside the body
             try:
                 mod = importlib.import_module(module_name)
@@ -253,7 +255,14 @@ def parts(entry: Callable) -> dict[str, str]:
             visit(value)
         elif _ours(module) and not name.startswith("__") and value is not None and _value_like(value):
             # (a None global is a slot filled at run time, e.g. a lazily created pool: not a constant)
-            out[f"const {module}.{name}"] = hashlib.sha256(repr(value).encode()).hexdigest()[:16]
+            if isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+                # a table of rules by name (quant.RULES): its key set, and each entry on its own, so a changed
+                # entry is named ("changed const kernels.quant.RULES['index']")
+                out[f"const {module}.{name}"] = _digest(sorted(value))
+                for key, entry in value.items():
+                    out[f"const {module}.{name}[{key!r}]"] = _digest(entry)
+            else:
+                out[f"const {module}.{name}"] = _digest(value)
 
     visit(entry)
     for _ in range(50):  # names used on project modules (``quant.RULES``, ``rope.materialize_rope_rows``)
@@ -267,7 +276,15 @@ def parts(entry: Callable) -> dict[str, str]:
                     value_of(mod.__name__, name, vars(mod)[name])
         if (len(out), len(modules), len(codes)) == before:
             break
+    for name in sorted(reached):  # a module's ROUNDING_VERSION names the rounding all its functions implement
+        version = getattr(sys.modules.get(name), "ROUNDING_VERSION", None)
+        if version is not None and _value_like(version):
+            out[f"const {name}.ROUNDING_VERSION"] = _digest(version)
     return out
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
 
 
 def combined(p: dict[str, str]) -> str:

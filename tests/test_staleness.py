@@ -48,6 +48,7 @@ def f(values,   factor):
 
 
 def test_a_changed_rounding_rule_makes_exactly_the_trees_that_reach_it_stale(monkeypatch):
+    """...and names the entry of the rule table that changed."""
     from kernels import quant
 
     store = GoldenStore(ROOT / "artifacts" / "store")
@@ -61,7 +62,7 @@ def test_a_changed_rounding_rule_makes_exactly_the_trees_that_reach_it_stale(mon
                 stale[f"{case}/{wiring}"] = tree.moved
     reach = {c for c in trees.recorded_cases(reader) if "const kernels.quant.RULES" in fingerprint_parts(get_case(c))}
     assert {k.split("/")[0] for k in stale} == reach and "cache_index" in reach and "rope_rows" not in reach
-    assert all(m == ("changed const kernels.quant.RULES",) for m in stale.values()), stale
+    assert all(m == ("changed const kernels.quant.RULES['index']",) for m in stale.values()), stale  # the entry
 
 
 def _project_copy(tmp_path: Path) -> Path:
@@ -109,7 +110,7 @@ def test_diff_shows_record_changes_not_only_arrays(tmp_path, monkeypatch):
     trees.regen(store, [("cache_index", "replicated")], reason="ties to even")
     rows = trees.diff_revisions(store, before, "main")
     attrs = [d for p, k, d in rows if k == "attrs"]
-    assert attrs == ["fingerprint: changed const kernels.quant.RULES"], rows
+    assert attrs == ["fingerprint: changed const kernels.quant.RULES['index']"], rows
     assert "reason: ties to even" in store.log()[0].message and "outputs moved" in store.log()[0].message
 
 
@@ -171,3 +172,14 @@ def test_a_reference_that_raises_is_one_line_naming_the_tree_exit_3(tmp_path):
     assert proc.returncode == 3 and "Traceback" not in proc.stderr and "rope_rows/replicated" in proc.stderr, \
         proc.stderr[-1500:]
     assert [e.snapshot for e in store.log()] == before
+
+
+def test_a_modules_rounding_version_reaches_every_tree_that_calls_it(monkeypatch):
+    """Bumping kernels/sequence_parallel.py's ROUNDING_VERSION makes sp_slabs stale, naming it (its reference
+    calls that module's functions but never reads the constant)."""
+    from kernels import sequence_parallel
+
+    reader = GoldenStore(ROOT / "artifacts" / "store").reader()
+    monkeypatch.setattr(sequence_parallel, "ROUNDING_VERSION", "sp-test-bump")
+    tree = trees.load_tree(reader, "sp_slabs", "replicated")
+    assert tree.stale and tree.moved == ("changed const kernels.sequence_parallel.ROUNDING_VERSION",), tree.moved
