@@ -7,3 +7,36 @@ runtime, pypto's system tests) declare options of those names and then cannot st
 """
 
 pytest_plugins = ("contracts.plugin",)
+
+# Tests that take tens of seconds each (subprocess pytest sessions, upstream workers, S3 and disk faults), measured
+# with ``pytest --durations=40`` on 2 cores. They are collected first so that pytest-xdist's workers do not end the
+# run with one worker idle while the other finishes one of them (node-id prefixes; order inside kept).
+LONG_FIRST = (
+    "tests/test_pypto_backend.py::test_goldens_replay_through_upstream_keeps_actual_outputs",
+    "tests/test_store_concurrency.py::test_record_regen_and_import_interleave_without_losing_a_commit",
+    "tests/test_pypto_backend.py::test_pytest_runs_the_contracts_on_the_test_double",
+    "tests/test_store_faults.py::test_a_full_disk_and_a_read_only_store",
+    "tests/test_goldens.py::test_every_case_records_and_replays_in_every_wiring",
+    "tests/test_pypto_backend.py::test_an_invalid_topology_is_a_usage_error",
+    "tests/test_staleness.py::test_a_reference_bug_is_not_advised_as_a_regen",
+    "tests/test_report.py::test_pytest_writes_one_page_from_every_xdist_worker",
+    "tests/test_pypto_backend.py::test_pytest_on_an_unavailable_backend",
+    "tests/test_goldens.py::test_the_kept_a5sim_outputs_are_judged_again",
+    "tests/test_coverage_doc.py::test_cited_tests_are_collected_and_exercise_the_subject",
+    "tests/test_user_cases.py::test_a_failing_property_leaves_a_counterexample_tree",
+    "tests/test_user_cases.py::test_a_user_case_records_and_replays_and_catches_a_defect",
+    "tests/test_store_reliability.py::test_four_concurrent_recorders_lose_no_commit",
+    "tests/test_pypto_backend.py::test_the_seeded_hc_post_kernel_is_caught",
+    "tests/test_pypto_backend.py::test_the_seeded_indexer_kernel_is_caught",
+    "tests/test_goldens.py::test_last_failed_works_because_the_cache_provider_is_on",
+    "tests/test_pypto_backend.py::test_a_launch_that_never_finishes",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {prefix: i for i, prefix in enumerate(LONG_FIRST)}
+
+    def key(item):
+        return next((r for prefix, r in rank.items() if item.nodeid.startswith(prefix)), len(rank))
+
+    items.sort(key=key)  # stable: every other test keeps its place
