@@ -494,10 +494,16 @@ def cmd_log(args) -> int:
     table = Table(title=f"log of {args.store}")
     for col in ("snapshot", "written (UTC)", "tags", "message"):
         table.add_column(col, overflow="fold")
-    for e in GoldenStore(args.store).log()[: args.limit]:
+    store = GoldenStore(args.store)
+    for e in store.log()[: args.limit]:
         table.add_row(e.snapshot, e.written_at.strftime("%Y-%m-%d %H:%M:%S"), ", ".join(e.tags), e.message)
     console.print(table)
-    return 0
+    bad = store.unreadable_tags()
+    for name, why in bad:  # never hidden: its snapshot has lost the tag's protection from gc
+        err.print(f"[bold red]error:[/] tag {escape(name)!r} cannot be read ({escape(why)}): the log above cannot "
+                  "show it and its snapshot is not protected from gc (goldens gc refuses to run until the ref is "
+                  "restored from a backup or the tag deleted)", highlight=False, soft_wrap=True)
+    return 2 if bad else 0
 
 
 def cmd_diff(args) -> int:

@@ -476,7 +476,10 @@ class GoldenStore:
         repo = self._repo()
         tags: dict[str, list[str]] = {}
         for name in repo.list_tags():
-            tags.setdefault(repo.lookup_tag(name), []).append(name)
+            try:
+                tags.setdefault(repo.lookup_tag(name), []).append(name)
+            except Exception:  # unreadable: goldens log names it (unreadable_tags), gc refuses to run
+                continue
         entries = [LogEntry(s.id, s.written_at, s.message, dict(s.metadata or {}), tuple(sorted(tags.get(s.id, []))))
                    for s in repo.ancestry(branch="main")]
         seen = {e.snapshot for e in entries}
@@ -485,6 +488,21 @@ class GoldenStore:
                 s = next(iter(repo.ancestry(snapshot_id=snap_id)))
                 entries.append(LogEntry(s.id, s.written_at, s.message, dict(s.metadata or {}), tuple(sorted(names))))
         return entries
+
+    def unreadable_tags(self, repo: icechunk.Repository | None = None) -> list[tuple[str, str]]:
+        """(tag, why) for every tag whose ref cannot be read: ``list_tags`` leaves such a tag out, so a local
+        store's refs/ directory is read too (a deleted tag leaves a tombstone, not a tag)."""
+        repo = repo or self._repo()
+        on_disk = set() if self.location.remote else \
+            {p.name.removeprefix("tag.") for p in (self.root / REPO_DIR / "refs").glob("tag.*")
+             if not (p / "ref.json.deleted").exists()}
+        out = []
+        for name in sorted(set(repo.list_tags()) | on_disk):
+            try:
+                next(iter(repo.ancestry(tag=name)))
+            except Exception as exc:
+                out.append((name, damaged(self.root, exc).split(": ", 1)[1]))
+        return out
 
     def tag(self, name: str, snapshot: str) -> None:
         with self.lock():  # (creating a tag is atomic on S3: a name that exists is refused)
@@ -508,16 +526,9 @@ class GoldenStore:
         with self.lock():
             repo = self._repo()
             self._restore_tags(repo)
-            on_disk = set() if self.location.remote else \
-                {p.name.removeprefix("tag.") for p in (self.root / REPO_DIR / "refs").glob("tag.*")
-                 if not (p / "ref.json.deleted").exists()}  # a deleted tag leaves a tombstone
-            for name in sorted(set(repo.list_tags()) | on_disk):  # list_tags leaves out a tag it cannot read
-                try:
-                    next(iter(repo.ancestry(tag=name)))
-                except Exception as exc:
-                    raise GoldenStoreError(f"gc refused: tag {name!r} of {self.root} cannot be read "
-                                           f"({damaged(self.root, exc).split(': ', 1)[1]}); nothing was expired"
-                                           ) from None
+            for name, why in self.unreadable_tags(repo):
+                raise GoldenStoreError(f"gc refused: tag {name!r} of {self.root} cannot be read ({why}); nothing "
+                                       "was expired")
             history = self.log()
             branch = [e for e in history if e.snapshot in {s.id for s in repo.ancestry(branch="main")}]
             if keep_last > 0 and len(branch) >= keep_last:

@@ -164,3 +164,16 @@ def test_evidence_names_the_worst_element_and_says_when_signs_differ():
     assert not r.ok and r.worst.index == (2, 5), r.message()
     (m,) = mismatches(torch.tensor([-1.0]), torch.tensor([1.0]))
     assert m.ulps is None and "opposite signs" in m.describe(), m.describe()
+
+
+def test_log_names_a_damaged_tag_instead_of_hiding_it(store, capsys):
+    """A tag whose ref cannot be read is left out of icechunk's tag list: goldens log says so (exit 2) rather
+    than showing a history without it; gc refuses to run (its snapshot would lose the tag's protection)."""
+    snapshot = store.log()[0].snapshot
+    store.tag("keep-me", snapshot)
+    (store.root / "icechunk" / "refs" / "tag.keep-me" / "ref.json").write_text("garbage{")
+    assert cli.main(["--store", str(store.root), "log"]) == 2
+    err = capsys.readouterr().err
+    assert "tag 'keep-me' cannot be read" in err and "not protected from gc" in err and "Traceback" not in err, err
+    assert cli.main(["--store", str(store.root), "gc", "--older-than-days", "0"]) == 2
+    assert "gc refused: tag 'keep-me'" in capsys.readouterr().err
