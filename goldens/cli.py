@@ -640,12 +640,24 @@ def doctor_report(store_spec: str, pypto_lib: str | None) -> list[tuple[str, str
             return rows
         reader = store.reader()
         items = [(c, w) for c in trees.recorded_cases(reader) for w in trees.recorded_wirings(reader, c)]
-        stale = [f"{c}/{w}" for c, w in items if trees.load_tree(reader, c, w).stale]
-        rows.append(("ok", "golden store", f"{store_spec} @ {reader.snapshot[:12]}: {len(items)} tree(s)"))
-        rows.append(("ok" if not stale else "MISSING", "fresh trees",
-                     "none stale" if not stale else f"{len(stale)} stale ({', '.join(stale[:4])}...): goldens regen"))
     except GoldenStoreError as exc:
         rows.append(("MISSING", "golden store", str(exc)))
+        return rows
+    stale, unreadable = [], []
+    for c, w in items:  # one bad tree is that tree's problem, not a missing store
+        try:
+            if trees.load_tree(reader, c, w).stale:
+                stale.append(f"{c}/{w}")
+        except (GoldenStoreError, BackendFailure) as exc:
+            unreadable.append(f"{exc}")
+    rows.append(("ok", "golden store", f"{store_spec} @ {reader.snapshot[:12]}: {len(items)} tree(s)"))
+    if unreadable:
+        rows.append(("DAMAGED", "readable trees", f"{len(unreadable)} of {len(items)} cannot be read or judged "
+                                                  f"(goldens replay gives them ERROR rows, exit 2): {unreadable[0]}"
+                                                  + (f" (+{len(unreadable) - 1} more)" if len(unreadable) > 1 else "")))
+    rows.append(("ok" if not stale else "MISSING", "fresh trees",
+                 "none stale" if not stale else f"{len(stale)} stale ({', '.join(stale[:4])}...): goldens replay "
+                 "says whether each moves within its comparators"))
     return rows
 
 
@@ -655,13 +667,17 @@ def cmd_doctor(args) -> int:
     for col in ("state", "piece", "detail"):
         table.add_column(col, overflow="fold")
     for state, piece, detail in rows:
-        color = {"ok": "green", "MISSING": "red", "info": "cyan"}[state]
+        color = {"ok": "green", "MISSING": "red", "DAMAGED": "red", "info": "cyan"}[state]
         table.add_row(f"[{color}]{state}[/]", piece, escape(detail))
     console.print(table)
     needed = {"python", "torch", "numpy", "zarr", "icechunk", "hypothesis", "crc32c", "golden store"}
     broken = [p for state, p, _d in rows if state == "MISSING" and p in needed]
     if broken:
         err.print(f"[bold red]error:[/] the default job cannot run: {', '.join(broken)} missing (see above)")
+        return 2
+    if any(state == "DAMAGED" for state, _p, _d in rows):
+        err.print("[bold red]error:[/] the store is there but some trees cannot be read (DAMAGED row above); the "
+                  "others replay")
         return 2
     return 0
 

@@ -123,6 +123,9 @@ def test_one_unreadable_tree_does_not_block_the_others(store, capsys):
     rows = __import__("json").loads(capsys.readouterr().out)["rows"]
     verdicts = {(r["case"], r["verdict"]) for r in rows}
     assert ("sp_slabs", "ERROR") in verdicts and ("rope_rows", "PASS") in verdicts, verdicts
+    assert cli.main(["--store", str(store.root), "doctor"]) == 2  # the store is there: DAMAGED, never MISSING
+    out = capsys.readouterr().out
+    assert "DAMAGED" in out and "1 of 2 cannot be read" in out, out[-1500:]
 
 
 def test_a_commit_whose_tag_cannot_be_written_is_committed_and_said_so(store, monkeypatch):
