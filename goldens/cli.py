@@ -47,24 +47,21 @@ def check_case_name(name: str) -> None:
                                "segment, not starting with '.'); see goldens show for the known cases")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _int_arg(low: int, high: int | None = None, *, expected: str):
+    """An argparse type: an integer in [low, high), else the usage error "<expected>, got <text>"."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value >= high):
+            raise argparse.ArgumentTypeError(f"{expected}, got {text!r}")
+        return value
+    return parse
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
-    if not 0 <= value < 2**62:
-        raise argparse.ArgumentTypeError(f"a seed is in [0, 2^62), got {value}")
-    return value
+_positive_int = _int_arg(1, expected="expected a positive integer")
+_seed = _int_arg(0, 2**62, expected="a seed is in [0, 2^62)")
 
 
 def _items(names: list[str], wiring: str, *, reader=None) -> list[tuple[str, str]]:
@@ -936,14 +933,7 @@ def _days(text: str) -> float:
     return value
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
+_count = _int_arg(0, expected="expected a whole number >= 0")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -484,14 +484,10 @@ class Change:
     detail: str = ""
 
 
-_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
 def _ordinals(t: torch.Tensor, name: str) -> torch.Tensor:
-    """Each element's position on its format's ladder of values (int64): a float's bit pattern as sign-magnitude
-    (so +0 and -0 are both 0 and neighbours differ by 1), a packed FP4 pair's two E2M1 codes the same way, an
-    integer its value."""
-    from contracts.evidence import is_packed_fp4
+    """Each element's position on its format's ladder of values (int64): a float's (contracts.evidence.ordered),
+    a packed FP4 pair's two E2M1 codes as sign-magnitude, an integer its value."""
+    from contracts.evidence import is_packed_fp4, ordered
 
     if is_packed_fp4(name, t):
         from kernels import quant
@@ -499,11 +495,7 @@ def _ordinals(t: torch.Tensor, name: str) -> torch.Tensor:
         codes = quant.unpack_fp4(t).long()
         return torch.where(codes & 8 != 0, -(codes & 7), codes & 7)
     if t.dtype.is_floating_point:
-        width = t.element_size()
-        bits = t.contiguous().view(_INT_VIEW[width]).long()
-        sign = 1 << (8 * width - 1)
-        mag = bits & (sign - 1)
-        return torch.where(bits < 0, -mag, mag)
+        return ordered(t)
     return t.long()
 
 
