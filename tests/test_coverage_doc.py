@@ -30,8 +30,8 @@ DOC = ROOT / "docs" / "coverage.md"
 UPSTREAM = ROOT.parent / "shared" / "docs" / "upstream_checks.md"
 STATUSES = ("covered", "partial", "planned", "n/a")
 # The capabilities still open (the issue tracker's open issues): a planned row must name one of them.
-OPEN_CAPABILITIES = {23: "upstream in the loop", 24: "goldens through a change", 25: "the house",
-                     26: "verification power, round 3", 27: "the loop and scale", 28: "the upstream kernels on a5sim"}
+OPEN_CAPABILITIES = {24: "goldens through a change", 25: "the house", 26: "verification power, round 3",
+                     27: "the loop and scale"}  # #23 and #28 are resolved
 V4_ID = r"V4-\d{2}"  # the V4 section's own rules (no upstream_checks ID): spec §8 and the V4 sources
 TEST_REF = re.compile(r"((?:contracts|tests)/[\w/]+\.py)::(\w+)")
 
