@@ -9,10 +9,13 @@ spare unmapped rows, -1 slots, padding rows, ties in Top-K). Spec: §7.2, §7.3.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -61,25 +64,26 @@ def rounding_versions(case: Case) -> dict[str, str]:
     return out
 
 
-def fingerprint_parts(case: Case) -> dict[str, str]:
+def fingerprint_parts(case: Case, read: set[str] | None = None) -> dict[str, str]:
     """What can move the case's expected outputs: every function, class and constant of this project its
-    reference reaches, each by its normalised code or value (goldens/fingerprint.py), plus the operator."""
+    reference reaches, each by its normalised code or value (goldens/fingerprint.py), plus the operator. Of a
+    watched rule table, only the entries in ``read`` (what the reference looked up; None: all)."""
     from goldens.fingerprint import parts
 
     if case.upstream:  # upstream's numbers: they move when upstream's golden does, never with this project's code
         u = case.upstream
         return {f"upstream {u.get('repository')}@{u.get('commit')}": " ".join(u.get("goldens", [])),
                 f"operator {case.operator}": case.operator}
-    return {**parts(case.reference), f"operator {case.operator}": case.operator}
+    return {**parts(case.reference, read), f"operator {case.operator}": case.operator}
 
 
-def fingerprint(case: Case) -> str:
+def fingerprint(case: Case, read: set[str] | None = None) -> str:
     """Reference fingerprint: a hash of ``fingerprint_parts``. Renaming a local, a comment or a docstring
     moves nothing; a changed function, rounding rule, preset field or constant the reference reaches does,
     and only the trees that reach it become stale."""
     from goldens.fingerprint import combined
 
-    return combined(fingerprint_parts(case))
+    return combined(fingerprint_parts(case, read))
 
 
 # ---------------------------------------------------------------------------
@@ -1206,12 +1210,45 @@ def upstream_case(base: Case, inputs: Tensors | None, upstream: dict) -> Case:
                 dict(base.params), base.preset, base=base.name, upstream=dict(upstream))
 
 
+def _import_cases(name: str) -> None:
+    """A dotted module name (found on sys.path, or from the working directory, as ``python -m`` would), or a
+    path to a ``.py`` file, like --backend-module."""
+    if name.endswith(".py") or os.sep in name:
+        path = Path(name).expanduser().resolve()
+        if not path.is_file():
+            raise GoldenStoreError(f"cases module {name!r}: no file {path}")
+        module_name = f"pto_cases_{path.stem}"
+        if module_name in sys.modules and getattr(sys.modules[module_name], "__file__", None) == str(path):
+            return  # imported once: its cases are registered
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception:
+            sys.modules.pop(module_name, None)
+            raise
+        return
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        here = os.getcwd()
+        top = name.split(".")[0]
+        if exc.name not in (top, name) or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)  # the `goldens` script does not put the working directory on sys.path
+        importlib.import_module(name)
+
+
 def load_case_modules(names=()) -> None:
-    """Import user case modules (each registers its cases): ``names`` and ``PTO_GOLDEN_CASES``."""
+    """Import user case modules (each registers its cases): ``names`` and ``PTO_GOLDEN_CASES``, each a dotted
+    module name or a path to a .py file."""
     wanted = [n.strip() for n in (*names, *os.environ.get("PTO_GOLDEN_CASES", "").split(",")) if n and n.strip()]
     for name in wanted:
         try:
-            importlib.import_module(name)
+            _import_cases(name)
+        except GoldenStoreError:
+            raise
         except Exception as exc:
             raise GoldenStoreError(f"cases module {name!r} failed to import: {type(exc).__name__}: {exc}") from None
 

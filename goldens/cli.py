@@ -395,7 +395,7 @@ def _stale_advice(tree) -> str:
     judged against the stored ones by the tree's own comparators (goldens.trees.classify_change)."""
     from goldens import trees
 
-    what = f"changed {tree.moved_text().removeprefix('changed ')}"
+    what = tree.moved_text()  # "changed X", "now reaches Y", "no longer reaches Z"
     try:
         change = trees.classify_change(tree, trees.reference_outputs(tree))
     except BackendFailure as exc:
@@ -407,7 +407,7 @@ def _stale_advice(tree) -> str:
                 "--allow-stale)")
     return (f"{what}; OUTPUTS MOVE PAST THEIR COMPARATORS: {change.detail}. A reference bug looks exactly like "
             f"this: check it; only a rule changed on purpose is recorded, with `goldens regen {tree.case.name} "
-            "--accept-rule-change`")
+            "--accept-moved -m REASON`")
 
 
 def _replay_code(args, failures, errors, skipped, ran, stale, first_skip) -> int:
@@ -438,6 +438,9 @@ def cmd_regen(args) -> int:
     from goldens.cases import get_case
     from goldens.store import GoldenStore
 
+    if args.accept_rule_change and not args.dry_run and not (args.message or "").strip():
+        raise GoldenStoreError("regen --accept-moved records outputs that move past their comparators: say why with "
+                         "-m REASON (kept in the snapshot's message)")
     store = GoldenStore(args.store)
     items = _items(args.cases, args.wiring, reader=store.reader())
     if not args.cases:  # trees recorded from upstream hold upstream's numbers: never regenerated from ours
@@ -468,13 +471,18 @@ def cmd_regen(args) -> int:
             table.add_row(case, wiring, d.name, f"{d.elements_changed}/{d.elements}", _num(d.max_abs),
                           _num(d.mean_abs), _num(d.max_rel), str(d.rows_affected), kinds[change.kind])
     console.print(table)
-    if beyond:
+    if beyond and args.accept_rule_change and not args.dry_run:  # what was recorded past its comparators, all of it
+        for c, w, ch in beyond:
+            console.print(f"[bold yellow]accepted past its comparators[/] {c}/{w}: {escape(ch.detail)}",
+                          highlight=False, soft_wrap=True)
+        console.print(f"reason recorded: {escape(args.message)}", highlight=False, soft_wrap=True)
+    elif beyond:
         shown = "; ".join(f"{c}/{w}: {escape(ch.detail)}" for c, w, ch in beyond[:3])
         say = err.print if args.dry_run and not args.accept_rule_change else console.print
         say(f"[bold red]{len(beyond)} tree(s) move past their comparators[/] (a rounding change does not; a reference "
             f"bug does): {shown}" + ("" if args.accept_rule_change else
-                                     ". Check the reference; `goldens regen --accept-rule-change` records a rule "
-                                     "changed on purpose"), highlight=False, soft_wrap=True)
+                                     ". Check the reference; `goldens regen --accept-moved -m REASON` records a "
+                                     "rule changed on purpose"), highlight=False, soft_wrap=True)
         if args.dry_run and not args.accept_rule_change:
             return 1
     if result is not None:
@@ -564,7 +572,7 @@ def cmd_show(args) -> int:
         for wiring in found:
             tree = trees.load_tree(reader, args.case, wiring)
             docs.append({**reader.group_attrs(f"{args.case}/{wiring}"), "stale": tree.stale,
-                         "current_fingerprint": fingerprint(tree.case)})
+                         "current_fingerprint": fingerprint(tree.case, set(tree.record.fingerprint_parts))})
         _emit({"case": args.case, "trees": docs})
         return 0
     for wiring in trees.recorded_wirings(reader, args.case) or [None]:
@@ -575,7 +583,7 @@ def cmd_show(args) -> int:
         state = f"[red]STALE: {escape(tree.stale_reason())}[/]" if tree.stale else "[green]current[/]"
         console.print(f"[bold]{r.case}/{r.wiring}[/] operator {r.operator}, preset {r.preset}, seed {r.seed}, "
                       f"source {r.source}")
-        console.print(f"fingerprint {r.fingerprint} ({state}; current {fingerprint(tree.case)}); rounding {r.rounding}; "
+        console.print(f"fingerprint {r.fingerprint} ({state}; current {fingerprint(tree.case, set(r.fingerprint_parts))}); rounding {r.rounding}; "
                       f"versions {r.versions}")
         table = Table()
         for col in ("#", "argument", "direction", "dtype", "shape", "comparator", "tolerances"):
@@ -598,29 +606,37 @@ def doctor_report(store_spec: str, pypto_lib: str | None) -> list[tuple[str, str
             rows.append(("ok", dist, md.version(dist) + (f" (want {want})" if want else "")))
         except md.PackageNotFoundError:
             rows.append(("MISSING", dist, f"not installed: bash scripts/run-tests.sh installs it ({want or 'any'})"))
+    import tempfile
+
     from backends import pypto as pb
+    from backends.upstream.backend import checkout_problems
 
-    root, why = pb.checkout(pypto_lib)
-    if root is None:
-        rows.append(("MISSING", "pypto-lib checkout", why + "; only --backend pypto needs it"))
-    else:
+    problems = checkout_problems(pypto_lib)  # every missing piece at once, each with what to do
+    for piece, why in problems:
+        rows.append(("MISSING", piece, why + "; only --backend pypto/upstream need it"))
+    root = None
+    if not problems:
+        root, _why = pb.checkout(pypto_lib)
         rows.append(("ok", "pypto-lib checkout", f"{root} @ {pb.revision(root)}"))
-        from backends.upstream.client import PYTHON_ENV, UpstreamError, worker, worker_python
+    from backends.upstream.client import PYTHON_ENV, UpstreamError, worker, worker_python
 
-        rows.append(("info", "worker python", " ".join(worker_python()) + (f" (${PYTHON_ENV})" if PYTHON_ENV in
-                                                                             os.environ else " (this interpreter)")))
-        reason = pb.detect_toolchain(root)
-        if reason:
-            rows.append(("MISSING", "pypto toolchain", reason + " (build it with scripts/a5sim-setup.sh --sources DIR "
-                                                               f"and set {PYTHON_ENV}=PREFIX/bin/python; the PyPI "
-                                                               "package named pypto is a different project)"))
-        else:
-            rows.append(("ok", "pypto toolchain", "pypto.language imports in the upstream worker"
-                         + (" (TEST DOUBLE: tests/fake_upstream)" if (root / pb.TEST_DOUBLE_MARKER).exists() else "")))
-            try:
-                rows.extend((state, f"a5sim: {piece}", detail) for state, piece, detail in worker(root).toolchain())
-            except UpstreamError as exc:
-                rows.append(("MISSING", "a5sim toolchain", str(exc)))
+    rows.append(("info", "worker python", " ".join(worker_python()) + (f" (${PYTHON_ENV})" if PYTHON_ENV in
+                                                                         os.environ else " (this interpreter)")))
+    # the toolchain is the worker's Python's, whatever the checkout: checked even without one (an empty folder)
+    probe = root or Path(tempfile.mkdtemp(prefix="pto-doctor-"))
+    reason = pb.detect_toolchain(probe)
+    if reason:
+        rows.append(("MISSING", "pypto toolchain", reason + " (build it with scripts/a5sim-setup.sh --sources DIR "
+                                                           f"and set {PYTHON_ENV}=PREFIX/bin/python; the PyPI "
+                                                           "package named pypto is a different project)"))
+    else:
+        double = root is not None and (root / pb.TEST_DOUBLE_MARKER).exists()
+        rows.append(("ok", "pypto toolchain", "pypto.language imports in the upstream worker"
+                     + (" (TEST DOUBLE: tests/fake_upstream)" if double else "")))
+        try:
+            rows.extend((state, f"a5sim: {piece}", detail) for state, piece, detail in worker(probe).toolchain())
+        except UpstreamError as exc:
+            rows.append(("MISSING", "a5sim toolchain", str(exc)))
     from backends.pypto.table import BINDINGS
 
     bound = sorted(b.operator for b in BINDINGS.values() if b.status == "bound")
@@ -722,8 +738,11 @@ def cmd_import(args) -> int:
     if not wirings:
         raise GoldenStoreError(f"{directory}: no per-wiring directory for case {args.case} "
                                f"(expected {' or '.join(case.wirings)} under it)")
-    result = trees.import_pt(GoldenStore(args.store), args.case, directory, tuple(wirings))
+    warnings: list[str] = []
+    result = trees.import_pt(GoldenStore(args.store), args.case, directory, tuple(wirings), warnings)
     console.print(f"imported {args.case} ({', '.join(wirings)}); snapshot {result.snapshot or '(unchanged)'}")
+    for line in warnings:
+        err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -838,16 +857,17 @@ def build_parser() -> argparse.ArgumentParser:
                                     "tree's change is classified: 'rounding' (every moved output still within the "
                                     "tree's own comparator of the stored one, or one unit of its dtype) is written; "
                                     "past its comparator (a rule change, or a reference bug: they look the same) is "
-                                    "refused with exit 1 and nothing committed, unless --accept-rule-change.")
+                                    "refused with exit 1 and nothing committed, unless --accept-moved -m REASON.")
     rg.add_argument("cases", nargs="*", metavar="CASE")
     rg.add_argument("--dry-run", action="store_true", help="report the changes without committing")
     rg.add_argument("-m", "--message", default=None, metavar="REASON",
                     help="why the reference changed (kept in the regen snapshot's message, shown by goldens log)")
     rg.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
-    rg.add_argument("--accept-rule-change", action="store_true",
+    rg.add_argument("--accept-moved", "--accept-rule-change", dest="accept_rule_change", action="store_true",
                     help="also write trees whose outputs move past their own comparators of the stored ones (refused "
                          "by default, exit 1, nothing committed: a rounding change stays within them or moves one "
-                         "unit, a rule change or a reference bug does not)")
+                         "unit, a rule change or a reference bug does not); needs -m REASON, kept in the snapshot, "
+                         "and prints each tree it accepted")
     wiring(rg)
     rg.set_defaults(fn=cmd_regen)
 

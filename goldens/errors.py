@@ -20,4 +20,4 @@ class RuleChange(GoldenStoreError):
         shown = "; ".join(trees_[:3]) + (f"; +{len(trees_) - 3} more" if len(trees_) > 3 else "")
         super().__init__(f"{len(trees_)} tree(s) would move past their comparators, which a rounding change does "
                          f"not do: {shown}. Check the reference (a bug looks exactly like this); if the rule "
-                         "changed on purpose, `goldens regen --accept-rule-change` records it. Nothing was committed")
+                         "changed on purpose, `goldens regen --accept-moved -m REASON` records it. Nothing was committed")

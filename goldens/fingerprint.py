@@ -26,6 +26,8 @@ import threading
 import types
 from collections.abc import Callable
 
+from kernels.tables import WatchedTable
+
 PROJECT = ("kernels", "goldens.cases", "goldens.cases_v4_ops", "goldens.cases_pro")
 _LOCK = threading.Lock()  # CPython 3.11's AST constructor is not thread-safe ("recursion depth mismatch")
 _CODE: dict[str, str] = {}  # normalised-source cache: source text -> digest
@@ -183,8 +185,10 @@ def _safe(cell) -> bool:
         return False
 
 
-def parts(entry: Callable) -> dict[str, str]:
-    """{qualified name: digest} of everything of this project that ``entry`` reaches."""
+def parts(entry: Callable, read: set[str] | None = None) -> dict[str, str]:
+    """{qualified name: digest} of everything of this project that ``entry`` reaches. The entries of a watched
+    rule table (``kernels.tables.WatchedTable``) count only when ``read`` names them: ``read`` is what the
+    reference looked up while the tree was computed (``watch_reads``); None counts every entry."""
     out: dict[str, str] = {}
     seen: set[int] = set()
     codes: list[types.CodeType] = []  # every walked function's code: the names modules are asked for
@@ -255,7 +259,12 @@ def parts(entry: Callable) -> dict[str, str]:
             visit(value)
         elif _ours(module) and not name.startswith("__") and value is not None and _value_like(value):
             # (a None global is a slot filled at run time, e.g. a lazily created pool: not a constant)
-            if isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+            if isinstance(value, WatchedTable):  # the entries this tree's computation looked up, each on its own
+                for key in value:  # (not iterating .items(): that would count as reading every entry)
+                    part = f"const {value.qualname}[{key!r}]"  # wherever it is imported
+                    if read is None or part in read:
+                        out[part] = _digest(dict.__getitem__(value, key))
+            elif isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
                 # a table of rules by name (quant.RULES): its key set, and each entry on its own, so a changed
                 # entry is named ("changed const kernels.quant.RULES['index']")
                 out[f"const {module}.{name}"] = _digest(sorted(value))

@@ -19,6 +19,7 @@ import contextlib
 import datetime as dt
 import fcntl
 import hashlib
+import json
 import mmap
 import os
 import random
@@ -45,9 +46,12 @@ from kernels import workers
 # Commits are serialized by our own file lock, so icechunk's local-filesystem concurrency warning is noise.
 if not os.environ.get("ICECHUNK_LOG"):
     with contextlib.suppress(Exception):
-        icechunk.set_logs_filter("error")
+        icechunk.set_logs_filter("off")  # every error reaches us as an exception, said in one line
 
 LOCK_NAME = "pto-store.lock"
+# sha256 of every snapshot file of a local store, written under the lock after each write: icechunk's snapshot
+# files carry no checksum, so a flipped byte would otherwise be parsed (a wrong history, a wrong manifest offset)
+SUMS_NAME = "pto-snapshot-sums.json"
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14
 READ_CACHE_DIR = ".read-cache"  # decoded arrays by content digest, memory-mapped on later reads (not versioned)
 REPO_DIR = "icechunk"  # the repository lives beside the lock file: icechunk needs a clean prefix
@@ -120,9 +124,16 @@ def _already_exists(exc: BaseException) -> bool:
 
 def damaged(root: object, exc: BaseException) -> str:
     """One line for a repository icechunk cannot read: the store, the first line of the cause, what to do."""
-    first = next((ln.strip(" x|`") for ln in str(exc).splitlines() if ln.strip(" x|`")), type(exc).__name__)
-    return (f"golden store {root} is damaged or unreadable: {first[:300]} (restore the store directory from "
+    return (f"golden store {root} is damaged or unreadable: {condensed(exc)[:300]} (restore the store directory from "
             "version control or a backup)")
+
+
+def condensed(exc: BaseException) -> str:
+    """An icechunk error (a multi-line trace) as one line: the innermost cause, and the object it concerns."""
+    text = str(exc)
+    where = re.search(r"(manifest_id|snapshot_id|chunk_id)=(\w+)", text)
+    cause = innermost(exc)
+    return f"{cause} ({where[1].removesuffix('_id')} {where[2]})" if where else cause
 
 
 def innermost(exc: BaseException) -> str:
@@ -263,6 +274,7 @@ class GoldenStore:
             read_cache = default_read_cache(self.location)
         self.read_cache = None if read_cache is None else Path(read_cache)
         self.retries = 0  # optimistic commits (S3) this handle reran because the branch had moved
+        self._locked = False  # this handle holds the store's lock
 
     # ---- repository ---------------------------------------------------------
     def exists(self) -> bool:
@@ -277,6 +289,8 @@ class GoldenStore:
         try:
             storage = self.location.storage()
             if create:
+                if self.exists():
+                    self._verify_snapshots()  # never write on top of a damaged history
                 try:
                     return icechunk.Repository.open_or_create(storage)
                 except Exception:
@@ -285,12 +299,69 @@ class GoldenStore:
                     return icechunk.Repository.open(storage)  # another writer created it first
             if not self.exists():
                 raise GoldenStoreError(f"no golden store at {self.root} (record a case first: goldens record ...)")
+            self._verify_snapshots()
             return icechunk.Repository.open(storage)
         except GoldenStoreError:
             raise
         except Exception as exc:
             raise GoldenStoreError(unreachable(self.location, exc) if self.location.remote
                                    else damaged(self.root, exc)) from exc
+
+    # ---- snapshot checksums (local stores) ------------------------------------
+    def _sums(self) -> dict[str, str]:
+        path = self.root / SUMS_NAME
+        try:
+            sums = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}  # a store written before checksums: summed at its next write
+        except (OSError, ValueError) as exc:
+            raise GoldenStoreError(f"golden store {self.root} is damaged: {path} cannot be read ({exc}); restore the "
+                                   "store directory from version control or a backup") from None
+        if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+            raise GoldenStoreError(f"golden store {self.root} is damaged: {path} is not a map of snapshot checksums; "
+                                   "restore the store directory from version control or a backup")
+        return sums
+
+    def _verify_snapshots(self) -> None:
+        """Every snapshot file still has the sha256 recorded when it was written, checked before icechunk parses
+        any of them (a missing file is icechunk's to report)."""
+        if self.location.remote:
+            return
+        folder = self.root / REPO_DIR / "snapshots"
+        for snapshot, want in self._sums().items():
+            try:
+                got = hashlib.sha256((folder / snapshot).read_bytes()).hexdigest()
+            except FileNotFoundError:
+                continue
+            if got != want and not self._locked:  # gc rewrites a file, then its sum, under the lock: wait
+                try:
+                    with self.lock(timeout=60):
+                        return self._verify_snapshots()
+                except GoldenStoreError as exc:
+                    if "damaged" in str(exc):
+                        raise
+            if got != want:  # (no lock to be had, e.g. a read-only copy: what is on disk is what there is)
+                raise GoldenStoreError(f"golden store {self.root} is damaged or unreadable: snapshot {snapshot} "
+                                       f"({REPO_DIR}/snapshots/{snapshot}) is not the file that was written (its "
+                                       f"sha256 differs from {SUMS_NAME}); restore the store directory from version "
+                                       "control or a backup")
+
+    def _record_sums(self, *, rewritten: bool = False) -> None:
+        """After a write, under the lock: sum the new snapshot files (every file when ``rewritten``: gc rewrites
+        the parent of the oldest snapshot it keeps) and forget deleted ones."""
+        if self.location.remote:
+            return
+        folder = self.root / REPO_DIR / "snapshots"
+        sums = self._sums()
+        files = {p.name: p for p in folder.iterdir() if p.is_file()}
+        new = {k: v for k, v in sums.items() if k in files and not rewritten}
+        for name, path in files.items():
+            if name not in new:
+                new[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+        if new != sums:
+            tmp = self.root / f".{SUMS_NAME}.tmp"
+            tmp.write_text(json.dumps(dict(sorted(new.items())), indent=0) + "\n")
+            os.replace(tmp, self.root / SUMS_NAME)
 
     @contextlib.contextmanager
     def lock(self, *, timeout: float | None = None) -> Iterator[None]:
@@ -335,8 +406,10 @@ class GoldenStore:
                     fh.truncate()
                     fh.write(f"pid {os.getpid()} ({' '.join(sys.argv[:3])[:120]}) since "
                              f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC\n".encode())
+                self._locked = True
                 yield
             finally:
+                self._locked = False
                 with contextlib.suppress(OSError):
                     fh.seek(0)
                     fh.truncate()
@@ -391,6 +464,7 @@ class GoldenStore:
                     tag_error = (f"snapshot {snapshot} is on main, but its tag {tag} could not be written "
                                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); the "
                                  "store is fine, and the next write to it restores the tag from the snapshot's metadata")
+            self._record_sums()
             result = CommitResult(snapshot, tuple(txn.written), tuple(txn.unchanged), tag_error)
             if self.read_cache is not None:  # the first read in a fresh process then maps them too
                 cache = StoreReader(None, snapshot, cache=self.read_cache)
@@ -459,7 +533,7 @@ class GoldenStore:
         except GoldenStoreError:
             raise
         except Exception as exc:
-            raise GoldenStoreError(f"cannot open revision {rev or 'main'} of {self.root}: {exc}") from exc
+            raise GoldenStoreError(f"cannot open revision {rev or 'main'} of {self.root}: {condensed(exc)}") from exc
         try:
             root = zarr.open_group(session.store, mode="r")
         except zarr.errors.GroupNotFoundError:
@@ -550,7 +624,9 @@ class GoldenStore:
             for name in dropped:  # a kill here leaves the tag deleted: the snapshot's next expiry takes it
                 repo.delete_tag(name)
             repo.expire_snapshots(older_than, delete_expired_branches=False, delete_expired_tags=False)
+            self._record_sums(rewritten=True)  # expiry rewrites the parent of the oldest snapshot kept
             summary = repo.garbage_collect(older_than)
+            self._record_sums(rewritten=True)
             return doomed, dropped, summary
 
     def disk_bytes(self) -> int:
@@ -672,7 +748,7 @@ class StoreReader:
         try:
             data = node[()] if node.ndim == 0 else node[...]
         except Exception as exc:
-            raise GoldenStoreError(f"array {path!r}: cannot read its chunks ({type(exc).__name__}: {exc}); "
+            raise GoldenStoreError(f"array {path!r}: cannot read its chunks ({type(exc).__name__}: {condensed(exc)}); "
                                    "the store may be corrupted or truncated") from exc
         return _verified(path, data, node)
 

@@ -40,6 +40,7 @@ from goldens.recorded import (
     ACTUAL_ROOT,  # goldens replay --keep-actual: actual/<source>/<case>/<wiring>/<output>
 )
 from goldens.store import REGEN_TAG_PREFIX, CommitResult, GoldenStore, StoreReader, digest
+from kernels.tables import watch_reads
 
 
 def _versions() -> dict:
@@ -65,7 +66,10 @@ def tree_arrays(case: Case, record: TreeRecord, inputs: dict, outputs: dict) -> 
     return arrays
 
 
-def make_record(case: Case, wiring: str, seed: int, inputs: dict, outputs: dict, source: str = "record") -> TreeRecord:
+def make_record(case: Case, wiring: str, seed: int, inputs: dict, outputs: dict, source: str = "record",
+                read: set[str] | None = None) -> TreeRecord:
+    """The tree's record; ``read``: the rule-table entries the reference looked up computing ``outputs``
+    (``kernels.tables.watch_reads``), the only ones the tree goes stale on (None: every entry)."""
     specs = case.arg_specs(inputs, outputs)
     arrays = {}
     for spec in specs:
@@ -75,19 +79,20 @@ def make_record(case: Case, wiring: str, seed: int, inputs: dict, outputs: dict,
             arrays[f"out/{spec.name}"] = digest(to_numpy(outputs[spec.name])[0])
     return TreeRecord(case=case.name, operator=case.operator, preset=case.preset, wiring=wiring, seed=seed,
                       args=specs, comparators=case.comparators(wiring),
-                      params=dict(case.params), versions=_versions(), fingerprint=combined(parts := fingerprint_parts(case)),
+                      params=dict(case.params), versions=_versions(), fingerprint=combined(parts := fingerprint_parts(case, read)),
                       fingerprint_parts=parts, base_case=case.base or "",
                       rounding=rounding_versions(case), source=source, upstream=dict(case.upstream),
                       tolerances={out: TOLERANCES.get(comp, {}) for out, comp in case.comparators(wiring).items()},
                       arrays=arrays)
 
 
-def build_tree(case: Case, wiring: str, seed: int) -> tuple[TreeRecord, dict, dict]:
+def build_tree(case: Case, wiring: str, seed: int, source: str = "record") -> tuple[TreeRecord, dict, dict]:
     if wiring not in case.wirings:
         raise GoldenStoreError(f"case {case.name} has no {wiring} wiring (it has {list(case.wirings)})")
     inputs = case.build_inputs(seed, wiring)
-    outputs = case.reference(_clone(inputs), wiring)
-    return make_record(case, wiring, seed, inputs, outputs), inputs, outputs
+    with watch_reads() as read:
+        outputs = case.reference(_clone(inputs), wiring)
+    return make_record(case, wiring, seed, inputs, outputs, source=source, read=read), inputs, outputs
 
 
 def record(store: GoldenStore, items: list[tuple[str, str]], seed: int, *, force: bool = True) -> CommitResult:
@@ -222,8 +227,7 @@ def record_counterexample(store: GoldenStore, base_name: str, inputs: dict, *, l
     name = f"cx-{base_name}-{h.hexdigest()[:10]}"
     case = register(derived(base, name, inputs, description=f"counterexample of {base_name} from {label}"),
                     replace=True)
-    rec, ins, outs = build_tree(case, wiring, -1)
-    rec = make_record(case, wiring, -1, ins, outs, source=f"counterexample {label}")
+    rec, ins, outs = build_tree(case, wiring, -1, source=f"counterexample {label}")
     result = store.commit(tree_arrays(case, rec, ins, outs), {tree_path(name, wiring): rec.to_attrs()},
                           f"record counterexample {name} ({label})", metadata={"action": "counterexample"})
     return name, result
@@ -324,7 +328,7 @@ def load_tree(reader: StoreReader, case_name: str, wiring: str) -> LoadedTree:
     inputs, expected = {}, {}
     for p, spec, kind in wanted:
         (inputs if kind == "in" else expected)[spec.name] = _as_tensor(p, *data[p], spec)
-    now = fingerprint_parts(case)
+    now = fingerprint_parts(case, set(rec.fingerprint_parts))  # rule-table entries: those the tree read
     moved = changes(rec.fingerprint_parts, now) if rec.fingerprint != combined(now) else []
     if rec.fingerprint != combined(now) and not moved:
         moved = ["the reference fingerprint (recorded without its parts)"]
@@ -511,11 +515,18 @@ def _unit_sized(name: str, old: torch.Tensor, new: torch.Tensor) -> bool:
     return bool((steps <= 1).all())
 
 
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equal (a NaN equals the same NaN; torch.equal says it does not)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
 def classify_change(tree: LoadedTree, outputs: dict) -> Change:
     """A rounding change keeps every output within the tree's own comparator of the stored expected outputs (a
     kernel that matched the old goldens still matches the new ones), or moves it by at most one unit of its dtype;
     anything else is a rule change or a reference bug, and says which output moved and how."""
-    moved = [k for k in tree.expected if not torch.equal(tree.expected[k], outputs[k])]
+    moved = [k for k in tree.expected if not _same_bytes(tree.expected[k], outputs[k])]
     if not moved:
         return Change("none")
     try:
@@ -544,11 +555,15 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300] if text else ""
 
 
-def reference_outputs(tree: LoadedTree) -> dict:
-    """The current reference on the tree's stored inputs; a reference that raises is a BackendFailure naming the
-    tree (exit 3), never a traceback."""
+def reference_outputs(tree: LoadedTree, read: set[str] | None = None) -> dict:
+    """The current reference on the tree's stored inputs (the rule-table entries it looks up are added to
+    ``read``); a reference that raises is a BackendFailure naming the tree (exit 3), never a traceback."""
     try:
-        return tree.case.reference(_clone(tree.inputs), tree.record.wiring)
+        with watch_reads() as seen:
+            out = tree.case.reference(_clone(tree.inputs), tree.record.wiring)
+        if read is not None:
+            read |= seen
+        return out
     except (GoldenStoreError, MissingOperator, Unsupported):
         raise
     except Exception as exc:
@@ -561,13 +576,15 @@ def _regen_trees(reader: StoreReader, items: list[tuple[str, str]], *, accept: b
     refused = []
     for name, wiring in items:
         tree = load_tree(reader, name, wiring)
-        outputs = reference_outputs(tree)
+        read: set[str] = set()
+        outputs = reference_outputs(tree, read)
         deltas = [delta(k, tree.expected[k], outputs[k]) for k in tree.expected]
         change = classify_change(tree, outputs)
         if change.kind == "beyond" and not accept:
             refused.append(f"{name}/{wiring}: {change.detail}")
         report.append((name, wiring, [d for d in deltas if d.elements_changed], change))
-        rec = make_record(tree.case, wiring, tree.record.seed, tree.inputs, outputs, source=tree.record.source)
+        rec = make_record(tree.case, wiring, tree.record.seed, tree.inputs, outputs, source=tree.record.source,
+                          read=read)
         arrays.update(tree_arrays(tree.case, rec, tree.inputs, outputs))
         groups[tree_path(name, wiring)] = rec.to_attrs()
     if refused:
@@ -601,7 +618,9 @@ def regen(store: GoldenStore, items: list[tuple[str, str]], *, dry_run: bool = F
         moved = [f"{c}/{w}:{d.name}" for c, w, ds, _ch in report_ for d in ds]
         what = (f"outputs moved: {', '.join(moved[:8])}" + (f" (+{len(moved) - 8} more)" if len(moved) > 8 else "")
                 if moved else "no output moved (fingerprints only)")
-        return f"{label}; {what}" + (f"; reason: {reason}" if reason else "")
+        accepted = [f"{c}/{w}" for c, w, _ds, ch in report_ if ch.kind == "beyond"]
+        past = f"; accepted past their comparators: {', '.join(accepted)}" if accepted else ""
+        return f"{label}; {what}{past}" + (f"; reason: {reason}" if reason else "")
 
     report, result = store.update(body, message, metadata={"action": "regen", **({"reason": reason} if reason else {})},
                                   tag=f"{REGEN_TAG_PREFIX}{stamp}")
@@ -680,11 +699,15 @@ def _load_pt(path: Path) -> torch.Tensor:
     return value.contiguous()
 
 
-def _check_against_reference(case: Case, wiring: str, inputs: dict, outputs: dict, base: Path) -> None:
+def _check_against_reference(case: Case, wiring: str, inputs: dict, outputs: dict, base: Path,
+                             read: set[str]) -> dict:
     """The imported inputs must be accepted by the reference, and every imported output must have the shape
-    and dtype the reference gives for those inputs (nothing is committed otherwise)."""
+    and dtype the reference gives for those inputs (nothing is committed otherwise). Returns the reference's
+    outputs; ``read`` gets the rule-table entries it looked up."""
     try:
-        want = case.reference(_clone(inputs), wiring)
+        with watch_reads() as seen:
+            want = case.reference(_clone(inputs), wiring)
+        read |= seen
     except (ValueError, IndexError, RuntimeError, TypeError) as exc:
         raise GoldenStoreError(f"{base}: inputs refused by the {case.operator} reference: "
                                f"{str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}") from None
@@ -694,11 +717,15 @@ def _check_against_reference(case: Case, wiring: str, inputs: dict, outputs: dic
             shape = "nothing" if w is None else f"{w.dtype}{list(w.shape)}"
             raise GoldenStoreError(f"{base}/out/{name}.pt: {t.dtype}{list(t.shape)}, but the reference gives "
                                    f"{shape} for these inputs")
+    return want
 
 
-def import_pt(store: GoldenStore, case_name: str, directory: Path, wirings: tuple[str, ...]) -> CommitResult:
+def import_pt(store: GoldenStore, case_name: str, directory: Path, wirings: tuple[str, ...],
+              warnings: list[str] | None = None) -> CommitResult:
     """Import upstream-layout trees for ``case_name``; names, directions and dtypes must match the
-    operator's spec (files are read with torch.load(weights_only=True) only)."""
+    operator's spec (files are read with torch.load(weights_only=True) only). An expected output that is not
+    what the reference computes for those inputs is imported (it may be a device's or upstream's answer) and
+    said in ``warnings``: within the tree's comparators, or past them (a replay on the reference will fail)."""
     case = get_case(case_name)
     arrays, groups = {}, {}
     for wiring in wirings:
@@ -732,8 +759,18 @@ def import_pt(store: GoldenStore, case_name: str, directory: Path, wirings: tupl
         for spec in specs:
             if spec.direction == "inout":
                 outputs.setdefault(spec.name, inputs[spec.name])
-        _check_against_reference(case, wiring, inputs, outputs, base)
-        rec = make_record(case, wiring, -1, inputs, outputs, source=f"import-pt {directory}")
+        read: set[str] = set()
+        want = _check_against_reference(case, wiring, inputs, outputs, base, read)
+        rec = make_record(case, wiring, -1, inputs, outputs, source=f"import-pt {directory}", read=read)
+        if warnings is not None:
+            change = classify_change(LoadedTree(case, rec, inputs, outputs, False), want)
+            if change.kind == "rounding":
+                warnings.append(f"{case_name}/{wiring}: the imported expected outputs are not the reference's for "
+                                f"these inputs, but within the tree's comparators: {change.detail}")
+            elif change.kind == "beyond":
+                warnings.append(f"{case_name}/{wiring}: the imported expected outputs are PAST the tree's "
+                                f"comparators of what the reference computes for these inputs: {change.detail}; "
+                                "`goldens replay` on the reference backend will fail this tree")
         for got, want in zip(rec.args, specs, strict=True):  # what load_tree will check, before anything is written
             if (got.name, got.direction, got.dtype, got.scalar) != (want.name, want.direction, want.dtype, want.scalar):
                 shape = "a 0-dim scalar" if want.scalar else "a tensor, not a 0-dim scalar"

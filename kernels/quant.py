@@ -21,6 +21,7 @@ import torch
 
 from kernels import workers
 from kernels.errors import ContractInputError
+from kernels.tables import WatchedTable
 
 SPEC = "§2.2"
 # Bump when the arithmetic or a rounding rule changes on purpose: goldens recorded before go stale.
@@ -65,7 +66,8 @@ class QuantRule:
         return E4M3_MAX if self.fmt == "mxfp8" else 6.0
 
 
-RULES: dict[str, QuantRule] = {r.name: r for r in (
+# a WatchedTable: a golden tree depends on the entries its reference looked up, not on the whole table
+RULES: dict[str, QuantRule] = WatchedTable("kernels.quant.RULES", {r.name: r for r in (
     # window KV: device publish_window (1e-4 amax floor, bit-trick ceiling) is the cache default
     QuantRule("window", "mxfp8", 32, "e8m0", amax_floor=1e-4, pow2="bits"),
     # upstream's quantize_mxfp8_cache: 2^-127 floor, FP32 log2 ceiling (the exact ceiling kept by name)
@@ -80,7 +82,7 @@ RULES: dict[str, QuantRule] = {r.name: r for r in (
     QuantRule("ced_index_fp4", "mxfp4", 32, "e8m0", scale_floor=2.0**-126, tie="even", bf16_io=True),
     QuantRule("compressed_even", "mxfp4", 16, "e4m3", scale_floor=2.0**-9, tie="even"),
     QuantRule("index_even", "mxfp4", 32, "e8m0", scale_floor=2.0**-9, tie="even", pow2="log2"),
-)}
+)})
 
 
 def rule(name: str | QuantRule) -> QuantRule:

@@ -113,6 +113,35 @@ def test_import_pt_refuses_a_tree_the_replay_could_not_take_and_writes_nothing(s
     assert [e.snapshot for e in store.log()] == before
 
 
+def test_import_pt_warns_when_an_expected_output_is_not_the_references(store, tmp_path, capsys):
+    """Imported expected outputs are judged against what the reference computes for the imported inputs: the
+    same bytes say nothing; one unit off is imported with a 'within the comparators' warning; far off is imported
+    with a warning that the reference replay will fail it (and it does)."""
+    import torch
+
+    out = _exported(store, tmp_path, "rope_rows")
+    target = out / "replicated" / "out" / "rope_cos.pt"
+    good = torch.load(target, weights_only=True)
+    fresh = tmp_path / "fresh"
+    capsys.readouterr()
+    assert cli.main(["--store", str(fresh), "import-pt", str(out), "--case", "rope_rows"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    bits = {2: torch.int16, 4: torch.int32}[good.element_size()]
+    unit = good.clone()
+    unit.view(bits).reshape(-1)[5] += 1  # the neighbouring value of the format
+    torch.save(unit, target)
+    assert cli.main(["--store", str(fresh), "import-pt", str(out), "--case", "rope_rows"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "not the reference's for these inputs, but within the tree's comparators" in err, err
+    far = good.clone()
+    far.reshape(-1)[5] = far.reshape(-1)[5] * 4 + 1
+    torch.save(far, target)
+    assert cli.main(["--store", str(fresh), "import-pt", str(out), "--case", "rope_rows"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "PAST the tree's comparators" in err and "rope_cos" in err and "will fail" in err, err
+    assert cli.main(["--store", str(fresh), "replay", "rope_rows"]) == 1  # as the warning said
+
+
 def test_one_unreadable_tree_does_not_block_the_others(store, capsys):
     """A tree whose record fails its checksum is an ERROR row; every other tree is still replayed; exit 2."""
     path = "sp_slabs/replicated"

@@ -88,7 +88,7 @@ def test_unavailable_reasons_are_one_line(monkeypatch, tmp_path):
     assert b.unavailable and "--pypto-lib" in b.unavailable and "\n" not in b.unavailable
     assert b.operators == () and b.has("check_row_precision"), "comparators are not backend operators"
     b = get_backend("pypto", pypto_lib=str(tmp_path))
-    assert "is not a pypto-lib checkout: golden/runner.py is missing" in b.unavailable
+    assert "has no golden/runner.py" in b.unavailable and "has none of models/" in b.unavailable
     b = get_backend("pypto", pypto_lib=str(FAKE))
     assert "test double" in b.unavailable and "never used outside" in b.unavailable
     with pytest.raises(BackendError, match="comma-separated device ids"):

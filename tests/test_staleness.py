@@ -47,22 +47,53 @@ def f(values,   factor):
         assert normalised_digest(changed) != normalised_digest(BASE), changed
 
 
-def test_a_changed_rounding_rule_makes_exactly_the_trees_that_reach_it_stale(monkeypatch):
-    """...and names the entry of the rule table that changed."""
+def test_a_changed_rounding_rule_makes_exactly_the_trees_that_read_it_stale(monkeypatch):
+    """...names the entry of the rule table that changed, and leaves stale only the trees whose reference looked
+    that entry up when the tree was computed (kernels.tables.watch_reads): a tree that reads the table for other
+    rules stays current, and its outputs indeed do not move. Issue #24: staleness by entry."""
     from kernels import quant
 
     store = GoldenStore(ROOT / "artifacts" / "store")
     reader = store.reader()
+    entry = "const kernels.quant.RULES['index']"
+    loaded = {(c, w): trees.load_tree(reader, c, w) for c in trees.recorded_cases(reader)
+              for w in trees.recorded_wirings(reader, c)}
+    table = {k for k, t in loaded.items() if any(p.startswith("const kernels.quant.RULES[") for p in
+                                                 t.record.fingerprint_parts)}
+    readers = {k for k in table if entry in loaded[k].record.fingerprint_parts}
     monkeypatch.setitem(quant.RULES, "index", replace(quant.RULES["index"], tie="even"))
     stale = {}
-    for case in trees.recorded_cases(reader):
-        for wiring in trees.recorded_wirings(reader, case):
-            tree = trees.load_tree(reader, case, wiring)
-            if tree.stale:
-                stale[f"{case}/{wiring}"] = tree.moved
-    reach = {c for c in trees.recorded_cases(reader) if "const kernels.quant.RULES" in fingerprint_parts(get_case(c))}
-    assert {k.split("/")[0] for k in stale} == reach and "cache_index" in reach and "rope_rows" not in reach
-    assert all(m == ("changed const kernels.quant.RULES['index']",) for m in stale.values()), stale  # the entry
+    for case, wiring in loaded:
+        tree = trees.load_tree(reader, case, wiring)
+        if tree.stale:
+            stale[(case, wiring)] = tree.moved
+    assert set(stale) == readers and ("cache_index", "replicated") in readers, sorted(stale)
+    assert all(m == (f"changed {entry}",) for m in stale.values()), stale  # the entry, and nothing else
+    others = table - readers  # read the table, never this entry: current, and rightly so
+    assert ("cache_window", "replicated") in others and ("attn_c1a_reuse_decode", "replicated") in others, others
+    for key in sorted(others):
+        t = loaded[key]
+        assert trees.classify_change(t, trees.reference_outputs(t)).kind == "none", key  # bytes do not move
+    moved = {k for k in readers if trees.classify_change(loaded[k], trees.reference_outputs(loaded[k])).kind != "none"}
+    assert ("cache_index", "replicated") in moved  # the rule change itself is felt by a reader
+
+
+def test_a_watched_table_notes_entries_looked_up_not_names_listed():
+    from kernels.tables import WatchedTable, watch_reads
+
+    t = WatchedTable("m.T", {"a": 1, "b": 2})
+    with watch_reads() as outer:
+        assert sorted(t) == ["a", "b"] and "a" in t and len(t) == 2  # names only: no entry read
+        assert outer == set()
+        with watch_reads() as inner:
+            assert t["a"] == 1 and t.get("zz") is None
+        assert t.get("b") == 2
+    assert inner == {"const m.T['a']"} and outer == {"const m.T['a']", "const m.T['b']"}
+    with watch_reads() as walked:
+        assert list(t.values()) == [1, 2]
+    assert walked == {"const m.T['a']", "const m.T['b']"}
+    t["a"]  # no watcher open: nothing noted, nothing kept
+    assert walked == {"const m.T['a']", "const m.T['b']"}
 
 
 def _project_copy(tmp_path: Path) -> Path:
@@ -119,7 +150,6 @@ def test_a_lambda_sharing_its_line_with_other_arguments_is_fingerprinted():
     # goldens.cases_pro's attention cases pass "lambda get, i: ...(get, i, path, PRO), {...})": that source line
     # does not parse on its own, and the walker once raised a SyntaxError traceback on it
     import goldens.cases_pro  # noqa: F401  (registers the Pro-geometry cases)
-    from goldens.cases import fingerprint_parts, get_case
 
     got = fingerprint_parts(get_case("v4_attention_swa_pro"))
     assert any(k.startswith("goldens.cases._v4_attention_call") for k in got), sorted(got)[:5]
@@ -134,7 +164,7 @@ def _goldens(root: Path, *args: str) -> subprocess.CompletedProcess:
 def test_a_reference_bug_is_not_advised_as_a_regen_and_regen_refuses_it(tmp_path):
     """An off-by-one in the RoPE row gather (idx = pos - 1): the replay's STALE row says the outputs move past
     their comparators (a bug looks like that; a rounding change does not), names the output and how far it moved,
-    and does not advise a plain regen; regen refuses with exit 1 and commits nothing; --accept-rule-change
+    and does not advise a plain regen; regen refuses with exit 1 and commits nothing; --accept-moved
     records it (a rule changed on purpose). Issue: stale is not regenerate."""
     root = _project_copy(tmp_path)
     path = root / "kernels" / "reference" / "rope.py"
@@ -144,15 +174,22 @@ def test_a_reference_bug_is_not_advised_as_a_regen_and_regen_refuses_it(tmp_path
     proc = _goldens(root, "replay", "rope_rows")
     flat = re.sub(r"[\s│]+", " ", proc.stdout)
     assert proc.returncode == 2 and "OUTPUTS MOVE PAST THEIR COMPARATORS" in flat, flat[-1500:]
-    assert "rope_cos (58/128 elements in 10 rows, max rel 20.7" in flat and "--accept-rule-change" in flat, flat
+    assert "rope_cos (58/128 elements in 10 rows, max rel 20.7" in flat and "--accept-moved" in flat, flat
     store = GoldenStore(root / "artifacts" / "store")
     before = [e.snapshot for e in store.log()]
     proc = _goldens(root, "regen", "rope_rows")
     assert proc.returncode == 1 and "would move past their comparators" in proc.stderr, proc.stderr[-800:]
     assert "Traceback" not in proc.stderr and [e.snapshot for e in store.log()] == before
-    proc = _goldens(root, "regen", "rope_rows", "--accept-rule-change", "-m", "rows are 1-based now")
-    assert proc.returncode == 0 and "PAST ITS COMPARATOR" in re.sub(r"[\s│]+", " ", proc.stdout), proc.stdout[-800:]
+    proc = _goldens(root, "regen", "rope_rows", "--accept-moved")  # accepting a move needs a reason
+    assert proc.returncode == 2 and "-m REASON" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert [e.snapshot for e in store.log()] == before
+    proc = _goldens(root, "regen", "rope_rows", "--accept-moved", "-m", "rows are 1-based now")
+    flat = re.sub(r"[\s│]+", " ", proc.stdout)
+    assert proc.returncode == 0 and "PAST ITS COMPARATOR" in flat, proc.stdout[-800:]
+    assert "accepted past its comparators rope_rows/replicated: rope_cos" in flat, flat[-800:]  # what it accepted
     assert len(store.log()) == len(before) + 1
+    message = store.log()[0].message
+    assert "accepted past their comparators: rope_rows/replicated" in message and "rows are 1-based now" in message
 
 
 def test_a_reference_that_raises_is_one_line_naming_the_tree_exit_3(tmp_path):

@@ -48,6 +48,19 @@ def _damage(root: Path, fault: str) -> None:
         for ref in (root / REPO_DIR / "refs").rglob("*"):
             if ref.is_file() and "main" in str(ref):
                 ref.write_bytes(b"\x00garbage")
+    elif fault == "ancestor snapshot byte flipped":
+        snap = _snapshots(root)[1]
+        data = bytearray(snap.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        snap.write_bytes(bytes(data))
+    elif fault in ("manifests byte flipped", "manifests truncated"):
+        for f in (root / REPO_DIR / "manifests").iterdir():
+            data = bytearray(f.read_bytes())
+            if fault == "manifests truncated":
+                data = data[: len(data) // 2]
+            else:
+                data[len(data) // 2] ^= 0xFF
+            f.write_bytes(bytes(data))
     elif fault == "store path is a file":
         shutil.rmtree(root)
         root.write_text("not a store")
@@ -63,6 +76,13 @@ CASES = [
     ("head snapshot missing", ["gc"], 2, "damaged or unreadable"),
     ("ancestor snapshot truncated", ["log"], 2, "damaged or unreadable"),
     ("branch ref garbage", ["replay"], 2, "damaged or unreadable"),
+    ("ancestor snapshot byte flipped", ["log"], 2, "damaged or unreadable"),
+    ("ancestor snapshot byte flipped", ["replay", "--rev", "ANCESTOR"], 2, "damaged or unreadable"),
+    ("ancestor snapshot byte flipped", ["diff", "ANCESTOR", "main"], 2, "damaged or unreadable"),
+    ("manifests byte flipped", ["replay"], 2, "could not be read or judged (ERROR rows above: unreadable tree)"),
+    ("manifests byte flipped", ["show", "rope_rows"], 2, "cannot read its chunks"),
+    ("manifests truncated", ["regen"], 2, "(manifest "),
+    ("manifests truncated", ["export-pt", "rope_rows", "OUT"], 2, "the store may be corrupted or truncated"),
     ("branch ref garbage", ["record", "sp_slabs", "--seed", "5"], 2, "damaged or unreadable"),
     ("store path is a file", ["record", "sp_slabs"], 2, "cannot lock golden store"),
     ("store path is a file", ["replay"], 2, "no golden store"),
@@ -79,9 +99,11 @@ CASES = [
 def test_each_fault_exits_with_its_code_and_changes_nothing(pristine, tmp_path, fault, command, code, text):
     root = tmp_path / "store"
     shutil.copytree(pristine, root)
-    if "ROOT" in command:
-        root_snapshot = GoldenStore(root).log()[-1].snapshot
-        command = [root_snapshot if c == "ROOT" else c for c in command]
+    if "ROOT" in command or "ANCESTOR" in command:
+        log = GoldenStore(root).log()
+        ids = {"ROOT": log[-1].snapshot, "ANCESTOR": log[-2].snapshot}
+        command = [ids.get(c, c) for c in command]
+    command = [str(tmp_path / "out") if c == "OUT" else c for c in command]
     _damage(root, fault)
     before = _tree_bytes(root)
     proc = subprocess.run([sys.executable, "-m", "goldens.cli", "--store", str(root), *command], cwd=ROOT,
@@ -89,6 +111,8 @@ def test_each_fault_exits_with_its_code_and_changes_nothing(pristine, tmp_path, 
     assert proc.returncode == code, (proc.returncode, proc.stdout[-800:], proc.stderr[-1500:])
     assert "Traceback" not in proc.stderr, proc.stderr[-1500:]
     assert text in proc.stderr, proc.stderr[-1500:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert (len(lines) <= 1 or proc.stderr.startswith("usage:")) and "icechunk/src" not in proc.stderr, proc.stderr[-1500:]
     if code != 0:
         assert _tree_bytes(root) == before, "a failing verb changed stored bytes"
 

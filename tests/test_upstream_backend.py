@@ -92,11 +92,15 @@ def test_without_a_checkout_the_backend_is_unavailable_with_one_line(monkeypatch
         get_backend("upstream", platform="a5sim")
 
 
-def test_a_folder_without_golden_or_models_is_not_a_checkout(tmp_path):
-    assert "golden/runner.py is missing" in checkout(str(tmp_path))[1]
+def test_a_folder_without_golden_or_models_is_not_a_checkout_and_every_missing_piece_is_named(tmp_path):
+    why = checkout(str(tmp_path))[1]
+    assert "has no golden/runner.py" in why and "has none of models/" in why, why  # both, in one go
     (tmp_path / "golden").mkdir()
     (tmp_path / "golden" / "runner.py").write_text("")
-    assert "has none of models/" in checkout(str(tmp_path))[1]
+    why = checkout(str(tmp_path))[1]
+    assert "has none of models/" in why and "runner.py" not in why, why
+    why = checkout(str(tmp_path / "nowhere"))[1]
+    assert "does not exist" in why and "runner.py" not in why, why  # not "runner.py is missing"
 
 
 def test_the_worker_runs_a_golden_at_the_asked_geometry_and_keeps_side_effects_out(fake_root):

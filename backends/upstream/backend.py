@@ -12,21 +12,38 @@ ALLOW_TEST_DOUBLE = "PTO_CONTRACTS_ALLOW_TEST_DOUBLE"
 MODEL_FOLDERS = ("deepseek_v4_pro", "deepseek_v4_1_flash")
 
 
-def checkout(option: str | None) -> tuple[Path | None, str]:
-    """(root, "") or (None, why not): a pypto-lib checkout is a folder with ``golden/runner.py`` and at least one
-    of the model folders this harness has adapters for."""
+def checkout_problems(option: str | None) -> list[tuple[str, str]]:
+    """Every reason at once why ``option`` (or $PYPTO_LIB_ROOT) is not a usable pypto-lib checkout, as
+    (piece, what is wrong and what to do); empty when it is one. A checkout is a folder with ``golden/runner.py``
+    and at least one of the model folders this harness has adapters for."""
     given = option or os.environ.get("PYPTO_LIB_ROOT")
     if not given:
-        return None, "no pypto-lib checkout given (pass --pypto-lib PATH or set PYPTO_LIB_ROOT)"
+        return [("pypto-lib checkout", "no pypto-lib checkout given (pass --pypto-lib PATH or set PYPTO_LIB_ROOT; "
+                                       "git clone https://github.com/hw-native-sys/pypto-lib)")]
     root = Path(given).expanduser()
+    if not root.exists():
+        return [("pypto-lib checkout", f"{root} does not exist (pass the folder of a pypto-lib clone)")]
+    if not root.is_dir():
+        return [("pypto-lib checkout", f"{root} is a file, not a folder (pass the folder of a pypto-lib clone)")]
+    out = []
     if not (root / "golden" / "runner.py").is_file():
-        return None, f"{root} is not a pypto-lib checkout: golden/runner.py is missing"
-    have = [f for f in MODEL_FOLDERS if (root / "models" / f).is_dir()]
-    if not have:
-        return None, f"{root} has none of models/{{{','.join(MODEL_FOLDERS)}}}"
+        out.append(("golden/runner.py", f"{root} has no golden/runner.py: not a pypto-lib checkout, or one older "
+                                        "than upstream's golden/ package (pull main)"))
+    if not any((root / "models" / f).is_dir() for f in MODEL_FOLDERS):
+        out.append(("model folders", f"{root} has none of models/{{{','.join(MODEL_FOLDERS)}}} (pull main for "
+                                     "deepseek_v4_pro; the V4.1-Flash folder is not on main)"))
     if (root / TEST_DOUBLE_MARKER).exists() and os.environ.get(ALLOW_TEST_DOUBLE) != "1":
-        return None, f"{root} is pto-contracts' test double of upstream, never used outside the project's tests"
-    return root.resolve(), ""
+        out.append(("pypto-lib checkout", f"{root} is pto-contracts' test double of upstream, never used outside "
+                                          "the project's tests"))
+    return out
+
+
+def checkout(option: str | None) -> tuple[Path | None, str]:
+    """(root, "") or (None, why not: every problem, joined)."""
+    problems = checkout_problems(option)
+    if problems:
+        return None, "; ".join(why for _piece, why in problems)
+    return Path(option or os.environ["PYPTO_LIB_ROOT"]).expanduser().resolve(), ""
 
 
 def revision(root: Path) -> str:
