@@ -503,16 +503,36 @@ def _ordinals(t: torch.Tensor, name: str) -> torch.Tensor:
     return t.long()
 
 
-def _unit_sized(name: str, old: torch.Tensor, new: torch.Tensor) -> bool:
-    """Every element at most one step of its format from the stored one (the neighbouring float of its dtype, the
-    neighbouring FP4 code, an integer +-1): what a rounding change moves; NaN stays NaN."""
+def _steps(name: str, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor | None:
+    """Per element, how many steps of its format (ULPs of its dtype, FP4 codes, integer units) the new value is
+    from the stored one; NaN to NaN is 0, NaN to a number counts as far. None when shape or dtype changed."""
     if old.shape != new.shape or old.dtype != new.dtype:
-        return False
+        return None
     steps = (_ordinals(old, name) - _ordinals(new, name)).abs()
     if old.dtype.is_floating_point:
         steps = torch.where(old.isnan() & new.isnan(), torch.zeros_like(steps), steps)
-        steps = torch.where(old.isnan() ^ new.isnan(), torch.full_like(steps, 2), steps)
-    return bool((steps <= 1).all())
+        steps = torch.where(old.isnan() ^ new.isnan(), torch.full_like(steps, 2**62), steps)
+    return steps
+
+
+def _unit_sized(name: str, old: torch.Tensor, new: torch.Tensor) -> bool:
+    """Every element at most one step of its format from the stored one (the neighbouring float of its dtype, the
+    neighbouring FP4 code, an integer +-1): what a rounding change moves; NaN stays NaN."""
+    steps = _steps(name, old, new)
+    return steps is not None and bool((steps <= 1).all())
+
+
+def _how_far(name: str, old: torch.Tensor, new: torch.Tensor) -> str:
+    """'payload: 3/128 elements, at most 1 step' (steps: ULPs of the dtype, FP4 codes, integer units)."""
+    steps = _steps(name, old, new)
+    if steps is None:
+        return f"{name}: shape or dtype changed"
+    moved = int((steps > 0).sum())
+    fp4 = steps.numel() != old.numel()  # packed E2M1: two codes a byte
+    unit = "FP4 code" if fp4 else ("ulp" if old.dtype.is_floating_point else "unit")
+    top = int(steps.max()) if steps.numel() else 0
+    return (f"{name}: {moved}/{steps.numel()} {'codes' if fp4 else 'elements'}, at most {top} "
+            f"{unit}{'s' if top != 1 else ''}")
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -546,7 +566,8 @@ def classify_change(tree: LoadedTree, outputs: dict) -> Change:
         cause = r.message().splitlines()[0][:140] if r is not None else why
         beyond.append(f"{k} ({size}; {tree.record.comparators[k]}: {cause})")
     if not beyond:
-        return Change("rounding", f"{', '.join(moved)} moved within the comparators (or one unit)")
+        return Change("rounding", "; ".join(_how_far(k, tree.expected[k], outputs[k]) for k in moved)
+                      + " (within the comparators, or one step)")
     return Change("beyond", "; ".join(beyond))
 
 

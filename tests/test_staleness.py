@@ -74,6 +74,10 @@ def test_a_changed_rounding_rule_makes_exactly_the_trees_that_read_it_stale(monk
     for key in sorted(others):
         t = loaded[key]
         assert trees.classify_change(t, trees.reference_outputs(t)).kind == "none", key  # bytes do not move
+    from goldens.cli import _stale_advice
+
+    advice = _stale_advice(trees.load_tree(reader, "cache_index", "replicated"))
+    assert "payload: 3/1536 codes, at most 1 FP4 code" in advice and "is safe" in advice, advice  # how far, in steps
     moved = {k for k in readers if trees.classify_change(loaded[k], trees.reference_outputs(loaded[k])).kind != "none"}
     assert ("cache_index", "replicated") in moved  # the rule change itself is felt by a reader
 

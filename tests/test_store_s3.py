@@ -95,3 +95,36 @@ def test_pytest_names_an_unreadable_s3_store_in_one_failing_test(s3_store):
     usage = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_golden_replay.py",
                             "--golden-store", "s3://goldens"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert usage.returncode == 4 and "give a bucket and a prefix" in usage.stderr, usage.stderr[-2000:]
+
+
+def test_bad_s3_credentials_are_one_line_naming_the_cause(tmp_path, monkeypatch, capsys):
+    """A server that checks credentials (moto with INITIAL_NO_AUTH_ACTION_COUNT=1: the bucket is created
+    unauthenticated, every later request must sign with a known key): record, replay and log with unknown keys
+    are one line naming the cause and what to check, exit 2 (issue #24: not `Error { aws_request_id: ... }`)."""
+    import os
+
+    import boto3
+
+    proc = subprocess.Popen([sys.executable, "-m", "tests.s3_server", "--port", "0"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "1"})
+    try:
+        line = proc.stdout.readline().strip()
+        assert line.startswith("port "), line
+        endpoint = f"http://127.0.0.1:{line.split()[1]}"
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x",
+                     aws_secret_access_key="x").create_bucket(Bucket="locked")
+        for name, value in {"AWS_ACCESS_KEY_ID": "not-a-key", "AWS_SECRET_ACCESS_KEY": "wrong",
+                            "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint,
+                            "AWS_EC2_METADATA_DISABLED": "true", "PTO_STORE_READ_CACHE": ""}.items():
+            monkeypatch.setenv(name, value)
+        for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
+            monkeypatch.delenv(name, raising=False)
+        for verb in (["record", "sp_slabs"], ["replay"], ["log"]):
+            assert cli.main(["--store", "s3://locked/goldens", *verb]) == 2, verb
+            err = capsys.readouterr().err.strip()
+            assert "InvalidAccessKeyId" in err and "AWS_ACCESS_KEY_ID" in err, err
+            assert len(err.splitlines()) == 1 and "aws_request_id" not in err, err
+    finally:
+        proc.kill()
+        proc.wait()
