@@ -372,3 +372,22 @@ def indexer_cases(*, max_len: int = 40, topk: int = 16, heads: tuple[int, ...] =
                                              max_size=4).map(tuple),
                      topk=st.just(topk), heads=st.sampled_from(heads), dim=st.just(dim),
                      block=st.sampled_from(blocks), tie_rows=st.booleans(), seed=st.integers(0, 2**31))
+
+
+PARTIAL_KINDS = ("normal", "cancelling")
+
+
+def reduction_partials(kind: str, ways: int, shape: tuple[int, ...], g: torch.Generator) -> list[torch.Tensor]:
+    """``ways`` FP32 partials of ``shape`` to be summed. ``normal``: independent N(0, 9) values, where every
+    summation order usually rounds to the same BF16 bytes. ``cancelling``: each element is a large value
+    (~2^20) that the ranks' partials cancel, plus small residuals (~1), so the FP32 rounding of the running sum
+    depends on the order and on when the cast happens: the inputs where a reordered, pairwise, BF16-accumulated
+    or cast-first reduction gives other bytes. Spec: §7.1 (rank order, FP32, one cast)."""
+    if kind not in PARTIAL_KINDS:
+        raise InvalidArgument(f"kind={kind!r}: one of {PARTIAL_KINDS}")
+    _positive("ways", ways)
+    if kind == "normal" or ways == 1:
+        return [torch.randn(shape, generator=g) * 3 for _ in range(ways)]
+    big = [torch.randn(shape, generator=g) * 2.0**20 for _ in range(ways - 1)]
+    big.append(-torch.stack(big).sum(0))
+    return [(b + torch.randn(shape, generator=g)).float() for b in big]

@@ -18,28 +18,93 @@ from kernels.sequence_parallel import sequence_parallel_bounds
 REF = torch_backend()
 
 
-def test_all_reduce_casts_once_after_the_fp32_sum(backend):
-    """Hand-computed. (1 + 2^-8) + (-1) = 2^-8 in FP32, exact in BF16; casting each partial first would give
-    BF16(1 + 2^-8) = 1 and a zero sum. In rank order 1 + 1e8 - 1e8 = 0 in FP32 (1e8 + 1 rounds to 1e8); the
-    reversed order gives 1. Spec: §7.1, AP-08."""
+# the plausible other reductions of FP32 partials to one BF16 tensor (each as the kernel would return it)
+def rank_order(parts):  # the rule: FP32 sum in rank order, one cast
+    total = torch.zeros_like(parts[0])
+    for p in parts:
+        total += p
+    return total.bfloat16()
+
+
+def reversed_order(parts):
+    return rank_order(parts[::-1])
+
+
+def pairwise_tree(parts):  # a ring/tree all-reduce: ((p0 + p1) + (p2 + p3)) ...
+    level = list(parts)
+    while len(level) > 1:
+        level = [level[i] + level[i + 1] if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
+    return level[0].bfloat16()
+
+
+def exact_sum(parts):  # FP64 accumulation, one cast
+    return torch.stack(parts).double().sum(0).bfloat16()
+
+
+def cast_each_partial_first(parts):  # BF16 partials on the wire, summed in FP32
+    return rank_order([p.bfloat16().float() for p in parts])
+
+
+def bf16_running_sum(parts):  # the running sum kept in BF16
+    total = torch.zeros_like(parts[0], dtype=torch.bfloat16)
+    for p in parts:
+        total = (total.float() + p).bfloat16()
+    return total
+
+
+ALTERNATIVES = (reversed_order, pairwise_tree, exact_sum, cast_each_partial_first, bf16_running_sum)
+
+
+def test_all_reduce_casts_once_after_the_fp32_sum_in_rank_order(backend):
+    """Hand vectors, each computed under every plausible other reduction (``separates``):
+    [1 + 2^-8, -1]: the rule gives 2^-8 (exact in FP32 and BF16); casting each partial first gives
+    BF16(1 + 2^-8) - 1 = 0; a BF16 running sum gives 0 too.
+    [1, 1e8, -1e8, 2^-8]: in rank order 1 + 1e8 rounds to 1e8, so the sum is 2^-8; reversed it is 1;
+    pairwise (1 + 1e8) + (-1e8 + 2^-8) is 0; the exact sum 1 + 2^-8 rounds to BF16 1 (tie to even).
+    Spec: §7.1, AP-08."""
+    from contracts.separation import separates
+
     reduce = op(backend, "tp_all_reduce")
-    out = reduce([torch.tensor([[1.0 + 2.0**-8]]), torch.tensor([[-1.0]])])
+    one = [torch.tensor([[1.0 + 2.0**-8]]), torch.tensor([[-1.0]])]
+    want = separates("one BF16 cast after the FP32 sum", rank_order(one), **{
+        f.__name__: f(one) for f in (cast_each_partial_first, bf16_running_sum)})
+    assert want.item() == 2.0**-8
+    out = reduce(one)
     assert out.dtype == torch.bfloat16 and out.item() == 2.0**-8, f"{out.item()!r}: expected 2^-8 (one BF16 cast)"
-    out = reduce([torch.tensor([[1.0]]), torch.tensor([[1e8]]), torch.tensor([[-1e8]])])
-    assert out.item() == 0.0, f"{out.item()!r}: expected 0 (FP32 sum in rank order: 1 + 1e8 - 1e8)"
-    out = reduce([torch.tensor([[-1e8]]), torch.tensor([[1e8]]), torch.tensor([[1.0]])])
-    assert out.item() == 1.0, f"{out.item()!r}: expected 1 (rank order -1e8 + 1e8 + 1)"
+    four = [torch.tensor([[v]]) for v in (1.0, 1e8, -1e8, 2.0**-8)]
+    want = separates("FP32 sum in rank order", rank_order(four), **{
+        f.__name__: f(four) for f in (reversed_order, pairwise_tree, exact_sum)})
+    out = reduce(four)
+    assert out.item() == want.item() == 2.0**-8, \
+        f"{out.item()!r}: expected 2^-8 (rank order 1 + 1e8 - 1e8 + 2^-8 in FP32; reversed gives 1, pairwise 0)"
+
+
+def test_cancelling_partials_separate_every_other_reduction():
+    """The strategy the byte-exact property below draws from can tell the rule from each alternative: on its
+    cancelling kind, every alternative gives other bytes on most examples (the normal kind rarely does)."""
+    from contracts.separation import separating_fraction
+    from contracts.strategies import reduction_partials
+
+    for ways in (4, 8):
+        g = torch.Generator().manual_seed(ways)
+        examples = [reduction_partials("cancelling", ways, (4, 8), g) for _ in range(20)]
+        fractions = separating_fraction(examples, rank_order, *ALTERNATIVES)
+        assert all(f >= 0.5 for f in fractions.values()), (ways, fractions)
 
 
 @given(seed=st.integers(0, 2**31), tp=st.sampled_from([1, 2, 4, 8]), data=st.data())
 def test_reduce_scatter_is_the_all_reduce_split_into_owner_slabs(backend, seed, tp, data):
     """Every rank's slab holds exactly the all-reduced bytes of the rows it owns and exact zeros after them,
     with the physical width ceil(capacity/TP): T < TP, padding-only ranks, capacity > active. The replicated
-    all-reduce equals the reference's byte for byte. Spec: §7.1, SP-05, SP-09."""
-    capacity = data.draw(st.integers(1, 24))
-    active = data.draw(st.integers(0, capacity))
+    all-reduce equals the reference's byte for byte, on partials that cancel across ranks too (where another
+    summation order gives other bytes). Spec: §7.1, SP-05, SP-09."""
+    from contracts.strategies import PARTIAL_KINDS, reduction_partials
+
+    capacity = data.draw(st.integers(1, 24), label="capacity")
+    active = data.draw(st.integers(0, capacity), label="active_tokens")
+    kind = data.draw(st.sampled_from(PARTIAL_KINDS), label="partials")
     g = torch.Generator().manual_seed(seed)
-    partials = [torch.randn((capacity, 8), generator=g) * 3 for _ in range(tp)]
+    partials = reduction_partials(kind, tp, (capacity, 8), g)
     full = op(backend, "tp_all_reduce")(partials)
     assert torch.equal(full.view(torch.int16), REF.get("tp_all_reduce")(partials).view(torch.int16)), \
         "the all-reduce differs from the reference's bytes"

@@ -43,6 +43,14 @@ def _reversed_ranks(partials):
     return tp.tp_all_reduce(list(reversed(partials)))
 
 
+def _pairwise(partials):
+    """Wrong: a tree reduction ((p0 + p1) + (p2 + p3)) instead of rank order."""
+    level = list(partials)
+    while len(level) > 1:
+        level = [level[i] + level[i + 1] if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
+    return level[0].to(torch.bfloat16)
+
+
 def _stale_padding(partials, *, active_tokens, capacity=None):
     """Wrong: padding rows of each slab keep the reduced values of the rows past the active prefix."""
     slabs = tp.tp_reduce_scatter(partials, active_tokens=active_tokens, capacity=capacity)
@@ -55,4 +63,5 @@ def _stale_padding(partials, *, active_tokens, capacity=None):
 
 CAST_FIRST = _base.derive("defect:tp-cast-first", tp_all_reduce=_cast_first)
 REVERSED_RANKS = _base.derive("defect:tp-reversed", tp_all_reduce=_reversed_ranks)
+PAIRWISE_TREE = _base.derive("defect:tp-pairwise", tp_all_reduce=_pairwise)
 STALE_PADDING = _base.derive("defect:tp-stale-padding", tp_reduce_scatter=_stale_padding)

@@ -1,0 +1,55 @@
+"""A hand vector pins a rule only if no plausible other rule gives the same bytes on it.
+
+A contract that checks a kernel against a hand-computed value states, next to the vector, the alternatives an
+implementation could plausibly have chosen (another summation order, the clamp on the other side of the
+activation, the other tie rule, staging through another dtype, a cast at another point) and computes each of
+them on the same inputs. ``separates`` asserts that the expected bytes differ from every alternative's, so a
+kernel that implements an alternative fails the contract, and a vector that stops separating (someone edits
+its numbers) fails loudly instead of passing everything. ``tests/test_hand_vectors.py`` checks that every
+hand-vector contract calls it.
+
+    separates("one BF16 cast after the FP32 sum", expected,
+              cast_each_partial_first=sum(p.bfloat16() for p in parts),
+              reversed_order=...)
+"""
+
+from __future__ import annotations
+
+import torch
+
+PINNED: dict[str, tuple[str, ...]] = {}  # rule -> the alternatives it was separated from (this process)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = torch.as_tensor(t)
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+
+
+def separates(rule: str, expected: torch.Tensor, **alternatives: torch.Tensor) -> torch.Tensor:
+    """``expected`` (what ``rule`` gives on the vector) differs in bytes from what each named alternative gives
+    on it; returns ``expected``. An alternative of another dtype or shape differs by construction: compare what
+    the kernel would return (cast it as the kernel would)."""
+    if not alternatives:
+        raise AssertionError(f"the hand vector for {rule!r} names no alternative it separates the rule from")
+    same = [name for name, alt in alternatives.items() if same_bytes(expected, alt)]
+    if same:
+        raise AssertionError(f"the hand vector for {rule!r} does not separate it from {same}: they give the same "
+                             f"bytes ({torch.as_tensor(expected).flatten()[:8].tolist()}...); change the vector")
+    PINNED[rule] = tuple(sorted(set(PINNED.get(rule, ())) | set(alternatives)))
+    return expected
+
+
+def separating_fraction(examples, rule, *alternatives) -> dict[str, float]:
+    """For a property strategy: the fraction of ``examples`` on which each alternative's bytes differ from
+    ``rule``'s (callables of one example). A byte-exact property whose strategy never separates an alternative
+    cannot catch a kernel that implements it."""
+    examples = list(examples)
+    out = {}
+    for alt in alternatives:
+        out[alt.__name__] = sum(not same_bytes(rule(x), alt(x)) for x in examples) / max(len(examples), 1)
+    return out

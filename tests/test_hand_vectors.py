@@ -1,0 +1,124 @@
+"""Every hand vector in the contracts is checked to separate the rule it pins from the plausible alternatives
+(issue #26 item 1): a contract test that checks a kernel on hand-built values calls
+``contracts.separation.separates``, which computes each alternative on the same inputs and asserts the expected
+bytes differ from every one.
+
+A hand-vector test is found from its source: not a hypothesis property, and it builds tensors from float
+literals or says "hand" in its docstring. Each one either calls ``separates`` or is listed below: in
+``NOT_A_RULE`` with why it pins no arithmetic rule (a refusal, a comparator's own bound, a layout), or in
+``PENDING``, the vectors not yet given their alternatives. ``PENDING`` may only shrink: a listed test that now
+calls ``separates`` fails here until it is taken off the list.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+NOT_A_RULE = {
+    # comparator tests: their clauses are judged by tests/test_comparator_clauses.py (item 2), not a kernel rule
+    "test_comparators.py::test_bounds_are_inclusive": "a comparator's own bound",
+    "test_comparators.py::test_the_decode_common_pre_mix_variant_stays_selectable": "a comparator variant by name",
+    "test_comparators.py::test_the_mxfp8_activation_is_judged_by_value_not_bytes": "a comparator's judging rule",
+    "test_comparators.py::test_topk_cutoff_tolerance_and_overlap": "a comparator's own bound",
+    "test_comparators.py::test_replay_comparators_exact_and_masked_scores": "a comparator's own bound",
+    "test_comparators.py::test_ratio_allclose_counts_active_elements_and_needs_a_zero_tail": "a comparator's bound",
+    "test_lm_head.py::test_the_logit_and_greedy_comparators_fail_just_outside_their_bounds": "a comparator's bound",
+    "test_v4_prefill_compressor.py::test_the_pool_check_fails_just_outside_each_clause": "a comparator's clauses",
+    "test_v4_prefill_indexer.py::test_the_prefill_hard_floor_is_7e_3": "a comparator's bound",
+    # refusals of bad input: the alternative is accepting it, which the test shows fails
+    "test_rope.py::test_rope_rows_reject_position_beyond_capacity": "a refusal of bad input",
+    "test_v4_metadata.py::test_bad_starts_and_tables_are_refused_naming_the_field": "a refusal of bad input",
+    # whole-operator agreement with an independent evaluation, not a pinned vector
+    "test_attention_layer.py::test_half_layer_matches_the_reference_within_its_bound": "bound agreement",
+    "test_v4_sparse_attention.py::test_each_path_matches_an_independent_evaluation": "independent evaluation",
+    "test_v4_mtp_layer.py::test_the_head_mix_matches_an_independent_evaluation": "independent evaluation",
+    "test_engram.py::test_the_engram_output_is_the_released_formula_within_its_budget": "a bound, not bytes",
+    "test_quant.py::test_rule_vectors_cover_every_rule_and_separate_each_pair":
+        "the quant rules' separation itself (tests/test_rule_separation.py swaps every pair)",
+    "test_quant.py::test_each_rule_matches_its_hand_vectors":
+        "separated pairwise by tests/test_rule_separation.py (every rule swapped for every other fails it)",
+}
+
+# hand vectors whose alternatives are not computed yet (#26): this list only shrinks
+PENDING = {
+    "test_attention.py::test_sparse_attention_sink_hand_vectors",
+    "test_compressor.py::test_compressor_rounds_the_pooled_row_to_bf16_before_rmsnorm",
+    "test_lm_head.py::test_a_single_column_of_logits_picks_id_zero",
+    "test_mhc.py::test_the_sinkhorn_iteration_count_is_twenty",
+    "test_mhc.py::test_the_older_post_rule_stays_selectable_by_name",
+    "test_mhc.py::test_hc_pre_sums_in_fp32_and_casts_once",
+    "test_moe.py::test_the_swiglu_clamps_gate_above_and_up_on_both_sides",
+    "test_moe.py::test_expert_weights_decode_mxfp4_and_the_int8_stand_in",
+    "test_o_proj.py::test_o_proj_rounds_the_grouped_latent_to_bf16",
+    "test_o_proj.py::test_o_proj_rounds_the_unrotated_heads_to_bf16",
+    "test_o_proj.py::test_the_qkv_projection_is_an_fp32_gemm_with_one_bf16_cast",
+    "test_quant.py::test_the_ulp_probes_separate_the_log2_ceiling_from_the_exact_one",
+    "test_quant.py::test_e8m0_host_and_device_decode_agree",
+    "test_quant.py::test_mxfp8_hand_vector",
+    "test_rope.py::test_rope_interleave_rotates_adjacent_pairs",
+    "test_topk.py::test_index_scores_round_at_each_spec_boundary",
+    "test_topk.py::test_indexer_scores_round_at_the_spec_boundaries",
+    "test_topk.py::test_candidate_blocks_accept_every_tie_order_and_nothing_else",
+    "test_v4_attention_stage.py::test_each_token_sees_its_own_kv_row",
+    "test_v4_compressor.py::test_the_compressed_row_is_rounded_once_after_its_rope",
+    "test_v4_gate.py::test_each_named_dispatch_factor_rule_is_its_formula",
+    "test_v4_gate.py::test_the_softplus_keeps_its_negative_tail",
+    "test_v4_index_cache.py::test_the_scale_is_the_power_of_two_at_or_above_amax_over_448",
+    "test_v4_index_cache.py::test_a_zero_row_has_zero_scale_and_the_input_is_rounded_to_bf16_first",
+    "test_v4_index_cache.py::test_rows_are_the_last_dim_and_the_amax_is_of_magnitudes",
+    "test_v4_index_cache.py::test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded",
+    "test_v4_indexer.py::test_the_query_is_fp32_before_its_bf16_rounding_and_after_the_hadamard",
+    "test_v4_indexer.py::test_the_query_dequantization_is_staged_in_fp32_row_scale_first",
+    "test_v4_mtp.py::test_the_int8_rows_keep_the_amax_floor_and_round_half_to_even",
+    "test_v4_mtp_layer.py::test_the_head_mix_keeps_hc_eps",
+    "test_v4_sparse_attention.py::test_csa_keeps_a_raw_slot_only_below_position_plus_one_over_four",
+    "test_v4_sparse_attention.py::test_the_inverse_rotation_acts_on_the_last_rope_dims",
+    "test_v4_sparse_attention.py::test_the_latent_stays_fp32_and_each_token_group_has_its_own_int8_scale",
+}
+
+
+def _hand_vector_tests() -> dict[str, bool]:
+    """{file::test: whether it calls separates} for every hand-vector test of contracts/."""
+    out = {}
+    for path in sorted((ROOT / "contracts").glob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test"):
+                continue
+            if any("given" in ast.unparse(d) for d in node.decorator_list):
+                continue
+            body, doc = ast.unparse(node), ast.get_docstring(node) or ""
+            literal = re.search(r"torch\.tensor\(\[[^\]]*\d\.\d", body) or re.search(r"2\.0 ?\*\* ?-\d", body)
+            if literal or re.search(r"\bhand\b|hand-computed|vector|separat", doc, re.I):
+                out[f"{path.name}::{node.name}"] = "separates(" in body
+    return out
+
+
+FOUND = _hand_vector_tests()
+
+
+def test_the_scan_finds_the_hand_vectors():
+    assert len(FOUND) >= 40 and "test_tp.py::test_all_reduce_casts_once_after_the_fp32_sum_in_rank_order" in FOUND
+
+
+@pytest.mark.parametrize("name", sorted(FOUND))
+def test_each_hand_vector_separates_its_rule_or_says_why_not(name):
+    calls = FOUND[name]
+    if name in NOT_A_RULE:
+        assert not calls, f"{name} calls separates: take it off NOT_A_RULE"
+        return
+    if name in PENDING:
+        assert not calls, f"{name} now calls separates: take it off PENDING"
+        return
+    assert calls, (f"{name} pins a hand vector without computing the alternatives it separates the rule from: "
+                   "call contracts.separation.separates (or list it in NOT_A_RULE with why)")
+
+
+def test_the_lists_name_only_tests_that_exist():
+    stale = sorted((set(NOT_A_RULE) | PENDING) - set(FOUND))
+    assert not stale, f"listed but not found as hand-vector tests: {stale}"
