@@ -148,6 +148,53 @@ def test_the_swiglu_clamps_gate_above_and_up_on_both_sides(backend):
     want2 = float(torch.tensor(silu_m30 * -10.0).to(torch.bfloat16))
     assert out[2, 0].item() == pytest.approx(want2, rel=1e-2) and out[2, 0].item() != 0.0, \
         f"gate -30 must not be clamped from below: {out[2, 0].item()}"
+    from contracts.separation import separates
+
+    def unit(**variant):  # rows 0 and 2: gate = up = 30 and -30 (the clamp after the SiLU is the next test's)
+        return torch.stack([_swiglu_unit(30.0 * s, 30.0 * s, 10.0, **variant) for s in (1.0, -1.0)])
+
+    want = separates("the SwiGLU limits at 10", unit(), gate_not_clamped=unit(gate_clamp="none"),
+                     gate_clamped_both_sides=unit(gate_clamp="both"), up_not_clamped=unit(up_clamp="none"),
+                     up_clamped_above_only=unit(up_clamp="above"))
+    assert torch.equal(out[[0, 2], 0], want), f"rows 0, 2: {out[[0, 2], 0].tolist()}, expected {want.tolist()}"
+
+
+def _swiglu_unit(gate: float, up: float, limit: float, *, gate_clamp="above", up_clamp="both",
+                 order="clamp-then-silu") -> torch.Tensor:
+    """One hidden unit through a W2 of 1: BF16(act(gate) * up), as FP32, under the named placement."""
+    silu = torch.nn.functional.silu
+    g, u = torch.tensor(gate), torch.tensor(up)
+    g = {"above": g.clamp(max=limit), "both": g.clamp(-limit, limit), "none": g}[gate_clamp]
+    u = {"both": u.clamp(-limit, limit), "above": u.clamp(max=limit), "none": u}[up_clamp]
+    act = silu(g) if order == "clamp-then-silu" else silu(torch.tensor(gate)).clamp(max=limit)
+    return (act * u).to(torch.bfloat16).float()
+
+
+def test_the_swiglu_clamp_placement_is_separated_from_each_alternative(backend):
+    """Hand vector at a limit of 2 (at the real limit 10, silu(10) and 10 are one BF16 value, so a clamp after
+    the activation could not be told apart): one unit with gate = up = 3x, for x = 1 and x = -1. The rule:
+    gate clamped above before the SiLU, up clamped on both sides. Computed alternatives: the gate clamped on
+    both sides, or not at all; the clamp after the SiLU; up clamped above only, or not at all. Spec: MO-02."""
+    from dataclasses import replace
+
+    from contracts.separation import separates
+
+    limit = 2.0
+    x = torch.zeros(2, D, dtype=torch.bfloat16)
+    x[:, 0] = torch.tensor([1.0, -1.0], dtype=torch.bfloat16)
+    w1, w3, w2 = torch.zeros(INTER, D), torch.zeros(INTER, D), torch.zeros(D, INTER)
+    w1[0, 0], w3[0, 0], w2[0, 0] = 3.0, 3.0, 1.0
+
+    def unit(**variant):
+        return torch.stack([_swiglu_unit(3.0 * s, 3.0 * s, limit, **variant) for s in (1.0, -1.0)])
+
+    want = separates("gate clamped above, up on both sides, before the SiLU", unit(),
+                     gate_clamped_both_sides=unit(gate_clamp="both"), gate_not_clamped=unit(gate_clamp="none"),
+                     clamp_after_the_silu=unit(order="silu-then-clamp"), up_clamped_above_only=unit(up_clamp="above"),
+                     up_not_clamped=unit(up_clamp="none"))
+    out = op(backend, "moe_expert")(x, ExpertWeights(w1, w3, w2), None, config=replace(C, swiglu_limit=limit))
+    assert torch.equal(out[:, 0], want), f"unit outputs {out[:, 0].tolist()}, expected {want.tolist()} " \
+                                         "(silu(min(3x, 2)) * clamp(3x, -2, 2), one BF16 rounding)"
 
 
 def test_the_route_weight_multiplies_the_hidden_before_its_bf16_boundary(backend):

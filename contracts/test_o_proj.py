@@ -22,17 +22,43 @@ def _identity_tables(tokens: int, half: int):
     return torch.ones(tokens, half), torch.zeros(tokens, half)
 
 
+def _bf16(v: torch.Tensor, mode: str) -> torch.Tensor:
+    """FP32 -> BF16 values (as FP32) under a rounding ``mode``: even (the device's), away (ties away from zero),
+    trunc (toward zero), none (kept FP32). Positive inputs only for away/trunc."""
+    if mode == "none":
+        return v.float()
+    if mode == "even":
+        return v.float().to(torch.bfloat16).float()
+    bits = v.float().view(torch.int32)
+    if mode == "away":
+        bits = bits + 0x8000
+    return (bits & ~0xFFFF).view(torch.float32)
+
+
 def test_o_proj_rounds_the_grouped_latent_to_bf16(backend):
-    """Hand-computed: one token, 2 heads x 4 dims, one group, O_LORA 2. Latent 0 = x . w0 = 1 + 2^-8 (exact in
-    FP32) rounds to BF16 1.0 (tie to even); latent 1 = 1. Wo-B = [[1], [-1]] gives 1.0 - 1 = 0 in FP32; without
-    the BF16 rounding it would be 2^-8. The partial is FP32. Spec: AP-09, AP-10."""
-    x = torch.tensor([[[1.0, 2.0**-8, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]]).to(torch.bfloat16)
+    """Hand-computed: 2 tokens, 2 heads x 4 dims, one group, O_LORA 2, Wo-B = [[1], [-1]], so the partial is
+    BF16(latent 0) - BF16(latent 1) with latent 1 = 1. Latent 0 = 1 + 2^-8 (token 0) and 1 + 3·2^-8 (token 1),
+    exact in FP32 and both BF16 ties: half to even gives 1 and 1 + 2^-6, so partials 0 and 2^-6. Computed
+    alternatives: no BF16 rounding (2^-8, 3·2^-8), ties away (2^-7, 2^-6), toward zero (0, 2^-7). The partial
+    is FP32. Spec: AP-09, AP-10."""
+    from contracts.separation import separates
+
+    x = torch.tensor([[[1.0, 2.0**-8, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]],
+                      [[1.0, 3 * 2.0**-8, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]]).to(torch.bfloat16)
     w = torch.zeros(1, 2, 8)
     w[0, 0, 0], w[0, 0, 1], w[0, 1, 0] = 1.0, 1.0, 1.0
-    cos, sin = _identity_tables(1, 1)
+    latent0 = torch.tensor([1 + 2.0**-8, 1 + 3 * 2.0**-8])
+
+    def partial(mode):
+        return _bf16(latent0, mode) - _bf16(torch.ones(2), mode)
+
+    want = separates("the grouped latent rounded to BF16, ties to even", partial("even"),
+                     no_latent_rounding=partial("none"), ties_away=partial("away"), toward_zero=partial("trunc"))
+    cos, sin = _identity_tables(2, 1)
     out = op(backend, "o_proj")(x, cos, sin, w.to(torch.bfloat16), torch.tensor([[1.0], [-1.0]]))
-    assert out.dtype == torch.float32 and out.shape == (1, 1), f"{out.dtype}{list(out.shape)}"
-    assert out.item() == 0.0, f"partial {out.item()!r}: expected 0 (latent 1 + 2^-8 rounds to BF16 1.0)"
+    assert out.dtype == torch.float32 and out.shape == (2, 1), f"{out.dtype}{list(out.shape)}"
+    assert torch.equal(out[:, 0], want), \
+        f"partials {out[:, 0].tolist()}: expected {want.tolist()} (latents 1 + 2^-8, 1 + 3·2^-8 round to BF16 1, 1 + 2^-6)"
 
 
 def test_o_proj_applies_the_inverse_rotation(backend):
@@ -103,10 +129,21 @@ def test_o_proj_rounds_the_unrotated_heads_to_bf16(backend):
     """Hand-computed: the rope pair (1, 0) under cos 0.6, sin 0.8 un-rotates to (0.6, -0.8), which the device
     stores as BF16 (0.6015625, -0.80078125); a Wo-A row summing both gives exactly -0.19921875. Summing the
     FP32 values instead gives -0.2 and BF16 -0.2001953125. Spec: RR-12, AP-09 (BF16 unrotated heads)."""
+    from contracts.separation import separates
+
     x = torch.tensor([[[0.0, 0.0, 1.0, 0.0]]]).to(torch.bfloat16)  # one head, D 4, the rope pair is dims 2..3
     w = torch.tensor([[[0.0, 0.0, 1.0, 1.0]]]).to(torch.bfloat16)  # one group, O_LORA 1
+    c, s_ = torch.tensor(0.6), torch.tensor(0.8)
+
+    def latent(pair, heads_mode):  # the one latent (= the partial, Wo-B = [[1]]): BF16(head sum)
+        return _bf16(_bf16(pair[0], heads_mode) + _bf16(pair[1], heads_mode), "even").reshape(1, 1)
+
+    inverse, forward = (c, -s_), (c, s_)  # (1, 0) rotated back, and forward
+    want = separates("BF16 unrotated heads", latent(inverse, "even"), heads_kept_fp32=latent(inverse, "none"),
+                     forward_rotation=latent(forward, "even"))
     out = op(backend, "o_proj")(x, torch.tensor([[0.6]]), torch.tensor([[0.8]]), w, torch.tensor([[1.0]]))
-    assert out.item() == -0.19921875, f"partial {out.item()!r}: expected -0.19921875 (BF16 unrotated heads)"
+    assert out.item() == want.item() == -0.19921875, \
+        f"partial {out.item()!r}: expected -0.19921875 (BF16 unrotated heads)"
 
 
 def test_the_qkv_projection_is_an_fp32_gemm_with_one_bf16_cast():
@@ -121,7 +158,9 @@ def test_the_qkv_projection_is_an_fp32_gemm_with_one_bf16_cast():
     out = project(x, w)
     assert out.dtype == torch.float32 and out.item() == 1 + 3 * 2.0**-9
     assert out.to(torch.bfloat16).item() == 1 + 2.0**-7
+    from contracts.separation import separates
+
     acc = torch.zeros((), dtype=torch.bfloat16)
     for v in x[0]:
         acc = (acc + v.to(torch.bfloat16)).to(torch.bfloat16)
-    assert acc.item() == 1.0, "the hand vector separates a BF16-accumulating GEMM"
+    separates("an FP32 GEMM, one BF16 cast", out.to(torch.bfloat16).reshape(()), bf16_accumulating_gemm=acc)

@@ -46,6 +46,17 @@ def _symmetric_gate_clamp(x, weights, route_weight=None, *, config=moe.FLASH, ru
     return rowwise_matmul(hidden.to(torch.bfloat16), weights.w2)
 
 
+def _clamp_after_silu(x, weights, route_weight=None, *, config=moe.FLASH, rule="fp32-proj"):
+    """Wrong: the gate's limit is applied to the SiLU's output instead of its input."""
+    limit = config.swiglu_limit
+    gate = rowwise_matmul(x, weights.w1)
+    up = rowwise_matmul(x, weights.w3).clamp(-limit, limit)
+    hidden = F.silu(gate).clamp(max=limit) * up
+    if route_weight is not None:
+        hidden = hidden * route_weight.float()[:, None]
+    return rowwise_matmul(hidden.to(torch.bfloat16), weights.w2)
+
+
 def _neighbour_rank(xs, gates, experts, shared, *, ep, **kw):
     """Wrong: an expert's tokens go to the next rank, which runs them through its own expert of the same
     local index (expert id + n_local)."""
@@ -77,6 +88,7 @@ BIAS_IN_WEIGHTS = _base.derive("defect:gate-bias-in-weights", moe_gate=_bias_in_
 TIES_TO_LAST = _base.derive("defect:gate-ties-to-last", moe_gate=_ties_to_last)
 ROUTE_AFTER_DOWN = _base.derive("defect:route-weight-after-w2", moe_expert=_route_after_down)
 SYMMETRIC_GATE_CLAMP = _base.derive("defect:gate-clamped-both-sides", moe_expert=_symmetric_gate_clamp)
+CLAMP_AFTER_SILU = _base.derive("defect:gate-clamp-after-silu", moe_expert=_clamp_after_silu)
 NEIGHBOUR_RANK = _base.derive("defect:ep-neighbour-rank", moe_ep=_neighbour_rank)
 COMBINE_IN_BF16 = _base.derive("defect:combine-in-bf16", moe_ep=_combine_in_bf16)
 
