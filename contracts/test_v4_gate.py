@@ -220,6 +220,12 @@ def test_the_softplus_keeps_its_negative_tail(backend):
     w[:, 0] = torch.tensor([-20.0, -30.0] + [1.0] * (config.n_routed_experts - 2)) / inv_rms
     i["gate_w"] = w
     i["tid2eid"][int(i["input_ids"][0])] = torch.arange(config.num_experts_per_tok, dtype=torch.int32)
+    from contracts.separation import separates
+
+    logits = torch.tensor([-20.0, -30.0])
+    separates("a softplus that keeps its negative tail", torch.nn.functional.softplus(logits).sqrt(),
+              naive_log_one_plus_exp=torch.log(1 + torch.exp(logits)).sqrt(),
+              relu=logits.clamp_min(0).sqrt())
     out = _call(backend, config, i, 0)
     assert float(out["weights"][0, 0]) > 0 and float(out["weights"][0, 1]) > 0, \
         f"weights {out['weights'][0, :2].tolist()}: the tail experts scored 0"

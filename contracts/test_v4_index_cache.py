@@ -15,17 +15,31 @@ from contracts.plugin import op
 from kernels.errors import ContractInputError
 
 
+def _pow2_scale(amax: torch.Tensor, mode: str, floor: float = 0.0) -> torch.Tensor:
+    """A power-of-two scale for ``amax`` / 448 (FP64 log2), rounded up (the rule), down or to nearest; zero
+    stays zero; ``floor`` an amax floor (the window cache's 1e-4; the index cache has none)."""
+    a = amax.double().clamp_min(floor)
+    e = {"ceil": torch.ceil, "floor": torch.floor, "round": torch.round}[mode](torch.log2(a / 448))
+    return torch.where(a > 0, torch.exp2(e), torch.zeros_like(a)).float()
+
+
 def test_the_scale_is_the_power_of_two_at_or_above_amax_over_448(backend):
     """amax 448 -> scale 1 (exact power); amax 450 -> scale 2 (rounded up, not down: 450 would not fit E4M3);
     amax 0.875 -> 2^-9 (0.875 / 448 = 2^-9 exactly); amax 3 -> 2^-7 (3/448 lies between 2^-8 and 2^-7), where an
     unrounded scale 3/448 would store 448. Payload · scale reproduces each element within half an E4M3 step, and
     no payload exceeds 448. Spec: §8."""
+    from contracts.separation import separates
+
     quant = op(backend, "v4_index_cache_quant")
     x = torch.tensor([[448.0, 1.0, -2.0, 0.0], [450.0, 3.0, 0.0, 0.0], [0.875, -0.5, 0.25, 0.0],
                       [3.0, 1.5, -0.75, 0.0]])
+    amax = x.abs().amax(-1)
+    want = separates("scale = 2^ceil(log2(amax / 448))", _pow2_scale(amax, "ceil"),
+                     floor_power_of_two=_pow2_scale(amax, "floor"), nearest_power_of_two=_pow2_scale(amax, "round"),
+                     unrounded_scale=amax / 448)
     payload, scale = quant(x)
     assert payload.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and scale.shape == (4, 1)
-    assert scale.flatten().tolist() == [1.0, 2.0, 2.0**-9, 2.0**-7], scale.flatten().tolist()
+    assert torch.equal(scale.flatten(), want) and want.tolist() == [1.0, 2.0, 2.0**-9, 2.0**-7], scale.flatten().tolist()
     p = payload.float()
     assert float(p.abs().max()) <= 448 and bool(torch.isfinite(p).all())
     assert p[3].tolist() == [384.0, 192.0, -96.0, 0.0], "3 / 2^-7 = 384, not 448 (an unrounded scale)"
@@ -42,11 +56,17 @@ def test_a_zero_row_has_zero_scale_and_the_input_is_rounded_to_bf16_first(backen
     quant = op(backend, "v4_index_cache_quant")
     payload, scale = quant(torch.zeros(2, 8))
     assert scale.flatten().tolist() == [0.0, 0.0] and payload.float().abs().sum().item() == 0
+    from contracts.separation import separates
+
     tiny = torch.full((1, 4), 1e-30)
     payload, scale = quant(tiny)
+    separates("no amax floor", scale.flatten(), window_amax_floor=_pow2_scale(torch.tensor([1e-30]), "ceil", 1e-4))
     assert 0 < scale.item() < 1e-30 and payload.float().max().item() > 0, "no amax floor"
-    _, scale = quant(torch.tensor([[448.0 * (1 + 2.0**-9), 1.0]]))
-    assert scale.item() == 1.0, "the amax is taken after the BF16 rounding"
+    row = torch.tensor([[448.0 * (1 + 2.0**-9), 1.0]])
+    want = separates("the amax of the BF16-rounded row", _pow2_scale(row.bfloat16().float().abs().amax(-1), "ceil"),
+                     amax_of_the_fp32_row=_pow2_scale(row.abs().amax(-1), "ceil"))
+    _, scale = quant(row)
+    assert torch.equal(scale.flatten(), want) and scale.item() == 1.0, "the amax is taken after the BF16 rounding"
     bad = torch.ones(3, 4)
     bad[2, 1] = float("nan")
     with pytest.raises(ContractInputError, match=r"x\[2\]: expected finite values"):
@@ -73,6 +93,11 @@ def test_rows_are_the_last_dim_and_the_amax_is_of_magnitudes(backend):
             amax = float(x[i, j].abs().max())
             want = 2.0 ** torch.ceil(torch.log2(torch.tensor(amax / 448, dtype=torch.float64))).item()
             assert scale[i, j].item() == want, (i, j, scale[i, j].item(), want)
+    from contracts.separation import separates
+
+    row = x[1, 2]
+    separates("the amax of magnitudes", _pow2_scale(row.abs().amax(-1, keepdim=True), "ceil"),
+              signed_max=_pow2_scale(row.amax(-1, keepdim=True), "ceil"))
     assert scale[1, 2].item() == 1.0 and payload[1, 2, 0].float().item() == -288.0  # E4M3 steps of 32 there
 
 
@@ -114,11 +139,16 @@ def test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded(backend):
     hand["index_key"][1, 0], hand["index_key"][1, 1] = 0.01025390625, -0.005  # nope dims: no rotation
     hand["idx_slot_mapping"] = torch.tensor([-1, 5, -1, 0, -1, 7, -1, -1])  # row 3 (all zero) to slot 0
     cache, scale = op(backend, "v4_publish_index_keys")(**hand, ratio=4)
+    from contracts.separation import separates
+
     amax = torch.tensor(0.01025390625)
     recip, divided = (1.0 / (torch.tensor(127.0) / amax)).item(), (amax / 127.0).item()
+    separates("scale = 1 / (127 / amax) in FP32", torch.tensor(recip), amax_over_127=torch.tensor(divided))
     assert recip != divided and scale.reshape(-1)[5].item() == recip, \
         f"scale {scale.reshape(-1)[5].item()}: expected 1 / (127 / amax) = {recip}, not amax / 127 = {divided}"
     floor = (1.0 / (torch.tensor(127.0) / torch.tensor(1e-4))).item()
+    separates("a zero key keeps the 1e-4 amax floor", torch.tensor(floor),
+              no_amax_floor=1.0 / (torch.tensor(127.0) / torch.tensor(0.0)))
     assert scale.reshape(-1)[0].item() == floor and bool((cache.reshape(-1, d)[0] == 0).all()), \
         "a zero key (slot 0): codes 0 with the 1e-4 amax floor's scale"
     mixed = torch.zeros(d, d)
@@ -127,6 +157,18 @@ def test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded(backend):
     tie = dict(hand, hadamard=mixed.to(torch.bfloat16), index_key=torch.zeros(8, d))
     tie["index_key"][1, :4] = torch.tensor([1.0, 2.0**-8, 2.0**-30, 0.5])
     cache, _ = op(backend, "v4_publish_index_keys")(**tie)
+
+    def bf16_from_fp64(v: torch.Tensor) -> torch.Tensor:  # one rounding to 8 significant bits (torch's own
+        _m, e = torch.frexp(v)                               # FP64 -> BF16 cast goes through FP32: two roundings)
+        return (torch.round(v * torch.exp2(8.0 - e)) * torch.exp2(e - 8.0)).float()
+
+    def codes(column0: torch.Tensor, rounding=torch.round) -> torch.Tensor:  # BF16 Hadamard output -> 2 codes
+        row = torch.stack([column0, torch.tensor(0.5, dtype=torch.float64)]).float().to(torch.bfloat16).float()
+        return rounding(row * (127.0 / row.abs().max())).to(torch.int8)
+
+    exact = torch.tensor(1 + 2.0**-8 + 2.0**-30, dtype=torch.float64)
+    separates("the Hadamard output rounded to FP32, then BF16", codes(exact.float().double()),
+              bf16_from_fp64=codes(bf16_from_fp64(exact).double()), codes_truncated=codes(exact, torch.trunc))
     got = cache.reshape(-1, d)[5, :2].tolist()
     assert got == [127, 64], f"codes {got}: the Hadamard output rounds to FP32 (a tie, to 1.0), then BF16 -> 0.5 " \
                              "codes 63.5 -> 64; rounded from FP64 directly it would be 1 + 2^-7 and 63"

@@ -81,16 +81,22 @@ def test_the_int8_rows_keep_the_amax_floor_and_round_half_to_even(backend):
     """An embedding half scaled by 1e-6 stays below the 1e-4 amax floor: its codes are small (not stretched to
     +-127), which the independent evaluation with the floor matches and one without it does not. Codes of a row
     round half to even: [127, 2.5, -0.5, 126.5] (amax 127, a scale of exactly 1) -> [127, 2, 0, 126], where
-    rounding half away gives [127, 3, -1, 127]. Spec: §8 (INT8_AMAX_EPS 1e-4, INT8_SCALE_MAX 127)."""
+    rounding half away gives [127, 3, -1, 127]; a fifth code 3.5 -> 4 separates toward zero and floor (3). Spec: §8 (INT8_AMAX_EPS 1e-4, INT8_SCALE_MAX 127)."""
     i = _inputs(1, e_smooth=1e-6)
     out = _call(backend, {**i, "h_proj": torch.zeros_like(i["h_proj"])})
     want = _independent({**i, "h_proj": torch.zeros_like(i["h_proj"])})
     assert _close(out, want), "the amax floor"
     assert not _close(want, _independent({**i, "h_proj": torch.zeros_like(i["h_proj"])}, floor=1e-30)), \
         "the inputs do not separate the floor"
-    codes, factor = quantize_rows_int8(torch.tensor([[127.0, 2.5, -0.5, 126.5]]), scale_max=C.int8_scale_max,
-                                       amax_eps=C.int8_amax_eps)  # amax 127: a scale of exactly 1
-    assert codes.tolist() == [[127, 2, 0, 126]] and codes.dtype == torch.int8 and float(factor) == 1.0
+    from contracts.separation import separates
+
+    row = torch.tensor([[127.0, 2.5, -0.5, 126.5, 3.5]])  # amax 127: a scale of exactly 1
+    want = separates("INT8 codes round half to even", torch.round(row).to(torch.int8),
+                     half_away=(row.sign() * (row.abs() + 0.5).floor()).to(torch.int8),
+                     toward_zero=row.trunc().to(torch.int8), floor=row.floor().to(torch.int8))
+    codes, factor = quantize_rows_int8(row, scale_max=C.int8_scale_max, amax_eps=C.int8_amax_eps)
+    assert torch.equal(codes, want) and codes.tolist() == [[127, 2, 0, 126, 4]] and float(factor) == 1.0, \
+        codes.tolist()
 
 
 def test_mtp_inputs_are_refused_naming_the_field(backend):
