@@ -302,6 +302,17 @@ def test_compressor_rounds_the_pooled_row_to_bf16_before_rmsnorm(backend):
         x, torch.tensor([0, 2], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
         torch.tensor([0, 0], dtype=torch.int32), torch.tensor([[0]], dtype=torch.int32), torch.zeros(1, 4, 2 * d),
         weights)
+    from contracts.separation import separates
+
+    pooled = (x[0].float() + x[1].float()) / 2
+
+    def rmsnorm(v):
+        return v * torch.rsqrt((v * v).mean() + 1e-20)
+
+    bf = pooled.to(torch.bfloat16)
+    separates("pooled row rounded to BF16, RMSNorm in FP32, BF16", rmsnorm(bf.float()).to(torch.bfloat16),
+              pooled_row_kept_fp32=rmsnorm(pooled).to(torch.bfloat16),
+              norm_in_bf16=(bf * torch.rsqrt((bf * bf).mean() + 1e-20)).to(torch.bfloat16))
     assert publish.tolist() == [False, True]
     assert latent.dtype == torch.bfloat16 and latent[1].float().tolist() == [0.609375, 0.71875, 1.46875, 0.9765625], \
         f"latent row 1 = {latent[1].float().tolist()}, hand-computed [0.609375, 0.71875, 1.46875, 0.9765625]"

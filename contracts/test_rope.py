@@ -59,8 +59,20 @@ def test_rope_interleave_rotates_adjacent_pairs():
     y = rope_interleave(x, cos, sin)
     assert y[0, 4:].tolist() == [1.0, 0.0, 0.0, 0.0]  # pair 0 identity, pair 1 (zeros) rotated by 90 degrees
     x[0, 6] = 1.0
+    from contracts.separation import separates
+
+    def rotate(v, pairs, sign=1.0):  # the last 4 dims as (i, j) pairs, each by its angle (cos, sin)
+        out = v.clone()
+        for k, (i, j) in enumerate(pairs):
+            c, s_ = cos[0, k], sign * sin[0, k]
+            out[0, i], out[0, j] = v[0, i] * c - v[0, j] * s_, v[0, i] * s_ + v[0, j] * c
+        return out
+
+    want = separates("interleaved pairs (x[2i], x[2i+1]), rotated forward", rotate(x, [(4, 5), (6, 7)]),
+                     half_split_pairs=rotate(x, [(4, 6), (5, 7)]), inverse_rotation=rotate(x, [(4, 5), (6, 7)], -1.0))
     y = rope_interleave(x, cos, sin)
-    assert y[0, 6:].tolist() == [0.0, 1.0], "(x[2i], x[2i+1]) rotation by 90 degrees maps (1, 0) to (0, 1)"
+    assert torch.equal(y, want) and y[0, 6:].tolist() == [0.0, 1.0], \
+        "(x[2i], x[2i+1]) rotation by 90 degrees maps (1, 0) to (0, 1)"
     assert torch.allclose(rope_interleave(y, cos, sin, inverse=True), x)
 
 

@@ -208,14 +208,23 @@ def test_candidate_selection_smoke_at_flash_size(backend):
 
 
 def test_indexer_scores_round_at_the_spec_boundaries():
-    """One head, one key: score = bf16(bf16(relu(bf16(q.k)) * w)) exactly. Spec: §5.1 steps 3-5."""
-    q = torch.tensor([[[1.0, 1.0 / 3]]]).to(torch.bfloat16)
+    """One head, one key: score = bf16(bf16(relu(bf16(q.k)) * w)) exactly. The dot 3 + 0.251953125 rounds to
+    BF16 3.25, so the score is 2.265625; a dot kept in FP32 gives 2.28125 (1/3 in place of 0.25195 rounded the
+    same both ways: it separated nothing). Spec: §5.1 steps 3-5."""
+    q = torch.tensor([[[1.0, 0.251953125]]]).to(torch.bfloat16)
     k = torch.tensor([[3.0, 1.0]]).to(torch.bfloat16)
     w = torch.tensor([[0.7]]).to(torch.bfloat16)
     s = ref.paged_index_scores(q, w, k, torch.tensor([[0]], dtype=torch.int32), torch.tensor([0]),
                                torch.tensor([1]), block_size=FLASH_TINY.block_size)
-    dot = (q.float() * k.float()).sum().to(torch.bfloat16).float()
-    want = (torch.relu(dot) * w.float()).to(torch.bfloat16).float()
+    from contracts.separation import separates
+
+    def score(dot_bf16=True, product_bf16=True):
+        dot = (q.float() * k.float()).sum()
+        dot = dot.to(torch.bfloat16).float() if dot_bf16 else dot
+        p = torch.relu(dot) * w.float()
+        return (p.to(torch.bfloat16).float() if product_bf16 else p).to(torch.bfloat16).float().reshape(())
+
+    want = separates("the dot rounded to BF16 before the weight", score(), dot_kept_fp32=score(dot_bf16=False))
     assert float(s[0, 0]) == float(want)
 
 
@@ -260,26 +269,51 @@ def _bf16(x: float) -> float:
 
 
 def test_index_scores_round_at_each_spec_boundary(backend):
-    """Hand-computed scores pin every rounding step of §5.1: the QK dot accumulated in FP32 then rounded to
-    BF16 (1 + 2^-8 + 2^-30 -> FP32 1 + 2^-8 -> BF16 tie to even 1.0; rounding straight from a wider sum gives
-    1 + 2^-7), ReLU before the weight, relu(dot)*w rounded to BF16, and the head sum accumulated in FP32 then
-    rounded to BF16. Spec: §5.1 steps 3-5 (IX-02)."""
-    third = _bf16(1 / 3)
-    q = torch.tensor([[[1.0, third, 0.0, 0.0], [2.0**-8, 0.0, 2.0**-30, 0.0], [2.0**-30, 0.0, 0.0, 0.0]]],
-                     dtype=torch.float64).to(torch.bfloat16)
-    keys = torch.tensor([[1.0, 3.0, 1.0, 0.0], [-1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]],
+    """Hand-computed scores pin every rounding step of §5.1, each separated from its alternative (computed
+    here with the same loop): key A's head-0 dot 1 + 2^-8 + 2^-30 is FP32 1 + 2^-8, then the BF16 tie 1.0 (one
+    rounding from the wider sum gives 1 + 2^-7; keeping FP32 moves the score); head 3's weight -1 makes ReLU
+    before the weight give 0 where after it gives 1; key B's head-0 product 1.4375 · 0.69921875 rounds to BF16
+    1.0078125 and head 3's -1 cancels it, so the FP32 head sum keeps the product's rounding visible (a BF16
+    running head sum, or a product kept in FP32, gives another score). Spec: §5.1 steps 3-5 (IX-02)."""
+    q = torch.tensor([[[1.0, 2.0**-8, 2.0**-30, 0.0], [2.0**-8, 0.0, 0.0, 0.0], [0.0, 0.0, 2.0**-8, 0.0],
+                       [0.0, 0.0, 0.0, 1.0]]], dtype=torch.float64).to(torch.bfloat16)
+    keys = torch.tensor([[1.0, 1.0, 1.0, -1.0], [1.4375, 0.0, 0.0, 1.0], [-1.0, 0.0, 0.0, 0.0]],
                         dtype=torch.float64).to(torch.bfloat16)
-    w = torch.tensor([[0.7, 1.0, 1.0]]).to(torch.bfloat16)
+    w = torch.tensor([[0.7, 1.0, 1.0, -1.0]]).to(torch.bfloat16)  # head 3's negative weight: ReLU before it matters
     wq = [float(v) for v in w[0].float()]
     qv = [[float(v) for v in head] for head in q[0].float()]
     kv = [[float(v) for v in row] for row in keys.float()]
-    want = []
-    for row in kv:
-        heads = []
-        for h in range(3):
-            dot = _bf16(sum(a * b for a, b in zip(qv[h], row, strict=True)))
-            heads.append(_bf16(max(dot, 0.0) * wq[h]))
-        want.append(_bf16(sum(heads)))
+
+    def scores(dot_round=_bf16, relu_first=True, product_round=_bf16, head_sum="fp32"):
+        out = []
+        for row in kv:
+            heads = []
+            for h in range(4):
+                dot = dot_round(sum(a * b for a, b in zip(qv[h], row, strict=True)))
+                heads.append(product_round(max(dot, 0.0) * wq[h] if relu_first else max(dot * wq[h], 0.0)))
+            if head_sum == "fp32":
+                out.append(_bf16(sum(heads)))
+            else:  # a BF16 running sum
+                acc = 0.0
+                for v in heads:
+                    acc = _bf16(acc + v)
+                out.append(acc)
+        return torch.tensor(out)
+
+    def once(x: float) -> float:  # FP64 -> BF16 in one rounding (no FP32 stage)
+        import math
+
+        if x == 0:
+            return 0.0
+        _m, e = math.frexp(x)
+        return round(x * 2.0 ** (8 - e)) * 2.0 ** (e - 8)
+
+    from contracts.separation import separates
+
+    want = separates("§5.1: dot FP32 then BF16, ReLU, weight, BF16, FP32 head sum, BF16", scores(),
+                     dot_kept_fp32=scores(dot_round=float), dot_rounded_once_from_fp64=scores(dot_round=once),
+                     relu_after_the_weight=scores(relu_first=False), product_kept_fp32=scores(product_round=float),
+                     head_sum_in_bf16=scores(head_sum="bf16")).tolist()
     table = torch.tensor([[0]], dtype=torch.int32)
     got = op(backend, "index_scores")(q, w, keys, table, torch.tensor([0]), torch.tensor([3]),
                                       block_size=FLASH_TINY.block_size, width=3)
