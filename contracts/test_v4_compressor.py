@@ -269,8 +269,24 @@ def test_the_compressed_row_is_rounded_once_after_its_rope(backend):
     pool = torch.zeros(1, 8, 1, width, dtype=torch.bfloat16)
     new = op(backend, "v4_publish_compressed")(row, torch.tensor([True]), torch.tensor([3]), torch.tensor([2]), pool,
                                                cos, sin, ratio=4)
-    got = new[0, 2, 0, width - rd:width - rd + 2].float().tolist()
-    assert got == [-0.1337890625, 1.5625], f"{got}: expected one rounding after the rotation, not {[-0.1328125, 1.5546875]}"
+    from contracts.separation import separates
+
+    a, b = row[0, width - rd], row[0, width - rd + 1]
+    c, s_ = cos[0, 0], sin[0, 0]
+
+    def rotate(x, y):
+        return torch.stack([x * c - y * s_, x * s_ + y * c])
+
+    def bf(t):
+        return t.to(torch.bfloat16)
+
+    want = separates("one BF16 rounding after the FP32 rotation", bf(rotate(a, b)),
+                     rounded_to_bf16_before_the_rotation=bf(rotate(bf(a).float(), bf(b).float())),
+                     rotated_in_bf16=bf(torch.stack([bf(bf(a) * bf(c)).float() - bf(bf(b) * bf(s_)).float(),
+                                                     bf(bf(a) * bf(s_)).float() + bf(bf(b) * bf(c)).float()])))
+    got = new[0, 2, 0, width - rd:width - rd + 2]
+    assert torch.equal(got, want) and got.float().tolist() == [-0.1337890625, 1.5625], \
+        f"{got.float().tolist()}: expected one rounding after the rotation, not {[-0.1328125, 1.5546875]}"
     with pytest.raises(ContractInputError, match="compressed"):
         op(backend, "v4_publish_compressed")(row.to(torch.bfloat16), torch.tensor([True]), torch.tensor([3]),
                                              torch.tensor([2]), pool, cos, sin, ratio=4)

@@ -332,6 +332,13 @@ def test_the_query_is_fp32_before_its_bf16_rounding_and_after_the_hadamard(backe
     cache_a[page0, 0, 0, 0] = 100
     scale_b = torch.zeros(heads * dim)
     scale_b[0] = 2.0**-13
+    from contracts.separation import separates
+
+    exact = torch.tensor(8563 * (125883 * 2.0**-17) * 2.0**-13, dtype=torch.float64)
+    _m, e = torch.frexp(exact)  # BF16 in one rounding from FP64 (torch's own FP64 -> BF16 cast rounds twice)
+    once = (torch.round(exact * torch.exp2(8.0 - e)) * torch.exp2(e - 8.0)).float()
+    separates("q rounded to FP32, then BF16", exact.float().to(torch.bfloat16).float() * 100,
+              bf16_from_fp64=once.to(torch.bfloat16).float() * 100, q_kept_fp32=exact.float() * 100)
     got = _call(backend, config, dict(base, qr=qr_a, wq_b=wq_a, qr_scale=torch.full((8, 1), 125883 * 2.0**-17),
                                       wq_b_scale=scale_b, hadamard=torch.eye(dim).to(torch.bfloat16),
                                       idx_kv_cache=cache_a))["score"]
@@ -346,6 +353,14 @@ def test_the_query_is_fp32_before_its_bf16_rounding_and_after_the_hadamard(backe
     had = torch.zeros(dim, dim)
     had[0, 0], had[1, 0], had[2, 1] = 1.0, 1.0, 1.0
     cache_b[page0, 0, 0, 1] = 100
+    q = torch.tensor([1.0, 2.0**-30, 0.5], dtype=torch.float64)  # the dequantized query dims 0..2
+
+    def code_of_half(hadamard_out: torch.Tensor) -> torch.Tensor:  # the Hadamard output (1 + 2^-30, 0.5) -> codes
+        row = hadamard_out.float().to(torch.bfloat16).float()
+        return torch.round(row * (127.0 / row.abs().max()))
+
+    separates("the Hadamard output rounded to FP32, then coded", code_of_half(torch.stack([q[0] + q[1], q[2]])),
+              kept_fp64_then_coded=torch.round(torch.stack([q[0] + q[1], q[2]]) * (127.0 / (q[0] + q[1]))).float())
     got = _call(backend, config, dict(base, qr=qr_b, wq_b=wq_bb, qr_scale=torch.ones(8, 1), wq_b_scale=scale_c,
                                       hadamard=had.to(torch.bfloat16), idx_kv_cache=cache_b))["score"]
     want = 6400 / 127 * w
@@ -384,8 +399,12 @@ def test_the_query_dequantization_is_staged_in_fp32_row_scale_first(backend, con
     dim 1, scale 1), so score[t, 1] / score[t, 0] = code / 127 and 127 · that ratio is the 9009 element's code:
     96 as the kernel stages it, 95 for one rounding of the exact product and for the column scale first (the
     vector separates the rule from both; shown below). Spec: §8."""
+    from contracts.separation import separates
+
+    separates("FP32 staging, row scale first", torch.tensor(_staging_codes("row-first")),
+              one_rounding_of_the_exact_product=torch.tensor(_staging_codes("exact")),
+              column_scale_first=torch.tensor(_staging_codes("column-first")))
     assert _staging_codes("row-first") == (127, 96)
-    assert _staging_codes("exact") == (127, 95) and _staging_codes("column-first") == (127, 95)
     i = indexer_inputs(config)
     t_n, q_lora = i["qr"].shape
     heads, dim = config.index_n_heads, config.index_head_dim

@@ -108,13 +108,21 @@ def test_the_head_mix_matches_an_independent_evaluation(backend, config):
 
 
 def test_the_head_mix_keeps_hc_eps(backend):
-    """A base of -100 drives the sigmoid to 0: each weight is then exactly hc_eps (1e-6), not 0. Spec: §8."""
+    """A base of -100 drives the sigmoid to 0: that weight is then exactly hc_eps (1e-6), not 0; a base of 0
+    gives 0.5 + hc_eps, which separates adding the eps from flooring at it. Spec: §8."""
     config = MODELS[0]
     hc, d = config.hc_mult, config.hidden_size
     x = torch.randn(4, hc, d, generator=torch.Generator().manual_seed(2))
-    pre = op(backend, "v4_head_mix")(x, torch.zeros(hc, hc * d), torch.tensor([1.0]), torch.full((hc,), -100.0),
-                                     config=config)
-    assert bool((pre == torch.tensor(config.hc_eps, dtype=torch.float32)).all()), pre.tolist()
+    from contracts.separation import separates
+
+    base = torch.full((hc,), -100.0)
+    base[1] = 0.0  # sigmoid 0.5: an eps added moves it, an eps floor does not
+    want = separates("sigmoid(mix) + hc_eps", torch.sigmoid(base) + config.hc_eps, no_eps=torch.sigmoid(base),
+                     eps_inside_the_sigmoid=torch.sigmoid(base + config.hc_eps),
+                     eps_as_a_floor=torch.sigmoid(base).clamp_min(config.hc_eps))
+    pre = op(backend, "v4_head_mix")(x, torch.zeros(hc, hc * d), torch.tensor([1.0]), base, config=config)
+    assert bool((pre == want).all()), f"{pre.tolist()}: expected sigmoid(base) + hc_eps per stream, {want.tolist()}"
+    assert bool((pre[:, 0] == torch.tensor(config.hc_eps, dtype=torch.float32)).all()), pre.tolist()
 
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
