@@ -211,9 +211,22 @@ def test_the_inverse_rotation_acts_on_the_last_rope_dims(backend):
     turned[..., d - rope::2], turned[..., d - rope + 1::2] = o[..., d - rope + 1::2], -o[..., d - rope::2]
     assert torch.equal(got, project(turned, ones, zeros, *args, config=config)), \
         "cos 0 / sin 1 must turn each rope pair (a, b) of the last dims into (b, -a) (the inverse rotation)"
+    from contracts.backends import torch_backend
+    from contracts.separation import separates
+
+    plain = torch_backend().get("v4_output_projection")  # the alternatives, hand-rotated, projected plainly
     forward = o.clone()
     forward[..., d - rope::2], forward[..., d - rope + 1::2] = -o[..., d - rope + 1::2], o[..., d - rope::2]
-    assert not torch.equal(got, project(forward, ones, zeros, *args, config=config))
+    first = o.clone()
+    first[..., 0:rope:2], first[..., 1:rope:2] = o[..., 1:rope:2], -o[..., 0:rope:2]
+    half = o.clone()  # the inverse rotation on half-split pairs (i, i + rope/2) of the last dims
+    lo, hi = o[..., d - rope:d - rope // 2], o[..., d - rope // 2:]
+    half[..., d - rope:d - rope // 2], half[..., d - rope // 2:] = hi, -lo
+    separates("the inverse rotation of interleaved pairs of the last dims", plain(turned, ones, zeros, *args,
+                                                                                   config=config),
+              forward_rotation=plain(forward, ones, zeros, *args, config=config),
+              first_dims_rotated=plain(first, ones, zeros, *args, config=config),
+              half_split_pairs=plain(half, ones, zeros, *args, config=config))
 
 
 def _one_hot_projection(config):
@@ -262,6 +275,18 @@ def test_the_latent_stays_fp32_and_each_token_group_has_its_own_int8_scale(backe
     ones, zeros = torch.ones(t, 16, dtype=torch.bfloat16), torch.zeros(t, 16, dtype=torch.bfloat16)
     out = op(backend, "v4_output_projection")(o, ones, zeros, wo_a, wo_b, scale, config=config).float()
     amax0 = torch.tensor(1 + 2.0**-9, dtype=torch.float32)
+    from contracts.separation import separates
+
+    def bf(v: float) -> torch.Tensor:
+        return torch.tensor(v).to(torch.bfloat16)
+
+    # channels 8, 63, 13, 2 under the rule, and with one alternative each (the codes the prose above derives)
+    rule = [63 * float(amax0) / 127, 24 / 127, 64 / 127, 0.01]
+    separates("FP32 latent, FP32-exact partials, one INT8 scale per token group", torch.stack([bf(v) for v in rule]),
+              latent_rounded_to_bf16=torch.stack([bf(v) for v in (64 * 1.0 / 127, *rule[1:])]),
+              partials_rounded_to_bf16=torch.stack([bf(v) for v in (rule[0], (16256 - 16192) / 127, *rule[2:])]),
+              latent_kept_fp64=torch.stack([bf(v) for v in (*rule[:2], 63 / 127, rule[3])]),
+              one_scale_per_token=torch.stack([bf(v) for v in (*rule[:3], 0.0)]))
     ch0 = torch.tensor(127 * float(amax0) / 127).to(torch.bfloat16).item()
     assert out[0, 0].item() == ch0, f"channel 0: {out[0, 0].item()} != {ch0} (group 0 coded on its own scale)"
     ch8 = torch.tensor(63 * float(amax0) / 127).to(torch.bfloat16).item()

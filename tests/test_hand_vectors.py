@@ -59,8 +59,6 @@ PENDING = {
     "test_v4_attention_stage.py::test_each_token_sees_its_own_kv_row",
     "test_v4_gate.py::test_each_named_dispatch_factor_rule_is_its_formula",
     "test_v4_sparse_attention.py::test_csa_keeps_a_raw_slot_only_below_position_plus_one_over_four",
-    "test_v4_sparse_attention.py::test_the_inverse_rotation_acts_on_the_last_rope_dims",
-    "test_v4_sparse_attention.py::test_the_latent_stays_fp32_and_each_token_group_has_its_own_int8_scale",
 }
 
 
