@@ -132,7 +132,9 @@ def test_each_token_sees_its_own_kv_row(backend):
         torch.zeros(1, config.block_size, 1, config.head_dim, dtype=torch.bfloat16),
         torch.zeros(config.decode_batch, 1, dtype=torch.int32), None, i["position_ids"], i["attn_sink"],
         i["freqs_cos"][pos], i["freqs_sin"][pos], i["wo_a"], i["wo_b"], i["wo_b_scale"], config=config)
-    assert not torch.equal(stale, out), "the input does not separate writing before reading"
+    from contracts.separation import separates
+
+    separates("the chunk's kv rows written before the attention reads the cache", out, read_before_write=stale)
     skip = i["swa_slot_mapping"].clone()
     skip[3] = -1
     again = op(backend, "v4_attention_stage")("SWA", **dict(i, swa_slot_mapping=skip), config=config)

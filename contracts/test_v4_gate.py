@@ -199,8 +199,11 @@ def test_each_named_dispatch_factor_rule_is_its_formula(backend, rule):
     i = _exact_square_sum_rows(config, _inputs(config, 6, num_tokens=T), 61, 256)
     out = op(backend, "v4_gate")(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], 61, 256, i["tid2eid"],
                                  i["input_ids"], config=config, dequant_factor=rule)
+    from contracts.separation import separates
+
     product, reciprocal = _factor_rules(config, i)
     want = product if rule == "product" else reciprocal
+    separates(f"dequant factor {rule!r}", want, other_rule=reciprocal if rule == "product" else product)
     assert torch.equal(out["x_norm_scale"], want), f"dequant_factor={rule!r} is not its formula"
 
 

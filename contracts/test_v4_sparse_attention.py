@@ -166,12 +166,25 @@ def test_csa_keeps_a_raw_slot_only_below_position_plus_one_over_four(backend):
     raw[:, 0] = bound - 1
     raw[:, 1] = bound
     raw[:, config.index_topk] = 0  # past index_topk: never read
+    from contracts.backends import torch_backend
+    from contracts.separation import separates
+
+    ref = torch_backend()
+
+    def hca_with(keep):  # the reference's HCA on the slots ``keep`` leaves (the others -1)
+        kept = raw[:, : config.index_topk].clone()
+        kept[~keep(kept)] = -1
+        return _call(ref, "HCA", config, inputs, kept)
+
+    pos = inputs["position_ids"].long()[:, None]
+    want = separates("CSA reads a raw slot s only when s < (position + 1) / 4", hca_with(lambda k: k < (pos + 1) // 4),
+                     slot_at_the_bound_read=hca_with(lambda k: k <= (pos + 1) // 4),
+                     bound_from_position_over_four=hca_with(lambda k: k < pos // 4))
     csa = _call(backend, "CSA", config, inputs, raw)
     masked = raw[:, : config.index_topk].clone()
     masked[:, 1] = -1
     assert torch.equal(csa, _call(backend, "HCA", config, inputs, masked)), "CSA must read exactly the slots below"
-    unmasked = _call(backend, "HCA", config, inputs, raw[:, : config.index_topk])
-    assert not torch.equal(csa, unmasked), "the slot at the bound changes the output: the input separates the rule"
+    assert torch.equal(csa, want), "CSA differs from the reference HCA on the slots below the bound"
 
 
 def test_compressed_slots_are_paged_through_each_requests_table(backend):
