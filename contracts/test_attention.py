@@ -76,6 +76,19 @@ def test_sparse_attention_sink_hand_vectors(backend):
     out = attend(q, kv, one, kv, one, torch.tensor([0.0]))  # the same row from both sources, sink 0
     assert torch.equal(out[0, 0], (kv.float() * (2 / 3)).to(torch.bfloat16)[0]), out[0, 0].tolist()
     k2 = torch.tensor([[2.0, 0.0, 0.0, 0.0]]).to(torch.bfloat16)
+    from contracts.separation import separates
+
+    def outputs(sink_in_softmax=True, sink_scale=1.0, score_scale=0.5):  # the five hand cases, one stacked row
+        rows = []
+        for value, scores, sink in ((kv, [0.0], 0.0), (kv, [0.0], math.log(3.0)), (kv, [0.0, 0.0], 0.0),
+                                    (k2, [4.0 * score_scale], 0.0)):
+            e = [math.exp(sc) for sc in scores]
+            denominator = sum(e) + (math.exp(sink * sink_scale) if sink_in_softmax else 0.0)
+            rows.append((value.float() * (sum(e) / denominator)).to(torch.bfloat16)[0])
+        return torch.stack(rows)
+
+    separates("softmax over the scores (· D^-0.5) and the sink logit", outputs(), sink_ignored=outputs(False),
+              sink_scaled_like_a_score=outputs(sink_scale=0.5), scores_not_scaled=outputs(score_scale=1.0))
     out = attend(k2.unsqueeze(0), k2, one, k2, none, torch.tensor([0.0]))
     w = math.exp(2.0) / (math.exp(2.0) + 1.0)  # score = (2*2) * 4^-0.5 = 2
     assert torch.equal(out[0, 0], (k2.float() * w).to(torch.bfloat16)[0]), \

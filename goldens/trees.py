@@ -328,11 +328,24 @@ def load_tree(reader: StoreReader, case_name: str, wiring: str) -> LoadedTree:
     inputs, expected = {}, {}
     for p, spec, kind in wanted:
         (inputs if kind == "in" else expected)[spec.name] = _as_tensor(p, *data[p], spec)
-    now = fingerprint_parts(case, set(rec.fingerprint_parts))  # rule-table entries: those the tree read
-    moved = changes(rec.fingerprint_parts, now) if rec.fingerprint != combined(now) else []
-    if rec.fingerprint != combined(now) and not moved:
-        moved = ["the reference fingerprint (recorded without its parts)"]
-    return LoadedTree(case, rec, inputs, expected, bool(moved), tuple(moved))
+    moved = what_moved(case, rec)
+    return LoadedTree(case, rec, inputs, expected, bool(moved), moved)
+
+
+def what_moved(case: Case, rec: TreeRecord) -> tuple[str, ...]:
+    """What changed in the reference since ``rec`` was recorded (empty: the tree is current), from the record
+    alone: the fingerprint parts, of a rule table only the entries the tree read."""
+    now = fingerprint_parts(case, set(rec.fingerprint_parts))
+    if rec.fingerprint == combined(now):
+        return ()
+    return tuple(changes(rec.fingerprint_parts, now)) or ("the reference fingerprint (recorded without its parts)",)
+
+
+def staleness(reader: StoreReader, case_name: str, wiring: str) -> tuple[str, ...]:
+    """``what_moved`` of a stored tree, reading its record only (no array)."""
+    adopt(reader, case_name)
+    path = tree_path(case_name, wiring)
+    return what_moved(get_case(case_name), TreeRecord.from_attrs(reader.group_attrs(path), where=path))
 
 
 _PROBES: dict[tuple[str, str], tuple[dict, dict]] = {}

@@ -113,13 +113,20 @@ RUNNABLE = ("goldens show", "goldens replay -q --json --junit out/replay.xml", "
             "goldens replay --backend-module tests.defects.half_layer:WINDOW_ONE_PAST")
 
 
-def test_the_readme_commands_that_need_only_this_repository_run_as_written(sample_store, tmp_path):
+def test_the_readme_commands_that_need_only_this_repository_run_as_written(sample_store, tmp_path, monkeypatch, capsys):
+    """In process (the example files above go through the script): the same parser and verbs, run from the
+    repository root on the small store, `out/` under a temporary folder."""
+    from goldens import cli
+
     shown = {re.sub(r"^\.venv/bin/", "", c) for c in README}
     missing = [c for c in RUNNABLE if c not in shown]
     assert not missing, f"the README no longer shows {missing}: update RUNNABLE"
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("PTO_STORE_READ_CACHE", "")
     for command in RUNNABLE:
-        proc = _run(command, sample_store, tmp_path)
+        argv = _argv(command.replace("out/", f"{tmp_path}/out/"))
+        code = cli.main(["--store", str(sample_store), *argv])
+        err = capsys.readouterr().err
         want = 1 if "WINDOW_ONE_PAST" in command else 0  # "exit 1, by design", as the README says
-        assert proc.returncode == want and "Traceback" not in proc.stderr, \
-            f"`{command}` exit {proc.returncode}: {proc.stderr[-600:]}"
+        assert code == want and "Traceback" not in err, f"`{command}` exit {code}: {err[-600:]}"
     assert (tmp_path / "out" / "replay.xml").is_file() and (tmp_path / "out" / "data" / "replicated").is_dir()
