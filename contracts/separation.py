@@ -44,6 +44,26 @@ def separates(rule: str, expected: torch.Tensor, **alternatives: torch.Tensor) -
     return expected
 
 
+def separates_under(rule: str, judge, expected, **alternatives):
+    """For a vector judged within a bound, not byte for byte: ``judge(candidate, expected)`` (a bool, or a
+    result with ``.ok``) passes ``expected`` itself and fails each alternative, so a kernel implementing an
+    alternative fails the contract's bound. Returns ``expected``."""
+    def ok(candidate) -> bool:
+        verdict = judge(candidate, expected)
+        return bool(getattr(verdict, "ok", verdict))
+
+    if not alternatives:
+        raise AssertionError(f"the hand vector for {rule!r} names no alternative it separates the rule from")
+    if not ok(expected):
+        raise AssertionError(f"the judge of {rule!r} fails the rule's own expected value")
+    within = [name for name, alt in alternatives.items() if ok(alt)]
+    if within:
+        raise AssertionError(f"the hand vector for {rule!r} does not separate it from {within} under its bound; "
+                             "change the vector")
+    PINNED[rule] = tuple(sorted(set(PINNED.get(rule, ())) | set(alternatives)))
+    return expected
+
+
 def separating_fraction(examples, rule, *alternatives) -> dict[str, float]:
     """For a property strategy: the fraction of ``examples`` on which each alternative's bytes differ from
     ``rule``'s (callables of one example). A byte-exact property whose strategy never separates an alternative

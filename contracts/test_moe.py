@@ -237,6 +237,20 @@ def test_expert_weights_decode_mxfp4_and_the_int8_stand_in():
     packed = quant.pack_fp4(codes)
     scales = torch.tensor([[127, 128], [126, 130]], dtype=torch.uint8)
     dec = expert_weights("mxfp4", packed, packed, packed, (scales, scales, scales))
+    from contracts.separation import separates
+
+    e2m1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+    def decode(high_nibble_first=False, bias=127, group=32):  # codes -> values, as a reader could get it wrong
+        c = codes.view(2, 32, 2).flip(-1).reshape(2, 64) if high_nibble_first else codes
+        v = e2m1[(c & 7).long()] * torch.where(c & 8 != 0, -1.0, 1.0)
+        exps = scales.float().repeat_interleave(group, 1)[:, :64] if group == 32 else \
+            scales.float().repeat_interleave(group, 1).repeat(1, 2)[:, :64]
+        return v * torch.exp2(exps - bias)
+
+    separates("E2M1 low nibble first, E8M0 2^(s - 127) per 32", decode(), high_nibble_first=decode(True),
+              scale_bias_128=decode(bias=128), scale_per_16=decode(group=16))
+    assert torch.equal(dec.w1, decode()), "the decoded weights are not the rule's"
     assert dec.w1[0, 0].item() == 1.0 and dec.w1[0, 1].item() == -0.5 and dec.w1[1, 33].item() == 6.0 * 8
     assert int((dec.w1 != 0).sum()) == 3
     q = torch.tensor([[1, -2], [3, 127]], dtype=torch.int8)

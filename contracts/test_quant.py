@@ -29,7 +29,12 @@ def test_e8m0_host_and_device_decode_agree():
     """Codes 0..254 decode to 2^(code-127) on both paths (code 0 = 2^-127 on the device); 255 is NaN/inf."""
     codes = torch.arange(256, dtype=torch.uint8)
     host, dev = e8m0_decode(codes), e8m0_decode(codes, device=True)
-    want = torch.tensor([math.ldexp(1.0, c - 127) for c in range(255)], dtype=torch.float32)
+    from contracts.separation import separates
+
+    want = separates("E8M0 code c decodes to 2^(c - 127)",
+                     torch.tensor([math.ldexp(1.0, c - 127) for c in range(255)], dtype=torch.float32),
+                     bias_128=torch.tensor([math.ldexp(1.0, c - 128) for c in range(255)], dtype=torch.float32),
+                     code_0_as_zero=torch.tensor([0.0] + [math.ldexp(1.0, c - 127) for c in range(1, 255)]))
     assert torch.equal(host[:255], want) and torch.equal(dev[:255], want)
     assert float(dev[0]) == 2.0**-127 and math.isnan(float(host[255])) and math.isinf(float(dev[255]))
 
@@ -64,8 +69,14 @@ def test_fp4_nibble_order_hand_vectors(backend, pair, rule_name, byte):
 
 def test_mxfp8_hand_vector(backend):
     """[1, -2, 448, 0...]: amax 448 -> scale 2^0 (E8M0 127); E4M3 bytes 0x38, 0xC0, 0x7E."""
+    from contracts.separation import separates
+
     x = torch.zeros((1, 32))
     x[0, :3] = torch.tensor([1.0, -2.0, 448.0])
+    v = x[0, :3]
+    separates("E4M3 (fn) payload bytes", v.to(torch.float8_e4m3fn).view(torch.uint8),
+              e5m2=v.to(torch.float8_e5m2).view(torch.uint8), e4m3_fnuz=v.to(torch.float8_e4m3fnuz).view(torch.uint8),
+              scale_one_power_up=(v / 2).to(torch.float8_e4m3fn).view(torch.uint8))
     for name in ("window", "window_host"):
         q = op(backend, "mx_quantize")(x, name)
         assert q.payload.view(torch.uint8)[0, :3].tolist() == [0x38, 0xC0, 0x7E], name
@@ -392,4 +403,7 @@ def test_the_ulp_probes_separate_the_log2_ceiling_from_the_exact_one(probe, qmax
     log2_fp32 = math.ceil(float(np.float32(math.log2(float(raw)))))
     assert (log2_fp32, exact) == (k, k + 1), (log2_fp32, exact)
     log2_rule, exact_rule = rules
+    from contracts.separation import separates
+
+    separates(f"{log2_rule}: ceil(log2) in FP32", torch.tensor(127 + log2_fp32), exact_ceiling=torch.tensor(127 + exact))
     assert RULE_VECTORS[log2_rule][-1][1] == 127 + log2_fp32 and RULE_VECTORS[exact_rule][-1][1] == 127 + exact
