@@ -222,6 +222,38 @@ def test_compressor_num_tokens_zero_touches_nothing(backend, seed, rows):
     assert _same(state, ring.state)
 
 
+@given(seed=st.integers(0, 2**31), data=st.data())
+def test_an_explicit_num_tokens_inside_a_requests_span_cuts_the_request_there(backend, seed, data):
+    """Through the operator, with rows past what it needs: two requests (spans 0..a and a..a+b), then an explicit
+    num_tokens n that ends inside request 1's span, or inside request 0's (a + b > n > 0; qsl[-1] stays a + b).
+    Rows past n are padding: zero latents, no publish, and the state is exactly what the call gets when the
+    input itself ends at n (x cut to n rows, qsl clipped to n); rows before n equal that call's. A kernel that
+    reads num_tokens from qsl[-1], or cuts only whole requests, fails. Spec: §4.1 (CS-09), §3."""
+    ring = Ring(FLASH_TINY, 4, blocks=3, seed=seed)
+    a = data.draw(st.integers(1, 5), label="request 0 rows")
+    b = data.draw(st.integers(2, 6), label="request 1 rows")
+    n = data.draw(st.integers(1, a + b - 1), label="num_tokens")
+    extra = data.draw(st.integers(0, 3), label="padding rows past qsl[-1]")
+    p0, p1 = data.draw(st.integers(0, 9), label="request 0 start"), data.draw(st.integers(0, 9), label="request 1 start")
+    x = ring.tokens(a + b + extra)
+    pos = torch.tensor(list(range(p0, p0 + a)) + list(range(p1, p1 + b)) + [-999] * extra, dtype=torch.int32)
+    req = torch.tensor([0] * a + [1] * b + [999] * extra, dtype=torch.int32)
+    table = torch.tensor([[1], [2]], dtype=torch.int32)
+    run = op(backend, "compressor_ratio2")
+    latent, publish, state = run(x, torch.tensor([0, a, a + b], dtype=torch.int32), pos, req, table, ring.state,
+                                 ring.weights, num_tokens=n)
+    qsl_cut = torch.tensor([0, min(a, n), n], dtype=torch.int32)
+    from contracts.backends import torch_backend
+
+    want_latent, want_publish, want_state = torch_backend().get("compressor_ratio2")(
+        x[:n], qsl_cut, pos[:n], req[:n], table, ring.state, ring.weights)
+    assert _same(state, want_state), f"state differs from the call cut at num_tokens={n} (first row {_first_diff(state, want_state)})"
+    assert torch.equal(publish[:n], want_publish) and not bool(publish[n:].any()), \
+        f"publish {publish.tolist()}: rows from {n} on are padding"
+    assert _same(latent[:n], want_latent) and not bool(latent[n:].ne(0).any()), \
+        f"latent rows from {n} on must be zero (num_tokens={n} inside the span {a}..{a + b})"
+
+
 def test_compressor_rejects_bad_state_cache(backend):
     ring = Ring(FLASH_TINY, 4, blocks=2, seed=0)
     fn = op(backend, "compressor_ratio2")

@@ -98,6 +98,10 @@ CASES = [
      "cache_publish("),
     # compressor ring (§4.1)
     ("reference:COMPRESSOR_ALL_ROWS_WRITE", "test_compressor:test_compressor_chunked_equals_unchunked", "ring slot"),
+    ("reference:COMPRESSOR_NUM_TOKENS_FROM_QSL",
+     "test_compressor:test_an_explicit_num_tokens_inside_a_requests_span_cuts_the_request_there", "num_tokens="),
+    ("reference:COMPRESSOR_WHOLE_REQUESTS_ONLY",
+     "test_compressor:test_an_explicit_num_tokens_inside_a_requests_span_cuts_the_request_there", "num_tokens="),
     ("reference:COMPRESSOR_PARTNER_WRONG_SLOT", "test_compressor:test_compressor_chunked_equals_unchunked",
      "latent row"),
     ("reference:COMPRESSOR_PARTNER_WRONG_SLOT", "test_compressor:test_compressor_restored_odd_prefix_equals_uninterrupted",

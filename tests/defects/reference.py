@@ -165,6 +165,23 @@ def _shared_block_unchecked(*args, **kwargs):
 
 COMPRESSOR_SHARED_BLOCK_UNCHECKED = _base.derive("defect:compressor-shared-block-unchecked",
                                                  compressor_ratio2=_shared_block_unchecked)
+def _num_tokens_from_qsl(*args, num_tokens=None, **kw):
+    """Wrong: an explicit num_tokens is ignored; the active rows are always qsl[-1]."""
+    return REF(*args, **kw)
+
+
+def _whole_requests_only(x, qsl, *args, num_tokens=None, **kw):
+    """Wrong: num_tokens cuts only at a request boundary (the last request that ends by it)."""
+    if num_tokens is not None:
+        ends = [int(v) for v in qsl[1:] if int(v) <= int(num_tokens)]
+        num_tokens = ends[-1] if ends else 0
+    return REF(x, qsl, *args, num_tokens=num_tokens, **kw)
+
+
+COMPRESSOR_NUM_TOKENS_FROM_QSL = _base.derive("defect:compressor-num-tokens-from-qsl",
+                                              compressor_ratio2=_num_tokens_from_qsl)
+COMPRESSOR_WHOLE_REQUESTS_ONLY = _base.derive("defect:compressor-whole-requests-only",
+                                              compressor_ratio2=_whole_requests_only)
 COMPRESSOR_ALL_ROWS_WRITE = _base.derive("defect:compressor-all-rows-write", compressor_ratio2=_all_rows_write)
 COMPRESSOR_PARTNER_WRONG_SLOT = _base.derive("defect:compressor-partner-wrong-slot",
                                              compressor_ratio2=_partner_wrong_slot)
