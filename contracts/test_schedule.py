@@ -160,6 +160,13 @@ BAD_CONFIGS = [
     (dict(num_experts_per_tok=500), "n_routed_experts"),
     (dict(engram_layer_ids=(1, 40)), "engram_layer_ids"),
     (dict(hidden_size=0), "hidden_size"),
+    (dict(vocab_size=0), "vocab_size"),  # SC-01: both dimensions
+    (dict(head_dim=64), "qk_rope_head_dim: expected < head_dim"),  # SC-03: head_dim > qk_rope_head_dim
+    (dict(index_head_dim=32), "index_head_dim: expected >= qk_rope_head_dim"),  # SC-03: index_head_dim >= rope
+    (dict(kv_source_layer_ids=(2, 8, 14, 20, 45)), r"kv_source_layer_ids: expected layer ids in \[0, 40\)"),  # SC-07
+    (dict(index_source_layer_ids=(2, 8, 14, 20, 45)), r"index_source_layer_ids: expected layer ids in \[0, 40\)"),
+    # SC-09: a KV source that is no index source (24 above is an index source that is no KV source)
+    (dict(kv_source_layer_ids=(2, 8, 14, 20, 26), candidate_source_layer_id=26), "both a KV source and an index"),
 ]
 
 

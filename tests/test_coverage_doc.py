@@ -4,8 +4,10 @@ open capability, and the header's totals are the ones computed here.
 
 Row format: ``| ID | Where | Status | Subject | Evidence |``
 
-- Status: ``covered``, ``partial`` (Evidence says ``missing: ...``), ``planned`` (Evidence names an open
-  capability ``#N``) or ``n/a`` (Evidence gives the reason).
+- Status: ``covered``, ``ready`` (a device-only rule whose contract is built and tested on the host, never judged
+  on a device output: a device row is ``covered`` only when it cites a judged device run), ``partial`` (Evidence
+  says ``missing: ...``), ``planned`` (Evidence names an open capability ``#N``) or ``n/a`` (Evidence gives the
+  reason).
 - Subject: what the rule is about, comma-separated: operator names of ``contracts.backends.OPERATORS``
   or dotted Python names (``contracts.checks.precision.check_ratio_allclose``).
 - Evidence: the tests, as ``path::test_name`` (plus notes).
@@ -28,7 +30,9 @@ from contracts.backends import OPERATORS
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "coverage.md"
 UPSTREAM = ROOT.parent / "shared" / "docs" / "upstream_checks.md"
-STATUSES = ("covered", "partial", "planned", "n/a")
+STATUSES = ("covered", "ready", "partial", "planned", "n/a")
+# a device output judged here: what lets a device-only row be "covered" rather than "ready"
+DEVICE_RUN = "tests/test_goldens.py::test_the_kept_a5sim_outputs_are_judged_again_on_every_run"
 # The capabilities still open (the issue tracker's open issues): a planned row must name one of them.
 OPEN_CAPABILITIES = {24: "goldens through a change", 25: "the house", 26: "verification power, round 3",
                      27: "the loop and scale"}  # #23 and #28 are resolved
@@ -73,14 +77,19 @@ def test_rows_are_well_formed():
         closed = sorted(issues - OPEN_CAPABILITIES.keys())
         if closed:
             problems.append(f"{rid}: points at issue(s) {closed}, which are not open")
-        if status in ("covered", "partial"):
+        if status == "ready" and r["where"] != "device":
+            problems.append(f"{rid}: ready is for device-only rules (a host rule is covered or partial)")
+        if status == "covered" and r["where"] == "device" and DEVICE_RUN not in ev:
+            problems.append(f"{rid}: a device rule is covered only when a device output of it was judged (cite "
+                            f"{DEVICE_RUN}); otherwise it is ready")
+        if status in ("covered", "ready", "partial"):
             if not TEST_REF.search(ev):
                 problems.append(f"{rid}: {status} without a cited test")
             if not subject or subject == "—":
                 problems.append(f"{rid}: {status} without a subject")
         if status == "partial" and "missing:" not in ev:
             problems.append(f"{rid}: partial must say what is missing ('missing: ...')")
-        if status == "covered" and "missing:" in ev:
+        if status in ("covered", "ready") and "missing:" in ev:
             problems.append(f"{rid}: covered but says something is missing")
         if status == "planned" and not issues:
             problems.append(f"{rid}: planned without an open capability (#N)")
@@ -150,7 +159,7 @@ def test_cited_tests_are_collected_and_exercise_the_subject():
     found = collected()
     problems = []
     for r in rows() + rows(V4_ID):
-        if r["status"] not in ("covered", "partial"):
+        if r["status"] not in ("covered", "ready", "partial"):
             continue
         subjects = [s.strip() for s in r["subject"].split(",") if s.strip()]
         for path, name in TEST_REF.findall(r["evidence"]):
@@ -168,14 +177,14 @@ def test_header_totals_are_computed():
     host = [r for r in rs if r["where"].startswith("host") or "test host" in r["where"] or "tests host" in r["where"]]
     th = totals(host)
     want = (f"Totals (computed by tests/test_coverage_doc.py): {len(rs)} rows; covered {t['covered']}, "
-            f"partial {t['partial']}, planned {t['planned']}, n/a {t['n/a']}. Host-runnable rows: {len(host)}; "
-            f"covered {th['covered']}, partial {th['partial']}, planned {th['planned']}, n/a {th['n/a']}.")
+            f"ready {t['ready']}, partial {t['partial']}, planned {t['planned']}, n/a {t['n/a']}. Host-runnable rows: "
+            f"{len(host)}; covered {th['covered']}, partial {th['partial']}, planned {th['planned']}, n/a {th['n/a']}.")
     header = next((line for line in DOC.read_text().splitlines() if line.startswith("Totals (computed")), None)
     assert header == want, f"docs/coverage.md header is\n  {header}\nbut the rows give\n  {want}"
     v4 = rows(V4_ID)
     t4 = totals(v4)
     want4 = (f"V4 totals (computed by tests/test_coverage_doc.py): {len(v4)} rows; covered {t4['covered']}, "
-             f"partial {t4['partial']}, planned {t4['planned']}, n/a {t4['n/a']}.")
+             f"ready {t4['ready']}, partial {t4['partial']}, planned {t4['planned']}, n/a {t4['n/a']}.")
     line4 = next((line for line in DOC.read_text().splitlines() if line.startswith("V4 totals (computed")), None)
     assert line4 == want4, f"docs/coverage.md V4 header is\n  {line4}\nbut the rows give\n  {want4}"
 
