@@ -294,6 +294,7 @@ class _Sites:
                 and isinstance(node.ctx, ast.Load):
             new = _NAME_SWAP[node.id]
             yield (node, "name", _rename_name(new), node.id, new, func)
+        yield from _semantic_sites(node, func)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _DROPPABLE:
             receiver = node.func.value
             is_module_fn = isinstance(receiver, ast.Name) and receiver.id in ("torch", "math", "np")
@@ -301,6 +302,67 @@ class _Sites:
                 yield (node, "drop-call", lambda n: n.args[0], node.func.attr, "(skipped)", func)
             elif not is_module_fn:
                 yield (node, "drop-call", lambda n: n.func.value, node.func.attr, "(skipped)", func)
+
+
+_CLAMPS = ("clamp", "clamp_min", "clamp_max")
+
+
+def _semantic_sites(node: ast.AST, func: str):
+    """The plausible one-rule bugs of this field (issue #26): a reduction in another order, a clamp on the other
+    side of the call it feeds or follows, the other tie rule, staging through FP16 instead of BF16, a failure
+    clause dropped."""
+    if isinstance(node, ast.For) and any(isinstance(b, ast.AugAssign) and isinstance(b.op, ast.Add | ast.Sub)
+                                         for b in ast.walk(node) if b is not node):
+        yield (node, "reorder", _reversed_iter, "for ... in X (accumulating)", "for ... in reversed(list(X))", func)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CLAMPS \
+            and isinstance(node.func.value, ast.Call) and node.func.value.args:
+        yield (node, "move-clamp", _clamp_inside, f"f(x).{node.func.attr}(..)", f"f(x.{node.func.attr}(..))", func)
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Call) \
+            and isinstance(node.args[0].func, ast.Attribute) and node.args[0].func.attr in _CLAMPS:
+        yield (node, "move-clamp", _clamp_outside, f"f(x.{node.args[0].func.attr}(..))",
+               f"f(x).{node.args[0].func.attr}(..)", func)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "round" \
+            and not node.keywords and (len(node.args) == 1 and isinstance(node.func.value, ast.Name)
+                                       and node.func.value.id == "torch" or not node.args):
+        yield (node, "tie-rule", _half_away, "round (half to even)", "half away from zero", func)
+    if isinstance(node, ast.Attribute) and node.attr == "bfloat16" and isinstance(node.ctx, ast.Load):
+        yield (node, "stage-dtype", _rename_attr("float16"), "bfloat16", "float16", func)
+    if isinstance(node, ast.If) and len(node.body) == 1 and isinstance(node.body[0], ast.Return) \
+            and isinstance(node.body[0].value, ast.Call) and isinstance(node.body[0].value.func, ast.Name) \
+            and node.body[0].value.func.id == "failed" and not node.orelse:
+        yield (node, "drop-clause", _never, "if ...: return failed(..)", "(clause dropped)", func)
+
+
+def _reversed_iter(n):
+    n.iter = ast.Call(ast.Name("reversed", ast.Load()), [ast.Call(ast.Name("list", ast.Load()), [n.iter], [])], [])
+    return n
+
+
+def _clamp_inside(n):  # f(x, ...).clamp(a) -> f(x.clamp(a), ...)
+    inner = n.func.value
+    clamped = ast.Call(ast.Attribute(inner.args[0], n.func.attr, ast.Load()), n.args, n.keywords)
+    return ast.Call(inner.func, [clamped, *inner.args[1:]], inner.keywords)
+
+
+def _clamp_outside(n):  # f(x.clamp(a), ...) -> f(x, ...).clamp(a)
+    clamp = n.args[0]
+    moved = ast.Call(n.func, [clamp.func.value, *n.args[1:]], n.keywords)
+    return ast.Call(ast.Attribute(moved, clamp.func.attr, ast.Load()), clamp.args, clamp.keywords)
+
+
+def _half_away(n):  # round(x) -> sign(x) * floor(|x| + 0.5)
+    x = n.args[0] if n.args else n.func.value
+
+    def torch_call(name, *args):
+        return ast.Call(ast.Attribute(ast.Name("torch", ast.Load()), name, ast.Load()), list(args), [])
+
+    return ast.BinOp(torch_call("sign", x), ast.Mult(),
+                     torch_call("floor", ast.BinOp(torch_call("abs", x), ast.Add(), ast.Constant(0.5))))
+
+
+def _never(n):
+    n.test = ast.Constant(False)
+    return n
 
 
 def _replace_cmp(i: int, new):
