@@ -30,6 +30,7 @@ LONG_FIRST = (
     "tests/test_pypto_backend.py::test_the_seeded_indexer_kernel_is_caught",
     "tests/test_goldens.py::test_last_failed_works_because_the_cache_provider_is_on",
     "tests/test_pypto_backend.py::test_a_launch_that_never_finishes",
+    "tests/test_documented_commands.py::test_the_example_files_commands_run_as_written",
 )
 
 
