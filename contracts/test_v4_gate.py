@@ -350,3 +350,26 @@ def test_rows_past_the_active_tile_are_not_judged():
     inside["x_norm_i8"][15] = 0
     with pytest.raises(AssertionError, match="row 15"):
         _judge(config, inside, want, i)
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+def test_the_dispatch_codes_round_half_to_even(backend, config):
+    """Token 0's normalized row (norm weight 1) holds 127, 2.5, -0.5, 126.5 and 3.5, the rest 0: amax 127 makes
+    the quantization factor exactly 1, so the INT8 dispatch codes are the values rounded. Half to even gives
+    127, 2, 0, 126, 4; computed alternatives: half away from zero (127, 3, -1, 127, 4), toward zero and floor
+    (both 3 for 3.5). Spec: §8 (the dispatch INT8 codes)."""
+    from contracts.separation import separates
+
+    i = _inputs(config, 11, num_tokens=T)
+    row = torch.tensor([127.0, 2.5, -0.5, 126.5, 3.5])
+    x = i["x_mixed"].clone()
+    x[0] = 0
+    x[0, :5] = row.to(torch.bfloat16)
+    i.update(x_mixed=x, norm_w=torch.ones_like(i["norm_w"]))
+    want = separates("dispatch codes round half to even", torch.round(row).to(torch.int8),
+                     half_away=(row.sign() * (row.abs() + 0.5).floor()).to(torch.int8),
+                     toward_zero=row.trunc().to(torch.int8), floor=row.floor().to(torch.int8))
+    out = _call(backend, config, i, 0)
+    got = out["x_norm_i8"][0, :5]
+    assert torch.equal(got, want), f"token 0 codes {got.tolist()}, expected {want.tolist()} (half to even)"
+    assert not bool(out["x_norm_i8"][0, 5:].ne(0).any()), "the zero elements code to 0"

@@ -311,8 +311,7 @@ def _semantic_sites(node: ast.AST, func: str):
     """The plausible one-rule bugs of this field (issue #26): a reduction in another order, a clamp on the other
     side of the call it feeds or follows, the other tie rule, staging through FP16 instead of BF16, a failure
     clause dropped."""
-    if isinstance(node, ast.For) and any(isinstance(b, ast.AugAssign) and isinstance(b.op, ast.Add | ast.Sub)
-                                         for b in ast.walk(node) if b is not node):
+    if isinstance(node, ast.For) and any(_accumulates(b) for b in ast.walk(node) if b is not node):
         yield (node, "reorder", _reversed_iter, "for ... in X (accumulating)", "for ... in reversed(list(X))", func)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CLAMPS \
             and isinstance(node.func.value, ast.Call) and node.func.value.args:
@@ -331,6 +330,17 @@ def _semantic_sites(node: ast.AST, func: str):
             and isinstance(node.body[0].value, ast.Call) and isinstance(node.body[0].value.func, ast.Name) \
             and node.body[0].value.func.id == "failed" and not node.orelse:
         yield (node, "drop-clause", _never, "if ...: return failed(..)", "(clause dropped)", func)
+
+
+def _accumulates(node: ast.AST) -> bool:
+    """``acc += x``, ``acc -= x`` or ``acc = acc + x``: a running sum whose order the loop decides."""
+    if isinstance(node, ast.AugAssign):
+        return isinstance(node.op, ast.Add | ast.Sub)
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+            and isinstance(node.value, ast.BinOp) and isinstance(node.value.op, ast.Add | ast.Sub):
+        name = node.targets[0].id
+        return any(isinstance(side, ast.Name) and side.id == name for side in (node.value.left, node.value.right))
+    return False
 
 
 def _reversed_iter(n):

@@ -239,6 +239,14 @@ V4_PADDING_POSITION = ("A prefill padding row's position only picks its RoPE row
                        "and writes no kv row for it: row 0 or row 1 of the table, nothing of it is visible.")
 
 
+# reasons of the issue #26 mutant classes (reorder, move-clamp, stage-dtype), one survivor at a time
+GROUPS_BF16_TO_FP32 = 'A BF16 input no longer listed as a float type is converted to FP32 first, exactly; _quantize_rows takes .float() of the groups right after, so the values are the same.'
+ZERO_PLACEHOLDER = "The SWA layer's placeholder compressed row: zeros, never selected (its top-k is all -1); BF16 and FP16 zeros, and the FP32 the attention promotes them to, are the same values."
+COUNT_ORDER = 'The loop builds integer counts and one list per destination; reversing it reverses the order in which destinations are visited, not the order within any list, and integer sums do not depend on order.'
+ONE_K_PER_EXPERT = 'A token routes to distinct experts, so for one expert at most one k matches: the order of k appends at most one slot, and the list order does not change.'
+CLAMP_COMMUTES = 'min(max(a, 0), w) equals max(min(a, w), 0) for the window w >= 1: the clamp commutes with the minimum.'
+PER_TOKEN_ROWS = 'Each iteration writes only its own token row (out[t], closes[t]); the += is list concatenation of the window, not a running sum, so the visiting order cannot change any value.'
+
 EQUIVALENT: dict[str, str] = {
     'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
@@ -747,4 +755,12 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.compressor_txn:v4_publish_events:drop-call:cos.float()[float]->(skipped)#0': V4_PROMOTE,
     'kernels.v4.compressor_txn:v4_publish_events:drop-call:sin.float()[float]->(skipped)#0': V4_PROMOTE,
     'kernels.v4.mtp:int8_matmul:drop-call:(codes.to(torch.float64) @ weight.to(torch.float64).T).to...[to]->(skipped)#0': V4_INT8_PRODUCT_FP64,
+    "kernels.quant:_groups:stage-dtype:bfloat16->float16#2": GROUPS_BF16_TO_FP32,
+    "kernels.reference.attention_layer:attention_half_layer:stage-dtype:bfloat16->float16#2": ZERO_PLACEHOLDER,
+    "kernels.reference.moe:moe_ep:reorder:for ... in X (accumulating)->for ... in reversed(list(X))#0": COUNT_ORDER,
+    "kernels.reference.moe:moe_ep:reorder:for ... in X (accumulating)->for ... in reversed(list(X))#4": ONE_K_PER_EXPERT,
+    "kernels.v4.moe:v4_moe_ep:reorder:for ... in X (accumulating)->for ... in reversed(list(X))#2": ONE_K_PER_EXPERT,
+    "kernels.metadata:window_metadata:move-clamp:f(x).clamp_min(..)->f(x.clamp_min(..))#0": CLAMP_COMMUTES,
+    "kernels.reference.indexer:select_candidate_blocks:move-clamp:f(x.clamp_min(..))->f(x).clamp_min(..)#0": LASTCLAMP,
+    "kernels.v4.compressor_txn:v4_compressor_txn:reorder:for ... in X (accumulating)->for ... in reversed(list(X))#0": PER_TOKEN_ROWS,
 }
