@@ -86,9 +86,11 @@ def test_random_blocks_decode_to_code_times_scale(seed, n_blocks, k_blocks, fp8)
 
 
 def test_unquantized_weights_pass_through_as_fp32():
+    """A BF16 weight is returned as its FP32 values (not kept BF16, not scaled by a default 2^0 block)."""
     w = torch.tensor([[1.5, -2.25]], dtype=torch.bfloat16)
+    want = separates("unquantized: the values as FP32", w.float(), kept_bf16=w, halved_by_a_bias_128=w.float() / 2)
     got = decode_checkpoint_linear(w)
-    assert got.dtype == torch.float32 and got.tolist() == [[1.5, -2.25]]
+    assert torch.equal(got, want) and got.tolist() == [[1.5, -2.25]]
 
 
 _FP8 = torch.ones(32, 32).to(torch.float8_e4m3fn)
