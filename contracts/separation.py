@@ -64,6 +64,15 @@ def separates_under(rule: str, judge, expected, **alternatives):
     return expected
 
 
+def bf16_once(x: torch.Tensor | float) -> torch.Tensor:
+    """FP64 values rounded to BF16 in one rounding (8 significant bits, ties to even), returned as FP32 -- the
+    "no FP32 stage" alternative. torch's own FP64 -> BF16 cast goes through FP32 and rounds twice, so it cannot
+    stand for this alternative. Finite, normal-range values."""
+    v = torch.as_tensor(x, dtype=torch.float64)
+    _m, e = torch.frexp(v)
+    return torch.where(v == 0, v, torch.round(v * torch.exp2(8.0 - e)) * torch.exp2(e - 8.0)).float()
+
+
 def separating_fraction(examples, rule, *alternatives) -> dict[str, float]:
     """For a property strategy: the fraction of ``examples`` on which each alternative's bytes differ from
     ``rule``'s (callables of one example). A byte-exact property whose strategy never separates an alternative

@@ -300,15 +300,10 @@ def test_index_scores_round_at_each_spec_boundary(backend):
                 out.append(acc)
         return torch.tensor(out)
 
+    from contracts.separation import bf16_once, separates
+
     def once(x: float) -> float:  # FP64 -> BF16 in one rounding (no FP32 stage)
-        import math
-
-        if x == 0:
-            return 0.0
-        _m, e = math.frexp(x)
-        return round(x * 2.0 ** (8 - e)) * 2.0 ** (e - 8)
-
-    from contracts.separation import separates
+        return float(bf16_once(x))
 
     want = separates("§5.1: dot FP32 then BF16, ReLU, weight, BF16, FP32 head sum, BF16", scores(),
                      dot_kept_fp32=scores(dot_round=float), dot_rounded_once_from_fp64=scores(dot_round=once),

@@ -158,9 +158,7 @@ def test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded(backend):
     tie["index_key"][1, :4] = torch.tensor([1.0, 2.0**-8, 2.0**-30, 0.5])
     cache, _ = op(backend, "v4_publish_index_keys")(**tie)
 
-    def bf16_from_fp64(v: torch.Tensor) -> torch.Tensor:  # one rounding to 8 significant bits (torch's own
-        _m, e = torch.frexp(v)                               # FP64 -> BF16 cast goes through FP32: two roundings)
-        return (torch.round(v * torch.exp2(8.0 - e)) * torch.exp2(e - 8.0)).float()
+    from contracts.separation import bf16_once as bf16_from_fp64  # one rounding, not torch's two
 
     def codes(column0: torch.Tensor, rounding=torch.round) -> torch.Tensor:  # BF16 Hadamard output -> 2 codes
         row = torch.stack([column0, torch.tensor(0.5, dtype=torch.float64)]).float().to(torch.bfloat16).float()

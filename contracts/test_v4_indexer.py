@@ -335,8 +335,9 @@ def test_the_query_is_fp32_before_its_bf16_rounding_and_after_the_hadamard(backe
     from contracts.separation import separates
 
     exact = torch.tensor(8563 * (125883 * 2.0**-17) * 2.0**-13, dtype=torch.float64)
-    _m, e = torch.frexp(exact)  # BF16 in one rounding from FP64 (torch's own FP64 -> BF16 cast rounds twice)
-    once = (torch.round(exact * torch.exp2(8.0 - e)) * torch.exp2(e - 8.0)).float()
+    from contracts.separation import bf16_once
+
+    once = bf16_once(exact)  # BF16 in one rounding from FP64 (torch's own FP64 -> BF16 cast rounds twice)
     separates("q rounded to FP32, then BF16", exact.float().to(torch.bfloat16).float() * 100,
               bf16_from_fp64=once.to(torch.bfloat16).float() * 100, q_kept_fp32=exact.float() * 100)
     got = _call(backend, config, dict(base, qr=qr_a, wq_b=wq_a, qr_scale=torch.full((8, 1), 125883 * 2.0**-17),

@@ -124,3 +124,15 @@ def test_each_hand_vector_separates_its_rule_or_says_why_not(name):
 def test_the_lists_name_only_tests_that_exist():
     stale = sorted((set(NOT_A_RULE) | PENDING) - set(FOUND))
     assert not stale, f"listed but not found as hand-vector tests: {stale}"
+
+
+def test_the_one_rounding_bf16_alternative_is_one_rounding():
+    """bf16_once rounds FP64 to BF16 once; torch's cast goes through FP32 and rounds twice (which is why the
+    helper exists): 1 + 2^-8 + 2^-30 is 1 + 2^-7 once, 1.0 twice; an exact tie 1 + 2^-8 goes to even (1.0)."""
+    import torch
+
+    from contracts.separation import bf16_once
+
+    x = torch.tensor([1 + 2.0**-8 + 2.0**-30, 1 + 2.0**-8, -(2.0**-7 + 2.0**-15), 0.0], dtype=torch.float64)
+    assert bf16_once(x).tolist() == [1 + 2.0**-7, 1.0, -2.0**-7, 0.0]
+    assert x[:1].to(torch.bfloat16).item() == 1.0  # torch's two roundings
