@@ -186,3 +186,32 @@ def test_a_zero_row_takes_the_amax_floor(backend):
     assert bool((out["qr"][2] == 0).all()) and out["qr_scale"][2, 0].item() == floor, \
         f"zero row: qr_scale {out['qr_scale'][2, 0].item()} != {floor} (the 1e-4 amax floor)"
     assert bool((out["q"][2] == 0).all()) and bool((out["kv"][2] == 0).all())
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+def test_the_qr_codes_round_half_to_even(backend, config):
+    """Token 0's latent qr (x one-hot into row 0 of wq_a, gamma 1) is 2032, 40, -8, 2024, 56, twenty-four 1024s
+    and 16, 256, 304: its mean square is 2^20 exactly, so the RMS factor is 2^-10, the amax 2032 · 2^-10 =
+    127/64 and the quantization factor 64, and each code is qr / 16 with no rounding before the last step. The
+    codes 2.5, -0.5, 126.5 and 3.5 round half to even (2, 0, 126, 4); computed alternatives: half away from zero
+    (3, -1, 127, 4), toward zero (2, 0, 126, 3). Spec: §8 (INT8 latent codes)."""
+    from contracts.separation import separates
+
+    lora = config.q_lora_rank
+    row = torch.tensor([2032.0, 40.0, -8.0, 2024.0, 56.0] + [1024.0] * 24 + [16.0, 256.0, 304.0])
+    assert lora == row.numel(), f"the vector is built for q_lora_rank 32, this preset has {lora}: rebuild it"
+    assert float((row.double() ** 2).mean()) == 2.0**20
+    i = _inputs(config, 5)
+    x = i["x"].clone()
+    x[0] = 0
+    x[0, 0] = 1.0
+    wq_a = i["wq_a"].clone()
+    wq_a[0] = row.to(torch.bfloat16)
+    i.update(x=x, wq_a=wq_a, gamma_cq=torch.ones_like(i["gamma_cq"]))
+    y = row / 16
+    want = separates("INT8 latent codes round half to even", torch.round(y).to(torch.int8),
+                     half_away=(y.sign() * (y.abs() + 0.5).floor()).to(torch.int8),
+                     toward_zero=y.trunc().to(torch.int8))
+    out = _call(backend, config, i)
+    assert torch.equal(out["qr"][0], want), f"token 0 codes {out['qr'][0, :5].tolist()}, expected {want[:5].tolist()}"
+    assert out["qr_scale"][0].item() == 1 / 64
