@@ -504,3 +504,27 @@ def test_the_c2a_cache_budget_and_the_format_budget_stay_selectable(backend):
     assert_ok(_judge(case, worse, only="compressed_payload", cache_rule="format"))
     with pytest.raises(ValueError, match="cache_rule"):
         _judge(case, got, cache_rule="bytes")
+
+
+def test_a_cache_past_fp16_range_is_read_as_bf16(backend):
+    """The history rows of an SWA prefill with every E8M0 scale raised by 2^20 decode to values past 65504, the
+    largest FP16: read as BF16 (the ABI's read dtype) they stay finite and the half layer matches the reference on
+    them; a read staged through FP16 turns them into infinities. Spec: §2.3 (read: decode to BF16)."""
+    from kernels import cache as cache_abi
+
+    case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 1)
+    inputs = _inputs(case)
+    codes = inputs["window_scale"].view(torch.uint8)
+    inputs["window_scale"] = torch.where(codes < 200, codes + 20, codes).view(torch.float8_e8m0fnu)
+    layout = cache_abi.layouts(case.config)["window"]
+    values = cache_abi.read(cache_abi.QuantCache(layout, inputs["window_payload"], inputs["window_scale"]),
+                            dtype=torch.bfloat16).float()
+    finite = values[torch.isfinite(values)]
+    assert float(finite.abs().max()) > 65504 and bool(torch.isinf(finite.half()).any()), \
+        "the raised history does not leave FP16's range"
+    expected, scores = with_reference_scores({k: v.clone() for k, v in inputs.items()}, **_call(case))
+    assert bool(torch.isfinite(expected["output"].float()).all()), "the reference output is not finite"
+    actual = _run(op(backend, "attention_half_layer"), case, {k: v.clone() for k, v in inputs.items()})
+    assert_ok(judge_half_layer(actual, expected, inputs, kind=case.kind, phase=case.phase, wiring=case.wiring,
+                               tp=case.tp, block_size=case.config.block_size, scores=scores,
+                               reference_for=lambda selection: for_selection(inputs, selection, **_call(case))))
