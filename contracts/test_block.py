@@ -318,3 +318,43 @@ def test_the_chain_and_the_sharded_block_compose_the_backends_own_operators(back
     ref = op(backend, "decode_block_sharded")(_to_slabs(i["x_hc"], tp, 3), _to_slabs(i["incoming_pre_mix"], tp, 3),
                                               i["attention_inputs"], *w, kind=LayerKind.SWA, tp=tp, config=C)
     assert torch.equal(out["x_hc"], ref["x_hc"])
+
+
+def test_the_blocks_moe_sums_shared_then_routed_in_slot_order(backend):
+    """The Block's MoE judged on its own input (the backend's ffn_input), with experts built so the summation
+    order shows: a zero router (equal route weights), a bias that puts experts 0..5 in slots 0..5, shared W1/W3,
+    slot 0's W2 +2^50 (ones), slot 1's -2^50, slot 2's O(1). In slot order the shared output is absorbed by slot
+    0 and slot 1 cancels it exactly, leaving slot 2's output; reversed, slot 2's is absorbed and the row is 0 --
+    a difference far past MO-06's budget. The expected rows are computed here from moe_gate and moe_expert, not
+    from the Block's own MoE. Spec: MO-09, MO-14."""
+    from contracts.checks.moe import check_moe_rows
+    from contracts.separation import separates
+    from kernels.reference.moe import ExpertWeights
+
+    kind = LayerKind.SWA
+    i = block_inputs(kind, seed=5)
+    g = torch.Generator().manual_seed(22)
+    e, d, inter = C.n_routed_experts, C.hidden_size, C.moe_intermediate_size
+    w1, w3 = torch.randn(inter, d, generator=g) / d**0.5, torch.randn(inter, d, generator=g) / d**0.5
+    big = torch.ones(d, inter) * 2.0**50
+    w2s = [big, -big, torch.randn(d, inter, generator=g)] + [torch.zeros(d, inter)] * (e - 3)
+    experts = [ExpertWeights(w1.bfloat16().float(), w3.bfloat16().float(), w2) for w2 in w2s]
+    shared = ExpertWeights(w1.bfloat16().float(), w3.bfloat16().float(), torch.randn(d, inter, generator=g))
+    router, bias = torch.zeros(e, d), torch.arange(e, 0, -1, dtype=torch.float32)
+    i = dict(i, router=router, bias=bias, experts=experts, shared=shared)
+    got = run(op(backend, "decode_block"), i, kind)
+    x = got["ffn_input"]
+    weights, ids = REF.get("moe_gate")(x, router, bias, config=C)
+    s = REF.get("moe_expert")(x, shared, None, config=C)
+    r = [REF.get("moe_expert")(x, experts[int(ids[0, j])], weights[:, j], config=C) for j in range(ids.shape[1])]
+
+    def in_order(first, parts):
+        total = first
+        for p in parts:
+            total = total + p
+        return total.to(torch.bfloat16)
+
+    want = separates("the Block's MoE: shared, then routed in slot order, one BF16 cast", in_order(s, r),
+                     reversed_slots=in_order(s, r[::-1]), routed_before_shared=in_order(r[0], [*r[1:], s]))
+    result = check_moe_rows(got["ffn_output"].to(torch.bfloat16), want, x.shape[0], name="ffn_output")
+    assert result.ok, result.message()

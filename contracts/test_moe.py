@@ -603,3 +603,49 @@ def test_prefill_rows_have_one_owner_per_tp_group_and_the_group_sum_restores_the
     assert not check_ffn_owned(drift, full, owners, 6, group_base=4).ok
     with pytest.raises(ContractInputError, match="token owners"):
         prefill_token_owners(4, rank=0, tp=3)
+
+
+def test_the_combine_sums_shared_then_routed_in_slot_order(backend):
+    """Hand vector: every routed expert shares W1 and W3 and the router is zero (equal route weights), the bias
+    puts experts 0..5 in slots 0..5. Expert 0's W2 is +2^40 (all ones), expert 1's -2^40, expert 2's small,
+    3..5 zero. In slot order the shared output S is absorbed by slot 0's 2^40·Σh and slot 1 cancels it exactly,
+    so the row is slot 2's C; in reversed slot order C is absorbed instead and the row is 0. Computed
+    alternatives: reversed slots, routed before shared, a pairwise tree over the slots. Spec: MO-09 (shared +
+    Σ_k routed in FP32, one BF16 cast)."""
+    from contracts.separation import separates
+
+    g = torch.Generator().manual_seed(21)
+    d, inter, e = C.hidden_size, C.moe_intermediate_size, C.n_routed_experts
+    w1, w3 = torch.randn(inter, d, generator=g) / d**0.5, torch.randn(inter, d, generator=g) / d**0.5
+    big = torch.ones(d, inter) * 2.0**40
+    small = torch.randn(d, inter, generator=g) * 0.01
+    w2s = [big, -big, small] + [torch.zeros(d, inter)] * (e - 3)
+    experts = [ExpertWeights(w1, w3, w2) for w2 in w2s]
+    shared = ExpertWeights(w1 * 0.5, w3, torch.randn(d, inter, generator=g) * 0.01)
+    x = torch.randn(4, d, generator=g).to(torch.bfloat16)
+    bias = torch.arange(e, 0, -1, dtype=torch.float32)
+    weights, ids = REF.get("moe_gate")(x, torch.zeros(e, d), bias, config=C)
+    assert ids[:, :3].tolist() == [[0, 1, 2]] * 4 and bool((weights == weights[0, 0]).all())
+    s = REF.get("moe_expert")(x, shared, None, config=C)
+    r = [REF.get("moe_expert")(x, experts[int(ids[0, j])], weights[:, j], config=C) for j in range(ids.shape[1])]
+
+    def in_order(first, parts):
+        total = first
+        for p in parts:
+            total = total + p
+        return total.to(torch.bfloat16)
+
+    def pairwise(parts):
+        level = list(parts)
+        while len(level) > 1:
+            level = [level[i] + level[i + 1] if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
+        return level[0]
+
+    want = separates("shared, then routed in slot order, FP32, one BF16 cast", in_order(s, r),
+                     reversed_slots=in_order(s, r[::-1]), routed_before_shared=in_order(r[0], [*r[1:], s]),
+                     pairwise_slots=(s + pairwise(r)).to(torch.bfloat16))
+    assert bool(want.ne(0).any())
+    got = op(backend, "moe_ep")([x], [(weights, ids)], experts, shared, ep=1, num_tokens=4, config=C).outputs[0]
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), \
+        f"row 0 {got[0, :4].tolist()}, expected {want[0, :4].tolist()} (slot 2's output: slots 0 and 1 cancel " \
+        "after absorbing the shared output)"
