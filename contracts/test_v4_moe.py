@@ -330,3 +330,41 @@ def test_ep_inputs_are_refused_naming_the_field(backend):
         op(backend, "v4_moe_ep")(gates, [8, 8], i["routed"], i["shared"], ep=3, config=config)
     with pytest.raises(ContractInputError, match=r"num_tokens\[1\]"):
         op(backend, "v4_moe_ep")(gates, [8, 9], i["routed"], i["shared"], ep=2, config=config)
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+def test_the_ep_combine_sums_shared_then_routed_in_slot_order(backend, config):
+    """Through v4_moe_ep at one rank, with a gate given as data: every token routes to experts 0..k-1 in slot
+    order with equal weights. Experts 0 and 1 are one expert with W2 scales +2^50 and -2^50 (their outputs are
+    exact negatives), expert 2 an ordinary one, the rest the same with W2 scale 0. In slot order the shared
+    output is absorbed by slot 0 and slot 1 cancels it, leaving slot 2's output; reversed, slot 2's is absorbed
+    and the row is 0. The alternatives are computed from the backend's own v4_expert rows. Spec: §8 (combine)."""
+    from dataclasses import replace
+
+    from contracts.separation import separates
+
+    g = torch.Generator().manual_seed(31)
+    k, n_exp = config.num_experts_per_tok, config.n_routed_experts
+    base = _expert(config, g)
+    big = torch.full_like(base.w2_scale, 2.0**50)
+    routed = [replace(base, w2_scale=big), replace(base, w2_scale=-big), _expert(config, g)]
+    routed += [replace(base, w2_scale=torch.zeros_like(big))] * (n_exp - 3)
+    shared = _expert(config, g)
+    x_i8, xs = _rows(config, g, 4)
+    gate = {"x_norm_i8": x_i8, "x_norm_scale": xs, "indices": torch.arange(k, dtype=torch.int32).repeat(4, 1),
+            "weights": torch.full((4, k), 1.0 / k)}
+    s = op(backend, "v4_expert")(x_i8, xs, None, shared, config=config).float()
+    r = [op(backend, "v4_expert")(x_i8, xs, gate["weights"][:, j], routed[j], config=config).float()
+         for j in range(k)]
+
+    def in_order(first, parts):
+        total = first
+        for p in parts:
+            total = total + p
+        return total.to(torch.bfloat16)
+
+    want = separates("V4 combine: shared, then routed in slot order, FP32, one BF16 cast", in_order(s, r),
+                     reversed_slots=in_order(s, r[::-1]), routed_before_shared=in_order(r[0], [*r[1:], s]))
+    out = op(backend, "v4_moe_ep")([gate], [4], routed, shared, ep=1, config=config)["ffn_out"][0]
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16)), \
+        f"row 0 {out[0, :4].tolist()}, expected {want[0, :4].tolist()} (slots 0 and 1 cancel, slot 2 remains)"

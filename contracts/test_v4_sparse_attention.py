@@ -458,3 +458,45 @@ def test_a_prefill_chunk_is_one_request_with_zero_padding_rows(backend):
     for bad in (-1, 129, True):
         with pytest.raises(ContractInputError, match="num_tokens"):
             attention("HCA", *(i[n] for n in names), config=config, seq=128, num_tokens=bad)
+
+
+def test_the_group_partials_are_summed_in_group_order(backend):
+    """Through v4_output_projection (nope dims only): the latents of groups 0..3 are 1, +2^40, -2^40 and 2, the
+    rest 0, and channel 0 reads latent column 0 of groups 0..3. In group order 1 is absorbed by 2^40, which -2^40
+    cancels, and the channel is 2; in reversed order 2 is absorbed instead and the channel is 1; a pairwise tree
+    absorbs both and gives 0. Spec: §8 (each group's exact integer partial, rounded to FP32, then summed)."""
+    from contracts.separation import separates
+    from kernels.v4.mtp import int8_matmul, quantize_rows_int8
+
+    config = V4_PRO_TINY
+    t, h, d = config.decode_tokens, config.num_attention_heads, config.head_dim
+    groups, lora = config.o_groups, config.o_lora_rank
+    group_in = h * d // groups
+    flat = torch.zeros(t, groups, group_in)
+    flat[:, 0, 0], flat[:, 1, 0], flat[:, 2, 0], flat[:, 3, 0] = 1.0, 2.0**40, -(2.0**40), 2.0
+    wo_a, wo_b, scale = _one_hot_projection(config)
+    wo_b[0] = 0
+    wo_b[0, 0], wo_b[0, lora], wo_b[0, 2 * lora], wo_b[0, 3 * lora] = 1, 1, 1, 1
+    latent = torch.einsum("tgk,gnk->tgn", flat.to(torch.bfloat16).double(), wo_a.double()).float()
+    codes, factor = quantize_rows_int8(latent, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
+    w = wo_b.reshape(config.hidden_size, groups, lora)
+    parts = [int8_matmul(codes[:, g], w[:, g]) * factor[:, g] for g in range(groups)]
+
+    def summed(order):
+        out = torch.zeros_like(parts[0])
+        for g in order:
+            out = out + parts[g]
+        return out[:, 0].to(torch.bfloat16)
+
+    def pairwise():
+        level = list(parts)
+        while len(level) > 1:
+            level = [level[i] + level[i + 1] if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
+        return level[0][:, 0].to(torch.bfloat16)
+
+    want = separates("group partials summed in group order", summed(range(groups)),
+                     reversed_groups=summed(reversed(range(groups))), pairwise_groups=pairwise())
+    ones, zeros = torch.ones(t, 16, dtype=torch.bfloat16), torch.zeros(t, 16, dtype=torch.bfloat16)
+    out = op(backend, "v4_output_projection")(flat.reshape(t, h, d).to(torch.bfloat16), ones, zeros, wo_a, wo_b,
+                                              scale, config=config)
+    assert torch.equal(out[:, 0], want) and out[0, 0].item() == 2.0, f"channel 0: {out[:, 0].tolist()}"
