@@ -73,6 +73,23 @@ def bf16_once(x: torch.Tensor | float) -> torch.Tensor:
     return torch.where(v == 0, v, torch.round(v * torch.exp2(8.0 - e)) * torch.exp2(e - 8.0)).float()
 
 
+def running_sum(parts, start=None) -> torch.Tensor:
+    """``start`` (or zero) plus each part in the order given, in the parts' dtype: a loop's summation order."""
+    parts = list(parts)
+    total = torch.zeros_like(parts[0]) if start is None else start
+    for p in parts:
+        total = total + p
+    return total
+
+
+def pairwise_sum(parts) -> torch.Tensor:
+    """((p0 + p1) + (p2 + p3)) + ...: a tree reduction, the usual other order."""
+    level = list(parts)
+    while len(level) > 1:
+        level = [level[i] + level[i + 1] if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
+    return level[0]
+
+
 def separating_fraction(examples, rule, *alternatives) -> dict[str, float]:
     """For a property strategy: the fraction of ``examples`` on which each alternative's bytes differ from
     ``rule``'s (callables of one example). A byte-exact property whose strategy never separates an alternative

@@ -328,7 +328,7 @@ def test_the_blocks_moe_sums_shared_then_routed_in_slot_order(backend):
     a difference far past MO-06's budget. The expected rows are computed here from moe_gate and moe_expert, not
     from the Block's own MoE. Spec: MO-09, MO-14."""
     from contracts.checks.moe import check_moe_rows
-    from contracts.separation import separates
+    from contracts.separation import running_sum, separates
     from kernels.reference.moe import ExpertWeights
 
     kind = LayerKind.SWA
@@ -348,13 +348,8 @@ def test_the_blocks_moe_sums_shared_then_routed_in_slot_order(backend):
     s = REF.get("moe_expert")(x, shared, None, config=C)
     r = [REF.get("moe_expert")(x, experts[int(ids[0, j])], weights[:, j], config=C) for j in range(ids.shape[1])]
 
-    def in_order(first, parts):
-        total = first
-        for p in parts:
-            total = total + p
-        return total.to(torch.bfloat16)
-
-    want = separates("the Block's MoE: shared, then routed in slot order, one BF16 cast", in_order(s, r),
-                     reversed_slots=in_order(s, r[::-1]), routed_before_shared=in_order(r[0], [*r[1:], s]))
+    want = separates("the Block's MoE: shared, then routed in slot order, one BF16 cast", running_sum(r, s).bfloat16(),
+                     reversed_slots=running_sum(r[::-1], s).bfloat16(),
+                     routed_before_shared=running_sum([*r[1:], s], r[0]).bfloat16())
     result = check_moe_rows(got["ffn_output"].to(torch.bfloat16), want, x.shape[0], name="ffn_output")
     assert result.ok, result.message()

@@ -612,7 +612,7 @@ def test_the_combine_sums_shared_then_routed_in_slot_order(backend):
     so the row is slot 2's C; in reversed slot order C is absorbed instead and the row is 0. Computed
     alternatives: reversed slots, routed before shared, a pairwise tree over the slots. Spec: MO-09 (shared +
     Σ_k routed in FP32, one BF16 cast)."""
-    from contracts.separation import separates
+    from contracts.separation import pairwise_sum, running_sum, separates
 
     g = torch.Generator().manual_seed(21)
     d, inter, e = C.hidden_size, C.moe_intermediate_size, C.n_routed_experts
@@ -629,21 +629,10 @@ def test_the_combine_sums_shared_then_routed_in_slot_order(backend):
     s = REF.get("moe_expert")(x, shared, None, config=C)
     r = [REF.get("moe_expert")(x, experts[int(ids[0, j])], weights[:, j], config=C) for j in range(ids.shape[1])]
 
-    def in_order(first, parts):
-        total = first
-        for p in parts:
-            total = total + p
-        return total.to(torch.bfloat16)
-
-    def pairwise(parts):
-        level = list(parts)
-        while len(level) > 1:
-            level = [level[i] + level[i + 1] if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
-        return level[0]
-
-    want = separates("shared, then routed in slot order, FP32, one BF16 cast", in_order(s, r),
-                     reversed_slots=in_order(s, r[::-1]), routed_before_shared=in_order(r[0], [*r[1:], s]),
-                     pairwise_slots=(s + pairwise(r)).to(torch.bfloat16))
+    want = separates("shared, then routed in slot order, FP32, one BF16 cast", running_sum(r, s).bfloat16(),
+                     reversed_slots=running_sum(r[::-1], s).bfloat16(),
+                     routed_before_shared=running_sum([*r[1:], s], r[0]).bfloat16(),
+                     pairwise_slots=(s + pairwise_sum(r)).bfloat16())
     assert bool(want.ne(0).any())
     got = op(backend, "moe_ep")([x], [(weights, ids)], experts, shared, ep=1, num_tokens=4, config=C).outputs[0]
     assert torch.equal(got.view(torch.int16), want.view(torch.int16)), \

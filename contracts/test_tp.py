@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from contracts.backends import torch_backend
 from contracts.plugin import op
+from contracts.separation import pairwise_sum, running_sum
 from kernels.sequence_parallel import sequence_parallel_bounds
 
 REF = torch_backend()
@@ -20,10 +21,7 @@ REF = torch_backend()
 
 # the plausible other reductions of FP32 partials to one BF16 tensor (each as the kernel would return it)
 def rank_order(parts):  # the rule: FP32 sum in rank order, one cast
-    total = torch.zeros_like(parts[0])
-    for p in parts:
-        total += p
-    return total.bfloat16()
+    return running_sum(parts).bfloat16()
 
 
 def reversed_order(parts):
@@ -31,10 +29,7 @@ def reversed_order(parts):
 
 
 def pairwise_tree(parts):  # a ring/tree all-reduce: ((p0 + p1) + (p2 + p3)) ...
-    level = list(parts)
-    while len(level) > 1:
-        level = [level[i] + level[i + 1] if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
-    return level[0].bfloat16()
+    return pairwise_sum(parts).bfloat16()
 
 
 def exact_sum(parts):  # FP64 accumulation, one cast

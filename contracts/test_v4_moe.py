@@ -341,7 +341,7 @@ def test_the_ep_combine_sums_shared_then_routed_in_slot_order(backend, config):
     and the row is 0. The alternatives are computed from the backend's own v4_expert rows. Spec: §8 (combine)."""
     from dataclasses import replace
 
-    from contracts.separation import separates
+    from contracts.separation import running_sum, separates
 
     g = torch.Generator().manual_seed(31)
     k, n_exp = config.num_experts_per_tok, config.n_routed_experts
@@ -357,14 +357,9 @@ def test_the_ep_combine_sums_shared_then_routed_in_slot_order(backend, config):
     r = [op(backend, "v4_expert")(x_i8, xs, gate["weights"][:, j], routed[j], config=config).float()
          for j in range(k)]
 
-    def in_order(first, parts):
-        total = first
-        for p in parts:
-            total = total + p
-        return total.to(torch.bfloat16)
-
-    want = separates("V4 combine: shared, then routed in slot order, FP32, one BF16 cast", in_order(s, r),
-                     reversed_slots=in_order(s, r[::-1]), routed_before_shared=in_order(r[0], [*r[1:], s]))
+    want = separates("V4 combine: shared, then routed in slot order, FP32, one BF16 cast",
+                     running_sum(r, s).bfloat16(), reversed_slots=running_sum(r[::-1], s).bfloat16(),
+                     routed_before_shared=running_sum([*r[1:], s], r[0]).bfloat16())
     out = op(backend, "v4_moe_ep")([gate], [4], routed, shared, ep=1, config=config)["ffn_out"][0]
     assert torch.equal(out.view(torch.int16), want.view(torch.int16)), \
         f"row 0 {out[0, :4].tolist()}, expected {want[0, :4].tolist()} (slots 0 and 1 cancel, slot 2 remains)"

@@ -465,7 +465,7 @@ def test_the_group_partials_are_summed_in_group_order(backend):
     rest 0, and channel 0 reads latent column 0 of groups 0..3. In group order 1 is absorbed by 2^40, which -2^40
     cancels, and the channel is 2; in reversed order 2 is absorbed instead and the channel is 1; a pairwise tree
     absorbs both and gives 0. Spec: §8 (each group's exact integer partial, rounded to FP32, then summed)."""
-    from contracts.separation import separates
+    from contracts.separation import pairwise_sum, running_sum, separates
     from kernels.v4.mtp import int8_matmul, quantize_rows_int8
 
     config = V4_PRO_TINY
@@ -482,20 +482,9 @@ def test_the_group_partials_are_summed_in_group_order(backend):
     w = wo_b.reshape(config.hidden_size, groups, lora)
     parts = [int8_matmul(codes[:, g], w[:, g]) * factor[:, g] for g in range(groups)]
 
-    def summed(order):
-        out = torch.zeros_like(parts[0])
-        for g in order:
-            out = out + parts[g]
-        return out[:, 0].to(torch.bfloat16)
-
-    def pairwise():
-        level = list(parts)
-        while len(level) > 1:
-            level = [level[i] + level[i + 1] if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
-        return level[0][:, 0].to(torch.bfloat16)
-
-    want = separates("group partials summed in group order", summed(range(groups)),
-                     reversed_groups=summed(reversed(range(groups))), pairwise_groups=pairwise())
+    want = separates("group partials summed in group order", running_sum(parts)[:, 0].bfloat16(),
+                     reversed_groups=running_sum(parts[::-1])[:, 0].bfloat16(),
+                     pairwise_groups=pairwise_sum(parts)[:, 0].bfloat16())
     ones, zeros = torch.ones(t, 16, dtype=torch.bfloat16), torch.zeros(t, 16, dtype=torch.bfloat16)
     out = op(backend, "v4_output_projection")(flat.reshape(t, h, d).to(torch.bfloat16), ones, zeros, wo_a, wo_b,
                                               scale, config=config)
