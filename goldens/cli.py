@@ -622,9 +622,11 @@ def doctor_report(store_spec: str, pypto_lib: str | None) -> list[tuple[str, str
 
     rows.append(("info", "worker python", " ".join(worker_python()) + (f" (${PYTHON_ENV})" if PYTHON_ENV in
                                                                          os.environ else " (this interpreter)")))
-    # the toolchain is the worker's Python's, whatever the checkout: checked even without one (an empty folder)
+    # the toolchain is the worker's Python's, whatever the checkout: checked even without one -- first by one
+    # import in that Python (no worker to start when it is missing), then through a worker on an empty folder
     probe = root or Path(tempfile.mkdtemp(prefix="pto-doctor-"))
-    reason = pb.detect_toolchain(probe)
+    reason = None if root is not None else _quick_toolchain_reason(worker_python())
+    reason = reason or pb.detect_toolchain(probe)
     if reason:
         rows.append(("MISSING", "pypto toolchain", reason + " (build it with scripts/a5sim-setup.sh --sources DIR "
                                                            f"and set {PYTHON_ENV}=PREFIX/bin/python; the PyPI "
@@ -672,6 +674,20 @@ def doctor_report(store_spec: str, pypto_lib: str | None) -> list[tuple[str, str
                  "none stale" if not stale else f"{len(stale)} stale ({', '.join(stale[:4])}...): goldens replay "
                  "says whether each moves within its comparators"))
     return rows
+
+
+def _quick_toolchain_reason(python: list[str]) -> str | None:
+    """Why upstream's pypto toolchain does not import in ``python`` (one line), or None when it does."""
+    import subprocess
+
+    try:
+        proc = subprocess.run([*python, "-c", "import pypto.language"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"the worker Python {' '.join(python)} does not run ({exc})"
+    if proc.returncode == 0:
+        return None
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return f"upstream pypto toolchain not installed (import pypto.language failed: {last})"
 
 
 def cmd_doctor(args) -> int:
