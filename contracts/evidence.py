@@ -58,6 +58,15 @@ def ordered(t: torch.Tensor) -> torch.Tensor:
     return torch.where(bits < 0, -(bits + sign), bits)
 
 
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equal, dtype and shape included (a NaN equals the same NaN, which torch.equal denies)."""
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.detach().contiguous().reshape(-1).view(torch.uint8),
+                       b.detach().contiguous().reshape(-1).view(torch.uint8))
+
+
 # E2M1 magnitudes by 3-bit code (spec §2.2); bit 3 is the sign.
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 

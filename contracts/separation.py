@@ -17,17 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from contracts.evidence import same_bytes
+
 PINNED: dict[str, tuple[str, ...]] = {}  # rule -> the alternatives it was separated from (this process)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = torch.as_tensor(t)
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a, b = torch.as_tensor(a), torch.as_tensor(b)
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
 
 
 def separates(rule: str, expected: torch.Tensor, **alternatives: torch.Tensor) -> torch.Tensor:

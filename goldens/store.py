@@ -275,6 +275,7 @@ class GoldenStore:
         self.read_cache = None if read_cache is None else Path(read_cache)
         self.retries = 0  # optimistic commits (S3) this handle reran because the branch had moved
         self._locked = False  # this handle holds the store's lock
+        self._verified: dict[str, tuple[int, int, str]] = {}  # snapshot -> (size, mtime_ns, sha256) hashed here
 
     # ---- repository ---------------------------------------------------------
     def exists(self) -> bool:
@@ -330,7 +331,7 @@ class GoldenStore:
         folder = self.root / REPO_DIR / "snapshots"
         for snapshot, want in self._sums().items():
             try:
-                got = hashlib.sha256((folder / snapshot).read_bytes()).hexdigest()
+                got = self._sha256(folder / snapshot)
             except FileNotFoundError:
                 continue
             if got != want and not self._locked:  # gc rewrites a file, then its sum, under the lock: wait
@@ -346,6 +347,16 @@ class GoldenStore:
                                        f"sha256 differs from {SUMS_NAME}); restore the store directory from version "
                                        "control or a backup")
 
+    def _sha256(self, path: Path) -> str:
+        """A snapshot file's sha256, hashed again only when its size or mtime moved (every open verifies)."""
+        st = path.stat()
+        known = self._verified.get(path.name)
+        if known is not None and known[:2] == (st.st_size, st.st_mtime_ns):
+            return known[2]
+        got = hashlib.sha256(path.read_bytes()).hexdigest()
+        self._verified[path.name] = (st.st_size, st.st_mtime_ns, got)
+        return got
+
     def _record_sums(self, *, rewritten: bool = False) -> None:
         """After a write, under the lock: sum the new snapshot files (every file when ``rewritten``: gc rewrites
         the parent of the oldest snapshot it keeps) and forget deleted ones."""
@@ -357,7 +368,7 @@ class GoldenStore:
         new = {k: v for k, v in sums.items() if k in files and not rewritten}
         for name, path in files.items():
             if name not in new:
-                new[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+                new[name] = self._sha256(path)
         if new != sums:
             tmp = self.root / f".{SUMS_NAME}.tmp"
             tmp.write_text(json.dumps(dict(sorted(new.items())), indent=0) + "\n")

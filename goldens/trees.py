@@ -86,12 +86,18 @@ def make_record(case: Case, wiring: str, seed: int, inputs: dict, outputs: dict,
                       arrays=arrays)
 
 
+def _reference_run(case: Case, inputs: dict, wiring: str) -> tuple[dict, set[str]]:
+    """The reference on a copy of ``inputs`` -> (outputs, the rule-table entries it looked up)."""
+    with watch_reads() as read:
+        outputs = case.reference(_clone(inputs), wiring)
+    return outputs, read
+
+
 def build_tree(case: Case, wiring: str, seed: int, source: str = "record") -> tuple[TreeRecord, dict, dict]:
     if wiring not in case.wirings:
         raise GoldenStoreError(f"case {case.name} has no {wiring} wiring (it has {list(case.wirings)})")
     inputs = case.build_inputs(seed, wiring)
-    with watch_reads() as read:
-        outputs = case.reference(_clone(inputs), wiring)
+    outputs, read = _reference_run(case, inputs, wiring)
     return make_record(case, wiring, seed, inputs, outputs, source=source, read=read), inputs, outputs
 
 
@@ -548,18 +554,13 @@ def _how_far(name: str, old: torch.Tensor, new: torch.Tensor) -> str:
             f"{unit}{'s' if top != 1 else ''}")
 
 
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-for-bit equal (a NaN equals the same NaN; torch.equal says it does not)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
-
-
 def classify_change(tree: LoadedTree, outputs: dict) -> Change:
     """A rounding change keeps every output within the tree's own comparator of the stored expected outputs (a
     kernel that matched the old goldens still matches the new ones), or moves it by at most one unit of its dtype;
     anything else is a rule change or a reference bug, and says which output moved and how."""
-    moved = [k for k in tree.expected if not _same_bytes(tree.expected[k], outputs[k])]
+    from contracts.evidence import same_bytes
+
+    moved = [k for k in tree.expected if not same_bytes(tree.expected[k], outputs[k])]
     if not moved:
         return Change("none")
     try:
@@ -593,8 +594,7 @@ def reference_outputs(tree: LoadedTree, read: set[str] | None = None) -> dict:
     """The current reference on the tree's stored inputs (the rule-table entries it looks up are added to
     ``read``); a reference that raises is a BackendFailure naming the tree (exit 3), never a traceback."""
     try:
-        with watch_reads() as seen:
-            out = tree.case.reference(_clone(tree.inputs), tree.record.wiring)
+        out, seen = _reference_run(tree.case, tree.inputs, tree.record.wiring)
         if read is not None:
             read |= seen
         return out
@@ -739,8 +739,7 @@ def _check_against_reference(case: Case, wiring: str, inputs: dict, outputs: dic
     and dtype the reference gives for those inputs (nothing is committed otherwise). Returns the reference's
     outputs; ``read`` gets the rule-table entries it looked up."""
     try:
-        with watch_reads() as seen:
-            want = case.reference(_clone(inputs), wiring)
+        want, seen = _reference_run(case, inputs, wiring)
         read |= seen
     except (ValueError, IndexError, RuntimeError, TypeError) as exc:
         raise GoldenStoreError(f"{base}: inputs refused by the {case.operator} reference: "

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from contracts.evidence import same_bytes
 from contracts.result import CheckResult, Violation, failed, passed
 from kernels.config import V41Config
 from kernels.reference import mhc
@@ -40,7 +41,7 @@ def check_hc_mixes_forced(device_x_hc: torch.Tensor, device_mixes: Sequence[mhc.
     for rank, other in enumerate(device_mixes[1:], start=1):
         for name in ("pre", "post", "residual"):
             a, b = getattr(other, name), getattr(first, name)
-            if a.shape != b.shape or not torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)):
+            if not same_bytes(a, b):
                 where = (~(a == b)).nonzero()[0].tolist() if a.shape == b.shape else []
                 return failed(check, spec, len(device_mixes), 1,
                               Violation(f"replica {rank} {name}", tuple(where), "differs", "replica 0's bytes",
