@@ -804,3 +804,35 @@ def test_a_chosen_tolerance_must_be_finite_and_in_range():
                        (dict(max_error_ratio=math.nan), "max_error_ratio"), (dict(rtol=True), "rtol")):
         with pytest.raises(ContractInputError, match=field):
             check_ratio_allclose(e, e, **{"atol": 1e-2, "rtol": 1e-2, **bad})
+
+
+def test_the_resident_sentinels_fail_on_any_written_byte_and_list_every_one():
+    """CQ-24: 2 ranks, 3 layers of 4 window pages, a global cache of 2 slots using 5 and 8 of 8 rows. All-zero
+    sentinels pass, and the used rows may hold anything. One byte of layer 1's last page on rank 1 fails naming
+    it; a -0.0 in slot 0's row 5 fails (a write, though it equals zero: a value comparison would pass it);
+    the last used row of slot 0 (row 4) written passes; both faults at once are both listed."""
+    from contracts.checks.cache import check_resident_sentinels
+
+    window = torch.zeros(2, 3, 4, 16, dtype=torch.uint8)
+    window[:, :, :3] = 7  # pages in use
+    cache = torch.zeros(2, 2, 8, 4)
+    cache[:, 0, :5] = 1.5
+    cache[:, 1] = 2.0  # slot 1 uses every row: no sentinel there
+    used = {"global_cache": (cache, [5, 8])}
+    assert check_resident_sentinels(window, used).ok
+    w = window.clone()
+    w[1, 1, 3, 9] = 1
+    r = check_resident_sentinels(w, used)
+    assert not r.ok and "window_sentinel_1 rank1" in r.message() and "row[9]" in r.message(), r.message()
+    c = cache.clone()
+    c[0, 0, 5, 2] = -0.0
+    assert bool((c[0, 0, 5:] == 0).all())  # the value comparison's reading: still zero
+    r = check_resident_sentinels(window, {"global_cache": (c, [5, 8])})
+    assert not r.ok and "global_cache_sentinel_0 rank0" in r.message(), r.message()
+    c2 = cache.clone()
+    c2[1, 0, 4] = 9.0
+    assert check_resident_sentinels(window, {"global_cache": (c2, [5, 8])}).ok
+    r = check_resident_sentinels(w, {"global_cache": (c, [5, 8])})
+    assert r.n_failed == 2 and "window_sentinel_1, global_cache_sentinel_0" in r.message(), r.message()
+    r = check_resident_sentinels(window, {"global_cache": (cache, [5])})
+    assert not r.ok and "one per slot (2)" in r.message(), r.message()

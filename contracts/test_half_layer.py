@@ -1,7 +1,7 @@
 """The caller contract of the attention half-layer entries (host side, before launch), on the backend's
 ``half_layer_call``: capacities, requests, the decode ``tokens == active`` rule with C2A Reuse's inactive
 suffix, the decode SWA leaf's TP8 refusal, and a C1A call's page bound and single DP group. Spec: §7.1;
-upstream_checks CH-03, CH-04, CH-09, SC-22, MD-30, SP-13.
+upstream_checks CH-03, CH-04, CH-09, SC-22, SC-27, MD-30, SP-13.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ ACCEPTED = [
     ("C1A_FULL", dict(phase="decode", tokens=128, pages=1), 128),  # one page holds 128 rows (CH-09)
     ("C1A_REUSE", dict(phase="decode", tokens=192, pages=2), 192),  # min(192, 2·128)
     ("C2A_FULL", dict(phase="decode", tokens=6, dp=2), 6),  # the one-DP-group rule is C1A's
+    ("SWA", dict(phase="decode", tokens=4, layer=1), 4),  # a layer of the entry's own kind (SC-27)
+    ("C1A_REINDEX", dict(phase="decode", tokens=4, layer=24), 4),
 ]
 REJECTED = [  # (kind, call, field, text the message must contain)
     ("C2A_FULL", dict(phase="decode", tokens=32, active=24), "active_tokens", "C2A_FULL decode"),
@@ -49,6 +51,13 @@ REJECTED = [  # (kind, call, field, text the message must contain)
     ("C1A_FULL", dict(phase="decode", tokens=129, pages=1), "tokens", "min(192, pages·128) = 1..128"),
     ("C1A_REINDEX", dict(phase="decode", tokens=4, pages=0), "pages", ">= 1"),
     ("C1A_FULL", dict(phase="decode", tokens=4, dp=2), "dp", "one DP group per C1A call"),
+    # SC-27: the neighbouring layer of another kind, in both directions of each pair that shares a family
+    ("SWA", dict(phase="decode", tokens=4, layer=2), "layer", "resolves to C2A_FULL"),
+    ("C2A_REUSE", dict(phase="decode", tokens=4, layer=8), "layer", "resolves to C2A_FULL"),
+    ("C2A_FULL", dict(phase="decode", tokens=4, layer=9), "layer", "resolves to C2A_REUSE"),
+    ("C1A_REUSE", dict(phase="decode", tokens=4, layer=24), "layer", "resolves to C1A_REINDEX"),
+    ("C1A_REINDEX", dict(phase="decode", tokens=4, layer=25), "layer", "resolves to C1A_REUSE"),
+    ("C1A_FULL", dict(phase="decode", tokens=4, layer=40), "layer", "0..39"),
 ]
 
 

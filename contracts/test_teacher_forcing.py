@@ -87,3 +87,104 @@ def test_the_hc_post_budget_fails_just_outside_it():
     broken[1, 0, 3] = float("nan")
     r = check_hc_post_forced(broken, sublayer, x, mixes.post, mixes.residual)
     assert not r.ok and "x_hc_out[1][0][3]" in r.message(), r.message()
+
+
+def test_the_mixes_structure_clauses_fail_alone():
+    """No replica at all fails (nothing ran is a failure); a replica whose post mix lost its last column fails on
+    the layout, naming it; a NaN residual coefficient fails as non-finite (the row bound, NaN > tol being
+    False, would pass it). Each on mixes that are otherwise the exact ones."""
+    x, function, scale, base = _weights(6)
+    exact = mhc.hc_mixes(x, function, scale, base, config=C)
+    r = check_hc_mixes_forced(x, [], function, scale, base, config=C)
+    assert not r.ok and "no replica" in r.message(), r.message()
+    short = mhc.Mixes(exact.pre, exact.post[:, :-1], exact.residual)
+    r = check_hc_mixes_forced(x, [short], function, scale, base, config=C)
+    assert not r.ok and "post.layout" in r.message(), r.message()
+    nan = mhc.Mixes(exact.pre, exact.post, exact.residual.clone())
+    nan.residual[1, 0, 0] = float("nan")
+    r = check_hc_mixes_forced(x, [nan], function, scale, base, config=C)
+    assert not r.ok and "residual[1]" in r.message() and "non-finite" in r.message(), r.message()
+
+
+def test_an_expanded_stream_of_the_wrong_layout_fails_on_it():
+    """The device's stream with one stream fewer than hc_mult fails on x_hc_out.layout, before any bound."""
+    x, function, scale, base = _weights(7)
+    mixes = mhc.hc_mixes(x, function, scale, base, config=C)
+    sublayer = torch.randn(x.shape[0], x.shape[2], generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    exact = mhc.hc_post(sublayer, x, mixes.post, mixes.residual)
+    assert check_hc_post_forced(exact, sublayer, x, mixes.post, mixes.residual).ok
+    r = check_hc_post_forced(exact[:, :-1], sublayer, x, mixes.post, mixes.residual)
+    assert not r.ok and "x_hc_out.layout" in r.message(), r.message()
+
+
+def _gathered_case():
+    from contracts.half_layer_cases import HalfLayerCase, build
+    from kernels.config import LayerKind
+
+    case = HalfLayerCase(LayerKind.C1A_FULL, "decode", "sharded", 2)
+    return case, build(case)
+
+
+def test_a_sharded_selection_is_judged_by_the_scores_of_the_devices_own_gather():
+    """IX-13. A sharded C1A FULL call whose device gathered token 0's row negated (a mis-mapped gather, which the
+    gather's own clause fails) and selected exactly the Top-K of what it gathered: through the replay comparator
+    (contracts.compare.half_layer) its Top-K verdict passes, because the cutoff rule rebuilds the scores from the
+    device's gather. The same selection judged by the reference's scores (the stored slabs) fails: computed here,
+    so rebuilding from the stored inputs instead is caught."""
+    from contracts.checks.attention import judge_half_layer
+    from contracts.checks.teacher import forced_index_input
+    from contracts.compare import Context, half_layer
+    from kernels.reference.attention_layer import attention_half_layer, with_reference_scores
+
+    case, inputs = _gathered_case()
+    call = dict(kind=case.kind, phase=case.phase, wiring=case.wiring, tp=case.tp, config=case.config)
+    expected, ref_scores = with_reference_scores(inputs, **call)
+    device_gather = expected["gathered"].clone()
+    device_gather[0] = -device_gather[0]
+    forced = forced_index_input(inputs, {"gathered": device_gather}, wiring="sharded", tp=case.tp)
+    assert not torch.equal(forced["x"], inputs["x"])
+    device = attention_half_layer(forced, **call)
+    assert not torch.equal(device["topk_indices"], expected["topk_indices"]), "the gather moves no selection"
+    ctx = Context(inputs, device, expected, {"kind": case.kind.value, "phase": case.phase, "tp": case.tp,
+                                             "preset": "flash-tiny"}, wiring="sharded")
+    r = half_layer("topk_indices", device["topk_indices"], expected["topk_indices"], ctx)
+    assert r.ok, r.message()
+    plain = judge_half_layer(device, expected, inputs, kind=case.kind, phase=case.phase, wiring="sharded",
+                             tp=case.tp, block_size=case.config.block_size, scores=ref_scores, only="topk_indices")
+    assert not plain.ok and "cutoff swap" in plain.message(), plain.message()
+    r = half_layer("gathered", device["gathered"], expected["gathered"], ctx)
+    assert not r.ok, "the mis-mapped gather passed its own clause"
+
+
+def test_the_stage_is_judged_on_the_devices_own_input_and_reports_the_chain():
+    """AP-12 on a decode Block (C1A FULL): the backend's attention input drifted 3 % from the reference collapse
+    (an mHC stage's error, which bf16_stage judges) and its attention is exact on that input: the
+    ``attention_forced`` comparator passes its attention_hidden. Judged against the chain's expected output by the
+    same FP8 budget it fails (computed): that is the error teacher forcing keeps out of the attention's verdict.
+    The same output 25 % off the forced reference fails, and the cause reports the end-to-end difference."""
+    from contracts.compare import Context, attention_forced, fp8_budget
+    from goldens.cases import get_case
+    from kernels.reference.attention_layer import attention_half_layer
+    from kernels.reference.mhc import hc_mixes, hc_post
+
+    case = get_case("block_c1a_full")
+    inputs = case.build_inputs(0, "replicated")
+    expected = case.reference(inputs, "replicated")
+    g = torch.Generator().manual_seed(3)
+    drifted = (expected["attention_input"].float() * 1.03 + 0.03 * torch.randn(
+        expected["attention_input"].shape, generator=g)).to(torch.bfloat16)
+    p = case.params
+    attn = hc_mixes(inputs["x_hc"], inputs["attn_function"], inputs["attn_scale"], inputs["attn_base"], config=C)
+    out = attention_half_layer({**inputs, "x": drifted}, kind=p["kind"], phase="decode", wiring="replicated",
+                               tp=p["tp"], config=C)
+    hidden = hc_post(out["output"][0], inputs["x_hc"], attn.post, attn.residual)
+    actual = {**expected, "attention_input": drifted, "attention_hidden": hidden}
+    ctx = Context(inputs, actual, expected, p)
+    r = attention_forced("attention_hidden", hidden, expected["attention_hidden"], ctx)
+    assert r.ok, r.message()
+    plain = fp8_budget("attention_hidden", hidden, expected["attention_hidden"], ctx)
+    assert not plain.ok, "the drift does not move the attention past its budget: the input does not separate"
+    off = hidden + 0.25 * (hidden - hc_post(torch.zeros_like(out["output"][0]), inputs["x_hc"], attn.post,
+                                            attn.residual))
+    r = attention_forced("attention_hidden", off, expected["attention_hidden"], ctx)
+    assert not r.ok and "end-to-end relative L2" in r.message() and "not gated" in r.message(), r.message()

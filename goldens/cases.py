@@ -1117,8 +1117,8 @@ def _build_cases() -> dict[str, Case]:
                     HALF_LAYER_MODULES + ("kernels.reference.mhc", "kernels.reference.moe", "kernels.reference.block"),
                     _block_build(kind), lambda i, w: _block_call(block.decode_block, i, kind),
                     lambda b, i, w: _block_call(b.get("decode_block"), i, kind),
-                    lambda w: {"x_hc": "fp8_budget", "attention_hidden": "fp8_budget", "next_pre_mix": "hc_mix",
-                               "attention_input": "exact", "ffn_input": "ffn_input", "ffn_output": "fp8_budget"},
+                    lambda w: {"x_hc": "fp8_budget", "attention_hidden": "attention_forced", "next_pre_mix": "hc_mix",
+                               "attention_input": "bf16_stage", "ffn_input": "ffn_input", "ffn_output": "fp8_budget"},
                     params={"kind": kind.value, "phase": "decode", "tp": 2, "preset": "flash-tiny"})
 
     cases += [block_case(k) for k in (LayerKind.SWA, LayerKind.C2A_FULL, LayerKind.C1A_FULL)]

@@ -12,7 +12,7 @@ Spec: §7.1 (decode caller contract), §1 (deployment); upstream_checks CH-03, C
 
 from __future__ import annotations
 
-from kernels.config import FLASH, SUPPORTED_TP, LayerKind, V41Config
+from kernels.config import FLASH, SUPPORTED_TP, ConfigError, LayerKind, V41Config
 from kernels.errors import ContractInputError
 
 SPEC = "§7.1"
@@ -30,15 +30,25 @@ MAX_EPOCHS = 1000
 
 def check_half_layer_call(kind: LayerKind | str, *, phase: str, tokens: int, active: int | None = None,
                           requests: int = 1, tp: int = 1, epoch: int = 1, pages: int | None = None,
-                          dp: int = 1, config: V41Config = FLASH) -> int:
+                          dp: int = 1, layer: int | None = None, config: V41Config = FLASH) -> int:
     """Validate one half-layer call (``epoch``: the 1-based attention epoch the distributed output windows
     count, 1..1000); return the number of active tokens. A C1A call may also give the KV ``pages`` of its
-    request (>= 1; then tokens <= min(capacity, pages · block_size)) and runs one DP group (``dp`` 1).
-    Spec: §7.1, CH-03, CH-09."""
+    request (>= 1; then tokens <= min(capacity, pages · block_size)) and runs one DP group (``dp`` 1). A call
+    that names its ``layer`` must be that layer's kind in the schedule (a C2A REUSE entry is not run for a
+    C2A FULL layer). Spec: §7.1, CH-03, CH-09, SC-27."""
     try:
         kind = LayerKind(kind)
     except ValueError:
         raise ContractInputError("kind", None, f"one of {[k.value for k in LayerKind]}", repr(kind), SPEC) from None
+    if layer is not None:
+        try:
+            actual = config.layer_config(layer).kind
+        except ConfigError as exc:
+            raise ContractInputError("layer", None, f"a layer id of the schedule (0..{config.num_hidden_layers - 1})",
+                                     repr(layer), "SC-27") from exc
+        if actual is not kind:
+            raise ContractInputError("layer", None, f"a {kind.value} layer for the {kind.value} entry",
+                                     f"layer {layer}, which resolves to {actual.value}", "SC-27")
     if phase not in PHASES:
         raise ContractInputError("phase", None, f"one of {PHASES}", repr(phase), SPEC)
     where = f"{kind.value} {phase}"

@@ -94,11 +94,18 @@ def test_unavailable_reasons_are_one_line(monkeypatch, tmp_path):
     with pytest.raises(BackendError, match="comma-separated device ids"):
         get_backend("pypto", device="0,x")
     assert pb.parse_devices("3,1") == [3, 1] and pb.parse_devices(None) == [0]
-    for bad in ("1,1", "-1", ""):
+    for bad in ("1,1", "-1", "", "+1", " 1", "1_0", "0,", "\u0661"):  # int() takes "+1", " 1", "1_0" and "\u0661"
         with pytest.raises(BackendError, match="--device"):
             pb.parse_devices(bad)
     with pytest.raises(BackendError, match="runs on the CPU"):
         get_backend("torch", platform="a5")
+    # CH-22: the resident CED prefill takes --devices, else $TASK_DEVICE, and exactly four distinct ids
+    assert pb.resident_devices("4,5,6,7", {"TASK_DEVICE": "0,1,2,3"}) == [4, 5, 6, 7]
+    assert pb.resident_devices(None, {"TASK_DEVICE": "0,1,2,3"}) == [0, 1, 2, 3]
+    for given, env, text in ((None, {}, "TASK_DEVICE"), ("0,1,2", {}, "exactly 4"), ("0,1,2,3,4", {}, "exactly 4"),
+                             (None, {"TASK_DEVICE": "0,1,1,2"}, "distinct"), ("", {"TASK_DEVICE": "0,1,2,3"}, "4 devices")):
+        with pytest.raises(BackendError, match=text):
+            pb.resident_devices(given, env)
 
 
 def test_a_bound_operator_runs_through_upstreams_runner_and_matches_the_reference(fake_upstream):

@@ -25,6 +25,7 @@ The test double in ``tests/fake_upstream`` (marked by ``PTO_CONTRACTS_TEST_DOUBL
 
 from __future__ import annotations
 
+import os
 import tempfile
 from functools import partial
 from pathlib import Path
@@ -41,16 +42,38 @@ class UpstreamRunError(RuntimeError):
 
 
 def parse_devices(device: str | None) -> list[int]:
+    """``--device``: comma-separated device ids, each plain decimal digits (no sign, space or underscore, which
+    int() would accept), distinct. None gives [0]. Spec: upstream_checks CH-02, CH-10."""
     from contracts.backends import BackendError
 
     if device is None:
         return [0]
-    try:
-        ids = [int(d) for d in device.split(",")]
-    except ValueError:
-        raise BackendError(f"--device {device!r}: expected comma-separated device ids, e.g. 0 or 0,1") from None
-    if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+    parts = device.split(",")
+    if not all(p.isascii() and p.isdigit() for p in parts):
+        raise BackendError(f"--device {device!r}: expected comma-separated device ids of digits only, e.g. 0 or 0,1")
+    ids = [int(p) for p in parts]
+    if len(set(ids)) != len(ids):
         raise BackendError(f"--device {device!r}: ids must be distinct non-negative integers")
+    return ids
+
+
+RESIDENT_DEVICES = 4
+
+
+def resident_devices(devices: str | None, environ: dict | None = None) -> list[int]:
+    """The resident CED prefill's devices: ``--devices``, else ``$TASK_DEVICE`` (the task allocator's list), as
+    ``parse_devices`` reads them, and exactly four distinct ones (one per EP rank). Spec: upstream_checks CH-22."""
+    from contracts.backends import BackendError
+
+    env = os.environ if environ is None else environ
+    given = devices if devices is not None else env.get("TASK_DEVICE")
+    if not given:
+        raise BackendError(f"the resident CED prefill needs {RESIDENT_DEVICES} devices: give --devices or set "
+                           "TASK_DEVICE")
+    ids = parse_devices(given)
+    if len(ids) != RESIDENT_DEVICES:
+        raise BackendError(f"--device {given!r}: the resident CED prefill runs on exactly {RESIDENT_DEVICES} distinct "
+                           f"devices, got {len(ids)}")
     return ids
 
 

@@ -105,3 +105,32 @@ def check_unchanged(name: str, before: torch.Tensor, after: torch.Tensor) -> Che
     """Non-owner storage (payloads and FP8 scales alike) is byte-identical. Spec: §6 (compare_unchanged)."""
     rows = before.shape[0] if before.ndim else 1
     return check_bytes_outside(name, after, before, torch.zeros(rows, dtype=torch.bool))
+
+
+def check_resident_sentinels(window_cache: torch.Tensor, caches: dict[str, tuple[torch.Tensor, list[int]]]
+                             ) -> CheckResult:
+    """The resident CED's sentinel storage stays as allocated (zero bytes; a -0.0 is a write): the last window
+    page of every layer, ``window_cache`` [ranks, layers, pages, ...], and, for each cache of ``caches`` (name ->
+    (tensor [ranks, slots, rows, ...], the rows each slot uses)), every row of a slot from its used count on, on
+    every rank. A failure names the first sentinel written (cache, layer or slot, rank, element) and counts
+    them all; the note lists every failing sentinel as upstream's failure list does. Spec: upstream_checks CQ-24."""
+    check, spec = "check_resident_sentinels", "CQ-24"
+    regions = [(f"window_sentinel_{layer}", window_cache[:, layer, -1]) for layer in range(window_cache.shape[1])]
+    for name, (tensor, used) in caches.items():
+        if len(used) != tensor.shape[1]:
+            return failed(check, spec, 1, 1, Violation(f"{name}.used", (), f"{len(used)} counts",
+                                                       f"one per slot ({tensor.shape[1]})"))
+        regions += [(f"{name}_sentinel_{slot}", tensor[:, slot, n:]) for slot, n in enumerate(used)]
+    failures, first = [], None
+    for label, region in regions:
+        for rank in range(region.shape[0] if region.numel() else 0):
+            verdict = check_unchanged(f"{label} rank{rank}", torch.zeros_like(region[rank]), region[rank])
+            if not verdict.ok:
+                failures.append(label)
+                first = first or verdict.worst
+                break
+    if not failures:
+        return passed(check, spec, len(regions))
+    return failed(check, spec, len(regions), len(failures),
+                  Violation(first.field, first.index, first.actual, first.expected,
+                            note=f"sentinels written: {', '.join(failures)}"))

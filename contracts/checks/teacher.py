@@ -11,13 +11,21 @@ instead replay each stage of the reference on what the device fed that stage, so
   and mixes; the device's expanded stream within ``budget`` relative L2 (1 % after attention; a MoE chain passes
   its own budget).
 
-Spec: upstream_checks HC-09, HC-10 (prefill_layer.py compare_hc_mixes_output / compare_expanded_stream,
-prefill_c2a_full.py compare_x_hc_out).
+* ``check_stage_forced`` (AP-12): any stage (upstream: the attention after the mHC collapse) judged by its own
+  comparator against its reference re-run on the device's own stage input (with the state the stage started
+  from); the end-to-end difference against the reference chain is reported on failure, never gated.
+* ``forced_index_input`` (IX-13): the input the Top-K cutoff rule rebuilds its index scores from -- in the
+  sharded wiring the device's own all-gathered input, never the reference's gather of the slabs.
+
+Spec: upstream_checks HC-09, HC-10, AP-12, IX-13 (prefill_layer.py compare_hc_mixes_output /
+compare_expanded_stream, prefill_c2a_full.py compare_x_hc_out and StagedAttentionReference,
+decode_c1a_full.py hc_topk_indices_compare).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -88,3 +96,39 @@ def check_hc_post_forced(device_out: torch.Tensor, device_sublayer: torch.Tensor
                                 note=f"relative L2 against hc_post re-run on the device's own sublayer output; "
                                      f"worst token row {int(per_row.argmax())}"))
     return passed(check, spec, a.shape[0])
+
+
+def check_stage_forced(device_output: torch.Tensor, device_input: torch.Tensor,
+                       rerun: Callable[[torch.Tensor], torch.Tensor],
+                       judge: Callable[[torch.Tensor, torch.Tensor], CheckResult], *,
+                       chain_expected: torch.Tensor | None = None) -> CheckResult:
+    """``judge(device_output, rerun(device_input))``: the stage judged by its own comparator against its reference
+    re-run on what the device fed it. On a failure, the cause also gives the end-to-end relative L2 against
+    ``chain_expected`` (the reference chain's output), which is reported and never gated. Spec: AP-12."""
+    verdict = judge(device_output, rerun(device_input))
+    if verdict.ok or chain_expected is None:
+        return verdict
+    a, e = device_output.double(), chain_expected.double()
+    end = float((a - e).norm() / e.norm()) if a.shape == e.shape and float(e.norm()) > 0 else float("nan")
+    return dataclasses.replace(verdict, cause=(verdict.cause + "; " if verdict.cause else "") +
+                               f"judged against the stage re-run on the device's own input (teacher forcing); "
+                               f"end-to-end relative L2 {end:.3g} (reported, not gated)")
+
+
+def forced_index_input(inputs: dict, actual_outputs: dict, *, wiring: str, tp: int) -> dict:
+    """The half-layer inputs the Top-K cutoff rule rebuilds its index scores from (IX-13): in the sharded wiring
+    the slabs are rebuilt from the device's own all-gathered input (``actual_outputs["gathered"]``, active rows),
+    so a selection is judged on what the device attended from; otherwise (or when the device returned no
+    gather) the stored inputs. Spec: IX-13."""
+    gathered = actual_outputs.get("gathered")
+    if wiring != "sharded" or gathered is None or "x" not in inputs:
+        return inputs
+    from kernels.sequence_parallel import sequence_parallel_bounds
+
+    active, tokens = int(inputs["num_tokens"]), int(inputs["position_ids"].shape[0])
+    slabs = torch.zeros_like(inputs["x"])
+    if gathered.shape[0] < active or gathered.shape[-1] != slabs.shape[-1]:
+        return inputs  # a gather of the wrong layout fails its own clause; the scores stay the reference's
+    for rank, b in enumerate(sequence_parallel_bounds(active, tp, tokens)):
+        slabs[rank, :b.count] = gathered[b.first:b.first + b.count].to(slabs.dtype)
+    return {**inputs, "x": slabs}

@@ -1,0 +1,210 @@
+"""Drop each failure clause of the comparators that are not backend operators, and show a test fails.
+
+    .venv/bin/python -m tests.mutation.clauses                  # every clause, 2 workers (about 10 min)
+    .venv/bin/python -m tests.mutation.clauses --only 'contracts.checks.topk:*' --verbose
+    .venv/bin/python -m tests.mutation.clauses --list           # the clauses and the tests chosen for each
+
+``tests.mutation.run`` mutates the operator modules (kernels.*, contracts.checks.precision) through a shadow
+backend. The rest of the check library (cache, topk, moe, metadata, attention, teacher) is imported by the
+tests directly, so a mutant cannot be slipped in through a backend. Here each one is run in a shadow copy of
+the source tree instead: one ``if`` whose body reports a failure (``return failed(..)``, ``t.fail(..)``) has
+its condition replaced by ``False``, and the tests that reach the enclosing function (by name, through the
+module's own callers) run with ``-x`` in a fresh pytest process.
+
+A clause whose drop no test notices is a clause no test shows failing on its own (issue #26 item 2): with it
+gone every test still gets the verdict it asserts. Every survivor is printed with its location; exit code 0
+when every clause is killed, 1 otherwise, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import fnmatch
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = ("contracts.checks.cache", "contracts.checks.topk", "contracts.checks.moe", "contracts.checks.metadata",
+           "contracts.checks.attention", "contracts.checks.teacher")
+TEST_DIRS = ("contracts", "tests")
+COPY = ("contracts", "kernels", "goldens", "backends", "tests", "conftest.py", "pyproject.toml")
+
+
+@dataclass(frozen=True)
+class Clause:
+    module: str
+    func: str
+    line: int
+    source: str  # the condition, shortened
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}:{self.func}:{self.line}"
+
+
+def _path(module: str, root: Path = ROOT) -> Path:
+    return root / (module.replace(".", "/") + ".py")
+
+
+def _reports_failure(stmts: list[ast.stmt]) -> bool:
+    for s in stmts:
+        for n in ast.walk(s):
+            if isinstance(n, ast.Call):
+                f = n.func
+                if isinstance(f, ast.Name) and f.id == "failed" or isinstance(f, ast.Attribute) and f.attr == "fail":
+                    return True
+    return False
+
+
+def clauses_of(module: str) -> list[Clause]:
+    tree = ast.parse(_path(module).read_text())
+    out = []
+    for top in tree.body:
+        if not isinstance(top, ast.FunctionDef):
+            continue
+        for n in ast.walk(top):
+            if isinstance(n, ast.If) and _reports_failure(n.body):
+                text = ast.unparse(n.test)
+                out.append(Clause(module, top.name, n.lineno, text if len(text) < 70 else text[:67] + "..."))
+    return out
+
+
+def mutated(clause: Clause) -> str:
+    tree = ast.parse(_path(clause.module).read_text())
+    for n in ast.walk(tree):
+        if isinstance(n, ast.If) and n.lineno == clause.line:
+            n.test = ast.Constant(False)
+            return ast.unparse(tree)
+    raise LookupError(clause.key)
+
+
+def _callers(module: str, func: str) -> set[str]:
+    """``func`` and every function of the module that reaches it through the module's own functions."""
+    tree = ast.parse(_path(module).read_text())
+    uses = {n.name: {m.id for m in ast.walk(n) if isinstance(m, ast.Name)}
+            for n in tree.body if isinstance(n, ast.FunctionDef)}
+    reach, todo = {func}, [func]
+    while todo:
+        f = todo.pop()
+        for g, names in uses.items():
+            if f in names and g not in reach:
+                reach.add(g)
+                todo.append(g)
+    return reach
+
+
+def _test_index() -> dict[str, set[str]]:
+    """{pytest node id: names the test reaches, through the helpers of its own file, one level deep}."""
+    index = {}
+    for d in TEST_DIRS:
+        for path in sorted((ROOT / d).glob("test_*.py")):
+            tree = ast.parse(path.read_text())
+            helpers = {n.name: {m.id for m in ast.walk(n) if isinstance(m, ast.Name)} |
+                       {m.attr for m in ast.walk(n) if isinstance(m, ast.Attribute)}
+                       for n in tree.body if isinstance(n, ast.FunctionDef)}
+            for n in tree.body:
+                if isinstance(n, ast.FunctionDef) and n.name.startswith("test"):
+                    names = set(helpers[n.name])
+                    for h in list(names):
+                        if h in helpers and h != n.name:
+                            names |= helpers[h]
+                    index[f"{d}/{path.name}::{n.name}"] = names
+    return index
+
+
+def tests_for(clause: Clause, index: dict[str, set[str]]) -> list[str]:
+    reach = _callers(clause.module, clause.func)
+    return sorted(t for t, names in index.items() if names & reach)
+
+
+def _shadow() -> Path:
+    d = Path(tempfile.mkdtemp(prefix="pto-clauses-"))
+    for name in COPY:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, d / name, ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
+        else:
+            shutil.copy2(src, d / name)
+    (d / "artifacts").symlink_to(ROOT / "artifacts")
+    return d
+
+
+def _run(clause: Clause, tests: list[str], shadow: Path, timeout: float) -> tuple[str, str]:
+    target = _path(clause.module, shadow)
+    original = target.read_text()
+    target.write_text(mutated(clause))
+    try:
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", HYPOTHESIS_PROFILE="ci")
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *tests]
+        try:
+            proc = subprocess.run(cmd, cwd=shadow, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "killed (timeout)", ""
+        if proc.returncode == 0:
+            return "survived", ""
+        if proc.returncode == 1:
+            failed = [line.split(" ", 1)[1].split(" - ")[0] for line in proc.stdout.splitlines()
+                      if line.startswith("FAILED ")]
+            return "killed", failed[0] if failed else "(a test failed)"
+        return "error", (proc.stdout + proc.stderr).strip().splitlines()[-1:][0] if proc.stdout + proc.stderr else ""
+    finally:
+        target.write_text(original)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.mutation.clauses", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", action="append", metavar="GLOB", help="clauses whose key module:func:line matches")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per clause before it counts as killed")
+    p.add_argument("--list", action="store_true", help="list the clauses and the tests chosen for each, and exit")
+    p.add_argument("--verbose", "-v", action="store_true", help="the test that killed each clause")
+    args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error("--jobs must be at least 1")
+    index = _test_index()
+    work = [(c, tests_for(c, index)) for m in MODULES for c in clauses_of(m)
+            if not args.only or any(fnmatch.fnmatch(c.key, g) for g in args.only)]
+    if not work:
+        print("no clause matches --only", file=sys.stderr)
+        return 2
+    if args.list:
+        for c, tests in work:
+            print(f"{c.key}  if {c.source}  <- {len(tests)} tests")
+        return 0
+    shadows = [_shadow() for _ in range(args.jobs)]
+    start = time.monotonic()
+    results: dict[str, tuple[str, str]] = {}
+    try:
+        def job(i: int):
+            shadow = shadows[i % len(shadows)]
+            for k in range(i, len(work), len(shadows)):
+                c, tests = work[k]
+                results[c.key] = _run(c, tests, shadow, args.timeout) if tests else ("survived", "no test reaches it")
+        with ThreadPoolExecutor(len(shadows)) as pool:
+            list(pool.map(job, range(len(shadows))))
+    finally:
+        for s in shadows:
+            shutil.rmtree(s, ignore_errors=True)
+    killed = sum(1 for c, _ in work if results[c.key][0].startswith("killed"))
+    errors = [c for c, _ in work if results[c.key][0] == "error"]
+    survivors = [c for c, _ in work if results[c.key][0] == "survived"]
+    for c, _ in work:
+        outcome, detail = results[c.key]
+        if args.verbose or outcome != "killed":
+            print(f"{outcome:16} {c.key}  if {c.source}  {detail}")
+    print(f"{killed}/{len(work)} clauses killed, {len(survivors)} survived, {len(errors)} errors "
+          f"({time.monotonic() - start:.0f} s, {len(shadows)} workers)")
+    return 0 if not survivors and not errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
