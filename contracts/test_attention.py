@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from contracts.backends import torch_backend
 from contracts.checks.precision import check_row_precision
 from contracts.plugin import op
+from contracts.separation import separates
+from kernels.reference.attention import sparse_attention as reference_attention
 
 REF = torch_backend()
 
@@ -103,8 +105,15 @@ def test_sparse_attention_with_no_row_is_exactly_zero(backend):
     kv = torch.randn(8, 64, generator=g).to(torch.bfloat16)
     wi = torch.tensor([[-1] * 40, [3] + [-1] * 39], dtype=torch.int32)
     ci = torch.full((2, 5), -1, dtype=torch.int32)
-    out = op(backend, "sparse_attention")(q, kv, wi, kv, ci, torch.randn(16, generator=g) * 10)
+    sink = torch.randn(16, generator=g) * 10
+    out = op(backend, "sparse_attention")(q, kv, wi, kv, ci, sink)
     assert bool((out[0] == 0).all()), "a token with no selected row has a non-zero output"
+    # separates the rule from a -1 read as row 0 or as the last row, and from a softmax without the sink (0/0)
+    separates("AP-07 no row gives exactly zero", out[0],
+              clamps_to_row_0=reference_attention(q, kv, wi.clamp(min=0), kv, ci.clamp(min=0), sink)[0],
+              wraps_to_last_row=reference_attention(q, kv, torch.where(wi < 0, 7, wi), kv,
+                                                    torch.where(ci < 0, 7, ci), sink)[0],
+              sink_left_out=torch.full_like(out[0], float("nan")))
     assert bool((out[1] != 0).any()), "a token with one selected row has an all-zero output"
 
 
@@ -122,6 +131,12 @@ def test_sparse_attention_never_reads_unselected_rows(backend):
     attend = op(backend, "sparse_attention")
     out = attend(q, kv, wi, kv, ci, sink)
     assert bool(torch.isfinite(out).all()), "an unselected (NaN) cache row reached the output"
+    # the vector separates "-1 is no row" from a -1 read as a row: wrapped to the last (NaN) row, or clamped to
+    # row 0 (NaN too), computed with the reference attention
+    separates("§5.3 -1 selects no row", out,
+              wraps_to_last_row=reference_attention(q, kv, torch.where(wi < 0, 11, wi), kv,
+                                                    torch.where(ci < 0, 11, ci), sink),
+              clamps_to_row_0=reference_attention(q, kv, wi.clamp(min=0), kv, ci.clamp(min=0), sink))
     clean = kv.clone()
     clean[0], clean[5], clean[11] = 0.0, 0.0, 0.0
     assert torch.equal(out, attend(q, clean, wi, clean, ci, sink)), "unselected rows changed the output"

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from contracts.checks.cache import check_quantized_cache, check_state, check_unchanged
 from contracts.plugin import op
+from contracts.separation import separates
 from kernels import quant
 from kernels.cache import QuantCache, empty_cache, layouts
 from kernels.config import FLASH, FLASH_TINY
@@ -116,8 +117,21 @@ def test_read_decodes_the_whole_cache_to_bf16(backend, kind):
     out = op(backend, "cache_read")(cache)
     assert out.dtype == torch.bfloat16 and tuple(out.shape) == (2, lay.rows_per_block, 1, lay.logical_width)
     flat = out.reshape(-1, lay.logical_width).float()
-    want = quant.quant_dequant(values[[0, 2, 3]], lay.rule)
-    assert torch.equal(flat[[5, 0, 17]], want.bfloat16().float())
+    want = quant.quant_dequant(values, lay.rule).bfloat16().float()
+    blank = op(backend, "cache_read")(empty_cache(lay, 2)).reshape(-1, lay.logical_width).float()
+
+    def placed(rows):  # the blank cache with value row i at physical row rows[i] (None: not written)
+        full = blank.clone()
+        for i, r in enumerate(rows):
+            if r is not None:
+                full[r] = want[i]
+        return full
+
+    # value row i lands at its slot, -1 writes nothing: separated from a -1 that wraps to the last row and from
+    # rows written in value order
+    separates("§2.3 read: rows at their slots", flat, wraps_minus_one=placed([5, -1, 0, 17]),
+              value_order=placed([0, None, 1, 2]))
+    assert torch.equal(flat, placed([5, None, 0, 17]))
 
 
 @pytest.mark.parametrize("kind", QUANTIZED)

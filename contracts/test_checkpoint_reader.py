@@ -107,7 +107,12 @@ def test_the_reader_returns_stored_bytes_and_table_rows(tmp_path):
     assert torch.equal(reader.tensor("norm.weight").view(torch.int16), dense.view(torch.int16))
     got = reader.rows("embed.weight", torch.tensor([[3, 0, 3]], dtype=torch.int32))
     assert got.shape == (1, 3, 4) and got.dtype == torch.float8_e4m3fn
-    assert torch.equal(got[0].view(torch.uint8), table.view(torch.uint8)[[3, 0, 3]])
+    raw = table.view(torch.uint8)
+    # the rows in the order asked, repeats kept: separated from the rows sorted (the order they are read in) and
+    # from the unique rows only
+    separates("CQ-20 table rows in the order of the ids", got[0].view(torch.uint8), sorted_rows=raw[[0, 3, 3]],
+              unique_rows=raw[[0, 3]])
+    assert torch.equal(got[0].view(torch.uint8), raw[[3, 0, 3]])
 
 
 @pytest.mark.parametrize("case,match", [

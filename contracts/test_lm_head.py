@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from contracts.backends import torch_backend
 from contracts.checks.precision import LOGITS_TOL, check_greedy, check_logits
 from contracts.plugin import op
+from contracts.separation import separates
 from kernels.config import FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.reference.lm_head import lm_head_layout
@@ -112,6 +113,13 @@ def test_the_embedding_pack_clamps_ids_and_copies_rows_bit_exact(backend):
     ids = torch.tensor([5, -1, V, V + 7, 0], dtype=torch.int64)
     x = op(backend, "embed_pack")(ids, emb, config=C)
     assert x.shape == (5, C.hc_mult, D) and x.dtype == emb.dtype
+
+    def rows(ids_read):  # every stream holding the rows read
+        return emb[ids_read][:, None].expand(-1, C.hc_mult, -1)
+
+    # clamping both ends, separated from ids taken modulo the vocabulary and from a -1 that indexes from the end
+    separates("CQ-26 ids clamp to [0, vocab)", x.view(torch.int16), modulo=rows([5, V - 1, 0, 7, 0]).view(torch.int16),
+              negative_from_the_end=rows([5, V - 1, V - 1, V - 1, 0]).view(torch.int16))
     for t, row in enumerate([5, 0, V - 1, V - 1, 0]):
         for lane in range(C.hc_mult):
             assert torch.equal(x[t, lane].view(torch.int16), emb[row].view(torch.int16)), \

@@ -12,6 +12,8 @@ Spec: §1, §3; upstream_checks SC-19, SC-20, SC-21, MD-15..20, MD-23, AP-16.
 
 from __future__ import annotations
 
+from functools import partial
+
 from collections import Counter
 from dataclasses import replace
 
@@ -19,6 +21,7 @@ import pytest
 import torch
 
 from contracts.plugin import op
+from contracts.separation import separates
 from kernels.config import FLASH, LayerKind
 from kernels.errors import ContractInputError
 from kernels.metadata import paged_slots
@@ -117,6 +120,19 @@ def test_replay_window_metadata_equals_independent_paged_slots(backend):
     starts, positions, requests, kv, table = _fresh(lengths, seed=3, block=block)
     r = op(backend, "decoder_replay")(starts, positions, requests, kv, table, window=window, block_size=block)
     assert r.query_lens.tolist() == [min(n, window) for n in lengths]
+
+    def windows(newest_first=False, bounded=True, physical=True):  # the window rows under a rule variant
+        out = torch.full_like(r.window_indices, -1)
+        for i in range(r.position_ids.numel()):
+            b, p = int(r.token_to_req_indices[i]), int(r.position_ids[i])
+            first = max(int(r.replay_starts[b]), p - window + 1) if bounded else max(0, p - window + 1)
+            rows = [int(table[b, q // block]) * block + q % block if physical else q for q in range(first, p + 1)]
+            rows = rows[::-1] if newest_first else rows
+            out[i, :len(rows)] = torch.tensor(rows, dtype=out.dtype)
+        return out
+
+    separates("MD-15 replay window rows", r.window_indices, newest_first=windows(newest_first=True),
+              not_bounded_by_the_replay_start=windows(bounded=False), logical_positions=windows(physical=False))
     for i in range(r.position_ids.numel()):
         b, p = int(r.token_to_req_indices[i]), int(r.position_ids[i])
         first = max(int(r.replay_starts[b]), p - window + 1)
@@ -247,6 +263,11 @@ def test_a_resumed_request_replays_its_cached_tail_before_its_new_rows(backend):
     r = op(backend, "decoder_replay")(starts, positions, requests, kv, table, window=4, block_size=4,
                                       cached_tail_starts=tail)
     assert r.source_rows.tolist() == [3, 4, 0, 1, 5, 6], f"source_rows {r.source_rows.tolist()}"
+    new_rows, tail_rows = {0: [3, 4], 1: [5, 6]}, {1: [0, 1]}  # new rows follow the 3 cached tail rows
+    as_rows = partial(torch.tensor, dtype=r.source_rows.dtype)
+    separates("MD-18 a resumed request replays its cached tail first", r.source_rows,
+              new_rows_first=as_rows(new_rows[0] + new_rows[1] + tail_rows[1]),
+              new_rows_only=as_rows(new_rows[0] + new_rows[1]))
     assert r.query_lens.tolist() == [2, 4, 0] and r.replay_starts.tolist() == [0, 3, 3]
     assert r.position_ids.tolist() == [0, 1, 3, 4, 5, 6] and r.window_lens.tolist() == [1, 2, 1, 2, 3, 4]
     assert r.logit_row_indices.tolist() == [1, 5, -1] and r.compressed_lens.tolist() == [1, 2, 4, 5, 6, 7]
@@ -343,6 +364,19 @@ def test_the_ced_runs_encoder_then_one_publication_then_the_decoder_on_the_repla
     state, replay = run_prefill_decoder(out, starts, positions, requests, kv, table, publish, decoder_layer,
                                         cached_tail=tail, cached_tail_starts=torch.tensor([0, 0, 128]))
     assert calls == [("publish", 20, 131)] + [("decoder", i, 256) for i in range(20, 40)]
+
+    def coded(seq):  # a call list as a tensor: (kind, layer, rows)
+        return torch.tensor([({"encoder": 0, "publish": 1, "decoder": 2}[k], n, t) for k, n, t in seq])
+
+    decoder = [("decoder", i, 256) for i in range(20, 40)]
+    separates("MD-20 one publication, then the decoder on the replay rows", coded(calls),
+              publication_per_decoder_layer=coded([c for i in range(20, 40) for c in (("publish", i, 131),
+                                                                                      ("decoder", i, 256))]),
+              publication_after_the_decoder=coded(decoder + [("publish", 20, 131)]),
+              decoder_on_every_new_row=coded([("publish", 20, 131)] + [("decoder", i, 131) for i in range(20, 40)]))
+    separates("MD-18 cached tail rows before the new row", torch.tensor(seen["first"][128:]),
+              new_row_first=torch.tensor([130.0] + [1000.0 + r for r in range(1, 128)]),
+              first_tail_rows=torch.tensor([1000.0 + r for r in range(0, 127)] + [130.0]))
     assert seen["first"][:128] == list(range(2, 130)), "request 0 replays its last 128 new rows"
     assert seen["first"][128:] == [1000.0 + r for r in range(1, 128)] + [130.0], \
         "request 1 replays 127 cached tail rows then its one new row"

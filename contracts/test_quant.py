@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.plugin import op
+from contracts.separation import separates
 from contracts.strategies import mx_cases
 from kernels.quant import FP4_MIDPOINTS, RULES, e8m0_decode, half_step, unpack_fp4
 
@@ -275,7 +276,13 @@ def test_e8m0_encode_inverts_decode():
 
     codes = torch.arange(255, dtype=torch.uint8)
     assert torch.equal(e8m0_encode(e8m0_decode(codes)), codes)
-    assert e8m0_encode(torch.tensor([float("nan"), float("inf")])).tolist() == [255, 255]
+    special = e8m0_encode(torch.tensor([float("nan"), float("inf"), float("-inf")]))
+    assert special.tolist() == [255, 255, 255]
+    # non-finite -> the NaN code, separated from an Inf that saturates to the largest finite code (254) and from a
+    # sign-aware reading that sends -Inf to the smallest code (0); the round trip above is an identity, not a rule
+    separates("§2.2 E8M0 encodes every non-finite as NaN", special,
+              inf_saturates=torch.tensor([255, 254, 254], dtype=special.dtype),
+              negative_inf_to_zero_code=torch.tensor([255, 255, 0], dtype=special.dtype))
 
 
 @pytest.mark.parametrize("rule_name", RULE_NAMES)

@@ -20,6 +20,7 @@ from contracts.checks.topk import (
     selected_output_reference,
 )
 from contracts.plugin import op
+from contracts.separation import separates
 from contracts.strategies import IndexerCase, indexer_cases
 from kernels.config import FLASH, FLASH_TINY
 from kernels.reference import indexer as ref
@@ -206,6 +207,19 @@ def test_candidate_selection_smoke_at_flash_size(backend):
                                            topk_blocks=FLASH.candidate_topk_blocks, width=width)
     assert bool(mask[0, -8:].all()) and int(mask.sum()) <= 2048 * 8 and bool(mask[0, :8].all())
 
+    def blocks(kept):  # a mask keeping these 8-position blocks
+        m = torch.zeros_like(mask)
+        for b in kept:
+            m[0, b * 8:(b + 1) * 8] = 1
+        return m
+
+    # the block of the last visible position is forced in and takes one of the 2048 places: blocks 0..2046 and
+    # 2049; separated from the plain top 2048 (0..2047), from the forced block added on top (0..2047 and 2049),
+    # and from keeping every block of a row over budget
+    separates("IX-05 the last block is kept within the budget", mask, plain_top_k=blocks(range(2048)),
+              forced_block_on_top=blocks([*range(2048), 2049]), every_block=torch.ones_like(mask))
+    assert torch.equal(mask, blocks([*range(2047), 2049]))
+
 
 def test_indexer_scores_round_at_the_spec_boundaries():
     """One head, one key: score = bf16(bf16(relu(bf16(q.k)) * w)) exactly. The dot 3 + 0.251953125 rounds to
@@ -248,8 +262,13 @@ def test_index_head_weights_round_at_the_spec_boundaries():
 
 
 def test_reuse_takes_the_source_selection_as_given():
-    source = torch.tensor([[5, 9, -1]], dtype=torch.int32)
+    """REUSE copies the source layer's selection as given (no re-sort, no re-padding, no dtype change), into its own
+    storage. Separated from a re-sorted selection (-1 first), from the valid rows compacted to the front, and from
+    the source's INT64 widening."""
+    source = torch.tensor([[9, -1, 5, -1]], dtype=torch.int32)
     reused = ref.reuse_topk(source)
+    separates("IX-15 REUSE takes the source selection as given", reused, resorted=source.sort(-1).values,
+              compacted=torch.tensor([[9, 5, -1, -1]], dtype=torch.int32), widened=source.long())
     assert torch.equal(reused, source) and reused.data_ptr() != source.data_ptr()
 
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from contracts.plugin import op
+from contracts.separation import separates
 from kernels.config import V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
@@ -177,6 +178,11 @@ def test_csa_keeps_the_inner_state_out_of_the_main_pool(backend):
     assert torch.equal(res["inner_pool"], i_pool) and torch.equal(res["compressed"], m_out)
     assert torch.equal(res["index_key"], i_out)
     assert bool((res["main_pool"][2, 1:] == 7.0).all()), "rows after position 8 are untouched"
+    # each compressor through its own table: separated from each through the other's table (the tables name
+    # the pages in another order)
+    separates("§8 CSA pools through their own tables", torch.cat([res["main_pool"].flatten(), res["inner_pool"].flatten()]),
+              tables_swapped=torch.cat([_run(backend, x, pos, req, it, mp, main, 4, True)[2].flatten(),
+                                        _run(backend, x, pos, req, mt, ip, inner, 4, True)[2].flatten()]))
     calls = []
     inner_op = backend.get("v4_compressor")
 

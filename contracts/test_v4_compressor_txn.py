@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from contracts.plugin import op
+from contracts.separation import separates, separates_under
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
 
@@ -166,10 +167,19 @@ def test_positions_outside_the_valid_range_take_no_part(backend, begin, end):
     ranges = ranges.clone()
     ranges[0] = torch.tensor([begin, end])
     out = _step(backend, x, pos, ids, page_epochs, epochs, ranges, _slots(pos, ids, 4), pool, w, 4)[0]
-    _close(out, _independent(x, pos, ids, page_epochs, epochs, ranges, pool, w, 4), [1])
-    if end < 1 << 20:
-        full = _independent(x, pos, ids, page_epochs, epochs, torch.tensor([[6, 14], [0, 6]]), pool, w, 4)
-        assert float((out[1].double() - full[1]).abs().max()) > 1e-3, "the range made no difference"
+    want = _independent(x, pos, ids, page_epochs, epochs, ranges, pool, w, 4)
+    _close(out, want, [1])
+
+    def within(candidate, expected) -> bool:  # the bound _close applies
+        return float((candidate.double() - expected).abs()[[1]].max()) <= 1e-5
+
+    # the range's own window, separated from the ring's whole last window (the range ignored) and, for a range
+    # reaching past the step, from the window read one position further (position 16 on position 8's ring row)
+    alternatives = {"range_ignored": _independent(x, pos, ids, page_epochs, epochs, torch.tensor([[6, 14], [0, 6]]),
+                                                  pool, w, 4)} if end < 1 << 20 else {
+        "read_past_the_closing_position": _independent(x, pos + (pos >= 14).to(pos.dtype), ids, page_epochs, epochs,
+                                                       ranges, pool, w, 4)}
+    separates_under("§8 the valid range bounds the window", within, want, **alternatives)
 
 
 def test_this_steps_rows_overlay_the_state(backend):
@@ -293,6 +303,10 @@ def test_an_event_publishes_its_requests_row_with_the_events_rope_rows(backend):
     assert got.dtype == cmp_pool.dtype and torch.equal(got.view(torch.int16), want.view(torch.int16)), \
         "the event's rows did not publish the request's row"
     assert not torch.equal(want, cmp_pool), "nothing was published"
+    # the event a request names, separated from the closing requests' rank order (request 1 -> event 0, 2 -> 1)
+    separates("§8 a request publishes with the event it names", got.view(torch.int16),
+              closing_rank_order=op(backend, "v4_publish_events")(out, closes, slots, cmp_pool, torch.tensor([1, 0, 1]),
+                                                                  event_cos, event_sin, seq=SEQ).view(torch.int16))
 
 
 def test_a_request_without_an_event_publishes_nothing_under_the_current_rule(backend):
@@ -308,6 +322,12 @@ def test_a_request_without_an_event_publishes_nothing_under_the_current_rule(bac
     flat, before = got.reshape(-1, D), cmp_pool.reshape(-1, D)
     assert torch.equal(flat[0].view(torch.int16), before[0].view(torch.int16)), "a request without an event wrote"
     assert not torch.equal(flat[9], before[9]), "the request with an event did not publish"
+    events = torch.tensor([0, -1, 0])
+    separates("§8 no event publishes nothing (the current rule)", got.view(torch.int16),
+              zero_rope=publish(out, closes, slots, cmp_pool, events, event_cos, event_sin, seq=SEQ,
+                                no_event="zero_rope").view(torch.int16),
+              event_zero_by_default=publish(out, closes, slots, cmp_pool, events.clamp(min=0), event_cos, event_sin,
+                                            seq=SEQ).view(torch.int16))
     kernel = publish(out, closes, slots, cmp_pool, torch.tensor([-1, -1, 0]), event_cos, event_sin, seq=SEQ,
                      no_event="zero_rope")
     row = kernel.reshape(-1, D)[0]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from contracts.plugin import op
+from contracts.separation import separates, separates_under
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.gate import GATE_M_TILE, v4_gate
@@ -125,6 +126,14 @@ def test_the_bias_chooses_but_does_not_weigh(backend):
     n = i["num_tokens"]
     assert bool((out["indices"][:n, :2].sort(-1).values == torch.tensor([3, 11], dtype=torch.int32)).all())
     _judge(config, out, want, i)
+    # separated from weights taken from the biased scores (the bias would then weigh as well as choose), and from
+    # biased weights left unnormalized; judged within 1e-4 of the rule's weights
+    biased = torch.gather(want["biased"], 1, want["routes"])
+    unbiased = torch.gather(want["biased"] - i["gate_bias"].double(), 1, want["routes"])
+    separates_under("§8 the bias chooses, the unbiased scores weigh",
+                    lambda c, e: bool(((c.double() - e).abs() <= 1e-4).all()), want["weights"],
+                    biased_weights=biased / biased.sum(-1, keepdim=True) * config.routed_scaling_factor,
+                    unnormalized=unbiased * config.routed_scaling_factor)
     sums = out["weights"][:n].double().sum(-1)
     assert bool(((sums - config.routed_scaling_factor).abs() < 1e-5).all()), f"weights sum to {sums.tolist()}"
 

@@ -18,6 +18,7 @@ import torch
 
 from contracts.checks.topk import V4_DECODE_TAIL, V4_LOWEST, check_v4_index_scores, check_v4_topk
 from contracts.plugin import op
+from contracts.separation import separates
 from contracts.v4_cases import indexer_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
@@ -102,6 +103,10 @@ def test_the_visible_range_is_the_cache_and_the_causal_bound(backend):
     assert _visible(config, inputs).tolist() == want
     got = (out["topk_idxs"] != -1).sum(1).tolist()
     assert got == want, f"picks per row {got}, expected {want} (min(kv_len // 4, (pos + 1) // 4))"
+    pos = torch.tensor([10, 11, 14, 15, 21, 22, 2, 3])
+    kv = torch.tensor([12, 16, 12, 4]).repeat_interleave(2)
+    separates("§8 visible = min(cache, causal bound)", torch.tensor(got), causal_bound_only=(pos + 1) // 4,
+              cache_only=kv // 4, position_not_plus_one=torch.minimum(kv // 4, pos // 4))
     r = check_v4_index_scores(out["score"], _independent(config, inputs, config.sliding_window)[0],
                               tail=V4_DECODE_TAIL)  # the visible scores: one short leaves the last unscored
     assert r.ok, r.message()

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from contracts.plugin import op
+from contracts.separation import separates
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 
@@ -59,6 +60,10 @@ def test_mtp_rows_are_request_major_with_two_positions_per_request(backend, conf
     md = op(backend, "v4_decode_metadata")(torch.tensor(starts), ori, cmp, state, config=config)
     assert config.decode_seq == 2 and md.position_ids.numel() == len(starts) * 2
     assert md.position_ids.tolist() == [127, 128, 0, 1, 300, 301, 9, 10], md.position_ids.tolist()
+    rows = [(b, s) for b in range(4) for s in range(2)]
+    separates("§8 MTP rows request-major", md.position_ids,
+              seq_major=torch.tensor([starts[b] + s for s, b in sorted((s, b) for b, s in rows)], dtype=torch.int32),
+              one_position_per_request=torch.tensor([starts[b] + 0 for b, _ in rows], dtype=torch.int32))
     assert md.kv_seq_lens.tolist() == [129, 2, 302, 11] and md.kv_seq_lens.dtype == torch.int32
     one = op(backend, "v4_decode_metadata")(torch.tensor(starts), ori, cmp, state, config=config, commit_tokens=1)
     assert one.kv_seq_lens.tolist() == [128, 1, 301, 10]
@@ -94,6 +99,17 @@ def test_slot_mappings_are_paged_rows_and_compress_only_at_boundaries(backend, c
     assert int(masked.cmp_slot_mapping[128][1]) == -1 and torch.equal(masked.cmp_slot_mapping[4][::2],
                                                                       md.cmp_slot_mapping[4][::2])
     assert md.ori_slot_mapping.dtype == torch.int64 and md.cmp_slot_mapping[4].dtype == torch.int64
+    # compressed rows at boundaries only, at column pos // ratio: separated from a row written at every token,
+    # from the boundary taken as pos % ratio == 0, and from the column (pos + 1) // ratio
+    rows4 = [(t // 2, p) for t, p in enumerate(md.position_ids.tolist())]
+
+    def cmp4(boundary, column):
+        return torch.tensor([_phys(cmp[4], b, column(p), bs) if boundary(p) else -1 for b, p in rows4])
+
+    separates("§8 compressed slots at boundaries", md.cmp_slot_mapping[4],
+              every_token=cmp4(lambda p: True, lambda p: p // 4),
+              boundary_at_multiples=cmp4(lambda p: p % 4 == 0, lambda p: p // 4),
+              next_column=cmp4(lambda p: (p + 1) % 4 == 0, lambda p: (p + 1) // 4))
     # a page past the table is "no write" (-1); the table's last page is still read
     short = torch.tensor([[5, 9]], dtype=torch.int32)
     edge = op(backend, "v4_decode_metadata")(torch.tensor([2 * bs - 1]), short, {}, {}, config=config)
@@ -186,6 +202,21 @@ def test_a_prefill_window_is_the_last_positions_oldest_first(backend, config):
         assert got[t].tolist() == want + [-1] * (w - len(want)), f"window of row {t} at position {p}"
     assert -1 in got[5].tolist() and got[5].tolist()[-1] == int(table[2]) * bs + 3, \
         "the unmapped page leaves a hole and the own row is last"
+
+    def windows(newest_first=False, physical=True, span=w, pad=True):  # the whole tensor under a rule variant
+        out = torch.full_like(got, -1)
+        for t, p in enumerate(pos.tolist()):
+            if t >= n and pad:
+                continue
+            rows = [(int(table[q // bs]) * bs + q % bs if int(table[q // bs]) >= 0 else -1) if physical else q
+                    for q in range(max(0, p + 1 - span), p + 1)][-w:]
+            rows = rows[::-1] if newest_first else rows
+            out[t, :len(rows)] = torch.tensor(rows, dtype=out.dtype)
+        return out
+
+    separates("§8 prefill window: last positions, oldest first, paged", got, newest_first=windows(newest_first=True),
+              logical_positions=windows(physical=False), one_position_short=windows(span=w - 1),
+              padding_rows_get_windows=windows(pad=False))
 
 
 def test_bad_prefill_window_inputs_are_refused_naming_the_field(backend):

@@ -17,6 +17,7 @@ import torch
 
 from contracts.checks.precision import check_ratio_allclose
 from contracts.plugin import op
+from contracts.separation import separates
 from contracts.v4_cases import attention_inputs as _inputs
 from contracts.v4_cases import compressed_topk as _compressed
 from contracts.v4_cases import prefill_attention_inputs
@@ -204,8 +205,8 @@ def test_compressed_slots_are_paged_through_each_requests_table(backend):
     assert torch.equal(again, got), f"pages moved with their tables: {int((again != got).sum())} attn_out elements " \
                                     "changed (slots read as physical rows?)"
     identity = dict(inputs, cmp_block_table=torch.tensor([[0, 1]] * 4, dtype=torch.int32))
-    assert not torch.equal(_call(backend, "HCA", config, identity, compressed), got), \
-        "the tables matter: the input separates paged from physical slots"
+    separates("§8 compressed slots are paged per request", got,
+              slots_as_physical_rows=_call(backend, "HCA", config, identity, compressed))
 
 
 def test_the_inverse_rotation_acts_on_the_last_rope_dims(backend):

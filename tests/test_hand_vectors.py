@@ -44,7 +44,10 @@ NOT_A_RULE = {
     "test_topk.py::test_topk_tied_cutoff_swap_is_accepted": "a comparator's own clauses (item 2)",
     "test_topk.py::test_topk_decode_c1a_variant_skips_order_and_padding_rules": "a comparator's own clauses (item 2)",
     "test_attention_layer.py::test_an_accepted_alternative_selection_is_judged_against_its_own_reference": "a comparator's own clauses (item 2)",
+    "test_v4_compressor_txn.py::test_with_every_page_current_it_is_the_paged_ring":
+        "a differential test: the transactional compressor equals the paged ring bit for bit over every step",
     # refusals of bad input: the alternative is accepting it, which the test shows fails
+    "test_checkpoint_reader.py::test_the_reader_refuses_naming_what": "a refusal of bad input",
     "test_rope.py::test_rope_rows_reject_position_beyond_capacity": "a refusal of bad input",
     "test_v4_metadata.py::test_bad_starts_and_tables_are_refused_naming_the_field": "a refusal of bad input",
     # whole-operator agreement with an independent evaluation, not a pinned vector
@@ -59,29 +62,7 @@ NOT_A_RULE = {
 }
 
 # hand vectors whose alternatives are not computed yet (#26): this list only shrinks
-PENDING = {  # integer (layout, ordering, boundary) vectors: their alternatives are the next round's
-    "test_attention.py::test_sparse_attention_never_reads_unselected_rows",
-    "test_attention.py::test_sparse_attention_with_no_row_is_exactly_zero",
-    "test_cache.py::test_read_decodes_the_whole_cache_to_bf16",
-    "test_lm_head.py::test_the_embedding_pack_clamps_ids_and_copies_rows_bit_exact",
-    "test_prefill_plan.py::test_a_resumed_request_replays_its_cached_tail_before_its_new_rows",
-    "test_prefill_plan.py::test_replay_window_metadata_equals_independent_paged_slots",
-    "test_prefill_plan.py::test_the_ced_runs_encoder_then_one_publication_then_the_decoder_on_the_replay_rows",
-    "test_quant.py::test_e8m0_encode_inverts_decode",
-    "test_topk.py::test_candidate_selection_smoke_at_flash_size",
-    "test_topk.py::test_reuse_takes_the_source_selection_as_given",
-    "test_v4_compressor.py::test_csa_keeps_the_inner_state_out_of_the_main_pool",
-    "test_v4_compressor_txn.py::test_a_request_without_an_event_publishes_nothing_under_the_current_rule",
-    "test_v4_compressor_txn.py::test_an_event_publishes_its_requests_row_with_the_events_rope_rows",
-    "test_v4_compressor_txn.py::test_positions_outside_the_valid_range_take_no_part",
-    "test_v4_compressor_txn.py::test_with_every_page_current_it_is_the_paged_ring",
-    "test_v4_gate.py::test_the_bias_chooses_but_does_not_weigh",
-    "test_v4_indexer.py::test_the_visible_range_is_the_cache_and_the_causal_bound",
-    "test_v4_metadata.py::test_a_prefill_window_is_the_last_positions_oldest_first",
-    "test_v4_metadata.py::test_mtp_rows_are_request_major_with_two_positions_per_request",
-    "test_v4_metadata.py::test_slot_mappings_are_paged_rows_and_compress_only_at_boundaries",
-    "test_v4_sparse_attention.py::test_compressed_slots_are_paged_through_each_requests_table",
-}
+PENDING: set[str] = set()  # every integer layout, ordering and boundary vector now computes its alternatives
 
 
 def _hand_vector_tests() -> dict[str, bool]:
