@@ -12,10 +12,9 @@ Spec: §1, §3; upstream_checks SC-19, SC-20, SC-21, MD-15..20, MD-23, AP-16.
 
 from __future__ import annotations
 
-from functools import partial
-
 from collections import Counter
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch

@@ -208,7 +208,6 @@ def test_each_named_dispatch_factor_rule_is_its_formula(backend, rule):
     i = _exact_square_sum_rows(config, _inputs(config, 6, num_tokens=T), 61, 256)
     out = op(backend, "v4_gate")(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], 61, 256, i["tid2eid"],
                                  i["input_ids"], config=config, dequant_factor=rule)
-    from contracts.separation import separates
 
     product, reciprocal = _factor_rules(config, i)
     want = product if rule == "product" else reciprocal
@@ -232,7 +231,6 @@ def test_the_softplus_keeps_its_negative_tail(backend):
     w[:, 0] = torch.tensor([-20.0, -30.0] + [1.0] * (config.n_routed_experts - 2)) / inv_rms
     i["gate_w"] = w
     i["tid2eid"][int(i["input_ids"][0])] = torch.arange(config.num_experts_per_tok, dtype=torch.int32)
-    from contracts.separation import separates
 
     logits = torch.tensor([-20.0, -30.0])
     separates("a softplus that keeps its negative tail", torch.nn.functional.softplus(logits).sqrt(),
@@ -367,7 +365,6 @@ def test_the_dispatch_codes_round_half_to_even(backend, config):
     the quantization factor exactly 1, so the INT8 dispatch codes are the values rounded. Half to even gives
     127, 2, 0, 126, 4; computed alternatives: half away from zero (127, 3, -1, 127, 4), toward zero and floor
     (both 3 for 3.5). Spec: §8 (the dispatch INT8 codes)."""
-    from contracts.separation import separates
 
     i = _inputs(config, 11, num_tokens=T)
     row = torch.tensor([127.0, 2.5, -0.5, 126.5, 3.5])
