@@ -144,6 +144,46 @@ def test_an_inactive_suffix_never_changes_an_active_row(backend, kind, phase):
             assert torch.equal(_bytes(g), _bytes(b)), f"{kind.value} {phase}: {padding} inactive rows changed {name}"
 
 
+def _cut_outputs(out: dict, cut: int) -> dict:
+    """The bytes of what a call with ``cut`` active rows owns: output rows, every cache, per-token selections."""
+    return {k: _bytes(v[:, :cut] if k == "output" else v[:cut] if k in ("topk_indices", "candidate_mask") else v)
+            for k, v in out.items()}
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_an_explicit_num_tokens_inside_the_last_request_cuts_it_there(backend, kind):
+    """Prefill, through the backend's half-layer operator: num_tokens one row short of query_start_loc[-1] (the
+    last request's final row is a real row, present in every input) gives exactly what the same call with that
+    request ending there gives -- output rows, every cache, the state ring and the per-token selections. For the
+    C2A FULL layer a half-layer that hands its compressor no num_tokens (so it reads qsl[-1]) is shown to fail
+    this. Spec: §7.1 (num_tokens, not query_start_loc, is the active count), upstream_checks MD-20, SP-13."""
+    case = HalfLayerCase(kind, "prefill", "replicated", 2, padding=0)
+    inputs = _inputs(case)
+    qsl = inputs["query_start_loc"]
+    assert int(qsl[-1]) - int(qsl[-2]) >= 2, "the last request has one row: nothing to cut inside it"
+    cut = int(qsl[-1]) - 1
+    mid = dict(inputs, num_tokens=torch.tensor(cut, dtype=torch.int32))
+    ended = dict(mid, query_start_loc=torch.cat([qsl[:-1], torch.tensor([cut], dtype=qsl.dtype)]))
+    fn = op(backend, "attention_half_layer")
+    got, want = _cut_outputs(_run(fn, case, mid), cut), _cut_outputs(_run(fn, case, ended), cut)
+    for name in want:
+        assert torch.equal(got[name], want[name]), f"{kind.value}: num_tokens {cut} inside the last request " \
+                                                    f"(qsl[-1] {int(qsl[-1])}) changed {name}"
+    if kind is LayerKind.C2A_FULL:
+        compressor = op(backend, "compressor_ratio2")
+
+        def reads_qsl_end(*args, num_tokens=None, **kw):  # the seeded defect: the active count from qsl[-1]
+            return compressor(*args, **kw)
+
+        defect = op(backend.derive("compressor-without-num_tokens", compressor_ratio2=reads_qsl_end),
+                    "attention_half_layer")
+        try:  # it refuses (the rows it reads stop at num_tokens) or writes other bytes
+            bad = _cut_outputs(_run(defect, case, dict(mid)), cut)
+        except ValueError:
+            return
+        assert any(not torch.equal(bad[n], want[n]) for n in want), "the defect gives the cut call's bytes"
+
+
 def _logical(case: HalfLayerCase, topk: torch.Tensor) -> list[list[int]]:
     inputs = _inputs(case)
     table, req, bs = inputs["compressed_block_table"], inputs["token_to_req_indices"], case.config.block_size
