@@ -19,6 +19,7 @@ from contracts.checks.attention import check_layer_output, judge_half_layer, out
 from contracts.half_layer_cases import FLASH_HEADS, KINDS, PHASES, TPS, HalfLayerCase, build
 from contracts.plugin import op
 from contracts.result import assert_ok
+from contracts.separation import separates
 from kernels.config import FLASH_TINY, LayerKind
 from kernels.reference.attention_layer import FULL, REUSE, for_selection, with_reference_scores
 
@@ -169,6 +170,9 @@ def test_an_explicit_num_tokens_inside_the_last_request_cuts_it_there(backend, k
     for name in want:
         assert torch.equal(got[name], want[name]), f"{kind.value}: num_tokens {cut} inside the last request " \
                                                     f"(qsl[-1] {int(qsl[-1])}) changed {name}"
+    # the cut separates the rule from an active count read from query_start_loc[-1] (the last row published)
+    separates("§7.1 num_tokens is the active count", torch.cat([got[n].reshape(-1) for n in sorted(got)]),
+              active_from_qsl_end=torch.cat([v.reshape(-1) for _, v in sorted(_cut_outputs(_run(fn, case, inputs), cut).items())]))
     if kind is LayerKind.C2A_FULL:
         compressor = op(backend, "compressor_ratio2")
 
