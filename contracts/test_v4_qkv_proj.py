@@ -14,6 +14,7 @@ import torch
 
 from contracts.checks.precision import check_ratio_allclose
 from contracts.plugin import op
+from contracts.separation import separates
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 
@@ -215,3 +216,28 @@ def test_the_qr_codes_round_half_to_even(backend, config):
     out = _call(backend, config, i)
     assert torch.equal(out["qr"][0], want), f"token 0 codes {out['qr'][0, :5].tolist()}, expected {want[:5].tolist()}"
     assert out["qr_scale"][0].item() == 1 / 64
+
+
+def test_the_kv_projection_is_staged_in_fp32_before_the_norm_and_the_rotation(backend):
+    """The KV projection is rounded to FP32 once, then normalised (the mean of squares in FP32 from an FP64 sum,
+    the rsqrt at high precision) and rotated in FP32, then cast to BF16. Seed 47 of the V4-Pro twin's inputs is
+    a vector where the other staging -- the projection kept in FP64 through the norm and the rotation -- gives
+    another BF16 rope element (computed here); the operator's kv is the FP32-staged bytes exactly. Spec: §8
+    (upstream's golden: (x @ wkv).float())."""
+    config = V4_PRO_TINY
+    d, rope, eps = config.head_dim, config.qk_rope_head_dim, config.rms_norm_eps
+    i = _inputs(config, 47)
+    cos, sin = i["rope_cos"][:, : rope // 2].float(), i["rope_sin"][:, : rope // 2].float()
+
+    def staged(kv):
+        mean = (kv.double().pow(2).sum(-1, keepdim=True).float() * (1.0 / d)).float()
+        n = kv * torch.rsqrt((mean + eps).double()).float() * i["gamma_ckv"].float()
+        a, b = n[:, d - rope::2], n[:, d - rope + 1::2]
+        rotated = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+        return torch.cat((n[:, : d - rope].to(torch.bfloat16), rotated.to(torch.bfloat16)), dim=-1)
+
+    kv64 = i["x"].double() @ i["wkv"].double()
+    want = separates("§8 the kv projection staged in FP32", staged(kv64.float()), fp64_staging=staged(kv64))
+    got = _call(backend, config, i)["kv"]
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), \
+        f"{int((got != want).sum())} kv elements differ from the FP32-staged bytes"
