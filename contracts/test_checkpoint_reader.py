@@ -120,6 +120,7 @@ def test_the_reader_returns_stored_bytes_and_table_rows(tmp_path):
     ("hidden_size", "text_config.hidden_size"), ("kv_sources", "text_config.kv_source_layer_ids"),
     ("window", "text_config.sliding_window"), ("escape", "weight_map"), ("header", "header"),
     ("range_length", "data_offsets"), ("range_past_file", "data_offsets"), ("dtype", "dtype"),
+    ("missing_shard", "a readable shard"), ("short_file", "8-byte header length"), ("bad_json", "a JSON header"),
     ("row_high", r"ids\[1\]"), ("row_negative", r"ids\[0\]"), ("row_float", "integer row ids"),
     ("unknown", "weight_map"),
 ])
@@ -151,6 +152,15 @@ def test_the_reader_refuses_naming_what(tmp_path, case, match):
         _write(tmp_path, t, edit=lambda h: h[name].update(data_offsets=[8, 24]))
     elif case == "dtype":
         _write(tmp_path, t, edit=lambda h: h[name].update(dtype="F16"))
+    elif case == "missing_shard":
+        _write(tmp_path, t)
+        (tmp_path / "model-00001-of-00001.safetensors").unlink()
+    elif case == "short_file":
+        _write(tmp_path, t)
+        (tmp_path / "model-00001-of-00001.safetensors").write_bytes(b"\x01\x02")
+    elif case == "bad_json":
+        _write(tmp_path, t)
+        (tmp_path / "model-00001-of-00001.safetensors").write_bytes(struct.pack("<Q", 3) + b"{x}")
     elif case == "row_high":
         _write(tmp_path, t)
         ids = torch.tensor([0, 4])

@@ -105,11 +105,21 @@ class CheckpointReader:
         path = self._shard(name)
         key = str(path)
         if key not in self._headers:
-            with path.open("rb") as f:
-                (size,) = struct.unpack("<Q", f.read(8))
-                if size > HEADER_LIMIT:
-                    raise _refuse(f"{path.name} header", f"<= {HEADER_LIMIT} bytes", size)
-                self._headers[key] = (size, json.loads(f.read(size)))
+            try:
+                with path.open("rb") as f:
+                    head = f.read(8)
+                    if len(head) != 8:
+                        raise _refuse(f"{path.name} header", "an 8-byte header length", f"{len(head)} bytes")
+                    (size,) = struct.unpack("<Q", head)
+                    if size > HEADER_LIMIT:
+                        raise _refuse(f"{path.name} header", f"<= {HEADER_LIMIT} bytes", size)
+                    self._headers[key] = (size, json.loads(f.read(size)))
+            except OSError as e:
+                raise _refuse("weight_map", f"a readable shard for {name}", f"{path} ({e.strerror})") from None
+            except ValueError as e:
+                if isinstance(e, ContractInputError):
+                    raise
+                raise _refuse(f"{path.name} header", "a JSON header", str(e)[:80]) from None
         size, entries = self._headers[key]
         if name not in entries:
             raise _refuse(f"{path.name} header", f"an entry for {name}", "none")
