@@ -119,3 +119,168 @@ def test_recv_y_judges_each_experts_rows_not_their_total():
     moved = torch.tensor([3, 1])
     r = check_recv_y(want, want, moved, counts, recv_max=3)
     assert not r.ok and "recv_expert_count" in r.message(), r.message()
+
+
+# --- the layout clause of every comparator, fed a wrong layout (tests/mutation/clauses.py drops each) ------------
+
+def _layout_cases():
+    from contracts.checks import cache, moe, topk
+    from contracts.checks.attention import check_layer_output
+    from contracts.checks.precision import check_row_precision as leaf
+
+    f, i32 = torch.zeros(4, 3), torch.zeros(4, 3, dtype=torch.int32)
+    return {
+        "check_bytes_outside": lambda: cache.check_bytes_outside("kv", f.double(), f, torch.zeros(4, dtype=torch.bool)),
+        "check_v4_index_scores": lambda: topk.check_v4_index_scores(f.double(), f),
+        "check_v4_topk": lambda: topk.check_v4_topk(i32.long(), i32, f, f, torch.full((4,), 3), topk=3, offset=0),
+        "check_candidate_blocks": lambda: topk.check_candidate_blocks(
+            torch.zeros(4, 3, dtype=torch.int32), f, torch.full((4,), 3), block=1, topk_blocks=1),
+        "check_gate_ids": lambda: moe.check_gate_ids(i32.long(), i32, f, n_experts=8),
+        "check_gate_weights": lambda: moe.check_gate_weights(f.double(), i32, f, scale=1.0),
+        "check_moe_rows": lambda: moe.check_moe_rows(f[:3], f, 2),
+        "check_recv_y": lambda: moe.check_recv_y(torch.zeros(2, 3, 4)[:, :2], torch.zeros(2, 3, 4), torch.zeros(2),
+                                                 torch.zeros(2), recv_max=3),
+        "check_ffn_owned": lambda: moe.check_ffn_owned(f, f, torch.zeros(4, dtype=torch.int64), 4),
+        "check_layer_output": lambda: check_layer_output("SWA", torch.zeros(2, 4, 3).double(), torch.zeros(2, 4, 3),
+                                                         wiring="replicated", tp=2, active=4, tokens=4, leaf=leaf),
+    }
+
+
+@pytest.mark.parametrize("check", sorted(_layout_cases()))
+def test_each_comparator_refuses_a_wrong_layout_by_name(check):
+    """An actual output of another dtype or shape than the expected one is a failure naming the layout, not an
+    exception from the arithmetic that follows and not a pass (zeros compare equal to zeros in any dtype)."""
+    r = _layout_cases()[check]()
+    assert not r.ok and ("layout" in r.message() or "shape" in r.message()), r.message()
+
+
+# --- the half-layer judge: its structural clauses, each alone ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def c2a():
+    from contracts.half_layer_cases import HalfLayerCase, build
+    from kernels.config import LayerKind
+    from kernels.reference.attention_layer import with_reference_scores
+
+    case = HalfLayerCase(LayerKind.C2A_FULL, "prefill", "sharded", 2)
+    inputs = build(case)
+    expected, scores = with_reference_scores(inputs, kind=case.kind, phase=case.phase, wiring=case.wiring, tp=case.tp,
+                                             config=case.config)
+    return case, inputs, expected, scores
+
+
+def _judge(c2a, actual, **kw):
+    from contracts.checks.attention import judge_half_layer
+
+    case, inputs, expected, scores = c2a
+    return judge_half_layer(actual, expected, inputs, kind=case.kind, phase=case.phase, wiring=case.wiring,
+                            tp=case.tp, block_size=case.config.block_size, **{"scores": scores, **kw})
+
+
+@pytest.mark.parametrize("what", ["missing", "extra", "window_payload", "state_cache", "gathered", "topk_indices",
+                                  "only"])
+def test_each_structural_clause_of_the_half_layer_judge_fails_alone(c2a, what):
+    """C2A FULL prefill, sharded: the reference's own outputs pass; then one thing wrong at a time -- an output
+    missing, an unexpected one, a cache / state / gather / selection of another dtype, a name that is not an
+    output of the mode, a differing selection with no reference scores to judge it -- fails naming it."""
+    _, _, expected, _ = c2a
+    assert _judge(c2a, dict(expected)).ok
+    actual, kw, needle = dict(expected), {}, what
+    if what == "missing":
+        del actual["state_cache"]
+        needle = "missing ['state_cache']"
+    elif what == "extra":
+        actual["candidate_mask"] = torch.zeros(1)
+        needle = "unexpected ['candidate_mask']"
+    elif what == "only":
+        kw, needle = {"only": "no_such_output"}, "an output of this mode"
+    else:
+        actual[what] = actual[what].to(torch.float64 if actual[what].is_floating_point() else torch.int64)
+        needle = f"{what.split('_')[0]}"
+    r = _judge(c2a, actual, **kw)
+    assert not r.ok and needle in r.message(), r.message()
+
+
+def test_a_mode_that_must_not_write_a_cache_is_judged_on_its_input_bytes():
+    """C1A REINDEX reads the index cache it must not write: the judge compares it with the input's bytes; another
+    dtype fails naming its layout and one flipped bit of it fails (the unchanged-cache clauses). A differing
+    selection with no reference scores to judge it fails saying so."""
+    from contracts.checks.attention import judge_half_layer
+    from contracts.half_layer_cases import HalfLayerCase, build
+    from kernels.config import LayerKind
+    from kernels.reference.attention_layer import attention_half_layer
+
+    case = HalfLayerCase(LayerKind.C1A_REINDEX, "prefill", "replicated", 2)
+    inputs = build(case)
+    call = dict(kind=case.kind, phase=case.phase, wiring=case.wiring, tp=case.tp)
+    expected = attention_half_layer(inputs, config=case.config, **call)
+
+    def judge(actual):
+        return judge_half_layer(actual, expected, inputs, block_size=case.config.block_size, **call)
+
+    assert judge(dict(expected)).ok
+    wrong = dict(expected, index_payload=expected["index_payload"].view(torch.int8))
+    r = judge(wrong)
+    assert not r.ok and "index" in r.message() and "layout" in r.message(), r.message()
+    written = dict(expected, index_payload=expected["index_payload"].clone())
+    flat = written["index_payload"].view(torch.uint8).reshape(-1)
+    flat[0] ^= 1
+    r = judge(written)
+    assert not r.ok and "index" in r.message(), r.message()
+    sel = expected["topk_indices"].clone()
+    sel[0] = sel[0].flip(0)
+    r = judge_half_layer(dict(expected, topk_indices=sel), expected, inputs, block_size=case.config.block_size,
+                         scores=None, **call)
+    assert not r.ok and "no reference scores" in r.message(), r.message()
+
+
+# --- single clauses of the Top-K and gate comparators ------------------------------------------------------------
+
+def test_the_overlap_variant_counts_rows_before_the_overlap():
+    """C2A overlap: 99 of the 100 expected rows, no extra one, overlap 0.99 >= 0.98 -- but a row short: the count
+    clause fails it (the overlap alone would pass)."""
+    from contracts.checks.topk import check_topk_overlap
+
+    want = torch.arange(100, dtype=torch.int32)[None]
+    got = want.clone()
+    got[0, -1] = -1
+    r = check_topk_overlap(got, want)
+    assert not r.ok and "99 rows" in r.message(), r.message()
+
+
+def test_a_displaced_v4_pick_whose_score_moved_past_its_hard_bound_fails_alone():
+    """Expected picks [0, 1] on scores 4, 3, 2.999, 1; the kernel picks [0, 2] and reports position 2 at 3.999. On
+    both score rows the swap is inside the bounds (no inversion, no clear boundary miss), but position 2's score
+    moved by 1.0, past its hard bound max(4·(1e-4 + |s|/128), 5e-3): that clause alone fails."""
+    from contracts.checks.topk import check_v4_topk
+
+    e = torch.tensor([[4.0, 3.0, 2.999, 1.0]])
+    a = e.clone()
+    a[0, 2] = 3.999
+    got, want = torch.tensor([[0, 2, -1, -1]], dtype=torch.int32), torch.tensor([[0, 1, -1, -1]], dtype=torch.int32)
+    r = check_v4_topk(got, want, a, e, torch.tensor([4]), topk=2, offset=0)
+    assert not r.ok and "hard bound" in r.message(), r.message()
+    a[0, 2] = 2.999 + 0.01  # inside the bound: the tie swap passes
+    assert check_v4_topk(got, want, a, e, torch.tensor([4]), topk=2, offset=0).ok
+
+
+def test_the_gate_clauses_fail_alone():
+    """Ids: a tie swap inside the score bounds passes the default rule and fails the strict one. Weights: a NaN
+    weight fails as non-finite (the row sum and the split compare NaN as False and would pass it); weights with
+    the right row sum split 0.5 / 0.5 where the scores give 0.6 / 0.4 fail the split clause alone."""
+    from contracts.checks.moe import check_gate_ids, check_gate_weights
+
+    scores = torch.tensor([[0.6, 0.4, 0.4, 0.1]])
+    want, swapped = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([[0, 2]], dtype=torch.int32)
+    assert check_gate_ids(swapped, want, scores, n_experts=4).ok
+    r = check_gate_ids(swapped, want, scores, n_experts=4, rule="strict")
+    assert not r.ok and "strict" in r.message(), r.message()
+    exact = torch.tensor([[0.6, 0.4]]) * 2.5
+    assert check_gate_weights(exact, want, scores, scale=2.5).ok
+    nan = exact.clone()
+    nan[0, 1] = float("nan")
+    r = check_gate_weights(nan, want, scores, scale=2.5)
+    assert not r.ok and "finite and > 0" in r.message(), r.message()
+    even = torch.tensor([[1.25, 1.25]])
+    r = check_gate_weights(even, want, scores, scale=2.5)
+    assert not r.ok and "weights[0][0]" in r.message(), r.message()

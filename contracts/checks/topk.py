@@ -113,8 +113,12 @@ def check_topk_validity(actual: torch.Tensor, expected: torch.Tensor, ctx: TopKC
 
 def check_topk_overlap(actual: torch.Tensor, expected: torch.Tensor, *, min_overlap: float = MIN_OVERLAP,
                        rank: int = 0, name: str = "topk_indices") -> CheckResult:
-    """C2A variant: per row a set of physical rows; no duplicates, equal counts, worst-row overlap >=
-    0.98. Spec: §5.3 variants, upstream_checks IX-11."""
+    """C2A variant: the layout (dtype, shape) of the expected selection; per row a set of physical rows; no
+    duplicates, equal counts, worst-row overlap >= 0.98. Spec: §5.3 variants, upstream_checks IX-11."""
+    if tuple(actual.shape) != tuple(expected.shape) or actual.dtype != expected.dtype:
+        return failed("check_topk_overlap", "§5.3", 1, 1, Violation(
+            f"rank{rank} {name}.layout", (), f"{actual.dtype}{list(actual.shape)}",
+            f"{expected.dtype}{list(expected.shape)}"))
     t_ = Tally("check_topk_overlap", "§5.3")
     for t in range(actual.shape[0]):
         got = [int(v) for v in actual[t] if v >= 0]

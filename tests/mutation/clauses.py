@@ -8,8 +8,9 @@
 backend. The rest of the check library (cache, topk, moe, metadata, attention, teacher) is imported by the
 tests directly, so a mutant cannot be slipped in through a backend. Here each one is run in a shadow copy of
 the source tree instead: one ``if`` whose body reports a failure (``return failed(..)``, ``t.fail(..)``) has
-its condition replaced by ``False``, and the tests that reach the enclosing function (by name, through the
-module's own callers) run with ``-x`` in a fresh pytest process.
+its condition replaced by ``False`` (a ``tally.expect(..)`` clause is removed), and the tests that reach the enclosing function (by name, through the
+module's own callers), with the seeded-defect cases of tests/test_seeded_defects.py that run those tests, run
+with ``-x`` in a fresh pytest process.
 
 A clause whose drop no test notices is a clause no test shows failing on its own (issue #26 item 2): with it
 gone every test still gets the verdict it asserts. Every survivor is printed with its location; exit code 0
@@ -72,16 +73,30 @@ def clauses_of(module: str) -> list[Clause]:
             continue
         for n in ast.walk(top):
             if isinstance(n, ast.If) and _reports_failure(n.body):
-                text = ast.unparse(n.test)
-                out.append(Clause(module, top.name, n.lineno, text if len(text) < 70 else text[:67] + "..."))
+                text = "if " + ast.unparse(n.test)
+            elif _is_expect(n):
+                text = ast.unparse(n)
+            else:
+                continue
+            out.append(Clause(module, top.name, n.lineno, text if len(text) < 70 else text[:67] + "..."))
     return out
 
 
+def _is_expect(n: ast.AST) -> bool:
+    """A ``tally.expect(field, index, got, want)`` statement: a clause that fails when got != want."""
+    return isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute) \
+        and n.value.func.attr == "expect"
+
+
 def mutated(clause: Clause) -> str:
+    """The module with the clause dropped: an ``if`` that reports a failure never taken, an ``expect`` removed."""
     tree = ast.parse(_path(clause.module).read_text())
     for n in ast.walk(tree):
-        if isinstance(n, ast.If) and n.lineno == clause.line:
+        if isinstance(n, ast.If) and n.lineno == clause.line and _reports_failure(n.body):
             n.test = ast.Constant(False)
+            return ast.unparse(tree)
+        if _is_expect(n) and n.lineno == clause.line:
+            n.value = ast.Constant(None)
             return ast.unparse(tree)
     raise LookupError(clause.key)
 
@@ -120,9 +135,24 @@ def _test_index() -> dict[str, set[str]]:
     return index
 
 
-def tests_for(clause: Clause, index: dict[str, set[str]]) -> list[str]:
+def _seeded_defect_cases() -> dict[str, list[str]]:
+    """{contract test name: the tests/test_seeded_defects.py cases that run it against a seeded defect}: a clause
+    a contract needs to catch its seeded defect is killed there, not by the contract run on the reference."""
+    from tests.test_seeded_defects import CASES
+
+    out: dict[str, list[str]] = {}
+    for defect, contract, _ in CASES:
+        name = contract.split(":")[1]
+        out.setdefault(name, []).append(f"tests/test_seeded_defects.py::test_contract_catches_seeded_defect"
+                                        f"[{defect}->{name}]")
+    return out
+
+
+def tests_for(clause: Clause, index: dict[str, set[str]], seeded: dict[str, list[str]] | None = None) -> list[str]:
     reach = _callers(clause.module, clause.func)
-    return sorted(t for t, names in index.items() if names & reach)
+    direct = sorted(t for t, names in index.items() if names & reach)
+    extra = [case for t in direct for case in (seeded or {}).get(t.split("::")[1], [])]
+    return direct + sorted(set(extra))
 
 
 def _shadow() -> Path:
@@ -170,15 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error("--jobs must be at least 1")
-    index = _test_index()
-    work = [(c, tests_for(c, index)) for m in MODULES for c in clauses_of(m)
+    index, seeded = _test_index(), _seeded_defect_cases()
+    work = [(c, tests_for(c, index, seeded)) for m in MODULES for c in clauses_of(m)
             if not args.only or any(fnmatch.fnmatch(c.key, g) for g in args.only)]
     if not work:
         print("no clause matches --only", file=sys.stderr)
         return 2
     if args.list:
         for c, tests in work:
-            print(f"{c.key}  if {c.source}  <- {len(tests)} tests")
+            print(f"{c.key}  {c.source}  <- {len(tests)} tests")
         return 0
     shadows = [_shadow() for _ in range(args.jobs)]
     start = time.monotonic()
@@ -200,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     for c, _ in work:
         outcome, detail = results[c.key]
         if args.verbose or outcome != "killed":
-            print(f"{outcome:16} {c.key}  if {c.source}  {detail}")
+            print(f"{outcome:16} {c.key}  {c.source}  {detail}")
     print(f"{killed}/{len(work)} clauses killed, {len(survivors)} survived, {len(errors)} errors "
           f"({time.monotonic() - start:.0f} s, {len(shadows)} workers)")
     return 0 if not survivors and not errors else 1
