@@ -5,6 +5,10 @@ Spec: §3.
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+import torch
 from hypothesis import given, settings
 
 from contracts.checks import metadata as checks
@@ -12,6 +16,7 @@ from contracts.plugin import op
 from contracts.result import assert_ok
 from contracts.strategies import BatchCase, materialize, request_batches
 from kernels.config import FLASH
+from kernels.metadata import build_forward_metadata
 
 BATCHES = request_batches()
 
@@ -108,3 +113,86 @@ def test_metadata_all_invariants_at_flash_dims(backend, case):
     meta = op(backend, "build_forward_metadata")(**inputs)
     for check in checks.ALL_CHECKS:
         assert_ok(check(meta, inputs))
+
+
+# --- each clause of the checks alone: one field of the reference's metadata corrupted at a time -----------------
+
+_FIXED = BatchCase(config=FLASH, query_lens=(3, 5, 0, 2), kv_lens=(1, 130, 7, 260), padding=3, tp=1,
+                   inactive_state=(False,) * 4, spare_pages=1, free_behind_window=False, seed=0)
+_TOKEN = ("token_to_req_indices", "moe_token_owners", "position_ids", "window_slots", "window_lens", "window_indices",
+          "compressed_slots", "index_slots", "compressed_lens", "compressed_rope_position_ids")
+_REQUEST = ("query_start_loc", "query_lens", "logit_row_indices", "kv_seq_lens", "new_kv_seq_lens",
+            "compressed_seq_lens", "compressed_seq_remainders", "compressor_output_start_loc")
+_OUTPUT = ("compressor_source_token_indices", "compressor_position_ids")
+_CORRUPTIONS = ([(f, w) for f in _TOKEN for w in ("active", "padding", "length", "dtype")]
+                + [(f, w) for f in _REQUEST for w in ("first", "last", "length", "dtype")]
+                + [(f, w) for f in _OUTPUT for w in ("first", "length", "dtype")]
+                + [("num_tokens", "value"), ("state_block_tables", "dtype"), ("state_block_tables", "keys")])
+
+
+def _corrupt(t: torch.Tensor, where: str, active: int) -> torch.Tensor:
+    if where == "length":
+        return t[:-1].clone()
+    if where == "dtype":
+        return t.to(torch.int64 if t.dtype == torch.int32 else torch.int32)
+    t = t.clone()
+    row = {"active": 1, "padding": active + 1, "first": 0, "last": -1}[where]
+    t[row] += 1
+    return t
+
+
+@pytest.mark.parametrize("field, where", _CORRUPTIONS, ids=[f"{f}-{w}" for f, w in _CORRUPTIONS])
+def test_each_field_corrupted_alone_fails_a_check_naming_it(field, where):
+    """The reference's metadata of a fixed batch (an empty request, a request past a page, 3 padding rows) passes
+    every check; the same metadata with one field corrupted -- one active row, one padding row, the first or last
+    request entry, one row short, another integer dtype, a per-source table missing -- fails a check whose
+    violation names that field. Every clause a check holds about a field is shown failing on its own here or in
+    the property tests above (tests/mutation/clauses.py)."""
+    inputs = materialize(_FIXED)
+    meta = build_forward_metadata(**inputs)
+    every = checks.ALL_CHECKS
+    assert all(c(meta, inputs).ok for c in every)
+    active = meta.num_tokens
+    value = getattr(meta, field)
+    if field == "num_tokens":
+        new = value + 1
+    elif field == "state_block_tables":
+        new = ({k: v.long() for k, v in value.items()} if where == "dtype"
+               else {k: v for k, v in list(value.items())[1:]})
+    elif isinstance(value, dict):
+        src = sorted(value)[0]
+        new = {**value, src: _corrupt(value[src], where, active)}
+    else:
+        new = _corrupt(value, where, active)
+    bad = dataclasses.replace(meta, **{field: new})
+    failures = []
+    for check in every:
+        try:
+            r = check(bad, inputs)
+        except (IndexError, KeyError) as e:
+            raise AssertionError(f"{check.__name__} crashed on {field} ({where}): {e!r}") from e
+        if not r.ok:
+            failures.append(r.message())
+    assert any(field in m for m in failures), f"{field} ({where}): {failures or 'every check passed'}"
+
+
+def test_live_slots_are_unique_owned_and_inside_the_pages_on_their_own():
+    """check_live_slots alone, on the fixed batch: a window slot another token writes, a slot on another request's
+    page, a window index on a page the request does not own -- each fails naming the clause."""
+    inputs = materialize(_FIXED)
+    meta = build_forward_metadata(**inputs)
+    assert checks.check_live_slots(meta, inputs).ok
+    slots = meta.window_slots.clone()
+    slots[1] = slots[0]
+    r = checks.check_live_slots(dataclasses.replace(meta, window_slots=slots), inputs)
+    assert not r.ok and "the same physical row" in r.message(), r.message()
+    table = inputs["window_block_table"]
+    other = int(table[1][table[1] >= 0][0])  # a page of request 1, written by request 0's token 0
+    slots = meta.window_slots.clone()
+    slots[0] = other * FLASH.block_size
+    r = checks.check_live_slots(dataclasses.replace(meta, window_slots=slots), inputs)
+    assert not r.ok and "request 0's pages" in r.message(), r.message()
+    idx = meta.window_indices.clone()
+    idx[0, 0] = other * FLASH.block_size + 5
+    r = checks.check_live_slots(dataclasses.replace(meta, window_indices=idx), inputs)
+    assert not r.ok and "window_indices" in r.message() and f"page {other}" in r.message(), r.message()

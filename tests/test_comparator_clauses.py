@@ -196,7 +196,7 @@ def test_each_structural_clause_of_the_half_layer_judge_fails_alone(c2a, what):
         kw, needle = {"only": "no_such_output"}, "an output of this mode"
     else:
         actual[what] = actual[what].to(torch.float64 if actual[what].is_floating_point() else torch.int64)
-        needle = f"{what.split('_')[0]}"
+        needle = f"{what}.layout" if what != "window_payload" else "window_payload.layout"
     r = _judge(c2a, actual, **kw)
     assert not r.ok and needle in r.message(), r.message()
 
@@ -284,3 +284,28 @@ def test_the_gate_clauses_fail_alone():
     even = torch.tensor([[1.25, 1.25]])
     r = check_gate_weights(even, want, scores, scale=2.5)
     assert not r.ok and "weights[0][0]" in r.message(), r.message()
+
+
+def test_a_reused_selection_is_judged_byte_for_byte_and_by_layout():
+    """C1A REUSE takes its Top-K as given: the judge holds it byte for byte -- an INT64 copy fails on its layout,
+    one changed row fails naming topk_indices."""
+    from contracts.checks.attention import judge_half_layer
+    from contracts.half_layer_cases import HalfLayerCase, build
+    from kernels.config import LayerKind
+    from kernels.reference.attention_layer import attention_half_layer
+
+    case = HalfLayerCase(LayerKind.C1A_REUSE, "prefill", "replicated", 2)
+    inputs = build(case)
+    call = dict(kind=case.kind, phase=case.phase, wiring=case.wiring, tp=case.tp)
+    expected = attention_half_layer(inputs, config=case.config, **call)
+
+    def judge(actual):
+        return judge_half_layer(actual, expected, inputs, block_size=case.config.block_size, **call)
+
+    assert judge(dict(expected)).ok
+    r = judge(dict(expected, topk_indices=expected["topk_indices"].long()))
+    assert not r.ok and "topk_indices.layout" in r.message(), r.message()
+    sel = expected["topk_indices"].clone()
+    sel[0, 0] += 1
+    r = judge(dict(expected, topk_indices=sel))
+    assert not r.ok and "topk_indices" in r.message(), r.message()

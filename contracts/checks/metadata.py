@@ -58,6 +58,17 @@ def _lst(t: object) -> list:
     return t.tolist() if isinstance(t, torch.Tensor) else list(t)
 
 
+def _lengths(t: Tally, fields: dict[str, tuple[list, int]]) -> bool:
+    """Each field holds its number of rows (name -> (values, rows)); one that does not fails naming it, and the
+    check stops before indexing past it. True when every length is right."""
+    ok = True
+    for name, (values, rows) in fields.items():
+        if len(values) != rows:
+            t.fail(Violation(f"{name}.len", (), len(values), rows, note="rows of the field"))
+            ok = False
+    return ok
+
+
 def _batch(inputs: dict) -> _Batch:
     c = inputs["config"]
     qsl = [int(v) for v in _lst(inputs["query_start_loc"])]
@@ -91,6 +102,9 @@ def check_query_layout(meta, inputs: dict) -> CheckResult:
             t.fail(Violation("query_start_loc", (r,), qsl[r], f">= {qsl[r - 1]}", note="decreasing"))
     t.expect("num_tokens", (), int(meta.num_tokens), b.num_tokens, note="num_tokens == query_start_loc[-1]")
     lens, kv, new_kv = _get(meta, "query_lens"), _get(meta, "kv_seq_lens"), _get(meta, "new_kv_seq_lens")
+    if not _lengths(t, {"query_lens": (lens, b.batch), "kv_seq_lens": (kv, b.batch),
+                        "new_kv_seq_lens": (new_kv, b.batch)}):
+        return t.result()
     for r, _first, n in b.requests():
         t.expect("query_lens", (r,), lens[r], n)
         t.expect("kv_seq_lens", (r,), kv[r], b.kv[r])
@@ -131,6 +145,9 @@ def check_window(meta, inputs: dict) -> CheckResult:
     window_lens = min(p+1, W). Spec: §3 (MD-11)."""
     b, t = _batch(inputs), Tally("check_window", SPEC)
     slots, idx, lens = _get(meta, "window_slots"), _get(meta, "window_indices"), _get(meta, "window_lens")
+    if not _lengths(t, {"window_slots": (slots, b.capacity), "window_indices": (idx, b.capacity),
+                        "window_lens": (lens, b.capacity)}):
+        return t.result()
     for tok, r, p in b.tokens():
         row = b.window_table[r]
         t.expect("window_slots", (tok,), slots[tok], b.slot(row, p))
@@ -159,6 +176,8 @@ def check_compressed_slots(meta, inputs: dict) -> CheckResult:
     b, t = _batch(inputs), Tally("check_compressed_slots", SPEC)
     for src, ratio in b.ratios.items():
         cs, xs = _get(meta, "compressed_slots", src), _get(meta, "index_slots", src)
+        if not _lengths(t, {f"compressed_slots[{src}]": (cs, b.capacity), f"index_slots[{src}]": (xs, b.capacity)}):
+            continue
         for tok, r, p in b.tokens():
             want = -1
             if (p + 1) % ratio == 0 and not (src in b.states and b.states[src][r] < 0):
@@ -177,11 +196,14 @@ def check_compressed_lens(meta, inputs: dict) -> CheckResult:
     b, t = _batch(inputs), Tally("check_compressed_lens", SPEC)
     for src, ratio in b.ratios.items():
         lens = _get(meta, "compressed_lens", src)
+        seq, rem = _get(meta, "compressed_seq_lens", src), _get(meta, "compressed_seq_remainders", src)
+        if not _lengths(t, {f"compressed_lens[{src}]": (lens, b.capacity), f"compressed_seq_lens[{src}]": (seq, b.batch),
+                            f"compressed_seq_remainders[{src}]": (rem, b.batch)}):
+            continue
         for tok, _r, p in b.tokens():
             t.expect(f"compressed_lens[{src}]", (tok,), lens[tok], (p + 1) // ratio, note=f"position {p}")
         for tok in range(b.num_tokens, min(len(lens), b.capacity)):
             t.expect(f"compressed_lens[{src}]", (tok,), lens[tok], 0, note="padding row")
-        seq, rem = _get(meta, "compressed_seq_lens", src), _get(meta, "compressed_seq_remainders", src)
         for r, _f, n in b.requests():
             t.expect(f"compressed_seq_lens[{src}]", (r,), seq[r], (b.kv[r] + n) // ratio)
             t.expect(f"compressed_seq_remainders[{src}]", (r,), rem[r], (b.kv[r] + n) % ratio)
@@ -217,6 +239,8 @@ def check_compressed_rope_positions(meta, inputs: dict) -> CheckResult:
     b, t = _batch(inputs), Tally("check_compressed_rope_positions", SPEC)
     for src, ratio in b.ratios.items():
         got = _get(meta, "compressed_rope_position_ids", src)
+        if not _lengths(t, {f"compressed_rope_position_ids[{src}]": (got, b.capacity)}):
+            continue
         for tok, _r, p in b.tokens():
             t.expect(f"compressed_rope_position_ids[{src}]", (tok,), got[tok],
                      p + 1 - ratio if (p + 1) % ratio == 0 else -1, note=f"position {p}")
@@ -249,10 +273,12 @@ def check_live_slots(meta, inputs: dict) -> CheckResult:
                                  note=f"page {slot // b.block}"))
 
     req_of = {tok: r for tok, r, _p in b.tokens()}
+    idx = _get(meta, "window_indices")
+    if not _lengths(t, {"window_indices": (idx, b.capacity)}):
+        return t.result()
     unique_and_owned("window_slots", _get(meta, "window_slots"), b.window_table, req_of)
     for src in b.ratios:
         unique_and_owned(f"compressed_slots[{src}]", _get(meta, "compressed_slots", src), b.tables[src], req_of)
-    idx = _get(meta, "window_indices")
     for tok, r, _p in b.tokens():
         pages = owned(b.window_table[r])
         for col, slot in enumerate(idx[tok]):
@@ -309,7 +335,8 @@ _REQUEST_FIELDS = {"query_lens": torch.int32, "logit_row_indices": torch.int32, 
 
 
 def check_field_layout(meta, inputs: dict) -> CheckResult:
-    """Every field has the spec's dtype and shape ([T], [B], [B+1], [T, W]). Spec: §3 field table."""
+    """Every field has the spec's dtype and shape ([T], [B], [B+1], [T, W], [compressor outputs]). Spec: §3 field
+    table."""
     b, t = _batch(inputs), Tally("check_field_layout", SPEC)
 
     def expect(name: str, value: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]):
@@ -329,6 +356,10 @@ def check_field_layout(meta, inputs: dict) -> CheckResult:
             expect(f"{name}[{src}]", getattr(meta, name)[src], torch.int32, (b.batch,))
         expect(f"compressor_output_start_loc[{src}]", meta.compressor_output_start_loc[src], torch.int32,
                (b.batch + 1,))
+        ratio = b.ratios[src]
+        outputs = sum((b.kv[r] + n) // ratio - b.kv[r] // ratio for r, _f, n in b.requests())
+        for name in ("compressor_source_token_indices", "compressor_position_ids"):
+            expect(f"{name}[{src}]", getattr(meta, name)[src], torch.int32, (outputs,))
     return t.result()
 
 
