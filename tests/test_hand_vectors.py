@@ -5,9 +5,9 @@ bytes differ from every one.
 
 A hand-vector test is found from its source: not a hypothesis property, and it builds tensors from float
 literals or says "hand" in its docstring. Each one either calls ``separates`` or is listed below: in
-``NOT_A_RULE`` with why it pins no arithmetic rule (a refusal, a comparator's own bound, a layout), or in
-``PENDING``, the vectors not yet given their alternatives. ``PENDING`` may only shrink: a listed test that now
-calls ``separates`` fails here until it is taken off the list.
+``NOT_A_RULE`` with why it pins no arithmetic rule (a refusal, a comparator's own bound, a differential test).
+No vector is left without its alternatives (the 21 integer layout, ordering and boundary vectors of the last
+round were the last).
 """
 
 from __future__ import annotations
@@ -61,10 +61,6 @@ NOT_A_RULE = {
         "separated pairwise by tests/test_rule_separation.py (every rule swapped for every other fails it)",
 }
 
-# hand vectors whose alternatives are not computed yet (#26): this list only shrinks
-PENDING: set[str] = set()  # every integer layout, ordering and boundary vector now computes its alternatives
-
-
 def _hand_vector_tests() -> dict[str, bool]:
     """{file::test: whether it calls separates} for every hand-vector test of contracts/."""
     out = {}
@@ -95,15 +91,12 @@ def test_each_hand_vector_separates_its_rule_or_says_why_not(name):
     if name in NOT_A_RULE:
         assert not calls, f"{name} calls separates: take it off NOT_A_RULE"
         return
-    if name in PENDING:
-        assert not calls, f"{name} now calls separates: take it off PENDING"
-        return
     assert calls, (f"{name} pins a hand vector without computing the alternatives it separates the rule from: "
                    "call contracts.separation.separates (or list it in NOT_A_RULE with why)")
 
 
 def test_the_lists_name_only_tests_that_exist():
-    stale = sorted((set(NOT_A_RULE) | PENDING) - set(FOUND))
+    stale = sorted(set(NOT_A_RULE) - set(FOUND))
     assert not stale, f"listed but not found as hand-vector tests: {stale}"
 
 
