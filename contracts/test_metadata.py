@@ -130,6 +130,21 @@ _CORRUPTIONS = ([(f, w) for f in _TOKEN for w in ("active", "padding", "length",
                 + [("num_tokens", "value"), ("state_block_tables", "dtype"), ("state_block_tables", "keys")])
 
 
+_OWNER = {  # the check that holds each field's value rule (its dtype and shape: check_field_layout)
+    "token_to_req_indices": "check_token_requests", "moe_token_owners": "check_moe_owners",
+    "position_ids": "check_positions", "window_slots": "check_window", "window_lens": "check_window",
+    "window_indices": "check_window", "compressed_slots": "check_compressed_slots",
+    "index_slots": "check_compressed_slots", "compressed_lens": "check_compressed_lens",
+    "compressed_seq_lens": "check_compressed_lens", "compressed_seq_remainders": "check_compressed_lens",
+    "compressed_rope_position_ids": "check_compressed_rope_positions", "query_start_loc": "check_query_layout",
+    "query_lens": "check_query_layout", "kv_seq_lens": "check_query_layout", "new_kv_seq_lens": "check_query_layout",
+    "num_tokens": "check_query_layout", "logit_row_indices": "check_logit_rows",
+    "compressor_output_start_loc": "check_compressor_outputs",
+    "compressor_source_token_indices": "check_compressor_outputs",
+    "compressor_position_ids": "check_compressor_outputs", "state_block_tables": "check_state_tables",
+}
+
+
 def _corrupt(t: torch.Tensor, where: str, active: int) -> torch.Tensor:
     if where == "length":
         return t[:-1].clone()
@@ -147,7 +162,8 @@ def test_each_field_corrupted_alone_fails_a_check_naming_it(field, where):
     every check; the same metadata with one field corrupted -- one active row, one padding row, the first or last
     request entry, one row short, another integer dtype, a per-source table missing -- fails a check whose
     violation names that field. Every clause a check holds about a field is shown failing on its own here or in
-    the property tests above (tests/mutation/clauses.py)."""
+    the property tests above (tests/mutation/clauses.py). The check that owns the field's rule must be the one
+    that fails (check_field_layout for a dtype), so a clause dropped from it is not covered by another check."""
     inputs = materialize(_FIXED)
     meta = build_forward_metadata(**inputs)
     every = checks.ALL_CHECKS
@@ -165,15 +181,15 @@ def test_each_field_corrupted_alone_fails_a_check_naming_it(field, where):
     else:
         new = _corrupt(value, where, active)
     bad = dataclasses.replace(meta, **{field: new})
-    failures = []
+    verdicts = {}
     for check in every:
         try:
-            r = check(bad, inputs)
+            verdicts[check.__name__] = check(bad, inputs)
         except (IndexError, KeyError) as e:
             raise AssertionError(f"{check.__name__} crashed on {field} ({where}): {e!r}") from e
-        if not r.ok:
-            failures.append(r.message())
-    assert any(field in m for m in failures), f"{field} ({where}): {failures or 'every check passed'}"
+    owner = "check_field_layout" if where == "dtype" and field != "state_block_tables" else _OWNER[field]
+    r = verdicts[owner]
+    assert not r.ok and field in r.message(), f"{owner} on {field} ({where}): {r.message()}"
 
 
 def test_live_slots_are_unique_owned_and_inside_the_pages_on_their_own():
