@@ -219,9 +219,9 @@ def test_a_mode_that_must_not_write_a_cache_is_judged_on_its_input_bytes():
         return judge_half_layer(actual, expected, inputs, block_size=case.config.block_size, **call)
 
     assert judge(dict(expected)).ok
-    wrong = dict(expected, index_payload=expected["index_payload"].view(torch.int8))
-    r = judge(wrong)
-    assert not r.ok and "index" in r.message() and "layout" in r.message(), r.message()
+    for bad in (expected["index_payload"].view(torch.int8), expected["index_payload"][:-1]):  # dtype, one block short
+        r = judge(dict(expected, index_payload=bad))
+        assert not r.ok and "index_payload.layout" in r.message(), r.message()
     written = dict(expected, index_payload=expected["index_payload"].clone())
     flat = written["index_payload"].view(torch.uint8).reshape(-1)
     flat[0] ^= 1

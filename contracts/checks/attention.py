@@ -83,12 +83,8 @@ def _cache(where: str, name: str, actual: Tensors, expected: Tensors, slots: tor
 
 def _unchanged(where: str, name: str, actual: Tensors, inputs: Tensors) -> CheckResult:
     results = []
-    for part in ("payload", "scale"):
+    for part in ("payload", "scale"):  # present: judge_half_layer has refused a call missing an expected output
         key = f"{name}_{part}"
-        if key not in actual:
-            results.append(failed("check_unchanged", "§2.3", 1, 1,
-                                  Violation(f"{where}: {key}", (), "missing", "the input bytes")))
-            continue
         got, before = actual[key], inputs[key]
         if got.dtype != before.dtype or tuple(got.shape) != tuple(before.shape):
             results.append(failed("check_unchanged", "§2.3", 1, 1, Violation(
