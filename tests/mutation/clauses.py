@@ -102,10 +102,14 @@ def mutated(clause: Clause) -> str:
 
 
 def _callers(module: str, func: str) -> set[str]:
-    """``func`` and every function of the module that reaches it through the module's own functions."""
+    """``func`` and every function (or module-level table) of the module that reaches it through the module's
+    own functions and tables."""
     tree = ast.parse(_path(module).read_text())
     uses = {n.name: {m.id for m in ast.walk(n) if isinstance(m, ast.Name)}
             for n in tree.body if isinstance(n, ast.FunctionDef)}
+    for n in tree.body:  # a module-level table of checks (ALL_CHECKS = (...)) reaches what it lists
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            uses[n.targets[0].id] = {m.id for m in ast.walk(n.value) if isinstance(m, ast.Name)}
     reach, todo = {func}, [func]
     while todo:
         f = todo.pop()
