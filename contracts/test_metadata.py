@@ -124,7 +124,7 @@ _TOKEN = ("token_to_req_indices", "moe_token_owners", "position_ids", "window_sl
 _REQUEST = ("query_start_loc", "query_lens", "logit_row_indices", "kv_seq_lens", "new_kv_seq_lens",
             "compressed_seq_lens", "compressed_seq_remainders", "compressor_output_start_loc")
 _OUTPUT = ("compressor_source_token_indices", "compressor_position_ids")
-_CORRUPTIONS = ([(f, w) for f in _TOKEN for w in ("active", "padding", "length", "dtype")]
+_CORRUPTIONS = ([("position_ids", "request")] + [(f, w) for f in _TOKEN for w in ("active", "padding", "length", "dtype")]
                 + [(f, w) for f in _REQUEST for w in ("first", "last", "length", "dtype")]
                 + [(f, w) for f in _OUTPUT for w in ("first", "length", "dtype")]
                 + [("num_tokens", "value"), ("state_block_tables", "dtype"), ("state_block_tables", "keys")])
@@ -151,6 +151,9 @@ def _corrupt(t: torch.Tensor, where: str, active: int) -> torch.Tensor:
     if where == "dtype":
         return t.to(torch.int64 if t.dtype == torch.int32 else torch.int32)
     t = t.clone()
+    if where == "request":  # request 1's rows (3..7) all one later: still consecutive, each one wrong
+        t[3:8] += 1
+        return t
     row = {"active": 1, "padding": active + 1, "first": 0, "last": -1}[where]
     t[row] += 1
     return t
@@ -159,8 +162,9 @@ def _corrupt(t: torch.Tensor, where: str, active: int) -> torch.Tensor:
 @pytest.mark.parametrize("field, where", _CORRUPTIONS, ids=[f"{f}-{w}" for f, w in _CORRUPTIONS])
 def test_each_field_corrupted_alone_fails_a_check_naming_it(field, where):
     """The reference's metadata of a fixed batch (an empty request, a request past a page, 3 padding rows) passes
-    every check; the same metadata with one field corrupted -- one active row, one padding row, the first or last
-    request entry, one row short, another integer dtype, a per-source table missing -- fails a check whose
+    every check; the same metadata with one field corrupted -- one active row, one padding row, a request's
+    positions all shifted (still consecutive), the first or last request entry, one row short, another integer
+    dtype, a per-source table missing -- fails a check whose
     violation names that field. Every clause a check holds about a field is shown failing on its own here or in
     the property tests above (tests/mutation/clauses.py). The check that owns the field's rule must be the one
     that fails (check_field_layout for a dtype), so a clause dropped from it is not covered by another check."""
@@ -190,6 +194,9 @@ def test_each_field_corrupted_alone_fails_a_check_naming_it(field, where):
     owner = "check_field_layout" if where == "dtype" and field != "state_block_tables" else _OWNER[field]
     r = verdicts[owner]
     assert not r.ok and field in r.message(), f"{owner} on {field} ({where}): {r.message()}"
+    if where == "length":  # the layout check holds the shape on its own too
+        r = verdicts["check_field_layout"]
+        assert not r.ok and ".shape" in r.message(), f"check_field_layout on {field} ({where}): {r.message()}"
 
 
 def test_live_slots_are_unique_owned_and_inside_the_pages_on_their_own():
