@@ -109,7 +109,7 @@ def test_sparse_attention_with_no_row_is_exactly_zero(backend):
     out = op(backend, "sparse_attention")(q, kv, wi, kv, ci, sink)
     assert bool((out[0] == 0).all()), "a token with no selected row has a non-zero output"
     # separates the rule from a -1 read as row 0 or as the last row, and from a softmax without the sink (0/0)
-    separates("AP-07 no row gives exactly zero", out[0],
+    separates("AP-07 no row gives exactly zero", torch.zeros_like(out[0]),
               clamps_to_row_0=reference_attention(q, kv, wi.clamp(min=0), kv, ci.clamp(min=0), sink)[0],
               wraps_to_last_row=reference_attention(q, kv, torch.where(wi < 0, 7, wi), kv,
                                                     torch.where(ci < 0, 7, ci), sink)[0],
@@ -133,7 +133,7 @@ def test_sparse_attention_never_reads_unselected_rows(backend):
     assert bool(torch.isfinite(out).all()), "an unselected (NaN) cache row reached the output"
     # the vector separates "-1 is no row" from a -1 read as a row: wrapped to the last (NaN) row, or clamped to
     # row 0 (NaN too), computed with the reference attention
-    separates("§5.3 -1 selects no row", out,
+    separates("§5.3 -1 selects no row", reference_attention(q, kv, wi, kv, ci, sink),
               wraps_to_last_row=reference_attention(q, kv, torch.where(wi < 0, 11, wi), kv,
                                                     torch.where(ci < 0, 11, ci), sink),
               clamps_to_row_0=reference_attention(q, kv, wi.clamp(min=0), kv, ci.clamp(min=0), sink))

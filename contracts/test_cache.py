@@ -129,7 +129,7 @@ def test_read_decodes_the_whole_cache_to_bf16(backend, kind):
 
     # value row i lands at its slot, -1 writes nothing: separated from a -1 that wraps to the last row and from
     # rows written in value order
-    separates("§2.3 read: rows at their slots", flat, wraps_minus_one=placed([5, -1, 0, 17]),
+    separates("§2.3 read: rows at their slots", placed([5, None, 0, 17]), wraps_minus_one=placed([5, -1, 0, 17]),
               value_order=placed([0, None, 1, 2]))
     assert torch.equal(flat, placed([5, None, 0, 17]))
 

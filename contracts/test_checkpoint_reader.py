@@ -69,10 +69,10 @@ def test_mx_linear_transposes_the_blocks_and_spreads_each_scale_over_its_output_
                               config=C)
     got_w, got_s = reader.mx_linear("layers.0.attn.wq_a")
     codes = s.view(torch.uint8)
-    separates("CQ-21 weight input-major", got_w.view(torch.uint8), output_major=w.view(torch.uint8))
+    separates("CQ-21 weight input-major", w.view(torch.uint8).t(), output_major=w.view(torch.uint8))
     assert torch.equal(got_w.view(torch.uint8), w.view(torch.uint8).t())
     logical = unpack_mx_b_scale(got_s.view(torch.uint8))
-    separates("CQ-21 block code per output column", logical,
+    separates("CQ-21 block code per output column", codes.t().repeat_interleave(32, dim=1),
               untransposed=codes.repeat_interleave(32, dim=1),
               over_input_rows=codes.t().repeat_interleave(32, dim=0)[:2].contiguous(),
               unpacked=got_s.view(torch.uint8))
@@ -110,7 +110,7 @@ def test_the_reader_returns_stored_bytes_and_table_rows(tmp_path):
     raw = table.view(torch.uint8)
     # the rows in the order asked, repeats kept: separated from the rows sorted (the order they are read in) and
     # from the unique rows only
-    separates("CQ-20 table rows in the order of the ids", got[0].view(torch.uint8), sorted_rows=raw[[0, 3, 3]],
+    separates("CQ-20 table rows in the order of the ids", raw[[3, 0, 3]], sorted_rows=raw[[0, 3, 3]],
               unique_rows=raw[[0, 3]])
     assert torch.equal(got[0].view(torch.uint8), raw[[3, 0, 3]])
 
@@ -186,7 +186,7 @@ def test_resident_fp8_blocks_are_output_block_major_and_row_major_inside():
     s = _e8m0([[127, 128], [129, 130]])
     blocks, codes = resident_fp8_blocks(w, s)
     raw = w.view(torch.uint8)
-    separates("CQ-23 FP8 block order", blocks[1],
+    separates("CQ-23 FP8 block order", raw[:32, 32:].reshape(-1),
               input_block_first=raw[32:, :32].reshape(-1),
               column_major=raw[:32, 32:].t().reshape(-1))
     assert torch.equal(blocks[1], raw[:32, 32:].reshape(-1)) and codes.tolist() == [127, 128, 129, 130]
@@ -203,9 +203,9 @@ def test_resident_fp4_blocks_keep_32_rows_of_16_packed_bytes_with_their_row_code
     raw = ((torch.arange(64)[:, None] * 3 + torch.arange(32)[None]) % 256).to(torch.uint8)
     codes = (torch.arange(64)[:, None] * 2 + torch.arange(2)[None]).to(torch.uint8) % 200 + 20
     blocks, scales = resident_fp4_blocks(raw.view(torch.int8), codes.view(torch.float8_e8m0fnu))
-    separates("CQ-23 FP4 block order", blocks[1], group_major=raw[32:, :16].reshape(-1))
+    separates("CQ-23 FP4 block order", raw[:32, 16:].reshape(-1), group_major=raw[32:, :16].reshape(-1))
     assert torch.equal(blocks[1], raw[:32, 16:].reshape(-1))
-    separates("CQ-23 FP4 block codes", scales[1], across_groups=codes[:16].reshape(-1))
+    separates("CQ-23 FP4 block codes", codes[:32, 1], across_groups=codes[:16].reshape(-1))
     assert torch.equal(scales[1], codes[:32, 1])
     with pytest.raises(ContractInputError, match="K/2 % 16 == 0"):
         resident_fp4_blocks(raw[:, :24].contiguous().view(torch.int8), codes.view(torch.float8_e8m0fnu))

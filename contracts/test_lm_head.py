@@ -118,7 +118,8 @@ def test_the_embedding_pack_clamps_ids_and_copies_rows_bit_exact(backend):
         return emb[ids_read][:, None].expand(-1, C.hc_mult, -1)
 
     # clamping both ends, separated from ids taken modulo the vocabulary and from a -1 that indexes from the end
-    separates("CQ-26 ids clamp to [0, vocab)", x.view(torch.int16), modulo=rows([5, V - 1, 0, 7, 0]).view(torch.int16),
+    separates("CQ-26 ids clamp to [0, vocab)", rows([5, 0, V - 1, V - 1, 0]).view(torch.int16),
+              modulo=rows([5, V - 1, 0, 7, 0]).view(torch.int16),
               negative_from_the_end=rows([5, V - 1, V - 1, V - 1, 0]).view(torch.int16))
     for t, row in enumerate([5, 0, V - 1, V - 1, 0]):
         for lane in range(C.hc_mult):

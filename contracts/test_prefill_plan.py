@@ -130,7 +130,7 @@ def test_replay_window_metadata_equals_independent_paged_slots(backend):
             out[i, :len(rows)] = torch.tensor(rows, dtype=out.dtype)
         return out
 
-    separates("MD-15 replay window rows", r.window_indices, newest_first=windows(newest_first=True),
+    separates("MD-15 replay window rows", windows(), newest_first=windows(newest_first=True),
               not_bounded_by_the_replay_start=windows(bounded=False), logical_positions=windows(physical=False))
     for i in range(r.position_ids.numel()):
         b, p = int(r.token_to_req_indices[i]), int(r.position_ids[i])
@@ -264,7 +264,7 @@ def test_a_resumed_request_replays_its_cached_tail_before_its_new_rows(backend):
     assert r.source_rows.tolist() == [3, 4, 0, 1, 5, 6], f"source_rows {r.source_rows.tolist()}"
     new_rows, tail_rows = {0: [3, 4], 1: [5, 6]}, {1: [0, 1]}  # new rows follow the 3 cached tail rows
     as_rows = partial(torch.tensor, dtype=r.source_rows.dtype)
-    separates("MD-18 a resumed request replays its cached tail first", r.source_rows,
+    separates("MD-18 a resumed request replays its cached tail first", as_rows(new_rows[0] + tail_rows[1] + new_rows[1]),
               new_rows_first=as_rows(new_rows[0] + new_rows[1] + tail_rows[1]),
               new_rows_only=as_rows(new_rows[0] + new_rows[1]))
     assert r.query_lens.tolist() == [2, 4, 0] and r.replay_starts.tolist() == [0, 3, 3]
@@ -368,12 +368,12 @@ def test_the_ced_runs_encoder_then_one_publication_then_the_decoder_on_the_repla
         return torch.tensor([({"encoder": 0, "publish": 1, "decoder": 2}[k], n, t) for k, n, t in seq])
 
     decoder = [("decoder", i, 256) for i in range(20, 40)]
-    separates("MD-20 one publication, then the decoder on the replay rows", coded(calls),
+    separates("MD-20 one publication, then the decoder on the replay rows", coded([("publish", 20, 131)] + decoder),
               publication_per_decoder_layer=coded([c for i in range(20, 40) for c in (("publish", i, 131),
                                                                                       ("decoder", i, 256))]),
               publication_after_the_decoder=coded(decoder + [("publish", 20, 131)]),
               decoder_on_every_new_row=coded([("publish", 20, 131)] + [("decoder", i, 131) for i in range(20, 40)]))
-    separates("MD-18 cached tail rows before the new row", torch.tensor(seen["first"][128:]),
+    separates("MD-18 cached tail rows before the new row", torch.tensor([1000.0 + r for r in range(1, 128)] + [130.0]),
               new_row_first=torch.tensor([130.0] + [1000.0 + r for r in range(1, 128)]),
               first_tail_rows=torch.tensor([1000.0 + r for r in range(0, 127)] + [130.0]))
     assert seen["first"][:128] == list(range(2, 130)), "request 0 replays its last 128 new rows"

@@ -280,7 +280,7 @@ def test_e8m0_encode_inverts_decode():
     assert special.tolist() == [255, 255, 255]
     # non-finite -> the NaN code, separated from an Inf that saturates to the largest finite code (254) and from a
     # sign-aware reading that sends -Inf to the smallest code (0); the round trip above is an identity, not a rule
-    separates("§2.2 E8M0 encodes every non-finite as NaN", special,
+    separates("§2.2 E8M0 encodes every non-finite as NaN", torch.tensor([255, 255, 255], dtype=special.dtype),
               inf_saturates=torch.tensor([255, 254, 254], dtype=special.dtype),
               negative_inf_to_zero_code=torch.tensor([255, 255, 0], dtype=special.dtype))
 

@@ -216,7 +216,8 @@ def test_candidate_selection_smoke_at_flash_size(backend):
     # the block of the last visible position is forced in and takes one of the 2048 places: blocks 0..2046 and
     # 2049; separated from the plain top 2048 (0..2047), from the forced block added on top (0..2047 and 2049),
     # and from keeping every block of a row over budget
-    separates("IX-05 the last block is kept within the budget", mask, plain_top_k=blocks(range(2048)),
+    separates("IX-05 the last block is kept within the budget", blocks([*range(2047), 2049]),
+              plain_top_k=blocks(range(2048)),
               forced_block_on_top=blocks([*range(2048), 2049]), every_block=torch.ones_like(mask))
     assert torch.equal(mask, blocks([*range(2047), 2049]))
 
@@ -267,7 +268,7 @@ def test_reuse_takes_the_source_selection_as_given():
     the source's INT64 widening."""
     source = torch.tensor([[9, -1, 5, -1]], dtype=torch.int32)
     reused = ref.reuse_topk(source)
-    separates("IX-15 REUSE takes the source selection as given", reused, resorted=source.sort(-1).values,
+    separates("IX-15 REUSE takes the source selection as given", source.clone(), resorted=source.sort(-1).values,
               compacted=torch.tensor([[9, 5, -1, -1]], dtype=torch.int32), widened=source.long())
     assert torch.equal(reused, source) and reused.data_ptr() != source.data_ptr()
 

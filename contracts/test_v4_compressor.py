@@ -180,7 +180,7 @@ def test_csa_keeps_the_inner_state_out_of_the_main_pool(backend):
     assert bool((res["main_pool"][2, 1:] == 7.0).all()), "rows after position 8 are untouched"
     # each compressor through its own table: separated from each through the other's table (the tables name
     # the pages in another order)
-    separates("§8 CSA pools through their own tables", torch.cat([res["main_pool"].flatten(), res["inner_pool"].flatten()]),
+    separates("§8 CSA pools through their own tables", torch.cat([m_pool.flatten(), i_pool.flatten()]),
               tables_swapped=torch.cat([_run(backend, x, pos, req, it, mp, main, 4, True)[2].flatten(),
                                         _run(backend, x, pos, req, mt, ip, inner, 4, True)[2].flatten()]))
     calls = []

@@ -105,7 +105,7 @@ def test_the_visible_range_is_the_cache_and_the_causal_bound(backend):
     assert got == want, f"picks per row {got}, expected {want} (min(kv_len // 4, (pos + 1) // 4))"
     pos = torch.tensor([10, 11, 14, 15, 21, 22, 2, 3])
     kv = torch.tensor([12, 16, 12, 4]).repeat_interleave(2)
-    separates("§8 visible = min(cache, causal bound)", torch.tensor(got), causal_bound_only=(pos + 1) // 4,
+    separates("§8 visible = min(cache, causal bound)", torch.tensor(want), causal_bound_only=(pos + 1) // 4,
               cache_only=kv // 4, position_not_plus_one=torch.minimum(kv // 4, pos // 4))
     r = check_v4_index_scores(out["score"], _independent(config, inputs, config.sliding_window)[0],
                               tail=V4_DECODE_TAIL)  # the visible scores: one short leaves the last unscored

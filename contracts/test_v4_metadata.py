@@ -61,7 +61,7 @@ def test_mtp_rows_are_request_major_with_two_positions_per_request(backend, conf
     assert config.decode_seq == 2 and md.position_ids.numel() == len(starts) * 2
     assert md.position_ids.tolist() == [127, 128, 0, 1, 300, 301, 9, 10], md.position_ids.tolist()
     rows = [(b, s) for b in range(4) for s in range(2)]
-    separates("§8 MTP rows request-major", md.position_ids,
+    separates("§8 MTP rows request-major", torch.tensor([starts[b] + s for b, s in rows], dtype=torch.int32),
               seq_major=torch.tensor([starts[b] + s for s, b in sorted((s, b) for b, s in rows)], dtype=torch.int32),
               one_position_per_request=torch.tensor([starts[b] + 0 for b, _ in rows], dtype=torch.int32))
     assert md.kv_seq_lens.tolist() == [129, 2, 302, 11] and md.kv_seq_lens.dtype == torch.int32
@@ -106,7 +106,7 @@ def test_slot_mappings_are_paged_rows_and_compress_only_at_boundaries(backend, c
     def cmp4(boundary, column):
         return torch.tensor([_phys(cmp[4], b, column(p), bs) if boundary(p) else -1 for b, p in rows4])
 
-    separates("§8 compressed slots at boundaries", md.cmp_slot_mapping[4],
+    separates("§8 compressed slots at boundaries", cmp4(lambda p: (p + 1) % 4 == 0, lambda p: p // 4),
               every_token=cmp4(lambda p: True, lambda p: p // 4),
               boundary_at_multiples=cmp4(lambda p: p % 4 == 0, lambda p: p // 4),
               next_column=cmp4(lambda p: (p + 1) % 4 == 0, lambda p: (p + 1) // 4))
@@ -214,7 +214,7 @@ def test_a_prefill_window_is_the_last_positions_oldest_first(backend, config):
             out[t, :len(rows)] = torch.tensor(rows, dtype=out.dtype)
         return out
 
-    separates("§8 prefill window: last positions, oldest first, paged", got, newest_first=windows(newest_first=True),
+    separates("§8 prefill window: last positions, oldest first, paged", windows(), newest_first=windows(newest_first=True),
               logical_positions=windows(physical=False), one_position_short=windows(span=w - 1),
               padding_rows_get_windows=windows(pad=False))
 

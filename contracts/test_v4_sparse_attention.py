@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contracts.backends import torch_backend
 from contracts.checks.precision import check_ratio_allclose
 from contracts.plugin import op
 from contracts.separation import separates
@@ -205,8 +206,9 @@ def test_compressed_slots_are_paged_through_each_requests_table(backend):
     assert torch.equal(again, got), f"pages moved with their tables: {int((again != got).sum())} attn_out elements " \
                                     "changed (slots read as physical rows?)"
     identity = dict(inputs, cmp_block_table=torch.tensor([[0, 1]] * 4, dtype=torch.int32))
-    separates("§8 compressed slots are paged per request", got,
-              slots_as_physical_rows=_call(backend, "HCA", config, identity, compressed))
+    ref = torch_backend()  # the rule and its alternative, on the reference
+    separates("§8 compressed slots are paged per request", _call(ref, "HCA", config, inputs, compressed),
+              slots_as_physical_rows=_call(ref, "HCA", config, identity, compressed))
 
 
 def test_the_inverse_rotation_acts_on_the_last_rope_dims(backend):
