@@ -52,3 +52,28 @@ def test_a_midpoint_mutant_is_killed_and_the_reference_is_untouched():
     row = run_one(mutant, [], timeout=120)
     assert row["status"] == "killed" and row["how"] == "fail", row
     assert quant.FP4_MIDPOINTS[1] == 0.75
+
+
+def test_the_clause_run_finds_drops_and_targets_each_clause():
+    """tests.mutation.clauses: every listed equivalent clause still exists (no stale entry); a clause's drop
+    changes exactly that clause (an `if` never taken, an `expect` gone) and the module still parses; the tests
+    chosen for a metadata clause include the contract that runs its check and that contract's seeded-defect
+    cases."""
+    import ast
+
+    from tests.mutation import clauses as c
+
+    found = {m: c.clauses_of(m) for m in c.MODULES}
+    every = [x for xs in found.values() for x in xs]
+    assert len(every) >= 100 and all(x.source for x in every)
+    keys = {(f"{x.module}:{x.func}", x.source) for x in every}
+    assert set(c.EQUIVALENT) <= keys, f"stale EQUIVALENT entries: {set(c.EQUIVALENT) - keys}"
+    window = next(x for x in found["contracts.checks.metadata"] if x.func == "check_window"
+                  and x.source.startswith("t.expect('window_slots', (tok,), slots[tok], b.slot"))
+    before, after = c._path(window.module).read_text(), c.mutated(window)
+    ast.parse(after)
+    assert "b.slot(row, p))" in before and after.count("b.slot(row, p))") == ast.unparse(ast.parse(before)).count(
+        "b.slot(row, p))") - 1
+    tests = c.tests_for(window, c._test_index(), c._seeded_defect_cases())
+    assert "contracts/test_metadata.py::test_metadata_window" in tests
+    assert any("test_seeded_defects.py" in t and "test_metadata_window" in t for t in tests), tests

@@ -1,10 +1,10 @@
 """Run operator-level mutants against the contracts and report the kill rate and the survivors.
 
-    .venv/bin/python -m tests.mutation.run                      # every mutant, 2 workers (about 13 min)
+    .venv/bin/python -m tests.mutation.run                      # every mutant, 2 workers (well over an hour)
     .venv/bin/python -m tests.mutation.run --module kernels.quant --jobs 2
     .venv/bin/python -m tests.mutation.run --only 'kernels.quant:_quantize_rows:*' --verbose
     .venv/bin/python -m tests.mutation.run --list                # the mutants, without running them
-    .venv/bin/python -m tests.mutation.run --skip-equivalent     # not the listed equivalent ones (much faster)
+    .venv/bin/python -m tests.mutation.run --skip-equivalent     # not the 504 listed equivalent ones (about 27 min)
 
 For each mutant: load a shadow copy of the mutated module (and of the operator modules that import
 it), build the torch backend with those operators replaced, and run, under the hypothesis ``ci``
