@@ -204,22 +204,29 @@ def test_each_structural_clause_of_the_half_layer_judge_fails_alone(c2a, what):
     assert not r.ok and needle in r.message(), r.message()
 
 
-def test_a_mode_that_must_not_write_a_cache_is_judged_on_its_input_bytes():
-    """C1A REINDEX reads the index cache it must not write: the judge compares it with the input's bytes; another
-    dtype fails naming its layout and one flipped bit of it fails (the unchanged-cache clauses). A differing
-    selection with no reference scores to judge it fails saying so."""
+def _replicated_prefill(kind):
+    """(case, inputs, the reference outputs, a judge of an actual output dict) for a replicated TP2 prefill call."""
     from contracts.checks.attention import judge_half_layer
     from contracts.half_layer_cases import HalfLayerCase, build
     from kernels.config import LayerKind
     from kernels.reference.attention_layer import attention_half_layer
 
-    case = HalfLayerCase(LayerKind.C1A_REINDEX, "prefill", "replicated", 2)
+    case = HalfLayerCase(LayerKind(kind), "prefill", "replicated", 2)
     inputs = build(case)
     call = dict(kind=case.kind, phase=case.phase, wiring=case.wiring, tp=case.tp)
     expected = attention_half_layer(inputs, config=case.config, **call)
 
-    def judge(actual):
-        return judge_half_layer(actual, expected, inputs, block_size=case.config.block_size, **call)
+    def judge(actual, **kw):
+        return judge_half_layer(actual, expected, inputs, block_size=case.config.block_size, **call, **kw)
+
+    return case, inputs, expected, judge
+
+
+def test_a_mode_that_must_not_write_a_cache_is_judged_on_its_input_bytes():
+    """C1A REINDEX reads the index cache it must not write: the judge compares it with the input's bytes; another
+    dtype fails naming its layout and one flipped bit of it fails (the unchanged-cache clauses). A differing
+    selection with no reference scores to judge it fails saying so."""
+    case, inputs, expected, judge = _replicated_prefill("C1A_REINDEX")
 
     assert judge(dict(expected)).ok
     for bad in (expected["index_payload"].view(torch.int8), expected["index_payload"][:-1]):  # dtype, one block short
@@ -232,8 +239,7 @@ def test_a_mode_that_must_not_write_a_cache_is_judged_on_its_input_bytes():
     assert not r.ok and "index" in r.message(), r.message()
     sel = expected["topk_indices"].clone()
     sel[0] = sel[0].flip(0)
-    r = judge_half_layer(dict(expected, topk_indices=sel), expected, inputs, block_size=case.config.block_size,
-                         scores=None, **call)
+    r = judge(dict(expected, topk_indices=sel), scores=None)
     assert not r.ok and "no reference scores" in r.message(), r.message()
 
 
@@ -292,18 +298,7 @@ def test_the_gate_clauses_fail_alone():
 def test_a_reused_selection_is_judged_byte_for_byte_and_by_layout():
     """C1A REUSE takes its Top-K as given: the judge holds it byte for byte -- an INT64 copy fails on its layout,
     one changed row fails naming topk_indices."""
-    from contracts.checks.attention import judge_half_layer
-    from contracts.half_layer_cases import HalfLayerCase, build
-    from kernels.config import LayerKind
-    from kernels.reference.attention_layer import attention_half_layer
-
-    case = HalfLayerCase(LayerKind.C1A_REUSE, "prefill", "replicated", 2)
-    inputs = build(case)
-    call = dict(kind=case.kind, phase=case.phase, wiring=case.wiring, tp=case.tp)
-    expected = attention_half_layer(inputs, config=case.config, **call)
-
-    def judge(actual):
-        return judge_half_layer(actual, expected, inputs, block_size=case.config.block_size, **call)
+    case, inputs, expected, judge = _replicated_prefill("C1A_REUSE")
 
     assert judge(dict(expected)).ok
     r = judge(dict(expected, topk_indices=expected["topk_indices"].long()))
