@@ -348,21 +348,27 @@ def greedy(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
     return precision.check_greedy(a, own, name=name)
 
 
+def _block_attention_mixes(ctx: Context):
+    """The reference attention mixes of a Block tree, from its stored streams and attention mHC weights."""
+    from kernels.config import preset
+    from kernels.reference.mhc import hc_mixes
+
+    i = ctx.inputs
+    return hc_mixes(i["x_hc"], i["attn_function"], i["attn_scale"], i["attn_base"],
+                    config=preset(str(ctx.params.get("preset", "flash-tiny"))))
+
+
 def ffn_input(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """A Block's FFN input (HC-03/04): the collapse of the backend's own attention_hidden with the attention's
     pre mix -- recomputed here from the stored mHC weights with the reference hc_mixes, so it is judged within
     the mHC output budget (HC-08); on the references it is exact. Judging it against the expected FFN input
     instead would charge the attention's own rounding to the collapse."""
-    from kernels.config import preset
-    from kernels.reference.mhc import hc_mixes, hc_pre
+    from kernels.reference.mhc import hc_pre
 
     bad = _layout(name, a, e)
     if bad:
         return bad
-    i = ctx.inputs
-    attn = hc_mixes(i["x_hc"], i["attn_function"], i["attn_scale"], i["attn_base"],
-                    config=preset(str(ctx.params.get("preset", "flash-tiny"))))
-    want = hc_pre(ctx.actual_outputs["attention_hidden"], attn.pre)
+    want = hc_pre(ctx.actual_outputs["attention_hidden"], _block_attention_mixes(ctx).pre)
     atol, rtol = precision.HC_OUT_TOL
     return precision.check_ratio_allclose(a.float(), want.float(), atol=atol, rtol=rtol, name=name)
 
@@ -376,14 +382,14 @@ def attention_forced(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) 
     from contracts.checks.teacher import check_stage_forced
     from kernels.config import preset
     from kernels.reference.attention_layer import attention_half_layer
-    from kernels.reference.mhc import hc_mixes, hc_post
+    from kernels.reference.mhc import hc_post
 
     bad = _layout(name, a, e)
     if bad:
         return bad
     i, p = ctx.inputs, ctx.params
     config = preset(str(p.get("preset", "flash-tiny")))
-    attn = hc_mixes(i["x_hc"], i["attn_function"], i["attn_scale"], i["attn_base"], config=config)
+    attn = _block_attention_mixes(ctx)
 
     def rerun(x: torch.Tensor) -> torch.Tensor:
         out = attention_half_layer({**i, "x": x}, kind=str(p["kind"]), phase=str(p["phase"]), wiring="replicated",
