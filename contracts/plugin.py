@@ -21,15 +21,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from contracts.backends import (
-    KERNEL_OPERATORS,
-    Backend,
-    BackendError,
-    MissingOperator,
-    Unsupported,
-    get_backend,
-    load_backend_module,
-)
+from backends import get_backend, load_backend_module
+from contracts.operators import KERNEL_OPERATORS, Backend, BackendError, MissingOperator, Unsupported
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile("ci", max_examples=20, derandomize=True, deadline=None, database=None,

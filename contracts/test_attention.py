@@ -13,7 +13,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from contracts.checks.precision import check_row_precision
 from contracts.plugin import op
 from contracts.separation import separates

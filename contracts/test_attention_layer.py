@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from contracts.checks.attention import check_layer_output, judge_half_layer, output_leaf
 from contracts.half_layer_cases import FLASH_HEADS, KINDS, PHASES, TPS, HalfLayerCase, build
 from contracts.plugin import op

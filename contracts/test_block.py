@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from contracts.block_cases import TP, block_inputs
 from contracts.checks.precision import HC_MIX_TOL, HC_OUT_TOL, check_output_budget, check_ratio_allclose
 from contracts.half_layer_cases import HalfLayerCase, build

@@ -243,7 +243,7 @@ def test_an_explicit_num_tokens_inside_a_requests_span_cuts_the_request_there(ba
     latent, publish, state = run(x, torch.tensor([0, a, a + b], dtype=torch.int32), pos, req, table, ring.state,
                                  ring.weights, num_tokens=n)
     qsl_cut = torch.tensor([0, min(a, n), n], dtype=torch.int32)
-    from contracts.backends import torch_backend
+    from backends import torch_backend
 
     want_latent, want_publish, want_state = torch_backend().get("compressor_ratio2")(
         x[:n], qsl_cut, pos[:n], req[:n], table, ring.state, ring.weights)
@@ -360,7 +360,7 @@ def test_epochs_thread_the_ring_and_are_not_idempotent(backend):
 
     inputs = _compressor_epochs_build(17, "replicated")
     got = _compressor_epochs_call(op(backend, "compressor_ratio2"), inputs)
-    from contracts.backends import torch_backend
+    from backends import torch_backend
 
     want = _compressor_epochs_call(torch_backend().get("compressor_ratio2"), inputs)
     assert torch.equal(got["publish"], want["publish"]) and _same(got["state_cache"], want["state_cache"])

@@ -12,7 +12,7 @@ dtype, random code bytes including NaN and subnormal codes, -1 and out-of-range 
 requests, full windows, the last row of a request and padding-only ranks. Where the reference
 rejects an input, the backend must reject it too (a ValueError).
 
-The reference is always ``contracts.backends.torch_backend()``; with ``--backend torch`` these
+The reference is always ``backends.torch_backend()``; with ``--backend torch`` these
 contracts compare the reference with itself and pass. Spec: §2.2, §2.3, §3, §4.1, §4.2, §5, §7.1.
 """
 
@@ -25,7 +25,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from contracts.checks.precision import check_row_precision
 from contracts.checks.topk import TopKContext, check_candidate_blocks, check_topk_validity
 from contracts.plugin import op

@@ -35,7 +35,7 @@ def pytest_generate_tests(metafunc):
 
 
 def test_golden_tree_replays(backend, golden_tree, pytestconfig):
-    from contracts.backends import MissingOperator, Unsupported
+    from contracts.operators import MissingOperator, Unsupported
     from goldens import trees
     from goldens.errors import BackendFailure, GoldenStoreError
     from goldens.store import GoldenStore

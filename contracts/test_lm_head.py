@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from contracts.checks.precision import LOGITS_TOL, check_greedy, check_logits
 from contracts.plugin import op
 from contracts.separation import separates

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from contracts.checks.precision import HC_MIX_TOL, HC_OUT_TOL, check_ratio_allclose
 from contracts.plugin import op
 from kernels.config import FLASH_TINY

@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from contracts.checks.moe import check_gate_ids, check_gate_weights, check_moe_rows
 from contracts.plugin import op
 from kernels.config import FLASH_TINY

@@ -132,7 +132,7 @@ def test_a_wrong_eps_is_not_excused():
 
 
 def _qkv_inputs(seed: int = 3) -> dict[str, torch.Tensor]:
-    from goldens.cases_v4_ops import _qkv_build
+    from goldens.cases.v4_ops import _qkv_build
 
     return _qkv_build(seed, "replicated")
 

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from contracts.plugin import op
 from contracts.separation import pairwise_sum, running_sum
 from kernels.sequence_parallel import sequence_parallel_bounds

@@ -10,67 +10,9 @@ import pytest
 import torch
 
 from contracts.plugin import op
+from contracts.v4_cases import prefill_stage_inputs, stage_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
-
-
-def _inputs(config, seed: int = 0) -> dict:
-    """Four requests at positions 40.., their windows over the 8 rows before them and their own rows (the rows
-    this stage writes), the current rows at slots 200 + t."""
-    g = torch.Generator().manual_seed(seed)
-    t, hc, dm = config.decode_tokens, config.hc_mult, config.hidden_size
-    h, d, lora, rope = config.num_attention_heads, config.head_dim, config.q_lora_rank, config.qk_rope_head_dim
-    groups, o_lora, bs = config.o_groups, config.o_lora_rank, config.block_size
-    mix = (2 + hc) * hc
-    pos = torch.tensor([40 + 2 * (r // 2) * 10 + r % 2 for r in range(t)], dtype=torch.int32)
-    slots = torch.arange(200, 200 + t)
-    window = torch.full((t, config.sliding_window), -1, dtype=torch.int32)
-    for r in range(t):
-        req_first = r - r % config.decode_seq
-        past = torch.arange(8 * (r // 2), 8 * (r // 2) + 8)  # the request's 8 earlier rows
-        own = slots[req_first:r + 1]  # this chunk's rows up to the token itself
-        rows = torch.cat((past, own)).to(torch.int32)
-        window[r, : rows.numel()] = rows
-    angle = torch.arange(512, dtype=torch.float32)[:, None] * torch.rand(rope, generator=g) * 0.05
-    return dict(
-        x_hc=torch.randn(t, hc, dm, generator=g), hc_fn=torch.randn(mix, hc * dm, generator=g) * 0.05,
-        hc_scale=torch.tensor([2.0, 0.02, 0.25]), hc_base=torch.randn(mix, generator=g),
-        attn_norm_w=(torch.rand(dm, generator=g) + 0.5).to(torch.bfloat16),
-        wq_a=(torch.randn(dm, lora, generator=g) / dm**0.5).to(torch.bfloat16),
-        wq_b=torch.randint(-127, 128, (lora, h * d), generator=g, dtype=torch.int8),
-        wq_b_scale=torch.rand(h * d, generator=g) / 127 + 1e-3,
-        wkv=(torch.randn(dm, d, generator=g) / dm**0.5).to(torch.bfloat16),
-        gamma_cq=(torch.rand(lora, generator=g) + 0.5).to(torch.bfloat16),
-        gamma_ckv=(torch.rand(d, generator=g) + 0.5).to(torch.bfloat16),
-        freqs_cos=torch.cos(angle).to(torch.bfloat16), freqs_sin=torch.sin(angle).to(torch.bfloat16),
-        kv_cache=(torch.rand(2, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
-        swa_slot_mapping=slots, window_indices=window, position_ids=pos,
-        attn_sink=torch.randn(h, generator=g),
-        wo_a=((torch.rand(groups, o_lora, h * d // groups, generator=g) - 0.5) / 4).to(torch.bfloat16),
-        wo_b=torch.randint(-127, 128, (dm, groups * o_lora), generator=g, dtype=torch.int8),
-        wo_b_scale=torch.rand(dm, generator=g) / 500,
-    )
-
-
-def _prefill_inputs(config, seed: int = 0, *, rows: int = 32, num_tokens: int = 28, start: int = 200) -> dict:
-    """One request's prefill chunk for the SWA stage: ``rows`` rows at positions start .., ``num_tokens`` real.
-    The window pages go through a shuffled 1-D ``block_table`` (in place of ``window_indices``) whose first page
-    is unmapped (-1: holes in the early rows' windows); the padding rows carry real-looking positions and the
-    slot of real row 0, which they must not write."""
-    g = torch.Generator().manual_seed(seed + 100)
-    i = _inputs(config, seed)
-    hc, d, bs = config.hc_mult, config.hidden_size, config.block_size
-    pos = torch.arange(start, start + rows, dtype=torch.int32)
-    pages = -(-(start + rows) // bs)
-    table = torch.randperm(pages + 1, generator=g)[:pages].to(torch.int32)
-    table[0] = -1
-    logical = pos.long()
-    slots = torch.where(table[logical // bs] >= 0, table[logical // bs].long() * bs + logical % bs, -1)
-    slots[num_tokens:] = slots[0]
-    del i["window_indices"]
-    i.update(x_hc=torch.randn(rows, hc, d, generator=g), block_table=table, swa_slot_mapping=slots, position_ids=pos,
-             kv_cache=(torch.rand(pages + 1, bs, 1, config.head_dim, generator=g) - 0.5).to(torch.bfloat16))
-    return i
 
 
 def _projected(backend, config, i):
@@ -103,7 +45,7 @@ def test_the_stage_is_the_chain_of_its_operators(backend, config):
     """x_out, the written cache and qr / qr_scale equal the chain spelled out with the same backend's
     operators, byte for byte: hc_pre, the RMSNorm, the projection at the tokens' RoPE rows, the kv write, the
     SWA attention, hc_post. The input cache is not modified. Spec: §8."""
-    i = _inputs(config)
+    i = stage_inputs(config)
     before = i["kv_cache"].clone()
     got = op(backend, "v4_attention_stage")("SWA", **i, config=config)
     want, cache, _ = _chain(backend, config, i)
@@ -118,7 +60,7 @@ def test_each_token_sees_its_own_kv_row(backend):
     reads the cache. Reading the cache as it came in (the rows not yet written) gives a different attention --
     the input separates the order. A slot of -1 writes nothing. Spec: §8."""
     config = V4_PRO_TINY
-    i = _inputs(config, 1)
+    i = stage_inputs(config, 1)
     got = op(backend, "v4_attention_stage")("SWA", **i, config=config)
     _, _, out = _chain(backend, config, i)
     mixes = op(backend, "hc_mixes")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], config=config)
@@ -145,7 +87,7 @@ def test_each_token_sees_its_own_kv_row(backend):
 def test_bad_stage_inputs_are_refused(backend):
     """A position past the RoPE table and a slot past the cache are refused naming the field. Spec: §8."""
     config = V4_PRO_TINY
-    i = _inputs(config, 2)
+    i = stage_inputs(config, 2)
     pos = i["position_ids"].clone()
     pos[5] = 512
     with pytest.raises(ContractInputError, match=r"position_ids\[5\]"):
@@ -162,7 +104,7 @@ def test_the_stage_runs_the_backends_operators_and_any_path(backend):
     compressed cache and slots equals the chain with HCA's attention; a token at position 0 and a write to
     slot 0 are ordinary. Spec: §8."""
     config = V4_FLASH_TINY
-    i = _inputs(config, 3)
+    i = stage_inputs(config, 3)
     calls = []
 
     def counted(name):
@@ -212,7 +154,7 @@ def test_the_prefill_form_is_the_decode_chain_on_the_real_rows_with_a_zero_tail(
     x_out, qr and qr_scale are exactly 0 and their slot (real row 0's) is not written by them. Spec: §8
     (upstream prefill_attention_swa.py: the kv write and the window stop at num_tokens, hc_post_prefill zeroes
     the tail)."""
-    i = _prefill_inputs(config)
+    i = prefill_stage_inputs(config)
     n = 28
     table = i.pop("block_table")
     i["window_indices"] = op(backend, "v4_prefill_swa_indices")(i["position_ids"], table, n, config=config)
@@ -232,7 +174,7 @@ def test_the_prefill_form_at_its_edges(backend):
     bit; the padding rows' positions are never read -- -1 and a position past the RoPE table are accepted there
     and change nothing. Spec: §8."""
     config = V4_PRO_TINY
-    i = _prefill_inputs(config, 1)
+    i = prefill_stage_inputs(config, 1)
     table = i.pop("block_table")
     rows = i["x_hc"].shape[0]
     stage = op(backend, "v4_attention_stage")
@@ -260,7 +202,7 @@ def test_the_prefill_form_refuses_a_bad_num_tokens_before_any_operator_runs(back
     """33 of 32 rows, -1 and True are refused naming num_tokens, and 31 positions for 32 rows naming
     position_ids, by the stage itself: no operator of the backend has run. Spec: §8."""
     config = V4_PRO_TINY
-    i = _prefill_inputs(config, 1)
+    i = prefill_stage_inputs(config, 1)
     table = i.pop("block_table")
     i["window_indices"] = op(backend, "v4_prefill_swa_indices")(i["position_ids"], table, 28, config=config)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from contracts.plugin import op
 from contracts.separation import separates, separates_under
 from kernels.errors import ContractInputError

@@ -16,29 +16,13 @@ import torch
 
 from contracts.checks.moe import check_moe_rows
 from contracts.plugin import op
+from contracts.v4_cases import int8_rows, moe_inputs, v4_expert_weights
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.moe import V4ExpertWeights
 
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
 T = 8
-
-
-def _expert(config, g, scale=0.02):
-    d, inter = config.hidden_size, config.moe_intermediate_size
-
-    def w(shape):
-        return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
-
-    return V4ExpertWeights(w((inter, d)), torch.rand(inter, generator=g) * scale + scale / 4,
-                           w((inter, d)), torch.rand(inter, generator=g) * scale + scale / 4,
-                           w((d, inter)), torch.rand(d, generator=g) * scale + scale / 4)
-
-
-def _rows(config, g, n=T):
-    x = torch.randn(n, config.hidden_size, generator=g)
-    amax = x.abs().amax(1, keepdim=True)
-    return torch.round(x * 127 / amax).to(torch.int8), (amax / 127 * 0.05).float()
 
 
 def _independent(config, x_i8, x_scale, weight, ew):
@@ -63,8 +47,8 @@ def test_an_expert_row_matches_an_independent_evaluation(backend, config, routed
     """A routed expert (weights in (0.1, 1)) and the shared one (no weight) on V4-Pro and V4-Flash tiny: y [8, D]
     BF16 within upstream's MoE row bound of the FP64 evaluation written here. Spec: §8."""
     g = torch.Generator().manual_seed(1)
-    ew = _expert(config, g)
-    x_i8, x_scale = _rows(config, g)
+    ew = v4_expert_weights(config, g)
+    x_i8, x_scale = int8_rows(config, g)
     weight = torch.rand(T, generator=g) * 0.9 + 0.1 if routed else None
     y = op(backend, "v4_expert")(x_i8, x_scale, weight, ew, config=config)
     assert y.dtype == torch.bfloat16 and y.shape == (T, config.hidden_size)
@@ -78,8 +62,8 @@ def test_the_swiglu_limits_clamp_gate_above_and_up_on_both_sides(backend):
     from below, does not). Spec: §8."""
     config = MODELS[0]
     g = torch.Generator().manual_seed(2)
-    ew = _expert(config, g, scale=0.5)
-    x_i8, x_scale = _rows(config, g)
+    ew = v4_expert_weights(config, g, scale=0.5)
+    x_i8, x_scale = int8_rows(config, g)
     x_scale = x_scale * 20
     lim = config.swiglu_limit
     x = x_i8.double() * x_scale.double()
@@ -92,20 +76,6 @@ def test_the_swiglu_limits_clamp_gate_above_and_up_on_both_sides(backend):
     assert r.ok, r.message()
 
 
-def _moe_inputs(config, seed=3, num_tokens=6, rows=T):
-    g = torch.Generator().manual_seed(seed)
-    d, e, k = config.hidden_size, config.n_routed_experts, config.num_experts_per_tok
-    return dict(
-        x_mixed=torch.randn(rows, d, generator=g).to(torch.bfloat16),
-        norm_w=(1 + 0.2 * torch.randn(d, generator=g)).to(torch.bfloat16),
-        gate_w=torch.randn(e, d, generator=g) / d**0.5, gate_bias=torch.randn(e, generator=g) * 0.1,
-        num_tokens=num_tokens,
-        tid2eid=torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(16)]).to(torch.int32),
-        input_ids=torch.randint(0, 16, (rows,), generator=g),
-        routed=[_expert(config, g) for _ in range(e)], shared=_expert(config, g),
-    )
-
-
 def _moe(backend, config, i, layer_id):
     return op(backend, "v4_moe")(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], layer_id, i["num_tokens"],
                                  i["tid2eid"], i["input_ids"], i["routed"], i["shared"], config=config)
@@ -116,7 +86,7 @@ def test_the_combine_is_one_fp32_sum_rounded_once(backend, config):
     """The MTP layer (score-routed), two padding rows: ffn_out is BF16(FP32(shared) + Σ_k FP32(routed_k)) of the
     backend's own router and expert rows, bit for bit -- no BF16 partial sums -- and the padding rows are 0.
     Spec: §8."""
-    i = _moe_inputs(config)
+    i = moe_inputs(config)
     layer = config.num_hidden_layers
     out = _moe(backend, config, i, layer)
     n = i["num_tokens"]
@@ -138,7 +108,7 @@ def test_each_route_reaches_its_own_expert(backend):
     """Zeroing one routed expert's w2 removes exactly the rows routed to it from ffn_out (tokens not routed there
     keep their bytes); on a hash layer, so the routes are tid2eid's. Spec: §8."""
     config = MODELS[0]
-    i = _moe_inputs(config, 4, num_tokens=T)
+    i = moe_inputs(config, 4, num_tokens=T)
     base = _moe(backend, config, i, 0)
     e = int(i["tid2eid"][int(i["input_ids"][0]), 2])
     zeroed = list(i["routed"])
@@ -153,11 +123,11 @@ def test_each_route_reaches_its_own_expert(backend):
 
 def test_bad_inputs_name_the_field(backend):
     config = MODELS[0]
-    i = _moe_inputs(config, 5)
+    i = moe_inputs(config, 5)
     with pytest.raises(ContractInputError, match="routed"):
         _moe(backend, config, dict(i, routed=i["routed"][:-1]), 0)
     g = torch.Generator().manual_seed(6)
-    x_i8, xs = _rows(config, g)
+    x_i8, xs = int8_rows(config, g)
     with pytest.raises(ContractInputError, match="x_i8/x_scale"):
         op(backend, "v4_expert")(x_i8.float(), xs, None, i["shared"], config=config)
     w = i["shared"]
@@ -171,8 +141,8 @@ def test_a_zero_row_keeps_the_hidden_amax_floor(backend):
     is exactly 0 (no NaN from 0 / 0). Spec: §8."""
     config = MODELS[0]
     g = torch.Generator().manual_seed(7)
-    ew = _expert(config, g)
-    x_i8, xs = _rows(config, g)
+    ew = v4_expert_weights(config, g)
+    x_i8, xs = int8_rows(config, g)
     x_i8[3] = 0
     y = op(backend, "v4_expert")(x_i8, xs, torch.ones(T), ew, config=config)
     assert bool((y[3] == 0).all()), f"zero row: y = {y[3, :4].tolist()}"
@@ -183,7 +153,7 @@ def test_a_chunk_of_zero_or_one_token(backend, num_tokens):
     """num_tokens 0: ffn_out all 0; num_tokens 1: row 0 is the combine of its routes and every other row is 0.
     Spec: §8."""
     config = MODELS[0]
-    i = _moe_inputs(config, 8, num_tokens=num_tokens)
+    i = moe_inputs(config, 8, num_tokens=num_tokens)
     out = _moe(backend, config, i, config.num_hidden_layers)
     assert bool((out["ffn_out"][num_tokens:] == 0).all())
     assert bool((out["ffn_out"][:num_tokens] != 0).any(1).all()), "an active row came back 0"
@@ -193,7 +163,7 @@ def _stage_inputs(config, seed=9, num_tokens=6):
     g = torch.Generator().manual_seed(seed)
     hc, dm = config.hc_mult, config.hidden_size
     mix = (2 + hc) * hc
-    i = _moe_inputs(config, seed, num_tokens=num_tokens)
+    i = moe_inputs(config, seed, num_tokens=num_tokens)
     del i["x_mixed"]
     return dict(i, x_hc=torch.randn(T, hc, dm, generator=g), hc_fn=torch.randn(mix, hc * dm, generator=g) * 0.05,
                 hc_scale=torch.tensor([2.0, 0.02, 0.25]), hc_base=torch.randn(mix, generator=g))
@@ -263,7 +233,7 @@ def test_padding_rows_carry_their_residual_mix(backend):
 
 def _ep_inputs(backend, config, ep, counts, seed=10):
     g = torch.Generator().manual_seed(seed)
-    i = _moe_inputs(config, seed)
+    i = moe_inputs(config, seed)
     gates = []
     for r in range(ep):
         x = torch.randn(T, config.hidden_size, generator=g).to(torch.bfloat16)
@@ -345,12 +315,12 @@ def test_the_ep_combine_sums_shared_then_routed_in_slot_order(backend, config):
 
     g = torch.Generator().manual_seed(31)
     k, n_exp = config.num_experts_per_tok, config.n_routed_experts
-    base = _expert(config, g)
+    base = v4_expert_weights(config, g)
     big = torch.full_like(base.w2_scale, 2.0**50)
-    routed = [replace(base, w2_scale=big), replace(base, w2_scale=-big), _expert(config, g)]
+    routed = [replace(base, w2_scale=big), replace(base, w2_scale=-big), v4_expert_weights(config, g)]
     routed += [replace(base, w2_scale=torch.zeros_like(big))] * (n_exp - 3)
-    shared = _expert(config, g)
-    x_i8, xs = _rows(config, g, 4)
+    shared = v4_expert_weights(config, g)
+    x_i8, xs = int8_rows(config, g, 4)
     gate = {"x_norm_i8": x_i8, "x_norm_scale": xs, "indices": torch.arange(k, dtype=torch.int32).repeat(4, 1),
             "weights": torch.full((4, k), 1.0 / k)}
     s = op(backend, "v4_expert")(x_i8, xs, None, shared, config=config).float()

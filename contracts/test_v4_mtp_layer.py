@@ -14,56 +14,11 @@ import pytest
 import torch
 
 from contracts.plugin import op
-from contracts.test_v4_attention_stage import _inputs as attention_inputs
-from contracts.test_v4_attention_stage import _prefill_inputs as prefill_stage_inputs
-from contracts.test_v4_moe import _moe_inputs
+from contracts.v4_cases import mtp_layer_inputs, prefill_mtp_layer_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
-
-
-def _inputs(config, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    t, hc, d = config.decode_tokens, config.hc_mult, config.hidden_size
-    mix = (2 + hc) * hc
-
-    def w():
-        return torch.randint(-127, 128, (d, d), generator=g, dtype=torch.int8), torch.rand(d, generator=g) * 1e-3
-
-    (ep, es), (hp, hs) = w(), w()
-    projection = dict(enorm=torch.rand(d, generator=g) + 0.5, hnorm=torch.rand(d, generator=g) + 0.5, e_proj=ep,
-                      e_scale=es, e_smooth=torch.rand(d, generator=g) + 0.5, h_proj=hp, h_scale=hs,
-                      h_smooth=torch.rand(d, generator=g) + 0.5)
-    attention = attention_inputs(config, seed)
-    del attention["x_hc"]
-    m = _moe_inputs(config, seed, num_tokens=t)
-    moe = dict(hc_fn=torch.randn(mix, hc * d, generator=g) * 0.05, hc_scale=torch.tensor([2.0, 0.02, 0.25]),
-               hc_base=torch.randn(mix, generator=g), norm_w=m["norm_w"], gate_w=m["gate_w"],
-               gate_bias=m["gate_bias"], num_tokens=t, tid2eid=m["tid2eid"], input_ids=m["input_ids"],
-               routed=m["routed"], shared=m["shared"])
-    head = dict(fn=torch.randn(hc, hc * d, generator=g) * 0.05, scale=torch.tensor([0.5]),
-                base=torch.randn(hc, generator=g), norm_w=(torch.rand(d, generator=g) + 0.5).to(torch.bfloat16))
-    return dict(hidden=torch.randn(t, d, generator=g).to(torch.bfloat16), prev=torch.randn(t, hc, d, generator=g),
-                projection=projection, attention=attention, moe=moe, head=head)
-
-
-def _prefill_inputs(config, seed=0, *, rows=32, num_tokens=28, start=200):
-    """One request's prefill chunk (contracts.test_v4_attention_stage's prefill stage inputs) with the layer's
-    two-profile RoPE tables [2, positions, rope]: profile 0 (the sliding-window one) and a different profile 1."""
-    base = _inputs(config, seed)
-    stage = prefill_stage_inputs(config, seed, rows=rows, num_tokens=num_tokens, start=start)
-    x_hc = stage.pop("x_hc")
-    g = torch.Generator().manual_seed(seed + 200)
-    angle = torch.arange(config.max_position_embeddings, dtype=torch.float32)[:, None] \
-        * torch.rand(config.qk_rope_head_dim, generator=g) * 0.9
-    stage["freqs_cos"] = torch.stack((stage["freqs_cos"], torch.cos(angle).to(torch.bfloat16)))
-    stage["freqs_sin"] = torch.stack((stage["freqs_sin"], torch.sin(angle).to(torch.bfloat16)))
-    m = _moe_inputs(config, seed, num_tokens=num_tokens, rows=rows)
-    moe = {**base["moe"], "tid2eid": m["tid2eid"], "input_ids": m["input_ids"]}
-    del moe["num_tokens"]
-    return dict(hidden=torch.randn(rows, config.hidden_size, generator=g).to(torch.bfloat16), prev=x_hc,
-                projection=base["projection"], attention=stage, moe=moe, head=base["head"], num_tokens=num_tokens)
 
 
 def _prefill_layer(backend, config, i):
@@ -130,7 +85,7 @@ def test_the_mtp_layer_is_its_stages_in_order(backend, config):
     """hidden_out = final_norm(hc_head(x, v4_head_mix(x)), mtp_norm_w) with x the MoE stage's streams after the SWA
     attention stage after mtp_projection -- chained here from the backend's own operators, bit for bit -- and the
     next step receives x itself (FP32), the MoE stage routing by score (layer num_hidden_layers). Spec: §8."""
-    i = _inputs(config)
+    i = mtp_layer_inputs(config)
     out = _layer(backend, config, i)
     x = op(backend, "mtp_projection")(i["hidden"], i["prev"], **i["projection"], config=config)
     att = op(backend, "v4_attention_stage")("SWA", x, **i["attention"], config=config)
@@ -140,7 +95,7 @@ def test_the_mtp_layer_is_its_stages_in_order(backend, config):
 
 def test_a_missing_head_weight_is_named(backend):
     config = MODELS[0]
-    i = _inputs(config, 3)
+    i = mtp_layer_inputs(config, 3)
     del i["head"]["norm_w"]
     with pytest.raises(ContractInputError, match="norm_w"):
         _layer(backend, config, i)
@@ -151,12 +106,12 @@ def test_a_decode_row_moves_only_its_own_outputs_and_cache_row(backend):
     no other row's window) moves that row's hidden_out and next_pre_hc_hidden and its own cache row -- they do
     move -- and no other byte of any output. Spec: §8."""
     config = MODELS[0]
-    i = _inputs(config, 5)
+    i = mtp_layer_inputs(config, 5)
     last = i["hidden"].shape[0] - 1
     slot = int(i["attention"]["swa_slot_mapping"][last])
     assert not bool((i["attention"]["window_indices"][:last] == slot).any()), "the vector's last row is read by another"
     ref = _layer(backend, config, i)
-    j = _inputs(config, 5)
+    j = mtp_layer_inputs(config, 5)
     j["hidden"][last] = -j["hidden"][last]
     j["prev"][last] = j["prev"][last] * 2
     out = _layer(backend, config, j)
@@ -171,7 +126,7 @@ def test_a_decode_row_moves_only_its_own_outputs_and_cache_row(backend):
 
 def test_the_head_mix_names_a_bad_stream_or_weight(backend):
     config = MODELS[0]
-    i = _inputs(config, 3)
+    i = mtp_layer_inputs(config, 3)
     with pytest.raises(ContractInputError, match="x_hc"):
         op(backend, "v4_head_mix")(i["prev"][:, :-1], i["head"]["fn"], i["head"]["scale"], i["head"]["base"],
                                    config=config)
@@ -186,7 +141,7 @@ def test_the_prefill_mtp_layer_is_its_stages_in_order(backend, config):
     stage in its prefill form rotating with profile 0 of the two-profile tables, the MoE stage with the same
     num_tokens, then the head -- chained here from the backend's own operators, bit for bit; the padding rows of
     hidden_out and next_pre_hc_hidden exactly 0. Spec: §8 (upstream prefill_mtp.py)."""
-    i = _prefill_inputs(config)
+    i = prefill_mtp_layer_inputs(config)
     n, a = i["num_tokens"], dict(i["attention"])
     out = _prefill_layer(backend, config, i)
     window = op(backend, "v4_prefill_swa_indices")(a["position_ids"], a.pop("block_table"), n, config=config)
@@ -204,7 +159,7 @@ def test_a_prefill_chunk_of_padding_and_a_chunk_without_padding(backend):
     """num_tokens = 0: both outputs 0 and the cache untouched; num_tokens = T is accepted (every row real, no
     padding row 0). Spec: §8."""
     config = MODELS[0]
-    i = _prefill_inputs(config, 6)
+    i = prefill_mtp_layer_inputs(config, 6)
     none = _prefill_layer(backend, config, {**i, "num_tokens": 0})
     assert not bool(none["hidden_out"].any()) and not bool(none["next_pre_hc_hidden"].any())
     assert torch.equal(none["kv_cache"].view(torch.int16), i["attention"]["kv_cache"].view(torch.int16))
@@ -217,10 +172,10 @@ def test_prefill_padding_rows_leave_no_trace(backend):
     """Whatever the padding rows carry (hidden, prev, positions, token ids, a slot of a real row), no output byte
     moves: the real rows, the cache and the zero tail are the same. Spec: §8."""
     config = MODELS[0]
-    i = _prefill_inputs(config, 4)
+    i = prefill_mtp_layer_inputs(config, 4)
     n = i["num_tokens"]
     ref = _prefill_layer(backend, config, i)
-    j = _prefill_inputs(config, 4)
+    j = prefill_mtp_layer_inputs(config, 4)
     j["hidden"][n:] = 7.0
     j["prev"][n:] = -3.0
     j["attention"]["position_ids"][n:] = 0
@@ -233,7 +188,7 @@ def test_prefill_padding_rows_leave_no_trace(backend):
 
 def test_prefill_mtp_inputs_are_refused_naming_the_field(backend):
     config = MODELS[0]
-    i = _prefill_inputs(config, 5)
+    i = prefill_mtp_layer_inputs(config, 5)
     bad = {**i, "attention": {**i["attention"], "freqs_cos": i["attention"]["freqs_cos"][0]}}
     with pytest.raises(ContractInputError, match="freqs_cos"):
         _prefill_layer(backend, config, bad)

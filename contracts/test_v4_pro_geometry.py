@@ -92,12 +92,12 @@ def test_a_routed_expert_at_pro_geometry(backend):
     127 · 127 · 7168 > 2^24, so their FP32 cast rounds as the device's INT32 -> FP32 cast does; y [8, 7168]
     within upstream's MoE row bound of the tiny-twin contract's FP64 evaluation. Spec: §8."""
     from contracts.checks.moe import check_moe_rows
-    from contracts.test_v4_moe import _expert, _rows
     from contracts.test_v4_moe import _independent as independent_expert
+    from contracts.v4_cases import int8_rows, v4_expert_weights
 
     g = torch.Generator().manual_seed(13)
-    ew = _expert(PRO, g, scale=0.002)
-    x_i8, x_scale = _rows(PRO, g)
+    ew = v4_expert_weights(PRO, g, scale=0.002)
+    x_i8, x_scale = int8_rows(PRO, g)
     weight = torch.rand(8, generator=g) * 0.9 + 0.1
     y = op(backend, "v4_expert")(x_i8, x_scale, weight, ew, config=PRO)
     assert y.dtype == torch.bfloat16 and y.shape == (8, PRO.hidden_size)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from contracts.checks.precision import check_ratio_allclose
 from contracts.plugin import op
 from contracts.separation import separates
@@ -168,7 +168,7 @@ def test_csa_keeps_a_raw_slot_only_below_position_plus_one_over_four(backend):
     raw[:, 0] = bound - 1
     raw[:, 1] = bound
     raw[:, config.index_topk] = 0  # past index_topk: never read
-    from contracts.backends import torch_backend
+    from backends import torch_backend
     from contracts.separation import separates
 
     ref = torch_backend()
@@ -227,7 +227,7 @@ def test_the_inverse_rotation_acts_on_the_last_rope_dims(backend):
     turned[..., d - rope::2], turned[..., d - rope + 1::2] = o[..., d - rope + 1::2], -o[..., d - rope::2]
     assert torch.equal(got, project(turned, ones, zeros, *args, config=config)), \
         "cos 0 / sin 1 must turn each rope pair (a, b) of the last dims into (b, -a) (the inverse rotation)"
-    from contracts.backends import torch_backend
+    from backends import torch_backend
     from contracts.separation import separates
 
     plain = torch_backend().get("v4_output_projection")  # the alternatives, hand-rotated, projected plainly

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.v4.moe import V4ExpertWeights
+
 
 def attention_inputs(config, seed: int = 0, *, tables=None) -> dict:
     """Two-request decode batch (4 x 2 rows), window rows with -1 holes, compressed pages in a shuffled order."""
@@ -190,3 +192,136 @@ def prefill_attention_inputs(config, seed: int = 0, *, rows: int = 128, start: i
         wo_b=torch.randint(-127, 128, (hidden, groups * lora), generator=g, dtype=torch.int8),
         wo_b_scale=torch.rand(hidden, generator=g) / 500,
     )
+
+
+def stage_inputs(config, seed: int = 0) -> dict:
+    """Four requests at positions 40.., their windows over the 8 rows before them and their own rows (the rows
+    this stage writes), the current rows at slots 200 + t."""
+    g = torch.Generator().manual_seed(seed)
+    t, hc, dm = config.decode_tokens, config.hc_mult, config.hidden_size
+    h, d, lora, rope = config.num_attention_heads, config.head_dim, config.q_lora_rank, config.qk_rope_head_dim
+    groups, o_lora, bs = config.o_groups, config.o_lora_rank, config.block_size
+    mix = (2 + hc) * hc
+    pos = torch.tensor([40 + 2 * (r // 2) * 10 + r % 2 for r in range(t)], dtype=torch.int32)
+    slots = torch.arange(200, 200 + t)
+    window = torch.full((t, config.sliding_window), -1, dtype=torch.int32)
+    for r in range(t):
+        req_first = r - r % config.decode_seq
+        past = torch.arange(8 * (r // 2), 8 * (r // 2) + 8)  # the request's 8 earlier rows
+        own = slots[req_first:r + 1]  # this chunk's rows up to the token itself
+        rows = torch.cat((past, own)).to(torch.int32)
+        window[r, : rows.numel()] = rows
+    angle = torch.arange(512, dtype=torch.float32)[:, None] * torch.rand(rope, generator=g) * 0.05
+    return dict(
+        x_hc=torch.randn(t, hc, dm, generator=g), hc_fn=torch.randn(mix, hc * dm, generator=g) * 0.05,
+        hc_scale=torch.tensor([2.0, 0.02, 0.25]), hc_base=torch.randn(mix, generator=g),
+        attn_norm_w=(torch.rand(dm, generator=g) + 0.5).to(torch.bfloat16),
+        wq_a=(torch.randn(dm, lora, generator=g) / dm**0.5).to(torch.bfloat16),
+        wq_b=torch.randint(-127, 128, (lora, h * d), generator=g, dtype=torch.int8),
+        wq_b_scale=torch.rand(h * d, generator=g) / 127 + 1e-3,
+        wkv=(torch.randn(dm, d, generator=g) / dm**0.5).to(torch.bfloat16),
+        gamma_cq=(torch.rand(lora, generator=g) + 0.5).to(torch.bfloat16),
+        gamma_ckv=(torch.rand(d, generator=g) + 0.5).to(torch.bfloat16),
+        freqs_cos=torch.cos(angle).to(torch.bfloat16), freqs_sin=torch.sin(angle).to(torch.bfloat16),
+        kv_cache=(torch.rand(2, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+        swa_slot_mapping=slots, window_indices=window, position_ids=pos,
+        attn_sink=torch.randn(h, generator=g),
+        wo_a=((torch.rand(groups, o_lora, h * d // groups, generator=g) - 0.5) / 4).to(torch.bfloat16),
+        wo_b=torch.randint(-127, 128, (dm, groups * o_lora), generator=g, dtype=torch.int8),
+        wo_b_scale=torch.rand(dm, generator=g) / 500,
+    )
+
+
+def prefill_stage_inputs(config, seed: int = 0, *, rows: int = 32, num_tokens: int = 28, start: int = 200) -> dict:
+    """One request's prefill chunk for the SWA stage: ``rows`` rows at positions start .., ``num_tokens`` real.
+    The window pages go through a shuffled 1-D ``block_table`` (in place of ``window_indices``) whose first page
+    is unmapped (-1: holes in the early rows' windows); the padding rows carry real-looking positions and the
+    slot of real row 0, which they must not write."""
+    g = torch.Generator().manual_seed(seed + 100)
+    i = stage_inputs(config, seed)
+    hc, d, bs = config.hc_mult, config.hidden_size, config.block_size
+    pos = torch.arange(start, start + rows, dtype=torch.int32)
+    pages = -(-(start + rows) // bs)
+    table = torch.randperm(pages + 1, generator=g)[:pages].to(torch.int32)
+    table[0] = -1
+    logical = pos.long()
+    slots = torch.where(table[logical // bs] >= 0, table[logical // bs].long() * bs + logical % bs, -1)
+    slots[num_tokens:] = slots[0]
+    del i["window_indices"]
+    i.update(x_hc=torch.randn(rows, hc, d, generator=g), block_table=table, swa_slot_mapping=slots, position_ids=pos,
+             kv_cache=(torch.rand(pages + 1, bs, 1, config.head_dim, generator=g) - 0.5).to(torch.bfloat16))
+    return i
+
+
+def v4_expert_weights(config, g, scale=0.02):
+    d, inter = config.hidden_size, config.moe_intermediate_size
+
+    def w(shape):
+        return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+
+    return V4ExpertWeights(w((inter, d)), torch.rand(inter, generator=g) * scale + scale / 4,
+                           w((inter, d)), torch.rand(inter, generator=g) * scale + scale / 4,
+                           w((d, inter)), torch.rand(d, generator=g) * scale + scale / 4)
+
+
+def int8_rows(config, g, n=8):
+    x = torch.randn(n, config.hidden_size, generator=g)
+    amax = x.abs().amax(1, keepdim=True)
+    return torch.round(x * 127 / amax).to(torch.int8), (amax / 127 * 0.05).float()
+
+
+def moe_inputs(config, seed=3, num_tokens=6, rows=8):
+    g = torch.Generator().manual_seed(seed)
+    d, e, k = config.hidden_size, config.n_routed_experts, config.num_experts_per_tok
+    return dict(
+        x_mixed=torch.randn(rows, d, generator=g).to(torch.bfloat16),
+        norm_w=(1 + 0.2 * torch.randn(d, generator=g)).to(torch.bfloat16),
+        gate_w=torch.randn(e, d, generator=g) / d**0.5, gate_bias=torch.randn(e, generator=g) * 0.1,
+        num_tokens=num_tokens,
+        tid2eid=torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(16)]).to(torch.int32),
+        input_ids=torch.randint(0, 16, (rows,), generator=g),
+        routed=[v4_expert_weights(config, g) for _ in range(e)], shared=v4_expert_weights(config, g),
+    )
+
+
+def mtp_layer_inputs(config, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    t, hc, d = config.decode_tokens, config.hc_mult, config.hidden_size
+    mix = (2 + hc) * hc
+
+    def w():
+        return torch.randint(-127, 128, (d, d), generator=g, dtype=torch.int8), torch.rand(d, generator=g) * 1e-3
+
+    (ep, es), (hp, hs) = w(), w()
+    projection = dict(enorm=torch.rand(d, generator=g) + 0.5, hnorm=torch.rand(d, generator=g) + 0.5, e_proj=ep,
+                      e_scale=es, e_smooth=torch.rand(d, generator=g) + 0.5, h_proj=hp, h_scale=hs,
+                      h_smooth=torch.rand(d, generator=g) + 0.5)
+    attention = stage_inputs(config, seed)
+    del attention["x_hc"]
+    m = moe_inputs(config, seed, num_tokens=t)
+    moe = dict(hc_fn=torch.randn(mix, hc * d, generator=g) * 0.05, hc_scale=torch.tensor([2.0, 0.02, 0.25]),
+               hc_base=torch.randn(mix, generator=g), norm_w=m["norm_w"], gate_w=m["gate_w"],
+               gate_bias=m["gate_bias"], num_tokens=t, tid2eid=m["tid2eid"], input_ids=m["input_ids"],
+               routed=m["routed"], shared=m["shared"])
+    head = dict(fn=torch.randn(hc, hc * d, generator=g) * 0.05, scale=torch.tensor([0.5]),
+                base=torch.randn(hc, generator=g), norm_w=(torch.rand(d, generator=g) + 0.5).to(torch.bfloat16))
+    return dict(hidden=torch.randn(t, d, generator=g).to(torch.bfloat16), prev=torch.randn(t, hc, d, generator=g),
+                projection=projection, attention=attention, moe=moe, head=head)
+
+
+def prefill_mtp_layer_inputs(config, seed=0, *, rows=32, num_tokens=28, start=200):
+    """One request's prefill chunk (``prefill_stage_inputs``) with the layer's
+    two-profile RoPE tables [2, positions, rope]: profile 0 (the sliding-window one) and a different profile 1."""
+    base = mtp_layer_inputs(config, seed)
+    stage = prefill_stage_inputs(config, seed, rows=rows, num_tokens=num_tokens, start=start)
+    x_hc = stage.pop("x_hc")
+    g = torch.Generator().manual_seed(seed + 200)
+    angle = torch.arange(config.max_position_embeddings, dtype=torch.float32)[:, None] \
+        * torch.rand(config.qk_rope_head_dim, generator=g) * 0.9
+    stage["freqs_cos"] = torch.stack((stage["freqs_cos"], torch.cos(angle).to(torch.bfloat16)))
+    stage["freqs_sin"] = torch.stack((stage["freqs_sin"], torch.sin(angle).to(torch.bfloat16)))
+    m = moe_inputs(config, seed, num_tokens=num_tokens, rows=rows)
+    moe = {**base["moe"], "tid2eid": m["tid2eid"], "input_ids": m["input_ids"]}
+    del moe["num_tokens"]
+    return dict(hidden=torch.randn(rows, config.hidden_size, generator=g).to(torch.bfloat16), prev=x_hc,
+                projection=base["projection"], attention=stage, moe=moe, head=base["head"], num_tokens=num_tokens)

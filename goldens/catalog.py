@@ -125,6 +125,9 @@ class TreeRecord:
         return record
 
 
+ACTUAL_ROOT = "actual"  # goldens replay --keep-actual: actual/<source>/<case>/<wiring>/<output>
+
+
 def tree_path(case: str, wiring: str) -> str:
     if wiring not in WIRINGS:
         raise GoldenStoreError(f"wiring: expected one of {WIRINGS} (one ABI per tree; 'both' is not a tree), "

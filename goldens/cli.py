@@ -118,7 +118,8 @@ def cmd_record(args) -> int:
 
 
 def _record_from_upstream(args) -> int:
-    from contracts.backends import BackendError, get_backend
+    from backends import get_backend
+    from contracts.operators import BackendError
     from goldens import trees
     from goldens.cases import get_case
     from goldens.store import GoldenStore
@@ -152,7 +153,8 @@ def _record_from_upstream(args) -> int:
 
 
 def _backend(args):
-    from contracts.backends import BackendError, get_backend, load_backend_module
+    from backends import get_backend, load_backend_module
+    from contracts.operators import BackendError
 
     device = {"platform": args.platform, "device": args.device, "pypto_lib": args.pypto_lib}
     try:
@@ -198,7 +200,7 @@ def cmd_replay(args) -> int:
 
 
 def _cmd_replay(args) -> int:
-    from contracts.backends import MissingOperator, Unsupported
+    from contracts.operators import MissingOperator, Unsupported
     from goldens import report, trees
     from goldens.store import GoldenStore
 
@@ -768,7 +770,7 @@ def cmd_import_kept(args) -> int:
 
     if len(args.cases_module) != 1:
         raise GoldenStoreError("import-kept: name the one module that builds these cases with --cases-module "
-                               "(e.g. goldens.cases_pro): the recipe stored with the outputs")
+                               "(e.g. goldens.cases.pro): the recipe stored with the outputs")
     from_reader = GoldenStore(args.source_store).reader()
     have = sources(from_reader)
     source = args.source or (have[0] if len(have) == 1 else None)

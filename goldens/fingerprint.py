@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from kernels.tables import WatchedTable
 
-PROJECT = ("kernels", "goldens.cases", "goldens.cases_v4_ops", "goldens.cases_pro")
+PROJECT = ("kernels", "goldens.cases")
 _LOCK = threading.Lock()  # CPython 3.11's AST constructor is not thread-safe ("recursion depth mismatch")
 _CODE: dict[str, str] = {}  # normalised-source cache: source text -> digest
 

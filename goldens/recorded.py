@@ -14,12 +14,12 @@ import hashlib
 
 import torch
 
-from contracts.backends import MissingOperator, Unsupported
+from contracts.operators import MissingOperator, Unsupported
+from goldens.catalog import ACTUAL_ROOT
 from goldens.codec import from_numpy, to_numpy
 from goldens.errors import GoldenStoreError
 from goldens.store import StoreReader
-
-ACTUAL_ROOT = "actual"
+from goldens.trees import LoadedTree, _clone, load_tree, make_record
 
 
 def inputs_digest(inputs: dict[str, torch.Tensor]) -> str:
@@ -84,11 +84,13 @@ def recorded_backend(reader: StoreReader, spec: str) -> RecordedBackend:
 
 
 # --- kept runs whose tree is not in this store: the inputs rebuilt from the case, the expected outputs computed ---
-# A device run at a kernel's own geometry (goldens.cases_pro: 10-120 MB of inputs a tree) is kept where it ran (a
+# A device run at a kernel's own geometry (goldens.cases.pro: 10-120 MB of inputs a tree) is kept where it ran (a
 # store of the user's); `goldens import-kept` copies its outputs alone into another store (the sample store) with
 # how to rebuild its inputs (the case module and seed). Replaying them rebuilds the inputs, refuses to judge unless
 # their digest is the one the device ran on, and computes the expected outputs with the current reference.
 REBUILD = "rebuild"
+# case modules that moved since a recipe may have named them: old name -> where they live now
+MOVED_CASE_MODULES = {"goldens.cases_pro": "goldens.cases.pro", "goldens.cases_v4_ops": "goldens.cases.v4_ops"}
 
 
 def rebuilt_items(reader: StoreReader, source: str) -> list[tuple[str, str]]:
@@ -108,6 +110,7 @@ def _recipe_case(recipe: dict, case_name: str, where: str):
     from goldens.cases import get_case
 
     module = recipe.get("cases_module")
+    module = MOVED_CASE_MODULES.get(module, module)
     if not isinstance(module, str) or not module.startswith("goldens."):
         raise GoldenStoreError(f"{where}: rebuild recipe names cases module {module!r} (expected goldens.*)")
     try:
@@ -124,8 +127,6 @@ def rebuild_tree(reader: StoreReader, source: str, case_name: str, wiring: str):
     """The tree a kept run of ``source`` ran on, rebuilt here: its inputs from the case's builder and seed (their
     digest must be the kept run's, else Unsupported: never judged against other inputs), its expected outputs
     from the current reference, its comparators the case's current ones."""
-    from goldens.trees import LoadedTree, _clone, make_record
-
     where = f"{ACTUAL_ROOT}/{source}/{case_name}/{wiring}"
     attrs = reader.group_attrs(where)
     recipe = attrs.get(REBUILD)
@@ -148,8 +149,6 @@ def import_kept(store, from_reader: StoreReader, source: str, items: list[tuple[
     are) into ``store`` with a rebuild recipe (``cases_module``, the tree's seed), one commit. Refused, nothing
     written, when a tree is stale there, when the kept run ran on other inputs than its tree's, or when the
     builder here does not give those inputs again."""
-    from goldens.trees import load_tree
-
     arrays, groups = {}, {}
     for case_name, wiring in items:
         base = f"{ACTUAL_ROOT}/{source}/{case_name}/{wiring}"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from contracts.backends import MissingOperator, Unsupported
 from contracts.compare import TOLERANCES, Context, compare_all
+from contracts.operators import MissingOperator, Unsupported
 from contracts.result import CheckResult
 from goldens.cases import (
     Case,
@@ -32,13 +32,10 @@ from goldens.cases import (
     rounding_versions,
     upstream_case,
 )
-from goldens.catalog import WIRINGS, ArgSpec, TreeRecord, tree_path
+from goldens.catalog import ACTUAL_ROOT, WIRINGS, ArgSpec, TreeRecord, tree_path
 from goldens.codec import from_numpy, to_numpy
 from goldens.errors import BackendFailure, GoldenStoreError, RuleChange
 from goldens.fingerprint import changes, combined
-from goldens.recorded import (
-    ACTUAL_ROOT,  # goldens replay --keep-actual: actual/<source>/<case>/<wiring>/<output>
-)
 from goldens.store import REGEN_TAG_PREFIX, CommitResult, GoldenStore, StoreReader, digest
 from kernels.tables import watch_reads
 

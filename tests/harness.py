@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from hypothesis import Phase, settings
 
-from contracts.backends import OPERATORS
+from contracts.operators import OPERATORS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from contracts.backends import load_backend_module
+from backends import load_backend_module
 from tests.backends_doc import DOC, ROOT, render
 
 

@@ -8,7 +8,7 @@ Row format: ``| ID | Where | Status | Subject | Evidence |``
   on a device output: a device row is ``covered`` only when it cites a judged device run), ``partial`` (Evidence
   says ``missing: ...``), ``planned`` (Evidence names an open capability ``#N``) or ``n/a`` (Evidence gives the
   reason).
-- Subject: what the rule is about, comma-separated: operator names of ``contracts.backends.OPERATORS``
+- Subject: what the rule is about, comma-separated: operator names of ``backends.OPERATORS``
   or dotted Python names (``contracts.checks.precision.check_ratio_allclose``).
 - Evidence: the tests, as ``path::test_name`` (plus notes).
 
@@ -25,7 +25,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
-from contracts.backends import OPERATORS
+from contracts.operators import OPERATORS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "coverage.md"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.backends import emulated_backend, torch_backend
+from backends import emulated_backend, torch_backend
 from tests.harness import contracts_for, run_contract
 
 TWINNED = sorted(op for op in emulated_backend().operators

@@ -213,7 +213,7 @@ def test_every_case_records_and_replays_in_every_wiring(tmp_path):
     trees.record(s, items, seed=3)
     for name, wiring in items:
         tree = trees.load_tree(s.reader(), name, wiring)
-        results = trees.replay(tree, __import__("contracts.backends").backends.torch_backend())
+        results = trees.replay(tree, __import__("backends").torch_backend())
         assert all(r.ok for r in results.values()), (name, wiring, [r.message() for r in results.values()])
     assert get_case("sp_slabs").wirings == ("replicated", "sharded")
 
@@ -253,7 +253,7 @@ def test_attention_replay_judges_ownership_against_the_stored_inputs(tmp_path):
     compressed cache is judged against the stored in/ bytes (the layer owns no compressed cache) and fails
     naming the mode, the cache and the row; the window cache and the emulated backend's replay pass.
     Spec: §2.3, upstream_checks RP-06, CQ-09."""
-    from contracts.backends import emulated_backend, load_backend_module
+    from backends import emulated_backend, load_backend_module
 
     s = GoldenStore(tmp_path / "attn")
     trees.record(s, [("attn_c2a_reuse_decode", "replicated")], seed=3)
@@ -540,7 +540,7 @@ def test_the_v4_attention_trees_replay_on_the_twin_and_catch_each_attention_defe
     slots as given), CMP_SLOTS_PHYSICAL the decode HCA / CSA and prefill HCA trees, never an SWA one (which reads
     no compressed slot),
     PADDING_ROWS_ATTENDED every prefill tree. Spec: §8."""
-    from contracts.backends import emulated_backend, load_backend_module
+    from backends import emulated_backend, load_backend_module
 
     reader = GoldenStore(Path(__file__).resolve().parents[1] / "artifacts" / "store").reader()
     names = ("hca", "csa", "swa", "prefill", "prefill_hca", "prefill_swa")
@@ -628,7 +628,7 @@ V4_TREE_DEFECTS = {  # sample-store tree -> the seeded defects its replay must f
 def test_the_v4_trees_catch_their_seeded_defects(case):
     """Each V4 indexer, index-key, prefill-compressor and MTP-layer tree of the sample store passes on the
     reference and fails (a comparator verdict, not a crash) on each seeded defect of its operator. Spec: §8."""
-    from contracts.backends import load_backend_module, torch_backend
+    from backends import load_backend_module, torch_backend
 
     reader = GoldenStore(Path(__file__).resolve().parents[1] / "artifacts" / "store").reader()
     tree = trees.load_tree(reader, case, "replicated")
@@ -673,7 +673,7 @@ def test_the_trees_recorded_from_upstream_judge_the_reference_the_twin_and_defec
     """The sample store's trees whose expected outputs are upstream pypto-lib's own goldens (goldens record --from
     upstream): each names its upstream commit and golden, passes on the reference and on the emulated twin
     (judged by the named variants upstream's goldens follow), and fails on each seeded defect of its operator."""
-    from contracts.backends import emulated_backend, load_backend_module, torch_backend
+    from backends import emulated_backend, load_backend_module, torch_backend
 
     reader = GoldenStore(Path(__file__).resolve().parents[1] / "artifacts" / "store").reader()
     trees.adopt(reader, case)
@@ -693,7 +693,7 @@ def test_the_trees_recorded_from_upstream_judge_the_reference_the_twin_and_defec
 def test_the_gate_trees_from_upstream_are_judged_by_the_variant_upstream_follows():
     """Upstream's gate golden dequantizes by 1 / (127 / amax): its trees record that variant, and replay calls
     the operator with it (the reference's default is the kernel's product, a different rule)."""
-    from contracts.backends import torch_backend
+    from backends import torch_backend
 
     reader = GoldenStore(Path(__file__).resolve().parents[1] / "artifacts" / "store").reader()
     seen: dict = {}
@@ -721,7 +721,7 @@ def test_the_gate_trees_from_upstream_are_judged_by_the_variant_upstream_follows
 def _fake_upstream(torch_backend):
     """The reference operators dressed as an upstream backend (a provenance naming a commit and goldens): what
     record --from upstream needs, without a checkout."""
-    from contracts.backends import Backend
+    from contracts.operators import Backend
 
     ref = torch_backend()
     ops = {op: ref.get(op) for op in ("v4_gate", "hc_post")}
@@ -735,7 +735,7 @@ def test_record_from_upstream_writes_provenance_is_never_stale_and_is_never_rege
     """record --from upstream (through trees.record_from_upstream): the tree is up-<case>, its record names the
     repository, commit, goldens and variants; a later change of this project's reference never makes it stale;
     regen of it by name is refused naming how to refresh it, and regen of everything leaves it alone."""
-    from contracts.backends import torch_backend
+    from backends import torch_backend
 
     backend = _fake_upstream(torch_backend)
     names, result = trees.record_from_upstream(store, backend, [("v4_gate_scored", "replicated"),
@@ -760,7 +760,8 @@ def test_record_from_upstream_writes_provenance_is_never_stale_and_is_never_rege
 def test_record_from_upstream_refuses_what_it_cannot_record(store):
     """A backend without a commit, a case whose operator the backend lacks, a derived case: one-line errors,
     nothing committed."""
-    from contracts.backends import Backend, torch_backend
+    from backends import torch_backend
+    from contracts.operators import Backend
 
     before = len(store.log())
     with pytest.raises(GoldenStoreError, match="names no upstream commit"):
@@ -785,7 +786,8 @@ def test_a_tree_is_not_judged_by_a_backend_that_follows_another_named_rule(store
     """A backend following a named variant of an operator (upstream's gate golden: dequant_factor="reciprocal")
     is not judged by a tree holding another rule's numbers: a tree recorded from the reference (the default
     rule) is a named skip (Unsupported) on it, while a tree recorded under that same variant runs."""
-    from contracts.backends import Unsupported, torch_backend
+    from backends import torch_backend
+    from contracts.operators import Unsupported
 
     backend = _fake_upstream(torch_backend)
     trees.record(store, [("v4_gate_scored", "replicated")], 5)
@@ -824,7 +826,7 @@ def test_the_kept_a5sim_outputs_are_judged_again_on_every_run(case, wiring):
     """The sample store keeps real upstream kernel outputs from the a5 simulator (goldens replay --backend pypto
     --platform a5sim --keep-actual); every CI run judges them again through the current comparators against the
     current expected outputs, without the toolchain, and each names what it ran on. Runs at Pro geometry are kept
-    without their trees (goldens import-kept): their inputs are rebuilt from goldens.cases_pro and must have the
+    without their trees (goldens import-kept): their inputs are rebuilt from goldens.cases.pro and must have the
     digest the device ran on. A kept output moved by one element past the comparator's bound fails: the judge is
     not vacuous. (One test per kept run, so xdist spreads the rebuilds.)"""
     from contracts.compare import Context, compare_all

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from backends import get_backend
 from backends import pypto as pb
 from backends.pypto.table import BINDINGS, PRO_ENTRIES
-from contracts.backends import KERNEL_OPERATORS, BackendError, get_backend
+from contracts.operators import KERNEL_OPERATORS, BackendError
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_upstream"
@@ -170,7 +171,7 @@ def test_a_v4_pro_entry_runs_with_specs_from_its_declaration_and_refuses_other_g
     """hc_post through models/deepseek_v4_pro/hc_post.py::hc_post_test: the double's runner validates only the
     is_output spec (y) and hands it back; a call at another hidden size, or with rows that are not whole tiles
     of its T_TILE, is unsupported naming the dim, before any launch; lm_head's two-device entry needs two device ids and then runs with a distributed config."""
-    from contracts.backends import Unsupported
+    from contracts.operators import Unsupported
     from kernels.reference.lm_head import lm_head
     from kernels.reference.mhc import hc_post
 
@@ -321,7 +322,7 @@ def test_doctor_names_every_missing_piece_in_one_line_and_exits_2_only_when_the_
 
 
 def test_candidate_blocks_run_on_the_device_at_its_compiled_constants_and_are_unsupported_otherwise(fake_upstream):
-    from contracts.backends import Unsupported
+    from contracts.operators import Unsupported
     from kernels.reference.indexer import select_candidate_blocks
 
     b = get_backend("pypto", pypto_lib=str(fake_upstream))

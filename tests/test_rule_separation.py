@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from contracts.test_quant import test_each_rule_matches_its_hand_vectors as contract
 from kernels import quant
 

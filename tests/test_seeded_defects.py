@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.backends import load_backend_module
+from backends import load_backend_module
 from tests.harness import run_contract
 
 ROOT = Path(__file__).resolve().parents[1]

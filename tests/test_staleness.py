@@ -148,9 +148,9 @@ def test_diff_shows_record_changes_not_only_arrays(tmp_path, monkeypatch):
 
 
 def test_a_lambda_sharing_its_line_with_other_arguments_is_fingerprinted():
-    # goldens.cases_pro's attention cases pass "lambda get, i: ...(get, i, path, PRO), {...})": that source line
+    # goldens.cases.pro's attention cases pass "lambda get, i: ...(get, i, path, PRO), {...})": that source line
     # does not parse on its own, and the walker once raised a SyntaxError traceback on it
-    import goldens.cases_pro  # noqa: F401  (registers the Pro-geometry cases)
+    import goldens.cases.pro  # noqa: F401  (registers the Pro-geometry cases)
 
     got = fingerprint_parts(get_case("v4_attention_swa_pro"))
     assert any(k.startswith("goldens.cases._v4_attention_call") for k in got), sorted(got)[:5]

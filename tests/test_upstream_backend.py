@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from backends import get_backend
 from backends.upstream.backend import checkout, make_backend
 from backends.upstream.client import UpstreamError, Worker
-from contracts.backends import BackendError, get_backend
+from contracts.operators import BackendError
 
 CONFIG = '''
 import dataclasses, torch

@@ -44,7 +44,7 @@ class UpstreamRunError(RuntimeError):
 def parse_devices(device: str | None) -> list[int]:
     """``--device``: comma-separated device ids, each plain decimal digits (no sign, space or underscore, which
     int() would accept), distinct. None gives [0]. Spec: upstream_checks CH-02, CH-10."""
-    from contracts.backends import BackendError
+    from contracts.operators import BackendError
 
     if device is None:
         return [0]
@@ -63,7 +63,7 @@ RESIDENT_DEVICES = 4
 def resident_devices(devices: str | None, environ: dict | None = None) -> list[int]:
     """The resident CED prefill's devices: ``--devices``, else ``$TASK_DEVICE`` (the task allocator's list), as
     ``parse_devices`` reads them, and exactly four distinct ones (one per EP rank). Spec: upstream_checks CH-22."""
-    from contracts.backends import BackendError
+    from contracts.operators import BackendError
 
     env = os.environ if environ is None else environ
     given = devices if devices is not None else env.get("TASK_DEVICE")
@@ -100,7 +100,7 @@ class Device:
             golden_data: Path | None = None) -> dict[str, torch.Tensor]:
         from backends.pypto.table import DYN_TILES
         from backends.upstream.client import UpstreamError, UpstreamUnsupported, worker
-        from contracts.backends import Unsupported
+        from contracts.operators import Unsupported
 
         try:
             return worker(self.root).device(folder, module, entry, tensors, platform=self.platform,
@@ -119,7 +119,7 @@ def _pro_operator(adapter, device: Device):
     ``constants``, ``module_globals``: they re-target a golden at a tiny preset) do not apply to a kernel compiled
     at the model's geometry, so a call off that geometry is refused as unsupported by the entry check."""
     from backends.pypto.table import PRO_ENTRIES
-    from contracts.backends import Unsupported
+    from contracts.operators import Unsupported
 
     def run(tensors, fields, constants, *, module_globals=None, module=None, function=None):
         name = module or adapter.module
@@ -139,7 +139,7 @@ def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_li
     from backends.pypto import v41
     from backends.pypto.table import BINDINGS, PRO_ENTRIES, bound
     from backends.upstream.adapters import ADAPTERS
-    from contracts.backends import Backend, BackendError
+    from contracts.operators import Backend, BackendError
 
     if platform not in PLATFORMS:
         raise BackendError(f"pypto backend: platform must be one of {PLATFORMS}, got {platform!r}")

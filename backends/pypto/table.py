@@ -1,7 +1,7 @@
 """Which upstream pypto-lib entry each operator of this project binds on the ``pypto`` backend -- the one
 place that says so (``docs/backends.md`` is generated from it and a test keeps the two equal).
 
-Every kernel operator of ``contracts.backends.KERNEL_OPERATORS`` has a row:
+Every kernel operator of ``backends.KERNEL_OPERATORS`` has a row:
 
 * ``bound``: the backend runs the upstream entry through upstream's ``golden.run_jit`` in the upstream worker and
   returns the outputs it captured: a V4-Pro entry of ``PRO_ENTRIES`` directly (the call laid out by

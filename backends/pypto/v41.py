@@ -80,7 +80,7 @@ def _candidate_blocks(launch: Launcher):
     def candidate_blocks(scores, compressed_lens, *, block, topk_blocks, width=None):
         """The hierarchical indexer's level-1 selection (§5.2) on the device; the constants it was compiled
         with must be the ones asked for."""
-        from contracts.backends import Unsupported
+        from contracts.operators import Unsupported
         from kernels.errors import ContractInputError
 
         got = launch.compiled("FLASH.candidate_block_size", "FLASH.candidate_topk_blocks")

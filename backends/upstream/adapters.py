@@ -49,7 +49,7 @@ def _gate(run, x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid
           padding_codes="quantized", dequant_factor="reciprocal"):
     """v4_gate -> gate.py::golden_gate_core at T = x_mixed rows (MOE_TOKENS), the call's experts and vocabulary.
     Upstream has one padding rule (every row coded): the 'zero' variant is this project's only."""
-    from contracts.backends import Unsupported
+    from contracts.operators import Unsupported
     from kernels.v4.gate import _check
 
     _check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, config)  # the caller's side
@@ -93,7 +93,7 @@ def _mtp_projection(run, hidden, prev, enorm, hnorm, e_proj, e_scale, e_smooth, 
 def _hc_post(run, sublayer, x_hc, post_mix, residual_mix, *, rule="fp32"):
     """hc_post -> hc_post.py::golden_hc_post: x = the sublayer's output, residual = the streams, post, comb.
     Upstream's V4 streams are FP32 end to end, which is this project's ``rule="fp32"``."""
-    from contracts.backends import Unsupported
+    from contracts.operators import Unsupported
     from kernels.reference.mhc import check_hc_post
 
     check_hc_post(sublayer, x_hc, post_mix, residual_mix, rule=rule)  # the caller's side
@@ -205,7 +205,7 @@ def _moe_tensors(hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, tid2eid, i
     """moe.py::golden_moe's weights (all but x_hc, x_next, layer_id, num_tokens) at EP MOE_RANKS, rank r holding
     experts r·E/R .. (r+1)·E/R - 1, and the config fields: moe.py re-derives the expert count from the EP8 preset
     at import (n_routed_experts // 8 · EP), so the preset given holds 8 / R times this call's experts."""
-    from contracts.backends import Unsupported
+    from contracts.operators import Unsupported
 
     experts, ranks = config.n_routed_experts, MOE_RANKS
     if experts % ranks:
@@ -241,7 +241,7 @@ def _v4_moe_stage(run, x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias
     what gate.py::golden_gate_core returns for rank 0 (its own intermediates, observed, not recomputed).
     Upstream's decode stage mixes and post-mixes every row: padding rows carry hc_post(0, x_hc) (the
     ``padding_rows="residual"`` rule); ``"zero"`` is this project's older rule only."""
-    from contracts.backends import Unsupported
+    from contracts.operators import Unsupported
 
     check_v4_moe_stage(x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid,
                        input_ids, routed, shared, config=config)
@@ -464,7 +464,7 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
     it: it is called with the identity rotation (cos 1, sin 0, exact in FP32) to read the row before its RoPE,
     which is this operator's output (the rotation is ``v4_publish_compressed``'s). Tokens at a negative position
     are skipped (this project's padding convention; upstream's decode steps have none)."""
-    from contracts.backends import Unsupported
+    from contracts.operators import Unsupported
     from kernels.v4.compressor import _slot, check_v4_compressor
 
     module = COMPRESSOR_MODULES.get((int(ratio), bool(overlap)))
@@ -519,7 +519,7 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
     seq requests of S = seq rows (DECODE_BATCH, DECODE_SEQ), the call's page size as BLOCK_SIZE. The window
     is upstream's WIN columns and HCA's slots its CMP_TOPK columns (a narrower call is padded with -1, which
     reads nothing; a wider one is unsupported: upstream's key tiles would drop the excess)."""
-    from contracts.backends import Unsupported
+    from contracts.operators import Unsupported
     from kernels.reference.attention import check_inputs
     from kernels.v4.sparse_attention import (
         attention_indices,
@@ -594,7 +594,7 @@ def _swa_stage_tensors(hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_s
                        wo_b, wo_b_scale, *, config) -> tuple[dict, dict, dict]:
     """decode_attention_swa.py::golden_attention_swa's tensors (all but x_hc and x_out), config constants and
     module globals for one decode batch: the window padded with -1 to upstream's width."""
-    from contracts.backends import Unsupported
+    from contracts.operators import Unsupported
 
     tokens = position_ids.reshape(-1).shape[0]
     seq, win = config.decode_seq, config.sliding_window
@@ -627,7 +627,7 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
     (hc_pre.py::golden_hc_pre -> rmsnorm.py::golden_rms_norm_test -> qkv_proj_rope.py::golden_qkv_proj_rope).
     HCA / CSA: upstream's stage goldens also run the compressor (and the indexer), which this operator takes as
     inputs; the prefill form is upstream's prefill_attention_swa golden: both unsupported here."""
-    from contracts.backends import Unsupported
+    from contracts.operators import Unsupported
 
     tokens = x_hc.shape[0]
     _check_swa_stage(position_ids, freqs_cos, kv_cache, swa_slot_mapping, tokens=tokens, num_tokens=num_tokens)
@@ -776,7 +776,7 @@ def _v4_prefill_compressor(run, x, position_ids, num_tokens, state_block_table, 
     ::golden_prefill_compressor_ratio*: the packed token-major chunk (T = the call's rows), its closed windows
     pooled, normalised, rotated and written to the cmp pool, its mapped state rows written. Geometry from the
     call (hidden, head_dim = the norm's width, rope_head_dim, eps); the state page must be upstream's (4 / 8)."""
-    from contracts.backends import Unsupported
+    from contracts.operators import Unsupported
     from kernels.v4.prefill_compressor import _check, rope_half_rows
 
     _check(x, position_ids, num_tokens, state_block_table, state_pool, cmp_slot_mapping, state_slot_mapping, ratio)
@@ -811,7 +811,7 @@ def _v4_prefill_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, co
     operator is the indexer after that publication, so the compressor is given no slot to write. Upstream's
     golden scores every row of the chunk, padding rows included, over the real rows' widest visible range: the
     named variant ``padding_rows="scored_capped"``."""
-    from contracts.backends import Unsupported
+    from contracts.operators import Unsupported
     from kernels.v4.indexer import head_weights, visible_pages
     from kernels.v4.prefill_indexer import check_prefill_indexer, score_cap
 
@@ -865,7 +865,7 @@ def _v4_prefill_index_keys(run, x, position_ids, num_tokens, state_block_table, 
     T = the call's rows): the inner ratio-4 compressor's closed windows written as INT8 index keys with their
     scales, and the mapped state rows. Geometry from the call (hidden, index head_dim = the norm's width,
     rope_head_dim, eps); the state page must be upstream's 4."""
-    from contracts.backends import Unsupported
+    from contracts.operators import Unsupported
     from kernels.v4.prefill_compressor import _check, rope_half_rows
 
     _check(x, position_ids, num_tokens, state_block_table, state_pool, idx_slot_mapping, state_slot_mapping, 4,

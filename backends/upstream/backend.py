@@ -75,7 +75,7 @@ def git_state(root: Path) -> tuple[str, bool]:
 
 def _operator(adapter, root: Path):
     from backends.upstream.client import UpstreamError, worker
-    from contracts.backends import BackendError
+    from contracts.operators import BackendError
 
     def run(tensors, fields, constants, *, module_globals=None, module=None, function=None, args=None, kwargs=None,
             taps=None):
@@ -96,7 +96,7 @@ def _operator(adapter, root: Path):
 
 def make_backend(pypto_lib: str | None = None):
     from backends.upstream.adapters import ADAPTERS, FUSED, PENDING
-    from contracts.backends import KERNEL_OPERATORS, Backend
+    from contracts.operators import KERNEL_OPERATORS, Backend
 
     root, reason = checkout(pypto_lib)
     if root is None:

@@ -12,7 +12,8 @@ field for input the operator does not accept: the caller-contract tests check th
 
 from __future__ import annotations
 
-from contracts.backends import Backend, torch_backend
+from backends import torch_backend
+from contracts.operators import Backend
 from kernels.errors import ContractInputError
 from kernels.sequence_parallel import SlabBounds
 

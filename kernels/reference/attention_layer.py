@@ -316,4 +316,4 @@ def for_selection(inputs: Tensors, selection: torch.Tensor, **call) -> dict[str,
     return attention_half_layer(inputs, ops={"select_topk": lambda *a, **k: selection.clone()}, **call)
 
 
-attention_half_layer.composes_operators = True  # a backend binds ``ops`` to its own operators (contracts.backends)
+attention_half_layer.composes_operators = True  # a backend binds ``ops`` to its own operators (contracts.operators.Backend.get)

@@ -110,7 +110,7 @@ def _block(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, attention_inputs:
              "attention_hidden": attention_hidden, "ffn_output": moe_out}, out)
 
 
-decode_block.composes_operators = True  # a backend binds ``ops`` to its own operators (contracts.backends)
+decode_block.composes_operators = True  # a backend binds ``ops`` to its own operators (contracts.operators.Backend.get)
 
 def decode_block_sharded(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, attention_inputs: Tensors,
                          attention_mhc: MhcWeights, ffn_mhc: MhcWeights, router: torch.Tensor, bias: torch.Tensor,

@@ -107,6 +107,19 @@ def flat_pool(pool: torch.Tensor, name: str, dim: int) -> torch.Tensor:
     return pool.reshape(-1, dim)
 
 
+def check_sparse_attention_inputs(q: torch.Tensor, ori_kv: torch.Tensor, window_indices: torch.Tensor,
+                                  cmp_kv: torch.Tensor, cmp_block_table: torch.Tensor, cmp_indices: torch.Tensor,
+                                  attn_sink: torch.Tensor, *, seq: int) -> None:
+    """``v4_sparse_attention``'s input validation alone (every refusal it makes, with the same fields), for a
+    second implementation that must refuse exactly what the reference refuses. Spec: §8."""
+    if q.ndim != 3:
+        raise ContractInputError("q", None, "[T, H, head_dim]", list(q.shape), SPEC)
+    dim = q.shape[2]
+    ori, cmp = flat_pool(ori_kv, "ori_kv", dim), flat_pool(cmp_kv, "cmp_kv", dim)
+    rows = paged_compressed_rows(cmp_indices, cmp_block_table, seq=seq, block_size=cmp_kv.shape[1])
+    check_inputs(q, ori, window_indices, cmp, rows, attn_sink)
+
+
 def v4_sparse_attention(q: torch.Tensor, ori_kv: torch.Tensor, window_indices: torch.Tensor, cmp_kv: torch.Tensor,
                         cmp_block_table: torch.Tensor, cmp_indices: torch.Tensor, attn_sink: torch.Tensor, *,
                         seq: int) -> torch.Tensor:

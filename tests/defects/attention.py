@@ -2,7 +2,7 @@
 
 import torch
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from kernels.reference import attention as ref
 from kernels.reference import tp
 from kernels.sequence_parallel import sequence_parallel_bounds

@@ -3,7 +3,7 @@ pre-mix order, each a backend built from the reference with the Block compositio
 
 from __future__ import annotations
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from kernels.reference import block, mhc
 
 _base = torch_backend()

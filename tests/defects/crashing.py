@@ -1,6 +1,6 @@
 """A backend whose RoPE-rows operator raises (a crashing kernel): replay must exit 3, not 1."""
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 
 
 def _raise(*args, **kwargs):

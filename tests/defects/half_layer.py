@@ -4,7 +4,7 @@ names a rank and a row that only a per-row, per-rank comparison can find."""
 
 import torch
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from kernels.config import LayerKind
 from kernels.half_layer import check_half_layer_call
 from kernels.reference import tp

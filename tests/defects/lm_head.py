@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from kernels.reference import lm_head
 
 _base = torch_backend()

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import torch
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from kernels.reference import mhc
 
 _base = torch_backend()

@@ -8,7 +8,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from kernels.reference import moe
 from kernels.reference.rowwise import rowwise_matmul
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from contracts.checks import precision as p
 from contracts.result import CheckResult, Violation
 

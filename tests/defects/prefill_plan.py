@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import torch
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from kernels import prefill_plan
 
 _base = torch_backend()

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import torch
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from kernels import cache, quant
 
 QUANTIZE = quant.mx_quantize

@@ -2,7 +2,7 @@
 
 import torch
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from kernels.reference import compressor as comp
 from kernels.reference import indexer as ix
 from kernels.reference import rope

@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 
 
 def _first_source_schedule(config):

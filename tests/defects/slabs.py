@@ -2,7 +2,7 @@
 
 import torch
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from kernels import sequence_parallel as sp
 
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from contracts.backends import torch_backend
+from backends import torch_backend
 from kernels.v4 import decode_metadata as v4md
 
 _base = torch_backend()

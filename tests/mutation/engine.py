@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from contracts.backends import REFERENCE_OPERATORS, Backend, reference_operators
+from backends import reference_operators
+from contracts.operators import REFERENCE_OPERATORS, Backend
 
 ROOT = Path(__file__).resolve().parents[2]
 

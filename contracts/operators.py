@@ -1,5 +1,5 @@
-"""Backend registry: an operator is a named callable with documented inputs/outputs; a backend is a set
-of operators. Contracts take the implementation under test from the selected backend.
+"""The operators and the Backend type: an operator is a named callable with documented inputs/outputs; a
+backend is a set of operators. Contracts take the implementation under test from the selected backend.
 
 Built in: ``torch`` (the Torch references), ``emulated`` (the references with device-arithmetic twins in place
 of the operators that have one) and ``pypto`` (the upstream A5 kernels, available only
@@ -11,8 +11,6 @@ returning one.
 from __future__ import annotations
 
 import importlib
-import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache, partial
@@ -464,149 +462,3 @@ REFERENCE_OPERATORS: dict[str, tuple[str, str]] = {
     "check_owner_rows": ("contracts.checks.precision", "check_owner_rows"),
     "check_replicas_identical": ("contracts.checks.precision", "check_replicas_identical"),
 }
-
-
-def _schedule_of(config_module):
-    """``resolve_schedule`` through ``config_module``'s V41Config (the caller's config is re-built there)."""
-    from dataclasses import fields
-
-    def resolve_schedule(config):
-        cls = config_module.V41Config
-        if isinstance(config, cls):
-            return config.schedule
-        return cls(**{f.name: getattr(config, f.name) for f in fields(config) if f.init}).schedule
-
-    return resolve_schedule
-
-
-def reference_operators(load: Callable[[str], object] = importlib.import_module) -> dict[str, Callable]:
-    """The reference operators, each taken from the module ``load(name)`` returns (the real modules by
-    default; the mutation runner passes mutated copies)."""
-    ops = {}
-    for op_name, (module_name, attr) in REFERENCE_OPERATORS.items():
-        module = load(module_name)
-        ops[op_name] = _schedule_of(module) if op_name == "resolve_schedule" else getattr(module, attr)
-    return ops
-
-
-@cache
-def torch_backend() -> Backend:
-    """The Torch reference implementations."""
-    return Backend("torch", reference_operators(), description="Torch reference (CPU)")
-
-
-@cache
-def emulated_backend() -> Backend:
-    """The Torch references with the device-arithmetic twins in place of the operators that have one
-    (``kernels.emulated``): today ``sparse_attention`` (C1A tiles, BF16 PV, FP32 patch), which every attention
-    half-layer composed on this backend then uses, and ``v4_sparse_attention`` (V4's 128-key FP32 tiles, BF16 PV),
-    which ``v4_attention`` composed on this backend uses."""
-    from kernels.emulated.attention import tiled_sparse_attention
-    from kernels.emulated.v4_attention import tiled_v4_sparse_attention
-
-    return torch_backend().derive("emulated", description="device-arithmetic twins (CPU)",
-                                  sparse_attention=tiled_sparse_attention,
-                                  v4_sparse_attention=tiled_v4_sparse_attention)
-
-
-def pypto_backend(platform: str | None = None, device: str | None = None, pypto_lib: str | None = None) -> Backend:
-    from backends.pypto import make_backend
-
-    return make_backend(platform or "a5sim", device=device, pypto_lib=pypto_lib)
-
-
-def _cpu(factory: Callable[..., Backend], name: str, *, checkout: bool = False) -> Callable[..., Backend]:
-    """A CPU backend's factory: --platform / --device refused; --pypto-lib passed on when it takes a checkout."""
-    def make(platform=None, device=None, pypto_lib=None) -> Backend:
-        given = [f"--{k.replace('_', '-')} {v}" for k, v in
-                 (("platform", platform), ("device", device), ("pypto_lib", None if checkout else pypto_lib))
-                 if v is not None]
-        if given:
-            raise BackendError(f"backend {name!r} runs on the CPU: {', '.join(given)} applies to device backends "
-                               "(--backend pypto)")
-        return factory(pypto_lib) if checkout else factory()
-
-    return make
-
-
-def upstream_backend(pypto_lib: str | None = None) -> Backend:
-    """Upstream's own Torch goldens from a pypto-lib checkout (``backends.upstream``), on the CPU."""
-    from backends.upstream import make_backend
-
-    return make_backend(pypto_lib)
-
-
-BUILTIN: dict[str, Callable[..., Backend]] = {"torch": _cpu(torch_backend, "torch"),
-                                              "emulated": _cpu(emulated_backend, "emulated"),
-                                              "pypto": pypto_backend,
-                                              "upstream": _cpu(upstream_backend, "upstream", checkout=True)}
-
-
-def get_backend(name: str, *, platform: str | None = None, device: str | None = None,
-                pypto_lib: str | None = None) -> Backend:
-    try:
-        factory = BUILTIN[name]
-    except KeyError:
-        raise BackendError(f"unknown backend {name!r}; built in: {sorted(BUILTIN)} "
-                           "(load others with --backend-module pkg.module:OBJECT)") from None
-    return factory(platform=platform, device=device, pypto_lib=pypto_lib)
-
-
-def load_backend_module(target: str) -> Backend:
-    """Load ``pkg.module:OBJECT`` or ``path/to/file.py:OBJECT``; OBJECT is a Backend or a zero-argument callable
-    returning one."""
-    module_name, sep, attr = target.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise BackendError(f"--backend-module expects 'pkg.module:OBJECT' or 'path/to/file.py:OBJECT', got {target!r}")
-    if module_name.endswith(".py") or os.sep in module_name:
-        module = _load_file(target, module_name)
-    else:
-        module = _import(target, module_name)
-    try:
-        obj = getattr(module, attr)
-    except AttributeError:
-        raise BackendError(f"--backend-module {target!r}: {module_name!r} has no attribute {attr!r}") from None
-    if callable(obj) and not isinstance(obj, Backend):
-        try:
-            obj = obj()
-        except BackendError:
-            raise
-        except Exception as exc:  # not a zero-argument factory (os:system), or one that fails: one line, named
-            raise BackendError(f"--backend-module {target!r}: calling {attr} raised {type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0][:200] if str(exc) else ''} (expected a Backend, or a "
-                               "zero-argument callable returning one)") from None
-    if not isinstance(obj, Backend):
-        raise BackendError(f"--backend-module {target!r}: expected a Backend, got {type(obj).__name__}")
-    return obj
-
-
-def _load_file(target: str, path_text: str):
-    import importlib.util
-
-    path = os.path.abspath(path_text)
-    if not os.path.isfile(path):
-        raise BackendError(f"--backend-module {target!r}: no file {path_text}")
-    name = "pto_backend_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        sys.modules.pop(name, None)
-        raise BackendError(f"--backend-module {target!r}: {path_text} raised {type(exc).__name__}: {exc}") from exc
-    return module
-
-
-def _import(target: str, module_name: str):
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        cwd = os.getcwd()
-        if cwd in sys.path or exc.name != module_name.split(".")[0]:
-            raise BackendError(f"--backend-module {target!r}: cannot import {module_name!r}: {exc}") from exc
-        sys.path.insert(0, cwd)
-        try:
-            return importlib.import_module(module_name)
-        except ModuleNotFoundError as exc2:
-            raise BackendError(f"--backend-module {target!r}: cannot import {module_name!r}: {exc2}") from exc2

@@ -4,11 +4,11 @@ binding (``--backend pypto --platform a5sim|a5``) runs them instead of refusing 
 Their inputs are 10-100 MB (the weights of one layer at hidden 7168), so they never go into the sample store:
 load this module and name a store of your own::
 
-    goldens --cases-module goldens.cases_pro --store ~/pro-store record v4_expert_shared_pro
-    goldens --cases-module goldens.cases_pro --store ~/pro-store replay --backend pypto --platform a5sim \\
+    goldens --cases-module goldens.cases.pro --store ~/pro-store record v4_expert_shared_pro
+    goldens --cases-module goldens.cases.pro --store ~/pro-store replay --backend pypto --platform a5sim \\
         --pypto-lib ~/pypto-lib --keep-actual v4_expert_shared_pro
 
-Each case is its tiny twin of ``goldens.cases_v4_ops`` at Pro's dims, with the rows the entry is compiled for
+Each case is its tiny twin of ``goldens.cases.v4_ops`` at Pro's dims, with the rows the entry is compiled for
 (``MOE_TOKENS`` = 8 for the gate and the shared expert, one 8-row tile for the projections) and the same edges
 (a zero row, a 1000x row, a row of zero codes, a logit near 128). Spec: §8.
 """
@@ -21,7 +21,7 @@ from functools import partial
 import torch
 
 from goldens.cases import Case, Tensors, register
-from goldens.cases_v4_ops import _case, _g, _int8, _qkv_build
+from goldens.cases.v4_ops import _case, _g, _int8, _qkv_build
 from kernels.config import V4_PRO
 
 PRO = V4_PRO.kernel_preset()

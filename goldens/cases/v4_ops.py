@@ -80,7 +80,7 @@ def _expert_call(get, i: Tensors) -> Tensors:
 # --- v4_qkv_proj_rope ------------------------------------------------------------------------------------------
 
 def _qkv_build(seed: int, wiring: str, config=PRO) -> Tensors:
-    """8 tokens at ``config``'s widths (the V4-Pro tiny preset; goldens.cases_pro passes Pro's own)."""
+    """8 tokens at ``config``'s widths (the V4-Pro tiny preset; goldens.cases.pro passes Pro's own)."""
     g = _g(seed)
     hidden, lora, h, d, rope = config.hidden_size, config.q_lora_rank, config.num_attention_heads, config.head_dim, \
         config.qk_rope_head_dim
@@ -246,7 +246,7 @@ def _moe_stage_call(get, i: Tensors) -> Tensors:
 
 def _case(name: str, operator: str, description: str, modules: tuple[str, ...], build, call, comparators: dict,
           params: dict | None = None) -> Case:
-    from contracts.backends import reference_operators
+    from backends import reference_operators
 
     fn = reference_operators()[operator]  # the reference: its code is what the tree's fingerprint walks
     return Case(name=name, operator=operator, description=description, wirings=("replicated",), modules=modules,
@@ -255,7 +255,7 @@ def _case(name: str, operator: str, description: str, modules: tuple[str, ...], 
                 params=dict(params or {}), preset="v4-pro-tiny")
 
 
-def build() -> list[Case]:
+def _build() -> list[Case]:
     # exact where one rule gives one byte pattern; fp32_ulps where upstream and this project sum in another FP32
     # order (the router's RMS and weight normalisation, the QR RMS over chunks, the mHC expansion, the projections)
     gate_out = {"x_norm_i8": "exact", "x_norm_scale": "fp32_ulps", "indices": "exact", "weights": "fp32_ulps"}
@@ -292,3 +292,6 @@ def build() -> list[Case]:
         _case("v4_lm_head", "lm_head", f"LM head on TP{LM_TP}: the full FP32 logits of two vocabulary shards",
               ("kernels.reference.lm_head",), _lm_build, _lm_call, {"logits": "fp32_ulps"}, {"tp": LM_TP}),
     ]
+
+
+CASES = _build()

@@ -13,21 +13,33 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference.attention import check_inputs
-from kernels.v4.sparse_attention import flat_pool, paged_compressed_rows
+from kernels.v4.sparse_attention import check_sparse_attention_inputs  # validation only: same refusals
 
 TILE = 128
 NEG = -1.0e20
+
+
+def _physical_rows(slots: torch.Tensor, table: torch.Tensor, *, seq: int, block_size: int) -> torch.Tensor:
+    """Each token's logical compressed slots through its request's page table (token t is request t // seq),
+    one slot at a time as the kernel's address arithmetic does it; -1 stays -1."""
+    rows = torch.full(slots.shape, -1, dtype=torch.int64)
+    for t in range(slots.shape[0]):
+        for k in range(slots.shape[1]):
+            slot = int(slots[t, k])
+            if slot >= 0:
+                rows[t, k] = int(table[t // seq, slot // block_size]) * block_size + slot % block_size
+    return rows
 
 
 def tiled_v4_sparse_attention(q: torch.Tensor, ori_kv: torch.Tensor, window_indices: torch.Tensor,
                               cmp_kv: torch.Tensor, cmp_block_table: torch.Tensor, cmp_indices: torch.Tensor,
                               attn_sink: torch.Tensor, *, seq: int) -> torch.Tensor:
     """Same signature and result as ``kernels.v4.sparse_attention.v4_sparse_attention``."""
+    check_sparse_attention_inputs(q, ori_kv, window_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink,
+                                  seq=seq)
     tokens, heads, dim = q.shape
-    ori, cmp = flat_pool(ori_kv, "ori_kv", dim), flat_pool(cmp_kv, "cmp_kv", dim)  # validation shared
-    rows = paged_compressed_rows(cmp_indices, cmp_block_table, seq=seq, block_size=cmp_kv.shape[1])
-    check_inputs(q, ori, window_indices, cmp, rows, attn_sink)
+    ori, cmp = ori_kv.reshape(-1, dim), cmp_kv.reshape(-1, dim)
+    rows = _physical_rows(cmp_indices, cmp_block_table, seq=seq, block_size=cmp_kv.shape[1])
     sink = attn_sink.to(torch.float32)
     out = torch.zeros(tokens, heads, dim, dtype=torch.float32)
     for t in range(tokens):
