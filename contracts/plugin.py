@@ -87,18 +87,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("hypothesis_profile", default=None):
         settings.load_profile(default_profile())
     config.addinivalue_line("markers", "slow: longer property runs")
-    from goldens.errors import GoldenStoreError
-    from goldens.store import Location
+    from goldens.pytest_api import GoldenStoreError, check_location, load_case_modules
 
     try:  # a malformed location is a usage error at start-up, not one error per test
-        Location.parse(config.getoption("golden_store"))
+        check_location(config.getoption("golden_store"))
     except GoldenStoreError as exc:
         raise pytest.UsageError(f"--golden-store: {exc}") from None
     global _CONFIG
     _CONFIG = config
     if config.getoption("golden_cases"):
-        from goldens.cases import load_case_modules
-
         try:
             load_case_modules(config.getoption("golden_cases"))
         except GoldenStoreError as exc:
@@ -262,13 +259,11 @@ def counterexample(case: str, inputs: dict):
         yield
     except AssertionError:
         if _CONFIG is not None and _CONFIG.getoption("record_counterexamples") and _final_example():
-            from goldens import trees
-            from goldens.store import GoldenStore
+            from goldens.pytest_api import record_counterexample
 
             label = _ITEM.nodeid if _ITEM is not None else "a contract"
-            name, result = trees.record_counterexample(GoldenStore(_CONFIG.getoption("golden_store")), case,
-                                                       snapshot, label=label)
-            print(f"\npto-contracts: recorded counterexample tree {name} (snapshot {result.snapshot}); replay it "
+            name, snapshot_id = record_counterexample(_CONFIG.getoption("golden_store"), case, snapshot, label=label)
+            print(f"\npto-contracts: recorded counterexample tree {name} (snapshot {snapshot_id}); replay it "
                   f"with: goldens --store {_CONFIG.getoption('golden_store')} replay {name}")
         raise
 
@@ -290,9 +285,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     report_dir = config.getoption("golden_report")
     if report_dir:  # the replay tests wrote one part per tree (xdist workers too); one page from all of them
-        from goldens import report
+        from goldens.pytest_api import assemble_report
 
-        page = report.assemble(report_dir, f"golden replay (pytest) on {config._pto_backend.name} "
+        page = assemble_report(report_dir, f"golden replay (pytest) on {config._pto_backend.name} "
                                f"({config._pto_backend.platform}) of {config.getoption('golden_store')}")
         config._pto_report_page = page
     tally: Tally = config._pto_tally

@@ -1,0 +1,38 @@
+"""The one door from pytest's plugin (``contracts.plugin``) into the golden store: the plugin imports this module
+and nothing else of ``goldens``. Four things cross it: a store location checked at start-up, user case modules
+loaded, a failing contract's inputs recorded as a counterexample tree, and the replay report assembled."""
+
+from __future__ import annotations
+
+from goldens.errors import GoldenStoreError
+
+__all__ = ["GoldenStoreError", "assemble_report", "check_location", "load_case_modules", "record_counterexample"]
+
+
+def check_location(text: str) -> None:
+    """Raise GoldenStoreError (one line) when ``text`` is not a store location."""
+    from goldens.store import Location
+
+    Location.parse(text)
+
+
+def load_case_modules(names) -> None:
+    from goldens.cases import load_case_modules as load
+
+    load(names)
+
+
+def record_counterexample(store: str, case: str, inputs: dict, *, label: str) -> tuple[str, str]:
+    """Record ``inputs`` as a tree derived from ``case`` in the store at ``store``: (tree name, snapshot)."""
+    from goldens import trees
+    from goldens.store import GoldenStore
+
+    name, result = trees.record_counterexample(GoldenStore(store), case, inputs, label=label)
+    return name, result.snapshot
+
+
+def assemble_report(directory: str, title: str):
+    """One report page from the parts the replay tests wrote (xdist workers too)."""
+    from goldens import report
+
+    return report.assemble(directory, title)

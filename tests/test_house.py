@@ -1,0 +1,149 @@
+"""The house rules, checked on the source: product code (``contracts``, ``kernels``, ``goldens``, ``backends``,
+except their test modules) imports no test module and no two product modules import each other in a circle,
+counting imports inside functions too; no backend imports the golden store; the emulated twin takes nothing from
+the references but their input validation.
+
+A finding names the modules and the line of each import on the way, so a new circle is fixed where it starts.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("contracts", "kernels", "goldens", "backends")
+
+
+def _is_test(module: str) -> bool:
+    return any(part.startswith("test_") or part == "conftest" for part in module.split("."))
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+def _resolve(module: str, path: Path, node: ast.Import | ast.ImportFrom, known: dict) -> list[str]:
+    """The project modules an import statement loads (the deepest known module of each dotted name)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            parts = module.split(".")[: len(module.split(".")) - (0 if path.name == "__init__.py" else 1)]
+            parts = parts[: len(parts) - (node.level - 1)]
+            base = ".".join(parts + ([base] if base else []))
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+    out = []
+    for name in names:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        if name:
+            out.append(name)
+    return out
+
+
+def import_graph() -> tuple[dict[str, dict[str, int]], dict[str, Path]]:
+    """{module: {imported module: line}} over every import statement, at any depth of the module."""
+    known = _modules()
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in known.items():
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                for target in _resolve(module, path, node, known):
+                    if target != module:
+                        edges.setdefault(target, node.lineno)
+        graph[module] = edges
+    return graph, known
+
+
+def circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected groups of more than one product module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if _is_test(w):
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if not _is_test(v) and v not in index:
+            visit(v)
+    return found
+
+
+def test_product_code_imports_no_test_module():
+    graph, known = import_graph()
+    bad = [f"{known[m].relative_to(ROOT)}:{line} imports {t}" for m, edges in sorted(graph.items())
+           if not _is_test(m) for t, line in edges.items() if _is_test(t)]
+    assert not bad, "product code imports a test module:\n" + "\n".join(bad)
+
+
+def test_no_two_product_modules_import_each_other_in_a_circle():
+    graph, known = import_graph()
+    found = circles(graph)
+    detail = ["; ".join(f"{m} -> {t} ({known[m].relative_to(ROOT)}:{graph[m][t]})"
+                        for m in group for t in graph[m] if t in group) for group in found]
+    assert not found, "import circles:\n" + "\n".join(detail)
+
+
+def test_no_backend_imports_the_golden_store():
+    graph, known = import_graph()
+    bad = [f"{known[m].relative_to(ROOT)}:{line} imports {t}" for m, edges in sorted(graph.items())
+           if m.split(".")[0] == "backends" for t, line in edges.items() if t.split(".")[0] == "goldens"]
+    assert not bad, "a backend imports the store tool:\n" + "\n".join(bad)
+
+
+def test_the_emulated_twin_takes_only_validation_from_the_references():
+    """A name the twin imports from ``kernels`` must be an input check (``check_*``) or a plain fact (an error
+    type, a constant), never an arithmetic helper: otherwise it would share the reference's bugs."""
+    for path in (ROOT / "backends" / "emulated").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kernels"):
+                for alias in node.names:
+                    assert alias.name.startswith("check_") or alias.name.isupper() or alias.name.endswith("Error"), \
+                        f"{path.relative_to(ROOT)}:{node.lineno} takes {alias.name} from {node.module}"
+
+
+def test_the_walk_finds_a_circle_and_a_test_import_it_is_shown():
+    """The walk itself can fail: a synthetic graph with a circle and a test import is reported."""
+    graph = {"a.x": {"a.y": 1}, "a.y": {"a.x": 2, "a.test_z": 3}, "a.test_z": {}}
+    assert circles(graph) == [["a.x", "a.y"]]
+    assert circles({"a.x": {"a.y": 1}, "a.y": {}}) == []
+    assert _is_test("contracts.test_v4_moe") and not _is_test("contracts.v4_cases")
+
+
+def test_pytest_reaches_the_store_through_one_door():
+    """Of ``goldens``, the pytest plugin imports ``goldens.pytest_api`` alone, and that module imports no test."""
+    graph, _ = import_graph()
+    doors = sorted(t for t in graph["contracts.plugin"] if t.split(".")[0] == "goldens")
+    assert doors == ["goldens.pytest_api"], doors
