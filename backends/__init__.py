@@ -19,26 +19,13 @@ from functools import cache
 from contracts.operators import REFERENCE_OPERATORS, Backend, BackendError
 
 
-def _schedule_of(config_module):
-    """``resolve_schedule`` through ``config_module``'s V41Config (the caller's config is re-built there)."""
-    from dataclasses import fields
-
-    def resolve_schedule(config):
-        cls = config_module.V41Config
-        if isinstance(config, cls):
-            return config.schedule
-        return cls(**{f.name: getattr(config, f.name) for f in fields(config) if f.init}).schedule
-
-    return resolve_schedule
-
-
 def reference_operators(load: Callable[[str], object] = importlib.import_module) -> dict[str, Callable]:
     """The reference operators, each taken from the module ``load(name)`` returns (the real modules by
     default; the mutation runner passes mutated copies)."""
     ops = {}
     for op_name, (module_name, attr) in REFERENCE_OPERATORS.items():
         module = load(module_name)
-        ops[op_name] = _schedule_of(module) if op_name == "resolve_schedule" else getattr(module, attr)
+        ops[op_name] = getattr(module, attr)
     return ops
 
 

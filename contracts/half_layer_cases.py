@@ -27,7 +27,7 @@ from kernels.config import FLASH_TINY, LayerKind, V41Config
 from kernels.metadata import build_forward_metadata
 from kernels.reference.attention_layer import FULL, INDEXING, REPRESENTATIVE_LAYER, REUSE, SENTINEL, ratio_of
 from kernels.reference.rope import materialize_rope_rows, precompute_rope_tables
-from kernels.sequence_parallel import sequence_parallel_bounds
+from kernels.sequence_parallel import sp_bounds
 
 KINDS = tuple(LayerKind)
 PHASES = ("prefill", "decode")
@@ -99,7 +99,7 @@ def _history(cache: cache_abi.QuantCache, table: torch.Tensor, lengths: list[int
                 values.append(v[p])
     if not slots:
         return cache
-    return cache_abi.publish(cache, torch.stack(values), torch.tensor(slots, dtype=torch.int64))
+    return cache_abi.cache_publish(cache, torch.stack(values), torch.tensor(slots, dtype=torch.int64))
 
 
 def _rope_rows(table: tuple[torch.Tensor, torch.Tensor], positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,7 +199,7 @@ def build(case: HalfLayerCase) -> dict[str, torch.Tensor]:
     if case.cancel is not None:
         _cancel(inputs, case)
     if case.wiring == "sharded":
-        bounds = sequence_parallel_bounds(active, case.tp, tokens)
+        bounds = sp_bounds(active, case.tp, tokens)
         slabs = torch.zeros((case.tp, bounds[0].width, hidden), dtype=torch.bfloat16)  # padding rows: exact zeros
         for rank, b in enumerate(bounds):
             slabs[rank, :b.count] = x[b.first:b.first + b.count]

@@ -106,10 +106,10 @@ def test_sharded_wiring_equals_the_replicated_wiring(backend, kind, phase, tp):
 
 
 def _slabs(full: torch.Tensor, tp: int, inputs) -> torch.Tensor:
-    from kernels.sequence_parallel import sequence_parallel_bounds
+    from kernels.sequence_parallel import sp_bounds
 
     active, tokens = int(inputs["num_tokens"]), inputs["position_ids"].shape[0]
-    bounds = sequence_parallel_bounds(active, tp, tokens)
+    bounds = sp_bounds(active, tp, tokens)
     out = torch.zeros((tp, bounds[0].width, full.shape[1]), dtype=full.dtype)
     for r, b in enumerate(bounds):
         out[r, :b.count] = full[b.first:b.first + b.count]
@@ -534,7 +534,7 @@ def test_the_c2a_cache_budget_and_the_format_budget_stay_selectable(backend):
     layout = cache_abi.layouts(case.config)["compressed_r2"]
     slots = _inputs(case)["compressed_slots"]
     slots = slots[slots >= 0]
-    ref = cache_abi.read(cache_abi.QuantCache(layout, got["compressed_payload"], got["compressed_scale"]),
+    ref = cache_abi.cache_read(cache_abi.QuantCache(layout, got["compressed_payload"], got["compressed_scale"]),
                          dtype=torch.float32).reshape(-1, layout.logical_width)[slots]
     payload = got["compressed_payload"].clone()
     rows = payload.reshape(-1, payload.shape[-1])
@@ -542,7 +542,7 @@ def test_the_c2a_cache_budget_and_the_format_budget_stay_selectable(backend):
     for _ in range(4096):  # flip the low mantissa bit of random codes in published rows until 1.5 % relative L2
         r, b = int(slots[torch.randint(0, slots.numel(), (1,), generator=g)]), int(torch.randint(0, rows.shape[1], (1,), generator=g))
         rows[r, b] ^= 1
-        now = cache_abi.read(cache_abi.QuantCache(layout, payload, got["compressed_scale"]),
+        now = cache_abi.cache_read(cache_abi.QuantCache(layout, payload, got["compressed_scale"]),
                              dtype=torch.float32).reshape(-1, layout.logical_width)[slots]
         rel = float((now - ref).norm() / ref.norm())
         if rel > 0.015:
@@ -567,7 +567,7 @@ def test_a_cache_past_fp16_range_is_read_as_bf16(backend):
     codes = inputs["window_scale"].view(torch.uint8)
     inputs["window_scale"] = torch.where(codes < 200, codes + 20, codes).view(torch.float8_e8m0fnu)
     layout = cache_abi.layouts(case.config)["window"]
-    values = cache_abi.read(cache_abi.QuantCache(layout, inputs["window_payload"], inputs["window_scale"]),
+    values = cache_abi.cache_read(cache_abi.QuantCache(layout, inputs["window_payload"], inputs["window_scale"]),
                             dtype=torch.bfloat16).float()
     finite = values[torch.isfinite(values)]
     assert float(finite.abs().max()) > 65504 and bool(torch.isinf(finite.half()).any()), \

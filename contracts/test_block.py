@@ -218,9 +218,9 @@ def test_a_causal_encoder_prefix_is_the_chain_so_far_and_bad_calls_are_refused(b
 
 def _to_slabs(rows: torch.Tensor, tp: int, active: int) -> torch.Tensor:
     """The first ``active`` of ``rows`` (a capacity of rows.shape[0]) as owner slabs."""
-    from kernels.sequence_parallel import sequence_parallel_bounds
+    from kernels.sequence_parallel import sp_bounds
 
-    bounds = sequence_parallel_bounds(active, tp, rows.shape[0])
+    bounds = sp_bounds(active, tp, rows.shape[0])
     out = torch.zeros((tp, bounds[0].width, *rows.shape[1:]), dtype=rows.dtype)
     for b in bounds:
         out[b.rank, :b.count] = rows[b.first:b.first + b.count]

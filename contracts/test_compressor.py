@@ -294,8 +294,8 @@ def test_publish_compressed_values_and_index_keys(seed, n, data):
     want_value = quant.quant_dequant(rope_interleave(latent, cos, sin).float()[live], "compressed")
     key = rope_interleave(rms_norm(project(latent, wk).to(latent.dtype), wn), cos, sin)
     want_key = quant.quant_dequant(key.float()[live], "index")
-    got_value = cache_abi.read(new_comp, dtype=torch.float32).reshape(rows, -1)[slots[live]]
-    got_key = cache_abi.read(new_index, dtype=torch.float32).reshape(rows, -1)[slots[live]]
+    got_value = cache_abi.cache_read(new_comp, dtype=torch.float32).reshape(rows, -1)[slots[live]]
+    got_key = cache_abi.cache_read(new_index, dtype=torch.float32).reshape(rows, -1)[slots[live]]
     assert torch.equal(got_value, want_value), "compressed value is not quant(rope(latent))"
     assert torch.equal(got_key, want_key), "index key is not quant(rope(rmsnorm(unrotated latent @ wk)))"
     mapped = torch.zeros(rows, dtype=torch.bool)
@@ -385,7 +385,7 @@ def test_two_requests_on_one_state_block_are_refused_or_updated_in_place_by_name
     result does not (request 1 re-runs position 5, whose partner slot 0 request 0 wrote at position 4).
     Spec: §4.1; docs/upstream.md."""
     from kernels.errors import ContractInputError
-    from kernels.reference.compressor import compressor_ratio2_paged
+    from kernels.reference.compressor import compressor_ratio2
 
     ring = Ring(FLASH_TINY, 4, 3, seed=41)
     a, b = ring.tokens(2), ring.tokens(1)
@@ -393,18 +393,18 @@ def test_two_requests_on_one_state_block_are_refused_or_updated_in_place_by_name
         call(backend, ring, ring.state, [(a, 4, 1), (b, 5, 1)])
     args = (torch.cat((a, b)), torch.tensor([0, 2, 3]), torch.tensor([4, 5, 5]), torch.tensor([0, 0, 1]),
             torch.tensor([[1], [1]]), ring.state, ring.weights)
-    in_place = compressor_ratio2_paged(*args, shared_block="in_place")
+    in_place = compressor_ratio2(*args, shared_block="in_place")
     # request 1 alone, on the ring request 0 left behind, is what in place means
-    first = compressor_ratio2_paged(args[0][:2], torch.tensor([0, 2]), args[2][:2], args[3][:2],
+    first = compressor_ratio2(args[0][:2], torch.tensor([0, 2]), args[2][:2], args[3][:2],
                                     torch.tensor([[1]]), ring.state, ring.weights)
-    second = compressor_ratio2_paged(b, torch.tensor([0, 1]), torch.tensor([5]), torch.tensor([0]),
+    second = compressor_ratio2(b, torch.tensor([0, 1]), torch.tensor([5]), torch.tensor([0]),
                                      torch.tensor([[1]]), first[2], ring.weights)
     assert torch.equal(in_place[0][2], second[0][0]), "in place: request 1 did not read request 0's write"
-    stale = compressor_ratio2_paged(b, torch.tensor([0, 1]), torch.tensor([5]), torch.tensor([0]),
+    stale = compressor_ratio2(b, torch.tensor([0, 1]), torch.tensor([5]), torch.tensor([0]),
                                     torch.tensor([[1]]), ring.state, ring.weights)
     assert not torch.equal(in_place[0][2], stale[0][0]), "the case does not separate in place from reads-first"
     with pytest.raises(ContractInputError, match="shared_block"):
-        compressor_ratio2_paged(*args, shared_block="later")
+        compressor_ratio2(*args, shared_block="later")
 
 
 @pytest.mark.parametrize("second, table, shared", [

@@ -107,9 +107,9 @@ def test_slab_bounds_reject_bad_arguments(backend, args):
 @given(case=slab_cases())
 def test_slab_owner_matches_the_bounds(case):
     """slab_owner(row, width) names the rank whose bounds hold the row; width 0 owns nothing. Spec: §7.1."""
-    from kernels.sequence_parallel import sequence_parallel_bounds, slab_owner
+    from kernels.sequence_parallel import slab_owner, sp_bounds
 
-    bounds = sequence_parallel_bounds(case.active, case.tp, case.capacity)
+    bounds = sp_bounds(case.active, case.tp, case.capacity)
     for b in bounds:
         for row in range(b.first, b.first + b.count):
             assert slab_owner(row, b.width) == b.rank

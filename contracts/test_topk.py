@@ -30,7 +30,7 @@ FLASH_CASES = indexer_cases(max_len=700, topk=FLASH.index_topk, heads=(FLASH.ind
 
 
 def _reference(inputs: dict, case: IndexerCase, width: int):
-    scores = ref.paged_index_scores(**inputs, block_size=case.block, width=width)
+    scores = ref.index_scores(**inputs, block_size=case.block, width=width)
     sel = ref.select_topk(scores, inputs["block_table"], inputs["request_ids"], topk=case.topk, block_size=case.block)
     return scores, sel
 
@@ -176,7 +176,7 @@ def test_candidate_mask_keeps_the_last_visible_block(backend, case, data):
     an all-zero mask; a reindex selection stays inside the mask. Spec: §5.2."""
     inputs = case.build()
     width = max(int(inputs["compressed_lens"].max()), 1)
-    scores = ref.paged_index_scores(**inputs, block_size=case.block, width=width)
+    scores = ref.index_scores(**inputs, block_size=case.block, width=width)
     topk_blocks = data.draw(st.integers(1, 3))
     mask = op(backend, "candidate_blocks")(scores, inputs["compressed_lens"], block=8, topk_blocks=topk_blocks,
                                            width=width)
@@ -188,7 +188,7 @@ def test_candidate_mask_keeps_the_last_visible_block(backend, case, data):
         last = (n - 1) // 8
         assert bool(mask[t, last * 8: min(last * 8 + 8, width)].all()), f"token {t}: last visible block {last} dropped"
         assert int(mask[t].sum()) <= topk_blocks * 8
-    re_scores = ref.paged_index_scores(**inputs, block_size=case.block, width=width, candidates=mask)
+    re_scores = ref.index_scores(**inputs, block_size=case.block, width=width, candidates=mask)
     sel = ref.select_topk(re_scores, inputs["block_table"], inputs["request_ids"], topk=case.topk,
                           block_size=case.block)
     ctx = _ctx(inputs, case)
@@ -229,7 +229,7 @@ def test_indexer_scores_round_at_the_spec_boundaries():
     q = torch.tensor([[[1.0, 0.251953125]]]).to(torch.bfloat16)
     k = torch.tensor([[3.0, 1.0]]).to(torch.bfloat16)
     w = torch.tensor([[0.7]]).to(torch.bfloat16)
-    s = ref.paged_index_scores(q, w, k, torch.tensor([[0]], dtype=torch.int32), torch.tensor([0]),
+    s = ref.index_scores(q, w, k, torch.tensor([[0]], dtype=torch.int32), torch.tensor([0]),
                                torch.tensor([1]), block_size=FLASH_TINY.block_size)
     from contracts.separation import separates
 
@@ -345,7 +345,7 @@ def test_candidate_blocks_accept_every_tie_order_and_nothing_else():
 
     scores = torch.tensor([[5.0, 0.0, 1.0, 0.0, 5.0, 0.0, 2.0, 0.0]])
     lens = torch.tensor([8])
-    ref_mask = ref.select_candidate_blocks(scores, lens, block=2, topk_blocks=2)
+    ref_mask = ref.candidate_blocks(scores, lens, block=2, topk_blocks=2)
 
     def mask(*blocks):
         m = torch.zeros(1, 8, dtype=torch.uint8)

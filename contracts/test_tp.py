@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from backends import torch_backend
 from contracts.plugin import op
 from contracts.separation import pairwise_sum, running_sum
-from kernels.sequence_parallel import sequence_parallel_bounds
+from kernels.sequence_parallel import sp_bounds
 
 REF = torch_backend()
 
@@ -104,7 +104,7 @@ def test_reduce_scatter_is_the_all_reduce_split_into_owner_slabs(backend, seed, 
     assert torch.equal(full.view(torch.int16), REF.get("tp_all_reduce")(partials).view(torch.int16)), \
         "the all-reduce differs from the reference's bytes"
     slabs = op(backend, "tp_reduce_scatter")(partials, active_tokens=active, capacity=capacity)
-    bounds = sequence_parallel_bounds(active, tp, capacity)
+    bounds = sp_bounds(active, tp, capacity)
     assert len(slabs) == tp, f"{len(slabs)} slabs for TP{tp}"
     for rank, (slab, b) in enumerate(zip(slabs, bounds, strict=True)):
         assert slab.dtype == torch.bfloat16 and tuple(slab.shape) == (b.width, 8), \

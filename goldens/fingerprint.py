@@ -69,7 +69,11 @@ def _bound_names(fn: ast.AST) -> set[str]:
 
 
 def _strip_docstrings(tree: ast.AST) -> None:
+    """Docstrings, and ``@operator(...)`` declarations (documentation of the operator, not its arithmetic)."""
     for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            node.decorator_list = [d for d in node.decorator_list if not (
+                isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "operator")]
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
                 isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):

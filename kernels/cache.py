@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from contracts.operators import operator
 from kernels import quant
 from kernels.config import FLASH, PRESETS, V41Config
 from kernels.errors import ContractInputError
@@ -138,7 +139,8 @@ def _check_slots(cache: QuantCache, values: torch.Tensor, slots: torch.Tensor) -
     return slots
 
 
-def publish(cache: QuantCache, values: torch.Tensor, slots: torch.Tensor) -> QuantCache:
+@operator(returns='new QuantCache; only rows with slot >= 0 change', spec='§2.3')
+def cache_publish(cache: QuantCache, values: torch.Tensor, slots: torch.Tensor) -> QuantCache:
     """Quantize the rows with ``slots >= 0`` and write their bytes at flattened row ``slot``; every other
     byte stays unchanged. Returns a new cache. ``values`` [N, logical]. Spec: §2.3."""
     slots = _check_slots(cache, values, slots)
@@ -157,7 +159,8 @@ def publish(cache: QuantCache, values: torch.Tensor, slots: torch.Tensor) -> Qua
     return out
 
 
-def read(cache: QuantCache, *, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+@operator(returns='[blocks, rows, 1, logical]', spec='§2.3')
+def cache_read(cache: QuantCache, *, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Dequantize the whole cache -> [blocks, rows, 1, logical] in ``dtype`` (state: FP32 as stored). Spec: §2.3."""
     if cache.layout.rule is None:
         return cache.payload.clone()

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 
+from contracts.operators import operator
+
 
 class ConfigError(ValueError):
     """A preset, schedule or deployment that violates the spec; names field and value."""
@@ -581,3 +583,14 @@ def preset(name: str) -> V41Config | V4Config:
         return PRESETS[name]
     except KeyError:
         raise ConfigError(f"preset: expected one of {sorted(PRESETS)}, got {name!r}") from None
+
+
+@operator(returns="tuple[LayerConfig] (mode, kind, kv_source, index_source per layer)", spec="§1")
+def resolve_schedule(config) -> tuple[LayerConfig, ...]:
+    """The per-layer schedule of ``config``. A config built from another copy of this module (a mutant's) is
+    re-built here field by field, so the schedule is this module's rule applied to the caller's numbers."""
+    if not isinstance(config, V41Config):
+        from dataclasses import fields
+
+        config = V41Config(**{f.name: getattr(config, f.name) for f in fields(config) if f.init})
+    return config.schedule

@@ -12,6 +12,7 @@ Spec: §7.1 (decode caller contract), §1 (deployment); upstream_checks CH-03, C
 
 from __future__ import annotations
 
+from contracts.operators import operator
 from kernels.config import FLASH, SUPPORTED_TP, ConfigError, LayerKind, V41Config
 from kernels.errors import ContractInputError
 
@@ -28,7 +29,10 @@ def _int(name: str, value: object, where: str) -> int:
 MAX_EPOCHS = 1000
 
 
-def check_half_layer_call(kind: LayerKind | str, *, phase: str, tokens: int, active: int | None = None,
+@operator(returns='active token count; raises ValueError naming field, mode and phase (host-side '
+                   'caller contract of an attention half-layer entry)',
+          spec='§7.1')
+def half_layer_call(kind: LayerKind | str, *, phase: str, tokens: int, active: int | None = None,
                           requests: int = 1, tp: int = 1, epoch: int = 1, pages: int | None = None,
                           dp: int = 1, layer: int | None = None, config: V41Config = FLASH) -> int:
     """Validate one half-layer call (``epoch``: the 1-based attention epoch the distributed output windows

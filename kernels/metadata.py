@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from contracts.operators import operator
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError, first_true
 
@@ -194,6 +195,7 @@ def compressor_metadata(query_start_loc: torch.Tensor, kv_seq_lens: torch.Tensor
 # the builder
 
 
+@operator(returns='ForwardMetadata (kernels.metadata)', spec='§3')
 def build_forward_metadata(
     query_start_loc: object,
     kv_seq_lens: object,

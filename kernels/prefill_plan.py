@@ -5,7 +5,7 @@
   on (20-39) run as the **decoder** -- C1A FULL (layer 20, "seeded": the only layer that publishes the global
   compressed and index caches), REINDEX or REUSE, ratio 1 only. Anything else is an error naming the layer.
 * ``causal_encoder_layer``: the causal encoder takes layer ids 0..19 only ("causal encoder layer_id").
-* ``select_decoder_replay``: the decoder re-runs at most the last ``window`` (128) encoded rows of each fresh
+* ``decoder_replay``: the decoder re-runs at most the last ``window`` (128) encoded rows of each fresh
   request: replay length min(len, window), replay start len - replay length, positions the request-local tail,
   the packed replay stream's ``query_start_loc``, window lens truncated to the replay start (the SWA of a
   replayed row only sees replayed rows), window slots / indices from the window block table, compressed lens
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contracts.operators import operator
 from kernels.config import FLASH, LayerKind, V41Config
 from kernels.errors import ContractInputError
 from kernels.metadata import paged_slots
@@ -205,7 +206,11 @@ def _cat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     return torch.cat(parts).to(dtype) if parts else torch.zeros(0, dtype=dtype)
 
 
-def select_decoder_replay(query_start_loc: torch.Tensor, position_ids: torch.Tensor,
+@operator(returns='DecoderReplay (kernels.prefill_plan): the last min(prefix + len, window) '
+                   'encoded rows per request (cached tail rows first), their positions, window '
+                   'metadata truncated to the replay, logit rows',
+          spec='§3')
+def decoder_replay(query_start_loc: torch.Tensor, position_ids: torch.Tensor,
                           token_to_req_indices: torch.Tensor, kv_seq_lens: torch.Tensor,
                           window_block_table: torch.Tensor, *, window: int = FLASH.sliding_window,
                           block_size: int = FLASH.block_size,
@@ -248,7 +253,11 @@ def select_decoder_replay(query_start_loc: torch.Tensor, position_ids: torch.Ten
                          window_lens)
 
 
-def select_encoder_replay(query_start_loc: torch.Tensor, position_ids: torch.Tensor,
+@operator(returns="EncoderReplay (kernels.prefill_plan): each resumed request's last min(prefix, "
+                   'window) cached input rows then its new rows, is_new marking the rows that may '
+                   'publish',
+          spec='§3')
+def encoder_replay(query_start_loc: torch.Tensor, position_ids: torch.Tensor,
                           token_to_req_indices: torch.Tensor, kv_seq_lens: torch.Tensor,
                           window_block_table: torch.Tensor, cached_input_starts: torch.Tensor, *,
                           window: int = FLASH.sliding_window, block_size: int = FLASH.block_size) -> EncoderReplay:
@@ -432,7 +441,7 @@ def run_prefill_decoder(encoder_state: PrefillState, query_start_loc: torch.Tens
     if cached_tail is not None and cached_tail.num_tokens != int(torch.as_tensor(cached_tail_starts)[-1]):
         raise ContractInputError("cached_tail", None, f"{int(torch.as_tensor(cached_tail_starts)[-1])} rows "
                                  "(its starts cover the packed tails)", cached_tail.num_tokens, "MD-18")
-    replay = select_decoder_replay(query_start_loc, position_ids, token_to_req_indices, kv_seq_lens,
+    replay = decoder_replay(query_start_loc, position_ids, token_to_req_indices, kv_seq_lens,
                                    window_block_table, window=window, block_size=block_size,
                                    cached_tail_starts=cached_tail_starts)
     if replay.source_rows.numel() == 0:

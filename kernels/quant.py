@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contracts.operators import operator
 from kernels import workers
 from kernels.errors import ContractInputError
 from kernels.tables import WatchedTable
@@ -258,6 +259,7 @@ def _e2m1_pack(y4: torch.Tensor, tie: str, sign_of: torch.Tensor | None = None) 
 BLOCK_ELEMENTS = 1 << 19  # rows are quantized in blocks of about this many elements (cache-sized temporaries)
 
 
+@operator(returns='MXTensor(payload, scale, rule)', spec='§2.2')
 def mx_quantize(x: torch.Tensor, rule_name: str | QuantRule) -> MXTensor:
     """Quantize ``x`` [..., D] with the named rule. Spec: §2.2.
 
@@ -341,6 +343,7 @@ def scale_values(q: MXTensor, *, device: bool = True) -> torch.Tensor:
     return q.scale.to(torch.float32)
 
 
+@operator(returns='[..., D] decoded values', spec='§2.2')
 def mx_dequantize(q: MXTensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode to ``dtype``: element = payload value * its group scale; NaN groups decode to NaN."""
     r = rule(q.rule)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError, first_true
 
 SPEC = "§7.1"
@@ -48,7 +49,8 @@ def _nonneg_int(name: str, value: object) -> int:
     return value
 
 
-def sequence_parallel_bounds(active_tokens: int, tp: int, capacity: int | None = None) -> tuple[SlabBounds, ...]:
+@operator(returns='tuple[SlabBounds] with .first/.count/.width per rank', spec='§7.1')
+def sp_bounds(active_tokens: int, tp: int, capacity: int | None = None) -> tuple[SlabBounds, ...]:
     """Per-rank (first, count, width): ``width = ceil(capacity/TP)``, ``first = min(r*width, T)``,
     ``count = max(0, min(width, T - first))``. Spec: §7.1.
     """
@@ -73,7 +75,8 @@ def slab_owner(row: int, width: int) -> int:
     return row // width
 
 
-def shard_rows(x: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, *, tp: int,
+@operator(returns='list[Slab] (payload [width,D], token_ids, positions, valid)', spec='§7.1')
+def sp_shard(x: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, *, tp: int,
                capacity: int | None = None) -> list[Slab]:
     """Split the active rows ``x`` [T, D] into ``tp`` physical slabs with padded suffixes. Spec: §7.1."""
     if x.ndim != 2:
@@ -83,7 +86,7 @@ def shard_rows(x: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor
         if value.ndim != 1 or value.numel() != active:
             raise ContractInputError(name, None, f"one entry per token ({active})", tuple(value.shape), SPEC)
     slabs = []
-    for b in sequence_parallel_bounds(active, tp, capacity):
+    for b in sp_bounds(active, tp, capacity):
         payload = torch.zeros((b.width, x.shape[1]), dtype=x.dtype)
         tok = torch.full((b.width,), -1, dtype=torch.int32)
         pos = torch.full((b.width,), -1, dtype=torch.int32)
@@ -103,7 +106,7 @@ def check_owner_slabs(slabs: Sequence[Slab], *, active_tokens: int, capacity: in
     Spec: §7.1 (padding contract, checked on every layer before the gather).
     """
     tp = len(slabs)
-    bounds = sequence_parallel_bounds(active_tokens, tp, capacity)
+    bounds = sp_bounds(active_tokens, tp, capacity)
     for slab, b in zip(slabs, bounds, strict=True):
         if slab.rank != b.rank:
             raise ContractInputError("slabs", (b.rank,), f"rank {b.rank} in rank order", slab.rank, SPEC)
@@ -130,7 +133,9 @@ def check_owner_slabs(slabs: Sequence[Slab], *, active_tokens: int, capacity: in
                                      "non-zero values", SPEC)
 
 
-def gather_rows(slabs: Sequence[Slab], *, active_tokens: int, capacity: int | None = None
+@operator(returns='(x [T,D], token_ids [T], positions [T]); raises ValueError on a padding breach',
+          spec='§7.1')
+def sp_gather(slabs: Sequence[Slab], *, active_tokens: int, capacity: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Validate every slab, then concatenate the owned rows in rank order -> (x [T, D], token_ids, positions).
 
@@ -139,7 +144,7 @@ def gather_rows(slabs: Sequence[Slab], *, active_tokens: int, capacity: int | No
     if not slabs:
         raise ContractInputError("slabs", None, "at least one rank", 0, SPEC)
     check_owner_slabs(slabs, active_tokens=active_tokens, capacity=capacity)
-    bounds = sequence_parallel_bounds(active_tokens, len(slabs), capacity)
+    bounds = sp_bounds(active_tokens, len(slabs), capacity)
     x = torch.cat([s.payload[: b.count] for s, b in zip(slabs, bounds, strict=True)])
     tok = torch.cat([s.token_ids[: b.count] for s, b in zip(slabs, bounds, strict=True)])
     pos = torch.cat([s.positions[: b.count] for s, b in zip(slabs, bounds, strict=True)])

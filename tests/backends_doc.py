@@ -9,7 +9,7 @@ from pathlib import Path
 
 from backends import BUILTIN
 from backends.pypto.table import BINDINGS
-from contracts.operators import COMPARATORS, KERNEL_OPERATORS
+from contracts.operators import JUDGES, KERNEL_OPERATORS
 from tests.harness import contract_index
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def render() -> str:
                    f"**{b.status}**: `{b.upstream}` |")
     out += ["", "## Comparators (judge a backend; not operators)", "",
             "| comparator | inputs | returns | spec |", "|---|---|---|---|"]
-    out += [f"| `{n}` | `{c.signature}` | {c.returns} | {c.spec} |" for n, c in sorted(COMPARATORS.items())]
+    out += [f"| `{n}` | `{c.signature}` | {c.returns} | {c.spec} |" for n, c in sorted(JUDGES.items())]
     out += ["", "## The pypto backend: upstream entries", "",
             "Each `bound` operator runs its upstream kernel entry through upstream's own harness, "
             "`golden.run_jit(fn, specs, golden_fn, golden_data, compile_cfg, runtime_cfg, rtol, atol, "
@@ -67,7 +67,7 @@ def render() -> str:
             "package has the real runner's signatures and semantics (checked against a checkout by "
             "`tests/test_upstream_double.py`); it runs for real where the a5 simulator toolchain is built "
             "(`scripts/a5sim-setup.sh`).", ""]
-    for status in ("bound", "not bound", "not exposed", "composition", "host"):
+    for status in ("bound", "not bound", "not exposed", "composition", "host", "not surveyed"):
         rows = [b for b in BINDINGS.values() if b.status == status]
         if not rows:
             continue

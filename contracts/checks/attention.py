@@ -40,7 +40,7 @@ from contracts.tensors import byte_rows
 from kernels import quant
 from kernels.config import LayerKind
 from kernels.reference.attention_layer import FULL, REUSE
-from kernels.sequence_parallel import sequence_parallel_bounds
+from kernels.sequence_parallel import sp_bounds
 
 C1A = (LayerKind.C1A_FULL, LayerKind.C1A_REINDEX, LayerKind.C1A_REUSE)
 CACHE_RULES = ("mode", "format")
@@ -116,7 +116,7 @@ def check_layer_output(where: str, actual: torch.Tensor, expected: torch.Tensor,
                                       expected[rank, active:], offset=active))
         results.append(check_replicas_identical(list(actual), name=f"{where}: output"))
     else:
-        bounds = sequence_parallel_bounds(active, tp, tokens)
+        bounds = sp_bounds(active, tp, tokens)
         want = torch.cat([expected[r, :b.count] for r, b in enumerate(bounds)])
         results.append(check_owner_rows(list(actual), want, [(b.first, b.count, b.width) for b in bounds], leaf=leaf,
                                         require_zero_padding=True, name=f"{where}: output"))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contracts.operators import operator
 from contracts.result import CheckResult, Violation, failed, first_failure, passed
 from contracts.tensors import byte_view
 from kernels import workers
@@ -151,6 +152,7 @@ def _row_stats(a: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(torch.cat([p[k] for p in parts]) for k in range(3))
 
 
+@operator(returns='CheckResult', spec='§6')
 def check_row_precision(actual: torch.Tensor, expected: torch.Tensor, *, bound: RowBound = ROW_BOUND,
                         name: str = "output") -> CheckResult:
     """Every row: RMS and peak error within the row bound; any non-finite value fails; no outlier quota.
@@ -208,6 +210,7 @@ def check_row_precision(actual: torch.Tensor, expected: torch.Tensor, *, bound: 
     return failed(check, spec, n_rows, int(bad.sum()), worst)
 
 
+@operator(returns='CheckResult', spec='§6')
 def check_output_budget(actual: torch.Tensor, expected: torch.Tensor, *, budget: OutputBudget = FP8_BUDGET,
                         name: str = "output") -> CheckResult:
     """Finite; global rel L2 <= 1 %; every row rel L2 <= 2 %; cosine >= 0.9999 (waived for a zero reference);
@@ -446,6 +449,7 @@ def check_ced_metrics(actual: torch.Tensor, expected: torch.Tensor, *, name: str
     return dataclasses.replace(worst_row, check=check, spec=spec)
 
 
+@operator(returns='CheckResult', spec='§6')
 def check_active_split(actual: torch.Tensor, expected: torch.Tensor, num_tokens: int, *,
                        leaf: Leaf = check_row_precision, name: str = "output") -> CheckResult:
     """Compare active rows ``[:num_tokens]`` and the inactive suffix separately with ``leaf``.
@@ -467,6 +471,7 @@ def check_active_split(actual: torch.Tensor, expected: torch.Tensor, num_tokens:
     return first_failure(results)
 
 
+@operator(returns='CheckResult (a pass counts every owned and padding row)', spec='§6/§7.1')
 def check_owner_rows(actual_slabs: Sequence[torch.Tensor], expected: torch.Tensor,
                      bounds: Sequence[tuple[int, int, int]], *, leaf: Leaf = check_row_precision,
                      require_zero_padding: bool = True, name: str = "output") -> CheckResult:
@@ -499,6 +504,7 @@ def check_owner_rows(actual_slabs: Sequence[torch.Tensor], expected: torch.Tenso
     return bad if bad is not None else passed(check, spec, sum(r.n_checked for r in results))
 
 
+@operator(returns='CheckResult', spec='§6')
 def check_replicas_identical(replicas: Sequence[torch.Tensor], *, name: str = "output") -> CheckResult:
     """Every TP replica is byte-identical to replica 0. Spec: §6 (`compare_reduced`)."""
     check, spec = "check_replicas_identical", "§6"

@@ -123,12 +123,12 @@ def forced_index_input(inputs: dict, actual_outputs: dict, *, wiring: str, tp: i
     gathered = actual_outputs.get("gathered")
     if wiring != "sharded" or gathered is None or "x" not in inputs:
         return inputs
-    from kernels.sequence_parallel import sequence_parallel_bounds
+    from kernels.sequence_parallel import sp_bounds
 
     active, tokens = int(inputs["num_tokens"]), int(inputs["position_ids"].shape[0])
     slabs = torch.zeros_like(inputs["x"])
     if gathered.shape[0] < active or gathered.shape[-1] != slabs.shape[-1]:
         return inputs  # a gather of the wrong layout fails its own clause; the scores stay the reference's
-    for rank, b in enumerate(sequence_parallel_bounds(active, tp, tokens)):
+    for rank, b in enumerate(sp_bounds(active, tp, tokens)):
         slabs[rank, :b.count] = gathered[b.first:b.first + b.count].to(slabs.dtype)
     return {**inputs, "x": slabs}

@@ -80,7 +80,7 @@ INDEXER_CASE = Case(
     wirings=("replicated",),
     modules=("kernels.reference.indexer",),
     build_inputs=_indexer_build,
-    reference=lambda i, w: _indexer_call(indexer.paged_index_scores, indexer.select_topk, i),
+    reference=lambda i, w: _indexer_call(indexer.index_scores, indexer.select_topk, i),
     run=lambda b, i, w: _indexer_call(b.get("index_scores"), b.get("select_topk"), i),
     comparators=lambda w: {"scores": "masked_scores", "topk_indices": "topk_validity"},
 )

@@ -42,9 +42,9 @@ def _cache_case(kind: str) -> Case:
         return {"payload": out.payload, "scale": out.scale}
 
     def reference(inputs: Tensors, wiring: str) -> Tensors:
-        from kernels.cache import publish
+        from kernels.cache import cache_publish
 
-        return _publish(publish, inputs)
+        return _publish(cache_publish, inputs)
 
     def run(backend, inputs: Tensors, wiring: str) -> Tensors:
         return _publish(backend.get("cache_publish"), inputs)
@@ -171,7 +171,7 @@ CASES = [
         wirings=("replicated",),
         modules=("kernels.reference.compressor",),
         build_inputs=_compressor_build,
-        reference=lambda i, w: _compressor_call(compressor.compressor_ratio2_paged, i),
+        reference=lambda i, w: _compressor_call(compressor.compressor_ratio2, i),
         run=lambda b, i, w: _compressor_call(b.get("compressor_ratio2"), i),
         comparators=lambda w: dict(RING),
         inout=("state_cache",),
@@ -184,7 +184,7 @@ CASES = [
         wirings=("replicated",),
         modules=("kernels.reference.compressor",),
         build_inputs=_compressor_epochs_build,
-        reference=lambda i, w: _compressor_epochs_call(compressor.compressor_ratio2_paged, i),
+        reference=lambda i, w: _compressor_epochs_call(compressor.compressor_ratio2, i),
         run=lambda b, i, w: _compressor_epochs_call(b.get("compressor_ratio2"), i),
         comparators=lambda w: dict(RING),
         inout=("state_cache",),

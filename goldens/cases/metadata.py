@@ -117,7 +117,7 @@ CASES = [
         wirings=("replicated", "sharded"),
         modules=("kernels.sequence_parallel",),
         build_inputs=_sp_build,
-        reference=lambda i, w: _sp_call(sp.shard_rows, sp.gather_rows, i, w),
+        reference=lambda i, w: _sp_call(sp.sp_shard, sp.sp_gather, i, w),
         run=lambda b, i, w: _sp_call(b.get("sp_shard"), b.get("sp_gather"), i, w),
         comparators=_sp_comparators,
     ),

@@ -140,7 +140,7 @@ CASES = [
         wirings=("replicated",),
         modules=("kernels.v4.index_cache",),
         build_inputs=_v4_index_keys_build,
-        reference=lambda i, w: _v4_index_keys_call({"v4_publish_index_keys": v4ic.publish_index_keys}.__getitem__,
+        reference=lambda i, w: _v4_index_keys_call({"v4_publish_index_keys": v4ic.v4_publish_index_keys}.__getitem__,
                                                    i),
         run=lambda b, i, w: _v4_index_keys_call(b.get, i),
         comparators=lambda w: {"idx_kv_cache": "exact", "idx_kv_scale": "exact"},

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 
 SPEC = "§5.3"
@@ -62,6 +63,9 @@ def check_inputs(query: torch.Tensor, window_kv: torch.Tensor, window_indices: t
     _check_indices(compressed_indices, "compressed_indices", compressed_kv.shape[0])
 
 
+@operator(returns='[T,H,D] in the query dtype: softmax over the valid rows of both sources plus '
+                   'the sink',
+          spec='§5.3')
 def sparse_attention(query: torch.Tensor, window_kv: torch.Tensor, window_indices: torch.Tensor,
                      compressed_kv: torch.Tensor, compressed_indices: torch.Tensor,
                      sink: torch.Tensor) -> torch.Tensor:

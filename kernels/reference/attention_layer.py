@@ -49,6 +49,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from contracts.operators import operator
 from kernels import cache as cache_abi
 from kernels.config import FLASH_TINY, LayerKind, V41Config
 from kernels.errors import ContractInputError
@@ -61,7 +62,7 @@ from kernels.reference.compressor import (
 )
 from kernels.reference.indexer import index_head_weights
 from kernels.reference.rope import rope_interleave
-from kernels.sequence_parallel import sequence_parallel_bounds
+from kernels.sequence_parallel import sp_bounds
 
 SPEC = "§2.3"
 ROUNDING_VERSION = "half-layer-1"
@@ -104,16 +105,16 @@ def required_inputs(kind: LayerKind) -> tuple[str, ...]:
 
 
 def _reference_ops() -> dict[str, Callable]:
-    from kernels.half_layer import check_half_layer_call
+    from kernels.half_layer import half_layer_call
     from kernels.reference import attention, indexer, o_proj, tp
-    from kernels.reference.compressor import compressor_ratio2_paged
+    from kernels.reference.compressor import compressor_ratio2
 
-    return {"half_layer_call": check_half_layer_call, "sparse_attention": attention.sparse_attention,
-            "o_proj": o_proj.output_projection, "tp_all_reduce": tp.tp_all_reduce,
-            "tp_reduce_scatter": tp.tp_reduce_scatter, "cache_publish": cache_abi.publish,
-            "cache_read": cache_abi.read, "compressor_ratio2": compressor_ratio2_paged,
-            "index_scores": indexer.paged_index_scores, "select_topk": indexer.select_topk,
-            "candidate_blocks": indexer.select_candidate_blocks}
+    return {"half_layer_call": half_layer_call, "sparse_attention": attention.sparse_attention,
+            "o_proj": o_proj.o_proj, "tp_all_reduce": tp.tp_all_reduce,
+            "tp_reduce_scatter": tp.tp_reduce_scatter, "cache_publish": cache_abi.cache_publish,
+            "cache_read": cache_abi.cache_read, "compressor_ratio2": compressor_ratio2,
+            "index_scores": indexer.index_scores, "select_topk": indexer.select_topk,
+            "candidate_blocks": indexer.candidate_blocks}
 
 
 def _get(inputs: Tensors, name: str, where: str) -> torch.Tensor:
@@ -145,7 +146,7 @@ def _rows(read: Callable, cache: cache_abi.QuantCache) -> torch.Tensor:
 
 def _gather_slabs(x: torch.Tensor, tp: int, tokens: int, active: int, where: str) -> torch.Tensor:
     """AllGather of the sharded input: the owned rows of each rank's slab; padding rows must be zero."""
-    bounds = sequence_parallel_bounds(active, tp, tokens)
+    bounds = sp_bounds(active, tp, tokens)
     width = bounds[0].width
     if x.ndim != 3 or x.shape[0] != tp or x.shape[1] != width:
         raise ContractInputError("x", None, f"[{tp}, {width}, hidden] owner slabs (sharded wiring, {where})",
@@ -181,6 +182,11 @@ def query_projection(x: torch.Tensor, wq_a: torch.Tensor, q_norm: torch.Tensor, 
     return q, qr_full.to(torch.bfloat16)
 
 
+@operator(returns='{output, window_payload, window_scale, [compressed_/index_ payload+scale], '
+                   '[topk_indices], [state_cache], [candidate_mask]}: one attention half-layer of '
+                   "any mode, composed from this backend's operators unless the backend gives its "
+                   'own',
+          spec='§2.3/§7.1')
 def attention_half_layer(inputs: Tensors, *, kind: LayerKind | str, phase: str, wiring: str, tp: int,
                          config: V41Config = FLASH_TINY, ops: Mapping[str, Callable] | None = None,
                          q_latent: str = "fp32-norm") -> dict[str, torch.Tensor]:

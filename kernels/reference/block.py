@@ -32,6 +32,7 @@ from functools import partial
 
 import torch
 
+from contracts.operators import operator
 from kernels.config import FLASH_TINY, LayerKind, V41Config
 from kernels.errors import ContractInputError
 
@@ -68,6 +69,10 @@ def moe_dense(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, experts
     return total.to(torch.bfloat16)
 
 
+@operator(returns='{x_hc, next_pre_mix, attention_input, ffn_input, attention_hidden, ffn_output}: '
+                   'one decode Block (attention + MoE through mHC with the delayed pre-mix), '
+                   "composed from this backend's operators",
+          spec='§1')
 def decode_block(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, attention_inputs: Tensors,
                  attention_mhc: MhcWeights, ffn_mhc: MhcWeights, router: torch.Tensor, bias: torch.Tensor,
                  experts, shared, *, kind: LayerKind | str, tp: int, config: V41Config = FLASH_TINY,
@@ -112,6 +117,9 @@ def _block(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, attention_inputs:
 
 decode_block.composes_operators = True  # a backend binds ``ops`` to its own operators (contracts.operators.Backend.get)
 
+@operator(returns="decode_block's outputs as owner slabs (padding rows zero) plus gathered [T,D]: "
+                   "the sharded wiring, composed from this backend's operators",
+          spec='§1')
 def decode_block_sharded(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, attention_inputs: Tensors,
                          attention_mhc: MhcWeights, ffn_mhc: MhcWeights, router: torch.Tensor, bias: torch.Tensor,
                          experts, shared, *, kind: LayerKind | str, tp: int, config: V41Config = FLASH_TINY,
@@ -123,12 +131,12 @@ def decode_block_sharded(x_hc: torch.Tensor, incoming_pre_mix: torch.Tensor, att
     rank's rows. Every output is a slab of the same bounds with exact zeros on padding rows -- the next layer
     consumes it as it is, without a re-split. A padding row that is not zero on input is refused naming rank
     and row. Spec: upstream_checks MD-27, SP-14, SP-07, HC-03, HC-04."""
-    from kernels.sequence_parallel import sequence_parallel_bounds
+    from kernels.sequence_parallel import sp_bounds
 
     o = {**_reference_ops(), **(ops or {})}
     tokens = int(attention_inputs["position_ids"].shape[0])
     active = int(attention_inputs["num_tokens"])
-    bounds = sequence_parallel_bounds(active, tp, tokens)
+    bounds = sp_bounds(active, tp, tokens)
     width, hc, d = bounds[0].width, config.hc_mult, config.hidden_size
     if x_hc.shape != (tp, width, hc, d) or x_hc.dtype != torch.float32 or incoming_pre_mix.shape != (tp, width, hc):
         raise ContractInputError("x_hc", None, f"FP32 owner slabs [{tp}, {width}, {hc}, {d}] with pre-mix slabs "
@@ -181,6 +189,10 @@ decode_block_sharded.composes_operators = True
 REUSED = ("compressed_payload", "compressed_scale", "topk_indices")
 
 
+@operator(returns='{x_hc, next_pre_mix, layer_x_hc [L,T,hc,D], layer_pre_mix [L,T,hc], reused_from '
+                   '[L]}: the decode Blocks of layers 0..19 chained, REUSE layers reading their '
+                   "source's published cache and Top-K, composed from this backend's operators",
+          spec='§1')
 def causal_encoder(x_hc: torch.Tensor, layer_inputs: Mapping[LayerKind, Tensors], attention_mhc: MhcWeights,
                    ffn_mhc: MhcWeights, router: torch.Tensor, bias: torch.Tensor, experts, shared, *, tp: int,
                    config: V41Config = FLASH_TINY, layers: int | None = None,

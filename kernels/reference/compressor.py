@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contracts.operators import operator
 from kernels import cache as cache_abi
 from kernels.errors import ContractInputError
 from kernels.reference.rope import rope_interleave
@@ -43,7 +44,8 @@ class CompressorWeights:
 SHARED_BLOCK = ("refuse", "in_place")  # named rules for two requests of one call on one state block
 
 
-def compressor_ratio2_paged(
+@operator(returns='(latent [T,D], publish [T] bool, new state_cache)', spec='§4.1')
+def compressor_ratio2(
     x: torch.Tensor,
     query_start_loc: torch.Tensor,
     position_ids: torch.Tensor,
@@ -155,5 +157,5 @@ def publish_compressed(latent: torch.Tensor, rope_cos: torch.Tensor, rope_sin: t
     value = rope_interleave(latent, rope_cos, rope_sin)
     key = rms_norm(project(latent, index_wk).to(latent.dtype), index_norm, eps)
     key = rope_interleave(key, rope_cos, rope_sin)
-    return (cache_abi.publish(compressed, value.float(), slots),
-            cache_abi.publish(index, key.float(), slots))
+    return (cache_abi.cache_publish(compressed, value.float(), slots),
+            cache_abi.cache_publish(index, key.float(), slots))

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from contracts.operators import operator
 from kernels.config import FLASH, SUPPORTED_TP, V41Config
 from kernels.errors import ContractInputError
 
@@ -63,6 +64,7 @@ def _gate_and_add(lookup: torch.Tensor, wkv: torch.Tensor, weight: torch.Tensor,
     return (h + gate * value[:, None, :]).to(torch.bfloat16)
 
 
+@operator(returns='[T, hc, D] BF16: x + sigmoid-sqrt gate · the shared value, per stream', spec='§1')
 def engram(hash_ids: torch.Tensor, table: torch.Tensor, wkv: torch.Tensor, weight: torch.Tensor,
            x: torch.Tensor, *, config: V41Config = FLASH) -> torch.Tensor:
     """hash_ids [T, cols], table [rows, head_dim] BF16, wkv [cols·head_dim, (hc+1)·D], weight [hc, D] FP32,
@@ -72,6 +74,7 @@ def engram(hash_ids: torch.Tensor, table: torch.Tensor, wkv: torch.Tensor, weigh
     return _gate_and_add(lookup, wkv, weight, x, config)
 
 
+@operator(returns='list of tp [T, hc, D] BF16 outputs (each the single-rank output)', spec='§1')
 def engram_tp(hash_ids: torch.Tensor, table_shards: Sequence[torch.Tensor], wkv: torch.Tensor,
               weight: torch.Tensor, x: torch.Tensor, *, tp: int, config: V41Config = FLASH) -> list[torch.Tensor]:
     """The row-sharded Engram: ``table_shards`` one per rank (rows / tp each, in rank order) -> one output

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 
 SPEC = "§5"
@@ -33,7 +34,8 @@ def logical_to_physical(block_table: torch.Tensor, request_ids: torch.Tensor, po
     return block_table.to(torch.long)[req, page] * block_size + positions % block_size
 
 
-def paged_index_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor, block_table: torch.Tensor,
+@operator(returns='scores [T, L] FP32, -inf where masked', spec='§5.1')
+def index_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor, block_table: torch.Tensor,
                        request_ids: torch.Tensor, compressed_lens: torch.Tensor, *, block_size: int,
                        width: int | None = None, candidates: torch.Tensor | None = None) -> torch.Tensor:
     """Scores [T, width] FP32 over request-local compressed positions; masked positions are -inf.
@@ -61,6 +63,7 @@ def paged_index_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.
     return scores.masked_fill(~mask, float("-inf"))
 
 
+@operator(returns='[T, topk] INT32 physical rows, logical order, -1 padded', spec='§5.1')
 def select_topk(scores: torch.Tensor, block_table: torch.Tensor, request_ids: torch.Tensor, *, topk: int,
                 block_size: int) -> torch.Tensor:
     """Top-K [T, topk] INT32 physical rows: the best min(topk, L) finite scores (ties to the lower logical
@@ -80,7 +83,8 @@ def select_topk(scores: torch.Tensor, block_table: torch.Tensor, request_ids: to
     return out
 
 
-def select_candidate_blocks(scores: torch.Tensor, compressed_lens: torch.Tensor, *, block: int, topk_blocks: int,
+@operator(returns='U8 mask [T, width]', spec='§5.2')
+def candidate_blocks(scores: torch.Tensor, compressed_lens: torch.Tensor, *, block: int, topk_blocks: int,
                             width: int | None = None) -> torch.Tensor:
     """U8 mask [T, width]: blocks of ``block`` positions ranked by their max score, the block holding
     position compressed_len-1 always kept, the best min(topk_blocks, nblocks) finite blocks expanded

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.operators import operator
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
 from kernels.reference.compressor import rms_norm
@@ -48,6 +49,7 @@ def lm_head_layout(*, vocab: int, tp: int, dp: int = 1, group_logit_rows: int = 
     return vocab // tp
 
 
+@operator(returns="x_hc [T, hc, D]: the clamped ids' rows in every stream", spec='§1')
 def embed_pack(ids: torch.Tensor, embedding: torch.Tensor, *, config: V41Config = FLASH) -> torch.Tensor:
     """ids [T] (any integer dtype) -> x_hc [T, hc, D]: the clamped ids' embedding rows in every stream.
     Spec: CQ-26, AP-19."""
@@ -59,6 +61,7 @@ def embed_pack(ids: torch.Tensor, embedding: torch.Tensor, *, config: V41Config 
     return rows.unsqueeze(1).expand(-1, config.hc_mult, -1).contiguous()
 
 
+@operator(returns='[T, D] BF16: FP32 RMSNorm times the weight, one BF16 rounding', spec='§1')
 def final_norm(hidden: torch.Tensor, weight: torch.Tensor, *, config: V41Config = FLASH) -> torch.Tensor:
     """hidden [T, D], weight [D] -> [T, D] BF16: FP32 RMSNorm times the weight, one BF16 rounding. Spec: AP-19."""
     if hidden.ndim != 2 or weight.shape != hidden.shape[1:]:
@@ -67,6 +70,7 @@ def final_norm(hidden: torch.Tensor, weight: torch.Tensor, *, config: V41Config 
     return rms_norm(hidden.float(), weight, config.rms_norm_eps).to(torch.bfloat16)
 
 
+@operator(returns='list of tp FP32 logit shards [T, vocab/tp] in rank order', spec='§1')
 def lm_head(hidden: torch.Tensor, weight: torch.Tensor, *, tp: int = 1) -> list[torch.Tensor]:
     """hidden [T, D] BF16, weight [vocab, D] -> ``tp`` FP32 logit shards [T, vocab/tp] (rank order).
     Spec: AP-17, SC-23."""
@@ -80,6 +84,7 @@ def lm_head(hidden: torch.Tensor, weight: torch.Tensor, *, tp: int = 1) -> list[
     return shards
 
 
+@operator(returns="[T] INT32: first id of each row's maximum", spec='§1')
 def greedy_pick(logits: torch.Tensor) -> torch.Tensor:
     """[T, vocab] -> [T] INT32: the first id of each row's maximum (a NaN row is an error). Spec: AP-18."""
     if logits.ndim != 2 or logits.shape[1] == 0:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contracts.operators import operator
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
 from kernels.reference.rowwise import rowwise_matmul
@@ -76,6 +77,8 @@ def _sigmoid(z: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(z.double()).float()
 
 
+@operator(returns='Mixes(pre [T,hc], post [T,hc], residual [T,hc,hc]) FP32, rows >= num_tokens zero',
+          spec='§1')
 def hc_mixes(x_hc: torch.Tensor, function: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *,
              num_tokens: int | None = None, config: V41Config = FLASH) -> Mixes:
     """``x_hc`` [T, hc, D]; ``function`` [(2+hc)·hc, hc·D]; ``scale`` [3]; ``base`` [(2+hc)·hc] -> Mixes with
@@ -103,6 +106,7 @@ def hc_mixes(x_hc: torch.Tensor, function: torch.Tensor, scale: torch.Tensor, ba
     return Mixes(pre * keep[:, None], post * keep[:, None], residual * keep[:, None, None])
 
 
+@operator(returns="[T, D] in x_hc's dtype: FP32 sum, one cast", spec='§1')
 def hc_pre(x_hc: torch.Tensor, pre_mix: torch.Tensor, *, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Σ_i pre[i]·x_hc[i] in FP32, one cast to the activation dtype (BF16 at the ABI, whatever the streams'
     dtype -- FP32 streams included): [T, hc, D], [T, hc] -> [T, D]. Spec: HC-02."""
@@ -128,6 +132,7 @@ def check_hc_post(sublayer: torch.Tensor, x_hc: torch.Tensor, post_mix: torch.Te
                                  [list(post_mix.shape), list(residual_mix.shape)], SPEC)
 
 
+@operator(returns="[T, hc, D] in the sublayer's dtype: post·sublayer + residualᵀ·x_hc in FP32", spec='§1')
 def hc_post(sublayer: torch.Tensor, x_hc: torch.Tensor, post_mix: torch.Tensor, residual_mix: torch.Tensor, *,
             rule: str = "fp32") -> torch.Tensor:
     """out[:, j] = post[:, j]·sublayer + Σ_i residual[:, i, j]·x_hc[:, i] in FP32, returned as FP32 (the ABI's
@@ -141,6 +146,7 @@ def hc_post(sublayer: torch.Tensor, x_hc: torch.Tensor, post_mix: torch.Tensor, 
     return out.to(sublayer.dtype).float() if rule == "via-sublayer-dtype" else out
 
 
+@operator(returns='[T, D] BF16', spec='§1')
 def hc_head(x_hc: torch.Tensor, pre_mix: torch.Tensor) -> torch.Tensor:
     """The final collapse before the LM head: ``hc_pre`` with the last pre mix, as BF16. Spec: HC-02."""
     return hc_pre(x_hc, pre_mix).to(torch.bfloat16)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from contracts.operators import operator
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
 from kernels.reference.rowwise import rowwise_matmul
@@ -50,6 +51,7 @@ EXPERT_RULES = ("fp32-proj", "bf16-proj")
 MOE_TOKENS = 16  # per EP rank and call (MD-32)
 
 
+@operator(returns='(weights [T,k] FP32 summing to routed_scaling_factor, ids [T,k] INT32)', spec='§1')
 def moe_gate(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, config: V41Config = FLASH,
              rule: str = "stable") -> tuple[torch.Tensor, torch.Tensor]:
     """[T, D], [E, D], [E] -> (weights [T, k] FP32, ids [T, k] INT32). Spec: MO-01."""
@@ -85,6 +87,7 @@ def _project(x: torch.Tensor, w: torch.Tensor, rule: str) -> torch.Tensor:
     return y.to(torch.bfloat16).float() if rule == "bf16-proj" else y
 
 
+@operator(returns='[N, D] FP32 contribution (route weight before W2, BF16 hidden)', spec='§1')
 def moe_expert(x: torch.Tensor, weights: ExpertWeights, route_weight: torch.Tensor | None = None, *,
                config: V41Config = FLASH, rule: str = "fp32-proj") -> torch.Tensor:
     """[N, D] BF16 rows -> their FP32 [N, D] contribution; ``route_weight`` [N] multiplies the hidden before
@@ -158,6 +161,10 @@ def _num_tokens(num_tokens: int | Sequence[int], ep: int, rows: Sequence[int]) -
     return counts
 
 
+@operator(returns='EPResult(outputs per rank [T_r,D] BF16, send_counts [ep,ep,n_local], recv_rows '
+                   'per rank [R,3], recv_y per rank [n_local,recv_max,D], recv_expert_count per '
+                   'rank [n_local] INT32)',
+          spec='§1')
 def moe_ep(xs: Sequence[torch.Tensor], gates: Sequence[tuple[torch.Tensor, torch.Tensor]],
            experts: Sequence[ExpertWeights], shared: ExpertWeights, *, ep: int,
            num_tokens: int | Sequence[int], recv_max: int | None = None, config: V41Config = FLASH,

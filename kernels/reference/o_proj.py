@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 from kernels.reference.rope import rope_interleave
 
@@ -25,7 +26,10 @@ SPEC = "§7.1"
 ROUNDING_VERSION = "oproj-1"
 
 
-def output_projection(attended: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, wo_a: torch.Tensor,
+@operator(returns='[T, hidden] FP32 partial (inverse RoPE, grouped Wo-A with one BF16 rounding, '
+                   'Wo-B in FP32)',
+          spec='§7.1')
+def o_proj(attended: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, wo_a: torch.Tensor,
                       wo_b: torch.Tensor) -> torch.Tensor:
     """[T, H, D] BF16 -> [T, hidden] FP32 partial. ``rope_cos``/``rope_sin`` [T, R/2] FP32; ``wo_a`` [G, O, H*D/G]
     BF16; ``wo_b`` [G*O, hidden] (decoded values). Spec: §7.1, AP-09."""

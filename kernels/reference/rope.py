@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from contracts.operators import operator
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
 
@@ -64,6 +65,7 @@ def rope_interleave(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, in
     return torch.cat((head.float(), rotated), dim=-1).to(x.dtype)
 
 
+@operator(returns='None (writes rope_cos/rope_sin rows < num_tokens)', spec='§4.2')
 def materialize_rope_rows(freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, position_ids: torch.Tensor,
                           num_tokens: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> None:
     """Write rows t < num_tokens of ``rope_cos``/``rope_sin`` [T, rope/2] in place: table row p for p >= 0,

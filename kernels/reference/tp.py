@@ -16,8 +16,9 @@ from collections.abc import Sequence
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
-from kernels.sequence_parallel import sequence_parallel_bounds
+from kernels.sequence_parallel import sp_bounds
 
 SPEC = "§7.1"
 ROUNDING_VERSION = "tp-1"
@@ -33,6 +34,7 @@ def _check(partials: Sequence[torch.Tensor]) -> None:
                                      f"{p.dtype}{list(p.shape)}", SPEC)
 
 
+@operator(returns='[T, D] BF16: FP32 sum in rank order, one BF16 cast', spec='§7.1')
 def tp_all_reduce(partials: Sequence[torch.Tensor]) -> torch.Tensor:
     """Sum the FP32 partials [T, D] in rank order, then one cast to BF16. Spec: §7.1, AP-08."""
     _check(partials)
@@ -42,6 +44,7 @@ def tp_all_reduce(partials: Sequence[torch.Tensor]) -> torch.Tensor:
     return total.to(torch.bfloat16)
 
 
+@operator(returns='list of BF16 owner slabs [ceil(capacity/TP), D], padding rows zero', spec='§7.1')
 def tp_reduce_scatter(partials: Sequence[torch.Tensor], *, active_tokens: int, capacity: int | None = None
                       ) -> list[torch.Tensor]:
     """The all-reduced rows, split into the ranks' physical owner slabs [ceil(capacity/TP), D]: owned rows
@@ -52,7 +55,7 @@ def tp_reduce_scatter(partials: Sequence[torch.Tensor], *, active_tokens: int, c
         raise ContractInputError("active_tokens", None, f"0..{reduced.shape[0]} (rows of the partials)",
                                  active_tokens, SPEC)
     slabs = []
-    for b in sequence_parallel_bounds(active_tokens, len(partials), capacity):
+    for b in sp_bounds(active_tokens, len(partials), capacity):
         slab = torch.zeros((b.width, reduced.shape[1]), dtype=torch.bfloat16)
         slab[: b.count] = reduced[b.first:b.first + b.count]
         slabs.append(slab)

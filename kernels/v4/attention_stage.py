@@ -31,6 +31,7 @@ from functools import partial
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 
 SPEC = "§8"
@@ -54,6 +55,10 @@ def stage_positions(position_ids: torch.Tensor, freqs_cos: torch.Tensor, *, toke
     return real, pos
 
 
+@operator(returns='{x_out [T,hc,D] FP32, kv_cache, qr, qr_scale}: hc_pre, RMSNorm, Q/KV '
+                   "projection, the kv write, v4_attention, hc_post -- composed from this backend's "
+                   'operators',
+          spec='§8')
 def v4_attention_stage(path: str, x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor,
                        hc_base: torch.Tensor, attn_norm_w: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor,
                        wq_b_scale: torch.Tensor, wkv: torch.Tensor, gamma_cq: torch.Tensor, gamma_ckv: torch.Tensor,

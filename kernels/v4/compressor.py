@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 from kernels.reference.compressor import project
 
@@ -63,6 +64,9 @@ def check_v4_compressor(state_pool: torch.Tensor, weights: V4CompressorWeights, 
                                  f"{state_pool.dtype}{list(state_pool.shape)}", SPEC)
 
 
+@operator(returns='(compressed [T,d] FP32 (rounded once, after its RoPE, on publication), closes '
+                   "[T] bool, new state pool): V4's ratio-128 / ratio-4 compressor",
+          spec='§8')
 def v4_compressor(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: torch.Tensor,
                   state_block_table: torch.Tensor, state_pool: torch.Tensor, weights: V4CompressorWeights, *,
                   ratio: int, overlap: bool, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -105,6 +109,9 @@ def v4_compressor(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: tor
     return out, closes, pool.reshape(pages, page, 2 * coff * d)
 
 
+@operator(returns="{compressed, index_key, closes, main_pool, inner_pool}: CSA's main and inner "
+                   'compressors',
+          spec='§8')
 def csa_compressors(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: torch.Tensor,
                     main_table: torch.Tensor, main_pool: torch.Tensor, main: V4CompressorWeights,
                     inner_table: torch.Tensor, inner_pool: torch.Tensor, inner: V4CompressorWeights, *,
@@ -122,6 +129,9 @@ def csa_compressors(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: t
 csa_compressors.composes_operators = True
 
 
+@operator(returns="the new cmp pool: each closed window's row, RoPE'd at the window's first "
+                   'position, at its slot',
+          spec='§8')
 def v4_publish_compressed(compressed: torch.Tensor, closes: torch.Tensor, position_ids: torch.Tensor,
                           cmp_slot_mapping: torch.Tensor, cmp_pool: torch.Tensor, rope_cos: torch.Tensor,
                           rope_sin: torch.Tensor, *, ratio: int) -> torch.Tensor:

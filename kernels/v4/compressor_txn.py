@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 from kernels.reference.compressor import project
 from kernels.v4.compressor import V4CompressorWeights
@@ -82,6 +83,10 @@ def _check(position_ids, seq, state_page_ids, state_page_epochs, request_epochs,
                                      SPEC)
 
 
+@operator(returns='(compressed [T,d] FP32, closes [T], new state pool): the decode compressor as a '
+                   'state transaction (only current-epoch pages in the valid range are read; this '
+                   'step overlays; the commit follows the pool)',
+          spec='§8')
 def v4_compressor_txn(x: torch.Tensor, position_ids: torch.Tensor, state_page_ids: torch.Tensor,
                       state_page_epochs: torch.Tensor, request_epochs: torch.Tensor,
                       state_valid_ranges: torch.Tensor, state_slot_mapping: torch.Tensor, state_pool: torch.Tensor,
@@ -142,6 +147,10 @@ def v4_compressor_txn(x: torch.Tensor, position_ids: torch.Tensor, state_page_id
 NO_EVENT_RULES = ("skip", "zero_rope")
 
 
+@operator(returns="the new compressed pool: each request's closed row rotated by its event's RoPE "
+                   "rows, written at its slot; no event: nothing (or, no_event='zero_rope', the "
+                   'RoPE dims 0)',
+          spec='§8')
 def v4_publish_events(compressed: torch.Tensor, closes: torch.Tensor, cmp_slot_mapping: torch.Tensor,
                       cmp_pool: torch.Tensor, request_event_indices: torch.Tensor, event_cos: torch.Tensor,
                       event_sin: torch.Tensor, *, seq: int, no_event: str = "skip") -> torch.Tensor:

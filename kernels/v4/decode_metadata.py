@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 
 SPEC = "§8"
@@ -106,6 +107,9 @@ def check_tables(batch: int, ori_table: torch.Tensor, cmp_tables: Mapping[int, t
             raise ContractInputError(name, None, f"[{batch}, pages] (one row per request)", list(table.shape), SPEC)
 
 
+@operator(returns='V4DecodeMetadata (kernels.v4.decode_metadata): request-major MTP rows, slot '
+                   'mappings, SWA and history windows',
+          spec='§8')
 def v4_decode_metadata(starts: torch.Tensor, ori_table: torch.Tensor, cmp_tables: Mapping[int, torch.Tensor],
                        state_tables: Mapping[int, torch.Tensor], *, config,
                        commit_tokens: int | None = None) -> V4DecodeMetadata:
@@ -135,6 +139,9 @@ def v4_decode_metadata(starts: torch.Tensor, ori_table: torch.Tensor, cmp_tables
                             paged_rows(pos, req, ori_table, bs), swa, swa_lens, hist, hist_lens, cmp, state)
 
 
+@operator(returns="[T, limit] INT32: HCA's deterministic compressed top-k (the first valid "
+                   'positions, -1 after)',
+          spec='§8')
 def hca_topk(position_ids: torch.Tensor, kv_seq_lens: torch.Tensor, *, seq: int, limit: int,
              ratio: int = 128) -> torch.Tensor:
     """HCA's deterministic compressed top-k [T, limit] INT32: the first valid compressed positions, -1 after.
@@ -149,6 +156,9 @@ def hca_topk(position_ids: torch.Tensor, kv_seq_lens: torch.Tensor, *, seq: int,
     return torch.where(cols[None] < valid[:, None], cols[None], -1).to(torch.int32)
 
 
+@operator(returns="[T, sliding_window] INT32: a prefill chunk's window, the last min(window, pos + "
+                   '1) positions oldest first through the 1-D table (-1 holes), padding rows -1',
+          spec='§8')
 def v4_prefill_swa_indices(position_ids: torch.Tensor, block_table: torch.Tensor, num_tokens: int, *,
                            config) -> torch.Tensor:
     """A prefill chunk's SWA window [T, sliding_window] INT32 (see the module doc): one request's ``position_ids``

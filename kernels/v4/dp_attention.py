@@ -19,11 +19,15 @@ from functools import partial
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 
 SPEC = "§8"
 
 
+@operator(returns="list of each rank's half-layer outputs (TP 1, nothing reduced across ranks), "
+                   "composed from this backend's attention_half_layer",
+          spec='§8')
 def dp_attention(rank_inputs: Sequence[Mapping[str, torch.Tensor]], *, kind, config,
                  ops: Mapping[str, Callable] | None = None) -> list[dict[str, torch.Tensor]]:
     """One attention per DP rank (a V4 path's ``v4_attention``, or a V4.1 half-layer at TP 1 with one rank

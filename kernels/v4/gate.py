@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 
 SPEC = "§8"
@@ -74,6 +75,10 @@ def _check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, in
                                      SPEC)
 
 
+@operator(returns='{x_norm_i8 [T,D] INT8, x_norm_scale [T,1] (amax/127 · inv_rms), indices [T,K] '
+                   "INT32, weights [T,K]}: V4's MoE router (hash layers by token id, else biased "
+                   'top-k; unbiased weights)',
+          spec='§8')
 def v4_gate(x_mixed: torch.Tensor, norm_w: torch.Tensor, gate_w: torch.Tensor, gate_bias: torch.Tensor,
             layer_id: int, num_tokens: int, tid2eid: torch.Tensor, input_ids: torch.Tensor, *,
             config, padding_codes: str = "quantized", dequant_factor: str = "product") -> dict[str, torch.Tensor]:

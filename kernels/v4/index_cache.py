@@ -1,8 +1,8 @@
 """V4's index-key cache (spec §8). Upstream keeps two formats, both kept here by name:
 
-* ``index_cache_quant`` -- the CANN cache-quant reference (upstream indexer_cache_quant.py): each row stored as
+* ``v4_index_cache_quant`` -- the CANN cache-quant reference (upstream indexer_cache_quant.py): each row stored as
   E4M3 with one FP32 power-of-two scale (below);
-* ``publish_index_keys`` -- what the decode indexer's own compressor writes (upstream
+* ``v4_publish_index_keys`` -- what the decode indexer's own compressor writes (upstream
   decode_indexer_compressor.py, the INT8 stand-in the tracked kernels use): each closed window's FP32 index
   key, its last ``rope`` dims rotated in FP32 at the window's first position (pos - ratio + 1), rounded to
   BF16, times the Hadamard [d, d] (BF16) in FP32, rounded to BF16 again, then one INT8 row: amax =
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 from kernels.reference.rope import rope_interleave
 from kernels.v4.mtp import quantize_rows_int8
@@ -32,7 +33,10 @@ ROUNDING_VERSION = "v4-index-cache-1"
 E4M3_MAX = 448.0
 
 
-def index_cache_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+@operator(returns="(payload float8_e4m3fn [..., d], scale FP32 [..., 1]): V4's index-key cache row "
+                   'quantization',
+          spec='§8')
+def v4_index_cache_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., d] -> (payload float8_e4m3fn [..., d], scale FP32 [..., 1]). Spec: §8."""
     if x.ndim < 1 or x.shape[-1] == 0 or not x.is_floating_point():
         raise ContractInputError("x", None, "floating [..., d > 0]", f"{x.dtype}{list(x.shape)}", SPEC)
@@ -47,7 +51,10 @@ def index_cache_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return payload.to(torch.float8_e4m3fn), scale
 
 
-def publish_index_keys(index_key: torch.Tensor, closes: torch.Tensor, position_ids: torch.Tensor,
+@operator(returns="(new idx_kv_cache, new idx_kv_scale): each closed window's key rotated, BF16, "
+                   'Hadamard, BF16, one INT8 row with scale 1 / (127 / amax)',
+          spec='§8')
+def v4_publish_index_keys(index_key: torch.Tensor, closes: torch.Tensor, position_ids: torch.Tensor,
                        idx_slot_mapping: torch.Tensor, idx_kv_cache: torch.Tensor, idx_kv_scale: torch.Tensor,
                        rope_cos: torch.Tensor, rope_sin: torch.Tensor, hadamard: torch.Tensor, *,
                        ratio: int = 4) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 from kernels.reference.rope import rope_interleave
 from kernels.v4.mtp import quantize_rows_int8
@@ -202,6 +203,9 @@ def v4_indexer_topk(scores: torch.Tensor, visible: torch.Tensor, *, topk: int, o
     return out
 
 
+@operator(returns='{score [T, kernel_max/4] FP32 (lowest FP32 past visible), topk_idxs [T, '
+                   "kernel_max/4] INT32 (best first, + offset, -1 after)}: CSA's decode indexer",
+          spec='§8')
 def v4_indexer(x: torch.Tensor, qr: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.Tensor,
                wq_b_scale: torch.Tensor, weights_proj: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                hadamard: torch.Tensor, idx_kv_cache: torch.Tensor, idx_kv_scale: torch.Tensor,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 from kernels.v4.gate import v4_gate
 from kernels.v4.mtp import int8_matmul, quantize_rows_int8
@@ -56,6 +57,9 @@ def check_v4_expert(x_i8: torch.Tensor, x_scale: torch.Tensor, weights: V4Expert
             raise ContractInputError(name, None, f"INT8 {list(shape)}", f"{w.dtype}{list(w.shape)}", SPEC)
 
 
+@operator(returns='y [N, D] BF16: W8A8 SwiGLU expert with its hidden row re-coded to INT8, the '
+                   'routing weight on the row factor before the BF16 rounding',
+          spec='§8')
 def v4_expert(x_i8: torch.Tensor, x_scale: torch.Tensor, route_weight: torch.Tensor | None,
               weights: V4ExpertWeights, *, config) -> torch.Tensor:
     """x_i8 [N, D] INT8, x_scale [N, 1] FP32, route_weight [N] FP32 or None (the shared expert) -> y [N, D] BF16.
@@ -76,6 +80,9 @@ def v4_expert(x_i8: torch.Tensor, x_scale: torch.Tensor, route_weight: torch.Ten
     return y.to(torch.bfloat16)
 
 
+@operator(returns="{ffn_out [T,D] BF16, indices, weights}: one rank's MoE, composed from v4_gate "
+                   'and v4_expert (combine: one FP32 sum, shared first, rounded once)',
+          spec='§8')
 def v4_moe(x_mixed: torch.Tensor, norm_w: torch.Tensor, gate_w: torch.Tensor, gate_bias: torch.Tensor,
            layer_id: int, num_tokens: int, tid2eid: torch.Tensor, input_ids: torch.Tensor,
            routed: list[V4ExpertWeights], shared: V4ExpertWeights, *, config, ops=None) -> dict[str, torch.Tensor]:
@@ -91,6 +98,9 @@ def v4_moe(x_mixed: torch.Tensor, norm_w: torch.Tensor, gate_w: torch.Tensor, ga
 v4_moe.composes_operators = True
 
 
+@operator(returns='{x_out [T,hc,D] FP32, ffn_out, indices, weights}: hc_mixes / hc_pre -> v4_moe '
+                   "-> hc_post (padding rows: their streams' residual mix, or 0 by name)",
+          spec='§8')
 def v4_moe_stage(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
                  norm_w: torch.Tensor, gate_w: torch.Tensor, gate_bias: torch.Tensor, layer_id: int,
                  num_tokens: int, tid2eid: torch.Tensor, input_ids: torch.Tensor, routed: list[V4ExpertWeights],
@@ -126,6 +136,9 @@ def v4_moe_stage(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
 v4_moe_stage.composes_operators = True
 
 
+@operator(returns='{ffn_out per rank, send_counts [ep,ep,n_local], recv_counts, recv_x INT8 lanes, '
+                   "recv_y}: V4's MoE across EP ranks (source-major lanes, one FP32 combine)",
+          spec='§8')
 def v4_moe_ep(gates: list[dict[str, torch.Tensor]], num_tokens: list[int], routed: list[V4ExpertWeights],
               shared: V4ExpertWeights, *, ep: int, config, ops=None) -> dict[str, list[torch.Tensor]]:
     """V4's MoE across ``ep`` expert-parallel ranks (upstream moe.py's dispatch, experts and combine): ``gates``

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 
 SPEC = "§8"
@@ -66,6 +67,9 @@ def check_mtp_projection(hidden: torch.Tensor, prev: torch.Tensor, e_proj: torch
             raise ContractInputError(name, None, f"INT8 [{d}, {d}]", f"{w.dtype}{list(w.shape)}", SPEC)
 
 
+@operator(returns="[T, hc, D] FP32: the embedding half shared by every stream plus each stream's "
+                   'own half',
+          spec='§8')
 def mtp_projection(hidden: torch.Tensor, prev: torch.Tensor, enorm: torch.Tensor, hnorm: torch.Tensor,
                    e_proj: torch.Tensor, e_scale: torch.Tensor, e_smooth: torch.Tensor, h_proj: torch.Tensor,
                    h_scale: torch.Tensor, h_smooth: torch.Tensor, *, config) -> torch.Tensor:

@@ -27,12 +27,16 @@ from functools import partial
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-mtp-layer-1"
 
 
+@operator(returns="pre [T, hc] FP32: the head's collapse weights, sigmoid(logit · scale + base) + "
+                   'hc_eps',
+          spec='§8')
 def v4_head_mix(x_hc: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *,
                 config) -> torch.Tensor:
     """x_hc [T, hc, D] FP32, fn [hc, hc·D], scale [1], base [hc] -> pre [T, hc] FP32. Spec: §8."""
@@ -51,6 +55,10 @@ def v4_head_mix(x_hc: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     return torch.sigmoid(logits * scale.float()[0] + base.float()) + config.hc_eps
 
 
+@operator(returns='{hidden_out [T,D] BF16, next_pre_hc_hidden [T,hc,D] FP32, kv_cache}: the MTP '
+                   'layer, composed from mtp_projection, v4_attention_stage (SWA), v4_moe_stage, '
+                   'v4_head_mix, hc_head, final_norm',
+          spec='§8')
 def v4_mtp_layer(hidden: torch.Tensor, prev: torch.Tensor, projection: dict, attention: dict, moe: dict,
                  head: dict, *, config, ops=None) -> dict[str, torch.Tensor]:
     """hidden [T, D] BF16 and prev [T, hc, D] FP32 (the previous step's pre-hc streams); ``projection`` the
@@ -114,6 +122,11 @@ def check_prefill_mtp_layer(hidden: torch.Tensor, attention: dict, head: dict, n
                                      list(table.shape), SPEC)
 
 
+@operator(returns="{hidden_out, next_pre_hc_hidden, kv_cache}: the MTP layer on one request's "
+                   'prefill chunk, composed from v4_prefill_swa_indices, mtp_projection, '
+                   'v4_attention_stage (SWA, prefill form, profile 0), v4_moe_stage, v4_head_mix, '
+                   'hc_head, final_norm',
+          spec='§8')
 def v4_prefill_mtp_layer(hidden: torch.Tensor, prev: torch.Tensor, projection: dict, attention: dict, moe: dict,
                          head: dict, num_tokens: int, *, config, ops=None) -> dict[str, torch.Tensor]:
     """One request's prefill chunk through the MTP layer (module doc): hidden [T, D] BF16, prev [T, hc, D] FP32,

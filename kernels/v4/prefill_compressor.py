@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError, first_true
 from kernels.v4.compressor import V4CompressorWeights, v4_compressor, v4_publish_compressed
 
@@ -106,6 +107,9 @@ def rope_half_rows(rope_cos: torch.Tensor, rope_sin: torch.Tensor, rope_head_dim
     return rope_cos[:, :half], rope_sin[:, :half]
 
 
+@operator(returns="{cmp_pool, state_pool}: a prefill chunk's closed windows published and its "
+                   'mapped state rows written, composed from v4_compressor and v4_publish_compressed',
+          spec='§8')
 def v4_prefill_compressor(x: torch.Tensor, position_ids: torch.Tensor, num_tokens: int,
                           state_block_table: torch.Tensor, state_pool: torch.Tensor, weights: V4CompressorWeights,
                           cmp_slot_mapping: torch.Tensor, state_slot_mapping: torch.Tensor, cmp_pool: torch.Tensor,
@@ -147,6 +151,9 @@ def _chunk_rows(x, position_ids, num_tokens, state_block_table, state_pool, weig
 v4_prefill_compressor.composes_operators = True
 
 
+@operator(returns="{idx_kv_cache, idx_kv_scale, state_pool}: CSA's indexer compressor on a prefill "
+                   'chunk, composed from v4_compressor and v4_publish_index_keys',
+          spec='§8')
 def v4_prefill_index_keys(x: torch.Tensor, position_ids: torch.Tensor, num_tokens: int,
                           state_block_table: torch.Tensor, state_pool: torch.Tensor, weights: V4CompressorWeights,
                           idx_slot_mapping: torch.Tensor, state_slot_mapping: torch.Tensor, idx_kv_cache: torch.Tensor,
@@ -160,13 +167,13 @@ def v4_prefill_index_keys(x: torch.Tensor, position_ids: torch.Tensor, num_token
     scale) -> {"idx_kv_cache", "idx_kv_scale", "state_pool"}; RoPE tables as ``v4_prefill_compressor`` takes them.
     Composed from the backend's operators.
     Spec: §8."""
-    from kernels.v4.index_cache import publish_index_keys
+    from kernels.v4.index_cache import v4_publish_index_keys
 
     _check(x, position_ids, num_tokens, state_block_table, state_pool, idx_slot_mapping, state_slot_mapping, 4,
            "idx_slot_mapping")
     rope_cos, rope_sin = rope_half_rows(rope_cos, rope_sin, rope_head_dim, weights.norm.shape[0])
     ops = ops or {}
-    publish = ops.get("v4_publish_index_keys", publish_index_keys)
+    publish = ops.get("v4_publish_index_keys", v4_publish_index_keys)
     keys, closes, pool = _chunk_rows(x, position_ids, num_tokens, state_block_table, state_pool, weights,
                                      state_slot_mapping, ratio=4, eps=eps,
                                      compress=ops.get("v4_compressor", v4_compressor))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 from kernels.v4.indexer import (
     RATIO,
@@ -89,6 +90,10 @@ def check_prefill_indexer(qr, qr_scale, wq_b, wq_b_scale, cos, sin, hadamard, id
     return tokens, visible
 
 
+@operator(returns='{score [T, 2*bs] FP32 (lowest FP32 past visible and on padding rows), topk_idxs '
+                   "[T, 2*bs] INT32 (raw positions best first, -1 after)}: CSA's indexer on a "
+                   'prefill chunk',
+          spec='§8')
 def v4_prefill_indexer(x: torch.Tensor, qr: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.Tensor,
                        wq_b_scale: torch.Tensor, weights_proj: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        hadamard: torch.Tensor, idx_kv_cache: torch.Tensor, idx_kv_scale: torch.Tensor,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 
 SPEC = "§8"
@@ -81,6 +82,9 @@ def q_before_rounding(codes: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.T
                                                              sin[:, None, :])), dim=-1)
 
 
+@operator(returns='{q [T,H,hd] BF16, kv [T,hd] BF16, qr [T,Q_LORA] INT8, qr_scale [T,1] FP32}: '
+                   "V4's Q/KV LoRA projection with RoPE",
+          spec='§8')
 def v4_qkv_proj_rope(x: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor, wq_b_scale: torch.Tensor,
                      wkv: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, gamma_cq: torch.Tensor,
                      gamma_ckv: torch.Tensor, *, config) -> dict[str, torch.Tensor]:

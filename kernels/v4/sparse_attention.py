@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.operators import operator
 from kernels.errors import ContractInputError
 from kernels.reference.attention import _gather, check_inputs
 from kernels.reference.rope import rope_interleave
@@ -120,6 +121,7 @@ def check_sparse_attention_inputs(q: torch.Tensor, ori_kv: torch.Tensor, window_
     check_inputs(q, ori, window_indices, cmp, rows, attn_sink)
 
 
+@operator(returns="o [T, H, hd] FP32: V4's sparse attention, compressed slots paged per request", spec='§8')
 def v4_sparse_attention(q: torch.Tensor, ori_kv: torch.Tensor, window_indices: torch.Tensor, cmp_kv: torch.Tensor,
                         cmp_block_table: torch.Tensor, cmp_indices: torch.Tensor, attn_sink: torch.Tensor, *,
                         seq: int) -> torch.Tensor:
@@ -181,6 +183,9 @@ def check_output_projection(o_shape, freqs_cos: torch.Tensor, freqs_sin: torch.T
         raise ContractInputError("wo_b_scale", None, f"[{hidden}]", list(wo_b_scale.shape), SPEC)
 
 
+@operator(returns='attn_out [T, hidden] BF16: inverse RoPE, FP32 grouped latent, per-(token, '
+                   'group) INT8 W8A8',
+          spec='§8')
 def v4_output_projection(o: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, wo_a: torch.Tensor,
                          wo_b: torch.Tensor, wo_b_scale: torch.Tensor, *, config) -> torch.Tensor:
     """o [T, H, head_dim] FP32 -> attn_out [T, hidden] BF16: inverse RoPE, grouped wo_a kept FP32, per-(token,
@@ -229,6 +234,9 @@ def attention_indices(path: str, q: torch.Tensor, window_indices: torch.Tensor, 
     return window_indices, cmp_indices
 
 
+@operator(returns='attn_out [T, hidden] BF16, composed from v4_sparse_attention and '
+                   'v4_output_projection',
+          spec='§8')
 def v4_attention(path: str, q: torch.Tensor, ori_kv: torch.Tensor, window_indices: torch.Tensor,
                  cmp_kv: torch.Tensor, cmp_block_table: torch.Tensor, compressed: torch.Tensor | None,
                  position_ids: torch.Tensor, attn_sink: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor,

@@ -5,7 +5,7 @@ import torch
 from backends import torch_backend
 from kernels.reference import attention as ref
 from kernels.reference import tp
-from kernels.sequence_parallel import sequence_parallel_bounds
+from kernels.sequence_parallel import sp_bounds
 
 
 def _sink_ignored(query, window_kv, window_indices, compressed_kv, compressed_indices, sink):
@@ -55,7 +55,7 @@ def _stale_padding(partials, *, active_tokens, capacity=None):
     """Wrong: padding rows of each slab keep the reduced values of the rows past the active prefix."""
     slabs = tp.tp_reduce_scatter(partials, active_tokens=active_tokens, capacity=capacity)
     full = tp.tp_all_reduce(partials)
-    for slab, b in zip(slabs, sequence_parallel_bounds(active_tokens, len(partials), capacity), strict=True):
+    for slab, b in zip(slabs, sp_bounds(active_tokens, len(partials), capacity), strict=True):
         rows = full[b.first + b.count:b.first + b.width]
         slab[b.count:b.count + rows.shape[0]] = rows
     return slabs

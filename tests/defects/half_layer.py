@@ -6,10 +6,10 @@ import torch
 
 from backends import torch_backend
 from kernels.config import LayerKind
-from kernels.half_layer import check_half_layer_call
+from kernels.half_layer import half_layer_call
 from kernels.reference import tp
 from kernels.reference.attention_layer import REUSE, attention_half_layer
-from kernels.sequence_parallel import sequence_parallel_bounds
+from kernels.sequence_parallel import sp_bounds
 
 _base = torch_backend()
 _ops = {name: _base.get(name) for name in _base.operators if name != "attention_half_layer"}
@@ -24,7 +24,7 @@ def _target(out, inputs, wiring, tp_size):
     active, tokens = int(inputs["num_tokens"]), int(inputs["position_ids"].shape[0])
     if wiring == "replicated":
         return tp_size - 1, active // 2
-    bounds = sequence_parallel_bounds(active, tp_size, tokens)
+    bounds = sp_bounds(active, tp_size, tokens)
     rank = max(r for r, b in enumerate(bounds) if b.count)
     return rank, 0
 
@@ -71,7 +71,7 @@ NAN_ROW = _base.derive("defect:layer-nan-row", attention_half_layer=_with_row_er
 def _sentinel_padding(partials, *, active_tokens, capacity=None):
     """Wrong: the ReduceScatter leaves the padding rows of each slab as the harness initialized them (13.0)."""
     slabs = tp.tp_reduce_scatter(partials, active_tokens=active_tokens, capacity=capacity)
-    for slab, b in zip(slabs, sequence_parallel_bounds(active_tokens, len(partials), capacity), strict=True):
+    for slab, b in zip(slabs, sp_bounds(active_tokens, len(partials), capacity), strict=True):
         slab[b.count:] = 13.0
     return slabs
 
@@ -103,8 +103,8 @@ def _reuse_republishes(inputs, *, kind, **kw):
     cache = cache_abi.QuantCache(layout, out["compressed_payload"], out["compressed_scale"])
     rows = out["topk_indices"][0]
     rows = rows[rows >= 0].to(torch.int64)
-    values = cache_abi.read(cache, dtype=torch.float32).reshape(-1, layout.logical_width)[rows] * 0.5
-    cache = cache_abi.publish(cache, values, rows)
+    values = cache_abi.cache_read(cache, dtype=torch.float32).reshape(-1, layout.logical_width)[rows] * 0.5
+    cache = cache_abi.cache_publish(cache, values, rows)
     return {**out, "compressed_payload": cache.payload, "compressed_scale": cache.scale}
 
 
@@ -112,7 +112,7 @@ def _lenient_call(kind, *, phase, tokens, active=None, **kw):
     """Wrong: C2A FULL decode accepts an inactive suffix too (validated as if it were C2A REUSE)."""
     if LayerKind(kind) is LayerKind.C2A_FULL and phase == "decode":
         kind = LayerKind.C2A_REUSE
-    return check_half_layer_call(kind, phase=phase, tokens=tokens, active=active, **kw)
+    return half_layer_call(kind, phase=phase, tokens=tokens, active=active, **kw)
 
 
 def _token_rope_for_compressed(inputs, **kw):

@@ -15,7 +15,7 @@ _base = torch_backend()
 def _keeps_129(query_start_loc, position_ids, token_to_req_indices, kv_seq_lens, window_block_table, *,
                window=prefill_plan.FLASH.sliding_window, block_size=prefill_plan.FLASH.block_size):
     """Wrong: the replay keeps window + 1 rows (129 at FLASH) -- an inclusive bound."""
-    return prefill_plan.select_decoder_replay(query_start_loc, position_ids, token_to_req_indices, kv_seq_lens,
+    return prefill_plan.decoder_replay(query_start_loc, position_ids, token_to_req_indices, kv_seq_lens,
                                               window_block_table, window=window + 1, block_size=block_size)
 
 
@@ -24,7 +24,7 @@ REPLAY_KEEPS_129 = _base.derive("defect:decoder-replay-keeps-129", decoder_repla
 
 def _new_before_tail(*args, **kwargs):
     """Wrong: a resumed request's new rows are replayed before its cached tail rows."""
-    r = prefill_plan.select_decoder_replay(*args, **kwargs)
+    r = prefill_plan.decoder_replay(*args, **kwargs)
     tail = kwargs.get("cached_tail_starts")
     cached_total = 0 if tail is None else int(tail[-1])
     rows = r.source_rows.clone()
@@ -36,7 +36,7 @@ def _new_before_tail(*args, **kwargs):
 
 def _all_rows_new(*args, **kwargs):
     """Wrong: replayed cached input rows are marked new (they would publish global caches again)."""
-    r = prefill_plan.select_encoder_replay(*args, **kwargs)
+    r = prefill_plan.encoder_replay(*args, **kwargs)
     return replace(r, is_new=torch.ones_like(r.is_new))
 
 

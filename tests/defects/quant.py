@@ -88,7 +88,7 @@ def _publish_unmapped(c, values, slots):
         spare = next((r for r in range(c.rows) if r not in used), None)
         if spare is not None:
             slots[int(holes[0])] = spare
-    return cache.publish(c, values, slots)
+    return cache.cache_publish(c, values, slots)
 
 
 def _e8m0_bias_128(x, rule_name):
@@ -134,7 +134,7 @@ def _pad_to_group(x, rule_name):
 
 def _read_fp32(c, *, dtype=torch.bfloat16):
     """Wrong: read returns FP32 (the spec: the whole cache decoded to the query dtype, BF16)."""
-    return cache.read(c, dtype=torch.float32)
+    return cache.cache_read(c, dtype=torch.float32)
 
 
 def _lenient_slots(c, values, slots):
@@ -147,7 +147,7 @@ def _lenient_slots(c, values, slots):
         elif s >= 0:
             seen.add(s)
     values = torch.nn.functional.pad(values, (0, max(0, c.layout.logical_width - values.shape[1])))
-    return cache.publish(c, values[:, : c.layout.logical_width], slots)
+    return cache.cache_publish(c, values[:, : c.layout.logical_width], slots)
 
 
 # registrations: each defect is the torch backend with one operator replaced
@@ -156,7 +156,7 @@ def _publishing(quantize):
     """A cache publish whose mapped rows are quantized by ``quantize`` (a defective codec on the device's
     publish path, as a golden replay of a cache tree sees it)."""
     def publish(c, values, slots):
-        out = cache.publish(c, values, slots)
+        out = cache.cache_publish(c, values, slots)
         s = torch.as_tensor(slots).to(torch.long)
         live = s >= 0
         if bool(live.any()):

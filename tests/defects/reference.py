@@ -7,7 +7,7 @@ from kernels.reference import compressor as comp
 from kernels.reference import indexer as ix
 from kernels.reference import rope
 
-REF = comp.compressor_ratio2_paged
+REF = comp.compressor_ratio2
 
 
 def _all_rows_write(x, qsl, pos, req, table, state, weights, **kw):
@@ -152,7 +152,7 @@ def _topk_logical_ids(scores, block_table, request_ids, *, topk, block_size):
 
 def _candidates_no_force(scores, compressed_lens, *, block, topk_blocks, width=None):
     """Wrong: the block holding the newest position is not forced into the candidate set."""
-    return ix.select_candidate_blocks(scores, torch.zeros_like(compressed_lens), block=block,
+    return ix.candidate_blocks(scores, torch.zeros_like(compressed_lens), block=block,
                                       topk_blocks=topk_blocks, width=width)
 
 
