@@ -355,7 +355,7 @@ def test_epochs_thread_the_ring_and_are_not_idempotent(backend):
     left, give the reference's latents, flags and final state; running an epoch again on the state it
     started from (instead of the threaded one) changes a latent, so an epoch-by-epoch golden cannot be
     replaced by independent calls. Spec: §4.1; upstream_checks CS-18."""
-    from goldens.cases import _compressor_epochs_build, _compressor_epochs_call
+    from goldens.cases.cache import _compressor_epochs_build, _compressor_epochs_call
     from kernels.reference.compressor import CompressorWeights
 
     inputs = _compressor_epochs_build(17, "replicated")

@@ -151,7 +151,7 @@ def _compressor_csa_build(seed: int, wiring: str) -> Tensors:
 
 
 def _attention_case(path: str) -> Case:
-    from goldens.cases import _v4_attention_build, _v4_attention_call
+    from goldens.cases.v4_attention import _v4_attention_build, _v4_attention_call
 
     return _case(f"v4_attention_{path.lower()}_pro", "v4_attention", f"V4 decode attention, {path} path, at Pro "
                  "geometry (128 heads of 512, a window of 128, the grouped output projection to 7168; pools of 128 "
