@@ -15,10 +15,22 @@ from functools import partial
 
 import torch
 
+from contracts.checks import attention as attention_checks
 from contracts.checks import cache as cache_checks
-from contracts.checks import precision
+from contracts.checks import moe as moe_checks
+from contracts.checks import precision, quant_ties, topk
+from contracts.checks.precision import (
+    FP32_ULPS,
+    QR_SCALE_TOL,
+    V4_ATTN_OUT_QUOTA,
+    V4_ATTN_OUT_TOL,
+    V4_CMP_POOL_TOL,
+    V4_KV_POOL_RELDIFF,
+    V4_PREFILL_MTP_RELDIFF,
+    V4_STATE_POOL_TOL,
+)
 from contracts.checks.topk import TopKContext, check_topk_validity
-from contracts.result import CheckResult, Violation, failed, first_failure, passed
+from contracts.result import Bound, CheckResult, Violation, bounds_by_name, failed, first_failure, passed
 from contracts.tensors import byte_rows
 
 
@@ -61,9 +73,6 @@ def exact(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRes
                   Violation(f"{name} row", (row, col), av[col].item(), ev[col].item()))
 
 
-FP32_ULPS = 4
-
-
 def fp32_ulps(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """FP32 values within ``FP32_ULPS`` units in the last place of their row's largest expected magnitude (rows
     along the last dim): what one FP32 summation order gives against another over terms of the row's size (a
@@ -89,9 +98,6 @@ def fp32_ulps(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Chec
     return failed("fp32_ulps", "§7.3", af.numel(), int(off.sum()),
                   Violation(name, idx, af.reshape(-1)[i].item(), ef.reshape(-1)[i].item(),
                             f"{FP32_ULPS} ulp of the row's largest |expected| ({FP32_ULPS * ulp.reshape(-1)[i].item():.3g})"))
-
-
-QR_SCALE_TOL = (2.5e-5, 5e-3)  # upstream qkv_proj_rope.py's qr_scale_compare (atol, rtol)
 
 
 def qr_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
@@ -171,38 +177,6 @@ def cache_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Ch
     return exact(name, a, e, ctx)
 
 
-TOLERANCES: dict[str, dict[str, float]] = {
-    "exact": {},
-    "fp32_ulps": {"ulps": FP32_ULPS},
-    "qr_scale": {"atol": QR_SCALE_TOL[0], "rtol": QR_SCALE_TOL[1]},
-    "row_rms_peak": {"rms_atol": precision.ROW_BOUND.rms_atol, "rms_rtol": precision.ROW_BOUND.rms_rtol,
-                     "peak_atol": precision.ROW_BOUND.peak_atol, "peak_rtol": precision.ROW_BOUND.peak_rtol},
-    "fp8_budget": {"global_rel_l2": precision.FP8_BUDGET.global_rel_l2, "row_rel_l2": precision.FP8_BUDGET.row_rel_l2,
-                   "min_cosine": precision.FP8_BUDGET.min_cosine},
-    "masked_scores": {"rms_rtol": precision.ROW_BOUND.rms_rtol, "peak_rtol": precision.ROW_BOUND.peak_rtol},
-    "topk_validity": {"cutoff_atol": 5e-5, "cutoff_rtol": 1.5e-2},
-    "state_ring": {"max_rel_l2": cache_checks.STATE_MAX_REL_L2},
-    "cache_payload": {"mxfp8_max_rel_l2": cache_checks.MAX_REL_L2["mxfp8"],
-                      "mxfp4_max_rel_l2": cache_checks.MAX_REL_L2["mxfp4"]},
-    "cache_scale": {},
-    "mtp_out": {"ulps": FP32_ULPS, "tie_window": 2.0 ** -18},
-    "q_bf16": {"midpoint_fp32_ulps": 32},
-    "rms_scale": {"ulps": FP32_ULPS, "sum_rel_per_term": 2.0 ** -24},
-    "hc_mix": {"atol": precision.HC_MIX_TOL[0], "rtol": precision.HC_MIX_TOL[1], "padding": 0.0},
-    "hc_out": {"atol": precision.HC_OUT_TOL[0], "rtol": precision.HC_OUT_TOL[1]},
-    "gate_ids": {"score_atol": 2e-4, "score_rtol": 5e-5},
-    "gate_weights": {"row_sum": 2e-5, "score_atol": 2e-4, "score_rtol": 5e-5, "extra": 2e-4},
-    "moe_out": {"reldiff": 3e-3, "pct": 0.02, "max_abs": 0.25},
-    "recv_y": {"reldiff": 3e-3, "pct": 0.02, "max_abs": 0.25, "padding": 0.0},
-    "logits": {"atol": precision.LOGITS_TOL[0], "rtol": precision.LOGITS_TOL[1], "quota": 0.0},
-    "greedy": {},
-    "ffn_input": {"atol": precision.HC_OUT_TOL[0], "rtol": precision.HC_OUT_TOL[1]},
-    "attention_forced": {"global_rel_l2": precision.FP8_BUDGET.global_rel_l2,
-                         "row_rel_l2": precision.FP8_BUDGET.row_rel_l2, "min_cosine": precision.FP8_BUDGET.min_cosine},
-    "engram": {"atol": precision.ENGRAM_TOL[0], "rtol": precision.ENGRAM_TOL[1]},
-    "bf16_stage": {"atol": precision.BF16_STAGE_TOL[0], "rtol": precision.BF16_STAGE_TOL[1],
-                   "row_rel_l2": precision.BF16_STAGE_ROW_BUDGET},
-}
 
 def hc_mix(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """mHC coefficients: rows >= num_tokens exactly +0.0 (the zero tail, HC-11), the active rows within
@@ -452,9 +426,6 @@ def v4_index_topk(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> 
                          topk=int(p["topk"]), offset=int(p["offset"]), name=name)
 
 
-V4_ATTN_OUT_TOL = (1e-4, 1.0 / 128)  # upstream decode_sparse_attn*.py compare_fn for attn_out
-
-
 def attn_out_v4(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """V4 attention output (the sparse attention with its W8A8 output projection): upstream's compare_fn for
     ``attn_out``, ratio_allclose(1e-4, 1/128) with the 0.5 % quota (§8). A tree that names its ``path`` and
@@ -483,7 +454,7 @@ def attn_out_v4(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Ch
                                     config=c)
     bad, used = explain_rows(a, y, moves, lambda ev: atol + rtol * ev.abs())
     n_bad, n = int(bad.sum()), a.numel()
-    if n_bad <= 0.005 * n:
+    if n_bad <= V4_ATTN_OUT_QUOTA * n:
         return passed("attn_out_v4", "§8", n)
     a64, e64 = a.double(), e.double()
     excess = torch.where(bad, (a64 - e64).abs() - (atol + rtol * e64.abs()), torch.full_like(a64, -math.inf))
@@ -520,9 +491,6 @@ def v4_prefill_index_topk(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Cont
                          topk=int(ctx.params["topk"]), offset=0, name=name, hard_floor=V4_PREFILL_HARD_ATOL)
 
 
-V4_CMP_POOL_TOL, V4_STATE_POOL_TOL = (1e-4, 1.0 / 128), (1e-3, 1e-3)  # upstream's prefill compressor compare_fn
-
-
 def v4_cmp_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """A V4 compressed pool written in place (§8): the rows the reference published within ratio_allclose(1e-4,
     1/128) with no quota (upstream's cmp_kv compare_fn), every other row kept byte for byte (the input of the
@@ -538,10 +506,6 @@ def v4_state_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> 
                                       rtol=V4_STATE_POOL_TOL[1], name=name)
 
 
-# Upstream prefill_mtp.py's compare_fn: hidden_out / pre_hc_hidden_out by ratio_reldiff(0.02, 5 %) on the
-# active rows; kv_cache by mapped_pool_ratio_reldiff(0.01, 5 %) on the mapped rows, every other row unchanged.
-V4_PREFILL_MTP_RELDIFF = (0.02, 0.05)
-V4_KV_POOL_RELDIFF = (0.01, 0.05)
 
 
 def v4_prefill_mtp_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
@@ -623,7 +587,7 @@ def rms_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Chec
     d = int(ctx.inputs["x_mixed"].shape[-1])
     af, ef = a.float().double(), e.float().double()
     ulp = (torch.nextafter(e.float().abs(), torch.tensor(float("inf"))) - e.float().abs()).double()
-    bound = FP32_ULPS * ulp + ef.abs() * (d - 1) * 2.0 ** -24 / 2
+    bound = FP32_ULPS * ulp + ef.abs() * (d - 1) * quant_ties.RMS_SUM_REL_PER_TERM / 2
     off = ~((af - ef).abs() <= bound) & ~(a.float() == e.float())
     if not bool(off.any()):
         return passed("rms_scale", "§8", a.numel())
@@ -767,3 +731,11 @@ def with_evidence(name: str, result: CheckResult, ctx: Context) -> CheckResult:
 
 def verdict(results: Mapping[str, CheckResult]) -> CheckResult:
     return first_failure(list(results.values())) if results else passed("compare", "§7.3", 0)
+
+
+# Every comparator's bound, from the check modules that declare them: a comparator without a bound, or a bound
+# without a comparator, fails tests/test_comparator_bounds.py.
+BOUNDS: dict[str, Bound] = bounds_by_name(precision.BOUNDS, cache_checks.BOUNDS, topk.BOUNDS, moe_checks.BOUNDS,
+                                          attention_checks.BOUNDS, quant_ties.BOUNDS)
+# The numbers each tree record stores for its comparators, and the report prints.
+TOLERANCES: dict[str, dict[str, float]] = {name: dict(b.values) for name, b in BOUNDS.items()}

@@ -2,8 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The numbers a named comparator holds an output to, declared once beside the check that applies them
+    (each ``contracts.checks`` module exports its ``BOUNDS``); the comparator table, the tree records and the
+    report read them from here. ``values`` is empty for a byte-for-byte rule; ``rule`` says in one line how the
+    numbers are applied."""
+
+    comparator: str
+    rule: str
+    values: Mapping[str, float] = field(default_factory=dict)
+
+
+def bounds_by_name(*groups: Iterable[Bound]) -> dict[str, Bound]:
+    """One table from the check modules' ``BOUNDS``; a comparator declared twice is refused."""
+    out: dict[str, Bound] = {}
+    for group in groups:
+        for b in group:
+            if b.comparator in out:
+                raise ValueError(f"bound of comparator {b.comparator!r} declared twice")
+            out[b.comparator] = b
+    return out
 
 
 @dataclass(frozen=True)

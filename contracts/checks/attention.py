@@ -20,6 +20,7 @@ Spec: §6, §5.3, §7.1, §7.2; upstream_checks AP-01..08, AP-11..13, SP-05, SP-
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 
 import torch
@@ -27,6 +28,8 @@ import torch
 from contracts.checks import cache as cache_checks
 from contracts.checks.cache import C2A_MAX_REL_L2
 from contracts.checks.precision import (
+    FP8_BUDGET,
+    ROW_BOUND,
     check_output_budget,
     check_owner_rows,
     check_ratio_allclose,
@@ -34,8 +37,15 @@ from contracts.checks.precision import (
     check_row_precision,
     comparator,
 )
-from contracts.checks.topk import TopKContext, check_topk_overlap, check_topk_validity
-from contracts.result import CheckResult, Violation, failed, first_failure, passed
+from contracts.checks.topk import (
+    CUTOFF_ATOL,
+    CUTOFF_RTOL,
+    MIN_OVERLAP,
+    TopKContext,
+    check_topk_overlap,
+    check_topk_validity,
+)
+from contracts.result import Bound, CheckResult, Violation, failed, first_failure, passed
 from contracts.tensors import byte_rows
 from kernels import quant
 from kernels.config import LayerKind
@@ -247,3 +257,15 @@ def _exact(name: str, a: torch.Tensor, e: torch.Tensor, *, offset: int = 0) -> C
     bad = int(diff.any(1).sum())
     return failed("check_exact", "§6", a.numel(), bad,
                   Violation(name, idx, a.reshape(-1)[flat].item(), e.reshape(-1)[flat].item()))
+
+
+BOUNDS = (
+    Bound("half_layer", "per mode: the output by the FP8 budget (decode) or the row rule (prefill), caches by "
+          "ownership and their format, the gather, the Top-K rule; an alternative selection judged against the "
+          "reference recomputed for it",
+          {**{f"fp8_budget.{k}": v for k, v in dataclasses.asdict(FP8_BUDGET).items()},
+           **{f"row_bound.{k}": v for k, v in dataclasses.asdict(ROW_BOUND).items()},
+           "gather_tol": GATHER_TOL, "c2a_cache_max_rel_l2": C2A_MAX_REL_L2,
+           "state_max_rel_l2": cache_checks.STATE_MAX_REL_L2, "topk_cutoff_atol": CUTOFF_ATOL,
+           "topk_cutoff_rtol": CUTOFF_RTOL, "topk_min_overlap": MIN_OVERLAP}),
+)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from contracts.result import CheckResult, Tally, Violation, failed, first_failure, passed
+from contracts.result import Bound, CheckResult, Tally, Violation, failed, first_failure, passed
 from contracts.tensors import byte_rows
 
 MAX_REL_L2 = {"mxfp8": 0.01, "mxfp4": 0.04}  # CACHE_MAX_RELATIVE_L2 (§6)
@@ -134,3 +134,11 @@ def check_resident_sentinels(window_cache: torch.Tensor, caches: dict[str, tuple
     return failed(check, spec, len(regions), len(failures),
                   Violation(first.field, first.index, first.actual, first.expected,
                             note=f"sentinels written: {', '.join(failures)}"))
+
+
+BOUNDS = (
+    Bound("state_ring", "rows the reference did not touch byte for byte; the whole state by relative L2",
+          {"max_rel_l2": STATE_MAX_REL_L2}),
+    Bound("cache_payload", "unmapped rows and every scale byte for byte; mapped rows decoded within the format's "
+          "relative L2", {f"{fmt}_max_rel_l2": v for fmt, v in MAX_REL_L2.items()}),
+)

@@ -21,11 +21,12 @@ import dataclasses
 
 import torch
 
-from contracts.result import CheckResult, Tally, Violation, failed, passed
+from contracts.result import Bound, CheckResult, Tally, Violation, failed, passed
 
 GATE_ID_RULES = ("score-bounds", "strict")
 SCORE_ATOL, SCORE_RTOL = 2e-4, 5e-5
 WEIGHT_SUM_TOL = 2e-5
+NORMALISATION_ATOL = 2e-4  # what the weights' normalisation adds to the propagated score tolerance
 RELDIFF_THD, RELDIFF_PCT, MAX_ABS = 3e-3, 0.02, 0.25
 
 
@@ -89,7 +90,7 @@ def check_gate_weights(actual: torch.Tensor, ids: torch.Tensor, scores: torch.Te
                                                                          scale, WEIGHT_SUM_TOL))
     chosen = scores.double().gather(1, ids.clamp(0, scores.shape[1] - 1).long())
     want = chosen / (chosen.sum(1, keepdim=True) + 1e-20) * scale
-    allowed = SCORE_ATOL + SCORE_RTOL * want.abs() + 2e-4
+    allowed = SCORE_ATOL + SCORE_RTOL * want.abs() + NORMALISATION_ATOL
     over = (a - want).abs() > allowed
     if bool(over.any()):
         t, k = (int(v) for v in over.nonzero()[0])
@@ -179,3 +180,16 @@ def check_ffn_owned(owned: torch.Tensor, forced: torch.Tensor, owners: torch.Ten
         if not r.ok:
             return dataclasses.replace(r, check=check, spec=spec)
     return passed(check, spec, tokens)
+
+
+_ROWS = {"reldiff": RELDIFF_THD, "pct": RELDIFF_PCT, "max_abs": MAX_ABS}
+BOUNDS = (
+    Bound("gate_ids", "valid, unique, the reference's set unless the scores cannot order the swap",
+          {"score_atol": SCORE_ATOL, "score_rtol": SCORE_RTOL}),
+    Bound("gate_weights", "at the backend's own ids: the row sum, and each weight within the propagated score "
+          "tolerance", {"row_sum": WEIGHT_SUM_TOL, "score_atol": SCORE_ATOL, "score_rtol": SCORE_RTOL,
+                        "extra": NORMALISATION_ATOL}),
+    Bound("moe_out", "padding rows bitwise; the active prefix by ratio_reldiff and the worst |difference|", _ROWS),
+    Bound("recv_y", "counts exact, unused slots exactly 0, used slots by the moe_out budget",
+          {**_ROWS, "padding": 0.0}),
+)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from contracts.operators import operator
-from contracts.result import CheckResult, Violation, failed, first_failure, passed
+from contracts.result import Bound, CheckResult, Violation, failed, first_failure, passed
 from contracts.tensors import byte_view
 from kernels import workers
 from kernels.errors import ContractInputError
@@ -529,7 +529,9 @@ def check_replicas_identical(replicas: Sequence[torch.Tensor], *, name: str = "o
     return passed(check, spec, len(replicas))
 
 
-COMPARATORS: dict[str, Leaf] = {
+# The leaf rules a contract selects by name (``comparator(name)``): every upstream variant of the output bound.
+# (The tree comparators, which take a whole case context, are ``contracts.compare.COMPARATORS``.)
+LEAF_RULES: dict[str, Leaf] = {
     "row_rms_peak": check_row_precision,  # current rule (§6 prefill C1A)
     "fp8_budget": check_output_budget,  # decode SWA / C2A
     "ratio_allclose_c1a_decode": lambda a, e, **kw: check_ratio_allclose(
@@ -544,9 +546,9 @@ COMPARATORS: dict[str, Leaf] = {
 def comparator(name: str) -> Leaf:
     """Look a comparator up by name (every upstream variant stays selectable)."""
     try:
-        return COMPARATORS[name]
+        return LEAF_RULES[name]
     except KeyError:
-        raise ValueError(f"comparator: expected one of {sorted(COMPARATORS)}, got {name!r}") from None
+        raise ValueError(f"comparator: expected one of {sorted(LEAF_RULES)}, got {name!r}") from None
 
 
 # mHC budgets (ratio_allclose atol, rtol): the coefficients (pre / post / residual mixes) and the collapsed /
@@ -642,3 +644,53 @@ def check_mxfp8_activation(payload: torch.Tensor, scale: torch.Tensor, expected_
                   Violation(name, idx, float(a[idx]), float(e[idx]), float(allowed[idx]),
                             note=f"decoded values; scale codes {int(scale[idx[:-1] + (idx[-1] // group,)])} vs "
                                  f"{int(expected_scale[idx[:-1] + (idx[-1] // group,)])}"))
+
+
+# Bounds of the comparators built on this module's checks. The V4 ones are upstream's own compare_fn numbers.
+FP32_ULPS = 4  # fp32_ulps: units in the last place of the row's largest |expected|
+QR_SCALE_TOL = (2.5e-5, 5e-3)  # upstream qkv_proj_rope.py's qr_scale_compare (atol, rtol)
+V4_ATTN_OUT_TOL = (1e-4, 1.0 / 128)  # upstream decode_sparse_attn*.py compare_fn for attn_out
+V4_ATTN_OUT_QUOTA = 0.005  # of the elements may fall outside it
+V4_CMP_POOL_TOL, V4_STATE_POOL_TOL = (1e-4, 1.0 / 128), (1e-3, 1e-3)  # upstream's prefill compressor compare_fn
+# Upstream prefill_mtp.py's compare_fn: hidden_out / pre_hc_hidden_out by ratio_reldiff(0.02, 5 %) on the
+# active rows; kv_cache by mapped_pool_ratio_reldiff(0.01, 5 %) on the mapped rows, every other row unchanged.
+V4_PREFILL_MTP_RELDIFF = (0.02, 0.05)
+V4_KV_POOL_RELDIFF = (0.01, 0.05)
+
+
+def _tol(pair: tuple[float, float]) -> dict[str, float]:
+    return {"atol": pair[0], "rtol": pair[1]}
+
+
+BOUNDS = (
+    Bound("exact", "byte identity"),
+    Bound("cache_scale", "byte identity, published rows and untouched rows alike"),
+    Bound("greedy", "the first maximum of the backend's own logits, exactly"),
+    Bound("fp32_ulps", "|a - e| <= ulps x the ulp of the row's largest |e|; non-finite values identical",
+          {"ulps": FP32_ULPS}),
+    Bound("row_rms_peak", "per row: RMS and peak of |a - e| within atol + rtol x the row's own",
+          dict(dataclasses.asdict(ROW_BOUND))),
+    Bound("masked_scores", "the -inf mask exact; finite scores by the row rule",
+          {"rms_rtol": ROW_BOUND.rms_rtol, "peak_rtol": ROW_BOUND.peak_rtol}),
+    Bound("fp8_budget", "global and per-row relative L2, and the cosine", dict(dataclasses.asdict(FP8_BUDGET))),
+    Bound("attention_forced", "the attention re-run on the backend's own input, by the FP8 output budget",
+          dict(dataclasses.asdict(FP8_BUDGET))),
+    Bound("hc_mix", "ratio_allclose on the active rows; padding rows exactly +0.0", {**_tol(HC_MIX_TOL), "padding": 0.0}),
+    Bound("hc_out", "ratio_allclose", _tol(HC_OUT_TOL)),
+    Bound("ffn_input", "ratio_allclose against the collapse of the backend's own attention output", _tol(HC_OUT_TOL)),
+    Bound("bf16_stage", "ratio_allclose, then every row within a relative L2 budget",
+          {**_tol(BF16_STAGE_TOL), "row_rel_l2": BF16_STAGE_ROW_BUDGET}),
+    Bound("engram", "ratio_allclose; a stack of TP ranks identical on every rank", _tol(ENGRAM_TOL)),
+    Bound("logits", "every element within atol + rtol x |e|, no quota", {**_tol(LOGITS_TOL), "quota": 0.0}),
+    Bound("qr_scale", "ratio_allclose, no quota", _tol(QR_SCALE_TOL)),
+    Bound("attn_out_v4", "ratio_allclose with a quota (at Pro geometry around the INT8 latent-code slack)",
+          {**_tol(V4_ATTN_OUT_TOL), "quota": V4_ATTN_OUT_QUOTA}),
+    Bound("v4_cmp_pool", "written rows by ratio_allclose (no quota), every other row byte for byte",
+          _tol(V4_CMP_POOL_TOL)),
+    Bound("v4_state_pool", "written rows by ratio_allclose (no quota), every other row byte for byte",
+          _tol(V4_STATE_POOL_TOL)),
+    Bound("v4_prefill_mtp_out", "active rows by ratio_reldiff, padding rows exactly 0",
+          {"diff_thd": V4_PREFILL_MTP_RELDIFF[0], "pct_thd": V4_PREFILL_MTP_RELDIFF[1]}),
+    Bound("v4_kv_pool", "written rows by ratio_reldiff, every other row byte for byte",
+          {"diff_thd": V4_KV_POOL_RELDIFF[0], "pct_thd": V4_KV_POOL_RELDIFF[1]}),
+)

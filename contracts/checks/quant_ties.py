@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from contracts.result import Bound
+
 TIE_WINDOW = 2.0 ** -18
 
 
@@ -60,7 +62,11 @@ def bf16_neighbours(pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return low, low + 1
 
 
-def bf16_near_midpoints(pre: torch.Tensor, *, ulps: int = 32) -> torch.Tensor:
+BF16_MIDPOINT_ULPS = 32  # FP32 ulps around a BF16 rounding midpoint inside which either neighbour is accepted
+RMS_SUM_REL_PER_TERM = 2.0**-24  # FP32 relative error per term of a sum, in its worst case
+
+
+def bf16_near_midpoints(pre: torch.Tensor, *, ulps: int = BF16_MIDPOINT_ULPS) -> torch.Tensor:
     """Bool, same shape: FP32 values within ``ulps`` FP32 ulps of a BF16 rounding midpoint (the low 16 bits of
     their FP32 pattern within ``ulps`` of 0x8000), the midpoints themselves included. Another FP32 order of the sum before the rounding (an RMS over a head) may land such a value on
     the midpoint's other side: one BF16 ulp, and nothing else, moves. Measured on the a5 simulator:
@@ -183,3 +189,20 @@ def explain_rows(actual: torch.Tensor, y: torch.Tensor, moves: list[torch.Tensor
         bad_rows.append(bad)
         used.append(n)
     return torch.stack(bad_rows), used
+
+
+def _bounds() -> tuple[Bound, ...]:
+    from contracts.checks.precision import FP32_ULPS
+
+    return (
+        Bound("mtp_out", "fp32_ulps, plus one INT8 code step at every input element within a hair of a rounding tie",
+              {"ulps": FP32_ULPS, "tie_window": TIE_WINDOW}),
+        Bound("rms_scale", "fp32_ulps plus the worst-case FP32 error of a sum of D squares",
+              {"ulps": FP32_ULPS, "sum_rel_per_term": RMS_SUM_REL_PER_TERM}),
+        Bound("q_bf16", "the reference's bytes, or its other BF16 neighbour where the FP32 value before the rounding "
+              "lies near a BF16 midpoint", {"midpoint_fp32_ulps": BF16_MIDPOINT_ULPS}),
+        Bound("norm_bf16", "as q_bf16, for the RMSNorm's BF16 output", {"midpoint_fp32_ulps": BF16_MIDPOINT_ULPS}),
+    )
+
+
+BOUNDS = _bounds()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from contracts.result import CheckResult, Tally, Violation, failed, passed
+from contracts.result import Bound, CheckResult, Tally, Violation, failed, passed
 
 CUTOFF_ATOL = 5e-5
 CUTOFF_RTOL = 1.5e-2
@@ -343,3 +343,20 @@ def check_candidate_blocks(actual: torch.Tensor, scores: torch.Tensor, compresse
                 t_.fail(Violation("candidate_mask", (t,), f"{seen} blocks kept", f"{want}",
                                   note="min(topk_blocks, finite blocks); ties at the cutoff count once each"))
     return t_.result()
+
+
+_V4_SCORES = {"atol": V4_SCORE_TOL[0], "rtol": V4_SCORE_TOL[1], "hard_multiplier": V4_SCORE_HARD[0],
+              "hard_atol": V4_SCORE_HARD[1]}
+BOUNDS = (
+    Bound("topk_validity", "valid, distinct rows; a pick that differs from the reference's only where the scores "
+          "cannot order them", {"cutoff_atol": CUTOFF_ATOL, "cutoff_rtol": CUTOFF_RTOL}),
+    Bound("v4_index_score", "visible scores by ratio_allclose and a pointwise ceiling; the tail not judged",
+          _V4_SCORES),
+    Bound("v4_index_score_lowest_tail", "v4_index_score with the tail the lowest FP32 number", _V4_SCORES),
+    Bound("v4_index_topk", "count, range, distinct, -1 tail; a differing row judged by both score rows",
+          _V4_SCORES),
+    Bound("v4_prefill_index_score", "v4_index_score with the prefill hard floor; the tail the lowest FP32 number",
+          {**_V4_SCORES, "hard_atol": V4_PREFILL_HARD_ATOL}),
+    Bound("v4_prefill_index_topk", "v4_index_topk with raw positions and the prefill hard floor",
+          {**_V4_SCORES, "hard_atol": V4_PREFILL_HARD_ATOL}),
+)
