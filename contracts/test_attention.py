@@ -24,16 +24,16 @@ REF = torch_backend()
 
 def _case(data, *, tokens: int, heads: int, dim: int, seed: int):
     g = torch.Generator().manual_seed(seed)
-    w_rows, c_rows = data.draw(st.sampled_from([1, 40, 300])), data.draw(st.sampled_from([1, 33, 500]))
-    width = data.draw(st.sampled_from([0, 1, 31, 32, 33, 128]))  # around the 32-key tile
-    topk = data.draw(st.sampled_from([0, 1, 32, 70]))
-    q = (torch.randn(tokens, heads, dim, generator=g) * data.draw(st.sampled_from([0.1, 1.0, 4.0]))).to(torch.bfloat16)
+    w_rows, c_rows = data.draw(st.sampled_from([1, 40, 300]), label='w_rows'), data.draw(st.sampled_from([1, 33, 500]), label='c_rows')
+    width = data.draw(st.sampled_from([0, 1, 31, 32, 33, 128]), label='width')  # around the 32-key tile
+    topk = data.draw(st.sampled_from([0, 1, 32, 70]), label='topk')
+    q = (torch.randn(tokens, heads, dim, generator=g) * data.draw(st.sampled_from([0.1, 1.0, 4.0]), label='q scale')).to(torch.bfloat16)
     wkv = (torch.randn(w_rows, dim, generator=g) * 0.5).to(torch.bfloat16)
     ckv = (torch.randn(c_rows, dim, generator=g) * 0.5).to(torch.bfloat16)
     wi = torch.randint(0, w_rows, (tokens, width), generator=g, dtype=torch.int32)
     ci = torch.randint(0, c_rows, (tokens, topk), generator=g, dtype=torch.int32)
     for t in range(tokens):  # trailing -1 padding, holes, and tokens with no row at all
-        kind = data.draw(st.sampled_from(["full", "tail", "holes", "none"]))
+        kind = data.draw(st.sampled_from(["full", "tail", "holes", "none"]), label='kind')
         if kind == "tail":
             wi[t, width // 2:] = -1
             ci[t, topk // 3:] = -1
@@ -42,7 +42,7 @@ def _case(data, *, tokens: int, heads: int, dim: int, seed: int):
             ci[t, 1::2] = -1
         elif kind == "none":
             wi[t], ci[t] = -1, -1
-    sink = torch.randn(heads, generator=g) * data.draw(st.sampled_from([0.0, 1.0, 30.0]))
+    sink = torch.randn(heads, generator=g) * data.draw(st.sampled_from([0.0, 1.0, 30.0]), label='sink scale')
     return q, wkv, wi, ckv, ci, sink
 
 

@@ -373,81 +373,82 @@ def test_the_decode_c1a_ratio_allclose_variant_stays_selectable(backend):
     assert not verdict.ok and "C1A_FULL decode replicated TP2" in verdict.message(), verdict.message()
 
 
-@pytest.mark.parametrize("what", ["C2A_FULL inactive suffix", "missing input", "sharded padding", "tp 3",
-                                  "decode capacity", "window payload dtype", "compressed scale shape", "x dtype",
-                                  "groups not divisible", "a request per token plus one", "rope rows",
-                                  "sharded slab width", "payload rank"])
+def _case(kind: LayerKind, phase: str = "prefill", wiring: str = "replicated", tp: int = 1, **kw) -> HalfLayerCase:
+    return HalfLayerCase(kind, phase, wiring, tp, **kw)
+
+
+def _with(case: HalfLayerCase, **changes) -> dict:
+    """The case's inputs with some replaced: each change is a value, or a function of the original input."""
+    inputs = dict(_inputs(case))
+    for name, change in changes.items():
+        inputs[name] = change(inputs[name]) if callable(change) else change
+    return inputs
+
+
+def _sharded_padding_row(x: torch.Tensor) -> torch.Tensor:
+    x = x.clone()
+    x[3, -1, 0] = 1.0
+    return x
+
+
+def _decode_capacity_exceeded(case: HalfLayerCase) -> dict:
+    big = FLASH_TINY.decode_max_tokens + 1
+    return _with(case, position_ids=torch.zeros(big, dtype=torch.int32),
+                 num_tokens=torch.tensor(big, dtype=torch.int32))
+
+
+def _one_request_too_many(case: HalfLayerCase) -> dict:
+    active = int(_inputs(case)["num_tokens"])
+    return _with(case, query_start_loc=torch.arange(active + 2, dtype=torch.int32))
+
+
+# Each bad call: (the case, its inputs (None: the case's own), the call's overrides, what the error must name).
+BAD_CALLS = {
+    "C2A_FULL inactive suffix": (_case(LayerKind.C2A_FULL, "decode", tp=2, padding=2), None, {}, "C2A_FULL decode"),
+    "missing input": (_case(LayerKind.C1A_REINDEX, tp=2),
+                      lambda c: {k: v for k, v in _inputs(c).items() if k != "candidate_mask"}, {}, "candidate_mask"),
+    "sharded padding": (_case(LayerKind.SWA, wiring="sharded", tp=4), lambda c: _with(c, x=_sharded_padding_row),
+                        {}, r"x\[3\]\[\d+\]: expected 0"),
+    "tp 3": (_case(LayerKind.SWA), None, {"tp": 3}, "tp"),
+    "decode capacity": (_case(LayerKind.C1A_REUSE, "decode"), _decode_capacity_exceeded, {}, "tokens"),
+    "window payload dtype": (_case(LayerKind.SWA), lambda c: _with(c, window_payload=lambda t: t.view(torch.uint8)),
+                             {}, "window_payload: expected torch.float8_e4m3fn"),
+    "compressed scale shape": (_case(LayerKind.C1A_REUSE),
+                               lambda c: _with(c, compressed_scale=lambda t: t[:, :, :, :2]), {},
+                               "compressed_scale: expected"),
+    "x dtype": (_case(LayerKind.SWA), lambda c: _with(c, x=lambda t: t.float()), {}, "x: expected BF16"),
+    "groups not divisible": (_case(LayerKind.SWA, tp=4), None, {"tp": 4, "config": replace(FLASH_TINY, o_groups=2)},
+                             "tp: expected a divisor"),
+    "a request per token plus one": (_case(LayerKind.SWA), _one_request_too_many, {}, "requests: expected"),
+    "sharded slab width": (_case(LayerKind.SWA, wiring="sharded", tp=2),
+                           lambda c: _with(c, x=lambda t: torch.cat((t, torch.zeros_like(t[:, :1])), dim=1)), {},
+                           "x: expected .2, 11, hidden. owner slabs"),
+    "payload rank": (_case(LayerKind.SWA), lambda c: _with(c, window_payload=lambda t: t[..., 0, :]), {},
+                     "window_payload: expected .blocks, rows, 1, width."),
+    "rope rows": (_case(LayerKind.SWA), lambda c: _with(c, rope_cos=lambda t: t[:, :-1]), {}, "rope_cos: expected"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(BAD_CALLS))
 def test_the_half_layer_rejects_bad_calls(backend, what):
     """Bad calls raise a ValueError naming the field and the mode (and rank and row of a bad slab row); nothing
     runs. Spec: §7.1 (decode caller contract, capacities, padding contract)."""
     fn = op(backend, "attention_half_layer")
-    if what == "C2A_FULL inactive suffix":
-        case = HalfLayerCase(LayerKind.C2A_FULL, "decode", "replicated", 2, padding=2)
-        call, match = lambda: _run(fn, case), "C2A_FULL decode"
-    elif what == "missing input":
-        case = HalfLayerCase(LayerKind.C1A_REINDEX, "prefill", "replicated", 2)
-        inputs = {k: v for k, v in _inputs(case).items() if k != "candidate_mask"}
-        call, match = lambda: _run(fn, case, inputs), "candidate_mask"
-    elif what == "sharded padding":
-        case = HalfLayerCase(LayerKind.SWA, "prefill", "sharded", 4)
-        inputs = dict(_inputs(case))
-        x = inputs["x"].clone()
-        x[3, -1, 0] = 1.0
-        inputs["x"] = x
-        call, match = lambda: _run(fn, case, inputs), rf"x\[3\]\[{x.shape[1] - 1}\]: expected 0"
-    elif what == "tp 3":
-        case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 1)
-        call, match = lambda: fn(_inputs(case), kind=case.kind, phase="prefill", wiring="replicated", tp=3,
-                                 config=FLASH_TINY), "tp"
-    elif what == "window payload dtype":
-        case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 1)
-        inputs = {**_inputs(case), "window_payload": _inputs(case)["window_payload"].view(torch.uint8)}
-        call, match = lambda: _run(fn, case, inputs), "window_payload: expected torch.float8_e4m3fn"
-    elif what == "compressed scale shape":
-        case = HalfLayerCase(LayerKind.C1A_REUSE, "prefill", "replicated", 1)
-        inputs = {**_inputs(case), "compressed_scale": _inputs(case)["compressed_scale"][:, :, :, :2]}
-        call, match = lambda: _run(fn, case, inputs), "compressed_scale: expected"
-    elif what == "x dtype":
-        case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 1)
-        inputs = {**_inputs(case), "x": _inputs(case)["x"].float()}
-        call, match = lambda: _run(fn, case, inputs), "x: expected BF16"
-    elif what == "groups not divisible":
-        case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 4)
-        call, match = lambda: fn(_inputs(case), kind=case.kind, phase="prefill", wiring="replicated", tp=4,
-                                 config=replace(FLASH_TINY, o_groups=2)), "tp: expected a divisor"
-    elif what == "a request per token plus one":
-        case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 1)
-        active = int(_inputs(case)["num_tokens"])
-        ok = {**_inputs(case), "query_start_loc": torch.arange(active + 1, dtype=torch.int32)}
-        _run(fn, case, ok)  # one request per active token is the most there can be
-        inputs = {**_inputs(case), "query_start_loc": torch.arange(active + 2, dtype=torch.int32)}
-        call, match = lambda: _run(fn, case, inputs), "requests: expected"
-    elif what == "sharded slab width":
-        case = HalfLayerCase(LayerKind.SWA, "prefill", "sharded", 2)
-        x = _inputs(case)["x"]
-        inputs = {**_inputs(case), "x": torch.cat((x, torch.zeros_like(x[:, :1])), dim=1)}
-        call, match = lambda: _run(fn, case, inputs), "x: expected .2, 11, hidden. owner slabs"
-    elif what == "payload rank":
-        case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 1)
-        inputs = {**_inputs(case), "window_payload": _inputs(case)["window_payload"][..., 0, :]}
-        call, match = lambda: _run(fn, case, inputs), "window_payload: expected .blocks, rows, 1, width."
-    elif what == "rope rows":
-        case = HalfLayerCase(LayerKind.SWA, "prefill", "replicated", 1)
-        inputs = {**_inputs(case), "rope_cos": _inputs(case)["rope_cos"][:, :-1]}
-        call, match = lambda: _run(fn, case, inputs), "rope_cos: expected"
-    else:
-        case = HalfLayerCase(LayerKind.C1A_REUSE, "decode", "replicated", 1)
-        inputs = dict(_inputs(case))
-        big = FLASH_TINY.decode_max_tokens + 1
-        inputs["position_ids"] = torch.zeros(big, dtype=torch.int32)
-        inputs["num_tokens"] = torch.tensor(big, dtype=torch.int32)
-        call, match = lambda: _run(fn, case, inputs), "tokens"
-    try:
-        call()
-    except ValueError as exc:
-        assert re.search(match, str(exc)), f"{case.label} ({what}): the error does not name {match!r}: {exc}"
-    else:
-        pytest.fail(f"{case.label}: accepted a bad call ({what}) instead of raising a ValueError")
+    case, make_inputs, overrides, match = BAD_CALLS[what]
+    inputs = _inputs(case) if make_inputs is None else make_inputs(case)
+    call = _call(case) | overrides
+    with pytest.raises(ValueError) as raised:
+        fn(inputs, **call)
+    assert re.search(match, str(raised.value)), f"{case.label} ({what}): the error does not name {match!r}: " \
+                                                 f"{raised.value}"
+
+
+def test_one_request_per_active_token_is_accepted(backend):
+    """The bound the "a request per token plus one" bad call crosses: one request per active token runs."""
+    case = _case(LayerKind.SWA)
+    active = int(_inputs(case)["num_tokens"])
+    _run(op(backend, "attention_half_layer"), case, _with(case, query_start_loc=torch.arange(active + 1,
+                                                                                           dtype=torch.int32)))
 
 
 def test_the_older_query_latent_rule_stays_selectable(backend):

@@ -84,10 +84,10 @@ def splits(n: int) -> st.SearchStrategy[tuple[int, ...]]:
 def test_compressor_chunked_equals_unchunked(backend, config, capacity, data, seed, padding):
     """Any split of a request into chunks gives bit-identical latents, publish flags and final ring state
     (other blocks untouched) to one unchunked call, for capacity in {1, 2, 4, 7}. Spec: §4.1 (CS-10)."""
-    n = data.draw(st.integers(1, 12 if config is FLASH_TINY else 5))
-    cut = data.draw(splits(n))
+    n = data.draw(st.integers(1, 12 if config is FLASH_TINY else 5), label='n')
+    cut = data.draw(splits(n), label='cut')
     ring = Ring(config, capacity, blocks=3, seed=seed)
-    block = data.draw(st.integers(0, 2))
+    block = data.draw(st.integers(0, 2), label='block')
     x = ring.tokens(n)
     whole_latent, whole_pub, whole_state = call(backend, ring, ring.state, [(x, 0, block)], padding=padding)
     state, start, lat, pub = ring.state, 0, [], []
@@ -112,8 +112,8 @@ def test_compressor_reorder_departure_admission_block_reuse(backend, capacity, s
     reuse, each match their own unchunked run bit for bit. Spec: §4.1 (CS-11)."""
     ring = Ring(FLASH_TINY, capacity, blocks=4, seed=seed)
     rng = random.Random(seed)
-    n_req = data.draw(st.integers(2, 5))
-    lengths = [data.draw(st.integers(1, 9)) for _ in range(n_req)]
+    n_req = data.draw(st.integers(2, 5), label='n_req')
+    lengths = [data.draw(st.integers(1, 9), label='length') for _ in range(n_req)]
     xs = [ring.tokens(n) for n in lengths]
     pool = rng.sample(range(4), 2)  # fewer blocks than requests: departures free blocks for admissions
     owner: dict[int, int] = {}
@@ -128,10 +128,10 @@ def test_compressor_reorder_departure_admission_block_reuse(backend, capacity, s
         active = [r for r in owner if done[r] < lengths[r]]
         if not active:
             break
-        rows = data.draw(st.permutations(active))
+        rows = data.draw(st.permutations(active), label='rows')
         chunks = []
         for r in rows:
-            size = data.draw(st.integers(1, lengths[r] - done[r]))
+            size = data.draw(st.integers(1, lengths[r] - done[r]), label='size')
             chunks.append((r, size))
         latent, publish, state = call(backend, ring, state,
                                       [(xs[r][done[r]:done[r] + s], done[r], owner[r]) for r, s in chunks])
@@ -173,18 +173,18 @@ def test_compressor_inactive_block_means_no_state_access(backend, capacity, seed
 def test_compressor_untouched_ring_slots_are_byte_identical(backend, capacity, seed, data):
     """Only slots block*cap + p%cap of each request's last min(chunk, cap) tokens may change. Spec: §4.1 (CS-15)."""
     ring = Ring(FLASH_TINY, capacity, blocks=4, seed=seed)
-    n_req = data.draw(st.integers(1, 3))
-    blocks = data.draw(st.permutations(range(4)))[:n_req]
+    n_req = data.draw(st.integers(1, 3), label='n_req')
+    blocks = data.draw(st.permutations(range(4)), label='block order')[:n_req]
     chunks, touched = [], torch.zeros(4 * capacity, dtype=torch.bool)
     for b in blocks:
-        size, p0 = data.draw(st.integers(0, 9)), data.draw(st.integers(0, 20))
+        size, p0 = data.draw(st.integers(0, 9), label='size'), data.draw(st.integers(0, 20), label='p0')
         if size:
             chunks.append((ring.tokens(size), p0, b))
             for p in range(max(p0, p0 + size - capacity), p0 + size):
                 touched[b * capacity + p % capacity] = True
     if not chunks:
         return
-    _lat, _pub, state = call(backend, ring, ring.state, chunks, padding=data.draw(st.integers(0, 3)))
+    _lat, _pub, state = call(backend, ring, ring.state, chunks, padding=data.draw(st.integers(0, 3), label='padding'))
     result = check_bytes_outside("state_cache", state.reshape(4 * capacity, -1),
                                  ring.state.reshape(4 * capacity, -1), touched)
     assert result.ok, result.message()
@@ -195,8 +195,8 @@ def test_compressor_restored_odd_prefix_equals_uninterrupted(backend, capacity, 
     """Resuming at an odd position with the predecessor's ring restored (into another block id) equals the
     uninterrupted run; a zeroed ring does not. Spec: §4.1 ownership (CS-13)."""
     ring = Ring(FLASH_TINY, capacity, blocks=3, seed=seed)
-    prefix = 2 * data.draw(st.integers(0, 4)) + 1
-    rest = data.draw(st.integers(1, 6))
+    prefix = 2 * data.draw(st.integers(0, 4), label='prefix pairs') + 1
+    rest = data.draw(st.integers(1, 6), label='rest')
     x = ring.tokens(prefix + rest)
     whole, _, _ = call(backend, ring, ring.state, [(x, 0, 0)])
     _, _, after_prefix = call(backend, ring, ring.state, [(x[:prefix], 0, 0)])
@@ -280,7 +280,7 @@ def test_publish_compressed_values_and_index_keys(seed, n, data):
     latent = torch.randn((n, c.head_dim), generator=g).to(torch.bfloat16)
     wk = torch.randn((c.head_dim, c.index_head_dim), generator=g) / c.head_dim**0.5
     wn = torch.rand(c.index_head_dim, generator=g) + 0.5
-    positions = torch.tensor(data.draw(st.lists(st.integers(-1, 30), min_size=n, max_size=n)))
+    positions = torch.tensor(data.draw(st.lists(st.integers(-1, 30), min_size=n, max_size=n), label='positions'))
     cos_t, sin_t = precompute_rope_tables(32, True, c)
     cos = torch.where((positions >= 0).unsqueeze(-1), cos_t[positions.clamp_min(0)], 1.0)
     sin = torch.where((positions >= 0).unsqueeze(-1), sin_t[positions.clamp_min(0)], 0.0)
@@ -288,7 +288,7 @@ def test_publish_compressed_values_and_index_keys(seed, n, data):
     comp = cache_abi.empty_cache(lay["compressed_r2"], 1, generator=g)
     index = cache_abi.empty_cache(lay["index"], 1, generator=g)
     rows = c.block_size
-    slots = torch.tensor([(-1 if data.draw(st.booleans()) else r) for r in data.draw(st.permutations(range(rows)))[:n]])
+    slots = torch.tensor([(-1 if data.draw(st.booleans(), label='slot -1') else r) for r in data.draw(st.permutations(range(rows)), label='rows')[:n]])
     new_comp, new_index = publish_compressed(latent, cos, sin, slots, comp, index, wk, wn)
     live = slots >= 0
     want_value = quant.quant_dequant(rope_interleave(latent, cos, sin).float()[live], "compressed")

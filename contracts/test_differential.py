@@ -115,7 +115,7 @@ def test_quantize_bytes_equal_the_reference_on_rule_edges(backend, rule_name, da
     scale edges, E2M1 midpoints, E4M3 ties, BF16 double rounding, zero/subnormal/saturating groups, for
     FP32, BF16, FP16 and FP64 inputs of one to four dimensions. Spec: §2.2."""
     r = RULES[rule_name]
-    x = data.draw(mx_cases(group=r.group, kinds=EDGE_KINDS)).tensor()
+    x = data.draw(mx_cases(group=r.group, kinds=EDGE_KINDS), label='x').tensor()
     if dtype == torch.float64:  # FP64 values between FP32 neighbours: the FP32 rounding of the input matters
         x = x.double() * (1 + 2.0**-30)
     elif dtype != torch.float32:
@@ -202,13 +202,13 @@ def test_cache_publish_bytes_equal_the_reference(backend, kind, data, seed, bloc
     g = torch.Generator().manual_seed(seed)
     cache = empty_cache(layout, blocks, generator=g)
     rows = cache.rows
-    n = data.draw(st.integers(0, 6))
+    n = data.draw(st.integers(0, 6), label='n')
     group = RULES[layout.rule].group
-    values = data.draw(mx_cases(group=group, max_rows=1, max_groups_per_row=1, kinds=EDGE_KINDS))
+    values = data.draw(mx_cases(group=group, max_rows=1, max_groups_per_row=1, kinds=EDGE_KINDS), label='values')
     vals = torch.stack([mx_cases_row(values, layout.logical_width, i) for i in range(n)]) if n else \
         torch.zeros((0, layout.logical_width))
     picks = data.draw(st.lists(st.one_of(st.sampled_from([-1, 0, rows - 1, -2]), st.integers(-1, rows - 1),
-                                         st.sampled_from([rows, rows + 5])), min_size=n, max_size=n))
+                                         st.sampled_from([rows, rows + 5])), min_size=n, max_size=n), label='picks')
     slots = torch.tensor(picks, dtype=torch.int64)
     got, want = both("cache_publish", backend, cache, vals, slots)
     if got is not None:
@@ -309,25 +309,25 @@ def test_compressor_equals_the_reference(backend, config, seed, data, capacity):
     reference's byte for byte (upstream compares the device state exactly), the publish flags exactly,
     the latent rows within the per-row bound. Spec: §4.1."""
     ring = Ring(config, capacity, 5, seed)
-    n_req = data.draw(st.integers(1, 3))
-    blocks = data.draw(st.permutations([0, 1, 2, 3, 4]))
+    n_req = data.draw(st.integers(1, 3), label='n_req')
+    blocks = data.draw(st.permutations([0, 1, 2, 3, 4]), label='blocks')
     xs, qsl, pos, req, table = [], [0], [], [], []
     for r in range(n_req):
-        n = data.draw(st.sampled_from([0, 1, 2, capacity, capacity + 1, 2 * capacity + 1, 9]))
-        p0 = data.draw(st.sampled_from([0, 1, 2, 3, 7, 8, 131]))
+        n = data.draw(st.sampled_from([0, 1, 2, capacity, capacity + 1, 2 * capacity + 1, 9]), label='n')
+        p0 = data.draw(st.sampled_from([0, 1, 2, 3, 7, 8, 131]), label='p0')
         xs.append(ring.tokens(n))
         qsl.append(qsl[-1] + n)
         pos += list(range(p0, p0 + n))
         req += [r] * n
-        table.append(data.draw(st.sampled_from([blocks[r], blocks[r], -1, 5, 99])))
-    padding = data.draw(st.integers(0, 2))
+        table.append(data.draw(st.sampled_from([blocks[r], blocks[r], -1, 5, 99]), label='table entry'))
+    padding = data.draw(st.integers(0, 2), label='padding')
     x = torch.cat(xs + [ring.tokens(padding)])
-    scale = data.draw(st.sampled_from([1.0, 1e-10]))  # 1e-10: mean squares near the 1e-20 RMSNorm eps
+    scale = data.draw(st.sampled_from([1.0, 1e-10]), label='scale')  # 1e-10: mean squares near the 1e-20 RMSNorm eps
     x = (x.float() * scale).to(torch.bfloat16)
     ring_state = ring.state.clone() * scale
-    if pos and data.draw(st.booleans()):  # a token inside a request's span labelled with another request,
-        t = data.draw(st.integers(0, len(pos) - 1))  # or with a negative position: ignored (§4.1 skip rules)
-        if data.draw(st.booleans()):
+    if pos and data.draw(st.booleans(), label='mislabel a token'):  # a token inside a request's span labelled with another request,
+        t = data.draw(st.integers(0, len(pos) - 1), label='t')  # or with a negative position: ignored (§4.1 skip rules)
+        if data.draw(st.booleans(), label='foreign request (else negative position)'):
             req[t] = 77
         else:
             pos[t] = -1
@@ -355,14 +355,14 @@ def test_rope_rows_equal_the_reference(backend, capacity, tokens, data, compress
     """Rows < num_tokens (negative, zero, last-capacity positions) and the 17/19 sentinel rows past it equal
     the reference's bit for bit. Spec: §4.2."""
     cos, sin = precompute_rope_tables(capacity, compressed, FLASH_TINY)
-    if data.draw(st.booleans()):  # any table: row 0 need not be the identity
+    if data.draw(st.booleans(), label='random tables'):  # any table: row 0 need not be the identity
         g = torch.Generator().manual_seed(capacity + tokens)
         cos, sin = torch.randn(cos.shape, generator=g), torch.randn(sin.shape, generator=g)
-    count = data.draw(st.one_of(st.integers(0, tokens), st.sampled_from([0, min(1, tokens), tokens])))
+    count = data.draw(st.one_of(st.integers(0, tokens), st.sampled_from([0, min(1, tokens), tokens])), label='count')
     positions = torch.tensor(data.draw(st.lists(st.one_of(st.integers(-3, capacity - 1),
                                                           st.sampled_from([0, -1, capacity - 1])),
-                                                min_size=tokens, max_size=tokens)),
-                             dtype=data.draw(st.sampled_from((torch.int32, torch.int64))))
+                                                min_size=tokens, max_size=tokens), label='positions'),
+                             dtype=data.draw(st.sampled_from((torch.int32, torch.int64)), label='positions dtype'))
     outs = []
     for fn in (op(backend, "materialize_rope_rows"), REF.get("materialize_rope_rows")):
         rc = torch.full((tokens, cos.shape[1]), 17.0)
@@ -382,15 +382,15 @@ def test_index_scores_and_topk_equal_the_reference(backend, case, data):
     *reference* scores passes the §5.3 validity rule against the reference selection (ties at the cutoff
     may differ); with a candidate mask (REINDEX) too. Spec: §5.1, §5.3."""
     inputs = case.build()
-    if data.draw(st.booleans()):  # a table exactly as wide as the longest request (no spare column)
+    if data.draw(st.booleans(), label='no spare column'):  # a table exactly as wide as the longest request (no spare column)
         inputs["block_table"] = inputs["block_table"][:, :-1]
-    if data.draw(st.booleans()):
+    if data.draw(st.booleans(), label='zero compressed_lens'):
         inputs["compressed_lens"] = torch.zeros_like(inputs["compressed_lens"])
     width = int(inputs["compressed_lens"].max())
-    if data.draw(st.booleans()) and width:
+    if data.draw(st.booleans(), label='candidates') and width:
         g = torch.Generator().manual_seed(case.seed)
         inputs["candidates"] = (torch.rand((inputs["q"].shape[0], width), generator=g) < 0.6).to(torch.uint8)
-    width_arg = data.draw(st.sampled_from([width, width + 3, None])) if "candidates" not in inputs else width
+    width_arg = data.draw(st.sampled_from([width, width + 3, None]), label='width argument') if "candidates" not in inputs else width
     got, want = both("index_scores", backend, **inputs, block_size=case.block, width=width_arg)
     if got is None:
         return
@@ -431,9 +431,9 @@ def test_candidate_blocks_equal_the_reference(backend, case, data):
     inputs = case.build()
     width = max(int(inputs["compressed_lens"].max()), 1)
     scores = REF.get("index_scores")(**inputs, block_size=case.block, width=width)
-    topk_blocks = data.draw(st.sampled_from([1, 2, 3, 16]))
-    block = data.draw(st.sampled_from([8, 4]))
-    out_width = data.draw(st.sampled_from([width, max(width - 5, 1), width + 9, None]))  # crop, pad, default
+    topk_blocks = data.draw(st.sampled_from([1, 2, 3, 16]), label='topk_blocks')
+    block = data.draw(st.sampled_from([8, 4]), label='block')
+    out_width = data.draw(st.sampled_from([width, max(width - 5, 1), width + 9, None]), label='out_width')  # crop, pad, default
     got, want = both("candidate_blocks", backend, scores, inputs["compressed_lens"], block=block,
                      topk_blocks=topk_blocks, width=out_width)
     if got is not None:  # any tie order at the cutoff (upstream's torch.topk), judged by the rule

@@ -42,7 +42,7 @@ def test_metadata_rejects_decreasing_query_start_loc(backend, case, data):
     build = op(backend, "build_forward_metadata")
     active = _active(case)
     assume(active)
-    r = data.draw(st.sampled_from(active))
+    r = data.draw(st.sampled_from(active), label='r')
     inputs = materialize(case)
     inputs = _with(inputs, "query_start_loc", (r + 1,), int(inputs["query_start_loc"][r]) - 1)
     _raises(build, inputs, rf"query_start_loc\[{r + 1}\]")
@@ -51,7 +51,7 @@ def test_metadata_rejects_decreasing_query_start_loc(backend, case, data):
 @given(case=BATCHES, data=st.data(), value=st.integers(-5000, -1))
 def test_metadata_rejects_negative_kv_length(backend, case, data, value):
     build = op(backend, "build_forward_metadata")
-    r = data.draw(st.integers(0, len(case.query_lens) - 1))
+    r = data.draw(st.integers(0, len(case.query_lens) - 1), label='r')
     inputs = _with(materialize(case), "kv_seq_lens", (r,), value)
     _raises(build, inputs, rf"kv_seq_lens\[{r}\].*{value}")
 
@@ -62,8 +62,8 @@ def test_metadata_rejects_unmapped_window_page_in_visible_range(backend, case, d
     build = op(backend, "build_forward_metadata")
     active = _active(case)
     assume(active)
-    r = data.draw(st.sampled_from(active))
-    pos = case.kv_lens[r] + data.draw(st.integers(0, case.query_lens[r] - 1))
+    r = data.draw(st.sampled_from(active), label='r')
+    pos = case.kv_lens[r] + data.draw(st.integers(0, case.query_lens[r] - 1), label='offset in request')
     page = pos // case.config.block_size
     inputs = _with(materialize(case), "window_block_table", (r, page), -1)
     _raises(build, inputs, rf"window_block_table\[{r}\]\[{page}\].*-1")
@@ -74,12 +74,12 @@ def test_metadata_rejects_missing_visible_compressed_page(backend, case, data):
     """A visible compressed page of an active request is -1 ("missing visible compressed pages")."""
     build = op(backend, "build_forward_metadata")
     c = case.config
-    ratio = data.draw(st.sampled_from((1, 2)))
+    ratio = data.draw(st.sampled_from((1, 2)), label='ratio')
     candidates = [r for r in _active(case) if (case.kv_lens[r] + case.query_lens[r]) // ratio > 0]
     assume(candidates)
-    r = data.draw(st.sampled_from(candidates))
+    r = data.draw(st.sampled_from(candidates), label='r')
     visible = (case.kv_lens[r] + case.query_lens[r]) // ratio
-    page = data.draw(st.integers(0, (visible - 1) // c.block_size))
+    page = data.draw(st.integers(0, (visible - 1) // c.block_size), label='page')
     inputs = materialize(case)
     tables = {}
     for src, t in inputs["compressed_block_tables"].items():
@@ -95,9 +95,9 @@ def test_metadata_rejects_missing_visible_compressed_page(backend, case, data):
 def test_metadata_rejects_duplicate_state_block(backend, case, data):
     build = op(backend, "build_forward_metadata")
     batch = len(case.query_lens)
-    a, b = data.draw(st.lists(st.integers(0, batch - 1), min_size=2, max_size=2, unique=True))
+    a, b = data.draw(st.lists(st.integers(0, batch - 1), min_size=2, max_size=2, unique=True), label='a, b')
     inputs = materialize(case)
-    src = data.draw(st.sampled_from(sorted(inputs["state_block_tables"])))
+    src = data.draw(st.sampled_from(sorted(inputs["state_block_tables"])), label='src')
     first, second = min(a, b), max(a, b)
     t = inputs["state_block_tables"][src].clone()
     t[first, 0] = 1000 if t[first, 0] < 0 else t[first, 0]
@@ -109,7 +109,7 @@ def test_metadata_rejects_duplicate_state_block(backend, case, data):
 @given(case=BATCHES, data=st.data(), value=st.integers(-100, -2))
 def test_metadata_rejects_state_block_below_minus_one(backend, case, data, value):
     build = op(backend, "build_forward_metadata")
-    r = data.draw(st.integers(0, len(case.query_lens) - 1))
+    r = data.draw(st.integers(0, len(case.query_lens) - 1), label='r')
     inputs = materialize(case)
     t = inputs["state_block_tables"][2].clone()
     t[r, 0] = value

@@ -95,7 +95,7 @@ def test_metadata_request_reorder_permutes_per_request_fields_only(backend, case
     inputs = materialize(case)
     base = build(**inputs)
     batch = len(case.query_lens)
-    sigma = data.draw(st.permutations(range(batch)))  # new row j holds old request sigma[j]
+    sigma = data.draw(st.permutations(range(batch)), label='sigma')  # new row j holds old request sigma[j]
     idx = torch.tensor(sigma, dtype=torch.long)
     qlens = torch.tensor(case.query_lens)[idx]
     reordered = dict(inputs)

@@ -38,7 +38,7 @@ def test_row_precision_rms_bound_is_tight(backend, seed, rows, width, scale, fac
     check = op(backend, "check_row_precision")
     e = _rows(seed, rows, width, scale)
     a = e.clone()
-    r = data.draw(st.integers(0, rows - 1))
+    r = data.draw(st.integers(0, rows - 1), label='r')
     bound = ROW_BOUND.rms_atol + ROW_BOUND.rms_rtol * _rms(e[r])
     a[r] = (e[r].double() + factor * bound * _alternating(width)).float()
     result = check(a, e)
@@ -54,7 +54,7 @@ def test_row_precision_peak_bound_is_tight(backend, seed, rows, width, scale, fa
     check = op(backend, "check_row_precision")
     e = _rows(seed, rows, width, scale)
     a = e.clone()
-    r, col = data.draw(st.integers(0, rows - 1)), data.draw(st.integers(0, width - 1))
+    r, col = data.draw(st.integers(0, rows - 1), label='r'), data.draw(st.integers(0, width - 1), label='col')
     bound = ROW_BOUND.peak_atol + ROW_BOUND.peak_rtol * _rms(e[r])
     a[r, col] = float(e[r, col].double() + factor * bound)
     result = check(a, e)
@@ -68,7 +68,7 @@ def test_row_precision_one_bad_row_is_not_diluted(backend, seed, good_rows, widt
     check = op(backend, "check_row_precision")
     e = _rows(seed, good_rows + 1, width, scale)
     a = e.clone()
-    r = data.draw(st.integers(0, good_rows))
+    r = data.draw(st.integers(0, good_rows), label='r')
     bound = ROW_BOUND.rms_atol + ROW_BOUND.rms_rtol * _rms(e[r])
     a[r] = (e[r].double() + 1.5 * bound * _alternating(width)).float()
     result = check(a, e)
@@ -81,7 +81,7 @@ def test_row_precision_one_bad_row_is_not_diluted(backend, seed, good_rows, widt
 def test_row_precision_nonfinite_fails(backend, seed, rows, width, bad, data):
     """NaN or Inf anywhere fails: in the output, in the reference, or at the same element in both."""
     check = op(backend, "check_row_precision")
-    r, col = data.draw(st.integers(0, rows - 1)), data.draw(st.integers(0, width - 1))
+    r, col = data.draw(st.integers(0, rows - 1), label='r'), data.draw(st.integers(0, width - 1), label='col')
     for sides in (("actual",), ("expected",), ("actual", "expected")):
         e = _rows(seed, rows, width, 1.0)
         a = e.clone()
@@ -112,7 +112,7 @@ def test_output_budget_row_bound_is_tight(backend, seed, rows, factor, data):
     e = _rows(seed, rows, 64, 1.0)
     e = e / e.double().norm(dim=1, keepdim=True).float()  # unit rows so the global share is 1/rows
     a = e.clone()
-    r = data.draw(st.integers(0, rows - 1))
+    r = data.draw(st.integers(0, rows - 1), label='r')
     a[r] = (e[r].double() + factor * FP8_BUDGET.row_rel_l2 * _alternating(64) / 8.0).float()
     result = check(a, e)
     assert result.ok == (factor < 1), f"factor {factor}: {result.message()}"
@@ -168,7 +168,7 @@ def test_active_split_inactive_rows_compared_separately(backend, seed, active, i
     e[active:] = 13.0
     a = e.clone()
     assert split(a, e, active).ok
-    r = data.draw(st.integers(active, active + inactive - 1))
+    r = data.draw(st.integers(active, active + inactive - 1), label='r')
     a[r] = 0.0
     result = split(a, e, active)
     assert not result.ok and "inactive" in result.message(), result.message()
@@ -178,7 +178,7 @@ def test_active_split_inactive_rows_compared_separately(backend, seed, active, i
 def test_owner_rows_require_zero_padding(backend, seed, active, tp, data):
     """Each rank's owned rows compare; its padding rows must be exactly zero (a 13.0 sentinel fails)."""
     check = op(backend, "check_owner_rows")
-    capacity = active + data.draw(st.integers(0, 4))
+    capacity = active + data.draw(st.integers(0, 4), label='spare capacity')
     width = -(-capacity // tp) if capacity else 0
     bounds = [(min(r * width, active), max(0, min(width, active - min(r * width, active))), width) for r in range(tp)]
     e = _rows(seed, active, 16, 1.0)
@@ -190,9 +190,9 @@ def test_owner_rows_require_zero_padding(backend, seed, active, tp, data):
     assert check(slabs, e, bounds).ok
     padded = [r for r, (_f, c, w) in enumerate(bounds) if c < w]
     if padded:
-        rank = data.draw(st.sampled_from(padded))
+        rank = data.draw(st.sampled_from(padded), label='rank')
         first, count, w = bounds[rank]
-        row = data.draw(st.integers(count, w - 1))
+        row = data.draw(st.integers(count, w - 1), label='row')
         slabs[rank][row] = 13.0
         result = check(slabs, e, bounds)
         assert not result.ok, f"rank{rank} padding row {row} = 13.0 passed: {result.message()}"
@@ -207,8 +207,8 @@ def test_replicas_must_be_byte_identical(backend, seed, replicas, dtype, data):
     base = _rows(seed, 4, 8, 1.0).to(dtype)
     reps = [base.clone() for _ in range(replicas)]
     assert check(reps).ok
-    k = data.draw(st.integers(1, replicas - 1))
-    r, c = data.draw(st.integers(0, 3)), data.draw(st.integers(0, 7))
+    k = data.draw(st.integers(1, replicas - 1), label='k')
+    r, c = data.draw(st.integers(0, 3), label='r'), data.draw(st.integers(0, 7), label='c')
     itype = torch.int16 if dtype == torch.bfloat16 else torch.int32
     bits = reps[k].view(itype)
     bits[r, c] ^= 1

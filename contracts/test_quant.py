@@ -185,7 +185,7 @@ def test_tie_rules_differ_exactly_on_midpoints(backend, fmt_rules, exp, data):
     tz, ev = fmt_rules
     group = RULES[tz].group
     scale = 2.0**exp if RULES[tz].scale_format == "e8m0" else 1.0
-    off_grid = data.draw(st.lists(st.floats(0, 6, allow_nan=False, width=32), min_size=group - 1, max_size=group - 1))
+    off_grid = data.draw(st.lists(st.floats(0, 6, allow_nan=False, width=32), min_size=group - 1, max_size=group - 1), label='off_grid')
     mids = list(FP4_MIDPOINTS) + [-m for m in FP4_MIDPOINTS]
     values = torch.tensor(mids + off_grid, dtype=torch.float32)[: 2 * group - 1]
     rows = []

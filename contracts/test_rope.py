@@ -84,10 +84,10 @@ def test_rope_rows_exact_identity_and_untouched(backend, capacity, tokens, data,
     sentinels; num_tokens = 0 writes nothing. Spec: §4.2 (RR-04, RR-06)."""
     materialize = op(backend, "materialize_rope_rows")
     cos, sin = precompute_rope_tables(capacity, compressed, config)
-    count = data.draw(st.integers(0, tokens))
+    count = data.draw(st.integers(0, tokens), label='count')
     edge = [p for p in (capacity - 1, 0, -1, -9, 3, 129, 256) if p < capacity]
     positions = torch.tensor(data.draw(st.lists(st.one_of(st.integers(-20, capacity - 1), st.sampled_from(edge)),
-                                                min_size=tokens, max_size=tokens)), dtype=torch.int32)
+                                                min_size=tokens, max_size=tokens), label='positions'), dtype=torch.int32)
     positions[count:] = capacity + 7 * torch.arange(tokens - count, dtype=torch.int32)  # beyond count and capacity
     rc = torch.full((tokens, cos.shape[1]), SENTINEL_COS)
     rs = torch.full((tokens, cos.shape[1]), SENTINEL_SIN)

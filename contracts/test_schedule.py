@@ -123,7 +123,7 @@ def test_deployment_mapping(tp, ep, data):
         with pytest.raises(ConfigError, match="deployment.ep"):
             Deployment(FLASH, tp=tp, ep=ep)
         return
-    rank = data.draw(st.integers(0, ep - 1))
+    rank = data.draw(st.integers(0, ep - 1), label='rank')
     d = Deployment(FLASH, tp=tp, ep=ep, rank=rank)
     assert (d.tp_rank, d.group_base, d.dp, d.dp_rank) == (rank % tp, rank - rank % tp, ep // tp, rank // tp)
     assert d.local_heads * tp == FLASH.num_attention_heads

@@ -87,9 +87,9 @@ def test_slab_gather_rejects_a_padding_breach(backend, case, data):
     padded = [b for b in bounds if b.count < b.width]
     if not padded:
         return
-    b = data.draw(st.sampled_from(padded))
-    row = data.draw(st.integers(b.count, b.width - 1))
-    field = data.draw(st.sampled_from(("payload", "token_ids", "positions", "valid")))
+    b = data.draw(st.sampled_from(padded), label='b')
+    row = data.draw(st.integers(b.count, b.width - 1), label='row')
+    field = data.draw(st.sampled_from(("payload", "token_ids", "positions", "valid")), label='field')
     slab = slabs[b.rank]
     value = getattr(slab, field).clone()
     value[row] = {"payload": 13.0, "token_ids": 7, "positions": 3, "valid": True}[field]

@@ -45,7 +45,7 @@ def _ctx(inputs: dict, case: IndexerCase) -> TopKContext:
 def test_topk_selection_is_valid(backend, cases, data):
     """Backend scoring + selection pass the §5.3 validity check against the reference, at tiny and at FLASH
     index dims (32 heads x 128, Top-K 512). Spec: §5.1, §5.3."""
-    case = data.draw(cases)
+    case = data.draw(cases, label='case')
     inputs = case.build()
     width = int(inputs["compressed_lens"].max())
     scores, expected = _reference(inputs, case, width)
@@ -177,7 +177,7 @@ def test_candidate_mask_keeps_the_last_visible_block(backend, case, data):
     inputs = case.build()
     width = max(int(inputs["compressed_lens"].max()), 1)
     scores = ref.index_scores(**inputs, block_size=case.block, width=width)
-    topk_blocks = data.draw(st.integers(1, 3))
+    topk_blocks = data.draw(st.integers(1, 3), label='topk_blocks')
     mask = op(backend, "candidate_blocks")(scores, inputs["compressed_lens"], block=8, topk_blocks=topk_blocks,
                                            width=width)
     assert mask.dtype == torch.uint8 and tuple(mask.shape) == (scores.shape[0], width)

@@ -147,3 +147,15 @@ def test_pytest_reaches_the_store_through_one_door():
     graph, _ = import_graph()
     doors = sorted(t for t in graph["contracts.plugin"] if t.split(".")[0] == "goldens")
     assert doors == ["goldens.pytest_api"], doors
+
+
+def test_every_hypothesis_draw_is_labelled():
+    """``data.draw(strategy, label=...)``: a failing example then prints each drawn value under a name."""
+    bare = []
+    for path in sorted((*ROOT.joinpath("contracts").rglob("*.py"), *ROOT.joinpath("tests").rglob("*.py"))):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "draw" \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "data" \
+                    and len(node.args) < 2 and not any(k.arg == "label" for k in node.keywords):
+                bare.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not bare, "unlabelled draws:\n" + "\n".join(bare)
