@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -87,6 +88,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("hypothesis_profile", default=None):
         settings.load_profile(default_profile())
     config.addinivalue_line("markers", "slow: longer property runs")
+    import torch
+
+    torch.set_printoptions(threshold=64, edgeitems=2, linewidth=110)  # a tensor in a failure: a few lines, not pages
     from goldens.pytest_api import GoldenStoreError, check_location, load_case_modules
 
     try:  # a malformed location is a usage error at start-up, not one error per test
@@ -172,6 +176,27 @@ def pytest_runtest_call(item: pytest.Item):
         yield
     finally:
         _ITEM = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    """A failing contract's report ends with one note: the command that runs it again, alone, the same way
+    (backend options and hypothesis profile included; a recorded counterexample adds its own replay line)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        report.sections.append(("pto-contracts: reproduce", reproduce_command(item)))
+
+
+def reproduce_command(item: pytest.Item) -> str:
+    config = item.config
+    options = [f"--{name.replace('_', '-')} {shlex.quote(str(config.getoption(name)))}"
+               for name in ("backend", "backend_module", "platform", "device", "pypto_lib", "tp", "ep", "dp")
+               if config.getoption(name, default=None) not in (None, "torch", False)]
+    used = sorted({v for k, v in item.user_properties if k == "pto_operator"})
+    profile = settings._current_profile
+    return (f"HYPOTHESIS_PROFILE={profile} pytest -p no:xdist {shlex.quote(item.nodeid)} {' '.join(options)}".rstrip()
+            + (f"   # operators: {', '.join(used)}" if used else ""))
 
 
 def uses(name: str) -> None:

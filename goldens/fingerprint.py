@@ -296,8 +296,25 @@ def parts(entry: Callable, read: set[str] | None = None) -> dict[str, str]:
     return out
 
 
+def _canonical(value) -> str:
+    """The value's full repr, with every dataclass spelled out field by field as the generated repr would: a
+    class may give itself a short repr for failure messages (the model configs do), the digest must not shrink."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = ", ".join(f"{f.name}={_canonical(getattr(value, f.name))}" for f in dataclasses.fields(value) if f.repr)
+        return f"{type(value).__qualname__}({fields})"
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return "(" + ", ".join(map(_canonical, value)) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_canonical, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_canonical(k)}: {_canonical(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
 def _digest(value) -> str:
-    return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
+    return hashlib.sha256(_canonical(value).encode()).hexdigest()[:16]
 
 
 def combined(p: dict[str, str]) -> str:

@@ -79,7 +79,7 @@ def resolve_layer_kind(ratio: int, mode: AttentionMode) -> LayerKind:
         ) from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class V41Config:
     """DeepSeek-V4.1-Flash constants. Spec: §1."""
 
@@ -396,7 +396,7 @@ def v4_flash_ratios() -> tuple[int, ...]:
     return (0, 0) + (4, 128) * 20 + (4, 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class V4Config:
     """DeepSeek-V4 Flash / Pro preset. Spec: §8."""
 
@@ -575,6 +575,30 @@ def v4_variant(variant: str | None = None, *, kernel: bool = True) -> V4Config:
                           f"got {name!r} (§8)")
     config = PRESETS[V4_VARIANTS[name]]
     return config.kernel_preset() if kernel else config
+
+
+def _compact_repr(config) -> str:
+    """One line a failure can afford: the preset's name and the fields that differ from the preset of that name
+    (at most six, each cut at 40 characters). The whole value is ``dataclasses.asdict(config)``."""
+    import dataclasses
+
+    base = PRESETS.get(config.name)
+    if type(base) is not type(config):
+        base = None
+    shown = ("hidden_size", "num_attention_heads", "head_dim")
+    diffs = [f"{f.name}={_cut(repr(getattr(config, f.name)))}" for f in dataclasses.fields(config)
+             if f.name != "name" and (getattr(config, f.name) != getattr(base, f.name) if base is not None
+                                      else f.name in shown)]
+    more = f", +{len(diffs) - 6} more" if len(diffs) > 6 else ""
+    return f"{type(config).__name__}({config.name!r}{''.join(', ' + d for d in diffs[:6])}{more})"
+
+
+def _cut(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+V41Config.__repr__ = _compact_repr
+V4Config.__repr__ = _compact_repr
 
 
 def preset(name: str) -> V41Config | V4Config:
