@@ -44,9 +44,21 @@ class Operator:
     def signature(self) -> str:
         """The reference's own parameters (names, defaults, keyword-only marker), annotations left out."""
         sig = inspect.signature(self.function)
-        return str(sig.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
+        return str(sig.replace(parameters=[p.replace(annotation=inspect.Parameter.empty, default=_shown(p.default))
                                            for p in sig.parameters.values()],
                                return_annotation=inspect.Signature.empty))
+
+
+class _Name(str):
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _shown(default):
+    """A default as the docs show it: a function or class by its name (its repr carries an address)."""
+    if default is not inspect.Parameter.empty and callable(default) and hasattr(default, "__qualname__"):
+        return _Name(default.__qualname__)
+    return default
 
 
 def operator(*, returns: str, spec: str) -> Callable[[Callable], Callable]:

@@ -153,7 +153,7 @@ def test_a_lambda_sharing_its_line_with_other_arguments_is_fingerprinted():
     import goldens.cases.pro  # noqa: F401  (registers the Pro-geometry cases)
 
     got = fingerprint_parts(get_case("v4_attention_swa_pro"))
-    assert any(k.startswith("goldens.cases._v4_attention_call") for k in got), sorted(got)[:5]
+    assert any(k.startswith("goldens.cases.v4_attention._v4_attention_call") for k in got), sorted(got)[:5]
 
 
 def _goldens(root: Path, *args: str) -> subprocess.CompletedProcess:
