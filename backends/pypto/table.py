@@ -395,7 +395,7 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
                   ("sampled_ids", "out", "INT32", "[MAX_LOGIT_ROWS, SAMPLED_IDS_PAD]")),
             note="the id sits in column 0 of a row padded to SAMPLED_IDS_PAD (8); 256-wide chunk maxima merged "
                  "with the first-maximum rule"),
-    Binding("decoder_replay", "host", f"{FLASH}/metadata.py::decoder_replay (prefill_decoder.py)",
+    Binding("decoder_replay", "host", f"{FLASH}/metadata.py::select_decoder_replay (prefill_decoder.py)",
             "host Python"),
     Binding("v4_decode_metadata", "host", f"{PRO}/decode_metadata.py (position_ids_from_starts, "
             "kv_seq_lens_from_starts, ori/paged/compressed/state slot mappings, swa and history windows)",
@@ -629,7 +629,7 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
     Binding("csa_compressors", "composition", f"{PRO}/decode_attention_csa.py (compressor_ratio4 and "
             "decode_indexer_compressor)", "composition",
             note="composed from v4_compressor on this backend"),
-    Binding("encoder_replay", "host", f"{FLASH}/prefill_encoder.py::encoder_replay", "host Python"),
+    Binding("encoder_replay", "host", f"{FLASH}/prefill_encoder.py::select_encoder_replay", "host Python"),
     Binding("decode_block_sharded", "composition", f"{FLASH}/decode_sp_integration.py (the owner-slab hand-off "
             "of two layers)", "composition",
             note="composed from hc_mixes, hc_pre, hc_post, attention_half_layer (sharded wiring) and the MoE "
@@ -645,7 +645,7 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
     Binding("build_forward_metadata", "host", f"{FLASH}/metadata.py (ForwardMetadata)", "host Python",
             note="host-side lowering; the contracts judge the reference's"),
     Binding("resolve_schedule", "host", f"{FLASH}/config.py", "host Python"),
-    Binding("sp_bounds", "host", f"{FLASH}/decode_sp_integration.py::sp_bounds", "host Python"),
+    Binding("sp_bounds", "host", f"{FLASH}/decode_sp_integration.py::sequence_parallel_bounds", "host Python"),
     Binding("sp_shard", "host", f"{FLASH}/decode_sp_integration.py (shard_decode_batch)", "host Python"),
     Binding("sp_gather", "host", f"{FLASH}/decode_sp_integration.py (gather)", "host Python"),
     Binding("half_layer_call", "host", f"{FLASH}/decode_common.py (validate_args)", "host Python"),
