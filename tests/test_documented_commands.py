@@ -1,6 +1,6 @@
 """The commands the docs show work as written, from the repository root (issue #24 item 6).
 
-Every ``goldens`` command line of README.md's code blocks and of the ``docs/examples`` docstrings is parsed by
+Every ``goldens`` command line of the code blocks of README.md, docs/guide.md and docs/reference.md and of the ``docs/examples`` docstrings is parsed by
 the real argument parser (a renamed or removed option fails here, not in a user's shell). The example files'
 commands, and the README's commands that need nothing but this repository, are run exactly as written through
 the installed ``goldens`` script (which, unlike ``python -m``, does not put the working directory on sys.path),
@@ -26,17 +26,22 @@ BIN = Path(sys.executable).parent
 GLOBAL = {"--store", "--cases-module"}  # options of `goldens` itself, given before the verb
 
 
+DOCS = ("README.md", "docs/guide.md", "docs/reference.md")  # the docs that show `goldens` commands
+
+
 def _readme_commands() -> list[str]:
-    out, inside = [], False
-    for line in (ROOT / "README.md").read_text().splitlines():
-        if line.startswith("```"):
-            inside = not inside
-            continue
-        if inside:
-            for part in line.split(";"):  # "goldens log; goldens diff A B"
-                command = part.split(" #")[0].strip()
-                if command.startswith((".venv/bin/goldens ", "goldens ")):
-                    out.append(command)
+    out = []
+    for doc in DOCS:
+        inside = False
+        for line in (ROOT / doc).read_text().splitlines():
+            if line.startswith("```"):
+                inside = not inside
+                continue
+            if inside:
+                for part in line.split(";"):  # "goldens log; goldens diff A B"
+                    command = part.split(" #")[0].strip()
+                    if command.startswith((".venv/bin/goldens ", "goldens ")):
+                        out.append(command)
     return out
 
 

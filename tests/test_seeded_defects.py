@@ -412,6 +412,37 @@ def test_contract_catches_seeded_defect(defect, contract, mentions):
     assert mentions in text, f"failure does not mention {mentions!r}: {text[:600]}"
 
 
+def _declared_defects() -> list[tuple[str, object]]:
+    """(contract module, SeededDefect) of every ``SEEDED_DEFECTS`` a contract file declares."""
+    out = []
+    for path in sorted((ROOT / "contracts").glob("test_*.py")):
+        module = importlib.import_module(f"contracts.{path.stem}")
+        out += [(path.stem, d) for d in getattr(module, "SEEDED_DEFECTS", ())]
+    return out
+
+
+DECLARED = _declared_defects()
+
+
+@pytest.mark.parametrize("module_name, defect", DECLARED, ids=[f"{d.name}->{d.test}" for _m, d in DECLARED])
+def test_contract_file_catches_its_declared_defect(module_name, defect):
+    """The defects a contract file declares beside its contracts (contracts.defect.SeededDefect)."""
+    fn = getattr(importlib.import_module(f"contracts.{module_name}"), defect.test)
+    outcome = run_contract(fn, defect.backend())
+    assert outcome.failures, (f"contract {module_name}::{defect.test} did not fail cleanly on defect {defect.name}"
+                              + (f": it crashed with {outcome.crashes[0]!r}" if outcome.crashes else ": it passed"))
+    text = " | ".join(str(e) for e in outcome.failures)
+    assert defect.mentions in text, f"failure does not mention {defect.mentions!r}: {text[:600]}"
+
+
+def test_declared_defects_have_unique_names_and_name_their_operator():
+    from contracts.operators import KERNEL_OPERATORS
+
+    names = [d.name for _m, d in DECLARED]
+    assert len(names) == len(set(names)), names
+    assert all(d.operator in KERNEL_OPERATORS for _m, d in DECLARED)
+
+
 def test_backend_module_option_runs_contracts_on_a_defect():
     """End to end: ``pytest --backend-module`` loads a defect and the contract run fails (exit 1)."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "contracts/test_slabs.py",

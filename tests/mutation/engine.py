@@ -36,14 +36,10 @@ from contracts.operators import REFERENCE_OPERATORS, Backend
 ROOT = Path(__file__).resolve().parents[2]
 
 # Modules that implement operators, in dependency order (a module only imports earlier ones).
-MODULES = (
-    "kernels.config", "kernels.quant", "kernels.cache", "kernels.metadata", "kernels.sequence_parallel",
-    "kernels.reference.rope", "kernels.reference.compressor", "kernels.reference.indexer",
-    "kernels.reference.attention", "kernels.half_layer", "kernels.reference.tp", "kernels.reference.o_proj",
-    "kernels.reference.attention_layer", "kernels.reference.rowwise", "kernels.reference.mhc", "kernels.reference.moe",
-    "kernels.reference.lm_head", "kernels.prefill_plan", "kernels.reference.block", "kernels.reference.engram", "kernels.v4.decode_metadata", "kernels.v4.compressor", "kernels.v4.mtp", "kernels.v4.dp_attention", "kernels.v4.index_cache", "kernels.v4.sparse_attention", "kernels.v4.indexer", "kernels.v4.qkv_proj", "kernels.v4.attention_stage", "kernels.v4.prefill_indexer", "kernels.v4.prefill_compressor", "kernels.v4.compressor_txn", "kernels.v4.gate", "kernels.v4.moe", "kernels.v4.mtp_layer",
-    "contracts.checks.precision",
-)
+# The modules mutated: every module that declares an operator (contracts.operators), in declaration order, and
+# the helper modules they share that declare none.
+HELPER_MODULES = ("kernels.reference.rowwise",)
+MODULES = tuple(dict.fromkeys([*(m for m, _a in REFERENCE_OPERATORS.values()), *HELPER_MODULES]))
 
 _CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
              ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
@@ -67,7 +63,7 @@ _DROPPABLE = {"round", "floor", "ceil", "clamp", "clamp_min", "clamp_max", "to",
 _SKIP_ASSIGN = {"SPEC", "ROUNDING_VERSION", "__all__", "BLOCK_ELEMENTS", "_POOL"}
 # Where the operator's code is narrower than what a module reaches: the schedule operator takes its config
 # as an argument, so preset values and V4 presets are data of the caller (checked by test_schedule's facts).
-SCOPE = {"kernels.config": frozenset({"V41Config", "V41Config.schedule", "V41Config.layer_config", "V41Config._mode",
+SCOPE = {"kernels.config": frozenset({"resolve_schedule", "V41Config", "V41Config.schedule", "V41Config.layer_config", "V41Config._mode",
                                       "V41Config._active_source", "resolve_layer_kind", "_KINDS", "LayerConfig"})}
 
 
