@@ -138,6 +138,20 @@ def _hc_post_call(get, i: Tensors) -> Tensors:
     return {"x_out": get("hc_post")(i["sublayer"], i["x_hc"], i["post_mix"], i["residual_mix"])}
 
 
+# --- v4_embed_pack ---------------------------------------------------------------------------------------------
+
+def _embed_build(seed: int, wiring: str) -> Tensors:
+    """Upstream's fixture ids (-1, 0, 17, the last row, the vocabulary and 7 past it, 2, 1) over a 32-row table."""
+    g = _g(seed)
+    vocab = 32
+    ids = torch.tensor([-1, 0, 17, vocab - 1, vocab, vocab + 7, 2, 1], dtype=torch.int64)
+    return {"input_ids": ids, "embed_weight": torch.randn(vocab, PRO.hidden_size, generator=g).to(torch.bfloat16)}
+
+
+def _embed_call(get, i: Tensors) -> Tensors:
+    return {"x_hc": get("v4_embed_pack")(i["input_ids"], i["embed_weight"], config=PRO)}
+
+
 # --- lm_head ---------------------------------------------------------------------------------------------------
 
 LM_TP = 2
@@ -289,6 +303,9 @@ def _build() -> list[Case]:
               "and shared experts, the combine, hc_post; 2 padding rows that route nowhere and carry their residual "
               "mix", ("kernels.v4.moe", "kernels.v4.gate", "kernels.reference.mhc"), _moe_stage_build,
               _moe_stage_call, {"x_out": "fp32_ulps", "ffn_out": "exact", "indices": "exact"}),
+        _case("v4_embed_pack", "v4_embed_pack", "V4 input pack: upstream's fixture ids, clamped into a 32-row "
+              "vocabulary (-1 and 0 read row 0; 31, 32 and 39 the last row), each row widened to FP32 in every "
+              "stream", ("kernels.v4.input_pack",), _embed_build, _embed_call, {"x_hc": "exact"}),
         _case("v4_lm_head", "lm_head", f"LM head on TP{LM_TP}: the full FP32 logits of two vocabulary shards",
               ("kernels.reference.lm_head",), _lm_build, _lm_call, {"logits": "fp32_ulps"}, {"tp": LM_TP}),
     ]
