@@ -24,15 +24,16 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from kernels.config import FLASH_TINY, V41Config
+from kernels.errors import is_int
 
 
 def _positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise InvalidArgument(f"{name}={value!r} must be a positive int")
 
 
 def _nonneg(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_int(value) or value < 0:
         raise InvalidArgument(f"{name}={value!r} must be a non-negative int")
 
 

@@ -20,6 +20,7 @@ from goldens.codec import from_numpy, to_numpy
 from goldens.errors import GoldenStoreError
 from goldens.store import StoreReader
 from goldens.trees import LoadedTree, _clone, load_tree, make_record
+from kernels.errors import is_int
 
 
 def inputs_digest(inputs: dict[str, torch.Tensor]) -> str:
@@ -130,7 +131,7 @@ def rebuild_tree(reader: StoreReader, source: str, case_name: str, wiring: str):
     where = f"{ACTUAL_ROOT}/{source}/{case_name}/{wiring}"
     attrs = reader.group_attrs(where)
     recipe = attrs.get(REBUILD)
-    if not isinstance(recipe, dict) or isinstance(recipe.get("seed"), bool) or not isinstance(recipe.get("seed"), int):
+    if not isinstance(recipe, dict) or not is_int(recipe.get("seed")):
         raise GoldenStoreError(f"{where}: no usable rebuild recipe ({recipe!r})")
     case = _recipe_case(recipe, case_name, where)
     inputs = case.build_inputs(recipe["seed"], wiring)

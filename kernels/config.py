@@ -14,6 +14,7 @@ from enum import StrEnum
 from functools import cached_property
 
 from contracts.operators import operator
+from kernels.errors import is_int
 
 
 class ConfigError(ValueError):
@@ -254,7 +255,7 @@ class V41Config:
     # ---- schedule ----------------------------------------------------------
     def layer_config(self, layer_id: int) -> LayerConfig:
         """Mode, kind and cache sources of ``layer_id``. Spec: §1."""
-        if isinstance(layer_id, bool) or not isinstance(layer_id, int) or not (
+        if not is_int(layer_id) or not (
                 0 <= layer_id < self.num_hidden_layers):
             raise ConfigError(f"layer_id must be in [0, {self.num_hidden_layers - 1}], got {layer_id!r} (§1)")
         ratio = self.compress_ratios[layer_id]
@@ -318,7 +319,7 @@ class Deployment:
         c = self.config
         for name in ("tp", "ep", "dp"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            if value is not None and (not is_int(value) or value <= 0):
                 raise ConfigError(f"deployment.{name}: expected a positive int (bool refused), got {value!r} (CH-11)")
         if self.tp not in SUPPORTED_TP:
             raise ConfigError(f"deployment.tp: expected one of {SUPPORTED_TP}, got {self.tp!r} (§1)")
@@ -374,7 +375,7 @@ class Deployment:
     def check_devices(self, ids: list[int]) -> list[int]:
         """Exactly one distinct non-negative device id per card (ep = tp · dp of them): a multi-card entry
         (attention TP groups, the MoE's EP ranks) runs one rank per id. Spec: upstream_checks CH-02, MO-13."""
-        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids) or len(set(ids)) != len(ids):
+        if any(not is_int(i) or i < 0 for i in ids) or len(set(ids)) != len(ids):
             raise ConfigError(f"deployment devices: expected distinct non-negative ints, got {ids} (CH-02)")
         if len(ids) != self.world_size:
             raise ConfigError(f"deployment devices: expected exactly {self.world_size} ids (ep={self.ep} = "
@@ -486,7 +487,7 @@ class V4Config:
     def path(self, layer_id: int) -> str:
         """The attention path of a layer: ``HCA`` (ratio 128: compressor, deterministic top-k), ``CSA`` (ratio
         4: compressor with main and inner state, learned indexer) or ``SWA`` (ratio 0: window only). Spec: §8."""
-        if isinstance(layer_id, bool) or not isinstance(layer_id, int) or \
+        if not is_int(layer_id) or \
                 not 0 <= layer_id < len(self.compress_ratios):
             raise ConfigError(f"{self.name}.layer_id: expected an int in [0, {len(self.compress_ratios) - 1}] "
                               f"(layers + MTP), got {layer_id!r} (§8)")

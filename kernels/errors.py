@@ -25,3 +25,9 @@ class ContractInputError(ValueError):
 def first_true(mask: torch.Tensor) -> int:
     """Index (along dim 0) of the first True in ``mask``: the row an error message names."""
     return int(mask.nonzero()[0, 0])
+
+
+def is_int(value) -> bool:
+    """A Python integer, and not a bool (``True`` is an ``int`` to ``isinstance``; a count of ``True`` rows is a
+    caller's mistake, refused like any other non-integer)."""
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from contracts.operators import operator
 from kernels.config import FLASH, SUPPORTED_TP, ConfigError, LayerKind, V41Config
-from kernels.errors import ContractInputError
+from kernels.errors import ContractInputError, is_int
 
 SPEC = "§7.1"
 PHASES = ("decode", "prefill")
 
 
 def _int(name: str, value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise ContractInputError(name, None, f"an int ({where})", repr(value), SPEC)
     return value
 

@@ -25,7 +25,7 @@ import torch
 
 from contracts.operators import operator
 from kernels.config import FLASH, LayerKind, V41Config
-from kernels.errors import ContractInputError
+from kernels.errors import ContractInputError, is_int
 from kernels.metadata import paged_slots
 
 SPEC = "§1"
@@ -317,11 +317,11 @@ class PrefillContext:
         if not lengths:
             raise ContractInputError("lengths", None, "at least one prompt length", lengths, "MD-21")
         for i, n in enumerate(lengths):
-            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            if not is_int(n) or n <= 0:
                 raise ContractInputError("lengths", (i,), "a positive int (bool refused)", repr(n), "MD-21")
         object.__setattr__(self, "lengths", lengths)
         capacity = self.num_tokens if self.capacity is None else self.capacity
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or \
+        if not is_int(capacity) or \
                 not self.num_tokens <= capacity <= PREFILL_MAX_TOKENS:
             raise ContractInputError("capacity", None, f"an int in [{self.num_tokens} (num_tokens), "
                                      f"{PREFILL_MAX_TOKENS}]", repr(capacity), "MD-21")
@@ -523,7 +523,7 @@ def c1a_case(name: str, tokens: int = 64, *, config: V41Config = FLASH) -> C1ACa
     if name == "multi_1k":
         requests, lens = [0, 1, 2], [1024] * 3
     elif name == "causal":
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= C1A_CASE_MAX_TOKENS:
+        if not is_int(tokens) or not 1 <= tokens <= C1A_CASE_MAX_TOKENS:
             raise ContractInputError("tokens", None, f"an int in [1, {C1A_CASE_MAX_TOKENS}] for case 'causal'",
                                      repr(tokens), "MD-31")
         requests, lens = [0] * tokens, list(range(1, tokens + 1))

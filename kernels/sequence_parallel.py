@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from contracts.operators import operator
-from kernels.errors import ContractInputError, first_true
+from kernels.errors import ContractInputError, first_true, is_int
 
 SPEC = "§7.1"
 # Bump when the arithmetic or a rounding rule changes on purpose: goldens recorded before go stale.
@@ -44,7 +44,7 @@ class Slab:
 
 
 def _nonneg_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_int(value) or value < 0:
         raise ContractInputError(name, None, "a non-negative int", repr(value), SPEC)
     return value
 
@@ -55,7 +55,7 @@ def sp_bounds(active_tokens: int, tp: int, capacity: int | None = None) -> tuple
     ``count = max(0, min(width, T - first))``. Spec: §7.1.
     """
     active = _nonneg_int("active_tokens", active_tokens)
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+    if not is_int(tp) or tp < 1:
         raise ContractInputError("tp", None, "a positive int", repr(tp), SPEC)
     cap = active if capacity is None else _nonneg_int("capacity", capacity)
     if cap < active:
@@ -160,6 +160,6 @@ def dp_token_counts(dp_tokens: Sequence[int], *, tokens: int, dp: int) -> tuple[
     if len(counts) != dp:
         raise ContractInputError("dp_tokens", None, f"one count per DP group ({dp})", len(counts), "CH-07")
     for g, n in enumerate(counts):
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= tokens:
+        if not is_int(n) or not 0 <= n <= tokens:
             raise ContractInputError("dp_tokens", (g,), f"an int in [0, {tokens}]", repr(n), "CH-07")
     return counts

@@ -38,7 +38,7 @@ class Launcher:
 def _rope_rows(launch: Launcher):
     def materialize_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos, rope_sin):
         """The caller's side of the device ABI (§4.2: the kernel trusts it), checked before launching."""
-        from kernels.errors import ContractInputError
+        from kernels.errors import ContractInputError, is_int
 
         spec = "§4.2"
         if freqs_cos.dtype != torch.float32 or freqs_sin.dtype != torch.float32 or freqs_cos.ndim != 2 or \
@@ -59,7 +59,7 @@ def _rope_rows(launch: Launcher):
             if out.shape != (rows, freqs_cos.shape[1]) or out.dtype != torch.float32:
                 raise ContractInputError(name, None, f"FP32[{rows}, {freqs_cos.shape[1]}]",
                                          f"{out.dtype}{list(out.shape)}", spec)
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= rows:
+        if not is_int(num_tokens) or not 0 <= num_tokens <= rows:
             raise ContractInputError("num_tokens", None, f"an int in [0, {rows}]", repr(num_tokens), spec)
         capacity = freqs_cos.shape[0]
         beyond = (position_ids[:num_tokens] >= capacity).nonzero()

@@ -728,13 +728,14 @@ def _v4_decode_metadata(run, starts, ori_table, cmp_tables, state_tables, *, con
     kv_seq_lens_from_starts, ori_slot_mapping, swa_indices_and_lens, history_window_swa_indices_and_lens,
     compressed_slot_mapping + mask_uncommitted_compressed_boundaries per ratio, state_slot_mapping per ratio;
     [B, S] results flattened request-major."""
+    from kernels.errors import is_int
     from kernels.v4.decode_metadata import V4DecodeMetadata, _starts, check_tables
 
     seq, bs, window = config.decode_seq, config.block_size, config.sliding_window
     s = _starts(starts, seq, config.max_position_embeddings)  # the caller's side
     check_tables(s.numel(), ori_table, cmp_tables, state_tables)
     committed = seq if commit_tokens is None else commit_tokens
-    if isinstance(committed, bool) or not isinstance(committed, int) or not 0 <= committed <= seq:
+    if not is_int(committed) or not 0 <= committed <= seq:
         from kernels.errors import ContractInputError
         from kernels.v4.decode_metadata import SPEC
 

@@ -11,7 +11,7 @@ import torch
 
 from contracts.operators import operator
 from kernels.config import FLASH, V41Config
-from kernels.errors import ContractInputError
+from kernels.errors import ContractInputError, is_int
 
 SPEC = "§4.2"
 # Bump when the arithmetic or a rounding rule changes on purpose: goldens recorded before go stale.
@@ -39,7 +39,7 @@ def rope_frequencies(compressed: bool, config: V41Config = FLASH) -> torch.Tenso
 def precompute_rope_tables(length: int, compressed: bool, config: V41Config = FLASH
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP32 cos/sin tables [length, rope/2] for adjacent-pair rotation. Spec: §4.2."""
-    if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+    if not is_int(length) or length <= 0:
         raise ContractInputError("length", None, "a positive int", repr(length), SPEC)
     angles = torch.outer(torch.arange(length, dtype=torch.float32), rope_frequencies(compressed, config))
     # cos/sin of the FP32 angles by the C library in FP64, rounded once to FP32: torch's vectorized cos
@@ -86,7 +86,7 @@ def materialize_rope_rows(freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, posi
         if out.shape != (rows, freqs_cos.shape[1]) or out.dtype != freqs_cos.dtype:
             raise ContractInputError(name, None, f"{freqs_cos.dtype}[{rows}, {freqs_cos.shape[1]}]",
                                      f"{out.dtype}{list(out.shape)}", SPEC)
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= rows:
+    if not is_int(num_tokens) or not 0 <= num_tokens <= rows:
         raise ContractInputError("num_tokens", None, f"an int in [0, {rows}]", repr(num_tokens), SPEC)
     if num_tokens == 0:
         return

@@ -32,7 +32,7 @@ from functools import partial
 import torch
 
 from contracts.operators import operator
-from kernels.errors import ContractInputError
+from kernels.errors import ContractInputError, is_int
 
 SPEC = "§8"
 
@@ -41,7 +41,7 @@ def stage_positions(position_ids: torch.Tensor, freqs_cos: torch.Tensor, *, toke
                     num_tokens: int | None) -> tuple[int, torch.Tensor]:
     """The caller's side of a stage's positions: (real rows, positions [T] INT64, padding rows' set to 0)."""
     prefill = num_tokens is not None
-    if prefill and (isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens):
+    if prefill and (not is_int(num_tokens) or not 0 <= num_tokens <= tokens):
         raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", repr(num_tokens), SPEC)
     real = num_tokens if prefill else tokens
     pos = position_ids.reshape(-1).to(torch.int64)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from contracts.operators import operator
-from kernels.errors import ContractInputError
+from kernels.errors import ContractInputError, is_int
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-decode-metadata-1"
@@ -119,7 +119,7 @@ def v4_decode_metadata(starts: torch.Tensor, ori_table: torch.Tensor, cmp_tables
     s = _starts(starts, seq, config.max_position_embeddings)
     batch = s.numel()
     committed = seq if commit_tokens is None else commit_tokens
-    if isinstance(committed, bool) or not isinstance(committed, int) or not 0 <= committed <= seq:
+    if not is_int(committed) or not 0 <= committed <= seq:
         raise ContractInputError("commit_tokens", None, f"an int in [0, {seq}]", repr(commit_tokens), SPEC)
     check_tables(batch, ori_table, cmp_tables, state_tables)
     req = torch.arange(batch).repeat_interleave(seq)
@@ -171,7 +171,7 @@ def v4_prefill_swa_indices(position_ids: torch.Tensor, block_table: torch.Tensor
         raise ContractInputError("block_table", None, "a 1-D INT32/INT64 page table (one request)",
                                  f"{block_table.dtype}{list(block_table.shape)}", SPEC)
     tokens = position_ids.shape[0]
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens:
+    if not is_int(num_tokens) or not 0 <= num_tokens <= tokens:
         raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", repr(num_tokens), SPEC)
     pos = position_ids[:num_tokens].to(torch.int64)
     bad = (pos < 0) | (pos >= block_table.shape[0] * bs)

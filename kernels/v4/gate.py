@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from contracts.operators import operator
-from kernels.errors import ContractInputError
+from kernels.errors import ContractInputError, is_int
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-gate-2"
@@ -53,9 +53,9 @@ def _check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, in
     if gate_w.shape != (experts, d) or gate_bias.shape != (experts,):
         raise ContractInputError("gate_w/gate_bias", None, f"[{experts}, {d}] / [{experts}]",
                                  [list(gate_w.shape), list(gate_bias.shape)], SPEC)
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens:
+    if not is_int(num_tokens) or not 0 <= num_tokens <= tokens:
         raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", num_tokens, SPEC)
-    if isinstance(layer_id, bool) or not isinstance(layer_id, int) or not 0 <= layer_id <= config.num_hidden_layers:
+    if not is_int(layer_id) or not 0 <= layer_id <= config.num_hidden_layers:
         raise ContractInputError("layer_id", None, f"an int in [0, {config.num_hidden_layers}] (the MTP layer last)",
                                  layer_id, SPEC)
     if layer_id < config.num_hash_layers:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from contracts.operators import operator
-from kernels.errors import ContractInputError
+from kernels.errors import ContractInputError, is_int
 from kernels.v4.gate import v4_gate
 from kernels.v4.mtp import int8_matmul, quantize_rows_int8
 
@@ -165,7 +165,7 @@ def v4_moe_ep(gates: list[dict[str, torch.Tensor]], num_tokens: list[int], route
     tokens, d = gates[0]["x_norm_i8"].shape
     cap = ep * tokens
     for r, n in enumerate(num_tokens):
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= tokens:
+        if not is_int(n) or not 0 <= n <= tokens:
             raise ContractInputError("num_tokens", (r,), f"an int in [0, {tokens}]", n, SPEC)
     send = torch.zeros(ep, ep, n_local, dtype=torch.int32)
     lanes: list[list[list[tuple[int, int, int]]]] = [[[] for _ in range(n_local)] for _ in range(ep)]

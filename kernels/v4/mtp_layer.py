@@ -28,7 +28,7 @@ from functools import partial
 import torch
 
 from contracts.operators import operator
-from kernels.errors import ContractInputError
+from kernels.errors import ContractInputError, is_int
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-mtp-layer-1"
@@ -109,7 +109,7 @@ def check_prefill_mtp_layer(hidden: torch.Tensor, attention: dict, head: dict, n
     head's weights, num_tokens, the attention's prefill arguments and its two-profile RoPE tables."""
     _check_head(head)
     tokens = hidden.shape[0]
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens:
+    if not is_int(num_tokens) or not 0 <= num_tokens <= tokens:
         raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", repr(num_tokens), SPEC)
     missing = {"block_table", "freqs_cos", "freqs_sin", "position_ids"} - set(attention)
     if missing:

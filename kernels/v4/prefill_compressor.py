@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from contracts.operators import operator
-from kernels.errors import ContractInputError, first_true
+from kernels.errors import ContractInputError, first_true, is_int
 from kernels.v4.compressor import V4CompressorWeights, v4_compressor, v4_publish_compressed
 
 SPEC = "§8"
@@ -52,7 +52,7 @@ def _check(x, position_ids, num_tokens, state_block_table, state_pool, cmp_slot_
     tokens = x.shape[0]
     if ratio not in STATE_PAGE:
         raise ContractInputError("ratio", None, f"one of {sorted(STATE_PAGE)}", ratio, SPEC)
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens:
+    if not is_int(num_tokens) or not 0 <= num_tokens <= tokens:
         raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", num_tokens, SPEC)
     for name, t in (("position_ids", position_ids), (slot_name, cmp_slot_mapping),
                     ("state_slot_mapping", state_slot_mapping)):
@@ -95,7 +95,7 @@ def _check(x, position_ids, num_tokens, state_block_table, state_pool, cmp_slot_
 def rope_half_rows(rope_cos: torch.Tensor, rope_sin: torch.Tensor, rope_head_dim: int, d: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """The [positions, rope_head_dim/2] rows of either table layout (see the module's docstring), else refuse."""
-    if isinstance(rope_head_dim, bool) or not isinstance(rope_head_dim, int) or rope_head_dim <= 0 or \
+    if not is_int(rope_head_dim) or rope_head_dim <= 0 or \
             rope_head_dim % 2 or rope_head_dim > d:
         raise ContractInputError("rope_head_dim", None, f"an even int in [2, {d}] (qk_rope_head_dim)",
                                  repr(rope_head_dim), SPEC)

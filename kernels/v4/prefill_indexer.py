@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from contracts.operators import operator
-from kernels.errors import ContractInputError
+from kernels.errors import ContractInputError, is_int
 from kernels.v4.indexer import (
     RATIO,
     check_index_cache,
@@ -79,7 +79,7 @@ def check_prefill_indexer(qr, qr_scale, wq_b, wq_b_scale, cos, sin, hadamard, id
                                      list(table.shape), SPEC)
     if position_ids.shape != (tokens,):
         raise ContractInputError("position_ids", None, f"[{tokens}]", list(position_ids.shape), SPEC)
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens:
+    if not is_int(num_tokens) or not 0 <= num_tokens <= tokens:
         raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", num_tokens, SPEC)
     if idx_block_table.ndim != 1:
         raise ContractInputError("idx_block_table", None, "[P] (the one request's pages)",

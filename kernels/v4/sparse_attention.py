@@ -46,7 +46,7 @@ from __future__ import annotations
 import torch
 
 from contracts.operators import operator
-from kernels.errors import ContractInputError
+from kernels.errors import ContractInputError, is_int
 from kernels.reference.attention import _gather, check_inputs
 from kernels.reference.rope import rope_interleave
 from kernels.v4.mtp import int8_matmul, quantize_rows_int8
@@ -216,7 +216,7 @@ def attention_indices(path: str, q: torch.Tensor, window_indices: torch.Tensor, 
         raise ContractInputError("path", None, f"one of {PATHS}", path, SPEC)
     tokens = q.shape[0]
     if num_tokens is not None:
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= tokens:
+        if not is_int(num_tokens) or not 0 <= num_tokens <= tokens:
             raise ContractInputError("num_tokens", None, f"an int in [0, {tokens}]", num_tokens, SPEC)
         window_indices = window_indices.clone()
         window_indices[num_tokens:] = -1  # padding rows read nothing

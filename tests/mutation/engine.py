@@ -471,6 +471,25 @@ def _imports(module: str) -> set[str]:
     return out & set(MODULES)
 
 
+def _load_order(modules) -> tuple[str, ...]:
+    """Every module after the modules it imports (a stable topological order): the order shadow copies load in."""
+    order: list[str] = []
+
+    def visit(m: str, path: tuple[str, ...]) -> None:
+        if m in order or m in path:
+            return
+        for d in sorted(_imports(m)):
+            visit(d, (*path, m))
+        order.append(m)
+
+    for m in modules:
+        visit(m, ())
+    return tuple(order)
+
+
+MODULES = _load_order(MODULES)
+
+
 def dependents(module: str) -> list[str]:
     """``module`` and every operator module that imports it, directly or not, in load order."""
     need = {module}
