@@ -106,7 +106,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"--golden-cases: {exc}") from None
     config._pto_backend = backend_from_options(config)  # a bad backend is one usage error, here
     config._pto_deployment = deployment_from_options(config)
-    config._pto_tally = Tally()
+    config._pto_tally = SessionTally()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -225,7 +225,7 @@ def op(backend: Backend, name: str):
     return call
 
 
-class Tally:
+class SessionTally:
     """Per-operator outcomes of the session (on the xdist controller: from every worker's reports)."""
 
     def __init__(self):
@@ -315,7 +315,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         page = assemble_report(report_dir, f"golden replay (pytest) on {config._pto_backend.name} "
                                f"({config._pto_backend.platform}) of {config.getoption('golden_store')}")
         config._pto_report_page = page
-    tally: Tally = config._pto_tally
+    tally: SessionTally = config._pto_tally
     tally.verdict = tally.nothing_ran(config._pto_backend)
     if tally.verdict and not config.getoption("allow_unavailable") and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -324,7 +324,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         return
-    tally: Tally = config._pto_tally
+    tally: SessionTally = config._pto_tally
     b: Backend = config._pto_backend
     if tally.ops:
         tr = terminalreporter

@@ -17,7 +17,7 @@ import torch
 
 from backends import torch_backend
 from contracts.checks.attention import check_layer_output, judge_half_layer, output_leaf
-from contracts.half_layer_cases import FLASH_HEADS, KINDS, PHASES, TPS, HalfLayerCase, build
+from contracts.half_layer_inputs import FLASH_HEADS, KINDS, PHASES, TPS, HalfLayerCase, build
 from contracts.plugin import op
 from contracts.result import assert_ok
 from contracts.separation import separates

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from backends import torch_backend
-from contracts.block_cases import TP, block_inputs
+from contracts.block_inputs import TP, block_inputs
 from contracts.checks.precision import HC_MIX_TOL, HC_OUT_TOL, check_output_budget, check_ratio_allclose
-from contracts.half_layer_cases import HalfLayerCase, build
+from contracts.half_layer_inputs import HalfLayerCase, build
 from contracts.plugin import op
 from kernels.config import FLASH_TINY, LayerKind
 from kernels.errors import ContractInputError

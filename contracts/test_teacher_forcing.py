@@ -118,7 +118,7 @@ def test_an_expanded_stream_of_the_wrong_layout_fails_on_it():
 
 
 def _gathered_case():
-    from contracts.half_layer_cases import HalfLayerCase, build
+    from contracts.half_layer_inputs import HalfLayerCase, build
     from kernels.config import LayerKind
 
     case = HalfLayerCase(LayerKind.C1A_FULL, "decode", "sharded", 2)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from contracts.plugin import op
-from contracts.v4_cases import prefill_stage_inputs, stage_inputs
+from contracts.v4_inputs import prefill_stage_inputs, stage_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 

@@ -19,7 +19,7 @@ import torch
 from contracts.checks.topk import V4_DECODE_TAIL, V4_LOWEST, check_v4_index_scores, check_v4_topk
 from contracts.plugin import op
 from contracts.separation import separates
-from contracts.v4_cases import indexer_inputs
+from contracts.v4_inputs import indexer_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 

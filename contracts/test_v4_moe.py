@@ -16,7 +16,7 @@ import torch
 
 from contracts.checks.moe import check_moe_rows
 from contracts.plugin import op
-from contracts.v4_cases import int8_rows, moe_inputs, v4_expert_weights
+from contracts.v4_inputs import int8_rows, moe_inputs, v4_expert_weights
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.moe import V4ExpertWeights

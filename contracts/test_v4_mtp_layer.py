@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from contracts.plugin import op
-from contracts.v4_cases import mtp_layer_inputs, prefill_mtp_layer_inputs
+from contracts.v4_inputs import mtp_layer_inputs, prefill_mtp_layer_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 

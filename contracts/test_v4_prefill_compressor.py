@@ -19,7 +19,7 @@ import torch
 
 from contracts.checks.precision import check_owned_rows, check_ratio_allclose
 from contracts.plugin import op
-from contracts.v4_cases import PREFILL_COMPRESSOR_ROPE, prefill_compressor_inputs
+from contracts.v4_inputs import PREFILL_COMPRESSOR_ROPE, prefill_compressor_inputs
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
 

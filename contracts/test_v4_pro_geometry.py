@@ -22,7 +22,7 @@ from contracts.test_v4_indexer import _independent as independent_indexer
 from contracts.test_v4_indexer import _visible
 from contracts.test_v4_sparse_attention import _independent as independent_attention
 from contracts.test_v4_sparse_attention import independent_projection
-from contracts.v4_cases import attention_inputs, compressed_topk, indexer_inputs
+from contracts.v4_inputs import attention_inputs, compressed_topk, indexer_inputs
 from kernels.config import V4_PRO
 
 PRO = V4_PRO.kernel_preset()
@@ -93,7 +93,7 @@ def test_a_routed_expert_at_pro_geometry(backend):
     within upstream's MoE row bound of the tiny-twin contract's FP64 evaluation. Spec: §8."""
     from contracts.checks.moe import check_moe_rows
     from contracts.test_v4_moe import _independent as independent_expert
-    from contracts.v4_cases import int8_rows, v4_expert_weights
+    from contracts.v4_inputs import int8_rows, v4_expert_weights
 
     g = torch.Generator().manual_seed(13)
     ew = v4_expert_weights(PRO, g, scale=0.002)

@@ -19,9 +19,9 @@ from backends import torch_backend
 from contracts.checks.precision import check_ratio_allclose
 from contracts.plugin import op
 from contracts.separation import separates
-from contracts.v4_cases import attention_inputs as _inputs
-from contracts.v4_cases import compressed_topk as _compressed
-from contracts.v4_cases import prefill_attention_inputs
+from contracts.v4_inputs import attention_inputs as _inputs
+from contracts.v4_inputs import compressed_topk as _compressed
+from contracts.v4_inputs import prefill_attention_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 

@@ -161,7 +161,7 @@ def test_each_comparator_refuses_a_wrong_layout_by_name(check):
 
 @pytest.fixture(scope="module")
 def c2a():
-    from contracts.half_layer_cases import HalfLayerCase, build
+    from contracts.half_layer_inputs import HalfLayerCase, build
     from kernels.config import LayerKind
     from kernels.reference.attention_layer import with_reference_scores
 
@@ -207,7 +207,7 @@ def test_each_structural_clause_of_the_half_layer_judge_fails_alone(c2a, what):
 def _replicated_prefill(kind):
     """(case, inputs, the reference outputs, a judge of an actual output dict) for a replicated TP2 prefill call."""
     from contracts.checks.attention import judge_half_layer
-    from contracts.half_layer_cases import HalfLayerCase, build
+    from contracts.half_layer_inputs import HalfLayerCase, build
     from kernels.config import LayerKind
     from kernels.reference.attention_layer import attention_half_layer
 

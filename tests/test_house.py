@@ -139,7 +139,7 @@ def test_the_walk_finds_a_circle_and_a_test_import_it_is_shown():
     graph = {"a.x": {"a.y": 1}, "a.y": {"a.x": 2, "a.test_z": 3}, "a.test_z": {}}
     assert circles(graph) == [["a.x", "a.y"]]
     assert circles({"a.x": {"a.y": 1}, "a.y": {}}) == []
-    assert _is_test("contracts.test_v4_moe") and not _is_test("contracts.v4_cases")
+    assert _is_test("contracts.test_v4_moe") and not _is_test("contracts.v4_inputs")
 
 
 def test_pytest_reaches_the_store_through_one_door():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from contracts.half_layer_cases import HalfLayerCase, build
+from contracts.half_layer_inputs import HalfLayerCase, build
 from goldens.cases import Case, Tensors
 from kernels.config import FLASH_TINY, LayerKind
 from kernels.reference import indexer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from contracts.block_cases import TP, block_inputs
+from contracts.block_inputs import TP, block_inputs
 from goldens.cases import Case, Tensors
 from goldens.cases.attention import HALF_LAYER_MODULES
 from kernels.config import FLASH_TINY, LayerKind

@@ -166,7 +166,7 @@ def _indexer_build(seed: int, wiring: str) -> Tensors:
     """The CSA decode indexer at Pro geometry (64 index heads of 128, top-k 1024 of a 4096-wide score row, as
     indexer_test is compiled: 4 requests x 2 tokens, 64 index pages of 128): requests at 8000, 4099, 16000 and
     511 see 2000, 1025, 4000 and 128 index keys, so three pick 1024 of more."""
-    from contracts.v4_cases import indexer_inputs
+    from contracts.v4_inputs import indexer_inputs
 
     i = indexer_inputs(PRO, seed, starts=(8000, 4099, 16000, 511))
     # into the entry's pool of 64 index pages: each request's visible pages, shuffled; the rest of the table -1
@@ -206,7 +206,7 @@ def _norm_call(get, i: Tensors) -> Tensors:
 def _prefill_indexer_build(seed: int, wiring: str) -> Tensors:
     """CSA's indexer on one request's prefill chunk at Pro geometry (the 128 rows prefill_indexer_test takes, all
     real): positions 960 .. 1087, visible 240 .. 256 (capped at two index pages from position 1023)."""
-    from contracts.v4_cases import prefill_indexer_inputs
+    from contracts.v4_inputs import prefill_indexer_inputs
 
     inputs = prefill_indexer_inputs(PRO, seed, start=960)
     return {**inputs, "num_tokens": torch.tensor(inputs["qr"].shape[0], dtype=torch.int32)}

@@ -63,9 +63,9 @@ def _v4_attention_call(get, inputs: Tensors, path: str, config=None) -> Tensors:
 
 
 def _v4_prefill_attention_build(seed: int, wiring: str) -> Tensors:
-    """One request's prefill chunk (contracts.v4_cases.prefill_attention_inputs): 128 rows at positions
+    """One request's prefill chunk (contracts.v4_inputs.prefill_attention_inputs): 128 rows at positions
     100..227, 100 real (num_tokens), the padding rows pointing at real cache rows."""
-    from contracts.v4_cases import prefill_attention_inputs
+    from contracts.v4_inputs import prefill_attention_inputs
 
     inputs = prefill_attention_inputs(_v4_config(), seed)
     inputs["window_indices"][100:] = inputs["window_indices"][0]
@@ -80,7 +80,7 @@ def _v4_prefill_path_build(path: str):
     is its own physical page; SWA (the MTP layer): the window only."""
 
     def build(seed: int, wiring: str) -> Tensors:
-        from contracts.v4_cases import prefill_attention_inputs
+        from contracts.v4_inputs import prefill_attention_inputs
 
         inputs = prefill_attention_inputs(_v4_config(), seed, start=200)
         inputs["window_indices"][100:] = inputs["window_indices"][0]

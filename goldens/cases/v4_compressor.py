@@ -42,11 +42,11 @@ def _v4_compressor_call(get, inputs: Tensors, ratio: int, overlap: bool) -> Tens
 
 def _v4_prefill_compressor_build(ratio: int, start: int):
     def build(seed: int, wiring: str) -> Tensors:
-        """One request's prefill chunk for a V4 compressor (contracts.v4_cases.prefill_compressor_inputs): 16
+        """One request's prefill chunk for a V4 compressor (contracts.v4_inputs.prefill_compressor_inputs): 16
         rows from ``start`` (the first windows reading the earlier chunk's state), reversed state and compressed
         tables, pools of constant bytes around the owned rows; the last 2 rows padding that carry the mappings
         they would have as real rows, and the first closing row not persisted (state_slot_mapping -1)."""
-        from contracts.v4_cases import prefill_compressor_inputs
+        from contracts.v4_inputs import prefill_compressor_inputs
 
         inputs = prefill_compressor_inputs(ratio, seed, start=start, rows=16, num_tokens=14)
         real = prefill_compressor_inputs(ratio, seed, start=start, rows=16)

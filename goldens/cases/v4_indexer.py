@@ -12,9 +12,9 @@ from kernels.v4 import prefill_indexer as v4pix
 
 
 def _v4_prefill_indexer_build(seed: int, wiring: str) -> Tensors:
-    """CSA's indexer on one request's prefill chunk (contracts.v4_cases.prefill_indexer_inputs): 128 rows at
+    """CSA's indexer on one request's prefill chunk (contracts.v4_inputs.prefill_indexer_inputs): 128 rows at
     positions 960 .. 1087 (visible 240 .. 256, capped from position 1023), the last 28 rows padding."""
-    from contracts.v4_cases import prefill_indexer_inputs
+    from contracts.v4_inputs import prefill_indexer_inputs
 
     inputs = prefill_indexer_inputs(_v4_config(), seed, start=960)
     return {**inputs, "num_tokens": torch.tensor(100, dtype=torch.int32)}
@@ -26,8 +26,8 @@ def _v4_prefill_indexer_call(get, inputs: Tensors) -> Tensors:
 
 def _v4_indexer_build(seed: int, wiring: str) -> Tensors:
     """V4-Pro (tiny, kernel preset) decode indexer at upstream's start regimes with a shuffled INT8 index cache
-    (contracts.v4_cases.indexer_inputs)."""
-    from contracts.v4_cases import indexer_inputs
+    (contracts.v4_inputs.indexer_inputs)."""
+    from contracts.v4_inputs import indexer_inputs
 
     return indexer_inputs(_v4_config(), seed)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from contracts.v4_cases import mtp_layer_inputs, prefill_mtp_layer_inputs
+from contracts.v4_inputs import mtp_layer_inputs, prefill_mtp_layer_inputs
 from goldens.cases import Case, Tensors
 from goldens.cases import v4_config as _v4_config
 from kernels.v4 import mtp_layer as v4ml
@@ -14,14 +14,14 @@ _MTP_GROUPS = ("projection", "attention", "moe", "head")
 
 
 def _v4_mtp_layer_build(seed: int, wiring: str) -> Tensors:
-    """The MTP layer of V4-Pro (tiny, kernel preset) at decode (contracts.v4_cases.mtp_layer_inputs), flattened:
+    """The MTP layer of V4-Pro (tiny, kernel preset) at decode (contracts.v4_inputs.mtp_layer_inputs), flattened:
     each group's tensors as ``<group>.<name>``, the routed experts stacked as ``moe.routed.<w>`` [E, ...]."""
     return _mtp_flat(mtp_layer_inputs(_v4_config(), seed))
 
 
 def _v4_prefill_mtp_layer_build(seed: int, wiring: str) -> Tensors:
     """The MTP layer of V4-Pro (tiny, kernel preset) on one request's prefill chunk
-    (contracts.v4_cases.prefill_mtp_layer_inputs): 128 rows at positions 200 .. 327, 100 real, the window's
+    (contracts.v4_inputs.prefill_mtp_layer_inputs): 128 rows at positions 200 .. 327, 100 real, the window's
     first page unmapped. The padding rows' slots are -1, as upstream's fixture ABI requires of inactive
     entries (the contracts give them a real row's slot to show the kernel ignores it). Flattened as the
     decode tree, with the window cache at the top as ``kv_cache`` (the in-out pool its comparator reads) and

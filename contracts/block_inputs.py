@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from contracts.half_layer_cases import HalfLayerCase, build
+from contracts.half_layer_inputs import HalfLayerCase, build
 from kernels.config import FLASH_TINY, LayerKind
 from kernels.reference.block import MhcWeights
 from kernels.reference.moe import ExpertWeights
