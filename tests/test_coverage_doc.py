@@ -8,7 +8,7 @@ Row format: ``| ID | Where | Status | Subject | Evidence |``
   on a device output: a device row is ``covered`` only when it cites a judged device run), ``partial`` (Evidence
   says ``missing: ...``), ``planned`` (Evidence names an open capability ``#N``) or ``n/a`` (Evidence gives the
   reason).
-- Subject: what the rule is about, comma-separated: operator names of ``backends.OPERATORS``
+- Subject: what the rule is about, comma-separated: operator names of ``contracts.operators.OPERATORS``
   or dotted Python names (``contracts.checks.precision.check_ratio_allclose``).
 - Evidence: the tests, as ``path::test_name`` (plus notes).
 
@@ -188,3 +188,29 @@ def test_header_totals_are_computed():
     line4 = next((line for line in DOC.read_text().splitlines() if line.startswith("V4 totals (computed")), None)
     assert line4 == want4, f"docs/coverage.md V4 header is\n  {line4}\nbut the rows give\n  {want4}"
 
+
+
+CATEGORY = {"SC": "schedule / config", "MD": "metadata", "CQ": "cache layout / quantization",
+            "CS": "compressor state", "RR": "RoPE rows", "IX": "indexer / Top-K", "AP": "attention precision",
+            "SP": "SP / wiring", "HC": "mHC", "MO": "MoE", "RP": "replay / save", "CH": "CLI / harness", "V4": "V4"}
+
+
+def outline() -> list[str]:
+    """The table at the top of the file: per category, its rows by status, with a link to its section."""
+    out = ["| Category | Rows | covered | ready | partial | planned | n/a |", "|---|---|---|---|---|---|---|"]
+    every = rows() + rows(V4_ID)
+    for prefix, title in CATEGORY.items():
+        rs = [r for r in every if r["id"].startswith(prefix + "-")]
+        t = totals(rs)
+        out.append(f"| {prefix} {title} | {len(rs)} | " + " | ".join(str(t[s]) for s in STATUSES) + " |")
+    return out
+
+
+def test_the_outline_is_computed():
+    text = DOC.read_text().splitlines()
+    want = outline()
+    start = next((i for i, line in enumerate(text) if line == want[0]), None)
+    assert start is not None, "docs/coverage.md has no outline table (tests.test_coverage_doc.outline())"
+    got = text[start:start + len(want)]
+    assert got == want, "docs/coverage.md outline is\n  " + "\n  ".join(got) + "\nbut the rows give\n  " + \
+        "\n  ".join(want)
