@@ -37,16 +37,18 @@ def torch_backend() -> Backend:
 
 @cache
 def emulated_backend() -> Backend:
-    """The Torch references with the device-arithmetic twins in place of the operators that have one
-    (``backends.emulated``): today ``sparse_attention`` (C1A tiles, BF16 PV, FP32 patch), which every attention
-    half-layer composed on this backend then uses, and ``v4_sparse_attention`` (V4's 128-key FP32 tiles, BF16 PV),
-    which ``v4_attention`` composed on this backend uses."""
+    """The Torch references with the device-arithmetic twins of ``backends.emulated`` in place of the operators
+    that have one: ``sparse_attention`` (C1A tiles, BF16 PV, FP32 patch), which every attention half-layer
+    composed on this backend then uses; ``v4_sparse_attention`` (V4's 128-key FP32 tiles, BF16 PV), which
+    ``v4_attention`` composed on this backend uses; and ``final_norm`` (the sum of squares in 128-column tiles, the
+    mean as a multiply by 1 / D), which the V4 attention stage and the MTP layer composed on this backend use."""
     from backends.emulated.attention import tiled_sparse_attention
+    from backends.emulated.rms_norm import tiled_final_norm
     from backends.emulated.v4_attention import tiled_v4_sparse_attention
 
     return torch_backend().derive("emulated", description="device-arithmetic twins (CPU)",
                                   sparse_attention=tiled_sparse_attention,
-                                  v4_sparse_attention=tiled_v4_sparse_attention)
+                                  v4_sparse_attention=tiled_v4_sparse_attention, final_norm=tiled_final_norm)
 
 
 def pypto_backend(platform: str | None = None, device: str | None = None, pypto_lib: str | None = None) -> Backend:

@@ -20,7 +20,7 @@ def test_the_emulated_backend_replaces_sparse_attention():
     causal encoder composed on the emulated backend run on it (a composition is bound to its backend's operators), so their contracts run here
     too."""
     assert TWINNED == ["attention_half_layer", "causal_encoder", "csa_compressors", "decode_block",
-                       "decode_block_sharded", "dp_attention", "sparse_attention", "v4_attention",
+                       "decode_block_sharded", "dp_attention", "final_norm", "sparse_attention", "v4_attention",
                        "v4_attention_stage", "v4_moe", "v4_moe_ep", "v4_moe_stage", "v4_mtp_layer", "v4_prefill_compressor",
                        "v4_prefill_index_keys", "v4_prefill_mtp_layer", "v4_sparse_attention"], TWINNED
     assert CONTRACTS, "no contract calls the twinned operators"
@@ -48,3 +48,28 @@ def test_the_sample_store_replays_on_the_twin():
             assert not bad, (name, wiring, bad)
             judged += len(results)
     assert judged >= 24 * 4, f"only {judged} outputs judged"
+
+
+def test_the_rms_norm_twin_is_a_second_implementation():
+    """The RMSNorm twin (128-column tiles summed in order, the mean as a multiply by 1 / D) gives other bytes than
+    the reference at V4-Pro's width -- one BF16 step where the FP32 value sits on a rounding midpoint -- so the
+    contracts that pass it above accept the device's accumulation order rather than the reference's bytes; and it
+    refuses exactly what the reference refuses."""
+    import torch
+
+    from backends.emulated.rms_norm import tiled_final_norm
+    from kernels.config import V4_PRO
+    from kernels.errors import ContractInputError
+    from kernels.reference.lm_head import final_norm
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(64, V4_PRO.hidden_size, generator=g).to(torch.bfloat16)
+    weight = (torch.rand(V4_PRO.hidden_size, generator=g) + 0.5).to(torch.bfloat16)
+    twin, ref = tiled_final_norm(hidden, weight, config=V4_PRO), final_norm(hidden, weight, config=V4_PRO)
+    moved = twin.view(torch.int16) != ref.view(torch.int16)
+    assert 0 < int(moved.sum()) < 64, int(moved.sum())
+    steps = (twin.view(torch.int16).int() - ref.view(torch.int16).int())[moved].abs()
+    assert bool((steps == 1).all()), steps
+    for bad in ((hidden, weight[:-1]), (hidden[0], weight)):
+        with pytest.raises(ContractInputError, match="final_norm"):
+            tiled_final_norm(*bad, config=V4_PRO)

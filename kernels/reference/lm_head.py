@@ -64,10 +64,15 @@ def embed_pack(ids: torch.Tensor, embedding: torch.Tensor, *, config: V41Config 
 @operator(returns='[T, D] BF16: FP32 RMSNorm times the weight, one BF16 rounding', spec='§1')
 def final_norm(hidden: torch.Tensor, weight: torch.Tensor, *, config: V41Config = FLASH) -> torch.Tensor:
     """hidden [T, D], weight [D] -> [T, D] BF16: FP32 RMSNorm times the weight, one BF16 rounding. Spec: AP-19."""
+    check_final_norm(hidden, weight)
+    return rms_norm(hidden.float(), weight, config.rms_norm_eps).to(torch.bfloat16)
+
+
+def check_final_norm(hidden: torch.Tensor, weight: torch.Tensor) -> None:
+    """``final_norm``'s input validation alone (a second implementation refuses exactly what it refuses)."""
     if hidden.ndim != 2 or weight.shape != hidden.shape[1:]:
         raise ContractInputError("final_norm", None, "hidden [T, D] and weight [D]",
                                  [list(hidden.shape), list(weight.shape)], "AP-19")
-    return rms_norm(hidden.float(), weight, config.rms_norm_eps).to(torch.bfloat16)
 
 
 @operator(returns='list of tp FP32 logit shards [T, vocab/tp] in rank order', spec='§1')
