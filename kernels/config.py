@@ -598,8 +598,14 @@ def _cut(text: str, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-V41Config.__repr__ = _compact_repr
-V4Config.__repr__ = _compact_repr
+def _pretty(config, printer, cycle) -> None:
+    """The same one line for pretty printers (hypothesis' "Failing test case" uses this protocol)."""
+    printer.text(_compact_repr(config))
+
+
+for _cls in (V41Config, V4Config):
+    _cls.__repr__ = _compact_repr
+    _cls._repr_pretty_ = _pretty
 
 
 def preset(name: str) -> V41Config | V4Config:
