@@ -153,13 +153,19 @@ def _compressor_csa_build(seed: int, wiring: str) -> Tensors:
 def _attention_case(path: str) -> Case:
     from goldens.cases.v4_attention import _v4_attention_build, _v4_attention_call
 
-    return _case(f"v4_attention_{path.lower()}_pro", "v4_attention", f"V4 decode attention, {path} path, at Pro "
-                 "geometry (128 heads of 512, a window of 128, the grouped output projection to 7168; pools of 128 "
-                 "window pages and 32 compressed pages, as sparse_attn_test is compiled): the tiny case's regimes "
-                 "(an unmapped window page, shuffled compressed pages)", ("kernels.v4.sparse_attention",),
-                 _v4_attention_build(path, PRO, ori_pages=PRO.ori_pool, cmp_pages=PRO.cmp_pool),
-                 lambda get, i: _v4_attention_call(get, i, path, PRO), {"attn_out": "attn_out_v4"},
-                 {"path": path, "preset": PRO.name})  # attn_out_v4 with the BF16-head / INT8-latent slack
+    return _case(
+               name=f"v4_attention_{path.lower()}_pro",
+               operator="v4_attention",
+               description=f"V4 decode attention, {path} path, at Pro "
+                           "geometry (128 heads of 512, a window of 128, the grouped output projection to 7168; pools of 128 "
+                           "window pages and 32 compressed pages, as sparse_attn_test is compiled): the tiny case's regimes "
+                           "(an unmapped window page, shuffled compressed pages)",
+               modules=("kernels.v4.sparse_attention",),
+               build_inputs=_v4_attention_build(path, PRO, ori_pages=PRO.ori_pool, cmp_pages=PRO.cmp_pool),
+               call=lambda get, i: _v4_attention_call(get, i, path, PRO),
+               comparators={"attn_out": "attn_out_v4"},
+               params={"path": path, "preset": PRO.name},
+           )  # attn_out_v4 with the BF16-head / INT8-latent slack
 
 
 def _indexer_build(seed: int, wiring: str) -> Tensors:
@@ -224,43 +230,114 @@ def build() -> list[Case]:
     # x_norm_scale: a 7168-term FP32 sum of squares in the kernel's order moves it past 4 ulps (rms_scale)
     gate_out = {"x_norm_i8": "exact", "x_norm_scale": "rms_scale", "indices": "exact", "weights": "fp32_ulps"}
     return [_pro(c) for c in (
-        _case("v4_gate_hash_pro", "v4_gate", "V4 router at Pro geometry (D 7168, 384 experts, the full 129280-id "
-              "tid2eid) on a hash layer: 6 real rows and 2 padding rows of the 8 the entry takes, a zero row, a 1000x "
-              "row", ("kernels.v4.gate",), _gate_build(0), _gate_call, gate_out),
-        _case("v4_gate_scored_pro", "v4_gate", "V4 router at Pro geometry on a scored layer (the last): biased top-k, "
-              "unbiased weights, 6 real rows and 2 padding rows, a zero row, a 1000x row",
-              ("kernels.v4.gate",), _gate_build(PRO.num_hidden_layers - 1), _gate_call, gate_out),
-        _case("v4_expert_shared_pro", "v4_expert", "V4 shared expert at Pro geometry (D 7168, inter 3072, the 8 "
-              "rows expert_shared_test takes), a row of zero codes", ("kernels.v4.moe",), _expert_build,
-              _expert_call, {"y": "exact"}),
-        _case("mtp_projection_pro", "mtp_projection", "MTP projection at Pro geometry (D 7168, 8 rows): both RMSNorms, "
-              "smoothed INT8 projections [7168, 7168], summed into the FP32 streams", ("kernels.v4.mtp",), _mtp_build,
-              _mtp_call, {"out": "mtp_out"}, {"preset": "v4-pro"}),
-        _case("v4_qkv_proj_rope_pro", "v4_qkv_proj_rope", "V4 Q/KV projection with RoPE at Pro geometry (D 7168, "
-              "128 heads of 512, q LoRA 1536, 8 rows)", ("kernels.v4.qkv_proj",), partial(_qkv_build, config=PRO), _qkv_call,
-              {"q": "q_bf16", "kv": "exact", "qr": "exact", "qr_scale": "fp32_ulps"}, {"preset": "v4-pro"}),
-        _case("v4_compressor_hca_pro", "v4_compressor", "V4 HCA compressor (ratio 128) at Pro geometry: two requests "
-              "whose windows close (127, 255), one decode step per token", ("kernels.v4.compressor",),
-              _compressor_hca_build, _compressor_call(128, False),
-              {"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"}),
-        _case("v4_compressor_csa_pro", "v4_compressor", "V4 CSA compressor (ratio 4, overlapping windows) at Pro "
-              "geometry: one decode step of 4 requests x 2 tokens, three windows closing (one before position 0, "
-              "one opening the next, one at the block table's last page)", ("kernels.v4.compressor",),
-              _compressor_csa_build, _compressor_call(4, True),
-              {"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"}),
+        _case(
+            name="v4_gate_hash_pro",
+            operator="v4_gate",
+            description="V4 router at Pro geometry (D 7168, 384 experts, the full 129280-id "
+                        "tid2eid) on a hash layer: 6 real rows and 2 padding rows of the 8 the entry takes, a zero row, a 1000x "
+                        "row",
+            modules=("kernels.v4.gate",),
+            build_inputs=_gate_build(0),
+            call=_gate_call,
+            comparators=gate_out,
+        ),
+        _case(
+            name="v4_gate_scored_pro",
+            operator="v4_gate",
+            description="V4 router at Pro geometry on a scored layer (the last): biased top-k, "
+                        "unbiased weights, 6 real rows and 2 padding rows, a zero row, a 1000x row",
+            modules=("kernels.v4.gate",),
+            build_inputs=_gate_build(PRO.num_hidden_layers - 1),
+            call=_gate_call,
+            comparators=gate_out,
+        ),
+        _case(
+            name="v4_expert_shared_pro",
+            operator="v4_expert",
+            description="V4 shared expert at Pro geometry (D 7168, inter 3072, the 8 "
+                        "rows expert_shared_test takes), a row of zero codes",
+            modules=("kernels.v4.moe",),
+            build_inputs=_expert_build,
+            call=_expert_call,
+            comparators={"y": "exact"},
+        ),
+        _case(
+            name="mtp_projection_pro",
+            operator="mtp_projection",
+            description="MTP projection at Pro geometry (D 7168, 8 rows): both RMSNorms, "
+                        "smoothed INT8 projections [7168, 7168], summed into the FP32 streams",
+            modules=("kernels.v4.mtp",),
+            build_inputs=_mtp_build,
+            call=_mtp_call,
+            comparators={"out": "mtp_out"},
+            params={"preset": "v4-pro"},
+        ),
+        _case(
+            name="v4_qkv_proj_rope_pro",
+            operator="v4_qkv_proj_rope",
+            description="V4 Q/KV projection with RoPE at Pro geometry (D 7168, "
+                        "128 heads of 512, q LoRA 1536, 8 rows)",
+            modules=("kernels.v4.qkv_proj",),
+            build_inputs=partial(_qkv_build, config=PRO),
+            call=_qkv_call,
+            comparators={"q": "q_bf16", "kv": "exact", "qr": "exact", "qr_scale": "fp32_ulps"},
+            params={"preset": "v4-pro"},
+        ),
+        _case(
+            name="v4_compressor_hca_pro",
+            operator="v4_compressor",
+            description="V4 HCA compressor (ratio 128) at Pro geometry: two requests "
+                        "whose windows close (127, 255), one decode step per token",
+            modules=("kernels.v4.compressor",),
+            build_inputs=_compressor_hca_build,
+            call=_compressor_call(128, False),
+            comparators={"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"},
+        ),
+        _case(
+            name="v4_compressor_csa_pro",
+            operator="v4_compressor",
+            description="V4 CSA compressor (ratio 4, overlapping windows) at Pro "
+                        "geometry: one decode step of 4 requests x 2 tokens, three windows closing (one before position 0, "
+                        "one opening the next, one at the block table's last page)",
+            modules=("kernels.v4.compressor",),
+            build_inputs=_compressor_csa_build,
+            call=_compressor_call(4, True),
+            comparators={"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"},
+        ),
         *(_attention_case(path) for path in ("SWA", "HCA", "CSA")),
-        _case("final_norm_pro", "final_norm", "RMSNorm at Pro width (D 7168, 8 rows: a zero row, a 1000x row), "
-              "FP32 times the BF16 weight, one BF16 rounding", ("kernels.reference.lm_head",), _norm_build,
-              _norm_call, {"x_normed": "norm_bf16"}, {"preset": PRO.name}),
-        _case("v4_prefill_indexer_pro", "v4_prefill_indexer", "V4 CSA indexer on a prefill chunk at Pro geometry "
-              "(128 rows at 960 .. 1087, all real; visible 240 .. 256; 64 index heads of 128)",
-              ("kernels.v4.prefill_indexer", "kernels.v4.indexer"), _prefill_indexer_build, _prefill_indexer_call,
-              {"score": "v4_prefill_index_score", "topk_idxs": "v4_prefill_index_topk"}, {"topk": PRO.index_topk}),
-        _case("v4_indexer_pro", "v4_indexer", "V4 CSA decode indexer at Pro geometry (64 index heads of 128, top-k "
-              "1024 of 4096): 4 requests x 2 tokens seeing 2000, 1025, 4000 and 128 index keys, shuffled pages",
-              ("kernels.v4.indexer",), _indexer_build, _indexer_call,
-              {"score": "v4_index_score", "topk_idxs": "v4_index_topk"},
-              {"topk": PRO.index_topk, "offset": PRO.sliding_window, "seq": PRO.decode_seq}),
+        _case(
+            name="final_norm_pro",
+            operator="final_norm",
+            description="RMSNorm at Pro width (D 7168, 8 rows: a zero row, a 1000x row), "
+                        "FP32 times the BF16 weight, one BF16 rounding",
+            modules=("kernels.reference.lm_head",),
+            build_inputs=_norm_build,
+            call=_norm_call,
+            comparators={"x_normed": "norm_bf16"},
+            params={"preset": PRO.name},
+        ),
+        _case(
+            name="v4_prefill_indexer_pro",
+            operator="v4_prefill_indexer",
+            description="V4 CSA indexer on a prefill chunk at Pro geometry "
+                        "(128 rows at 960 .. 1087, all real; visible 240 .. 256; 64 index heads of 128)",
+            modules=("kernels.v4.prefill_indexer", "kernels.v4.indexer"),
+            build_inputs=_prefill_indexer_build,
+            call=_prefill_indexer_call,
+            comparators={"score": "v4_prefill_index_score", "topk_idxs": "v4_prefill_index_topk"},
+            params={"topk": PRO.index_topk},
+        ),
+        _case(
+            name="v4_indexer_pro",
+            operator="v4_indexer",
+            description="V4 CSA decode indexer at Pro geometry (64 index heads of 128, top-k "
+                        "1024 of 4096): 4 requests x 2 tokens seeing 2000, 1025, 4000 and 128 index keys, shuffled pages",
+            modules=("kernels.v4.indexer",),
+            build_inputs=_indexer_build,
+            call=_indexer_call,
+            comparators={"score": "v4_index_score", "topk_idxs": "v4_index_topk"},
+            params={"topk": PRO.index_topk, "offset": PRO.sliding_window, "seq": PRO.decode_seq},
+        ),
     )]
 
 

@@ -258,13 +258,13 @@ def _moe_stage_call(get, i: Tensors) -> Tensors:
 
 # --- the cases -------------------------------------------------------------------------------------------------
 
-def _case(name: str, operator: str, description: str, modules: tuple[str, ...], build, call, comparators: dict,
-          params: dict | None = None) -> Case:
+def _case(*, name: str, operator: str, description: str, modules: tuple[str, ...], build_inputs, call,
+          comparators: dict, params: dict | None = None) -> Case:
     from backends import reference_operators
 
     fn = reference_operators()[operator]  # the reference: its code is what the tree's fingerprint walks
     return Case(name=name, operator=operator, description=description, wirings=("replicated",), modules=modules,
-                build_inputs=build, reference=lambda i, w: call(lambda _name: fn, i),
+                build_inputs=build_inputs, reference=lambda i, w: call(lambda _name: fn, i),
                 run=lambda b, i, w: call(b.get, i), comparators=lambda w: dict(comparators),
                 params=dict(params or {}), preset="v4-pro-tiny")
 
@@ -274,40 +274,127 @@ def _build() -> list[Case]:
     # order (the router's RMS and weight normalisation, the QR RMS over chunks, the mHC expansion, the projections)
     gate_out = {"x_norm_i8": "exact", "x_norm_scale": "fp32_ulps", "indices": "exact", "weights": "fp32_ulps"}
     return [
-        _case("v4_gate_hash", "v4_gate", "V4 router on a hash layer (layer 0): ids from tid2eid by token id, 6 real "
-              "rows and 10 padding rows inside the 16-row tile, a zero row, a 1000x row and row 0's logit for expert 3 near 128 (routed there on both layers)",
-              ("kernels.v4.gate",), _gate_build(0), _gate_call, gate_out),
-        _case("v4_gate_scored", "v4_gate", "V4 router on a scored layer: biased top-k, unbiased weights, 6 real rows "
-              "and 10 padding rows inside the 16-row tile, a zero row, a 1000x row and row 0's logit for expert 3 near 128 (routed there on both layers)",
-              ("kernels.v4.gate",), _gate_build(PRO.num_hidden_layers - 1), _gate_call, gate_out),
-        _case("v4_expert_routed", "v4_expert", "V4 routed expert: W8A8 SwiGLU with the routing weight on the row "
-              "factor, a row of zero codes", ("kernels.v4.moe",), _expert_build(True), _expert_call, {"y": "exact"}),
-        _case("v4_expert_shared", "v4_expert", "V4 shared expert (no routing weight), a row of zero codes",
-              ("kernels.v4.moe",), _expert_build(False), _expert_call, {"y": "exact"}),
-        _case("v4_qkv_proj_rope", "v4_qkv_proj_rope", "V4 Q/KV LoRA projection with RoPE: INT8 qr codes and their "
-              "scale, per-head RMS of q, KV RMSNorm then rotation", ("kernels.v4.qkv_proj",), _qkv_build, _qkv_call,
-              {"q": "exact", "kv": "exact", "qr": "exact", "qr_scale": "fp32_ulps"}),
-        _case("mtp_projection", "mtp_projection", "MTP projection: the embedding and previous-stream RMSNorms, "
-              "smoothed INT8 projections, summed into the FP32 streams", ("kernels.v4.mtp",), _mtp_build, _mtp_call,
-              {"out": "fp32_ulps"}),
-        _case("v4_hc_post", "hc_post", "mHC expansion after a sublayer, FP32 streams end to end (rule fp32)",
-              ("kernels.reference.mhc",), _hc_post_build, _hc_post_call, {"x_out": "fp32_ulps"}),
-        _case("v4_attention_stage_swa", "v4_attention_stage", "V4 SWA decode attention stage: hc_pre, RMSNorm, "
-              "Q/KV, the window-cache write read back by the attention, SWA attention with the grouped output "
-              "projection, hc_post", ("kernels.v4.attention_stage",), _stage_build, _stage_call,
-              {"x_out": "fp32_ulps", "kv_cache": "exact", "qr": "exact", "qr_scale": "qr_scale"}),
-        _case("v4_hc_post_pro", "hc_post", "mHC expansion at V4-Pro's width (D 7168, 4 rows): the geometry "
-              "upstream's hc_post_test kernel is compiled for, so the a5 simulator runs it", ("kernels.reference.mhc",),
-              _hc_post_pro_build, _hc_post_call, {"x_out": "fp32_ulps"}),
-        _case("v4_moe_stage", "v4_moe_stage", "V4 MoE stage at decode on the MTP layer: hc_pre, the router, routed "
-              "and shared experts, the combine, hc_post; 2 padding rows that route nowhere and carry their residual "
-              "mix", ("kernels.v4.moe", "kernels.v4.gate", "kernels.reference.mhc"), _moe_stage_build,
-              _moe_stage_call, {"x_out": "fp32_ulps", "ffn_out": "exact", "indices": "exact"}),
-        _case("v4_embed_pack", "v4_embed_pack", "V4 input pack: upstream's fixture ids, clamped into a 32-row "
-              "vocabulary (-1 and 0 read row 0; 31, 32 and 39 the last row), each row widened to FP32 in every "
-              "stream", ("kernels.v4.input_pack",), _embed_build, _embed_call, {"x_hc": "exact"}),
-        _case("v4_lm_head", "lm_head", f"LM head on TP{LM_TP}: the full FP32 logits of two vocabulary shards",
-              ("kernels.reference.lm_head",), _lm_build, _lm_call, {"logits": "fp32_ulps"}, {"tp": LM_TP}),
+        _case(
+            name="v4_gate_hash",
+            operator="v4_gate",
+            description="V4 router on a hash layer (layer 0): ids from tid2eid by token id, 6 real "
+                        "rows and 10 padding rows inside the 16-row tile, a zero row, a 1000x row and row 0's logit for expert 3 near 128 (routed there on both layers)",
+            modules=("kernels.v4.gate",),
+            build_inputs=_gate_build(0),
+            call=_gate_call,
+            comparators=gate_out,
+        ),
+        _case(
+            name="v4_gate_scored",
+            operator="v4_gate",
+            description="V4 router on a scored layer: biased top-k, unbiased weights, 6 real rows "
+                        "and 10 padding rows inside the 16-row tile, a zero row, a 1000x row and row 0's logit for expert 3 near 128 (routed there on both layers)",
+            modules=("kernels.v4.gate",),
+            build_inputs=_gate_build(PRO.num_hidden_layers - 1),
+            call=_gate_call,
+            comparators=gate_out,
+        ),
+        _case(
+            name="v4_expert_routed",
+            operator="v4_expert",
+            description="V4 routed expert: W8A8 SwiGLU with the routing weight on the row "
+                        "factor, a row of zero codes",
+            modules=("kernels.v4.moe",),
+            build_inputs=_expert_build(True),
+            call=_expert_call,
+            comparators={"y": "exact"},
+        ),
+        _case(
+            name="v4_expert_shared",
+            operator="v4_expert",
+            description="V4 shared expert (no routing weight), a row of zero codes",
+            modules=("kernels.v4.moe",),
+            build_inputs=_expert_build(False),
+            call=_expert_call,
+            comparators={"y": "exact"},
+        ),
+        _case(
+            name="v4_qkv_proj_rope",
+            operator="v4_qkv_proj_rope",
+            description="V4 Q/KV LoRA projection with RoPE: INT8 qr codes and their "
+                        "scale, per-head RMS of q, KV RMSNorm then rotation",
+            modules=("kernels.v4.qkv_proj",),
+            build_inputs=_qkv_build,
+            call=_qkv_call,
+            comparators={"q": "exact", "kv": "exact", "qr": "exact", "qr_scale": "fp32_ulps"},
+        ),
+        _case(
+            name="mtp_projection",
+            operator="mtp_projection",
+            description="MTP projection: the embedding and previous-stream RMSNorms, "
+                        "smoothed INT8 projections, summed into the FP32 streams",
+            modules=("kernels.v4.mtp",),
+            build_inputs=_mtp_build,
+            call=_mtp_call,
+            comparators={"out": "fp32_ulps"},
+        ),
+        _case(
+            name="v4_hc_post",
+            operator="hc_post",
+            description="mHC expansion after a sublayer, FP32 streams end to end (rule fp32)",
+            modules=("kernels.reference.mhc",),
+            build_inputs=_hc_post_build,
+            call=_hc_post_call,
+            comparators={"x_out": "fp32_ulps"},
+        ),
+        _case(
+            name="v4_attention_stage_swa",
+            operator="v4_attention_stage",
+            description="V4 SWA decode attention stage: hc_pre, RMSNorm, "
+                        "Q/KV, the window-cache write read back by the attention, SWA attention with the grouped output "
+                        "projection, hc_post",
+            modules=("kernels.v4.attention_stage",),
+            build_inputs=_stage_build,
+            call=_stage_call,
+            comparators={"x_out": "fp32_ulps", "kv_cache": "exact", "qr": "exact", "qr_scale": "qr_scale"},
+        ),
+        _case(
+            name="v4_hc_post_pro",
+            operator="hc_post",
+            description="mHC expansion at V4-Pro's width (D 7168, 4 rows): the geometry "
+                        "upstream's hc_post_test kernel is compiled for, so the a5 simulator runs it",
+            modules=("kernels.reference.mhc",),
+            build_inputs=_hc_post_pro_build,
+            call=_hc_post_call,
+            comparators={"x_out": "fp32_ulps"},
+        ),
+        _case(
+            name="v4_moe_stage",
+            operator="v4_moe_stage",
+            description="V4 MoE stage at decode on the MTP layer: hc_pre, the router, routed "
+                        "and shared experts, the combine, hc_post; 2 padding rows that route nowhere and carry their residual "
+                        "mix",
+            modules=("kernels.v4.moe", "kernels.v4.gate", "kernels.reference.mhc"),
+            build_inputs=_moe_stage_build,
+            call=_moe_stage_call,
+            comparators={"x_out": "fp32_ulps", "ffn_out": "exact", "indices": "exact"},
+        ),
+        _case(
+            name="v4_embed_pack",
+            operator="v4_embed_pack",
+            description="V4 input pack: upstream's fixture ids, clamped into a 32-row "
+                        "vocabulary (-1 and 0 read row 0; 31, 32 and 39 the last row), each row widened to FP32 in every "
+                        "stream",
+            modules=("kernels.v4.input_pack",),
+            build_inputs=_embed_build,
+            call=_embed_call,
+            comparators={"x_hc": "exact"},
+        ),
+        _case(
+            name="v4_lm_head",
+            operator="lm_head",
+            description=f"LM head on TP{LM_TP}: the full FP32 logits of two vocabulary shards",
+            modules=("kernels.reference.lm_head",),
+            build_inputs=_lm_build,
+            call=_lm_call,
+            comparators={"logits": "fp32_ulps"},
+            params={"tp": LM_TP},
+        ),
     ]
 
 
