@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += [{"key": m.key, "where": m.where, "module": m.module, "status": "survived", "by": "",
                   "how": "listed equivalent, not run", "detail": "", "seconds": 0.0}
                  for m in _select(args) if m.key in EQUIVALENT]
-        print(f"{sum(1 for r in rows if r['how'] == 'listed equivalent, not run')} listed equivalent mutants not run "
+        print(f"{sum(1 for r in rows if r.get('how') == 'listed equivalent, not run')} listed equivalent mutants not run "
               "(--skip-equivalent)")
     if args.json:
         Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
