@@ -106,6 +106,17 @@ def _hc_post(run, sublayer, x_hc, post_mix, residual_mix, *, rule="fp32"):
     return run(tensors, {"hidden_size": d, "hc_mult": hc}, {})["y"]
 
 
+def _v4_embed_pack(run, input_ids, embed_weight, *, config):
+    """v4_embed_pack -> input_pack.py::golden_pack_x_hc: ids clamped into the vocabulary, each row widened to FP32
+    in every stream, at the call's width, streams and vocabulary."""
+    from kernels.v4.input_pack import check_embed_pack_inputs
+
+    check_embed_pack_inputs(input_ids, embed_weight, config=config)  # the caller's side
+    tensors = {"input_ids": input_ids.to(torch.int64).clone(), "embed_weight": embed_weight.clone(),
+               "x_hc": torch.zeros(input_ids.shape[0], config.hc_mult, config.hidden_size, dtype=torch.float32)}
+    return run(tensors, _variant_fields(config), {})["x_hc"]
+
+
 def _final_norm(run, hidden, weight, *, config=None):
     """final_norm -> rmsnorm.py::golden_rms_norm_test (V4-Pro's RMSNorm: the FP32 sum of squares in 128-wide
     tiles, times 1/D, rsqrt, x · inv · w, one BF16 rounding) at the call's width and ``config``'s epsilon."""
@@ -901,6 +912,7 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("hc_post", PRO, "hc_post", "golden_hc_post", _hc_post),
     Adapter("lm_head", PRO, "lm_head", "golden_lm_head", _lm_head),
     Adapter("final_norm", PRO, "rmsnorm", "golden_rms_norm_test", _final_norm),
+    Adapter("v4_embed_pack", PRO, "input_pack", "golden_pack_x_hc", _v4_embed_pack),
     Adapter("v4_expert", PRO, "expert_routed", "golden_expert_routed", _v4_expert, also=("expert_shared",)),
     Adapter("v4_qkv_proj_rope", PRO, "qkv_proj_rope", "golden_qkv_proj_rope", _v4_qkv_proj_rope),
     Adapter("v4_attention", PRO, "decode_sparse_attn", "golden_sparse_attn", _v4_attention,

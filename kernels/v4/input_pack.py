@@ -20,6 +20,14 @@ SPEC = "§8"
                   "exactly, in every stream", spec="§8")
 def v4_embed_pack(input_ids: torch.Tensor, embed_weight: torch.Tensor, *, config) -> torch.Tensor:
     """input_ids [T] integer, embed_weight [vocab, hidden] BF16 -> x_hc [T, hc_mult, hidden] FP32."""
+    check_embed_pack_inputs(input_ids, embed_weight, config=config)
+    ids = input_ids.to(torch.int64).clamp(0, embed_weight.shape[0] - 1)
+    rows = embed_weight.index_select(0, ids).to(torch.float32)
+    return rows.unsqueeze(1).expand(-1, config.hc_mult, -1).contiguous()
+
+
+def check_embed_pack_inputs(input_ids: torch.Tensor, embed_weight: torch.Tensor, *, config) -> None:
+    """``v4_embed_pack``'s input validation alone (what another implementation must refuse the same way)."""
     if input_ids.ndim != 1 or input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
         raise ContractInputError("input_ids", None, "[T] integer ids", f"{input_ids.dtype}{list(input_ids.shape)}",
                                  SPEC)
@@ -28,6 +36,3 @@ def v4_embed_pack(input_ids: torch.Tensor, embed_weight: torch.Tensor, *, config
                                  list(embed_weight.shape), SPEC)
     if embed_weight.dtype != torch.bfloat16:
         raise ContractInputError("embed_weight", None, "BF16", embed_weight.dtype, SPEC)
-    ids = input_ids.to(torch.int64).clamp(0, embed_weight.shape[0] - 1)
-    rows = embed_weight.index_select(0, ids).to(torch.float32)
-    return rows.unsqueeze(1).expand(-1, config.hc_mult, -1).contiguous()
