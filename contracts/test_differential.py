@@ -376,6 +376,21 @@ def test_rope_rows_equal_the_reference(backend, capacity, tokens, data, compress
 # indexer, Top-K, candidates (§5)
 
 
+def test_index_scores_default_width_is_the_longest_request(backend):
+    """Called without ``width``, the scores span the longest request's compressed length (requests of 3, 5 and 7
+    positions: 7 columns, not 3), and equal the call that names that width. Spec: §5.1."""
+    from contracts.strategies import IndexerCase
+
+    inputs = IndexerCase(((3, 5), (7,)), 4, 2, 8, 4, False, 11).build()
+    longest = int(inputs["compressed_lens"].max())
+    assert longest > int(inputs["compressed_lens"].min()), "the vector needs requests of different lengths"
+    default = op(backend, "index_scores")(**inputs, block_size=4)
+    named = op(backend, "index_scores")(**inputs, block_size=4, width=longest)
+    assert tuple(default.shape) == (inputs["q"].shape[0], longest), \
+        f"index_scores without width: {list(default.shape)}, expected [{inputs['q'].shape[0]}, {longest}] (§5.1)"
+    same_bits("index_scores (default width)", default, named)
+
+
 @given(case=indexer_cases(), data=st.data())
 def test_index_scores_and_topk_equal_the_reference(backend, case, data):
     """Scores: the -inf mask exactly, finite scores within the row bound; the backend's selection over the

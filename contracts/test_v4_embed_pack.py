@@ -67,6 +67,33 @@ def test_every_stream_holds_the_row_widened_exactly(backend, data):
                         "row widened bit for bit, §8)")
 
 
+def test_an_id_past_the_int32_range_is_clamped_not_truncated(backend):
+    """Upstream's ids are INT64: 2^32 + 5 is past the vocabulary and reads its last row, never row 5 (an id
+    narrowed to INT32 first wraps to 5); -2^32 + 3 reads row 0, never row 3. Separated from the narrowing."""
+    config = MODELS[0]
+    table = _table(config)
+    ids = torch.tensor([2**32 + 5, -(2**32) + 3, 2**40], dtype=torch.int64)
+    got = op(backend, "v4_embed_pack")(ids, table, config=config)
+    want = separates("ids clamped in INT64", table[ids.clamp(0, VOCAB - 1)].float(),
+                     ids_narrowed_to_int32_first=table[ids.to(torch.int32).long().clamp(0, VOCAB - 1)].float())
+    for t in range(ids.numel()):
+        assert torch.equal(got[t, 0], want[t]), f"x_hc[{t}][0] (id {int(ids[t])}) is not row {int(ids[t].clamp(0, VOCAB - 1))}"
+
+
+def test_every_stream_is_its_own_storage(backend):
+    """x_hc is a tensor of its own, each stream a separate row (as the kernel writes hc_mult rows per token): a
+    write into one stream leaves the others and the table unchanged -- an expanded view of one row would alias
+    every stream."""
+    config = MODELS[0]
+    table = _table(config)
+    before = table.clone()
+    x_hc = op(backend, "v4_embed_pack")(torch.tensor([3, 4], dtype=torch.int64), table, config=config)
+    kept = x_hc[:, 1:].clone()
+    x_hc[:, 0] += 1.0
+    assert torch.equal(x_hc[:, 1:], kept), "writing stream 0 changed the other streams: they share storage"
+    assert torch.equal(table.view(torch.int16), before.view(torch.int16)), "writing x_hc changed the table"
+
+
 BAD_CALLS = {
     "float ids": (lambda c: (torch.zeros(4), _table(c)), "input_ids"),
     "2-D ids": (lambda c: (torch.zeros(2, 2, dtype=torch.int64), _table(c)), "input_ids"),
@@ -102,7 +129,21 @@ def _bf16_streams(input_ids, embed_weight, *, config):
     return rows.unsqueeze(1).expand(-1, config.hc_mult, -1).contiguous()
 
 
+def _narrowed(input_ids, embed_weight, *, config):
+    rows = embed_weight[input_ids.to(torch.int32).long().clamp(0, embed_weight.shape[0] - 1)].float()
+    return rows.unsqueeze(1).expand(-1, config.hc_mult, -1).contiguous()
+
+
+def _aliased_streams(input_ids, embed_weight, *, config):
+    rows = embed_weight[input_ids.long().clamp(0, embed_weight.shape[0] - 1)].float()
+    return rows.unsqueeze(1).expand(-1, config.hc_mult, -1)
+
+
 SEEDED_DEFECTS = [
+    SeededDefect("v4-embed-pack:ids-narrowed", "v4_embed_pack", _narrowed,
+                 "test_an_id_past_the_int32_range_is_clamped_not_truncated", "is not row"),
+    SeededDefect("v4-embed-pack:aliased-streams", "v4_embed_pack", _aliased_streams,
+                 "test_every_stream_is_its_own_storage", "share storage"),
     SeededDefect("v4-embed-pack:ids-wrap", "v4_embed_pack", _wrapped, "test_ids_are_clamped_into_the_vocabulary_never_wrapped",
                  "is not row"),
     SeededDefect("v4-embed-pack:stream-zero-only", "v4_embed_pack", _stream_zero_only,

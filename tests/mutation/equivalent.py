@@ -763,4 +763,7 @@ EQUIVALENT: dict[str, str] = {
     "kernels.metadata:window_metadata:move-clamp:f(x).clamp_min(..)->f(x.clamp_min(..))#0": CLAMP_COMMUTES,
     "kernels.reference.indexer:candidate_blocks:move-clamp:f(x.clamp_min(..))->f(x).clamp_min(..)#0": LASTCLAMP,
     "kernels.v4.compressor_txn:v4_compressor_txn:reorder:for ... in X (accumulating)->for ... in reversed(list(X))#0": PER_TOKEN_ROWS,
+    'kernels.v4.input_pack:v4_embed_pack:drop-call:input_ids.to(torch.int64)[to]->(skipped)#0': ("Without the widening "
+        "the ids keep their own integer dtype: INT64 ids are unchanged, and INT32 ids hold no value outside INT32, so "
+        "the clamp and the row lookup are the same (index_select takes INT32 or INT64)."),
 }
