@@ -21,6 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 NOT_A_RULE = {
+    "test_v4_embed_pack.py::test_every_stream_is_its_own_storage": ("a storage property (no aliasing between "
+                                                                     "streams), not a value rule"),
     # comparator tests: their clauses are judged by tests/test_comparator_clauses.py (item 2), not a kernel rule
     "test_comparators.py::test_bounds_are_inclusive": "a comparator's own bound",
     "test_comparators.py::test_the_decode_common_pre_mix_variant_stays_selectable": "a comparator variant by name",

@@ -9,6 +9,7 @@ A finding names the modules and the line of each import on the way, so a new cir
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +50,7 @@ def _resolve(module: str, path: Path, node: ast.Import | ast.ImportFrom, known: 
     return out
 
 
+@cache
 def import_graph() -> tuple[dict[str, dict[str, int]], dict[str, Path]]:
     """{module: {imported module: line}} over every import statement, at any depth of the module."""
     known = _modules()
