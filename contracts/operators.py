@@ -17,7 +17,7 @@ import functools
 import importlib
 import inspect
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache, partial
 
@@ -147,6 +147,16 @@ class _References(Mapping):
 
 
 REFERENCE_OPERATORS: Mapping[str, tuple[str, str]] = _References()
+
+
+def operators_reached(operator: str, parts: Iterable[str] = ()) -> frozenset[str]:
+    """The operators a golden tree reaches: those its case names (``a+b`` names two) and every operator whose
+    reference function its expected outputs were computed through (a tree record's fingerprint parts name each
+    function of this project the reference reached, as ``module.function``). ``goldens replay --operator`` and
+    ``pytest --operator`` select trees by it. Every operator its replay asks a backend for is among them
+    (contracts/test_golden_replay.py checks that on each replay); a composition's trees also reach its parts."""
+    by_path = {f"{o.module}.{name}": name for name, o in OPERATORS.items()}
+    return frozenset({o for o in operator.split("+") if o in OPERATORS} | {by_path[p] for p in parts if p in by_path})
 
 
 class BackendError(LookupError):

@@ -60,6 +60,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--dp", type=int, default=None, metavar="N",
                     help="DP groups; when given it must equal ep / tp. A bad topology is a usage error before "
                          "any test runs; with --device it also needs exactly ep device ids")
+    group.addoption("--operator", action="append", default=[], metavar="NAME",
+                    help="run only the contracts that call operator NAME (each contract declares the operators it "
+                         "calls with @pytest.mark.operators, and a call it did not declare fails it) and the golden "
+                         "trees that reach NAME; repeatable or comma-separated (names: docs/backends.md)")
     group.addoption("--allow-unavailable", action="store_true",
                     help="accept a run in which the selected backend is unavailable or every contract needing "
                          "it was skipped (by default such a run fails: nothing ran is not a pass)")
@@ -88,6 +92,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("hypothesis_profile", default=None):
         settings.load_profile(default_profile())
     config.addinivalue_line("markers", "slow: longer property runs")
+    config.addinivalue_line("markers", "operators(*names): the operators a contract calls, on the backend or as "
+                                       "the reference (what --operator selects by; checked as the test runs)")
+    config._pto_operators = wanted_operators(config.getoption("operator"))
     import torch
 
     torch.set_printoptions(threshold=64, edgeitems=2, linewidth=110)  # a tensor in a failure: a few lines, not pages
@@ -165,17 +172,66 @@ def backend(pytestconfig: pytest.Config) -> Backend:
     return pytestconfig._pto_backend
 
 
+def wanted_operators(given: list[str]) -> frozenset[str]:
+    """The operators of ``--operator`` (repeatable, comma-separated); an unknown name is a usage error naming the
+    closest known ones."""
+    import difflib
+
+    from contracts.operators import OPERATORS
+
+    names = [n.strip() for g in given for n in g.split(",") if n.strip()]
+    for n in names:
+        if n not in OPERATORS:
+            close = difflib.get_close_matches(n, list(OPERATORS), n=3, cutoff=0.5)
+            raise pytest.UsageError(f"--operator {n}: no such operator"
+                                    + (f" (did you mean {', '.join(close)}?)" if close else "")
+                                    + f"; {len(OPERATORS)} operators are listed in docs/backends.md")
+    if given and not names:
+        raise pytest.UsageError("--operator: expected an operator name")
+    return frozenset(names)
+
+
+def declared_operators(item: pytest.Item) -> set[str]:
+    """What ``@pytest.mark.operators`` declares for ``item``: module, function and parameter marks together."""
+    return {name for mark in item.iter_markers("operators") for name in mark.args}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wanted = config._pto_operators
+    if not wanted:
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if declared_operators(item) & wanted else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 _ITEM: pytest.Item | None = None  # the test running in this process: op() records what it used
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
+    """Runs the test; then an operator it asked the backend for (through ``op``) that it does not declare with
+    ``@pytest.mark.operators`` fails it: ``--operator`` would have left it out."""
     global _ITEM
     _ITEM = item
     try:
-        yield
+        result = yield
     finally:
         _ITEM = None
+    if _asked(item):
+        undeclared = sorted(_asked(item) - declared_operators(item))
+        if undeclared:
+            pytest.fail(f"{item.nodeid} calls operator(s) {', '.join(undeclared)} that its "
+                        f"@pytest.mark.operators({', '.join(sorted(declared_operators(item)))}) does not declare: "
+                        "add them, or `pytest --operator` leaves this test out", pytrace=False)
+    return result
+
+
+def _asked(item: pytest.Item) -> set[str]:
+    return item.__dict__.get("_pto_asked", set())
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -201,8 +257,18 @@ def reproduce_command(item: pytest.Item) -> str:
 
 def uses(name: str) -> None:
     """Record that the running test exercises kernel operator ``name`` (for the per-operator summary)."""
+    if _ITEM is not None:
+        _ITEM.__dict__.setdefault("_pto_asked", set()).add(name)
     if _ITEM is not None and name in KERNEL_OPERATORS and ("pto_operator", name) not in _ITEM.user_properties:
         _ITEM.user_properties.append(("pto_operator", name))
+
+
+def operator_params(table, operator_of) -> list:
+    """The parameters of a test that takes its operator from a table row: one per key, in sorted order, each
+    declaring the operator its row calls (``@pytest.mark.operators`` per parameter), so ``--operator`` selects the
+    rows of that operator only. ``operator_of(row)`` names it."""
+    return [pytest.param(key, marks=pytest.mark.operators(operator_of(table[key])), id=str(key))
+            for key in sorted(table)]
 
 
 def op(backend: Backend, name: str):

@@ -48,6 +48,7 @@ def _case(data, *, tokens: int, heads: int, dim: int, seed: int):
 
 @given(data=st.data(), tokens=st.integers(1, 3), heads=st.sampled_from([1, 16, 17, 32]),
        dim=st.sampled_from([64, 512]), seed=st.integers(0, 2**31))
+@pytest.mark.operators("check_row_precision", "sparse_attention")
 def test_sparse_attention_within_the_row_bound_of_the_reference(backend, data, tokens, heads, dim, seed):
     """Every (token, head) row within RMS(a-e) <= 1e-6 + 1%·RMS(e) and max|a-e| <= 1e-5 + 5%·RMS(e) of the
     reference: key counts around the 32-key tile, -1 tails and holes, tokens with no row, 1/16/17/32 heads
@@ -61,6 +62,7 @@ def test_sparse_attention_within_the_row_bound_of_the_reference(backend, data, t
     assert result.ok, result.message()
 
 
+@pytest.mark.operators("sparse_attention")
 def test_sparse_attention_sink_hand_vectors(backend):
     """Hand-computed: one head, one key orthogonal to the query (score 0) and sink 0: the sink takes half the
     mass, so the output is kv/2; with sink ln 3 it is kv/4; with two equal keys and sink 0, 2/3 of kv.
@@ -97,6 +99,7 @@ def test_sparse_attention_sink_hand_vectors(backend):
         f"score-2 key: {out[0, 0].tolist()}, hand {(k2.float() * w).to(torch.bfloat16)[0].tolist()} (weight {w:.6f})"
 
 
+@pytest.mark.operators("sparse_attention")
 def test_sparse_attention_with_no_row_is_exactly_zero(backend):
     """A token whose window and compressed indices are all -1 outputs exactly zero in every head (the sink
     takes all the mass), whatever the sink. Spec: §5.3, AP-07."""
@@ -117,6 +120,7 @@ def test_sparse_attention_with_no_row_is_exactly_zero(backend):
     assert bool((out[1] != 0).any()), "a token with one selected row has an all-zero output"
 
 
+@pytest.mark.operators("sparse_attention")
 def test_sparse_attention_never_reads_unselected_rows(backend):
     """Cache rows no index selects (the last row included, which a -1 read would wrap to) may hold NaN -- a
     poisoned MX group decodes to NaN -- and must not reach the output; INT64 indices give the INT32 result.
@@ -144,6 +148,7 @@ def test_sparse_attention_never_reads_unselected_rows(backend):
 
 
 @given(seed=st.integers(0, 2**31), heads=st.sampled_from([16, 32]))
+@pytest.mark.operators("check_row_precision", "sparse_attention")
 def test_sparse_attention_ignores_the_order_of_selected_rows(backend, seed, heads):
     """Permuting a token's selected rows (and where its -1 holes sit) changes every output row by no more than
     the per-row bound: attention is a set function of the selection. Spec: §5.3 (selection in any order)."""
@@ -163,6 +168,7 @@ def test_sparse_attention_ignores_the_order_of_selected_rows(backend, seed, head
 
 @pytest.mark.parametrize("what", ["index below -1", "index past the cache", "sink per token", "2-D query",
                                   "kv width", "index rows", "float indices", "1-D indices"])
+@pytest.mark.operators("sparse_attention")
 def test_sparse_attention_rejects_bad_input(backend, what):
     """Bad input raises a ValueError naming the field (and the token and slot of a bad index)."""
     q = torch.zeros(2, 4, 8)

@@ -68,6 +68,7 @@ ALL += [HalfLayerCase(k, "prefill", "sharded", 4, batch=((40, 30, 5), (100, 0, 3
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.label)
+@pytest.mark.operators("attention_half_layer")
 def test_half_layer_matches_the_reference_within_its_bound(backend, case):
     """Every output of one half-layer call against the reference: the attention output within the mode's bound
     (C1A per-row RMS/peak; SWA/C2A FP8 budget) on every rank, active rows and the inactive suffix separately,
@@ -81,6 +82,7 @@ def test_half_layer_matches_the_reference_within_its_bound(backend, case):
 @pytest.mark.parametrize("tp", TPS)
 @pytest.mark.parametrize("phase", PHASES)
 @pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.operators("attention_half_layer", "sp_bounds")
 def test_sharded_wiring_equals_the_replicated_wiring(backend, kind, phase, tp):
     """The sharded wiring's owner slabs hold the replicated output's active rows within the bound of the mode
     and exact zeros on their padding rows; every cache comes out byte-identical in both wirings (the same
@@ -124,6 +126,7 @@ PADDABLE = [(k, "prefill") for k in KINDS] + [(LayerKind.C2A_REUSE, "decode")]
 
 
 @pytest.mark.parametrize("kind,phase", PADDABLE, ids=lambda v: str(v))
+@pytest.mark.operators("attention_half_layer")
 def test_an_inactive_suffix_never_changes_an_active_row(backend, kind, phase):
     """The same batch with no padding, and with 2 and 5 trailing inactive rows (their normalized input is the
     13.0 sentinel): every active output row and every cache byte is identical, and the replicated inactive
@@ -153,6 +156,7 @@ def _cut_outputs(out: dict, cut: int) -> dict:
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.operators("attention_half_layer", "compressor_ratio2")
 def test_an_explicit_num_tokens_inside_the_last_request_cuts_it_there(backend, kind):
     """Prefill, through the backend's half-layer operator: num_tokens one row short of query_start_loc[-1] (the
     last request's final row is a real row, present in every input) gives exactly what the same call with that
@@ -208,6 +212,7 @@ def _logical(case: HalfLayerCase, topk: torch.Tensor) -> list[list[int]]:
 
 @pytest.mark.parametrize("phase", PHASES)
 @pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.operators("attention_half_layer")
 def test_request_order_and_page_layout_do_not_change_any_token(backend, kind, phase):
     """Reordering the batch's requests (2, 0, 1) permutes the output rows and nothing else; moving every
     physical page (another page permutation, spare pages elsewhere) changes no output byte; the Top-K selects
@@ -237,6 +242,7 @@ def test_request_order_and_page_layout_do_not_change_any_token(backend, kind, ph
 
 @pytest.mark.parametrize("phase", PHASES)
 @pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.operators("attention_half_layer")
 def test_each_mode_writes_only_the_caches_it_owns(backend, kind, phase):
     """Against the input bytes, not the reference: the window cache changes only at this call's window slots;
     FULL changes its compressed and index caches only at its compressed slots; REINDEX and REUSE return the
@@ -282,6 +288,7 @@ def test_each_mode_writes_only_the_caches_it_owns(backend, kind, phase):
 
 @pytest.mark.parametrize("cancel,tp", [("cast", 2), ("cast", 4), ("order", 4)])
 @pytest.mark.parametrize("wiring", WIRINGS)
+@pytest.mark.operators("attention_half_layer")
 def test_tp_partials_that_cancel_keep_their_remainder(backend, cancel, tp, wiring):
     """Every rank computes the same heads and Wo-B rows scaled so the partials cancel: "cast" leaves a 2^-12
     remainder that a BF16 cast of each partial destroys; "order" leaves 2^-30 remainders that only the
@@ -296,12 +303,14 @@ def test_tp_partials_that_cancel_keep_their_remainder(backend, cancel, tp, wirin
                                   HalfLayerCase(LayerKind.SWA, "decode", "sharded", 2, config=FLASH_HEADS),
                                   HalfLayerCase(LayerKind.C2A_FULL, "prefill", "sharded", 4, config=FLASH_HEADS)],
                          ids=lambda c: c.label)
+@pytest.mark.operators("attention_half_layer")
 def test_flash_head_geometry(backend, case):
     """64 heads of 512 with 64 RoPE dims and 8 output groups (16 heads, 2 groups per rank at TP4: the 16-head
     patch groups and the 32-key tiles of the device) on a small model width. Spec: §1, §5.3, §6."""
     assert_ok(_judge(case, _run(op(backend, "attention_half_layer"), case)))
 
 
+@pytest.mark.operators("attention_half_layer")
 def test_an_accepted_alternative_selection_is_judged_against_its_own_reference(backend):
     """REINDEX with two index-key rows made equal so they tie at the Top-K cutoff: a selection that takes the
     other tied row is valid, so the output is judged against the reference recomputed for that selection
@@ -357,6 +366,7 @@ def test_an_accepted_alternative_selection_is_judged_against_its_own_reference(b
     assert not verdict.ok and "duplicate" in verdict.message(), verdict.message()
 
 
+@pytest.mark.operators("attention_half_layer")
 def test_the_decode_c1a_ratio_allclose_variant_stays_selectable(backend):
     """The older decode C1A output rule (``ratio_allclose(1e-2, 1e-2, 1 %)``) judges the same call when named,
     and fails an output with 2 % of its elements off by 5 %. Spec: §6 (decode_attn_c1a_full.output_compare)."""
@@ -430,6 +440,7 @@ BAD_CALLS = {
 
 
 @pytest.mark.parametrize("what", sorted(BAD_CALLS))
+@pytest.mark.operators("attention_half_layer")
 def test_the_half_layer_rejects_bad_calls(backend, what):
     """Bad calls raise a ValueError naming the field and the mode (and rank and row of a bad slab row); nothing
     runs. Spec: §7.1 (decode caller contract, capacities, padding contract)."""
@@ -445,6 +456,7 @@ def test_the_half_layer_rejects_bad_calls(backend, what):
         pytest.fail(f"{case.label}: accepted a bad call ({what}) instead of raising a ValueError")
 
 
+@pytest.mark.operators("attention_half_layer")
 def test_one_request_per_active_token_is_accepted(backend):
     """The bound the "a request per token plus one" bad call crosses: one request per active token runs."""
     case = _case(LayerKind.SWA)
@@ -453,6 +465,7 @@ def test_one_request_per_active_token_is_accepted(backend):
                                                                                            dtype=torch.int32)))
 
 
+@pytest.mark.operators("attention_half_layer")
 def test_the_older_query_latent_rule_stays_selectable(backend):
     """``q_latent="bf16-proj"`` (the older upstream rule: the Wq-A projection rounded to BF16 before the norm)
     changes the output bytes of the current ``fp32-norm`` rule, which is the default, and both stay within
@@ -485,6 +498,7 @@ def test_reference_outputs_are_finite_bf16(case):
             assert bool(torch.isfinite(out[name].float()).all()), f"{case.label}: reference {name} is not finite"
 
 
+@pytest.mark.operators("attention_half_layer")
 def test_the_gathered_input_catches_a_mismapped_row(backend):
     """The sharded wiring returns the all-gathered input: one BF16 step on every element passes
     ratio_allclose(2^-6, 2^-6); two swapped rows fail naming the row; a changed sentinel row past the active ones
@@ -508,6 +522,7 @@ def test_the_gathered_input_catches_a_mismapped_row(backend):
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.operators("attention_half_layer")
 def test_each_mode_demands_its_inputs(backend, kind):
     """Every input a mode reads is required: leaving any one out raises a ValueError naming it (REUSE without
     its source's Top-K, FULL/REINDEX without index weights, cache, table or lengths). Spec: §2.3,
@@ -526,6 +541,7 @@ def test_each_mode_demands_its_inputs(backend, kind):
             pytest.fail(f"{case.label}: ran without its input {name}")
 
 
+@pytest.mark.operators("attention_half_layer", "cache_read")
 def test_the_c2a_cache_budget_and_the_format_budget_stay_selectable(backend):
     """C2A FULL's published MXFP4 rows 2 % off: the decode C2A rule (1 % relative L2, the default for C2A) fails
     naming the cache; the attention_common rule by format (MXFP4 4 %) passes when selected by name.
@@ -559,6 +575,7 @@ def test_the_c2a_cache_budget_and_the_format_budget_stay_selectable(backend):
         _judge(case, got, cache_rule="bytes")
 
 
+@pytest.mark.operators("attention_half_layer", "cache_read")
 def test_a_cache_past_fp16_range_is_read_as_bf16(backend):
     """The history rows of an SWA prefill with every E8M0 scale raised by 2^20 decode to values past 65504, the
     largest FP16: read as BF16 (the ABI's read dtype) they stay finite and the half layer matches the reference on

@@ -32,6 +32,7 @@ def run(fn, i: dict, kind: LayerKind, **kw) -> dict:
 
 
 @pytest.mark.parametrize("kind", list(LayerKind), ids=lambda k: k.value)
+@pytest.mark.operators("decode_block", "hc_mixes", "hc_post", "hc_pre")
 def test_the_block_runs_the_delayed_pre_mix_order(backend, kind):
     """attention_input == hc_pre(x_hc, incoming) exactly; ffn_input == hc_pre(attention_hidden, attention pre
     mix) exactly; the handed-on mix == hc_mixes(attention_hidden, FFN weights).pre exactly and differs from the
@@ -54,6 +55,7 @@ def test_the_block_runs_the_delayed_pre_mix_order(backend, kind):
     assert x.dtype == torch.float32 and x.shape == i["x_hc"].shape and bool(torch.isfinite(x).all())
 
 
+@pytest.mark.operators("check_output_budget", "decode_block", "hc_mixes", "hc_pre")
 def test_the_block_equals_the_reference(backend):
     """Every Block output of the C1A FULL representative layer against the reference: the two sublayer inputs
     and the handed-on mix from the backend's own intermediates exactly (HC-04), the streams and the attention
@@ -79,6 +81,7 @@ def test_the_block_equals_the_reference(backend):
     assert r.ok, r.message()
 
 
+@pytest.mark.operators("decode_block")
 def test_a_block_golden_needs_every_capacity_row_active(backend):
     """The C2A REUSE decode fixture with its inactive suffix is refused: a Block golden needs all capacity rows
     active. Spec: HC-05."""
@@ -91,6 +94,7 @@ def test_a_block_golden_needs_every_capacity_row_active(backend):
         run(op(backend, "decode_block"), i, kind)
 
 
+@pytest.mark.operators("decode_block", "hc_pre")
 def test_blocks_chain_their_mixes_like_the_causal_encoder(backend):
     """Two Blocks (SWA then C2A FULL): the second's incoming mix is the first's next_pre_mix, and the first
     starts from the one-hot lane-0 mix; changing the first Block's FFN weights changes what the second
@@ -108,6 +112,7 @@ def test_blocks_chain_their_mixes_like_the_causal_encoder(backend):
     assert not torch.equal(a2["next_pre_mix"], a["next_pre_mix"])
 
 
+@pytest.mark.operators("moe_ep", "moe_gate")
 def test_the_compact_moe_is_the_ep_moe_on_one_rank(backend):
     """The Block's single-rank MoE fixture equals moe_ep with every row on its ranks (EP2, 6 rows each) bit for
     bit: the fixture changes the transport, never the arithmetic. Spec: MO-14, MO-09."""
@@ -142,6 +147,7 @@ def _counting(backend, *names):
                           **{n: counted(n) for n in names}), calls
 
 
+@pytest.mark.operators("attention_half_layer", "decode_block", "hc_mixes", "hc_pre", "moe_gate")
 def test_the_block_composes_the_backends_own_operators_and_refuses_bf16_streams(backend):
     """A Block on a backend runs that backend's mHC operators (a counting wrapper sees the calls) and works with
     an attention that is a plain function (a device binding, not a composition); BF16 streams are refused
@@ -167,6 +173,7 @@ def _chain_case(seed: int = 0):
     return base["x_hc"], layer_inputs, weights
 
 
+@pytest.mark.operators("attention_half_layer", "causal_encoder", "decode_block")
 def test_the_causal_encoder_chains_twenty_blocks_and_reuse_layers_read_their_source(backend):
     """Layers 0..19 of the schedule (SWA 0-1, C2A FULL 2/8/14, REUSE elsewhere) chained: layer 0 starts from
     the one-hot mix, each layer takes the previous next_pre_mix, and a REUSE layer reads the compressed cache and
@@ -200,6 +207,7 @@ def test_the_causal_encoder_chains_twenty_blocks_and_reuse_layers_read_their_sou
             f"sources {a} and {b} publish the same cache: the case cannot tell them apart"
 
 
+@pytest.mark.operators("causal_encoder")
 def test_a_causal_encoder_prefix_is_the_chain_so_far_and_bad_calls_are_refused(backend):
     """layers=k runs the first k Blocks (the same rows as the full chain's first k); 0 or 21 layers, and a
     chain whose rows are not all active (HC-05), are refused naming the field. Spec: HC-05, HC-12."""
@@ -237,6 +245,7 @@ SP_CASES = [(LayerKind.SWA, (1,), (29,)), (LayerKind.SWA, (1, 2), (29, 40)), (La
 
 
 @pytest.mark.parametrize("kind, qlens, kvs", SP_CASES, ids=[f"{k.value}-T{sum(q)}" for k, q, _ in SP_CASES])
+@pytest.mark.operators("decode_block_sharded", "hc_mixes", "hc_post", "hc_pre", "sp_bounds")
 def test_two_sharded_blocks_hand_off_owner_slabs_and_match_dense_mhc(backend, kind, qlens, kvs):
     """Tokens 1, 3, 7 and 5 over TP4 owner slabs (width ceil(T/4), short and empty slabs included), two Blocks
     in a row, the second consuming the first's output slabs as they are: on every layer the collapsed
@@ -278,6 +287,7 @@ def test_two_sharded_blocks_hand_off_owner_slabs_and_match_dense_mhc(backend, ki
         x, mix = out["x_hc"], out["next_pre_mix"]
 
 
+@pytest.mark.operators("decode_block_sharded", "sp_bounds")
 def test_a_sharded_block_refuses_dirty_padding_and_wrong_slabs(backend):
     """A non-zero padding row of the incoming x_hc or pre-mix slabs is refused naming rank and row; slabs of
     the wrong width and BF16 streams are refused. Spec: MD-27."""
@@ -300,6 +310,8 @@ def test_a_sharded_block_refuses_dirty_padding_and_wrong_slabs(backend):
         sharded(x.to(torch.bfloat16), mix, i["attention_inputs"], *weights, kind=LayerKind.SWA, tp=tp, config=C)
 
 
+@pytest.mark.operators("attention_half_layer", "causal_encoder", "decode_block_sharded", "hc_mixes", "hc_pre",
+                        "sp_bounds")
 def test_the_chain_and_the_sharded_block_compose_the_backends_own_operators(backend):
     """causal_encoder and decode_block_sharded run the backend's own mHC / MoE operators (a counting wrapper
     sees every call: 2 collapses and 2 mix sets per Block, one per rank holding rows in the sharded wiring) and
@@ -320,6 +332,7 @@ def test_the_chain_and_the_sharded_block_compose_the_backends_own_operators(back
     assert torch.equal(out["x_hc"], ref["x_hc"])
 
 
+@pytest.mark.operators("decode_block", "moe_expert", "moe_gate")
 def test_the_blocks_moe_sums_shared_then_routed_in_slot_order(backend):
     """The Block's MoE judged on its own input (the backend's ffn_input), with experts built so the summation
     order shows: a zero router (equal route weights), a bias that puts experts 0..5 in slots 0..5, shared W1/W3,

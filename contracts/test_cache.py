@@ -66,6 +66,7 @@ def _slots(rows: int, n: int, rng: random.Random, holes: float) -> torch.Tensor:
 @pytest.mark.parametrize("kind", QUANTIZED + ("state_r2",))
 @given(seed=st.integers(0, 2**31), blocks=st.integers(1, 3), holes=st.sampled_from((0.0, 0.3, 1.0)),
        magnitude=st.sampled_from((1e-6, 1.0, 300.0)))
+@pytest.mark.operators("cache_publish", "cache_read", "mx_quantize")
 def test_publish_touches_only_mapped_rows(backend, kind, seed, blocks, holes, magnitude):
     """Random sentinel bytes outside the mapping survive byte for byte; published rows carry exactly the
     codec's bytes (scales byte-exact) and decode within the format budget. Spec: §2.3, §6."""
@@ -109,6 +110,7 @@ def test_publish_touches_only_mapped_rows(backend, kind, seed, blocks, holes, ma
 
 
 @pytest.mark.parametrize("kind", QUANTIZED)
+@pytest.mark.operators("cache_publish", "cache_read")
 def test_read_decodes_the_whole_cache_to_bf16(backend, kind):
     lay = layouts(FLASH_TINY)[kind]
     cache = empty_cache(lay, 2)
@@ -135,6 +137,7 @@ def test_read_decodes_the_whole_cache_to_bf16(backend, kind):
 
 
 @pytest.mark.parametrize("kind", QUANTIZED)
+@pytest.mark.operators("cache_publish")
 def test_publish_rejects_bad_slots(backend, kind):
     lay = layouts(FLASH_TINY)[kind]
     cache = empty_cache(lay, 1)

@@ -19,7 +19,7 @@ from contracts import compare
 from contracts.checks import cache as cache_checks
 from contracts.checks.precision import OutputBudget, check_ratio_allclose, check_row_precision
 from contracts.checks.topk import TopKContext, check_topk_overlap, check_topk_validity
-from contracts.plugin import op
+from contracts.plugin import op, operator_params
 
 EPS = 1e-6
 D = 1024  # row width: a single-element error has RMS = peak / 32
@@ -172,7 +172,7 @@ BOUNDS = {fn.__name__: fn for fn in (row_rms_rtol, row_rms_atol, row_peak_rtol, 
                                      owner_rank)}
 
 
-@pytest.mark.parametrize("clause", sorted(BOUNDS))
+@pytest.mark.parametrize("clause", operator_params(BOUNDS, lambda build: build(1.0)[0]))
 def test_comparator_bound_is_exact(backend, clause):
     """Inside the clause by 1e-6 of its bound passes; outside by 1e-6 fails. Spec: §6."""
     for factor, want in ((1 - EPS, True), (1 + EPS, False)):
@@ -191,6 +191,7 @@ def _bf16_rms_case(k: int):
     return (e.double() + d).to(torch.bfloat16), e
 
 
+@pytest.mark.operators("check_row_precision")
 def test_row_bound_is_judged_in_fp64_for_bf16_outputs(backend):
     """BF16 outputs are judged in FP64: 2e-5 (relative) inside the RMS bound passes, 9e-4 outside fails.
     Spec: §6 (prefill C1A `_compare_attention_rows`, FP64)."""
@@ -200,6 +201,7 @@ def test_row_bound_is_judged_in_fp64_for_bf16_outputs(backend):
     assert not check(*outside).ok, "a BF16 row 9e-4 past the RMS bound passed"
 
 
+@pytest.mark.operators("check_output_budget", "check_row_precision")
 def test_bounds_are_inclusive(backend):
     """An error exactly on a bound passes (the rules are <=): the peak atol, the 2 % row budget, the 1 %
     global budget and the 0.9999 cosine, each built so the FP64 quotient equals the bound's double."""
@@ -315,7 +317,7 @@ def _cases():
 CASES = _cases()
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", operator_params(CASES, lambda row: row[0]))
 def test_comparator_clause(backend, case):
     """Non-finite values fail wherever they are; layouts must match; a zero reference row needs an exactly
     zero output (-0.0 is zero); padding must be exactly zero; replicas must be byte-identical (-0.0 vs
@@ -513,6 +515,7 @@ def test_topk_cutoff_tolerance_and_overlap():
         assert check_topk_overlap(a, base).ok is want, f"{swapped} of 100 rows differ"
 
 
+@pytest.mark.operators("check_row_precision")
 def test_replay_comparators_exact_and_masked_scores():
     """``exact`` compares bytes (-0.0 vs 0.0 fails, same NaN passes); ``masked_scores`` needs the -inf mask
     exactly and the finite scores within the row bound. Spec: §7.3, §5.1."""
@@ -636,6 +639,7 @@ def _evidence_cases():
 EVIDENCE = _evidence_cases()
 
 
+@pytest.mark.operators("check_owner_rows")
 def test_owner_rows_pass_reports_every_row_checked(backend):
     """A passing owner-row comparison counts every row it judged: the owned rows and the padding rows of
     every rank (a green result says how much ran). Spec: §6, §7.1."""
@@ -647,7 +651,7 @@ def test_owner_rows_pass_reports_every_row_checked(backend):
     assert r.ok and r.n_checked == 0, r.message()
 
 
-@pytest.mark.parametrize("case", sorted(EVIDENCE))
+@pytest.mark.parametrize("case", operator_params(EVIDENCE, lambda row: row[0][0]))
 def test_comparator_failure_names_counts_row_and_column(backend, case):
     """A failed result counts what it checked and what failed, and names the worst row (and column) and the
     clause: the evidence a kernel engineer reads first. Spec: §6."""
@@ -661,6 +665,7 @@ def test_comparator_failure_names_counts_row_and_column(backend, case):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.operators("check_row_precision")
 def test_row_verdict_equals_the_fp64_verdict_near_the_bound(backend, seed):
     """FP32 outputs are summed fast and re-judged in FP64 near the bound: 200 rows of 4096 built within
     +-2e-6 (relative) of the RMS bound each get the verdict of FP64 copies of the same values. (Judged with
@@ -677,6 +682,7 @@ def test_row_verdict_equals_the_fp64_verdict_near_the_bound(backend, seed):
     assert not wrong, f"rows {wrong[:8]}: the FP32 verdict differs from the FP64 one"
 
 
+@pytest.mark.operators("check_row_precision")
 def test_row_bound_fast_path_agrees_with_fp64_in_every_block(backend):
     """The row check decides clearly-good rows from FP32 statistics in concurrent row blocks and recomputes the
     rest in FP64. On 40,000 FP32 rows of 64 (several blocks): rows at 1 -/+ 1e-6 of the RMS and of the peak
@@ -713,6 +719,7 @@ def test_row_bound_fast_path_agrees_with_fp64_in_every_block(backend):
 
 
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+@pytest.mark.operators("check_row_precision")
 def test_a_row_over_the_peak_bound_alone_fails_among_good_rows(backend, scale):
     """Wide rows (D = 64) where one element is off by 1.05x the peak bound while the row's RMS error stays under
     the RMS bound, at RMS(e) scales 1e-3, 1 and 1e3, among 2,000 good rows: the row fails by the peak clause,
@@ -734,6 +741,7 @@ def test_a_row_over_the_peak_bound_alone_fails_among_good_rows(backend, scale):
     assert not verdict.ok and "row[321]" in verdict.message(), verdict.message()
 
 
+@pytest.mark.operators("check_row_precision")
 def test_bf16_rows_just_over_the_bound_fail_and_just_under_pass(backend):
     """BF16 rows whose FP64 excess over the RMS or peak bound lies within 0.5 % of 1 (kept from 20,000 random
     candidates), judged together: every row over 1 fails and every row under passes, exactly as each row judged
@@ -759,6 +767,7 @@ def test_bf16_rows_just_over_the_bound_fail_and_just_under_pass(backend):
     assert check(a[under], e[under]).ok, check(a[under], e[under]).message()
 
 
+@pytest.mark.operators("check_output_budget")
 def test_bf16_outputs_near_the_budget_get_the_fp64_verdict(backend):
     """The FP8 budget on BF16 rows whose FP64 row relative L2 lies within 0.2 % of the 2 % bound (kept from 4,000
     random candidates): each row's verdict is the FP64 one -- norms taken in BF16 would misjudge rows this close.

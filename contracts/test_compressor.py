@@ -81,6 +81,7 @@ def splits(n: int) -> st.SearchStrategy[tuple[int, ...]]:
 @pytest.mark.parametrize("config", DIMS)
 @given(capacity=st.sampled_from(CAPACITIES), data=st.data(), seed=st.integers(0, 2**31),
        padding=st.integers(0, 3))
+@pytest.mark.operators("compressor_ratio2")
 def test_compressor_chunked_equals_unchunked(backend, config, capacity, data, seed, padding):
     """Any split of a request into chunks gives bit-identical latents, publish flags and final ring state
     (other blocks untouched) to one unchunked call, for capacity in {1, 2, 4, 7}. Spec: §4.1 (CS-10)."""
@@ -107,6 +108,7 @@ def test_compressor_chunked_equals_unchunked(backend, config, capacity, data, se
 
 
 @given(capacity=st.sampled_from(CAPACITIES), seed=st.integers(0, 2**31), data=st.data())
+@pytest.mark.operators("compressor_ratio2")
 def test_compressor_reorder_departure_admission_block_reuse(backend, capacity, seed, data):
     """Requests scheduled in shuffled batch rows, departing and freeing blocks that admitted requests
     reuse, each match their own unchunked run bit for bit. Spec: §4.1 (CS-11)."""
@@ -154,6 +156,7 @@ def test_compressor_reorder_departure_admission_block_reuse(backend, capacity, s
 
 @given(capacity=st.sampled_from(CAPACITIES), seed=st.integers(0, 2**31), n=st.integers(1, 8),
        bad_block=st.sampled_from((-1, 99)))
+@pytest.mark.operators("compressor_ratio2")
 def test_compressor_inactive_block_means_no_state_access(backend, capacity, seed, n, bad_block):
     """A request whose state block is -1 (or out of range) publishes nothing, has zero latents and leaves
     the ring untouched; its batch neighbour is unaffected. Spec: §4.1 skip rules (CS-12)."""
@@ -170,6 +173,7 @@ def test_compressor_inactive_block_means_no_state_access(backend, capacity, seed
 
 
 @given(capacity=st.sampled_from(CAPACITIES), seed=st.integers(0, 2**31), data=st.data())
+@pytest.mark.operators("compressor_ratio2")
 def test_compressor_untouched_ring_slots_are_byte_identical(backend, capacity, seed, data):
     """Only slots block*cap + p%cap of each request's last min(chunk, cap) tokens may change. Spec: §4.1 (CS-15)."""
     ring = Ring(FLASH_TINY, capacity, blocks=4, seed=seed)
@@ -191,6 +195,7 @@ def test_compressor_untouched_ring_slots_are_byte_identical(backend, capacity, s
 
 
 @given(capacity=st.sampled_from(CAPACITIES), seed=st.integers(0, 2**31), data=st.data())
+@pytest.mark.operators("compressor_ratio2")
 def test_compressor_restored_odd_prefix_equals_uninterrupted(backend, capacity, seed, data):
     """Resuming at an odd position with the predecessor's ring restored (into another block id) equals the
     uninterrupted run; a zeroed ring does not. Spec: §4.1 ownership (CS-13)."""
@@ -211,6 +216,7 @@ def test_compressor_restored_odd_prefix_equals_uninterrupted(backend, capacity, 
 
 
 @given(seed=st.integers(0, 2**31), rows=st.integers(1, 5))
+@pytest.mark.operators("compressor_ratio2")
 def test_compressor_num_tokens_zero_touches_nothing(backend, seed, rows):
     """num_tokens = 0 with a padded extent: no publish, zero latents, state unchanged. Spec: §4.1 (CS-09)."""
     ring = Ring(FLASH_TINY, 4, blocks=2, seed=seed)
@@ -223,6 +229,7 @@ def test_compressor_num_tokens_zero_touches_nothing(backend, seed, rows):
 
 
 @given(seed=st.integers(0, 2**31), data=st.data())
+@pytest.mark.operators("compressor_ratio2")
 def test_an_explicit_num_tokens_inside_a_requests_span_cuts_the_request_there(backend, seed, data):
     """Through the operator, with rows past what it needs: two requests (spans 0..a and a..a+b), then an explicit
     num_tokens n that ends inside request 1's span, or inside request 0's (a + b > n > 0; qsl[-1] stays a + b).
@@ -254,6 +261,7 @@ def test_an_explicit_num_tokens_inside_a_requests_span_cuts_the_request_there(ba
         f"latent rows from {n} on must be zero (num_tokens={n} inside the span {a}..{a + b})"
 
 
+@pytest.mark.operators("compressor_ratio2")
 def test_compressor_rejects_bad_state_cache(backend):
     ring = Ring(FLASH_TINY, 4, blocks=2, seed=0)
     fn = op(backend, "compressor_ratio2")
@@ -266,6 +274,7 @@ def test_compressor_rejects_bad_state_cache(backend):
 
 
 @given(seed=st.integers(0, 2**31), n=st.integers(1, 6), data=st.data())
+@pytest.mark.operators("cache_read")
 def test_publish_compressed_values_and_index_keys(seed, n, data):
     """Compressed value = latent with compressed RoPE on its last dims (g16 E4M3); index key =
     RMSNorm(unrotated latent @ index_wk) * w, then RoPE (g32 E8M0); only slots >= 0 are written.
@@ -320,6 +329,7 @@ def test_compressor_ratio1_is_rmsnorm_of_the_projection(seed, n, padding):
     assert not bool(out[n:].ne(0).any()), "padding rows written"
 
 
+@pytest.mark.operators("compressor_ratio2")
 def test_compressor_rounds_the_pooled_row_to_bf16_before_rmsnorm(backend):
     """Hand-computed (§4.1, CS-06): with an identity KV projection and equal gate scores, the pooled row of
     the pair at position 1 is (a + b) / 2 = [0.48046875, 0.56640625, 1.15234375, 0.76953125] (FP32), which
@@ -350,6 +360,7 @@ def test_compressor_rounds_the_pooled_row_to_bf16_before_rmsnorm(backend):
         f"latent row 1 = {latent[1].float().tolist()}, hand-computed [0.609375, 0.71875, 1.46875, 0.9765625]"
 
 
+@pytest.mark.operators("compressor_ratio2")
 def test_epochs_thread_the_ring_and_are_not_idempotent(backend):
     """The compressor_r2_epochs golden's call: five decode epochs, each taking the state the previous one
     left, give the reference's latents, flags and final state; running an epoch again on the state it
@@ -377,6 +388,7 @@ def test_epochs_thread_the_ring_and_are_not_idempotent(backend):
     assert not torch.equal(threaded, fresh), "epoch 2 ignored the state epoch 1 left"
 
 
+@pytest.mark.operators("compressor_ratio2")
 def test_two_requests_on_one_state_block_are_refused_or_updated_in_place_by_name(backend):
     """Two requests of one call on state block 1: refused by default, naming both requests (upstream's kernel
     would update the ring in place request by request; this project's reads-before-writes would read the old
@@ -413,6 +425,7 @@ def test_two_requests_on_one_state_block_are_refused_or_updated_in_place_by_name
     ("block out of range", [[3], [3]], False),
     ("block 0 shared", [[0], [0]], True),
 ], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.operators("compressor_ratio2")
 def test_only_requests_with_tokens_on_a_real_block_count_as_sharing_it(backend, second, table, shared):
     """The shared-block refusal counts a request only when it has tokens in this call (num_tokens cuts its span)
     and a block inside the cache: a second request with an empty span, with every row past num_tokens, or with

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from backends import torch_backend
 from contracts.checks.precision import check_row_precision
 from contracts.checks.topk import TopKContext, check_candidate_blocks, check_topk_validity
-from contracts.plugin import op
+from contracts.plugin import op, operator_params
 from contracts.strategies import EDGE_KINDS, indexer_cases, materialize, mx_cases, request_batches, slab_cases
 from contracts.tensors import byte_rows
 from contracts.test_compressor import Ring
@@ -110,6 +110,7 @@ def both(name: str, backend, *args, **kwargs):
 @pytest.mark.parametrize("rule_name", RULE_NAMES)
 @given(data=st.data(), dtype=st.sampled_from((torch.float32, torch.bfloat16, torch.float16, torch.float64)),
        lead=st.sampled_from(("1d", "2d", "3d", "4d")))
+@pytest.mark.operators("mx_quantize")
 def test_quantize_bytes_equal_the_reference_on_rule_edges(backend, rule_name, data, dtype, lead):
     """Payload and scale bytes equal the reference's on groups at the amax floor, the power-of-two and E4M3
     scale edges, E2M1 midpoints, E4M3 ties, BF16 double rounding, zero/subnormal/saturating groups, for
@@ -128,6 +129,7 @@ def test_quantize_bytes_equal_the_reference_on_rule_edges(backend, rule_name, da
 
 @pytest.mark.parametrize("rule_name", ["window", "compressed", "ced_index_fp4"])
 @pytest.mark.parametrize("shape", [(33000, 32), (3, 6000, 64)], ids=["rows", "3d"])
+@pytest.mark.operators("mx_quantize")
 def test_quantize_large_inputs_equal_the_reference(backend, rule_name, shape):
     """Inputs past the 2^19-element block size (quantized in row blocks) give the reference's bytes: block
     boundaries, the last partial block and leading dimensions. Spec: §2.2."""
@@ -140,6 +142,7 @@ def test_quantize_large_inputs_equal_the_reference(backend, rule_name, shape):
 
 @pytest.mark.parametrize("rule_name", RULE_NAMES)
 @pytest.mark.parametrize("shape", [(0, 32), (3, 0), (2, 0, 32)], ids=["no-rows", "no-columns", "empty-middle"])
+@pytest.mark.operators("mx_dequantize", "mx_quantize")
 def test_quantize_empty_inputs_equal_the_reference(backend, rule_name, shape):
     """Empty inputs (no rows, no columns) quantize to the reference's empty payload and scale shapes and
     dtypes, and decode back to empty tensors. Spec: §2.2."""
@@ -173,6 +176,7 @@ def _random_codes(rule_name: str, rows: int, groups: int, seed: int):
 @pytest.mark.parametrize("rule_name", RULE_NAMES)
 @given(rows=st.integers(1, 4), groups=st.integers(1, 4), seed=st.integers(0, 2**31),
        dtype=st.sampled_from(OUT_DTYPES))
+@pytest.mark.operators("mx_dequantize")
 def test_dequantize_equals_the_reference_for_every_code(backend, rule_name, rows, groups, seed, dtype):
     """Random payload and scale bytes (NaN, zero, subnormal and extreme scale codes included) decode to the
     reference's values, bit for bit, in every output dtype. Spec: §2.2."""
@@ -194,6 +198,7 @@ KINDS = ("window", "compressed_r2", "index")
 
 @pytest.mark.parametrize("kind", KINDS)
 @given(data=st.data(), seed=st.integers(0, 2**31), blocks=st.integers(1, 3))
+@pytest.mark.operators("cache_publish")
 def test_cache_publish_bytes_equal_the_reference(backend, kind, data, seed, blocks):
     """A sentinel cache, edge-aimed rows, slots with -1 holes, the first and the last physical row, and bad
     slots (out of range, duplicates, wrong count): the published bytes equal the reference's, and what the
@@ -224,6 +229,7 @@ def mx_cases_row(case, width: int, i: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("kind", (*KINDS, "compressed_r1", "state_r2"))
 @given(seed=st.integers(0, 2**31), blocks=st.integers(1, 2), dtype=st.sampled_from(OUT_DTYPES))
+@pytest.mark.operators("cache_read")
 def test_cache_read_equals_the_reference_for_every_code(backend, kind, seed, blocks, dtype):
     """A cache of random bytes (NaN and extreme scale codes included) reads back to the reference's values,
     bit for bit, in every requested dtype (the FP32 state as stored); the result never aliases the cache.
@@ -251,6 +257,7 @@ def _schedule_variants() -> list[V41Config]:
 
 
 @pytest.mark.parametrize("config", _schedule_variants(), ids=["flash", "tiny", "late-index", "adjacent-kv"])
+@pytest.mark.operators("resolve_schedule")
 def test_schedule_equals_the_reference(backend, config):
     """Mode, kind and both sources of every layer equal the reference's. Spec: §1."""
     got = op(backend, "resolve_schedule")(config)
@@ -263,6 +270,7 @@ def test_schedule_equals_the_reference(backend, config):
 
 
 @given(case=request_batches())
+@pytest.mark.operators("build_forward_metadata")
 def test_metadata_equals_the_reference(backend, case):
     """Every ForwardMetadata field equals the reference's (dtype, shape, values): empty requests, decode
     rows, prefill chunks, odd resumes, full windows, -1 state blocks, permuted and freed pages,
@@ -278,6 +286,7 @@ def test_metadata_equals_the_reference(backend, case):
 
 
 @given(case=slab_cases())
+@pytest.mark.operators("sp_bounds", "sp_gather", "sp_shard")
 def test_slabs_equal_the_reference(backend, case):
     """Bounds, shards (payload, token ids, positions, valid) and the gather equal the reference's, for
     T < TP, padding-only ranks, T = 0 and the last rank. Spec: §7.1."""
@@ -303,6 +312,7 @@ def test_slabs_equal_the_reference(backend, case):
 
 @pytest.mark.parametrize("config", [FLASH_TINY, FLASH], ids=["tiny", "flash"])
 @given(seed=st.integers(0, 2**31), data=st.data(), capacity=st.sampled_from((1, 2, 4, 7)))
+@pytest.mark.operators("check_row_precision", "compressor_ratio2")
 def test_compressor_equals_the_reference(backend, config, seed, data, capacity):
     """One batch of requests resuming at even and odd positions (partner from the ring), longer than the
     ring, inactive (-1 and out-of-range) blocks, empty requests, padding rows: the state equals the
@@ -351,6 +361,7 @@ def test_compressor_equals_the_reference(backend, config, seed, data, capacity):
 
 
 @given(capacity=st.sampled_from((1, 17, 257)), tokens=st.integers(0, 40), data=st.data(), compressed=st.booleans())
+@pytest.mark.operators("materialize_rope_rows")
 def test_rope_rows_equal_the_reference(backend, capacity, tokens, data, compressed):
     """Rows < num_tokens (negative, zero, last-capacity positions) and the 17/19 sentinel rows past it equal
     the reference's bit for bit. Spec: §4.2."""
@@ -376,6 +387,7 @@ def test_rope_rows_equal_the_reference(backend, capacity, tokens, data, compress
 # indexer, Top-K, candidates (§5)
 
 
+@pytest.mark.operators("index_scores")
 def test_index_scores_default_width_is_the_longest_request(backend):
     """Called without ``width``, the scores span the longest request's compressed length (requests of 3, 5 and 7
     positions: 7 columns, not 3), and equal the call that names that width. Spec: §5.1."""
@@ -392,6 +404,7 @@ def test_index_scores_default_width_is_the_longest_request(backend):
 
 
 @given(case=indexer_cases(), data=st.data())
+@pytest.mark.operators("check_row_precision", "index_scores", "select_topk")
 def test_index_scores_and_topk_equal_the_reference(backend, case, data):
     """Scores: the -inf mask exactly, finite scores within the row bound; the backend's selection over the
     *reference* scores passes the §5.3 validity rule against the reference selection (ties at the cutoff
@@ -424,6 +437,7 @@ def test_index_scores_and_topk_equal_the_reference(backend, case, data):
     assert result.ok, result.message()
 
 
+@pytest.mark.operators("check_row_precision", "index_scores")
 def test_index_scores_past_the_longest_request_on_a_full_table(backend):
     """Scores wider than the longest request (width past the last page) over a table with no spare column:
     positions beyond a request are -inf and never read a page the table does not have. Spec: §5.1."""
@@ -439,6 +453,7 @@ def test_index_scores_past_the_longest_request_on_a_full_table(backend):
 
 
 @given(case=indexer_cases(max_len=70), data=st.data())
+@pytest.mark.operators("candidate_blocks", "index_scores")
 def test_candidate_blocks_equal_the_reference(backend, case, data):
     """The U8 candidate mask keeps what the rule keeps, as the reference's does: partial last blocks, the forced
     block of position compressed_lens-1, -inf blocks, Top-K smaller and larger than the block count; any tie
@@ -584,6 +599,7 @@ for _kind in ("float_query_start_loc", "bool_window_table", "matrix_kv_seq_lens"
     BAD_INPUTS[f"metadata: {_kind}"] = ("build_forward_metadata", lambda k=_kind: _metadata_args(k))
 
 
+@pytest.mark.operators("build_forward_metadata")
 def test_metadata_defaults_and_position_limit_equal_the_reference(backend):
     """Called with its defaults (tp_size 1, capacity = num_tokens) and with a request ending exactly at
     max_position, the builder equals the reference; compressed and index slots never share storage.
@@ -622,7 +638,7 @@ for _kind in ("short_token_ids", "matrix_positions", "padding_one_element", "pad
     BAD_INPUTS[f"slabs: {_kind}"] = (_slab_args(_kind)[0], lambda k=_kind: _slab_args(k)[1:])
 
 
-@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+@pytest.mark.parametrize("case", operator_params(BAD_INPUTS, lambda row: row[0]))
 def test_bad_input_is_rejected_like_the_reference(backend, case):
     """Each input the reference rejects (the reference raising is asserted first) is rejected by the backend
     with a ValueError: table/row shapes and dtypes, zero capacity, num_tokens bounds, positions past the

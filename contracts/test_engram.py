@@ -48,6 +48,7 @@ def _independent(ids, table, wkv, weight, x, *, sqrt=True, key_norm=True, use_we
     return h + gate * value[:, None, :]
 
 
+@pytest.mark.operators("engram")
 def test_the_engram_output_is_the_released_formula_within_its_budget(backend):
     """Against an independent FP64 evaluation the output is within ratio_allclose(1e-3, 1e-2) (HC-14) and BF16.
     The inputs separate each rule: a large shared value and small |dot| make sigmoid(dot) without the signed
@@ -65,6 +66,7 @@ def test_the_engram_output_is_the_released_formula_within_its_budget(backend):
                                         rtol=rtol).ok, f"the inputs do not separate the {rule} rule"
 
 
+@pytest.mark.operators("engram")
 def test_the_operands_are_bf16_and_the_math_fp32(backend):
     """Table rows and wkv enter the projection as BF16 (an FP32 table or wkv gives the output of its BF16
     rounding); x enters the statistics as FP32: against an FP64 evaluation at most 2 % of the BF16 outputs
@@ -84,6 +86,7 @@ def test_the_operands_are_bf16_and_the_math_fp32(backend):
         f"{float((steps > 0).float().mean()):.3%} of the outputs differ from the FP64 evaluation"
 
 
+@pytest.mark.operators("engram")
 def test_the_gate_clamp_and_the_norm_epsilons_show_on_sentinel_rows(backend):
     """Token 0 has x = 0 (so dot = 0 and the gate is sigmoid(sqrt(1e-6)) = 0.50025) and a value of 2.00699 in
     column 0 and 2.00671 in column 1: 0.50025 · value rounds to 1.0078125 and 1.0 in BF16, where a gate without
@@ -105,6 +108,7 @@ def test_the_gate_clamp_and_the_norm_epsilons_show_on_sentinel_rows(backend):
     assert torch.equal(out[1].view(torch.int16), x[1].view(torch.int16)), "a zero lookup must leave x unchanged"
 
 
+@pytest.mark.operators("engram")
 def test_each_stream_has_its_own_gate_and_every_stream_adds_the_same_value(backend):
     """Four streams holding the same x but different weight rows get different gates; (out - x) / value is one
     gate per stream and token row (within BF16 rounding), so the value is shared and the gate is per stream.
@@ -126,6 +130,7 @@ def test_each_stream_has_its_own_gate_and_every_stream_adds_the_same_value(backe
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.operators("engram", "engram_tp")
 def test_the_sharded_lookup_equals_the_single_rank_lookup_on_every_rank(backend, tp):
     """The table row-sharded over tp ranks (hash ids hitting every shard, some rows repeated): every rank's
     output equals the single-rank output bit for bit, each in its own buffer. Spec: HC-14."""
@@ -138,6 +143,7 @@ def test_the_sharded_lookup_equals_the_single_rank_lookup_on_every_rank(backend,
         assert torch.equal(out.view(torch.int16), single.view(torch.int16)), f"rank {rank} differs"
 
 
+@pytest.mark.operators("engram", "engram_tp")
 def test_engram_inputs_are_refused_naming_the_field(backend):
     """A hash id outside the table names its (token, column); the wrong column count, x shape or weight shape
     name the field; TP needs one of (1, 2, 4, 8), one shard per rank of equal size, and at most 256 token rows
@@ -168,6 +174,7 @@ def test_engram_inputs_are_refused_naming_the_field(backend):
         tp(many, list(table.chunk(2)), wkv, weight, torch.zeros(ENGRAM_TP_WINDOW + 1, HC, D), tp=2, config=C)
 
 
+@pytest.mark.operators("engram")
 def test_the_engram_comparator_judges_every_rank_and_the_budget():
     """The golden comparator ``engram``: ratio_allclose(1e-3, 1e-2) just inside passes and just outside fails;
     on the sharded tree a rank whose output differs from rank 0 by one bit fails as replicas. Spec: HC-14."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 
-def _trees(store_path: str) -> list[tuple[str, str]]:
+def _trees(store_path: str) -> list[tuple[str, str, frozenset[str]]]:
+    """(case, wiring, the operators the tree reaches) of every tree in the store."""
     from goldens import trees
     from goldens.store import GoldenStore
 
@@ -17,7 +18,8 @@ def _trees(store_path: str) -> list[tuple[str, str]]:
     if not store.exists():
         return []
     reader = store.reader()
-    return [(c, w) for c in trees.recorded_cases(reader) for w in trees.recorded_wirings(reader, c)]
+    return [(c, w, trees.tree_operators(reader, c, w)) for c in trees.recorded_cases(reader)
+            for w in trees.recorded_wirings(reader, c)]
 
 
 def pytest_generate_tests(metafunc):
@@ -31,10 +33,12 @@ def pytest_generate_tests(metafunc):
             metafunc.parametrize("golden_tree", [("!unreadable", str(exc))], ids=["store-unreadable"])
             return
         # an absent or empty store is an error, not a skip: the default store is committed with the repo
-        metafunc.parametrize("golden_tree", found or [None], ids=[f"{c}/{w}" for c, w in found] or ["no-trees"])
+        # each tree declares the operators it reaches, so `pytest --operator NAME` replays the trees of NAME
+        params = [pytest.param((c, w), marks=pytest.mark.operators(*sorted(ops)), id=f"{c}/{w}") for c, w, ops in found]
+        metafunc.parametrize("golden_tree", params or [pytest.param(None, id="no-trees")])
 
 
-def test_golden_tree_replays(backend, golden_tree, pytestconfig):
+def test_golden_tree_replays(backend, golden_tree, pytestconfig, request):
     from contracts.operators import MissingOperator, Unsupported
     from goldens import trees
     from goldens.errors import BackendFailure, GoldenStoreError
@@ -59,8 +63,9 @@ def test_golden_tree_replays(backend, golden_tree, pytestconfig):
         pytest.fail(f"{case}/{wiring} is stale: {tree.stale_reason()} (or --regen-goldens)")
     report_dir = pytestconfig.getoption("golden_report")
     actual: dict = {}
+    asking = _Asking(backend)
     try:
-        results = trees.replay(tree, backend, keep=actual)
+        results = trees.replay(tree, asking, keep=actual)
     except (MissingOperator, Unsupported) as exc:  # the operator it lacks (e.g. no toolchain) / a call it cannot run
         _report(report_dir, case, wiring, "SKIP", str(exc))
         pytest.skip(str(exc))
@@ -74,8 +79,26 @@ def test_golden_tree_replays(backend, golden_tree, pytestconfig):
         from goldens import report
 
         report.write_part(report_dir, report.tree_report(report.History(store), tree, actual, results))
+    declared = {name for mark in request.node.iter_markers("operators") for name in mark.args}
+    assert asking.asked <= declared, (f"{case}/{wiring}: its replay asked the backend for {sorted(asking.asked - declared)}, "
+                                      f"which the tree's record does not reach ({sorted(declared)}): "
+                                      "contracts.operators.operators_reached misses them")
     failed = {name: r.message() for name, r in results.items() if not r.ok}
     assert not failed, f"{case}/{wiring}: " + "; ".join(f"{k}: {v}" for k, v in failed.items())
+
+
+class _Asking:
+    """The backend, counting the operators a replay asks it for (everything else passes through)."""
+
+    def __init__(self, backend):
+        self._backend, self.asked = backend, set()
+
+    def get(self, name: str):
+        self.asked.add(name)
+        return self._backend.get(name)
+
+    def __getattr__(self, attr: str):
+        return getattr(self._backend, attr)
 
 
 def _report(report_dir: str | None, case: str, wiring: str, verdict: str, detail: str) -> None:

@@ -11,6 +11,8 @@ import pytest
 from contracts.plugin import op
 from kernels.config import FLASH, LayerKind
 
+pytestmark = pytest.mark.operators("half_layer_call")  # every contract here calls it, and only it
+
 KINDS = [k.value for k in LayerKind]
 ACCEPTED = [
     ("C2A_REUSE", dict(phase="decode", tokens=32, active=24, requests=4), 24),  # the validated upstream case

@@ -45,6 +45,7 @@ def test_the_lm_head_layout_rules_are_errors_naming_the_field():
 
 @settings(deadline=None)
 @given(seed=st.integers(0, 2**16), tokens=st.integers(1, 6), tp=st.sampled_from([1, 2, 4, 8]))
+@pytest.mark.operators("lm_head")
 def test_the_vocab_shards_concatenate_to_the_reference_logits(backend, seed, tokens, tp):
     """Rank r's shard is logits[:, r·V/tp : (r+1)·V/tp]: the shards in rank order equal the unsharded
     reference logits within 1e-3 + 1e-3·|e| on every element, and equal the backend's own unsharded logits
@@ -61,6 +62,7 @@ def test_the_vocab_shards_concatenate_to_the_reference_logits(backend, seed, tok
     assert torch.equal(got, torch.cat(head(hidden, weight, tp=1), dim=1)), "sharding moved a logit"
 
 
+@pytest.mark.operators("lm_head")
 def test_a_shard_boundary_is_exact(backend):
     """A weight whose row v is v·e_0 makes logit v of a token with x = e_0 equal to v: every shard must start
     at its own first vocabulary row (an off-by-one shard shows as v ± 1). Spec: SC-23."""
@@ -76,6 +78,7 @@ def test_a_shard_boundary_is_exact(backend):
                 f"TP{tp} shard {r} holds vocab rows {s[0, 0].item():g}..{s[0, -1].item():g}"
 
 
+@pytest.mark.operators("greedy_pick")
 def test_greedy_ids_are_the_first_maximum(backend):
     """Ties go to the first (lowest) vocabulary id; -inf rows still pick their maximum; a NaN row is an error
     naming the row. Spec: AP-18."""
@@ -93,6 +96,7 @@ def test_greedy_ids_are_the_first_maximum(backend):
 
 @settings(deadline=None)
 @given(seed=st.integers(0, 2**16), tokens=st.integers(1, 6))
+@pytest.mark.operators("greedy_pick", "lm_head")
 def test_greedy_ids_agree_with_the_logits_they_come_from(backend, seed, tokens):
     """Self-consistency on real logits with forced ties (two identical vocabulary rows): the ids are the first
     maximum of the backend's own logits. Spec: AP-18."""
@@ -105,6 +109,7 @@ def test_greedy_ids_agree_with_the_logits_they_come_from(backend, seed, tokens):
     assert r.ok, r.message()
 
 
+@pytest.mark.operators("embed_pack")
 def test_the_embedding_pack_clamps_ids_and_copies_rows_bit_exact(backend):
     """Ids -1, vocab and vocab + 7 read rows 0, vocab-1 and vocab-1; every stream holds the row bit for bit.
     Spec: CQ-26."""
@@ -146,6 +151,7 @@ def test_the_logit_and_greedy_comparators_fail_just_outside_their_bounds():
     assert not r.ok and "first maximum" in r.message()
 
 
+@pytest.mark.operators("embed_pack", "greedy_pick", "lm_head")
 def test_the_boundary_operators_refuse_bad_calls(backend):
     """lm_head: a TP outside (1, 2, 4, 8) or True, a hidden / weight mismatch; greedy_pick: a 1-D or empty
     row; embed_pack: float ids, a 1-D embedding. The default lm_head is one shard. Spec: SC-23, AP-18, CQ-26."""
@@ -171,10 +177,12 @@ def test_the_boundary_operators_refuse_bad_calls(backend):
         op(backend, "embed_pack")(torch.zeros(3, dtype=torch.int64), emb[0], config=C)
 
 
+@pytest.mark.operators("greedy_pick")
 def test_a_single_column_of_logits_picks_id_zero(backend):
     assert op(backend, "greedy_pick")(torch.tensor([[3.0], [-1.0]])).tolist() == [0, 0]
 
 
+@pytest.mark.operators("embed_pack", "final_norm", "hc_head")
 def test_the_boundary_chain_embeds_collapses_and_normalizes(backend):
     """embed_pack -> hc_head -> final_norm with the backbone skipped (upstream's id set, two ids past the
     vocabulary) and a non-identity delayed pre-mix: x_hc is the clamped rows in every stream (exact); hidden is

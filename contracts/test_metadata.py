@@ -18,6 +18,8 @@ from contracts.strategies import BatchCase, materialize, request_batches
 from kernels.config import FLASH
 from kernels.metadata import build_forward_metadata
 
+pytestmark = pytest.mark.operators("build_forward_metadata")  # every contract here calls it, and only it
+
 BATCHES = request_batches()
 
 

@@ -38,6 +38,7 @@ def _with(inputs: dict, key: str, index: tuple, value: int) -> dict:
 
 
 @given(case=BATCHES, data=st.data())
+@pytest.mark.operators("build_forward_metadata")
 def test_metadata_rejects_decreasing_query_start_loc(backend, case, data):
     build = op(backend, "build_forward_metadata")
     active = _active(case)
@@ -49,6 +50,7 @@ def test_metadata_rejects_decreasing_query_start_loc(backend, case, data):
 
 
 @given(case=BATCHES, data=st.data(), value=st.integers(-5000, -1))
+@pytest.mark.operators("build_forward_metadata")
 def test_metadata_rejects_negative_kv_length(backend, case, data, value):
     build = op(backend, "build_forward_metadata")
     r = data.draw(st.integers(0, len(case.query_lens) - 1), label='r')
@@ -57,6 +59,7 @@ def test_metadata_rejects_negative_kv_length(backend, case, data, value):
 
 
 @given(case=BATCHES, data=st.data())
+@pytest.mark.operators("build_forward_metadata")
 def test_metadata_rejects_unmapped_window_page_in_visible_range(backend, case, data):
     """The page holding a token's own position is -1 (page -1 in a visible range)."""
     build = op(backend, "build_forward_metadata")
@@ -70,6 +73,7 @@ def test_metadata_rejects_unmapped_window_page_in_visible_range(backend, case, d
 
 
 @given(case=BATCHES, data=st.data())
+@pytest.mark.operators("build_forward_metadata")
 def test_metadata_rejects_missing_visible_compressed_page(backend, case, data):
     """A visible compressed page of an active request is -1 ("missing visible compressed pages")."""
     build = op(backend, "build_forward_metadata")
@@ -92,6 +96,7 @@ def test_metadata_rejects_missing_visible_compressed_page(backend, case, data):
 
 
 @given(case=BATCHES, data=st.data())
+@pytest.mark.operators("build_forward_metadata")
 def test_metadata_rejects_duplicate_state_block(backend, case, data):
     build = op(backend, "build_forward_metadata")
     batch = len(case.query_lens)
@@ -107,6 +112,7 @@ def test_metadata_rejects_duplicate_state_block(backend, case, data):
 
 
 @given(case=BATCHES, data=st.data(), value=st.integers(-100, -2))
+@pytest.mark.operators("build_forward_metadata")
 def test_metadata_rejects_state_block_below_minus_one(backend, case, data, value):
     build = op(backend, "build_forward_metadata")
     r = data.draw(st.integers(0, len(case.query_lens) - 1), label='r')
@@ -118,12 +124,14 @@ def test_metadata_rejects_state_block_below_minus_one(backend, case, data, value
 
 
 @given(case=BATCHES, tp=st.sampled_from((0, 3, 5, 6, 16, -4)))
+@pytest.mark.operators("build_forward_metadata")
 def test_metadata_rejects_unsupported_tp(backend, case, tp):
     build = op(backend, "build_forward_metadata")
     _raises(build, {**materialize(case), "tp_size": tp}, rf"tp_size.*{tp}")
 
 
 @given(case=BATCHES)
+@pytest.mark.operators("build_forward_metadata")
 def test_metadata_rejects_structural_mistakes(backend, case):
     """Wrong state dtype/shape, diverging same-ratio tables, a missing source table, short capacity."""
     build = op(backend, "build_forward_metadata")

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.plugin import op
 from contracts.strategies import materialize, request_batches
+
+pytestmark = pytest.mark.operators("build_forward_metadata")  # every contract here calls it, and only it
 
 BATCHES = request_batches()
 PER_REQUEST = ("query_lens", "kv_seq_lens", "new_kv_seq_lens")

@@ -48,6 +48,7 @@ def _ratio(name, actual, expected, tol):
 
 @settings(deadline=None)
 @given(seed=st.integers(0, 2**16), tokens=st.integers(1, 9), spread=st.sampled_from([0.5, 1.0, 2.0]))
+@pytest.mark.operators("hc_mixes")
 def test_the_residual_mix_is_doubly_stochastic_and_pre_post_are_in_range(backend, seed, tokens, spread):
     """Columns sum to 1 within 4·hc_eps (the last Sinkhorn step normalises columns, every sum offset by eps);
     rows within ROW_SUM_TOL = 0.06: 20 iterations do not converge nearly decomposable draws (measured here over
@@ -65,6 +66,7 @@ def test_the_residual_mix_is_doubly_stochastic_and_pre_post_are_in_range(backend
     assert m.pre.dtype == m.post.dtype == m.residual.dtype == torch.float32
 
 
+@pytest.mark.operators("hc_mixes")
 def test_rows_past_num_tokens_are_exactly_zero_and_active_rows_do_not_depend_on_them(backend):
     """The zero tail of the next pre-mix (valid rows + zero tail): rows >= num_tokens of every mix are +0.0,
     and changing the padding rows' stream changes no active row. Spec: HC-11."""
@@ -84,6 +86,7 @@ def test_rows_past_num_tokens_are_exactly_zero_and_active_rows_do_not_depend_on_
 
 @settings(deadline=None)
 @given(seed=st.integers(0, 2**16), tokens=st.integers(2, 8))
+@pytest.mark.operators("hc_mixes", "hc_post", "hc_pre")
 def test_permuting_the_tokens_permutes_every_output(backend, seed, tokens):
     """Every mHC output row depends on its own token only: a permutation of the tokens permutes the mixes and
     the collapsed / expanded rows, bit for bit. Spec: HC-01, HC-02."""
@@ -100,6 +103,7 @@ def test_permuting_the_tokens_permutes_every_output(backend, seed, tokens):
     assert torch.equal(post(sub, x, a.post, a.residual)[perm], post(sub[perm], x[perm], b.post, b.residual))
 
 
+@pytest.mark.operators("hc_pre")
 def test_the_first_layer_collapses_with_the_one_hot_lane_zero_mix(backend):
     """identity_pre_mix selects stream 0: hc_pre with it returns stream 0 in the stream's dtype. Spec: HC-06."""
     from kernels.reference.mhc import identity_pre_mix
@@ -111,6 +115,7 @@ def test_the_first_layer_collapses_with_the_one_hot_lane_zero_mix(backend):
     assert torch.equal(op(backend, "hc_pre")(x, mix), x[:, 0])
 
 
+@pytest.mark.operators("hc_head", "hc_mixes", "hc_post", "hc_pre")
 def test_the_activation_dtypes_at_each_boundary(backend):
     """hc_pre returns the BF16 activation from FP32 streams (and from BF16 ones), hc_head BF16, hc_post FP32
     from a BF16 sublayer and FP32 streams. Spec: HC-02."""
@@ -141,6 +146,7 @@ def _slow_sinkhorn_inputs(tokens: int = 3):
     return x, function, scale, base
 
 
+@pytest.mark.operators("hc_mixes")
 def test_the_sinkhorn_iteration_count_is_twenty(backend):
     """One softmax + column step and 19 (row, column) rounds: on slowly converging logits the mix equals the
     reference within the HC-07 budget, and the reference itself moves by more than that budget with 19, 21 or 10
@@ -165,6 +171,7 @@ def test_the_sinkhorn_iteration_count_is_twenty(backend):
 
 @settings(deadline=None)
 @given(seed=st.integers(0, 2**16), tokens=st.integers(1, 6))
+@pytest.mark.operators("hc_mixes")
 def test_mixes_and_outputs_equal_the_reference_within_their_budgets(backend, seed, tokens):
     """The fixture's distribution: coefficients within ratio_allclose(2.5e-5, 5e-3), collapsed / expanded /
     head outputs within ratio_allclose(1e-4, 1/128). Spec: HC-07, HC-08."""
@@ -181,6 +188,7 @@ def test_mixes_and_outputs_equal_the_reference_within_their_budgets(backend, see
         assert r.ok, r.message()
 
 
+@pytest.mark.operators("hc_pre")
 def test_hc_pre_sums_in_fp32_and_casts_once(backend):
     """Streams and mixes with few mantissa bits, so every product and partial sum is exact in FP32 (the FP32
     sum is the same in any order) but the products are not BF16 values: the output must be the exact sum
@@ -213,6 +221,7 @@ def test_hc_pre_sums_in_fp32_and_casts_once(backend):
         f"row 0 got {got[0, :6].tolist()}, want {want[0, :6].tolist()}"
 
 
+@pytest.mark.operators("hc_post")
 def test_hc_post_applies_the_residual_mix_transposed_and_keeps_fp32(backend):
     """A residual mix with a single 1 at [i=0, j=2]: stream 2 receives stream 0 (out[j] = Σ_i mix[i, j]·x[i]),
     stream 0 receives nothing; values with bits below BF16's mantissa survive (the FP32 output is not
@@ -236,6 +245,7 @@ def test_hc_post_applies_the_residual_mix_transposed_and_keeps_fp32(backend):
     assert not bool(out[1:].any()), "a row with zero mixes came back non-zero"
 
 
+@pytest.mark.operators("hc_post")
 def test_the_older_post_rule_stays_selectable_by_name(backend):
     """Upstream's older golden rounded hc_post through the sublayer's dtype; kept as ``via-sublayer-dtype``
     (an FP32 result holding BF16 values) and separated by the same FP32-only value. Spec: HC-02."""
@@ -255,6 +265,7 @@ def test_the_older_post_rule_stays_selectable_by_name(backend):
         hc_post(sub, x, post, mix, rule="bf16")
 
 
+@pytest.mark.operators("hc_mixes", "hc_post", "hc_pre")
 def test_mhc_rejects_bad_input(backend):
     g = torch.Generator().manual_seed(1)
     x, (function, scale, base) = _stream(g, 2, C.hidden_size), _weights(g, C.hidden_size)
@@ -270,6 +281,7 @@ def test_mhc_rejects_bad_input(backend):
         op(backend, "hc_post")(torch.ones(3, C.hidden_size), x, torch.ones(2, HC), torch.ones(2, HC, HC))
 
 
+@pytest.mark.operators("hc_mixes")
 def test_the_inverse_rms_runs_over_the_flattened_streams(backend):
     """One inverse RMS over the whole [hc·D] row: scaling a token's four streams together by 2^k leaves its mixes
     unchanged, scaling one stream alone moves them (a per-stream norm would be blind to it). Spec: HC-01."""
@@ -301,6 +313,7 @@ def test_the_mhc_budgets_fail_just_outside_each_clause(tol):
         assert not check_ratio_allclose(exp - edge * (1 + 1e-6), exp, atol=atol, rtol=rtol, max_error_ratio=0).ok
 
 
+@pytest.mark.operators("hc_mixes")
 def test_the_sinkhorn_eps_offsets_every_sum(backend):
     """The last step divides each column by its sum + hc_eps, so every column sums to s/(s + eps) -- just below
     1 (by ~1e-6, far above FP32 rounding at 1), never 1 or above; with one iteration (no row rounds) the rows
@@ -316,6 +329,7 @@ def test_the_sinkhorn_eps_offsets_every_sum(backend):
     assert bool((cols < 1 - 0.2 * C.hc_eps).all()), "one iteration: one column normalisation (sums <= 4)"
 
 
+@pytest.mark.operators("hc_mixes")
 def test_a_zero_row_and_the_num_tokens_edges(backend):
     """An all-zero token row (the inverse RMS sees only rms_norm_eps) gives finite mixes -- pre =
     sigmoid(base) + hc_eps; num_tokens = 0 zeroes every row and num_tokens = T none. Spec: HC-01, HC-11."""
@@ -330,6 +344,7 @@ def test_a_zero_row_and_the_num_tokens_edges(backend):
     assert torch.equal(mixes(x, f, s, b, num_tokens=3, config=C).pre, m.pre)
 
 
+@pytest.mark.operators("hc_mixes", "hc_post")
 def test_bf16_streams_are_widened_before_any_arithmetic(backend):
     """Streams handed over as BF16 give exactly the results of the same values in FP32 (the inverse RMS,
     the collapse and the expansion all widen first). Spec: HC-02."""
@@ -343,6 +358,7 @@ def test_bf16_streams_are_widened_before_any_arithmetic(backend):
                        op(backend, "hc_post")(sub, x.float(), b.post, b.residual))
 
 
+@pytest.mark.operators("hc_mixes", "hc_post")
 def test_hc_post_refuses_each_bad_mix_shape(backend):
     g = torch.Generator().manual_seed(16)
     x = _stream(g, 2, C.hidden_size)

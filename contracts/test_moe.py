@@ -52,6 +52,7 @@ def _biased_scores(x, weight, bias):
 
 @settings(deadline=None)
 @given(seed=st.integers(0, 2**16), tokens=st.integers(1, 12))
+@pytest.mark.operators("moe_gate")
 def test_the_router_gives_valid_ids_and_weights_that_sum_to_the_scaling_factor(backend, seed, tokens):
     """ids INT32 in [0, E), unique per row; weights FP32, > 0, summing to routed_scaling_factor (1.5) within
     2e-5 and equal to the unbiased scores at those ids; ids and weights match the reference. Spec: MO-01,
@@ -67,6 +68,7 @@ def test_the_router_gives_valid_ids_and_weights_that_sum_to_the_scaling_factor(b
     assert r.ok, r.message()
 
 
+@pytest.mark.operators("moe_gate")
 def test_the_correction_bias_moves_the_selection_and_never_the_weights(backend):
     """A bias of +4 on experts 3 and 11 puts them in every row's selection although their scores are the
     lowest; their weights are still their own (small, unbiased) scores, normalised. Spec: MO-01."""
@@ -87,6 +89,7 @@ def test_the_correction_bias_moves_the_selection_and_never_the_weights(backend):
             f"row {t} weights {weights[t].tolist()} != unbiased scores normalised {want.tolist()}"
 
 
+@pytest.mark.operators("moe_gate")
 def test_ties_go_to_the_lower_expert_id_and_the_topk_rule_stays_selectable(backend):
     """Every expert with the same logit and bias: the stable rule selects experts 0..k-1 in id order (the CED
     reference's stable argsort); ``topk`` (the decode golden's torch.topk order) stays selectable by name.
@@ -133,6 +136,7 @@ def test_the_gate_comparators_fail_just_outside_their_bounds():
 # ------------------------------------------------------------------------------------------------ expert
 
 
+@pytest.mark.operators("moe_expert")
 def test_the_swiglu_clamps_gate_above_and_up_on_both_sides(backend):
     """Hand vector, one hidden unit, D = 1 direction: gate = 30 is clamped to 10, gate = -30 is not clamped
     (silu(-30) ~ -2.8e-12), up = ±30 is clamped to ±10. Spec: MO-02."""
@@ -170,6 +174,7 @@ def _swiglu_unit(gate: float, up: float, limit: float, *, gate_clamp="above", up
     return (act * u).to(torch.bfloat16).float()
 
 
+@pytest.mark.operators("moe_expert")
 def test_the_swiglu_clamp_placement_is_separated_from_each_alternative(backend):
     """Hand vector at a limit of 2 (at the real limit 10, silu(10) and 10 are one BF16 value, so a clamp after
     the activation could not be told apart): one unit with gate = up = 3x, for x = 1 and x = -1. The rule:
@@ -197,6 +202,7 @@ def test_the_swiglu_clamp_placement_is_separated_from_each_alternative(backend):
                                          "(silu(min(3x, 2)) * clamp(3x, -2, 2), one BF16 rounding)"
 
 
+@pytest.mark.operators("moe_expert")
 def test_the_route_weight_multiplies_the_hidden_before_its_bf16_boundary(backend):
     """With a down projection that copies one hidden unit per output (a 0/1 matrix), every output element is
     a BF16 value exactly when the route weight is applied before the hidden is rounded to BF16 and W2 is
@@ -218,6 +224,7 @@ def test_the_route_weight_multiplies_the_hidden_before_its_bf16_boundary(backend
 
 @settings(deadline=None)
 @given(seed=st.integers(0, 2**16), rows=st.integers(1, 10))
+@pytest.mark.operators("moe_expert")
 def test_an_expert_equals_the_reference_within_the_moe_budget(backend, seed, rows):
     g = torch.Generator().manual_seed(seed)
     x, (ex,) = _tokens(g, rows), _experts(g, 1)
@@ -288,6 +295,7 @@ def _run_ep(backend, x_all, w, b, experts, shared, ep, counts):
 
 @settings(deadline=None, max_examples=10)
 @given(seed=st.integers(0, 2**16))
+@pytest.mark.operators("moe_ep", "moe_gate")
 def test_ep_results_do_not_depend_on_the_ep_size_or_on_token_order(backend, seed):
     """The same 16 token rows on EP2 / EP4 / EP8 (8 / 4 / 2 active rows per rank) give the same output rows
     bit for bit; reversing the rows of every rank reverses its output rows. Spec: MO-09."""
@@ -308,6 +316,7 @@ def test_ep_results_do_not_depend_on_the_ep_size_or_on_token_order(backend, seed
         assert torch.equal(back.outputs[r][:8], fwd.outputs[r][:8].flip(0)), f"rank {r}: token order moved a row"
 
 
+@pytest.mark.operators("moe_ep", "moe_gate")
 def test_dispatch_counts_slots_and_owners(backend):
     """send_counts[src, dst, local] counts the (token, k) pairs routed to expert dst·n_local + local; each
     destination lays them out by local expert, then source rank, then source order; every active token row
@@ -334,6 +343,7 @@ def test_dispatch_counts_slots_and_owners(backend):
         assert r.ok, f"rank {src}: {r.message()}"
 
 
+@pytest.mark.operators("moe_ep", "moe_expert", "moe_gate")
 def test_the_combine_sums_in_fp32_and_casts_once(backend):
     """The combined row is shared + Σ_k routed in FP32, cast to BF16 once: recomputed from the backend's own
     expert contributions, bit for bit. Summing in BF16 (or casting each contribution) differs on these rows.
@@ -356,6 +366,7 @@ def test_the_combine_sums_in_fp32_and_casts_once(backend):
         assert not torch.equal(bf16_total, total.to(torch.bfloat16)), "the rows separate the two combines"
 
 
+@pytest.mark.operators("moe_ep", "moe_gate")
 def test_token_counts_follow_md32(backend):
     """num_tokens: one count broadcast to every rank, or exactly EP counts, each in [0, 16] and within the
     rank's rows; anything else names the field and rank. Spec: MD-32."""
@@ -374,6 +385,7 @@ def test_token_counts_follow_md32(backend):
            num_tokens=[6, 6], config=C)
 
 
+@pytest.mark.operators("moe_ep", "moe_expert", "moe_gate")
 def test_recv_y_holds_each_local_experts_outputs_in_slot_order(backend):
     """Per destination: recv_expert_count[local] is the number of rows the local expert received (the column
     sum of send_counts) and lies in [0, recv_max]; recv_y[local, :count] are that expert's outputs for its rows
@@ -419,6 +431,7 @@ def test_recv_y_holds_each_local_experts_outputs_in_slot_order(backend):
     assert not check_recv_y(res.recv_y[dst], res.recv_y[dst], over, over, recv_max=recv_max).ok
 
 
+@pytest.mark.operators("moe_ep")
 def test_a_destination_over_its_receive_capacity_is_an_error(backend):
     """A local expert receiving more than recv_max rows is an error naming the destination and the expert that
     is over: expert 0 receives exactly 2 rows (accepted at recv_max 2), expert 1 receives 3, so the error names
@@ -460,6 +473,7 @@ def test_the_moe_row_comparator_fails_just_outside_each_clause():
     assert not r.ok and "padding row" in r.message() and "[3][2]" in r.message()
 
 
+@pytest.mark.operators("moe_ep", "moe_gate")
 def test_the_ep4_fixture_bias_keeps_topk_far_from_ties_and_forces_cross_rank_traffic(backend):
     """The moe_ep4 golden uses upstream's fixture routing bias (+4 on 6 spread experts, -1 elsewhere): the 6th
     and 7th biased scores of every row are more than 1 apart (no near-tie can flip a selection) and every
@@ -484,6 +498,7 @@ def test_the_ep4_fixture_bias_keeps_topk_far_from_ties_and_forces_cross_rank_tra
         assert all(int(sent[src, dst]) > 0 for dst in range(4) if dst != src), f"rank {src} sends {sent[src]}"
 
 
+@pytest.mark.operators("moe_gate")
 def test_the_router_temperature_divides_the_logits(backend):
     """scores = sqrt(softplus(logits / gate_temperature)): at temperature 2 the weights are those of the halved
     logits (FLASH uses 1.0, where multiplying and dividing agree). Spec: MO-01."""
@@ -499,6 +514,7 @@ def test_the_router_temperature_divides_the_logits(backend):
     assert torch.allclose(weights, chosen / chosen.sum(1, keepdim=True) * C.routed_scaling_factor, atol=1e-6)
 
 
+@pytest.mark.operators("moe_expert")
 def test_the_bf16_projection_rule_rounds_each_projection(backend):
     """``bf16-proj`` (the decode golden) rounds gate and up to BF16 before the SwiGLU: an up projection of
     1 + 2^-8 (a BF16 tie) becomes 1.0 and the hidden silu(10)·1 rounds to 10.0, while ``fp32-proj`` keeps
@@ -525,6 +541,7 @@ def test_the_bf16_projection_rule_rounds_each_projection(backend):
     assert torch.equal(bf16, bf16.to(torch.bfloat16).float()), "a bf16-proj contribution holds BF16 values"
 
 
+@pytest.mark.operators("moe_ep", "moe_expert", "moe_gate")
 def test_the_moe_operators_refuse_bad_calls_naming_the_field(backend):
     """Every shape clause alone, the id range at its edges (E refused, E-1 accepted), the receive capacity at
     its edge (exactly recv_max accepted), and the documented output dtypes. Spec: MO-03, MO-09, MD-32."""
@@ -575,6 +592,7 @@ def test_the_moe_operators_refuse_bad_calls_naming_the_field(backend):
         ep([x, x], gates, experts, shared, ep=2, num_tokens=4, recv_max=most - 1, config=C)
 
 
+@pytest.mark.operators("moe_ep", "moe_gate")
 def test_prefill_rows_have_one_owner_per_tp_group_and_the_group_sum_restores_the_moe(backend):
     """Prefill layer on TP4 (card 5, group 4..7): token t is owned by card 4 + t % 4 -- one owner per row in
     the group; each card keeps its owned rows of the MoE result and zeros the others; the group's FP32 sum cast
@@ -605,6 +623,7 @@ def test_prefill_rows_have_one_owner_per_tp_group_and_the_group_sum_restores_the
         prefill_token_owners(4, rank=0, tp=3)
 
 
+@pytest.mark.operators("moe_ep", "moe_expert", "moe_gate")
 def test_the_combine_sums_shared_then_routed_in_slot_order(backend):
     """Hand vector: every routed expert shares W1 and W3 and the router is zero (equal route weights), the bias
     puts experts 0..5 in slots 0..5. Expert 0's W2 is +2^40 (all ones), expert 1's -2^40, expert 2's small,

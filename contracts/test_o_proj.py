@@ -35,6 +35,7 @@ def _bf16(v: torch.Tensor, mode: str) -> torch.Tensor:
     return (bits & ~0xFFFF).view(torch.float32)
 
 
+@pytest.mark.operators("o_proj")
 def test_o_proj_rounds_the_grouped_latent_to_bf16(backend):
     """Hand-computed: 2 tokens, 2 heads x 4 dims, one group, O_LORA 2, Wo-B = [[1], [-1]], so the partial is
     BF16(latent 0) - BF16(latent 1) with latent 1 = 1. Latent 0 = 1 + 2^-8 (token 0) and 1 + 3·2^-8 (token 1),
@@ -61,6 +62,7 @@ def test_o_proj_rounds_the_grouped_latent_to_bf16(backend):
         f"partials {out[:, 0].tolist()}: expected {want.tolist()} (latents 1 + 2^-8, 1 + 3·2^-8 round to BF16 1, 1 + 2^-6)"
 
 
+@pytest.mark.operators("o_proj")
 def test_o_proj_applies_the_inverse_rotation(backend):
     """Inputs rotated forward by 90 degrees (exact: (a, b) -> (-b, a)) with tables (cos 0, sin 1) give exactly the
     output of the unrotated inputs with identity tables; a forward rotation would give (-a, -b). Spec: RR-12."""
@@ -93,6 +95,7 @@ def _bound_case(backend, geometry, seed, tokens):
 
 
 @given(seed=st.integers(0, 2**31), tokens=st.integers(1, 3))
+@pytest.mark.operators("check_row_precision", "o_proj")
 def test_o_proj_within_the_row_bound_of_the_reference(backend, seed, tokens):
     """At tiny geometry (4 heads x 64, 2 groups): the FP32 partial of every token within the per-row RMS/peak
     bound of the reference, with real rotations at random positions. Spec: §6, §7.1."""
@@ -100,6 +103,7 @@ def test_o_proj_within_the_row_bound_of_the_reference(backend, seed, tokens):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.operators("check_row_precision", "o_proj")
 def test_o_proj_within_the_row_bound_at_flash_geometry(backend, seed):
     """The same at FLASH per-rank geometry for TP4: 16 heads x 512, 2 groups of 4096, O_LORA 1024, hidden 5120."""
     _bound_case(backend, (16, 512, 2, 1024, 5120), seed, 2)
@@ -107,6 +111,7 @@ def test_o_proj_within_the_row_bound_at_flash_geometry(backend, seed):
 
 @pytest.mark.parametrize("what", ["fp32 attended", "table rows", "wo_a groups", "wo_b rows", "table wider than a head",
                                   "groups not dividing the heads"])
+@pytest.mark.operators("o_proj")
 def test_o_proj_rejects_bad_input(backend, what):
     """Bad shapes and dtypes raise a ValueError naming the field. Spec: §7.1."""
     x = torch.zeros(2, 4, 16, dtype=torch.bfloat16)
@@ -125,6 +130,7 @@ def test_o_proj_rejects_bad_input(backend, what):
         op(backend, "o_proj")(*args)
 
 
+@pytest.mark.operators("o_proj")
 def test_o_proj_rounds_the_unrotated_heads_to_bf16(backend):
     """Hand-computed: the rope pair (1, 0) under cos 0.6, sin 0.8 un-rotates to (0.6, -0.8), which the device
     stores as BF16 (0.6015625, -0.80078125); a Wo-A row summing both gives exactly -0.19921875. Summing the

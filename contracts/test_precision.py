@@ -33,6 +33,7 @@ def _rms(x: torch.Tensor) -> float:
 
 @given(seed=st.integers(0, 2**31), rows=st.integers(1, 16), width=st.sampled_from((32, 64, 512)),
        scale=SCALES, factor=FACTORS, data=st.data())
+@pytest.mark.operators("check_row_precision")
 def test_row_precision_rms_bound_is_tight(backend, seed, rows, width, scale, factor, data):
     """RMS(a-e) = factor * (1e-6 + 0.01*RMS(e)) on one row: passes iff factor < 1."""
     check = op(backend, "check_row_precision")
@@ -49,6 +50,7 @@ def test_row_precision_rms_bound_is_tight(backend, seed, rows, width, scale, fac
 
 @given(seed=st.integers(0, 2**31), rows=st.integers(1, 16), width=st.sampled_from((32, 64, 512)),
        scale=SCALES, factor=FACTORS, data=st.data())
+@pytest.mark.operators("check_row_precision")
 def test_row_precision_peak_bound_is_tight(backend, seed, rows, width, scale, factor, data):
     """One element off by factor * (1e-5 + 0.05*RMS(e)) (RMS error stays in bound): passes iff factor < 1."""
     check = op(backend, "check_row_precision")
@@ -63,6 +65,7 @@ def test_row_precision_peak_bound_is_tight(backend, seed, rows, width, scale, fa
 
 @given(seed=st.integers(0, 2**31), good_rows=st.integers(1, 511), width=st.sampled_from((32, 128)),
        scale=SCALES, data=st.data())
+@pytest.mark.operators("check_row_precision")
 def test_row_precision_one_bad_row_is_not_diluted(backend, seed, good_rows, width, scale, data):
     """A single row at 1.5x its RMS bound fails however many perfect rows surround it."""
     check = op(backend, "check_row_precision")
@@ -78,6 +81,7 @@ def test_row_precision_one_bad_row_is_not_diluted(backend, seed, good_rows, widt
 
 @given(seed=st.integers(0, 2**31), rows=st.integers(1, 8), width=st.sampled_from((8, 64)),
        bad=st.sampled_from((math.nan, math.inf, -math.inf)), data=st.data())
+@pytest.mark.operators("check_row_precision")
 def test_row_precision_nonfinite_fails(backend, seed, rows, width, bad, data):
     """NaN or Inf anywhere fails: in the output, in the reference, or at the same element in both."""
     check = op(backend, "check_row_precision")
@@ -92,6 +96,7 @@ def test_row_precision_nonfinite_fails(backend, seed, rows, width, bad, data):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.operators("check_row_precision")
 def test_row_precision_low_precision_dtypes(backend, dtype):
     """BF16/FP16/FP32 compare without allclose: equal passes, a 10 % row error fails, shape/dtype/empty fail."""
     check = op(backend, "check_row_precision")
@@ -106,6 +111,7 @@ def test_row_precision_low_precision_dtypes(backend, dtype):
 
 
 @given(seed=st.integers(0, 2**31), rows=st.integers(8, 32), factor=FACTORS, data=st.data())
+@pytest.mark.operators("check_output_budget")
 def test_output_budget_row_bound_is_tight(backend, seed, rows, factor, data):
     """One row at factor*2 % relative L2 among exact rows: passes iff factor < 1 (global stays < 1 %)."""
     check = op(backend, "check_output_budget")
@@ -119,6 +125,7 @@ def test_output_budget_row_bound_is_tight(backend, seed, rows, factor, data):
 
 
 @given(seed=st.integers(0, 2**31), rows=st.integers(1, 16), factor=FACTORS)
+@pytest.mark.operators("check_output_budget")
 def test_output_budget_global_bound_is_tight(backend, seed, rows, factor):
     """Every row at factor*1 % relative L2: passes iff factor < 1."""
     check = op(backend, "check_output_budget")
@@ -128,6 +135,7 @@ def test_output_budget_global_bound_is_tight(backend, seed, rows, factor):
     assert result.ok == (factor < 1), f"factor {factor}: {result.message()}"
 
 
+@pytest.mark.operators("check_output_budget")
 def test_output_budget_zero_reference_rows_must_be_exactly_zero(backend):
     check = op(backend, "check_output_budget")
     e = _rows(3, 6, 32, 1.0)
@@ -141,6 +149,7 @@ def test_output_budget_zero_reference_rows_must_be_exactly_zero(backend):
 
 @given(seed=st.integers(0, 2**31), active=st.integers(1, 8), inactive=st.integers(8, 64),
        leaf=st.sampled_from(("fp8_budget", "ratio_allclose")))
+@pytest.mark.operators("check_active_split")
 def test_active_split_padding_cannot_dilute_active_error(backend, seed, active, inactive, leaf):
     """Active rows at 1.5 % global error fail even when many exact padding rows would dilute a pooled budget."""
     split = op(backend, "check_active_split")
@@ -161,6 +170,7 @@ def test_active_split_padding_cannot_dilute_active_error(backend, seed, active, 
 
 
 @given(seed=st.integers(0, 2**31), active=st.integers(0, 8), inactive=st.integers(1, 8), data=st.data())
+@pytest.mark.operators("check_active_split")
 def test_active_split_inactive_rows_compared_separately(backend, seed, active, inactive, data):
     """Sentinel padding rows equal to the reference pass; a changed padding row fails on its own."""
     split = op(backend, "check_active_split")
@@ -175,6 +185,7 @@ def test_active_split_inactive_rows_compared_separately(backend, seed, active, i
 
 
 @given(seed=st.integers(0, 2**31), active=st.integers(0, 12), tp=st.sampled_from((1, 2, 4, 8)), data=st.data())
+@pytest.mark.operators("check_owner_rows")
 def test_owner_rows_require_zero_padding(backend, seed, active, tp, data):
     """Each rank's owned rows compare; its padding rows must be exactly zero (a 13.0 sentinel fails)."""
     check = op(backend, "check_owner_rows")
@@ -201,6 +212,7 @@ def test_owner_rows_require_zero_padding(backend, seed, active, tp, data):
 
 @given(seed=st.integers(0, 2**31), replicas=st.integers(2, 8), dtype=st.sampled_from((torch.bfloat16, torch.float32)),
        data=st.data())
+@pytest.mark.operators("check_replicas_identical")
 def test_replicas_must_be_byte_identical(backend, seed, replicas, dtype, data):
     """Flipping the lowest mantissa bit of one element of one replica fails, naming replica and element."""
     check = op(backend, "check_replicas_identical")

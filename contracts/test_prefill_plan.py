@@ -93,6 +93,7 @@ def _fresh(lengths, *, seed=0, window=FLASH.sliding_window, block=FLASH.block_si
     return starts, positions, requests, torch.zeros(len(lengths), dtype=torch.int32), table
 
 
+@pytest.mark.operators("decoder_replay")
 def test_upstreams_hand_checked_replay_vector(backend):
     """Prompt lengths (0, 1, 127, 128, 129) at FLASH (window 128, pages of 128): replay lengths
     [0, 1, 127, 128, 128], replay starts [0, 0, 0, 0, 1], logit rows [-1, 0, 127, 255, 383]; the 129-token
@@ -111,6 +112,7 @@ def test_upstreams_hand_checked_replay_vector(backend):
     assert r.compressed_lens.tolist() == (r.position_ids + 1).tolist()
 
 
+@pytest.mark.operators("decoder_replay")
 def test_replay_window_metadata_equals_independent_paged_slots(backend):
     """Every replay row's window slots and visible rows are the window block table's physical rows of the
     request's positions from max(replay start, pos - window + 1) to pos, oldest first, then -1. Spec: MD-15."""
@@ -154,6 +156,7 @@ def test_replay_window_metadata_equals_independent_paged_slots(backend):
     (lambda a: {**a, "table": a["table"][:1]}, "window_block_table"),
 ], ids=["start-not-0", "decreasing", "short-positions", "noncontiguous", "wrong-request", "negative-prefix",
         "prefix-count", "positions-ignore-prefix", "table-rows"])
+@pytest.mark.operators("decoder_replay")
 def test_bad_encoder_metadata_is_refused_naming_the_field(backend, edit, match):
     """Spec: MD-15."""
     starts, positions, requests, kv, table = _fresh([3, 2])
@@ -200,6 +203,7 @@ def test_a_prefill_state_validates_its_streams_and_mix():
             PrefillState(x, m)
 
 
+@pytest.mark.operators("decoder_replay")
 def test_replay_edges_and_dtypes(backend):
     """One request (window 1: only the last row replays, seeing itself), a zero-length request before a bad
     one (the error names the decreasing start, not the empty request), 1-D or short tables, 2-D positions, and
@@ -250,6 +254,7 @@ def _resumed(lengths, prefixes, *, block=4, seed=0):
     return starts, positions, requests, torch.tensor(prefixes, dtype=torch.int32), table
 
 
+@pytest.mark.operators("decoder_replay")
 def test_a_resumed_request_replays_its_cached_tail_before_its_new_rows(backend):
     """Window 4. Request 0 fresh (2 new rows); request 1 resumes a prefix of 5 with 2 new rows: it replays
     min(5 + 2, 4) = 4 rows, the last 2 of its cached tail (cached rows 0-1) then its 2 new rows, positions
@@ -278,6 +283,7 @@ def test_a_resumed_request_replays_its_cached_tail_before_its_new_rows(backend):
     assert r2.source_rows.tolist() == [2, 3, 4, 5] and r2.position_ids.tolist() == [11, 12, 13, 14]
 
 
+@pytest.mark.operators("decoder_replay")
 def test_a_missing_or_oversized_cached_tail_is_refused_naming_the_request(backend):
     """Request 1 (prefix 5, 2 new rows, window 4) needs 2 tail rows: a tail of 1 row, or none at all, is
     refused ("needs encoder replay rows from its cached prefix"); a tail longer than min(prefix, window) is
@@ -296,6 +302,7 @@ def test_a_missing_or_oversized_cached_tail_is_refused_naming_the_request(backen
                cached_tail_starts=torch.tensor([0, 2]))
 
 
+@pytest.mark.operators("encoder_replay")
 def test_the_encoder_replay_marks_only_new_rows_and_truncates_the_window(backend):
     """Window 4. Request 0 resumes a prefix of 6 (cached input rows 0..3 hold its last 4) with 1 new row;
     request 1 is fresh with 2 rows; request 2 resumes a prefix of 2 but has no new row (nothing replays).

@@ -57,6 +57,7 @@ NIBBLE_VECTORS = [
 
 
 @pytest.mark.parametrize("pair, rule_name, byte", NIBBLE_VECTORS, ids=[f"{p}-{r}" for p, r, _ in NIBBLE_VECTORS])
+@pytest.mark.operators("mx_quantize")
 def test_fp4_nibble_order_hand_vectors(backend, pair, rule_name, byte):
     r = RULES[rule_name]
     x = torch.zeros((1, r.group))
@@ -68,6 +69,7 @@ def test_fp4_nibble_order_hand_vectors(backend, pair, rule_name, byte):
     assert last == 0x70, f"{rule_name}: last byte 0x{last:02x}, expected 0x70 (6.0 in the high nibble)"
 
 
+@pytest.mark.operators("mx_quantize")
 def test_mxfp8_hand_vector(backend):
     """[1, -2, 448, 0...]: amax 448 -> scale 2^0 (E8M0 127); E4M3 bytes 0x38, 0xC0, 0x7E."""
     from contracts.separation import separates
@@ -86,6 +88,7 @@ def test_mxfp8_hand_vector(backend):
 
 @pytest.mark.parametrize("rule_name", RULE_NAMES)
 @given(case=st.data())
+@pytest.mark.operators("mx_quantize")
 def test_scales_are_powers_of_two_and_cover_amax(backend, rule_name, case):
     """E8M0 scales are powers of two with scale*qmax >= amax (floors aside); E4M3 scales are the nearest
     E4M3 of clamp(max(amax/6, 2^-9), 448). Spec: §2.2."""
@@ -116,6 +119,7 @@ def test_scales_are_powers_of_two_and_cover_amax(backend, rule_name, case):
 
 @pytest.mark.parametrize("rule_name", RULE_NAMES)
 @given(case=st.data())
+@pytest.mark.operators("mx_dequantize", "mx_quantize")
 def test_dequantized_within_half_step(backend, rule_name, case):
     """Every decoded element is within half a quantization step (times its group scale) of the input;
     only E4M3-scaled groups may saturate, at 6 x the spec's E4M3 scale. Spec: §2.2."""
@@ -149,6 +153,7 @@ E8M0_RULES = sorted(n for n, r in RULES.items() if r.scale_format == "e8m0")
 
 @pytest.mark.parametrize("rule_name", E8M0_RULES)
 @given(case=st.data())
+@pytest.mark.operators("mx_dequantize", "mx_quantize")
 def test_requantization_is_stable(backend, rule_name, case):
     """quant(dequant(quant(x))) decodes to exactly dequant(quant(x)); its bytes equal quant(x) except in
     groups where the re-encoding picks a smaller scale (amax landed on a power-of-two boundary after
@@ -179,6 +184,7 @@ def test_requantization_is_stable(backend, rule_name, case):
 
 @pytest.mark.parametrize("fmt_rules", [("index", "index_even"), ("compressed", "compressed_even")], ids=str)
 @given(exp=st.integers(-8, 8), data=st.data())
+@pytest.mark.operators("mx_quantize")
 def test_tie_rules_differ_exactly_on_midpoints(backend, fmt_rules, exp, data):
     """Toward-zero and to-even agree everywhere except exact midpoints 0.75, 1.75 and 3.5 (x scale),
     where to-even takes the next code. Spec: §2.2, upstream_checks CQ-14 / C-6."""
@@ -215,6 +221,7 @@ def test_tie_rules_differ_exactly_on_midpoints(backend, fmt_rules, exp, data):
 
 @pytest.mark.parametrize("rule_name", CACHE_RULES)
 @pytest.mark.parametrize("special", ["nan", "inf", "-inf"])
+@pytest.mark.operators("mx_dequantize", "mx_quantize")
 def test_non_finite_poisons_its_group_only(backend, rule_name, special):
     """NaN/Inf never becomes a finite code: its group's scale is the NaN code and decodes to NaN; the
     other groups are unaffected."""
@@ -230,6 +237,7 @@ def test_non_finite_poisons_its_group_only(backend, rule_name, special):
 
 
 @pytest.mark.parametrize("rule_name", CACHE_RULES)
+@pytest.mark.operators("mx_dequantize", "mx_quantize")
 def test_zero_subnormal_and_huge_groups(backend, rule_name):
     """Zero groups decode to (signed) zeros; subnormal and huge (1e37) finite groups decode finite.
     (Above ~2^127 an E8M0 group can decode past FP32: 4 x 2^126 = 2^128 -> inf; see the next test.)"""
@@ -247,6 +255,7 @@ def test_zero_subnormal_and_huge_groups(backend, rule_name):
         assert rel < 0.05, f"{rule_name}: huge group relative error {rel}"
 
 
+@pytest.mark.operators("mx_dequantize", "mx_quantize")
 def test_e8m0_fp4_decode_can_overflow_fp32(backend):
     """Documented edge: +-3e38 in an index group gets scale 2^126 and code 4.0, decoding to -inf in FP32."""
     x = torch.linspace(-1, 1, 32).reshape(1, 32) * 3e38
@@ -258,6 +267,7 @@ def test_e8m0_fp4_decode_can_overflow_fp32(backend):
 
 
 @pytest.mark.parametrize("rule_name", CACHE_RULES)
+@pytest.mark.operators("mx_quantize")
 def test_codec_rejects_bad_input(backend, rule_name):
     """A width not divisible by the group, an integer tensor or an unknown rule raise a ValueError naming it."""
     r = RULES[rule_name]
@@ -286,6 +296,7 @@ def test_e8m0_encode_inverts_decode():
 
 
 @pytest.mark.parametrize("rule_name", RULE_NAMES)
+@pytest.mark.operators("mx_quantize")
 def test_blocked_quantization_equals_one_pass(rule_name, monkeypatch):
     """Large inputs are quantized in concurrent row blocks; the bytes equal a single pass."""
     from kernels import quant
@@ -376,6 +387,7 @@ def test_rule_vectors_cover_every_rule_and_separate_each_pair():
 
 
 @pytest.mark.parametrize("rule_name", RULE_NAMES)
+@pytest.mark.operators("mx_quantize")
 def test_each_rule_matches_its_hand_vectors(backend, rule_name):
     """The backend's bytes for each rule equal the hand-computed probes that separate it from every other
     rule: the amax floor (window vs window_host), BF16 double rounding (CED vs device/host), E2M1 ties

@@ -9,6 +9,7 @@ alternative is shown to give other bytes than the reference before it is judged.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from contracts.compare import Context, fp32_ulps, mtp_out
@@ -80,6 +81,7 @@ def _judge(i: dict, actual: torch.Tensor, expected: torch.Tensor):
     return mtp_out("out", actual, expected, ctx), fp32_ulps("out", actual, expected, ctx)
 
 
+@pytest.mark.operators("mtp_projection")
 def test_a_code_step_at_a_near_tie_is_excused_and_fp32_ulps_would_not():
     base = _inputs()
     k = _free_element(base)
@@ -97,6 +99,7 @@ def test_a_code_step_at_a_near_tie_is_excused_and_fp32_ulps_would_not():
     assert not _judge(i, wrong_way, ref)[0].ok
 
 
+@pytest.mark.operators("mtp_projection")
 def test_the_same_step_away_from_a_tie_fails():
     i = _inputs()
     k = _free_element(i)
@@ -107,6 +110,7 @@ def test_the_same_step_away_from_a_tie_fails():
     assert "near-tie" in res.message()
 
 
+@pytest.mark.operators("mtp_projection")
 def test_an_exact_fp32_tie_is_excused_either_way():
     # the reference's FP32 value exactly on the tie: another order lands it on either side, so this comparator
     # cannot pin half to even there (2 of the 12 q steps measured on a5sim were such points); the tie rule is
@@ -122,6 +126,7 @@ def test_an_exact_fp32_tie_is_excused_either_way():
     assert not _judge(i, _with_code_step(i, k, -1 if float(_scaled(i)[0, k]) > 0 else 1), ref)[0].ok  # 17: no
 
 
+@pytest.mark.operators("mtp_projection")
 def test_a_wrong_eps_is_not_excused():
     i = _inputs()
     i["hidden"][1] = (i["hidden"][1].float() * 1e-3).to(torch.bfloat16)  # a small row: eps matters
@@ -150,6 +155,7 @@ def _bf16_step(q: torch.Tensor, flat: int, by: int) -> torch.Tensor:
     return bits.view(torch.bfloat16).reshape(q.shape)
 
 
+@pytest.mark.operators("v4_qkv_proj_rope")
 def test_q_one_bf16_step_is_excused_only_near_a_midpoint():
     from contracts.checks.quant_ties import bf16_near_midpoints, bf16_neighbours
     from contracts.compare import exact
@@ -176,6 +182,7 @@ def test_q_one_bf16_step_is_excused_only_near_a_midpoint():
     assert _q_judge(i, out, out["q"]).ok
 
 
+@pytest.mark.operators("mtp_projection")
 def test_a_tree_without_the_inputs_fails_naming_them_and_non_finite_must_match():
     from contracts.compare import q_bf16
 
@@ -234,6 +241,7 @@ def _projection_setup():
     return o, cos, sin, wo_a, wo_b, ws
 
 
+@pytest.mark.operators("v4_output_projection")
 def test_attn_out_explains_a_bf16_head_flip_through_its_latent_code_and_nothing_else():
     """attention_code_flips + explain_rows (attn_out_v4 at V4-Pro geometry, §8): the output of o whose midpoint
     head value took its other BF16 neighbour moves latent 5's code by one and fails upstream's ratio_allclose on

@@ -79,6 +79,7 @@ def test_rope_interleave_rotates_adjacent_pairs():
 @pytest.mark.parametrize("config", (FLASH_TINY, FLASH, V4_PRO_TINY), ids=lambda c: c.name)  # one per geometry: a
 @given(capacity=st.sampled_from((1, 17, 257)), tokens=st.integers(0, 70), data=st.data(),  # device compiled at one
        compressed=st.booleans())  # geometry runs that one and skips the others by name
+@pytest.mark.operators("materialize_rope_rows")
 def test_rope_rows_exact_identity_and_untouched(backend, capacity, tokens, data, compressed, config):
     """t < num_tokens: table row p exactly (p >= 0) or identity (p < 0); rows >= num_tokens keep the 17/19
     sentinels; num_tokens = 0 writes nothing. Spec: §4.2 (RR-04, RR-06)."""
@@ -106,6 +107,7 @@ def test_rope_rows_exact_identity_and_untouched(backend, capacity, tokens, data,
                 assert bool((rc[t] == 1).all() and (rs[t] == 0).all()), f"row {t} (position {p}): not identity"
 
 
+@pytest.mark.operators("materialize_rope_rows")
 def test_rope_rows_reject_position_beyond_capacity(backend):
     materialize = op(backend, "materialize_rope_rows")
     cos, sin = precompute_rope_tables(8, False, FLASH_TINY)

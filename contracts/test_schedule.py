@@ -30,6 +30,7 @@ REPRESENTATIVE = {0: LayerKind.SWA, 2: LayerKind.C2A_FULL, 3: LayerKind.C2A_REUS
 
 
 @pytest.mark.parametrize("config", [FLASH, FLASH_TINY], ids=lambda c: c.name)
+@pytest.mark.operators("resolve_schedule")
 def test_schedule_mode_counts(backend, config):
     """40 layers resolve to SWA 2, C2A_FULL 3, C2A_REUSE 15, C1A_FULL 1, C1A_REINDEX 4, C1A_REUSE 15. Spec: §1."""
     schedule = op(backend, "resolve_schedule")(config)
@@ -38,6 +39,7 @@ def test_schedule_mode_counts(backend, config):
     assert counts == EXPECTED_COUNTS, f"kind counts {counts} != {EXPECTED_COUNTS} (§1)"
 
 
+@pytest.mark.operators("resolve_schedule")
 def test_schedule_representative_layers(backend):
     """Layers 0, 2, 3, 20, 24, 21 resolve to their own kind. Spec: §1."""
     schedule = op(backend, "resolve_schedule")(FLASH)
@@ -45,6 +47,7 @@ def test_schedule_representative_layers(backend):
         assert schedule[layer].kind == kind, f"layer {layer}: kind {schedule[layer].kind}, expected {kind} (§1)"
 
 
+@pytest.mark.operators("resolve_schedule")
 def test_schedule_sources_same_ratio_at_or_before(backend):
     """Every compressed layer's KV and index source is the last same-ratio source <= the layer;
     SWA layers have none; FULL layers are their own source. Spec: §1 source rule."""
@@ -62,6 +65,7 @@ def test_schedule_sources_same_ratio_at_or_before(backend):
             assert FLASH.compress_ratios[got] == layer.compress_ratio
 
 
+@pytest.mark.operators("resolve_schedule")
 def test_schedule_source_resolution_table(backend):
     """kv(2)=2, idx(7)=2, kv(8)=8, idx(19)=14, idx(23)=20, idx(24)=24, idx(39)=36; 20 is the candidate source.
     Spec: §1 table (SC-14)."""

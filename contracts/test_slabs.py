@@ -21,6 +21,7 @@ SPEC_EXAMPLES = [
 
 
 @pytest.mark.parametrize("args, expected", SPEC_EXAMPLES, ids=[str(a) for a, _ in SPEC_EXAMPLES])
+@pytest.mark.operators("sp_bounds")
 def test_slab_bounds_spec_examples(backend, args, expected):
     """(T=5,TP=4), (2,4), (4,4,capacity 8) exactly as the spec lists them."""
     active, tp, capacity = args
@@ -29,6 +30,7 @@ def test_slab_bounds_spec_examples(backend, args, expected):
 
 
 @given(case=slab_cases())
+@pytest.mark.operators("sp_bounds")
 def test_slab_every_active_row_has_exactly_one_owner(backend, case):
     """width = ceil(capacity/TP) on every rank; the owned ranges tile [0, active) once, in rank order."""
     bounds = op(backend, "sp_bounds")(case.active, case.tp, case.capacity)
@@ -46,6 +48,7 @@ def test_slab_every_active_row_has_exactly_one_owner(backend, case):
 
 
 @given(case=slab_cases())
+@pytest.mark.operators("sp_gather", "sp_shard")
 def test_slab_gather_of_shard_is_byte_exact(backend, case):
     """gather(shard(x)) returns x, token ids and positions byte for byte, in order."""
     x, tokens, positions = case.tensors()
@@ -61,6 +64,7 @@ def test_slab_gather_of_shard_is_byte_exact(backend, case):
 
 
 @given(case=slab_cases())
+@pytest.mark.operators("sp_bounds", "sp_shard")
 def test_slab_padding_contract_on_every_rank(backend, case):
     """Every rank publishes ``width`` rows; rows past its count are zero, token_id -1, position -1, invalid."""
     x, tokens, positions = case.tensors()
@@ -79,6 +83,7 @@ def test_slab_padding_contract_on_every_rank(backend, case):
 
 
 @given(case=slab_cases(), data=st.data())
+@pytest.mark.operators("sp_bounds", "sp_gather", "sp_shard")
 def test_slab_gather_rejects_a_padding_breach(backend, case, data):
     """A padding row with a non-zero payload, a token id, a position or a set mask is refused, naming the rank."""
     x, tokens, positions = case.tensors()
@@ -99,12 +104,14 @@ def test_slab_gather_rejects_a_padding_breach(backend, case, data):
 
 
 @pytest.mark.parametrize("args", [(-1, 4, None), (5, 0, None), (5, 4, 3)], ids=["neg-active", "tp0", "cap<active"])
+@pytest.mark.operators("sp_bounds")
 def test_slab_bounds_reject_bad_arguments(backend, args):
     with pytest.raises(ValueError, match="active_tokens|tp|capacity"):
         op(backend, "sp_bounds")(*args)
 
 
 @given(case=slab_cases())
+@pytest.mark.operators("sp_bounds")
 def test_slab_owner_matches_the_bounds(case):
     """slab_owner(row, width) names the rank whose bounds hold the row; width 0 owns nothing. Spec: §7.1."""
     from kernels.sequence_parallel import slab_owner, sp_bounds

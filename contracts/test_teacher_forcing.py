@@ -5,6 +5,7 @@ Spec: contracts/checks/teacher.py."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from contracts.checks.teacher import MIX_ROW_TOL, POST_REL_L2, check_hc_mixes_forced, check_hc_post_forced
@@ -25,6 +26,7 @@ def _weights(seed: int = 0, tokens: int = 4):
     return x, function, scale, base
 
 
+@pytest.mark.operators("hc_mixes")
 def test_the_mixes_are_judged_on_the_devices_own_residual_stream():
     """The device's residual stream drifted 5 % from the reference chain's (an upstream stage's error): its
     mixes, exact on that stream, pass; the same mixes judged against the reference chain's stream fail the
@@ -39,6 +41,7 @@ def test_the_mixes_are_judged_on_the_devices_own_residual_stream():
     assert plain > MIX_ROW_TOL, f"the drift moves the mixes by only {plain}: the input does not separate"
 
 
+@pytest.mark.operators("hc_mixes")
 def test_each_mixes_clause_fails_alone():
     """One residual coefficient of token row 2 off by 0.9 x the bound passes, by 1.1 x fails naming row 2; a
     second replica one ULP off in one pre coefficient fails naming the replica (replica 0 is exact)."""
@@ -57,6 +60,7 @@ def test_each_mixes_clause_fails_alone():
     assert not r.ok and "replica 1 pre" in r.message(), r.message()
 
 
+@pytest.mark.operators("hc_mixes", "hc_post")
 def test_hc_post_is_judged_on_the_devices_own_sublayer_output():
     """The device's attention output is 20 % off the reference chain's: its expanded stream, exact for that
     sublayer output, passes; judged against the chain's own hc_post it is far past 1 % (computed)."""
@@ -73,6 +77,7 @@ def test_hc_post_is_judged_on_the_devices_own_sublayer_output():
     assert plain > POST_REL_L2, f"the sublayer drift moves the stream by only {plain}: the input does not separate"
 
 
+@pytest.mark.operators("hc_mixes", "hc_post")
 def test_the_hc_post_budget_fails_just_outside_it():
     """A uniform relative error of 0.9 % of the stream passes; 1.1 % fails, naming the bound; a NaN fails."""
     x, function, scale, base = _weights(3)
@@ -89,6 +94,7 @@ def test_the_hc_post_budget_fails_just_outside_it():
     assert not r.ok and "x_hc_out[1][0][3]" in r.message(), r.message()
 
 
+@pytest.mark.operators("hc_mixes")
 def test_the_mixes_structure_clauses_fail_alone():
     """No replica at all fails (nothing ran is a failure); a replica whose post mix lost its last column fails on
     the layout, naming it; a NaN residual coefficient fails as non-finite (the row bound, NaN > tol being
@@ -106,6 +112,7 @@ def test_the_mixes_structure_clauses_fail_alone():
     assert not r.ok and "residual[1]" in r.message() and "non-finite" in r.message(), r.message()
 
 
+@pytest.mark.operators("hc_mixes", "hc_post")
 def test_an_expanded_stream_of_the_wrong_layout_fails_on_it():
     """The device's stream with one stream fewer than hc_mult fails on x_hc_out.layout, before any bound."""
     x, function, scale, base = _weights(7)
@@ -125,6 +132,7 @@ def _gathered_case():
     return case, build(case)
 
 
+@pytest.mark.operators("attention_half_layer")
 def test_a_sharded_selection_is_judged_by_the_scores_of_the_devices_own_gather():
     """IX-13. A sharded C1A FULL call whose device gathered token 0's row negated (a mis-mapped gather, which the
     gather's own clause fails) and selected exactly the Top-K of what it gathered: through the replay comparator
@@ -156,6 +164,7 @@ def test_a_sharded_selection_is_judged_by_the_scores_of_the_devices_own_gather()
     assert not r.ok, "the mis-mapped gather passed its own clause"
 
 
+@pytest.mark.operators("attention_half_layer", "hc_mixes", "hc_post")
 def test_the_stage_is_judged_on_the_devices_own_input_and_reports_the_chain():
     """AP-12 on a decode Block (C1A FULL): the backend's attention input drifted 3 % from the reference collapse
     (an mHC stage's error, which bf16_stage judges) and its attention is exact on that input: the

@@ -42,6 +42,7 @@ def _ctx(inputs: dict, case: IndexerCase) -> TopKContext:
 @pytest.mark.parametrize("cases", [pytest.param(indexer_cases(), id="tiny"),
                                    pytest.param(FLASH_CASES, id="flash")])
 @given(data=st.data())
+@pytest.mark.operators("index_scores", "select_topk")
 def test_topk_selection_is_valid(backend, cases, data):
     """Backend scoring + selection pass the §5.3 validity check against the reference, at tiny and at FLASH
     index dims (32 heads x 128, Top-K 512). Spec: §5.1, §5.3."""
@@ -57,6 +58,7 @@ def test_topk_selection_is_valid(backend, cases, data):
 
 
 @given(case=indexer_cases())
+@pytest.mark.operators("index_scores", "select_topk")
 def test_topk_reference_is_sorted_compacted_and_complete(case):
     """The reference keeps min(topk, visible) rows, in logical order, left-compacted, -1 padded."""
     inputs = case.build()
@@ -147,6 +149,7 @@ def test_invalid_selection_cannot_define_the_reference():
 
 
 @given(case=indexer_cases(), seed=st.integers(0, 2**31))
+@pytest.mark.operators("index_scores", "select_topk")
 def test_topk_page_permutation_changes_physical_ids_not_logical_selection(backend, case, seed):
     """Relabelling physical pages (keys move with them) changes only the physical ids. Spec: §2.1, §5.1."""
     inputs = case.build()
@@ -171,6 +174,7 @@ def test_topk_page_permutation_changes_physical_ids_not_logical_selection(backen
 
 
 @given(case=indexer_cases(), data=st.data())
+@pytest.mark.operators("candidate_blocks", "index_scores", "select_topk")
 def test_candidate_mask_keeps_the_last_visible_block(backend, case, data):
     """The block holding compressed_len-1 is always selected; at most topk_blocks blocks; empty tokens get
     an all-zero mask; a reindex selection stays inside the mask. Spec: §5.2."""
@@ -199,6 +203,7 @@ def test_candidate_mask_keeps_the_last_visible_block(backend, case, data):
                 assert mask[t, logical[v]] == 1, f"reindex token {t} selected logical {logical[v]} outside the mask"
 
 
+@pytest.mark.operators("candidate_blocks")
 def test_candidate_selection_smoke_at_flash_size(backend):
     """2050*8 descending scores: the last 8 positions are kept and at most 2048*8 are selected (IX-05)."""
     width = 2050 * 8
@@ -222,6 +227,7 @@ def test_candidate_selection_smoke_at_flash_size(backend):
     assert torch.equal(mask, blocks([*range(2047), 2049]))
 
 
+@pytest.mark.operators("index_scores")
 def test_indexer_scores_round_at_the_spec_boundaries():
     """One head, one key: score = bf16(bf16(relu(bf16(q.k)) * w)) exactly. The dot 3 + 0.251953125 rounds to
     BF16 3.25, so the score is 2.265625; a dot kept in FP32 gives 2.28125 (1/3 in place of 0.25195 rounded the
@@ -288,6 +294,7 @@ def _bf16(x: float) -> float:
     return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
+@pytest.mark.operators("index_scores")
 def test_index_scores_round_at_each_spec_boundary(backend):
     """Hand-computed scores pin every rounding step of §5.1, each separated from its alternative (computed
     here with the same loop): key A's head-0 dot 1 + 2^-8 + 2^-30 is FP32 1 + 2^-8, then the BF16 tie 1.0 (one
@@ -336,6 +343,7 @@ def test_index_scores_round_at_each_spec_boundary(backend):
     assert got[0].tolist() == want, f"scores {got[0].tolist()}, hand-computed {want} (§5.1 rounding steps)"
 
 
+@pytest.mark.operators("candidate_blocks")
 def test_candidate_blocks_accept_every_tie_order_and_nothing_else():
     """Upstream picks candidate blocks with torch.topk, whose order among equal scores is implementation-defined.
     Blocks of 2: maxima 5, 1, 5, 2, the last block (3) forced; topk_blocks = 2 leaves one place, for which blocks 0

@@ -50,6 +50,7 @@ def bf16_running_sum(parts):  # the running sum kept in BF16
 ALTERNATIVES = (reversed_order, pairwise_tree, exact_sum, cast_each_partial_first, bf16_running_sum)
 
 
+@pytest.mark.operators("tp_all_reduce")
 def test_all_reduce_casts_once_after_the_fp32_sum_in_rank_order(backend):
     """Hand vectors, each computed under every plausible other reduction (``separates``):
     [1 + 2^-8, -1]: the rule gives 2^-8 (exact in FP32 and BF16); casting each partial first gives
@@ -88,6 +89,7 @@ def test_cancelling_partials_separate_every_other_reduction():
 
 
 @given(seed=st.integers(0, 2**31), tp=st.sampled_from([1, 2, 4, 8]), data=st.data())
+@pytest.mark.operators("sp_bounds", "tp_all_reduce", "tp_reduce_scatter")
 def test_reduce_scatter_is_the_all_reduce_split_into_owner_slabs(backend, seed, tp, data):
     """Every rank's slab holds exactly the all-reduced bytes of the rows it owns and exact zeros after them,
     with the physical width ceil(capacity/TP): T < TP, padding-only ranks, capacity > active. The replicated
@@ -118,6 +120,7 @@ def test_reduce_scatter_is_the_all_reduce_split_into_owner_slabs(backend, seed, 
 
 
 @pytest.mark.parametrize("what", ["no partial", "a BF16 partial", "a partial of another shape", "active past T"])
+@pytest.mark.operators("tp_all_reduce", "tp_reduce_scatter")
 def test_tp_reduction_rejects_bad_input(backend, what):
     """Bad partials raise a ValueError naming the rank. Spec: §7.1."""
     p = [torch.zeros(4, 8), torch.zeros(4, 8)]

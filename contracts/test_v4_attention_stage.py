@@ -41,6 +41,8 @@ def _chain(backend, config, i):
 
 
 @pytest.mark.parametrize("config", [V4_PRO_TINY, V4_FLASH_TINY], ids=lambda c: c.name)
+@pytest.mark.operators("final_norm", "hc_mixes", "hc_post", "hc_pre", "v4_attention", "v4_attention_stage",
+                        "v4_qkv_proj_rope")
 def test_the_stage_is_the_chain_of_its_operators(backend, config):
     """x_out, the written cache and qr / qr_scale equal the chain spelled out with the same backend's
     operators, byte for byte: hc_pre, the RMSNorm, the projection at the tokens' RoPE rows, the kv write, the
@@ -55,6 +57,8 @@ def test_the_stage_is_the_chain_of_its_operators(backend, config):
     assert torch.equal(i["kv_cache"], before), "the input cache was written in place"
 
 
+@pytest.mark.operators("final_norm", "hc_mixes", "hc_post", "hc_pre", "v4_attention", "v4_attention_stage",
+                        "v4_qkv_proj_rope")
 def test_each_token_sees_its_own_kv_row(backend):
     """Every window lists the token's own slot: the stage writes the current kv rows before the attention
     reads the cache. Reading the cache as it came in (the rows not yet written) gives a different attention --
@@ -84,6 +88,7 @@ def test_each_token_sees_its_own_kv_row(backend):
     assert torch.equal(row, i["kv_cache"].reshape(-1, config.head_dim)[203]), "slot -1 must write nothing"
 
 
+@pytest.mark.operators("v4_attention_stage")
 def test_bad_stage_inputs_are_refused(backend):
     """A position past the RoPE table and a slot past the cache are refused naming the field. Spec: §8."""
     config = V4_PRO_TINY
@@ -98,6 +103,8 @@ def test_bad_stage_inputs_are_refused(backend):
         op(backend, "v4_attention_stage")("SWA", **dict(i, swa_slot_mapping=slots), config=config)
 
 
+@pytest.mark.operators("final_norm", "hc_mixes", "hc_post", "hc_pre", "v4_attention", "v4_attention_stage",
+                        "v4_qkv_proj_rope")
 def test_the_stage_runs_the_backends_operators_and_any_path(backend):
     """On a backend whose operators are wrapped to count (and accept no ``ops``), the stage calls each of
     hc_mixes, hc_pre, final_norm, v4_qkv_proj_rope, v4_attention and hc_post once. An HCA stage with a
@@ -148,6 +155,7 @@ def test_the_stage_runs_the_backends_operators_and_any_path(backend):
 
 
 @pytest.mark.parametrize("config", [V4_PRO_TINY, V4_FLASH_TINY], ids=lambda c: c.name)
+@pytest.mark.operators("v4_attention_stage", "v4_prefill_swa_indices")
 def test_the_prefill_form_is_the_decode_chain_on_the_real_rows_with_a_zero_tail(backend, config):
     """The prefill form (num_tokens 28 of 32 rows, the window from v4_prefill_swa_indices): the real rows' x_out,
     qr and qr_scale and the cache equal the stage run on the real rows alone, bit for bit; the padding rows'
@@ -169,6 +177,7 @@ def test_the_prefill_form_is_the_decode_chain_on_the_real_rows_with_a_zero_tail(
         assert not bool(got[key][n:].any()), f"the padding rows of {key} are not 0"
 
 
+@pytest.mark.operators("v4_attention_stage", "v4_prefill_swa_indices")
 def test_the_prefill_form_at_its_edges(backend):
     """num_tokens = 0: every output 0 and the cache untouched; num_tokens = T: the stage on every row, bit for
     bit; the padding rows' positions are never read -- -1 and a position past the RoPE table are accepted there
@@ -198,6 +207,7 @@ def test_the_prefill_form_at_its_edges(backend):
         assert torch.equal(got[key], want[key]), f"a padding row's position moved {key}"
 
 
+@pytest.mark.operators("v4_attention_stage", "v4_prefill_swa_indices")
 def test_the_prefill_form_refuses_a_bad_num_tokens_before_any_operator_runs(backend):
     """33 of 32 rows, -1 and True are refused naming num_tokens, and 31 positions for 32 rows naming
     position_ids, by the stage itself: no operator of the backend has run. Spec: §8."""

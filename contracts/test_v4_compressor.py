@@ -58,6 +58,7 @@ def _run(backend, x, pos, req, table, pool, w, ratio, overlap):
 
 
 @pytest.mark.parametrize("ratio, overlap, page", CASES, ids=IDS)
+@pytest.mark.operators("v4_compressor")
 def test_a_chunked_run_equals_the_one_shot_run_for_every_split(backend, ratio, overlap, page):
     """One request, 2·ratio + 3 tokens from position 0: split into two calls at every point (a decode chunk
     of one or more rows each), the outputs and the state pool equal the one-shot run byte for byte. Spec: §8."""
@@ -81,6 +82,7 @@ def test_a_chunked_run_equals_the_one_shot_run_for_every_split(backend, ratio, o
 
 
 @pytest.mark.parametrize("ratio, overlap, page", CASES, ids=IDS)
+@pytest.mark.operators("v4_compressor")
 def test_resuming_at_every_phase_of_the_window_continues_the_run(backend, ratio, overlap, page):
     """A two-token decode step (MTP) resumed at every phase p0 of the window (p0 = 0 .. 2·ratio - 1 for ratio 4,
     the edges for ratio 128), after a prefix run up to p0, gives the continuous run's two outputs. Spec: §8."""
@@ -98,6 +100,7 @@ def test_resuming_at_every_phase_of_the_window_continues_the_run(backend, ratio,
 
 
 @pytest.mark.parametrize("ratio, overlap, page", CASES, ids=IDS)
+@pytest.mark.operators("v4_compressor")
 def test_request_order_and_page_reuse_change_nothing(backend, ratio, overlap, page):
     """Three requests at different phases: swapping requests (and their table rows) swaps their output rows and
     leaves the state pool identical; a ring table reusing the request's physical pages for later logical blocks
@@ -129,6 +132,7 @@ def test_request_order_and_page_reuse_change_nothing(backend, ratio, overlap, pa
     assert torch.equal(a, c), "page reuse through the ring table changed an output"
 
 
+@pytest.mark.operators("v4_compressor")
 def test_the_overlapping_window_pools_the_previous_first_half_and_the_current_second_half(backend):
     """Ratio 4 with overlap, positions 0..11: the output at 3 pools positions 0..3's second-half channels only
     (nothing before 0); the output at 7 pools 0..3's first-half and 4..7's second-half channels, at 11 4..7's
@@ -162,6 +166,7 @@ def test_the_overlapping_window_pools_the_previous_first_half_and_the_current_se
             "the inputs do not separate an overlap of 2 rows"
 
 
+@pytest.mark.operators("csa_compressors", "v4_compressor")
 def test_csa_keeps_the_inner_state_out_of_the_main_pool(backend):
     """CSA's main (d = 8) and inner indexer (d = 4) compressors each write only their own pool through their
     own table: the main pool equals the main compressor run alone, the inner pool the inner one alone, and both
@@ -195,6 +200,7 @@ def test_csa_keeps_the_inner_state_out_of_the_main_pool(backend):
     assert calls == [4, 4] and torch.equal(again["compressed"], res["compressed"]), "not the backend's compressor"
 
 
+@pytest.mark.operators("v4_compressor")
 def test_bad_compressor_inputs_are_refused_naming_the_field(backend):
     """A position past the table, a page outside the pool, weights of the wrong width and a BF16 pool name the
     field. Spec: §8."""
@@ -215,6 +221,7 @@ def test_bad_compressor_inputs_are_refused_naming_the_field(backend):
 
 
 @pytest.mark.parametrize("ratio, overlap, page", CASES, ids=IDS)
+@pytest.mark.operators("v4_compressor", "v4_publish_compressed")
 def test_a_closed_window_is_published_rotated_at_the_windows_first_position(backend, ratio, overlap, page):
     """Two requests: each closed window's row lands at its compressed slot, its last rope dims rotated by the
     compressed-profile table row of the window's first position (pos - ratio + 1), not of the closing
@@ -261,6 +268,7 @@ def test_a_closed_window_is_published_rotated_at_the_windows_first_position(back
         op(backend, "v4_publish_compressed")(out, closes, torch.tensor(pos), past, pool, cos, sin, ratio=ratio)
 
 
+@pytest.mark.operators("v4_publish_compressed")
 def test_the_compressed_row_is_rounded_once_after_its_rope(backend):
     """Hand vector: the FP32 pair (1.5409960746765137, -0.293428897857666) rotated by (cos, sin) =
     (-0.26953125, 0.9609375) is (-0.1337890625, 1.5625) in BF16 when rounded once after the rotation (upstream's

@@ -99,6 +99,7 @@ def _close(got, want, rows):
 
 
 @pytest.mark.parametrize("ratio, steps", [(4, 24), (128, 140)], ids=["ratio4", "ratio128"])
+@pytest.mark.operators("v4_compressor", "v4_compressor_txn")
 def test_with_every_page_current_it_is_the_paged_ring(backend, ratio, steps):
     """Two requests decoding SEQ = 2 rows a step from positions 0 and 3 (so each closes windows at different
     phases), every page current and the valid range the ring's last ``rows`` positions: every step's compressed
@@ -138,6 +139,7 @@ def _one_step(ratio=4, first=(14, 6)):
     return x, pos, ids, page_epochs, epochs, ranges, pool
 
 
+@pytest.mark.operators("v4_compressor_txn")
 def test_a_page_of_another_epoch_is_never_read(backend):
     """Request 0 closes the window of position 15 (positions 8 .. 15: 8 .. 13 from its ring, 14 and 15 from this
     step); its ring page holding positions 10 and 11 carries another epoch (recycled): those positions take no
@@ -158,6 +160,7 @@ def test_a_page_of_another_epoch_is_never_read(backend):
 
 @pytest.mark.parametrize("begin, end", [(12, 14), (8, 12), (0, 1 << 20)],
                          ids=["state-before-12-gone", "state-from-12-not-valid", "valid-past-the-step"])
+@pytest.mark.operators("v4_compressor_txn")
 def test_positions_outside_the_valid_range_take_no_part(backend, begin, end):
     """The window 8 .. 15 of request 0 (14 and 15 from this step) with the valid range [begin, end): positions of
     the ring outside it take no part (the state before 12 gone; the state from 12 on not valid yet), and a range
@@ -183,6 +186,7 @@ def test_positions_outside_the_valid_range_take_no_part(backend, begin, end):
     separates_under("§8 the valid range bounds the window", within, want, **alternatives)
 
 
+@pytest.mark.operators("v4_compressor_txn")
 def test_this_steps_rows_overlay_the_state(backend):
     """Request 1 at positions 6, 7 closes the window 0 .. 7; its ring rows of 6 and 7 hold garbage and the valid
     range ends at 6: the window takes 6 and 7 from this step's projections, never from the state.
@@ -197,6 +201,7 @@ def test_this_steps_rows_overlay_the_state(backend):
     _close(out, _independent(x, pos, ids, page_epochs, epochs, ranges, pool, w, 4), [3])
 
 
+@pytest.mark.operators("v4_compressor_txn")
 def test_the_commit_comes_after_the_pool(backend):
     """Request 0 at positions 15, 16: position 15 closes the window 8 .. 15 and position 16 commits onto ring
     row 0 -- the row of position 8, which that window reads. The pool sees position 8's old row; the commit
@@ -213,6 +218,7 @@ def test_the_commit_comes_after_the_pool(backend):
     assert torch.equal(new.reshape(-1, new.shape[-1])[row], want_row), "position 16's commit is missing"
 
 
+@pytest.mark.operators("v4_compressor_txn")
 def test_a_token_without_a_state_slot_commits_nothing(backend):
     """state_slot_mapping -1 leaves the pool's bytes; every other row commits its own projections only.
     Spec: §8."""
@@ -238,6 +244,7 @@ def test_a_token_without_a_state_slot_commits_nothing(backend):
      "state_slot_mapping[0]: expected -1 or 2 (ring row of position 14), got 0"),
     ("state_pool", None, "FP32 [pages, page, 32]"),
 ])
+@pytest.mark.operators("v4_compressor_txn")
 def test_bad_inputs_name_the_field(backend, field, change, needle):
     w = _weights(4)
     x, pos, ids, page_epochs, epochs, ranges, pool = _one_step(first=(14, 6))
@@ -254,6 +261,7 @@ def test_bad_inputs_name_the_field(backend, field, change, needle):
     assert field in str(exc.value) and needle in str(exc.value), str(exc.value)
 
 
+@pytest.mark.operators("v4_compressor_txn")
 def test_a_gap_is_named_by_its_request(backend):
     """Three rows a request: a gap inside request 1's rows names request 1. Spec: §8."""
     w = _weights(4)
@@ -284,6 +292,7 @@ def _event_step(backend):
     return pos, out, closes, slots, cmp_pool, g
 
 
+@pytest.mark.operators("v4_compressor_txn", "v4_publish_compressed", "v4_publish_events")
 def test_an_event_publishes_its_requests_row_with_the_events_rope_rows(backend):
     """The event list (request_event_indices [B], event_cos / event_sin [E, rope/2]): with each request's event
     holding the table row of its window's first position, v4_publish_events writes what v4_publish_compressed
@@ -312,6 +321,7 @@ def test_an_event_publishes_its_requests_row_with_the_events_rope_rows(backend):
                                      seq=SEQ).view(torch.int16))
 
 
+@pytest.mark.operators("v4_compressor_txn", "v4_publish_events")
 def test_a_request_without_an_event_publishes_nothing_under_the_current_rule(backend):
     """Request 1 names no event (-1) though its closing row has a slot: under the current rule (upstream's
     golden, no_event="skip") its slot keeps its bytes -- request 0, closing nothing, names an event but must not
@@ -351,6 +361,7 @@ def test_a_request_without_an_event_publishes_nothing_under_the_current_rule(bac
     ("closes", lambda a: {**a, "out": a["out"][:5], "closes": a["closes"][:5], "slots": a["slots"][:5]},
      "closes/cmp_slot_mapping"),
 ])
+@pytest.mark.operators("v4_compressor_txn", "v4_publish_events")
 def test_bad_event_inputs_name_the_field(backend, field, change, needle):
     """Three events (E = 3, rope/2 = 2): index 3 and -2 refused, one entry a request, matching tables, a known
     no_event rule, FP32 rows, a slot inside the 12-row pool, a 4-D pool, whole requests. Spec: §8."""

@@ -19,6 +19,7 @@ C = FLASH_TINY
 
 
 @pytest.mark.parametrize("path", ["HCA", "CSA", "SWA"])
+@pytest.mark.operators("dp_attention", "v4_attention")
 def test_each_dp_rank_runs_its_own_v4_attention(backend, path):
     """V4-Pro (tiny): three DP ranks with different requests, caches and tables; rank r's attn_out equals the
     backend's v4_attention of rank r's inputs alone, byte for byte (nothing reduced or mixed across ranks); a
@@ -55,6 +56,7 @@ def test_each_dp_rank_runs_its_own_v4_attention(backend, path):
 
 
 @pytest.mark.parametrize("kind", [LayerKind.SWA, LayerKind.C2A_FULL], ids=["SWA", "C2A_FULL"])
+@pytest.mark.operators("attention_half_layer", "dp_attention")
 def test_each_dp_rank_gets_its_own_attention_and_nothing_is_reduced_across_ranks(backend, kind):
     """Three DP ranks with different batches: every output (attention rows and every cache) of rank r equals
     the single-rank run of rank r's inputs, byte for byte, whatever the other ranks hold. Spec: §8."""

@@ -14,6 +14,8 @@ from contracts.separation import separates
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 
+pytestmark = pytest.mark.operators("v4_embed_pack")  # every contract here calls it, and only it
+
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
 VOCAB = 24
 

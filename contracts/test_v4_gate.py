@@ -20,6 +20,8 @@ from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.gate import GATE_M_TILE, v4_gate
 
+pytestmark = pytest.mark.operators("v4_gate")  # every contract here calls it, and only it
+
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
 T, VOCAB_ROWS = 8, 32
 

@@ -23,6 +23,7 @@ def _pow2_scale(amax: torch.Tensor, mode: str, floor: float = 0.0) -> torch.Tens
     return torch.where(a > 0, torch.exp2(e), torch.zeros_like(a)).float()
 
 
+@pytest.mark.operators("v4_index_cache_quant")
 def test_the_scale_is_the_power_of_two_at_or_above_amax_over_448(backend):
     """amax 448 -> scale 1 (exact power); amax 450 -> scale 2 (rounded up, not down: 450 would not fit E4M3);
     amax 0.875 -> 2^-9 (0.875 / 448 = 2^-9 exactly); amax 3 -> 2^-7 (3/448 lies between 2^-8 and 2^-7), where an
@@ -49,6 +50,7 @@ def test_the_scale_is_the_power_of_two_at_or_above_amax_over_448(backend):
     assert bool(((back - x).abs() <= steps / 2 * 1.0001).all())
 
 
+@pytest.mark.operators("v4_index_cache_quant")
 def test_a_zero_row_has_zero_scale_and_the_input_is_rounded_to_bf16_first(backend):
     """A zero row: scale 0, payload 0 (no amax floor: a tiny row keeps its own tiny power-of-two scale); an
     FP32 input is rounded to BF16 before the amax (1 + 2^-9 is 1.0 in BF16, so amax 448·(1 + 2^-9) takes scale
@@ -80,6 +82,7 @@ def test_a_zero_row_has_zero_scale_and_the_input_is_rounded_to_bf16_first(backen
             quant(wrong)
 
 
+@pytest.mark.operators("v4_index_cache_quant")
 def test_rows_are_the_last_dim_and_the_amax_is_of_magnitudes(backend):
     """A [2, 3, 4] input is quantized per last-dim row (6 scales); a row whose largest magnitude is negative
     (-300 next to 1) takes the scale of 300 (1), not of 1. Spec: §8."""
@@ -114,6 +117,7 @@ def _key_inputs(seed: int = 0, *, d: int = 32, rope: int = 16):
                 hadamard=((torch.rand(d, d, generator=g) - 0.5) * d**-0.5).to(torch.bfloat16))
 
 
+@pytest.mark.operators("v4_publish_index_keys")
 def test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded(backend):
     """Each closed, committed window's key (rows 1, 3, 5 at slots 5, 130, 7): the last 16 dims rotated in FP32 at
     the window's first position, BF16, the Hadamard in FP32, BF16, then INT8 codes with quant = 127 / amax and
@@ -172,6 +176,7 @@ def test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded(backend):
                              "codes 63.5 -> 64; rounded from FP64 directly it would be 1 + 2^-7 and 63"
 
 
+@pytest.mark.operators("v4_publish_index_keys")
 def test_only_closed_committed_windows_write_their_key(backend):
     """Rows that close no window, or whose slot is -1 (an uncommitted boundary), write nothing: every other
     code and scale keeps its bytes; the inputs are not modified; a slot past the cache, an FP32 cache and a

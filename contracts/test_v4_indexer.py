@@ -73,6 +73,7 @@ def _independent(config, i, offset):
 
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("v4_indexer")
 def test_scores_and_topk_match_an_independent_evaluation(backend, config):
     """Upstream's start regimes (visible 75, 32 (a block edge), 64, 2): the scores pass check_v4_index_scores and
     the picks check_v4_topk against the FP64 evaluation written here; the visible scores are O(1), so the
@@ -90,6 +91,7 @@ def test_scores_and_topk_match_an_independent_evaluation(backend, config):
     assert r.ok, r.message()
 
 
+@pytest.mark.operators("v4_indexer")
 def test_the_visible_range_is_the_cache_and_the_causal_bound(backend):
     """Positions 10, 11 (bound 2, 3) with 12 cached tokens; 14, 15 (bound 3, 4) with 16 cached; 21, 22 with only
     12 cached (the cache limits: 3); 2, 3 (bound 0, 1). Exactly ``visible`` finite scores per row, the lowest
@@ -119,6 +121,7 @@ def test_the_visible_range_is_the_cache_and_the_causal_bound(backend):
     assert r.ok, r.message()
 
 
+@pytest.mark.operators("v4_indexer")
 def test_the_relu_acts_per_head_before_the_head_weights(backend):
     """Two heads whose queries are opposite (head 1 = -head 0) with head weights 1 and 2: a key with a
     positive dot on head 0 scores w0 · d, one with a negative dot scores w1 · |d|; a ReLU after the weighted sum
@@ -157,6 +160,7 @@ def test_the_relu_acts_per_head_before_the_head_weights(backend):
     assert min(checked.values()) >= 5, checked
 
 
+@pytest.mark.operators("v4_indexer")
 def test_both_mtp_rows_of_a_request_use_the_requests_rope_row(backend):
     """The two rows of a request with the same qr, position bound and cache score identically (the request's
     RoPE row, not one per token); rows of another request with the same qr but another RoPE row do not.
@@ -174,6 +178,7 @@ def test_both_mtp_rows_of_a_request_use_the_requests_rope_row(backend):
     assert not torch.equal(out[0], out[2]), "row 2 (request 1) uses request 1's RoPE row"
 
 
+@pytest.mark.operators("v4_indexer")
 def test_every_pick_carries_the_window_offset(backend):
     """The picks are logical compressed positions plus ``offset``: offsets 0 and 128 give the same rows shifted
     by 128, -1 entries untouched. Spec: §8."""
@@ -186,6 +191,7 @@ def test_every_pick_carries_the_window_offset(backend):
     assert int(a.min()) == -1 and int(a.max()) < config.kernel_max_seq_len // 4
 
 
+@pytest.mark.operators("v4_indexer")
 def test_bad_indexer_inputs_are_refused_naming_the_field(backend):
     """A float qr, a wq_b of the wrong width, scales that are not FP32 (the query is staged in FP32), a per-token
     RoPE table, a wrong Hadamard, a float index cache,
@@ -282,6 +288,7 @@ def test_the_v4_score_and_topk_checks_fail_just_outside_their_bounds():
     assert not res.ok and "boundary miss" in res.message(), res.message()
 
 
+@pytest.mark.operators("v4_indexer")
 def test_the_pages_read_are_exactly_the_visible_ones(backend):
     """A visible range of 128 (one full page) reads only page 0: a one-page table works and a second page may be
     -1; a visible range of 1 on an unmapped page is refused; with a 1024-token kernel (two pages of index
@@ -308,6 +315,7 @@ def test_the_pages_read_are_exactly_the_visible_ones(backend):
         _call(backend, wide, big)
 
 
+@pytest.mark.operators("v4_indexer")
 def test_the_query_is_fp32_before_its_bf16_rounding_and_after_the_hadamard(backend):
     """Hand vectors on head 0 (the other heads weigh 0), identity RoPE:
 
@@ -399,6 +407,7 @@ def _staging_codes(order: str) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("v4_indexer")
 def test_the_query_dequantization_is_staged_in_fp32_row_scale_first(backend, config):
     """Step 1 of the query, through the operator: every row's head 0 holds the two elements above (dims 0, 1; no
     rotation, an identity Hadamard), and the request's first two index keys read one each (127 at dim 0, 127 at

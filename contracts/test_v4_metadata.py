@@ -51,6 +51,7 @@ def _phys(table, b, pos, bs):
 
 
 @pytest.mark.parametrize("config", MODELS, ids=IDS)
+@pytest.mark.operators("v4_decode_metadata")
 def test_mtp_rows_are_request_major_with_two_positions_per_request(backend, config):
     """Four requests, two MTP rows each: row b·2 + s is request b's token s at start[b] + s; kv_seq_lens is
     start + 2 (start + 1 when one token is committed). A layout interleaving the rows seq-major differs.
@@ -77,6 +78,7 @@ def test_mtp_rows_are_request_major_with_two_positions_per_request(backend, conf
 
 
 @pytest.mark.parametrize("config", MODELS, ids=IDS)
+@pytest.mark.operators("v4_decode_metadata")
 def test_slot_mappings_are_paged_rows_and_compress_only_at_boundaries(backend, config):
     """ori rows = table[b, pos // bs]·bs + pos % bs (-1 on an unmapped page); a compressed row only when
     (pos + 1) % ratio == 0, at column pos // ratio of the ratio's table, masked to -1 for an uncommitted token;
@@ -117,6 +119,7 @@ def test_slot_mappings_are_paged_rows_and_compress_only_at_boundaries(backend, c
 
 
 @pytest.mark.parametrize("config", MODELS, ids=IDS)
+@pytest.mark.operators("v4_decode_metadata")
 def test_windows_are_oldest_first_and_history_leaves_out_the_chunk(backend, config):
     """SWA row: the visible positions max(0, pos - window + 1) .. pos oldest first, len = their count, an
     unmapped page a -1 hole inside, -1 after; history row: the same positions before this decode chunk (the
@@ -137,6 +140,7 @@ def test_windows_are_oldest_first_and_history_leaves_out_the_chunk(backend, conf
     assert -1 in md.swa_indices[2].tolist()[:int(md.swa_lens[2])], "the unmapped page leaves a hole"
 
 
+@pytest.mark.operators("v4_decode_metadata")
 def test_bad_starts_and_tables_are_refused_naming_the_field(backend):
     """A negative start, a start whose two rows pass the kernel's max sequence length (16384 at the Pro
     kernel preset: 16382 accepted, 16383 refused), float starts, a table without one row per request and a
@@ -160,6 +164,7 @@ def test_bad_starts_and_tables_are_refused_naming_the_field(backend):
 
 
 @pytest.mark.parametrize("config", MODELS, ids=IDS)
+@pytest.mark.operators("hca_topk")
 def test_hca_topk_takes_the_first_compressed_positions(backend, config):
     """Row t: columns 0 .. valid-1 hold compressed positions 0 .. valid-1 (the oldest), the rest -1, valid =
     min(limit, (pos + 1) // 128, kv_seq_len // 128). With the limit below the visible count the first
@@ -182,6 +187,7 @@ def test_hca_topk_takes_the_first_compressed_positions(backend, config):
 
 
 @pytest.mark.parametrize("config", MODELS, ids=IDS)
+@pytest.mark.operators("v4_prefill_swa_indices")
 def test_a_prefill_window_is_the_last_positions_oldest_first(backend, config):
     """A prefill chunk's window (v4_prefill_swa_indices; upstream prefill_attention_swa.py lowers it in the
     stage): row t < num_tokens at position p lists p + 1 - min(window, p + 1) .. p oldest first from column 0,
@@ -219,6 +225,7 @@ def test_a_prefill_window_is_the_last_positions_oldest_first(backend, config):
               padding_rows_get_windows=windows(pad=False))
 
 
+@pytest.mark.operators("v4_prefill_swa_indices")
 def test_bad_prefill_window_inputs_are_refused_naming_the_field(backend):
     config = MODELS[0]
     pos, table = torch.arange(4, dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)

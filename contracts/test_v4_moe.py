@@ -43,6 +43,7 @@ def _independent(config, x_i8, x_scale, weight, ew):
 
 @pytest.mark.parametrize("routed", [True, False], ids=["routed", "shared"])
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("v4_expert")
 def test_an_expert_row_matches_an_independent_evaluation(backend, config, routed):
     """A routed expert (weights in (0.1, 1)) and the shared one (no weight) on V4-Pro and V4-Flash tiny: y [8, D]
     BF16 within upstream's MoE row bound of the FP64 evaluation written here. Spec: §8."""
@@ -56,6 +57,7 @@ def test_an_expert_row_matches_an_independent_evaluation(backend, config, routed
     assert r.ok, r.message()
 
 
+@pytest.mark.operators("v4_expert")
 def test_the_swiglu_limits_clamp_gate_above_and_up_on_both_sides(backend):
     """Scales that push gate and up far past ±10 (swiglu_limit): gate is cut at +10 only, up at -10 and +10; the
     rows match the evaluation with exactly those cuts (a port that leaves up's negative side open, or cuts gate
@@ -82,6 +84,7 @@ def _moe(backend, config, i, layer_id):
 
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("v4_expert", "v4_gate", "v4_moe")
 def test_the_combine_is_one_fp32_sum_rounded_once(backend, config):
     """The MTP layer (score-routed), two padding rows: ffn_out is BF16(FP32(shared) + Σ_k FP32(routed_k)) of the
     backend's own router and expert rows, bit for bit -- no BF16 partial sums -- and the padding rows are 0.
@@ -104,6 +107,7 @@ def test_the_combine_is_one_fp32_sum_rounded_once(backend, config):
     assert torch.equal(out["indices"], gt["indices"]) and torch.equal(out["weights"], gt["weights"])
 
 
+@pytest.mark.operators("v4_moe")
 def test_each_route_reaches_its_own_expert(backend):
     """Zeroing one routed expert's w2 removes exactly the rows routed to it from ffn_out (tokens not routed there
     keep their bytes); on a hash layer, so the routes are tid2eid's. Spec: §8."""
@@ -121,6 +125,7 @@ def test_each_route_reaches_its_own_expert(backend):
         f"rows changed {changed.tolist()}, rows routed to expert {e}: {hit.tolist()}"
 
 
+@pytest.mark.operators("v4_expert", "v4_moe")
 def test_bad_inputs_name_the_field(backend):
     config = MODELS[0]
     i = moe_inputs(config, 5)
@@ -136,6 +141,7 @@ def test_bad_inputs_name_the_field(backend):
         op(backend, "v4_expert")(x_i8, xs, None, bad, config=config)
 
 
+@pytest.mark.operators("v4_expert")
 def test_a_zero_row_keeps_the_hidden_amax_floor(backend):
     """A row of zero codes: gate and up are 0, the hidden row is 0 and is re-coded with the 1e-4 amax floor, so y
     is exactly 0 (no NaN from 0 / 0). Spec: §8."""
@@ -149,6 +155,7 @@ def test_a_zero_row_keeps_the_hidden_amax_floor(backend):
 
 
 @pytest.mark.parametrize("num_tokens", [0, 1])
+@pytest.mark.operators("v4_moe")
 def test_a_chunk_of_zero_or_one_token(backend, num_tokens):
     """num_tokens 0: ffn_out all 0; num_tokens 1: row 0 is the combine of its routes and every other row is 0.
     Spec: §8."""
@@ -176,6 +183,7 @@ def _stage(backend, config, i, layer_id):
 
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("hc_mixes", "hc_post", "hc_pre", "v4_moe", "v4_moe_stage")
 def test_the_moe_stage_is_hc_pre_then_the_moe_then_hc_post(backend, config):
     """The MTP layer's MoE stage (two padding rows): x_out equals hc_post(v4_moe(hc_pre(x_hc)), x_hc) with the
     stage's own mixes over every row, chained here from the backend's operators, bit for bit; the collapsed row
@@ -211,6 +219,7 @@ def _judge_padding_rows(config, i, out):
     assert err <= 2e-6, f"padding rows {n}..: x_out is not their residual mix (relative error {err:.3g} > 2e-6)"
 
 
+@pytest.mark.operators("v4_moe_stage")
 def test_padding_rows_carry_their_residual_mix(backend):
     """Upstream's MoE stage (moe.py, kernel and golden) mixes and post-mixes every row: a padding row routes
     nowhere (ffn_out 0) but x_out there is its streams' residual mix, hc_post(0, x_hc), not 0 -- upstream's
@@ -243,6 +252,7 @@ def _ep_inputs(backend, config, ep, counts, seed=10):
 
 
 @pytest.mark.parametrize("ep, counts", [(1, [6]), (2, [6, 8]), (4, [8, 0, 5, 8])], ids=["ep1", "ep2", "ep4-idle-rank"])
+@pytest.mark.operators("v4_expert", "v4_gate", "v4_moe_ep")
 def test_expert_parallel_moe_equals_each_ranks_own_moe(backend, ep, counts):
     """Across EP ranks (uneven token counts, an idle rank at EP4): each rank's ffn_out equals the one-rank MoE of
     its own rows (v4_moe with every expert local), bit for bit -- the transport moves rows and never changes
@@ -266,6 +276,7 @@ def test_expert_parallel_moe_equals_each_ranks_own_moe(backend, ep, counts):
         assert torch.equal(out["ffn_out"][r], want), f"rank {r}: ffn_out differs from its own one-rank MoE"
 
 
+@pytest.mark.operators("v4_gate", "v4_moe_ep")
 def test_each_experts_lanes_are_source_major(backend):
     """EP4: on every rank each local expert's received rows are the INT8 rows routed to it, source rank by source
     rank, tokens in order within a source, routes in order within a token; the counts are the rows sent
@@ -293,6 +304,7 @@ def test_each_experts_lanes_are_source_major(backend):
     assert int(out["send_counts"][1].sum()) == 3 * config.num_experts_per_tok, "padding tokens were dispatched"
 
 
+@pytest.mark.operators("v4_gate", "v4_moe_ep")
 def test_ep_inputs_are_refused_naming_the_field(backend):
     config = MODELS[0]
     i, gates = _ep_inputs(backend, config, 2, [8, 8])
@@ -303,6 +315,7 @@ def test_ep_inputs_are_refused_naming_the_field(backend):
 
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("v4_expert", "v4_moe_ep")
 def test_the_ep_combine_sums_shared_then_routed_in_slot_order(backend, config):
     """Through v4_moe_ep at one rank, with a gate given as data: every token routes to experts 0..k-1 in slot
     order with equal weights. Experts 0 and 1 are one expert with W2 scales +2^50 and -2^50 (their outputs are

@@ -16,6 +16,8 @@ from kernels.config import V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.mtp import quantize_rows_int8
 
+pytestmark = pytest.mark.operators("mtp_projection")  # every contract here calls it, and only it
+
 C = V4_PRO_TINY
 D, HC = C.hidden_size, C.hc_mult
 

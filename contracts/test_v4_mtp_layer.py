@@ -45,6 +45,7 @@ def _assert_the_chain(backend, config, i, out, att, moe, form):
 
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("v4_head_mix")
 def test_the_head_mix_matches_an_independent_evaluation(backend, config):
     """pre = sigmoid((x_flat · fn[h]) / rms(x_flat) · scale + base) + hc_eps, within 1e-6 of an FP64 evaluation,
     a row at the RMS epsilon's scale included. Spec: §8."""
@@ -62,6 +63,7 @@ def test_the_head_mix_matches_an_independent_evaluation(backend, config):
     assert err <= 1e-6, f"head mix off by {err:.3g}"
 
 
+@pytest.mark.operators("v4_head_mix")
 def test_the_head_mix_keeps_hc_eps(backend):
     """A base of -100 drives the sigmoid to 0: that weight is then exactly hc_eps (1e-6), not 0; a base of 0
     gives 0.5 + hc_eps, which separates adding the eps from flooring at it. Spec: §8."""
@@ -81,6 +83,8 @@ def test_the_head_mix_keeps_hc_eps(backend):
 
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("final_norm", "hc_head", "mtp_projection", "v4_attention_stage", "v4_head_mix",
+                        "v4_moe_stage", "v4_mtp_layer")
 def test_the_mtp_layer_is_its_stages_in_order(backend, config):
     """hidden_out = final_norm(hc_head(x, v4_head_mix(x)), mtp_norm_w) with x the MoE stage's streams after the SWA
     attention stage after mtp_projection -- chained here from the backend's own operators, bit for bit -- and the
@@ -93,6 +97,7 @@ def test_the_mtp_layer_is_its_stages_in_order(backend, config):
     _assert_the_chain(backend, config, i, out, att, moe, "")
 
 
+@pytest.mark.operators("v4_mtp_layer")
 def test_a_missing_head_weight_is_named(backend):
     config = MODELS[0]
     i = mtp_layer_inputs(config, 3)
@@ -101,6 +106,7 @@ def test_a_missing_head_weight_is_named(backend):
         _layer(backend, config, i)
 
 
+@pytest.mark.operators("v4_mtp_layer")
 def test_a_decode_row_moves_only_its_own_outputs_and_cache_row(backend):
     """The decode MTP layer is row-local: changing the last row's hidden and prev (its request's newest token, in
     no other row's window) moves that row's hidden_out and next_pre_hc_hidden and its own cache row -- they do
@@ -124,6 +130,7 @@ def test_a_decode_row_moves_only_its_own_outputs_and_cache_row(backend):
                                                          f"the last row's slot is {slot}"
 
 
+@pytest.mark.operators("v4_head_mix")
 def test_the_head_mix_names_a_bad_stream_or_weight(backend):
     config = MODELS[0]
     i = mtp_layer_inputs(config, 3)
@@ -136,6 +143,8 @@ def test_the_head_mix_names_a_bad_stream_or_weight(backend):
 
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("final_norm", "hc_head", "mtp_projection", "v4_attention_stage", "v4_head_mix",
+                        "v4_moe_stage", "v4_prefill_mtp_layer", "v4_prefill_swa_indices")
 def test_the_prefill_mtp_layer_is_its_stages_in_order(backend, config):
     """On one request's prefill chunk (28 of 32 rows real): the window lowered by v4_prefill_swa_indices, the SWA
     stage in its prefill form rotating with profile 0 of the two-profile tables, the MoE stage with the same
@@ -155,6 +164,7 @@ def test_the_prefill_mtp_layer_is_its_stages_in_order(backend, config):
         "padding rows are not 0"
 
 
+@pytest.mark.operators("v4_prefill_mtp_layer")
 def test_a_prefill_chunk_of_padding_and_a_chunk_without_padding(backend):
     """num_tokens = 0: both outputs 0 and the cache untouched; num_tokens = T is accepted (every row real, no
     padding row 0). Spec: §8."""
@@ -168,6 +178,7 @@ def test_a_prefill_chunk_of_padding_and_a_chunk_without_padding(backend):
     assert bool(every["hidden_out"][28:].abs().sum(-1).gt(0).all()), "a real row's hidden_out is 0"
 
 
+@pytest.mark.operators("v4_prefill_mtp_layer")
 def test_prefill_padding_rows_leave_no_trace(backend):
     """Whatever the padding rows carry (hidden, prev, positions, token ids, a slot of a real row), no output byte
     moves: the real rows, the cache and the zero tail are the same. Spec: §8."""
@@ -186,6 +197,7 @@ def test_prefill_padding_rows_leave_no_trace(backend):
         assert torch.equal(out[key], ref[key]), f"{key} moved with the padding rows' contents"
 
 
+@pytest.mark.operators("v4_prefill_mtp_layer")
 def test_prefill_mtp_inputs_are_refused_naming_the_field(backend):
     config = MODELS[0]
     i = prefill_mtp_layer_inputs(config, 5)

@@ -91,6 +91,7 @@ def _judge(out, want_cmp, want_state, i):
 
 
 @pytest.mark.parametrize("ratio, start, rows", CASES, ids=IDS)
+@pytest.mark.operators("v4_prefill_compressor")
 def test_a_prefill_chunk_matches_an_independent_evaluation(backend, ratio, start, rows):
     """Each closed window's compressed row and each real row's state row within upstream's bounds of the FP64
     evaluation written here; every other byte of both pools kept. Spec: §8."""
@@ -105,6 +106,7 @@ def test_a_prefill_chunk_matches_an_independent_evaluation(backend, ratio, start
 
 @pytest.mark.parametrize("ratio, total, splits", [(4, 20, range(1, 20)), (128, 136, (1, 64, 126, 127, 128, 129))],
                          ids=["ratio4", "ratio128"])
+@pytest.mark.operators("v4_prefill_compressor")
 def test_a_chunk_split_anywhere_gives_the_one_shot_pools(backend, ratio, total, splits):
     """Prefilling positions 0 .. total - 1 in two chunks -- the second resuming from the first's state pool and
     compressed pool -- gives the one-shot chunk's pools bit for bit, for a split at every phase of the ratio-4
@@ -130,6 +132,7 @@ def test_a_chunk_split_anywhere_gives_the_one_shot_pools(backend, ratio, total, 
                                          "one-shot chunk"
 
 
+@pytest.mark.operators("v4_prefill_compressor")
 def test_padding_rows_are_never_read_or_written(backend):
     """Rows from num_tokens on -- carrying the mappings they would have as real rows (their state homes, the
     compressed row of the window closing at position 15) -- change nothing: the pools equal those of the chunk
@@ -144,6 +147,7 @@ def test_padding_rows_are_never_read_or_written(backend):
         assert torch.equal(out[name].float(), cut[name].float()), f"{name}: a padding row was read or written"
 
 
+@pytest.mark.operators("v4_prefill_compressor")
 def test_an_unpersisted_row_is_pooled_but_leaves_its_state_row(backend):
     """state_slot_mapping -1 on the row that closes a window: its projection still takes part in the window
     (the compressed row equals the persisted run's) and its state row keeps its bytes (upstream's ratio-4
@@ -165,6 +169,7 @@ def test_an_unpersisted_row_is_pooled_but_leaves_its_state_row(backend):
     assert torch.equal(flat[others], both["state_pool"].reshape(-1, flat.shape[1])[others])
 
 
+@pytest.mark.operators("v4_prefill_compressor")
 def test_the_first_windows_have_no_previous_half(backend):
     """From position 0, the window closing at 3 pools its own four positions only (the previous window would
     be positions -4 .. -1, which take no part -- not kv 0 with score 0): it matches the FP64 evaluation and does
@@ -202,6 +207,7 @@ def test_the_first_windows_have_no_previous_half(backend):
     ("state_pool", lambda i: i["state_pool"][:, :2], "[pages, 4,"),
     ("ratio", lambda i: 8, "one of [4, 128]"),
 ])
+@pytest.mark.operators("v4_prefill_compressor")
 def test_bad_inputs_name_the_field(backend, field, change, needle):
     i = prefill_compressor_inputs(4, start=4, rows=16)
     i["num_tokens"] = 16
@@ -239,6 +245,7 @@ def test_the_pool_check_fails_just_outside_each_clause():
     assert not check_owned_rows(want.float(), want, before, atol=1e-4, rtol=1 / 128).ok
 
 
+@pytest.mark.operators("v4_prefill_compressor")
 def test_a_chunk_of_padding_only_writes_nothing(backend):
     """num_tokens = 0 is a valid chunk: both pools come back byte for byte. Spec: §8."""
     i = prefill_compressor_inputs(4, seed=3, start=4, rows=8)
@@ -247,6 +254,7 @@ def test_a_chunk_of_padding_only_writes_nothing(backend):
                                                                                        i["state_pool"])
 
 
+@pytest.mark.operators("v4_prefill_compressor")
 def test_the_rms_epsilon_is_1e_6(backend):
     """A chunk of tiny rows (window mean square about 1e-6): the RMSNorm's epsilon 1e-6 moves the compressed
     rows by a third, so they match the FP64 evaluation only with that epsilon. Spec: §8."""
@@ -275,6 +283,8 @@ def _key_inputs(seed=21, **kw):
                 hadamard=((torch.rand(8, 8, generator=g) - 0.5) * 8**-0.5).to(torch.bfloat16))
 
 
+@pytest.mark.operators("v4_compressor", "v4_prefill_compressor", "v4_prefill_index_keys",
+                        "v4_publish_index_keys")
 def test_the_prefill_index_keys_are_the_chunks_windows_written_as_int8_keys(backend):
     """CSA's indexer compressor on a prefill chunk (positions 5 .. 20, the last 2 rows padding carrying
     real-looking mappings): its INT8 keys and scales are v4_publish_index_keys of the chunk's own closed windows
@@ -312,6 +322,7 @@ def test_the_prefill_index_keys_are_the_chunks_windows_written_as_int8_keys(back
     assert torch.equal(got["idx_kv_cache"], cache), "tiny rows: the keys differ (the RMS epsilon is not 1e-6)"
 
 
+@pytest.mark.operators("v4_prefill_index_keys")
 def test_a_prefill_index_key_only_at_a_closing_position(backend):
     i = _key_inputs(start=4)
     i["num_tokens"] = 16
@@ -322,6 +333,7 @@ def test_a_prefill_index_key_only_at_a_closing_position(backend):
 
 
 @pytest.mark.parametrize("ratio, start, rows", CASES, ids=IDS)
+@pytest.mark.operators("v4_prefill_compressor")
 def test_upstreams_full_width_rope_table_reads_its_first_half(backend, ratio, start, rows):
     """Upstream's prefill compressors take freqs_cos/freqs_sin [MAX_SEQ_LEN, ROPE_HEAD_DIM] and read the first
     ROPE_HEAD_DIM/2 columns. Given that full-width layout (its second half filled with other angles), the

@@ -87,6 +87,7 @@ def _judge(config, out, want_score, want_topk, inputs):
 
 @pytest.mark.parametrize("start", [0, 960], ids=["from-0", "across-the-cap"])
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("v4_prefill_indexer")
 def test_prefill_scores_and_topk_match_an_independent_evaluation(backend, config, start):
     """A chunk of 128 rows from position 0 (upstream's START_POS: visible 0 .. 32, the first three rows see
     nothing) and one crossing the cap (positions 960 .. 1087: visible 240 .. 256, capped from position 1023),
@@ -101,6 +102,7 @@ def test_prefill_scores_and_topk_match_an_independent_evaluation(backend, config
     _judge(config, out, want_score, want_topk, inputs)
 
 
+@pytest.mark.operators("v4_prefill_indexer")
 def test_the_visible_range_is_the_position_bound_capped_at_two_blocks(backend):
     """visible = min((pos + 1) // 4, 2 · block_size) with no kv-length term: rows at positions 1018 .. 1025 see
     254, 255, 255, 255, 255, 256, 256, 256 positions (the cap is 256, not kernel max / 4 = 128), and the score
@@ -114,6 +116,7 @@ def test_the_visible_range_is_the_position_bound_capped_at_two_blocks(backend):
     assert out["topk_idxs"][:, : config.index_topk].ge(0).all() and out["topk_idxs"][:, config.index_topk:].eq(-1).all()
 
 
+@pytest.mark.operators("v4_prefill_indexer")
 def test_each_row_is_rotated_with_its_own_rope_row(backend):
     """Each token's query takes the RoPE row at its own position (cos / sin [T, rope/2]); the decode indexer's
     rule -- one row per request, its first -- moves the scores of every later row. Rows whose table is swapped
@@ -132,6 +135,7 @@ def test_each_row_is_rotated_with_its_own_rope_row(backend):
     assert result.ok, result.message()
 
 
+@pytest.mark.operators("v4_prefill_indexer")
 def test_picks_are_raw_compressed_positions(backend):
     """The prefill top-k holds positions 0 .. visible - 1 as they are (the prefill attention takes them as
     given): no window offset, unlike the decode indexer's. Spec: §8."""
@@ -143,6 +147,7 @@ def test_picks_are_raw_compressed_positions(backend):
         f"picks {picks[0].tolist()} at visible {int(visible[0])}: raw positions in [0, visible), no offset"
 
 
+@pytest.mark.operators("v4_prefill_indexer")
 def test_padding_rows_are_never_scored_and_do_not_touch_real_rows(backend):
     """Rows from num_tokens on, under each named rule: "unscored" (upstream's kernel; the default) leaves their
     score row the lowest FP32 number throughout; "scored" scores a padding row from its own position; and
@@ -208,6 +213,7 @@ def test_the_prefill_hard_floor_is_7e_3():
     ("padding_rows", lambda i: "zero", "one of ('unscored', 'scored', 'scored_capped')"),
     ("idx_block_table", lambda i: torch.tensor([2, -1], dtype=torch.int32), "mapped pages"),
 ])
+@pytest.mark.operators("v4_prefill_indexer")
 def test_bad_inputs_name_the_field(backend, field, change, needle):
     config = V4_PRO_TINY
     inputs = prefill_indexer_inputs(config, rows=16, start=600)
@@ -220,6 +226,7 @@ def test_bad_inputs_name_the_field(backend, field, change, needle):
         assert exc.value.index == (2,) and exc.value.actual == -1 and exc.value.expected == ">= 0", str(exc.value)
 
 
+@pytest.mark.operators("v4_prefill_indexer")
 def test_a_chunk_of_padding_only_scores_nothing(backend):
     """num_tokens = 0 is a valid chunk (every row padding): every score the lowest FP32 number, every pick -1;
     num_tokens = T pads nothing. Spec: §8."""

@@ -35,6 +35,7 @@ def _attention_inputs() -> dict:
 
 
 @pytest.mark.parametrize("path", ["CSA", "HCA"])
+@pytest.mark.operators("v4_output_projection", "v4_sparse_attention")
 def test_attention_and_its_output_projection_at_pro_geometry(backend, path):
     """Decode attention on the Pro kernel preset (8 rows, 128 heads of 512, 16 output groups of 1024): CSA with a
     raw indexer top-k of 1024 (slots at and past the causal bound, up to 9 tiles of 128 keys), HCA with its own
@@ -69,6 +70,7 @@ def test_attention_and_its_output_projection_at_pro_geometry(backend, path):
     assert r.ok, r.message()
 
 
+@pytest.mark.operators("v4_indexer")
 def test_the_indexer_picks_1024_of_thousands_at_pro_geometry(backend):
     """The decode indexer on the Pro kernel preset with requests at positions 8000, 4099, 16000 and 511: visible
     ranges 2000, 1025, 4000 and 128, so three requests pick 1024 of more; scores and picks
@@ -87,6 +89,7 @@ def test_the_indexer_picks_1024_of_thousands_at_pro_geometry(backend):
     assert int((out["topk_idxs"] >= 0).sum(1).max()) == PRO.index_topk
 
 
+@pytest.mark.operators("v4_expert")
 def test_a_routed_expert_at_pro_geometry(backend):
     """A routed expert on the Pro kernel preset (D 7168, intermediate 3072): its integer products reach
     127 · 127 · 7168 > 2^24, so their FP32 cast rounds as the device's INT32 -> FP32 cast does; y [8, 7168]

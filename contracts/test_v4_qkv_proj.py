@@ -18,6 +18,8 @@ from contracts.separation import separates
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 
+pytestmark = pytest.mark.operators("v4_qkv_proj_rope")  # every contract here calls it, and only it
+
 MODELS = [V4_PRO_TINY, V4_FLASH_TINY]
 ULP = 2.0**-8  # one BF16 step, relative
 

@@ -106,6 +106,7 @@ def independent_projection(o: torch.Tensor, i: dict, config) -> torch.Tensor:
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
 @pytest.mark.parametrize("path", ["HCA", "CSA", "SWA"])
+@pytest.mark.operators("v4_attention")
 def test_each_path_matches_an_independent_evaluation(backend, path, config):
     """attn_out of every path on V4-Pro and V4-Flash is within upstream's ratio_allclose(1e-4, 1/128) of an
     FP64 evaluation written here (hand page walk, the CSA bound, explicit inverse pairs, explicit INT8 codes).
@@ -120,6 +121,7 @@ def test_each_path_matches_an_independent_evaluation(backend, path, config):
     assert r.ok, r.message()
 
 
+@pytest.mark.operators("v4_sparse_attention")
 def test_the_attention_before_the_projection_is_the_128_key_tile_rule(backend):
     """v4_sparse_attention's o (FP32 [T, H, hd]) against the FP64 tile walk written here, within 1e-5 relative
     to the row's peak: per tile the maximum over its valid keys only (two tokens whose valid scores are all
@@ -153,6 +155,7 @@ def test_the_attention_before_the_projection_is_the_128_key_tile_rule(backend):
     assert bool((scores < 0).all()), "token 1's valid window scores are all negative"
 
 
+@pytest.mark.operators("v4_attention")
 def test_csa_keeps_a_raw_slot_only_below_position_plus_one_over_four(backend):
     """Positions 3, 6, 7, 11 (bounds 1, 1, 2, 3): the slot one below the bound is read, the slot at the bound is
     not (it is written when position bound·4 + 3 closes), nor are -1 or the columns past index_topk. The CSA
@@ -189,6 +192,7 @@ def test_csa_keeps_a_raw_slot_only_below_position_plus_one_over_four(backend):
     assert torch.equal(csa, want), "CSA differs from the reference HCA on the slots below the bound"
 
 
+@pytest.mark.operators("v4_attention")
 def test_compressed_slots_are_paged_through_each_requests_table(backend):
     """Moving the compressed pages to other physical blocks and rewriting the tables to match leaves attn_out
     bit-identical (the slots are logical, per request); reading the same slots as physical rows would not.
@@ -211,6 +215,7 @@ def test_compressed_slots_are_paged_through_each_requests_table(backend):
               slots_as_physical_rows=_call(ref, "HCA", config, identity, compressed))
 
 
+@pytest.mark.operators("v4_output_projection")
 def test_the_inverse_rotation_acts_on_the_last_rope_dims(backend):
     """With cos 0 and sin 1 the inverse rotation maps each rope pair (a, b) to (b, -a) exactly: projecting o
     with that table equals projecting the hand-rotated o with the identity table (cos 1, sin 0); the forward
@@ -260,6 +265,7 @@ def _one_hot_projection(config):
     return wo_a.to(torch.bfloat16), wo_b, torch.ones(hidden)
 
 
+@pytest.mark.operators("v4_output_projection")
 def test_the_latent_stays_fp32_and_each_token_group_has_its_own_int8_scale(backend):
     """Hand vectors through v4_output_projection (nope dims only, so the rotation is out of play):
 
@@ -318,6 +324,7 @@ def test_the_latent_stays_fp32_and_each_token_group_has_its_own_int8_scale(backe
     assert torch.equal(out, out[:1].expand_as(out)), "every token row the same"
 
 
+@pytest.mark.operators("v4_attention")
 def test_a_token_with_nothing_to_attend_outputs_zero(backend):
     """A row with every window slot -1 and no compressed slot (SWA) attends only the sink: its attention is
     exactly zero, so its latent is zero, its INT8 codes are zero (the 1e-4 amax floor) and attn_out is 0. The
@@ -332,6 +339,7 @@ def test_a_token_with_nothing_to_attend_outputs_zero(backend):
     assert bool((out[3] == 0).all()) and bool(out.abs().amax(1).gt(0).sum() == 3)
 
 
+@pytest.mark.operators("v4_attention")
 def test_bad_inputs_are_refused_naming_the_field(backend):
     """An unmapped compressed page names (request, page); a slot past the table names (token, column); an
     unknown path, a non-INT8 wo_b and a missing compressed top-k are refused. Spec: §8."""
@@ -399,6 +407,7 @@ def test_the_attn_out_comparator_fails_just_outside_its_bound():
     assert not attn_out_v4("attn_out", e[:7], e, None).ok
 
 
+@pytest.mark.operators("v4_attention", "v4_output_projection", "v4_sparse_attention")
 def test_v4_attention_composes_the_backends_own_operators(backend):
     """v4_attention runs the backend's v4_sparse_attention and v4_output_projection, once each (a kernel
     backend that binds either is judged through the composition); a one-page compressed table with -1 slots
@@ -429,6 +438,7 @@ def test_v4_attention_composes_the_backends_own_operators(backend):
     assert out.shape == (config.decode_tokens, config.hidden_size)
 
 
+@pytest.mark.operators("v4_attention")
 def test_a_prefill_chunk_is_one_request_with_zero_padding_rows(backend):
     """Prefill (upstream prefill_sparse_attn.py): one request of 128 rows at positions 100..227 with 100 real
     rows (num_tokens), compressed slots given as logical slots of the request's table. Rows 100.. are exactly 0
@@ -463,6 +473,7 @@ def test_a_prefill_chunk_is_one_request_with_zero_padding_rows(backend):
             attention("HCA", *(i[n] for n in names), config=config, seq=128, num_tokens=bad)
 
 
+@pytest.mark.operators("v4_output_projection")
 def test_the_group_partials_are_summed_in_group_order(backend):
     """Through v4_output_projection (nope dims only): the latents of groups 0..3 are 1, +2^40, -2^40 and 2, the
     rest 0, and channel 0 reads latent column 0 of groups 0..3. In group order 1 is absorbed by 2^40, which -2^40

@@ -95,6 +95,35 @@ def _items(names: list[str], wiring: str, *, reader=None) -> list[tuple[str, str
     return out
 
 
+def _reaching(reader, items: list[tuple[str, str]], given: list[str]) -> list[tuple[str, str]]:
+    """The ``items`` whose trees reach one of the operators of ``--operator`` (contracts.operators)."""
+    import difflib
+
+    from contracts.operators import OPERATORS, operators_reached
+    from goldens import trees
+    from goldens.cases import get_case
+
+    wanted = {n.strip() for g in given for n in g.split(",") if n.strip()}
+    for n in sorted(wanted):
+        if n not in OPERATORS:
+            close = difflib.get_close_matches(n, list(OPERATORS), n=3, cutoff=0.5)
+            raise GoldenStoreError(f"--operator {n}: no such operator" + (f" (did you mean {', '.join(close)}?)" if close
+                                                                    else " (names: docs/backends.md)"))
+    if not wanted:
+        raise GoldenStoreError("--operator: expected an operator name")
+
+    def reached(case: str, wiring: str) -> frozenset[str]:
+        if reader.has(f"{case}/{wiring}"):
+            return trees.tree_operators(reader, case, wiring)
+        return operators_reached(get_case(case).operator)  # a kept run rebuilt without its tree
+
+    out = [(c, w) for c, w in items if reached(c, w) & wanted]
+    if not out:
+        raise GoldenStoreError(f"no tree of the {len(items)} selected reaches {', '.join(sorted(wanted))} "
+                               "(goldens show lists each tree's operator)")
+    return out
+
+
 def cmd_record(args) -> int:
     from goldens import trees
     from goldens.store import GoldenStore
@@ -227,6 +256,8 @@ def _cmd_replay(args) -> int:
     else:  # only imported runs named, or no tree in the store beside them
         items = _items(names, args.wiring, reader=reader) if trees.recorded_cases(reader) and not args.cases else []
     items += rebuilt
+    if args.operator:
+        items = _reaching(reader, items, args.operator)
     kept: dict = {}
     digests: dict = {}
     table = Table(title=escape(f"replay on backend {backend.name} ({backend.platform}) from {args.store}@{reader.snapshot[:12]}"))
@@ -828,6 +859,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(diff them with goldens diff)")
         sp.add_argument("--rev", default=None, help="snapshot id or tag to replay (default: main)")
         sp.add_argument("--allow-stale", action="store_true", help="replay stale trees anyway (prints a loud warning)")
+        sp.add_argument("--operator", action="append", default=[], metavar="NAME",
+                        help="only the trees that reach operator NAME: its own trees, and those of compositions "
+                             "whose reference goes through it; repeatable or comma-separated")
         wiring(sp)
 
     r = sub.add_parser("record", help="generate inputs, compute reference outputs, commit",

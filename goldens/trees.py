@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from contracts.compare import TOLERANCES, Context, compare_all
-from contracts.operators import MissingOperator, Unsupported
+from contracts.operators import MissingOperator, Unsupported, operators_reached
 from contracts.result import CheckResult
 from goldens.cases import (
     Case,
@@ -246,6 +246,12 @@ def recorded_cases(reader: StoreReader) -> list[str]:
     for name in out:
         adopt(reader, name)
     return out
+
+
+def tree_operators(reader: StoreReader, case: str, wiring: str) -> frozenset[str]:
+    """The operators a recorded tree reaches (contracts.operators.operators_reached of its record)."""
+    attrs = reader.group_attrs(tree_path(case, wiring))
+    return operators_reached(attrs.get("operator", ""), attrs.get("fingerprint_parts", {}))
 
 
 def adopt(reader: StoreReader, name: str) -> None:
