@@ -109,7 +109,9 @@ def _operators_called(node: ast.AST, module_names: frozenset[str] = frozenset())
     (``op(backend, "X")``, ``backend.get("X")``, ``both("X", backend, ...)``); where the name is computed
     (``op(backend, name)``), every operator named anywhere in the module (``module_names``)."""
     out = set()
-    for n in ast.walk(node):
+    # the body only: a test's @pytest.mark.operators(...) declaration (tests/operator_markers.py) is not a call
+    nodes = [x for stmt in node.body for x in ast.walk(stmt)] if isinstance(node, ast.FunctionDef) else ast.walk(node)
+    for n in nodes:
         if not isinstance(n, ast.Call):
             continue
         for a in n.args:
