@@ -197,7 +197,7 @@ def test_a_v4_pro_entry_runs_with_specs_from_its_declaration_and_refuses_other_g
 def test_the_seeded_hc_post_kernel_is_caught_by_the_contracts():
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_mhc.py",
                            "--backend", "pypto", "--pypto-lib", str(FAKE)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=_env(**{pb.ALLOW_TEST_DOUBLE: "1",
+                          timeout=300, env=_env(**{pb.ALLOW_TEST_DOUBLE: "1", "HYPOTHESIS_PROFILE": "verdict",
                                                    "PTO_FAKE_UPSTREAM_DEFECT": "hc_post_untransposed"}))
     assert proc.returncode == 1 and "FAILED contracts/test_mhc.py" in proc.stdout, proc.stdout[-2000:]
 
@@ -226,7 +226,7 @@ def test_pytest_runs_the_contracts_on_the_test_double_and_catches_its_seeded_wro
     assert "materialize_rope_rows            3       3       0        1  " in good.stdout, good.stdout[-1500:]
     assert "freqs_cos dim 1: the kernel is compiled" in good.stdout  # the FLASH-width call: refused, by name
     bad = _pytest("--backend", "pypto", "--pypto-lib", str(FAKE), PTO_FAKE_UPSTREAM_DEFECT="rope_negative_zero",
-                  **env)
+                  HYPOTHESIS_PROFILE="verdict", **env)
     assert bad.returncode == 1 and "failed" in bad.stdout, bad.stdout[-2000:]
 
 
@@ -342,7 +342,7 @@ def test_candidate_blocks_run_on_the_device_at_its_compiled_constants_and_are_un
 def test_the_seeded_indexer_kernel_is_caught_by_the_contracts():
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_topk.py",
                            "--backend", "pypto", "--pypto-lib", str(FAKE)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=_env(**{pb.ALLOW_TEST_DOUBLE: "1",
+                          timeout=300, env=_env(**{pb.ALLOW_TEST_DOUBLE: "1", "HYPOTHESIS_PROFILE": "verdict",
                                                    "PTO_FAKE_UPSTREAM_DEFECT": "hsi_drop_last_block"}))
     assert proc.returncode == 1 and "FAILED contracts/test_topk.py::test_candidate_selection_smoke_at_flash_size" \
         in proc.stdout, proc.stdout[-2000:]
