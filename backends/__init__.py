@@ -60,6 +60,15 @@ def pypto_backend(platform: str | None = None, device: str | None = None, pypto_
 def _cpu(factory: Callable[..., Backend], name: str, *, checkout: bool = False) -> Callable[..., Backend]:
     """A CPU backend's factory: --platform / --device refused; --pypto-lib passed on when it takes a checkout."""
     def make(platform=None, device=None, pypto_lib=None) -> Backend:
+        if device is not None and platform is None and os.environ.get("PTO_FAKE_DEVICES") == "1":
+            # this project's tests of the multi-device replay: the ids label a CPU backend standing in for devices
+            ids = tuple(int(d) for d in device.split(",")) if device.replace(",", "").isdigit() else None
+            if ids is None:
+                raise BackendError(f"--device {device!r}: expected comma-separated device ids")
+            base = factory(pypto_lib) if checkout else factory()
+            fake = base.derive(base.name, description=f"{base.description} on fake device(s) {device}")
+            fake.devices = ids
+            return fake
         given = [f"--{k.replace('_', '-')} {v}" for k, v in
                  (("platform", platform), ("device", device), ("pypto_lib", None if checkout else pypto_lib))
                  if v is not None]

@@ -195,7 +195,8 @@ class Backend:
     def __init__(self, name: str, operators: Mapping[str, Callable], *, platform: str = "cpu",
                  unavailable: str | None = None, description: str = "", why_missing: Mapping[str, str] = (),
                  replay: Callable | None = None, variants: Mapping[str, Mapping[str, str]] = (),
-                 provenance: Mapping[str, object] = (), deviations: Mapping[str, str] = ()):
+                 provenance: Mapping[str, object] = (), deviations: Mapping[str, str] = (),
+                 devices: tuple[int, ...] = ()):
         unknown = sorted(set(operators) - set(OPERATORS))
         if unknown:
             raise BackendError(f"backend {name!r}: unknown operator(s) {unknown}; known: {sorted(KERNEL_OPERATORS)}")
@@ -219,6 +220,7 @@ class Backend:
         # named, documented ways a backend is known to depart from a property a contract pins (docs/upstream.md):
         # such a contract that fails on it is reported as an expected failure naming the deviation, never a pass
         self.deviations = dict(deviations)
+        self.devices = tuple(devices)  # the device ids its --device option pinned it to (empty: none given)
 
     def has(self, op: str) -> bool:
         return op in self._ops or op in JUDGES

@@ -68,6 +68,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--dp", type=int, default=None, metavar="N",
                     help="DP groups; when given it must equal ep / tp. A bad topology is a usage error before "
                          "any test runs; with --device it also needs exactly ep device ids")
+    group.addoption("--devices", default=None, metavar="IDS",
+                    help="with pytest-xdist's -n N, one worker per device: worker K runs the backend pinned to the "
+                         "K-th id through its --device option (0-15, 0,2,4-7; N must equal the number of ids)")
     group.addoption("--operator", action="append", default=[], metavar="NAME",
                     help="run only the contracts that call operator NAME (each contract declares the operators it "
                          "calls with @pytest.mark.operators, and a call it did not declare fails it) and the golden "
@@ -129,13 +132,39 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     state = f"UNAVAILABLE: {b.unavailable}" if b.unavailable else \
         f"{len(b.operators)}/{len(KERNEL_OPERATORS)} operators bound"
     d = config._pto_deployment
+    devices = f" devices={','.join(map(str, b.devices))}" if b.devices else ""
     return [f"pto-contracts: backend={b.name} platform={b.platform} ({state}) "
-            f"hypothesis-profile={settings._current_profile} deployment=tp{d.tp}/ep{d.ep}/dp{d.dp}"]
+            f"hypothesis-profile={settings._current_profile} deployment=tp{d.tp}/ep{d.ep}/dp{d.dp}{devices}"]
+
+
+def worker_device(config: pytest.Config) -> str | None:
+    """The --device this process runs with: --device, or with --devices the id of this xdist worker (gwK: the
+    K-th); a session without a worker per id is a usage error."""
+    given = config.getoption("devices", default=None)
+    if not given:
+        return config.getoption("device")
+    from goldens.pytest_api import GoldenStoreError, parse_devices
+
+    try:
+        ids = parse_devices(given)
+    except GoldenStoreError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if config.getoption("device"):
+        raise pytest.UsageError("--devices gives each xdist worker its own --device: not both")
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker is None:
+        workers = config.getoption("numprocesses", default=None)
+        if workers != len(ids):
+            raise pytest.UsageError(f"--devices {given}: {len(ids)} device(s) need -n {len(ids)} (one xdist worker "
+                                    f"per device), got -n {workers}")
+        return ",".join(map(str, ids))  # the controller: every id (its header; it runs no test)
+    return str(ids[int(worker.removeprefix("gw")) % len(ids)])
 
 
 def backend_from_options(config: pytest.Config) -> Backend:
     target = config.getoption("backend_module")
     device_options = {k: config.getoption(k) for k in ("platform", "device", "pypto_lib")}
+    device_options["device"] = worker_device(config)
     try:
         if target:
             backend = load_backend_module(target)
@@ -225,6 +254,8 @@ def pytest_runtest_call(item: pytest.Item):
     ``@pytest.mark.operators`` fails it: ``--operator`` would have left it out."""
     global _ITEM
     _ITEM = item
+    if item.config.getoption("devices", default=None):  # which device ran it, for the per-device summary
+        item.user_properties.append(("pto_device", ",".join(map(str, item.config._pto_backend.devices)) or "-"))
     try:
         result = yield
     finally:
@@ -306,6 +337,7 @@ class SessionTally:
         self.ops: dict[str, dict[str, int]] = {}
         self.reasons: dict[str, str] = {}
         self.totals = {"passed": 0, "failed": 0, "skipped": 0}
+        self.devices: dict[str, dict[str, int]] = {}  # with --devices: device -> outcome counts
         self.verdict: str | None = None
 
     def add(self, report: pytest.TestReport) -> None:
@@ -317,6 +349,9 @@ class SessionTally:
         if outcome == "skipped" and isinstance(report.longrepr, tuple):
             reason = str(report.longrepr[2]).removeprefix("Skipped: ")
         for key, name in report.user_properties:
+            if key == "pto_device":
+                counts = self.devices.setdefault(name, {"passed": 0, "failed": 0, "skipped": 0})
+                counts[outcome] += 1
             if key != "pto_operator":
                 continue
             row = self.ops.setdefault(name, {"ran": 0, "passed": 0, "failed": 0, "skipped": 0})
@@ -409,6 +444,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             reason = tally.reasons.get(name, "")
             tr.write_line(f"{name:28} {r['ran']:5d} {r['passed']:7d} {r['failed']:7d} {r['skipped']:8d}  "
                           f"{reason[:150]}")
+    if tally.devices:
+        tr = terminalreporter
+        tr.section("pto-contracts: per-device summary (one xdist worker per device)", sep="-")
+        tr.write_line(f"{'device':>8} {'passed':>7} {'failed':>7} {'skipped':>8}")
+        for dev in sorted(tally.devices, key=lambda d: [int(x) for x in d.split(",") if x.isdigit()]):
+            c = tally.devices[dev]
+            tr.write_line(f"{dev:>8} {c['passed']:7d} {c['failed']:7d} {c['skipped']:8d}")
     page = getattr(config, "_pto_report_page", None)
     if page is not None:
         terminalreporter.write_line(f"pto-contracts: golden replay report: {page}")

@@ -233,6 +233,8 @@ def _cmd_replay(args) -> int:
     from goldens import report, trees
     from goldens.store import GoldenStore
 
+    if getattr(args, "devices", None):
+        return _replay_on_devices(args)
     backend = _backend(args)
     if backend is not None and backend.unavailable and not args.allow_unavailable:
         raise BackendFailure(f"backend {backend.name!r} (platform {backend.platform}) is unavailable here: "
@@ -385,7 +387,70 @@ def _cmd_replay(args) -> int:
                             f"@{reader.snapshot[:12]}", reported, {**summary, "exit_code": code})
         err.print(f"report: {page}")
     document = {"store": str(args.store), "snapshot": reader.snapshot, "backend": backend.name,
-                "platform": backend.platform, "rows": rows, "summary": summary, "exit_code": code}
+                "platform": backend.platform, "devices": list(getattr(backend, "devices", ())), "rows": rows,
+                "summary": summary, "exit_code": code}
+    if args.json:
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    if args.junit:
+        _write_junit(Path(args.junit), document)
+    return code
+
+
+def _replay_on_devices(args) -> int:
+    """``goldens replay --devices IDS``: goldens.devices runs one worker per id; one table, a per-device summary."""
+    from goldens import devices
+    from goldens.store import GoldenStore
+
+    ids = devices.parse_devices(args.devices)
+    for flag, given in (("--device", args.device), ("--report", args.report),
+                        ("--backend recorded", args.backend.startswith("recorded"))):
+        if given:
+            raise GoldenStoreError(f"--devices runs one worker per device: it does not combine with {flag} "
+                                   + ("(each worker is given its own --device)" if flag == "--device" else
+                                      "(replay without --devices for it)"))
+    # the backend once here, on all the ids: a backend that cannot take them, or is unavailable, is one line
+    # before any worker starts
+    probe = _backend(argparse.Namespace(**{**vars(args), "device": ",".join(map(str, ids))}))
+    if probe is not None and probe.unavailable and not args.allow_unavailable:
+        raise BackendFailure(f"backend {probe.name!r} (platform {probe.platform}) is unavailable here: "
+                             f"{probe.unavailable}; nothing was replayed (--allow-unavailable accepts that)")
+    reader = GoldenStore(args.store).reader(args.rev)
+    items = _items(list(args.cases), args.wiring, reader=reader)
+    if args.operator:
+        items = _reaching(reader, items, args.operator)
+    runs, rows = devices.run(args, items, reader, ids)
+    code = devices.exit_code(runs)
+    styles = {"PASS": "green", "FAIL": "red", "SKIP": "yellow", "ERROR": "bold magenta", "STALE": "bold red"}
+    out = console if not args.json else Console(quiet=True)
+    table = Table(title=escape(f"replay on backend {args.backend_module or args.backend} over devices {ids} from "
+                               f"{args.store}@{reader.snapshot[:12]}"))
+    for col in ("device", "case", "wiring", "output", "comparator", "verdict", "detail"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        if not (args.quiet and r["verdict"] == "PASS"):
+            table.add_row(str(r["device"]), r["case"], r["wiring"], r["output"], r["comparator"],
+                          f"[{styles[r['verdict']]}]{r['verdict']}[/]", escape(r["detail"]))
+    out.print(table)
+    summary = Table(title="per device")
+    for col in ("device", "cases", "trees", "passed", "failed", "errors", "skipped", "stale", "exit", "seconds",
+                "note"):
+        summary.add_column(col, overflow="fold")
+    per_device = []
+    for r in runs:
+        s = (r.document or {}).get("summary", {})
+        row = {"device": r.device, "cases": len(r.cases), "trees": s.get("ran", 0),
+               "passed": sum(x["verdict"] == "PASS" for x in r.rows),
+               "failed": sum(x["verdict"] == "FAIL" for x in r.rows),
+               "errors": sum(x["verdict"] == "ERROR" for x in r.rows), "skipped": s.get("skipped", 0),
+               "stale": s.get("stale", 0), "exit": r.code, "seconds": round(r.seconds, 2), "note": r.error,
+               "backend_devices": list((r.document or {}).get("devices", []))}
+        per_device.append(row)
+        summary.add_row(*(str(row[c] if row[c] is not None else "-") for c in
+                          ("device", "cases", "trees", "passed", "failed", "errors", "skipped", "stale", "exit",
+                           "seconds", "note")))
+    out.print(summary)
+    document = {"store": str(args.store), "snapshot": reader.snapshot, "backend": args.backend_module or args.backend,
+                "platform": args.platform, "devices": ids, "rows": rows, "per_device": per_device, "exit_code": code}
     if args.json:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
     if args.junit:
@@ -859,6 +924,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "(diff them with goldens diff)")
         sp.add_argument("--rev", default=None, help="snapshot id or tag to replay (default: main)")
         sp.add_argument("--allow-stale", action="store_true", help="replay stale trees anyway (prints a loud warning)")
+        sp.add_argument("--devices", default=None, metavar="IDS",
+                        help="replay on several devices at once: one worker process per id (0-15, 0,2,4-7), each "
+                             "with the backend pinned to its device through --device, trees shared out by case, "
+                             "largest first; one table with a device column, then a per-device summary")
         sp.add_argument("--operator", action="append", default=[], metavar="NAME",
                         help="only the trees that reach operator NAME: its own trees, and those of compositions "
                              "whose reference goes through it; repeatable or comma-separated")

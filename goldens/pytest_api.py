@@ -1,12 +1,14 @@
 """The one door from pytest's plugin (``contracts.plugin``) into the golden store: the plugin imports this module
-and nothing else of ``goldens``. Four things cross it: a store location checked at start-up, user case modules
-loaded, a failing contract's inputs recorded as a counterexample tree, and the replay report assembled."""
+and nothing else of ``goldens``. Five things cross it: a store location checked at start-up, user case modules
+loaded, a failing contract's inputs recorded as a counterexample tree, the replay report assembled, and the
+``--devices`` list parsed (one reading for pytest and ``goldens replay``)."""
 
 from __future__ import annotations
 
 from goldens.errors import GoldenStoreError
 
-__all__ = ["GoldenStoreError", "assemble_report", "check_location", "load_case_modules", "record_counterexample"]
+__all__ = ["GoldenStoreError", "assemble_report", "check_location", "load_case_modules", "parse_devices",
+           "record_counterexample"]
 
 
 def check_location(text: str) -> None:
@@ -36,3 +38,10 @@ def assemble_report(directory: str, title: str):
     from goldens import report
 
     return report.assemble(directory, title)
+
+
+def parse_devices(text: str) -> list[int]:
+    """Device ids of ``--devices`` (``0-15``, ``0,2,4-7``); GoldenStoreError names a malformed list."""
+    from goldens.devices import parse_devices as parse
+
+    return parse(text)

@@ -172,7 +172,7 @@ def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_li
     backend = Backend("pypto-test-double" if double else "pypto", ops, platform=platform, why_missing=why,
                    description=f"upstream A5 kernels from {root} @ {revision(root)} on {platform}, devices {devices}",
                    replay=lambda tree, export: replay_through_upstream(launchers, tree, export),
-                   provenance=_provenance(root, platform, devices))
+                   provenance=_provenance(root, platform, devices), devices=tuple(devices))
     backend.toolchain = lambda: toolchain(root)  # asked only when a run is kept (goldens replay --keep-actual)
     return backend
 
