@@ -171,7 +171,7 @@ def test_the_sinkhorn_iteration_count_is_twenty(backend):
 
 @settings(deadline=None)
 @given(seed=st.integers(0, 2**16), tokens=st.integers(1, 6))
-@pytest.mark.operators("hc_mixes")
+@pytest.mark.operators("hc_head", "hc_mixes", "hc_post", "hc_pre")
 def test_mixes_and_outputs_equal_the_reference_within_their_budgets(backend, seed, tokens):
     """The fixture's distribution: coefficients within ratio_allclose(2.5e-5, 5e-3), collapsed / expanded /
     head outputs within ratio_allclose(1e-4, 1/128). Spec: HC-07, HC-08."""

@@ -829,6 +829,66 @@ def cmd_gc(args) -> int:
     return 0
 
 
+def cmd_du(args) -> int:
+    """What each tree (and each kept device run) costs: arrays, bytes as tensors, bytes stored for the contents
+    only it names, and bytes of contents it shares with others (each content is stored once: goldens.store.POOL)."""
+    from goldens.store import GoldenStore, pool_path
+
+    store = GoldenStore(args.store)
+    reader = store.reader(args.rev)
+    owners: dict[str, set[str]] = {}
+    units: dict[str, dict] = {}
+    for path in reader.walk_arrays():
+        parts = path.split("/")
+        unit = "/".join(parts[:4]) if parts[0] == "actual" else "/".join(parts[:2])
+        node = reader.root.get(path)
+        attrs = dict(node.attrs)
+        where = attrs.get("pool") or path  # an array stored the old way holds its own content
+        u = units.setdefault(unit, {"arrays": 0, "tensor_bytes": 0, "contents": set()})
+        u["arrays"] += 1
+        u["tensor_bytes"] += int(node.nbytes)
+        u["contents"].add(where)
+        owners.setdefault(where, set()).add(unit)
+    sizes = {w: int(reader.root.get(w).nbytes_stored()) for w in owners}
+    rows = []
+    for unit, u in units.items():
+        own = sum(sizes[w] for w in u["contents"] if len(owners[w]) == 1)
+        shared = sum(sizes[w] for w in u["contents"] if len(owners[w]) > 1)
+        rows.append({"tree": unit, "arrays": u["arrays"], "tensor_bytes": u["tensor_bytes"], "own_bytes": own,
+                     "shared_bytes": shared})
+    rows.sort(key=lambda r: (-r["own_bytes"], r["tree"]))
+    pooled = sum(1 for w in owners if w.startswith(pool_path("")))
+    total = {"trees": len(rows), "arrays": sum(r["arrays"] for r in rows), "contents": len(owners),
+             "pooled_contents": pooled, "tensor_bytes": sum(r["tensor_bytes"] for r in rows),
+             "stored_bytes": sum(sizes.values())}
+    if not store.location.remote:
+        files = [p for p in (store.root / "icechunk").rglob("*") if p.is_file()]
+        total["files"] = len(files)
+        total["file_bytes"] = sum(p.stat().st_size for p in files)
+        total["disk_bytes"] = sum(p.stat().st_blocks * 512 for p in files)
+    if args.json:
+        _emit({"store": str(args.store), "snapshot": reader.snapshot, "trees": rows[:args.top] if args.top else rows,
+               "total": total})
+        return 0
+    mib = lambda n: f"{n / 2**20:.2f}"  # noqa: E731
+    table = Table(title=escape(f"du of {args.store}@{reader.snapshot[:12]} (MiB; own: contents only this tree "
+                               "names, shared: contents other trees name too, stored once)"))
+    for col in ("tree", "arrays", "as tensors", "own", "shared"):
+        table.add_column(col, overflow="fold", justify="left" if col == "tree" else "right")
+    for r in rows[:args.top] if args.top else rows:
+        table.add_row(r["tree"], str(r["arrays"]), mib(r["tensor_bytes"]), mib(r["own_bytes"]), mib(r["shared_bytes"]))
+    console.print(table)
+    line = (f"{total['trees']} tree(s), {total['arrays']} array(s), {total['contents']} distinct content(s): "
+            f"{mib(total['tensor_bytes'])} MiB as tensors, {mib(total['stored_bytes'])} MiB stored")
+    if "files" in total:
+        line += (f"; the repository is {total['files']} file(s), {mib(total['file_bytes'])} MiB, "
+                 f"{mib(total['disk_bytes'])} MiB on disk")
+    if total["contents"] > total["pooled_contents"]:
+        line += f"; {total['contents'] - total['pooled_contents']} array(s) stored the old way (goldens gc stores them once)"
+    console.print(line)
+    return 0
+
+
 def cmd_export(args) -> int:
     from goldens import trees
     from goldens.store import GoldenStore
@@ -1028,6 +1088,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "default: keep every tag). For a store kept small, e.g. the sample store in git")
     gc.add_argument("--dry-run", action="store_true", help="list what would be expired; change nothing")
     gc.set_defaults(fn=cmd_gc)
+
+    du = sub.add_parser("du", help="what each tree costs in the store",
+                        description="Per tree (and per kept device run): its arrays, their bytes as tensors, the "
+                                    "bytes stored for contents only it names, and for contents it shares with "
+                                    "other trees (each distinct content is stored once); then the store's totals, "
+                                    "and for a local store its files and their size on disk. Largest first.")
+    du.add_argument("--rev", default=None, help="snapshot id or tag (default: main)")
+    du.add_argument("--top", type=_count, default=0, metavar="N", help="only the N largest (default: all)")
+    du.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
+    du.set_defaults(fn=cmd_du)
 
     ip = sub.add_parser("import-pt", help="import an upstream <dir>/<wiring>/{in,out}/<name>.pt tree",
                         description="Import upstream replay files (read with torch.load(weights_only=True); a "

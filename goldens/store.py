@@ -59,6 +59,11 @@ REGEN_TAG_PREFIX = "regen-"  # the tags goldens regen makes (gc --keep-regen-tag
 CHUNK_BYTES = 8 * 2**20  # target bytes per chunk along the first dimension (see benchmarks/store.py)
 CACHE_MIN_BYTES = 1 << 16  # smaller arrays read faster from the store than from a file of their own
 COMPRESS_BELOW = 0.85  # compress an array only if a 1 MB sample shrinks below this ratio
+# Each distinct array content is stored once, at pool/<digest>; the array a tree names is a link: same shape,
+# dtype and attributes, no chunks of its own, and attribute "pool" naming its content. The inputs a case's two
+# wirings share, and those of a tree recorded from upstream beside its own, are then stored once. gc sweeps
+# contents no link names.
+POOL = "pool"
 S3_COMMIT_ATTEMPTS = 50  # an optimistic commit on S3 reruns its read-modify-write this often before giving up
 
 
@@ -231,6 +236,8 @@ class Transaction:
               remove: tuple[str, ...] = ()) -> None:
         root = self.root
         for path in remove:
+            if path == POOL or path.startswith(POOL + "/"):
+                raise GoldenStoreError(f"{path}: the content pool is not removed by name (goldens gc sweeps it)")
             if path in root:
                 del root[path]
                 self.written.append(f"-{path}")
@@ -241,23 +248,57 @@ class Transaction:
                 group.attrs.update(attrs)
                 self.written.append(f"{path}/@attrs")
         for path, (arr, attrs) in arrays.items():
-            full = {**attrs, "digest": digest(arr), "crc32c": checksum(arr)}
+            d = digest(arr)
+            full = {**attrs, "digest": d, "crc32c": checksum(arr), "pool": pool_path(d)}
             existing = root.get(path)
             if isinstance(existing, zarr.Array) and existing.shape == arr.shape and \
                     existing.dtype == arr.dtype and dict(existing.attrs) == full:
                 self.unchanged.append(path)
                 continue
+            self._content(arr, full)
             parent, _, name = path.rpartition("/")
             group = root.require_group(parent) if parent else root
-            out = group.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr),
-                                     compressors=_codecs(arr), overwrite=True, attributes=full,
-                                     fill_value=0 if arr.dtype != bool else False)
-            if arr.ndim == 0:
-                out[()] = arr
-            elif arr.size:
-                out[...] = arr
+            group.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr), compressors=(),
+                               overwrite=True, attributes=full, fill_value=0 if arr.dtype != bool else False)
             self.written.append(path)
-            self.staged.append((arr, full))
+
+    def _content(self, arr: np.ndarray, attrs: dict) -> None:
+        """Store ``arr`` at its pool path unless that content is there (this commit's or an earlier one)."""
+        where = attrs["pool"]
+        if where in self.root:
+            return
+        out = self.root.require_group(POOL).create_array(
+            where.rpartition("/")[2], shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr),
+            compressors=_codecs(arr), attributes={"digest": attrs["digest"], "crc32c": attrs["crc32c"]},
+            fill_value=0 if arr.dtype != bool else False)
+        if arr.ndim == 0:
+            out[()] = arr
+        elif arr.size:
+            out[...] = arr
+        self.staged.append((arr, attrs))
+
+    def sweep(self) -> tuple[list[str], int]:
+        """Rewrite every array stored the old way (its own chunks) as a link to its content, and delete the
+        contents no link names: (the paths rewritten, the contents deleted)."""
+        reader = self.reader
+        linked, legacy = set(), []
+        for path in reader.walk_arrays():
+            where = reader.array_attrs(path).get("pool")
+            if where:
+                linked.add(where)
+            else:
+                legacy.append(path)
+        for path in legacy:
+            data, attrs = reader.read(path)
+            self.write({path: (data, {k: v for k, v in attrs.items() if k not in ("digest", "crc32c")})}, {})
+            linked.add(pool_path(attrs.get("digest") or digest(data)))
+        pool = self.root.get(POOL)
+        dead = [] if not isinstance(pool, zarr.Group) else \
+            [f"{POOL}/{name}" for name, _ in pool.arrays() if f"{POOL}/{name}" not in linked]
+        for where in dead:
+            del self.root[where]
+            self.written.append(f"-{where}")
+        return legacy, len(dead)
 
 
 class GoldenStore:
@@ -607,7 +648,12 @@ class GoldenStore:
         On S3 no lock is taken: icechunk's expiry never touches a branch head or a tagged snapshot and its
         collection deletes only objects older than ``older_than``, so a concurrent commit (whose objects are
         new) is safe. A tag ref that cannot be listed at all is not seen there (the local store reads refs/
-        from disk to catch it)."""
+        from disk to catch it).
+
+        Before the expiry, in a commit of its own (not in a dry run): arrays an older version stored with their
+        own chunks become links to their content, and contents no link names any more are deleted
+        (``Transaction.sweep``). What expires is decided before that commit, so a dry run lists exactly it; the
+        space those contents held is freed when the snapshots still naming them expire (the next gc)."""
         with self.lock():
             repo = self._repo()
             self._restore_tags(repo)
@@ -632,6 +678,9 @@ class GoldenStore:
             doomed += [e for e in history if e.snapshot in droppable and e not in doomed]
             if dry_run:
                 return doomed, dropped, None
+        self.sweep()
+        with self.lock():
+            repo = self._repo()
             for name in dropped:  # a kill here leaves the tag deleted: the snapshot's next expiry takes it
                 repo.delete_tag(name)
             repo.expire_snapshots(older_than, delete_expired_branches=False, delete_expired_tags=False)
@@ -640,12 +689,25 @@ class GoldenStore:
             self._record_sums(rewritten=True)
             return doomed, dropped, summary
 
+    def sweep(self) -> tuple[list[str], int, CommitResult]:
+        """One commit: every array stored the old way becomes a link to its content, and contents no link names
+        are deleted. (paths rewritten, contents deleted, the commit)."""
+        (legacy, dead), result = self.update(lambda txn: txn.sweep(),
+                                             lambda v: f"gc: {len(v[0])} array(s) stored once in the content pool, "
+                                                       f"{v[1]} unreferenced content(s) deleted")
+        return legacy, dead, result
+
     def disk_bytes(self) -> int:
         """Bytes of a local versioned store (the read cache is a disposable copy and does not count)."""
         if self.location.remote:
             raise GoldenStoreError(f"{self.root}: disk usage is measured for local stores only")
         return sum(p.stat().st_size for p in self.root.rglob("*")
                    if p.is_file() and READ_CACHE_DIR not in p.relative_to(self.root).parts)
+
+
+def pool_path(d: str) -> str:
+    """Where the content with digest ``d`` is stored."""
+    return f"{POOL}/{d}"
 
 
 def _map_npy(f: Path) -> np.ndarray:
@@ -742,7 +804,18 @@ class StoreReader:
         node = self.root if not path else self.root.get(path)
         if not isinstance(node, zarr.Group):
             return []
-        return sorted(name for name, _ in node.groups())
+        return sorted(name for name, _ in node.groups() if path or name != POOL)
+
+    def _data(self, path: str, node: zarr.Array) -> zarr.Array:
+        """The array holding ``path``'s content: its pool entry for a link, else the array itself."""
+        where = node.attrs.get("pool")
+        if not where:
+            return node
+        data = self.root.get(where)
+        if not isinstance(data, zarr.Array) or data.shape != node.shape or data.dtype != node.dtype:
+            raise GoldenStoreError(f"array {path!r}: its content {where} is missing or is not {node.dtype} "
+                                   f"{node.shape} in snapshot {self.snapshot}; the store is damaged")
+        return data
 
     def array_attrs(self, path: str) -> dict:
         node = self.root.get(path)
@@ -756,8 +829,9 @@ class StoreReader:
         node = self.root.get(path)
         if not isinstance(node, zarr.Array):
             raise GoldenStoreError(f"missing array {path!r} in snapshot {self.snapshot}")
+        content = self._data(path, node)
         try:
-            data = node[()] if node.ndim == 0 else node[...]
+            data = content[()] if node.ndim == 0 else content[...]
         except Exception as exc:
             raise GoldenStoreError(f"array {path!r}: cannot read its chunks ({type(exc).__name__}: {condensed(exc)}); "
                                    "the store may be corrupted or truncated") from exc
@@ -783,9 +857,11 @@ class StoreReader:
         try:
             from zarr.core.sync import sync
 
+            contents = [self._data(p, n) for p, n in missing.items()]
+
             async def gather():
                 return await asyncio.gather(*(n._async_array.getitem(() if n.ndim == 0 else ...)
-                                              for n in missing.values()))
+                                              for n in contents))
 
             datas = sync(gather())
         except Exception:
@@ -803,6 +879,8 @@ class StoreReader:
         if not isinstance(node, zarr.Group):
             return out
         for name, child in node.members():
+            if not path and name == POOL:
+                continue
             full = f"{path}/{name}" if path else name
             if isinstance(child, zarr.Array):
                 out.append(full)

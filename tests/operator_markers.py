@@ -114,7 +114,9 @@ def contract_tests() -> tuple[TestOperators, ...]:
             if not (isinstance(n, ast.FunctionDef) and n.name.startswith("test_")):
                 continue
             calls, computed = _called(n)
-            computed = computed and not calls  # a loop over names written in the test is read as those names
+            written = {x.value for x in _walk_body(n) if isinstance(x, ast.Constant) and x.value in OPERATORS}
+            if computed and written:  # a loop over names written in the test: those names
+                calls, computed = calls | written, False
             seen, todo = set(), [c.func.id for c in _walk_body(n) if isinstance(c, ast.Call)
                                  and isinstance(c.func, ast.Name) and c.func.id in helpers]
             while todo:  # helpers calling helpers

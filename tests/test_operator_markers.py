@@ -105,7 +105,9 @@ def test_an_undeclared_call_fails_the_test_and_a_declared_one_passes():
     def run(declared: tuple[str, ...], asked: tuple[str, ...]):
         marks = [SimpleNamespace(args=declared)] if declared else []
         item = SimpleNamespace(nodeid="contracts/test_x.py::test_y", user_properties=[],
-                               iter_markers=lambda name: iter(marks))
+                               iter_markers=lambda name: iter(marks), module=SimpleNamespace(__name__="contracts.test_x"),
+                               get_closest_marker=lambda name: marks[0] if marks else None,
+                               config=SimpleNamespace(getoption=lambda name, default=None: default))
         gen = plugin.pytest_runtest_call(item)
         next(gen)
         for name in asked:
