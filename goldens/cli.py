@@ -132,6 +132,16 @@ def cmd_record(args) -> int:
         return _record_from_upstream(args)
     if args.pypto_lib is not None:
         raise GoldenStoreError("--pypto-lib applies to record --from upstream")
+    if args.geometry:
+        _refuse_sample_store(args.store, f"--geometry {args.geometry}")
+        from goldens.cases import geometry_cases
+
+        at = geometry_cases(args.geometry)
+        other = [c for c in args.cases if c not in at]
+        if other:
+            raise GoldenStoreError(f"--geometry {args.geometry}: {other[0]} is not a case at that geometry (its "
+                                   f"cases: {', '.join(at[:6])}{', ...' if len(at) > 6 else ''})")
+        args.cases = args.cases or at
     items = _items(args.cases, args.wiring)
     with console.status(f"recording {len(items)} tree(s)"):
         result = trees.record(GoldenStore(args.store), items, args.seed, force=args.force)
@@ -144,6 +154,17 @@ def cmd_record(args) -> int:
     console.print(table)
     console.print(f"snapshot {result.snapshot or '(unchanged, no commit)'}; {len(result.unchanged)} arrays unchanged")
     return 0
+
+
+def _refuse_sample_store(store: str, what: str) -> None:
+    """Trees at a model's geometry hold hundreds of MB: never the sample store committed with the project."""
+    from goldens.store import Location
+
+    location = Location.parse(store)
+    sample = (Path(__file__).resolve().parents[1] / "artifacts" / "store").resolve()
+    if not location.remote and Path(location.path).resolve() == sample:
+        raise GoldenStoreError(f"{what}: trees at a model's geometry hold hundreds of MB and never go into the sample "
+                               f"store {store}; name a store of your own: --store DIR or --store s3://BUCKET/PREFIX")
 
 
 def _record_from_upstream(args) -> int:
@@ -1009,6 +1030,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "on any backend, never regenerated from the reference)")
     r.add_argument("--pypto-lib", default=None, metavar="PATH",
                    help="with --from upstream: the pypto-lib checkout (default $PYPTO_LIB_ROOT)")
+    r.add_argument("--geometry", choices=("flash", "pro"), default=None,
+                   help="record the cases at a model's own geometry, as a device compiled for it takes them "
+                        "(flash: every attention half-layer at V4.1-Flash's dims, 400-500 MB a tree; pro: the V4-Pro "
+                        "operator cases); no CASE: all of them. Never into the sample store: name a --store (a "
+                        "directory or s3://BUCKET/PREFIX). Replay, report and show find these cases by themselves")
     r.set_defaults(fn=cmd_record)
 
     rp = sub.add_parser("replay", help="run a backend on stored inputs and judge its outputs",

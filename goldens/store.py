@@ -230,6 +230,7 @@ class Transaction:
         self.written: list[str] = []
         self.unchanged: list[str] = []
         self.staged: list[tuple[np.ndarray, dict]] = []  # (array, attrs with digest) written by this commit
+        self._new: list[tuple[str, dict]] = []  # pool contents created by this transaction
         self.result: CommitResult | None = None
 
     def write(self, arrays: dict[str, tuple[np.ndarray, dict]], group_attrs: dict[str, dict], *,
@@ -247,35 +248,44 @@ class Transaction:
                 group.attrs.clear()
                 group.attrs.update(attrs)
                 self.written.append(f"{path}/@attrs")
-        for path, (arr, attrs) in arrays.items():
-            d = digest(arr)
-            full = {**attrs, "digest": d, "crc32c": checksum(arr), "pool": pool_path(d)}
+        # the content hashes of every array at once (blake2b and CRC32C release the GIL)
+        sums = list(workers.pool().map(lambda a: (digest(a), checksum(a)), [a for a, _attrs in arrays.values()]))
+        fills = []
+        for (path, (arr, attrs)), (d, crc) in zip(arrays.items(), sums, strict=True):
+            full = {**attrs, "digest": d, "crc32c": crc, "pool": pool_path(d)}
             existing = root.get(path)
             if isinstance(existing, zarr.Array) and existing.shape == arr.shape and \
                     existing.dtype == arr.dtype and dict(existing.attrs) == full:
                 self.unchanged.append(path)
                 continue
-            self._content(arr, full)
+            fills += self._content(arr, full)
             parent, _, name = path.rpartition("/")
             group = root.require_group(parent) if parent else root
             group.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr), compressors=(),
                                overwrite=True, attributes=full, fill_value=0 if arr.dtype != bool else False)
             self.written.append(path)
+        if fills:  # every new content's chunks in one gather: encoding and writing of different arrays overlap
+            from zarr.core.sync import sync
 
-    def _content(self, arr: np.ndarray, attrs: dict) -> None:
-        """Store ``arr`` at its pool path unless that content is there (this commit's or an earlier one)."""
+            async def fill():
+                await asyncio.gather(*(out._async_array.setitem(() if arr.ndim == 0 else ..., arr)
+                                       for out, arr in fills))
+
+            sync(fill())
+
+    def _content(self, arr: np.ndarray, attrs: dict) -> list[tuple[zarr.Array, np.ndarray]]:
+        """Create ``arr``'s pool array unless that content is there (this commit's or an earlier one); returns
+        [(array, data)] still to be filled (nothing for an empty array, or a content already stored)."""
         where = attrs["pool"]
-        if where in self.root:
-            return
+        if where in self.root or any(w == where for w, _a in self._new):
+            return []
         out = self.root.require_group(POOL).create_array(
             where.rpartition("/")[2], shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr),
             compressors=_codecs(arr), attributes={"digest": attrs["digest"], "crc32c": attrs["crc32c"]},
             fill_value=0 if arr.dtype != bool else False)
-        if arr.ndim == 0:
-            out[()] = arr
-        elif arr.size:
-            out[...] = arr
+        self._new.append((where, attrs))
         self.staged.append((arr, attrs))
+        return [(out, arr)] if arr.ndim == 0 or arr.size else []
 
     def sweep(self) -> tuple[list[str], int]:
         """Rewrite every array stored the old way (its own chunks) as a link to its content, and delete the
@@ -517,12 +527,8 @@ class GoldenStore:
                                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); the "
                                  "store is fine, and the next write to it restores the tag from the snapshot's metadata")
             self._record_sums()
-            result = CommitResult(snapshot, tuple(txn.written), tuple(txn.unchanged), tag_error)
-            if self.read_cache is not None:  # the first read in a fresh process then maps them too
-                cache = StoreReader(None, snapshot, cache=self.read_cache)
-                for arr, attrs in txn.staged:
-                    cache.store_in_cache(arr, attrs)
-            return value, result
+            # (the read cache is filled by the first read, not here: a write costs one copy of the data)
+            return value, CommitResult(snapshot, tuple(txn.written), tuple(txn.unchanged), tag_error)
 
     @staticmethod
     def _create_tag(repo: icechunk.Repository, name: str, snapshot: str) -> None:

@@ -235,7 +235,21 @@ def cases() -> dict[str, Case]:
     return _CASES
 
 
+# Cases at a model's own geometry (goldens record --geometry NAME): trees of hundreds of MB, never in the sample
+# store. Their modules load when asked for, or when a store names one of their cases.
+GEOMETRIES = {"flash": "goldens.cases.flash", "pro": "goldens.cases.pro"}
+
+
+def geometry_cases(geometry: str) -> list[str]:
+    """The names of the cases at ``geometry`` (a key of GEOMETRIES), loading its module."""
+    return [c.name for c in importlib.import_module(GEOMETRIES[geometry]).CASES]
+
+
 def get_case(name: str) -> Case:
+    if name not in cases():
+        for module in GEOMETRIES.values():  # a tree recorded at a model's geometry names its case
+            if module not in sys.modules:
+                importlib.import_module(module)
     try:
         return cases()[name]
     except KeyError:

@@ -44,12 +44,14 @@ HALF_LAYER_INOUT = ("window_payload", "window_scale", "compressed_payload", "com
                     "index_scale", "state_cache")  # caches the entry updates in place (a mode returns those it has)
 
 
-def _half_layer_case(kind, phase: str) -> Case:
+def half_layer_case(kind, phase: str, config=FLASH_TINY, suffix: str = "") -> Case:
+    """The half-layer case of ``kind`` x ``phase`` at ``config``'s geometry (the tiny preset here; at Flash's own
+    in goldens.cases.flash, named with ``suffix``)."""
     def inputs(seed: int, wiring: str) -> Tensors:
-        return build(HalfLayerCase(kind, phase, wiring, HALF_LAYER_TP, seed=seed))
+        return build(HalfLayerCase(kind, phase, wiring, HALF_LAYER_TP, seed=seed, config=config))
 
     def call(fn, i: Tensors, wiring: str) -> Tensors:
-        return fn(i, kind=kind, phase=phase, wiring=wiring, tp=HALF_LAYER_TP, config=FLASH_TINY)
+        return fn(i, kind=kind, phase=phase, wiring=wiring, tp=HALF_LAYER_TP, config=config)
 
     def comparators(wiring: str) -> dict[str, str]:
         outputs = call(attention_half_layer, inputs(0, wiring), wiring)
@@ -58,7 +60,7 @@ def _half_layer_case(kind, phase: str) -> Case:
     padding = "a 2-row inactive suffix" if phase == "decode" and kind.value == "C2A_REUSE" else (
         "3 padding rows" if phase == "prefill" else "no padding")
     return Case(
-        name=f"attn_{kind.value.lower()}_{phase}",
+        name=f"attn_{kind.value.lower()}_{phase}{suffix}",
         operator="attention_half_layer",
         description=f"{kind.value} {phase} half-layer at TP{HALF_LAYER_TP}: 3 requests with history across permuted "
                     f"pages, {padding}, 13.0 sentinel rows",
@@ -69,7 +71,8 @@ def _half_layer_case(kind, phase: str) -> Case:
         run=lambda b, i, w: call(b.get("attention_half_layer"), i, w),
         comparators=comparators,
         inout=HALF_LAYER_INOUT,
-        params={"kind": kind.value, "phase": phase, "tp": HALF_LAYER_TP, "preset": "flash-tiny"},
+        params={"kind": kind.value, "phase": phase, "tp": HALF_LAYER_TP, "preset": config.name},
+        preset=config.name,
     )
 
 
@@ -85,4 +88,4 @@ INDEXER_CASE = Case(
     comparators=lambda w: {"scores": "masked_scores", "topk_indices": "topk_validity"},
 )
 
-CASES = [INDEXER_CASE] + [_half_layer_case(kind, phase) for kind in LayerKind for phase in ("prefill", "decode")]
+CASES = [INDEXER_CASE] + [half_layer_case(kind, phase) for kind in LayerKind for phase in ("prefill", "decode")]

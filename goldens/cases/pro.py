@@ -341,5 +341,6 @@ def build() -> list[Case]:
     )]
 
 
-for _c in build():
+CASES = build()
+for _c in CASES:
     register(_c)
