@@ -149,6 +149,22 @@ class _References(Mapping):
 REFERENCE_OPERATORS: Mapping[str, tuple[str, str]] = _References()
 
 
+def operator_names(given: Iterable[str]) -> frozenset[str]:
+    """The operators of ``--operator`` values (each repeatable and comma-separated); BackendError names an unknown
+    one with the closest known names, or an empty list."""
+    import difflib
+
+    names = [n.strip() for g in given for n in g.split(",") if n.strip()]
+    for n in names:
+        if n not in OPERATORS:
+            close = difflib.get_close_matches(n, list(OPERATORS), n=3, cutoff=0.5)
+            raise BackendError(f"--operator {n}: no such operator" + (f" (did you mean {', '.join(close)}?)" if close
+                                                                      else "") + "; docs/backends.md lists them")
+    if not names:
+        raise BackendError("--operator: expected an operator name")
+    return frozenset(names)
+
+
 def operators_reached(operator: str, parts: Iterable[str] = ()) -> frozenset[str]:
     """The operators a golden tree reaches: those its case names (``a+b`` names two) and every operator whose
     reference function its expected outputs were computed through (a tree record's fingerprint parts name each

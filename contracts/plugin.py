@@ -210,22 +210,13 @@ def backend(pytestconfig: pytest.Config) -> Backend:
 
 
 def wanted_operators(given: list[str]) -> frozenset[str]:
-    """The operators of ``--operator`` (repeatable, comma-separated); an unknown name is a usage error naming the
-    closest known ones."""
-    import difflib
+    """The operators of ``--operator``; an unknown name is a usage error naming the closest known ones."""
+    from contracts.operators import operator_names
 
-    from contracts.operators import OPERATORS
-
-    names = [n.strip() for g in given for n in g.split(",") if n.strip()]
-    for n in names:
-        if n not in OPERATORS:
-            close = difflib.get_close_matches(n, list(OPERATORS), n=3, cutoff=0.5)
-            raise pytest.UsageError(f"--operator {n}: no such operator"
-                                    + (f" (did you mean {', '.join(close)}?)" if close else "")
-                                    + f"; {len(OPERATORS)} operators are listed in docs/backends.md")
-    if given and not names:
-        raise pytest.UsageError("--operator: expected an operator name")
-    return frozenset(names)
+    try:
+        return operator_names(given) if given else frozenset()
+    except BackendError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def declared_operators(item: pytest.Item) -> set[str]:

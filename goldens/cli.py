@@ -97,20 +97,14 @@ def _items(names: list[str], wiring: str, *, reader=None) -> list[tuple[str, str
 
 def _reaching(reader, items: list[tuple[str, str]], given: list[str]) -> list[tuple[str, str]]:
     """The ``items`` whose trees reach one of the operators of ``--operator`` (contracts.operators)."""
-    import difflib
-
-    from contracts.operators import OPERATORS, operators_reached
+    from contracts.operators import BackendError, operator_names, operators_reached
     from goldens import trees
     from goldens.cases import get_case
 
-    wanted = {n.strip() for g in given for n in g.split(",") if n.strip()}
-    for n in sorted(wanted):
-        if n not in OPERATORS:
-            close = difflib.get_close_matches(n, list(OPERATORS), n=3, cutoff=0.5)
-            raise GoldenStoreError(f"--operator {n}: no such operator" + (f" (did you mean {', '.join(close)}?)" if close
-                                                                    else " (names: docs/backends.md)"))
-    if not wanted:
-        raise GoldenStoreError("--operator: expected an operator name")
+    try:
+        wanted = operator_names(given)
+    except BackendError as exc:
+        raise GoldenStoreError(str(exc)) from None
 
     def reached(case: str, wiring: str) -> frozenset[str]:
         if reader.has(f"{case}/{wiring}"):
