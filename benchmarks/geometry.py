@@ -1,8 +1,8 @@
 """One attention tree at V4.1-Flash's own geometry (``goldens record --geometry flash``: 400-500 MB) through the
 golden store, beside torch.save / torch.load of the same tensors (one .pt file per tensor, upstream's layout),
 on a local directory and on an S3 server (moto on loopback, the one the tests use), in the same run:
-write, read from the chunks (no read cache: another machine's first replay), read again (the read cache), and
-the whole replay on the reference (read + run + judge).
+write (once), read from the chunks (no read cache: another machine's first replay) and read again (the read
+cache), each read the median of --repeats interleaved runs, and the whole replay on the reference.
 
 Run: .venv/bin/python benchmarks/geometry.py [--case attn_c1a_full_decode_flash] [--no-s3]
 Ratios are torch time / store time: above 1.0 the store is faster.
@@ -14,6 +14,7 @@ import argparse
 import io
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,7 @@ def main() -> int:
     parser.add_argument("--case", default="attn_c1a_full_decode_flash", help="a --geometry flash case")
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--no-s3", action="store_true", help="local directory only")
+    parser.add_argument("--repeats", type=int, default=3, help="reads: median of this many interleaved runs")
     args = parser.parse_args()
 
     import torch
@@ -107,15 +109,24 @@ def main() -> int:
             w_pt, _ = timed(pt_write)
             w_st, _ = timed(lambda store=store: trees._commit_trees(store, arrays, groups, force=True,
                                                                     message="bench", metadata={}))
-            r_pt, got = timed(pt_read)
-            store.read_cache = None
-            r_cold, tree = timed(lambda store=store: trees.load_tree(store.reader(), case.name, wiring))
-            store.read_cache = Path(os.environ["PTO_STORE_READ_CACHE"])
-            timed(lambda store=store: trees.load_tree(store.reader(), case.name, wiring))  # fills the cache
-            r_warm, tree = timed(lambda store=store: trees.load_tree(store.reader(), case.name, wiring))
+            cache = Path(os.environ["PTO_STORE_READ_CACHE"])
+            r_pts, r_colds, r_warms = [], [], []
+            for _ in range(args.repeats):  # interleaved: this machine's reads swing 10x from one to the next
+                t, got = timed(pt_read)
+                r_pts.append(t)
+                store.read_cache = None
+                t, tree = timed(lambda store=store: trees.load_tree(store.reader(), case.name, wiring))
+                r_colds.append(t)
+                store.read_cache = cache
+                timed(lambda store=store: trees.load_tree(store.reader(), case.name, wiring))  # fills the cache
+                t, tree = timed(lambda store=store: trees.load_tree(store.reader(), case.name, wiring))
+                r_warms.append(t)
+            r_pt, r_cold, r_warm = (statistics.median(x) for x in (r_pts, r_colds, r_warms))
+            def raw(x):
+                return x.contiguous().reshape(-1).view(torch.uint8)
+
             for name, t in inputs.items():
-                assert torch.equal(tree.inputs[name].view(torch.uint8), t.contiguous().view(torch.uint8)), name
-                assert torch.equal(got[f"in/{name}"].view(torch.uint8), t.contiguous().view(torch.uint8)), name
+                assert torch.equal(raw(tree.inputs[name]), raw(t)) and torch.equal(raw(got[f"in/{name}"]), raw(t)), name
             replay, results = timed(lambda tree=tree: trees.replay(tree, torch_backend()))
             assert all(r.ok for r in results.values())
             rows.append((where, w_pt, w_st, r_pt, r_cold, r_warm, replay))
