@@ -57,14 +57,19 @@ def pypto_backend(platform: str | None = None, device: str | None = None, pypto_
     return make_backend(platform or "a5sim", device=device, pypto_lib=pypto_lib)
 
 
+# Set to 1 by this project's tests only: a CPU backend then takes --device ids as labels, standing in for a device
+# backend (goldens replay --devices, pytest --devices).
+FAKE_DEVICES = "PTO_FAKE_DEVICES"
+
+
 def _cpu(factory: Callable[..., Backend], name: str, *, checkout: bool = False) -> Callable[..., Backend]:
     """A CPU backend's factory: --platform / --device refused; --pypto-lib passed on when it takes a checkout."""
     def make(platform=None, device=None, pypto_lib=None) -> Backend:
-        if device is not None and platform is None and os.environ.get("PTO_FAKE_DEVICES") == "1":
+        if device is not None and platform is None and os.environ.get(FAKE_DEVICES) == "1":
             # this project's tests of the multi-device replay: the ids label a CPU backend standing in for devices
-            ids = tuple(int(d) for d in device.split(",")) if device.replace(",", "").isdigit() else None
-            if ids is None:
-                raise BackendError(f"--device {device!r}: expected comma-separated device ids")
+            from backends.pypto import parse_devices
+
+            ids = tuple(parse_devices(device))
             base = factory(pypto_lib) if checkout else factory()
             fake = base.derive(base.name, description=f"{base.description} on fake device(s) {device}")
             fake.devices = ids

@@ -33,6 +33,7 @@ def _num(x: float) -> str:
 
 DEFAULT_STORE = os.environ.get("PTO_GOLDEN_STORE", "artifacts/store")
 console = Console(width=160)
+VERDICT_STYLES = {"PASS": "green", "FAIL": "red", "SKIP": "yellow", "ERROR": "bold magenta", "STALE": "bold red"}
 err = Console(stderr=True, width=160)
 
 
@@ -281,14 +282,13 @@ def _cmd_replay(args) -> int:
     for col in ("case", "wiring", "output", "comparator", "verdict", "detail"):
         table.add_column(col, overflow="fold")
     rows: list[dict] = []
-    styles = {"PASS": "green", "FAIL": "red", "SKIP": "yellow", "ERROR": "bold magenta", "STALE": "bold red"}
 
     def row(case, wiring, output, comparator, verdict, detail="", evidence=(), cause=""):
         rows.append({"case": case, "wiring": wiring, "output": output, "comparator": comparator,
                      "verdict": verdict, "detail": detail, "cause": cause,
                      "evidence": [m.as_dict() for m in evidence]})
         if not (args.quiet and verdict == "PASS"):
-            table.add_row(case, wiring, output, comparator, f"[{styles[verdict]}]{verdict}[/]", escape(detail))
+            table.add_row(case, wiring, output, comparator, f"[{VERDICT_STYLES[verdict]}]{verdict}[/]", escape(detail))
     failures = skipped = stale = ran = errors = unreadable = 0
     first_skip = ""
     reported: list = []
@@ -435,7 +435,6 @@ def _replay_on_devices(args) -> int:
         items = _reaching(reader, items, args.operator)
     runs, rows = devices.run(args, items, reader, ids)
     code = devices.exit_code(runs)
-    styles = {"PASS": "green", "FAIL": "red", "SKIP": "yellow", "ERROR": "bold magenta", "STALE": "bold red"}
     out = console if not args.json else Console(quiet=True)
     table = Table(title=escape(f"replay on backend {args.backend_module or args.backend} over devices {ids} from "
                                f"{args.store}@{reader.snapshot[:12]}"))
@@ -444,7 +443,7 @@ def _replay_on_devices(args) -> int:
     for r in rows:
         if not (args.quiet and r["verdict"] == "PASS"):
             table.add_row(str(r["device"]), r["case"], r["wiring"], r["output"], r["comparator"],
-                          f"[{styles[r['verdict']]}]{r['verdict']}[/]", escape(r["detail"]))
+                          f"[{VERDICT_STYLES[r['verdict']]}]{r['verdict']}[/]", escape(r["detail"]))
     out.print(table)
     summary = Table(title="per device")
     for col in ("device", "cases", "trees", "passed", "failed", "errors", "skipped", "stale", "exit", "seconds",

@@ -16,7 +16,7 @@ failed, else 0.
 from __future__ import annotations
 
 import json
-import os
+import math
 import subprocess
 import sys
 import threading
@@ -24,8 +24,6 @@ import time
 from dataclasses import dataclass, field
 
 from goldens.errors import GoldenStoreError
-
-FAKE_DEVICES = "PTO_FAKE_DEVICES"
 
 
 def parse_devices(text: str) -> list[int]:
@@ -57,17 +55,12 @@ def share(weights: dict[str, int], devices: list[int]) -> dict[int, list[str]]:
 
 
 def tree_bytes(reader, case: str, wiring: str) -> int:
+    """The bytes of a tree's tensors, from its record (nothing is read)."""
     from goldens.catalog import TreeRecord, tree_path
+    from goldens.codec import torch_dtype
 
     rec = TreeRecord.from_attrs(reader.group_attrs(tree_path(case, wiring)), where=tree_path(case, wiring))
-    sizes = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2, "int16": 2}
-    total = 0
-    for a in rec.args:
-        n = 1
-        for s in a.shape:
-            n *= s
-        total += n * sizes.get(a.dtype, 1)
-    return total
+    return sum(math.prod(a.shape) * torch_dtype(a.dtype).itemsize for a in rec.args)
 
 
 @dataclass
@@ -111,8 +104,7 @@ def run(args, items: list[tuple[str, str]], reader, devices: list[int]) -> tuple
             return
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(_worker_argv(args, r.device, r.cases), capture_output=True, text=True,
-                                  env={**os.environ, "PTO_DEVICE_WORKER": str(r.device)})
+            proc = subprocess.run(_worker_argv(args, r.device, r.cases), capture_output=True, text=True)
         except OSError as exc:
             r.code, r.error = 3, f"device {r.device}: the worker could not start ({exc})"
             return

@@ -230,7 +230,6 @@ class Transaction:
         self.written: list[str] = []
         self.unchanged: list[str] = []
         self.staged: list[tuple[np.ndarray, dict]] = []  # (array, attrs with digest) written by this commit
-        self._new: list[tuple[str, dict]] = []  # pool contents created by this transaction
         self.result: CommitResult | None = None
 
     def write(self, arrays: dict[str, tuple[np.ndarray, dict]], group_attrs: dict[str, dict], *,
@@ -277,13 +276,12 @@ class Transaction:
         """Create ``arr``'s pool array unless that content is there (this commit's or an earlier one); returns
         [(array, data)] still to be filled (nothing for an empty array, or a content already stored)."""
         where = attrs["pool"]
-        if where in self.root or any(w == where for w, _a in self._new):
+        if where in self.root:  # (a content created earlier in this transaction is there too)
             return []
         out = self.root.require_group(POOL).create_array(
             where.rpartition("/")[2], shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr),
             compressors=_codecs(arr), attributes={"digest": attrs["digest"], "crc32c": attrs["crc32c"]},
             fill_value=0 if arr.dtype != bool else False)
-        self._new.append((where, attrs))
         self.staged.append((arr, attrs))
         return [(out, arr)] if arr.ndim == 0 or arr.size else []
 

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from backends import FAKE_DEVICES
 from contracts import plugin
 from goldens import cli, devices, trees
 from goldens.errors import GoldenStoreError
@@ -66,7 +67,7 @@ def _replay(store, *args) -> tuple[int, str, str]:
 
 
 def test_replay_spreads_the_trees_over_one_pinned_worker_per_device(small_store, monkeypatch):
-    monkeypatch.setenv(devices.FAKE_DEVICES, "1")
+    monkeypatch.setenv(FAKE_DEVICES, "1")
     code, out, err = _replay(small_store, "--devices", "4,7", "--json")
     assert code == 0, out[-2000:] + err[-2000:]
     doc = json.loads(out)
@@ -102,14 +103,14 @@ def test_a_device_whose_worker_dies_is_an_error_row_naming_it(small_store):
 def test_replay_devices_refuses_what_it_cannot_combine(small_store, monkeypatch):
     code, _, err = _replay(small_store, "--devices", "0-1")
     assert code == 2 and "'torch' runs on the CPU" in err, err  # no fake devices: a CPU backend takes no id
-    monkeypatch.setenv(devices.FAKE_DEVICES, "1")
+    monkeypatch.setenv(FAKE_DEVICES, "1")
     for extra, text in ((["--device", "0"], "with --device"), (["--backend", "recorded"], "--backend recorded")):
         code, _, err = _replay(small_store, "--devices", "0-1", *extra)
         assert code == 2 and text in err, err
 
 
 def test_pytest_gives_each_xdist_worker_its_device_and_sums_up_per_device():
-    env = {**os.environ, devices.FAKE_DEVICES: "1"}
+    env = {**os.environ, FAKE_DEVICES: "1"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--devices", "3,5", "contracts/test_rope.py",
                            "-p", "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-1500:]
