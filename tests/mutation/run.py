@@ -67,7 +67,38 @@ def _replay_trees(store_path: str):
     return out
 
 
-def run_one(mutant, store_trees, timeout: float) -> dict:
+def first_killer_first(fns: list, killer: str | None) -> list:
+    """``fns`` with the contract that killed this mutant last time (``history``) moved to the front: the
+    verdict is the same (a mutant is killed when any contract fails), it only comes sooner."""
+    if not killer:
+        return fns
+    name = lambda fn: f"{fn.__module__.split('.')[-1]}::{fn.__name__}"  # noqa: E731 (Outcome.contract's form)
+    return sorted(fns, key=lambda fn: name(fn) != killer)
+
+
+def load_history(path: Path) -> dict[str, str]:
+    """mutant key -> the contract that killed it in an earlier run (``--history``); {} when absent or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(data, dict) else {}
+
+
+def save_history(path: Path, rows: list[dict]) -> None:
+    known = load_history(path)
+    for r in rows:
+        if r.get("status") == "killed" and "::" in r.get("by", ""):
+            known[r["key"]] = r["by"]
+        elif r.get("status") in ("survived", "replay"):
+            known.pop(r["key"], None)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(sorted(known.items())), indent=0) + "\n")
+    os.replace(tmp, path)
+
+
+def run_one(mutant, store_trees, timeout: float, killer: str | None = None) -> dict:
     from goldens import trees
     from tests.harness import contracts_for, run_contract
     from tests.mutation import engine
@@ -88,7 +119,7 @@ def run_one(mutant, store_trees, timeout: float) -> dict:
         backend = engine.shadow_backend(loaded, f"mutant:{mutant.key}")
         ops = engine.operators_of(loaded)
         row["operators"] = sorted(ops)
-        for fn in contracts_for(ops):
+        for fn in first_killer_first(contracts_for(ops), killer):
             outcome = run_contract(fn, backend, stop_at_first=True)
             if outcome.skipped is not None:  # a shadow backend has every operator: a skip judged nothing
                 row.setdefault("skipped", []).append(outcome.contract)
@@ -148,9 +179,10 @@ def worker(args) -> int:
     torch.set_num_threads(1)
     mutants = _select(args)[args.shard::args.jobs]
     store_trees = [] if args.no_replay else _replay_trees(args.store)
+    history = {} if args.history == "" else load_history(Path(args.history))
     with open(args.out, "a") as out:
         for m in mutants:
-            out.write(json.dumps(run_one(m, store_trees, args.timeout)) + "\n")
+            out.write(json.dumps(run_one(m, store_trees, args.timeout, history.get(m.key))) + "\n")
             out.flush()
     return 0
 
@@ -221,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="do not run the mutants tests/mutation/equivalent.py lists (a survivor runs every contract "
                         "and the replay, so they are most of the wall time); they are counted as equivalent, "
                         "unverified -- a listed mutant that has become killable goes unnoticed")
+    p.add_argument("--history", default=str(ROOT / "tests" / "mutation" / "history.json"), metavar="FILE",
+                   help="which contract killed each mutant in earlier runs (read, then updated; commit it after a run): that "
+                        "contract runs first, so a mutant killed before dies in its first contract. The verdicts "
+                        "are the same; only the time changes (default tests/mutation/history.json)")
+    p.add_argument("--no-history", action="store_const", const="", dest="history",
+                   help="run the contracts in their own order, as if no run had happened before")
     p.add_argument("--json", metavar="FILE", help="write every mutant's outcome as JSON lines")
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
     p.add_argument("--show", metavar="GLOB", help="print the source diff of the mutants whose key matches and exit")
@@ -270,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--only", o]
             if args.no_replay:
                 cmd.append("--no-replay")
+            cmd += ["--history", args.history]
             if args.skip_equivalent:
                 cmd.append("--skip-equivalent")
             procs.append(subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "CI": "true", "PYTHONHASHSEED": "0"}))
@@ -293,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                  for m in _select(args) if m.key in EQUIVALENT]
         print(f"{sum(1 for r in rows if r.get('how') == 'listed equivalent, not run')} listed equivalent mutants not run "
               "(--skip-equivalent)")
+    if args.history:
+        save_history(Path(args.history), rows)
     if args.json:
         Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return report(rows, EQUIVALENT, seconds=time.perf_counter() - start, verbose=args.verbose)
