@@ -731,7 +731,7 @@ class GoldenStore:
                 raise GoldenStoreError(f"snapshot {session.snapshot_id} of {self.root} has no root group: the "
                                        "store is damaged (restore it from version control)") from None
             root = None  # the repository's first snapshot holds nothing yet
-        return StoreReader(root, session.snapshot_id, cache=self.read_cache)
+        return StoreReader(root, session.snapshot_id, cache=self.read_cache, frozen=True)
 
     def log(self) -> list[LogEntry]:
         """The branch history, newest first, then every tagged snapshot gc has taken off that history (a tag
@@ -881,8 +881,11 @@ def _verified(path: str, data, node: zarr.Array) -> tuple[np.ndarray, dict]:
 class StoreReader:
     """Read-only view of one snapshot (``root`` None: an empty snapshot, e.g. the repository's first)."""
 
-    def __init__(self, root: zarr.Group | None, snapshot: str, *, cache: Path | None = None):
+    def __init__(self, root: zarr.Group | None, snapshot: str, *, cache: Path | None = None, frozen: bool = False):
         self.root = root if root is not None else zarr.open_group(zarr.storage.MemoryStore(), mode="w")
+        # a snapshot never changes: each node is looked up once (a lookup is a round trip into icechunk, and a
+        # tree's load asks for dozens); a transaction's reader sees its own writes, so it looks up every time
+        self._nodes: dict[str, object] | None = {} if frozen else None
         self.snapshot = snapshot
         self.cache = cache
 
@@ -923,23 +926,52 @@ class StoreReader:
                 np.save(fh, np.ascontiguousarray(data), allow_pickle=False)
             os.replace(tmp, f)
 
+    def _get(self, path: str):
+        if self._nodes is None:
+            return self.root.get(path)
+        if path not in self._nodes:
+            self._nodes[path] = self.root.get(path)
+        return self._nodes[path]
+
+    def _prefetch(self, paths) -> None:
+        """Look up every path not looked up yet in one gather (a frozen reader only)."""
+        todo = sorted({p for p in paths if p} - set(self._nodes or ()))
+        if self._nodes is None or not todo:
+            return
+        from zarr.core.sync import sync
+
+        group = self.root._async_group
+
+        async def get(path: str):
+            try:
+                node = await group.getitem(path)
+            except KeyError:
+                return None
+            return zarr.Array(node) if isinstance(node, zarr.AsyncArray) else zarr.Group(node)
+
+        try:
+            found = sync(_all(*(get(p) for p in todo)))
+        except Exception:
+            return  # each path is then looked up alone, and a failure named where it happens
+        self._nodes.update(zip(todo, found, strict=True))
+
     def has(self, path: str) -> bool:
-        return path in self.root
+        return path in self.root if self._nodes is None else self._get(path) is not None
 
     def group_attrs(self, path: str) -> dict:
-        node = self.root.get(path)
+        node = self._get(path)
         if not isinstance(node, zarr.Group):
             raise GoldenStoreError(f"no group {path!r} in snapshot {self.snapshot}")
         return dict(node.attrs)
 
     def arrays(self, path: str) -> list[str]:
-        node = self.root.get(path)
+        node = self._get(path)
         if not isinstance(node, zarr.Group):
             return []
         return sorted(name for name, _ in node.arrays())
 
     def groups(self, path: str = "") -> list[str]:
-        node = self.root if not path else self.root.get(path)
+        node = self.root if not path else self._get(path)
         if not isinstance(node, zarr.Group):
             return []
         return sorted(name for name, _ in node.groups() if path or name != POOL)
@@ -949,14 +981,14 @@ class StoreReader:
         where = node.attrs.get("pool")
         if not where:
             return node
-        data = self.root.get(where)
+        data = self._get(where)
         if not isinstance(data, zarr.Array) or data.shape != node.shape or data.dtype != node.dtype:
             raise GoldenStoreError(f"array {path!r}: its content {where} is missing or is not {node.dtype} "
                                    f"{node.shape} in snapshot {self.snapshot}; the store is damaged")
         return data
 
     def array_attrs(self, path: str) -> dict:
-        node = self.root.get(path)
+        node = self._get(path)
         if not isinstance(node, zarr.Array):
             raise GoldenStoreError(f"missing array {path!r} in snapshot {self.snapshot}")
         return dict(node.attrs)
@@ -964,7 +996,7 @@ class StoreReader:
     def read(self, path: str) -> tuple[np.ndarray, dict]:
         """(array, attrs); a missing array, or a chunk that fails its checksum or decompression, raises
         GoldenStoreError naming the array."""
-        node = self.root.get(path)
+        node = self._get(path)
         if not isinstance(node, zarr.Array):
             raise GoldenStoreError(f"missing array {path!r} in snapshot {self.snapshot}")
         content = self._data(path, node)
@@ -980,9 +1012,11 @@ class StoreReader:
         checked, concurrently), the others in one gather on zarr's event loop (I/O and decompression of
         different arrays overlap) and then cached; same checks as ``read``. A failing array is re-read
         alone so the error names it."""
+        self._prefetch(paths)
+        self._prefetch(self._get(p).attrs.get("pool") for p in paths if isinstance(self._get(p), zarr.Array))
         nodes = {}
         for path in paths:
-            node = self.root.get(path)
+            node = self._get(path)
             if not isinstance(node, zarr.Array):
                 raise GoldenStoreError(f"missing array {path!r} in snapshot {self.snapshot}")
             nodes[path] = node
@@ -1013,7 +1047,7 @@ class StoreReader:
     def walk_arrays(self, path: str = "") -> list[str]:
         """Every array path below ``path``."""
         out = []
-        node = self.root if not path else self.root.get(path)
+        node = self.root if not path else self._get(path)
         if not isinstance(node, zarr.Group):
             return out
         for name, child in node.members():

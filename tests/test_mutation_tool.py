@@ -77,3 +77,27 @@ def test_the_clause_run_finds_drops_and_targets_each_clause():
     tests = c.tests_for(window, c._test_index(), c._seeded_defect_cases())
     assert "contracts/test_metadata.py::test_metadata_window" in tests
     assert any("test_seeded_defects.py" in t and "test_metadata_window" in t for t in tests), tests
+
+
+def test_the_last_killer_runs_first_and_the_history_follows_each_run(tmp_path):
+    """--history only reorders: the contract that killed a mutant last time moves to the front, the rest keep
+    their order; a run records each kill, and a mutant that survives (or only the replay kills) is forgotten."""
+    from tests.mutation.run import first_killer_first, load_history, save_history
+
+    fns = contracts_for({"mx_quantize"})
+    assert len(fns) > 2
+    last = fns[-1]
+    name = f"{last.__module__.split('.')[-1]}::{last.__name__}"
+    ordered = first_killer_first(fns, name)
+    assert ordered[0] is last and ordered[1:] == fns[:-1] and sorted(map(id, ordered)) == sorted(map(id, fns))
+    assert first_killer_first(fns, None) == fns and first_killer_first(fns, "test_x::gone") == fns
+    path = tmp_path / "history.json"
+    assert load_history(path) == {}
+    path.write_text("not json")
+    assert load_history(path) == {}
+    save_history(path, [{"key": "a", "status": "killed", "by": "test_q::t1"},
+                        {"key": "b", "status": "killed", "by": "timeout"},
+                        {"key": "c", "status": "killed", "by": "test_q::t2"}])
+    assert load_history(path) == {"a": "test_q::t1", "c": "test_q::t2"}
+    save_history(path, [{"key": "a", "status": "survived", "by": ""}, {"key": "c", "status": "killed", "by": "test_q::t3"}])
+    assert load_history(path) == {"c": "test_q::t3"}
