@@ -230,9 +230,8 @@ class LogEntry:
     tags: tuple[str, ...]
 
 
-def _chunk_pieces(out: zarr.Array, arr: np.ndarray) -> list[tuple[str, object]] | None:
-    """(store key, encoded bytes) of every chunk of ``out``, cut from ``arr``'s own memory where the chunk is
-    stored raw; None where zarr's own pipeline must write it (a 0-d or big-endian array, an unknown codec).
+def _chunk_pieces(out: zarr.Array, arr: np.ndarray) -> list[tuple[str, np.ndarray, object]] | None:
+    """(store key, raw bytes, Blosc codec or None) of every chunk of ``out``, cut from ``arr``'s own memory; None where zarr's own pipeline must write it (a 0-d or big-endian array, an unknown codec).
 
     The bytes are what zarr's codec pipeline would store -- the raw C-order bytes of each chunk (zarr's bytes
     codec, little-endian), the last chunk padded to the full chunk shape with the fill value (0), or those bytes
@@ -263,6 +262,10 @@ def _chunk_pieces(out: zarr.Array, arr: np.ndarray) -> list[tuple[str, object]] 
         key = f"{out.path}/{out.metadata.encode_chunk_key((i, *([0] * (arr.ndim - 1))))}"
         pieces.append((key, part.reshape(-1), blosc))
     return pieces
+
+
+def _fill_value(arr: np.ndarray):
+    return False if arr.dtype == bool else 0
 
 
 async def _all(*aws) -> list:
@@ -328,7 +331,7 @@ class Transaction:
                 group.attrs.clear()
                 group.attrs.update(attrs)
                 self.written.append(f"{path}/@attrs")
-        # the content hashes of every array at once (blake2b and CRC32C release the GIL)
+        # the content hashes of every array at once (BLAKE3 and CRC32C release the GIL)
         sums = list(workers.pool().map(lambda a: (digest(a), checksum(a)), [a for a, _attrs in arrays.values()]))
         if arrays:
             from zarr.core.sync import sync
@@ -369,15 +372,15 @@ class Transaction:
         names = list(contents)
         present = await _all(*(pool.contains(w.rpartition("/")[2]) for w in names))
         new = [(w, *contents[w]) for w, there in zip(names, present, strict=True) if not there]
-        fill = [0 if arr.dtype != bool else False for _w, arr, _f in new]
         created = await _all(
             *(group.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr), compressors=(),
-                                 overwrite=True, attributes=full, fill_value=0 if arr.dtype != bool else False)
+                                 overwrite=True, attributes=full, fill_value=_fill_value(arr))
               for group, name, arr, full in links),
             *(pool.create_array(w.rpartition("/")[2], shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr),
                                 compressors=_codecs(arr), attributes={"digest": full["digest"],
-                                                                      "crc32c": full["crc32c"]}, fill_value=f)
-              for (w, arr, full), f in zip(new, fill, strict=True)))
+                                                                      "crc32c": full["crc32c"]},
+                                fill_value=_fill_value(arr))
+              for w, arr, full in new))
         out = []
         for (_w, arr, full), node in zip(new, created[len(links):], strict=True):
             self.staged.append((arr, full))
@@ -603,7 +606,7 @@ class GoldenStore:
         with self.lock():
             repo = self._repo(create=True)
             self._restore_tags(repo)
-            self._move_digests(repo)
+            self._move_digests(repo)  # (sums its snapshot file like any other commit)
             attempts = S3_COMMIT_ATTEMPTS if self.location.remote else 1
             for attempt in range(attempts):
                 session = repo.writable_session("main")
@@ -646,8 +649,7 @@ class GoldenStore:
             # (the read cache is filled by the first read, not here: a write costs one copy of the data)
             return value, CommitResult(snapshot, tuple(txn.written), tuple(txn.unchanged), tag_error)
 
-    @staticmethod
-    def _move_digests(repo: icechunk.Repository) -> None:
+    def _move_digests(self, repo: icechunk.Repository) -> None:
         """A store written before BLAKE3 (no root attribute "digest") moves to it in a commit of its own before
         the first write's, so that commit reports only what the write changed. (If another writer commits in
         between, the write's own transaction does the move instead.)"""
@@ -660,6 +662,7 @@ class GoldenStore:
             with contextlib.suppress(icechunk.ConflictError):
                 session.commit(f"store: {len(legacy)} array(s) moved to BLAKE3 content digests, {dead} unreferenced "
                                "content(s) deleted (bytes unchanged)", metadata={"action": "digest-move"})
+                self._record_sums()
 
     @staticmethod
     def _create_tag(repo: icechunk.Repository, name: str, snapshot: str) -> None:

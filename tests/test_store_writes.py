@@ -5,6 +5,7 @@ on its first write without losing, misreporting or laundering anything. Spec: §
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pytest
@@ -122,5 +123,8 @@ def test_an_unchanged_record_after_the_move_writes_nothing(tmp_path, monkeypatch
     assert first.snapshot is None and not first.written, "the move of digests was reported as the record's"
     log = store.log()
     assert "moved to BLAKE3" in log[0].message and log[0].metadata.get("action") == "digest-move"
+    sums = json.loads((store.root / gs.SUMS_NAME).read_text())
+    on_disk = {p.name for p in (store.root / gs.REPO_DIR / "snapshots").iterdir() if p.is_file()}
+    assert set(sums) == on_disk, "the move's snapshot file has no recorded sha256"
     again = trees.record(store, [("rope_rows", "replicated")], seed=1)
     assert again.snapshot is None and not again.written and len(store.log()) == len(log)
