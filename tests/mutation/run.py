@@ -5,7 +5,7 @@
     .venv/bin/python -m tests.mutation.run --only 'kernels.quant:_quantize_rows:*' --verbose
     .venv/bin/python -m tests.mutation.run --list                # the mutants, without running them
     .venv/bin/python -m tests.mutation.run --skip-equivalent     # not the 505 listed equivalent ones (under 10 min
-                                                                  # with tests/mutation/history.json, 27 without)
+                                                                  # with tests/mutation/history.json, 28 without)
 
 For each mutant: load a shadow copy of the mutated module (and of the operator modules that import
 it), build the torch backend with those operators replaced, and run, under the hypothesis ``ci``
