@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import fcntl
+import functools
 import hashlib
 import json
 import mmap
@@ -190,19 +191,26 @@ def checksum(arr: np.ndarray) -> int:
     return int(crc32c.crc32c(np.ascontiguousarray(arr).view(np.uint8).reshape(-1)))
 
 
+@functools.cache
+def _blosc(typesize: int) -> tuple[zarr.codecs.BloscCodec, numcodecs.Blosc]:
+    """The one Blosc setting of the store (LZ4, level 5, bit shuffle), as zarr's codec (the array metadata) and
+    as numcodecs' (the sample probe and the direct chunk writes), built from the same values."""
+    zarr_codec = zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle", typesize=typesize, blocksize=0)
+    return zarr_codec, numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE,
+                                       typesize=typesize, blocksize=0)
+
+
 def _codecs(arr: np.ndarray) -> list:
     """Blosc LZ4 with a bit shuffle where it pays (a 1 MB sample compresses below 0.85), else raw bytes:
     incompressible payloads (random FP32, FP8/FP4 codes) read fastest uncompressed. Chosen with
     benchmarks/store.py; zstd and a per-chunk CRC32C codec read slower. Corruption is caught by the
     whole-array CRC32C checked on read and by the decompressor."""
-    blosc = zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle", typesize=arr.dtype.itemsize)
     flat = np.ascontiguousarray(arr).reshape(-1)
     sample = flat[: max(1, (1 << 20) // max(arr.dtype.itemsize, 1))]
     if sample.nbytes == 0:
         return []
-    ratio = len(numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE,
-                                typesize=arr.dtype.itemsize).encode(sample)) / sample.nbytes
-    return [blosc] if ratio < COMPRESS_BELOW else []
+    zarr_codec, probe = _blosc(arr.dtype.itemsize)
+    return [zarr_codec] if len(probe.encode(sample)) / sample.nbytes < COMPRESS_BELOW else []
 
 
 def _chunks(arr: np.ndarray) -> tuple[int, ...]:
@@ -241,15 +249,11 @@ def _chunk_pieces(out: zarr.Array, arr: np.ndarray) -> list[tuple[str, np.ndarra
     if arr.ndim == 0 or arr.size == 0 or arr.dtype.byteorder == ">" or not arr.flags.c_contiguous:
         return None
     compressors = out.compressors
-    if compressors and not (len(compressors) == 1 and isinstance(compressors[0], zarr.codecs.BloscCodec)):
-        return None
     blosc = None
     if compressors:
-        c = compressors[0]
-        shuffle = {"noshuffle": numcodecs.Blosc.NOSHUFFLE, "shuffle": numcodecs.Blosc.SHUFFLE,
-                   "bitshuffle": numcodecs.Blosc.BITSHUFFLE}[c.shuffle.value]
-        blosc = numcodecs.Blosc(cname=c.cname.value, clevel=c.clevel, shuffle=shuffle, typesize=c.typesize,
-                                blocksize=c.blocksize)
+        zarr_codec, blosc = _blosc(arr.dtype.itemsize)
+        if tuple(compressors) != (zarr_codec,):  # not the store's own setting: zarr's pipeline writes it
+            return None
     rows = out.chunks[0]
     flat = arr.view(np.uint8).reshape(arr.shape[0], -1)
     pieces = []
@@ -606,14 +610,11 @@ class GoldenStore:
         with self.lock():
             repo = self._repo(create=True)
             self._restore_tags(repo)
-            self._move_digests(repo)  # (sums its snapshot file like any other commit)
             attempts = S3_COMMIT_ATTEMPTS if self.location.remote else 1
             for attempt in range(attempts):
-                session = repo.writable_session("main")
-                txn = Transaction(session, zarr.open_group(session.store, mode="a"))
                 try:
-                    if txn.root.attrs.get("digest") != "blake3":  # a store of BLAKE2b digests, or a new one
-                        txn.sweep()
+                    txn = self._open(repo)
+                    session = txn.session
                     value = body(txn)
                 except (icechunk.IcechunkError, OSError) as exc:  # chunks are written as they are staged
                     raise GoldenStoreError(write_failed(self.root, exc)) from exc
@@ -649,20 +650,25 @@ class GoldenStore:
             # (the read cache is filled by the first read, not here: a write costs one copy of the data)
             return value, CommitResult(snapshot, tuple(txn.written), tuple(txn.unchanged), tag_error)
 
-    def _move_digests(self, repo: icechunk.Repository) -> None:
-        """A store written before BLAKE3 (no root attribute "digest") moves to it in a commit of its own before
-        the first write's, so that commit reports only what the write changed. (If another writer commits in
-        between, the write's own transaction does the move instead.)"""
+    def _open(self, repo: icechunk.Repository, *, move_apart: bool = True) -> Transaction:
+        """A transaction on a new writable session of main. A store written before BLAKE3 (no root attribute
+        "digest") moves to it first (``Transaction.sweep``), in a commit of its own, so the write's commit reports
+        only what the write changed; if another writer commits in between, the move rides in the write's own
+        commit. A new store only gets the attribute, in the write's commit."""
         session = repo.writable_session("main")
         txn = Transaction(session, zarr.open_group(session.store, mode="a"))
         if txn.root.attrs.get("digest") == "blake3":
-            return
+            return txn
         legacy, dead = txn.sweep()
-        if txn.written:
-            with contextlib.suppress(icechunk.ConflictError):
-                session.commit(f"store: {len(legacy)} array(s) moved to BLAKE3 content digests, {dead} unreferenced "
-                               "content(s) deleted (bytes unchanged)", metadata={"action": "digest-move"})
-                self._record_sums()
+        if not (move_apart and txn.written):
+            return txn
+        try:
+            session.commit(f"store: {len(legacy)} array(s) moved to BLAKE3 content digests, {dead} unreferenced "
+                           "content(s) deleted (bytes unchanged)", metadata={"action": "digest-move"})
+        except icechunk.ConflictError:
+            return self._open(repo, move_apart=False)
+        self._record_sums()  # (its snapshot file is summed like any other commit's)
+        return self._open(repo)
 
     @staticmethod
     def _create_tag(repo: icechunk.Repository, name: str, snapshot: str) -> None:
