@@ -335,8 +335,9 @@ class Transaction:
                 group.attrs.clear()
                 group.attrs.update(attrs)
                 self.written.append(f"{path}/@attrs")
-        # the content hashes of every array at once (BLAKE3 and CRC32C release the GIL)
-        sums = list(workers.pool().map(lambda a: (digest(a), checksum(a)), [a for a, _attrs in arrays.values()]))
+        # every array's content hashes and codec probe at once (BLAKE3, CRC32C and Blosc release the GIL)
+        sums = list(workers.pool().map(lambda a: (digest(a), checksum(a), _codecs(a)),
+                                       [a for a, _attrs in arrays.values()]))
         if arrays:
             from zarr.core.sync import sync
 
@@ -361,8 +362,10 @@ class Transaction:
                   for p in sorted({path.rpartition("/")[0] for path in arrays})}
         found = await _all(*(get(path) for path in arrays))
         links, contents = [], {}
-        for (path, (arr, attrs)), (d, crc), existing in zip(arrays.items(), sums, found, strict=True):
+        codecs = {}
+        for (path, (arr, attrs)), (d, crc, codec), existing in zip(arrays.items(), sums, found, strict=True):
             full = {**attrs, "digest": d, "crc32c": crc, "pool": pool_path(d)}
+            codecs[full["pool"]] = codec
             parent, _, name = path.rpartition("/")
             group = groups[parent]
             if isinstance(existing, zarr.AsyncArray) and existing.shape == arr.shape and \
@@ -381,7 +384,7 @@ class Transaction:
                                  overwrite=True, attributes=full, fill_value=_fill_value(arr))
               for group, name, arr, full in links),
             *(pool.create_array(w.rpartition("/")[2], shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr),
-                                compressors=_codecs(arr), attributes={"digest": full["digest"],
+                                compressors=codecs[w], attributes={"digest": full["digest"],
                                                                       "crc32c": full["crc32c"]},
                                 fill_value=_fill_value(arr))
               for w, arr, full in new))

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
 import sys
 from functools import cache
 from pathlib import Path
 
 from contracts.operators import OPERATORS
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "coverage.md"
@@ -101,7 +101,7 @@ def test_rows_are_well_formed():
 @cache
 def collected() -> frozenset[str]:
     """``path::name`` of every test function pytest collects in contracts/ and tests/ (parameters stripped)."""
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
+    proc = forkserver.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
                            "-p", "no:randomly", "contracts", "tests"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -9,7 +9,6 @@ import contextlib
 import io
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +20,7 @@ from contracts import plugin
 from goldens import cli, devices, trees
 from goldens.errors import GoldenStoreError
 from goldens.store import GoldenStore
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,7 +111,7 @@ def test_replay_devices_refuses_what_it_cannot_combine(small_store, monkeypatch)
 
 def test_pytest_gives_each_xdist_worker_its_device_and_sums_up_per_device():
     env = {**os.environ, FAKE_DEVICES: "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--devices", "3,5", "contracts/test_rope.py",
+    proc = forkserver.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--devices", "3,5", "contracts/test_rope.py",
                            "-p", "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-1500:]
     lines = proc.stdout.splitlines()

@@ -18,6 +18,7 @@ from goldens.cases import get_case
 from goldens.codec import from_numpy, to_numpy
 from goldens.errors import GoldenStoreError
 from goldens.store import GoldenStore, digest
+from tests import forkserver
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.uint8,
           torch.int32, torch.int64, torch.bool]
@@ -242,12 +243,11 @@ def test_import_requires_every_file(store, tmp_path, capsys):
 
 def test_pytest_replay_fails_when_the_store_is_missing(tmp_path):
     """A missing or empty golden store is a failure of the replay contract, never a skip."""
-    import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "contracts/test_golden_replay.py",
+    proc = forkserver.run([sys.executable, "-m", "pytest", "-q", "contracts/test_golden_replay.py",
                            "--golden-store", str(tmp_path / "none")], cwd=root, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1 and "no replay trees in a golden store" in proc.stdout, proc.stdout[-1500:]
@@ -521,14 +521,13 @@ def test_machine_readable_output_for_replay_regen_diff_and_show(store, tmp_path,
 
 
 def test_last_failed_works_because_the_cache_provider_is_on(tmp_path):
-    import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(__file__))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_slabs.py", "-o",
            f"cache_dir={tmp_path / 'cache'}", "--backend-module", "tests.defects.slabs:WIDTH_FROM_ACTIVE"]
-    first = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
-    again = subprocess.run([*cmd, "--lf"], cwd=root, capture_output=True, text=True, timeout=300)
+    first = forkserver.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+    again = forkserver.run([*cmd, "--lf"], cwd=root, capture_output=True, text=True, timeout=300)
     failed = first.stdout.strip().splitlines()[-1]
     assert "failed" in failed and "deselected" in again.stdout.strip().splitlines()[-1], (failed, again.stdout[-400:])
     assert failed.split(" failed")[0].split()[-1] == again.stdout.strip().splitlines()[-1].split(" failed")[0].split()[-1]

@@ -11,7 +11,6 @@ import importlib
 import io
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +19,7 @@ import pytest
 
 from contracts import plugin
 from contracts.operators import OPERATORS, operators_reached
+from tests import forkserver
 from tests import operator_markers as om
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,7 +134,7 @@ def test_unknown_operators_are_usage_errors_naming_the_closest():
 
 def test_pytest_operator_selects_exactly_the_declared_contracts_and_the_trees_that_reach_it():
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:xdist", "contracts/",
+    proc = forkserver.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:xdist", "contracts/",
                            "--operator", "v4_embed_pack", "--operator", "hc_post"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

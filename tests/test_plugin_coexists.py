@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import forkserver
+
 ROOT = Path(__file__).resolve().parents[1]
 
 FOREIGN_CONFTEST = '''
@@ -34,7 +36,7 @@ def _foreign(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     (tmp_path / "conftest.py").write_text(FOREIGN_CONFTEST)
     (tmp_path / "test_foreign.py").write_text(FOREIGN_TEST)
     env = dict(os.environ, PYTHONPATH=str(ROOT))  # the project importable, as it is once installed
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:randomly",
+    return forkserver.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:randomly",
                            "-p", "no:cacheprovider", "--platform", "a5sim", *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
 

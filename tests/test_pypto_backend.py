@@ -22,6 +22,7 @@ from backends import get_backend
 from backends import pypto as pb
 from backends.pypto.table import BINDINGS, PRO_ENTRIES
 from contracts.operators import KERNEL_OPERATORS, BackendError
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_upstream"
@@ -195,7 +196,7 @@ def test_a_v4_pro_entry_runs_with_specs_from_its_declaration_and_refuses_other_g
 
 
 def test_the_seeded_hc_post_kernel_is_caught_by_the_contracts():
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_mhc.py",
+    proc = forkserver.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_mhc.py",
                            "--backend", "pypto", "--pypto-lib", str(FAKE)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env=_env(**{pb.ALLOW_TEST_DOUBLE: "1", "HYPOTHESIS_PROFILE": "verdict",
                                                    "PTO_FAKE_UPSTREAM_DEFECT": "hc_post_untransposed"}))
@@ -203,7 +204,7 @@ def test_the_seeded_hc_post_kernel_is_caught_by_the_contracts():
 
 
 def _pytest(*args, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_rope.py", *args],
+    return forkserver.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_rope.py", *args],
                           cwd=ROOT, env=_env(**env), capture_output=True, text=True, timeout=300)
 
 
@@ -231,7 +232,7 @@ def test_pytest_runs_the_contracts_on_the_test_double_and_catches_its_seeded_wro
 
 
 def _replay(store: Path, *args, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "goldens.cli", "--store", str(store), "replay", *args], cwd=ROOT,
+    return forkserver.run([sys.executable, "-m", "goldens.cli", "--store", str(store), "replay", *args], cwd=ROOT,
                           env=_env(**env), capture_output=True, text=True, timeout=300)
 
 
@@ -340,7 +341,7 @@ def test_candidate_blocks_run_on_the_device_at_its_compiled_constants_and_are_un
 
 
 def test_the_seeded_indexer_kernel_is_caught_by_the_contracts():
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_topk.py",
+    proc = forkserver.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_topk.py",
                            "--backend", "pypto", "--pypto-lib", str(FAKE)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env=_env(**{pb.ALLOW_TEST_DOUBLE: "1", "HYPOTHESIS_PROFILE": "verdict",
                                                    "PTO_FAKE_UPSTREAM_DEFECT": "hsi_drop_last_block"}))

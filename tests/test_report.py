@@ -17,6 +17,7 @@ import torch
 
 from goldens import cli, report, trees
 from goldens.store import GoldenStore
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 CASE = "attn_c1a_full_decode"  # a C1A output: judged by the §6 row bound, row by row
@@ -118,7 +119,7 @@ def test_row_profiles_use_the_output_rule_and_count_codes_for_packed_outputs():
 def test_pytest_writes_one_page_from_every_xdist_worker(tmp_path):
     small = GoldenStore(tmp_path / "store")
     trees.record(small, [("sp_slabs", "replicated"), ("sp_slabs", "sharded"), ("rope_rows", "replicated")], seed=3)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "contracts/test_golden_replay.py",
+    proc = forkserver.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "contracts/test_golden_replay.py",
                            "--golden-store", str(small.root), "--golden-report", str(tmp_path / "r"),
                            "--backend-module", "tests.defects.slabs:GATHER_REVERSED"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -9,13 +9,13 @@ field, row or rank the contract names). Each contract also passes on the torch r
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from backends import load_backend_module
+from tests import forkserver
 from tests.harness import run_contract
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -447,7 +447,7 @@ def test_backend_module_option_runs_contracts_on_a_defect():
     """End to end: ``pytest --backend-module`` loads a defect and the contract run fails (exit 1)."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "contracts/test_slabs.py",
            "--backend-module", "tests.defects.slabs:WIDTH_FROM_ACTIVE", "-k", "spec_examples"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = forkserver.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "failed" in proc.stdout
 

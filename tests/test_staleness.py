@@ -19,6 +19,7 @@ from goldens import trees
 from goldens.cases import fingerprint_parts, get_case
 from goldens.fingerprint import normalised_digest
 from goldens.store import GoldenStore
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,7 +108,7 @@ def _project_copy(tmp_path: Path) -> Path:
 
 
 def _replay(root: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "goldens.cli", "--store", str(root / "artifacts" / "store"), "replay",
+    return forkserver.run([sys.executable, "-m", "goldens.cli", "--store", str(root / "artifacts" / "store"), "replay",
                            "rope_rows", "sp_slabs", "cache_index", "metadata"], cwd=root, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root),
                                                        "PTO_STORE_READ_CACHE": ""})
@@ -157,7 +158,7 @@ def test_a_lambda_sharing_its_line_with_other_arguments_is_fingerprinted():
 
 
 def _goldens(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "goldens.cli", "--store", str(root / "artifacts" / "store"), *args],
+    return forkserver.run([sys.executable, "-m", "goldens.cli", "--store", str(root / "artifacts" / "store"), *args],
                           cwd=root, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(root), "PTO_STORE_READ_CACHE": "", "COLUMNS": "400"})
 

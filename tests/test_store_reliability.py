@@ -16,6 +16,7 @@ from goldens import trees
 from goldens.catalog import record_checksum
 from goldens.errors import GoldenStoreError
 from goldens.store import REPO_DIR, GoldenStore
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,7 +102,7 @@ def test_a_blocked_writer_names_the_holder_and_gives_up_with_exit_2(tmp_path):
     head = store.log()[0].snapshot
     with store.lock():
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PTO_STORE_LOCK_TIMEOUT": "1"}
-        proc = subprocess.run([sys.executable, "-m", "goldens.cli", "--store", str(store.root), "record",
+        proc = forkserver.run([sys.executable, "-m", "goldens.cli", "--store", str(store.root), "record",
                                "sp_slabs"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-1000:]
     assert f"waiting for the store lock of {store.root} held by pid {os.getpid()}" in proc.stderr, proc.stderr

@@ -17,6 +17,7 @@ from goldens import cli, trees
 from goldens.catalog import record_checksum
 from goldens.errors import GoldenStoreError
 from goldens.store import GoldenStore
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +69,7 @@ def test_a_tampered_record_on_s3_is_refused(s3_store):
 
 def test_pytest_replays_an_s3_store(s3_store):
     trees.record(GoldenStore(s3_store), [("rope_rows", "replicated"), ("sp_slabs", "sharded")], seed=4)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:randomly",
+    proc = forkserver.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:randomly",
                            "contracts/test_golden_replay.py", "--golden-store", s3_store],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -87,12 +88,12 @@ def test_a_bad_s3_location_is_one_line_and_exit_2(s3_store, capsys, where, text,
 
 
 def test_pytest_names_an_unreadable_s3_store_in_one_failing_test(s3_store):
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_golden_replay.py",
+    proc = forkserver.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_golden_replay.py",
                            "--golden-store", "s3://no-such-bucket/goldens"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1 and "1 failed" in proc.stdout, proc.stdout[-2000:]
     assert "NoSuchBucket: The specified bucket does not exist" in proc.stdout
-    usage = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_golden_replay.py",
+    usage = forkserver.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_golden_replay.py",
                             "--golden-store", "s3://goldens"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert usage.returncode == 4 and "give a bucket and a prefix" in usage.stderr, usage.stderr[-2000:]
 

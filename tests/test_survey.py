@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from backends.upstream.survey import classify, drivers
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +68,7 @@ def test_each_way_a_driver_ends_gets_its_status(tmp_path):
     root = _checkout(tmp_path)
     results = tmp_path / "r.jsonl"
     env = dict(os.environ, PTO_UPSTREAM_PYTHON=sys.executable, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}")
-    proc = subprocess.run([sys.executable, "-m", "backends.upstream.survey", "--pypto-lib", str(root), "--timeout", "5",
+    proc = forkserver.run([sys.executable, "-m", "backends.upstream.survey", "--pypto-lib", str(root), "--timeout", "5",
                            "--results", str(results)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     got = {r["module"]: r for r in map(json.loads, results.read_text().splitlines())}
@@ -78,7 +78,7 @@ def test_each_way_a_driver_ends_gets_its_status(tmp_path):
     assert got["nosim"]["status"] == "NOT OFFERED" and "invalid choice" in got["nosim"]["detail"]
     assert got["slow"]["status"] == "TIMEOUT" and got["slow"]["exit_code"] is None
     # resumable: nothing left to run
-    again = subprocess.run([sys.executable, "-m", "backends.upstream.survey", "--pypto-lib", str(root), "--resume",
+    again = forkserver.run([sys.executable, "-m", "backends.upstream.survey", "--pypto-lib", str(root), "--resume",
                             "--results", str(results), "--list"], cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=120)
     assert again.returncode == 0 and again.stdout.strip() == ""
@@ -90,7 +90,7 @@ def test_bad_usage_and_a_python_without_pypto_are_one_line(tmp_path):
     for args, code, words in ((["--pypto-lib", str(tmp_path / "nowhere")], 2, "is not a folder"),
                               (["--pypto-lib", str(root), "nosuch"], 2, "no driver module nosuch"),
                               (["--pypto-lib", str(root), "ok"], 3, "cannot import pypto")):
-        proc = subprocess.run([sys.executable, "-m", "backends.upstream.survey", *args], cwd=ROOT, env=env,
+        proc = forkserver.run([sys.executable, "-m", "backends.upstream.survey", *args], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == code, (args, proc.stderr)
         assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

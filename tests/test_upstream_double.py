@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_upstream"
@@ -112,7 +113,7 @@ PINNED_TENSOR_SPEC = [("name", None), ("shape", None), ("dtype", None), ("init_v
 def describe(root: Path, threads: str = "3") -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYPTO_GOLDEN_NUM_THREADS"] = threads
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(root)], capture_output=True, text=True, timeout=300,
+    proc = forkserver.run([sys.executable, "-c", PROBE, str(root)], capture_output=True, text=True, timeout=300,
                           env=env, cwd=str(root))
     assert proc.returncode == 0, f"describing the golden package of {root} failed: {proc.stderr[-1500:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])

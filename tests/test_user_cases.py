@@ -15,19 +15,20 @@ import pytest
 from goldens import cli
 from goldens.cases import Case, cases, get_case, register
 from goldens.errors import GoldenStoreError
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _goldens(store: Path, *argv, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "goldens.cli", "--store", str(store), *argv], cwd=ROOT,
+    return forkserver.run([sys.executable, "-m", "goldens.cli", "--store", str(store), *argv], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
 
 
 def test_a_user_case_records_and_replays_and_catches_a_defect(tmp_path):
     store = tmp_path / "store"
     mod = ["--cases-module", "docs.examples.user_cases"]
-    rec = subprocess.run([sys.executable, "-m", "goldens.cli", *mod, "--store", str(store), "record",
+    rec = forkserver.run([sys.executable, "-m", "goldens.cli", *mod, "--store", str(store), "record",
                           "rope_rows_flash"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert rec.returncode == 0, rec.stderr
     ok = _goldens(store, "replay", env={"PTO_GOLDEN_CASES": "docs.examples.user_cases"})
@@ -51,7 +52,7 @@ def test_register_refuses_a_taken_name_and_the_builtins_use_it():
 
 def test_a_failing_property_leaves_a_counterexample_tree_that_replays_as_failing(tmp_path):
     store = tmp_path / "store"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_rope.py", "-k",
+    run = forkserver.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "contracts/test_rope.py", "-k",
                           "exact_identity and flash-tiny", "--backend-module", "tests.defects.reference:ROPE_INTO_PADDING",
                           "--record-counterexamples", "--golden-store", str(store)], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)

@@ -1,0 +1,80 @@
+"""The test fork server (tests/forkserver.py, tests/zygote.py) gives what ``subprocess.run`` gives: each probe
+runs both ways and the exit code, stdout and stderr must match."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests import forkserver
+
+PROBES = {
+    "exit code and argv": (["-c", "import sys; print(sys.argv); sys.exit(3)", "a", "b"], {}),
+    "uncaught exception": (["-c", "def f():\n    raise ValueError('boom')\nf()"], {}),
+    "SystemExit with text": (["-c", "import sys; sys.exit('bye')"], {}),
+    "stdin, env and cwd": (["-c", "import os, sys; print(sys.stdin.read(), os.environ['PROBE'], os.getcwd())"],
+                           {"input": "from stdin", "env_extra": {"PROBE": "env value"}}),
+    "stderr merged into stdout": (["-c", "import sys; print('out'); sys.stdout.flush(); print('err', file=sys.stderr)"],
+                                  {"stderr": subprocess.STDOUT}),
+    "threads joined, then atexit": (["-c", textwrap.dedent("""
+        import atexit, threading, time
+        atexit.register(lambda: print('atexit ran'))
+        def late():
+            time.sleep(0.2)
+            print('thread ran')
+        threading.Thread(target=late).start()
+        """)], {}),
+    "the cli's one-line error": (["-m", "goldens.cli", "--store", "{tmp}/none", "log"], {}),
+    "a copied tree shadows the project": (["-m", "shadow_probe"], {"cwd": "{tmp}/copy"}),
+    "PYTHONPATH comes before site": (["-c", "import shadow_probe"], {"env_extra": {"PYTHONPATH": "{tmp}/copy"}}),
+    "bytes, not text": (["-c", "import sys; sys.stdout.buffer.write(bytes(range(250, 256)))"], {"text": False}),
+}
+
+
+def _run(args, opts, tmp_path, fork: str, monkeypatch):
+    monkeypatch.setenv("PTO_TEST_FORK_SERVER", fork)
+    fill = lambda v: v.replace("{tmp}", str(tmp_path)) if isinstance(v, str) else v  # noqa: E731
+    env = None
+    if "env_extra" in opts:
+        import os
+
+        env = {**os.environ, **{k: fill(v) for k, v in opts["env_extra"].items()}}
+    kwargs = {"cwd": fill(opts.get("cwd", str(forkserver._SERVER.parents[1]))), "env": env,
+              "timeout": 120, "text": opts.get("text", True)}
+    if "input" in opts:
+        kwargs["input"] = opts["input"]
+    if "stderr" in opts:
+        kwargs.update(stdout=subprocess.PIPE, stderr=opts["stderr"])
+    else:
+        kwargs["capture_output"] = True
+    return forkserver.run([sys.executable, *[fill(a) for a in args]], **kwargs)
+
+
+@pytest.mark.parametrize("name", list(PROBES))
+def test_a_forked_child_behaves_as_a_fresh_interpreter(name, tmp_path, monkeypatch):
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "shadow_probe.py").write_text("import sys\nprint('copy', __name__)\nsys.exit(5)\n")
+    args, opts = PROBES[name]
+    real = _run(args, opts, tmp_path, "0", monkeypatch)
+    forked = _run(args, opts, tmp_path, "1", monkeypatch)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr), name
+
+
+def test_a_child_past_its_timeout_is_killed_and_named(monkeypatch):
+    monkeypatch.setenv("PTO_TEST_FORK_SERVER", "1")
+    with pytest.raises(subprocess.TimeoutExpired):
+        forkserver.run([sys.executable, "-c", "import time; time.sleep(60)"], capture_output=True, timeout=1)
+    # the server is still there for the next child
+    assert forkserver.run([sys.executable, "-c", "print(1)"], capture_output=True, text=True).stdout == "1\n"
+
+
+def test_anything_else_is_plain_subprocess_run(monkeypatch):
+    monkeypatch.setenv("PTO_TEST_FORK_SERVER", "1")
+    assert not forkserver._forkable(["git", "--version"], {})
+    assert not forkserver._forkable([sys.executable, "-X", "importtime", "-c", "pass"], {})
+    assert not forkserver._forkable([sys.executable, "-c", "pass"], {"stdout": 3})
+    assert forkserver._forkable([sys.executable, "-m", "pytest", "-q"], {"capture_output": True})
+    assert forkserver.run(["true"]).returncode == 0

@@ -1,0 +1,132 @@
+"""A fork server for the unit tests' Python subprocesses (client: ``tests/forkserver.py``).
+
+Most unit tests that start ``python -m goldens.cli`` or ``python -m pytest`` test what a process does (exit
+codes, one-line errors on stderr, locks, a fresh import of a copied tree); each paid ~3.5 CPU s to import
+torch, numpy, zarr, icechunk and hypothesis before doing it. This server imports those third-party packages
+once (nothing of this project: a child imports the project afresh, from its own ``sys.path``), then forks one
+child per request. The child becomes what ``python -m MOD ARGS`` or ``python -c CODE ARGS`` would be: its
+own cwd, environment, ``sys.path`` (cwd, then ``PYTHONPATH``, then the interpreter's site paths), argv, stdin
+and stdout/stderr files, an uncaught exception printed by ``sys.excepthook`` with exit code 1, ``SystemExit``
+handled as the interpreter does, non-daemon threads and ``atexit`` handlers run before it exits.
+
+Started as a script (``python tests/zygote.py``, no PYTHONPATH), so its ``sys.path[0]`` is this directory
+and nothing of the project is imported into it.
+
+Protocol (binary pipes, one JSON line each way): request ``{"argv", "cwd", "env", "stdin", "stdout",
+"stderr"}`` (paths; ``stderr`` may be the string ``"stdout"``) -> ``{"pid"}``, then ``{"status"}`` (the raw
+wait status) when the child ends. One request at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+
+PRELOAD = ("torch", "numpy", "zarr", "icechunk", "numcodecs", "blake3", "crc32c", "hypothesis", "pytest",
+           "_pytest.config")
+
+
+def _child(req: dict) -> None:
+    """Become the requested process; never returns."""
+    code = 1
+    try:
+        import importlib
+        import runpy
+        import threading
+
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.chdir(req["cwd"])
+        stdin = os.open(req["stdin"], os.O_RDONLY)
+        out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        err = out if req["stderr"] == "stdout" else os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        for fd, target in ((0, stdin), (1, out), (2, err)):
+            os.dup2(target, fd)
+        for fd in {stdin, out, err}:
+            if fd > 2:
+                os.close(fd)
+        import io
+
+        sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115
+        sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)  # noqa: SIM115  (block-buffered: not a tty)
+        sys.stderr = sys.__stderr__ = io.TextIOWrapper(open(2, "wb", closefd=False), errors="backslashreplace",  # noqa: SIM115
+                                                       line_buffering=True)
+        argv = req["argv"]
+        extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+        first = req["cwd"] if argv[0] == "-m" else ""
+        sys.path[:] = [first, *extra, *BASE_PATH]
+        importlib.invalidate_caches()
+        try:
+            if argv[0] == "-m":
+                sys.argv = [argv[1], *argv[2:]]  # run_module puts the module's file in argv[0]
+                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            else:  # -c
+                sys.argv = ["-c", *argv[2:]]
+                import types
+
+                main = types.ModuleType("__main__")
+                sys.modules["__main__"] = main
+                exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+            code = 0
+        except SystemExit as exc:
+            if exc.code is None:
+                code = 0
+            elif isinstance(exc.code, int):
+                code = exc.code
+            else:
+                print(exc.code, file=sys.stderr)
+                code = 1
+        except BaseException:
+            kind, value, tb = sys.exc_info()
+            tb = tb.tb_next if tb is not None else tb  # (not this frame)
+            sys.excepthook(kind, value.with_traceback(tb), tb)
+            code = 1
+        threading._shutdown()  # as the interpreter does at exit: join non-daemon threads, then atexit
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:  # the server's own part failed: say so where the caller reads
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code & 0xFF)
+
+
+def serve() -> None:
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            __import__(name)
+    rx = os.fdopen(0, "rb", buffering=0)
+    tx = os.fdopen(1, "wb", buffering=0)
+    line = b""
+    while True:
+        chunk = rx.readline()
+        if not chunk:
+            return
+        line += chunk
+        if not line.endswith(b"\n"):
+            continue
+        req, line = json.loads(line), b""
+        pid = os.fork()
+        if pid == 0:
+            rx.close()
+            tx.close()
+            _child(req)
+        tx.write(json.dumps({"pid": pid}).encode() + b"\n")
+        _, status = os.waitpid(pid, 0)
+        tx.write(json.dumps({"status": status}).encode() + b"\n")
+
+
+# the interpreter's own paths: what a fresh ``python`` has after its script directory and PYTHONPATH
+_SKIP = {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+BASE_PATH = [p for p in sys.path[1:] if p not in _SKIP]
+
+if __name__ == "__main__":
+    serve()
