@@ -55,6 +55,7 @@ LOCK_NAME = "pto-store.lock"
 # sha256 of every snapshot file of a local store, written under the lock after each write: icechunk's snapshot
 # files carry no checksum, so a flipped byte would otherwise be parsed (a wrong history, a wrong manifest offset)
 SUMS_NAME = "pto-snapshot-sums.json"
+TAGS_CHECKED = "tags_checked"  # commit metadata: the head whose ancestry's tags were checked before it
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14
 READ_CACHE_DIR = ".read-cache"  # decoded arrays by content digest, memory-mapped on later reads (not versioned)
 REPO_DIR = "icechunk"  # the repository lives beside the lock file: icechunk needs a clean prefix
@@ -612,11 +613,11 @@ class GoldenStore:
         crash left behind are restored first (the tag name also rides in the snapshot's metadata)."""
         with self.lock():
             repo = self._repo(create=True)
-            self._restore_tags(repo)
+            checked = self._restore_tags(repo)
             attempts = S3_COMMIT_ATTEMPTS if self.location.remote else 1
             for attempt in range(attempts):
                 try:
-                    txn = self._open(repo)
+                    txn = self._open(repo, checked)
                     session = txn.session
                     value = body(txn)
                 except (icechunk.IcechunkError, OSError) as exc:  # chunks are written as they are staged
@@ -625,7 +626,7 @@ class GoldenStore:
                     return value, CommitResult(None, (), tuple(txn.unchanged))
                 if os.environ.get("PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"):  # reliability tests kill us here
                     time.sleep(float(os.environ["PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"]))
-                meta = {**(metadata or {}), **({"tag": tag} if tag else {})}
+                meta = {**(metadata or {}), **({"tag": tag} if tag else {}), **({TAGS_CHECKED: checked} if checked else {})}
                 try:
                     snapshot = session.commit(message(value) if callable(message) else message, metadata=meta)
                     break
@@ -653,7 +654,7 @@ class GoldenStore:
             # (the read cache is filled by the first read, not here: a write costs one copy of the data)
             return value, CommitResult(snapshot, tuple(txn.written), tuple(txn.unchanged), tag_error)
 
-    def _open(self, repo: icechunk.Repository, *, move_apart: bool = True) -> Transaction:
+    def _open(self, repo: icechunk.Repository, checked: str | None, *, move_apart: bool = True) -> Transaction:
         """A transaction on a new writable session of main. A store written before BLAKE3 (no root attribute
         "digest") moves to it first (``Transaction.sweep``), in a commit of its own, so the write's commit reports
         only what the write changed; if another writer commits in between, the move rides in the write's own
@@ -667,11 +668,12 @@ class GoldenStore:
             return txn
         try:
             session.commit(f"store: {len(legacy)} array(s) moved to BLAKE3 content digests, {dead} unreferenced "
-                           "content(s) deleted (bytes unchanged)", metadata={"action": "digest-move"})
+                           "content(s) deleted (bytes unchanged)",
+                           metadata={"action": "digest-move", **({TAGS_CHECKED: checked} if checked else {})})
         except icechunk.ConflictError:
-            return self._open(repo, move_apart=False)
+            return self._open(repo, checked, move_apart=False)
         self._record_sums()  # (its snapshot file is summed like any other commit's)
-        return self._open(repo)
+        return self._open(repo, checked)
 
     @staticmethod
     def _create_tag(repo: icechunk.Repository, name: str, snapshot: str) -> None:
@@ -690,15 +692,25 @@ class GoldenStore:
                 raise
 
     @classmethod
-    def _restore_tags(cls, repo: icechunk.Repository) -> None:
+    def _restore_tags(cls, repo: icechunk.Repository) -> str | None:
         """A writer killed between its commit and its tag left the tag name in the snapshot's metadata:
-        create the missing tags (so gc keeps those snapshots)."""
+        create the missing tags (so gc keeps those snapshots). Returns the head the check started from: the
+        next commit records it as ``tags_checked``, and a later check stops there (that snapshot and every
+        older one were checked then), so a write reads the snapshots since the last check, not the whole
+        history (a store of 120 commits spent 0.11 s per write here)."""
         have = set(repo.list_tags())
+        head = stop = None
         for snap in repo.ancestry(branch="main"):
-            name = (snap.metadata or {}).get("tag")
+            if snap.id == stop:
+                break
+            head = head or snap.id
+            meta = snap.metadata or {}
+            name = meta.get("tag")
             if name and name not in have:
                 cls._create_tag(repo, name, snap.id)
                 have.add(name)
+            stop = stop or meta.get(TAGS_CHECKED)
+        return head
 
     # ---- writing ------------------------------------------------------------
     def commit(self, arrays: dict[str, tuple[np.ndarray, dict]], group_attrs: dict[str, dict], message: str, *,

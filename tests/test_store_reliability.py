@@ -136,6 +136,33 @@ def test_a_regen_killed_between_its_commit_and_its_tag_gets_its_tag_back(tmp_pat
     assert regen.tags == (entry.metadata["tag"],), regen
 
 
+def test_a_write_checks_the_tags_of_the_snapshots_since_the_last_check_only(tmp_path, monkeypatch):
+    """Each commit records the head its tag check started from; the next write reads the snapshots back to
+    there, not the whole history -- and still restores a tag lost in that span (a writer killed after its
+    commit: the test above), here the newest commit's, whose tag could not be written."""
+    import icechunk
+
+    store = GoldenStore(tmp_path / "s")
+    for seed in range(8):
+        trees.record(store, [("rope_rows", "replicated")], seed=seed)
+    with monkeypatch.context() as m:  # the tag cannot be written: the commit lands without it
+        m.setattr(GoldenStore, "_create_tag", staticmethod(lambda *a: (_ for _ in ()).throw(OSError("no tag"))))
+        assert store.commit({}, {"marker": {"n": 1}}, "tagged", tag="regen-20260101T000000000000Z").tag_error
+    assert not store.log()[0].tags
+    seen = []
+    real = icechunk.Repository.ancestry
+
+    def counted(self, *args, **kwargs):
+        for snap in real(self, *args, **kwargs):
+            seen.append(snap.id)
+            yield snap
+
+    monkeypatch.setattr(icechunk.Repository, "ancestry", counted)
+    trees.record(store, [("rope_rows", "replicated")], seed=99)
+    assert 2 <= len(seen) <= 3, f"the tag check read {len(seen)} of {len(store.log())} snapshots"
+    assert "regen-20260101T000000000000Z" in store.log()[1].tags, "the lost tag was not restored"
+
+
 def _mapped(arr) -> bool:
     import mmap
 
