@@ -1037,7 +1037,6 @@ class StoreReader:
         different arrays overlap) and then cached; same checks as ``read``. A failing array is re-read
         alone so the error names it."""
         self._prefetch(paths)
-        self._prefetch(self._get(p).attrs.get("pool") for p in paths if isinstance(self._get(p), zarr.Array))
         nodes = {}
         for path in paths:
             node = self._get(path)
@@ -1050,6 +1049,7 @@ class StoreReader:
         missing = {p: n for p, n in nodes.items() if cached[p] is None}
         if not missing:
             return out
+        self._prefetch(n.attrs.get("pool") for n in missing.values())  # (the contents of what the cache lacks)
         try:
             from zarr.core.sync import sync
 
