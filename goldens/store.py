@@ -240,7 +240,7 @@ class LogEntry:
 
 
 def _chunk_pieces(out: zarr.Array, arr: np.ndarray) -> list[tuple[str, np.ndarray, object]] | None:
-    """(store key, raw bytes, Blosc codec or None) of every chunk of ``out``, cut from ``arr``'s own memory; None where zarr's own pipeline must write it (a 0-d or big-endian array, an unknown codec).
+    """(store key, raw bytes, Blosc codec or None) of every chunk of ``out``, cut from ``arr``'s own memory; None where zarr's own pipeline must write it (a 0-d or big-endian array, a codec other than ``_blosc``'s).
 
     The bytes are what zarr's codec pipeline would store -- the raw C-order bytes of each chunk (zarr's bytes
     codec, little-endian), the last chunk padded to the full chunk shape with the fill value (0), or those bytes
@@ -336,9 +336,8 @@ class Transaction:
                 group.attrs.clear()
                 group.attrs.update(attrs)
                 self.written.append(f"{path}/@attrs")
-        # every array's content hashes and codec probe at once (BLAKE3, CRC32C and Blosc release the GIL)
-        sums = list(workers.pool().map(lambda a: (digest(a), checksum(a), _codecs(a)),
-                                       [a for a, _attrs in arrays.values()]))
+        # the content hashes of every array at once (BLAKE3 and CRC32C release the GIL)
+        sums = list(workers.pool().map(lambda a: (digest(a), checksum(a)), [a for a, _attrs in arrays.values()]))
         if arrays:
             from zarr.core.sync import sync
 
@@ -363,10 +362,8 @@ class Transaction:
                   for p in sorted({path.rpartition("/")[0] for path in arrays})}
         found = await _all(*(get(path) for path in arrays))
         links, contents = [], {}
-        codecs = {}
-        for (path, (arr, attrs)), (d, crc, codec), existing in zip(arrays.items(), sums, found, strict=True):
+        for (path, (arr, attrs)), (d, crc), existing in zip(arrays.items(), sums, found, strict=True):
             full = {**attrs, "digest": d, "crc32c": crc, "pool": pool_path(d)}
-            codecs[full["pool"]] = codec
             parent, _, name = path.rpartition("/")
             group = groups[parent]
             if isinstance(existing, zarr.AsyncArray) and existing.shape == arr.shape and \
@@ -385,7 +382,7 @@ class Transaction:
                                  overwrite=True, attributes=full, fill_value=_fill_value(arr))
               for group, name, arr, full in links),
             *(pool.create_array(w.rpartition("/")[2], shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr),
-                                compressors=codecs[w], attributes={"digest": full["digest"],
+                                compressors=_codecs(arr), attributes={"digest": full["digest"],
                                                                       "crc32c": full["crc32c"]},
                                 fill_value=_fill_value(arr))
               for w, arr, full in new))
@@ -614,10 +611,11 @@ class GoldenStore:
         with self.lock():
             repo = self._repo(create=True)
             checked = self._restore_tags(repo)
+            stamp = {TAGS_CHECKED: checked} if checked else {}  # in every commit's metadata
             attempts = S3_COMMIT_ATTEMPTS if self.location.remote else 1
             for attempt in range(attempts):
                 try:
-                    txn = self._open(repo, checked)
+                    txn = self._open(repo, stamp)
                     session = txn.session
                     value = body(txn)
                 except (icechunk.IcechunkError, OSError) as exc:  # chunks are written as they are staged
@@ -626,7 +624,7 @@ class GoldenStore:
                     return value, CommitResult(None, (), tuple(txn.unchanged))
                 if os.environ.get("PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"):  # reliability tests kill us here
                     time.sleep(float(os.environ["PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"]))
-                meta = {**(metadata or {}), **({"tag": tag} if tag else {}), **({TAGS_CHECKED: checked} if checked else {})}
+                meta = {**(metadata or {}), **({"tag": tag} if tag else {}), **stamp}
                 try:
                     snapshot = session.commit(message(value) if callable(message) else message, metadata=meta)
                     break
@@ -654,11 +652,12 @@ class GoldenStore:
             # (the read cache is filled by the first read, not here: a write costs one copy of the data)
             return value, CommitResult(snapshot, tuple(txn.written), tuple(txn.unchanged), tag_error)
 
-    def _open(self, repo: icechunk.Repository, checked: str | None, *, move_apart: bool = True) -> Transaction:
+    def _open(self, repo: icechunk.Repository, stamp: dict, *, move_apart: bool = True) -> Transaction:
         """A transaction on a new writable session of main. A store written before BLAKE3 (no root attribute
         "digest") moves to it first (``Transaction.sweep``), in a commit of its own, so the write's commit reports
         only what the write changed; if another writer commits in between, the move rides in the write's own
-        commit. A new store only gets the attribute, in the write's commit."""
+        commit. A new store only gets the attribute, in the write's commit. ``stamp``: the commits' metadata of
+        the tag check (``_restore_tags``)."""
         session = repo.writable_session("main")
         txn = Transaction(session, zarr.open_group(session.store, mode="a"))
         if txn.root.attrs.get("digest") == "blake3":
@@ -669,11 +668,11 @@ class GoldenStore:
         try:
             session.commit(f"store: {len(legacy)} array(s) moved to BLAKE3 content digests, {dead} unreferenced "
                            "content(s) deleted (bytes unchanged)",
-                           metadata={"action": "digest-move", **({TAGS_CHECKED: checked} if checked else {})})
+                           metadata={"action": "digest-move", **stamp})
         except icechunk.ConflictError:
-            return self._open(repo, checked, move_apart=False)
+            return self._open(repo, stamp, move_apart=False)
         self._record_sums()  # (its snapshot file is summed like any other commit's)
-        return self._open(repo, checked)
+        return self._open(repo, stamp)
 
     @staticmethod
     def _create_tag(repo: icechunk.Repository, name: str, snapshot: str) -> None:

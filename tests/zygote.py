@@ -103,17 +103,10 @@ def serve() -> None:
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             __import__(name)
-    rx = os.fdopen(0, "rb", buffering=0)
+    rx = os.fdopen(0, "rb")
     tx = os.fdopen(1, "wb", buffering=0)
-    line = b""
-    while True:
-        chunk = rx.readline()
-        if not chunk:
-            return
-        line += chunk
-        if not line.endswith(b"\n"):
-            continue
-        req, line = json.loads(line), b""
+    for line in rx:  # one request at a time: the client waits for the child's status before the next
+        req = json.loads(line)
         pid = os.fork()
         if pid == 0:
             rx.close()
