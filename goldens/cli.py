@@ -760,6 +760,7 @@ def doctor_report(store_spec: str, pypto_lib: str | None) -> list[tuple[str, str
     from goldens.store import GoldenStore
 
     store = GoldenStore(store_spec)
+    store.read_cache = None  # the store's own chunks: damage a read cache would hide is reported
     try:
         if not store.exists():
             rows.append(("MISSING", "golden store", f"no store at {store_spec}: `goldens record` creates one, or "

@@ -42,6 +42,7 @@ import zarr.codecs
 import zarr.errors
 import zarr.storage
 
+from goldens import readpack
 from goldens.catalog import record_checksum
 from goldens.errors import GoldenStoreError
 from kernels import workers
@@ -220,6 +221,13 @@ def _chunks(arr: np.ndarray) -> tuple[int, ...]:
     row = max(1, arr.nbytes // max(arr.shape[0], 1))
     first = max(1, min(arr.shape[0], CHUNK_BYTES // row))
     return (first, *arr.shape[1:])
+
+
+# The local repositories reads opened in this process, reused: a new Repository parses each snapshot it reads
+# anew (12 ms for the sample store's), a reused one keeps them (a snapshot never changes; every session still
+# reads its branch head from the storage, and the snapshot files are checked before each open as always).
+_REPOS: dict[str, icechunk.Repository] = {}
+_REPOS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -458,7 +466,8 @@ class GoldenStore:
         except Exception as exc:
             raise GoldenStoreError(unreachable(self.location, exc)) from None
 
-    def _repo(self, *, create: bool = False) -> icechunk.Repository:
+    def _repo(self, *, create: bool = False, shared: bool = False) -> icechunk.Repository:
+        """The repository; ``shared``: a read's, reused while the snapshot files are the ones it was opened on."""
         try:
             storage = self.location.storage()
             if create:
@@ -472,8 +481,15 @@ class GoldenStore:
                     return icechunk.Repository.open(storage)  # another writer created it first
             if not self.exists():
                 raise GoldenStoreError(f"no golden store at {self.root} (record a case first: goldens record ...)")
-            self._verify_snapshots()
-            return icechunk.Repository.open(storage)
+            sums = self._verify_snapshots()
+            if not shared or not sums:  # (a remote store's credentials come from the environment of each open)
+                return icechunk.Repository.open(storage)
+            key = (str(self.root.resolve()), tuple(sorted(sums.items())))
+            with _REPOS_LOCK:
+                if key not in _REPOS:
+                    _REPOS.clear()  # the snapshot files moved (a commit, gc): those repositories are done with
+                    _REPOS[key] = icechunk.Repository.open(storage)
+                return _REPOS[key]
         except GoldenStoreError:
             raise
         except Exception as exc:
@@ -495,13 +511,14 @@ class GoldenStore:
                                    "restore the store directory from version control or a backup")
         return sums
 
-    def _verify_snapshots(self) -> None:
+    def _verify_snapshots(self) -> dict[str, str]:
         """Every snapshot file still has the sha256 recorded when it was written, checked before icechunk parses
-        any of them (a missing file is icechunk's to report)."""
+        any of them (a missing file is icechunk's to report); returns those sums ({} for a remote store)."""
         if self.location.remote:
-            return
+            return {}
         folder = self.root / REPO_DIR / "snapshots"
-        for snapshot, want in self._sums().items():
+        sums = self._sums()
+        for snapshot, want in sums.items():
             try:
                 got = self._sha256(folder / snapshot)
             except FileNotFoundError:
@@ -518,6 +535,7 @@ class GoldenStore:
                                        f"({REPO_DIR}/snapshots/{snapshot}) is not the file that was written (its "
                                        f"sha256 differs from {SUMS_NAME}); restore the store directory from version "
                                        "control or a backup")
+        return sums
 
     def _sha256(self, path: Path) -> str:
         """A snapshot file's sha256, hashed again only when its size or mtime moved (every open verifies)."""
@@ -739,7 +757,7 @@ class GoldenStore:
         return {"snapshot_id": rev}
 
     def reader(self, rev: str | None = None) -> StoreReader:
-        repo = self._repo()
+        repo = self._repo(shared=True)
         try:
             session = repo.readonly_session(**self.resolve(rev))
         except GoldenStoreError:
@@ -918,9 +936,11 @@ class StoreReader:
             self.cache / d.removeprefix(DIGEST_PREFIX)[:2] / f"{d}.npy"
 
     def _from_cache(self, path: str, node: zarr.Array) -> np.ndarray | None:
+        return self._cached(dict(node.attrs), node.dtype, node.shape)
+
+    def _cached(self, attrs: dict, dtype, shape) -> np.ndarray | None:
         """The array from the read cache when a verified copy is there: same dtype and shape as the stored
         array and the stored CRC32C (a damaged or foreign cache file is dropped and the store is read)."""
-        attrs = dict(node.attrs)
         f = self._cache_file(attrs)
         if f is None or not f.is_file() or f.is_symlink():
             return None
@@ -928,7 +948,7 @@ class StoreReader:
             data = _map_npy(f)
         except (OSError, ValueError):
             data = None
-        if data is None or data.dtype != node.dtype or data.shape != node.shape or \
+        if data is None or data.dtype != dtype or data.shape != tuple(shape) or \
                 checksum(data) != attrs.get("crc32c"):
             with contextlib.suppress(OSError):
                 f.unlink()
@@ -1034,7 +1054,41 @@ class StoreReader:
         """Read several arrays: each from the verified read cache when it is there (memory-mapped, CRC32C
         checked, concurrently), the others in one gather on zarr's event loop (I/O and decompression of
         different arrays overlap) and then cached; same checks as ``read``. A failing array is re-read
-        alone so the error names it."""
+        alone so the error names it. A frozen reader with a cache answers a read it has answered before
+        (same snapshot, same paths) from its pack (``goldens.readpack``): one file, no store lookup."""
+        pack = None if self._nodes is None or self.cache is None else \
+            readpack.pack_file(self.cache, self.snapshot, list(paths))
+        if pack is not None:
+            got = self._from_pack(pack, list(paths))
+            if got is not None:
+                return got
+        out = self._read_many(paths)
+        if pack is not None:
+            with contextlib.suppress(OSError):  # best effort, as the read cache: a full disk loses the speed-up
+                readpack.save(pack, self.snapshot, list(paths), out, lambda a: a.nbytes < CACHE_MIN_BYTES)
+        return out
+
+    def _from_pack(self, pack: Path, paths: list[str]) -> dict[str, tuple[np.ndarray, dict]] | None:
+        """``read_many``'s answer from its pack, every array verified (the small ones against the CRC32C
+        their attributes record, the large ones through the read cache); None when any is not there."""
+        entries = readpack.load(pack, self.snapshot, paths)
+        if entries is None:
+            with contextlib.suppress(OSError):
+                pack.unlink()  # damaged or another read's: rewritten after this read
+            return None
+        out = {}
+        for e in entries:
+            data = e["data"]
+            if data is None:
+                data = self._cached(e["attrs"], e["dtype"], e["shape"])
+            elif e["attrs"].get("crc32c") is not None and checksum(data) != e["attrs"]["crc32c"]:
+                data = None  # (as a store read: an array written before checksums has none to check)
+            if data is None:
+                return None
+            out[e["path"]] = (data, e["attrs"])
+        return out
+
+    def _read_many(self, paths: list[str]) -> dict[str, tuple[np.ndarray, dict]]:
         self._prefetch(paths)
         nodes = {}
         for path in paths:

@@ -171,6 +171,124 @@ def _mapped(arr) -> bool:
     return arr is not None
 
 
+def _pack_store(tmp_path):
+    import numpy as np
+
+    store = GoldenStore(tmp_path / "s")
+    arrays = {"t/big": (np.arange(1 << 15, dtype=np.float32).reshape(128, 256), {"dtype": "float32"}),
+              "t/small": (np.arange(12, dtype=np.int32).reshape(3, 4), {"dtype": "int32"}),
+              "t/scalar": (np.array(7, dtype=np.int64), {"dtype": "int64"}),
+              "t/empty": (np.zeros((0, 3), dtype=np.uint16), {"dtype": "bfloat16"})}
+    store.commit(arrays, {"t": {}}, "four arrays")
+    return store, arrays
+
+
+def test_a_read_already_answered_comes_from_its_pack_without_a_store_lookup(tmp_path, monkeypatch):
+    """The second read of the same paths at the same snapshot is one pack file: no node lookup, no chunk
+    read; the same dtypes, shapes (0-d and empty included), bytes and attributes, writable arrays; the large
+    array comes from the content cache. Spec: §7.3."""
+    import numpy as np
+
+    from goldens.store import StoreReader
+
+    store, arrays = _pack_store(tmp_path)
+    paths = list(arrays)
+    first = store.reader().read_many(paths)
+    packs = list((store.root / ".read-cache" / "packs").rglob("*.pack"))
+    assert len(packs) == 1
+
+    def no_store(*_a, **_k):
+        raise AssertionError("the store was read")
+
+    monkeypatch.setattr(StoreReader, "_read_many", no_store)
+    monkeypatch.setattr(StoreReader, "_get", no_store)
+    again = store.reader().read_many(paths)
+    for p, (want, _attrs) in arrays.items():
+        got, attrs = again[p]
+        assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want), p
+        assert attrs == first[p][1] and attrs["dtype"] == arrays[p][1]["dtype"], p
+    again["t/small"][0][0, 0] = -1  # writable, and the pack keeps its bytes
+    assert np.array_equal(store.reader().read_many(paths)["t/small"][0], arrays["t/small"][0])
+    with pytest.raises(AssertionError, match="the store was read"):
+        store.reader().read_many(paths[:2])  # other paths: another read, not this pack's
+
+
+def test_a_damaged_or_foreign_pack_is_dropped_and_the_store_read(tmp_path):
+    """A pack with a flipped byte, a pack moved under another read's name, and a pack whose small array was
+    changed and its hash made to match again (the array's CRC32C refuses it): each read answers from the store
+    with the stored bytes and the pack is written afresh. Spec: §7.3."""
+    import blake3
+    import numpy as np
+
+    from goldens import readpack
+
+    store, arrays = _pack_store(tmp_path)
+    paths = list(arrays)
+    store.reader().read_many(paths)
+    (pack,) = (store.root / ".read-cache" / "packs").rglob("*.pack")
+    good = pack.read_bytes()
+
+    def check():
+        got = store.reader().read_many(paths)
+        assert all(np.array_equal(got[p][0], a) for p, (a, _) in arrays.items())
+        assert pack.read_bytes() == good, "the pack was not rewritten from the store"
+
+    flipped = bytearray(good)
+    flipped[-3] ^= 0xFF
+    pack.write_bytes(bytes(flipped))
+    check()
+    other = readpack.pack_file(store.root / ".read-cache", store.reader().snapshot, paths[:2])
+    other.parent.mkdir(parents=True, exist_ok=True)
+    other.write_bytes(good)  # this read's pack under another read's name: its header names other paths
+    got = store.reader().read_many(paths[:2])
+    assert np.array_equal(got["t/small"][0], arrays["t/small"][0]) and other.read_bytes() != good
+    resealed = bytearray(good)
+    at = good.index(arrays["t/small"][0].tobytes())
+    resealed[at] ^= 0x01  # another value in the small array's bytes ...
+    body = bytes(resealed[len(readpack.MAGIC) + 32:])
+    resealed[len(readpack.MAGIC): len(readpack.MAGIC) + 32] = blake3.blake3(body).digest()  # ... hash matched
+    pack.write_bytes(bytes(resealed))
+    assert readpack.load(pack, store.reader().snapshot, paths) is not None  # the pack itself checks out
+    check()  # the CRC32C refused the array
+
+
+def test_reads_share_a_repository_until_the_snapshot_files_move(tmp_path):
+    """Readers of one store share one opened repository (its snapshots parsed once) while the snapshot files
+    are those it was opened on; after a commit, a gc that rewrites a kept snapshot's parent, or the store made
+    again at the same path, a reader opens it afresh and reads the new head and history."""
+    import datetime as dt
+    import shutil
+
+    import numpy as np
+
+    from goldens import store as store_mod
+
+    def x(n):
+        return {"t/x": (np.arange(n, dtype=np.int32), {"dtype": "int32"})}
+
+    store = GoldenStore(tmp_path / "s")
+    for n in (2, 3, 4):
+        store.commit(x(n), {"t": {}}, f"{n}")
+    first = store.reader()
+    shared = store_mod._REPOS.copy()
+    assert GoldenStore(store.root).reader().read_many(["t/x"])["t/x"][0].tolist() == [0, 1, 2, 3]
+    assert shared == store_mod._REPOS and len(shared) == 1  # the same repository, reused
+    store.commit(x(5), {"t": {}}, "5")
+    assert GoldenStore(store.root).reader().read_many(["t/x"])["t/x"][0].tolist() == [0, 1, 2, 3, 4]
+    assert shared != store_mod._REPOS
+    assert first.read_many(["t/x"])["t/x"][0].tolist() == [0, 1, 2, 3]  # an open reader keeps its snapshot
+    store.gc(dt.datetime.now(dt.UTC) + dt.timedelta(days=1), keep_last=2)
+    reader = GoldenStore(store.root).reader()
+    assert reader.read_many(["t/x"])["t/x"][0].tolist() == [0, 1, 2, 3, 4]
+    history = [e.message for e in GoldenStore(store.root).log()]
+    assert history[0].startswith("gc:") and history[1] == "5" and "2" not in history, history  # expired
+    shutil.rmtree(store.root)
+    again = GoldenStore(tmp_path / "s")
+    again.commit(x(3), {"t": {}}, "made again")
+    assert again.reader().read_many(["t/x"])["t/x"][0].tolist() == [0, 1, 2]
+    assert [e.message for e in again.log()][:1] == ["made again"]
+
+
 def test_the_read_cache_is_verified_and_disposable(tmp_path, monkeypatch):
     """Arrays read once are kept, by content digest, in a memory-mappable read cache; a later read takes them
     from there only after the stored CRC32C checks out: a damaged, resized or foreign cache file is dropped
