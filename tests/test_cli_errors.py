@@ -8,7 +8,7 @@ import pytest
 
 from contracts import compare
 from goldens import cli, trees
-from goldens.store import GoldenStore
+from goldens.store import REPO_DIR, GoldenStore
 
 # (argv after --store, exit code, a fragment of the one error line)
 BAD_CALLS = [
@@ -155,6 +155,20 @@ def test_one_unreadable_tree_does_not_block_the_others(store, capsys):
     assert cli.main(["--store", str(store.root), "doctor"]) == 2  # the store is there: DAMAGED, never MISSING
     out = capsys.readouterr().out
     assert "DAMAGED" in out and "1 of 2 cannot be read" in out, out[-1500:]
+
+
+def test_doctor_reads_the_store_itself_not_the_read_cache(store, capsys):
+    """Chunks damaged after a replay has filled the read cache: a replay may still be served from the cache,
+    but doctor reads the store's own chunks and says DAMAGED (exit 2)."""
+    assert cli.main(["--store", str(store.root), "replay"]) == 0  # fills the read cache (packs)
+    assert list((store.root / ".read-cache").rglob("*.pack"))
+    for f in (store.root / REPO_DIR / "chunks").rglob("*"):
+        if f.is_file():
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    capsys.readouterr()
+    assert cli.main(["--store", str(store.root), "doctor"]) == 2
+    out = capsys.readouterr().out
+    assert "DAMAGED" in out and "of 2 cannot be read" in out, out[-1500:]
 
 
 def test_a_commit_whose_tag_cannot_be_written_is_committed_and_said_so(store, monkeypatch):
