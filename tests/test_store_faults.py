@@ -129,17 +129,29 @@ FS_SCRIPT = r"""
 set -u
 mount -t tmpfs -o size={size}k tmpfs "$MNT" || {{ echo "MOUNT-FAILED"; exit 97; }}
 cp -a "$SRC" "$MNT/store" || {{ echo "COPY-FAILED"; exit 98; }}
-step() {{ name=$1; shift; "$PY" -m goldens.cli --store "$MNT/store" "$@" >"$OUT/$name.out" 2>"$OUT/$name.err"; echo $? >"$OUT/$name.rc"; }}
-step full-record record compressor_r2 cache_index attn_c1a_reindex_prefill --seed 3
-step full-regen regen
-step full-replay replay rope_rows
+steps() {{ "$PY" -c "$DRIVER" "$@"; }}
+steps "full-record record compressor_r2 cache_index attn_c1a_reindex_prefill --seed 3" "full-regen regen" \
+      "full-replay replay rope_rows"
 (cd "$MNT/store" && find . -type f ! -name {lock} -print0 | sort -z | xargs -0 sha256sum) >"$OUT/full.sums"
 mount -o remount,ro "$MNT"
-step ro-record record sp_slabs
-step ro-gc gc --older-than-days 0
-step ro-import import-pt "$PT" --case rope_rows
-step ro-replay replay rope_rows
+steps "ro-record record sp_slabs" "ro-gc gc --older-than-days 0" "ro-import import-pt $PT --case rope_rows" \
+      "ro-replay replay rope_rows"
 (cd "$MNT/store" && find . -type f ! -name {lock} -print0 | sort -z | xargs -0 sha256sum) >"$OUT/ro.sums"
+"""
+
+
+# Runs each step ("NAME VERB ARGS...") as its own `python -m goldens.cli` process, forked from the tests' fork
+# server (tests/forkserver.py) started inside the mount namespace: one torch import for all, not one per step.
+DRIVER = r"""
+import os, subprocess, sys
+from tests import forkserver
+for step in sys.argv[1:]:
+    name, *argv = step.split()
+    proc = forkserver.run([sys.executable, "-m", "goldens.cli", "--store", os.environ["MNT"] + "/store", *argv],
+                          capture_output=True, timeout=300)
+    for ext, data in (("out", proc.stdout), ("err", proc.stderr), ("rc", str(proc.returncode).encode())):
+        with open(os.path.join(os.environ["OUT"], f"{name}.{ext}"), "wb") as fh:
+            fh.write(data)
 """
 
 
@@ -159,7 +171,7 @@ def test_a_full_disk_and_a_read_only_store_exit_2_and_keep_every_snapshot(pristi
     before = _tree_bytes(pristine)
     script = FS_SCRIPT.format(size=size_kib, lock=LOCK_NAME)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MNT": str(mnt), "SRC": str(pristine), "OUT": str(out),
-           "PT": str(pt), "PY": sys.executable, "PTO_STORE_READ_CACHE": ""}
+           "PT": str(pt), "PY": sys.executable, "PTO_STORE_READ_CACHE": "", "DRIVER": DRIVER}
     proc = subprocess.run(["unshare", "-rm", "bash", "-c", script], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, f"the mount namespace could not be set up: {proc.stdout}{proc.stderr}"
