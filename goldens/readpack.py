@@ -29,10 +29,27 @@ ALIGN = 64
 PACK_DIR = "packs"
 
 
+KEEP_SNAPSHOTS = 4  # the packs of this many snapshots are kept (the newest written); older ones are deleted
+
+
 def pack_file(cache: Path, snapshot: str, paths: list[str]) -> Path:
     """Where the pack of ``paths`` read from ``snapshot`` lives under the read cache ``cache``."""
     key = blake3.blake3("\n".join([snapshot, *paths]).encode()).hexdigest(length=16)
-    return cache / PACK_DIR / key[:2] / f"{key}.pack"
+    return cache / PACK_DIR / snapshot / f"{key}.pack"
+
+
+def prune(packs: Path, keep: int = KEEP_SNAPSHOTS) -> None:
+    """Delete the pack folders of all but the ``keep`` snapshots whose folders were made last (every regen
+    makes a snapshot, and a developer's cache would otherwise keep a pack of every tree for each). Best
+    effort: a reader that loses its pack meanwhile reads the store."""
+    import shutil
+
+    try:
+        folders = sorted((p for p in packs.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime_ns)
+    except OSError:
+        return
+    for old in folders[: max(0, len(folders) - keep)]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def save(f: Path, snapshot: str, paths: list[str], entries: dict[str, tuple[np.ndarray, dict]],
@@ -55,7 +72,9 @@ def save(f: Path, snapshot: str, paths: list[str], entries: dict[str, tuple[np.n
     start = 8 + len(head)
     lead = b"\0" * (-(len(MAGIC) + 32 + start) % ALIGN)  # the payload starts aligned in the file
     body = b"".join([struct.pack("<Q", len(head) + len(lead)), head, lead, *pieces])
-    f.parent.mkdir(parents=True, exist_ok=True)
+    if not f.parent.is_dir():  # the first pack of a snapshot: older snapshots' packs may go
+        f.parent.mkdir(parents=True, exist_ok=True)
+        prune(f.parent.parent)
     tmp = f.with_name(f".{f.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as fh:

@@ -252,6 +252,25 @@ def test_a_damaged_or_foreign_pack_is_dropped_and_the_store_read(tmp_path):
     check()  # the CRC32C refused the array
 
 
+def test_the_packs_of_the_newest_snapshots_are_kept(tmp_path):
+    """Each snapshot read gets its own pack folder; past ``KEEP_SNAPSHOTS`` the oldest folders are deleted (a
+    regen a day would otherwise grow the cache without end), and a read whose pack was deleted reads the store."""
+    import numpy as np
+
+    from goldens import readpack
+
+    store = GoldenStore(tmp_path / "s")
+    snapshots = []
+    for n in range(readpack.KEEP_SNAPSHOTS + 2):
+        store.commit({"t/x": (np.arange(n + 1, dtype=np.int32), {"dtype": "int32"})}, {"t": {}}, f"{n}")
+        reader = store.reader()
+        assert reader.read_many(["t/x"])["t/x"][0].tolist() == list(range(n + 1))
+        snapshots.append(reader.snapshot)
+    folders = sorted(p.name for p in (store.root / ".read-cache" / "packs").iterdir())
+    assert folders == sorted(snapshots[-readpack.KEEP_SNAPSHOTS:]), (folders, snapshots)
+    assert store.reader(snapshots[0]).read_many(["t/x"])["t/x"][0].tolist() == [0]  # its pack was deleted
+
+
 def test_reads_share_a_repository_until_the_snapshot_files_move(tmp_path):
     """Readers of one store share one opened repository (its snapshots parsed once) while the snapshot files
     are those it was opened on; after a commit, a gc that rewrites a kept snapshot's parent, or the store made
