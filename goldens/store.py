@@ -995,9 +995,6 @@ class StoreReader:
         return None if self.cache is None or not isinstance(d, str) else \
             self.cache / d.removeprefix(DIGEST_PREFIX)[:2] / f"{d}.npy"
 
-    def _from_cache(self, path: str, node: zarr.Array) -> np.ndarray | None:
-        return self._cached(dict(node.attrs), node.dtype, node.shape)
-
     def _cached(self, attrs: dict, dtype, shape) -> np.ndarray | None:
         """The array from the read cache when a verified copy is there: same dtype and shape as the stored
         array and the stored CRC32C (a damaged or foreign cache file is dropped and the store is read)."""
@@ -1156,7 +1153,7 @@ class StoreReader:
             if not isinstance(node, zarr.Array):
                 raise GoldenStoreError(f"missing array {path!r} in snapshot {self.snapshot}")
             nodes[path] = node
-        cached = dict(zip(nodes, workers.pool().map(lambda item: self._from_cache(*item), nodes.items()),
+        cached = dict(zip(nodes, workers.pool().map(lambda n: self._cached(dict(n.attrs), n.dtype, n.shape), nodes.values()),
                           strict=True)) if self.cache is not None else dict.fromkeys(nodes)
         out = {p: (cached[p], dict(n.attrs)) for p, n in nodes.items() if cached[p] is not None}
         missing = {p: n for p, n in nodes.items() if cached[p] is None}
