@@ -30,12 +30,19 @@ PACK_DIR = "packs"
 
 
 KEEP_SNAPSHOTS = 4  # the packs of this many snapshots are kept (the newest written); older ones are deleted
+KEEP_STORE_DAYS = 14  # a store whose packs were not added to for this long is gone or idle: its folder goes
 
 
-def pack_file(cache: Path, snapshot: str, paths: list[str]) -> Path:
-    """Where the pack of ``paths`` read from ``snapshot`` lives under the read cache ``cache``."""
+def store_packs(cache: Path, store: str) -> Path:
+    """The folder of one store's packs under the read cache ``cache``: each store keeps its own newest
+    snapshots (the content-addressed arrays beside it are shared by every store)."""
+    return cache / PACK_DIR / blake3.blake3(store.encode()).hexdigest(length=8)
+
+
+def pack_file(packs: Path, snapshot: str, paths: list[str]) -> Path:
+    """Where the pack of ``paths`` read from ``snapshot`` lives in a store's pack folder ``packs``."""
     key = blake3.blake3("\n".join([snapshot, *paths]).encode()).hexdigest(length=16)
-    return cache / PACK_DIR / snapshot / f"{key}.pack"
+    return packs / snapshot / f"{key}.pack"
 
 
 def prune(packs: Path, keep: int = KEEP_SNAPSHOTS) -> None:
@@ -50,6 +57,21 @@ def prune(packs: Path, keep: int = KEEP_SNAPSHOTS) -> None:
         return
     for old in folders[: max(0, len(folders) - keep)]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def prune_stores(root: Path, days: float = KEEP_STORE_DAYS) -> None:
+    """Delete the pack folders of the stores under ``root`` no pack was written to for ``days`` (test stores,
+    deleted clones; a store read since keeps its folder only if a read wrote a pack). Best effort, as
+    ``prune``."""
+    import shutil
+    import time
+
+    try:
+        old = [p for p in root.iterdir() if p.is_dir() and time.time() - p.stat().st_mtime > days * 86400]
+    except OSError:
+        return
+    for p in old:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def save(f: Path, snapshot: str, paths: list[str], entries: dict[str, tuple[np.ndarray, dict]],
@@ -73,6 +95,8 @@ def save(f: Path, snapshot: str, paths: list[str], entries: dict[str, tuple[np.n
     lead = b"\0" * (-(len(MAGIC) + 32 + start) % ALIGN)  # the payload starts aligned in the file
     body = b"".join([struct.pack("<Q", len(head) + len(lead)), head, lead, *pieces])
     if not f.parent.is_dir():  # the first pack of a snapshot: older snapshots' packs may go
+        if not f.parent.parent.is_dir():  # and the first of a store: the folders of stores long idle
+            prune_stores(f.parent.parent.parent)
         f.parent.mkdir(parents=True, exist_ok=True)
         prune(f.parent.parent)
     tmp = f.with_name(f".{f.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -80,6 +104,7 @@ def save(f: Path, snapshot: str, paths: list[str], entries: dict[str, tuple[np.n
         with open(tmp, "wb") as fh:
             fh.write(MAGIC + blake3.blake3(body).digest() + body)
         os.replace(tmp, f)
+        os.utime(f.parent.parent)  # the store's folder: the date ``prune_stores`` goes by
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -124,10 +124,9 @@ class Location:
 
 
 def default_read_cache(location: Location) -> Path:
-    """A local directory's cache lives inside it; an S3 store's in the user cache directory (entries are keyed
-    by content digest and verified on every read, so stores may share it)."""
-    if not location.remote:
-        return location.path / READ_CACHE_DIR
+    """Every store's cache is in the user cache directory, outside the store (a store is what version control
+    holds; the cache is a disposable local copy): entries are keyed by content digest and verified on every
+    read, so stores share them, and each store keeps its own packs (``goldens.readpack``)."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "pto-contracts" / "read-cache"
 
@@ -517,6 +516,14 @@ class GoldenStore:
         self._locked = False  # this handle holds the store's lock
         self._verified: dict[str, tuple[int, int, str]] = {}  # snapshot -> (size, mtime_ns, sha256) hashed here
 
+    @property
+    def packs(self) -> Path | None:
+        """This store's pack folder in the read cache (None with the cache off)."""
+        if self.read_cache is None:
+            return None
+        name = self.location.url if self.location.remote else str(self.location.path.resolve())
+        return readpack.store_packs(self.read_cache, name)
+
     # ---- repository ---------------------------------------------------------
     def exists(self) -> bool:
         if not self.location.remote:
@@ -832,7 +839,7 @@ class GoldenStore:
                 raise GoldenStoreError(f"snapshot {session.snapshot_id} of {self.root} has no root group: the "
                                        "store is damaged (restore it from version control)") from None
             root = None  # the repository's first snapshot holds nothing yet
-        return StoreReader(root, session.snapshot_id, cache=self.read_cache, frozen=True)
+        return StoreReader(root, session.snapshot_id, cache=self.read_cache, frozen=True, packs=self.packs)
 
     def log(self) -> list[LogEntry]:
         """The branch history, newest first, then every tagged snapshot gc has taken off that history (a tag
@@ -936,7 +943,8 @@ class GoldenStore:
         return legacy, dead, result
 
     def disk_bytes(self) -> int:
-        """Bytes of a local versioned store (the read cache is a disposable copy and does not count)."""
+        """Bytes of a local versioned store (a read cache left inside it by a version before 2026-12-03 is a
+        disposable copy and does not count)."""
         if self.location.remote:
             raise GoldenStoreError(f"{self.root}: disk usage is measured for local stores only")
         return sum(p.stat().st_size for p in self.root.rglob("*")
@@ -982,13 +990,15 @@ def _verified(path: str, data, node: zarr.Array) -> tuple[np.ndarray, dict]:
 class StoreReader:
     """Read-only view of one snapshot (``root`` None: an empty snapshot, e.g. the repository's first)."""
 
-    def __init__(self, root: zarr.Group | None, snapshot: str, *, cache: Path | None = None, frozen: bool = False):
+    def __init__(self, root: zarr.Group | None, snapshot: str, *, cache: Path | None = None, frozen: bool = False,
+                 packs: Path | None = None):
         self.root = root if root is not None else zarr.open_group(zarr.storage.MemoryStore(), mode="w")
         # a snapshot never changes: each node is looked up once (a lookup is a round trip into icechunk, and a
         # tree's load asks for dozens); a transaction's reader sees its own writes, so it looks up every time
         self._nodes: dict[str, object] | None = {} if frozen else None
         self.snapshot = snapshot
         self.cache = cache
+        self.packs = packs if cache is not None else None  # this store's pack folder in the read cache
 
     def _cache_file(self, attrs: dict) -> Path | None:
         d = attrs.get("digest")
@@ -1113,8 +1123,8 @@ class StoreReader:
         different arrays overlap) and then cached; same checks as ``read``. A failing array is re-read
         alone so the error names it. A frozen reader with a cache answers a read it has answered before
         (same snapshot, same paths) from its pack (``goldens.readpack``): one file, no store lookup."""
-        pack = None if self._nodes is None or self.cache is None else \
-            readpack.pack_file(self.cache, self.snapshot, list(paths))
+        pack = None if self._nodes is None or self.packs is None else \
+            readpack.pack_file(self.packs, self.snapshot, list(paths))
         if pack is not None:
             got = self._from_pack(pack, list(paths))
             if got is not None:

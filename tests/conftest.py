@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -11,6 +13,11 @@ import pytest
 
 BUCKET = "goldens"
 ROOT = Path(__file__).resolve().parents[1]
+
+# Every store the tests make keeps its read cache (``$XDG_CACHE_HOME/pto-contracts``) in a folder of this
+# process, inherited by the commands it runs and deleted at its exit: never the user's ~/.cache.
+_CACHE_HOME = tempfile.TemporaryDirectory(prefix="pto-tests-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE_HOME.name
 
 
 @pytest.fixture(scope="session")

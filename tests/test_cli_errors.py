@@ -161,7 +161,7 @@ def test_doctor_reads_the_store_itself_not_the_read_cache(store, capsys):
     """Chunks damaged after a replay has filled the read cache: a replay may still be served from the cache,
     but doctor reads the store's own chunks and says DAMAGED (exit 2)."""
     assert cli.main(["--store", str(store.root), "replay"]) == 0  # fills the read cache (packs)
-    assert list((store.root / ".read-cache").rglob("*.pack"))
+    assert list(store.read_cache.rglob("*.pack"))
     for f in (store.root / REPO_DIR / "chunks").rglob("*"):
         if f.is_file():
             f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])

@@ -860,3 +860,19 @@ def test_the_kept_a5sim_outputs_are_judged_again_on_every_run(case, wiring):
     moved = compare_all({name: tree.record.comparators[name]},
                         Context(tree.inputs, {name: actual}, tree.expected, tree.record.params, wiring))
     assert not moved[name].ok, f"{case}: one element moved past its bound still passes {tree.record.comparators[name]}"
+
+
+def test_the_sample_store_keeps_under_its_budget(capsys):
+    """The committed sample store (what a clone carries) stays under 12 MiB, in bytes and on disk, and its
+    directory holds only the repository: ``goldens du`` measures it, the read cache is elsewhere."""
+    import json
+
+    sample = Path(__file__).resolve().parents[1] / "artifacts" / "store"
+    assert cli.main(["--store", str(sample), "du", "--json"]) == 0
+    total = json.loads(capsys.readouterr().out)["total"]
+    budget = 12 << 20
+    assert total["file_bytes"] <= budget and total["disk_bytes"] <= budget, total
+    assert total["trees"] > 0
+    extra = sorted(p.name for p in sample.iterdir())
+    legacy = ".read-cache"  # git-ignored, left by a version before 2026-12-03 in a developer's checkout
+    assert set(extra) <= {"icechunk", "pto-snapshot-sums.json", "pto-store.lock", legacy}, extra

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from goldens import trees
-from goldens.store import LOCK_NAME, READ_CACHE_DIR, REPO_DIR, GoldenStore
+from goldens.store import LOCK_NAME, REPO_DIR, GoldenStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,12 +29,11 @@ def pristine(tmp_path_factory) -> Path:
 
 
 def _tree_bytes(root: Path) -> dict[str, str]:
-    """Every stored file's sha256 (not the lock, not the read cache: a disposable copy of what was read)."""
+    """Every file's sha256 in the store's directory but the lock (the read cache is outside it)."""
     if root.is_file():
         return {"": hashlib.sha256(root.read_bytes()).hexdigest()}
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != LOCK_NAME
-            and READ_CACHE_DIR not in p.relative_to(root).parts}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != LOCK_NAME}
 
 
 def _snapshots(root: Path) -> list[Path]:

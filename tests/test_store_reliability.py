@@ -174,7 +174,7 @@ def _mapped(arr) -> bool:
 def _pack_store(tmp_path):
     import numpy as np
 
-    store = GoldenStore(tmp_path / "s")
+    store = GoldenStore(tmp_path / "s", read_cache=tmp_path / "cache")
     arrays = {"t/big": (np.arange(1 << 15, dtype=np.float32).reshape(128, 256), {"dtype": "float32"}),
               "t/small": (np.arange(12, dtype=np.int32).reshape(3, 4), {"dtype": "int32"}),
               "t/scalar": (np.array(7, dtype=np.int64), {"dtype": "int64"}),
@@ -194,7 +194,7 @@ def test_a_read_already_answered_comes_from_its_pack_without_a_store_lookup(tmp_
     store, arrays = _pack_store(tmp_path)
     paths = list(arrays)
     first = store.reader().read_many(paths)
-    packs = list((store.root / ".read-cache" / "packs").rglob("*.pack"))
+    packs = list(store.packs.rglob("*.pack"))
     assert len(packs) == 1
 
     def no_store(*_a, **_k):
@@ -225,7 +225,7 @@ def test_a_damaged_or_foreign_pack_is_dropped_and_the_store_read(tmp_path):
     store, arrays = _pack_store(tmp_path)
     paths = list(arrays)
     store.reader().read_many(paths)
-    (pack,) = (store.root / ".read-cache" / "packs").rglob("*.pack")
+    (pack,) = store.packs.rglob("*.pack")
     good = pack.read_bytes()
 
     def check():
@@ -237,7 +237,7 @@ def test_a_damaged_or_foreign_pack_is_dropped_and_the_store_read(tmp_path):
     flipped[-3] ^= 0xFF
     pack.write_bytes(bytes(flipped))
     check()
-    other = readpack.pack_file(store.root / ".read-cache", store.reader().snapshot, paths[:2])
+    other = readpack.pack_file(store.packs, store.reader().snapshot, paths[:2])
     other.parent.mkdir(parents=True, exist_ok=True)
     other.write_bytes(good)  # this read's pack under another read's name: its header names other paths
     got = store.reader().read_many(paths[:2])
@@ -266,9 +266,40 @@ def test_the_packs_of_the_newest_snapshots_are_kept(tmp_path):
         reader = store.reader()
         assert reader.read_many(["t/x"])["t/x"][0].tolist() == list(range(n + 1))
         snapshots.append(reader.snapshot)
-    folders = sorted(p.name for p in (store.root / ".read-cache" / "packs").iterdir())
+    folders = sorted(p.name for p in store.packs.iterdir())
     assert folders == sorted(snapshots[-readpack.KEEP_SNAPSHOTS:]), (folders, snapshots)
     assert store.reader(snapshots[0]).read_many(["t/x"])["t/x"][0].tolist() == [0]  # its pack was deleted
+
+
+def test_the_read_cache_is_outside_the_store_and_each_store_keeps_its_own_packs(tmp_path, monkeypatch):
+    """A store's directory holds only what version control keeps: its read cache is in the user cache
+    directory. Two stores sharing that cache keep their packs apart (one store's snapshots do not push the
+    other's out), and the pack folder of a store idle for ``KEEP_STORE_DAYS`` goes when a new store's comes."""
+    import numpy as np
+
+    from goldens import readpack
+
+    monkeypatch.delenv("PTO_STORE_READ_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    first, second = GoldenStore(tmp_path / "a"), GoldenStore(tmp_path / "b")
+    assert first.read_cache == second.read_cache == tmp_path / "home-cache" / "pto-contracts" / "read-cache"
+    big = np.arange(40_000, dtype=np.float32)
+    first.commit({"t/x": (big, {"dtype": "float32"})}, {"t": {}}, "a")
+    assert np.array_equal(first.reader().read_many(["t/x"])["t/x"][0], big)
+    assert np.array_equal(first.reader().read_many(["t/x"])["t/x"][0], big)
+    assert not [p for p in first.root.rglob("*") if p.name not in {"pto-store.lock", "pto-snapshot-sums.json"}
+                and "icechunk" not in p.relative_to(first.root).parts], "the store directory holds a cache"
+    assert list(first.read_cache.rglob("*.npy")) and list(first.packs.rglob("*.pack"))
+    for n in range(readpack.KEEP_SNAPSHOTS + 1):
+        second.commit({"t/x": (np.arange(n + 1, dtype=np.int32), {"dtype": "int32"})}, {"t": {}}, f"{n}")
+        second.reader().read_many(["t/x"])
+    assert first.packs != second.packs and len(list(first.packs.iterdir())) == 1
+    old = time.time() - (readpack.KEEP_STORE_DAYS + 1) * 86400
+    os.utime(first.packs, (old, old))
+    third = GoldenStore(tmp_path / "c")
+    third.commit({"t/x": (np.arange(3, dtype=np.int32), {"dtype": "int32"})}, {"t": {}}, "c")
+    third.reader().read_many(["t/x"])
+    assert not first.packs.exists() and second.packs.is_dir() and third.packs.is_dir()
 
 
 def test_reads_share_a_repository_until_the_snapshot_files_move(tmp_path):
@@ -314,11 +345,11 @@ def test_the_read_cache_is_verified_and_disposable(tmp_path, monkeypatch):
     and the store is read instead. PTO_STORE_READ_CACHE="" turns the cache off. Spec: §7.3."""
     import numpy as np
 
-    store = GoldenStore(tmp_path / "s")
+    store = GoldenStore(tmp_path / "s", read_cache=tmp_path / "cache")  # this test's own: it counts the files
     big = np.arange(1 << 16, dtype=np.float32).reshape(256, 256)
     store.commit({"t/x": (big, {"dtype": "float32"})}, {"t": {}}, "big")
     first, _ = store.reader().read_many(["t/x"])["t/x"]
-    cached = list((store.root / ".read-cache").rglob("*.npy"))
+    cached = list(store.read_cache.rglob("*.npy"))
     assert len(cached) == 1 and np.array_equal(first, big)
     again, _ = store.reader().read_many(["t/x"])["t/x"]
     assert _mapped(again) and np.array_equal(again, big)
@@ -329,7 +360,11 @@ def test_the_read_cache_is_verified_and_disposable(tmp_path, monkeypatch):
     assert not _mapped(third) and np.array_equal(third, big)
     np.save(cached[0], big[:10])  # another shape
     assert np.array_equal(store.reader().read_many(["t/x"])["t/x"][0], big)
-    assert store.disk_bytes() < sum(p.stat().st_size for p in store.root.rglob("*") if p.is_file())
+    stored = store.disk_bytes()
+    legacy = store.root / ".read-cache" / "ab" / "old.npy"  # left inside a store by a version before 2026-12-03
+    legacy.parent.mkdir(parents=True)
+    legacy.write_bytes(b"x" * 1000)
+    assert store.disk_bytes() == stored  # a disposable copy, not stored bytes
     monkeypatch.setenv("PTO_STORE_READ_CACHE", "")
     off = GoldenStore(tmp_path / "s")
     assert off.read_cache is None and np.array_equal(off.reader().read_many(["t/x"])["t/x"][0], big)
