@@ -66,7 +66,6 @@ REPO_DIR = "icechunk"  # the repository lives beside the lock file: icechunk nee
 REGEN_TAG_PREFIX = "regen-"  # the tags goldens regen makes (gc --keep-regen-tags may delete the oldest)
 CHUNK_BYTES = 8 * 2**20  # target bytes per chunk along the first dimension (see benchmarks/store.py)
 CACHE_MIN_BYTES = 1 << 16  # smaller arrays read faster from the store than from a file of their own
-RAW_CHUNK_SET = True  # direct chunk writes hand icechunk's inner store a view of the bytes (``_fill``)
 COMPRESS_BELOW = 0.85  # compress an array only if a 1 MB sample shrinks below this ratio
 # Each distinct array content is stored once, at pool/<digest>; the array a tree names is a link: same shape,
 # dtype and attributes, no chunks of its own, and attribute "pool" naming its content. The inputs a case's two
@@ -347,17 +346,9 @@ def _fill(store, fills: list[tuple[zarr.Array, np.ndarray]]) -> None:
             direct += pieces
     pool = workers.pool()
 
-    # icechunk's own store takes any buffer; its zarr wrapper's ``set`` first copies each chunk into a new
-    # ``bytes`` (benchmarks/store.py's 225 MB tree: 0.30 -> 0.24 s a write). The wrapper is used where the
-    # inner store is not there (another icechunk version) or with RAW_CHUNK_SET off.
-    raw_set = getattr(getattr(store, "_store", None), "set", None) if RAW_CHUNK_SET else None
-
     async def put(key: str, raw: np.ndarray, codec) -> None:  # a chunk is written as soon as it is encoded
         data = raw if codec is None else await asyncio.get_running_loop().run_in_executor(pool, codec.encode, raw)
-        if raw_set is not None:
-            await raw_set(key, memoryview(data))
-        else:
-            await store.set(key, prototype.buffer.from_bytes(memoryview(data)))
+        await store.set(key, prototype.buffer.from_bytes(memoryview(data)))
 
     async def fill():
         await _all(*(put(*piece) for piece in direct),

@@ -36,11 +36,9 @@ ARRAYS = {
 }
 
 
-@pytest.mark.parametrize("raw_set", [True, False], ids=["icechunk-inner-set", "zarr-wrapper-set"])
 @pytest.mark.parametrize("name", list(ARRAYS))
-def test_direct_chunk_writes_read_back_through_zarr_byte_for_byte(tmp_path, monkeypatch, name, raw_set):
+def test_direct_chunk_writes_read_back_through_zarr_byte_for_byte(tmp_path, monkeypatch, name):
     monkeypatch.setattr(gs, "CHUNK_BYTES", 1000)  # several chunks, the last one partial
-    monkeypatch.setattr(gs, "RAW_CHUNK_SET", raw_set)
     arr = ARRAYS[name]
     store = GoldenStore(tmp_path / "s")
     store.commit({"t/a": (arr, {"dtype": str(arr.dtype)})}, {"t": {}}, "write")
@@ -53,30 +51,6 @@ def test_direct_chunk_writes_read_back_through_zarr_byte_for_byte(tmp_path, monk
     if arr.ndim and arr.size:
         assert node.nchunks > 1 or arr.shape[0] * arr[0].nbytes <= 1000, f"{name}: one chunk only, nothing tested"
         assert np.array_equal(node[...], arr), f"{name}: zarr reads another array"
-
-
-def test_both_chunk_setters_store_the_same_bytes(tmp_path, monkeypatch):
-    """The view handed to icechunk's inner store is stored as the copy its zarr wrapper makes: every chunk
-    of a tree of every array kind has the same bytes under the same key either way."""
-    from zarr.core.buffer import default_buffer_prototype
-    from zarr.core.sync import sync
-
-    monkeypatch.setattr(gs, "CHUNK_BYTES", 1000)
-    arrays = {f"t/{i}": (a, {"dtype": str(a.dtype)}) for i, a in enumerate(ARRAYS.values())}
-    chunks = {}
-    for raw_set in (True, False):
-        monkeypatch.setattr(gs, "RAW_CHUNK_SET", raw_set)
-        store = GoldenStore(tmp_path / str(raw_set))
-        store.commit(arrays, {"t": {}}, "write")
-        kv = store.reader().root.store
-
-        async def grab(kv=kv):
-            keys = [k async for k in kv.list() if "/c" in k and k.startswith(gs.POOL)]
-            got = [await kv.get(k, default_buffer_prototype()) for k in keys]
-            return {k: g.to_bytes() for k, g in zip(keys, got, strict=True)}
-
-        chunks[raw_set] = sync(grab())
-    assert len(chunks[True]) > len(ARRAYS) and chunks[True] == chunks[False]
 
 
 @pytest.mark.parametrize("compressed", [False, True], ids=["raw", "blosc"])
