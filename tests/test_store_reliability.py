@@ -274,7 +274,8 @@ def test_the_packs_of_the_newest_snapshots_are_kept(tmp_path):
 def test_the_read_cache_is_outside_the_store_and_each_store_keeps_its_own_packs(tmp_path, monkeypatch):
     """A store's directory holds only what version control keeps: its read cache is in the user cache
     directory. Two stores sharing that cache keep their packs apart (one store's snapshots do not push the
-    other's out), and the pack folder of a store idle for ``KEEP_STORE_DAYS`` goes when a new store's comes."""
+    other's out), and the pack folder of a store no pack was written to for ``KEEP_STORE_DAYS`` goes when a new
+    store's comes (a read answered from a pack writes none; a read that writes one keeps the folder)."""
     import numpy as np
 
     from goldens import readpack
@@ -295,7 +296,10 @@ def test_the_read_cache_is_outside_the_store_and_each_store_keeps_its_own_packs(
         second.reader().read_many(["t/x"])
     assert first.packs != second.packs and len(list(first.packs.iterdir())) == 1
     old = time.time() - (readpack.KEEP_STORE_DAYS + 1) * 86400
-    os.utime(first.packs, (old, old))
+    for idle in (first, second):
+        os.utime(idle.packs, (old, old))
+    first.reader().read_many(["t/x"])  # answered before, from its pack: nothing written, still idle
+    second.reader().read_many([])  # another read (other paths: none), so a pack written: the folder is in use
     third = GoldenStore(tmp_path / "c")
     third.commit({"t/x": (np.arange(3, dtype=np.int32), {"dtype": "int32"})}, {"t": {}}, "c")
     third.reader().read_many(["t/x"])
