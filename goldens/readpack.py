@@ -45,33 +45,37 @@ def pack_file(packs: Path, snapshot: str, paths: list[str]) -> Path:
     return packs / snapshot / f"{key}.pack"
 
 
+def _folders(root: Path) -> list[tuple[int, Path]]:
+    """(mtime in ns, folder) of every folder in ``root``, oldest first; none when it cannot be listed."""
+    try:
+        return sorted((p.stat().st_mtime_ns, p) for p in root.iterdir() if p.is_dir())
+    except OSError:
+        return []
+
+
+def _remove(folders) -> None:
+    import shutil
+
+    for _mtime, p in folders:
+        shutil.rmtree(p, ignore_errors=True)
+
+
 def prune(packs: Path, keep: int = KEEP_SNAPSHOTS) -> None:
     """Delete the pack folders of all but the ``keep`` snapshots whose folders were made last (every regen
     makes a snapshot, and a developer's cache would otherwise keep a pack of every tree for each). Best
     effort: a reader that loses its pack meanwhile reads the store."""
-    import shutil
-
-    try:
-        folders = sorted((p for p in packs.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime_ns)
-    except OSError:
-        return
-    for old in folders[: max(0, len(folders) - keep)]:
-        shutil.rmtree(old, ignore_errors=True)
+    folders = _folders(packs)
+    _remove(folders[: max(0, len(folders) - keep)])
 
 
 def prune_stores(root: Path, days: float = KEEP_STORE_DAYS) -> None:
     """Delete the pack folders of the stores under ``root`` no pack was written to for ``days`` (test stores,
     deleted clones; a store read since keeps its folder only if a read wrote a pack). Best effort, as
     ``prune``."""
-    import shutil
     import time
 
-    try:
-        old = [p for p in root.iterdir() if p.is_dir() and time.time() - p.stat().st_mtime > days * 86400]
-    except OSError:
-        return
-    for p in old:
-        shutil.rmtree(p, ignore_errors=True)
+    cutoff = time.time_ns() - int(days * 86400e9)
+    _remove(f for f in _folders(root) if f[0] < cutoff)
 
 
 def save(f: Path, snapshot: str, paths: list[str], entries: dict[str, tuple[np.ndarray, dict]],

@@ -123,7 +123,7 @@ class Location:
         return self.url
 
 
-def default_read_cache(location: Location) -> Path:
+def default_read_cache() -> Path:
     """Every store's cache is in the user cache directory, outside the store (a store is what version control
     holds; the cache is a disposable local copy): entries are keyed by content digest and verified on every
     read, so stores share them, and each store keeps its own packs (``goldens.readpack``)."""
@@ -510,7 +510,7 @@ class GoldenStore:
         if read_cache is None and env is not None:
             read_cache = env or None  # PTO_STORE_READ_CACHE="" turns the cache off
         elif read_cache is None:
-            read_cache = default_read_cache(self.location)
+            read_cache = default_read_cache()
         self.read_cache = None if read_cache is None else Path(read_cache)
         self.retries = 0  # optimistic commits (S3) this handle reran because the branch had moved
         self._locked = False  # this handle holds the store's lock
@@ -998,7 +998,7 @@ class StoreReader:
         self._nodes: dict[str, object] | None = {} if frozen else None
         self.snapshot = snapshot
         self.cache = cache
-        self.packs = packs if cache is not None else None  # this store's pack folder in the read cache
+        self.packs = packs  # this store's pack folder in the read cache (GoldenStore.packs: None with no cache)
 
     def _cache_file(self, attrs: dict) -> Path | None:
         d = attrs.get("digest")

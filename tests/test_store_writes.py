@@ -53,44 +53,46 @@ def test_direct_chunk_writes_read_back_through_zarr_byte_for_byte(tmp_path, monk
         assert np.array_equal(node[...], arr), f"{name}: zarr reads another array"
 
 
+def _opened(doc: bytes):
+    """The metadata zarr reads from the node document ``doc``."""
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    store = zarr.storage.MemoryStore()
+    sync(store.set("a/zarr.json", default_buffer_prototype().buffer.from_bytes(doc)))
+    return zarr.open_array(store, path="a", mode="r").metadata
+
+
+def _zarr_metadata(arr: np.ndarray, codecs: list, attrs: dict):
+    """The metadata ``zarr.create_array`` gives ``arr`` stored as the store stores it."""
+    return zarr.create_array(zarr.storage.MemoryStore(), name="a", shape=arr.shape, dtype=arr.dtype,
+                             chunks=gs._chunks(arr), compressors=codecs, fill_value=gs._fill_value(arr),
+                             attributes=attrs).metadata
+
+
 @pytest.mark.parametrize("compressed", [False, True], ids=["raw", "blosc"])
 @pytest.mark.parametrize("name", list(ARRAYS))
 def test_a_node_document_written_directly_is_the_one_zarr_writes(name, compressed):
     """The ``zarr.json`` a write puts straight into the store (``_document``) opens, through zarr, as the very
     metadata ``zarr.create_array`` gives the same array: shape, chunk grid, dtype, fill value, codecs, chunk
     key encoding and attributes."""
-    from zarr.core.buffer import default_buffer_prototype
-    from zarr.core.sync import sync
-
     arr = ARRAYS[name]
     codecs = [gs._blosc(arr.dtype.itemsize)[0]] if compressed else []
     attrs = {"dtype": "bfloat16", "shape": list(arr.shape), "digest": "b3-00", "crc32c": 7, "nested": {"a": [1]}}
     gs._templates([arr])
     doc = gs._document(arr, codecs, attrs)
     assert doc is not None, f"{name}: written through zarr, the direct path is not exercised"
-    ours = zarr.storage.MemoryStore()
-    sync(ours.set("a/zarr.json", default_buffer_prototype().buffer.from_bytes(doc)))
-    theirs = zarr.create_array(zarr.storage.MemoryStore(), name="a", shape=arr.shape, dtype=arr.dtype,
-                               chunks=gs._chunks(arr), compressors=codecs, fill_value=gs._fill_value(arr),
-                               attributes=attrs)
-    mine = zarr.open_array(ours, path="a", mode="r")
-    assert mine.metadata == theirs.metadata, (mine.metadata, theirs.metadata)
+    mine, theirs = _opened(doc), _zarr_metadata(arr, codecs, attrs)
+    assert mine == theirs, (mine, theirs)
 
 
 def test_a_node_document_of_another_kind_is_told_apart():
     """The comparison above can fail: a document made from another dtype's template opens as other metadata."""
-    from zarr.core.buffer import default_buffer_prototype
-    from zarr.core.sync import sync
-
     arr, other = ARRAYS["int32 3-d"], ARRAYS["int32 3-d"].astype(np.int64)
     gs._templates([arr, other])
     doc = json.loads(gs._document(other, [], {}))
     doc["shape"] = list(arr.shape)
-    store = zarr.storage.MemoryStore()
-    sync(store.set("a/zarr.json", default_buffer_prototype().buffer.from_bytes(json.dumps(doc).encode())))
-    theirs = zarr.create_array(zarr.storage.MemoryStore(), name="a", shape=arr.shape, dtype=arr.dtype,
-                               chunks=gs._chunks(arr), compressors=[], fill_value=0)
-    assert zarr.open_array(store, path="a", mode="r").metadata != theirs.metadata
+    assert _opened(json.dumps(doc).encode()) != _zarr_metadata(arr, [], {})
 
 
 def test_a_direct_chunk_write_that_differs_from_zarr_is_caught_on_read(tmp_path, monkeypatch):
