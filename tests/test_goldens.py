@@ -434,22 +434,30 @@ def test_record_refuses_to_overwrite_a_changed_tree_without_force(store, capsys)
 
 
 def test_recorded_inputs_are_the_same_in_every_process():
-    """Case inputs are a function of the seed alone: four processes build the RoPE and attention inputs and
-    agree to the bit. (A guard: torch's vectorized cos gave a different last bit in some processes for a
-    while -- 1 of 8, 3 of 10, 2 of 12 runs -- and later in none, so this cannot reproduce that on demand.)"""
+    """Case inputs are a function of the seed alone: a fresh interpreter, three children of the test fork server
+    (each first holding a different amount of memory, so its tensors sit at other addresses and alignments)
+    and this process build the RoPE and attention inputs and agree to the bit. (A guard: torch's vectorized cos
+    gave a different last bit in some processes for a while -- 1 of 8, 3 of 10, 2 of 12 runs -- and later in
+    none, so this cannot reproduce that on demand.)"""
     import subprocess
     import sys
 
-    code = ("from goldens.cases import get_case; from goldens.store import digest; from goldens.codec import to_numpy;"
+    code = ("import sys; pad = bytearray(int(sys.argv[1]) * 4160 + 1)\n"
+            "from goldens.cases import get_case; from goldens.store import digest; from goldens.codec import to_numpy;"
             "import hashlib; h = hashlib.sha256()\n"
             "for name in ('rope_rows', 'attn_c1a_full_prefill'):\n"
             "    for k, v in sorted(get_case(name).build_inputs(3, 'replicated').items()):\n"
             "        h.update(digest(to_numpy(v)[0]).encode())\n"
             "print(h.hexdigest())")
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              cwd=os.path.dirname(os.path.dirname(__file__))) for _ in range(4)]
-    outs = {p.communicate(timeout=300)[0].strip() for p in procs}
-    assert len(outs) == 1, outs
+    root = os.path.dirname(os.path.dirname(__file__))
+    fresh = subprocess.Popen([sys.executable, "-c", code, "0"], stdout=subprocess.PIPE, text=True, cwd=root)
+    outs = [forkserver.run([sys.executable, "-c", code, str(i)], capture_output=True, text=True, cwd=root,
+                           timeout=300) for i in (1, 7, 29)]
+    assert all(p.returncode == 0 for p in outs), [p.stderr[-800:] for p in outs]
+    here = {}
+    exec(compile(code.replace("int(sys.argv[1])", "0"), "<inputs>", "exec"), {"print": lambda h: here.update(h=h)})
+    digests = {fresh.communicate(timeout=300)[0].strip(), *(p.stdout.strip() for p in outs), here["h"]}
+    assert len(digests) == 1 and "" not in digests, digests
 
 
 def test_gc_dry_run_lists_exactly_what_gc_expires_and_the_newest_n_are_kept(store, capsys):
