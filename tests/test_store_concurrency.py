@@ -79,9 +79,10 @@ def test_record_regen_and_import_interleave_without_losing_a_commit(where, tmp_p
             errors.append((worker_id, repr(exc)))
         retries.append(store.retries)
 
-    # 120 local / 90 S3 operations in CI time (the local test server is slow per request); the first full runs
-    # used 210 of each and passed the same way
-    per_worker = 40 if where == "local" else 30
+    # 60 operations in CI time, on either store (the local test server is slow per request); the first full runs
+    # used 210 of each and passed the same way, and a regen reading its base outside the lock (or an S3 commit
+    # that does not rerun on a moved branch) fails this at 60 as it did at 120 and 90
+    per_worker = 20
     threads = [threading.Thread(target=worker, args=(i, per_worker)) for i in range(3)]
     for t in threads:
         t.start()
@@ -94,7 +95,7 @@ def test_record_regen_and_import_interleave_without_losing_a_commit(where, tmp_p
     assert all(snap in set(order) for snap in ops), "a commit is missing from the branch history"
     # about a third of the operations are records (always a commit); regens and repeated imports that change
     # nothing make no commit
-    assert len(done) > (30 if where == "local" else 25), f"only {len(done)} commits interleaved"
+    assert len(done) > per_worker, f"only {len(done)} commits interleaved"
     print(f"{where}: {len(done)} commits from {3 * per_worker} operations, {sum(retries)} optimistic reruns")
     if where == "s3":  # the optimistic path really ran: commits found the branch moved and reran
         assert sum(retries) > 0, "no S3 commit ever conflicted: the interleaving did not exercise the retry"
