@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from goldens.cli import build_parser
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -92,15 +93,17 @@ def sample_store(tmp_path) -> Path:
     return store.root
 
 
-def _run(command: str, store: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+def _run(command: str, store: Path, tmp_path: Path, *, script: bool = True) -> subprocess.CompletedProcess:
+    """``command`` run through the installed ``goldens`` script, or (``script=False``) as ``python -m goldens.cli``
+    from the test fork server: the same ``main`` without a fresh interpreter's imports."""
     command = command.replace("out/", f"{tmp_path}/out/").replace(".venv/bin/", "")
     words = shlex.split(command)
-    words[0] = str(BIN / words[0])
+    words[0:1] = [str(BIN / words[0])] if script else [sys.executable, "-m", "goldens.cli"]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PTO_GOLDEN_CASES")}
     env.update(PTO_GOLDEN_STORE=str(store), PTO_STORE_READ_CACHE="", COLUMNS="200")
     if "--store" in words:
         words[words.index("--store") + 1] = str(store)
-    return subprocess.run(words, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    return forkserver.run(words, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
 
 
 # the one documented pytest line, which tests/test_backends_doc.py runs (its contracts on the example backend)
@@ -110,11 +113,13 @@ RUN_ELSEWHERE = {"pytest contracts/test_slabs.py --backend-module docs/examples/
 
 def test_the_example_files_commands_run_as_written(sample_store, tmp_path):
     assert EXAMPLES
+    scripted = False
     for name, command in EXAMPLES:  # in order: a record before its replay
         if command in RUN_ELSEWHERE:
             continue
         assert command.startswith("goldens "), f"{name}: `{command}` is run by no test: add it here"
-        proc = _run(command, sample_store, tmp_path)
+        proc = _run(command, sample_store, tmp_path, script=not scripted)  # the first through the script
+        scripted = True
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, \
             f"{name}: `{command}` exit {proc.returncode}: {proc.stderr[-600:]}"
 
