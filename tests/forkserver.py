@@ -1,31 +1,37 @@
-"""``run``: ``subprocess.run`` for the unit tests, with ``python -m MOD`` / ``python -c CODE`` children forked
-from a server that has the third-party packages imported already (``tests/zygote.py``; one per test process,
-started on first use). Any other command, and every call when ``PTO_TEST_FORK_SERVER=0``, goes to
-``subprocess.run`` unchanged; ``tests/test_forkserver.py`` checks that both give the same result.
+"""``run`` and ``popen``: ``subprocess.run`` and ``subprocess.Popen`` for the unit tests, with ``python -m MOD`` /
+``python -c CODE`` children forked from a server that has the third-party packages imported already
+(``tests/zygote.py``; one per test process, started on first use; children run side by side). Any other
+command, and every call when ``PTO_TEST_FORK_SERVER=0``, goes to ``subprocess`` unchanged;
+``tests/test_forkserver.py`` checks that both give the same result.
 
 Supported as ``subprocess.run`` has them: ``cwd``, ``env``, ``input``, ``capture_output``, ``stdout``/``stderr``
 (None, PIPE, DEVNULL, STDOUT for stderr), ``text``, ``timeout`` (the child is killed, TimeoutExpired is raised)
-and ``check``. Anything else falls back to ``subprocess.run``.
+and ``check``. Anything else falls back to ``subprocess``. A ``popen`` child's output is read when it has
+ended (``communicate``), not while it runs: its standard streams are files.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import itertools
 import json
 import os
-import select
+import queue
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 _SERVER = Path(__file__).resolve().parent / "zygote.py"
 _KNOWN = {"cwd", "env", "input", "capture_output", "stdout", "stderr", "text", "timeout", "check"}
-_lock = threading.Lock()
+_lock = threading.Lock()  # one request line at a time; the replies are sorted by a reader thread
 _server: subprocess.Popen | None = None
+_replies: dict[int, tuple[subprocess.Popen, queue.Queue]] = {}  # request id -> (its server, its replies)
+_ids = itertools.count()
 
 
 def enabled() -> bool:
@@ -39,27 +45,28 @@ def _start() -> subprocess.Popen:
         _server = subprocess.Popen([sys.executable, str(_SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=subprocess.DEVNULL, cwd="/", env=env, bufsize=0)
         atexit.register(_stop, _server)
+        threading.Thread(target=_sort_replies, args=(_server,), daemon=True).start()
     return _server
+
+
+def _sort_replies(server: subprocess.Popen) -> None:
+    """Each reply line to the queue of the request it answers; when the server dies, a None to every queue."""
+    for line in server.stdout:
+        reply = json.loads(line)
+        with _lock:
+            _server_of, box = _replies.get(reply["id"], (None, None))
+        if box is not None:
+            box.put(reply)
+    with _lock:
+        for owner, box in _replies.values():
+            if owner is server:
+                box.put(None)
 
 
 def _stop(server: subprocess.Popen) -> None:
     if server.poll() is None:
         server.kill()
         server.wait()
-
-
-def _read(server: subprocess.Popen, deadline: float | None) -> dict | None:
-    """The server's next reply line, or None when ``deadline`` passed first."""
-    while True:
-        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, _, _ = select.select([server.stdout], [], [], wait)
-        if ready:
-            line = server.stdout.readline()
-            if not line:
-                raise RuntimeError("the test fork server (tests/zygote.py) died")
-            return json.loads(line)
-        if deadline is not None and time.monotonic() >= deadline:
-            return None
 
 
 def _forkable(args, kwargs) -> bool:
@@ -69,50 +76,108 @@ def _forkable(args, kwargs) -> bool:
             and kwargs.get("stderr") in (None, subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT))
 
 
-def run(args, **kwargs) -> subprocess.CompletedProcess:
-    if not _forkable(args, kwargs):
-        return subprocess.run(args, **kwargs)
-    args = [str(a) for a in args]
-    capture = kwargs.get("capture_output", False)
-    want_out = capture or kwargs.get("stdout") == subprocess.PIPE
-    want_err = capture or kwargs.get("stderr") == subprocess.PIPE
-    merged = kwargs.get("stderr") == subprocess.STDOUT
-    text = kwargs.get("text", False)
-    timeout = kwargs.get("timeout")
-    with tempfile.TemporaryDirectory(prefix="pto-fork-") as tmp:
-        files = {name: os.path.join(tmp, name) for name in ("stdin", "stdout", "stderr")}
+class ForkedProcess:
+    """What ``subprocess.Popen`` gives for a child of the fork server: ``pid``, ``returncode``, ``poll``,
+    ``wait``, ``send_signal``/``kill``/``terminate`` and ``communicate`` (the output, read when the child ended)."""
+
+    def __init__(self, args: list[str], kwargs: dict):
+        self.args = args
+        self.returncode: int | None = None
+        self._kwargs = kwargs
+        self._tmp = tempfile.mkdtemp(prefix="pto-fork-")
+        self._files = {name: os.path.join(self._tmp, name) for name in ("stdin", "stdout", "stderr")}
         data = kwargs.get("input")
-        with open(files["stdin"], "wb") as fh:
+        with open(self._files["stdin"], "wb") as fh:
             if data is not None:
                 fh.write(data.encode() if isinstance(data, str) else data)
         env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
-        req = {"argv": args[1:], "cwd": os.path.abspath(kwargs.get("cwd") or os.getcwd()),
-               "env": {str(k): str(v) for k, v in env.items()}, "stdin": files["stdin"],
-               "stdout": files["stdout"], "stderr": "stdout" if merged else files["stderr"]}
+        self._merged = kwargs.get("stderr") == subprocess.STDOUT
+        self._id = next(_ids)
+        self._box: queue.Queue = queue.Queue()
+        req = {"id": self._id, "argv": args[1:], "cwd": os.path.abspath(kwargs.get("cwd") or os.getcwd()),
+               "env": {str(k): str(v) for k, v in env.items()}, "stdin": self._files["stdin"],
+               "stdout": self._files["stdout"], "stderr": "stdout" if self._merged else self._files["stderr"]}
         with _lock:
             server = _start()
+            _replies[self._id] = (server, self._box)
             server.stdin.write(json.dumps(req).encode() + b"\n")
-            pid = _read(server, None)["pid"]
-            deadline = None if timeout is None else time.monotonic() + timeout
-            done = _read(server, deadline)
-            timed_out = done is None
-            if timed_out:
-                os.kill(pid, signal.SIGKILL)
-                done = _read(server, None)
-        status = done["status"]
-        code = os.waitstatus_to_exitcode(status)
-        out = Path(files["stdout"]).read_bytes()
-        err = b"" if merged else Path(files["stderr"]).read_bytes()
-    decode = (lambda b: b.decode(errors="replace").replace("\r\n", "\n")) if text else (lambda b: b)
-    stdout = decode(out) if want_out or merged else None
-    stderr = decode(err) if want_err else None
-    if not (want_out or merged) and kwargs.get("stdout") is None:  # inherited: show it where the caller's goes
-        sys.stdout.write(out.decode(errors="replace"))
-    if not want_err and not merged and kwargs.get("stderr") is None:
-        sys.stderr.write(err.decode(errors="replace"))
-    if timed_out:
-        raise subprocess.TimeoutExpired(args, timeout, output=stdout, stderr=stderr)
-    proc = subprocess.CompletedProcess(args, code, stdout, stderr)
+        self.pid = self._reply(None)["pid"]
+
+    def _reply(self, timeout: float | None) -> dict:
+        try:
+            reply = self._box.get(timeout=timeout)
+        except queue.Empty:
+            raise subprocess.TimeoutExpired(self.args, timeout) from None
+        if reply is None:
+            raise RuntimeError("the test fork server (tests/zygote.py) died")
+        return reply
+
+    def _ended(self, reply: dict) -> None:
+        self.returncode = os.waitstatus_to_exitcode(reply["status"])
+        with _lock:
+            _replies.pop(self._id, None)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(queue.Empty):
+                self._ended(self._box.get_nowait())
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._ended(self._reply(timeout))
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)  # (the server reaps the child, so the pid is not reused before its reply)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def communicate(self, timeout: float | None = None) -> tuple:
+        """(stdout, stderr) as ``subprocess`` gives them for the options given, once the child has ended;
+        TimeoutExpired (the child still running) past ``timeout``."""
+        self.wait(timeout)
+        kwargs = self._kwargs
+        try:
+            out = Path(self._files["stdout"]).read_bytes()
+            err = b"" if self._merged else Path(self._files["stderr"]).read_bytes()
+        finally:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        want_out = kwargs.get("capture_output", False) or kwargs.get("stdout") == subprocess.PIPE
+        want_err = kwargs.get("capture_output", False) or kwargs.get("stderr") == subprocess.PIPE
+        decode = (lambda b: b.decode(errors="replace").replace("\r\n", "\n")) if kwargs.get("text") else (lambda b: b)
+        if not (want_out or self._merged) and kwargs.get("stdout") is None:  # inherited: show it where ours goes
+            sys.stdout.write(out.decode(errors="replace"))
+        if not want_err and not self._merged and kwargs.get("stderr") is None:
+            sys.stderr.write(err.decode(errors="replace"))
+        return (decode(out) if want_out or self._merged else None), (decode(err) if want_err else None)
+
+
+def popen(args, **kwargs):
+    """``subprocess.Popen(args, **kwargs)``, forked from the server where ``run`` would fork; the child runs
+    while the caller goes on."""
+    if not _forkable(args, kwargs) or "input" in kwargs or "check" in kwargs or "timeout" in kwargs:
+        return subprocess.Popen(args, **kwargs)
+    return ForkedProcess([str(a) for a in args], kwargs)
+
+
+def run(args, **kwargs) -> subprocess.CompletedProcess:
+    if not _forkable(args, kwargs):
+        return subprocess.run(args, **kwargs)
+    proc = ForkedProcess([str(a) for a in args], kwargs)
+    timeout = kwargs.get("timeout")
+    try:
+        stdout, stderr = proc.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        raise subprocess.TimeoutExpired(proc.args, timeout, output=stdout, stderr=stderr) from None
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if kwargs.get("check"):
-        proc.check_returncode()
-    return proc
+        done.check_returncode()
+    return done

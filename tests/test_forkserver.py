@@ -71,6 +71,28 @@ def test_a_child_past_its_timeout_is_killed_and_named(monkeypatch):
     assert forkserver.run([sys.executable, "-c", "print(1)"], capture_output=True, text=True).stdout == "1\n"
 
 
+@pytest.mark.parametrize("fork", ["0", "1"])
+def test_popen_children_run_side_by_side_and_are_killed_as_subprocess_children_are(fork, tmp_path, monkeypatch):
+    """A ``popen`` child runs while the next one starts (the first waits for a file the second writes: with
+    one child at a time this times out), reports its exit code and output as ``subprocess.Popen`` does; one
+    killed while running ends with -SIGKILL, ``poll`` None until then."""
+    import signal
+
+    monkeypatch.setenv("PTO_TEST_FORK_SERVER", fork)
+    flag = tmp_path / "flag"
+    waiter = forkserver.popen([sys.executable, "-c", "import os, sys, time\n"
+                               "for _ in range(600):\n    if os.path.exists(sys.argv[1]): break\n    time.sleep(0.05)\n"
+                               "else: sys.exit('no flag')\nprint('saw it'); sys.exit(4)", str(flag)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sleeper = forkserver.popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE)
+    assert forkserver.run([sys.executable, "-c", "import sys; open(sys.argv[1], 'w').close()", str(flag)]).returncode == 0
+    assert waiter.communicate(timeout=60) == ("saw it\n", "") and waiter.returncode == 4
+    assert sleeper.poll() is None
+    sleeper.send_signal(signal.SIGKILL)
+    assert sleeper.wait(timeout=30) == -signal.SIGKILL and sleeper.poll() == -signal.SIGKILL
+    assert isinstance(waiter, forkserver.ForkedProcess) == (fork == "1")
+
+
 def test_anything_else_is_plain_subprocess_run(monkeypatch):
     monkeypatch.setenv("PTO_TEST_FORK_SERVER", "1")
     assert not forkserver._forkable(["git", "--version"], {})

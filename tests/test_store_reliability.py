@@ -46,11 +46,12 @@ def test_damaged_chunk_gives_an_error_naming_the_array(tmp_path, damage):
         trees.load_tree(store.reader(), "compressor_r2", "replicated")
 
 
-def _writer(store_root: Path, case: str, pause: float | None = None) -> subprocess.Popen:
+def _writer(store_root: Path, case: str, pause: float | None = None):
+    """A ``goldens record`` process (a child of the test fork server: ``subprocess.Popen``'s interface)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if pause is not None:
         env["PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"] = str(pause)
-    return subprocess.Popen([sys.executable, "-m", "goldens.cli", "--store", str(store_root), "record", case,
+    return forkserver.popen([sys.executable, "-m", "goldens.cli", "--store", str(store_root), "record", case,
                              "--seed", "9"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -64,7 +65,7 @@ def test_writer_killed_mid_commit_leaves_the_previous_version_intact(tmp_path):
     chunks_before = len(_chunk_files(store))
     while time.time() < deadline and len(_chunk_files(store)) == chunks_before:
         time.sleep(0.2)  # wait until the writer has written chunks and sits before the commit
-    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
     time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -121,12 +122,12 @@ def test_a_regen_killed_between_its_commit_and_its_tag_gets_its_tag_back(tmp_pat
     stale = {**attrs, "fingerprint": "sha256:stale"}
     store.commit({}, {path: {**stale, "checksum": record_checksum(stale)}}, "make the tree stale")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PTO_STORE_TEST_PAUSE_BEFORE_TAG": "60"}
-    proc = subprocess.Popen([sys.executable, "-m", "goldens.cli", "--store", str(store.root), "regen", "rope_rows"],
+    proc = forkserver.popen([sys.executable, "-m", "goldens.cli", "--store", str(store.root), "regen", "rope_rows"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
     while time.time() < deadline and not store.log()[0].message.startswith("regen"):
         time.sleep(0.2)
-    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     entry = store.log()[0]

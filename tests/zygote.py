@@ -12,9 +12,9 @@ handled as the interpreter does, non-daemon threads and ``atexit`` handlers run 
 Started as a script (``python tests/zygote.py``, no PYTHONPATH), so its ``sys.path[0]`` is this directory
 and nothing of the project is imported into it.
 
-Protocol (binary pipes, one JSON line each way): request ``{"argv", "cwd", "env", "stdin", "stdout",
-"stderr"}`` (paths; ``stderr`` may be the string ``"stdout"``) -> ``{"pid"}``, then ``{"status"}`` (the raw
-wait status) when the child ends. One request at a time.
+Protocol (binary pipes, one JSON line each way): request ``{"id", "argv", "cwd", "env", "stdin", "stdout",
+"stderr"}`` (paths; ``stderr`` may be the string ``"stdout"``) -> ``{"id", "pid"}``, then ``{"id", "status"}``
+(the raw wait status) when the child ends. Requests may come while earlier children run.
 """
 
 from __future__ import annotations
@@ -100,21 +100,37 @@ def _child(req: dict) -> None:
 
 
 def serve() -> None:
+    """Fork a child per request line as it comes, so children run side by side; report each one's pid at
+    once and its wait status when it ends (polled every 20 ms while any runs)."""
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             __import__(name)
-    rx = os.fdopen(0, "rb")
+    import select
+
     tx = os.fdopen(1, "wb", buffering=0)
-    for line in rx:  # one request at a time: the client waits for the child's status before the next
-        req = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            rx.close()
-            tx.close()
-            _child(req)
-        tx.write(json.dumps({"pid": pid}).encode() + b"\n")
-        _, status = os.waitpid(pid, 0)
-        tx.write(json.dumps({"status": status}).encode() + b"\n")
+    pending, running = b"", {}  # pid -> request id
+    while True:
+        ready, _, _ = select.select([0], [], [], 0.02 if running else None)
+        if ready:
+            data = os.read(0, 1 << 16)
+            if not data:
+                return  # the client is gone (its children are on their own)
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                req = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    tx.close()
+                    _child(req)
+                running[pid] = req["id"]
+                tx.write(json.dumps({"id": req["id"], "pid": pid}).encode() + b"\n")
+        while running:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            if pid in running:
+                tx.write(json.dumps({"id": running.pop(pid), "status": status}).encode() + b"\n")
 
 
 # the interpreter's own paths: what a fresh ``python`` has after its script directory and PYTHONPATH
