@@ -69,6 +69,32 @@ def store_write(tree, store: GoldenStore, message: str):
                         {"case/replicated": {"case": "bench"}}, message)
 
 
+class StorageFloor:
+    """The same ``store.commit`` with the store's own work taken out, to show what is left: ``raw`` stores every
+    array uncompressed, ``nohash`` also replaces the BLAKE3 digest and CRC32C with a counter (unique, so nothing
+    is deduplicated). What remains is icechunk writing the chunk files and the commit -- the floor a store write
+    cannot go under. A diagnostic: such a store is not a valid golden store."""
+
+    def __init__(self, nohash: bool):
+        import itertools
+
+        import goldens.store as gs
+
+        self.gs, self.nohash, self.count = gs, nohash, itertools.count()
+
+    def __enter__(self):
+        gs = self.gs
+        self.saved = gs._codecs, gs.digest, gs.checksum
+        gs._codecs = lambda arr: []
+        if self.nohash:
+            gs.digest = lambda arr: f"{gs.DIGEST_PREFIX}{next(self.count):032x}"
+            gs.checksum = lambda arr: 0
+        return self
+
+    def __exit__(self, *exc):
+        self.gs._codecs, self.gs.digest, self.gs.checksum = self.saved
+
+
 def store_read(tree_names, store: GoldenStore) -> dict:
     reader = store.reader()  # opens the repository and a read-only session, as a replay does
     data = reader.read_many([f"case/replicated/{n}" for n in tree_names])
@@ -137,7 +163,7 @@ def main() -> None:
     try:
         # writes: interleaved, each into a fresh directory / store, median of the repeats (a single write here
         # swings 2x with the page cache's writeback)
-        pt_ws, st_ws = [], []
+        pt_ws, st_ws, floors = [], [], {"raw": [], "raw, no hashes": []}
         for i in range(args.repeats):
             pt_root, store = tmp / f"pt{i}", GoldenStore(tmp / f"store{i}")
             t0 = time.perf_counter()
@@ -146,6 +172,13 @@ def main() -> None:
             t0 = time.perf_counter()
             store_write(tree, store, "record")
             st_ws.append(time.perf_counter() - t0)
+            for kind, samples in floors.items():
+                floor_store = GoldenStore(tmp / f"floor{i}")
+                with StorageFloor(nohash=kind != "raw"):
+                    t0 = time.perf_counter()
+                    store_write(tree, floor_store, "record")
+                    samples.append(time.perf_counter() - t0)
+                shutil.rmtree(floor_store.root)
             if i + 1 < args.repeats:
                 shutil.rmtree(pt_root)
                 shutil.rmtree(store.root)
@@ -182,6 +215,10 @@ def main() -> None:
         print(f"{'':28} {'torch.save/.pt':>16} {'golden store':>14} {'store/.pt':>10}  goal")
         print(f"{'write (s)':28} {pt_w:16.3f} {st_w:14.3f} {st_w / pt_w:10.2f}")
         print(f"{'write throughput':28} {'':16} {'':14} {pt_w / st_w:10.2f}x  >= 1.0x (median of {args.repeats})")
+        for kind, samples in floors.items():
+            fl = statistics.median(samples)
+            print(f"{'  floor: ' + kind + ' (s)':28} {pt_w:16.3f} {fl:14.3f} {fl / pt_w:10.2f}  "
+                  f"({pt_w / fl:.2f}x; the same commit without the store's {'compression' if kind == 'raw' else 'compression and checksums'})")
         print(f"{'warm read (s)':28} {pt_rm:16.3f} {st_rm:14.3f} {st_rm / pt_rm:10.2f}")
         print(f"{'read throughput (MB/s)':28} {size / 1e6 / pt_rm:16.0f} {size / 1e6 / st_rm:14.0f} "
               f"{pt_rm / st_rm:10.2f}x  >= 1.0x")
