@@ -128,23 +128,24 @@ FS_SCRIPT = r"""
 set -u
 mount -t tmpfs -o size={size}k tmpfs "$MNT" || {{ echo "MOUNT-FAILED"; exit 97; }}
 cp -a "$SRC" "$MNT/store" || {{ echo "COPY-FAILED"; exit 98; }}
-steps() {{ "$PY" -c "$DRIVER" "$@"; }}
-steps "full-record record compressor_r2 cache_index attn_c1a_reindex_prefill --seed 3" "full-regen regen" \
-      "full-replay replay rope_rows"
-(cd "$MNT/store" && find . -type f ! -name {lock} -print0 | sort -z | xargs -0 sha256sum) >"$OUT/full.sums"
-mount -o remount,ro "$MNT"
-steps "ro-record record sp_slabs" "ro-gc gc --older-than-days 0" "ro-import import-pt $PT --case rope_rows" \
-      "ro-replay replay rope_rows"
-(cd "$MNT/store" && find . -type f ! -name {lock} -print0 | sort -z | xargs -0 sha256sum) >"$OUT/ro.sums"
+sums='cd "$MNT/store" && find . -type f ! -name {lock} -print0 | sort -z | xargs -0 sha256sum'
+"$PY" -c "$DRIVER" "full-record record compressor_r2 cache_index attn_c1a_reindex_prefill --seed 3" \
+      "full-regen regen" "full-replay replay rope_rows" "sh:($sums) >$OUT/full.sums" "sh:mount -o remount,ro $MNT" \
+      "ro-record record sp_slabs" "ro-gc gc --older-than-days 0" "ro-import import-pt $PT --case rope_rows" \
+      "ro-replay replay rope_rows" "sh:($sums) >$OUT/ro.sums"
 """
 
 
 # Runs each step ("NAME VERB ARGS...") as its own `python -m goldens.cli` process, forked from the tests' fork
-# server (tests/forkserver.py) started inside the mount namespace: one torch import for all, not one per step.
+# server (tests/forkserver.py) started inside the mount namespace: one torch import for all, not one per step;
+# a step "sh:COMMAND" is a shell command run in between (the file sums, the read-only remount), and must succeed.
 DRIVER = r"""
 import os, subprocess, sys
 from tests import forkserver
 for step in sys.argv[1:]:
+    if step.startswith("sh:"):
+        subprocess.run(["bash", "-c", step[3:]], check=True)
+        continue
     name, *argv = step.split()
     proc = forkserver.run([sys.executable, "-m", "goldens.cli", "--store", os.environ["MNT"] + "/store", *argv],
                           capture_output=True, timeout=300)
