@@ -109,6 +109,10 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     torch.set_printoptions(threshold=64, edgeitems=2, linewidth=110)  # a tensor in a failure: a few lines, not pages
+    threads = worker_threads(getattr(config, "workerinput", None), os.environ, os.cpu_count())
+    if threads is not None:  # the commands a test runs (and the test fork server) inherit it
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
     from goldens.pytest_api import GoldenStoreError, check_location, load_case_modules
 
     try:  # a malformed location is a usage error at start-up, not one error per test
@@ -135,6 +139,17 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     devices = f" devices={','.join(map(str, b.devices))}" if b.devices else ""
     return [f"pto-contracts: backend={b.name} platform={b.platform} ({state}) "
             f"hypothesis-profile={settings._current_profile} deployment=tp{d.tp}/ep{d.ep}/dp{d.dp}{devices}"]
+
+
+def worker_threads(workerinput: dict | None, environ, cpus: int | None) -> int | None:
+    """The torch threads of an xdist worker: the machine's cores shared out among the workers (at least 1), so
+    ``-n auto`` does not run cores x cores threads that spin waiting for each other (on 2 cores, ``-n 2``: one
+    thread each, about a sixth less CPU for this project's suite). None -- leave torch alone -- outside a worker,
+    or when OMP_NUM_THREADS says how many. (This project's whole suite, the sample store's replays included,
+    passes the same with one thread per worker.)"""
+    if not workerinput or environ.get("OMP_NUM_THREADS"):
+        return None
+    return max(1, (cpus or 1) // max(1, int(workerinput.get("workercount", 1))))
 
 
 def worker_device(config: pytest.Config) -> str | None:

@@ -136,3 +136,16 @@ def test_pytest_needs_one_worker_per_device():
     worker.workerinput = {"workerid": "gw1"}
     assert plugin.worker_device(worker) == "9"
     assert plugin.worker_device(config(device="2")) == "2"
+
+
+def test_xdist_workers_share_the_cores_out_among_themselves():
+    """``-n N``: each worker runs torch on cores // N threads (at least one), so N workers do not each spin up
+    a thread per core; outside a worker, or with OMP_NUM_THREADS given, torch is left alone."""
+    share = plugin.worker_threads
+    assert share({"workerid": "gw0", "workercount": 2}, {}, 2) == 1
+    assert share({"workerid": "gw1", "workercount": 2}, {}, 16) == 8
+    assert share({"workerid": "gw3", "workercount": 4}, {"OMP_NUM_THREADS": ""}, 2) == 1
+    assert share({"workerid": "gw0", "workercount": 3}, {}, 8) == 2
+    assert share(None, {}, 2) is None and share({}, {}, 2) is None
+    assert share({"workerid": "gw0", "workercount": 2}, {"OMP_NUM_THREADS": "4"}, 2) is None
+    assert share({"workerid": "gw0", "workercount": 2}, {}, None) == 1
