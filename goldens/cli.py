@@ -847,16 +847,20 @@ def cmd_gc(args) -> int:
 def cmd_du(args) -> int:
     """What each tree (and each kept device run) costs: arrays, bytes as tensors, bytes stored for the contents
     only it names, and bytes of contents it shares with others (each content is stored once: goldens.store.POOL)."""
-    from goldens.store import GoldenStore, pool_path
+    import zarr
+    from zarr.core.sync import sync
+
+    from goldens.store import POOL, GoldenStore, pool_path
 
     store = GoldenStore(args.store)
     reader = store.reader(args.rev)
     owners: dict[str, set[str]] = {}
     units: dict[str, dict] = {}
-    for path in reader.walk_arrays():
+    nodes = dict(reader.root.members(max_depth=None))  # every node with its attributes, in one listing
+    for path in sorted(p for p, n in nodes.items() if isinstance(n, zarr.Array) and p.split("/")[0] != POOL):
         parts = path.split("/")
         unit = "/".join(parts[:4]) if parts[0] == "actual" else "/".join(parts[:2])
-        node = reader.root.get(path)
+        node = nodes[path]
         attrs = dict(node.attrs)
         where = attrs.get("pool") or path  # an array stored the old way holds its own content
         u = units.setdefault(unit, {"arrays": 0, "tensor_bytes": 0, "contents": set()})
@@ -864,7 +868,20 @@ def cmd_du(args) -> int:
         u["tensor_bytes"] += int(node.nbytes)
         u["contents"].add(where)
         owners.setdefault(where, set()).add(unit)
-    sizes = {w: int(reader.root.get(w).nbytes_stored()) for w in owners}
+
+    async def stored(paths: list[str]) -> list[int]:  # every content's stored bytes in one gather
+        import asyncio
+
+        async def one(w: str) -> int:
+            node = nodes.get(w)
+            if not isinstance(node, zarr.Array):
+                raise GoldenStoreError(f"golden store {args.store}: {w}, named by a tree, is missing (goldens doctor)")
+            return int(await node._async_array.nbytes_stored())
+
+        return await asyncio.gather(*(one(w) for w in paths))
+
+    names = sorted(owners)
+    sizes = dict(zip(names, sync(stored(names)), strict=True))
     rows = []
     for unit, u in units.items():
         own = sum(sizes[w] for w in u["contents"] if len(owners[w]) == 1)

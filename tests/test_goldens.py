@@ -884,3 +884,23 @@ def test_the_sample_store_keeps_under_its_budget(capsys):
     extra = sorted(p.name for p in sample.iterdir())
     legacy = ".read-cache"  # git-ignored, left by a version before 2026-12-03 in a developer's checkout
     assert set(extra) <= {"icechunk", "pto-snapshot-sums.json", "pto-store.lock", legacy}, extra
+
+
+def test_du_names_a_content_a_tree_links_to_but_the_store_lacks(store, capsys):
+    """``goldens du`` sizes every content in one gather; a link whose content was deleted (a damaged store) is
+    one line naming it, exit 2."""
+    from goldens.store import POOL
+
+    assert run_cli(store, "du", "--json") == 0
+    capsys.readouterr()
+    victim = store.reader().array_attrs("rope_rows/replicated/out/rope_cos")["pool"]
+    assert victim.startswith(POOL + "/")
+    repo = store._repo()
+    session = repo.writable_session("main")
+    import zarr
+
+    del zarr.open_group(session.store, mode="r+")[victim]
+    session.commit("damage: drop one content")
+    assert run_cli(store, "du") == 2
+    err = capsys.readouterr().err
+    assert f"{victim}, named by a tree, is missing" in err and len(err.strip().splitlines()) == 1, err
