@@ -20,6 +20,38 @@ _CACHE_HOME = tempfile.TemporaryDirectory(prefix="pto-tests-cache-")
 os.environ["XDG_CACHE_HOME"] = _CACHE_HOME.name
 
 
+_LAUNCH_SERVER: subprocess.Popen | None = None
+
+
+def pytest_configure(config):
+    """The upstream worker (``python -O -m backends.upstream.worker``, 15 starts in the suite) is forked from a
+    ``-O`` fork server this process starts now (tests/pylaunch.py, tests/zygote.py) instead of importing torch
+    each time; ``PTO_UPSTREAM_PYTHON`` names the launcher unless it is set already. Not for a --collect-only
+    session, which starts no worker."""
+    global _LAUNCH_SERVER
+    if config.option.collectonly or os.environ.get("PTO_UPSTREAM_PYTHON") or \
+            os.environ.get("PTO_TEST_FORK_SERVER", "1") == "0":
+        return
+    path = os.path.join(_CACHE_HOME.name, f"pylaunch-{os.getpid()}.sock")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    _LAUNCH_SERVER = subprocess.Popen([sys.executable, "-O", str(ROOT / "tests" / "zygote.py"), "--socket", path,
+                                       str(os.getpid())], env=env, cwd="/", stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.environ.update(PTO_TEST_PYTHON=sys.executable, PTO_TEST_ZYGOTE_SOCKET=path,
+                      PTO_TEST_ZYGOTE_PID=str(_LAUNCH_SERVER.pid),
+                      PTO_UPSTREAM_PYTHON=f"{sys.executable} -S {ROOT / 'tests' / 'pylaunch.py'}")
+
+
+def pytest_unconfigure(config):
+    global _LAUNCH_SERVER
+    if _LAUNCH_SERVER is not None:  # killed and waited: its CPU (and its children's) is this process's
+        _LAUNCH_SERVER.kill()
+        _LAUNCH_SERVER.wait()
+        _LAUNCH_SERVER = None
+        for name in ("PTO_TEST_PYTHON", "PTO_TEST_ZYGOTE_SOCKET", "PTO_TEST_ZYGOTE_PID", "PTO_UPSTREAM_PYTHON"):
+            os.environ.pop(name, None)
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """http://127.0.0.1:PORT of a moto S3 server started for this test session (one per xdist worker), with

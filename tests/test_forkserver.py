@@ -100,3 +100,86 @@ def test_anything_else_is_plain_subprocess_run(monkeypatch):
     assert not forkserver._forkable([sys.executable, "-c", "pass"], {"stdout": 3})
     assert forkserver._forkable([sys.executable, "-m", "pytest", "-q"], {"capture_output": True})
     assert forkserver.run(["true"]).returncode == 0
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    """(command prefix, environment) of tests/pylaunch.py with an -O server of this test's own."""
+    import os
+    from pathlib import Path
+
+    path = str(tmp_path / "s.sock")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    zygote = Path(forkserver.__file__).with_name("zygote.py")
+    server = subprocess.Popen([sys.executable, "-O", str(zygote), "--socket", path, str(os.getpid())], env=env,
+                              cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env.update(PTO_TEST_PYTHON=sys.executable, PTO_TEST_ZYGOTE_SOCKET=path, PTO_TEST_ZYGOTE_PID=str(server.pid))
+    try:
+        yield [sys.executable, "-S", str(zygote.with_name("pylaunch.py"))], env
+    finally:
+        server.kill()
+        server.wait()
+
+
+LAUNCHED = {  # python -O ARGS: (stdin, expected stdout, expected exit code)
+    "asserts off, stdin and stdout live": (["-c", "assert False\nimport sys\nfor line in sys.stdin:\n"
+                                                  "    print(line.strip().upper(), __debug__, flush=True)"],
+                                           "ping\n", "PING False\n", 0),
+    "exit code": (["-c", "import sys; sys.exit(7)"], "", "", 7),
+    "killed by a signal": (["-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"], "", "", -15),
+    "a module from the cwd": (["-m", "probe_mod", "x"], "", "probe_mod ['x'] False\n", 0),
+}
+
+
+@pytest.mark.parametrize("name", list(LAUNCHED))
+def test_the_launcher_is_python_O_forked_from_the_server(name, launcher, tmp_path):
+    """``python -S tests/pylaunch.py -O ARGS`` (the tests' $PTO_UPSTREAM_PYTHON) gives what ``python -O ARGS``
+    gives -- asserts off, live pipes, exit code, death by signal -- from a child of the -O fork server."""
+    import os
+
+    prefix, env = launcher
+    (tmp_path / "probe_mod.py").write_text("import sys\nprint(__name__ == '__main__' and 'probe_mod', sys.argv[1:], "
+                                           "__debug__)\n")
+    args, stdin, out, code = LAUNCHED[name]
+    runs = {}
+    for how, cmd in (("real", [sys.executable, "-O", *args]), ("launched", [*prefix, "-O", *args])):
+        proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        runs[how] = (*proc.communicate(stdin, timeout=120), proc.returncode)
+    assert runs["launched"] == runs["real"] == (out, "", code), runs
+    served = [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == int(env["PTO_TEST_ZYGOTE_PID"])]
+    assert served == [], f"children of the server still running: {served}"
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def test_a_killed_launcher_takes_its_child_with_it_and_sigterm_is_passed_on(launcher, tmp_path):
+    import os
+    import signal
+    import time
+
+    prefix, env = launcher
+    code = ("import os, signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: (print('term', flush=True), "
+            "sys.exit(3)))\nopen(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(120)")
+    for sig, want in ((signal.SIGTERM, 3), (signal.SIGKILL, -9)):
+        mark = tmp_path / f"pid{sig}"
+        proc = subprocess.Popen([*prefix, "-O", "-c", code, str(mark)], env=env, stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not (mark.exists() and mark.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(mark.read_text())
+        assert child != proc.pid and _parent(child) == int(env["PTO_TEST_ZYGOTE_PID"]), "not forked by the server"
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == want and out == ("term\n" if sig == signal.SIGTERM else ""), (sig, proc.returncode, out)
+        while _parent(child) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _parent(child) is None, f"the child {child} outlived its launcher (signal {sig})"
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)

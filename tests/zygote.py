@@ -39,9 +39,13 @@ def _child(req: dict) -> None:
         os.environ.clear()
         os.environ.update(req["env"])
         os.chdir(req["cwd"])
-        stdin = os.open(req["stdin"], os.O_RDONLY)
-        out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        err = out if req["stderr"] == "stdout" else os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        if "fds" in req:  # the launcher's own standard streams (tests/pylaunch.py), passed over the socket
+            stdin, out, err = req["fds"]
+        else:
+            stdin = os.open(req["stdin"], os.O_RDONLY)
+            out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            err = out if req["stderr"] == "stdout" else os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                                                0o600)
         for fd, target in ((0, stdin), (1, out), (2, err)):
             os.dup2(target, fd)
         for fd in {stdin, out, err}:
@@ -133,9 +137,85 @@ def serve() -> None:
                 tx.write(json.dumps({"id": running.pop(pid), "status": status}).encode() + b"\n")
 
 
+def serve_socket(path: str, owner: int) -> None:
+    """Launcher mode (``tests/pylaunch.py``): listen on the Unix socket ``path``; each connection sends one
+    request -- an 8-byte length, its JSON ``{"argv", "cwd", "env"}`` and the launcher's fds 0, 1, 2 -- and gets
+    ``{"pid"}``, then ``{"status"}`` when the child ends. A launcher that goes away (killed) takes its child
+    with it; the server ends when ``owner`` (the test process) has ended."""
+    import signal
+    import socket
+    import struct
+    import time
+
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            __import__(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".new")
+    listener.listen(64)
+    os.rename(path + ".new", path)  # ready: connections are accepted from here on
+    import select
+
+    children: dict[int, socket.socket] = {}  # pid -> its launcher's connection
+    checked = time.monotonic()
+    while True:
+        conns = list(children.values())
+        ready, _, _ = select.select([listener, *conns], [], [], 0.02 if children else 1.0)
+        for sock in ready:
+            if sock is listener:
+                conn, _ = listener.accept()
+                try:
+                    msg, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+                    while len(msg) < 8 or len(msg) < 8 + struct.unpack("<Q", msg[:8])[0]:
+                        more = conn.recv(1 << 20)
+                        if not more:
+                            raise EOFError
+                        msg += more
+                    req = {**json.loads(msg[8:]), "fds": fds}
+                except (OSError, EOFError, ValueError):
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    listener.close()
+                    for other in children.values():
+                        other.close()
+                    conn.close()
+                    _child(req)
+                for fd in fds:
+                    os.close(fd)
+                children[pid] = conn
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            elif not sock.recv(1):  # the launcher is gone: so is its child
+                for pid, conn in children.items():
+                    if conn is sock:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.sendall(json.dumps({"status": status}).encode() + b"\n")
+                conn.close()
+        if time.monotonic() - checked > 1.0:
+            checked = time.monotonic()
+            try:
+                os.kill(owner, 0)
+            except ProcessLookupError:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                return
+
+
 # the interpreter's own paths: what a fresh ``python`` has after its script directory and PYTHONPATH
 _SKIP = {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
 BASE_PATH = [p for p in sys.path[1:] if p not in _SKIP]
 
 if __name__ == "__main__":
-    serve()
+    if sys.argv[1:2] == ["--socket"]:
+        serve_socket(sys.argv[2], int(sys.argv[3]))
+    else:
+        serve()
