@@ -27,9 +27,10 @@ def pytest_configure(config):
     """The upstream worker (``python -O -m backends.upstream.worker``, 15 starts in the suite) is forked from a
     ``-O`` fork server this process starts now (tests/pylaunch.py, tests/zygote.py) instead of importing torch
     each time; ``PTO_UPSTREAM_PYTHON`` names the launcher unless it is set already. Not for a --collect-only
-    session, which starts no worker."""
+    session or an xdist controller, which run no test."""
     global _LAUNCH_SERVER
-    if config.option.collectonly or os.environ.get("PTO_UPSTREAM_PYTHON") or \
+    controller = not hasattr(config, "workerinput") and config.getoption("numprocesses", default=None)
+    if config.option.collectonly or controller or os.environ.get("PTO_UPSTREAM_PYTHON") or \
             os.environ.get("PTO_TEST_FORK_SERVER", "1") == "0":
         return
     path = os.path.join(_CACHE_HOME.name, f"pylaunch-{os.getpid()}.sock")
