@@ -102,20 +102,25 @@ def test_anything_else_is_plain_subprocess_run(monkeypatch):
     assert forkserver.run(["true"]).returncode == 0
 
 
-@pytest.fixture
-def launcher(tmp_path):
-    """(command prefix, environment) of tests/pylaunch.py with an -O server of this test's own."""
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory):
+    """(command prefix, environment) of tests/pylaunch.py: with the -O server tests/conftest.py started for this
+    process, or (where it started none: $PTO_UPSTREAM_PYTHON given) one of this module's own."""
     import os
     from pathlib import Path
 
-    path = str(tmp_path / "s.sock")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     zygote = Path(forkserver.__file__).with_name("zygote.py")
+    prefix = [sys.executable, "-S", str(zygote.with_name("pylaunch.py"))]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if env.get("PTO_TEST_ZYGOTE_SOCKET"):
+        yield prefix, env
+        return
+    path = str(tmp_path_factory.mktemp("launch") / "s.sock")
     server = subprocess.Popen([sys.executable, "-O", str(zygote), "--socket", path, str(os.getpid())], env=env,
                               cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     env.update(PTO_TEST_PYTHON=sys.executable, PTO_TEST_ZYGOTE_SOCKET=path, PTO_TEST_ZYGOTE_PID=str(server.pid))
     try:
-        yield [sys.executable, "-S", str(zygote.with_name("pylaunch.py"))], env
+        yield prefix, env
     finally:
         server.kill()
         server.wait()
