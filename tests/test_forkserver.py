@@ -140,20 +140,27 @@ LAUNCHED = {  # python -O ARGS: (stdin, expected stdout, expected exit code)
 def test_the_launcher_is_python_O_forked_from_the_server(name, launcher, tmp_path):
     """``python -S tests/pylaunch.py -O ARGS`` (the tests' $PTO_UPSTREAM_PYTHON) gives what ``python -O ARGS``
     gives -- asserts off, live pipes, exit code, death by signal -- from a child of the -O fork server."""
-    import os
 
     prefix, env = launcher
     (tmp_path / "probe_mod.py").write_text("import sys\nprint(__name__ == '__main__' and 'probe_mod', sys.argv[1:], "
                                            "__debug__)\n")
     args, stdin, out, code = LAUNCHED[name]
+    server = int(env["PTO_TEST_ZYGOTE_PID"])
+    before = _children(server)  # (a shared server may keep earlier tests' upstream workers)
     runs = {}
     for how, cmd in (("real", [sys.executable, "-O", *args]), ("launched", [*prefix, "-O", *args])):
         proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         runs[how] = (*proc.communicate(stdin, timeout=120), proc.returncode)
     assert runs["launched"] == runs["real"] == (out, "", code), runs
-    served = [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == int(env["PTO_TEST_ZYGOTE_PID"])]
-    assert served == [], f"children of the server still running: {served}"
+    left = _children(server) - before
+    assert not left, f"children of the server still running: {sorted(left)}"
+
+
+def _children(pid: int) -> set[int]:
+    import os
+
+    return {int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == pid}
 
 
 def _parent(pid: int) -> int | None:
