@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -33,14 +34,10 @@ def pytest_configure(config):
     if config.option.collectonly or controller or os.environ.get("PTO_UPSTREAM_PYTHON") or \
             os.environ.get("PTO_TEST_FORK_SERVER", "1") == "0":
         return
-    path = os.path.join(_CACHE_HOME.name, f"pylaunch-{os.getpid()}.sock")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    _LAUNCH_SERVER = subprocess.Popen([sys.executable, "-O", str(ROOT / "tests" / "zygote.py"), "--socket", path,
-                                       str(os.getpid())], env=env, cwd="/", stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.environ.update(PTO_TEST_PYTHON=sys.executable, PTO_TEST_ZYGOTE_SOCKET=path,
-                      PTO_TEST_ZYGOTE_PID=str(_LAUNCH_SERVER.pid),
-                      PTO_UPSTREAM_PYTHON=f"{sys.executable} -S {ROOT / 'tests' / 'pylaunch.py'}")
+    from tests import forkserver
+
+    _LAUNCH_SERVER, env = forkserver.launch_server(os.path.join(_CACHE_HOME.name, f"pylaunch-{os.getpid()}.sock"))
+    os.environ.update(env, PTO_UPSTREAM_PYTHON=shlex.join(forkserver.LAUNCHER))
 
 
 def pytest_unconfigure(config):

@@ -38,12 +38,30 @@ def enabled() -> bool:
     return os.environ.get("PTO_TEST_FORK_SERVER", "1") != "0"
 
 
+def _spawn(flags: list[str], args: list[str], **kwargs) -> subprocess.Popen:
+    """``python FLAGS tests/zygote.py ARGS``: a fork server, started as a script from ``/`` without PYTHONPATH
+    (nothing of the project imported into it)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.Popen([sys.executable, *flags, str(_SERVER), *args], cwd="/", env=env,
+                            stderr=subprocess.DEVNULL, **kwargs)
+
+
+def launch_server(path: str) -> tuple[subprocess.Popen, dict[str, str]]:
+    """An ``-O`` fork server listening on the Unix socket ``path`` for ``tests/pylaunch.py`` (it ends with this
+    process), and the environment a launcher needs to reach it."""
+    server = _spawn(["-O"], ["--socket", path, str(os.getpid())], stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL)
+    return server, {"PTO_TEST_PYTHON": sys.executable, "PTO_TEST_ZYGOTE_SOCKET": path,
+                    "PTO_TEST_ZYGOTE_PID": str(server.pid)}
+
+
+LAUNCHER = [sys.executable, "-S", str(_SERVER.with_name("pylaunch.py"))]  # the launcher's command prefix
+
+
 def _start() -> subprocess.Popen:
     global _server
     if _server is None or _server.poll() is not None:
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        _server = subprocess.Popen([sys.executable, str(_SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.DEVNULL, cwd="/", env=env, bufsize=0)
+        _server = _spawn([], [], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         atexit.register(_stop, _server)
         threading.Thread(target=_sort_replies, args=(_server,), daemon=True).start()
     return _server
@@ -54,7 +72,7 @@ def _sort_replies(server: subprocess.Popen) -> None:
     for line in server.stdout:
         reply = json.loads(line)
         with _lock:
-            _server_of, box = _replies.get(reply["id"], (None, None))
+            _owner, box = _replies.get(reply["id"], (None, None))
         if box is not None:
             box.put(reply)
     with _lock:
@@ -113,9 +131,15 @@ class ForkedProcess:
         return reply
 
     def _ended(self, reply: dict) -> None:
+        """The child has ended: its exit code, and its output taken in (its files removed)."""
         self.returncode = os.waitstatus_to_exitcode(reply["status"])
         with _lock:
             _replies.pop(self._id, None)
+        try:
+            self._out = Path(self._files["stdout"]).read_bytes()
+            self._err = b"" if self._merged else Path(self._files["stderr"]).read_bytes()
+        finally:
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -142,12 +166,7 @@ class ForkedProcess:
         """(stdout, stderr) as ``subprocess`` gives them for the options given, once the child has ended;
         TimeoutExpired (the child still running) past ``timeout``."""
         self.wait(timeout)
-        kwargs = self._kwargs
-        try:
-            out = Path(self._files["stdout"]).read_bytes()
-            err = b"" if self._merged else Path(self._files["stderr"]).read_bytes()
-        finally:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+        kwargs, out, err = self._kwargs, self._out, self._err
         want_out = kwargs.get("capture_output", False) or kwargs.get("stdout") == subprocess.PIPE
         want_err = kwargs.get("capture_output", False) or kwargs.get("stderr") == subprocess.PIPE
         decode = (lambda b: b.decode(errors="replace").replace("\r\n", "\n")) if kwargs.get("text") else (lambda b: b)

@@ -107,20 +107,14 @@ def launcher(tmp_path_factory):
     """(command prefix, environment) of tests/pylaunch.py: with the -O server tests/conftest.py started for this
     process, or (where it started none: $PTO_UPSTREAM_PYTHON given) one of this module's own."""
     import os
-    from pathlib import Path
 
-    zygote = Path(forkserver.__file__).with_name("zygote.py")
-    prefix = [sys.executable, "-S", str(zygote.with_name("pylaunch.py"))]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if env.get("PTO_TEST_ZYGOTE_SOCKET"):
-        yield prefix, env
+        yield forkserver.LAUNCHER, env
         return
-    path = str(tmp_path_factory.mktemp("launch") / "s.sock")
-    server = subprocess.Popen([sys.executable, "-O", str(zygote), "--socket", path, str(os.getpid())], env=env,
-                              cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env.update(PTO_TEST_PYTHON=sys.executable, PTO_TEST_ZYGOTE_SOCKET=path, PTO_TEST_ZYGOTE_PID=str(server.pid))
+    server, reach = forkserver.launch_server(str(tmp_path_factory.mktemp("launch") / "s.sock"))
     try:
-        yield prefix, env
+        yield forkserver.LAUNCHER, {**env, **reach}
     finally:
         server.kill()
         server.wait()

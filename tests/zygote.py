@@ -103,12 +103,27 @@ def _child(req: dict) -> None:
         os._exit(code & 0xFF)
 
 
-def serve() -> None:
-    """Fork a child per request line as it comes, so children run side by side; report each one's pid at
-    once and its wait status when it ends (polled every 20 ms while any runs)."""
+def _preload() -> None:
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             __import__(name)
+
+
+def _reaped(children: dict):
+    """(pid, wait status, what ``children`` held for it) of each child of ``children`` that has ended, without
+    waiting for the others."""
+    while children:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        if pid in children:
+            yield pid, status, children.pop(pid)
+
+
+def serve() -> None:
+    """Fork a child per request line as it comes, so children run side by side; report each one's pid at
+    once and its wait status when it ends (polled every 20 ms while any runs)."""
+    _preload()
     import select
 
     tx = os.fdopen(1, "wb", buffering=0)
@@ -129,12 +144,8 @@ def serve() -> None:
                     _child(req)
                 running[pid] = req["id"]
                 tx.write(json.dumps({"id": req["id"], "pid": pid}).encode() + b"\n")
-        while running:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            if pid in running:
-                tx.write(json.dumps({"id": running.pop(pid), "status": status}).encode() + b"\n")
+        for _pid, status, req_id in _reaped(running):
+            tx.write(json.dumps({"id": req_id, "status": status}).encode() + b"\n")
 
 
 def serve_socket(path: str, owner: int) -> None:
@@ -147,9 +158,7 @@ def serve_socket(path: str, owner: int) -> None:
     import struct
     import time
 
-    for name in PRELOAD:
-        with contextlib.suppress(ImportError):
-            __import__(name)
+    _preload()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".new")
     listener.listen(64)
@@ -191,15 +200,10 @@ def serve_socket(path: str, owner: int) -> None:
                     if conn is sock:
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(pid, signal.SIGKILL)
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            conn = children.pop(pid, None)
-            if conn is not None:
-                with contextlib.suppress(OSError):
-                    conn.sendall(json.dumps({"status": status}).encode() + b"\n")
-                conn.close()
+        for _pid, status, conn in _reaped(children):
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"status": status}).encode() + b"\n")
+            conn.close()
         if time.monotonic() - checked > 1.0:
             checked = time.monotonic()
             try:
