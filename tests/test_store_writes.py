@@ -36,9 +36,13 @@ ARRAYS = {
 }
 
 
+@pytest.mark.parametrize("setter", ["icechunk", "zarr"])
 @pytest.mark.parametrize("name", list(ARRAYS))
-def test_direct_chunk_writes_read_back_through_zarr_byte_for_byte(tmp_path, monkeypatch, name):
+def test_direct_chunk_writes_read_back_through_zarr_byte_for_byte(tmp_path, monkeypatch, name, setter):
+    """Through icechunk's own ``set`` (the buffer as it is) and through zarr's ``Store.set`` (a copy)."""
     monkeypatch.setattr(gs, "CHUNK_BYTES", 1000)  # several chunks, the last one partial
+    if setter == "zarr":
+        monkeypatch.setattr(gs, "_bytes_setter", lambda store: None)
     arr = ARRAYS[name]
     store = GoldenStore(tmp_path / "s")
     store.commit({"t/a": (arr, {"dtype": str(arr.dtype)})}, {"t": {}}, "write")
@@ -51,6 +55,66 @@ def test_direct_chunk_writes_read_back_through_zarr_byte_for_byte(tmp_path, monk
     if arr.ndim and arr.size:
         assert node.nchunks > 1 or arr.shape[0] * arr[0].nbytes <= 1000, f"{name}: one chunk only, nothing tested"
         assert np.array_equal(node[...], arr), f"{name}: zarr reads another array"
+
+
+def test_chunks_reach_icechunk_without_zarrs_copy(tmp_path):
+    """The write path finds icechunk's own ``set`` under the session's store (an icechunk upgrade that moves it
+    fails here, instead of every write silently taking zarr's copy of each chunk), and it takes a buffer."""
+    import icechunk
+
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(tmp_path / "r")))
+    session = repo.writable_session("main")
+    setter = gs._bytes_setter(session.store)
+    assert setter is not None, "icechunk's own set is not found: chunks go through zarr's copy"
+    assert gs._bytes_setter(zarr.storage.MemoryStore()) is None
+
+
+def test_one_commit_writes_each_content_once_and_reports_in_order(tmp_path, monkeypatch):
+    """The arrays of a commit are hashed, looked up and written concurrently: two arrays of one content in the
+    same commit write its chunks once, a content the store already holds writes none, an unchanged array is
+    reported unchanged, a changed one rewritten, and ``written`` keeps the caller's order."""
+    monkeypatch.setattr(gs, "CHUNK_BYTES", 1000)
+    rng = np.random.default_rng(3)
+    a, b, c = (rng.standard_normal((150, 4)).astype(np.float32) for _ in range(3))  # 3 chunks each
+    store = GoldenStore(tmp_path / "s")
+    store.commit({"t/kept": (a, {}), "t/moved": (b, {})}, {"t": {}}, "first")
+    puts: list[str] = []
+    real = gs._bytes_setter
+
+    def counting(st):
+        inner = real(st)
+
+        async def put(key, data):
+            puts.append(key.rsplit("/c/", 1)[0])
+            return await inner(key, data)
+
+        return put
+
+    monkeypatch.setattr(gs, "_bytes_setter", counting)
+    # the two arrays of content c finish hashing together, so both look for it before either has written it
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool, together, real_sums = ThreadPoolExecutor(5), threading.Barrier(2, timeout=30), gs._sums
+
+    def sums(arr):
+        out = real_sums(arr)
+        if arr.tobytes() == c.tobytes() and arr is not c:
+            together.wait()
+        return out
+
+    monkeypatch.setattr(gs.workers, "pool", lambda: pool)
+    monkeypatch.setattr(gs, "_sums", sums)
+    new = {"u/x": (c.copy(), {}), "t/kept": (a, {}), "u/y": (c.copy(), {}), "u/z": (b.copy(), {}), "t/moved": (c, {})}
+    result = store.commit(new, {"u": {"case": "u"}}, "second")
+    assert result.written == ("u/@attrs", "u/x", "u/y", "u/z", "t/moved"), result.written
+    assert result.unchanged == ("t/kept",), result.unchanged
+    assert puts and set(puts) == {gs.pool_path(gs.digest(c))}, f"chunk writes of {sorted(set(puts))}"
+    assert len(puts) == 3, f"{len(puts)} chunk writes for one content of 3 chunks"
+    store.read_cache = None
+    reader = store.reader()
+    for path, (arr, _attrs) in new.items():
+        assert reader.read(path)[0].tobytes() == arr.tobytes(), path
 
 
 def _opened(doc: bytes):
