@@ -11,6 +11,7 @@ delta <= 0.3x a copy.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import tempfile
@@ -166,15 +167,18 @@ def main() -> None:
         pt_ws, st_ws, floors = [], [], {"raw": [], "raw, no hashes": []}
         for i in range(args.repeats):
             pt_root, store = tmp / f"pt{i}", GoldenStore(tmp / f"store{i}")
+            os.sync()  # each write starts with no dirty pages: none pays for the writeback of the one before
             t0 = time.perf_counter()
             pt_write(tree, pt_root)
             pt_ws.append(time.perf_counter() - t0)
+            os.sync()
             t0 = time.perf_counter()
             store_write(tree, store, "record")
             st_ws.append(time.perf_counter() - t0)
             for kind, samples in floors.items():
                 floor_store = GoldenStore(tmp / f"floor{i}")
                 with StorageFloor(nohash=kind != "raw"):
+                    os.sync()
                     t0 = time.perf_counter()
                     store_write(tree, floor_store, "record")
                     samples.append(time.perf_counter() - t0)

@@ -1141,11 +1141,15 @@ class StoreReader:
             with contextlib.suppress(OSError):
                 pack.unlink()  # damaged or another read's: rewritten after this read
             return None
+        large = [e for e in entries if e["data"] is None]  # mapped and checked on the worker pool, side by side
+        mapped = dict(zip((e["path"] for e in large),
+                          workers.pool().map(lambda e: self._cached(e["attrs"], e["dtype"], e["shape"]), large),
+                          strict=True))
         out = {}
         for e in entries:
             data = e["data"]
             if data is None:
-                data = self._cached(e["attrs"], e["dtype"], e["shape"])
+                data = mapped[e["path"]]
             elif e["attrs"].get("crc32c") is not None and checksum(data) != e["attrs"]["crc32c"]:
                 data = None  # (as a store read: an array written before checksums has none to check)
             if data is None:
