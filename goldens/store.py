@@ -829,15 +829,19 @@ class GoldenStore:
             raise
         except Exception as exc:
             raise GoldenStoreError(f"cannot open revision {rev or 'main'} of {self.root}: {condensed(exc)}") from exc
-        try:
-            root = zarr.open_group(session.store, mode="r")
-        except zarr.errors.GroupNotFoundError:
-            ancestry = list(repo.ancestry(snapshot_id=session.snapshot_id))  # raises on a damaged snapshot
-            if len(ancestry) != 1:
-                raise GoldenStoreError(f"snapshot {session.snapshot_id} of {self.root} has no root group: the "
-                                       "store is damaged (restore it from version control)") from None
-            root = None  # the repository's first snapshot holds nothing yet
-        return StoreReader(root, session.snapshot_id, cache=self.read_cache, frozen=True, packs=self.packs)
+
+        def open_root() -> zarr.Group | None:
+            try:
+                return zarr.open_group(session.store, mode="r")
+            except zarr.errors.GroupNotFoundError:
+                ancestry = list(repo.ancestry(snapshot_id=session.snapshot_id))  # raises on a damaged snapshot
+                if len(ancestry) != 1:
+                    raise GoldenStoreError(f"snapshot {session.snapshot_id} of {self.root} has no root group: the "
+                                           "store is damaged (restore it from version control)") from None
+                return None  # the repository's first snapshot holds nothing yet
+
+        # (the root group is opened at its first use: a read a pack answers needs none, 3 ms a reader here)
+        return StoreReader(open_root, session.snapshot_id, cache=self.read_cache, frozen=True, packs=self.packs)
 
     def log(self) -> list[LogEntry]:
         """The branch history, newest first, then every tagged snapshot gc has taken off that history (a tag
@@ -988,15 +992,22 @@ def _verified(path: str, data, node: zarr.Array) -> tuple[np.ndarray, dict]:
 class StoreReader:
     """Read-only view of one snapshot (``root`` None: an empty snapshot, e.g. the repository's first)."""
 
-    def __init__(self, root: zarr.Group | None, snapshot: str, *, cache: Path | None = None, frozen: bool = False,
-                 packs: Path | None = None):
-        self.root = root if root is not None else zarr.open_group(zarr.storage.MemoryStore(), mode="w")
+    def __init__(self, root: zarr.Group | Callable[[], zarr.Group | None] | None, snapshot: str, *,
+                 cache: Path | None = None, frozen: bool = False, packs: Path | None = None):
+        self._root = root  # or what opens it, at the first use of ``root``
         # a snapshot never changes: each node is looked up once (a lookup is a round trip into icechunk, and a
         # tree's load asks for dozens); a transaction's reader sees its own writes, so it looks up every time
         self._nodes: dict[str, object] | None = {} if frozen else None
         self.snapshot = snapshot
         self.cache = cache
         self.packs = packs  # this store's pack folder in the read cache (GoldenStore.packs: None with no cache)
+
+    @property
+    def root(self) -> zarr.Group:
+        if not isinstance(self._root, zarr.Group):
+            root = self._root() if callable(self._root) else self._root
+            self._root = root if root is not None else zarr.open_group(zarr.storage.MemoryStore(), mode="w")
+        return self._root
 
     def _cache_file(self, attrs: dict) -> Path | None:
         d = attrs.get("digest")
