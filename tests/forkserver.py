@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import queue
+import shlex
 import shutil
 import signal
 import subprocess
@@ -58,13 +59,43 @@ def launch_server(path: str) -> tuple[subprocess.Popen, dict[str, str]]:
 LAUNCHER = [sys.executable, "-S", str(_SERVER.with_name("pylaunch.py"))]  # the launcher's command prefix
 
 
+EXECUTABLE = "PTO_TEST_EXECUTABLE"  # in a forked child's environment: its sys.executable (tests/zygote.py)
+_home: str | None = None  # this process's folder of the server's socket and the wrapper script
+
+
 def _start() -> subprocess.Popen:
-    global _server
+    global _server, _home
     if _server is None or _server.poll() is not None:
-        _server = _spawn([], [], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        if _home is None:
+            _home = tempfile.mkdtemp(prefix="pto-zygote-")
+            atexit.register(shutil.rmtree, _home, True)
+        sock = os.path.join(_home, f"plain-{next(_ids)}.sock")
+        _server = _spawn([], ["--pipe", "--socket", sock, str(os.getpid())], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, bufsize=0)
+        _server.socket = sock
         atexit.register(_stop, _server)
         threading.Thread(target=_sort_replies, args=(_server,), daemon=True).start()
     return _server
+
+
+def python() -> str:
+    """A stand-in for ``sys.executable`` whose ``python [-u] -m MOD`` / ``-c CODE`` children fork from this
+    process's server (``tests/pylaunch.py --plain``; anything else runs the real interpreter): give it to code
+    that starts Python processes itself, e.g. as ``sys.executable`` (``monkeypatch.setattr``) for
+    ``goldens replay --devices``' workers, or as a forked child's ``sys.executable`` through
+    ``PTO_TEST_EXECUTABLE`` in its environment (tests/zygote.py) for the xdist workers of a ``pytest -n``
+    it runs. An executable script, because both take it as one path."""
+    with _lock:
+        server = _start()
+    script = os.path.join(_home, f"python-{server.pid}")
+    if not os.path.exists(script):
+        body = (f"#!/bin/sh\nPTO_TEST_PYTHON={shlex.quote(sys.executable)} PTO_TEST_PLAIN_SOCKET={shlex.quote(server.socket)} "
+                f"PTO_TEST_PLAIN_PID={server.pid} exec {shlex.join([*LAUNCHER, '--plain'])} \"$@\"\n")
+        with open(script + ".new", "w") as fh:
+            fh.write(body)
+        os.chmod(script + ".new", 0o755)
+        os.replace(script + ".new", script)
+    return script
 
 
 def _sort_replies(server: subprocess.Popen) -> None:

@@ -68,6 +68,7 @@ def _replay(store, *args) -> tuple[int, str, str]:
 
 def test_replay_spreads_the_trees_over_one_pinned_worker_per_device(small_store, monkeypatch):
     monkeypatch.setenv(FAKE_DEVICES, "1")
+    monkeypatch.setattr(sys, "executable", forkserver.python())  # the workers fork from the test fork server
     code, out, err = _replay(small_store, "--devices", "4,7", "--json")
     assert code == 0, out[-2000:] + err[-2000:]
     doc = json.loads(out)
@@ -88,7 +89,8 @@ def test_replay_spreads_the_trees_over_one_pinned_worker_per_device(small_store,
     assert code == 0 and "per device" in out and "┃ device ┃ case " in out and "PASS" in out, out[-1500:]
 
 
-def test_a_device_whose_worker_dies_is_an_error_row_naming_it(small_store):
+def test_a_device_whose_worker_dies_is_an_error_row_naming_it(small_store, monkeypatch):
+    monkeypatch.setattr(sys, "executable", forkserver.python())
     args = argparse.Namespace(store=str(small_store.root), cases_module=[], wiring="both", backend="torch",
                               backend_module="tests.no_such_module:BACKEND", platform=None, pypto_lib=None,
                               rev=None, allow_unavailable=False, allow_stale=False, keep_actual=False, verbose=False,
@@ -110,7 +112,7 @@ def test_replay_devices_refuses_what_it_cannot_combine(small_store, monkeypatch)
 
 
 def test_pytest_gives_each_xdist_worker_its_device_and_sums_up_per_device():
-    env = {**os.environ, FAKE_DEVICES: "1"}
+    env = {**os.environ, FAKE_DEVICES: "1", forkserver.EXECUTABLE: forkserver.python()}  # xdist workers forked
     proc = forkserver.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--devices", "3,5", "contracts/test_rope.py",
                            "-p", "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-1500:]

@@ -189,3 +189,48 @@ def test_a_killed_launcher_takes_its_child_with_it_and_sigterm_is_passed_on(laun
         assert _parent(child) is None, f"the child {child} outlived its launcher (signal {sig})"
         with pytest.raises(ProcessLookupError):
             os.kill(child, 0)
+
+
+PLAIN = {  # python ARGS, and the same through forkserver.python(): (stdin, expected stdout, expected exit code)
+    "-u: unbuffered, asserts on": (["-u", "-c", "import os\nprint(__debug__)\nos._exit(0)"], "", "True\n", 0),
+    "a bootstrap line read from stdin": (["-u", "-c", "import sys;exec(eval(sys.stdin.readline()))"],
+                                         "'print(input().upper())'\nping\n", "PING\n", 0),
+    "a module from the cwd": (["-m", "probe_mod", "x"], "", "probe_mod ['x'] True\n", 0),
+    "none of the launcher's own variables": (["-c", "import os; print(sorted(k for k in os.environ if "
+                                              "k.startswith('PTO_TEST_PLAIN')))"], "", "[]\n", 0),
+    "killed by a signal": (["-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"], "", "", -15),
+}
+
+
+@pytest.mark.parametrize("name", list(PLAIN))
+def test_the_stand_in_python_is_python_forked_from_the_server(name, tmp_path):
+    """``forkserver.python()`` (what the xdist workers of a child ``pytest -n`` and ``goldens replay --devices``'
+    workers start as) gives what ``python ARGS`` gives -- ``-u``, live stdin, asserts on, exit code, death by
+    signal -- from a child of this process's fork server."""
+    import os
+
+    stand_in = forkserver.python()
+    (tmp_path / "probe_mod.py").write_text("import sys\nprint(__name__ == '__main__' and 'probe_mod', sys.argv[1:], "
+                                           "__debug__)\n")
+    args, stdin, out, code = PLAIN[name]
+    server = forkserver._start().pid
+    runs = {}
+    for how, cmd in (("real", [sys.executable, *args]), ("stand-in", [stand_in, *args])):
+        proc = subprocess.Popen(cmd, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ""})
+        runs[how] = (*proc.communicate(stdin, timeout=120), proc.returncode)
+    assert runs["stand-in"] == runs["real"] == (out, "", code), runs
+    probe = subprocess.run([stand_in, "-c", "import os; print(os.getppid())"], capture_output=True, text=True,
+                           timeout=120)
+    assert int(probe.stdout) == server, "the stand-in's child was not forked by the server"
+
+
+def test_a_forked_child_takes_its_sys_executable_from_its_environment(tmp_path):
+    """``PTO_TEST_EXECUTABLE`` in a forked child's environment is its ``sys.executable`` (and leaves the
+    environment, so the child's own children start as usual)."""
+    import os
+
+    code = f"import os, sys; print(sys.executable, {forkserver.EXECUTABLE!r} in os.environ)"
+    proc = forkserver.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, forkserver.EXECUTABLE: "/some/python"})
+    assert proc.stdout == "/some/python False\n", proc.stdout + proc.stderr

@@ -123,7 +123,7 @@ def test_pytest_writes_one_page_from_every_xdist_worker(tmp_path):
                            "--golden-store", str(small.root), "--golden-report", str(tmp_path / "r"),
                            "--backend-module", "tests.defects.slabs:GATHER_REVERSED"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": str(ROOT), forkserver.EXECUTABLE: forkserver.python()})
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert f"golden replay report: {tmp_path / 'r' / report.PAGE}" in proc.stdout
     page = (tmp_path / "r" / report.PAGE).read_text()

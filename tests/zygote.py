@@ -12,9 +12,13 @@ handled as the interpreter does, non-daemon threads and ``atexit`` handlers run 
 Started as a script (``python tests/zygote.py``, no PYTHONPATH), so its ``sys.path[0]`` is this directory
 and nothing of the project is imported into it.
 
-Protocol (binary pipes, one JSON line each way): request ``{"id", "argv", "cwd", "env", "stdin", "stdout",
-"stderr"}`` (paths; ``stderr`` may be the string ``"stdout"``) -> ``{"id", "pid"}``, then ``{"id", "status"}``
-(the raw wait status) when the child ends. Requests may come while earlier children run.
+Requests come two ways, both served by one loop (``serve``), while earlier children run:
+- ``--pipe`` (tests/forkserver.py): one JSON line each way on stdin / stdout: request ``{"id", "argv", "cwd",
+  "env", "stdin", "stdout", "stderr"}`` (paths; ``stderr`` may be the string ``"stdout"``) -> ``{"id", "pid"}``,
+  then ``{"id", "status"}`` (the raw wait status) when the child ends;
+- ``--socket PATH OWNER`` (tests/pylaunch.py): a connection per child, which gets the launcher's own fds.
+A request's ``"unbuffered"`` is ``python -u``; ``PTO_TEST_EXECUTABLE`` in its environment is the child's
+``sys.executable`` (``tests/forkserver.py: python()``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import os
 import sys
 
+EXECUTABLE = "PTO_TEST_EXECUTABLE"
 PRELOAD = ("torch", "numpy", "zarr", "icechunk", "numcodecs", "blake3", "crc32c", "hypothesis", "pytest",
            "_pytest.config")
 
@@ -38,6 +43,8 @@ def _child(req: dict) -> None:
 
         os.environ.clear()
         os.environ.update(req["env"])
+        if os.environ.get(EXECUTABLE):  # this child's sys.executable (tests/forkserver.py: python())
+            sys.executable = os.environ.pop(EXECUTABLE)
         os.chdir(req["cwd"])
         if "fds" in req:  # the launcher's own standard streams (tests/pylaunch.py), passed over the socket
             stdin, out, err = req["fds"]
@@ -54,9 +61,14 @@ def _child(req: dict) -> None:
         import io
 
         sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115
-        sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)  # noqa: SIM115  (block-buffered: not a tty)
-        sys.stderr = sys.__stderr__ = io.TextIOWrapper(open(2, "wb", closefd=False), errors="backslashreplace",  # noqa: SIM115
-                                                       line_buffering=True)
+        if req.get("unbuffered"):  # python -u
+            sys.stdout = sys.__stdout__ = io.TextIOWrapper(open(1, "wb", 0, closefd=False), write_through=True)  # noqa: SIM115
+            sys.stderr = sys.__stderr__ = io.TextIOWrapper(open(2, "wb", 0, closefd=False), write_through=True,  # noqa: SIM115
+                                                           errors="backslashreplace")
+        else:
+            sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)  # noqa: SIM115  (block-buffered: not a tty)
+            sys.stderr = sys.__stderr__ = io.TextIOWrapper(open(2, "wb", closefd=False), errors="backslashreplace",  # noqa: SIM115
+                                                           line_buffering=True)
         argv = req["argv"]
         extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
         first = req["cwd"] if argv[0] == "-m" else ""
@@ -120,91 +132,92 @@ def _reaped(children: dict):
             yield pid, status, children.pop(pid)
 
 
-def serve() -> None:
-    """Fork a child per request line as it comes, so children run side by side; report each one's pid at
-    once and its wait status when it ends (polled every 20 ms while any runs)."""
-    _preload()
-    import select
-
-    tx = os.fdopen(1, "wb", buffering=0)
-    pending, running = b"", {}  # pid -> request id
-    while True:
-        ready, _, _ = select.select([0], [], [], 0.02 if running else None)
-        if ready:
-            data = os.read(0, 1 << 16)
-            if not data:
-                return  # the client is gone (its children are on their own)
-            pending += data
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                req = json.loads(line)
-                pid = os.fork()
-                if pid == 0:
-                    tx.close()
-                    _child(req)
-                running[pid] = req["id"]
-                tx.write(json.dumps({"id": req["id"], "pid": pid}).encode() + b"\n")
-        for _pid, status, req_id in _reaped(running):
-            tx.write(json.dumps({"id": req_id, "status": status}).encode() + b"\n")
-
-
-def serve_socket(path: str, owner: int) -> None:
-    """Launcher mode (``tests/pylaunch.py``): listen on the Unix socket ``path``; each connection sends one
-    request -- an 8-byte length, its JSON ``{"argv", "cwd", "env"}`` and the launcher's fds 0, 1, 2 -- and gets
-    ``{"pid"}``, then ``{"status"}`` when the child ends. A launcher that goes away (killed) takes its child
-    with it; the server ends when ``owner`` (the test process) has ended."""
-    import signal
+def _listen(path: str):
     import socket
-    import struct
-    import time
 
-    _preload()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".new")
     listener.listen(64)
     os.rename(path + ".new", path)  # ready: connections are accepted from here on
-    import select
+    return listener
 
-    children: dict[int, socket.socket] = {}  # pid -> its launcher's connection
+
+def _received(listener) -> tuple[object, dict] | None:
+    """A launcher's connection and its request -- an 8-byte length, the JSON ``{"argv", "cwd", "env"}`` and the
+    launcher's fds 0, 1, 2 -- or None when it broke off."""
+    import socket
+    import struct
+
+    conn, _ = listener.accept()
+    try:
+        msg, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+        while len(msg) < 8 or len(msg) < 8 + struct.unpack("<Q", msg[:8])[0]:
+            more = conn.recv(1 << 20)
+            if not more:
+                raise EOFError
+            msg += more
+        return conn, {**json.loads(msg[8:]), "fds": fds}
+    except (OSError, EOFError, ValueError):
+        conn.close()
+        return None
+
+
+def serve(pipe: bool, path: str | None, owner: int | None) -> None:
+    """Fork a child per request as it comes, so children run side by side.
+
+    ``pipe``: request lines on stdin (``tests/forkserver.py``); each gets ``{"id", "pid"}`` at once and
+    ``{"id", "status"}`` when its child ends (polled every 20 ms while any runs); the server ends when stdin
+    closes. ``path``: also listen on that Unix socket for ``tests/pylaunch.py``; each connection sends one
+    request (``_received``) and gets ``{"pid"}``, then ``{"status"}``; a launcher that goes away (killed) takes
+    its child with it; the server ends when ``owner`` (the test process) has ended."""
+    import select
+    import signal
+    import time
+
+    _preload()
+    tx = os.fdopen(1, "wb", buffering=0) if pipe else None
+    listener = _listen(path) if path else None
+    pending, running = b"", {}  # pid -> a pipe request's id, or a launcher's connection
     checked = time.monotonic()
     while True:
-        conns = list(children.values())
-        ready, _, _ = select.select([listener, *conns], [], [], 0.02 if children else 1.0)
-        for sock in ready:
-            if sock is listener:
-                conn, _ = listener.accept()
-                try:
-                    msg, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
-                    while len(msg) < 8 or len(msg) < 8 + struct.unpack("<Q", msg[:8])[0]:
-                        more = conn.recv(1 << 20)
-                        if not more:
-                            raise EOFError
-                        msg += more
-                    req = {**json.loads(msg[8:]), "fds": fds}
-                except (OSError, EOFError, ValueError):
-                    conn.close()
+        conns = [c for c in running.values() if not isinstance(c, int)]
+        sources = ([0] if pipe else []) + ([listener] if listener else []) + conns
+        ready, _, _ = select.select(sources, [], [], 0.02 if running else 1.0)
+        for src in ready:
+            if src == 0:
+                data = os.read(0, 1 << 16)
+                if not data:
+                    return  # the client is gone (its children are on their own)
+                pending += data
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    req = json.loads(line)
+                    pid = _fork(req, [tx, listener, *conns])
+                    running[pid] = req["id"]
+                    tx.write(json.dumps({"id": req["id"], "pid": pid}).encode() + b"\n")
+            elif src is listener:
+                got = _received(listener)
+                if got is None:
                     continue
-                pid = os.fork()
-                if pid == 0:
-                    listener.close()
-                    for other in children.values():
-                        other.close()
-                    conn.close()
-                    _child(req)
-                for fd in fds:
+                conn, req = got
+                pid = _fork(req, [tx, listener, *conns, conn])
+                for fd in req["fds"]:
                     os.close(fd)
-                children[pid] = conn
+                running[pid] = conn
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-            elif not sock.recv(1):  # the launcher is gone: so is its child
-                for pid, conn in children.items():
-                    if conn is sock:
+            elif not src.recv(1):  # the launcher is gone: so is its child
+                for pid, conn in running.items():
+                    if conn is src:
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(pid, signal.SIGKILL)
-        for _pid, status, conn in _reaped(children):
-            with contextlib.suppress(OSError):
-                conn.sendall(json.dumps({"status": status}).encode() + b"\n")
-            conn.close()
-        if time.monotonic() - checked > 1.0:
+        for _pid, status, who in _reaped(running):
+            if isinstance(who, int):
+                tx.write(json.dumps({"id": who, "status": status}).encode() + b"\n")
+            else:
+                with contextlib.suppress(OSError):
+                    who.sendall(json.dumps({"status": status}).encode() + b"\n")
+                who.close()
+        if owner and time.monotonic() - checked > 1.0:
             checked = time.monotonic()
             try:
                 os.kill(owner, 0)
@@ -214,12 +227,24 @@ def serve_socket(path: str, owner: int) -> None:
                 return
 
 
+def _fork(req: dict, close: list) -> int:
+    """Fork the child of ``req``; in it, the server's own pipes and sockets (``close``) are closed first."""
+    pid = os.fork()
+    if pid == 0:
+        for obj in close:
+            if obj is not None:
+                with contextlib.suppress(OSError):
+                    obj.close()
+        _child(req)
+    return pid
+
+
 # the interpreter's own paths: what a fresh ``python`` has after its script directory and PYTHONPATH
 _SKIP = {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
 BASE_PATH = [p for p in sys.path[1:] if p not in _SKIP]
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--socket"]:
-        serve_socket(sys.argv[2], int(sys.argv[3]))
-    else:
-        serve()
+    _args = sys.argv[1:]
+    _pipe = "--pipe" in _args or "--socket" not in _args
+    _at = _args.index("--socket") if "--socket" in _args else -1
+    serve(_pipe, _args[_at + 1] if _at >= 0 else None, int(_args[_at + 2]) if _at >= 0 else None)
