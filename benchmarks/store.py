@@ -65,6 +65,13 @@ def pt_read(tree_names, root: Path) -> dict:
     return {n: torch.load(root / f"{n}.pt", weights_only=True) for n in tree_names}
 
 
+def cpu_seconds() -> float:
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
 def store_write(tree, store: GoldenStore, message: str):
     return store.commit({f"case/replicated/{k}": to_numpy(v) for k, v in tree.items()},
                         {"case/replicated": {"case": "bench"}}, message)
@@ -165,16 +172,19 @@ def main() -> None:
         # writes: interleaved, each into a fresh directory / store, median of the repeats (a single write here
         # swings 2x with the page cache's writeback)
         pt_ws, st_ws, floors = [], [], {"raw": [], "raw, no hashes": []}
+        cpu = {"pt": [], "store": []}  # CPU seconds of this process's threads (icechunk's writers among them)
         for i in range(args.repeats):
             pt_root, store = tmp / f"pt{i}", GoldenStore(tmp / f"store{i}")
             os.sync()  # each write starts with no dirty pages: none pays for the writeback of the one before
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), cpu_seconds()
             pt_write(tree, pt_root)
             pt_ws.append(time.perf_counter() - t0)
+            cpu["pt"].append(cpu_seconds() - c0)
             os.sync()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), cpu_seconds()
             store_write(tree, store, "record")
             st_ws.append(time.perf_counter() - t0)
+            cpu["store"].append(cpu_seconds() - c0)
             for kind, samples in floors.items():
                 floor_store = GoldenStore(tmp / f"floor{i}")
                 with StorageFloor(nohash=kind != "raw"):
@@ -219,6 +229,9 @@ def main() -> None:
         print(f"{'':28} {'torch.save/.pt':>16} {'golden store':>14} {'store/.pt':>10}  goal")
         print(f"{'write (s)':28} {pt_w:16.3f} {st_w:14.3f} {st_w / pt_w:10.2f}")
         print(f"{'write throughput':28} {'':16} {'':14} {pt_w / st_w:10.2f}x  >= 1.0x (median of {args.repeats})")
+        pt_cpu, st_cpu = statistics.median(cpu["pt"]), statistics.median(cpu["store"])
+        print(f"{'write CPU (s, all threads)':28} {pt_cpu:16.3f} {st_cpu:14.3f} {st_cpu / pt_cpu:10.2f}  "
+              f"(on {os.cpu_count()} cores a write cannot take less than CPU / cores)")
         for kind, samples in floors.items():
             fl = statistics.median(samples)
             print(f"{'  floor: ' + kind + ' (s)':28} {pt_w:16.3f} {fl:14.3f} {fl / pt_w:10.2f}  "
