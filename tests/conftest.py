@@ -50,6 +50,23 @@ def pytest_unconfigure(config):
             os.environ.pop(name, None)
 
 
+# ``path::name`` of every test function this session collected (parameters stripped), when it collected the whole
+# of contracts/ and tests/ (``pytest tests/ contracts/``, with or without -n): taken before any deselection (-k,
+# -m, --operator), else None. tests/test_coverage_doc.py checks against it instead of collecting everything again.
+WHOLE_COLLECTION: frozenset[str] | None = None
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_collection_modifyitems(session, config, items):
+    global WHOLE_COLLECTION
+    given = {Path(str(a).split("::")[0]).resolve() for a in config.args}
+    whole = all("::" not in str(a) for a in config.args) and \
+        (given == {ROOT} or given == {ROOT / "tests", ROOT / "contracts"}) and \
+        not any(config.getoption(o, default=None) for o in ("ignore", "ignore_glob", "deselect", "lf", "stepwise"))
+    WHOLE_COLLECTION = frozenset(i.nodeid.split("[")[0] for i in items) if whole else None
+    yield
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """http://127.0.0.1:PORT of a moto S3 server started for this test session (one per xdist worker), with

@@ -3,11 +3,10 @@ example loads by module and by file path and passes the contracts it is judged b
 
 from __future__ import annotations
 
-import subprocess
 import sys
-from pathlib import Path
 
 from backends import load_backend_module
+from tests import forkserver
 from tests.backends_doc import DOC, ROOT, render
 
 
@@ -20,8 +19,9 @@ def test_the_example_loads_by_module_and_by_file_path_and_passes_its_contracts()
     assert by_path.name == "example-out-of-tree" and by_path.get("sp_bounds").__name__ == "slab_bounds"
     by_module = load_backend_module("docs.examples.out_of_tree_backend:make_backend")
     assert by_module.get("sp_bounds").__module__ == "docs.examples.out_of_tree_backend"
-    # the command docs/examples/out_of_tree_backend.py documents, as written (tests/test_documented_commands.py)
-    proc = subprocess.run([str(Path(sys.executable).parent / "pytest"), "contracts/test_slabs.py",
+    # the command docs/examples/out_of_tree_backend.py documents (tests/test_documented_commands.py), as
+    # ``python -m pytest`` (the installed ``pytest`` script runs the same main) forked from the test fork server
+    proc = forkserver.run([sys.executable, "-m", "pytest", "contracts/test_slabs.py",
                            "--backend-module", "docs/examples/out_of_tree_backend.py:BACKEND"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:]

@@ -100,7 +100,12 @@ def test_rows_are_well_formed():
 
 @cache
 def collected() -> frozenset[str]:
-    """``path::name`` of every test function pytest collects in contracts/ and tests/ (parameters stripped)."""
+    """``path::name`` of every test function pytest collects in contracts/ and tests/ (parameters stripped): this
+    session's own collection where it was that whole collection (tests/conftest.py), else a ``--collect-only``."""
+    from tests import conftest
+
+    if conftest.WHOLE_COLLECTION is not None:
+        return conftest.WHOLE_COLLECTION
     proc = forkserver.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
                            "-p", "no:randomly", "contracts", "tests"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
