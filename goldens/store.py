@@ -21,6 +21,7 @@ import fcntl
 import functools
 import hashlib
 import json
+import math
 import mmap
 import os
 import random
@@ -1152,7 +1153,8 @@ class StoreReader:
             with contextlib.suppress(OSError):
                 pack.unlink()  # damaged or another read's: rewritten after this read
             return None
-        large = [e for e in entries if e["data"] is None]  # mapped and checked on the worker pool, side by side
+        large = [e for e in entries if e["data"] is None]  # mapped and checked on the worker pool, side by side,
+        large.sort(key=lambda e: -math.prod(e["shape"]) * np.dtype(e["dtype"]).itemsize)  # the largest first
         mapped = dict(zip((e["path"] for e in large),
                           workers.pool().map(lambda e: self._cached(e["attrs"], e["dtype"], e["shape"]), large),
                           strict=True))
