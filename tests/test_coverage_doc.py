@@ -219,3 +219,28 @@ def test_the_outline_is_computed():
     got = text[start:start + len(want)]
     assert got == want, "docs/coverage.md outline is\n  " + "\n  ".join(got) + "\nbut the rows give\n  " + \
         "\n  ".join(want)
+
+
+def test_this_sessions_collection_stands_in_only_when_it_was_the_whole_of_contracts_and_tests(monkeypatch):
+    """tests/conftest.py keeps a session's collection for ``collected()`` only when it collected contracts/ and
+    tests/ whole: not for a file, a node id, one of the two folders, ``--deselect``, ``--ignore`` or ``--lf``."""
+    from types import SimpleNamespace
+
+    from tests import conftest
+
+    monkeypatch.setattr(conftest, "WHOLE_COLLECTION", conftest.WHOLE_COLLECTION)  # restored afterwards
+    items = [SimpleNamespace(nodeid="tests/test_a.py::test_b[1]"), SimpleNamespace(nodeid="contracts/test_c.py::test_d")]
+    both = [str(ROOT / "tests"), str(ROOT / "contracts")]
+    cases = [(both, {}, True), ([str(ROOT)], {}, True), ([str(ROOT / "tests")], {}, False),
+             ([str(ROOT / "tests" / "test_house.py"), str(ROOT / "contracts")], {}, False),
+             ([f"{ROOT / 'tests'}::x", str(ROOT / "contracts")], {}, False),
+             (both, {"deselect": ["tests/test_a.py::test_b"]}, False), (both, {"ignore": ["tests/x"]}, False),
+             (both, {"lf": True}, False)]
+    for args, options, whole in cases:
+        config = SimpleNamespace(args=args, getoption=lambda name, default=None, o=options: o.get(name, default))
+        wrapper = conftest.pytest_collection_modifyitems(None, config, items)
+        next(wrapper)
+        kept = conftest.WHOLE_COLLECTION
+        assert (kept is not None) == whole, (args, options, kept)
+        if whole:
+            assert kept == {"tests/test_a.py::test_b", "contracts/test_c.py::test_d"}, kept
