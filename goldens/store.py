@@ -342,28 +342,37 @@ def _bytes_setter(store) -> Callable | None:
     return setter if callable(setter) else None
 
 
-async def _fill(store, out: zarr.AsyncArray, arr: np.ndarray, put_bytes: Callable | None) -> None:
-    """Write the chunks of one new content (``_chunk_pieces``; Blosc encodes on the worker pool, with the GIL
-    released, and each chunk is written as soon as it is encoded), else through zarr's own pipeline."""
+def _zarr_setter(store) -> Callable:
+    """``set(key, bytes-like)`` through zarr's ``Store.set`` (a copy into a ``Buffer``): where ``_bytes_setter``
+    finds none."""
+    prototype = default_buffer_prototype()
+
+    async def put(key: str, data) -> None:
+        await store.set(key, prototype.buffer.from_bytes(data))
+
+    return put
+
+
+async def _fill(out: zarr.AsyncArray, arr: np.ndarray, put_bytes: Callable) -> None:
+    """Write the chunks of one new content with ``put_bytes`` (``_chunk_pieces``; Blosc encodes on the worker
+    pool, with the GIL released, and each chunk is written as soon as it is encoded), else through zarr's own
+    pipeline."""
     pieces = _chunk_pieces(zarr.Array(out), arr)
     if pieces is None:
         await out.setitem(() if arr.ndim == 0 else ..., arr)
         return
-    loop, pool, prototype = asyncio.get_running_loop(), workers.pool(), default_buffer_prototype()
+    loop, pool = asyncio.get_running_loop(), workers.pool()
 
     async def put(key: str, raw: np.ndarray, codec) -> None:
         data = raw if codec is None else await loop.run_in_executor(pool, codec.encode, raw)
-        if put_bytes is not None:
-            await put_bytes(key, memoryview(data))
-        else:
-            await store.set(key, prototype.buffer.from_bytes(memoryview(data)))
+        await put_bytes(key, memoryview(data))
 
     await _all(*(put(*piece) for piece in pieces))
 
 
-def _sums(arr: np.ndarray) -> tuple[str, int, list]:
-    """What a write needs to know of an array's bytes, computed off the event loop: digest, CRC32C, codecs."""
-    return digest(arr), checksum(arr), _codecs(arr)
+def _sums(arr: np.ndarray) -> tuple[str, int]:
+    """What a write needs to know of every array's bytes, computed off the event loop: digest and CRC32C."""
+    return digest(arr), checksum(arr)
 
 
 class Transaction:
@@ -412,7 +421,7 @@ class Transaction:
                   for p in sorted({path.rpartition("/")[0] for path in arrays})}
         content_group = await root.require_group(POOL)
         store = root.store_path.store
-        put_bytes = _bytes_setter(store)
+        put_bytes = _bytes_setter(store) or _zarr_setter(store)
         claimed: set[str] = set()  # contents one of this commit's arrays writes (two arrays, one content)
 
         async def exists(path: str) -> bool:
@@ -432,7 +441,7 @@ class Transaction:
         async def one(path: str, arr: np.ndarray, attrs: dict, sums) -> bool:
             there = await exists(path)
             existing = (await root.getitem(path)) if there else None  # (a node is opened only where there is one)
-            d, crc, compressors = await sums
+            d, crc = await sums
             full = {**attrs, "digest": d, "crc32c": crc, "pool": pool_path(d)}
             if isinstance(existing, zarr.AsyncArray) and existing.shape == arr.shape and \
                     existing.dtype == arr.dtype and dict(existing.attrs) == full:
@@ -449,9 +458,10 @@ class Transaction:
             async def content() -> None:
                 if await exists(w):
                     return
+                compressors = await loop.run_in_executor(pool, _codecs, arr)  # (a new content's only: a probe)
                 node = await create(content_group, w, arr, compressors, {"digest": d, "crc32c": crc}, False)
                 if arr.ndim == 0 or arr.size:
-                    await _fill(store, node, arr, put_bytes)
+                    await _fill(node, arr, put_bytes)
 
             await _all(link, content())
             return False

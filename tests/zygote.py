@@ -61,14 +61,12 @@ def _child(req: dict) -> None:
         import io
 
         sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115
-        if req.get("unbuffered"):  # python -u
-            sys.stdout = sys.__stdout__ = io.TextIOWrapper(open(1, "wb", 0, closefd=False), write_through=True)  # noqa: SIM115
-            sys.stderr = sys.__stderr__ = io.TextIOWrapper(open(2, "wb", 0, closefd=False), write_through=True,  # noqa: SIM115
-                                                           errors="backslashreplace")
-        else:
-            sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)  # noqa: SIM115  (block-buffered: not a tty)
-            sys.stderr = sys.__stderr__ = io.TextIOWrapper(open(2, "wb", closefd=False), errors="backslashreplace",  # noqa: SIM115
-                                                           line_buffering=True)
+        raw = bool(req.get("unbuffered"))  # python -u; else stdout block-buffered (not a tty), stderr by line
+        sys.stdout = sys.__stdout__ = io.TextIOWrapper(open(1, "wb", 0 if raw else -1, closefd=False),  # noqa: SIM115
+                                                       write_through=raw)
+        sys.stderr = sys.__stderr__ = io.TextIOWrapper(open(2, "wb", 0 if raw else -1, closefd=False),  # noqa: SIM115
+                                                       errors="backslashreplace", write_through=raw,
+                                                       line_buffering=not raw)
         argv = req["argv"]
         extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
         first = req["cwd"] if argv[0] == "-m" else ""
