@@ -1,9 +1,9 @@
-"""Loads the project's pytest plugin (contracts.plugin) for sessions rooted here.
+"""Loads the project's pytest plugin (pto_pytest.plugin) for sessions rooted here.
 
 The plugin is deliberately not a ``pytest11`` entry point: installed into an environment it would add
 ``--platform`` / ``--device`` / ``--backend`` to every pytest session there, and upstream's own suites (pypto's
 runtime, pypto's system tests) declare options of those names and then cannot start. Elsewhere, load it by name:
-``pytest -p contracts.plugin``.
+``pytest -p pto_pytest.plugin``.
 """
 
 import os
@@ -17,7 +17,7 @@ import sys
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
-pytest_plugins = ("contracts.plugin",)
+pytest_plugins = ("pto_pytest.plugin",)
 
 # Tests that take tens of seconds each (subprocess pytest sessions, upstream workers, S3 and disk faults), measured
 # with ``pytest --durations=40`` on 2 cores. They are collected first so that pytest-xdist's workers do not end the

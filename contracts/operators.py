@@ -1,7 +1,7 @@
-"""The operators and the Backend type.
+"""The operator registries and the Backend type (one floor above the references).
 
-An operator is declared once, on its reference function, with ``@operator(returns=..., spec=...)``: its name is
-the function's name, its signature is read from the function, and every registry (``KERNEL_OPERATORS``,
+An operator is declared once, on its reference function, with ``kernels.operators.operator(returns=..., spec=...)``:
+its name is the function's name, its signature is read from the function, and every registry (``KERNEL_OPERATORS``,
 ``JUDGES``, ``OPERATORS``, ``REFERENCE_OPERATORS``), the backends' tables and docs/backends.md are derived from
 those declarations. The references live under ``kernels`` (kernel operators); the five judges a contract takes
 through ``op(backend, name)`` live in ``contracts.checks.precision``. Adding an operator: decorate its
@@ -15,87 +15,16 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
-import pkgutil
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from functools import cache, partial
+
+from kernels.operators import BackendError, Operator, Unsupported, declared, operator
+
+__all__ = ["Backend", "BackendError", "JUDGES", "KERNEL_OPERATORS", "MissingOperator", "OPERATORS", "Operator",
+           "REFERENCE_OPERATORS", "Unsupported", "operator", "operator_names", "operators_reached"]
 
 # Where operators are declared: every module under these packages is read for ``@operator`` functions.
 DECLARING = ("kernels", "contracts.checks.precision")
-
-
-@dataclass(frozen=True)
-class Operator:
-    """One operator, as declared on its reference: ``kind`` is ``kernel`` (a backend binds it) or ``judge``
-    (a comparator every backend is judged with unless it gives its own)."""
-
-    name: str
-    module: str
-    returns: str
-    spec: str
-    kind: str
-
-    @property
-    def function(self) -> Callable:
-        return getattr(importlib.import_module(self.module), self.name)
-
-    @property
-    def signature(self) -> str:
-        """The reference's own parameters (names, defaults, keyword-only marker), annotations left out."""
-        sig = inspect.signature(self.function)
-        return str(sig.replace(parameters=[p.replace(annotation=inspect.Parameter.empty, default=_shown(p.default))
-                                           for p in sig.parameters.values()],
-                               return_annotation=inspect.Signature.empty))
-
-
-class _Name(str):
-    def __repr__(self) -> str:
-        return str(self)
-
-
-def _shown(default):
-    """A default as the docs show it: a function or class by its name (its repr carries an address)."""
-    if default is not inspect.Parameter.empty and callable(default) and hasattr(default, "__qualname__"):
-        return _Name(default.__qualname__)
-    return default
-
-
-def operator(*, returns: str, spec: str) -> Callable[[Callable], Callable]:
-    """Declare the decorated reference function an operator (a ``check_*`` function of
-    ``contracts.checks.precision``: a judge). The declaration is read, not executed: the function is returned
-    unchanged, and golden fingerprints ignore the decorator."""
-    if not returns or not spec.startswith("§"):
-        raise ValueError(f"@operator: returns must say what comes back and spec name a section (got {spec!r})")
-
-    def declare(fn: Callable) -> Callable:
-        fn.__pto_operator__ = (returns, spec)
-        return fn
-
-    return declare
-
-
-def _declared() -> dict[str, Operator]:
-    """Every ``@operator`` function under ``DECLARING``, by name; two declarations of one name are refused."""
-    found: dict[str, Operator] = {}
-    modules = []
-    for root in DECLARING:
-        package = importlib.import_module(root)
-        modules.append(package)
-        if hasattr(package, "__path__"):
-            modules += [importlib.import_module(m.name)
-                        for m in pkgutil.walk_packages(package.__path__, root + ".")]
-    for module in modules:
-        for value in vars(module).values():
-            decl = getattr(value, "__pto_operator__", None)
-            if decl is None or getattr(value, "__module__", None) != module.__name__:
-                continue
-            name = value.__name__
-            if name in found:
-                raise BackendError(f"operator {name!r} declared twice: {found[name].module} and {module.__name__}")
-            kind = "judge" if module.__name__.startswith("contracts.") else "kernel"
-            found[name] = Operator(name, module.__name__, decl[0], decl[1], kind)
-    return dict(sorted(found.items()))
 
 
 class _Registry(Mapping):
@@ -120,7 +49,7 @@ class _Registry(Mapping):
 
 @cache
 def _all() -> dict[str, Operator]:
-    return _declared()
+    return declared(DECLARING, lambda module: "judge" if module.startswith("contracts.") else "kernel")
 
 
 KERNEL_OPERATORS: Mapping[str, Operator] = _Registry("kernel")
@@ -173,15 +102,6 @@ def operators_reached(operator: str, parts: Iterable[str] = ()) -> frozenset[str
     (contracts/test_golden_replay.py checks that on each replay); a composition's trees also reach its parts."""
     by_path = {f"{o.module}.{name}": name for name, o in OPERATORS.items()}
     return frozenset({o for o in operator.split("+") if o in OPERATORS} | {by_path[p] for p in parts if p in by_path})
-
-
-class BackendError(LookupError):
-    """A backend that cannot be found, loaded, or that names an unknown operator."""
-
-
-class Unsupported(BackendError):
-    """A bound operator cannot run this particular call (e.g. a device compiled for other constants); the
-    contract that made the call is skipped with this reason, never passed."""
 
 
 class MissingOperator(BackendError):

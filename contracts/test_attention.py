@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from backends import torch_backend
 from contracts.checks.precision import check_row_precision
-from contracts.plugin import op
 from contracts.separation import separates
 from kernels.reference.attention import sparse_attention as reference_attention
+from pto_pytest.plugin import op
 
 REF = torch_backend()
 

@@ -18,11 +18,11 @@ import torch
 from backends import torch_backend
 from contracts.checks.attention import check_layer_output, judge_half_layer, output_leaf
 from contracts.half_layer_inputs import FLASH_HEADS, KINDS, PHASES, TPS, HalfLayerCase, build
-from contracts.plugin import op
 from contracts.result import assert_ok
 from contracts.separation import separates
 from kernels.config import FLASH_TINY, LayerKind
 from kernels.reference.attention_layer import FULL, REUSE, for_selection, with_reference_scores
+from pto_pytest.plugin import op
 
 WIRINGS = ("replicated", "sharded")
 

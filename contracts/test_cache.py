@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.checks.cache import check_quantized_cache, check_state, check_unchanged
-from contracts.plugin import op
 from contracts.separation import separates
 from kernels import quant
 from kernels.cache import QuantCache, empty_cache, layouts
 from kernels.config import FLASH, FLASH_TINY
+from pto_pytest.plugin import op
 
 QUANTIZED = ("window", "compressed_r2", "compressed_r1", "index")
 

@@ -19,7 +19,7 @@ from contracts import compare
 from contracts.checks import cache as cache_checks
 from contracts.checks.precision import OutputBudget, check_ratio_allclose, check_row_precision
 from contracts.checks.topk import TopKContext, check_topk_overlap, check_topk_validity
-from contracts.plugin import op, operator_params
+from pto_pytest.plugin import op, operator_params
 
 EPS = 1e-6
 D = 1024  # row width: a single-element error has RMS = peak / 32

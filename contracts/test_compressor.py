@@ -16,10 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.checks.cache import check_bytes_outside
-from contracts.plugin import op
 from contracts.tensors import byte_rows
 from kernels.config import FLASH, FLASH_TINY
 from kernels.reference.compressor import CompressorWeights
+from pto_pytest.plugin import op
 
 DIMS = [pytest.param(FLASH_TINY, id="tiny"), pytest.param(FLASH, id="flash")]
 CAPACITIES = (1, 2, 4, 7)

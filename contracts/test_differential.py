@@ -28,7 +28,6 @@ from hypothesis import strategies as st
 from backends import torch_backend
 from contracts.checks.precision import check_row_precision
 from contracts.checks.topk import TopKContext, check_candidate_blocks, check_topk_validity
-from contracts.plugin import op, operator_params
 from contracts.strategies import EDGE_KINDS, indexer_cases, materialize, mx_cases, request_batches, slab_cases
 from contracts.tensors import byte_rows
 from contracts.test_compressor import Ring
@@ -36,6 +35,7 @@ from kernels.cache import empty_cache, layouts
 from kernels.config import FLASH, FLASH_TINY, V41Config
 from kernels.quant import RULES
 from kernels.reference.rope import precompute_rope_tables
+from pto_pytest.plugin import op, operator_params
 
 REF = torch_backend()
 RULE_NAMES = sorted(RULES)

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from contracts.checks.precision import ENGRAM_TOL, check_ratio_allclose
-from contracts.plugin import op
 from kernels.config import FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.reference.engram import ENGRAM_TP_WINDOW, hash_columns
+from pto_pytest.plugin import op
 
 C = FLASH_TINY
 HC, D, HD, COLS = C.hc_mult, C.hidden_size, C.engram_head_dim, hash_columns(C)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.plugin import op
 from kernels.config import FLASH, LayerKind
+from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("half_layer_call")  # every contract here calls it, and only it
 

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from backends import torch_backend
 from contracts.checks.precision import LOGITS_TOL, check_greedy, check_logits
-from contracts.plugin import op
 from contracts.separation import separates
 from kernels.config import FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.reference.lm_head import lm_head_layout
+from pto_pytest.plugin import op
 
 REF = torch_backend()
 C = FLASH_TINY

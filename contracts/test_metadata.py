@@ -12,11 +12,11 @@ import torch
 from hypothesis import given, settings
 
 from contracts.checks import metadata as checks
-from contracts.plugin import op
 from contracts.result import assert_ok
 from contracts.strategies import BatchCase, materialize, request_batches
 from kernels.config import FLASH
 from kernels.metadata import build_forward_metadata
+from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("build_forward_metadata")  # every contract here calls it, and only it
 

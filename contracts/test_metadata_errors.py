@@ -11,8 +11,8 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from contracts.plugin import op
 from contracts.strategies import materialize, request_batches
+from pto_pytest.plugin import op
 
 BATCHES = request_batches(min_requests=2)
 

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.plugin import op
 from contracts.strategies import materialize, request_batches
+from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("build_forward_metadata")  # every contract here calls it, and only it
 

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from backends import torch_backend
 from contracts.checks.precision import HC_MIX_TOL, HC_OUT_TOL, check_ratio_allclose
-from contracts.plugin import op
 from kernels.config import FLASH_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.plugin import op
 
 REF = torch_backend()
 C = FLASH_TINY

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 
 from backends import torch_backend
 from contracts.checks.moe import check_gate_ids, check_gate_weights, check_moe_rows
-from contracts.plugin import op
 from kernels.config import FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.reference.moe import ExpertWeights, expert_weights
+from pto_pytest.plugin import op
 
 REF = torch_backend()
 C = FLASH_TINY

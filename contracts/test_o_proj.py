@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from backends import torch_backend
 from contracts.checks.precision import check_row_precision
-from contracts.plugin import op
+from pto_pytest.plugin import op
 
 REF = torch_backend()
 

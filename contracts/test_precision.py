@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.checks.precision import FP8_BUDGET, ROW_BOUND, check_output_budget, check_ratio_allclose
-from contracts.plugin import op
+from pto_pytest.plugin import op
 
 FACTORS = st.sampled_from((0.97, 0.99, 1.01, 1.03))
 SCALES = st.sampled_from((1e-3, 1.0, 37.5, 1e3))

@@ -19,12 +19,12 @@ from functools import partial
 import pytest
 import torch
 
-from contracts.plugin import op
 from contracts.separation import separates
 from kernels.config import FLASH, LayerKind
 from kernels.errors import ContractInputError
 from kernels.metadata import paged_slots
 from kernels.prefill_plan import causal_encoder_layer, prefill_layer_plan
+from pto_pytest.plugin import op
 
 
 def test_the_ced_plan_puts_layers_0_to_19_in_the_encoder_and_20_to_39_in_the_decoder():

@@ -11,10 +11,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.plugin import op
 from contracts.separation import separates
 from contracts.strategies import mx_cases
 from kernels.quant import FP4_MIDPOINTS, RULES, e8m0_decode, half_step, unpack_fp4
+from pto_pytest.plugin import op
 
 RULE_NAMES = sorted(RULES)
 CACHE_RULES = ("window", "window_host", "compressed", "index")

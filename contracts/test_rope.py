@@ -9,9 +9,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.plugin import counterexample, op
 from kernels.config import FLASH, FLASH_TINY, V4_FLASH, V4_PRO, V4_PRO_TINY
 from kernels.reference.rope import precompute_rope_tables, rope_frequencies, rope_interleave
+from pto_pytest.plugin import counterexample, op
 
 SENTINEL_COS, SENTINEL_SIN = 17.0, 19.0
 

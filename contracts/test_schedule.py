@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.plugin import op
 from kernels.config import (
     FLASH,
     FLASH_TINY,
@@ -22,6 +21,7 @@ from kernels.config import (
     LayerKind,
     V41Config,
 )
+from pto_pytest.plugin import op
 
 EXPECTED_COUNTS = {LayerKind.SWA: 2, LayerKind.C2A_FULL: 3, LayerKind.C2A_REUSE: 15, LayerKind.C1A_FULL: 1,
                    LayerKind.C1A_REINDEX: 4, LayerKind.C1A_REUSE: 15}

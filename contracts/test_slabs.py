@@ -7,9 +7,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.plugin import op
 from contracts.strategies import slab_cases
 from contracts.tensors import byte_rows
+from pto_pytest.plugin import op
 
 SPEC_EXAMPLES = [
     ((5, 4, None), [(0, 2, 2), (2, 2, 2), (4, 1, 2), (5, 0, 2)]),

@@ -19,11 +19,11 @@ from contracts.checks.topk import (
     check_topk_validity,
     selected_output_reference,
 )
-from contracts.plugin import op
 from contracts.separation import separates
 from contracts.strategies import IndexerCase, indexer_cases
 from kernels.config import FLASH, FLASH_TINY
 from kernels.reference import indexer as ref
+from pto_pytest.plugin import op
 
 FLASH_CASES = indexer_cases(max_len=700, topk=FLASH.index_topk, heads=(FLASH.index_n_heads,),
                             dim=FLASH.index_head_dim, blocks=(FLASH.block_size,), max_tokens=2)

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backends import torch_backend
-from contracts.plugin import op
 from contracts.separation import pairwise_sum, running_sum
 from kernels.sequence_parallel import sp_bounds
+from pto_pytest.plugin import op
 
 REF = torch_backend()
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.plugin import op
 from contracts.v4_inputs import prefill_stage_inputs, stage_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.plugin import op
 
 
 def _projected(backend, config, i):

@@ -16,11 +16,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.plugin import op
 from contracts.separation import separates
 from kernels.config import V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
+from pto_pytest.plugin import op
 
 HIDDEN, D = 32, 8
 CASES = [(128, False, 8), (4, True, 4)]  # (ratio, overlap, state page) -- HCA and CSA

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from backends import torch_backend
-from contracts.plugin import op
 from contracts.separation import separates, separates_under
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
+from pto_pytest.plugin import op
 
 HIDDEN, D, SEQ = 32, 8, 2
 PAGE = {4: 2, 128: 8}  # upstream's persistent ABI: 2-row CSA pages (4 per request), 8-row HCA pages (16)

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from contracts.half_layer_inputs import HalfLayerCase, build
-from contracts.plugin import op
 from contracts.v4_inputs import attention_inputs, compressed_topk
 from kernels.config import FLASH_TINY, V4_PRO_TINY, LayerKind
 from kernels.errors import ContractInputError
+from pto_pytest.plugin import op
 
 C = FLASH_TINY
 

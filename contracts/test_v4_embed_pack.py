@@ -8,11 +8,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.defect import SeededDefect
-from contracts.plugin import op
 from contracts.separation import separates
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.defect import SeededDefect
+from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("v4_embed_pack")  # every contract here calls it, and only it
 

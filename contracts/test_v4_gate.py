@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.plugin import op
 from contracts.separation import separates, separates_under
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.gate import GATE_M_TILE, v4_gate
+from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("v4_gate")  # every contract here calls it, and only it
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.plugin import op
 from kernels.errors import ContractInputError
+from pto_pytest.plugin import op
 
 
 def _pow2_scale(amax: torch.Tensor, mode: str, floor: float = 0.0) -> torch.Tensor:

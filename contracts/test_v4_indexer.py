@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from contracts.checks.topk import V4_DECODE_TAIL, V4_LOWEST, check_v4_index_scores, check_v4_topk
-from contracts.plugin import op
 from contracts.separation import separates
 from contracts.v4_inputs import indexer_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY, V4_FLASH_TINY]
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.plugin import op
 from contracts.separation import separates
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
 IDS = [m.name for m in MODELS]

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from contracts.checks.moe import check_moe_rows
-from contracts.plugin import op
 from contracts.v4_inputs import int8_rows, moe_inputs, v4_expert_weights
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.moe import V4ExpertWeights
+from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
 T = 8

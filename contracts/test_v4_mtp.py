@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.plugin import op
 from kernels.config import V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.mtp import quantize_rows_int8
+from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("mtp_projection")  # every contract here calls it, and only it
 

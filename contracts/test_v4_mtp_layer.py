@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.plugin import op
 from contracts.v4_inputs import mtp_layer_inputs, prefill_mtp_layer_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
 

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from contracts.checks.precision import check_owned_rows, check_ratio_allclose
-from contracts.plugin import op
 from contracts.v4_inputs import PREFILL_COMPRESSOR_ROPE, prefill_compressor_inputs
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
+from pto_pytest.plugin import op
 
 CMP_TOL, STATE_TOL = (1e-4, 1.0 / 128), (1e-3, 1e-3)  # upstream's compare_fn for cmp_kv / compress_state
 # (ratio, start, rows): CSA from position 0 (the first windows have no previous half) and mid-run; HCA closing

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from contracts.checks.topk import V4_LOWEST, V4_PREFILL_HARD_ATOL, check_v4_index_scores, check_v4_topk
-from contracts.plugin import op
 from contracts.v4_inputs import prefill_indexer_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY, V4_FLASH_TINY]
 

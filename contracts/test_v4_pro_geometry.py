@@ -17,13 +17,13 @@ import torch
 
 from contracts.checks.precision import check_ratio_allclose
 from contracts.checks.topk import V4_DECODE_TAIL, check_v4_index_scores, check_v4_topk
-from contracts.plugin import op
 from contracts.test_v4_indexer import _independent as independent_indexer
 from contracts.test_v4_indexer import _visible
 from contracts.test_v4_sparse_attention import _independent as independent_attention
 from contracts.test_v4_sparse_attention import independent_projection
 from contracts.v4_inputs import attention_inputs, compressed_topk, indexer_inputs
 from kernels.config import V4_PRO
+from pto_pytest.plugin import op
 
 PRO = V4_PRO.kernel_preset()
 ATTN_OUT_TOL = (1e-4, 1.0 / 128)

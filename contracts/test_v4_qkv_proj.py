@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from contracts.checks.precision import check_ratio_allclose
-from contracts.plugin import op
 from contracts.separation import separates
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("v4_qkv_proj_rope")  # every contract here calls it, and only it
 

@@ -17,13 +17,13 @@ import torch
 
 from backends import torch_backend
 from contracts.checks.precision import check_ratio_allclose
-from contracts.plugin import op
 from contracts.separation import separates
 from contracts.v4_inputs import attention_inputs as _inputs
 from contracts.v4_inputs import compressed_topk as _compressed
 from contracts.v4_inputs import prefill_attention_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY, V4_FLASH_TINY]
 ATTN_OUT_TOL = (1e-4, 1.0 / 128)  # upstream's compare_fn for attn_out: ratio_allclose(1e-4, 1/128)

@@ -1,4 +1,4 @@
-"""The one door from pytest's plugin (``contracts.plugin``) into the golden store: the plugin imports this module
+"""The one door from pytest's plugin (``pto_pytest.plugin``) into the golden store: the plugin imports this module
 and nothing else of ``goldens``. Five things cross it: a store location checked at start-up, user case modules
 loaded, a failing contract's inputs recorded as a counterexample tree, the replay report assembled, and the
 ``--devices`` list parsed (one reading for pytest and ``goldens replay``)."""

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from contracts.operators import operator
 from kernels import quant
 from kernels.config import FLASH, PRESETS, V41Config
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 
 SPEC = "§2.1"
 # Bump when the arithmetic or a rounding rule changes on purpose: goldens recorded before go stale.

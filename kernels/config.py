@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 
-from contracts.operators import operator
 from kernels.errors import is_int
+from kernels.operators import operator
 
 
 class ConfigError(ValueError):

@@ -12,9 +12,9 @@ Spec: §7.1 (decode caller contract), §1 (deployment); upstream_checks CH-03, C
 
 from __future__ import annotations
 
-from contracts.operators import operator
 from kernels.config import FLASH, SUPPORTED_TP, ConfigError, LayerKind, V41Config
 from kernels.errors import ContractInputError, is_int
+from kernels.operators import operator
 
 SPEC = "§7.1"
 PHASES = ("decode", "prefill")

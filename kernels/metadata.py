@@ -10,9 +10,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from contracts.operators import operator
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError, first_true
+from kernels.operators import operator
 
 SPEC = "§3"
 # Bump when the arithmetic or a rounding rule changes on purpose: goldens recorded before go stale.

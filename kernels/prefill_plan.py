@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from contracts.operators import operator
 from kernels.config import FLASH, LayerKind, V41Config
 from kernels.errors import ContractInputError, is_int
 from kernels.metadata import paged_slots
+from kernels.operators import operator
 
 SPEC = "§1"
 ENCODER_KINDS = {LayerKind.SWA: "prefill_swa", LayerKind.C2A_FULL: "prefill_c2a_full",

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from contracts.operators import operator
 from kernels import workers
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 from kernels.tables import WatchedTable
 
 SPEC = "§2.2"

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError, first_true, is_int
+from kernels.operators import operator
 
 SPEC = "§7.1"
 # Bump when the arithmetic or a rounding rule changes on purpose: goldens recorded before go stale.

@@ -92,7 +92,7 @@ def run_contract(fn, backend, *, stop_at_first: bool = False) -> Outcome:
         try:
             with falsify_without_shrinking(fn):
                 fn(backend=backend, **kwargs)
-        except pytest.skip.Exception as exc:  # only a backend without the operator skips (contracts.plugin.op)
+        except pytest.skip.Exception as exc:  # only a backend without the operator skips (pto_pytest.plugin.op)
             return Outcome(name, skipped=str(exc))
         except BaseException as exc:  # AssertionError, pytest.fail's Failed, a hypothesis group, a crash
             if isinstance(exc, KeyboardInterrupt | SystemExit):

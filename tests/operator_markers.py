@@ -1,6 +1,6 @@
 """What each contract test calls, read from its code, beside what it declares with ``@pytest.mark.operators``.
 
-``pytest contracts/ --operator NAME`` selects by the declared markers (contracts.plugin); this module is the
+``pytest contracts/ --operator NAME`` selects by the declared markers (pto_pytest.plugin); this module is the
 static half of keeping them true (the plugin checks the other half at run time: an operator a test asks the
 backend for and did not declare fails the test). A test calls an operator when its code, or a module-level helper
 it calls, names it as a string argument (``op(backend, "X")``, ``both("X", backend, ...)``, ``b.get("X")``) or
@@ -56,7 +56,7 @@ def _marks(decorators: list[ast.expr]) -> tuple[set[str], set[str], bool]:
         text = ast.unparse(d.func)
         if text.endswith("mark.parametrize") and any(isinstance(n, ast.Call) and ast.unparse(n.func).endswith(
                 "operator_params") for n in ast.walk(d)):
-            has_params = True  # declared per parameter from a table (contracts.plugin.operator_params)
+            has_params = True  # declared per parameter from a table (pto_pytest.plugin.operator_params)
         elif text.endswith("mark.operators"):
             fixed |= {a.value for a in d.args if isinstance(a, ast.Constant)}
         elif text.endswith("mark.parametrize"):

@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import pytest
 
 from backends import FAKE_DEVICES
-from contracts import plugin
 from goldens import cli, devices, trees
 from goldens.errors import GoldenStoreError
 from goldens.store import GoldenStore
+from pto_pytest import plugin
 from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,7 @@
 """The house rules, checked on the source: product code (``contracts``, ``kernels``, ``goldens``, ``backends``,
-except their test modules) imports no test module and no two product modules import each other in a circle,
-counting imports inside functions too; no backend imports the golden store; the emulated twin takes nothing from
+``pto_pytest``, except their test modules) imports no test module, no two product modules and no two product
+packages import each other in a circle (each package stands on its floor, ``FLOORS``), counting imports inside
+functions too; no backend imports the golden store; the emulated twin takes nothing from
 the references but their input validation.
 
 A finding names the modules and the line of each import on the way, so a new circle is fixed where it starts.
@@ -13,7 +14,12 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("contracts", "kernels", "goldens", "backends")
+PACKAGES = ("contracts", "kernels", "goldens", "backends", "pto_pytest")
+# The floors, lowest first: a package imports only packages on its own floor or below (checked on every import,
+# at any depth of a module, test modules aside). kernels: the references and the operator vocabulary; contracts: the
+# judges, the comparators, the registries and the Backend type; backends: the implementations under test; goldens:
+# the store tool; pto_pytest: the pytest plugin and the seeded-defect helper.
+FLOORS = ("kernels", "contracts", "backends", "goldens", "pto_pytest")
 
 
 def _is_test(module: str) -> bool:
@@ -118,6 +124,49 @@ def test_no_two_product_modules_import_each_other_in_a_circle():
     assert not found, "import circles:\n" + "\n".join(detail)
 
 
+def package_arrows(graph: dict[str, dict[str, int]]) -> dict[tuple[str, str], list[str]]:
+    """{(package, package it imports): [module:line -> module, ...]} over product modules of two packages."""
+    _, known = import_graph()
+    out: dict[tuple[str, str], list[str]] = {}
+    for m, edges in sorted(graph.items()):
+        for t, line in edges.items():
+            if _is_test(m) or _is_test(t) or m.split(".")[0] == t.split(".")[0]:
+                continue
+            where = f"{known[m].relative_to(ROOT)}:{line} -> {t}" if m in known else f"{m}:{line} -> {t}"
+            out.setdefault((m.split(".")[0], t.split(".")[0]), []).append(where)
+    return out
+
+
+def downward_violations(arrows: dict[tuple[str, str], list[str]], floors=FLOORS) -> list[str]:
+    """The arrows that point up a floor (or into a package without one), each with the import that makes it."""
+    rank = {p: i for i, p in enumerate(floors)}
+    return [f"{a} (floor {rank.get(a)}) imports {b} (floor {rank.get(b)}): {w[0]}" + (f" (+{len(w) - 1} more)"
+                                                                                  if len(w) > 1 else "")
+            for (a, b), w in sorted(arrows.items()) if a not in rank or b not in rank or rank[b] > rank[a]]
+
+
+def test_no_two_product_packages_import_each_other_in_a_circle():
+    """Package level: every arrow points down the floors, so no package circle can form (``kernels`` ⇄
+    ``contracts`` through ``@operator``, ``contracts`` ⇄ ``goldens`` through the plugin were the last ones)."""
+    graph, _ = import_graph()
+    arrows = package_arrows(graph)
+    packages = {p: {b: 1 for (a, b) in arrows if a == p} for p in PACKAGES}
+    assert not circles(packages), circles(packages)
+    bad = downward_violations(arrows)
+    assert not bad, "imports up a floor:\n" + "\n".join(bad)
+
+
+def test_the_floor_check_finds_an_upward_arrow():
+    """The package check can fail: a ground-floor module importing the plugin is an upward arrow and a circle."""
+    graph = {"kernels.a": {"pto_pytest.plugin": 3}, "pto_pytest.plugin": {"kernels.a": 1}}
+    arrows = {("kernels", "pto_pytest"): ["kernels/a.py:3 -> pto_pytest.plugin"],
+              ("pto_pytest", "kernels"): ["pto_pytest/plugin.py:1 -> kernels.a"]}
+    assert downward_violations(arrows) == [
+        "kernels (floor 0) imports pto_pytest (floor 4): kernels/a.py:3 -> pto_pytest.plugin"]
+    assert circles({"kernels": {"pto_pytest": 1}, "pto_pytest": {"kernels": 1}}) == [["kernels", "pto_pytest"]]
+    assert circles(graph) == [["kernels.a", "pto_pytest.plugin"]]
+
+
 def test_no_backend_imports_the_golden_store():
     graph, known = import_graph()
     bad = [f"{known[m].relative_to(ROOT)}:{line} imports {t}" for m, edges in sorted(graph.items())
@@ -147,7 +196,7 @@ def test_the_walk_finds_a_circle_and_a_test_import_it_is_shown():
 def test_pytest_reaches_the_store_through_one_door():
     """Of ``goldens``, the pytest plugin imports ``goldens.pytest_api`` alone, and that module imports no test."""
     graph, _ = import_graph()
-    doors = sorted(t for t in graph["contracts.plugin"] if t.split(".")[0] == "goldens")
+    doors = sorted(t for t in graph["pto_pytest.plugin"] if t.split(".")[0] == "goldens")
     assert doors == ["goldens.pytest_api"], doors
 
 

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from contracts import plugin
 from contracts.operators import OPERATORS, operators_reached
+from pto_pytest import plugin
 from tests import forkserver
 from tests import operator_markers as om
 
@@ -57,7 +57,7 @@ def test_every_contract_declares_exactly_what_its_code_calls():
 def test_the_reader_finds_a_missing_an_extra_and_a_computed_declaration(tmp_path, monkeypatch):
     source = '''
 import pytest
-from contracts.plugin import op
+from pto_pytest.plugin import op
 
 def _helper(backend):
     return op(backend, "hc_pre")

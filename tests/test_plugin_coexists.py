@@ -55,7 +55,7 @@ def test_a_foreign_suite_with_upstreams_option_names_starts(tmp_path):
 
 def test_loading_the_plugin_by_name_into_that_suite_is_the_clash_it_avoids(tmp_path):
     # the failure the root conftest prevents, shown to happen: the same session with the plugin forced in
-    proc = _foreign(tmp_path, "-p", "contracts.plugin")
+    proc = _foreign(tmp_path, "-p", "pto_pytest.plugin")
     assert proc.returncode != 0
     assert "already used" in proc.stdout + proc.stderr
 
@@ -65,6 +65,6 @@ def test_sessions_rooted_in_the_project_get_the_plugin(request):
     import conftest as root_conftest
 
     assert Path(root_conftest.__file__).resolve() == ROOT / "conftest.py"
-    assert root_conftest.pytest_plugins == ("contracts.plugin",)
-    assert request.config.pluginmanager.has_plugin("contracts.plugin")
+    assert root_conftest.pytest_plugins == ("pto_pytest.plugin",)
+    assert request.config.pluginmanager.has_plugin("pto_pytest.plugin")
     assert request.config.getoption("golden_store") and request.config.getoption("backend_module") is None

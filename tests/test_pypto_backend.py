@@ -365,8 +365,8 @@ def test_an_invalid_topology_is_a_usage_error_before_any_test_runs():
         devices.stderr[-800:]
     from types import SimpleNamespace
 
-    from contracts.plugin import deployment_from_options
     from kernels.config import Deployment
+    from pto_pytest.plugin import deployment_from_options
 
     options = {"tp": 2, "ep": 8, "dp": None, "device": None}
     config = SimpleNamespace(getoption=options.get)
@@ -374,7 +374,7 @@ def test_an_invalid_topology_is_a_usage_error_before_any_test_runs():
     options["dp"] = 2
     with pytest.raises(pytest.UsageError, match="deployment.dp: expected ep / tp = 4, got 2"):
         deployment_from_options(config)
-    from contracts.plugin import pytest_report_header
+    from pto_pytest.plugin import pytest_report_header
 
     header = pytest_report_header(SimpleNamespace(_pto_backend=get_backend("torch"),
                                                   _pto_deployment=Deployment(tp=2, ep=4)))

@@ -426,7 +426,7 @@ DECLARED = _declared_defects()
 
 @pytest.mark.parametrize("module_name, defect", DECLARED, ids=[f"{d.name}->{d.test}" for _m, d in DECLARED])
 def test_contract_file_catches_its_declared_defect(module_name, defect):
-    """The defects a contract file declares beside its contracts (contracts.defect.SeededDefect)."""
+    """The defects a contract file declares beside its contracts (pto_pytest.defect.SeededDefect)."""
     fn = getattr(importlib.import_module(f"contracts.{module_name}"), defect.test)
     outcome = run_contract(fn, defect.backend())
     assert outcome.failures, (f"contract {module_name}::{defect.test} did not fail cleanly on defect {defect.name}"

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
-from contracts.operators import operator
 from contracts.result import Bound, CheckResult, Violation, failed, first_failure, passed
 from contracts.tensors import byte_view
 from kernels import workers
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 
 Leaf = Callable[..., CheckResult]
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 
 SPEC = "§5.3"
 ROUNDING_VERSION = "attn-1"

@@ -49,10 +49,10 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from contracts.operators import operator
 from kernels import cache as cache_abi
 from kernels.config import FLASH_TINY, LayerKind, V41Config
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 from kernels.reference.compressor import (
     CompressorWeights,
     compressor_ratio1,

@@ -32,9 +32,9 @@ from functools import partial
 
 import torch
 
-from contracts.operators import operator
 from kernels.config import FLASH_TINY, LayerKind, V41Config
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 
 SPEC = "§1"
 ROUNDING_VERSION = "block-1"

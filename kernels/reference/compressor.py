@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from contracts.operators import operator
 from kernels import cache as cache_abi
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 from kernels.reference.rope import rope_interleave
 
 SPEC = "§4.1"

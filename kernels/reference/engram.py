@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 import torch
 
-from contracts.operators import operator
 from kernels.config import FLASH, SUPPORTED_TP, V41Config
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 
 SPEC = "§1"
 ROUNDING_VERSION = "engram-1"

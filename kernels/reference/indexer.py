@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 
 SPEC = "§5"
 # Bump when the arithmetic or a rounding rule changes on purpose: goldens recorded before go stale.

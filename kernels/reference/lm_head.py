@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from contracts.operators import operator
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 from kernels.reference.compressor import rms_norm
 from kernels.reference.rowwise import rowwise_matmul
 

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from contracts.operators import operator
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 from kernels.reference.rowwise import rowwise_matmul
 
 SPEC = "§1"

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 from kernels.reference.rope import rope_interleave
 
 SPEC = "§7.1"

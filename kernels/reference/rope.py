@@ -9,9 +9,9 @@ import math
 
 import torch
 
-from contracts.operators import operator
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError, is_int
+from kernels.operators import operator
 
 SPEC = "§4.2"
 # Bump when the arithmetic or a rounding rule changes on purpose: goldens recorded before go stale.

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 from kernels.sequence_parallel import sp_bounds
 
 SPEC = "§7.1"

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 from kernels.reference.compressor import project
 
 SPEC = "§8"

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 from kernels.reference.compressor import project
 from kernels.v4.compressor import V4CompressorWeights
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError, is_int
+from kernels.operators import operator
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-decode-metadata-1"

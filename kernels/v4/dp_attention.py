@@ -19,8 +19,8 @@ from functools import partial
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 
 SPEC = "§8"
 

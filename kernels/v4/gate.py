@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError, is_int
+from kernels.operators import operator
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-gate-2"

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 from kernels.reference.rope import rope_interleave
 from kernels.v4.mtp import quantize_rows_int8
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError, is_int
+from kernels.operators import operator
 from kernels.v4.gate import v4_gate
 from kernels.v4.mtp import int8_matmul, quantize_rows_int8
 

@@ -27,8 +27,8 @@ from functools import partial
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError, is_int
+from kernels.operators import operator
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-mtp-layer-1"

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError, first_true, is_int
+from kernels.operators import operator
 from kernels.v4.compressor import V4CompressorWeights, v4_compressor, v4_publish_compressed
 
 SPEC = "§8"

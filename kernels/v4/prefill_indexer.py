@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError, is_int
+from kernels.operators import operator
 from kernels.v4.indexer import (
     RATIO,
     check_index_cache,

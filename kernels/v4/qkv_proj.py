@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError
+from kernels.operators import operator
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-qkv-1"

@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import torch
 
-from contracts.operators import operator
 from kernels.errors import ContractInputError, is_int
+from kernels.operators import operator
 from kernels.reference.attention import _gather, check_inputs
 from kernels.reference.rope import rope_interleave
 from kernels.v4.mtp import int8_matmul, quantize_rows_int8

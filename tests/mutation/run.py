@@ -174,7 +174,7 @@ def worker(args) -> int:
     import torch
     from hypothesis import settings
 
-    import contracts.plugin  # noqa: F401  (registers the profiles)
+    import pto_pytest.plugin  # noqa: F401  (registers the profiles)
 
     settings.load_profile("ci")
     torch.set_num_threads(1)

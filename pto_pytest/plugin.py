@@ -1,4 +1,4 @@
-"""pytest plugin (loaded by the project's root conftest.py, or `-p contracts.plugin`): hypothesis profiles and backend selection.
+"""pytest plugin (loaded by the project's root conftest.py, or `-p pto_pytest.plugin`): hypothesis profiles and backend selection.
 
 Profiles: ``ci`` (derandomized, few examples; chosen automatically when CI=true), ``dev``
 (the default elsewhere), ``verdict`` (ci's examples, stopping at the first failing one without shrinking it: the
