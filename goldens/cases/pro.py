@@ -21,37 +21,14 @@ from functools import partial
 import torch
 
 from goldens.cases import Case, Tensors, register
+from goldens.cases.records import cases_at
 from goldens.cases.v4_ops import _case, _g, _int8, _qkv_build
 from kernels.config import V4_PRO
 
 PRO = V4_PRO.kernel_preset()
 ROWS = PRO.decode_tokens  # MOE_TOKENS / one T_TILE of 8 rows: what the Pro entries are compiled to take
-GATE_REAL = 6  # rows 6, 7 are padding (num_tokens 6)
 
 
-def _gate_build(layer_id: int):
-    def build(seed: int, wiring: str) -> Tensors:
-        g = _g(seed)
-        d, e, k, vocab = PRO.hidden_size, PRO.n_routed_experts, PRO.num_experts_per_tok, PRO.vocab_size
-        x = torch.randn(ROWS, d, generator=g)
-        x[1] = 0.0  # a zero row: the amax floor
-        x[2] *= 1e3  # a large row
-        gate_w = torch.randn(e, d, generator=g) / d**0.5
-        gate_w[3] = x[0] / x[0].norm() * 128 / d**0.5  # row 0's logit for expert 3 near 128 (|RMSNorm(x)| = √d)
-        tid2eid = torch.argsort(torch.rand(vocab, e, generator=g), dim=1)[:, :k].to(torch.int32)
-        input_ids = torch.randint(0, vocab, (ROWS,), generator=g)
-        hashed = tid2eid[int(input_ids[0])]
-        if not bool((hashed == 3).any()):
-            hashed[0] = 3  # the hash layer routes row 0 to expert 3 too
-        return {"x_mixed": x.to(torch.bfloat16), "norm_w": (1 + 0.2 * torch.randn(d, generator=g)).to(torch.bfloat16),
-                "gate_w": gate_w, "gate_bias": torch.randn(e, generator=g) * 0.1, "layer_id": torch.tensor(layer_id),
-                "num_tokens": torch.tensor(GATE_REAL), "tid2eid": tid2eid, "input_ids": input_ids}
-    return build
-
-
-def _gate_call(get, i: Tensors) -> Tensors:
-    return get("v4_gate")(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], int(i["layer_id"]),
-                          int(i["num_tokens"]), i["tid2eid"], i["input_ids"], config=PRO)
 
 
 def _expert_build(seed: int, wiring: str) -> Tensors:
@@ -227,30 +204,7 @@ def _pro(case: Case) -> Case:
 
 
 def build() -> list[Case]:
-    # x_norm_scale: a 7168-term FP32 sum of squares in the kernel's order moves it past 4 ulps (rms_scale)
-    gate_out = {"x_norm_i8": "exact", "x_norm_scale": "rms_scale", "indices": "exact", "weights": "fp32_ulps"}
     return [_pro(c) for c in (
-        _case(
-            name="v4_gate_hash_pro",
-            operator="v4_gate",
-            description="V4 router at Pro geometry (D 7168, 384 experts, the full 129280-id "
-                        "tid2eid) on a hash layer: 6 real rows and 2 padding rows of the 8 the entry takes, a zero row, a 1000x "
-                        "row",
-            modules=("kernels.v4.gate",),
-            build_inputs=_gate_build(0),
-            call=_gate_call,
-            comparators=gate_out,
-        ),
-        _case(
-            name="v4_gate_scored_pro",
-            operator="v4_gate",
-            description="V4 router at Pro geometry on a scored layer (the last): biased top-k, "
-                        "unbiased weights, 6 real rows and 2 padding rows, a zero row, a 1000x row",
-            modules=("kernels.v4.gate",),
-            build_inputs=_gate_build(PRO.num_hidden_layers - 1),
-            call=_gate_call,
-            comparators=gate_out,
-        ),
         _case(
             name="v4_expert_shared_pro",
             operator="v4_expert",
@@ -341,6 +295,6 @@ def build() -> list[Case]:
     )]
 
 
-CASES = build()
+CASES = build() + cases_at("pro")
 for _c in CASES:
     register(_c)

@@ -34,6 +34,7 @@ import torch
 
 from kernels.errors import ContractInputError, is_int
 from kernels.operators import operator
+from kernels.record import BadCall, CaseSpec, Record, Upstream, replaced
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-gate-2"
@@ -123,3 +124,71 @@ def v4_gate(x_mixed: torch.Tensor, norm_w: torch.Tensor, gate_w: torch.Tensor, g
     out["indices"][:n] = routes.to(torch.int32)
     out["weights"][:n] = weights.float()
     return out
+
+
+# --- the record ----------------------------------------------------------------------------------------------
+
+def _gate_inputs(layer: str):
+    """Inputs at ``config``'s dims: 6 real rows and the rest padding (a tiny tree spans the gate's whole 16-row
+    M-tile; Pro's entry is compiled for ``decode_tokens`` rows), a zero row (the amax floor), a 1000x row (inv_rms
+    small, codes still span ±127), and row 0's logit for expert 3 near 128 (|RMSNorm(x)| = √d: exp overflows, only
+    a stable softplus stays finite), routed there on a hash layer (``layer`` "hash") and a scored one alike."""
+    def build(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        tiny = config.name.endswith("tiny")
+        rows, vocab = (GATE_M_TILE, 32) if tiny else (config.decode_tokens, config.vocab_size)
+        d, e, k = config.hidden_size, config.n_routed_experts, config.num_experts_per_tok
+        x = torch.randn(rows, d, generator=g)
+        x[1] = 0.0
+        x[2] *= 1e3
+        gate_w = torch.randn(e, d, generator=g) / d**0.5
+        gate_w[3] = x[0] / x[0].norm() * 128 / d**0.5
+        if tiny:
+            tid2eid = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(vocab)]).to(torch.int32)
+        else:
+            tid2eid = torch.argsort(torch.rand(vocab, e, generator=g), dim=1)[:, :k].to(torch.int32)
+        input_ids = torch.randint(0, vocab, (rows,), generator=g)
+        hashed = tid2eid[int(input_ids[0])]
+        if not bool((hashed == 3).any()):
+            hashed[0] = 3
+        layer_id = 0 if layer == "hash" else config.num_hidden_layers - 1
+        return {"x_mixed": x.to(torch.bfloat16), "norm_w": (1 + 0.2 * torch.randn(d, generator=g)).to(torch.bfloat16),
+                "gate_w": gate_w, "gate_bias": torch.randn(e, generator=g) * 0.1, "layer_id": torch.tensor(layer_id),
+                "num_tokens": torch.tensor(6), "tid2eid": tid2eid, "input_ids": input_ids}
+    return build
+
+
+def _gate_call(fn, i: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    return fn(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], int(i["layer_id"]), int(i["num_tokens"]),
+              i["tid2eid"], i["input_ids"], config=config)
+
+
+RECORD = Record(
+    operator="v4_gate",
+    call=_gate_call,
+    # exact where one rule gives one byte pattern; fp32_ulps where upstream sums the RMS and the weight
+    # normalisation in another FP32 order
+    outputs={"x_norm_i8": "exact", "x_norm_scale": "fp32_ulps", "indices": "exact", "weights": "fp32_ulps"},
+    outputs_at={"pro": {"x_norm_scale": "rms_scale"}},  # a 7168-term FP32 sum of squares in the kernel's order
+    cases=(
+        CaseSpec("v4_gate_hash", "V4 router on a hash layer (layer 0): ids from tid2eid by token id, 6 real rows and "
+                 "the rest padding inside the tile, a zero row, a 1000x row and row 0's logit for expert 3 near 128 "
+                 "(routed there on both layers)", _gate_inputs("hash"), geometries=("tiny", "pro")),
+        CaseSpec("v4_gate_scored", "V4 router on a scored layer: biased top-k, unbiased weights, 6 real rows and the "
+                 "rest padding inside the tile, a zero row, a 1000x row and row 0's logit for expert 3 near 128 "
+                 "(routed there on both layers)", _gate_inputs("scored"), geometries=("tiny", "pro")),
+    ),
+    bad_calls=(
+        BadCall("num_tokens past the rows", "v4_gate_scored", replaced(num_tokens=torch.tensor(17)), "num_tokens"),
+        BadCall("an id past tid2eid", "v4_gate_hash", replaced(input_ids=lambda i: i["input_ids"] * 0 + 32),
+                "input_ids"),
+        BadCall("gate_w of another width", "v4_gate_scored", replaced(gate_w=lambda i: i["gate_w"][:, :-1]),
+                "gate_w/gate_bias"),
+        BadCall("layer past the MTP layer", "v4_gate_scored", replaced(layer_id=torch.tensor(62)), "layer_id"),
+    ),
+    bindings=(
+        Upstream("deepseek_v4_pro", golden="gate.py::golden_gate_core", entry="gate.py::gate_test"),
+        Upstream("deepseek_v4_flash_mtp", golden="gate.py::golden_gate_core", entry="gate.py::gate_test"),
+        Upstream("deepseek_v4_flash_dspark", golden="gate.py::golden_gate_core", entry="gate.py::gate_test"),
+    ),
+)

@@ -1,0 +1,135 @@
+"""One declarative record per operator, living with its reference (in the spirit of PyTorch's OpInfo).
+
+A reference module declares its operator with ``@operator`` and, beside it, ``RECORD = Record(...)``: how the
+operator is called on a dict of tensors, the comparator of each output (its bound lives once, in
+``contracts.tolerances``), the cases it is recorded at (one input builder per case, built at every geometry it
+names: no copy between the tiny twin and V4-Pro's own dims), the calls it must refuse, and its bindings per upstream
+model folder (the golden a backend adapts, the kernel entry a device runs, or why there is none).
+
+What is derived from the records, never written again: the golden cases (``goldens.cases.records``: names,
+reference, run, comparators, fingerprint modules), docs/backends.md's cases, tolerances and bindings, the bad-call
+contract (``contracts/test_records.py``) and the per-folder binding rows. Seeded defects stay beside the contracts
+that catch them (``SEEDED_DEFECTS`` of the contract file, ``pto_pytest.defect``): they are test code, and a record
+is product code. Spec: §7.2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+
+import torch
+
+Tensors = dict[str, torch.Tensor]
+
+# The geometries a case is built at: a config preset each (kernels.config), and the suffix of the case's name.
+GEOMETRIES = {"tiny": ("V4_PRO_TINY", ""), "pro": ("V4_PRO", "_pro"), "flash-tiny": ("V4_FLASH_TINY", "_flash_tiny"),
+              "flash": ("V4_FLASH", "_flash")}
+# Upstream's model folders (pypto-lib main, and the V4.1-Flash tree read through the search tools).
+FOLDERS = ("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark")
+
+
+def geometry_config(geometry: str):
+    """The kernel preset a case is built and called at."""
+    from kernels import config
+
+    if geometry not in GEOMETRIES:
+        raise ValueError(f"geometry {geometry!r}: expected one of {sorted(GEOMETRIES)}")
+    return getattr(config, GEOMETRIES[geometry][0]).kernel_preset()
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """One recordable case: ``build(seed, wiring, config) -> inputs``, built at each of ``geometries``."""
+
+    name: str
+    description: str
+    build: Callable[..., Tensors]
+    geometries: tuple[str, ...] = ("tiny",)
+    wirings: tuple[str, ...] = ("replicated",)
+    params: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BadCall:
+    """A call the operator must refuse with ``ContractInputError`` naming ``field``: ``change`` turns the inputs
+    of ``case`` (a case name of the record, built at its first geometry) into the bad ones."""
+
+    name: str
+    case: str
+    change: Callable[[Tensors], Tensors]
+    field: str
+
+
+def replaced(**changes) -> Callable[[Tensors], Tensors]:
+    """A bad call's change: each named input replaced by a value, or by ``f(inputs)`` where a function is given."""
+    return lambda i: {**i, **{k: v(i) if callable(v) else v for k, v in changes.items()}}
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """How one upstream model folder provides the operator: ``golden`` (``file.py::function``, the Torch golden an
+    upstream backend adapts), ``entry`` (``file.py::function``, the kernel a device backend runs), and ``none``:
+    why a missing one is missing (fused into another golden, an inline helper, not in this folder)."""
+
+    folder: str
+    golden: str = ""
+    entry: str = ""
+    none: str = ""
+
+    def __post_init__(self):
+        if self.folder not in FOLDERS:
+            raise ValueError(f"Upstream folder {self.folder!r}: expected one of {FOLDERS}")
+        if not (self.golden and self.entry) and not self.none:
+            raise ValueError(f"Upstream {self.folder}: say why the golden or the entry is missing (none=...)")
+
+
+@dataclass(frozen=True)
+class Record:
+    operator: str
+    call: Callable[..., Tensors]  # (fn, inputs, config) -> {output: tensor}
+    outputs: Mapping[str, str]  # output -> comparator name (bound: contracts.tolerances)
+    cases: tuple[CaseSpec, ...]
+    modules: tuple[str, ...] = ()  # further modules whose arithmetic the expected outputs go through
+    bad_calls: tuple[BadCall, ...] = ()
+    bindings: tuple[Upstream, ...] = ()
+    # per geometry, the outputs judged otherwise there (a 7168-term FP32 sum moves a scale past 4 ulps at Pro's dims)
+    outputs_at: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        names = [c.name for c in self.cases]
+        if len(set(names)) != len(names):
+            raise ValueError(f"record {self.operator}: two cases named alike: {names}")
+        unknown = [b.case for b in self.bad_calls if b.case not in names]
+        if unknown:
+            raise ValueError(f"record {self.operator}: bad calls name unknown cases {unknown}")
+        folders = [b.folder for b in self.bindings]
+        if len(set(folders)) != len(folders):
+            raise ValueError(f"record {self.operator}: a folder bound twice: {folders}")
+
+    def comparators(self, geometry: str) -> dict[str, str]:
+        return {**self.outputs, **self.outputs_at.get(geometry, {})}
+
+    def case(self, name: str) -> CaseSpec:
+        return next(c for c in self.cases if c.name == name)
+
+    def upstream(self, folder: str) -> Upstream | None:
+        return next((b for b in self.bindings if b.folder == folder), None)
+
+
+@cache
+def records() -> dict[str, Record]:
+    """Every ``RECORD`` of a module under ``kernels``, by operator; one record per operator."""
+    import kernels
+
+    found: dict[str, Record] = {}
+    for info in pkgutil.walk_packages(kernels.__path__, "kernels."):
+        record = getattr(importlib.import_module(info.name), "RECORD", None)
+        if isinstance(record, Record):
+            if record.operator in found:
+                raise ValueError(f"operator {record.operator!r} has two records")
+            found[record.operator] = record
+    return dict(sorted(found.items()))
