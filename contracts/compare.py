@@ -15,11 +15,15 @@ from functools import partial
 
 import torch
 
+from contracts import tolerances
 from contracts.checks import attention as attention_checks
 from contracts.checks import cache as cache_checks
 from contracts.checks import moe as moe_checks
 from contracts.checks import precision, quant_ties, topk
-from contracts.checks.precision import (
+from contracts.checks.topk import TopKContext, check_topk_validity
+from contracts.result import Bound, CheckResult, Violation, bounds_by_name, failed, first_failure, passed
+from contracts.tensors import byte_rows
+from contracts.tolerances import (
     FP32_ULPS,
     QR_SCALE_TOL,
     V4_ATTN_OUT_QUOTA,
@@ -29,9 +33,6 @@ from contracts.checks.precision import (
     V4_PREFILL_MTP_RELDIFF,
     V4_STATE_POOL_TOL,
 )
-from contracts.checks.topk import TopKContext, check_topk_validity
-from contracts.result import Bound, CheckResult, Violation, bounds_by_name, failed, first_failure, passed
-from contracts.tensors import byte_rows
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def hc_mix(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
         idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(i), a[n:].shape))
         return failed("hc_mix", "HC-11", tail.numel(), int(nonzero.sum()),
                       Violation(f"{name} padding row", (n + idx[0], *idx[1:]), float(tail[i]), 0.0))
-    atol, rtol = precision.HC_MIX_TOL
+    atol, rtol = tolerances.HC_MIX_TOL
     return precision.check_ratio_allclose(a[:n], e[:n], atol=atol, rtol=rtol, name=name)
 
 
@@ -201,7 +202,7 @@ def hc_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
     bad = _layout(name, a, e)
     if bad:
         return bad
-    atol, rtol = precision.HC_OUT_TOL
+    atol, rtol = tolerances.HC_OUT_TOL
     return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, name=name)
 
 
@@ -211,7 +212,7 @@ def engram(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
     bad = _layout(name, a, e)
     if bad:
         return bad
-    atol, rtol = precision.ENGRAM_TOL
+    atol, rtol = tolerances.ENGRAM_TOL
     if ctx.wiring == "sharded":
         same = precision.check_replicas_identical(list(a), name=name)
         if not same.ok:
@@ -343,7 +344,7 @@ def ffn_input(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Chec
     if bad:
         return bad
     want = hc_pre(ctx.actual_outputs["attention_hidden"], _block_attention_mixes(ctx).pre)
-    atol, rtol = precision.HC_OUT_TOL
+    atol, rtol = tolerances.HC_OUT_TOL
     return precision.check_ratio_allclose(a.float(), want.float(), atol=atol, rtol=rtol, name=name)
 
 
@@ -472,7 +473,8 @@ def v4_prefill_index_score(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Con
     """V4 prefill index scores (§8): as ``v4_index_score`` with upstream's prefill hard floor 7e-3
     (PREFILL_SCORE_HARD_ATOL), and the row past the visible range (a padding row whole) the lowest FP32 number,
     exactly (upstream's prefill_score_compare)."""
-    from contracts.checks.topk import V4_PREFILL_HARD_ATOL, V4_PREFILL_TAIL, check_v4_index_scores
+    from contracts.checks.topk import V4_PREFILL_TAIL, check_v4_index_scores
+    from contracts.tolerances import V4_PREFILL_HARD_ATOL
 
     return check_v4_index_scores(a, e, name=name, hard_floor=V4_PREFILL_HARD_ATOL, tail=V4_PREFILL_TAIL)
 
@@ -482,7 +484,8 @@ def v4_prefill_index_topk(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Cont
     visible = min((pos + 1) // 4, the row width) for the first ``num_tokens`` rows and 0 (all -1) for the
     padding rows; a differing row judged by both score rows with the prefill hard floor (upstream's
     prefill_topk_compare). ``topk`` from the case parameters."""
-    from contracts.checks.topk import V4_PREFILL_HARD_ATOL, check_v4_topk
+    from contracts.checks.topk import check_v4_topk
+    from contracts.tolerances import V4_PREFILL_HARD_ATOL
     from kernels.v4.prefill_indexer import prefill_visible
 
     visible = prefill_visible(ctx.inputs["position_ids"], int(ctx.inputs["num_tokens"]), cap=a.shape[-1],
@@ -587,7 +590,7 @@ def rms_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Chec
     d = int(ctx.inputs["x_mixed"].shape[-1])
     af, ef = a.float().double(), e.float().double()
     ulp = (torch.nextafter(e.float().abs(), torch.tensor(float("inf"))) - e.float().abs()).double()
-    bound = FP32_ULPS * ulp + ef.abs() * (d - 1) * quant_ties.RMS_SUM_REL_PER_TERM / 2
+    bound = FP32_ULPS * ulp + ef.abs() * (d - 1) * tolerances.RMS_SUM_REL_PER_TERM / 2
     off = ~((af - ef).abs() <= bound) & ~(a.float() == e.float())
     if not bool(off.any()):
         return passed("rms_scale", "§8", a.numel())

@@ -13,8 +13,9 @@ import torch
 
 from backends import torch_backend
 from contracts.block_inputs import TP, block_inputs
-from contracts.checks.precision import HC_MIX_TOL, HC_OUT_TOL, check_output_budget, check_ratio_allclose
+from contracts.checks.precision import check_output_budget, check_ratio_allclose
 from contracts.half_layer_inputs import HalfLayerCase, build
+from contracts.tolerances import HC_MIX_TOL, HC_OUT_TOL
 from kernels.config import FLASH_TINY, LayerKind
 from kernels.errors import ContractInputError
 from kernels.reference.block import MhcWeights, moe_dense

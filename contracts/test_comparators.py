@@ -17,8 +17,9 @@ import torch
 
 from contracts import compare
 from contracts.checks import cache as cache_checks
-from contracts.checks.precision import OutputBudget, check_ratio_allclose, check_row_precision
+from contracts.checks.precision import check_ratio_allclose, check_row_precision
 from contracts.checks.topk import TopKContext, check_topk_overlap, check_topk_validity
+from contracts.tolerances import OutputBudget
 from pto_pytest.plugin import op, operator_params
 
 EPS = 1e-6
@@ -418,7 +419,7 @@ def test_the_decode_common_pre_mix_variant_stays_selectable():
     """The mHC coefficient rule is ratio_allclose(2.5e-5, 5e-3); decode_common's attention_pre_mix compare uses
     (1e-4, 1e-4). An error of 5e-5 on a coefficient of 1e-3 fails the first and passes the second; an error of
     2e-4 on a coefficient of 0.5 passes the first and fails the second. Spec: HC-07."""
-    from contracts.checks.precision import HC_MIX_TOL_VARIANTS
+    from contracts.tolerances import HC_MIX_TOL_VARIANTS
 
     current, common = HC_MIX_TOL_VARIANTS["hc_mixes"], HC_MIX_TOL_VARIANTS["decode_common_attention_pre_mix"]
     e = torch.tensor([[1e-3, 0.5]], dtype=F64)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.checks.precision import ENGRAM_TOL, check_ratio_allclose
+from contracts.checks.precision import check_ratio_allclose
+from contracts.tolerances import ENGRAM_TOL
 from kernels.config import FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.reference.engram import ENGRAM_TP_WINDOW, hash_columns

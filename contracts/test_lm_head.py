@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends import torch_backend
-from contracts.checks.precision import LOGITS_TOL, check_greedy, check_logits
+from contracts.checks.precision import check_greedy, check_logits
 from contracts.separation import separates
+from contracts.tolerances import LOGITS_TOL
 from kernels.config import FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.reference.lm_head import lm_head_layout
@@ -189,7 +190,8 @@ def test_the_boundary_chain_embeds_collapses_and_normalizes(backend):
     the pre-mix-weighted sum of the streams, one BF16 rounding; x_normed is the FP32 RMSNorm of hidden times the
     weight, one BF16 rounding; both within ratio_allclose(1e-4, 1/128) of an independent FP64 computation, and
     a norm without its weight or a collapse of stream 0 alone is far outside. Spec: AP-19, CQ-26."""
-    from contracts.checks.precision import HC_OUT_TOL, check_ratio_allclose
+    from contracts.checks.precision import check_ratio_allclose
+    from contracts.tolerances import HC_OUT_TOL
 
     g = torch.Generator().manual_seed(19)
     emb = torch.randn(V, D, generator=g).to(torch.bfloat16)

@@ -11,7 +11,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.checks.precision import FP8_BUDGET, ROW_BOUND, check_output_budget, check_ratio_allclose
+from contracts.checks.precision import check_output_budget, check_ratio_allclose
+from contracts.tolerances import FP8_BUDGET, ROW_BOUND
 from pto_pytest.plugin import op
 
 FACTORS = st.sampled_from((0.97, 0.99, 1.01, 1.03))

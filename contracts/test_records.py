@@ -18,11 +18,14 @@ from pto_pytest.plugin import op, operator_params
 
 REF = torch_backend()
 BAD_CALLS = {f"{r.operator}: {b.name}": (r, b) for r in records().values() for b in r.bad_calls}
-CASES = {f"{r.operator}: {c.name}": (r, c) for r in records().values() for c in r.cases if "tiny" in c.geometries}
+CASES = {f"{r.operator}: {c.name}": (r, c) for r in records().values() for c in r.cases}
 
 
-def _inputs(spec, geometry: str = "tiny", seed: int = 5) -> dict[str, torch.Tensor]:
-    return spec.build(seed, spec.wirings[0], geometry_config(geometry))
+def _at(record, case: str, seed: int = 5):
+    """(inputs, config) of a record's case at its small geometry."""
+    spec = record.case(case)
+    config = geometry_config(record.small_geometry(case))
+    return spec.build(seed, spec.wirings[0], config), config
 
 
 @pytest.mark.parametrize("key", operator_params(BAD_CALLS, lambda row: row[0].operator))
@@ -31,8 +34,8 @@ def test_each_bad_call_of_a_record_is_refused_naming_its_field(backend, key):
     backend, with ``ContractInputError`` naming the same field: accepting it, or refusing it for another field,
     fails."""
     record, bad = BAD_CALLS[key]
-    config = geometry_config("tiny")
-    inputs = bad.change(_inputs(record.case(bad.case)))
+    inputs, config = _at(record, bad.case)
+    inputs = bad.change(inputs)
     with pytest.raises(ContractInputError) as ref:
         record.call(REF.get(record.operator), dict(inputs), config)
     assert bad.field in str(ref.value), f"the reference refuses {key} for another reason: {ref.value}"
@@ -50,13 +53,13 @@ def test_each_record_case_matches_the_reference_within_its_comparators(backend, 
     """The case's call returns exactly the record's outputs, each judged by its comparator against the reference on
     the same inputs (seed 5: not the seed the sample store's trees were recorded with)."""
     record, spec = CASES[key]
-    config = geometry_config("tiny")
-    inputs = _inputs(spec)
+    inputs, config = _at(record, spec.name)
     want = record.call(REF.get(record.operator), {k: v.clone() for k, v in inputs.items()}, config)
     got = record.call(op(backend, record.operator), {k: v.clone() for k, v in inputs.items()}, config)
     assert sorted(got) == sorted(record.outputs), f"{key}: outputs {sorted(got)}, the record says {sorted(record.outputs)}"
     ctx = Context(inputs=inputs, actual_outputs=got, expected_outputs=want, params=dict(spec.params))
-    failures = {name: r for name, r in compare_all(record.comparators("tiny"), ctx).items() if not r.ok}
+    comparators = record.comparators(record.small_geometry(spec.name))
+    failures = {name: r for name, r in compare_all(comparators, ctx).items() if not r.ok}
     assert not failures, f"{key}: " + "; ".join(f"{name}: {r}" for name, r in failures.items())
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.checks.teacher import MIX_ROW_TOL, POST_REL_L2, check_hc_mixes_forced, check_hc_post_forced
+from contracts.checks.teacher import check_hc_mixes_forced, check_hc_post_forced
+from contracts.tolerances import MIX_ROW_TOL, POST_REL_L2
 from kernels.config import FLASH_TINY
 from kernels.reference import mhc
 

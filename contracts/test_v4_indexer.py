@@ -223,7 +223,8 @@ def test_the_v4_score_and_topk_checks_fail_just_outside_their_bounds():
     (``tail="unread"``) the finite tail passes, while the lowest inside and a NaN in the tail still fail. check_v4_topk: a swap of two picks whose scores are within their hard
     bounds passes; past them it is a clear inversion; a -1 inside the prefix, an entry past the tail, a
     duplicate, an entry below the offset and a clear boundary miss each fail naming the row. Spec: §8."""
-    from contracts.checks.topk import V4_SCORE_TOL, v4_hard_bound
+    from contracts.checks.topk import v4_hard_bound
+    from contracts.tolerances import V4_SCORE_TOL
 
     config = V4_PRO_TINY
     inputs = indexer_inputs(config, 6)

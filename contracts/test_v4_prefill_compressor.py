@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from contracts.checks.precision import check_owned_rows, check_ratio_allclose
+from contracts.tolerances import V4_CMP_POOL_TOL, V4_STATE_POOL_TOL
 from contracts.v4_inputs import PREFILL_COMPRESSOR_ROPE, prefill_compressor_inputs
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
 from pto_pytest.plugin import op
 
-CMP_TOL, STATE_TOL = (1e-4, 1.0 / 128), (1e-3, 1e-3)  # upstream's compare_fn for cmp_kv / compress_state
 # (ratio, start, rows): CSA from position 0 (the first windows have no previous half) and mid-run; HCA closing
 # one window inside the chunk, its first 120 positions from the earlier chunk's state
 CASES = [(4, 0, 16), (4, 9, 16), (128, 120, 16)]
@@ -85,7 +85,7 @@ def _independent(i, ratio):
 
 
 def _judge(out, want_cmp, want_state, i):
-    for name, want, tol in (("cmp_pool", want_cmp, CMP_TOL), ("state_pool", want_state, STATE_TOL)):
+    for name, want, tol in (("cmp_pool", want_cmp, V4_CMP_POOL_TOL), ("state_pool", want_state, V4_STATE_POOL_TOL)):
         r = check_owned_rows(out[name], want, i[name], atol=tol[0], rtol=tol[1], name=name)
         assert r.ok, r.message()
 
@@ -182,7 +182,7 @@ def test_the_first_windows_have_no_previous_half(backend):
     assert torch.equal(a[s3], b[s3]), "the first window read past its own positions"
     assert not torch.equal(a[s7], b[s7]), "the case does not move the second window"
     want_cmp, _ = _independent(i, 4)
-    r = check_ratio_allclose(a[s3].float(), want_cmp.reshape(-1, 8)[s3].float(), atol=CMP_TOL[0], rtol=CMP_TOL[1],
+    r = check_ratio_allclose(a[s3].float(), want_cmp.reshape(-1, 8)[s3].float(), atol=V4_CMP_POOL_TOL[0], rtol=V4_CMP_POOL_TOL[1],
                              max_error_ratio=0.0, name="cmp_pool")
     assert r.ok, r.message()
 

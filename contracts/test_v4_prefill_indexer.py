@@ -15,7 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.checks.topk import V4_LOWEST, V4_PREFILL_HARD_ATOL, check_v4_index_scores, check_v4_topk
+from contracts.checks.topk import V4_LOWEST, check_v4_index_scores, check_v4_topk
+from contracts.tolerances import V4_PREFILL_HARD_ATOL
 from contracts.v4_inputs import prefill_indexer_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError

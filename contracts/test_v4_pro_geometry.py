@@ -21,12 +21,12 @@ from contracts.test_v4_indexer import _independent as independent_indexer
 from contracts.test_v4_indexer import _visible
 from contracts.test_v4_sparse_attention import _independent as independent_attention
 from contracts.test_v4_sparse_attention import independent_projection
+from contracts.tolerances import V4_ATTN_OUT_TOL
 from contracts.v4_inputs import attention_inputs, compressed_topk, indexer_inputs
 from kernels.config import V4_PRO
 from pto_pytest.plugin import op
 
 PRO = V4_PRO.kernel_preset()
-ATTN_OUT_TOL = (1e-4, 1.0 / 128)
 
 
 @functools.cache
@@ -66,7 +66,7 @@ def test_attention_and_its_output_projection_at_pro_geometry(backend, path):
     assert got.dtype == torch.bfloat16 and got.shape == (PRO.decode_tokens, PRO.hidden_size)
     want = independent_projection(ref_o, i, PRO)
     assert bool(want.abs().amax(1).gt(0).all()), "every row attends something"
-    r = check_ratio_allclose(got, want, atol=ATTN_OUT_TOL[0], rtol=ATTN_OUT_TOL[1], name="attn_out")
+    r = check_ratio_allclose(got, want, atol=V4_ATTN_OUT_TOL[0], rtol=V4_ATTN_OUT_TOL[1], name="attn_out")
     assert r.ok, r.message()
 
 

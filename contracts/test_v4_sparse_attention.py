@@ -18,6 +18,7 @@ import torch
 from backends import torch_backend
 from contracts.checks.precision import check_ratio_allclose
 from contracts.separation import separates
+from contracts.tolerances import V4_ATTN_OUT_TOL
 from contracts.v4_inputs import attention_inputs as _inputs
 from contracts.v4_inputs import compressed_topk as _compressed
 from contracts.v4_inputs import prefill_attention_inputs
@@ -26,7 +27,6 @@ from kernels.errors import ContractInputError
 from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY, V4_FLASH_TINY]
-ATTN_OUT_TOL = (1e-4, 1.0 / 128)  # upstream's compare_fn for attn_out: ratio_allclose(1e-4, 1/128)
 
 
 def _call(backend, path, config, inputs, compressed):
@@ -117,7 +117,7 @@ def test_each_path_matches_an_independent_evaluation(backend, path, config):
     want = _independent(path, config, inputs, compressed)
     assert got.dtype == torch.bfloat16 and got.shape == (config.decode_tokens, config.hidden_size)
     assert bool(want.abs().amax(1).gt(0).all()), "every row attends something"
-    r = check_ratio_allclose(got, want, atol=ATTN_OUT_TOL[0], rtol=ATTN_OUT_TOL[1], name="attn_out")
+    r = check_ratio_allclose(got, want, atol=V4_ATTN_OUT_TOL[0], rtol=V4_ATTN_OUT_TOL[1], name="attn_out")
     assert r.ok, r.message()
 
 
@@ -383,7 +383,7 @@ def test_bad_inputs_are_refused_naming_the_field(backend):
 def test_the_attn_out_comparator_fails_just_outside_its_bound():
     """``attn_out_v4`` (the golden trees' comparator): elements at 0.99 of atol + rtol·|e| pass; three of 512
     elements at 1.01 of it fail (the 0.5 % quota allows two); a NaN, a wrong shape or dtype fails. Spec: §8."""
-    from contracts.compare import V4_ATTN_OUT_TOL, attn_out_v4
+    from contracts.compare import attn_out_v4
 
     e = (torch.rand(8, 64, generator=torch.Generator().manual_seed(2)) - 0.5).to(torch.bfloat16).float()
     atol, rtol = V4_ATTN_OUT_TOL
@@ -463,7 +463,7 @@ def test_a_prefill_chunk_is_one_request_with_zero_padding_rows(backend):
     alone = attention("HCA", *(real[n] for n in names), config=config, seq=100)
     assert torch.equal(out[:100], alone), "the real rows must not depend on the padding rows"
     want = _independent("HCA", config, real, real["compressed"], seq=100)
-    r = check_ratio_allclose(out[:100], want, atol=ATTN_OUT_TOL[0], rtol=ATTN_OUT_TOL[1], name="attn_out")
+    r = check_ratio_allclose(out[:100], want, atol=V4_ATTN_OUT_TOL[0], rtol=V4_ATTN_OUT_TOL[1], name="attn_out")
     assert r.ok, r.message()
     full = attention("HCA", *(i[n] for n in names), config=config, seq=128)
     assert torch.equal(attention("HCA", *(i[n] for n in names), config=config, seq=128, num_tokens=128), full)

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from goldens.catalog import select_wirings
 from goldens.errors import BackendFailure, GoldenStoreError, RuleChange
-from goldens.store import damaged
+from goldens.store_format import damaged
 
 
 def _num(x: float) -> str:
@@ -153,7 +153,7 @@ def cmd_record(args) -> int:
 
 def _refuse_sample_store(store: str, what: str) -> None:
     """Trees at a model's geometry hold hundreds of MB: never the sample store committed with the project."""
-    from goldens.store import Location
+    from goldens.store_format import Location
 
     location = Location.parse(store)
     sample = (Path(__file__).resolve().parents[1] / "artifacts" / "store").resolve()
@@ -850,7 +850,8 @@ def cmd_du(args) -> int:
     import zarr
     from zarr.core.sync import sync
 
-    from goldens.store import POOL, GoldenStore, pool_path
+    from goldens.store import GoldenStore
+    from goldens.store_format import POOL, pool_path
 
     store = GoldenStore(args.store)
     reader = store.reader(args.rev)
@@ -1041,10 +1042,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "on any backend, never regenerated from the reference)")
     r.add_argument("--pypto-lib", default=None, metavar="PATH",
                    help="with --from upstream: the pypto-lib checkout (default $PYPTO_LIB_ROOT)")
-    r.add_argument("--geometry", choices=("flash", "pro"), default=None,
+    r.add_argument("--geometry", choices=("flash", "pro", "v4-flash"), default=None,
                    help="record the cases at a model's own geometry, as a device compiled for it takes them "
                         "(flash: every attention half-layer at V4.1-Flash's dims, 400-500 MB a tree; pro: the V4-Pro "
-                        "operator cases); no CASE: all of them. Never into the sample store: name a --store (a "
+                        "operator cases; v4-flash: the operator records' cases at main's V4-Flash dims); no CASE: "
+                        "all of them. Never into the sample store: name a --store (a "
                         "directory or s3://BUCKET/PREFIX). Replay, report and show find these cases by themselves")
     r.set_defaults(fn=cmd_record)
 

@@ -13,7 +13,7 @@ __all__ = ["GoldenStoreError", "assemble_report", "check_location", "load_case_m
 
 def check_location(text: str) -> None:
     """Raise GoldenStoreError (one line) when ``text`` is not a store location."""
-    from goldens.store import Location
+    from goldens.store_format import Location
 
     Location.parse(text)
 

@@ -18,7 +18,7 @@ from contracts.operators import MissingOperator, Unsupported
 from goldens.catalog import ACTUAL_ROOT
 from goldens.codec import from_numpy, to_numpy
 from goldens.errors import GoldenStoreError
-from goldens.store import StoreReader
+from goldens.store_read import StoreReader
 from goldens.trees import LoadedTree, _clone, load_tree, make_record
 from kernels.errors import is_int
 

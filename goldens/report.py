@@ -6,7 +6,7 @@ E8M0), and the output's history in the store (the snapshots that changed its exp
 matplotlib PNGs inlined as data URIs: the page needs no network and no other file.
 
 The row profile uses the same rules as the comparators: floating outputs against the §6 row bound
-(``contracts.checks.precision.ROW_BOUND``; the FP8 output budget's per-row relative L2 for ``fp8_budget``),
+(``contracts.checks.tolerances.ROW_BOUND``; the FP8 output budget's per-row relative L2 for ``fp8_budget``),
 everything else (integers, masks, packed FP4, E8M0 scales) as the number of differing elements per row
 against 0. Issue: goldens a kernel engineer trusts (item 7).
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from contracts.checks import precision
+from contracts import tolerances
 from contracts.evidence import e2m1_order, is_packed_fp4, is_payload, ordered
 
 PAGE = "index.html"
@@ -88,8 +88,8 @@ def row_profile(name: str, comparator: str, actual: torch.Tensor, expected: torc
         diff = ra - re
         if comparator == "fp8_budget":
             rel = diff.norm(dim=1) / re.norm(dim=1).clamp_min(1e-300)
-            return rel.nan_to_num(nan=np.inf).numpy(), precision.FP8_BUDGET.row_rel_l2, "row relative L2"
-        b = precision.ROW_BOUND
+            return rel.nan_to_num(nan=np.inf).numpy(), tolerances.FP8_BUDGET.row_rel_l2, "row relative L2"
+        b = tolerances.ROW_BOUND
         ref_rms = re.pow(2).mean(1).sqrt()
         rms = diff.pow(2).mean(1).sqrt() / (b.rms_atol + b.rms_rtol * ref_rms)
         peak = diff.abs().amax(1) / (b.peak_atol + b.peak_rtol * ref_rms)

@@ -36,7 +36,10 @@ from goldens.catalog import ACTUAL_ROOT, WIRINGS, ArgSpec, TreeRecord, tree_path
 from goldens.codec import from_numpy, to_numpy
 from goldens.errors import BackendFailure, GoldenStoreError, RuleChange
 from goldens.fingerprint import changes, combined
-from goldens.store import REGEN_TAG_PREFIX, CommitResult, GoldenStore, StoreReader, digest
+from goldens.store import GoldenStore
+from goldens.store_format import REGEN_TAG_PREFIX, digest
+from goldens.store_read import StoreReader
+from goldens.store_write import CommitResult
 from kernels.tables import watch_reads
 
 

@@ -27,9 +27,12 @@ Tensors = dict[str, torch.Tensor]
 
 # The geometries a case is built at: a config preset each (kernels.config), and the suffix of the case's name.
 GEOMETRIES = {"tiny": ("V4_PRO_TINY", ""), "pro": ("V4_PRO", "_pro"), "flash-tiny": ("V4_FLASH_TINY", "_flash_tiny"),
-              "flash": ("V4_FLASH", "_flash")}
+              "v4-flash": ("V4_FLASH", "_v4_flash")}
 # Upstream's model folders (pypto-lib main, and the V4.1-Flash tree read through the search tools).
 FOLDERS = ("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark")
+
+
+SMALL = ("tiny", "flash-tiny")  # the geometries of the sample store and of the contracts (the others: --geometry)
 
 
 def geometry_config(geometry: str):
@@ -103,6 +106,9 @@ class Record:
         names = [c.name for c in self.cases]
         if len(set(names)) != len(names):
             raise ValueError(f"record {self.operator}: two cases named alike: {names}")
+        large = [c.name for c in self.cases if not set(c.geometries) & set(SMALL)]
+        if large:
+            raise ValueError(f"record {self.operator}: cases {large} have no small geometry {SMALL} to be judged at")
         unknown = [b.case for b in self.bad_calls if b.case not in names]
         if unknown:
             raise ValueError(f"record {self.operator}: bad calls name unknown cases {unknown}")
@@ -112,6 +118,10 @@ class Record:
 
     def comparators(self, geometry: str) -> dict[str, str]:
         return {**self.outputs, **self.outputs_at.get(geometry, {})}
+
+    def small_geometry(self, case: str) -> str:
+        """The geometry a case is judged at in the contracts (its first small one)."""
+        return next(g for g in self.case(case).geometries if g in SMALL)
 
     def case(self, name: str) -> CaseSpec:
         return next(c for c in self.cases if c.name == name)

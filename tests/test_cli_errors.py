@@ -8,7 +8,8 @@ import pytest
 
 from contracts import compare
 from goldens import cli, trees
-from goldens.store import REPO_DIR, GoldenStore
+from goldens.store import GoldenStore
+from goldens.store_format import REPO_DIR
 
 # (argv after --store, exit code, a fragment of the one error line)
 BAD_CALLS = [
@@ -199,8 +200,9 @@ def test_evidence_names_the_worst_element_and_says_when_signs_differ():
     the threshold); a mismatch across zero says 'opposite signs' instead of a step count in the billions."""
     import torch
 
-    from contracts.checks.moe import RELDIFF_THD, check_moe_rows
+    from contracts.checks.moe import check_moe_rows
     from contracts.evidence import mismatches
+    from contracts.tolerances import RELDIFF_THD
 
     e = torch.ones(4, 64, dtype=torch.float32)
     a = e.clone()

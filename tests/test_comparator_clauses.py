@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from contracts.checks.cache import check_mapped_values
-from contracts.checks.moe import MAX_ABS, RELDIFF_PCT, RELDIFF_THD, check_moe_rows, check_recv_y
-from contracts.checks.precision import ROW_BOUND, check_row_precision
+from contracts.checks.moe import check_moe_rows, check_recv_y
+from contracts.checks.precision import check_row_precision
+from contracts.tolerances import MAX_ABS, RELDIFF_PCT, RELDIFF_THD, ROW_BOUND
 
 
 def _global_rel_l2(a: torch.Tensor, e: torch.Tensor) -> float:

@@ -17,7 +17,8 @@ from goldens import cli, trees
 from goldens.cases import get_case
 from goldens.codec import from_numpy, to_numpy
 from goldens.errors import GoldenStoreError
-from goldens.store import GoldenStore, digest
+from goldens.store import GoldenStore
+from goldens.store_format import digest
 from tests import forkserver
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.uint8,
@@ -443,7 +444,7 @@ def test_recorded_inputs_are_the_same_in_every_process():
     import sys
 
     code = ("import sys; pad = bytearray(int(sys.argv[1]) * 4160 + 1)\n"
-            "from goldens.cases import get_case; from goldens.store import digest; from goldens.codec import to_numpy;"
+            "from goldens.cases import get_case; from goldens.store_format import digest; from goldens.codec import to_numpy;"
             "import hashlib; h = hashlib.sha256()\n"
             "for name in ('rope_rows', 'attn_c1a_full_prefill'):\n"
             "    for k, v in sorted(get_case(name).build_inputs(3, 'replicated').items()):\n"
@@ -889,7 +890,7 @@ def test_the_sample_store_keeps_under_its_budget(capsys):
 def test_du_names_a_content_a_tree_links_to_but_the_store_lacks(store, capsys):
     """``goldens du`` sizes every content in one gather; a link whose content was deleted (a damaged store) is
     one line naming it, exit 2."""
-    from goldens.store import POOL
+    from goldens.store_format import POOL
 
     assert run_cli(store, "du", "--json") == 0
     capsys.readouterr()

@@ -10,6 +10,7 @@ A finding names the modules and the line of each import on the way, so a new cir
 from __future__ import annotations
 
 import ast
+import re
 from functools import cache
 from pathlib import Path
 
@@ -210,3 +211,43 @@ def test_every_hypothesis_draw_is_labelled():
                     and len(node.args) < 2 and not any(k.arg == "label" for k in node.keywords):
                 bare.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not bare, "unlabelled draws:\n" + "\n".join(bare)
+
+
+def _module_level_numbers(path: Path) -> list[str]:
+    """Module-level assignments of a name that says it is a bound (TOL, ATOL, RTOL, ULPS, BUDGET, RELDIFF, QUOTA)
+    to a number or a tuple of numbers."""
+    bad = []
+    for node in ast.parse(path.read_text()).body:
+        if not isinstance(node, ast.Assign):
+            continue
+        names = [n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        numbers = all(isinstance(n, ast.Constant | ast.Tuple | ast.BinOp | ast.UnaryOp | ast.Load | ast.Pow
+                                 | ast.Div | ast.Mult | ast.USub | ast.Add | ast.Sub)
+                      for n in ast.walk(node.value))
+        if numbers and any(re.search(r"TOL|ATOL|RTOL|ULPS|BUDGET|RELDIFF|QUOTA", n) for n in names):
+            bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {', '.join(names)}")
+    return bad
+
+
+def test_tolerances_have_one_home():
+    """Every tolerance is defined in contracts/tolerances.py; a check module, the comparators or a contract file that
+    defines one of its own (``ATTN_OUT_TOL = (1e-4, 1/128)``) fails here, naming the line."""
+    home = ROOT / "contracts" / "tolerances.py"
+    bad = [hit for package in ("contracts", "goldens", "backends") for path in sorted((ROOT / package).rglob("*.py"))
+           if path != home for hit in _module_level_numbers(path)]
+    assert not bad, "tolerances defined outside contracts/tolerances.py:\n" + "\n".join(bad)
+    assert len(_module_level_numbers(home)) >= 25  # the check finds them at all
+
+
+def test_the_tolerance_check_finds_a_stray_bound(tmp_path):
+    stray = tmp_path / "contracts" / "test_x.py"
+    stray.parent.mkdir()
+    stray.write_text("ATTN_OUT_TOL = (1e-4, 1.0 / 128)\nNAME = 'x'\nCMP_TOL, STATE_TOL = (1e-4, 1e-2), (1e-3, 1e-3)\n")
+    import tests.test_house as house
+
+    old = house.ROOT
+    house.ROOT = tmp_path
+    try:
+        assert [h.split(" ", 1)[1] for h in _module_level_numbers(stray)] == ["ATTN_OUT_TOL", "CMP_TOL, STATE_TOL"]
+    finally:
+        house.ROOT = old

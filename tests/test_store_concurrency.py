@@ -16,7 +16,8 @@ import torch
 
 from goldens import trees
 from goldens.codec import to_numpy
-from goldens.store import GoldenStore, digest
+from goldens.store import GoldenStore
+from goldens.store_format import digest
 
 CASES = ("rope_rows", "sp_slabs")
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from goldens import trees
-from goldens.store import LOCK_NAME, REPO_DIR, GoldenStore
+from goldens.store import GoldenStore
+from goldens.store_format import LOCK_NAME, REPO_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,8 @@ import pytest
 from goldens import trees
 from goldens.catalog import record_checksum
 from goldens.errors import GoldenStoreError
-from goldens.store import REPO_DIR, GoldenStore
+from goldens.store import GoldenStore
+from goldens.store_format import REPO_DIR
 from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,7 +191,7 @@ def test_a_read_already_answered_comes_from_its_pack_without_a_store_lookup(tmp_
     array comes from the content cache. Spec: §7.3."""
     import numpy as np
 
-    from goldens.store import StoreReader
+    from goldens.store_read import StoreReader
 
     store, arrays = _pack_store(tmp_path)
     paths = list(arrays)

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 import zarr
 
-import goldens.store as gs
+import goldens.store_format as gf
+import goldens.store_write as gs
 from goldens import trees
 from goldens.catalog import record_checksum
 from goldens.errors import GoldenStoreError
-from goldens.store import GoldenStore, current_digest
+from goldens.store import GoldenStore
+from goldens.store_format import current_digest
 
 
 def _old_digest(arr: np.ndarray) -> str:
@@ -109,7 +111,7 @@ def test_one_commit_writes_each_content_once_and_reports_in_order(tmp_path, monk
     result = store.commit(new, {"u": {"case": "u"}}, "second")
     assert result.written == ("u/@attrs", "u/x", "u/y", "u/z", "t/moved"), result.written
     assert result.unchanged == ("t/kept",), result.unchanged
-    assert puts and set(puts) == {gs.pool_path(gs.digest(c))}, f"chunk writes of {sorted(set(puts))}"
+    assert puts and set(puts) == {gf.pool_path(gf.digest(c))}, f"chunk writes of {sorted(set(puts))}"
     assert len(puts) == 3, f"{len(puts)} chunk writes for one content of 3 chunks"
     store.read_cache = None
     reader = store.reader()
@@ -213,8 +215,8 @@ def test_a_blake2b_store_moves_to_blake3_on_its_first_write_and_loses_nothing(tm
     paths = reader.walk_arrays()
     assert all(current_digest(reader.array_attrs(p)["digest"]) for p in paths)
     assert {p: reader.read(p)[0].tobytes() for p in before} == before, "a byte moved in the migration"
-    pool = reader.root.get(gs.POOL)
-    assert all(name.startswith(gs.DIGEST_PREFIX) for name, _ in pool.arrays()), "old contents left in the pool"
+    pool = reader.root.get(gf.POOL)
+    assert all(name.startswith(gf.DIGEST_PREFIX) for name, _ in pool.arrays()), "old contents left in the pool"
     rec = trees.load_tree(reader, "rope_rows", "replicated")  # record resealed, digests renamed
     assert all(current_digest(d) for d in rec.record.arrays.values())
     after = reader.group_attrs("compressor_r2/replicated")
@@ -229,8 +231,8 @@ def test_an_unchanged_record_after_the_move_writes_nothing(tmp_path, monkeypatch
     assert first.snapshot is None and not first.written, "the move of digests was reported as the record's"
     log = store.log()
     assert "moved to BLAKE3" in log[0].message and log[0].metadata.get("action") == "digest-move"
-    sums = json.loads((store.root / gs.SUMS_NAME).read_text())
-    on_disk = {p.name for p in (store.root / gs.REPO_DIR / "snapshots").iterdir() if p.is_file()}
+    sums = json.loads((store.root / gf.SUMS_NAME).read_text())
+    on_disk = {p.name for p in (store.root / gf.REPO_DIR / "snapshots").iterdir() if p.is_file()}
     assert set(sums) == on_disk, "the move's snapshot file has no recorded sha256"
     again = trees.record(store, [("rope_rows", "replicated")], seed=1)
     assert again.snapshot is None and not again.written and len(store.log()) == len(log)

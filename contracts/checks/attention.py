@@ -28,8 +28,6 @@ import torch
 from contracts.checks import cache as cache_checks
 from contracts.checks.cache import C2A_MAX_REL_L2
 from contracts.checks.precision import (
-    FP8_BUDGET,
-    ROW_BOUND,
     check_output_budget,
     check_owner_rows,
     check_ratio_allclose,
@@ -37,16 +35,10 @@ from contracts.checks.precision import (
     check_row_precision,
     comparator,
 )
-from contracts.checks.topk import (
-    CUTOFF_ATOL,
-    CUTOFF_RTOL,
-    MIN_OVERLAP,
-    TopKContext,
-    check_topk_overlap,
-    check_topk_validity,
-)
+from contracts.checks.topk import TopKContext, check_topk_overlap, check_topk_validity
 from contracts.result import Bound, CheckResult, Violation, failed, first_failure, passed
 from contracts.tensors import byte_rows
+from contracts.tolerances import CUTOFF_ATOL, CUTOFF_RTOL, FP8_BUDGET, GATHER_TOL, MIN_OVERLAP, ROW_BOUND
 from kernels import quant
 from kernels.config import LayerKind
 from kernels.reference.attention_layer import FULL, REUSE
@@ -216,9 +208,6 @@ def judge_half_layer(actual: Tensors, expected: Tensors, inputs: Tensors, *, kin
         results.append((("candidate_mask",),
                         _exact(f"{where}: candidate_mask", actual["candidate_mask"], want["candidate_mask"])))
     return _pick(results, only)
-
-
-GATHER_TOL = 2.0**-6  # decode_common.compare_attention_gather: ratio_allclose(2^-6, 2^-6)
 
 
 def _gathered(where: str, actual: torch.Tensor, expected: torch.Tensor, active: int) -> CheckResult:

@@ -22,12 +22,17 @@ import dataclasses
 import torch
 
 from contracts.result import Bound, CheckResult, Tally, Violation, failed, passed
+from contracts.tolerances import (
+    MAX_ABS,
+    NORMALISATION_ATOL,
+    RELDIFF_PCT,
+    RELDIFF_THD,
+    SCORE_ATOL,
+    SCORE_RTOL,
+    WEIGHT_SUM_TOL,
+)
 
 GATE_ID_RULES = ("score-bounds", "strict")
-SCORE_ATOL, SCORE_RTOL = 2e-4, 5e-5
-WEIGHT_SUM_TOL = 2e-5
-NORMALISATION_ATOL = 2e-4  # what the weights' normalisation adds to the propagated score tolerance
-RELDIFF_THD, RELDIFF_PCT, MAX_ABS = 3e-3, 0.02, 0.25
 
 
 def check_gate_ids(actual: torch.Tensor, expected: torch.Tensor, biased_scores: torch.Tensor, *,

@@ -12,12 +12,32 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from contracts.result import Bound, CheckResult, Violation, failed, first_failure, passed
 from contracts.tensors import byte_view
+from contracts.tolerances import (
+    BF16_STAGE_ROW_BUDGET,
+    BF16_STAGE_TOL,
+    ENGRAM_TOL,
+    FP8_BUDGET,
+    FP32_ULPS,
+    HC_MIX_TOL,
+    HC_OUT_TOL,
+    LOGITS_TOL,
+    MXFP8_ACTIVATION_TOL,
+    QR_SCALE_TOL,
+    ROW_BOUND,
+    V4_ATTN_OUT_QUOTA,
+    V4_ATTN_OUT_TOL,
+    V4_CMP_POOL_TOL,
+    V4_KV_POOL_RELDIFF,
+    V4_PREFILL_MTP_RELDIFF,
+    V4_STATE_POOL_TOL,
+    OutputBudget,
+    RowBound,
+)
 from kernels import workers
 from kernels.errors import ContractInputError
 from kernels.operators import operator
@@ -25,27 +45,6 @@ from kernels.operators import operator
 Leaf = Callable[..., CheckResult]
 
 
-@dataclass(frozen=True)
-class RowBound:
-    """Per-row rule ``RMS(a-e) <= rms_atol + rms_rtol*RMS(e)`` and ``max|a-e| <= peak_atol + peak_rtol*RMS(e)``."""
-
-    rms_atol: float = 1e-6
-    rms_rtol: float = 0.01
-    peak_atol: float = 1e-5
-    peak_rtol: float = 0.05
-
-
-@dataclass(frozen=True)
-class OutputBudget:
-    """Decode SWA/C2A "FP8 budget": global and per-row relative L2, cosine."""
-
-    global_rel_l2: float = 0.01
-    row_rel_l2: float = 0.02
-    min_cosine: float = 0.9999
-
-
-ROW_BOUND = RowBound()  # §6, prefill C1A `_compare_attention_rows` (the current rule)
-FP8_BUDGET = OutputBudget()  # §6, decode SWA / C2A `compare_output`
 
 
 def _row_index(row: int, lead_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -385,12 +384,6 @@ def check_owned_rows(actual: torch.Tensor, expected: torch.Tensor, before: torch
     return check_ratio_allclose(rows(actual), rows(expected), atol=atol, rtol=rtol, max_error_ratio=0.0, name=name)
 
 
-# The BF16-ending stages (attention input, hc_post replay): on top of ratio_allclose(1e-4, 1/128), every token
-# row's relative L2 error within 2^-8 (one BF16 step). upstream_checks AP-14.
-BF16_STAGE_TOL = (1e-4, 1 / 128)
-BF16_STAGE_ROW_BUDGET = 2.0**-8
-
-
 def check_row_budget(actual: torch.Tensor, expected: torch.Tensor, *, budget: float = BF16_STAGE_ROW_BUDGET,
                      name: str = "output") -> CheckResult:
     """Every token row (the last dim is the row's width) has ||a - e|| <= budget · ||e||; the worst row is named
@@ -551,22 +544,6 @@ def comparator(name: str) -> Leaf:
         raise ValueError(f"comparator: expected one of {sorted(LEAF_RULES)}, got {name!r}") from None
 
 
-# mHC budgets (ratio_allclose atol, rtol): the coefficients (pre / post / residual mixes) and the collapsed /
-# expanded / head outputs. Spec: upstream_checks HC-07, HC-08.
-HC_MIX_TOL = (2.5e-5, 5e-3)
-# decode_common's attention_pre_mix compare uses 1e-4 / 1e-4 instead; kept selectable by name (HC-07).
-HC_MIX_TOL_VARIANTS = {"hc_mixes": HC_MIX_TOL, "decode_common_attention_pre_mix": (1e-4, 1e-4)}
-HC_OUT_TOL = (1e-4, 1 / 128)
-
-
-# Engram output: ratio_allclose(atol, rtol) (upstream_checks HC-14).
-ENGRAM_TOL = (1e-3, 1e-2)
-
-
-# LM head logits: |a - e| <= atol + rtol·|e| on EVERY element, no outlier quota (upstream_checks AP-17).
-LOGITS_TOL = (1e-3, 1e-3)
-
-
 def check_logits(actual: torch.Tensor, expected: torch.Tensor, *, tp: int = 1, name: str = "logits") -> CheckResult:
     """Every logit within 1e-3 + 1e-3·|e| (no quota); the worst element is named with its vocabulary shard and
     the shard's own column when ``tp`` > 1. Spec: AP-17."""
@@ -606,11 +583,6 @@ def check_greedy(ids: torch.Tensor, logits: torch.Tensor, *, name: str = "ids") 
     return passed(check, spec, ids.numel())
 
 
-# The gate's MXFP8 activation: judged by dequantized value, so equivalent (payload, scale) pairs -- a payload
-# twice as large under a scale one code smaller -- pass. upstream_checks CQ-25.
-MXFP8_ACTIVATION_TOL = (2e-3, 2e-3)
-
-
 def check_mxfp8_activation(payload: torch.Tensor, scale: torch.Tensor, expected_payload: torch.Tensor,
                            expected_scale: torch.Tensor, *, group: int = 32,
                            name: str = "activation") -> CheckResult:
@@ -644,18 +616,6 @@ def check_mxfp8_activation(payload: torch.Tensor, scale: torch.Tensor, expected_
                   Violation(name, idx, float(a[idx]), float(e[idx]), float(allowed[idx]),
                             note=f"decoded values; scale codes {int(scale[idx[:-1] + (idx[-1] // group,)])} vs "
                                  f"{int(expected_scale[idx[:-1] + (idx[-1] // group,)])}"))
-
-
-# Bounds of the comparators built on this module's checks. The V4 ones are upstream's own compare_fn numbers.
-FP32_ULPS = 4  # fp32_ulps: units in the last place of the row's largest |expected|
-QR_SCALE_TOL = (2.5e-5, 5e-3)  # upstream qkv_proj_rope.py's qr_scale_compare (atol, rtol)
-V4_ATTN_OUT_TOL = (1e-4, 1.0 / 128)  # upstream decode_sparse_attn*.py compare_fn for attn_out
-V4_ATTN_OUT_QUOTA = 0.005  # of the elements may fall outside it
-V4_CMP_POOL_TOL, V4_STATE_POOL_TOL = (1e-4, 1.0 / 128), (1e-3, 1e-3)  # upstream's prefill compressor compare_fn
-# Upstream prefill_mtp.py's compare_fn: hidden_out / pre_hc_hidden_out by ratio_reldiff(0.02, 5 %) on the
-# active rows; kv_cache by mapped_pool_ratio_reldiff(0.01, 5 %) on the mapped rows, every other row unchanged.
-V4_PREFILL_MTP_RELDIFF = (0.02, 0.05)
-V4_KV_POOL_RELDIFF = (0.01, 0.05)
 
 
 def _tol(pair: tuple[float, float]) -> dict[str, float]:

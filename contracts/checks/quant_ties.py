@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from contracts.result import Bound
+from contracts.tolerances import BF16_MIDPOINT_ULPS, RMS_SUM_REL_PER_TERM
 
 TIE_WINDOW = 2.0 ** -18
 
@@ -63,10 +64,6 @@ def bf16_neighbours(pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     truncation and the next one away from zero; round to nearest picks one of them."""
     low = pre.float().contiguous().view(torch.int32) >> 16
     return low, low + 1
-
-
-BF16_MIDPOINT_ULPS = 32  # FP32 ulps around a BF16 rounding midpoint inside which either neighbour is accepted
-RMS_SUM_REL_PER_TERM = 2.0**-24  # FP32 relative error per term of a sum, in its worst case
 
 
 def bf16_near_midpoints(pre: torch.Tensor, *, ulps: int = BF16_MIDPOINT_ULPS) -> torch.Tensor:
@@ -195,7 +192,7 @@ def explain_rows(actual: torch.Tensor, y: torch.Tensor, moves: list[torch.Tensor
 
 
 def _bounds() -> tuple[Bound, ...]:
-    from contracts.checks.precision import FP32_ULPS
+    from contracts.tolerances import FP32_ULPS
 
     return (
         Bound("mtp_out", "fp32_ulps, plus one INT8 code step at every input element within a hair of a rounding tie",

@@ -31,11 +31,9 @@ import torch
 
 from contracts.evidence import same_bytes
 from contracts.result import CheckResult, Violation, failed, passed
+from contracts.tolerances import MIX_ROW_TOL, POST_REL_L2
 from kernels.config import V41Config
 from kernels.reference import mhc
-
-MIX_ROW_TOL = 5e-3
-POST_REL_L2 = 0.01
 
 
 def check_hc_mixes_forced(device_x_hc: torch.Tensor, device_mixes: Sequence[mhc.Mixes], function: torch.Tensor,

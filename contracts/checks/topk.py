@@ -16,10 +16,14 @@ from dataclasses import dataclass
 import torch
 
 from contracts.result import Bound, CheckResult, Tally, Violation, failed, passed
-
-CUTOFF_ATOL = 5e-5
-CUTOFF_RTOL = 1.5e-2
-MIN_OVERLAP = 0.98
+from contracts.tolerances import (
+    CUTOFF_ATOL,
+    CUTOFF_RTOL,
+    MIN_OVERLAP,
+    V4_PREFILL_HARD_ATOL,
+    V4_SCORE_HARD,
+    V4_SCORE_TOL,
+)
 
 
 @dataclass(frozen=True)
@@ -144,12 +148,6 @@ def selected_output_reference(selection: torch.Tensor, validity: CheckResult, re
     return attention_reference(selection, reference_caches)
 
 
-# --- V4 (CSA's learned indexer, spec §8): logical positions + offset, best first, -1 tail ------------------------
-# V4.1 selects physical rows sorted by logical position (check_topk_validity); V4's decode indexer emits logical
-# compressed positions plus the window offset, best score first, and upstream judges them against the scores.
-V4_SCORE_TOL = (1e-4, 1.0 / 128)  # SCORE_ATOL, SCORE_RTOL: ratio_allclose over the visible scores
-V4_SCORE_HARD = (4.0, 5e-3)  # SCORE_HARD_MULTIPLIER, SCORE_HARD_ATOL: the pointwise ceiling
-V4_PREFILL_HARD_ATOL = 7e-3  # PREFILL_SCORE_HARD_ATOL: the prefill indexer's floor (its longer reductions)
 V4_LOWEST = float(torch.finfo(torch.float32).min)  # the score of a position past the visible range
 
 

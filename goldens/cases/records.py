@@ -7,7 +7,7 @@ operator, its comparators the record's. Nothing here is written per operator. Sp
 from __future__ import annotations
 
 from goldens.cases import Case
-from kernels.record import GEOMETRIES, Record, geometry_config, records
+from kernels.record import GEOMETRIES, SMALL, Record, geometry_config, records
 
 
 def record_case(record: Record, spec, geometry: str) -> Case:
@@ -31,4 +31,4 @@ def cases_at(geometry: str) -> list[Case]:
             if geometry in spec.geometries]
 
 
-CASES = cases_at("tiny")
+CASES = [c for geometry in SMALL for c in cases_at(geometry)]

@@ -3,11 +3,12 @@
 import torch
 
 from backends import torch_backend
+from contracts import tolerances
 from contracts.checks import precision as p
 from contracts.result import CheckResult, Violation
 
 
-def _averaging_rows(actual, expected, *, bound=p.ROW_BOUND, name="output"):
+def _averaging_rows(actual, expected, *, bound=tolerances.ROW_BOUND, name="output"):
     """Wrong: one RMS/peak test over all rows pooled, so a bad row is diluted by good ones."""
     if actual.shape != expected.shape or actual.numel() == 0:
         return CheckResult("avg", "§6", 1, 1, Violation(name, (), actual.shape, expected.shape))
@@ -15,13 +16,13 @@ def _averaging_rows(actual, expected, *, bound=p.ROW_BOUND, name="output"):
     return p.check_row_precision(a, e, bound=bound, name=name)
 
 
-def _nan_blind(actual, expected, *, bound=p.ROW_BOUND, name="output"):
+def _nan_blind(actual, expected, *, bound=tolerances.ROW_BOUND, name="output"):
     """Wrong: replaces NaN/Inf by 0 before comparing."""
     return p.check_row_precision(torch.nan_to_num(actual.double(), 0.0, 0.0, 0.0),
                                  torch.nan_to_num(expected.double(), 0.0, 0.0, 0.0), bound=bound, name=name)
 
 
-def _rms_only(actual, expected, *, bound=p.ROW_BOUND, name="output"):
+def _rms_only(actual, expected, *, bound=tolerances.ROW_BOUND, name="output"):
     """Wrong: drops the peak bound."""
     return p.check_row_precision(actual, expected, bound=p.RowBound(peak_atol=1e30, peak_rtol=0.0), name=name)
 
@@ -46,25 +47,25 @@ def _replicas_allclose(replicas, *, name="output"):
     return CheckResult("allclose", "§6", len(replicas))
 
 
-def _rms_bound_2pct(actual, expected, *, bound=p.ROW_BOUND, name="output"):
+def _rms_bound_2pct(actual, expected, *, bound=tolerances.ROW_BOUND, name="output"):
     """Wrong: RMS bound loosened to 2 % of RMS(e)."""
     return p.check_row_precision(actual, expected, bound=p.RowBound(rms_rtol=0.02), name=name)
 
 
-def _dtype_blind(actual, expected, *, bound=p.ROW_BOUND, name="output"):
+def _dtype_blind(actual, expected, *, bound=tolerances.ROW_BOUND, name="output"):
     """Wrong: upcasts both sides before checking, so dtype mismatches pass."""
     return p.check_row_precision(actual.double(), expected.double(), bound=bound, name=name)
 
 
 def _budget(**kw):
-    def check(actual, expected, *, budget=p.FP8_BUDGET, name="output"):
+    def check(actual, expected, *, budget=tolerances.FP8_BUDGET, name="output"):
         from dataclasses import replace as _replace
 
         return p.check_output_budget(actual, expected, budget=_replace(budget, **kw), name=name)
     return check
 
 
-def _zero_rows_tolerant(actual, expected, *, budget=p.FP8_BUDGET, name="output"):
+def _zero_rows_tolerant(actual, expected, *, budget=tolerances.FP8_BUDGET, name="output"):
     """Wrong: rows whose reference is zero may hold tiny values."""
     zero = expected.double().reshape(expected.shape[0], -1).abs().amax(1) == 0
     a = actual.clone()

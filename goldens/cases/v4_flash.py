@@ -1,0 +1,15 @@
+"""Cases at main's V4-Flash geometry (hidden 4096, 256 experts: ``kernels.config.V4_FLASH``), the dims the
+``deepseek_v4_flash_mtp`` and ``deepseek_v4_flash_dspark`` entries are compiled for: every operator record's case
+that names the ``v4-flash`` geometry (``kernels.record``), named with ``_v4_flash``. Never in the sample store:
+``goldens --store DIR record --geometry v4-flash``. Spec: §7.2.
+"""
+
+from __future__ import annotations
+
+from goldens.cases import register
+from goldens.cases.records import cases_at
+
+CASES = cases_at("v4-flash")
+
+for _c in CASES:
+    register(_c)
