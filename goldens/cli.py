@@ -1,7 +1,6 @@
 """``goldens``: record, replay, regenerate, inspect and move V4.1 replay trees.
 
-Exit codes: 0 pass, 1 contract failure (a replayed output out of bound), 2 usage or store error, 3 backend error.
-"""
+Exit codes: 0 pass, 1 contract failure (a replayed output out of bound), 2 usage or store error, 3 backend error."""
 
 from __future__ import annotations
 
@@ -10,42 +9,19 @@ import datetime as dt
 import json
 import math
 import os
-import re
-import signal
 import sys
-import threading
 from pathlib import Path
 
 import icechunk
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress
 from rich.table import Table
 
 from goldens.catalog import select_wirings
+from goldens.console import DEFAULT_STORE, _num, console, err
 from goldens.errors import BackendFailure, GoldenStoreError, RuleChange
+from goldens.replay import cmd_replay, cmd_report
+from goldens.selection import check_case_name, tree_items
 from goldens.store_format import damaged
-
-
-def _num(x: float) -> str:
-    return "-" if math.isnan(x) else f"{x:.4g}"
-
-
-DEFAULT_STORE = os.environ.get("PTO_GOLDEN_STORE", "artifacts/store")
-console = Console(width=160)
-VERDICT_STYLES = {"PASS": "green", "FAIL": "red", "SKIP": "yellow", "ERROR": "bold magenta", "STALE": "bold red"}
-err = Console(stderr=True, width=160)
-
-
-_CASE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
-
-
-def check_case_name(name: str) -> None:
-    """A case name is one path segment of the store: letters, digits, '_', '.', '+', '-', not starting with '.'
-    (so never '..' or a path)."""
-    if not _CASE_NAME.fullmatch(name) or ".." in name:
-        raise GoldenStoreError(f"case name {name!r}: expected letters, digits, '_', '.', '+' or '-' (one path "
-                               "segment, not starting with '.'); see goldens show for the known cases")
 
 
 def _int_arg(low: int, high: int | None = None, *, expected: str):
@@ -62,61 +38,9 @@ def _int_arg(low: int, high: int | None = None, *, expected: str):
 
 
 _positive_int = _int_arg(1, expected="expected a positive integer")
+
+
 _seed = _int_arg(0, 2**62, expected="a seed is in [0, 2^62)")
-
-
-def _items(names: list[str], wiring: str, *, reader=None) -> list[tuple[str, str]]:
-    """(case, wiring) pairs. Without names: every recorded case (replay/regen) or every known case (record)."""
-    from goldens import trees
-    from goldens.cases import cases, get_case
-
-    if not names:
-        names = trees.recorded_cases(reader) if reader is not None else \
-            sorted(n for n, c in cases().items() if not c.base)  # derived cases replay their stored inputs only
-    out = []
-    for name in names:
-        check_case_name(name)
-        if reader is not None:
-            trees.adopt(reader, name)
-        case = get_case(name)
-        wanted = select_wirings(wiring)
-        chosen = [w for w in wanted if w in case.wirings]
-        if not chosen:
-            raise GoldenStoreError(f"case {name} has no {wiring} wiring (it has {list(case.wirings)})")
-        if reader is not None:
-            have = trees.recorded_wirings(reader, name)
-            missing = [w for w in chosen if w not in have]
-            if missing and wiring != "both":
-                raise GoldenStoreError(f"no {missing[0]} tree for case {name} (recorded wirings: {have or 'none'}); "
-                                       "a tree saved by one wiring is never fed to the other")
-            chosen = [w for w in chosen if w in have]
-        out += [(name, w) for w in chosen]
-    if not out:
-        raise GoldenStoreError("nothing to do: no matching trees (see goldens show / goldens record --help)")
-    return out
-
-
-def _reaching(reader, items: list[tuple[str, str]], given: list[str]) -> list[tuple[str, str]]:
-    """The ``items`` whose trees reach one of the operators of ``--operator`` (contracts.operators)."""
-    from contracts.operators import BackendError, operator_names, operators_reached
-    from goldens import trees
-    from goldens.cases import get_case
-
-    try:
-        wanted = operator_names(given)
-    except BackendError as exc:
-        raise GoldenStoreError(str(exc)) from None
-
-    def reached(case: str, wiring: str) -> frozenset[str]:
-        if reader.has(f"{case}/{wiring}"):
-            return trees.tree_operators(reader, case, wiring)
-        return operators_reached(get_case(case).operator)  # a kept run rebuilt without its tree
-
-    out = [(c, w) for c, w in items if reached(c, w) & wanted]
-    if not out:
-        raise GoldenStoreError(f"no tree of the {len(items)} selected reaches {', '.join(sorted(wanted))} "
-                               "(goldens show lists each tree's operator)")
-    return out
 
 
 def cmd_record(args) -> int:
@@ -137,7 +61,7 @@ def cmd_record(args) -> int:
             raise GoldenStoreError(f"--geometry {args.geometry}: {other[0]} is not a case at that geometry (its "
                                    f"cases: {', '.join(at[:6])}{', ...' if len(at) > 6 else ''})")
         args.cases = args.cases or at
-    items = _items(args.cases, args.wiring)
+    items = tree_items(args.cases, args.wiring)
     with console.status(f"recording {len(items)} tree(s)"):
         result = trees.record(GoldenStore(args.store), items, args.seed, force=args.force)
     table = Table(title=f"record -> {args.store}")
@@ -181,7 +105,7 @@ def _record_from_upstream(args) -> int:
     if backend.provenance.get("dirty"):
         console.print(f"warning: the checkout has local changes; the trees name commit "
                       f"{backend.provenance['commit'][:12]} with dirty=true")
-    items = _items(args.cases, args.wiring)
+    items = tree_items(args.cases, args.wiring)
     with console.status(f"recording {len(items)} tree(s) from upstream"):
         names, result = trees.record_from_upstream(GoldenStore(args.store), backend, items, args.seed,
                                                    force=args.force)
@@ -197,300 +121,6 @@ def _record_from_upstream(args) -> int:
     return 0
 
 
-def _backend(args):
-    from backends import get_backend, load_backend_module
-    from contracts.operators import BackendError
-
-    device = {"platform": args.platform, "device": args.device, "pypto_lib": args.pypto_lib}
-    try:
-        if args.backend_module:
-            if any(v is not None for v in device.values()):
-                raise BackendError("--platform/--device/--pypto-lib apply to --backend pypto, not to --backend-module")
-            return load_backend_module(args.backend_module)
-        if args.backend == "recorded" or args.backend.startswith("recorded:"):
-            if any(v is not None for v in device.values()):
-                raise BackendError("--platform/--device/--pypto-lib apply to a device backend, not to --backend "
-                                   "recorded (it replays outputs a device run kept)")
-            return None  # built from the store by cmd_replay
-        return get_backend(args.backend, **device)
-    except BackendError as exc:
-        raise GoldenStoreError(str(exc)) from exc
-
-
-def cmd_report(args) -> int:
-    args.report = args.out
-    return cmd_replay(args)
-
-
-_INTERRUPTED = threading.Event()
-
-
-def _on_sigint(signum, frame):  # the first Ctrl-C ends the replay after the tree in hand; the second at once
-    if _INTERRUPTED.is_set():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        raise KeyboardInterrupt
-    _INTERRUPTED.set()
-    err.print("\n[yellow]Ctrl-C: stopping after the tree in hand (again to stop now)[/]", highlight=False)
-
-
-def cmd_replay(args) -> int:
-    _INTERRUPTED.clear()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _on_sigint)
-    try:
-        return _cmd_replay(args)
-    finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def _cmd_replay(args) -> int:
-    from contracts.operators import MissingOperator, Unsupported
-    from goldens import report, trees
-    from goldens.store import GoldenStore
-
-    if getattr(args, "devices", None):
-        return _replay_on_devices(args)
-    backend = _backend(args)
-    if backend is not None and backend.unavailable and not args.allow_unavailable:
-        raise BackendFailure(f"backend {backend.name!r} (platform {backend.platform}) is unavailable here: "
-                             f"{backend.unavailable}; nothing was replayed (--allow-unavailable accepts that)")
-    store = GoldenStore(args.store)
-    reader = store.reader(args.rev)
-    rebuilt: list = []
-    if backend is None:  # --backend recorded[:SOURCE]: a device's kept outputs, judged again
-        from goldens.recorded import rebuilt_items, recorded_backend
-
-        if args.keep_actual:
-            raise GoldenStoreError("--keep-actual keeps a device run's outputs; --backend recorded runs nothing")
-
-        backend = recorded_backend(reader, args.backend)
-        # kept runs imported without their tree (goldens import-kept): rebuilt, judged with the others
-        rebuilt = [(c, w) for c, w in rebuilt_items(reader, backend.source)
-                   if (not args.cases or c in args.cases) and w in select_wirings(args.wiring)]
-    names = [c for c in args.cases if c not in {c for c, _w in rebuilt}]
-    if names or not rebuilt:
-        items = _items(names, args.wiring, reader=reader)
-    else:  # only imported runs named, or no tree in the store beside them
-        items = _items(names, args.wiring, reader=reader) if trees.recorded_cases(reader) and not args.cases else []
-    items += rebuilt
-    if args.operator:
-        items = _reaching(reader, items, args.operator)
-    kept: dict = {}
-    digests: dict = {}
-    table = Table(title=escape(f"replay on backend {backend.name} ({backend.platform}) from {args.store}@{reader.snapshot[:12]}"))
-    for col in ("case", "wiring", "output", "comparator", "verdict", "detail"):
-        table.add_column(col, overflow="fold")
-    rows: list[dict] = []
-
-    def row(case, wiring, output, comparator, verdict, detail="", evidence=(), cause=""):
-        rows.append({"case": case, "wiring": wiring, "output": output, "comparator": comparator,
-                     "verdict": verdict, "detail": detail, "cause": cause,
-                     "evidence": [m.as_dict() for m in evidence]})
-        if not (args.quiet and verdict == "PASS"):
-            table.add_row(case, wiring, output, comparator, f"[{VERDICT_STYLES[verdict]}]{verdict}[/]", escape(detail))
-    failures = skipped = stale = ran = errors = unreadable = 0
-    first_skip = ""
-    reported: list = []
-    history = None
-    progress = Progress(console=err, transient=True, disable=len(items) < 2)
-    task = progress.add_task("replaying", total=len(items))
-    progress.start()
-    interrupted = False
-    for done, (case, wiring) in enumerate(items):
-        if _INTERRUPTED.is_set():
-            interrupted = True
-            err.print(f"[bold red]interrupted[/] (Ctrl-C) after {done} of {len(items)} tree(s): the rows so far "
-                      "are below; nothing was committed", highlight=False, soft_wrap=True)
-            break
-        progress.advance(task)
-        if (case, wiring) in rebuilt:
-            from goldens.recorded import rebuild_tree
-
-            try:
-                tree = rebuild_tree(reader, backend.source, case, wiring)
-            except Unsupported as exc:
-                skipped += 1
-                first_skip = first_skip or str(exc)
-                row(case, wiring, "*", "-", "SKIP", str(exc))
-                reported.append(report.TreeReport(case, wiring, "SKIP", str(exc)))
-                continue
-        else:
-            try:
-                tree = trees.load_tree(reader, case, wiring)
-            except BackendFailure as exc:  # the reference fails on this tree: an ERROR row, the others still run
-                errors += 1
-                row(case, wiring, "*", "-", "ERROR", str(exc))
-                reported.append(report.TreeReport(case, wiring, "ERROR", str(exc)))
-                continue
-            except GoldenStoreError as exc:  # this tree cannot be read or judged: its row, the others still run
-                if len(items) == 1:
-                    raise
-                unreadable += 1
-                row(case, wiring, "*", "-", "ERROR", f"unreadable tree: {exc}")
-                reported.append(report.TreeReport(case, wiring, "ERROR", str(exc)))
-                continue
-        if tree.stale and not args.allow_stale:
-            stale += 1
-            row(case, wiring, "*", "-", "STALE",
-                _stale_advice(tree) if args.rev is None else
-                f"recorded at {args.rev} with an older reference: replay it with --allow-stale (regen "
-                "rewrites main, not an old revision)")
-            reported.append(report.TreeReport(case, wiring, "STALE", rows[-1]["detail"]))
-            continue
-        if tree.stale and args.allow_stale:
-            err.print(f"[bold red]WARNING: {case}/{wiring} is STALE (recorded with fingerprint "
-                      f"{tree.record.fingerprint}); replaying anyway because of --allow-stale. Its expected outputs "
-                      "do not reflect the current reference.[/]")
-        actual: dict = {}
-        if args.keep_actual:
-            from goldens.recorded import inputs_digest
-
-            digests[(case, wiring)] = inputs_digest(tree.inputs)
-        try:
-            results = trees.replay(tree, backend, allow_stale=args.allow_stale, keep=actual)
-        except (MissingOperator, Unsupported) as exc:  # lacks the operator / cannot run this call: skipped, named
-            skipped += 1
-            first_skip = first_skip or str(exc)
-            row(case, wiring, "*", "-", "SKIP", str(exc))
-            reported.append(report.TreeReport(case, wiring, "SKIP", str(exc)))
-            continue
-        except BackendFailure as exc:  # the backend raised: an ERROR row, and the other trees still run
-            errors += 1
-            detail = str(exc)
-            if args.verbose and exc.__cause__ is not None:
-                import traceback
-
-                detail += "\n" + "".join(traceback.format_exception(exc.__cause__)).rstrip()
-            row(case, wiring, "*", "-", "ERROR", detail)
-            reported.append(report.TreeReport(case, wiring, "ERROR", detail))
-            continue
-        ran += 1
-        kept[(case, wiring)] = actual
-        if args.report:
-            history = history or report.History(store)
-            reported.append(report.tree_report(history, tree, actual, results))
-        for output, result in results.items():
-            ok = result.ok
-            failures += not ok
-            row(case, wiring, output, tree.record.comparators[output], "PASS" if ok else "FAIL",
-                "" if ok else result.message(), result.evidence, result.cause)
-    progress.stop()
-    summary = {"failed_outputs": failures, "errors": errors, "skipped": skipped, "stale": stale, "ran": ran,
-               "unreadable": unreadable}
-    if interrupted:
-        (console if not args.json else Console(quiet=True)).print(table)
-        return 130
-    out = console if not args.json else Console(quiet=True)
-    out.print(table)
-    out.print(f"{failures} failed output(s), {errors} tree(s) with a backend error, {skipped} skipped tree(s), "
-              f"{stale} stale tree(s) refused")
-    if args.keep_actual and kept:
-        verdicts: dict = {}
-        for r in rows:
-            verdicts.setdefault((r["case"], r["wiring"]), {})[r["output"]] = r["verdict"]
-        result = trees.keep_actual(store, backend, reader.snapshot, kept, verdicts, digests)
-        out.print(f"kept the actual outputs of {len(kept)} tree(s) under {trees.ACTUAL_ROOT}/ "
-                  f"(snapshot {result.snapshot or 'unchanged'})")
-    code = _replay_code(args, failures, errors, skipped, ran, stale, first_skip)
-    if unreadable:
-        err.print(f"[bold red]error:[/] {unreadable} tree(s) could not be read or judged (ERROR rows above: "
-                  "unreadable tree); the others were replayed", highlight=False, soft_wrap=True)
-        code = 2 if code in (0, 1) else code
-    if args.report:
-        page = report.write(args.report, f"goldens replay on {backend.name} ({backend.platform}) of {args.store}"
-                            f"@{reader.snapshot[:12]}", reported, {**summary, "exit_code": code})
-        err.print(f"report: {page}")
-    document = {"store": str(args.store), "snapshot": reader.snapshot, "backend": backend.name,
-                "platform": backend.platform, "devices": list(getattr(backend, "devices", ())), "rows": rows,
-                "summary": summary, "exit_code": code}
-    if args.json:
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
-    if args.junit:
-        _write_junit(Path(args.junit), document)
-    return code
-
-
-def _replay_on_devices(args) -> int:
-    """``goldens replay --devices IDS``: goldens.devices runs one worker per id; one table, a per-device summary."""
-    from goldens import devices
-    from goldens.store import GoldenStore
-
-    ids = devices.parse_devices(args.devices)
-    for flag, given in (("--device", args.device), ("--report", args.report),
-                        ("--backend recorded", args.backend.startswith("recorded"))):
-        if given:
-            raise GoldenStoreError(f"--devices runs one worker per device: it does not combine with {flag} "
-                                   + ("(each worker is given its own --device)" if flag == "--device" else
-                                      "(replay without --devices for it)"))
-    # the backend once here, on all the ids: a backend that cannot take them, or is unavailable, is one line
-    # before any worker starts
-    probe = _backend(argparse.Namespace(**{**vars(args), "device": ",".join(map(str, ids))}))
-    if probe is not None and probe.unavailable and not args.allow_unavailable:
-        raise BackendFailure(f"backend {probe.name!r} (platform {probe.platform}) is unavailable here: "
-                             f"{probe.unavailable}; nothing was replayed (--allow-unavailable accepts that)")
-    reader = GoldenStore(args.store).reader(args.rev)
-    items = _items(list(args.cases), args.wiring, reader=reader)
-    if args.operator:
-        items = _reaching(reader, items, args.operator)
-    runs, rows = devices.run(args, items, reader, ids)
-    code = devices.exit_code(runs)
-    out = console if not args.json else Console(quiet=True)
-    table = Table(title=escape(f"replay on backend {args.backend_module or args.backend} over devices {ids} from "
-                               f"{args.store}@{reader.snapshot[:12]}"))
-    for col in ("device", "case", "wiring", "output", "comparator", "verdict", "detail"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        if not (args.quiet and r["verdict"] == "PASS"):
-            table.add_row(str(r["device"]), r["case"], r["wiring"], r["output"], r["comparator"],
-                          f"[{VERDICT_STYLES[r['verdict']]}]{r['verdict']}[/]", escape(r["detail"]))
-    out.print(table)
-    summary = Table(title="per device")
-    for col in ("device", "cases", "trees", "passed", "failed", "errors", "skipped", "stale", "exit", "seconds",
-                "note"):
-        summary.add_column(col, overflow="fold")
-    per_device = []
-    for r in runs:
-        s = (r.document or {}).get("summary", {})
-        row = {"device": r.device, "cases": len(r.cases), "trees": s.get("ran", 0),
-               "passed": sum(x["verdict"] == "PASS" for x in r.rows),
-               "failed": sum(x["verdict"] == "FAIL" for x in r.rows),
-               "errors": sum(x["verdict"] == "ERROR" for x in r.rows), "skipped": s.get("skipped", 0),
-               "stale": s.get("stale", 0), "exit": r.code, "seconds": round(r.seconds, 2), "note": r.error,
-               "backend_devices": list((r.document or {}).get("devices", []))}
-        per_device.append(row)
-        summary.add_row(*(str(row[c] if row[c] is not None else "-") for c in
-                          ("device", "cases", "trees", "passed", "failed", "errors", "skipped", "stale", "exit",
-                           "seconds", "note")))
-    out.print(summary)
-    document = {"store": str(args.store), "snapshot": reader.snapshot, "backend": args.backend_module or args.backend,
-                "platform": args.platform, "devices": ids, "rows": rows, "per_device": per_device, "exit_code": code}
-    if args.json:
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
-    if args.junit:
-        _write_junit(Path(args.junit), document)
-    return code
-
-
-def _write_junit(path: Path, document: dict) -> None:
-    """JUnit XML: one testcase per (case, wiring, output) row; FAIL a failure, ERROR an error, SKIP/STALE
-    skipped (STALE also counted as an error: it exits 2)."""
-    from xml.etree import ElementTree as ET
-
-    rows = document["rows"]
-    suite = ET.Element("testsuite", name=f"goldens replay ({document['backend']}, {document['platform']})",
-                       tests=str(len(rows)), failures=str(sum(r["verdict"] == "FAIL" for r in rows)),
-                       errors=str(sum(r["verdict"] in ("ERROR", "STALE") for r in rows)),
-                       skipped=str(sum(r["verdict"] == "SKIP" for r in rows)))
-    for r in rows:
-        case = ET.SubElement(suite, "testcase", classname=f"{r['case']}.{r['wiring']}", name=r["output"])
-        kind = {"FAIL": "failure", "ERROR": "error", "STALE": "error", "SKIP": "skipped"}.get(r["verdict"])
-        if kind:
-            ET.SubElement(case, kind, message=r["detail"][:500]).text = r["detail"]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
-
-
 def _emit(document: dict) -> None:
     sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
 
@@ -502,49 +132,6 @@ def _delta(d) -> dict:
             "max_rel": None if math.isnan(d.max_rel) else d.max_rel, "rows_affected": d.rows_affected}
 
 
-def _stale_advice(tree) -> str:
-    """What changed, and whether regenerating is safe: the current reference's outputs on the stored inputs
-    judged against the stored ones by the tree's own comparators (goldens.trees.classify_change)."""
-    from goldens import trees
-
-    what = tree.moved_text()  # "changed X", "now reaches Y", "no longer reaches Z"
-    try:
-        change = trees.classify_change(tree, trees.reference_outputs(tree))
-    except BackendFailure as exc:
-        return f"{what}; and the current reference raises on it ({exc}): fix the reference, regen cannot run"
-    if change.kind == "none":
-        return f"{what}; no output moves: `goldens regen {tree.case.name}` only refreshes its fingerprint"
-    if change.kind == "rounding":
-        return (f"{what}; {change.detail}: a rounding change, `goldens regen {tree.case.name}` is safe (or "
-                "--allow-stale)")
-    return (f"{what}; OUTPUTS MOVE PAST THEIR COMPARATORS: {change.detail}. A reference bug looks exactly like "
-            f"this: check it; only a rule changed on purpose is recorded, with `goldens regen {tree.case.name} "
-            "--accept-moved -m REASON`")
-
-
-def _replay_code(args, failures, errors, skipped, ran, stale, first_skip) -> int:
-    if stale:
-        advice = ("the reference changed since they were recorded; each row says whether its outputs move within "
-                  "their comparators (rounding: `goldens regen` is safe) or past them (check the reference first)"
-                  if args.rev is None else
-                  f"revision {args.rev} predates the current reference: `goldens replay --rev {args.rev} "
-                  "--allow-stale` replays it anyway, `goldens replay` replays main")
-        err.print(f"[bold red]error:[/] {stale} stale tree(s) refused: {advice}", highlight=False, soft_wrap=True)
-        return 2
-    if errors:
-        err.print(f"[bold red]backend error:[/] {errors} tree(s) raised in the backend (ERROR rows above; "
-                  "--verbose shows tracebacks)" + (f"; {failures} output(s) also out of bound" if failures else ""),
-                  highlight=False, soft_wrap=True)
-        return 3
-    if failures:
-        return 1
-    if skipped and not ran and not args.allow_unavailable:
-        err.print(f"[bold red]backend error:[/] nothing ran: every tree was skipped ({skipped}); first: "
-                  f"{escape(first_skip)} (--allow-unavailable accepts that)", highlight=False, soft_wrap=True)
-        return 3
-    return 0
-
-
 def cmd_regen(args) -> int:
     from goldens import trees
     from goldens.cases import get_case
@@ -554,7 +141,7 @@ def cmd_regen(args) -> int:
         raise GoldenStoreError("regen --accept-moved records outputs that move past their comparators: say why with "
                          "-m REASON (kept in the snapshot's message)")
     store = GoldenStore(args.store)
-    items = _items(args.cases, args.wiring, reader=store.reader())
+    items = tree_items(args.cases, args.wiring, reader=store.reader())
     if not args.cases:  # trees recorded from upstream hold upstream's numbers: never regenerated from ours
         skipped = sorted({c for c, _w in items if get_case(c).upstream})
         items = [(c, w) for c, w in items if not get_case(c).upstream]
@@ -928,7 +515,7 @@ def cmd_export(args) -> int:
 
     reader = GoldenStore(args.store).reader(args.rev)
     written = []
-    for case, wiring in _items([args.case], args.wiring, reader=reader):
+    for case, wiring in tree_items([args.case], args.wiring, reader=reader):
         written += trees.export_pt(reader, case, wiring, Path(args.dir))
     console.print(f"wrote {len(written)} .pt files under {args.dir}")
     return 0

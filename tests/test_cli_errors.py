@@ -8,6 +8,7 @@ import pytest
 
 from contracts import compare
 from goldens import cli, trees
+from goldens import replay as replay_cmd
 from goldens.store import GoldenStore
 from goldens.store_format import REPO_DIR
 
@@ -76,7 +77,7 @@ def test_ctrl_c_stops_after_the_tree_in_hand_with_the_rows_so_far(store, capsys,
     real = trees.replay
 
     def replay_then_ctrl_c(*args, **kwargs):
-        cli._INTERRUPTED.set()  # what the first SIGINT does (cli._on_sigint)
+        replay_cmd._INTERRUPTED.set()  # what the first SIGINT does (goldens.replay._on_sigint)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(trees, "replay", replay_then_ctrl_c)

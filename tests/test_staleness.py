@@ -72,7 +72,7 @@ def test_a_changed_rounding_rule_makes_exactly_the_trees_that_read_it_stale(monk
                                                                                           "replicated")):
         t = trees.load_tree(reader, *key)  # (one of each kind: the whole set costs a minute of CI)
         assert trees.classify_change(t, trees.reference_outputs(t)).kind == "none", key  # bytes do not move
-    from goldens.cli import _stale_advice
+    from goldens.replay import _stale_advice
 
     index = trees.load_tree(reader, "cache_index", "replicated")
     advice = _stale_advice(index)
