@@ -137,9 +137,10 @@ def test_a_wrong_eps_is_not_excused():
 
 
 def _qkv_inputs(seed: int = 3) -> dict[str, torch.Tensor]:
-    from goldens.cases.v4_ops import _qkv_build
+    from kernels.config import V4_PRO_TINY
+    from kernels.v4.qkv_proj import _qkv_inputs
 
-    return _qkv_build(seed, "replicated")
+    return _qkv_inputs(seed, "replicated", V4_PRO_TINY.kernel_preset())
 
 
 def _q_judge(i, out, actual_q):

@@ -91,7 +91,8 @@ def recorded_backend(reader: StoreReader, spec: str) -> RecordedBackend:
 # their digest is the one the device ran on, and computes the expected outputs with the current reference.
 REBUILD = "rebuild"
 # case modules that moved since a recipe may have named them: old name -> where they live now
-MOVED_CASE_MODULES = {"goldens.cases_pro": "goldens.cases.pro", "goldens.cases_v4_ops": "goldens.cases.v4_ops"}
+MOVED_CASE_MODULES = {"goldens.cases_pro": "goldens.cases.pro", "goldens.cases_v4_ops": "goldens.cases.records",
+                      "goldens.cases.v4_ops": "goldens.cases.records"}
 
 
 def rebuilt_items(reader: StoreReader, source: str) -> list[tuple[str, str]]:

@@ -13,7 +13,7 @@ from goldens import cli, trees
 from goldens.recorded import ACTUAL_ROOT, REBUILD, rebuilt_items
 from goldens.store import GoldenStore
 
-CASE, MODULE = "v4_hc_post", "goldens.cases.v4_ops"
+CASE, MODULE = "v4_hc_post", "goldens.cases.records"
 KEPT = f"{ACTUAL_ROOT}/torch-cpu/{CASE}/replicated"
 
 

@@ -98,7 +98,7 @@ def v4_config():
 # The built-in cases, one module per family, in the order ``goldens list`` shows them.
 FAMILIES = tuple(f"goldens.cases.{name}" for name in (
     "metadata", "cache", "attention", "mhc", "moe", "lm_head", "block", "v4_metadata", "v4_compressor",
-    "v4_indexer", "v4_attention", "v4_mtp", "v4_ops", "records"))
+    "v4_indexer", "v4_attention", "v4_mtp", "records"))
 
 _CASES: dict[str, Case] = {}
 _BUILT = False

@@ -8,22 +8,19 @@ load this module and name a store of your own::
     goldens --cases-module goldens.cases.pro --store ~/pro-store replay --backend pypto --platform a5sim \\
         --pypto-lib ~/pypto-lib --keep-actual v4_expert_shared_pro
 
-Each case is its tiny twin of ``goldens.cases.v4_ops`` at Pro's dims, with the rows the entry is compiled for
-(``MOE_TOKENS`` = 8 for the gate and the shared expert, one 8-row tile for the projections) and the same edges
-(a zero row, a 1000x row, a row of zero codes, a logit near 128). Spec: §8.
+The operators with a record (``kernels.record``: the gate, the experts, the projections, hc_post, the final norm)
+bring their Pro cases from it (``cases_at("pro")``, built by the same builder as their tiny twins, at the rows the
+entry is compiled for); the compressor, attention and indexer cases below are not records yet. Spec: §8.
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
-from functools import partial
 
 import torch
 
 from goldens.cases import Case, Tensors, register
 from goldens.cases.records import cases_at
-from goldens.cases.v4_ops import _case, _g, _int8, _qkv_build
 from kernels.config import V4_PRO
+from kernels.record import generator as _g
 
 PRO = V4_PRO.kernel_preset()
 ROWS = PRO.decode_tokens  # MOE_TOKENS / one T_TILE of 8 rows: what the Pro entries are compiled to take
@@ -31,42 +28,17 @@ ROWS = PRO.decode_tokens  # MOE_TOKENS / one T_TILE of 8 rows: what the Pro entr
 
 
 
-def _expert_build(seed: int, wiring: str) -> Tensors:
-    g = _g(seed)
-    d, inter = PRO.hidden_size, PRO.moe_intermediate_size
-    x = _int8((ROWS, d), g)
-    x[3] = 0  # a row of zero codes
-    return {"x_i8": x, "x_scale": torch.rand(ROWS, 1, generator=g) * 0.02 + 1e-3,
-            "w1": _int8((inter, d), g), "w1_scale": torch.rand(inter, generator=g) * 2e-4 + 5e-5,
-            "w3": _int8((inter, d), g), "w3_scale": torch.rand(inter, generator=g) * 2e-4 + 5e-5,
-            "w2": _int8((d, inter), g), "w2_scale": torch.rand(d, generator=g) * 2e-4 + 5e-5}
 
 
-def _expert_call(get, i: Tensors) -> Tensors:
-    from kernels.v4.moe import V4ExpertWeights
-
-    w = V4ExpertWeights(i["w1"], i["w1_scale"], i["w3"], i["w3_scale"], i["w2"], i["w2_scale"])
-    return {"y": get("v4_expert")(i["x_i8"], i["x_scale"], i.get("route_weight"), w, config=PRO)}
 
 
-def _mtp_build(seed: int, wiring: str) -> Tensors:
-    g = _g(seed)
-    d, hc = PRO.hidden_size, PRO.hc_mult
-    return {"hidden": torch.randn(ROWS, d, generator=g).to(torch.bfloat16),
-            "prev": torch.randn(ROWS, hc, d, generator=g), "enorm": torch.rand(d, generator=g) + 0.5,
-            "hnorm": torch.rand(d, generator=g) + 0.5, "e_proj": _int8((d, d), g),
-            "e_scale": torch.rand(d, generator=g) * 1e-4, "e_smooth": torch.rand(d, generator=g) + 0.5,
-            "h_proj": _int8((d, d), g), "h_scale": torch.rand(d, generator=g) * 1e-4,
-            "h_smooth": torch.rand(d, generator=g) + 0.5}
 
 
-def _mtp_call(get, i: Tensors) -> Tensors:
-    names = ("hidden", "prev", "enorm", "hnorm", "e_proj", "e_scale", "e_smooth", "h_proj", "h_scale", "h_smooth")
-    return {"out": get("mtp_projection")(*(i[n] for n in names), config=PRO)}
 
 
-def _qkv_call(get, i: Tensors) -> Tensors:
-    return get("v4_qkv_proj_rope")(**i, config=PRO)
+
+
+
 
 
 def _compressor_hca_build(seed: int, wiring: str) -> Tensors:
@@ -171,19 +143,10 @@ def _indexer_call(get, i: Tensors) -> Tensors:
     return dict(get("v4_indexer")(**i, offset=PRO.sliding_window, config=PRO))
 
 
-def _norm_build(seed: int, wiring: str) -> Tensors:
-    """The final RMSNorm at Pro width (D 7168, the 8 rows rms_norm_test's decode step takes): a row of zeros
-    (only eps under the root), a 1000x row, BF16 weights around 1."""
-    g = _g(seed)
-    d = PRO.hidden_size
-    x = torch.randn(ROWS, d, generator=g)
-    x[1] = 0.0
-    x[2] *= 1e3
-    return {"hidden": x.to(torch.bfloat16), "weight": (1 + 0.2 * torch.randn(d, generator=g)).to(torch.bfloat16)}
 
 
-def _norm_call(get, i: Tensors) -> Tensors:
-    return {"x_normed": get("final_norm")(i["hidden"], i["weight"], config=PRO)}
+
+
 
 
 def _prefill_indexer_build(seed: int, wiring: str) -> Tensors:
@@ -199,44 +162,21 @@ def _prefill_indexer_call(get, i: Tensors) -> Tensors:
     return dict(get("v4_prefill_indexer")(**{**i, "num_tokens": int(i["num_tokens"])}, config=PRO))
 
 
-def _pro(case: Case) -> Case:
-    return replace(case, preset=PRO.name)
+def _case(*, name: str, operator: str, description: str, modules: tuple[str, ...], build_inputs, call,
+          comparators: dict, params: dict | None = None) -> Case:
+    """A Pro-geometry case not yet an operator record's (kernels.record): its reference is ``call`` on the
+    operator's reference function (whose code the tree's fingerprint walks), its run the same call on a backend."""
+    from backends import reference_operators
+
+    fn = reference_operators()[operator]
+    return Case(name=name, operator=operator, description=description, wirings=("replicated",), modules=modules,
+                build_inputs=build_inputs, reference=lambda i, w: call(lambda _name: fn, i),
+                run=lambda b, i, w: call(b.get, i), comparators=lambda w: dict(comparators),
+                params=dict(params or {}), preset=PRO.name)
 
 
 def build() -> list[Case]:
-    return [_pro(c) for c in (
-        _case(
-            name="v4_expert_shared_pro",
-            operator="v4_expert",
-            description="V4 shared expert at Pro geometry (D 7168, inter 3072, the 8 "
-                        "rows expert_shared_test takes), a row of zero codes",
-            modules=("kernels.v4.moe",),
-            build_inputs=_expert_build,
-            call=_expert_call,
-            comparators={"y": "exact"},
-        ),
-        _case(
-            name="mtp_projection_pro",
-            operator="mtp_projection",
-            description="MTP projection at Pro geometry (D 7168, 8 rows): both RMSNorms, "
-                        "smoothed INT8 projections [7168, 7168], summed into the FP32 streams",
-            modules=("kernels.v4.mtp",),
-            build_inputs=_mtp_build,
-            call=_mtp_call,
-            comparators={"out": "mtp_out"},
-            params={"preset": "v4-pro"},
-        ),
-        _case(
-            name="v4_qkv_proj_rope_pro",
-            operator="v4_qkv_proj_rope",
-            description="V4 Q/KV projection with RoPE at Pro geometry (D 7168, "
-                        "128 heads of 512, q LoRA 1536, 8 rows)",
-            modules=("kernels.v4.qkv_proj",),
-            build_inputs=partial(_qkv_build, config=PRO),
-            call=_qkv_call,
-            comparators={"q": "q_bf16", "kv": "exact", "qr": "exact", "qr_scale": "fp32_ulps"},
-            params={"preset": "v4-pro"},
-        ),
+    return [
         _case(
             name="v4_compressor_hca_pro",
             operator="v4_compressor",
@@ -260,17 +200,6 @@ def build() -> list[Case]:
         ),
         *(_attention_case(path) for path in ("SWA", "HCA", "CSA")),
         _case(
-            name="final_norm_pro",
-            operator="final_norm",
-            description="RMSNorm at Pro width (D 7168, 8 rows: a zero row, a 1000x row), "
-                        "FP32 times the BF16 weight, one BF16 rounding",
-            modules=("kernels.reference.lm_head",),
-            build_inputs=_norm_build,
-            call=_norm_call,
-            comparators={"x_normed": "norm_bf16"},
-            params={"preset": PRO.name},
-        ),
-        _case(
             name="v4_prefill_indexer_pro",
             operator="v4_prefill_indexer",
             description="V4 CSA indexer on a prefill chunk at Pro geometry "
@@ -292,7 +221,7 @@ def build() -> list[Case]:
             comparators={"score": "v4_index_score", "topk_idxs": "v4_index_topk"},
             params={"topk": PRO.index_topk, "offset": PRO.sliding_window, "seq": PRO.decode_seq},
         ),
-    )]
+    ]
 
 
 CASES = build() + cases_at("pro")

@@ -22,7 +22,8 @@ def record_case(record: Record, spec, geometry: str) -> Case:
                 build_inputs=lambda seed, wiring: build(seed, wiring, config),
                 reference=lambda i, w: call(fn, i, config),
                 run=lambda b, i, w: call(b.get(record.operator), i, config),
-                comparators=lambda w: dict(outputs), params=dict(spec.params), preset=config.name)
+                comparators=lambda w: dict(outputs), preset=config.name,
+                params={**spec.params, **({} if geometry in SMALL else {"preset": config.name})})
 
 
 def cases_at(geometry: str) -> list[Case]:

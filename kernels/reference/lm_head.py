@@ -25,6 +25,7 @@ import torch
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
 from kernels.operators import operator
+from kernels.record import CaseSpec, Record, Upstream, generator
 from kernels.reference.compressor import rms_norm
 from kernels.reference.rowwise import rowwise_matmul
 
@@ -101,3 +102,51 @@ def greedy_pick(logits: torch.Tensor) -> torch.Tensor:
     best = logits.max(dim=1, keepdim=True).values
     first = (logits == best).to(torch.int8).argmax(dim=1)  # the first True of each row
     return first.to(torch.int32)
+
+
+# --- the records at V4's dims --------------------------------------------------------------------------------
+
+LM_TP = 2  # the V4 case's tensor parallelism: the logits are each rank's vocabulary slab, concatenated
+
+
+def _v4_lm_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+    """6 rows and the smallest vocabulary the layout accepts at TP2 (512, a multiple of 256)."""
+    g = generator(seed)
+    vocab, d = 512, config.hidden_size
+    return {"hidden": torch.randn(6, d, generator=g).to(torch.bfloat16),
+            "weight": (torch.randn(vocab, d, generator=g) / d**0.5).to(torch.bfloat16)}
+
+
+def _norm_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+    """The 8 rows of a decode step (rms_norm_test's at Pro width): a row of zeros (only eps under the root), a 1000x
+    row, BF16 weights around 1."""
+    g = generator(seed)
+    d = config.hidden_size
+    x = torch.randn(config.decode_tokens, d, generator=g)
+    x[1] = 0.0
+    x[2] *= 1e3
+    return {"hidden": x.to(torch.bfloat16), "weight": (1 + 0.2 * torch.randn(d, generator=g)).to(torch.bfloat16)}
+
+
+LM_HEAD_RECORD = Record(
+    operator="lm_head",
+    call=lambda fn, i, config: {"logits": torch.cat(fn(i["hidden"], i["weight"], tp=LM_TP), dim=1)},
+    outputs={"logits": "fp32_ulps"},
+    cases=(CaseSpec("v4_lm_head", "V4 LM head at TP2: BF16 rows times the vocabulary slab of each rank, FP32 logits",
+                    _v4_lm_inputs, params={"tp": LM_TP}),),
+    bindings=(*(Upstream(f, golden="lm_head.py::golden_lm_head", entry="lm_head.py::lm_head_test")
+                for f in ("deepseek_v4_pro", "deepseek_v4_flash_mtp")),
+              Upstream("deepseek_v4_flash_dspark", golden="lm_head.py::golden_lm_head",
+                       none="its entry is l2_lm_head (another layout), not surveyed yet")),
+)
+
+FINAL_NORM_RECORD = Record(
+    operator="final_norm",
+    call=lambda fn, i, config: {"x_normed": fn(i["hidden"], i["weight"], config=config)},
+    outputs={"x_normed": "norm_bf16"},
+    cases=(CaseSpec("final_norm", "the final RMSNorm at Pro width (D 7168, the 8 rows rms_norm_test's decode step "
+                    "takes): a row of zeros, a 1000x row, BF16 weights around 1", _norm_inputs,
+                    geometries=("pro",)),),
+    bindings=tuple(Upstream(f, golden="rmsnorm.py::golden_rms_norm_test", entry="rmsnorm.py::rms_norm_test")
+                   for f in ("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark")),
+)

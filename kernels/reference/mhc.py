@@ -34,6 +34,7 @@ import torch
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
 from kernels.operators import operator
+from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, is_tiny, replaced
 from kernels.reference.rowwise import rowwise_matmul
 
 SPEC = "§1"
@@ -157,3 +158,28 @@ def identity_pre_mix(x_hc: torch.Tensor) -> torch.Tensor:
     mix = torch.zeros(x_hc.shape[:2], dtype=torch.float32)
     mix[:, 0] = 1.0
     return mix
+
+
+# --- the record of hc_post at V4's dims ----------------------------------------------------------------------
+
+def _v4_hc_post_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+    """A tiny tree's 8 rows, or 4 at V4-Pro's own width (D 7168, the T_TILE hc_post_test is compiled for); comb
+    columns that sum to 1, post mixes in [0, 2)."""
+    g = generator(seed)
+    d, hc, t = config.hidden_size, config.hc_mult, 8 if is_tiny(config) else 4
+    comb = torch.rand(t, hc, hc, generator=g)
+    return {"sublayer": torch.randn(t, d, generator=g).to(torch.bfloat16), "x_hc": torch.randn(t, hc, d, generator=g),
+            "post_mix": 2 * torch.rand(t, hc, generator=g), "residual_mix": comb / comb.sum(1, keepdim=True)}
+
+
+HC_POST_RECORD = Record(
+    operator="hc_post",
+    call=lambda fn, i, config: {"x_out": fn(i["sublayer"], i["x_hc"], i["post_mix"], i["residual_mix"])},
+    outputs={"x_out": "fp32_ulps"},
+    cases=(CaseSpec("v4_hc_post", "V4 hc_post: post·sublayer + combᵀ·x_hc in FP32 over 4 streams",
+                    _v4_hc_post_inputs, geometries=("tiny", "pro")),),
+    bad_calls=(BadCall("residual_mix of another width", "v4_hc_post",
+                       replaced(residual_mix=lambda i: i["residual_mix"][..., :-1]), "post_mix/residual_mix"),),
+    bindings=tuple(Upstream(f, golden="hc_post.py::golden_hc_post", entry="hc_post.py::hc_post_test")
+                   for f in ("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark")),
+)

@@ -33,6 +33,7 @@ import torch
 
 from kernels.errors import ContractInputError, is_int
 from kernels.operators import operator
+from kernels.record import CaseSpec, Record, Upstream, generator, int8_codes
 
 SPEC = "§8"
 
@@ -117,3 +118,64 @@ def v4_attention_stage(path: str, x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_sc
 
 
 v4_attention_stage.composes_operators = True
+
+
+# --- the record ----------------------------------------------------------------------------------------------
+
+_STAGE_NAMES = ("x_hc", "hc_fn", "hc_scale", "hc_base", "attn_norm_w", "wq_a", "wq_b", "wq_b_scale", "wkv", "gamma_cq",
+                "gamma_ckv", "freqs_cos", "freqs_sin", "kv_cache", "swa_slot_mapping", "window_indices",
+                "position_ids", "attn_sink", "wo_a", "wo_b", "wo_b_scale")
+
+
+def _swa_window(config, slots: torch.Tensor) -> torch.Tensor:
+    """Each row's window: 8 earlier cache rows of its request, then this chunk's rows up to the token; -1 after."""
+    t = config.decode_tokens
+    window = torch.full((t, config.sliding_window - 1), -1, dtype=torch.int32)
+    for r in range(t):
+        first = r - r % config.decode_seq
+        rows = torch.cat((torch.arange(8 * (r // 2), 8 * (r // 2) + 8), slots[first:r + 1])).to(torch.int32)
+        window[r, : rows.numel()] = rows
+    return window
+
+
+def _swa_stage_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+    """The decode batch's requests at positions 40.. (two rows each), windows over 8 earlier cache rows of their
+    own plus this chunk's rows up to the token, the current rows written at slots 200 + t (the attention reads
+    them after the write), one window column short of the full width."""
+    g = generator(seed)
+    c = config
+    t, hc, dm = c.decode_tokens, c.hc_mult, c.hidden_size
+    h, d, lora, rope = c.num_attention_heads, c.head_dim, c.q_lora_rank, c.qk_rope_head_dim
+    mix = (2 + hc) * hc
+    pos = torch.tensor([40 + 20 * (r // 2) + r % 2 for r in range(t)], dtype=torch.int32)
+    slots = torch.arange(200, 200 + t)
+    angle = torch.arange(512, dtype=torch.float32)[:, None] * torch.rand(rope, generator=g) * 0.05
+    return {"x_hc": torch.randn(t, hc, dm, generator=g), "hc_fn": torch.randn(mix, hc * dm, generator=g) * 0.05,
+            "hc_scale": torch.tensor([2.0, 0.02, 0.25]), "hc_base": torch.randn(mix, generator=g),
+            "attn_norm_w": (torch.rand(dm, generator=g) + 0.5).to(torch.bfloat16),
+            "wq_a": (torch.randn(dm, lora, generator=g) / dm**0.5).to(torch.bfloat16),
+            "wq_b": int8_codes((lora, h * d), g), "wq_b_scale": torch.rand(h * d, generator=g) / 127 + 1e-3,
+            "wkv": (torch.randn(dm, d, generator=g) / dm**0.5).to(torch.bfloat16),
+            "gamma_cq": (torch.rand(lora, generator=g) + 0.5).to(torch.bfloat16),
+            "gamma_ckv": (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16),
+            "freqs_cos": torch.cos(angle).to(torch.bfloat16), "freqs_sin": torch.sin(angle).to(torch.bfloat16),
+            "kv_cache": (torch.rand(2, c.block_size, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+            "swa_slot_mapping": slots, "window_indices": _swa_window(c, slots), "position_ids": pos,
+            "attn_sink": torch.randn(h, generator=g),
+            "wo_a": ((torch.rand(c.o_groups, c.o_lora_rank, h * d // c.o_groups, generator=g) - 0.5) / 4
+                     ).to(torch.bfloat16),
+            "wo_b": int8_codes((dm, c.o_groups * c.o_lora_rank), g), "wo_b_scale": torch.rand(dm, generator=g) / 500}
+
+
+RECORD = Record(
+    operator="v4_attention_stage",
+    call=lambda fn, i, config: fn("SWA", *(i[n] for n in _STAGE_NAMES), config=config),
+    outputs={"x_out": "fp32_ulps", "kv_cache": "exact", "qr": "exact", "qr_scale": "qr_scale"},
+    cases=(CaseSpec("v4_attention_stage_swa", "V4 SWA attention sublayer at decode: hc_pre, RMSNorm, Q/KV, the "
+                    "window-cache write read back by the attention, SWA attention with the grouped output "
+                    "projection, hc_post", _swa_stage_inputs),),
+    bindings=(Upstream("deepseek_v4_pro", golden="decode_attention_swa.py::golden_attention_swa",
+                       entry="decode_attention_swa.py::attention_swa_test"),
+              *(Upstream(f, golden="decode_swa.py::golden_attention_swa", none="not surveyed yet (issue #45)")
+                for f in ("deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark"))),
+)

@@ -12,6 +12,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
+from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, replaced
 
 SPEC = "§8"
 
@@ -36,3 +37,30 @@ def check_embed_pack_inputs(input_ids: torch.Tensor, embed_weight: torch.Tensor,
                                  list(embed_weight.shape), SPEC)
     if embed_weight.dtype != torch.bfloat16:
         raise ContractInputError("embed_weight", None, "BF16", embed_weight.dtype, SPEC)
+
+
+# --- the record ----------------------------------------------------------------------------------------------
+
+def _embed_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+    """Upstream's fixture ids (-1, 0, 17, the last row, the vocabulary and 7 past it, 2, 1) over a 32-row table."""
+    g = generator(seed)
+    vocab = 32
+    ids = torch.tensor([-1, 0, 17, vocab - 1, vocab, vocab + 7, 2, 1], dtype=torch.int64)
+    return {"input_ids": ids, "embed_weight": torch.randn(vocab, config.hidden_size, generator=g).to(torch.bfloat16)}
+
+
+RECORD = Record(
+    operator="v4_embed_pack",
+    call=lambda fn, i, config: {"x_hc": fn(i["input_ids"], i["embed_weight"], config=config)},
+    outputs={"x_hc": "exact"},
+    cases=(CaseSpec("v4_embed_pack", "V4 input pack: upstream's fixture ids (below 0, at and past the vocabulary) "
+                    "clamped into a 32-row table, each row widened to FP32 in every stream", _embed_inputs),),
+    bad_calls=(BadCall("an FP32 table", "v4_embed_pack", replaced(embed_weight=lambda i: i["embed_weight"].float()),
+                       "embed_weight"),
+               BadCall("FP32 ids", "v4_embed_pack", replaced(input_ids=lambda i: i["input_ids"].float()),
+                       "input_ids")),
+    bindings=(Upstream("deepseek_v4_pro", golden="input_pack.py::golden_pack_x_hc",
+                       entry="input_pack.py::pack_x_hc_test"),
+              *(Upstream(f, none="no input pack: the Flash folders look the rows up (lookup_embedding.py, operator "
+                                 "lookup_embedding)") for f in ("deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark"))),
+)

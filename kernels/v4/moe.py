@@ -24,6 +24,7 @@ import torch
 
 from kernels.errors import ContractInputError, is_int
 from kernels.operators import operator
+from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, int8_codes, is_tiny, replaced
 from kernels.v4.gate import v4_gate
 from kernels.v4.mtp import int8_matmul, quantize_rows_int8
 
@@ -207,3 +208,98 @@ def v4_moe_ep(gates: list[dict[str, torch.Tensor]], num_tokens: list[int], route
 
 
 v4_moe_ep.composes_operators = True
+
+
+# --- the records ---------------------------------------------------------------------------------------------
+
+def _expert_inputs(routed: bool):
+    """A tiny tree's 9 rows, or the 8 rows a Pro entry takes (MOE_TOKENS), one of zero codes (h is 0, its re-code
+    takes the amax floor); weight scales small enough at Pro's 7168-term sums to keep h inside BF16's range."""
+    def build(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+        g = generator(seed)
+        d, inter = config.hidden_size, config.moe_intermediate_size
+        n, lo, span = (9, 0.005, 0.02) if is_tiny(config) else (config.decode_tokens, 5e-5, 2e-4)
+        x = int8_codes((n, d), g)
+        x[3] = 0
+        out = {"x_i8": x, "x_scale": torch.rand(n, 1, generator=g) * 0.02 + 1e-3,
+               "w1": int8_codes((inter, d), g), "w1_scale": torch.rand(inter, generator=g) * span + lo,
+               "w3": int8_codes((inter, d), g), "w3_scale": torch.rand(inter, generator=g) * span + lo,
+               "w2": int8_codes((d, inter), g), "w2_scale": torch.rand(d, generator=g) * span + lo}
+        if routed:
+            out["route_weight"] = torch.rand(n, generator=g)
+        return out
+    return build
+
+
+def _expert_call(fn, i, config):
+    w = V4ExpertWeights(i["w1"], i["w1_scale"], i["w3"], i["w3_scale"], i["w2"], i["w2_scale"])
+    return {"y": fn(i["x_i8"], i["x_scale"], i.get("route_weight"), w, config=config)}
+
+
+def _expert_weights(inter: int, d: int, g, lead: tuple = ()) -> dict[str, torch.Tensor]:
+    return {"w1": int8_codes((*lead, inter, d), g), "w1_scale": torch.rand(*lead, inter, generator=g) * 0.02 + 0.005,
+            "w3": int8_codes((*lead, inter, d), g), "w3_scale": torch.rand(*lead, inter, generator=g) * 0.02 + 0.005,
+            "w2": int8_codes((*lead, d, inter), g), "w2_scale": torch.rand(*lead, d, generator=g) * 0.02 + 0.005}
+
+
+def _moe_stage_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+    """One decode batch (8 rows, 6 real: two padding rows that route nowhere but carry their residual mix) on the
+    MTP layer (scored routing); the routed experts' weights stacked [E, ...]; a 32-id hash table."""
+    g = generator(seed)
+    t, hc, d, e, k, inter = (config.decode_tokens, config.hc_mult, config.hidden_size, config.n_routed_experts,
+                             config.num_experts_per_tok, config.moe_intermediate_size)
+    mix = (2 + hc) * hc
+    head = {"x_hc": torch.randn(t, hc, d, generator=g), "hc_fn": torch.randn(mix, hc * d, generator=g) * 0.05,
+            "hc_scale": torch.tensor([2.0, 0.02, 0.25]), "hc_base": torch.randn(mix, generator=g),
+            "norm_w": (1 + 0.2 * torch.randn(d, generator=g)).to(torch.bfloat16),
+            "gate_w": torch.randn(e, d, generator=g) / d**0.5, "gate_bias": torch.randn(e, generator=g) * 0.1,
+            "layer_id": torch.tensor(config.num_hidden_layers), "num_tokens": torch.tensor(6),
+            "tid2eid": torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(32)]).to(torch.int32),
+            "input_ids": torch.randint(0, 32, (t,), generator=g)}
+    routed = {f"routed_{n}": v for n, v in _expert_weights(inter, d, g, (e,)).items()}
+    return {**head, **routed, **{f"shared_{n}": v for n, v in _expert_weights(inter, d, g).items()}}
+
+
+_WEIGHTS = ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")
+
+
+def _moe_stage_call(fn, i, config):
+    routed = [V4ExpertWeights(*(i[f"routed_{n}"][j] for n in _WEIGHTS)) for j in range(i["routed_w1"].shape[0])]
+    shared = V4ExpertWeights(*(i[f"shared_{n}"] for n in _WEIGHTS))
+    out = fn(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], i["norm_w"], i["gate_w"], i["gate_bias"],
+             int(i["layer_id"]), int(i["num_tokens"]), i["tid2eid"], i["input_ids"], routed, shared, config=config)
+    # not the routing weights: the stage's mixes are summed in another FP32 order upstream, and a BF16 rounding of
+    # x_mixed that flips moves them by ~50 FP32 ulps (the v4_gate trees judge the router on a given x_mixed)
+    return {name: out[name] for name in ("x_out", "ffn_out", "indices")}
+
+
+EXPERT_RECORD = Record(
+    operator="v4_expert",
+    call=_expert_call,
+    outputs={"y": "exact"},
+    cases=(CaseSpec("v4_expert_routed", "V4 routed expert: W8A8 SwiGLU with the routing weight on the row factor, a "
+                    "row of zero codes", _expert_inputs(True)),
+           CaseSpec("v4_expert_shared", "V4 shared expert (no routing weight), a row of zero codes (at Pro: D 7168, "
+                    "inter 3072, the 8 rows expert_shared_test takes)", _expert_inputs(False),
+                    geometries=("tiny", "pro"))),
+    bad_calls=(BadCall("x_scale of another row count", "v4_expert_shared",
+                       replaced(x_scale=lambda i: i["x_scale"][:-1]), "x_scale"),
+               BadCall("w2 of another width", "v4_expert_routed", replaced(w2=lambda i: i["w2"][:, :-1]), "w2")),
+    bindings=(Upstream("deepseek_v4_pro", golden="expert_routed.py::golden_expert_routed",
+                       entry="expert_shared.py::expert_shared_test"),
+              Upstream("deepseek_v4_flash_mtp", golden="expert_routed.py::golden_expert_routed",
+                       entry="expert_shared.py::expert_shared_test"),
+              Upstream("deepseek_v4_flash_dspark", golden="expert_routed.py::golden_expert_routed",
+                       entry="expert_shared.py::expert_shared_test")),
+)
+
+MOE_STAGE_RECORD = Record(
+    operator="v4_moe_stage",
+    call=_moe_stage_call,
+    outputs={"x_out": "fp32_ulps", "ffn_out": "exact", "indices": "exact"},
+    modules=("kernels.v4.gate", "kernels.reference.mhc"),
+    cases=(CaseSpec("v4_moe_stage", "V4 MoE sublayer at decode: hc_pre, the router, every routed expert local and the "
+                    "shared one, the FP32 combine, hc_post; 6 real rows and 2 padding rows", _moe_stage_inputs),),
+    bindings=tuple(Upstream(f, golden="moe.py::golden_moe", entry="moe.py::moe_test")
+                   for f in ("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark")),
+)

@@ -20,6 +20,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
+from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, int8_codes, is_tiny, replaced
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-mtp-2"
@@ -80,3 +81,37 @@ def mtp_projection(hidden: torch.Tensor, prev: torch.Tensor, enorm: torch.Tensor
     e = _linear_int8(_rms(hidden, enorm, eps) * e_smooth.float(), e_proj, e_scale, config)
     h = _linear_int8(_rms(prev, hnorm, eps) * h_smooth.float(), h_proj, h_scale, config)
     return (e[:, None, :] + h).to(torch.float32)
+
+
+# --- the record ----------------------------------------------------------------------------------------------
+
+def _mtp_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+    """8 rows (the tiny tree's, and the one T_TILE a Pro entry takes); projection scales small enough at Pro's
+    7168-term sums."""
+    g = generator(seed)
+    d, hc, t = config.hidden_size, config.hc_mult, config.decode_tokens
+    scale = 1e-3 if is_tiny(config) else 1e-4
+    return {"hidden": torch.randn(t, d, generator=g).to(torch.bfloat16), "prev": torch.randn(t, hc, d, generator=g),
+            "enorm": torch.rand(d, generator=g) + 0.5, "hnorm": torch.rand(d, generator=g) + 0.5,
+            "e_proj": int8_codes((d, d), g), "e_scale": torch.rand(d, generator=g) * scale,
+            "e_smooth": torch.rand(d, generator=g) + 0.5, "h_proj": int8_codes((d, d), g),
+            "h_scale": torch.rand(d, generator=g) * scale, "h_smooth": torch.rand(d, generator=g) + 0.5}
+
+
+_MTP_NAMES = ("hidden", "prev", "enorm", "hnorm", "e_proj", "e_scale", "e_smooth", "h_proj", "h_scale", "h_smooth")
+
+RECORD = Record(
+    operator="mtp_projection",
+    call=lambda fn, i, config: {"out": fn(*(i[n] for n in _MTP_NAMES), config=config)},
+    outputs={"out": "fp32_ulps"},
+    outputs_at={"pro": {"out": "mtp_out"}},
+    cases=(CaseSpec("mtp_projection", "MTP projection: the embedding and previous-stream RMSNorms, smoothed INT8 "
+                    "projections, summed into the FP32 streams", _mtp_inputs, geometries=("tiny", "pro")),),
+    bad_calls=(BadCall("prev of another width", "mtp_projection", replaced(prev=lambda i: i["prev"][..., :-1]),
+                       "mtp_projection"),
+               BadCall("an FP32 e_proj", "mtp_projection", replaced(e_proj=lambda i: i["e_proj"].float()), "e_proj")),
+    bindings=(*(Upstream(f, golden="mtp_projection.py::golden_mtp_projection",
+                         entry="mtp_projection.py::mtp_projection_test")
+                for f in ("deepseek_v4_pro", "deepseek_v4_flash_mtp")),
+              Upstream("deepseek_v4_flash_dspark", none="no mtp_projection.py: dspark drafts with its own drafter")),
+)

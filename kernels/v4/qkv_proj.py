@@ -28,6 +28,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
+from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, int8_codes, replaced
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-qkv-1"
@@ -110,3 +111,38 @@ def v4_qkv_proj_rope(x: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor, wq
     kv_out = torch.cat((n[:, : dim - rope].to(torch.bfloat16), _rotate(n[:, dim - rope:], cos, sin).to(torch.bfloat16)),
                        dim=-1)
     return {"q": q.to(torch.bfloat16), "kv": kv_out, "qr": codes, "qr_scale": qr_scale}
+
+
+# --- the record ----------------------------------------------------------------------------------------------
+
+def _qkv_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+    """8 tokens at ``config``'s widths, RoPE angles up to 300 radians, BF16 weights scaled by 1/sqrt(fan-in)."""
+    g = generator(seed)
+    hidden, lora, h, d, rope = config.hidden_size, config.q_lora_rank, config.num_attention_heads, config.head_dim, \
+        config.qk_rope_head_dim
+    tokens = 8
+    angle = torch.rand(tokens, 1, generator=g) * 300 * torch.rand(rope, generator=g)
+    return {"x": torch.randn(tokens, hidden, generator=g).to(torch.bfloat16),
+            "wq_a": (torch.randn(hidden, lora, generator=g) / hidden**0.5).to(torch.bfloat16),
+            "wq_b": int8_codes((lora, h * d), g), "wq_b_scale": torch.rand(h * d, generator=g) / 127 + 1e-3,
+            "wkv": (torch.randn(hidden, d, generator=g) / hidden**0.5).to(torch.bfloat16),
+            "rope_cos": torch.cos(angle).to(torch.bfloat16), "rope_sin": torch.sin(angle).to(torch.bfloat16),
+            "gamma_cq": (torch.rand(lora, generator=g) + 0.5).to(torch.bfloat16),
+            "gamma_ckv": (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16)}
+
+
+RECORD = Record(
+    operator="v4_qkv_proj_rope",
+    call=lambda fn, i, config: fn(**i, config=config),
+    # qr_scale: the QR RMS summed over chunks in another FP32 order upstream; q at Pro: 7168-term sums land either
+    # side of a BF16 midpoint
+    outputs={"q": "exact", "kv": "exact", "qr": "exact", "qr_scale": "fp32_ulps"},
+    outputs_at={"pro": {"q": "q_bf16"}},
+    cases=(CaseSpec("v4_qkv_proj_rope", "V4 Q/KV LoRA projection with RoPE: INT8 qr codes and their scale, per-head "
+                    "RMS of q, KV RMSNorm then rotation", _qkv_inputs, geometries=("tiny", "pro")),),
+    bad_calls=(BadCall("x of another width", "v4_qkv_proj_rope", replaced(x=lambda i: i["x"][:, :-1]), "x"),
+               BadCall("FP32 wq_b", "v4_qkv_proj_rope", replaced(wq_b=lambda i: i["wq_b"].float()), "wq_b")),
+    bindings=tuple(Upstream(f, golden="qkv_proj_rope.py::golden_qkv_proj_rope",
+                            entry="qkv_proj_rope.py::qkv_proj_rope_test")
+                   for f in ("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark")),
+)
