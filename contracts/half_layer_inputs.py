@@ -122,7 +122,6 @@ def build(case: HalfLayerCase) -> dict[str, torch.Tensor]:
     meta = build_forward_metadata(**kw)
     gb = _gen(page_seed, "bytes")  # bytes of unmapped pages and blocks (never read)
     tokens, active = meta.capacity, meta.num_tokens
-    src = c.schedule[case.layer].kv_source
     hidden, heads, dim, lora = c.hidden_size, c.num_attention_heads, c.head_dim, c.q_lora_rank
     x = torch.full((tokens, hidden), SENTINEL, dtype=torch.bfloat16)  # inactive normalized rows: the 13.0 sentinel
     for r, n in enumerate(qlens):
@@ -154,48 +153,7 @@ def build(case: HalfLayerCase) -> dict[str, torch.Tensor]:
         "wo_b": torch.randn((c.o_groups * c.o_lora_rank, hidden), generator=g) / (c.o_groups * c.o_lora_rank) ** 0.5,
     }
     if case.kind is not LayerKind.SWA:
-        ctable = kw["compressed_block_tables"][src]
-        cblocks = int(ctable.max()) + 3
-        ckind = "compressed_r2" if ratio_of(case.kind, c) == 2 else "compressed_r1"
-        clens = [n // ratio_of(case.kind, c) for n in new_kv]
-        compressed = _history(cache_abi.empty_cache(lay[ckind], cblocks, generator=gb), ctable, clens, canon,
-                              case.seed, "c")
-        index = _history(cache_abi.empty_cache(lay["index"], cblocks, generator=gb), ctable, clens, canon, case.seed,
-                         "i")
-        lens = meta.compressed_lens[src]
-        inputs.update({"compressed_payload": compressed.payload, "compressed_scale": compressed.scale,
-                       "compressed_block_table": ctable, "compressed_lens": lens})
-        if case.kind not in REUSE:
-            inputs.update({"index_payload": index.payload, "index_scale": index.scale})
-        if case.kind in FULL:
-            cmp_table = precompute_rope_tables(max_pos, True, c)
-            ccos, csin = _rope_rows(cmp_table, meta.compressed_rope_position_ids[src])
-            inputs.update({"compressed_slots": meta.compressed_slots[src], "compressed_rope_cos": ccos,
-                           "compressed_rope_sin": csin,
-                           "cmp_wkv": torch.randn((hidden, dim), generator=g) / hidden**0.5,
-                           "cmp_norm": torch.rand(dim, generator=g) + 0.5,
-                           "index_wk": torch.randn((dim, c.index_head_dim), generator=g) / dim**0.5,
-                           "index_norm": torch.rand(c.index_head_dim, generator=g) + 0.5})
-        if case.kind is LayerKind.C2A_FULL:
-            stable = meta.state_block_tables[src]
-            state = torch.rand((int(stable.max()) + 2, c.state_capacity, 2 * dim), generator=gb) * 8 - 4
-            for r in range(len(qlens)):  # each request's ring holds values drawn for that request
-                if int(stable[r, 0]) >= 0:
-                    state[int(stable[r, 0])] = torch.randn((c.state_capacity, 2 * dim),
-                                                           generator=_gen(case.seed, "ring", canon[r]))
-            inputs.update({"cmp_wgate": torch.randn((hidden, dim), generator=g) / hidden**0.5,
-                           "state_cache": state, "state_block_table": stable})
-        if case.kind in INDEXING:
-            inputs.update({"index_wq_b": torch.randn((lora, c.index_n_heads * c.index_head_dim), generator=g)
-                           / lora**0.5,
-                           "index_weights_proj": torch.randn((hidden, c.index_n_heads), generator=g) / hidden**0.5})
-        width = max(int(lens.max()), 1)
-        if case.kind is LayerKind.C1A_REINDEX:
-            inputs["candidate_mask"] = _candidates(lens, width, c, meta.token_to_req_indices, meta.position_ids,
-                                                   canon, case.seed)
-        if case.kind in REUSE:
-            inputs["topk_indices"] = _selection(lens, ctable, meta.token_to_req_indices, meta.position_ids, c, canon,
-                                                case.seed)
+        inputs.update(_compressed_inputs(case, meta, kw, g, gb, new_kv, canon, max_pos))
     if case.cancel is not None:
         _cancel(inputs, case)
     if case.wiring == "sharded":
@@ -206,6 +164,61 @@ def build(case: HalfLayerCase) -> dict[str, torch.Tensor]:
         inputs["x"] = slabs
     else:
         inputs["x"] = x
+    return inputs
+
+
+def _compressed_inputs(case: HalfLayerCase, meta, kw: dict, g: torch.Generator, gb: torch.Generator,
+                       new_kv: list[int], canon: list[int], max_pos: int) -> dict[str, torch.Tensor]:
+    """The compressed / index caches, their tables, the compressor's and the indexer's weights (drawn from ``g``
+    after the dense weights, in this order), the candidate mask or the reused selection of a non-SWA layer."""
+    c = case.config
+    src = c.schedule[case.layer].kv_source
+    hidden, dim, lora = c.hidden_size, c.head_dim, c.q_lora_rank
+    qlens = [int(n) for n in _batch(case)[0]]
+    lay = cache_abi.layouts(c)
+    inputs: dict[str, torch.Tensor] = {}
+    ctable = kw["compressed_block_tables"][src]
+    cblocks = int(ctable.max()) + 3
+    ckind = "compressed_r2" if ratio_of(case.kind, c) == 2 else "compressed_r1"
+    clens = [n // ratio_of(case.kind, c) for n in new_kv]
+    compressed = _history(cache_abi.empty_cache(lay[ckind], cblocks, generator=gb), ctable, clens, canon,
+                          case.seed, "c")
+    index = _history(cache_abi.empty_cache(lay["index"], cblocks, generator=gb), ctable, clens, canon, case.seed,
+                     "i")
+    lens = meta.compressed_lens[src]
+    inputs.update({"compressed_payload": compressed.payload, "compressed_scale": compressed.scale,
+                   "compressed_block_table": ctable, "compressed_lens": lens})
+    if case.kind not in REUSE:
+        inputs.update({"index_payload": index.payload, "index_scale": index.scale})
+    if case.kind in FULL:
+        cmp_table = precompute_rope_tables(max_pos, True, c)
+        ccos, csin = _rope_rows(cmp_table, meta.compressed_rope_position_ids[src])
+        inputs.update({"compressed_slots": meta.compressed_slots[src], "compressed_rope_cos": ccos,
+                       "compressed_rope_sin": csin,
+                       "cmp_wkv": torch.randn((hidden, dim), generator=g) / hidden**0.5,
+                       "cmp_norm": torch.rand(dim, generator=g) + 0.5,
+                       "index_wk": torch.randn((dim, c.index_head_dim), generator=g) / dim**0.5,
+                       "index_norm": torch.rand(c.index_head_dim, generator=g) + 0.5})
+    if case.kind is LayerKind.C2A_FULL:
+        stable = meta.state_block_tables[src]
+        state = torch.rand((int(stable.max()) + 2, c.state_capacity, 2 * dim), generator=gb) * 8 - 4
+        for r in range(len(qlens)):  # each request's ring holds values drawn for that request
+            if int(stable[r, 0]) >= 0:
+                state[int(stable[r, 0])] = torch.randn((c.state_capacity, 2 * dim),
+                                                       generator=_gen(case.seed, "ring", canon[r]))
+        inputs.update({"cmp_wgate": torch.randn((hidden, dim), generator=g) / hidden**0.5,
+                       "state_cache": state, "state_block_table": stable})
+    if case.kind in INDEXING:
+        inputs.update({"index_wq_b": torch.randn((lora, c.index_n_heads * c.index_head_dim), generator=g)
+                       / lora**0.5,
+                       "index_weights_proj": torch.randn((hidden, c.index_n_heads), generator=g) / hidden**0.5})
+    width = max(int(lens.max()), 1)
+    if case.kind is LayerKind.C1A_REINDEX:
+        inputs["candidate_mask"] = _candidates(lens, width, c, meta.token_to_req_indices, meta.position_ids,
+                                               canon, case.seed)
+    if case.kind in REUSE:
+        inputs["topk_indices"] = _selection(lens, ctable, meta.token_to_req_indices, meta.position_ids, c, canon,
+                                            case.seed)
     return inputs
 
 

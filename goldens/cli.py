@@ -575,49 +575,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default=DEFAULT_STORE, metavar="PATH|s3://BUCKET/PREFIX",
                    help=f"store root: a directory or an S3 prefix (default {DEFAULT_STORE}; env PTO_GOLDEN_STORE)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_store_commands(sub)
+    _add_inspect_commands(sub)
+    _add_transfer_commands(sub)
+    return p
 
-    def wiring(sp, default="both"):
-        sp.add_argument("--wiring", default=default, choices=("both", "replicated", "sharded"),
-                        help=f"which wiring's trees (default {default}; both = replicated then sharded)")
 
-    def replay_arguments(sp):
-        sp.add_argument("cases", nargs="*", metavar="CASE")
-        sp.add_argument("--backend", default="torch",
-                        help="built-in backend (torch, emulated, upstream, pypto), or recorded[:SOURCE]: the "
-                             "outputs a device run kept with --keep-actual (e.g. recorded:pypto-a5sim), judged again")
-        sp.add_argument("--backend-module", default=None, metavar="MOD:OBJ", help="out-of-tree backend")
-        sp.add_argument("--platform", default=None, choices=("a5sim", "a5"),
-                        help="platform of a device backend (pypto; default a5sim); refused for CPU backends")
-        sp.add_argument("--device", default=None, metavar="IDS",
-                        help="device ids for a device backend, e.g. 0,1 (one launch, compile included, is stopped "
-                             "after $PTO_DEVICE_TIMEOUT seconds, default 1800: an ERROR row naming the entry)")
-        sp.add_argument("--pypto-lib", default=None, metavar="PATH",
-                        help="pypto-lib checkout the pypto backend binds (default $PYPTO_LIB_ROOT)")
-        sp.add_argument("--allow-unavailable", action="store_true",
-                        help="exit 0 although the backend is unavailable or every tree was skipped (default: exit 3)")
-        sp.add_argument("-v", "--verbose", action="store_true", help="tracebacks in ERROR rows")
-        sp.add_argument("-q", "--quiet", action="store_true", help="print only rows that did not pass")
-        sp.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
-        sp.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML (one testcase per output)")
-        sp.add_argument("--keep-actual", action="store_true",
-                        help="commit the backend's actual outputs beside the trees, under actual/<backend>-<platform>/ "
-                             "(diff them with goldens diff)")
-        sp.add_argument("--rev", default=None, help="snapshot id or tag to replay (default: main)")
-        sp.add_argument("--allow-stale", action="store_true", help="replay stale trees anyway (prints a loud warning)")
-        sp.add_argument("--devices", default=None, metavar="IDS",
-                        help="replay on several devices at once: one worker process per id (0-15, 0,2,4-7), each "
-                             "with the backend pinned to its device through --device, trees shared out by case, "
-                             "largest first; one table with a device column, then a per-device summary")
-        sp.add_argument("--operator", action="append", default=[], metavar="NAME",
-                        help="only the trees that reach operator NAME: its own trees, and those of compositions "
-                             "whose reference goes through it; repeatable or comma-separated")
-        wiring(sp)
+def _wiring(sp, default="both"):
+    sp.add_argument("--wiring", default=default, choices=("both", "replicated", "sharded"),
+                    help=f"which wiring's trees (default {default}; both = replicated then sharded)")
 
+
+def _replay_arguments(sp):
+    sp.add_argument("cases", nargs="*", metavar="CASE")
+    sp.add_argument("--backend", default="torch",
+                    help="built-in backend (torch, emulated, upstream, pypto), or recorded[:SOURCE]: the "
+                         "outputs a device run kept with --keep-actual (e.g. recorded:pypto-a5sim), judged again")
+    sp.add_argument("--backend-module", default=None, metavar="MOD:OBJ", help="out-of-tree backend")
+    sp.add_argument("--platform", default=None, choices=("a5sim", "a5"),
+                    help="platform of a device backend (pypto; default a5sim); refused for CPU backends")
+    sp.add_argument("--device", default=None, metavar="IDS",
+                    help="device ids for a device backend, e.g. 0,1 (one launch, compile included, is stopped "
+                         "after $PTO_DEVICE_TIMEOUT seconds, default 1800: an ERROR row naming the entry)")
+    sp.add_argument("--pypto-lib", default=None, metavar="PATH",
+                    help="pypto-lib checkout the pypto backend binds (default $PYPTO_LIB_ROOT)")
+    sp.add_argument("--allow-unavailable", action="store_true",
+                    help="exit 0 although the backend is unavailable or every tree was skipped (default: exit 3)")
+    sp.add_argument("-v", "--verbose", action="store_true", help="tracebacks in ERROR rows")
+    sp.add_argument("-q", "--quiet", action="store_true", help="print only rows that did not pass")
+    sp.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
+    sp.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML (one testcase per output)")
+    sp.add_argument("--keep-actual", action="store_true",
+                    help="commit the backend's actual outputs beside the trees, under actual/<backend>-<platform>/ "
+                         "(diff them with goldens diff)")
+    sp.add_argument("--rev", default=None, help="snapshot id or tag to replay (default: main)")
+    sp.add_argument("--allow-stale", action="store_true", help="replay stale trees anyway (prints a loud warning)")
+    sp.add_argument("--devices", default=None, metavar="IDS",
+                    help="replay on several devices at once: one worker process per id (0-15, 0,2,4-7), each "
+                         "with the backend pinned to its device through --device, trees shared out by case, "
+                         "largest first; one table with a device column, then a per-device summary")
+    sp.add_argument("--operator", action="append", default=[], metavar="NAME",
+                    help="only the trees that reach operator NAME: its own trees, and those of compositions "
+                         "whose reference goes through it; repeatable or comma-separated")
+    _wiring(sp)
+
+
+def _add_store_commands(sub) -> None:
+    """record, replay, report, regen: the commands that write trees or judge them."""
     r = sub.add_parser("record", help="generate inputs, compute reference outputs, commit",
                        description="Generate each case's inputs from --seed, compute the reference outputs and "
                                    "commit the trees in one snapshot. No CASE: every known case.")
     r.add_argument("cases", nargs="*", metavar="CASE")
-    wiring(r)
+    _wiring(r)
     r.add_argument("--seed", type=_seed, default=17, help="input seed, in [0, 2^62) (default 17)")
     r.add_argument("--force", action="store_true",
                    help="replace a recorded tree whose content would change (refused by default, saying what "
@@ -640,7 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="run a backend on stored inputs and judge its outputs",
                         description="Run the backend on each stored tree's inputs and judge every output with the "
                                     "tree's comparator. Stale trees (reference changed since recording) are refused.")
-    replay_arguments(rp)
+    _replay_arguments(rp)
     rp.add_argument("--report", default=None, metavar="DIR",
                     help="also write the HTML report of this replay to DIR/index.html (see goldens report)")
     rp.set_defaults(fn=cmd_replay)
@@ -653,7 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "ULPs of the output's dtype (format steps for FP4, codes for E8M0) and the "
                                     "snapshots that changed the expected value. Plots are inlined: the page is one "
                                     "file and needs no network.")
-    replay_arguments(rr)
+    _replay_arguments(rr)
     rr.add_argument("--out", default="goldens-report", metavar="DIR",
                     help="directory for index.html (default ./goldens-report; created if missing)")
     rr.set_defaults(fn=cmd_report, report=None)
@@ -675,9 +684,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "by default, exit 1, nothing committed: a rounding change stays within them or moves one "
                          "unit, a rule change or a reference bug does not); needs -m REASON, kept in the snapshot, "
                          "and prints each tree it accepted")
-    wiring(rg)
+    _wiring(rg)
     rg.set_defaults(fn=cmd_regen)
 
+
+def _add_inspect_commands(sub) -> None:
+    """log, diff, show, doctor, gc, du: the commands that look at a store (gc also expires)."""
     lg = sub.add_parser("log", help="snapshots of the store, newest first")
     lg.add_argument("--limit", type=_positive_int, default=50, help="newest N snapshots (default 50)")
     lg.set_defaults(fn=cmd_log)
@@ -725,12 +737,15 @@ def build_parser() -> argparse.ArgumentParser:
     du.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
     du.set_defaults(fn=cmd_du)
 
+
+def _add_transfer_commands(sub) -> None:
+    """import-pt, import-kept, export-pt: trees and kept runs in and out of a store."""
     ip = sub.add_parser("import-pt", help="import an upstream <dir>/<wiring>/{in,out}/<name>.pt tree",
                         description="Import upstream replay files (read with torch.load(weights_only=True); a "
                                     "pickled object is refused). Names, directions and dtypes must match the case.")
     ip.add_argument("dir", metavar="DIR")
     ip.add_argument("--case", required=True)
-    wiring(ip)
+    _wiring(ip)
     ip.set_defaults(fn=cmd_import)
 
     ik = sub.add_parser("import-kept", help="copy a device's kept outputs (not their trees) from another store",
@@ -748,16 +763,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the store the device run was kept in")
     ik.add_argument("--source", default=None, metavar="SOURCE",
                     help="the kept run's source, <backend>-<platform> (default: the only one kept there)")
-    wiring(ik, "replicated")
+    _wiring(ik, "replicated")
     ik.set_defaults(fn=cmd_import_kept)
 
     ep = sub.add_parser("export-pt", help="export a case to the upstream .pt layout")
     ep.add_argument("case", metavar="CASE")
     ep.add_argument("dir", metavar="DIR")
     ep.add_argument("--rev", default=None)
-    wiring(ep)
+    _wiring(ep)
     ep.set_defaults(fn=cmd_export)
-    return p
 
 
 def _days(text: str) -> float:

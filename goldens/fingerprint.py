@@ -193,107 +193,125 @@ def parts(entry: Callable, read: set[str] | None = None) -> dict[str, str]:
     """{qualified name: digest} of everything of this project that ``entry`` reaches. The entries of a watched
     rule table (``kernels.tables.WatchedTable``) count only when ``read`` names them: ``read`` is what the
     reference looked up while the tree was computed (``watch_reads``); None counts every entry."""
-    out: dict[str, str] = {}
-    seen: set[int] = set()
-    codes: list[types.CodeType] = []  # every walked function's code: the names modules are asked for
-    modules: dict[str, types.ModuleType] = {}
-    reached: set[str] = set()  # modules of every function walked
+    walk = _Walk(read)
+    walk.visit(entry)
+    walk.names_on_modules()
+    return walk.out
 
-    def function(fn: types.FunctionType) -> None:
+
+class _Walk:
+    """One walk from an entry: every function, class and constant of this project it reaches, digested."""
+
+    def __init__(self, read: set[str] | None):
+        self.read = read
+        self.out: dict[str, str] = {}
+        self.seen: set[int] = set()
+        self.codes: list[types.CodeType] = []  # every walked function's code: the names modules are asked for
+        self.modules: dict[str, types.ModuleType] = {}
+        self.reached: set[str] = set()  # modules of every function walked
+
+    def function(self, fn: types.FunctionType) -> None:
         if not _defined_in(fn, fn.__module__):  # generated (dataclass __init__/__repr__): no source of ours
             return
-        codes.append(fn.__code__)
-        reached.add(fn.__module__)
+        self.codes.append(fn.__code__)
+        self.reached.add(fn.__module__)
         for module_name, name in _local_imports(fn):  # ``from kernels.cache import publish`` inside the body
             try:
                 mod = importlib.import_module(module_name)
             except ImportError:
                 continue
             if name is None:
-                value_of(fn.__module__, module_name, mod)
+                self.value_of(fn.__module__, module_name, mod)
             elif hasattr(mod, name):
-                value_of(module_name, name, getattr(mod, name))
+                self.value_of(module_name, name, getattr(mod, name))
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
             if _safe(cell):
-                value_of(fn.__module__, name, cell.cell_contents)
+                self.value_of(fn.__module__, name, cell.cell_contents)
         for name in _code_names(fn.__code__):
             if name in fn.__globals__:
-                value_of(fn.__module__, name, fn.__globals__[name])
+                self.value_of(fn.__module__, name, fn.__globals__[name])
 
-    def visit(obj) -> None:
-        if id(obj) in seen:
+    def visit(self, obj) -> None:
+        if id(obj) in self.seen:
             return
-        seen.add(id(obj))
+        self.seen.add(id(obj))
         if isinstance(obj, functools.partial):
-            visit(obj.func)
+            self.visit(obj.func)
             for v in (*obj.args, *obj.keywords.values()):
                 if callable(v):
-                    visit(v)
+                    self.visit(v)
             return
         if isinstance(obj, types.MethodType):
-            visit(obj.__func__)
+            self.visit(obj.__func__)
             return
         module = getattr(obj, "__module__", None)
         if not _ours(module) or not isinstance(obj, types.FunctionType | type):
             return
         if isinstance(obj, types.FunctionType) and not _defined_in(obj, module):
             return  # generated or wrapped elsewhere (dataclass __repr__): its class is fingerprinted
-        if isinstance(obj, types.FunctionType) and obj.__name__ == "<lambda>":
-            key, n = f"{module}.{obj.__qualname__}", 1  # not the line number: moving code moves nothing
-            while key in out:
-                n += 1
-                key = f"{module}.{obj.__qualname__}#{n}"
-            out[key] = _code_digest(obj.__code__)
-        else:
-            src = _source(obj)
-            out[f"{module}.{obj.__qualname__}"] = normalised_digest(src) if src else "no-source"
+        self._digest(obj, module)
         if isinstance(obj, types.FunctionType):
-            function(obj)
+            self.function(obj)
             return
         for value in vars(obj).values():  # a class: every method it defines
             fn = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
             if isinstance(fn, types.FunctionType):
-                function(fn)
+                self.function(fn)
 
-    def value_of(module: str, name: str, value) -> None:
+    def _digest(self, obj, module: str) -> None:
+        if isinstance(obj, types.FunctionType) and obj.__name__ == "<lambda>":
+            key, n = f"{module}.{obj.__qualname__}", 1  # not the line number: moving code moves nothing
+            while key in self.out:
+                n += 1
+                key = f"{module}.{obj.__qualname__}#{n}"
+            self.out[key] = _code_digest(obj.__code__)
+        else:
+            src = _source(obj)
+            self.out[f"{module}.{obj.__qualname__}"] = normalised_digest(src) if src else "no-source"
+
+    def value_of(self, module: str, name: str, value) -> None:
         if isinstance(value, types.ModuleType):
             if _ours(value.__name__):
-                modules[value.__name__] = value
+                self.modules[value.__name__] = value
         elif isinstance(value, types.FunctionType | type | functools.partial | types.MethodType):
-            visit(value)
+            self.visit(value)
         elif _ours(module) and not name.startswith("__") and value is not None and _value_like(value):
             # (a None global is a slot filled at run time, e.g. a lazily created pool: not a constant)
-            if isinstance(value, WatchedTable):  # the entries this tree's computation looked up, each on its own
-                for key in value:  # (not iterating .items(): that would count as reading every entry)
-                    part = f"const {value.qualname}[{key!r}]"  # wherever it is imported
-                    if read is None or part in read:
-                        out[part] = _digest(dict.__getitem__(value, key))
-            elif isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
-                # a table of rules by name (quant.RULES): its key set, and each entry on its own, so a changed
-                # entry is named ("changed const kernels.quant.RULES['index']")
-                out[f"const {module}.{name}"] = _digest(sorted(value))
-                for key, entry in value.items():
-                    out[f"const {module}.{name}[{key!r}]"] = _digest(entry)
-            else:
-                out[f"const {module}.{name}"] = _digest(value)
+            self._constant(module, name, value)
 
-    visit(entry)
-    for _ in range(50):  # names used on project modules (``quant.RULES``, ``rope.materialize_rope_rows``)
-        before = (len(out), len(modules), len(codes))
-        names = set()
-        for code in codes:
-            names |= _code_names(code)
-        for mod in list(modules.values()):
-            for name in sorted(names):
-                if name in vars(mod):
-                    value_of(mod.__name__, name, vars(mod)[name])
-        if (len(out), len(modules), len(codes)) == before:
-            break
-    for name in sorted(reached):  # a module's ROUNDING_VERSION names the rounding all its functions implement
-        version = getattr(sys.modules.get(name), "ROUNDING_VERSION", None)
-        if version is not None and _value_like(version):
-            out[f"const {name}.ROUNDING_VERSION"] = _digest(version)
-    return out
+    def _constant(self, module: str, name: str, value) -> None:
+        if isinstance(value, WatchedTable):  # the entries this tree's computation looked up, each on its own
+            for key in value:  # (not iterating .items(): that would count as reading every entry)
+                part = f"const {value.qualname}[{key!r}]"  # wherever it is imported
+                if self.read is None or part in self.read:
+                    self.out[part] = _digest(dict.__getitem__(value, key))
+        elif isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+            # a table of rules by name (quant.RULES): its key set, and each entry on its own, so a changed
+            # entry is named ("changed const kernels.quant.RULES['index']")
+            self.out[f"const {module}.{name}"] = _digest(sorted(value))
+            for key, entry in value.items():
+                self.out[f"const {module}.{name}[{key!r}]"] = _digest(entry)
+        else:
+            self.out[f"const {module}.{name}"] = _digest(value)
+
+    def names_on_modules(self) -> None:
+        """Names used on project modules (``quant.RULES``, ``rope.materialize_rope_rows``), to a fixed point; then
+        each reached module's ROUNDING_VERSION (the rounding all its functions implement)."""
+        for _ in range(50):
+            before = (len(self.out), len(self.modules), len(self.codes))
+            names = set()
+            for code in self.codes:
+                names |= _code_names(code)
+            for mod in list(self.modules.values()):
+                for name in sorted(names):
+                    if name in vars(mod):
+                        self.value_of(mod.__name__, name, vars(mod)[name])
+            if (len(self.out), len(self.modules), len(self.codes)) == before:
+                break
+        for name in sorted(self.reached):
+            version = getattr(sys.modules.get(name), "ROUNDING_VERSION", None)
+            if version is not None and _value_like(version):
+                self.out[f"const {name}.ROUNDING_VERSION"] = _digest(version)
 
 
 def _canonical(value) -> str:

@@ -157,24 +157,7 @@ def judge_half_layer(actual: Tensors, expected: Tensors, inputs: Tensors, *, kin
     tokens = int(inputs["position_ids"].shape[0])
     want = expected
     if "topk_indices" in expected:
-        sel, ref_sel = actual["topk_indices"], expected["topk_indices"]
-        same = sel.dtype == ref_sel.dtype and sel.shape == ref_sel.shape and torch.equal(sel, ref_sel)
-        if kind in REUSE or same:
-            verdict = _exact(f"{where}: topk_indices", sel, ref_sel)
-        else:
-            ctx = TopKContext(inputs["compressed_block_table"], inputs["token_to_req_indices"][:active],
-                              inputs["compressed_lens"][:active], block_size)
-            if kind is LayerKind.C2A_FULL:
-                verdict = check_topk_overlap(sel, ref_sel, name=f"{where}: topk_indices")
-            elif scores is None:
-                verdict = failed("check_topk_validity", "§5.3", 1, 1, Violation(
-                    f"{where}: topk_indices", (), "a selection that differs from the reference",
-                    "the reference selection (no reference scores were given to judge an alternative)"))
-            else:
-                verdict = check_topk_validity(sel, ref_sel, ctx, scores() if callable(scores) else scores,
-                                              name=f"{where}: topk_indices")
-            if verdict.ok and reference_for is not None and not same:
-                want = reference_for(sel)  # the output reference for the accepted selection
+        verdict, want = _selection(where, kind, actual, expected, inputs, active, block_size, scores, reference_for)
         results.append((("topk_indices",), verdict))
     results.append((("output",), check_layer_output(where, actual["output"], want["output"], wiring=wiring, tp=tp,
                                                     active=active, tokens=tokens, leaf=output_leaf(kind, variant))))
@@ -194,20 +177,47 @@ def judge_half_layer(actual: Tensors, expected: Tensors, inputs: Tensors, *, kin
     if "gathered" in expected:
         results.append((("gathered",), _gathered(where, actual["gathered"], want["gathered"], active)))
     if "state_cache" in expected:
-        a, e, before = actual["state_cache"], want["state_cache"], inputs["state_cache"]
-        if a.dtype != e.dtype or a.shape != e.shape:
-            verdict = failed("check_state", "§6", 1, 1, Violation(f"{where}: state_cache.layout", (),
-                                                                  f"{a.dtype}{list(a.shape)}", f"{e.dtype}{list(e.shape)}"))
-        else:
-            rows = a.shape[0] * a.shape[1]
-            touched = (byte_rows(e.reshape(rows, -1)) != byte_rows(before.reshape(rows, -1))).any(1)
-            verdict = cache_checks.check_state(f"{where}: state_cache", a.reshape(rows, -1), e.reshape(rows, -1),
-                                               touched)
-        results.append((("state_cache",), verdict))
+        results.append((("state_cache",), _state(where, actual["state_cache"], want["state_cache"],
+                                                 inputs["state_cache"])))
     if "candidate_mask" in expected:
         results.append((("candidate_mask",),
                         _exact(f"{where}: candidate_mask", actual["candidate_mask"], want["candidate_mask"])))
     return _pick(results, only)
+
+
+def _selection(where: str, kind: LayerKind, actual: Tensors, expected: Tensors, inputs: Tensors, active: int,
+               block_size: int, scores, reference_for) -> tuple[CheckResult, Tensors]:
+    """(the top-k selection's verdict, the outputs the rest is judged against): exact where the mode reuses a
+    selection or it equals the reference's; else an overlap (C2A FULL) or a validity check against the reference
+    scores, and an accepted alternative's own reference outputs (``reference_for``)."""
+    sel, ref_sel = actual["topk_indices"], expected["topk_indices"]
+    same = sel.dtype == ref_sel.dtype and sel.shape == ref_sel.shape and torch.equal(sel, ref_sel)
+    if kind in REUSE or same:
+        return _exact(f"{where}: topk_indices", sel, ref_sel), expected
+    ctx = TopKContext(inputs["compressed_block_table"], inputs["token_to_req_indices"][:active],
+                      inputs["compressed_lens"][:active], block_size)
+    if kind is LayerKind.C2A_FULL:
+        verdict = check_topk_overlap(sel, ref_sel, name=f"{where}: topk_indices")
+    elif scores is None:
+        verdict = failed("check_topk_validity", "§5.3", 1, 1, Violation(
+            f"{where}: topk_indices", (), "a selection that differs from the reference",
+            "the reference selection (no reference scores were given to judge an alternative)"))
+    else:
+        verdict = check_topk_validity(sel, ref_sel, ctx, scores() if callable(scores) else scores,
+                                      name=f"{where}: topk_indices")
+    if verdict.ok and reference_for is not None:
+        return verdict, reference_for(sel)  # the output reference for the accepted selection
+    return verdict, expected
+
+
+def _state(where: str, a: torch.Tensor, e: torch.Tensor, before: torch.Tensor) -> CheckResult:
+    """The compressor's state ring: the rows the reference rewrote judged by ``check_state``, the rest kept."""
+    if a.dtype != e.dtype or a.shape != e.shape:
+        return failed("check_state", "§6", 1, 1, Violation(f"{where}: state_cache.layout", (),
+                                                           f"{a.dtype}{list(a.shape)}", f"{e.dtype}{list(e.shape)}"))
+    rows = a.shape[0] * a.shape[1]
+    touched = (byte_rows(e.reshape(rows, -1)) != byte_rows(before.reshape(rows, -1))).any(1)
+    return cache_checks.check_state(f"{where}: state_cache", a.reshape(rows, -1), e.reshape(rows, -1), touched)
 
 
 def _gathered(where: str, actual: torch.Tensor, expected: torch.Tensor, active: int) -> CheckResult:
