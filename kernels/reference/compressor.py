@@ -73,6 +73,41 @@ def compressor_ratio2(
     kernel, which updates the ring in place request by request, so a later request's first odd position reads
     what an earlier request of the call wrote there. Spec: §4.1; docs/upstream.md.
     """
+    head_dim, total = _check_ratio2(x, query_start_loc, state_block_table, state_cache, weights, num_tokens,
+                                    shared_block)
+    state = state_cache.clone()
+    latent = torch.zeros((x.shape[0], head_dim), dtype=x.dtype)
+    publish = torch.zeros(x.shape[0], dtype=torch.bool)
+    if total == 0:
+        return latent, publish, state
+    qsl = [int(v) for v in query_start_loc.tolist()]
+    req_of = token_to_req_indices.tolist()
+    pos_of = position_ids.tolist()
+    kv = project(x[:total], weights.wkv)
+    score = project(x[:total], weights.wgate)
+    # each request's writes land before the next request reads: upstream's in-place ring. With one request per
+    # block (the "refuse" rule) a request reads only its own block, so this equals every read before any write.
+    for r in range(state_block_table.shape[0]):
+        start, end = qsl[r], min(qsl[r + 1], total)
+        block = int(state_block_table[r, 0])
+        if start >= end or not 0 <= block < state.shape[0]:
+            continue
+        span = [t for t in range(start, end) if int(req_of[t]) == r and int(pos_of[t]) >= 0]
+        for t in span:
+            p = int(pos_of[t])
+            if p % 2 == 1:
+                latent[t] = _pooled_pair(x.dtype, kv, score, state[block], t, p, t > start, weights.norm, eps)
+                publish[t] = True
+        capacity = state.shape[1]
+        for t in (t for t in span if t >= end - capacity):  # after this request's reads
+            p = int(pos_of[t])
+            state[block, p % capacity, :head_dim] = kv[t]
+            state[block, p % capacity, head_dim:] = score[t]
+    return latent, publish, state
+
+
+def _check_ratio2(x, query_start_loc, state_block_table, state_cache, weights, num_tokens, shared_block):
+    """``compressor_ratio2``'s input checks -> (head_dim, the call's real token count)."""
     if shared_block not in SHARED_BLOCK:
         raise ContractInputError("shared_block", None, f"one of {SHARED_BLOCK}", repr(shared_block), SPEC)
     if state_cache.ndim != 3 or state_cache.dtype != torch.float32 or state_cache.shape[1] < 1:
@@ -82,58 +117,36 @@ def compressor_ratio2(
     if state_cache.shape[2] != 2 * head_dim:
         raise ContractInputError("state_cache", None, f"last dim 2*head_dim = {2 * head_dim}",
                                  state_cache.shape[2], SPEC)
-    blocks, capacity, _ = state_cache.shape
     qsl = [int(v) for v in query_start_loc.tolist()]
     total = qsl[-1] if num_tokens is None else int(num_tokens)
     if not 0 <= total <= x.shape[0]:
         raise ContractInputError("num_tokens", None, f"in [0, {x.shape[0]}]", total, SPEC)
-    state = state_cache.clone()
-    latent = torch.zeros((x.shape[0], head_dim), dtype=x.dtype)
-    publish = torch.zeros(x.shape[0], dtype=torch.bool)
-    if total == 0:
-        return latent, publish, state
-    req_of = token_to_req_indices.tolist()
-    pos_of = position_ids.tolist()
     owner: dict[int, int] = {}
     for r in range(state_block_table.shape[0]):
         start, end = qsl[r], min(qsl[r + 1], total)
         block = int(state_block_table[r, 0])
-        if start < end and 0 <= block < blocks:
+        if start < end and 0 <= block < state_cache.shape[0]:
             if block in owner and shared_block == "refuse":
                 raise ContractInputError("state_block_table", (r, 0), f"a state block no other request of the call "
                                          f"uses (request {owner[block]} has block {block}; upstream would update it "
                                          "in place request by request: shared_block='in_place')", block, SPEC)
             owner.setdefault(block, r)
-    kv = project(x[:total], weights.wkv)
-    score = project(x[:total], weights.wgate)
-    # each request's writes land before the next request reads: upstream's in-place ring. With one request per
-    # block (the "refuse" rule) a request reads only its own block, so this equals every read before any write.
-    for r in range(state_block_table.shape[0]):
-        start, end = qsl[r], min(qsl[r + 1], total)
-        block = int(state_block_table[r, 0])
-        if start >= end or not 0 <= block < blocks:
-            continue
-        for t in range(start, end):
-            p = int(pos_of[t])
-            if int(req_of[t]) != r or p < 0:
-                continue
-            if p % 2 == 1:
-                if t > start:
-                    prev_kv, prev_score = kv[t - 1], score[t - 1]
-                else:
-                    slot = state[block, (p - 1) % capacity]
-                    prev_kv, prev_score = slot[:head_dim], slot[head_dim:]
-                pair_kv = torch.stack((prev_kv, kv[t]))
-                weight = torch.stack((prev_score, score[t])).softmax(dim=0)
-                pooled = (pair_kv * weight).sum(dim=0)
-                latent[t] = rms_norm(pooled.to(x.dtype), weights.norm, eps)
-                publish[t] = True
-        for t in range(max(start, end - capacity), end):  # after this request's reads
-            p = int(pos_of[t])
-            if int(req_of[t]) == r and p >= 0:
-                state[block, p % capacity, :head_dim] = kv[t]
-                state[block, p % capacity, head_dim:] = score[t]
-    return latent, publish, state
+    return head_dim, total
+
+
+def _pooled_pair(dtype, kv, score, ring, t: int, p: int, previous_in_chunk: bool, norm, eps: float):
+    """The latent an odd position ``p`` closes: its pair with the previous chunk row, or else with the ring slot
+    ``(p - 1) % capacity``; Σ kv · softmax(score) per channel in FP32, rounded to ``dtype``, RMSNorm · w."""
+    head_dim = kv.shape[1]
+    if previous_in_chunk:
+        prev_kv, prev_score = kv[t - 1], score[t - 1]
+    else:
+        slot = ring[(p - 1) % ring.shape[0]]
+        prev_kv, prev_score = slot[:head_dim], slot[head_dim:]
+    pair_kv = torch.stack((prev_kv, kv[t]))
+    weight = torch.stack((prev_score, score[t])).softmax(dim=0)
+    pooled = (pair_kv * weight).sum(dim=0)
+    return rms_norm(pooled.to(dtype), norm, eps)
 
 
 def compressor_ratio1(x: torch.Tensor, weights: CompressorWeights, *, eps: float = 1e-20,
