@@ -237,59 +237,10 @@ def attention_half_layer(inputs: Tensors, *, kind: LayerKind | str, phase: str, 
     topk = torch.full((active, 1), -1, dtype=torch.int32)
     compressed_rows = torch.zeros((1, dim), dtype=torch.bfloat16)
     if kind is not LayerKind.SWA:
-        ratio = ratio_of(kind, config)
-        ckind = "compressed_r2" if ratio == 2 else "compressed_r1"
-        compressed = _cache(config, ckind, inputs, "compressed", where)
-        index = _cache(config, "index", inputs, "index", where) if "index_payload" in inputs else None
-        table = inputs["compressed_block_table"]
-        request_ids = inputs["token_to_req_indices"][:active]
-        lens = inputs["compressed_lens"][:active]
-        if kind in FULL:
-            if ratio == 2:
-                latent, publish, state = o["compressor_ratio2"](
-                    x, inputs["query_start_loc"], inputs["position_ids"][:active], request_ids,
-                    inputs["state_block_table"], inputs["state_cache"],
-                    CompressorWeights(inputs["cmp_wkv"], inputs["cmp_wgate"], inputs["cmp_norm"]), eps=eps,
-                    num_tokens=active)
-                out["state_cache"] = state
-            else:
-                latent = compressor_ratio1(x, CompressorWeights(inputs["cmp_wkv"], None, inputs["cmp_norm"]), eps=eps)
-                publish = torch.ones(active, dtype=torch.bool)
-            slots = inputs["compressed_slots"][:active].masked_fill(~publish, -1)
-            compressed, index = publish_compressed(latent, inputs["compressed_rope_cos"][:active],
-                                                   inputs["compressed_rope_sin"][:active], slots, compressed, index,
-                                                   inputs["index_wk"], inputs["index_norm"], eps=eps)
-        out["compressed_payload"], out["compressed_scale"] = compressed.payload, compressed.scale
-        if index is not None:
-            out["index_payload"], out["index_scale"] = index.payload, index.scale
-        compressed_rows = _rows(o["cache_read"], compressed)
-        if kind in INDEXING:
-            ih, idim = config.index_n_heads, config.index_head_dim
-            qi = project(qr, inputs["index_wq_b"]).to(torch.bfloat16).reshape(active, ih, idim)
-            qi = rope_interleave(qi, cos.unsqueeze(1), sin.unsqueeze(1))
-            weights = index_head_weights(x, inputs["index_weights_proj"], heads=ih, dim=idim)
-            candidates = inputs["candidate_mask"][:active] if kind is LayerKind.C1A_REINDEX else None
-            width = candidates.shape[1] if candidates is not None else max(int(lens.max()), 1)
-            scores = o["index_scores"](qi, weights, _rows(o["cache_read"], index), table, request_ids, lens,
-                                       block_size=config.block_size, width=width, candidates=candidates)
-            topk = o["select_topk"](scores, table, request_ids, topk=config.index_topk, block_size=config.block_size)
-            if kind is LayerKind.C1A_FULL:
-                out["candidate_mask"] = o["candidate_blocks"](scores, lens, block=config.candidate_block_size,
-                                                              topk_blocks=config.candidate_topk_blocks, width=width)
-        else:
-            topk = inputs["topk_indices"][:active]  # the source layer's physical rows, as given
-        out["topk_indices"] = topk
-    partials = []
-    per_head, per_group = heads // tp, groups // tp
+        compressed_rows, topk = _compressed_part(o, kind, inputs, x, qr, cos, sin, config, where, out)
     q_heads = rope_interleave(q_all.reshape(active, heads, dim), cos.unsqueeze(1), sin.unsqueeze(1))
-    for rank in range(tp):
-        h = slice(rank * per_head, (rank + 1) * per_head)
-        g = slice(rank * per_group, (rank + 1) * per_group)
-        lora = inputs["wo_a"].shape[1]
-        attended = o["sparse_attention"](q_heads[:, h], window_rows, window_indices, compressed_rows, topk,
-                                         inputs["sink"][h])
-        partials.append(o["o_proj"](attended, cos, sin, inputs["wo_a"][g],
-                                    inputs["wo_b"][g.start * lora:g.stop * lora]))
+    partials = _rank_partials(o, inputs, q_heads, window_rows, window_indices, compressed_rows, topk, cos, sin,
+                              tp=tp, config=config)
     if wiring == "replicated":
         reduced = o["tp_all_reduce"](partials)
         replica = torch.full((tokens, reduced.shape[1]), SENTINEL, dtype=torch.bfloat16)
@@ -299,6 +250,74 @@ def attention_half_layer(inputs: Tensors, *, kind: LayerKind | str, phase: str, 
         out["output"] = torch.stack(o["tp_reduce_scatter"](partials, active_tokens=active, capacity=tokens))
         out["gathered"] = gathered
     return out
+
+
+def _compressed_part(o, kind: LayerKind, inputs: Tensors, x, qr, cos, sin, config: V41Config, where: str,
+                     out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """A compressed mode's caches (compressed by the mode's compressor and published where it owns them, else
+    passed through), its Top-K (scored by the indexer, or the source layer's as given), written into ``out`` ->
+    (the compressed cache's rows, the selection)."""
+    active, eps = x.shape[0], config.rms_norm_eps
+    ratio = ratio_of(kind, config)
+    ckind = "compressed_r2" if ratio == 2 else "compressed_r1"
+    compressed = _cache(config, ckind, inputs, "compressed", where)
+    index = _cache(config, "index", inputs, "index", where) if "index_payload" in inputs else None
+    table = inputs["compressed_block_table"]
+    request_ids = inputs["token_to_req_indices"][:active]
+    lens = inputs["compressed_lens"][:active]
+    if kind in FULL:
+        if ratio == 2:
+            latent, publish, state = o["compressor_ratio2"](
+                x, inputs["query_start_loc"], inputs["position_ids"][:active], request_ids,
+                inputs["state_block_table"], inputs["state_cache"],
+                CompressorWeights(inputs["cmp_wkv"], inputs["cmp_wgate"], inputs["cmp_norm"]), eps=eps,
+                num_tokens=active)
+            out["state_cache"] = state
+        else:
+            latent = compressor_ratio1(x, CompressorWeights(inputs["cmp_wkv"], None, inputs["cmp_norm"]), eps=eps)
+            publish = torch.ones(active, dtype=torch.bool)
+        slots = inputs["compressed_slots"][:active].masked_fill(~publish, -1)
+        compressed, index = publish_compressed(latent, inputs["compressed_rope_cos"][:active],
+                                               inputs["compressed_rope_sin"][:active], slots, compressed, index,
+                                               inputs["index_wk"], inputs["index_norm"], eps=eps)
+    out["compressed_payload"], out["compressed_scale"] = compressed.payload, compressed.scale
+    if index is not None:
+        out["index_payload"], out["index_scale"] = index.payload, index.scale
+    compressed_rows = _rows(o["cache_read"], compressed)
+    if kind in INDEXING:
+        ih, idim = config.index_n_heads, config.index_head_dim
+        qi = project(qr, inputs["index_wq_b"]).to(torch.bfloat16).reshape(active, ih, idim)
+        qi = rope_interleave(qi, cos.unsqueeze(1), sin.unsqueeze(1))
+        weights = index_head_weights(x, inputs["index_weights_proj"], heads=ih, dim=idim)
+        candidates = inputs["candidate_mask"][:active] if kind is LayerKind.C1A_REINDEX else None
+        width = candidates.shape[1] if candidates is not None else max(int(lens.max()), 1)
+        scores = o["index_scores"](qi, weights, _rows(o["cache_read"], index), table, request_ids, lens,
+                                   block_size=config.block_size, width=width, candidates=candidates)
+        topk = o["select_topk"](scores, table, request_ids, topk=config.index_topk, block_size=config.block_size)
+        if kind is LayerKind.C1A_FULL:
+            out["candidate_mask"] = o["candidate_blocks"](scores, lens, block=config.candidate_block_size,
+                                                          topk_blocks=config.candidate_topk_blocks, width=width)
+    else:
+        topk = inputs["topk_indices"][:active]  # the source layer's physical rows, as given
+    out["topk_indices"] = topk
+    return compressed_rows, topk
+
+
+def _rank_partials(o, inputs: Tensors, q_heads, window_rows, window_indices, compressed_rows, topk, cos, sin, *,
+                   tp: int, config: V41Config) -> list[torch.Tensor]:
+    """Each TP rank's heads attended and projected through its output groups: the partial sums to reduce."""
+    heads, groups = config.num_attention_heads, config.o_groups
+    partials = []
+    per_head, per_group = heads // tp, groups // tp
+    for rank in range(tp):
+        h = slice(rank * per_head, (rank + 1) * per_head)
+        g = slice(rank * per_group, (rank + 1) * per_group)
+        lora = inputs["wo_a"].shape[1]
+        attended = o["sparse_attention"](q_heads[:, h], window_rows, window_indices, compressed_rows, topk,
+                                         inputs["sink"][h])
+        partials.append(o["o_proj"](attended, cos, sin, inputs["wo_a"][g],
+                                    inputs["wo_b"][g.start * lora:g.stop * lora]))
+    return partials
 
 
 def with_reference_scores(inputs: Tensors, **call) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
