@@ -195,30 +195,8 @@ def compressor_metadata(query_start_loc: torch.Tensor, kv_seq_lens: torch.Tensor
 # the builder
 
 
-@operator(returns='ForwardMetadata (kernels.metadata)', spec='§3')
-def build_forward_metadata(
-    query_start_loc: object,
-    kv_seq_lens: object,
-    window_block_table: object,
-    compressed_block_tables: Mapping[int, object],
-    state_block_tables: Mapping[int, object],
-    *,
-    config: V41Config = FLASH,
-    tp_size: int = 1,
-    capacity: int | None = None,
-) -> ForwardMetadata:
-    """Lower a packed batch (prefill chunks and/or decode rows) to ForwardMetadata.
-
-    ``query_start_loc`` [B+1], ``kv_seq_lens`` [B] (previously cached length),
-    ``window_block_table`` [B, pages], ``compressed_block_tables`` {KV source: [B, pages]},
-    ``state_block_tables`` {ratio-2 source: I32 [B, 1]}. ``capacity`` (default: the token
-    count) pads every per-token field to T rows with neutral values (see PADDING_VALUES).
-    Every error names the field, the request row and the offending value.
-
-    Spec: §3.
-    """
-    qsl = _parse_int_vector("query_start_loc", query_start_loc)
-    kv = _parse_int_vector("kv_seq_lens", kv_seq_lens)
+def _check_batch(qsl: torch.Tensor, kv: torch.Tensor, *, config: V41Config, tp_size: int, capacity: int | None):
+    """The batch's own checks -> (query_lens, num_tokens, capacity, new_kv_seq_lens)."""
     if qsl.numel() != kv.numel() + 1:
         raise ContractInputError("query_start_loc", None, f"{kv.numel() + 1} entries (len(kv_seq_lens)+1)",
                                  qsl.numel(), SPEC)
@@ -244,10 +222,11 @@ def build_forward_metadata(
         r = int(new_kv.argmax())
         raise ContractInputError("kv_seq_lens", (r,), f"kv + query_len <= max_position "
                                  f"{config.max_position_embeddings}", int(new_kv[r]), SPEC)
+    return query_lens, num_tokens, cap, new_kv
 
-    window_table = _parse_table("window_block_table", window_block_table, batch)
 
-    # Compressed tables: one per KV source, equal across sources of a ratio.
+def _compressed_tables(compressed_block_tables: Mapping[int, object], batch: int, config: V41Config):
+    """One compressed table per KV source, checked, equal across the sources of a ratio."""
     tables: dict[int, torch.Tensor] = {}
     by_ratio: dict[int, tuple[int, torch.Tensor]] = {}
     for src in config.kv_source_layer_ids:
@@ -262,8 +241,12 @@ def build_forward_metadata(
                                      f"the same table as source {first_src} (ratio {ratio} sources share one)",
                                      "a different table", SPEC)
         tables[src] = table
+    return tables
 
-    # State tables for ratio>1 sources.
+
+def _state_tables(state_block_tables: Mapping[int, object], batch: int, config: V41Config) -> dict[int, torch.Tensor]:
+    """The state block table of every ratio>1 source: INT32 [B, 1], -1 for an inactive request, no block shared
+    by two live requests."""
     states: dict[int, torch.Tensor] = {}
     for src in config.kv_source_layer_ids:
         if config.compress_ratios[src] <= 1:
@@ -291,6 +274,81 @@ def build_forward_metadata(
                                          f"(request {seen[block]} owns {block})", block, SPEC)
             seen[block] = r
         states[src] = st.cpu()
+    return states
+
+
+def _source_fields(out: dict, src: int, table: torch.Tensor, state: torch.Tensor | None, qsl, kv, new_kv, query_lens,
+                   positions, request_ids, config: V41Config) -> None:
+    """Every per-source field of KV source ``src`` into ``out``: its visible pages checked, slots (-1 for a request
+    whose state is inactive), lengths and remainders, the compressor's rows and the compressed RoPE positions."""
+    batch = kv.numel()
+    ratio = config.compress_ratios[src]
+    visible_pages = -(-torch.div(new_kv, ratio, rounding_mode="floor") // config.block_size)
+    for r in range(batch):
+        if int(query_lens[r]) == 0:
+            continue
+        need = int(visible_pages[r])
+        row = table[r, :need]
+        if need > table.shape[1] or bool((row < 0).any()):
+            page = need - 1 if need > table.shape[1] else first_true(row < 0)
+            value = "beyond the table width" if need > table.shape[1] else int(row[page])
+            raise ContractInputError(
+                f"compressed_block_tables[{src}]", (r, page),
+                f"allocated pages 0..{need - 1} (missing visible compressed pages: "
+                f"{int(new_kv[r])}//{ratio} rows visible)", value, SPEC)
+    field = f"compressed_block_tables[{src}]"
+    slots = paged_slots(positions, request_ids, table, block_size=config.block_size, divisor=ratio,
+                        only_complete=True, field=field)
+    if state is not None:
+        inactive = state[request_ids, 0] < 0
+        slots = slots.masked_fill(inactive, -1)
+    out["compressed_slots"][src] = slots
+    out["index_slots"][src] = slots.clone()
+    out["compressed_seq_lens"][src] = torch.div(new_kv, ratio, rounding_mode="floor").to(torch.int32)
+    out["compressed_seq_remainders"][src] = (new_kv % ratio).to(torch.int32)
+    out["compressed_lens"][src] = torch.div(positions + 1, ratio, rounding_mode="floor").to(torch.int32)
+    starts, rows, group_pos = compressor_metadata(qsl, kv, ratio)
+    out["compressor_output_start_loc"][src] = starts
+    out["compressor_source_token_indices"][src] = rows
+    out["compressor_position_ids"][src] = group_pos
+    complete = (positions + 1) % ratio == 0
+    out["compressed_rope_position_ids"][src] = torch.where(complete, positions + 1 - ratio, -1).to(torch.int32)
+    if state is not None:
+        out["state_block_tables"][src] = state
+
+
+@operator(returns='ForwardMetadata (kernels.metadata)', spec='§3')
+def build_forward_metadata(
+    query_start_loc: object,
+    kv_seq_lens: object,
+    window_block_table: object,
+    compressed_block_tables: Mapping[int, object],
+    state_block_tables: Mapping[int, object],
+    *,
+    config: V41Config = FLASH,
+    tp_size: int = 1,
+    capacity: int | None = None,
+) -> ForwardMetadata:
+    """Lower a packed batch (prefill chunks and/or decode rows) to ForwardMetadata.
+
+    ``query_start_loc`` [B+1], ``kv_seq_lens`` [B] (previously cached length),
+    ``window_block_table`` [B, pages], ``compressed_block_tables`` {KV source: [B, pages]},
+    ``state_block_tables`` {ratio-2 source: I32 [B, 1]}. ``capacity`` (default: the token
+    count) pads every per-token field to T rows with neutral values (see PADDING_VALUES).
+    Every error names the field, the request row and the offending value.
+
+    Spec: §3.
+    """
+    qsl = _parse_int_vector("query_start_loc", query_start_loc)
+    kv = _parse_int_vector("kv_seq_lens", kv_seq_lens)
+    query_lens, num_tokens, cap, new_kv = _check_batch(qsl, kv, config=config, tp_size=tp_size, capacity=capacity)
+    batch = kv.numel()
+
+    window_table = _parse_table("window_block_table", window_block_table, batch)
+
+    tables = _compressed_tables(compressed_block_tables, batch, config)
+
+    states = _state_tables(state_block_tables, batch, config)
 
     # Per-token derivations.
     request_ids = torch.repeat_interleave(torch.arange(batch), query_lens)
@@ -302,40 +360,8 @@ def build_forward_metadata(
 
     out: dict[str, dict[int, torch.Tensor]] = {name: {} for name in SOURCE_FIELDS}
     for src in config.kv_source_layer_ids:
-        ratio = config.compress_ratios[src]
-        table = tables[src]
-        visible_pages = -(-torch.div(new_kv, ratio, rounding_mode="floor") // config.block_size)
-        for r in range(batch):
-            if int(query_lens[r]) == 0:
-                continue
-            need = int(visible_pages[r])
-            row = table[r, :need]
-            if need > table.shape[1] or bool((row < 0).any()):
-                page = need - 1 if need > table.shape[1] else first_true(row < 0)
-                value = "beyond the table width" if need > table.shape[1] else int(row[page])
-                raise ContractInputError(
-                    f"compressed_block_tables[{src}]", (r, page),
-                    f"allocated pages 0..{need - 1} (missing visible compressed pages: "
-                    f"{int(new_kv[r])}//{ratio} rows visible)", value, SPEC)
-        field = f"compressed_block_tables[{src}]"
-        slots = paged_slots(positions, request_ids, table, block_size=config.block_size, divisor=ratio,
-                            only_complete=True, field=field)
-        if src in states:
-            inactive = states[src][request_ids, 0] < 0
-            slots = slots.masked_fill(inactive, -1)
-        out["compressed_slots"][src] = slots
-        out["index_slots"][src] = slots.clone()
-        out["compressed_seq_lens"][src] = torch.div(new_kv, ratio, rounding_mode="floor").to(torch.int32)
-        out["compressed_seq_remainders"][src] = (new_kv % ratio).to(torch.int32)
-        out["compressed_lens"][src] = torch.div(positions + 1, ratio, rounding_mode="floor").to(torch.int32)
-        starts, rows, group_pos = compressor_metadata(qsl, kv, ratio)
-        out["compressor_output_start_loc"][src] = starts
-        out["compressor_source_token_indices"][src] = rows
-        out["compressor_position_ids"][src] = group_pos
-        complete = (positions + 1) % ratio == 0
-        out["compressed_rope_position_ids"][src] = torch.where(complete, positions + 1 - ratio, -1).to(torch.int32)
-        if src in states:
-            out["state_block_tables"][src] = states[src]
+        _source_fields(out, src, tables[src], states.get(src), qsl, kv, new_kv, query_lens, positions, request_ids,
+                       config)
 
     def pad(name: str, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         value = value.to(dtype)
