@@ -31,20 +31,33 @@ Tensors = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class Case:
+    """One recordable case: ``Case(name, operator, description, build_inputs=..., run=..., comparators=...)``.
+
+    ``run(backend, inputs, wiring)`` calls the backend's operators; the expected outputs are the same call on the
+    reference operators (``reference``, derived: write one only for a reference that is not a registered
+    operator's). ``modules``: where the expected outputs' arithmetic lives (derived: the operators' own)."""
+
     name: str
-    operator: str
+    operator: str  # the operator the case judges; "a+b" where its call goes through several
     description: str
-    wirings: tuple[str, ...]
-    modules: tuple[str, ...]  # modules whose arithmetic defines the expected outputs
     build_inputs: Callable[[int, str], Tensors]
-    reference: Callable[[Tensors, str], Tensors]
     run: Callable[[object, Tensors, str], Tensors]  # (backend, inputs, wiring) -> outputs
     comparators: Callable[[str], dict[str, str]]  # wiring -> {output: comparator}
+    wirings: tuple[str, ...] = ("replicated",)
+    modules: tuple[str, ...] = ()  # modules whose arithmetic defines the expected outputs
+    reference: Callable[[Tensors, str], Tensors] | None = None
     inout: tuple[str, ...] = ()
     params: dict = field(default_factory=dict)
     preset: str = "flash-tiny"
     base: str | None = None  # a case derived from another (a recorded counterexample): its operator and call
     upstream: dict = field(default_factory=dict)  # a case whose expected outputs are upstream's (see upstream_case)
+
+    def __post_init__(self):
+        if self.reference is None:
+            object.__setattr__(self, "reference", ReferenceRun(self.run, self.operator))
+        if not self.modules:
+            object.__setattr__(self, "modules", tuple(dict.fromkeys(m for _n, m, _f in _reference_functions(
+                self.operator))))
 
     def arg_specs(self, inputs: Tensors, outputs: Tensors) -> tuple[ArgSpec, ...]:
         specs = []
@@ -55,6 +68,26 @@ class Case:
             if name not in self.inout:
                 specs.append(ArgSpec(name, tuple(t.shape), dtype_name(t.dtype), "out"))
         return tuple(specs)
+
+
+def _reference_functions(operator: str) -> list[tuple[str, str, Callable]]:
+    """(name, module, reference function) of each registered operator of ``operator`` ("a+b": both)."""
+    from contracts.operators import OPERATORS
+
+    return [(n, OPERATORS[n].module, OPERATORS[n].function) for n in operator.split("+") if n in OPERATORS]
+
+
+class ReferenceRun:
+    """A case's reference: its ``run`` on the reference backend (every operator its reference function;
+    compositions on the reference operators). Its fingerprint is the run's code and each operator's reference."""
+
+    def __init__(self, run: Callable, operator: str):
+        self.run, self.operator = run, operator
+
+    def __call__(self, inputs: Tensors, wiring: str) -> Tensors:
+        from backends import torch_backend
+
+        return self.run(torch_backend(), inputs, wiring)
 
 
 def rounding_versions(case: Case) -> dict[str, str]:
@@ -76,6 +109,11 @@ def fingerprint_parts(case: Case, read: set[str] | None = None) -> dict[str, str
         u = case.upstream
         return {f"upstream {u.get('repository')}@{u.get('commit')}": " ".join(u.get("goldens", [])),
                 f"operator {case.operator}": case.operator}
+    if isinstance(case.reference, ReferenceRun):
+        found = parts(case.reference.run, read)
+        for _name, _module, fn in _reference_functions(case.operator):
+            found.update(parts(fn, read))
+        return {**found, f"operator {case.operator}": case.operator}
     return {**parts(case.reference, read), f"operator {case.operator}": case.operator}
 
 

@@ -8,7 +8,6 @@ import torch
 from contracts.half_layer_inputs import HalfLayerCase, build
 from goldens.cases import Case, Tensors
 from kernels.config import FLASH_TINY, LayerKind
-from kernels.reference import indexer
 from kernels.reference.attention_layer import attention_half_layer
 
 
@@ -59,33 +58,19 @@ def half_layer_case(kind, phase: str, config=FLASH_TINY, suffix: str = "") -> Ca
 
     padding = "a 2-row inactive suffix" if phase == "decode" and kind.value == "C2A_REUSE" else (
         "3 padding rows" if phase == "prefill" else "no padding")
-    return Case(
-        name=f"attn_{kind.value.lower()}_{phase}{suffix}",
-        operator="attention_half_layer",
-        description=f"{kind.value} {phase} half-layer at TP{HALF_LAYER_TP}: 3 requests with history across permuted "
-                    f"pages, {padding}, 13.0 sentinel rows",
-        wirings=("replicated", "sharded"),
-        modules=HALF_LAYER_MODULES,
-        build_inputs=inputs,
-        reference=lambda i, w: call(attention_half_layer, i, w),
-        run=lambda b, i, w: call(b.get("attention_half_layer"), i, w),
-        comparators=comparators,
-        inout=HALF_LAYER_INOUT,
-        params={"kind": kind.value, "phase": phase, "tp": HALF_LAYER_TP, "preset": config.name},
-        preset=config.name,
-    )
+    return Case(f"attn_{kind.value.lower()}_{phase}{suffix}", "attention_half_layer",
+                f"{kind.value} {phase} half-layer at TP{HALF_LAYER_TP}: 3 requests with history across permuted "
+                f"pages, {padding}, 13.0 sentinel rows", build_inputs=inputs,
+                run=lambda b, i, w: call(b.get("attention_half_layer"), i, w), comparators=comparators,
+                wirings=("replicated", "sharded"), modules=HALF_LAYER_MODULES, inout=HALF_LAYER_INOUT,
+                params={"kind": kind.value, "phase": phase, "tp": HALF_LAYER_TP, "preset": config.name},
+                preset=config.name)
 
 
-INDEXER_CASE = Case(
-    name="indexer_topk",
-    operator="index_scores+select_topk",
-    description="paged indexer scores and Top-K with tied key rows, empty and short tokens, permuted pages",
-    wirings=("replicated",),
-    modules=("kernels.reference.indexer",),
-    build_inputs=_indexer_build,
-    reference=lambda i, w: _indexer_call(indexer.index_scores, indexer.select_topk, i),
-    run=lambda b, i, w: _indexer_call(b.get("index_scores"), b.get("select_topk"), i),
-    comparators=lambda w: {"scores": "masked_scores", "topk_indices": "topk_validity"},
-)
+INDEXER_CASE = Case("indexer_topk", "index_scores+select_topk",
+                    "paged indexer scores and Top-K with tied key rows, empty and short tokens, permuted pages",
+                    build_inputs=_indexer_build,
+                    run=lambda b, i, w: _indexer_call(b.get("index_scores"), b.get("select_topk"), i),
+                    comparators=lambda w: {"scores": "masked_scores", "topk_indices": "topk_validity"})
 
 CASES = [INDEXER_CASE] + [half_layer_case(kind, phase) for kind in LayerKind for phase in ("prefill", "decode")]

@@ -9,7 +9,6 @@ from contracts.block_inputs import TP, block_inputs
 from goldens.cases import Case, Tensors
 from goldens.cases.attention import HALF_LAYER_MODULES
 from kernels.config import FLASH_TINY, LayerKind
-from kernels.reference import block
 from kernels.reference.block import MhcWeights
 from kernels.reference.moe import ExpertWeights
 
@@ -46,21 +45,16 @@ def _block_call(fn, inputs: Tensors, kind) -> Tensors:
 
 
 def _block_case(kind: LayerKind) -> Case:
-    return Case(
-        name=f"block_{kind.value.lower()}",
-        operator="decode_block",
-        description=f"decode Block of the {kind.value} representative layer: attention (TP2, replicated) and the "
-                    "compact MoE through mHC, a non-one-hot incoming mix, every row active",
-        wirings=("replicated",),
-        modules=HALF_LAYER_MODULES + ("kernels.reference.mhc", "kernels.reference.moe", "kernels.reference.block"),
-        build_inputs=_block_build(kind),
-        reference=lambda i, w: _block_call(block.decode_block, i, kind),
-        run=lambda b, i, w: _block_call(b.get("decode_block"), i, kind),
-        comparators=lambda w: {"x_hc": "fp8_budget", "attention_hidden": "attention_forced",
-                               "next_pre_mix": "hc_mix", "attention_input": "bf16_stage", "ffn_input": "ffn_input",
-                               "ffn_output": "fp8_budget"},
-        params={"kind": kind.value, "phase": "decode", "tp": 2, "preset": "flash-tiny"},
-    )
+    return Case(f"block_{kind.value.lower()}", "decode_block",
+                f"decode Block of the {kind.value} representative layer: attention (TP2, replicated) and the "
+                "compact MoE through mHC, a non-one-hot incoming mix, every row active",
+                build_inputs=_block_build(kind),
+                run=lambda b, i, w: _block_call(b.get("decode_block"), i, kind),
+                comparators=lambda w: {"x_hc": "fp8_budget", "attention_hidden": "attention_forced",
+                "next_pre_mix": "hc_mix", "attention_input": "bf16_stage", "ffn_input": "ffn_input",
+                "ffn_output": "fp8_budget"},
+                modules=HALF_LAYER_MODULES + ("kernels.reference.mhc", "kernels.reference.moe", "kernels.reference.block"),
+                params={"kind": kind.value, "phase": "decode", "tp": 2, "preset": "flash-tiny"})
 
 
 CASES = [_block_case(k) for k in (LayerKind.SWA, LayerKind.C2A_FULL, LayerKind.C1A_FULL)]

@@ -10,7 +10,6 @@ import torch
 from goldens.cases import Case, Tensors
 from kernels.cache import layouts
 from kernels.config import FLASH_TINY
-from kernels.reference import compressor, rope
 
 # cache publication
 
@@ -41,28 +40,15 @@ def _cache_case(kind: str) -> Case:
         out = fn(cache, inputs["values"].float(), inputs["slots"])
         return {"payload": out.payload, "scale": out.scale}
 
-    def reference(inputs: Tensors, wiring: str) -> Tensors:
-        from kernels.cache import cache_publish
-
-        return _publish(cache_publish, inputs)
-
     def run(backend, inputs: Tensors, wiring: str) -> Tensors:
         return _publish(backend.get("cache_publish"), inputs)
 
-    return Case(
-        name=f"cache_{kind}",
-        operator="cache_publish",
-        description=f"publish into the {kind} cache: sentinel bytes, -1 slots, permuted rows, spare unmapped rows, "
-                    "zero and midpoint rows",
-        wirings=("replicated",),
-        modules=("kernels.quant", "kernels.cache"),
-        build_inputs=build,
-        reference=reference,
-        run=run,
-        comparators=lambda w: {"payload": "cache_payload", "scale": "cache_scale"},
-        inout=("payload", "scale"),
-        params={"rule": layouts(FLASH_TINY)[kind].rule},
-    )
+    return Case(f"cache_{kind}", "cache_publish",
+                f"publish into the {kind} cache: sentinel bytes, -1 slots, permuted rows, spare unmapped rows, "
+                "zero and midpoint rows", build_inputs=build, run=run,
+                comparators=lambda w: {"payload": "cache_payload", "scale": "cache_scale"},
+                modules=("kernels.quant", "kernels.cache"), inout=("payload", "scale"),
+                params={"rule": layouts(FLASH_TINY)[kind].rule})
 
 
 def _compressor_build(seed: int, wiring: str) -> Tensors:
@@ -163,43 +149,19 @@ CASES = [
     _cache_case("window"),
     _cache_case("compressed_r2"),
     _cache_case("index"),
-    Case(
-        name="compressor_r2",
-        operator="compressor_ratio2",
-        description="ratio-2 ring: odd resume, chunk longer than the ring, new request, inactive block, padding, "
-                    "sentinel ring",
-        wirings=("replicated",),
-        modules=("kernels.reference.compressor",),
-        build_inputs=_compressor_build,
-        reference=lambda i, w: _compressor_call(compressor.compressor_ratio2, i),
-        run=lambda b, i, w: _compressor_call(b.get("compressor_ratio2"), i),
-        comparators=lambda w: dict(RING),
-        inout=("state_cache",),
-    ),
-    Case(
-        name="compressor_r2_epochs",
-        operator="compressor_ratio2",
-        description=f"ratio-2 ring over {EPOCHS} decode epochs: three requests (odd and even starts) one token each "
-                    "per epoch, the state threaded from epoch to epoch",
-        wirings=("replicated",),
-        modules=("kernels.reference.compressor",),
-        build_inputs=_compressor_epochs_build,
-        reference=lambda i, w: _compressor_epochs_call(compressor.compressor_ratio2, i),
-        run=lambda b, i, w: _compressor_epochs_call(b.get("compressor_ratio2"), i),
-        comparators=lambda w: dict(RING),
-        inout=("state_cache",),
-    ),
-    Case(
-        name="rope_rows",
-        operator="materialize_rope_rows",
-        description="compressed RoPE rows: 17/19 sentinels, negative, duplicate and edge positions, rows past "
-                    "num_tokens",
-        wirings=("replicated",),
-        modules=("kernels.reference.rope",),
-        build_inputs=_rope_build,
-        reference=lambda i, w: _rope_call(rope.materialize_rope_rows, i),
-        run=lambda b, i, w: _rope_call(b.get("materialize_rope_rows"), i),
-        comparators=lambda w: {"rope_cos": "exact", "rope_sin": "exact"},
-        inout=("rope_cos", "rope_sin"),
-    ),
+    Case("compressor_r2", "compressor_ratio2",
+         "ratio-2 ring: odd resume, chunk longer than the ring, new request, inactive block, padding, "
+         "sentinel ring", build_inputs=_compressor_build,
+         run=lambda b, i, w: _compressor_call(b.get("compressor_ratio2"), i),
+         comparators=lambda w: dict(RING), inout=("state_cache",)),
+    Case("compressor_r2_epochs", "compressor_ratio2",
+         f"ratio-2 ring over {EPOCHS} decode epochs: three requests (odd and even starts) one token each "
+         "per epoch, the state threaded from epoch to epoch", build_inputs=_compressor_epochs_build,
+         run=lambda b, i, w: _compressor_epochs_call(b.get("compressor_ratio2"), i),
+         comparators=lambda w: dict(RING), inout=("state_cache",)),
+    Case("rope_rows", "materialize_rope_rows",
+         "compressed RoPE rows: 17/19 sentinels, negative, duplicate and edge positions, rows past "
+         "num_tokens", build_inputs=_rope_build,
+         run=lambda b, i, w: _rope_call(b.get("materialize_rope_rows"), i),
+         comparators=lambda w: {"rope_cos": "exact", "rope_sin": "exact"}, inout=("rope_cos", "rope_sin")),
 ]

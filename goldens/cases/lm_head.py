@@ -7,7 +7,6 @@ import torch
 
 from goldens.cases import Case, Tensors
 from kernels.config import FLASH_TINY
-from kernels.reference import engram, lm_head, mhc
 
 # the model boundary: embedding pack, LM head, greedy pick
 
@@ -87,49 +86,24 @@ def _engram_call(get, inputs: Tensors, wiring: str) -> Tensors:
                                                 config=FLASH_TINY))}
 
 
-HEAD_OPS = {"lm_head": lm_head.lm_head, "greedy_pick": lm_head.greedy_pick, "embed_pack": lm_head.embed_pack}
-BOUNDARY_OPS = {**HEAD_OPS, "hc_head": mhc.hc_head, "final_norm": lm_head.final_norm}
-ENGRAM_OPS = {"engram": engram.engram, "engram_tp": engram.engram_tp}
 
 CASES = [
-    Case(
-        name="lm_head",
-        operator="lm_head+greedy_pick+embed_pack",
-        description=f"LM head on TP{LM_HEAD_TP}: full logits (replicated) or the ranks' vocab shards (sharded), "
-                    "greedy ids with exact ties across shards and with the last id, and the embedding pack of "
-                    "clamped ids (-1, vocab, vocab+7)",
-        wirings=("replicated", "sharded"),
-        modules=("kernels.reference.lm_head",),
-        build_inputs=_lm_head_build,
-        reference=lambda i, w: _lm_head_call(HEAD_OPS.__getitem__, i, w),
-        run=lambda b, i, w: _lm_head_call(b.get, i, w),
-        comparators=lambda w: {("logits" if w == "replicated" else "logit_shards"): "logits", "ids": "greedy",
-                               "x_hc": "exact"},
-        params={"tp": LM_HEAD_TP},
-    ),
-    Case(
-        name="engram",
-        operator="engram+engram_tp",
-        description=f"the Engram block: a gated n-gram lookup added to every stream (replicated: one rank; sharded: "
-                    f"the table row-sharded over TP{ENGRAM_TP}, every rank's output)",
-        wirings=("replicated", "sharded"),
-        modules=("kernels.reference.engram",),
-        build_inputs=_engram_build,
-        reference=lambda i, w: _engram_call(ENGRAM_OPS.__getitem__, i, w),
-        run=lambda b, i, w: _engram_call(b.get, i, w),
-        comparators=lambda w: {"out": "engram"},
-        params={"tp": ENGRAM_TP},
-    ),
-    Case(
-        name="boundary",
-        operator="embed_pack+hc_head+final_norm",
-        description="the model boundary with the backbone skipped: embedding pack of ids past the vocabulary "
-                    "(clamped), the collapse with a non-identity delayed pre-mix, the final RMSNorm",
-        wirings=("replicated",),
-        modules=("kernels.reference.lm_head", "kernels.reference.mhc", "kernels.reference.compressor"),
-        build_inputs=_boundary_build,
-        reference=lambda i, w: _boundary_call(BOUNDARY_OPS.__getitem__, i, w),
-        run=lambda b, i, w: _boundary_call(b.get, i, w),
-        comparators=lambda w: {"x_hc": "exact", "hidden": "hc_out", "x_normed": "hc_out"},
-    ),
+    Case("lm_head", "lm_head+greedy_pick+embed_pack",
+         f"LM head on TP{LM_HEAD_TP}: full logits (replicated) or the ranks' vocab shards (sharded), "
+         "greedy ids with exact ties across shards and with the last id, and the embedding pack of "
+         "clamped ids (-1, vocab, vocab+7)", build_inputs=_lm_head_build,
+         run=lambda b, i, w: _lm_head_call(b.get, i, w),
+         comparators=lambda w: {("logits" if w == "replicated" else "logit_shards"): "logits", "ids": "greedy",
+         "x_hc": "exact"}, wirings=("replicated", "sharded"), params={"tp": LM_HEAD_TP}),
+    Case("engram", "engram+engram_tp",
+         f"the Engram block: a gated n-gram lookup added to every stream (replicated: one rank; sharded: "
+         f"the table row-sharded over TP{ENGRAM_TP}, every rank's output)", build_inputs=_engram_build,
+         run=lambda b, i, w: _engram_call(b.get, i, w), comparators=lambda w: {"out": "engram"},
+         wirings=("replicated", "sharded"), params={"tp": ENGRAM_TP}),
+    Case("boundary", "embed_pack+hc_head+final_norm",
+         "the model boundary with the backbone skipped: embedding pack of ids past the vocabulary "
+         "(clamped), the collapse with a non-identity delayed pre-mix, the final RMSNorm",
+         build_inputs=_boundary_build, run=lambda b, i, w: _boundary_call(b.get, i, w),
+         comparators=lambda w: {"x_hc": "exact", "hidden": "hc_out", "x_normed": "hc_out"},
+         modules=("kernels.reference.lm_head", "kernels.reference.mhc", "kernels.reference.compressor")),
 ]

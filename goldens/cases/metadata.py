@@ -8,7 +8,6 @@ import random
 import torch
 
 from goldens.cases import Case, Tensors
-from kernels import sequence_parallel as sp
 from kernels.config import FLASH_TINY
 
 # metadata
@@ -97,28 +96,13 @@ def _sp_comparators(wiring: str) -> dict[str, str]:
 
 
 CASES = [
-    Case(
-        name="metadata",
-        operator="build_forward_metadata",
-        description="ForwardMetadata of a mixed batch: empty, decode, prefill, odd resume, inactive state, permuted "
-                    "pages, freed window pages, padding",
-        wirings=("replicated",),
-        modules=("kernels.metadata",),
-        build_inputs=_metadata_case_inputs,
-        reference=_metadata_reference,
-        run=_metadata_run,
-        comparators=lambda w: {k: "exact" for k in _metadata_reference(_metadata_case_inputs(0, w), w)},
-    ),
-    Case(
-        name="sp_slabs",
-        operator="sp_shard+sp_gather",
-        description="sequence-parallel owner slabs (T=5, TP=4, capacity 8): the replicated wiring gathers, the "
-                    "sharded wiring publishes per-rank slabs",
-        wirings=("replicated", "sharded"),
-        modules=("kernels.sequence_parallel",),
-        build_inputs=_sp_build,
-        reference=lambda i, w: _sp_call(sp.sp_shard, sp.sp_gather, i, w),
-        run=lambda b, i, w: _sp_call(b.get("sp_shard"), b.get("sp_gather"), i, w),
-        comparators=_sp_comparators,
-    ),
+    Case("metadata", "build_forward_metadata",
+         "ForwardMetadata of a mixed batch: empty, decode, prefill, odd resume, inactive state, permuted "
+         "pages, freed window pages, padding", build_inputs=_metadata_case_inputs, run=_metadata_run,
+         comparators=lambda w: {k: "exact" for k in _metadata_reference(_metadata_case_inputs(0, w), w)}),
+    Case("sp_slabs", "sp_shard+sp_gather",
+         "sequence-parallel owner slabs (T=5, TP=4, capacity 8): the replicated wiring gathers, the "
+         "sharded wiring publishes per-rank slabs", build_inputs=_sp_build,
+         run=lambda b, i, w: _sp_call(b.get("sp_shard"), b.get("sp_gather"), i, w),
+         comparators=_sp_comparators, wirings=("replicated", "sharded")),
 ]

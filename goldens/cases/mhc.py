@@ -6,7 +6,6 @@ import torch
 
 from goldens.cases import Case, Tensors
 from kernels.config import FLASH_TINY
-from kernels.reference import mhc
 
 
 def _mhc_build(seed: int, wiring: str) -> Tensors:
@@ -31,20 +30,12 @@ def _mhc_call(ops, inputs: Tensors) -> Tensors:
             "expanded": ops("hc_post")(inputs["sublayer"], x, m.post, m.residual), "head": ops("hc_head")(x, m.pre)}
 
 
-MHC_OPS = {"hc_mixes": mhc.hc_mixes, "hc_pre": mhc.hc_pre, "hc_post": mhc.hc_post, "hc_head": mhc.hc_head}
 
 CASES = [
-    Case(
-        name="mhc_sublayer",
-        operator="hc_mixes+hc_pre+hc_post+hc_head",
-        description="mHC around one sublayer: coefficients with a 2-row zero tail, a large and a sparse row, the "
-                    "collapsed input, the expanded streams and the head",
-        wirings=("replicated",),
-        modules=("kernels.reference.mhc",),
-        build_inputs=_mhc_build,
-        reference=lambda i, w: _mhc_call(MHC_OPS.__getitem__, i),
-        run=lambda b, i, w: _mhc_call(b.get, i),
-        comparators=lambda w: {"pre": "hc_mix", "post": "hc_mix", "residual": "hc_mix", "collapsed": "bf16_stage",
-                               "expanded": "hc_out", "head": "hc_out"},
-    ),
+    Case("mhc_sublayer", "hc_mixes+hc_pre+hc_post+hc_head",
+         "mHC around one sublayer: coefficients with a 2-row zero tail, a large and a sparse row, the "
+         "collapsed input, the expanded streams and the head", build_inputs=_mhc_build,
+         run=lambda b, i, w: _mhc_call(b.get, i),
+         comparators=lambda w: {"pre": "hc_mix", "post": "hc_mix", "residual": "hc_mix", "collapsed": "bf16_stage",
+         "expanded": "hc_out", "head": "hc_out"}),
 ]

@@ -7,7 +7,6 @@ import torch
 
 from goldens.cases import Case, Tensors
 from kernels.config import FLASH_TINY
-from kernels.reference import moe
 
 
 def _moe_build(ep: int):
@@ -59,24 +58,15 @@ def _moe_call(get, inputs: Tensors) -> Tensors:
             "recv_y": torch.stack(res.recv_y), "recv_expert_count": torch.stack(res.recv_expert_count)}
 
 
-MOE_OPS = {"moe_gate": moe.moe_gate, "moe_ep": moe.moe_ep}
 
 
 def _moe_case(ep: int) -> Case:
-    return Case(
-        name=f"moe_ep{ep}",
-        operator="moe_gate+moe_ep",
-        description=f"MoE on EP{ep}: MXFP4 routed experts (E8M0 scales), a shared expert, uneven token counts with "
-                    "an idle rank" + (" and upstream's fixture routing bias" if ep == 4 else ""),
-        wirings=("replicated",),
-        modules=("kernels.reference.moe",),
-        build_inputs=_moe_build(ep),
-        reference=lambda i, w: _moe_call(MOE_OPS.__getitem__, i),
-        run=lambda b, i, w: _moe_call(b.get, i),
-        comparators=lambda w: {"weights": "gate_weights", "ids": "gate_ids", "output": "moe_out",
-                               "send_counts": "exact", "recv_y": "recv_y", "recv_expert_count": "exact"},
-        params={"ep": ep},
-    )
+    return Case(f"moe_ep{ep}", "moe_gate+moe_ep",
+                f"MoE on EP{ep}: MXFP4 routed experts (E8M0 scales), a shared expert, uneven token counts with "
+                "an idle rank" + (" and upstream's fixture routing bias" if ep == 4 else ""),
+                build_inputs=_moe_build(ep), run=lambda b, i, w: _moe_call(b.get, i),
+                comparators=lambda w: {"weights": "gate_weights", "ids": "gate_ids", "output": "moe_out",
+                "send_counts": "exact", "recv_y": "recv_y", "recv_expert_count": "exact"}, params={"ep": ep})
 
 
 CASES = [_moe_case(2), _moe_case(4)]

@@ -108,24 +108,16 @@ def _v4_prefill_path_call(get, inputs: Tensors, path: str) -> Tensors:
     return _v4_attention_call(get, i, path)
 
 
-ATTENTION_OPS = {"v4_attention": v4sa.v4_attention}
 
 
 def _decode_case(path: str) -> Case:
-    return Case(
-        name=f"v4_attention_{path.lower()}",
-        operator="v4_attention",
-        description=f"V4-Pro (tiny, kernel preset) decode {path} attention with the fused grouped W8A8 output "
-                    "projection: upstream's HCA start regimes, an unmapped window page, shuffled compressed pages"
-                    + (", raw CSA slots at and past the causal bound" if path == "CSA" else ""),
-        wirings=("replicated",),
-        modules=("kernels.v4.sparse_attention",),
-        build_inputs=_v4_attention_build(path),
-        reference=lambda i, w: _v4_attention_call(ATTENTION_OPS.__getitem__, i, path),
-        run=lambda b, i, w: _v4_attention_call(b.get, i, path),
-        comparators=lambda w: {"attn_out": "attn_out_v4"},
-        preset="v4-pro-tiny",
-    )
+    return Case(f"v4_attention_{path.lower()}", "v4_attention",
+                f"V4-Pro (tiny, kernel preset) decode {path} attention with the fused grouped W8A8 output "
+                "projection: upstream's HCA start regimes, an unmapped window page, shuffled compressed pages"
+                + (", raw CSA slots at and past the causal bound" if path == "CSA" else ""),
+                build_inputs=_v4_attention_build(path),
+                run=lambda b, i, w: _v4_attention_call(b.get, i, path),
+                comparators=lambda w: {"attn_out": "attn_out_v4"}, preset="v4-pro-tiny")
 
 
 PREFILL_PICKS = {
@@ -136,39 +128,23 @@ PREFILL_PICKS = {
 
 
 def _prefill_path_case(path: str) -> Case:
-    return Case(
-        name=f"v4_attention_prefill_{path.lower()}",
-        operator="v4_attention",
-        description=f"V4-Pro (tiny, kernel preset) prefill {path} attention with the fused W8A8 output projection: "
-                    "one request of 128 rows at positions 200..327 (100 real, padding rows pointing at real cache "
-                    f"rows), {PREFILL_PICKS[path]}",
-        wirings=("replicated",),
-        modules=("kernels.v4.sparse_attention",),
-        build_inputs=_v4_prefill_path_build(path),
-        reference=lambda i, w: _v4_prefill_path_call(ATTENTION_OPS.__getitem__, i, path),
-        run=lambda b, i, w: _v4_prefill_path_call(b.get, i, path),
-        comparators=lambda w: {"attn_out": "attn_out_v4"},
-        preset="v4-pro-tiny",
-    )
+    return Case(f"v4_attention_prefill_{path.lower()}", "v4_attention",
+                f"V4-Pro (tiny, kernel preset) prefill {path} attention with the fused W8A8 output projection: "
+                "one request of 128 rows at positions 200..327 (100 real, padding rows pointing at real cache "
+                f"rows), {PREFILL_PICKS[path]}", build_inputs=_v4_prefill_path_build(path),
+                run=lambda b, i, w: _v4_prefill_path_call(b.get, i, path),
+                comparators=lambda w: {"attn_out": "attn_out_v4"}, preset="v4-pro-tiny")
 
 
 CASES = [
     *(_decode_case(path) for path in v4sa.PATHS),
-    Case(
-        name="v4_attention_prefill",
-        operator="v4_attention",
-        description="V4-Pro (tiny, kernel preset) prefill sparse attention with the fused W8A8 output projection, "
-                    "the CSA path: one request of 128 rows (100 real, padding rows pointing at real cache rows), an "
-                    "indexer's ratio-4 picks given as logical compressed slots (the prefill entry takes HCA's and "
-                    "CSA's as given)",
-        wirings=("replicated",),
-        modules=("kernels.v4.sparse_attention",),
-        build_inputs=_v4_prefill_attention_build,
-        reference=lambda i, w: _v4_attention_call(ATTENTION_OPS.__getitem__, i, "HCA"),
-        run=lambda b, i, w: _v4_attention_call(b.get, i, "HCA"),
-        comparators=lambda w: {"attn_out": "attn_out_v4"},
-        preset="v4-pro-tiny",
-    ),
+    Case("v4_attention_prefill", "v4_attention",
+         "V4-Pro (tiny, kernel preset) prefill sparse attention with the fused W8A8 output projection, "
+         "the CSA path: one request of 128 rows (100 real, padding rows pointing at real cache rows), an "
+         "indexer's ratio-4 picks given as logical compressed slots (the prefill entry takes HCA's and "
+         "CSA's as given)", build_inputs=_v4_prefill_attention_build,
+         run=lambda b, i, w: _v4_attention_call(b.get, i, "HCA"),
+         comparators=lambda w: {"attn_out": "attn_out_v4"}, preset="v4-pro-tiny"),
     _prefill_path_case("HCA"),
     _prefill_path_case("SWA"),
 ]

@@ -7,9 +7,6 @@ import torch
 
 from goldens.cases import Case, Tensors
 from goldens.cases import v4_config as _v4_config
-from kernels.v4 import compressor as v4c
-from kernels.v4 import index_cache as v4ic
-from kernels.v4 import prefill_compressor as v4pc
 
 
 def _v4_compressor_build(ratio: int, overlap: bool):
@@ -90,41 +87,27 @@ def _v4_index_keys_call(get, inputs: Tensors) -> Tensors:
 
 
 def _decode_case(name: str, ratio: int, overlap: bool) -> Case:
-    return Case(
-        name=name,
-        operator="v4_compressor",
-        description=f"V4 paged compressor, ratio {ratio}{' with overlapping windows' if overlap else ''}: two "
-                    "requests, pages in reverse order, a state pool of random bytes",
-        wirings=("replicated",),
-        modules=("kernels.v4.compressor",),
-        build_inputs=_v4_compressor_build(ratio, overlap),
-        reference=lambda i, w: _v4_compressor_call({"v4_compressor": v4c.v4_compressor}.__getitem__, i, ratio,
-                                                   overlap),
-        run=lambda b, i, w: _v4_compressor_call(b.get, i, ratio, overlap),
-        comparators=lambda w: {"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"},
-        preset="v4-pro-tiny",
-    )
+    return Case(name, "v4_compressor",
+                f"V4 paged compressor, ratio {ratio}{' with overlapping windows' if overlap else ''}: two "
+                "requests, pages in reverse order, a state pool of random bytes",
+                build_inputs=_v4_compressor_build(ratio, overlap),
+                run=lambda b, i, w: _v4_compressor_call(b.get, i, ratio, overlap),
+                comparators=lambda w: {"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"},
+                preset="v4-pro-tiny")
 
 
 def _prefill_case(name: str, ratio: int, start: int) -> Case:
-    return Case(
-        name=name,
-        operator="v4_prefill_compressor",
-        description=f"V4 prefill compressor, ratio {ratio}{' with overlapping windows' if ratio == 4 else ''}: one "
-                    f"request's chunk of 16 rows from position {start}, the first windows reading the earlier "
-                    "chunk's state through a reversed table"
-                    + (" (the window closing at 3 has no previous half)" if ratio == 4 else "")
-                    + ", 2 padding rows with real-looking mappings, the first closing row not persisted",
-        wirings=("replicated",),
-        modules=("kernels.v4.prefill_compressor", "kernels.v4.compressor"),
-        build_inputs=_v4_prefill_compressor_build(ratio, start),
-        reference=lambda i, w: _v4_prefill_compressor_call(
-            {"v4_prefill_compressor": v4pc.v4_prefill_compressor}.__getitem__, i, ratio),
-        run=lambda b, i, w: _v4_prefill_compressor_call(b.get, i, ratio),
-        comparators=lambda w: {"cmp_pool": "v4_cmp_pool", "state_pool": "v4_state_pool"},
-        inout=("cmp_pool", "state_pool"),
-        preset="v4-pro-tiny",
-    )
+    return Case(name, "v4_prefill_compressor",
+                f"V4 prefill compressor, ratio {ratio}{' with overlapping windows' if ratio == 4 else ''}: one "
+                f"request's chunk of 16 rows from position {start}, the first windows reading the earlier "
+                "chunk's state through a reversed table"
+                + (" (the window closing at 3 has no previous half)" if ratio == 4 else "")
+                + ", 2 padding rows with real-looking mappings, the first closing row not persisted",
+                build_inputs=_v4_prefill_compressor_build(ratio, start),
+                run=lambda b, i, w: _v4_prefill_compressor_call(b.get, i, ratio),
+                comparators=lambda w: {"cmp_pool": "v4_cmp_pool", "state_pool": "v4_state_pool"},
+                modules=("kernels.v4.prefill_compressor", "kernels.v4.compressor"),
+                inout=("cmp_pool", "state_pool"), preset="v4-pro-tiny")
 
 
 CASES = [
@@ -132,19 +115,10 @@ CASES = [
     _decode_case("v4_compressor_csa", 4, True),
     _prefill_case("v4_prefill_compressor_csa", 4, 2),
     _prefill_case("v4_prefill_compressor_hca", 128, 120),
-    Case(
-        name="v4_index_keys",
-        operator="v4_publish_index_keys",
-        description="V4-Pro (tiny) CSA index-key write: closed windows rotated at their first position, BF16, "
-                    "Hadamard, BF16, one INT8 row each; an uncommitted boundary and a cache of random bytes",
-        wirings=("replicated",),
-        modules=("kernels.v4.index_cache",),
-        build_inputs=_v4_index_keys_build,
-        reference=lambda i, w: _v4_index_keys_call({"v4_publish_index_keys": v4ic.v4_publish_index_keys}.__getitem__,
-                                                   i),
-        run=lambda b, i, w: _v4_index_keys_call(b.get, i),
-        comparators=lambda w: {"idx_kv_cache": "exact", "idx_kv_scale": "exact"},
-        inout=("idx_kv_cache", "idx_kv_scale"),
-        preset="v4-pro-tiny",
-    ),
+    Case("v4_index_keys", "v4_publish_index_keys",
+         "V4-Pro (tiny) CSA index-key write: closed windows rotated at their first position, BF16, "
+         "Hadamard, BF16, one INT8 row each; an uncommitted boundary and a cache of random bytes",
+         build_inputs=_v4_index_keys_build, run=lambda b, i, w: _v4_index_keys_call(b.get, i),
+         comparators=lambda w: {"idx_kv_cache": "exact", "idx_kv_scale": "exact"},
+         inout=("idx_kv_cache", "idx_kv_scale"), preset="v4-pro-tiny"),
 ]

@@ -7,8 +7,6 @@ import torch
 
 from goldens.cases import Case, Tensors
 from goldens.cases import v4_config as _v4_config
-from kernels.v4 import indexer as v4ix
-from kernels.v4 import prefill_indexer as v4pix
 
 
 def _v4_prefill_indexer_build(seed: int, wiring: str) -> Tensors:
@@ -38,35 +36,19 @@ def _v4_indexer_call(get, inputs: Tensors) -> Tensors:
 
 
 CASES = [
-    Case(
-        name="v4_indexer",
-        operator="v4_indexer",
-        description="V4-Pro (tiny, kernel preset) CSA decode indexer: visible ranges 75 / 32 / 64 / 2 at upstream's "
-                    "start regimes, INT8 query and index cache, shuffled pages",
-        wirings=("replicated",),
-        modules=("kernels.v4.indexer",),
-        build_inputs=_v4_indexer_build,
-        reference=lambda i, w: _v4_indexer_call({"v4_indexer": v4ix.v4_indexer}.__getitem__, i),
-        run=lambda b, i, w: _v4_indexer_call(b.get, i),
-        comparators=lambda w: {"score": "v4_index_score", "topk_idxs": "v4_index_topk"},
-        params={"topk": _v4_config().index_topk, "offset": _v4_config().sliding_window,
-                "seq": _v4_config().decode_seq},
-        preset="v4-pro-tiny",
-    ),
-    Case(
-        name="v4_prefill_indexer",
-        operator="v4_prefill_indexer",
-        description="V4-Pro (tiny, kernel preset) CSA indexer on a prefill chunk: 128 rows at positions 960 .. 1087 "
-                    "(visible 240 .. 256, capped at two cache blocks from position 1023), a RoPE row per token, 28 "
-                    "padding rows, shuffled pages",
-        wirings=("replicated",),
-        modules=("kernels.v4.prefill_indexer", "kernels.v4.indexer"),
-        build_inputs=_v4_prefill_indexer_build,
-        reference=lambda i, w: _v4_prefill_indexer_call(
-            {"v4_prefill_indexer": v4pix.v4_prefill_indexer}.__getitem__, i),
-        run=lambda b, i, w: _v4_prefill_indexer_call(b.get, i),
-        comparators=lambda w: {"score": "v4_prefill_index_score", "topk_idxs": "v4_prefill_index_topk"},
-        params={"topk": _v4_config().index_topk},
-        preset="v4-pro-tiny",
-    ),
+    Case("v4_indexer", "v4_indexer",
+         "V4-Pro (tiny, kernel preset) CSA decode indexer: visible ranges 75 / 32 / 64 / 2 at upstream's "
+         "start regimes, INT8 query and index cache, shuffled pages", build_inputs=_v4_indexer_build,
+         run=lambda b, i, w: _v4_indexer_call(b.get, i),
+         comparators=lambda w: {"score": "v4_index_score", "topk_idxs": "v4_index_topk"},
+         params={"topk": _v4_config().index_topk, "offset": _v4_config().sliding_window,
+         "seq": _v4_config().decode_seq}, preset="v4-pro-tiny"),
+    Case("v4_prefill_indexer", "v4_prefill_indexer",
+         "V4-Pro (tiny, kernel preset) CSA indexer on a prefill chunk: 128 rows at positions 960 .. 1087 "
+         "(visible 240 .. 256, capped at two cache blocks from position 1023), a RoPE row per token, 28 "
+         "padding rows, shuffled pages", build_inputs=_v4_prefill_indexer_build,
+         run=lambda b, i, w: _v4_prefill_indexer_call(b.get, i),
+         comparators=lambda w: {"score": "v4_prefill_index_score", "topk_idxs": "v4_prefill_index_topk"},
+         modules=("kernels.v4.prefill_indexer", "kernels.v4.indexer"),
+         params={"topk": _v4_config().index_topk}, preset="v4-pro-tiny"),
 ]

@@ -41,17 +41,9 @@ V4_METADATA_OUTPUTS = ("position_ids", "kv_seq_lens", "ori_slot_mapping", "swa_i
                        "state4_slot_mapping", "state128_slot_mapping", "hca_topk")
 
 CASES = [
-    Case(
-        name="v4_decode_metadata",
-        operator="v4_decode_metadata+hca_topk",
-        description="V4-Pro (tiny, kernel preset) decode metadata of upstream's HCA start regimes and HCA's "
-                    "deterministic top-k",
-        wirings=("replicated",),
-        modules=("kernels.v4.decode_metadata",),
-        build_inputs=_v4_metadata_build,
-        reference=lambda i, w: _v4_metadata_call(V4_METADATA_OPS.__getitem__, i, w),
-        run=lambda b, i, w: _v4_metadata_call(b.get, i, w),
-        comparators=lambda w: dict.fromkeys(V4_METADATA_OUTPUTS, "exact"),
-        preset="v4-pro-tiny",
-    ),
+    Case("v4_decode_metadata", "v4_decode_metadata+hca_topk",
+         "V4-Pro (tiny, kernel preset) decode metadata of upstream's HCA start regimes and HCA's "
+         "deterministic top-k", build_inputs=_v4_metadata_build,
+         run=lambda b, i, w: _v4_metadata_call(b.get, i, w),
+         comparators=lambda w: dict.fromkeys(V4_METADATA_OUTPUTS, "exact"), preset="v4-pro-tiny"),
 ]

@@ -8,7 +8,6 @@ import torch
 from contracts.v4_inputs import mtp_layer_inputs, prefill_mtp_layer_inputs
 from goldens.cases import Case, Tensors
 from goldens.cases import v4_config as _v4_config
-from kernels.v4 import mtp_layer as v4ml
 
 _MTP_GROUPS = ("projection", "attention", "moe", "head")
 
@@ -91,34 +90,19 @@ MTP_MODULES = ("kernels.v4.mtp_layer", "kernels.v4.moe", "kernels.v4.gate", "ker
                "kernels.v4.mtp")
 
 CASES = [
-    Case(
-        name="v4_mtp_layer",
-        operator="v4_mtp_layer",
-        description="V4-Pro (tiny, kernel preset) MTP layer at decode: projection, the SWA attention stage (its kv "
-                    "rows written before the read), the score-routed MoE stage with INT8 experts, the head mix, "
-                    "hc_head and the RMSNorm",
-        wirings=("replicated",),
-        modules=MTP_MODULES,
-        build_inputs=_v4_mtp_layer_build,
-        reference=lambda i, w: _v4_mtp_layer_call({"v4_mtp_layer": v4ml.v4_mtp_layer}.__getitem__, i),
-        run=lambda b, i, w: _v4_mtp_layer_call(b.get, i),
-        comparators=lambda w: {"hidden_out": "hc_out", "next_pre_hc_hidden": "hc_out"},
-        preset="v4-pro-tiny",
-    ),
-    Case(
-        name="v4_mtp_layer_prefill",
-        operator="v4_prefill_mtp_layer",
-        description="V4-Pro (tiny, kernel preset) MTP layer on one request's prefill chunk: 128 rows at positions "
-                    "200 .. 327, 100 real; the window lowered from a 1-D page table whose first page is unmapped, "
-                    "profile-0 RoPE, no output for the padding rows (slot -1), the MoE stage with the same num_tokens",
-        wirings=("replicated",),
-        modules=MTP_MODULES[:4] + ("kernels.v4.decode_metadata", "kernels.v4.mtp"),
-        build_inputs=_v4_prefill_mtp_layer_build,
-        reference=lambda i, w: _v4_prefill_mtp_layer_call(
-            {"v4_prefill_mtp_layer": v4ml.v4_prefill_mtp_layer}.__getitem__, i),
-        run=lambda b, i, w: _v4_prefill_mtp_layer_call(b.get, i),
-        comparators=lambda w: {"hidden_out": "v4_prefill_mtp_out", "next_pre_hc_hidden": "v4_prefill_mtp_out",
-                               "kv_cache": "v4_kv_pool"},
-        preset="v4-pro-tiny",
-    ),
+    Case("v4_mtp_layer", "v4_mtp_layer",
+         "V4-Pro (tiny, kernel preset) MTP layer at decode: projection, the SWA attention stage (its kv "
+         "rows written before the read), the score-routed MoE stage with INT8 experts, the head mix, "
+         "hc_head and the RMSNorm", build_inputs=_v4_mtp_layer_build,
+         run=lambda b, i, w: _v4_mtp_layer_call(b.get, i),
+         comparators=lambda w: {"hidden_out": "hc_out", "next_pre_hc_hidden": "hc_out"}, modules=MTP_MODULES,
+         preset="v4-pro-tiny"),
+    Case("v4_mtp_layer_prefill", "v4_prefill_mtp_layer",
+         "V4-Pro (tiny, kernel preset) MTP layer on one request's prefill chunk: 128 rows at positions "
+         "200 .. 327, 100 real; the window lowered from a 1-D page table whose first page is unmapped, "
+         "profile-0 RoPE, no output for the padding rows (slot -1), the MoE stage with the same num_tokens",
+         build_inputs=_v4_prefill_mtp_layer_build, run=lambda b, i, w: _v4_prefill_mtp_layer_call(b.get, i),
+         comparators=lambda w: {"hidden_out": "v4_prefill_mtp_out", "next_pre_hc_hidden": "v4_prefill_mtp_out",
+         "kv_cache": "v4_kv_pool"},
+         modules=MTP_MODULES[:4] + ("kernels.v4.decode_metadata", "kernels.v4.mtp"), preset="v4-pro-tiny"),
 ]
