@@ -22,7 +22,7 @@ Facts: spec §2.3, §4.1, §4.2, §5, §7.1-§7.3 and the upstream entry files n
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 FLASH = "models/deepseek_v4_1_flash"
 PRO = "models/deepseek_v4_pro"
@@ -411,95 +411,6 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             "prefill_swa_window_indices block)", "@pl.jit.inline",
             note="computed inside the prefill SWA stage and handed straight to prefill_sparse_attn; no entry "
                  "returns it"),
-    Binding("v4_compressor", "not bound", f"{PRO}/decode_compressor_ratio128.py::compressor_ratio128, "
-            "decode_compressor_ratio4.py::compressor_ratio4", "@pl.jit.inline",
-            note="arguments not transcribed yet: the V4 binding comes with V4-Pro (#14); the entries write the "
-                 "compressed row into the paged cmp pool and keep the state as a paged FP32 ring"),
-    Binding("mtp_projection", "not bound", f"{PRO}/mtp_projection.py::mtp_projection", "@pl.jit.inline",
-            _args(("hidden_states", "in", "BF16", "[T_DYN, D]"), ("prev_hidden_states", "in", "FP32", "[T_DYN, HC_MULT, D]"),
-                  ("enorm_w", "in", "FP32", "[D]"), ("hnorm_w", "in", "FP32", "[D]"),
-                  ("e_proj_w", "in", "INT8", "[D, D]"), ("e_proj_w_scale", "in", "FP32", "[D]"),
-                  ("e_proj_smooth", "in", "FP32", "[D]"), ("h_proj_w", "in", "INT8", "[D, D]"),
-                  ("h_proj_w_scale", "in", "FP32", "[D]"), ("h_proj_smooth", "in", "FP32", "[D]"),
-                  ("hidden_states_out", "out", "FP32", "[T_DYN, HC_MULT, D]")),
-            note="compiled at the V4 geometry (D 7168 / 4096) while the contracts run the tiny twin"),
-    Binding("v4_attention", "not bound", f"{PRO}/decode_sparse_attn.py::sparse_attn (CSA), "
-            "decode_sparse_attn_hca.py::sparse_attn_hca (HCA), decode_sparse_attn_swa.py (SWA); the @pl.jit "
-            "entries sparse_attn_test / sparse_attn_hca_test wrap them", "@pl.jit.inline",
-            _args(("q", "in", "BF16", "[T, H, HEAD_DIM]"),
-                  ("ori_kv", "in", "BF16", "[ORI_BLOCK_NUM, BLOCK_SIZE, 1, HEAD_DIM]"),
-                  ("window_swa_indices", "in", "INT32", "[T, WIN]"),
-                  ("cmp_kv", "in", "BF16", "[CMP_BLOCK_NUM, BLOCK_SIZE, 1, HEAD_DIM]"),
-                  ("cmp_block_table", "in", "INT32", "[B, CMP_MAX_BLOCKS]"),
-                  ("idx_topk", "in", "INT32", "[T, INDEXER_SCORE_LEN] (CSA; HCA: cmp_sparse_indices [T, CMP_TOPK])"),
-                  ("position_ids", "in", "INT32", "[T, 1] (CSA only)"), ("attn_sink", "in", "FP32", "[H]"),
-                  ("freqs_cos", "in", "BF16", "[T, ROPE_DIM]"), ("freqs_sin", "in", "BF16", "[T, ROPE_DIM]"),
-                  ("wo_a", "in", "BF16", "[O_GROUPS, O_LORA, O_GROUP_IN]"),
-                  ("wo_b", "in", "INT8", "[D, O_GROUPS * O_LORA]"), ("wo_b_scale", "in", "FP32", "[D]"),
-                  ("attn_out", "out", "BF16", "[T, D]")),
-            note="compiled at the V4 geometry (D 7168 / 4096, H 128 / 64, HEAD_DIM 512) while the contracts run "
-                 "the tiny twin; the SWA entry takes no compressed arguments (this operator passes None)"),
-    Binding("v4_indexer", "not bound", f"{PRO}/decode_indexer.py::indexer (the @pl.jit entry indexer_test wraps "
-            "it)", "@pl.jit.inline",
-            _args(("x", "in", "BF16", "[B, S, D]"), ("qr", "in", "INT8", "[T, Q_LORA]"),
-                  ("qr_scale", "in", "FP32", "[T, 1]"), ("wq_b", "in", "INT8", "[Q_LORA, IDX_N_HEADS * IDX_HEAD_DIM]"),
-                  ("wq_b_scale", "in", "FP32", "[IDX_N_HEADS * IDX_HEAD_DIM]"),
-                  ("weights_proj", "in", "BF16", "[D, IDX_N_HEADS]"), ("cos", "in", "FP32", "[B, ROPE_HEAD_DIM // 2]"),
-                  ("sin", "in", "FP32", "[B, ROPE_HEAD_DIM // 2]"),
-                  ("hadamard", "in", "BF16", "[IDX_HEAD_DIM, IDX_HEAD_DIM]"),
-                  ("inner_kv", "in", "FP32", "[B, S, INNER_HEAD_DIM]"),
-                  ("inner_compress_state", "inout", "FP32",
-                   "[INNER_STATE_BLOCK_NUM, INNER_STATE_BLOCK_SIZE, INNER_STATE_DIM]"),
-                  ("inner_compress_state_block_table", "in", "INT32", "[B, INNER_STATE_MAX_BLOCKS]"),
-                  ("inner_wkv", "in", "BF16", "[INNER_OUT_DIM, D]"), ("inner_wgate", "in", "BF16", "[INNER_OUT_DIM, D]"),
-                  ("inner_ape", "in", "FP32", "[COMPRESS_RATIO, INNER_OUT_DIM]"),
-                  ("inner_norm_w", "in", "BF16", "[INNER_HEAD_DIM]"),
-                  ("idx_kv_cache", "inout", "INT8", "[IDX_CACHE_BLOCK_NUM, BLOCK_SIZE, 1, IDX_HEAD_DIM]"),
-                  ("idx_kv_scale", "inout", "FP32", "[IDX_CACHE_BLOCK_NUM, BLOCK_SIZE, 1, 1]"),
-                  ("idx_block_table", "in", "INT32", "[B, IDX_CACHE_MAX_BLOCKS]"),
-                  ("score", "out", "FP32", "[B, S, SCORE_LEN]"), ("topk_idxs", "out", "INT32", "[B, S, SCORE_LEN]"),
-                  ("position_ids", "in", "INT32", "[B, S]"), ("idx_slot_mapping", "in", "INT64", "[B, S]"),
-                  ("inner_state_slot_mapping", "in", "INT64", "[B, S]"), ("kv_seq_lens", "in", "INT32", "[B]"),
-                  ("offset", "scalar", "INT32", "")),
-            note="the entry also runs the indexer compressor (writing this step's index keys into idx_kv_cache "
-                 "before scoring); this operator starts from the written cache, and its golden trees hold the "
-                 "cache as an input. Compiled at the V4 geometry (Q_LORA 1536 / 1024, 64 index heads of 128)"),
-    Binding("v4_prefill_indexer", "not bound", f"{PRO}/prefill_indexer.py::prefill_indexer", "@pl.jit.inline",
-            _args(("x", "in", "BF16", "[T, D]"), ("qr", "in", "INT8", "[T, Q_LORA]"), ("qr_scale", "in", "FP32", "[T, 1]"),
-                  ("wq_b", "in", "INT8", "[Q_LORA, IDX_N_HEADS * IDX_HEAD_DIM]"),
-                  ("wq_b_scale", "in", "FP32", "[IDX_N_HEADS * IDX_HEAD_DIM]"),
-                  ("weights_proj", "in", "BF16", "[D, IDX_N_HEADS]"), ("cos", "in", "FP32", "[T, ROPE_HEAD_DIM // 2]"),
-                  ("sin", "in", "FP32", "[T, ROPE_HEAD_DIM // 2]"),
-                  ("freqs_cos", "in", "BF16", "[MAX_SEQ_LEN, ROPE_HEAD_DIM]"),
-                  ("freqs_sin", "in", "BF16", "[MAX_SEQ_LEN, ROPE_HEAD_DIM]"),
-                  ("hadamard", "in", "BF16", "[IDX_HEAD_DIM, IDX_HEAD_DIM]"),
-                  ("inner_compress_state", "inout", "FP32",
-                   "[INNER_STATE_BLOCK_NUM_DYN, INNER_STATE_BLOCK_SIZE, INNER_COMPRESS_STATE_DIM]"),
-                  ("inner_compress_state_block_table", "in", "INT32", "[INNER_STATE_MAX_BLOCKS]"),
-                  ("inner_wkv", "in", "BF16", "[INNER_OUT_DIM, D]"), ("inner_wgate", "in", "BF16", "[INNER_OUT_DIM, D]"),
-                  ("inner_ape", "in", "FP32", "[COMPRESS_RATIO, INNER_OUT_DIM]"),
-                  ("inner_norm_w", "in", "BF16", "[INNER_HEAD_DIM]"),
-                  ("idx_kv_cache", "out", "INT8", "[IDX_BLOCK_NUM_DYN, BLOCK_SIZE, 1, IDX_HEAD_DIM]"),
-                  ("idx_kv_scale", "out", "FP32", "[IDX_BLOCK_NUM_DYN, BLOCK_SIZE, 1, 1]"),
-                  ("idx_block_table", "in", "INT32", "[IDX_CACHE_MAX_BLOCKS]"),
-                  ("score", "out", "FP32", "[T, INDEXER_SCORE_CAP]"), ("cmp_topk_indices", "out", "INT32", "[T, IDX_TOPK]"),
-                  ("position_ids", "in", "INT32", "[T]"), ("num_tokens", "scalar", "INT32", ""),
-                  ("idx_slot_mapping", "in", "INT64", "[T]"), ("inner_state_slot_mapping", "in", "INT64", "[T]")),
-            note="the entry also runs the prefill indexer compressor (writing the chunk's index keys before scoring); "
-                 "this operator starts from the written cache. Upstream's top-k is [T, IDX_TOPK] and its test wrapper "
-                 "pads it to [T, INDEXER_SCORE_CAP]; the operator returns the padded form. Compiled at the V4 "
-                 "geometry with T = 128"),
-    Binding("v4_qkv_proj_rope", "not bound", f"{PRO}/qkv_proj_rope.py::qkv_proj_rope (the @pl.jit entry "
-            "qkv_proj_rope_test wraps it)", "@pl.jit.inline",
-            _args(("x", "in", "BF16", "[T_DYN, D]"), ("wq_a", "in", "BF16", "[D, Q_LORA]"),
-                  ("wq_b", "in", "INT8", "[Q_LORA, H * HEAD_DIM]"), ("wq_b_scale", "in", "FP32", "[H * HEAD_DIM]"),
-                  ("wkv", "in", "BF16", "[D, HEAD_DIM]"), ("rope_cos", "in", "BF16", "[T_DYN, ROPE_DIM]"),
-                  ("rope_sin", "in", "BF16", "[T_DYN, ROPE_DIM]"), ("gamma_cq", "in", "BF16", "[Q_LORA]"),
-                  ("gamma_ckv", "in", "BF16", "[HEAD_DIM]"), ("q", "out", "BF16", "[T_DYN, H, HEAD_DIM]"),
-                  ("kv", "out", "BF16", "[T_DYN, HEAD_DIM]"), ("qr", "out", "INT8", "[T_DYN, Q_LORA]"),
-                  ("qr_scale", "out", "FP32", "[T_DYN, 1]")),
-            note="compiled at the V4 geometry (D 7168 / 4096, Q_LORA 1536 / 1024, H 128 / 64) while the contracts "
-                 "run the tiny twin"),
     Binding("v4_attention_stage", "composition", f"{PRO}/decode_attention_swa.py::attention_swa (and "
             "decode_attention_hca.py / decode_attention_csa.py around their compressors)", "composition",
             note="composed from hc_mixes, hc_pre, final_norm, v4_qkv_proj_rope, v4_attention and hc_post on this "
@@ -545,30 +456,6 @@ BINDINGS: dict[str, Binding] = {b.operator: b for b in (
             note="the entry also publishes each event's row (rotated, BF16) into cmp_kv_cache -- this operator "
                  "returns the FP32 rows for v4_publish_compressed; upstream names closing rows by event lists "
                  "(one per request a step), the operator by (pos + 1) % ratio"),
-    Binding("v4_gate", "not bound", f"{PRO}/gate.py::gate (the @pl.jit entry gate_test wraps it)", "@pl.jit.inline",
-            _args(("x_mixed", "in", "BF16", "[T, D]"), ("norm_w", "in", "BF16", "[D]"),
-                  ("gate_w", "in", "FP32", "[N_EXPERTS, D]"), ("gate_bias", "in", "FP32", "[N_EXPERTS]"),
-                  ("layer_id", "scalar", "INT32", ""), ("num_tokens", "scalar", "INT32", ""),
-                  ("tid2eid", "in", "INT32", "[VOCAB, TOPK]"), ("input_ids", "in", "INT64", "[T]"),
-                  ("x_norm_i8", "out", "INT8", "[T, D]"), ("x_norm_scale", "out", "FP32", "[T, 1]"),
-                  ("indices", "out", "INT32", "[T, TOPK]"), ("weights", "out", "FP32", "[T, TOPK]")),
-            note="the deferred-RMSNorm form (xg = x · gamma, inv_rms in the factor and the logits); upstream also "
-                 "keeps a normalise-then-BF16 form and an MXFP8 form of this gate in earlier versions"),
-    Binding("v4_expert", "not bound", f"{PRO}/expert_routed.py::expert_routed (and expert_shared.py::expert_shared "
-            "without the routing weight)", "@pl.jit.inline",
-            _args(("recv_x", "in", "INT8", "[N_LOCAL_EXPERTS, RECV_MAX, D]"),
-                  ("recv_scale_dq", "in", "FP32", "[N_LOCAL_EXPERTS, RECV_MAX]"),
-                  ("recv_weights", "in", "FP32", "[N_LOCAL_EXPERTS, RECV_MAX]"),
-                  ("recv_expert_count", "in", "INT32", "[N_LOCAL_EXPERTS, 1]"),
-                  ("routed_w1", "in", "INT8", "[N_LOCAL_EXPERTS, MOE_INTER, D]"),
-                  ("routed_w1_scale", "in", "FP32", "[N_LOCAL_EXPERTS, MOE_INTER]"),
-                  ("routed_w3", "in", "INT8", "[N_LOCAL_EXPERTS, MOE_INTER, D]"),
-                  ("routed_w3_scale", "in", "FP32", "[N_LOCAL_EXPERTS, MOE_INTER]"),
-                  ("routed_w2", "in", "INT8", "[N_LOCAL_EXPERTS, D, MOE_INTER]"),
-                  ("routed_w2_scale", "in", "FP32", "[N_LOCAL_EXPERTS, D]"),
-                  ("recv_y", "out", "BF16", "[N_LOCAL_EXPERTS, RECV_MAX, D]")),
-            note="the entry runs every local expert over its received rows; the operator is one expert over the "
-                 "rows given (rows are independent). Upstream also keeps MXFP4 / MXFP8 and NZ-layout forms"),
     Binding("v4_moe", "composition", f"{PRO}/moe.py::moe (gate, dispatch, expert_routed, expert_shared, combine, "
             "hc_post)", "composition",
             note="composed from v4_gate and v4_expert on this backend, every expert local (no EP transport, no "
@@ -684,19 +571,26 @@ PRO_ENTRIES: dict[str, tuple[str, int]] = {
 
 
 def _pro_bound() -> dict[str, Binding]:
+    """The bound rows: one per operator an adapter lays out for a V4-Pro entry of ``PRO_ENTRIES`` (its arguments,
+    directions and compiled dims are read from the entry's declaration at run time, so no row lists them). Where
+    the table has a V4.1 row for the same operator (``hc_post``, ``lm_head``, ``final_norm``: a V4.1 entry not
+    bound), the bound row names it in its note."""
     from backends.upstream.adapters import ADAPTERS
 
     out = {}
     for name, a in ADAPTERS.items():
-        if a.folder == "deepseek_v4_pro" and a.module in PRO_ENTRIES and name in BINDINGS:
-            entry, ranks = PRO_ENTRIES[a.module]
-            also = [f"{m}.py::{PRO_ENTRIES[m][0]}" for m in a.also if m in PRO_ENTRIES]
-            out[name] = replace(BINDINGS[name], status="bound", upstream=f"{PRO}/{a.module}.py::{entry}" +
-                                (f" (also {', '.join(also)})" if also else ""), kind="@pl.jit" +
-                                (f" on {ranks} devices (distributed_config)" if ranks > 1 else ""),
-                                note="laid out by backends.upstream.adapters; arguments, directions and compiled "
-                                     "dims read from the entry's declaration at run time (a call off the compiled "
-                                     "geometry is unsupported, naming the dim)")
+        if a.folder != "deepseek_v4_pro" or a.module not in PRO_ENTRIES:
+            continue
+        entry, ranks = PRO_ENTRIES[a.module]
+        also = [f"{m}.py::{PRO_ENTRIES[m][0]}" for m in a.also if m in PRO_ENTRIES]
+        v41 = BINDINGS.get(name)
+        out[name] = Binding(name, "bound", f"{PRO}/{a.module}.py::{entry}" + (f" (also {', '.join(also)})" if also
+                                                                              else ""),
+                            "@pl.jit" + (f" on {ranks} devices (distributed_config)" if ranks > 1 else ""),
+                            note="laid out by backends.upstream.adapters; arguments, directions and compiled dims read "
+                                 "from the entry's declaration at run time (a call off the compiled geometry is "
+                                 "unsupported, naming the dim)" + (f"; V4.1's {v41.upstream} is not bound" if v41
+                                                                   else ""))
     return out
 
 

@@ -134,10 +134,9 @@ LM_HEAD_RECORD = Record(
     outputs={"logits": "fp32_ulps"},
     cases=(CaseSpec("v4_lm_head", "V4 LM head at TP2: BF16 rows times the vocabulary slab of each rank, FP32 logits",
                     _v4_lm_inputs, params={"tp": LM_TP}),),
-    bindings=(*(Upstream(f, golden="lm_head.py::golden_lm_head", entry="lm_head.py::lm_head_test")
+    bindings=(*(Upstream(f, golden="lm_head.py::golden_lm_head", entry="lm_head.py::l3_lm_head")
                 for f in ("deepseek_v4_pro", "deepseek_v4_flash_mtp")),
-              Upstream("deepseek_v4_flash_dspark", golden="lm_head.py::golden_lm_head",
-                       none="its entry is l2_lm_head (another layout), not surveyed yet")),
+              Upstream("deepseek_v4_flash_dspark", golden="lm_head.py::golden_lm_head", entry="lm_head.py::l3_lm_head")),
 )
 
 FINAL_NORM_RECORD = Record(
