@@ -102,19 +102,13 @@ def _compressor_csa_build(seed: int, wiring: str) -> Tensors:
 def _attention_case(path: str) -> Case:
     from goldens.cases.v4_attention import _v4_attention_build, _v4_attention_call
 
-    return _case(
-               name=f"v4_attention_{path.lower()}_pro",
-               operator="v4_attention",
-               description=f"V4 decode attention, {path} path, at Pro "
-                           "geometry (128 heads of 512, a window of 128, the grouped output projection to 7168; pools of 128 "
-                           "window pages and 32 compressed pages, as sparse_attn_test is compiled): the tiny case's regimes "
-                           "(an unmapped window page, shuffled compressed pages)",
-               modules=("kernels.v4.sparse_attention",),
-               build_inputs=_v4_attention_build(path, PRO, ori_pages=PRO.ori_pool, cmp_pages=PRO.cmp_pool),
-               call=lambda get, i: _v4_attention_call(get, i, path, PRO),
-               comparators={"attn_out": "attn_out_v4"},
-               params={"path": path, "preset": PRO.name},
-           )  # attn_out_v4 with the BF16-head / INT8-latent slack
+    return _case(f"v4_attention_{path.lower()}_pro", "v4_attention", f"V4 decode attention, {path} path, at Pro "
+                 "geometry (128 heads of 512, a window of 128, the grouped output projection to 7168; pools of 128 "
+                 "window pages and 32 compressed pages, as sparse_attn_test is compiled): the tiny case's regimes "
+                 "(an unmapped window page, shuffled compressed pages)",
+                 _v4_attention_build(path, PRO, ori_pages=PRO.ori_pool, cmp_pages=PRO.cmp_pool),
+                 lambda get, i: _v4_attention_call(get, i, path, PRO), {"attn_out": "attn_out_v4"},
+                 params={"path": path, "preset": PRO.name})  # attn_out_v4 with the BF16-head / INT8-latent slack
 
 
 def _indexer_build(seed: int, wiring: str) -> Tensors:
@@ -162,65 +156,34 @@ def _prefill_indexer_call(get, i: Tensors) -> Tensors:
     return dict(get("v4_prefill_indexer")(**{**i, "num_tokens": int(i["num_tokens"])}, config=PRO))
 
 
-def _case(*, name: str, operator: str, description: str, modules: tuple[str, ...], build_inputs, call,
-          comparators: dict, params: dict | None = None) -> Case:
-    """A Pro-geometry case not yet an operator record's (kernels.record): its reference is ``call`` on the
-    operator's reference function (whose code the tree's fingerprint walks), its run the same call on a backend."""
-    from backends import reference_operators
+def _case(name: str, operator: str, description: str, build, call, comparators: dict, **more) -> Case:
+    """A Pro-geometry case not yet an operator record's (kernels.record): ``call(get, inputs)`` on a backend's
+    operators; its reference (derived) is the same call on the reference operators."""
+    return Case(name, operator, description, build_inputs=build, run=lambda b, i, w: call(b.get, i),
+                comparators=lambda w: dict(comparators), preset=PRO.name, **more)
 
-    fn = reference_operators()[operator]
-    return Case(name=name, operator=operator, description=description, wirings=("replicated",), modules=modules,
-                build_inputs=build_inputs, reference=lambda i, w: call(lambda _name: fn, i),
-                run=lambda b, i, w: call(b.get, i), comparators=lambda w: dict(comparators),
-                params=dict(params or {}), preset=PRO.name)
+
+COMPRESSOR_OUT = {"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"}
 
 
 def build() -> list[Case]:
     return [
-        _case(
-            name="v4_compressor_hca_pro",
-            operator="v4_compressor",
-            description="V4 HCA compressor (ratio 128) at Pro geometry: two requests "
-                        "whose windows close (127, 255), one decode step per token",
-            modules=("kernels.v4.compressor",),
-            build_inputs=_compressor_hca_build,
-            call=_compressor_call(128, False),
-            comparators={"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"},
-        ),
-        _case(
-            name="v4_compressor_csa_pro",
-            operator="v4_compressor",
-            description="V4 CSA compressor (ratio 4, overlapping windows) at Pro "
-                        "geometry: one decode step of 4 requests x 2 tokens, three windows closing (one before position 0, "
-                        "one opening the next, one at the block table's last page)",
-            modules=("kernels.v4.compressor",),
-            build_inputs=_compressor_csa_build,
-            call=_compressor_call(4, True),
-            comparators={"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"},
-        ),
+        _case("v4_compressor_hca_pro", "v4_compressor", "V4 HCA compressor (ratio 128) at Pro geometry: two requests "
+              "whose windows close (127, 255), one decode step per token", _compressor_hca_build,
+              _compressor_call(128, False), COMPRESSOR_OUT),
+        _case("v4_compressor_csa_pro", "v4_compressor", "V4 CSA compressor (ratio 4, overlapping windows) at Pro "
+              "geometry: one decode step of 4 requests x 2 tokens, three windows closing (one before position 0, one "
+              "opening the next, one at the block table's last page)", _compressor_csa_build,
+              _compressor_call(4, True), COMPRESSOR_OUT),
         *(_attention_case(path) for path in ("SWA", "HCA", "CSA")),
-        _case(
-            name="v4_prefill_indexer_pro",
-            operator="v4_prefill_indexer",
-            description="V4 CSA indexer on a prefill chunk at Pro geometry "
-                        "(128 rows at 960 .. 1087, all real; visible 240 .. 256; 64 index heads of 128)",
-            modules=("kernels.v4.prefill_indexer", "kernels.v4.indexer"),
-            build_inputs=_prefill_indexer_build,
-            call=_prefill_indexer_call,
-            comparators={"score": "v4_prefill_index_score", "topk_idxs": "v4_prefill_index_topk"},
-            params={"topk": PRO.index_topk},
-        ),
-        _case(
-            name="v4_indexer_pro",
-            operator="v4_indexer",
-            description="V4 CSA decode indexer at Pro geometry (64 index heads of 128, top-k "
-                        "1024 of 4096): 4 requests x 2 tokens seeing 2000, 1025, 4000 and 128 index keys, shuffled pages",
-            modules=("kernels.v4.indexer",),
-            build_inputs=_indexer_build,
-            call=_indexer_call,
-            comparators={"score": "v4_index_score", "topk_idxs": "v4_index_topk"},
-            params={"topk": PRO.index_topk, "offset": PRO.sliding_window, "seq": PRO.decode_seq},
-        ),
+        _case("v4_prefill_indexer_pro", "v4_prefill_indexer", "V4 CSA indexer on a prefill chunk at Pro geometry "
+              "(128 rows at 960 .. 1087, all real; visible 240 .. 256; 64 index heads of 128)", _prefill_indexer_build,
+              _prefill_indexer_call, {"score": "v4_prefill_index_score", "topk_idxs": "v4_prefill_index_topk"},
+              modules=("kernels.v4.prefill_indexer", "kernels.v4.indexer"), params={"topk": PRO.index_topk}),
+        _case("v4_indexer_pro", "v4_indexer", "V4 CSA decode indexer at Pro geometry (64 index heads of 128, top-k "
+              "1024 of 4096): 4 requests x 2 tokens seeing 2000, 1025, 4000 and 128 index keys, shuffled pages",
+              _indexer_build, _indexer_call, {"score": "v4_index_score", "topk_idxs": "v4_index_topk"},
+              params={"topk": PRO.index_topk, "offset": PRO.sliding_window, "seq": PRO.decode_seq}),
     ]
 
 

@@ -28,7 +28,15 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, int8_codes, replaced
+from kernels.record import (
+    BadCall,
+    CaseSpec,
+    Record,
+    generator,
+    in_every_folder,
+    int8_codes,
+    replaced,
+)
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-qkv-1"
@@ -142,7 +150,5 @@ RECORD = Record(
                     "RMS of q, KV RMSNorm then rotation", _qkv_inputs, geometries=("tiny", "pro")),),
     bad_calls=(BadCall("x of another width", "v4_qkv_proj_rope", replaced(x=lambda i: i["x"][:, :-1]), "x"),
                BadCall("FP32 wq_b", "v4_qkv_proj_rope", replaced(wq_b=lambda i: i["wq_b"].float()), "wq_b")),
-    bindings=tuple(Upstream(f, golden="qkv_proj_rope.py::golden_qkv_proj_rope",
-                            entry="qkv_proj_rope.py::qkv_proj_rope_test")
-                   for f in ("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark")),
+    bindings=in_every_folder(golden="qkv_proj_rope.py::golden_qkv_proj_rope", entry="qkv_proj_rope.py::qkv_proj_rope_test"),
 )
