@@ -71,9 +71,9 @@ def test_every_kernel_operator_has_exactly_one_table_row():
 
 
 def test_every_prefill_leaf_is_its_decode_twin_with_the_prefill_output_window():
-    from backends.pypto.table import LEAF_VARIANTS
+    from backends.pypto.table import BINDINGS
 
-    entries = dict(LEAF_VARIANTS)
+    entries = dict(BINDINGS["attention_half_layer"].variants)
     assert len(entries) == 12, "six decode leaves and six prefill leaves"
     for mode in ("c2a_full", "c2a_reuse", "c1a_full", "c1a_reindex", "c1a_reuse", "swa"):
         (decode,) = [a for e, a in entries.items() if f"decode_attn_{mode}.py" in e]
