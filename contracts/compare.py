@@ -15,7 +15,7 @@ from functools import partial
 
 import torch
 
-from contracts import tolerances
+from contracts import tolerances as bounds
 from contracts.checks import attention as attention_checks
 from contracts.checks import cache as cache_checks
 from contracts.checks import moe as moe_checks
@@ -23,16 +23,6 @@ from contracts.checks import precision, quant_ties, topk
 from contracts.checks.topk import TopKContext, check_topk_validity
 from contracts.result import Bound, CheckResult, Violation, bounds_by_name, failed, first_failure, passed
 from contracts.tensors import byte_rows
-from contracts.tolerances import (
-    FP32_ULPS,
-    QR_SCALE_TOL,
-    V4_ATTN_OUT_QUOTA,
-    V4_ATTN_OUT_TOL,
-    V4_CMP_POOL_TOL,
-    V4_KV_POOL_RELDIFF,
-    V4_PREFILL_MTP_RELDIFF,
-    V4_STATE_POOL_TOL,
-)
 
 
 @dataclass(frozen=True)
@@ -75,7 +65,7 @@ def exact(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRes
 
 
 def fp32_ulps(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
-    """FP32 values within ``FP32_ULPS`` units in the last place of their row's largest expected magnitude (rows
+    """FP32 values within ``bounds.FP32_ULPS`` units in the last place of their row's largest expected magnitude (rows
     along the last dim): what one FP32 summation order gives against another over terms of the row's size (a
     router's weight normalisation, an RMS over chunks, an mHC expansion, a projection), where an element
     cancelled to near zero may move many of its own ulps. A changed rule moves far more (a rule that differs by
@@ -90,7 +80,7 @@ def fp32_ulps(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Chec
     row_max = torch.where(finite, ef.abs(), torch.zeros_like(ef)).amax(-1, keepdim=True)
     ulp = (torch.nextafter(row_max, torch.tensor(float("inf"))) - row_max).expand_as(ef)
     same_bits = byte_rows(af.reshape(-1, 1)).eq(byte_rows(ef.reshape(-1, 1))).all(1).reshape(ef.shape)
-    off = torch.where(finite, ~((af - ef).abs() <= FP32_ULPS * ulp), ~same_bits)
+    off = torch.where(finite, ~((af - ef).abs() <= bounds.FP32_ULPS * ulp), ~same_bits)
     if not bool(off.any()):
         return passed("fp32_ulps", "§7.3", af.numel())
     score = torch.where(off, ((af - ef).abs() / ulp).nan_to_num(float("inf")), torch.zeros_like(ef))
@@ -98,7 +88,7 @@ def fp32_ulps(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Chec
     idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(i), a.shape))
     return failed("fp32_ulps", "§7.3", af.numel(), int(off.sum()),
                   Violation(name, idx, af.reshape(-1)[i].item(), ef.reshape(-1)[i].item(),
-                            f"{FP32_ULPS} ulp of the row's largest |expected| ({FP32_ULPS * ulp.reshape(-1)[i].item():.3g})"))
+                            f"{bounds.FP32_ULPS} ulp of the row's largest |expected| ({bounds.FP32_ULPS * ulp.reshape(-1)[i].item():.3g})"))
 
 
 def qr_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
@@ -108,7 +98,7 @@ def qr_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Check
     bad = _layout(name, a, e)
     if bad:
         return bad
-    atol, rtol = QR_SCALE_TOL
+    atol, rtol = bounds.QR_SCALE_TOL
     return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, max_error_ratio=0.0, name=name)
 
 
@@ -193,7 +183,7 @@ def hc_mix(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
         idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(i), a[n:].shape))
         return failed("hc_mix", "HC-11", tail.numel(), int(nonzero.sum()),
                       Violation(f"{name} padding row", (n + idx[0], *idx[1:]), float(tail[i]), 0.0))
-    atol, rtol = tolerances.HC_MIX_TOL
+    atol, rtol = bounds.HC_MIX_TOL
     return precision.check_ratio_allclose(a[:n], e[:n], atol=atol, rtol=rtol, name=name)
 
 
@@ -202,7 +192,7 @@ def hc_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
     bad = _layout(name, a, e)
     if bad:
         return bad
-    atol, rtol = tolerances.HC_OUT_TOL
+    atol, rtol = bounds.HC_OUT_TOL
     return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, name=name)
 
 
@@ -212,7 +202,7 @@ def engram(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
     bad = _layout(name, a, e)
     if bad:
         return bad
-    atol, rtol = tolerances.ENGRAM_TOL
+    atol, rtol = bounds.ENGRAM_TOL
     if ctx.wiring == "sharded":
         same = precision.check_replicas_identical(list(a), name=name)
         if not same.ok:
@@ -344,7 +334,7 @@ def ffn_input(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Chec
     if bad:
         return bad
     want = hc_pre(ctx.actual_outputs["attention_hidden"], _block_attention_mixes(ctx).pre)
-    atol, rtol = tolerances.HC_OUT_TOL
+    atol, rtol = bounds.HC_OUT_TOL
     return precision.check_ratio_allclose(a.float(), want.float(), atol=atol, rtol=rtol, name=name)
 
 
@@ -436,7 +426,7 @@ def attn_out_v4(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Ch
     bad = _layout(name, a, e)
     if bad:
         return bad
-    atol, rtol = V4_ATTN_OUT_TOL
+    atol, rtol = bounds.V4_ATTN_OUT_TOL
     if ctx is None or "path" not in ctx.params:
         return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, name=name)
     from contracts.checks.quant_ties import attention_code_flips, explain_rows
@@ -455,7 +445,7 @@ def attn_out_v4(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Ch
                                     config=c)
     bad, used = explain_rows(a, y, moves, lambda ev: atol + rtol * ev.abs())
     n_bad, n = int(bad.sum()), a.numel()
-    if n_bad <= V4_ATTN_OUT_QUOTA * n:
+    if n_bad <= bounds.V4_ATTN_OUT_QUOTA * n:
         return passed("attn_out_v4", "§8", n)
     a64, e64 = a.double(), e.double()
     excess = torch.where(bad, (a64 - e64).abs() - (atol + rtol * e64.abs()), torch.full_like(a64, -math.inf))
@@ -498,15 +488,15 @@ def v4_cmp_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Ch
     """A V4 compressed pool written in place (§8): the rows the reference published within ratio_allclose(1e-4,
     1/128) with no quota (upstream's cmp_kv compare_fn), every other row kept byte for byte (the input of the
     same name)."""
-    return precision.check_owned_rows(a, e, ctx.inputs[name], atol=V4_CMP_POOL_TOL[0], rtol=V4_CMP_POOL_TOL[1],
+    return precision.check_owned_rows(a, e, ctx.inputs[name], atol=bounds.V4_CMP_POOL_TOL[0], rtol=bounds.V4_CMP_POOL_TOL[1],
                                       name=name)
 
 
 def v4_state_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """A V4 compressor state pool written in place (§8): the rows the reference wrote within ratio_allclose(1e-3,
     1e-3) with no quota (upstream's compress_state compare_fn), every other row kept byte for byte."""
-    return precision.check_owned_rows(a, e, ctx.inputs[name], atol=V4_STATE_POOL_TOL[0],
-                                      rtol=V4_STATE_POOL_TOL[1], name=name)
+    return precision.check_owned_rows(a, e, ctx.inputs[name], atol=bounds.V4_STATE_POOL_TOL[0],
+                                      rtol=bounds.V4_STATE_POOL_TOL[1], name=name)
 
 
 
@@ -517,7 +507,7 @@ def v4_prefill_mtp_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context
     bad = _layout(name, a, e)
     if bad:
         return bad
-    diff_thd, pct_thd = V4_PREFILL_MTP_RELDIFF
+    diff_thd, pct_thd = bounds.V4_PREFILL_MTP_RELDIFF
     return precision.check_ratio_reldiff(a, e, diff_thd=diff_thd, pct_thd=pct_thd,
                                          valid_rows=int(ctx.inputs["num_tokens"]), zero_tail=True, name=name)
 
@@ -556,7 +546,7 @@ def mtp_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckR
     af, ef = a.float(), e.float()
     finite = torch.isfinite(ef)
     row_max = torch.where(finite, ef.abs(), torch.zeros_like(ef)).amax(-1, keepdim=True)
-    tol = FP32_ULPS * (torch.nextafter(row_max, torch.tensor(float("inf"))) - row_max).expand_as(ef).double()
+    tol = bounds.FP32_ULPS * (torch.nextafter(row_max, torch.tensor(float("inf"))) - row_max).expand_as(ef).double()
     diff = af.double() - ef.double()
     lo, hi = lo * (1 + 2.0 ** -20) - tol, hi * (1 + 2.0 ** -20) + tol
     off = torch.where(finite, ~((diff >= lo) & (diff <= hi)), ~(af == ef) & ~(af.isnan() & ef.isnan()))
@@ -569,7 +559,7 @@ def mtp_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckR
     ties = int(near_e[idx[0]].sum()) + int(near_h[idx[0], idx[1]].sum())
     return failed("mtp_out", "§8", af.numel(), int(off.sum()),
                   Violation(name, idx, af.reshape(-1)[k].item(), ef.reshape(-1)[k].item(),
-                            f"{FP32_ULPS} ulp of the row's largest |expected| plus one code step toward the tie's "
+                            f"{bounds.FP32_ULPS} ulp of the row's largest |expected| plus one code step toward the tie's "
                             f"other side at the {ties} near-tie input element(s) of its rows "
                             f"([{lo.reshape(-1)[k].item():.3g}, {hi.reshape(-1)[k].item():.3g}] around expected)"))
 
@@ -590,7 +580,7 @@ def rms_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Chec
     d = int(ctx.inputs["x_mixed"].shape[-1])
     af, ef = a.float().double(), e.float().double()
     ulp = (torch.nextafter(e.float().abs(), torch.tensor(float("inf"))) - e.float().abs()).double()
-    bound = FP32_ULPS * ulp + ef.abs() * (d - 1) * tolerances.RMS_SUM_REL_PER_TERM / 2
+    bound = bounds.FP32_ULPS * ulp + ef.abs() * (d - 1) * bounds.RMS_SUM_REL_PER_TERM / 2
     off = ~((af - ef).abs() <= bound) & ~(a.float() == e.float())
     if not bool(off.any()):
         return passed("rms_scale", "§8", a.numel())
@@ -598,7 +588,7 @@ def rms_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Chec
     idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(k), a.shape))
     return failed("rms_scale", "§8", a.numel(), int(off.sum()),
                   Violation(name, idx, a.reshape(-1)[k].item(), e.reshape(-1)[k].item(),
-                            f"{FP32_ULPS} ulp plus (D - 1)·2^-24 / 2 relative, D = {d} "
+                            f"{bounds.FP32_ULPS} ulp plus (D - 1)·2^-24 / 2 relative, D = {d} "
                             f"({bound.reshape(-1)[k].item():.3g})"))
 
 
@@ -673,7 +663,7 @@ def norm_bf16(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Chec
 def v4_kv_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """A V4 window cache written in place (§8): the rows the reference wrote within upstream's
     mapped_pool_ratio_reldiff(0.01, 5 %), every other row kept byte for byte (the input of the same name)."""
-    diff_thd, pct_thd = V4_KV_POOL_RELDIFF
+    diff_thd, pct_thd = bounds.V4_KV_POOL_RELDIFF
     leaf = partial(precision.check_ratio_reldiff, diff_thd=diff_thd, pct_thd=pct_thd)
     return precision.check_owned_rows(a, e, ctx.inputs[name], leaf=leaf, name=name)
 

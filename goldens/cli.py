@@ -620,6 +620,15 @@ def _replay_arguments(sp):
     _wiring(sp)
 
 
+def _json(sp) -> None:
+    sp.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table(s)")
+
+
+def _rev_and_json(sp) -> None:
+    sp.add_argument("--rev", default=None, help="snapshot id or tag (default: main)")
+    _json(sp)
+
+
 def _add_store_commands(sub) -> None:
     """record, replay, report, regen: the commands that write trees or judge them."""
     r = sub.add_parser("record", help="generate inputs, compute reference outputs, commit",
@@ -678,7 +687,7 @@ def _add_store_commands(sub) -> None:
     rg.add_argument("--dry-run", action="store_true", help="report the changes without committing")
     rg.add_argument("-m", "--message", default=None, metavar="REASON",
                     help="why the reference changed (kept in the regen snapshot's message, shown by goldens log)")
-    rg.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
+    _json(rg)
     rg.add_argument("--accept-moved", "--accept-rule-change", dest="accept_rule_change", action="store_true",
                     help="also write trees whose outputs move past their own comparators of the stored ones (refused "
                          "by default, exit 1, nothing committed: a rounding change stays within them or moves one "
@@ -698,13 +707,12 @@ def _add_inspect_commands(sub) -> None:
                         description="Compare two revisions (snapshot ids, tags or main) array by array.")
     df.add_argument("rev_a", metavar="REV_A")
     df.add_argument("rev_b", metavar="REV_B")
-    df.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
+    _json(df)
     df.set_defaults(fn=cmd_diff)
 
     sh = sub.add_parser("show", help="a case's trees: record, arguments, comparators, staleness")
     sh.add_argument("case", nargs="?", metavar="CASE", help="omit to list every case")
-    sh.add_argument("--rev", default=None)
-    sh.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the tables")
+    _rev_and_json(sh)
     sh.set_defaults(fn=cmd_show)
 
     dr = sub.add_parser("doctor", help="what is present and missing: packages, upstream toolchain, the store",
@@ -732,9 +740,8 @@ def _add_inspect_commands(sub) -> None:
                                     "bytes stored for contents only it names, and for contents it shares with "
                                     "other trees (each distinct content is stored once); then the store's totals, "
                                     "and for a local store its files and their size on disk. Largest first.")
-    du.add_argument("--rev", default=None, help="snapshot id or tag (default: main)")
+    _rev_and_json(du)
     du.add_argument("--top", type=_count, default=0, metavar="N", help="only the N largest (default: all)")
-    du.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
     du.set_defaults(fn=cmd_du)
 
 

@@ -540,13 +540,10 @@ V4_PRO = V4Config(
     compress_ratios=v4_pro_ratios(), index_n_heads=64, index_head_dim=128, index_topk=1024,
     max_position_embeddings=1_048_576,
 )
-V4_FLASH = V4Config(
-    name="v4-flash", hidden_size=4096, num_attention_heads=64, head_dim=512, qk_rope_head_dim=64,
-    q_lora_rank=1024, o_lora_rank=1024, o_groups=8, n_routed_experts=256, n_shared_experts=1,
-    num_experts_per_tok=6, moe_intermediate_size=2048, routed_scaling_factor=1.5, swiglu_limit=10.0,
-    rms_norm_eps=1e-6, num_hidden_layers=43, num_mtp_layers=1, num_hash_layers=3,
-    compress_ratios=v4_flash_ratios(), index_n_heads=64, index_head_dim=128, index_topk=512,
-    max_position_embeddings=16384,
+V4_FLASH = replace(  # what V4-Flash changes of V4-Pro (the heads' widths, the MoE's top-k and the RMS eps are shared)
+    V4_PRO, name="v4-flash", hidden_size=4096, num_attention_heads=64, q_lora_rank=1024, o_groups=8,
+    n_routed_experts=256, moe_intermediate_size=2048, routed_scaling_factor=1.5, num_hidden_layers=43,
+    compress_ratios=v4_flash_ratios(), index_topk=512, max_position_embeddings=16384,
 )
 V4_PRO_TINY = V4_PRO.tiny()
 V4_FLASH_TINY = V4_FLASH.tiny()

@@ -104,7 +104,7 @@ class Upstream:
             raise ValueError(f"Upstream {self.folder}: say why the golden or the entry is missing (none=...)")
 
 
-def in_every_folder(*, golden: str, entry: str) -> tuple[Upstream, ...]:
+def in_all_folders(*, golden: str, entry: str) -> tuple[Upstream, ...]:
     """The same golden and entry (file::function) in each of upstream's V4 folders."""
     return tuple(Upstream(f, golden=golden, entry=entry) for f in FOLDERS)
 

@@ -25,7 +25,7 @@ import torch
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import CaseSpec, Record, Upstream, generator, in_every_folder
+from kernels.record import CaseSpec, Record, Upstream, generator, in_all_folders
 from kernels.reference.compressor import rms_norm
 from kernels.reference.rowwise import rowwise_matmul
 
@@ -146,5 +146,5 @@ FINAL_NORM_RECORD = Record(
     cases=(CaseSpec("final_norm", "the final RMSNorm at Pro width (D 7168, the 8 rows rms_norm_test's decode step "
                     "takes): a row of zeros, a 1000x row, BF16 weights around 1", _norm_inputs,
                     geometries=("pro",)),),
-    bindings=in_every_folder(golden="rmsnorm.py::golden_rms_norm_test", entry="rmsnorm.py::rms_norm_test"),
+    bindings=in_all_folders(golden="rmsnorm.py::golden_rms_norm_test", entry="rmsnorm.py::rms_norm_test"),
 )

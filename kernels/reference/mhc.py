@@ -34,7 +34,7 @@ import torch
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import BadCall, CaseSpec, Record, generator, in_every_folder, is_tiny, replaced
+from kernels.record import BadCall, CaseSpec, Record, generator, in_all_folders, is_tiny, replaced
 from kernels.reference.rowwise import rowwise_matmul
 
 SPEC = "§1"
@@ -180,5 +180,5 @@ HC_POST_RECORD = Record(
                     _v4_hc_post_inputs, geometries=("tiny", "pro")),),
     bad_calls=(BadCall("residual_mix of another width", "v4_hc_post",
                        replaced(residual_mix=lambda i: i["residual_mix"][..., :-1]), "post_mix/residual_mix"),),
-    bindings=in_every_folder(golden="hc_post.py::golden_hc_post", entry="hc_post.py::hc_post_test"),
+    bindings=in_all_folders(golden="hc_post.py::golden_hc_post", entry="hc_post.py::hc_post_test"),
 )

@@ -34,7 +34,7 @@ import torch
 
 from kernels.errors import ContractInputError, is_int
 from kernels.operators import operator
-from kernels.record import BadCall, CaseSpec, Record, in_every_folder, replaced
+from kernels.record import BadCall, CaseSpec, Record, in_all_folders, replaced
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-gate-2"
@@ -186,5 +186,5 @@ RECORD = Record(
                 "gate_w/gate_bias"),
         BadCall("layer past the MTP layer", "v4_gate_scored", replaced(layer_id=torch.tensor(62)), "layer_id"),
     ),
-    bindings=in_every_folder(golden="gate.py::golden_gate_core", entry="gate.py::gate_test"),
+    bindings=in_all_folders(golden="gate.py::golden_gate_core", entry="gate.py::gate_test"),
 )

@@ -24,16 +24,7 @@ import torch
 
 from kernels.errors import ContractInputError, is_int
 from kernels.operators import operator
-from kernels.record import (
-    BadCall,
-    CaseSpec,
-    Record,
-    generator,
-    in_every_folder,
-    int8_codes,
-    is_tiny,
-    replaced,
-)
+from kernels.record import BadCall, CaseSpec, Record, generator, in_all_folders, int8_codes, is_tiny, replaced
 from kernels.v4.gate import v4_gate
 from kernels.v4.mtp import int8_matmul, quantize_rows_int8
 
@@ -294,7 +285,7 @@ EXPERT_RECORD = Record(
     bad_calls=(BadCall("x_scale of another row count", "v4_expert_shared",
                        replaced(x_scale=lambda i: i["x_scale"][:-1]), "x_scale"),
                BadCall("w2 of another width", "v4_expert_routed", replaced(w2=lambda i: i["w2"][:, :-1]), "w2")),
-    bindings=in_every_folder(golden="expert_routed.py::golden_expert_routed",
+    bindings=in_all_folders(golden="expert_routed.py::golden_expert_routed",
                              entry="expert_shared.py::expert_shared_test"),
 )
 
@@ -305,5 +296,5 @@ MOE_STAGE_RECORD = Record(
     modules=("kernels.v4.gate", "kernels.reference.mhc"),
     cases=(CaseSpec("v4_moe_stage", "V4 MoE sublayer at decode: hc_pre, the router, every routed expert local and the "
                     "shared one, the FP32 combine, hc_post; 6 real rows and 2 padding rows", _moe_stage_inputs),),
-    bindings=in_every_folder(golden="moe.py::golden_moe", entry="moe.py::moe_test"),
+    bindings=in_all_folders(golden="moe.py::golden_moe", entry="moe.py::moe_test"),
 )

@@ -28,15 +28,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import (
-    BadCall,
-    CaseSpec,
-    Record,
-    generator,
-    in_every_folder,
-    int8_codes,
-    replaced,
-)
+from kernels.record import BadCall, CaseSpec, Record, generator, in_all_folders, int8_codes, replaced
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-qkv-1"
@@ -150,5 +142,5 @@ RECORD = Record(
                     "RMS of q, KV RMSNorm then rotation", _qkv_inputs, geometries=("tiny", "pro")),),
     bad_calls=(BadCall("x of another width", "v4_qkv_proj_rope", replaced(x=lambda i: i["x"][:, :-1]), "x"),
                BadCall("FP32 wq_b", "v4_qkv_proj_rope", replaced(wq_b=lambda i: i["wq_b"].float()), "wq_b")),
-    bindings=in_every_folder(golden="qkv_proj_rope.py::golden_qkv_proj_rope", entry="qkv_proj_rope.py::qkv_proj_rope_test"),
+    bindings=in_all_folders(golden="qkv_proj_rope.py::golden_qkv_proj_rope", entry="qkv_proj_rope.py::qkv_proj_rope_test"),
 )
