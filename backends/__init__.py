@@ -57,23 +57,9 @@ def pypto_backend(platform: str | None = None, device: str | None = None, pypto_
     return make_backend(platform or "a5sim", device=device, pypto_lib=pypto_lib)
 
 
-# Set to 1 by this project's tests only: a CPU backend then takes --device ids as labels, standing in for a device
-# backend (goldens replay --devices, pytest --devices).
-FAKE_DEVICES = "PTO_FAKE_DEVICES"
-
-
 def _cpu(factory: Callable[..., Backend], name: str, *, checkout: bool = False) -> Callable[..., Backend]:
     """A CPU backend's factory: --platform / --device refused; --pypto-lib passed on when it takes a checkout."""
     def make(platform=None, device=None, pypto_lib=None) -> Backend:
-        if device is not None and platform is None and os.environ.get(FAKE_DEVICES) == "1":
-            # this project's tests of the multi-device replay: the ids label a CPU backend standing in for devices
-            from backends.pypto import parse_devices
-
-            ids = tuple(parse_devices(device))
-            base = factory(pypto_lib) if checkout else factory()
-            fake = base.derive(base.name, description=f"{base.description} on fake device(s) {device}")
-            fake.devices = ids
-            return fake
         given = [f"--{k.replace('_', '-')} {v}" for k, v in
                  (("platform", platform), ("device", device), ("pypto_lib", None if checkout else pypto_lib))
                  if v is not None]
@@ -108,9 +94,10 @@ def get_backend(name: str, *, platform: str | None = None, device: str | None = 
     return factory(platform=platform, device=device, pypto_lib=pypto_lib)
 
 
-def load_backend_module(target: str) -> Backend:
+def load_backend_module(target: str, *, device: str | None = None) -> Backend:
     """Load ``pkg.module:OBJECT`` or ``path/to/file.py:OBJECT``; OBJECT is a Backend or a zero-argument callable
-    returning one."""
+    returning one. With ``device`` (``--device IDS``; ``--devices`` gives each worker one), OBJECT must be a
+    callable taking ``device=`` that returns the backend pinned to those ids (an out-of-tree device backend)."""
     module_name, sep, attr = target.rpartition(":")
     if not sep or not module_name or not attr:
         raise BackendError(f"--backend-module expects 'pkg.module:OBJECT' or 'path/to/file.py:OBJECT', got {target!r}")
@@ -122,6 +109,8 @@ def load_backend_module(target: str) -> Backend:
         obj = getattr(module, attr)
     except AttributeError:
         raise BackendError(f"--backend-module {target!r}: {module_name!r} has no attribute {attr!r}") from None
+    if device is not None:
+        return _with_device(target, attr, obj, device)
     if callable(obj) and not isinstance(obj, Backend):
         try:
             obj = obj()
@@ -134,6 +123,33 @@ def load_backend_module(target: str) -> Backend:
     if not isinstance(obj, Backend):
         raise BackendError(f"--backend-module {target!r}: expected a Backend, got {type(obj).__name__}")
     return obj
+
+
+def _with_device(target: str, attr: str, obj, device: str) -> Backend:
+    takes = callable(obj) and not isinstance(obj, Backend) and "device" in _parameters(obj)
+    if not takes:
+        raise BackendError(f"--backend-module {target!r}: {attr} takes no device ids (--device {device}); a device "
+                           "backend of your own is a callable taking device= (e.g. def make(device=None))")
+    try:
+        backend = obj(device=device)
+    except BackendError:
+        raise
+    except Exception as exc:
+        raise BackendError(f"--backend-module {target!r}: {attr}(device={device!r}) raised {type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
+    if not isinstance(backend, Backend):
+        raise BackendError(f"--backend-module {target!r}: {attr}(device=...) returned {type(backend).__name__}, "
+                           "expected a Backend")
+    return backend
+
+
+def _parameters(fn) -> set[str]:
+    import inspect
+
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
 
 
 def _load_file(target: str, path_text: str):

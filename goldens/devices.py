@@ -6,8 +6,8 @@ Trees are shared out by case (both wirings of a case go to one device), largest 
 (by the bytes the tree's record declares), so one Pro-geometry tree does not stall a device behind many small ones.
 Each worker is ``goldens replay CASE... --device ID --json`` with the caller's other options; its JSON rows are
 merged in case order. A worker that dies or prints no JSON is an ERROR row for each of its cases, naming the device.
-On a CPU backend the ids are labels only, allowed with ``PTO_FAKE_DEVICES=1`` (this project's tests): the
-reference backend then stands in for a device backend.
+A built-in CPU backend takes no ids; a ``--backend-module`` of your own takes them when its OBJECT is a callable
+with ``device=`` (the suite's own such module is ``tests.device_double``).
 
 Exit code: 2 when any worker exits 2 (store or usage), else 3 when any exits 3 (backend), else 1 when any output
 failed, else 0.

@@ -82,9 +82,10 @@ def backend_of(args):
     device = {"platform": args.platform, "device": args.device, "pypto_lib": args.pypto_lib}
     try:
         if args.backend_module:
-            if any(v is not None for v in device.values()):
-                raise BackendError("--platform/--device/--pypto-lib apply to --backend pypto, not to --backend-module")
-            return load_backend_module(args.backend_module)
+            if args.platform is not None or args.pypto_lib is not None:
+                raise BackendError("--platform/--pypto-lib apply to --backend pypto, not to --backend-module (a "
+                                   "module of your own may take --device: a callable with device=)")
+            return load_backend_module(args.backend_module, device=args.device)
         if args.backend == "recorded" or args.backend.startswith("recorded:"):
             if any(v is not None for v in device.values()):
                 raise BackendError("--platform/--device/--pypto-lib apply to a device backend, not to --backend "

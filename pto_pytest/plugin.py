@@ -113,6 +113,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if threads is not None:  # the commands a test runs (and the test fork server) inherit it
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
+        os.environ.setdefault("PTO_WORKERS", str(threads))  # the host thread pool's share too (kernels.workers)
     from goldens.pytest_api import GoldenStoreError, check_location, load_case_modules
 
     try:  # a malformed location is a usage error at start-up, not one error per test
@@ -182,11 +183,11 @@ def backend_from_options(config: pytest.Config) -> Backend:
     device_options["device"] = worker_device(config)
     try:
         if target:
-            backend = load_backend_module(target)
-            given = {k: v for k, v in device_options.items() if v is not None}
+            backend = load_backend_module(target, device=device_options["device"])
+            given = {k: v for k, v in device_options.items() if v is not None and k != "device"}
             if given.get("platform") not in (None, backend.platform) or set(given) - {"platform"}:
                 raise BackendError(f"--backend-module {target}: backend {backend.name!r} is built with platform "
-                                   f"{backend.platform}; --platform/--device/--pypto-lib do not apply to it")
+                                   f"{backend.platform}; --platform/--pypto-lib do not apply to it")
             return backend
         return get_backend(config.getoption("backend"), **device_options)
     except BackendError as exc:

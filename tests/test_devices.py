@@ -1,6 +1,7 @@
 """Many devices: ``goldens replay --devices IDS`` (one worker process per id, the backend pinned through its
 ``--device`` option, a per-device summary) and ``pytest -n N --devices IDS`` (xdist worker K pinned to the K-th
-id). Run here with the reference backend on fake device ids (``PTO_FAKE_DEVICES=1``)."""
+id). Run here with a device backend of the suite's own (``tests.device_double``: the reference pinned to the ids
+it is given, loaded with --backend-module as any out-of-tree device backend is)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from backends import FAKE_DEVICES
 from goldens import cli, devices, trees
 from goldens.errors import GoldenStoreError
 from goldens.store import GoldenStore
@@ -23,6 +23,7 @@ from pto_pytest import plugin
 from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
+DOUBLE = ("--backend-module", "tests.device_double:backend")
 
 
 def test_device_lists_parse_and_refuse_by_name():
@@ -67,9 +68,8 @@ def _replay(store, *args) -> tuple[int, str, str]:
 
 
 def test_replay_spreads_the_trees_over_one_pinned_worker_per_device(small_store, monkeypatch):
-    monkeypatch.setenv(FAKE_DEVICES, "1")
     monkeypatch.setattr(sys, "executable", forkserver.python())  # the workers fork from the test fork server
-    code, out, err = _replay(small_store, "--devices", "4,7", "--json")
+    code, out, err = _replay(small_store, "--devices", "4,7", "--json", *DOUBLE)
     assert code == 0, out[-2000:] + err[-2000:]
     doc = json.loads(out)
     assert doc["devices"] == [4, 7] and doc["exit_code"] == 0
@@ -85,7 +85,7 @@ def test_replay_spreads_the_trees_over_one_pinned_worker_per_device(small_store,
     assert sum(r["trees"] for r in per.values()) == 4 and all(r["trees"] for r in per.values())
     assert sum(r["passed"] for r in per.values()) == len(doc["rows"])
     # the table: a device column and the per-device summary
-    code, out, _ = _replay(small_store, "rope_rows", "--devices", "4")
+    code, out, _ = _replay(small_store, "rope_rows", "--devices", "4", *DOUBLE)
     assert code == 0 and "per device" in out and "┃ device ┃ case " in out and "PASS" in out, out[-1500:]
 
 
@@ -104,17 +104,19 @@ def test_a_device_whose_worker_dies_is_an_error_row_naming_it(small_store, monke
 
 def test_replay_devices_refuses_what_it_cannot_combine(small_store, monkeypatch):
     code, _, err = _replay(small_store, "--devices", "0-1")
-    assert code == 2 and "'torch' runs on the CPU" in err, err  # no fake devices: a CPU backend takes no id
-    monkeypatch.setenv(FAKE_DEVICES, "1")
-    for extra, text in ((["--device", "0"], "with --device"), (["--backend", "recorded"], "--backend recorded")):
+    assert code == 2 and "'torch' runs on the CPU" in err, err  # a CPU backend takes no id
+    code, _, err = _replay(small_store, "--devices", "0-1", "--backend-module", "backends:torch_backend")
+    assert code == 2 and "torch_backend takes no device ids (--device 0,1)" in err, err  # a module that takes none
+    for extra, text in ((["--device", "0", *DOUBLE], "with --device"), (["--backend", "recorded"], "--backend recorded")):
         code, _, err = _replay(small_store, "--devices", "0-1", *extra)
         assert code == 2 and text in err, err
 
 
 def test_pytest_gives_each_xdist_worker_its_device_and_sums_up_per_device():
-    env = {**os.environ, FAKE_DEVICES: "1", forkserver.EXECUTABLE: forkserver.python()}  # xdist workers forked
+    env = {**os.environ, forkserver.EXECUTABLE: forkserver.python()}  # xdist workers forked
     proc = forkserver.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--devices", "3,5", "contracts/test_rope.py",
-                           "-p", "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                           *DOUBLE, "-p", "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-1500:]
     lines = proc.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if "per-device summary" in line)

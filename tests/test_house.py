@@ -251,3 +251,16 @@ def test_the_tolerance_check_finds_a_stray_bound(tmp_path):
         assert [h.split(" ", 1)[1] for h in _module_level_numbers(stray)] == ["ATTN_OUT_TOL", "CMP_TOL, STATE_TOL"]
     finally:
         house.ROOT = old
+
+
+def test_the_host_pool_follows_the_machine_or_pto_workers(monkeypatch):
+    """No core count is written into the product: the pool is the CPUs this process may use, or PTO_WORKERS."""
+    import os
+
+    from kernels import workers
+
+    monkeypatch.delenv("PTO_WORKERS", raising=False)
+    assert workers.size() == len(os.sched_getaffinity(0))
+    for given, want in (("3", 3), ("1", 1), ("0", len(os.sched_getaffinity(0))), ("x", len(os.sched_getaffinity(0)))):
+        monkeypatch.setenv("PTO_WORKERS", given)
+        assert workers.size() == want, given
