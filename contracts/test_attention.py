@@ -17,6 +17,7 @@ from backends import torch_backend
 from contracts.checks.precision import check_row_precision
 from contracts.separation import separates
 from kernels.reference.attention import sparse_attention as reference_attention
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 REF = torch_backend()
@@ -204,3 +205,12 @@ def test_sparse_attention_rejects_bad_input(backend, what):
         args["compressed_indices"] = torch.zeros(2, dtype=torch.int32)
     with pytest.raises(ValueError, match=field[1]):
         op(backend, "sparse_attention")(**args)
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("attention:SINK_IGNORED", "test_sparse_attention_sink_hand_vectors", "sink 0"),
+    shared("attention:SINK_IGNORED", "test_sparse_attention_within_the_row_bound_of_the_reference", "attention"),
+    shared("attention:SCALE_576", "test_sparse_attention_sink_hand_vectors", "weight"),
+    shared("attention:WINDOW_ONLY", "test_sparse_attention_within_the_row_bound_of_the_reference", "attention row"),
+]

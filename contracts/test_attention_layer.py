@@ -22,6 +22,7 @@ from contracts.result import assert_ok
 from contracts.separation import separates
 from kernels.config import FLASH_TINY, LayerKind
 from kernels.reference.attention_layer import FULL, REUSE, for_selection, with_reference_scores
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 WIRINGS = ("replicated", "sharded")
@@ -598,3 +599,24 @@ def test_a_cache_past_fp16_range_is_read_as_bf16(backend):
     assert_ok(judge_half_layer(actual, expected, inputs, kind=case.kind, phase=case.phase, wiring=case.wiring,
                                tp=case.tp, block_size=case.config.block_size, scores=scores,
                                reference_for=lambda selection: for_selection(inputs, selection, **_call(case))))
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("half_layer:ONE_LARGE_ERROR", "test_half_layer_matches_the_reference_within_its_bound", "C1A_FULL prefill replicated TP1: output.rank0[active rows] row[9] error 0.0239868 > bound 0.0170874; max|a-e|"),
+    shared("half_layer:SPREAD_ERROR", "test_half_layer_matches_the_reference_within_its_bound", "output.rank"),
+    shared("half_layer:NAN_ROW", "test_half_layer_matches_the_reference_within_its_bound", "SWA prefill replicated TP1: output.rank0[active rows][9][5] = nan"),
+    shared("half_layer:STALE_SLAB_PADDING", "test_half_layer_matches_the_reference_within_its_bound", "SWA prefill sharded TP1: output.rank0 padding row[18][0] = 13, expected 0"),
+    shared("half_layer:SHARDED_REVERSED", "test_tp_partials_that_cancel_keep_their_remainder", "prefill sharded TP4: output.rank0 row[0]"),
+    shared("half_layer:CAST_BEFORE_SUM", "test_tp_partials_that_cancel_keep_their_remainder", "C1A_FULL prefill replicated TP2: output.rank0[active rows] row[4]"),
+    shared("half_layer:REUSE_REPUBLISHES", "test_half_layer_matches_the_reference_within_its_bound", "C2A_REUSE decode replicated TP1: compressed_scale (this mode writes no compressed cache) row[80]"),
+    shared("half_layer:REUSE_REPUBLISHES", "test_each_mode_writes_only_the_caches_it_owns", "written by a mode that does not own the compressed cache"),
+    shared("half_layer:C2A_FULL_ACCEPTS_SUFFIX", "test_the_half_layer_rejects_bad_calls", "C2A_FULL-decode-TP2-replicated: accepted a bad call (C2A_FULL inactive suffix)"),
+    shared("half_layer:TOKEN_ROPE_FOR_COMPRESSED", "test_half_layer_matches_the_reference_within_its_bound", "C2A_FULL prefill replicated TP1: output.rank0[active rows] row[1]"),
+    shared("half_layer:WINDOW_ONE_PAST", "test_half_layer_matches_the_reference_within_its_bound", "SWA prefill replicated TP1: output.rank0[active rows] row[13]"),
+    shared("half_layer:INACTIVE_ZEROED", "test_an_inactive_suffix_never_changes_an_active_row", "SWA prefill: an inactive replicated row lost the 13.0 sentinel"),
+    shared("half_layer:TOPK_PHYSICAL_ORDER", "test_request_order_and_page_layout_do_not_change_any_token", "C2A_FULL prefill: request order changed a token's Top-K"),
+    shared("half_layer:DEFAULT_CANDIDATES", "test_each_mode_demands_its_inputs", "C1A_REINDEX-prefill-TP2-replicated: ran without its input candidate_mask"),
+    shared("half_layer:STALE_SLAB_PADDING", "test_sharded_wiring_equals_the_replicated_wiring", "sharded-vs-replicated TP1: output.rank0 padding row[18][0] = 13, expected 0"),
+    shared("half_layer:WINDOW_ONE_PAST", "test_flash_head_geometry", "C1A_FULL decode replicated TP4: output.rank0[active rows] row[2]"),
+]

@@ -20,6 +20,7 @@ from kernels.config import FLASH_TINY, LayerKind
 from kernels.errors import ContractInputError
 from kernels.reference.block import MhcWeights, moe_dense
 from kernels.reference.mhc import identity_pre_mix
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 REF = torch_backend()
@@ -367,3 +368,13 @@ def test_the_blocks_moe_sums_shared_then_routed_in_slot_order(backend):
                      routed_before_shared=running_sum([*r[1:], s], r[0]).bfloat16())
     result = check_moe_rows(got["ffn_output"].to(torch.bfloat16), want, x.shape[0], name="ffn_output")
     assert result.ok, result.message()
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("block:NEXT_MIX_FROM_ATTENTION", "test_the_block_runs_the_delayed_pre_mix_order", "hand on the FFN's pre mix"),
+    shared("block:ATTENTION_WITH_OWN_MIX", "test_the_block_runs_the_delayed_pre_mix_order", "collapse with the incoming mix"),
+    shared("block:PADDING_MIX", "test_two_sharded_blocks_hand_off_owner_slabs_and_match_dense_mhc", "next_pre_mix has a non-zero padding row"),
+    shared("block:REUSE_FIRST_SOURCE", "test_the_causal_encoder_chains_twenty_blocks_and_reuse_layers_read_their_source", "layer 9"),
+    shared("block:ACCEPTS_INACTIVE", "test_a_block_golden_needs_every_capacity_row_active", "DID NOT RAISE"),
+]

@@ -16,6 +16,7 @@ from contracts.separation import separates
 from kernels import quant
 from kernels.cache import QuantCache, empty_cache, layouts
 from kernels.config import FLASH, FLASH_TINY
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 QUANTIZED = ("window", "compressed_r2", "compressed_r1", "index")
@@ -188,3 +189,11 @@ def test_state_comparator():
     a = e.clone()
     a[3] *= 1.5
     assert not check_state("state", a, e, touched).ok
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("quant:READ_FP32", "test_read_decodes_the_whole_cache_to_bf16", "assert"),
+    shared("quant:LENIENT_SLOTS", "test_publish_rejects_bad_slots", "DID NOT RAISE"),
+    shared("quant:PUBLISH_UNMAPPED", "test_publish_touches_only_mapped_rows", "unmapped row changed"),
+]

@@ -19,6 +19,7 @@ from contracts.checks.cache import check_bytes_outside
 from contracts.tensors import byte_rows
 from kernels.config import FLASH, FLASH_TINY
 from kernels.reference.compressor import CompressorWeights
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 DIMS = [pytest.param(FLASH_TINY, id="tiny"), pytest.param(FLASH, id="flash")]
@@ -454,3 +455,19 @@ def test_only_requests_with_tokens_on_a_real_block_count_as_sharing_it(backend, 
             run(*args, num_tokens=total)
     else:
         run(*args, num_tokens=total)
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("reference:COMPRESSOR_ALL_ROWS_WRITE", "test_compressor_chunked_equals_unchunked", "ring slot"),
+    shared("reference:COMPRESSOR_NUM_TOKENS_FROM_QSL", "test_an_explicit_num_tokens_inside_a_requests_span_cuts_the_request_there", "num_tokens="),
+    shared("reference:COMPRESSOR_WHOLE_REQUESTS_ONLY", "test_an_explicit_num_tokens_inside_a_requests_span_cuts_the_request_there", "num_tokens="),
+    shared("reference:COMPRESSOR_PARTNER_WRONG_SLOT", "test_compressor_chunked_equals_unchunked", "latent row"),
+    shared("reference:COMPRESSOR_PARTNER_WRONG_SLOT", "test_compressor_restored_odd_prefix_equals_uninterrupted", "restored resume differs"),
+    shared("reference:COMPRESSOR_BLOCK_BY_BATCH_ROW", "test_compressor_reorder_departure_admission_block_reuse", "differs from its unchunked run"),
+    shared("reference:COMPRESSOR_NEGATIVE_BLOCK_WRAPS", "test_compressor_inactive_block_means_no_state_access", "ring blocks other than"),
+    shared("reference:COMPRESSOR_WRITES_NEIGHBOR", "test_compressor_untouched_ring_slots_are_byte_identical", "unmapped row changed"),
+    shared("reference:COMPRESSOR_NUM_TOKENS_FROM_SHAPE", "test_compressor_num_tokens_zero_touches_nothing", "assert"),
+    shared("reference:COMPRESSOR_LENIENT_STATE", "test_compressor_rejects_bad_state_cache", "DID NOT RAISE"),
+    shared("reference:COMPRESSOR_SHARED_BLOCK_UNCHECKED", "test_two_requests_on_one_state_block_are_refused_or_updated_in_place_by_name", "DID NOT RAISE"),
+]

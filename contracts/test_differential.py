@@ -35,6 +35,7 @@ from kernels.cache import empty_cache, layouts
 from kernels.config import FLASH, FLASH_TINY, V41Config
 from kernels.quant import RULES
 from kernels.reference.rope import precompute_rope_tables
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op, operator_params
 
 REF = torch_backend()
@@ -652,3 +653,10 @@ def test_bad_input_is_rejected_like_the_reference(backend, case):
     with pytest.raises(ValueError) as got:
         op(backend, name)(*args, **kwargs)
     assert_names_like(ref.value, got.value, case)
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("quant:PUBLISH_SWAPPED_NIBBLES", "test_cache_publish_bytes_equal_the_reference", "cache_publish("),
+    shared("quant:PUBLISH_E8M0_BIAS_128", "test_cache_publish_bytes_equal_the_reference", "cache_publish("),
+]

@@ -17,6 +17,7 @@ from contracts.tolerances import ENGRAM_TOL
 from kernels.config import FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.reference.engram import ENGRAM_TP_WINDOW, hash_columns
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 C = FLASH_TINY
@@ -191,3 +192,11 @@ def test_the_engram_comparator_judges_every_rank_and_the_budget():
     odd[1, 0, 0, 0] = torch.nextafter(torch.tensor(2.0), torch.tensor(3.0))
     r = engram("out", odd, e, ctx)
     assert not r.ok and r.check == "check_replicas_identical", r.message()
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("engram:GATE_WITHOUT_SQRT", "test_the_engram_output_is_the_released_formula_within_its_budget", "engram"),
+    shared("engram:VALUE_FIRST", "test_the_engram_output_is_the_released_formula_within_its_budget", "engram"),
+    shared("engram:TP_UNMASKED", "test_the_sharded_lookup_equals_the_single_rank_lookup_on_every_rank", "differs"),
+]

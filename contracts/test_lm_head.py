@@ -23,6 +23,7 @@ from contracts.tolerances import LOGITS_TOL
 from kernels.config import FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.reference.lm_head import lm_head_layout
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 REF = torch_backend()
@@ -217,3 +218,13 @@ def test_the_boundary_chain_embeds_collapses_and_normalizes(backend):
         "the inputs separate the weighted collapse from stream 0"
     with pytest.raises(ContractInputError, match="final_norm"):
         op(backend, "final_norm")(hidden, w[:-1], config=C)
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("lm_head:GREEDY_TIES_TO_LAST", "test_greedy_ids_are_the_first_maximum", "[7, 9, 9]"),
+    shared("lm_head:GREEDY_TIES_TO_LAST", "test_greedy_ids_agree_with_the_logits_they_come_from", "first maximum"),
+    shared("lm_head:SHARD_OFF_BY_ONE", "test_a_shard_boundary_is_exact", "holds vocab rows"),
+    shared("lm_head:IDS_WRAP", "test_the_embedding_pack_clamps_ids_and_copies_rows_bit_exact", "expected vocabulary row 0"),
+    shared("lm_head:NORM_WITHOUT_WEIGHT", "test_the_boundary_chain_embeds_collapses_and_normalizes", "x_normed"),
+]

@@ -16,6 +16,7 @@ from contracts.result import assert_ok
 from contracts.strategies import BatchCase, materialize, request_batches
 from kernels.config import FLASH
 from kernels.metadata import build_forward_metadata
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("build_forward_metadata")  # every contract here calls it, and only it
@@ -221,3 +222,24 @@ def test_live_slots_are_unique_owned_and_inside_the_pages_on_their_own():
     idx[0, 0] = other * FLASH.block_size + 5
     r = checks.check_live_slots(dataclasses.replace(meta, window_indices=idx), inputs)
     assert not r.ok and "window_indices" in r.message() and f"page {other}" in r.message(), r.message()
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("metadata:NEW_KV_NOT_UPDATED", "test_metadata_query_layout", "new_kv_seq_lens"),
+    shared("metadata:TOKEN_REQ_SKIPS_EMPTY", "test_metadata_token_requests", "token_to_req_indices"),
+    shared("metadata:COMPRESSED_LENS_NOT_CAUSAL", "test_metadata_compressed_lens", "compressed_lens"),
+    shared("metadata:COMPRESSOR_SOURCE_FIRST_ROW", "test_metadata_compressor_outputs", "compressor_source_token_indices"),
+    shared("metadata:ROPE_POSITION_IS_COMPLETING", "test_metadata_compressed_rope_positions", "compressed_rope_position_ids"),
+    shared("metadata:INACTIVE_TO_DUMMY_ROW", "test_metadata_live_slots_unique_and_owned", "compressed_slots"),
+    shared("metadata:LOGIT_FIRST_ROW", "test_metadata_logit_rows", "logit_row_indices"),
+    shared("metadata:WINDOW_SLOTS_INT32", "test_metadata_field_layout", "window_slots.dtype"),
+    shared("metadata:WINDOW_NEWEST_FIRST", "test_metadata_all_invariants_at_flash_dims", "window_indices"),
+    shared("metadata:WINDOW_NEWEST_FIRST", "test_metadata_window", "window_indices"),
+    shared("metadata:COMPRESSED_SLOT_OFF_BY_ONE", "test_metadata_compressed_slots", "compressed_slots"),
+    shared("metadata:INACTIVE_STATE_NOT_FORCED", "test_metadata_compressed_slots", "compressed_slots"),
+    shared("metadata:MOE_OWNERS_BY_SLAB", "test_metadata_moe_owners", "moe_token_owners"),
+    shared("metadata:STATE_BY_BATCH_ROW", "test_metadata_state_tables_pass_through", "state_block_tables"),
+    shared("metadata:IDENTITY_PAGES", "test_metadata_window", "window_"),
+    shared("metadata:PADDING_ROWS_ZERO", "test_metadata_positions", "padding row"),
+]

@@ -12,6 +12,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from contracts.strategies import materialize, request_batches
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 BATCHES = request_batches(min_requests=2)
@@ -169,3 +170,16 @@ def test_paged_slots_reject_bad_requests_and_pages():
     assert paged_slots(pos, torch.tensor([1, 1]), table, block_size=128).tolist() == [0, 128 + 72]
     assert paged_slots(torch.tensor([-1, 5]), torch.tensor([0, 0]), table, block_size=128, divisor=2,
                        only_complete=True).tolist() == [-1, 3 * 128 + 2]
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("metadata:NO_STATE_DEDUP", "test_metadata_rejects_duplicate_state_block", "accepted bad input"),
+    shared("metadata:CLAMPS_QSL", "test_metadata_rejects_decreasing_query_start_loc", "query_start_loc"),
+    shared("metadata:CLAMPS_KV", "test_metadata_rejects_negative_kv_length", "accepted bad input"),
+    shared("metadata:UNCHECKED_PAGES", "test_metadata_rejects_unmapped_window_page_in_visible_range", "accepted bad input"),
+    shared("metadata:NO_ALLOCATION_CHECK", "test_metadata_rejects_missing_visible_compressed_page", "accepted bad input"),
+    shared("metadata:STATE_BELOW_MINUS_ONE_OK", "test_metadata_rejects_state_block_below_minus_one", "accepted bad input"),
+    shared("metadata:ANY_TP", "test_metadata_rejects_unsupported_tp", "accepted bad input"),
+    shared("metadata:LENIENT_STATE_DTYPE", "test_metadata_rejects_structural_mistakes", "accepted bad input"),
+]

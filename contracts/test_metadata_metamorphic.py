@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.strategies import materialize, request_batches
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("build_forward_metadata")  # every contract here calls it, and only it
@@ -170,3 +171,11 @@ def test_metadata_trailing_padding_changes_no_active_field(backend, case, extra)
             per_token = name in PER_TOKEN or name in ("token_to_req_indices", "moe_token_owners")
             _equal(name, other[:n] if per_token else other, value[:n] if per_token else value)
     assert padded.capacity == case.capacity + extra
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("metadata:IDENTITY_PAGES", "test_metadata_page_permutation_moves_slots_only_through_the_table", "window_slots"),
+    shared("metadata:STATE_BY_BATCH_ROW", "test_metadata_request_reorder_permutes_per_request_fields_only", "state_block_tables"),
+    shared("metadata:MOE_OWNERS_BY_SLAB", "test_metadata_trailing_padding_changes_no_active_field", "moe_token_owners"),
+]

@@ -20,6 +20,7 @@ from contracts.checks.precision import check_ratio_allclose
 from contracts.tolerances import HC_MIX_TOL, HC_OUT_TOL, SINKHORN_ROW_SUM_TOL
 from kernels.config import FLASH_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 REF = torch_backend()
@@ -371,3 +372,15 @@ def test_hc_post_refuses_each_bad_mix_shape(backend):
         from dataclasses import replace
 
         op(backend, "hc_mixes")(x, *_weights(g, C.hidden_size), config=replace(C, hc_sinkhorn_iters=0))
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("mhc:SINKHORN_EARLY", "test_the_sinkhorn_iteration_count_is_twenty", "check_ratio_allclose"),
+    shared("mhc:TAIL_KEPT", "test_rows_past_num_tokens_are_exactly_zero_and_active_rows_do_not_depend_on_them", "pre tail"),
+    shared("mhc:PRODUCTS_IN_BF16", "test_hc_pre_sums_in_fp32_and_casts_once", "row 0 got"),
+    shared("mhc:RESIDUAL_NOT_TRANSPOSED", "test_hc_post_applies_the_residual_mix_transposed_and_keeps_fp32", "stream 2"),
+    shared("mhc:POST_THROUGH_BF16", "test_hc_post_applies_the_residual_mix_transposed_and_keeps_fp32", "stream 2"),
+    shared("mhc:PER_STREAM_RMS", "test_the_inverse_rms_runs_over_the_flattened_streams", "per-stream norm"),
+    shared("mhc:SOFTMAX_ONLY", "test_the_residual_mix_is_doubly_stochastic_and_pre_post_are_in_range", "row sums"),
+]

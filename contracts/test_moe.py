@@ -21,6 +21,7 @@ from contracts.checks.moe import check_gate_ids, check_gate_weights, check_moe_r
 from kernels.config import FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.reference.moe import ExpertWeights, expert_weights
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 REF = torch_backend()
@@ -657,3 +658,19 @@ def test_the_combine_sums_shared_then_routed_in_slot_order(backend):
     assert torch.equal(got.view(torch.int16), want.view(torch.int16)), \
         f"row 0 {got[0, :4].tolist()}, expected {want[0, :4].tolist()} (slot 2's output: slots 0 and 1 cancel " \
         "after absorbing the shared output)"
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("moe:BIAS_IN_WEIGHTS", "test_the_correction_bias_moves_the_selection_and_never_the_weights", "unbiased scores normalised"),
+    shared("moe:TIES_TO_LAST", "test_ties_go_to_the_lower_expert_id_and_the_topk_rule_stays_selectable", "ties:"),
+    shared("moe:ROUTE_AFTER_DOWN", "test_the_route_weight_multiplies_the_hidden_before_its_bf16_boundary", "outputs are not BF16 values"),
+    shared("moe:SYMMETRIC_GATE_CLAMP", "test_the_swiglu_clamp_placement_is_separated_from_each_alternative", "one BF16 rounding"),
+    shared("moe:CLAMP_AFTER_SILU", "test_the_swiglu_clamp_placement_is_separated_from_each_alternative", "one BF16 rounding"),
+    shared("moe:SYMMETRIC_GATE_CLAMP", "test_the_swiglu_clamps_gate_above_and_up_on_both_sides", "must not be clamped from below"),
+    shared("moe:NEIGHBOUR_RANK", "test_dispatch_counts_slots_and_owners", "send_counts"),
+    shared("moe:NEIGHBOUR_RANK", "test_ep_results_do_not_depend_on_the_ep_size_or_on_token_order", "differs from"),
+    shared("moe:COMBINE_IN_BF16", "test_the_combine_sums_in_fp32_and_casts_once", "not FP32-sum-then-cast"),
+    shared("moe:COUNT_FIRST_SOURCE", "test_recv_y_holds_each_local_experts_outputs_in_slot_order", "recv_expert_count rank 0"),
+    shared("moe:RECV_UNCHECKED", "test_a_destination_over_its_receive_capacity_is_an_error", "DID NOT RAISE"),
+]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from contracts.checks.precision import check_output_budget, check_ratio_allclose
 from contracts.tolerances import FP8_BUDGET, ROW_BOUND
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 FACTORS = st.sampled_from((0.97, 0.99, 1.01, 1.03))
@@ -228,3 +229,20 @@ def test_replicas_must_be_byte_identical(backend, seed, replicas, dtype, data):
     result = check(reps)
     assert not result.ok, f"replica{k}[{r}][{c}] differs by one bit but passed: {result.message()}"
     assert f"replica{k}" in result.message() and f"[{r}][{c}]" in result.message(), result.message()
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("precision:AVERAGING_ROWS", "test_row_precision_one_bad_row_is_not_diluted", "good rows passed"),
+    shared("precision:NAN_BLIND", "test_row_precision_nonfinite_fails", "passed"),
+    shared("precision:RMS_ONLY", "test_row_precision_peak_bound_is_tight", "factor 1.0"),
+    shared("precision:SPLIT_POOLED", "test_active_split_padding_cannot_dilute_active_error", "active"),
+    shared("precision:SPLIT_POOLED", "test_active_split_inactive_rows_compared_separately", "inactive"),
+    shared("precision:OWNER_ROWS_IGNORE_PADDING", "test_owner_rows_require_zero_padding", "rank"),
+    shared("precision:REPLICAS_ALLCLOSE", "test_replicas_must_be_byte_identical", "replica"),
+    shared("precision:RMS_BOUND_2PCT", "test_row_precision_rms_bound_is_tight", "factor 1.0"),
+    shared("precision:DTYPE_BLIND", "test_row_precision_low_precision_dtypes", "dtype mismatch passed"),
+    shared("precision:ROW_BUDGET_3PCT", "test_output_budget_row_bound_is_tight", "factor 1.0"),
+    shared("precision:GLOBAL_BUDGET_2PCT", "test_output_budget_global_bound_is_tight", "factor 1.0"),
+    shared("precision:ZERO_ROWS_TOLERANT", "test_output_budget_zero_reference_rows_must_be_exactly_zero", "assert"),
+]

@@ -24,6 +24,7 @@ from kernels.config import FLASH, LayerKind
 from kernels.errors import ContractInputError
 from kernels.metadata import paged_slots
 from kernels.prefill_plan import causal_encoder_layer, prefill_layer_plan
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 
@@ -505,3 +506,11 @@ def test_only_the_last_capacity_rows_of_a_request_own_ring_slots():
     assert long[0].item() == -1 and long[1:].tolist() == [p % cap for p in range(1, cap + 1)]
     with pytest.raises(ContractInputError, match="position_ids"):
         ced_state_slots(starts, positions[:-1], state_capacity=4)
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("prefill_plan:REPLAY_KEEPS_129", "test_upstreams_hand_checked_replay_vector", "[0, 1, 127, 128, 129]"),
+    shared("prefill_plan:NEW_BEFORE_TAIL", "test_a_resumed_request_replays_its_cached_tail_before_its_new_rows", "[3, 4, 5, 6, 0, 1]"),
+    shared("prefill_plan:ALL_ROWS_NEW", "test_the_encoder_replay_marks_only_new_rows_and_truncates_the_window", "is_new"),
+]

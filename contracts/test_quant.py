@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from contracts.separation import separates
 from contracts.strategies import mx_cases
 from kernels.quant import FP4_MIDPOINTS, RULES, e8m0_decode, half_step, unpack_fp4
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 RULE_NAMES = sorted(RULES)
@@ -427,3 +428,23 @@ def test_the_ulp_probes_separate_the_log2_ceiling_from_the_exact_one(probe, qmax
 
     separates(f"{log2_rule}: ceil(log2) in FP32", torch.tensor(127 + log2_fp32), exact_ceiling=torch.tensor(127 + exact))
     assert RULE_VECTORS[log2_rule][-1][1] == 127 + log2_fp32 and RULE_VECTORS[exact_rule][-1][1] == 127 + exact
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("quant:SWAPPED_NIBBLES", "test_fp4_nibble_order_hand_vectors", "nibble order"),
+    shared("quant:ROUND_HALF_UP", "test_tie_rules_differ_exactly_on_midpoints", "midpoint"),
+    shared("quant:ROUND_HALF_UP", "test_fp4_nibble_order_hand_vectors", "payload[0][0]"),
+    shared("quant:SCALE_FLOOR", "test_scales_are_powers_of_two_and_cover_amax", "does not cover amax"),
+    shared("quant:OFF_BY_ONE_GROUP", "test_dequantized_within_half_step", "half step"),
+    shared("quant:E4M3_CLAMP_240", "test_scales_are_powers_of_two_and_cover_amax", "expected E4M3"),
+    shared("quant:E4M3_CLAMP_240", "test_dequantized_within_half_step", "half step"),
+    shared("quant:E8M0_BIAS_128", "test_mxfp8_hand_vector", "assert"),
+    shared("quant:DEQUANT_HALF_SCALE", "test_requantization_is_stable", "re-quantized value"),
+    shared("quant:HOST_EXACT_CEILING", "test_each_rule_matches_its_hand_vectors", "probe 2"),
+    shared("quant:DEQUANT_HALF_SCALE", "test_dequantized_within_half_step", "half step"),
+    shared("quant:NAN_TO_ZERO", "test_non_finite_poisons_its_group_only", "decodes to finite values"),
+    shared("quant:SIGNLESS_ZERO", "test_zero_subnormal_and_huge_groups", "lost its sign"),
+    shared("quant:DEQUANT_SATURATES", "test_e8m0_fp4_decode_can_overflow_fp32", "assert"),
+    shared("quant:PAD_TO_GROUP", "test_codec_rejects_bad_input", "DID NOT RAISE"),
+]

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from kernels.config import FLASH, FLASH_TINY, V4_FLASH, V4_PRO, V4_PRO_TINY
 from kernels.reference.rope import precompute_rope_tables, rope_frequencies, rope_interleave
+from pto_pytest.defect import shared
 from pto_pytest.plugin import counterexample, op
 
 SENTINEL_COS, SENTINEL_SIN = 17.0, 19.0
@@ -118,3 +119,10 @@ def test_rope_rows_reject_position_beyond_capacity(backend):
         materialize(cos, sin, torch.tensor([0, 1, 1], dtype=torch.int32), 4, rc, rs)
     with pytest.raises(ValueError, match="position_ids"):
         materialize(cos, sin, torch.tensor([0.0, 1.0, 1.0]), 3, rc, rs)
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("reference:ROPE_CLAMPS_POSITIONS", "test_rope_rows_reject_position_beyond_capacity", "DID NOT RAISE"),
+    shared("reference:ROPE_INTO_PADDING", "test_rope_rows_exact_identity_and_untouched", "sentinels 17/19 lost"),
+]

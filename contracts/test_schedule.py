@@ -21,6 +21,7 @@ from kernels.config import (
     LayerKind,
     V41Config,
 )
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 EXPECTED_COUNTS = {LayerKind.SWA: 2, LayerKind.C2A_FULL: 3, LayerKind.C2A_REUSE: 15, LayerKind.C1A_FULL: 1,
@@ -279,3 +280,12 @@ def test_v4_shapes_pools_and_variant_selection(monkeypatch):
     assert v4_variant().name == "v4-flash" and v4_variant("pro").name == "v4-pro"
     with pytest.raises(ConfigError, match=r"variant: expected one of \['flash', 'pro'\]"):
         v4_variant("mini")
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("schedule:FIRST_SOURCE", "test_schedule_sources_same_ratio_at_or_before", "kv_source"),
+    shared("schedule:FIRST_SOURCE", "test_schedule_source_resolution_table", "(2, 2, 2, 2"),
+    shared("schedule:NO_REINDEX", "test_schedule_mode_counts", "kind counts"),
+    shared("schedule:NO_REINDEX", "test_schedule_representative_layers", "layer 24"),
+]

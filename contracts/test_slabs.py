@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from contracts.strategies import slab_cases
 from contracts.tensors import byte_rows
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 SPEC_EXAMPLES = [
@@ -137,3 +138,14 @@ def test_dp_token_counts_give_one_count_per_group_within_the_call():
                           ([True, 1, 1], r"dp_tokens\[0\]"), ([1, 1, 1.0], r"dp_tokens\[2\]")):
         with pytest.raises(ContractInputError, match=field):
             dp_token_counts(counts, tokens=7, dp=3)
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("slabs:WIDTH_FROM_ACTIVE", "test_slab_bounds_spec_examples", "(4, 4, 8)"),
+    shared("slabs:WIDTH_FROM_ACTIVE", "test_slab_every_active_row_has_exactly_one_owner", "width"),
+    shared("slabs:SHARD_STALE_PADDING", "test_slab_padding_contract_on_every_rank", "payload not zero"),
+    shared("slabs:GATHER_REVERSED", "test_slab_gather_of_shard_is_byte_exact", "differs"),
+    shared("slabs:GATHER_UNCHECKED", "test_slab_gather_rejects_a_padding_breach", "DID NOT RAISE"),
+    shared("slabs:LENIENT_BOUNDS", "test_slab_bounds_reject_bad_arguments", "DID NOT RAISE"),
+]

@@ -23,6 +23,7 @@ from contracts.separation import separates
 from contracts.strategies import IndexerCase, indexer_cases
 from kernels.config import FLASH, FLASH_TINY
 from kernels.reference import indexer as ref
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 FLASH_CASES = indexer_cases(max_len=700, topk=FLASH.index_topk, heads=(FLASH.index_n_heads,),
@@ -371,3 +372,16 @@ def test_candidate_blocks_accept_every_tie_order_and_nothing_else():
                         (half, "whole")):
         r = check_candidate_blocks(bad, scores, lens, block=2, topk_blocks=2)
         assert not r.ok and needle in r.message(), r.message()
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("reference:TOPK_DUPLICATE", "test_topk_selection_is_valid", "row selected twice"),
+    shared("reference:TOPK_HOLE", "test_topk_selection_is_valid", "followed by a valid row"),
+    shared("reference:TOPK_REVERSED", "test_topk_selection_is_valid", "strictly increase"),
+    shared("reference:TOPK_OUTSIDE", "test_topk_selection_is_valid", "outside its request"),
+    shared("reference:TOPK_CUTOFF_SWAP", "test_topk_selection_is_valid", "cutoff swap beyond tolerance"),
+    shared("reference:TOPK_LOGICAL_IDS", "test_topk_page_permutation_changes_physical_ids_not_logical_selection", "selection changed"),
+    shared("reference:CANDIDATES_NO_FORCE", "test_candidate_mask_keeps_the_last_visible_block", "dropped"),
+    shared("reference:CANDIDATES_NO_FORCE", "test_candidate_selection_smoke_at_flash_size", "assert"),
+]

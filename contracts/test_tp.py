@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from backends import torch_backend
 from contracts.separation import pairwise_sum, running_sum
 from kernels.sequence_parallel import sp_bounds
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 REF = torch_backend()
@@ -134,3 +135,14 @@ def test_tp_reduction_rejects_bad_input(backend, what):
         call, match = lambda: op(backend, "tp_reduce_scatter")(p, active_tokens=5), "active_tokens"
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("attention:CAST_FIRST", "test_all_reduce_casts_once_after_the_fp32_sum_in_rank_order", "one BF16 cast"),
+    shared("attention:REVERSED_RANKS", "test_all_reduce_casts_once_after_the_fp32_sum_in_rank_order", "rank order"),
+    shared("attention:PAIRWISE_TREE", "test_all_reduce_casts_once_after_the_fp32_sum_in_rank_order", "pairwise 0"),
+    shared("attention:REVERSED_RANKS", "test_reduce_scatter_is_the_all_reduce_split_into_owner_slabs", "differs from the reference's bytes"),
+    shared("attention:PAIRWISE_TREE", "test_reduce_scatter_is_the_all_reduce_split_into_owner_slabs", "differs from the reference's bytes"),
+    shared("attention:STALE_PADDING", "test_reduce_scatter_is_the_all_reduce_split_into_owner_slabs", "not exactly zero"),
+]

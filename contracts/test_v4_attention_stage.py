@@ -12,6 +12,7 @@ import torch
 from contracts.v4_inputs import prefill_stage_inputs, stage_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 
@@ -227,3 +228,12 @@ def test_the_prefill_form_refuses_a_bad_num_tokens_before_any_operator_runs(back
     with pytest.raises(ContractInputError, match="position_ids"):  # one position short
         guarded.get("v4_attention_stage")("SWA", **dict(i, position_ids=i["position_ids"][:-1]), num_tokens=28,
                                           config=config)
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:PREFILL_PADDING_KV_WRITTEN", "test_the_prefill_form_is_the_decode_chain_on_the_real_rows_with_a_zero_tail", "a padding row wrote its slot"),
+    shared("v4:PREFILL_STAGE_NO_ZERO_TAIL", "test_the_prefill_form_is_the_decode_chain_on_the_real_rows_with_a_zero_tail", "padding rows of x_out are not 0"),
+    shared("v4:READ_BEFORE_WRITE", "test_each_token_sees_its_own_kv_row", "with this chunk's rows written"),
+    shared("v4:ATTN_NORM_SKIPPED", "test_the_stage_is_the_chain_of_its_operators", "not hc_post of the chained attention"),
+]

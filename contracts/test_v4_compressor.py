@@ -20,6 +20,7 @@ from contracts.separation import separates
 from kernels.config import V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 HIDDEN, D = 32, 8
@@ -304,3 +305,13 @@ def test_the_compressed_row_is_rounded_once_after_its_rope(backend):
     with pytest.raises(ContractInputError, match="compressed"):
         op(backend, "v4_publish_compressed")(row.to(torch.bfloat16), torch.tensor([True]), torch.tensor([3]),
                                              torch.tensor([2]), pool, cos, sin, ratio=4)
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:OVERLAP_BY_TWO", "test_the_overlapping_window_pools_the_previous_first_half_and_the_current_second_half", "position 7"),
+    shared("v4:APE_OFF_BY_ONE", "test_the_overlapping_window_pools_the_previous_first_half_and_the_current_second_half", "position 3"),
+    shared("v4:INNER_TO_MAIN", "test_csa_keeps_the_inner_state_out_of_the_main_pool", "main pool"),
+    shared("v4:ROPE_AT_CLOSE", "test_a_closed_window_is_published_rotated_at_the_windows_first_position", "not rotated at the window start"),
+    shared("v4:BF16_BEFORE_ROPE", "test_the_compressed_row_is_rounded_once_after_its_rope", "expected one rounding after the rotation"),
+]

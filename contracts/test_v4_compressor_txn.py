@@ -20,6 +20,7 @@ from backends import torch_backend
 from contracts.separation import separates, separates_under
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 HIDDEN, D, SEQ = 32, 8, 2
@@ -371,3 +372,14 @@ def test_bad_event_inputs_name_the_field(backend, field, change, needle):
     with pytest.raises(ContractInputError, match=needle):
         op(backend, "v4_publish_events")(a["out"], a["closes"], a["slots"], a["pool"], a["events"], a["cos"], a["sin"],
                                          seq=SEQ, no_event=a["no_event"])
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:TXN_EPOCH_IGNORED", "test_a_page_of_another_epoch_is_never_read", "differ from the FP64 evaluation"),
+    shared("v4:TXN_RANGE_IGNORED", "test_positions_outside_the_valid_range_take_no_part", "differ from the FP64 evaluation"),
+    shared("v4:TXN_NO_OVERLAY", "test_this_steps_rows_overlay_the_state", "differ from the FP64 evaluation"),
+    shared("v4:TXN_COMMIT_FIRST", "test_the_commit_comes_after_the_pool", "differ from the FP64 evaluation"),
+    shared("v4:EVENTS_IN_REQUEST_ORDER", "test_an_event_publishes_its_requests_row_with_the_events_rope_rows", "the event's rows did not publish"),
+    shared("v4:EVENT_MISSING_WRITTEN", "test_a_request_without_an_event_publishes_nothing_under_the_current_rule", "a request without an event wrote"),
+]

@@ -13,6 +13,7 @@ from contracts.half_layer_inputs import HalfLayerCase, build
 from contracts.v4_inputs import attention_inputs, compressed_topk
 from kernels.config import FLASH_TINY, V4_PRO_TINY, LayerKind
 from kernels.errors import ContractInputError
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 C = FLASH_TINY
@@ -83,3 +84,9 @@ def test_each_dp_rank_gets_its_own_attention_and_nothing_is_reduced_across_ranks
 
     backend.derive("counting", attention_half_layer=counted).get("dp_attention")(ranks, kind=kind, config=C)
     assert calls == [1, 1, 1], "dp_attention must run the backend's own attention, once per rank at TP 1"
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:REDUCED_ACROSS_DP", "test_each_dp_rank_gets_its_own_attention_and_nothing_is_reduced_across_ranks", "rank 0: output"),
+]

@@ -18,6 +18,7 @@ from contracts.separation import separates, separates_under
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.gate import GATE_M_TILE, v4_gate
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("v4_gate")  # every contract here calls it, and only it
@@ -381,3 +382,14 @@ def test_the_dispatch_codes_round_half_to_even(backend, config):
     got = out["x_norm_i8"][0, :5]
     assert torch.equal(got, want), f"token 0 codes {got.tolist()}, expected {want.tolist()} (half to even)"
     assert not bool(out["x_norm_i8"][0, 5:].ne(0).any()), "the zero elements code to 0"
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:GATE_BIAS_IN_WEIGHTS", "test_the_bias_chooses_but_does_not_weigh", "weights"),
+    shared("v4:GATE_HASH_BY_SCORE", "test_the_first_layers_route_by_token_id", "routes by token id = False"),
+    shared("v4:GATE_SCALE_RECIPROCAL", "test_the_dispatch_scale_is_amax_over_127_times_the_rms", "not amax · (1/127) · inv_rms"),
+    shared("v4:GATE_NAIVE_SOFTPLUS", "test_the_softplus_keeps_its_negative_tail", "the tail experts scored 0"),
+    shared("v4:GATE_PADDING_ROUTED", "test_padding_rows_route_nowhere", "assert"),
+    shared("v4:GATE_PADDING_CODES_ZERO", "test_padding_rows_inside_the_active_tile_hold_their_codes", "a padding row inside the active tile"),
+]

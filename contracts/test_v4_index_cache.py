@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kernels.errors import ContractInputError
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 
@@ -200,3 +201,12 @@ def test_only_closed_committed_windows_write_their_key(backend):
                         ("idx_kv_scale", i["idx_kv_scale"].to(torch.bfloat16)), ("hadamard", i["hadamard"][:-1])):
         with pytest.raises(ContractInputError, match=name):
             op(backend, "v4_publish_index_keys")(**dict(i, **{name: value}), ratio=4)
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:KEY_SCALE_DIVIDED", "test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded", "1 / (127 / amax)"),
+    shared("v4:KEY_HADAMARD_BEFORE_ROPE", "test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded", "codes"),
+    shared("v4:KEY_UNROUNDED_BEFORE_HADAMARD", "test_an_index_key_is_rotated_rounded_transformed_rounded_and_coded", "codes"),
+    shared("v4:SCALE_ROUNDED_DOWN", "test_the_scale_is_the_power_of_two_at_or_above_amax_over_448", "[1.0, 1.0,"),
+]

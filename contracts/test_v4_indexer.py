@@ -21,6 +21,7 @@ from contracts.separation import separates
 from contracts.v4_inputs import indexer_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY, V4_FLASH_TINY]
@@ -442,3 +443,14 @@ def test_the_query_dequantization_is_staged_in_fp32_row_scale_first(backend, con
     assert codes.tolist() == [96.0] * t_n, (
         f"the 9009 element's INT8 code per row is {codes.tolist()}, expected 96: q = (FP32(acc) · qr_scale) · "
         "wq_b_scale, each product rounded to FP32 (95: one rounding, or the column scale first)")
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:RELU_AFTER_SUM", "test_the_relu_acts_per_head_before_the_head_weights", "ReLU per head, then weights 1 and 2"),
+    shared("v4:VISIBLE_FROM_POSITION", "test_the_visible_range_is_the_cache_and_the_causal_bound", "expected [2, 3, 3, 4, 3, 3, 0, 1]"),
+    shared("v4:OFFSET_DROPPED", "test_every_pick_carries_the_window_offset", "must shift every pick"),
+    shared("v4:TAIL_NAN", "test_scores_and_topk_match_an_independent_evaluation", "finite"),
+    shared("v4:TOPK_BY_POSITION", "test_scores_and_topk_match_an_independent_evaluation", "clear inversion"),
+    shared("v4:HADAMARD_BEFORE_ROPE", "test_scores_and_topk_match_an_independent_evaluation", "score"),
+]

@@ -18,6 +18,7 @@ import torch
 from contracts.separation import separates
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
@@ -248,3 +249,11 @@ def test_bad_prefill_window_inputs_are_refused_naming_the_field(backend):
         "INT64 positions and tables are part of the ABI"
     assert lower(torch.tensor([0, 1, 999, -5], dtype=torch.int32), table, 2, config=config)[2:].eq(-1).all(), \
         "padding positions are not read"
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:MTP_ROWS_SEQ_MAJOR", "test_mtp_rows_are_request_major_with_two_positions_per_request", "[127, 0, 300, 9"),
+    shared("v4:HCA_TOPK_LAST", "test_hca_topk_takes_the_first_compressed_positions", "[5, 6, 7]"),
+    shared("v4:PREFILL_WINDOW_WITHOUT_SELF", "test_a_prefill_window_is_the_last_positions_oldest_first", "window of row"),
+]

@@ -19,6 +19,7 @@ from contracts.v4_inputs import int8_rows, moe_inputs, v4_expert_weights
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.moe import V4ExpertWeights
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
@@ -346,3 +347,16 @@ def test_the_ep_combine_sums_shared_then_routed_in_slot_order(backend, config):
     out = op(backend, "v4_moe_ep")([gate], [4], routed, shared, ep=1, config=config)["ffn_out"][0]
     assert torch.equal(out.view(torch.int16), want.view(torch.int16)), \
         f"row 0 {out[0, :4].tolist()}, expected {want[0, :4].tolist()} (slots 0 and 1 cancel, slot 2 remains)"
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:EXPERT_UP_OPEN_BELOW", "test_the_swiglu_limits_clamp_gate_above_and_up_on_both_sides", "worst"),
+    shared("v4:EXPERT_NO_ROUTE_WEIGHT", "test_an_expert_row_matches_an_independent_evaluation", "worst"),
+    shared("v4:EXPERT_H_NOT_RECODED", "test_an_expert_row_matches_an_independent_evaluation", "relative"),
+    shared("v4:COMBINE_IN_BF16", "test_the_combine_is_one_fp32_sum_rounded_once", "not the FP32 sum rounded once"),
+    shared("v4:MOE_STAGE_PRENORMED", "test_the_moe_stage_is_hc_pre_then_the_moe_then_hc_post", "x_out is not hc_post"),
+    shared("v4:MOE_STAGE_PADDING_ZERO", "test_padding_rows_carry_their_residual_mix", "padding row of x_out is 0"),
+    shared("v4:EP_LANES_TOKEN_MAJOR", "test_each_experts_lanes_are_source_major", "lanes"),
+    shared("v4:EP_COMBINE_ROUTE_SHIFTED", "test_expert_parallel_moe_equals_each_ranks_own_moe", "differs from its own one-rank MoE"),
+]

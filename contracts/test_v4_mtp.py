@@ -14,6 +14,7 @@ import torch
 from kernels.config import V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.mtp import quantize_rows_int8
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("mtp_projection")  # every contract here calls it, and only it
@@ -109,3 +110,9 @@ def test_mtp_inputs_are_refused_naming_the_field(backend):
                        ({"h_proj": i["h_proj"][:-1]}, "h_proj")):
         with pytest.raises(ContractInputError, match=field):
             _call(backend, {**i, **bad})
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:E_ON_STREAM_ZERO", "test_the_mtp_projection_is_the_shared_embedding_half_plus_each_streams_half", "not the released MTP projection"),
+]

@@ -16,6 +16,7 @@ import torch
 from contracts.v4_inputs import mtp_layer_inputs, prefill_mtp_layer_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
@@ -268,3 +269,14 @@ def test_the_prefill_mtp_checks_fail_just_outside_each_clause():
     got[4, 0] = torch.finfo(torch.bfloat16).tiny  # a row the reference left alone, moved by one subnormal
     assert check_owned_rows(want.clone(), want, before, leaf=leaf).ok
     assert not check_owned_rows(got, want, before, leaf=leaf).ok, "an unwritten row moved and passed"
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:HEAD_MIX_NO_EPS", "test_the_head_mix_keeps_hc_eps", "assert"),
+    shared("v4:MTP_NEXT_FROM_ATTENTION", "test_the_mtp_layer_is_its_stages_in_order", "does not receive the MoE stage's streams"),
+    shared("v4:MTP_HEAD_UNNORMED", "test_the_mtp_layer_is_its_stages_in_order", "not the stages in order"),
+    shared("v4:MTP_HEAD_MIX_OVER_BATCH", "test_a_decode_row_moves_only_its_own_outputs_and_cache_row", "hidden_out: rows moved"),
+    shared("v4:PREFILL_MTP_COMPRESSED_PROFILE", "test_the_prefill_mtp_layer_is_its_stages_in_order", "prefill hidden_out is not the stages in order"),
+    shared("v4:PREFILL_MTP_ALL_ROWS_REAL", "test_prefill_padding_rows_leave_no_trace", "moved with the padding rows"),
+]

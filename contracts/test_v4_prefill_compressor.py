@@ -22,6 +22,7 @@ from contracts.tolerances import V4_CMP_POOL_TOL, V4_STATE_POOL_TOL
 from contracts.v4_inputs import PREFILL_COMPRESSOR_ROPE, prefill_compressor_inputs
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 # (ratio, start, rows): CSA from position 0 (the first windows have no previous half) and mid-run; HCA closing
@@ -355,3 +356,13 @@ def test_upstreams_full_width_rope_table_reads_its_first_half(backend, ratio, st
     for bad in (3, 0, -4):  # odd, zero, negative
         with pytest.raises(ContractInputError, match="rope_head_dim"):
             _call(backend, i, ratio, rope_head_dim=bad)
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:PREFILL_PADDING_COMPRESSED", "test_padding_rows_are_never_read_or_written", "a padding row was read or written"),
+    shared("v4:PREFILL_UNPERSISTED_WRITTEN", "test_an_unpersisted_row_is_pooled_but_leaves_its_state_row", "although its mapping is -1"),
+    shared("v4:PREV_HALF_ZERO_SCORE", "test_the_first_windows_have_no_previous_half", "worst cmp_pool"),
+    shared("v4:PREFILL_ROPE_WIDTH_FROM_TABLE", "test_upstreams_full_width_rope_table_reads_its_first_half", "first half"),
+    shared("v4:PREFILL_KEYS_PADDING_READ", "test_the_prefill_index_keys_are_the_chunks_windows_written_as_int8_keys", "a padding row was written"),
+]

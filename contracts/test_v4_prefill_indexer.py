@@ -20,6 +20,7 @@ from contracts.tolerances import V4_PREFILL_HARD_ATOL
 from contracts.v4_inputs import prefill_indexer_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY, V4_FLASH_TINY]
@@ -237,3 +238,12 @@ def test_a_chunk_of_padding_only_scores_nothing(backend):
     assert bool((empty["score"] == V4_LOWEST).all()) and bool((empty["topk_idxs"] == -1).all())
     full = _call(backend, config, inputs)
     assert bool((full["topk_idxs"][:, : config.index_topk] >= 0).all()), "num_tokens = T left rows unpicked"
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:PREFILL_ROPE_PER_REQUEST", "test_each_row_is_rotated_with_its_own_rope_row", "a RoPE row per token"),
+    shared("v4:PREFILL_OFFSET_ADDED", "test_picks_are_raw_compressed_positions", "no offset"),
+    shared("v4:PREFILL_PADDING_SCORED", "test_padding_rows_are_never_scored_and_do_not_touch_real_rows", "padding rows were scored"),
+    shared("v4:PREFILL_DECODE_WIDTH", "test_the_visible_range_is_the_position_bound_capped_at_two_blocks", "expected [8, 256]"),
+]

@@ -16,6 +16,7 @@ from contracts.checks.precision import check_ratio_allclose
 from contracts.separation import separates
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("v4_qkv_proj_rope")  # every contract here calls it, and only it
@@ -243,3 +244,11 @@ def test_the_kv_projection_is_staged_in_fp32_before_the_norm_and_the_rotation(ba
     got = _call(backend, config, i)["kv"]
     assert torch.equal(got.view(torch.int16), want.view(torch.int16)), \
         f"{int((got != want).sum())} kv elements differ from the FP32-staged bytes"
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:Q_FROM_FP32_QR", "test_the_query_is_built_from_the_int8_codes", "not the INT8 path"),
+    shared("v4:Q_NORM_ACROSS_HEADS", "test_each_query_head_is_normalised_on_its_own_without_a_weight", "the norm must be per head"),
+    shared("v4:KV_GAMMA_AFTER_ROPE", "test_the_kv_weight_applies_before_the_rotation", "the weight before the rotation"),
+]

@@ -24,6 +24,7 @@ from contracts.v4_inputs import compressed_topk as _compressed
 from contracts.v4_inputs import prefill_attention_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
+from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY, V4_FLASH_TINY]
@@ -503,3 +504,15 @@ def test_the_group_partials_are_summed_in_group_order(backend):
     out = op(backend, "v4_output_projection")(flat.reshape(t, h, d).to(torch.bfloat16), ones, zeros, wo_a, wo_b,
                                               scale, config=config)
     assert torch.equal(out[:, 0], want) and out[0, 0].item() == 2.0, f"channel 0: {out[:, 0].tolist()}"
+
+
+# defects of tests/defects these contracts must catch (shared with other contract files)
+SEEDED_DEFECTS = [
+    shared("v4:CSA_BOUND_INCLUSIVE", "test_csa_keeps_a_raw_slot_only_below_position_plus_one_over_four", "CSA must read exactly the slots below"),
+    shared("v4:CMP_SLOTS_PHYSICAL", "test_compressed_slots_are_paged_through_each_requests_table", "slots read as physical rows"),
+    shared("v4:PROBS_UNROUNDED", "test_each_path_matches_an_independent_evaluation", "attn_out"),
+    shared("v4:LATENT_ROUNDED_BF16", "test_the_latent_stays_fp32_and_each_token_group_has_its_own_int8_scale", "64 codes: BF16 latent"),
+    shared("v4:ACT_SCALE_PER_TOKEN", "test_the_latent_stays_fp32_and_each_token_group_has_its_own_int8_scale", "group 0 coded on its own scale"),
+    shared("v4:FORWARD_ROPE", "test_the_inverse_rotation_acts_on_the_last_rope_dims", "the inverse rotation"),
+    shared("v4:PADDING_ROWS_ATTENDED", "test_a_prefill_chunk_is_one_request_with_zero_padding_rows", "padding rows are not zero"),
+]

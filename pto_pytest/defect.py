@@ -1,9 +1,10 @@
-"""A seeded defect declared beside the contracts that must catch it.
+"""Seeded defects, one convention: each is declared beside the contract that must catch it.
 
-A contract file may list ``SEEDED_DEFECTS``: each a wrong implementation of one operator (the plausible bug a
-kernel could ship) with the contract of that file that must fail on it and the text its failure must name.
-``tests/test_seeded_defects.py`` runs every one through the same harness as the defects of ``tests/defects``, so
-a new operator's contract file carries the proof that its contracts can fail.
+A contract file lists ``SEEDED_DEFECTS``: each a wrong implementation (the plausible bug a kernel could ship), the
+contract of that file that must fail on it, and the text its failure must name. The implementation is either the
+file's own (``SeededDefect(name, operator, impl, test, mentions)``: one operator replaced on the reference) or a
+defect several contracts share (``shared("family:OBJECT", test, mentions)``: a backend of ``tests/defects``, loaded
+like ``--backend-module tests.defects.family:OBJECT``). ``tests/test_seeded_defects.py`` runs every one.
 """
 
 from __future__ import annotations
@@ -14,14 +15,34 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SeededDefect:
-    name: str  # short, unique: "v4-embed-pack:ids-wrap"
-    operator: str
-    impl: Callable  # replaces the operator on the torch reference backend
+    name: str  # short, unique with its test: "v4-embed-pack:ids-wrap", or the shared defect's "family:OBJECT"
+    operator: str  # the operator it replaces ("" for a shared defect: its backend says which)
+    impl: Callable | None  # replaces the operator on the torch reference backend (None: a shared defect)
     test: str  # a test function of the declaring contract file
     mentions: str  # text the failure must contain (the field, row or rule the contract names)
+    source: str = ""  # a shared defect: "family:OBJECT" under tests.defects
 
     def backend(self):
+        if self.source:
+            from backends import load_backend_module
+
+            return load_backend_module(f"tests.defects.{self.source}")
         from backends import torch_backend
 
         return torch_backend().derive(f"defect:{self.name}", description=f"seeded defect {self.name}",
                                       **{self.operator: self.impl})
+
+    def operators(self) -> tuple[str, ...]:
+        """The operators the defect replaces: its own, or those its shared backend binds otherwise than the
+        reference."""
+        if not self.source:
+            return (self.operator,)
+        from backends import torch_backend
+
+        ref, bad = torch_backend(), self.backend()
+        return tuple(op for op in bad.operators if op not in ref.operators or bad.get(op) is not ref.get(op))
+
+
+def shared(source: str, test: str, mentions: str) -> SeededDefect:
+    """A defect of ``tests/defects`` (``family:OBJECT``) that ``test`` of this contract file must catch."""
+    return SeededDefect(source, "", None, test, mentions, source=source)

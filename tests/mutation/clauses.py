@@ -157,13 +157,12 @@ def _test_index() -> dict[str, set[str]]:
 def _seeded_defect_cases() -> dict[str, list[str]]:
     """{contract test name: the tests/test_seeded_defects.py cases that run it against a seeded defect}: a clause
     a contract needs to catch its seeded defect is killed there, not by the contract run on the reference."""
-    from tests.test_seeded_defects import CASES
+    from tests.test_seeded_defects import DECLARED
 
     out: dict[str, list[str]] = {}
-    for defect, contract, _ in CASES:
-        name = contract.split(":")[1]
-        out.setdefault(name, []).append(f"tests/test_seeded_defects.py::test_contract_catches_seeded_defect"
-                                        f"[{defect}->{name}]")
+    for _module, d in DECLARED:
+        out.setdefault(d.test, []).append(f"tests/test_seeded_defects.py::test_contract_file_catches_its_declared_defect"
+                                          f"[{d.name}->{d.test}]")
     return out
 
 
