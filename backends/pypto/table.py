@@ -130,16 +130,26 @@ def _pro_bound() -> dict[str, Binding]:
 
 
 def _unsurveyed() -> dict[str, Binding]:
-    """A row for every declared operator the survey of upstream's entries has not reached yet: a new operator
-    needs no row here until someone names upstream's entry for it (its default is honest: not bound)."""
+    """A row for every declared operator without one: ``not bound`` naming the kernel entries its record
+    (``kernels.record``) names per upstream folder, else ``not surveyed`` (no entry named for it yet)."""
     from contracts.operators import KERNEL_OPERATORS
+    from kernels.record import records
 
     unknown = sorted(set(BINDINGS) - set(KERNEL_OPERATORS))
     if unknown:
         raise ValueError(f"backends.pypto.table: rows for operators nobody declares: {unknown}")
-    return {name: Binding(name, "not surveyed", "(none named yet)",
-                          note="declared after the last survey of upstream's entries; no entry is named for it yet")
-            for name in KERNEL_OPERATORS if name not in BINDINGS}
+    out = {}
+    for name in KERNEL_OPERATORS:
+        if name in BINDINGS:
+            continue
+        record = records().get(name)
+        entries = [f"models/{u.folder}/{u.entry}" for u in (record.bindings if record else ()) if u.entry]
+        out[name] = (Binding(name, "not bound", ", ".join(entries), "@pl.jit",
+                             note="the entries its record names (kernels.record); no adapter lays the call out for "
+                                  "them yet") if entries else
+                     Binding(name, "not surveyed", "(none named yet)",
+                             note="declared after the last survey of upstream's entries; no entry is named for it yet"))
+    return out
 
 
 BINDINGS.update(_pro_bound())
