@@ -38,35 +38,15 @@ class Launcher:
 def _rope_rows(launch: Launcher):
     def materialize_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos, rope_sin):
         """The caller's side of the device ABI (§4.2: the kernel trusts it), checked before launching."""
-        from kernels.errors import ContractInputError, is_int
+        from kernels.errors import ContractInputError
+        from kernels.reference.rope import check_rope_rows
 
-        spec = "§4.2"
-        if freqs_cos.dtype != torch.float32 or freqs_sin.dtype != torch.float32 or freqs_cos.ndim != 2 or \
-                freqs_cos.shape != freqs_sin.shape or freqs_cos.shape[0] == 0:
-            raise ContractInputError("freqs_cos/freqs_sin", None, "two FP32 [capacity>0, ROPE_DIM/2] tables",
-                                     f"{freqs_cos.dtype}{list(freqs_cos.shape)} / "
-                                     f"{freqs_sin.dtype}{list(freqs_sin.shape)}", spec)
-        if position_ids.dtype not in (torch.int32, torch.int64) or position_ids.ndim != 1:
-            raise ContractInputError("position_ids", None, "a 1-D INT32/INT64 tensor",
-                                     f"{position_ids.dtype}{list(position_ids.shape)}", spec)
+        check_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos, rope_sin, dtype=torch.float32)
         if position_ids.dtype == torch.int64:  # the device takes INT32: narrow only what fits
             if position_ids.numel() and (int(position_ids.max()) >= 2**31 or int(position_ids.min()) < -2**31):
                 raise ContractInputError("position_ids", None, "values that fit the device's INT32",
-                                         f"range [{int(position_ids.min())}, {int(position_ids.max())}]", spec)
+                                         f"range [{int(position_ids.min())}, {int(position_ids.max())}]", "§4.2")
             position_ids = position_ids.to(torch.int32)
-        rows = position_ids.shape[0]
-        for name, out in (("rope_cos", rope_cos), ("rope_sin", rope_sin)):
-            if out.shape != (rows, freqs_cos.shape[1]) or out.dtype != torch.float32:
-                raise ContractInputError(name, None, f"FP32[{rows}, {freqs_cos.shape[1]}]",
-                                         f"{out.dtype}{list(out.shape)}", spec)
-        if not is_int(num_tokens) or not 0 <= num_tokens <= rows:
-            raise ContractInputError("num_tokens", None, f"an int in [0, {rows}]", repr(num_tokens), spec)
-        capacity = freqs_cos.shape[0]
-        beyond = (position_ids[:num_tokens] >= capacity).nonzero()
-        if beyond.numel():
-            t = int(beyond[0, 0])
-            raise ContractInputError("position_ids", (t,), f"< table capacity {capacity}", int(position_ids[t]),
-                                     spec)
         out = launch({"freqs_cos": freqs_cos, "freqs_sin": freqs_sin, "position_ids": position_ids,
                       "num_tokens": num_tokens, "rope_cos": rope_cos, "rope_sin": rope_sin})
         rope_cos.copy_(out["rope_cos"])

@@ -64,6 +64,11 @@ def _pair_problem(check: str, spec: str, name: str, actual: torch.Tensor, expect
     return None
 
 
+def _lead(actual: torch.Tensor) -> tuple[int, ...]:
+    """The leading shape a row index is reported in (none for a 1-D tensor: one row)."""
+    return tuple(actual.shape[:-1]) if actual.ndim > 1 else ()
+
+
 def _pair64(check: str, spec: str, name: str, actual: torch.Tensor, expected: torch.Tensor
             ) -> tuple[CheckResult | None, torch.Tensor, torch.Tensor]:
     """The pair's layout problem (or None) and both sides as FP64 on the CPU."""
@@ -159,12 +164,10 @@ def check_row_precision(actual: torch.Tensor, expected: torch.Tensor, *, bound: 
     ``actual``/``expected`` [..., D] with equal shape and dtype, numel > 0. All arithmetic in FP64. Spec: §6.
     """
     check, spec = "check_row_precision", "§6"
-    problem = _pair_problem(check, spec, name, actual, expected)
-    if problem is not None:
+    if (problem := _pair_problem(check, spec, name, actual, expected)) is not None:
         return problem
     a, e = _native_rows(actual), _native_rows(expected)
-    lead = tuple(actual.shape[:-1]) if actual.ndim > 1 else ()
-    n_rows = a.shape[0]
+    lead, n_rows = _lead(actual), a.shape[0]
     if a.dtype == torch.float64 or e.dtype == torch.float64:  # FP64 inputs: every row judged in FP64
         judged = torch.arange(n_rows)
     else:
@@ -216,12 +219,10 @@ def check_output_budget(actual: torch.Tensor, expected: torch.Tensor, *, budget:
     rows whose reference is all zero must be exactly zero. Spec: §6 (decode SWA/C2A compare_output).
     """
     check, spec = "check_output_budget", "§6"
-    problem = _pair_problem(check, spec, name, actual, expected)
-    if problem is not None:
+    if (problem := _pair_problem(check, spec, name, actual, expected)) is not None:
         return problem
     a, e = _rows(actual), _rows(expected)
-    lead = tuple(actual.shape[:-1]) if actual.ndim > 1 else ()
-    n_rows = a.shape[0]
+    lead, n_rows = _lead(actual), a.shape[0]
     bad_elems = ~torch.isfinite(a) | ~torch.isfinite(e)
     if bool(bad_elems.any()):
         row, col = (int(v) for v in bad_elems.nonzero()[0])

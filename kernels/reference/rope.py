@@ -65,15 +65,14 @@ def rope_interleave(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, in
     return torch.cat((head.float(), rotated), dim=-1).to(x.dtype)
 
 
-@operator(returns='None (writes rope_cos/rope_sin rows < num_tokens)', spec='§4.2')
-def materialize_rope_rows(freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, position_ids: torch.Tensor,
-                          num_tokens: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> None:
-    """Write rows t < num_tokens of ``rope_cos``/``rope_sin`` [T, rope/2] in place: table row p for p >= 0,
-    the identity rotation (1, 0) for p < 0. Rows >= num_tokens are untouched; num_tokens = 0 does nothing.
-    A position >= the table capacity raises (upstream leaves this unchecked: RR-05). Spec: §4.2.
-    """
-    if freqs_cos.ndim != 2 or freqs_cos.shape != freqs_sin.shape or freqs_cos.dtype != freqs_sin.dtype:
-        raise ContractInputError("freqs_cos/freqs_sin", None, "two 2-D tables of one shape and dtype",
+def check_rope_rows(freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, position_ids: torch.Tensor, num_tokens: int,
+                    rope_cos: torch.Tensor, rope_sin: torch.Tensor, *, dtype: torch.dtype | None = None) -> None:
+    """``materialize_rope_rows``' caller-side checks (what every implementation refuses alike): two 2-D tables of
+    one shape and dtype (``dtype``, where a device compiles one), 1-D INT32/INT64 positions, output rows of the
+    tables' width and dtype, 0 <= num_tokens <= rows, and no active position at or past the table capacity."""
+    if freqs_cos.ndim != 2 or freqs_cos.shape != freqs_sin.shape or freqs_cos.dtype != freqs_sin.dtype or \
+            (dtype is not None and freqs_cos.dtype != dtype):
+        raise ContractInputError("freqs_cos/freqs_sin", None, f"two 2-D {dtype or ''} tables of one shape and dtype",
                                  f"{freqs_cos.dtype}{list(freqs_cos.shape)} / {freqs_sin.dtype}{list(freqs_sin.shape)}",
                                  SPEC)
     if freqs_cos.shape[0] == 0:
@@ -88,14 +87,24 @@ def materialize_rope_rows(freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, posi
                                      f"{out.dtype}{list(out.shape)}", SPEC)
     if not is_int(num_tokens) or not 0 <= num_tokens <= rows:
         raise ContractInputError("num_tokens", None, f"an int in [0, {rows}]", repr(num_tokens), SPEC)
+    pos = position_ids[:num_tokens].to(torch.int64)
+    bad = pos >= freqs_cos.shape[0]
+    if bool(bad.any()):
+        t = int(bad.nonzero()[0, 0])
+        raise ContractInputError("position_ids", (t,), f"< table capacity {freqs_cos.shape[0]}", int(pos[t]), SPEC)
+
+
+@operator(returns='None (writes rope_cos/rope_sin rows < num_tokens)', spec='§4.2')
+def materialize_rope_rows(freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, position_ids: torch.Tensor,
+                          num_tokens: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> None:
+    """Write rows t < num_tokens of ``rope_cos``/``rope_sin`` [T, rope/2] in place: table row p for p >= 0,
+    the identity rotation (1, 0) for p < 0. Rows >= num_tokens are untouched; num_tokens = 0 does nothing.
+    A position >= the table capacity raises (upstream leaves this unchecked: RR-05). Spec: §4.2.
+    """
+    check_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos, rope_sin)
     if num_tokens == 0:
         return
     pos = position_ids[:num_tokens].to(torch.int64)
-    capacity = freqs_cos.shape[0]
-    bad = pos >= capacity
-    if bool(bad.any()):
-        t = int(bad.nonzero()[0, 0])
-        raise ContractInputError("position_ids", (t,), f"< table capacity {capacity}", int(pos[t]), SPEC)
     valid = (pos >= 0).unsqueeze(-1)
     idx = pos.clamp_min(0)
     rope_cos[:num_tokens] = torch.where(valid, freqs_cos[idx], torch.ones((), dtype=freqs_cos.dtype))

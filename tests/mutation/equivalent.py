@@ -248,11 +248,10 @@ CLAMP_COMMUTES = 'min(max(a, 0), w) equals max(min(a, w), 0) for the window w >=
 PER_TOKEN_ROWS = 'Each iteration writes only its own token row (out[t], closes[t]); the += is list concatenation of the window, not a running sum, so the visiting order cannot change any value.'
 
 EQUIVALENT: dict[str, str] = {
-    'contracts.checks.precision:check_output_budget:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
     'contracts.checks.precision:check_owner_rows:const:True->False#1': ZIP,
     'contracts.checks.precision:check_owner_rows:drop-call:slab[count:].detach().cpu().to(torch.float64)[to]->(skipped)#0': PAD_DTYPE,
-    'contracts.checks.precision:check_row_precision:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
+    'contracts.checks.precision:_lead:cmp:actual.ndim > 1[Gt]->GtE#0': LEAD1D,
     'contracts.checks.precision:check_row_precision:drop-call:torch.maximum(rms_excess, peak_excess).masked_fill(~bad, ...[masked_fill]->(skipped)#0': MASK_GOOD,
     'contracts.checks.precision:check_row_precision:drop-unary:-1.0[USub]->(none)#0': MASK_GOOD,
     'kernels.cache:CacheLayout:const:1->2#0': CACHELAYOUT,
@@ -432,7 +431,9 @@ EQUIVALENT: dict[str, str] = {
     'kernels.reference.indexer:select_topk:name:int32->int64#1': DTYPE,
     'kernels.reference.rope:materialize_rope_rows:drop-call:position_ids[:num_tokens].to(torch.int64)[to]->(skipped)#0': ROPE_CAST,
     'kernels.reference.rope:materialize_rope_rows:drop-unary:-1[USub]->(none)#0': DIM,
-    'kernels.reference.rope:materialize_rope_rows:name:int64->int32#1': ROPE_CAST,
+    'kernels.reference.rope:materialize_rope_rows:name:int64->int32#0': ROPE_CAST,
+    'kernels.reference.rope:check_rope_rows:drop-call:position_ids[:num_tokens].to(torch.int64)[to]->(skipped)#0': ROPE_CAST,
+    'kernels.reference.rope:check_rope_rows:name:int64->int32#1': ROPE_CAST,
     'kernels.sequence_parallel:check_owner_slabs:cmp:b.width > b.count[Gt]->GtE#0': EMPTY_PAD,
     'kernels.sequence_parallel:check_owner_slabs:const:0->1#2': EMPTY_PAD,
     'kernels.sequence_parallel:check_owner_slabs:const:True->False#0': ZIP,
