@@ -21,10 +21,10 @@ def _cases_by_operator() -> dict[str, list]:
     """operator -> its golden cases (the sample store's families and the model-geometry modules), by name."""
     import importlib
 
-    from goldens.cases import GEOMETRIES, cases
+    from goldens.cases import FAMILIES, GEOMETRIES
 
-    every = dict(cases())
-    for module in GEOMETRIES.values():
+    every = {}  # the built-in families and geometry modules only: never a case a store or a user module added
+    for module in (*FAMILIES, *GEOMETRIES.values()):
         every.update({c.name: c for c in importlib.import_module(module).CASES})
     out: dict[str, list] = {}
     for case in sorted(every.values(), key=lambda c: c.name):
