@@ -51,31 +51,47 @@ def emulated_backend() -> Backend:
                                   v4_sparse_attention=tiled_v4_sparse_attention, final_norm=tiled_final_norm)
 
 
-def pypto_backend(platform: str | None = None, device: str | None = None, pypto_lib: str | None = None) -> Backend:
+def pypto_backend(platform: str | None = None, device: str | None = None, pypto_lib: str | None = None,
+                  model: str | None = None) -> Backend:
     from backends.pypto import make_backend
 
+    if model not in (None, "deepseek_v4_pro"):
+        raise BackendError(f"--model {model}: the pypto backend binds V4-Pro's entries only so far "
+                           "(docs/backends.md, Appendix B)")
     return make_backend(platform or "a5sim", device=device, pypto_lib=pypto_lib)
 
 
 def _cpu(factory: Callable[..., Backend], name: str, *, checkout: bool = False) -> Callable[..., Backend]:
-    """A CPU backend's factory: --platform / --device refused; --pypto-lib passed on when it takes a checkout."""
-    def make(platform=None, device=None, pypto_lib=None) -> Backend:
+    """A CPU backend's factory: --platform / --device refused; --pypto-lib and --model passed on when it takes a
+    checkout (upstream's goldens of one model folder)."""
+    def make(platform=None, device=None, pypto_lib=None, model=None) -> Backend:
+        if checkout:
+            return _checkout(factory, name, platform, device, pypto_lib, model)
         given = [f"--{k.replace('_', '-')} {v}" for k, v in
-                 (("platform", platform), ("device", device), ("pypto_lib", None if checkout else pypto_lib))
+                 (("platform", platform), ("device", device), ("pypto_lib", pypto_lib), ("model", model))
                  if v is not None]
         if given:
             raise BackendError(f"backend {name!r} runs on the CPU: {', '.join(given)} applies to device backends "
-                               "(--backend pypto)")
-        return factory(pypto_lib) if checkout else factory()
+                               "(--backend pypto)" + (" or upstream's goldens (--backend upstream)"
+                                                      if model is not None or pypto_lib is not None else ""))
+        return factory()
 
     return make
 
 
-def upstream_backend(pypto_lib: str | None = None) -> Backend:
+def _checkout(factory, name: str, platform, device, pypto_lib, model) -> Backend:
+    given = [f"--{k} {v}" for k, v in (("platform", platform), ("device", device)) if v is not None]
+    if given:
+        raise BackendError(f"backend {name!r} runs on the CPU: {', '.join(given)} applies to device backends "
+                           "(--backend pypto)")
+    return factory(pypto_lib, model)
+
+
+def upstream_backend(pypto_lib: str | None = None, model: str | None = None) -> Backend:
     """Upstream's own Torch goldens from a pypto-lib checkout (``backends.upstream``), on the CPU."""
     from backends.upstream import make_backend
 
-    return make_backend(pypto_lib)
+    return make_backend(pypto_lib, model)
 
 
 BUILTIN: dict[str, Callable[..., Backend]] = {"torch": _cpu(torch_backend, "torch"),
@@ -85,13 +101,13 @@ BUILTIN: dict[str, Callable[..., Backend]] = {"torch": _cpu(torch_backend, "torc
 
 
 def get_backend(name: str, *, platform: str | None = None, device: str | None = None,
-                pypto_lib: str | None = None) -> Backend:
+                pypto_lib: str | None = None, model: str | None = None) -> Backend:
     try:
         factory = BUILTIN[name]
     except KeyError:
         raise BackendError(f"unknown backend {name!r}; built in: {sorted(BUILTIN)} "
                            "(load others with --backend-module pkg.module:OBJECT)") from None
-    return factory(platform=platform, device=device, pypto_lib=pypto_lib)
+    return factory(platform=platform, device=device, pypto_lib=pypto_lib, model=model)
 
 
 def load_backend_module(target: str, *, device: str | None = None) -> Backend:

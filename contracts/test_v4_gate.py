@@ -165,16 +165,20 @@ def _exact_square_sum_rows(config, i, seed, rows):
                 input_ids=torch.zeros(rows, dtype=torch.int64), num_tokens=rows)
 
 
-def _factor_rules(config, i):
-    """(product, reciprocal): the two factor rules computed here, amax · fl(1/127) · inv_rms and
-    1 / (127 / amax) · inv_rms, asserted to differ on some row."""
+def _factor_rules(config, i) -> dict[str, torch.Tensor]:
+    """Each factor rule computed here: "product" amax · fl(1/127) · inv_rms, "reciprocal" 1 / (127 / amax) ·
+    inv_rms, "rounded-reciprocal" 1 / (fl(1/amax) · 127) · inv_rms; each asserted to differ from the others on some
+    row."""
     x = i["x_mixed"].float()
     amax = (x * i["norm_w"].float()).abs().amax(-1, keepdim=True)
     inv_rms = torch.rsqrt((x.double().pow(2).sum(-1, keepdim=True) / x.shape[1]).float() + config.rms_norm_eps)
-    product = amax * torch.tensor(1 / 127, dtype=torch.float32) * inv_rms
-    reciprocal = torch.reciprocal(torch.full_like(amax, 127.0) / amax) * inv_rms
-    assert bool((product != reciprocal).any()), "no row separates the two factor rules"
-    return product, reciprocal
+    rules = {"product": amax * torch.tensor(1 / 127, dtype=torch.float32) * inv_rms,
+             "reciprocal": torch.reciprocal(torch.full_like(amax, 127.0) / amax) * inv_rms,
+             "rounded-reciprocal": torch.reciprocal(torch.reciprocal(amax) * 127.0) * inv_rms}
+    for a in rules:
+        for b in rules:
+            assert a == b or bool((rules[a] != rules[b]).any()), f"no row separates the {a!r} and {b!r} rules"
+    return rules
 
 
 def test_the_dispatch_scale_is_amax_over_127_times_the_rms(backend):
@@ -192,30 +196,34 @@ def test_the_dispatch_scale_is_amax_over_127_times_the_rms(backend):
         "scaling the row by 4 moved its factor (the RMS must divide out, up to eps)"
     i = _exact_square_sum_rows(config, i, 60, 512)
     a = _call(backend, config, i, 61)
-    product, reciprocal = _factor_rules(config, i)
-    # upstream's kernel computes the product, upstream's golden the reciprocal: a backend that follows the golden
-    # says so (Backend.variants) and is judged by that named rule, bit for bit
+    rules = _factor_rules(config, i)
+    # upstream's kernel computes the product, upstream's goldens a reciprocal (V4-Pro's of a true division, the
+    # Flash folders' of a rounded one): a backend that follows a golden says so (Backend.variants) and is judged by
+    # that named rule, bit for bit
     rule = backend.variants.get("v4_gate", {}).get("dequant_factor", "product")
-    want, other = (product, reciprocal) if rule == "product" else (reciprocal, product)
-    formula = "amax · (1/127) · inv_rms" if rule == "product" else "1 / (127 / amax) · inv_rms"
-    assert torch.equal(a["x_norm_scale"], want), f"x_norm_scale is not {formula} (the {rule!r} rule of DEQUANT_FACTOR)"
-    assert not torch.equal(a["x_norm_scale"], other)
+    assert torch.equal(a["x_norm_scale"], rules[rule]), \
+        f"x_norm_scale is not the {rule!r} rule of DEQUANT_FACTOR ({FORMULAS[rule]})"
+    assert not any(torch.equal(a["x_norm_scale"], v) for k, v in rules.items() if k != rule)
 
 
-@pytest.mark.parametrize("rule", ["product", "reciprocal"])
+FORMULAS = {"product": "amax · (1/127) · inv_rms", "reciprocal": "1 / (127 / amax) · inv_rms",
+            "rounded-reciprocal": "1 / (fl(1/amax) · 127) · inv_rms"}
+
+
+@pytest.mark.parametrize("rule", ["product", "reciprocal", "rounded-reciprocal"])
 def test_each_named_dispatch_factor_rule_is_its_formula(backend, rule):
     """``dequant_factor`` selects the factor by name: "product" amax · (1/127) · inv_rms (upstream's kernel),
-    "reciprocal" 1 / (127 / amax) · inv_rms (upstream's golden), each bit for bit on rows that separate them (sums
-    of squares exact in FP32, as in the test above). A backend with one rule only skips the other. Spec: §8."""
+    "reciprocal" 1 / (127 / amax) · inv_rms (V4-Pro's golden), "rounded-reciprocal" 1 / (fl(1/amax) · 127) · inv_rms
+    (the V4-Flash folders' golden), each bit for bit on rows that separate it from the others (sums of squares exact
+    in FP32, as in the test above). A backend with one rule only skips the others. Spec: §8."""
     config = MODELS[0]
     i = _exact_square_sum_rows(config, _inputs(config, 6, num_tokens=T), 61, 256)
     out = op(backend, "v4_gate")(i["x_mixed"], i["norm_w"], i["gate_w"], i["gate_bias"], 61, 256, i["tid2eid"],
                                  i["input_ids"], config=config, dequant_factor=rule)
 
-    product, reciprocal = _factor_rules(config, i)
-    want = product if rule == "product" else reciprocal
-    separates(f"dequant factor {rule!r}", want, other_rule=reciprocal if rule == "product" else product)
-    assert torch.equal(out["x_norm_scale"], want), f"dequant_factor={rule!r} is not its formula"
+    rules = _factor_rules(config, i)
+    separates(f"dequant factor {rule!r}", rules[rule], **{k.replace("-", "_"): v for k, v in rules.items() if k != rule})
+    assert torch.equal(out["x_norm_scale"], rules[rule]), f"dequant_factor={rule!r} is not its formula ({FORMULAS[rule]})"
 
 
 def test_the_softplus_keeps_its_negative_tail(backend):

@@ -97,7 +97,7 @@ def _record_from_upstream(args) -> int:
         raise GoldenStoreError("record --from upstream: name the case(s) to record (goldens cases lists them; the "
                                "upstream backend covers the operators its adapters bind)")
     try:
-        backend = get_backend("upstream", pypto_lib=args.pypto_lib)
+        backend = get_backend("upstream", pypto_lib=args.pypto_lib, model=args.model)
     except BackendError as exc:
         raise BackendFailure(str(exc)) from exc
     if backend.unavailable:
@@ -597,6 +597,7 @@ def _replay_arguments(sp):
     sp.add_argument("--device", default=None, metavar="IDS",
                     help="device ids for a device backend, e.g. 0,1 (one launch, compile included, is stopped "
                          "after $PTO_DEVICE_TIMEOUT seconds, default 1800: an ERROR row naming the entry)")
+    _model(sp)
     sp.add_argument("--pypto-lib", default=None, metavar="PATH",
                     help="pypto-lib checkout the pypto backend binds (default $PYPTO_LIB_ROOT)")
     sp.add_argument("--allow-unavailable", action="store_true",
@@ -618,6 +619,13 @@ def _replay_arguments(sp):
                     help="only the trees that reach operator NAME: its own trees, and those of compositions "
                          "whose reference goes through it; repeatable or comma-separated")
     _wiring(sp)
+
+
+def _model(sp) -> None:
+    sp.add_argument("--model", default=None, metavar="FOLDER",
+                    choices=("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark"),
+                    help="the upstream model folder whose goldens (--backend upstream, record --from upstream) or "
+                         "entries (--backend pypto) are used (default deepseek_v4_pro)")
 
 
 def _json(sp) -> None:
@@ -645,6 +653,7 @@ def _add_store_commands(sub) -> None:
                         "upstream pypto-lib's own Torch goldens through the upstream backend (trees named "
                         "up-<case>, recording the upstream commit, golden functions and named variants; replayed "
                         "on any backend, never regenerated from the reference)")
+    _model(r)
     r.add_argument("--pypto-lib", default=None, metavar="PATH",
                    help="with --from upstream: the pypto-lib checkout (default $PYPTO_LIB_ROOT)")
     r.add_argument("--geometry", choices=("flash", "pro", "v4-flash"), default=None,

@@ -80,7 +80,8 @@ def _worker_argv(args, device: int, cases: list[str]) -> list[str]:
         argv += ["--cases-module", m]
     argv += ["replay", *cases, "--json", "--device", str(device), "--wiring", args.wiring]
     for flag, value in (("--backend", args.backend), ("--backend-module", args.backend_module),
-                        ("--platform", args.platform), ("--pypto-lib", args.pypto_lib), ("--rev", args.rev)):
+                        ("--platform", args.platform), ("--pypto-lib", args.pypto_lib), ("--rev", args.rev),
+                        ("--model", getattr(args, "model", None))):
         if value is not None:
             argv += [flag, value]
     for flag, on in (("--allow-unavailable", args.allow_unavailable), ("--allow-stale", args.allow_stale),

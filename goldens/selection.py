@@ -79,12 +79,13 @@ def backend_of(args):
     from backends import get_backend, load_backend_module
     from contracts.operators import BackendError
 
-    device = {"platform": args.platform, "device": args.device, "pypto_lib": args.pypto_lib}
+    device = {"platform": args.platform, "device": args.device, "pypto_lib": args.pypto_lib,
+              "model": getattr(args, "model", None)}
     try:
         if args.backend_module:
-            if args.platform is not None or args.pypto_lib is not None:
-                raise BackendError("--platform/--pypto-lib apply to --backend pypto, not to --backend-module (a "
-                                   "module of your own may take --device: a callable with device=)")
+            if args.platform is not None or args.pypto_lib is not None or device["model"] is not None:
+                raise BackendError("--platform/--pypto-lib/--model apply to --backend pypto or upstream, not to "
+                                   "--backend-module (a module of your own may take --device: a callable with device=)")
             return load_backend_module(args.backend_module, device=args.device)
         if args.backend == "recorded" or args.backend.startswith("recorded:"):
             if any(v is not None for v in device.values()):

@@ -61,6 +61,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="comma-separated device ids for a device backend (default 0..TP-1)")
     group.addoption("--pypto-lib", default=None, metavar="PATH",
                     help="root of the upstream pypto-lib checkout the pypto and upstream backends use (default $PYPTO_LIB_ROOT)")
+    group.addoption("--model", default=None, metavar="FOLDER",
+                    choices=("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark"),
+                    help="the upstream model folder whose goldens (--backend upstream) or entries (--backend pypto) "
+                         "are judged (default deepseek_v4_pro); refused for the CPU reference backends")
     group.addoption("--tp", type=int, default=None, metavar="N",
                     help="attention TP of the deployment the topology contracts check (1, 2, 4, 8; default 4)")
     group.addoption("--ep", type=int, default=None, metavar="N",
@@ -179,7 +183,7 @@ def worker_device(config: pytest.Config) -> str | None:
 
 def backend_from_options(config: pytest.Config) -> Backend:
     target = config.getoption("backend_module")
-    device_options = {k: config.getoption(k) for k in ("platform", "device", "pypto_lib")}
+    device_options = {k: config.getoption(k) for k in ("platform", "device", "pypto_lib", "model")}
     device_options["device"] = worker_device(config)
     try:
         if target:
@@ -299,7 +303,7 @@ def pytest_runtest_makereport(item: pytest.Item, call):
 def reproduce_command(item: pytest.Item) -> str:
     config = item.config
     options = [f"--{name.replace('_', '-')} {shlex.quote(str(config.getoption(name)))}"
-               for name in ("backend", "backend_module", "platform", "device", "pypto_lib", "tp", "ep", "dp")
+               for name in ("backend", "backend_module", "platform", "device", "pypto_lib", "model", "tp", "ep", "dp")
                if config.getoption(name, default=None) not in (None, "torch", False)]
     used = sorted({v for k, v in item.user_properties if k == "pto_operator"})
     profile = settings._current_profile

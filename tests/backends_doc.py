@@ -53,13 +53,13 @@ def _case_lines(name: str, found: list) -> list[str]:
 
 
 def _record_lines(name: str) -> list[str]:
-    from backends.upstream.adapters import ADAPTERS
+    from backends.upstream.adapters import BY_FOLDER
     from kernels.record import FOLDERS, records
 
     record = records().get(name)
     if record is None:
         return []
-    adapted = {(a.operator, a.folder) for a in ADAPTERS.values()}
+    adapted = {(a.operator, folder) for folder, table in BY_FOLDER.items() for a in table.values()}
     lines = [f"Record `{record.operator}` (`kernels.record`): {len(record.cases)} case(s), "
              f"{len(record.bad_calls)} bad call(s). Upstream, per model folder:", "",
              "| folder | golden | adapted here | kernel entry | why none |", "|---|---|---|---|---|"]

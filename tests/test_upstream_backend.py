@@ -165,8 +165,59 @@ def test_the_backend_lists_every_operator_it_does_not_run_with_a_reason(fake_roo
     assert PENDING == {}, f"upstream goldens not adapted: {PENDING}"
     assert "moe.py::golden_moe is the whole stage" in b.why_missing["v4_moe"]
     assert "fuses hc_mixes and hc_pre" in b.why_missing["hc_pre"]
-    assert b.why_missing["build_forward_metadata"] == "upstream main has no golden for it"
+    assert b.why_missing["build_forward_metadata"] == "no golden of models/deepseek_v4_pro is adapted for it"
     assert set(b.why_missing) | set(b.operators) >= {"v4_gate", "v4_moe", "sp_bounds"}
+
+
+FLASH_CONFIG = CONFIG.replace('ACTIVE_BASE = Cfg("pro", 8)\nACTIVE = ACTIVE_BASE', 'FLASH = Cfg("flash", 8)')
+FLASH_MODULE = MODULE.replace("from config import ACTIVE as M", "from config import FLASH as M")
+
+
+@pytest.fixture(scope="module")
+def flash_root(tmp_path_factory) -> Path:
+    """A checkout-shaped folder with main's two V4-Flash folders, whose modules import ``FLASH as M``."""
+    root = tmp_path_factory.mktemp("flash-checkout")
+    (root / "golden").mkdir()
+    (root / "golden" / "runner.py").write_text("# layout only\n")
+    for folder in ("deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark"):
+        model = root / "models" / folder
+        model.mkdir(parents=True)
+        (model / "config.py").write_text(textwrap.dedent(FLASH_CONFIG))
+        (model / "toy.py").write_text(textwrap.dedent(FLASH_MODULE))
+    return root
+
+
+def test_a_flash_folder_takes_its_geometry_on_its_own_model_object(flash_root):
+    """The Flash folders import ``FLASH as M``: the worker's field overrides land there (on V4-Pro's ``ACTIVE`` they
+    would leave the module at the folder's own dims)."""
+    w = Worker(flash_root)
+    try:
+        x = torch.ones(3, 4).to(torch.bfloat16)
+        out = w.call("deepseek_v4_flash_mtp", "toy", "golden_double", {"x": x, "y": torch.zeros(3, 4)},
+                     fields={"hidden_size": 4, "name": "ab"}, constants={"MOE_TOKENS": 3})
+        assert torch.equal(out["y"], torch.full((3, 4), 4.0)), "the fields did not reach config.FLASH"
+    finally:
+        w.close()
+
+
+def test_the_model_folder_selects_the_adapters_and_an_unknown_one_is_a_usage_error(flash_root, fake_root):
+    from backends.upstream.adapters import BY_FOLDER
+
+    mtp = make_backend(str(flash_root), "deepseek_v4_flash_mtp")
+    assert mtp.operators == tuple(sorted(BY_FOLDER["deepseek_v4_flash_mtp"])) and "lookup_embedding" in mtp.operators
+    assert mtp.variants["v4_gate"] == {"dequant_factor": "rounded-reciprocal"}, "the Flash golden's own factor rule"
+    assert mtp.provenance["folder"] == "deepseek_v4_flash_mtp" and "models/deepseek_v4_flash_mtp" in mtp.description
+    assert "no golden of models/deepseek_v4_flash_mtp is adapted" in mtp.why_missing["v4_expert"]
+    pro = make_backend(str(fake_root))
+    assert "lookup_embedding" not in pro.operators and pro.variants["v4_gate"] == {"dequant_factor": "reciprocal"}
+    missing = make_backend(str(fake_root), "deepseek_v4_flash_dspark")
+    assert missing.unavailable and "has no models/deepseek_v4_flash_dspark" in missing.unavailable
+    with pytest.raises(BackendError, match="--model deepseek_v4_1_flash: expected one of deepseek_v4_pro"):
+        make_backend(str(flash_root), "deepseek_v4_1_flash")
+    with pytest.raises(BackendError, match=r"'torch' runs on the CPU: --model deepseek_v4_flash_mtp"):
+        get_backend("torch", model="deepseek_v4_flash_mtp")
+    with pytest.raises(BackendError, match="binds V4-Pro's entries only"):
+        get_backend("pypto", model="deepseek_v4_flash_mtp")
 
 
 @pytest.mark.skipif(not os.environ.get("PYPTO_LIB_ROOT"), reason="needs a pypto-lib checkout (PYPTO_LIB_ROOT)")

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 import torch
 
 PRO = "deepseek_v4_pro"
+FLASH_MTP = "deepseek_v4_flash_mtp"
+FLASH_DSPARK = "deepseek_v4_flash_dspark"
+FOLDERS = (PRO, FLASH_MTP, FLASH_DSPARK)  # upstream main's DeepSeek-V4 model folders (--model)
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ def _variant_fields(config) -> dict:
 
 
 def _gate(run, x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, *, config,
-          padding_codes="quantized", dequant_factor="reciprocal"):
+          padding_codes="quantized", dequant_factor="reciprocal", golden_rule="reciprocal"):
     """v4_gate -> gate.py::golden_gate_core at T = x_mixed rows (MOE_TOKENS), the call's experts and vocabulary.
     Upstream has one padding rule (every row coded): the 'zero' variant is this project's only."""
     from contracts.operators import Unsupported
@@ -56,9 +59,9 @@ def _gate(run, x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid
     if padding_codes != "quantized":
         raise Unsupported(f"upstream's gate golden codes every row; padding_codes={padding_codes!r} is this "
                           "project's named variant only")
-    if dequant_factor != "reciprocal":
-        raise Unsupported(f"upstream's gate golden dequantizes by 1 / (127 / amax); dequant_factor={dequant_factor!r} "
-                          "is upstream's kernel's rule, not its golden's")
+    if dequant_factor != golden_rule:
+        raise Unsupported(f"this folder's gate golden follows dequant_factor={golden_rule!r}; "
+                          f"dequant_factor={dequant_factor!r} is another named rule (kernels.v4.gate.DEQUANT_FACTOR)")
     tokens, d = x_mixed.shape
     k = config.num_experts_per_tok
     fields = dict(_variant_fields(config), vocab_size=int(tid2eid.shape[0]))
@@ -115,6 +118,27 @@ def _v4_embed_pack(run, input_ids, embed_weight, *, config):
     tensors = {"input_ids": input_ids.to(torch.int64).clone(), "embed_weight": embed_weight.clone(),
                "x_hc": torch.zeros(input_ids.shape[0], config.hc_mult, config.hidden_size, dtype=torch.float32)}
     return run(tensors, _variant_fields(config), {})["x_hc"]
+
+
+def _lookup_embedding(run, input_ids, embed_weight, *, config, streams: int = 0):
+    """lookup_embedding -> lookup_embedding.py::golden_lookup_embedding_test: each id's BF16 row, at the call's width
+    and vocabulary (ids as the entry's INT64). ``streams``: the dspark folder's golden also fills ``x_hc`` [T, hc, D]
+    FP32 (the rows in every stream, V4-Pro's input pack without its clamp), which this operator does not return."""
+    from kernels.v4.lookup_embedding import check_lookup_inputs
+
+    check_lookup_inputs(input_ids, embed_weight, config=config)  # the caller's side
+    t, d = input_ids.shape[0], embed_weight.shape[1]
+    tensors = {"input_ids": input_ids.to(torch.int64).clone(), "embed_weight": embed_weight.clone(),
+               "hidden_states": torch.zeros(t, d, dtype=torch.bfloat16)}
+    fields = {"hidden_size": d}
+    if streams:
+        tensors["x_hc"] = torch.zeros(t, streams, d, dtype=torch.float32)
+        fields["hc_mult"] = streams
+    return run(tensors, fields, {})["hidden_states"]
+
+
+def _dspark_lookup_embedding(run, input_ids, embed_weight, *, config):
+    return _lookup_embedding(run, input_ids, embed_weight, config=config, streams=config.hc_mult)
 
 
 def _final_norm(run, hidden, weight, *, config=None):
@@ -937,6 +961,51 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
             also=("decode_compressor_ratio128",)),
 )}
 
+
+def _in(folder: str, adapters) -> dict[str, Adapter]:
+    from dataclasses import replace
+
+    return {a.operator: replace(a, folder=folder) for a in adapters}
+
+
+# The adapters of each model folder (--model). The Flash folders' goldens adapted so far: the ones whose tensors
+# and rule are V4-Pro's (checked against a checkout: tests/test_record_bindings.py, and the contracts on
+# --backend upstream --model ...), and what only Flash has.
+def _flash_gate(run, *args, **kwargs):
+    """v4_gate -> the Flash folders' gate.py::golden_gate_core: V4-Pro's tensors and routing; its quantization factor
+    is ``INT8_SCALE_MAX / amax`` with a Python float (torch: reciprocal(amax) · 127), the 'rounded-reciprocal' rule."""
+    kwargs.setdefault("dequant_factor", "rounded-reciprocal")
+    return _gate(run, *args, golden_rule="rounded-reciprocal", **kwargs)
+
+
+_FLASH_SHARED: list[Adapter] = []
+_FLASH_OWN = [Adapter("lookup_embedding", FLASH_MTP, "lookup_embedding", "golden_lookup_embedding_test",
+                      _lookup_embedding),
+              Adapter("v4_gate", FLASH_MTP, "gate", "golden_gate_core", _flash_gate)]
+BY_FOLDER: dict[str, dict[str, Adapter]] = {
+    PRO: dict(ADAPTERS),
+    FLASH_MTP: _in(FLASH_MTP, _FLASH_SHARED + _FLASH_OWN),
+    FLASH_DSPARK: {**_in(FLASH_DSPARK, _FLASH_SHARED + _FLASH_OWN),
+                   "lookup_embedding": Adapter("lookup_embedding", FLASH_DSPARK, "lookup_embedding",
+                                               "golden_lookup_embedding_test", _dspark_lookup_embedding)},
+}
+
+
+def adapters_for(folder: str) -> dict[str, Adapter]:
+    """operator -> Adapter of one model folder (``FOLDERS``); a folder not known is a usage error."""
+    if folder not in BY_FOLDER:
+        from contracts.operators import BackendError
+
+        raise BackendError(f"--model {folder}: expected one of {', '.join(FOLDERS)}")
+    return BY_FOLDER[folder]
+
+
+def variants_for(folder: str) -> dict[str, dict[str, str]]:
+    """The named rules one folder's goldens follow (``VARIANTS``, then the folder's own where it differs)."""
+    own = {FLASH_MTP: FLASH_VARIANTS, FLASH_DSPARK: FLASH_VARIANTS}.get(folder, {})
+    return {**VARIANTS, **own}
+
+
 # Where upstream's golden follows a named variant of this project's rule rather than the default (the contracts
 # pinning that rule judge this backend by it); see docs/upstream.md
 VARIANTS: dict[str, dict[str, str]] = {
@@ -945,6 +1014,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     # prefill_indexer.py's golden scores every row of the chunk, padding rows up to the real rows' widest range
     "v4_prefill_indexer": {"padding_rows": "scored_capped"},
 }
+# The Flash folders' gate golden takes its quantization factor as reciprocal(amax) · 127 (see _flash_gate)
+FLASH_VARIANTS: dict[str, dict[str, str]] = {"v4_gate": {"dequant_factor": "rounded-reciprocal"}}
 
 # Named ways upstream's goldens depart from a property a contract pins, not a rule of the kernel (docs/upstream.md)
 DEVIATIONS: dict[str, str] = {

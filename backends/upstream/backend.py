@@ -9,7 +9,7 @@ from pathlib import Path
 
 TEST_DOUBLE_MARKER = "PTO_CONTRACTS_TEST_DOUBLE"
 ALLOW_TEST_DOUBLE = "PTO_CONTRACTS_ALLOW_TEST_DOUBLE"
-MODEL_FOLDERS = ("deepseek_v4_pro", "deepseek_v4_1_flash")
+MODEL_FOLDERS = ("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark", "deepseek_v4_1_flash")
 
 
 def checkout_problems(option: str | None) -> list[tuple[str, str]]:
@@ -94,34 +94,40 @@ def _operator(adapter, root: Path):
     return fn
 
 
-def make_backend(pypto_lib: str | None = None):
-    from backends.upstream.adapters import ADAPTERS, FUSED, PENDING
+def make_backend(pypto_lib: str | None = None, model: str | None = None):
+    """Upstream's goldens of one model folder (``model``, default deepseek_v4_pro) in one checkout."""
+    from backends.upstream.adapters import FUSED, PENDING, PRO, adapters_for
     from contracts.operators import KERNEL_OPERATORS, Backend
 
+    folder = model or PRO
+    ADAPTERS = adapters_for(folder)  # a folder not known raises BackendError: a usage error, before the checkout
     root, reason = checkout(pypto_lib)
     if root is None:
         return Backend("upstream", {}, unavailable=reason)
-    ops = {name: _operator(a, root) for name, a in ADAPTERS.items() if (root / "models" / a.folder).is_dir()}
+    if not (root / "models" / folder).is_dir():
+        return Backend("upstream", {}, unavailable=f"{root} has no models/{folder} (--model {folder}; pull main)")
+    ops = {name: _operator(a, root) for name, a in ADAPTERS.items()}
     why = {}
     for name in KERNEL_OPERATORS:
         if name in ops:
             continue
         if name in ADAPTERS:
             why[name] = f"this checkout has no models/{ADAPTERS[name].folder}"
-        elif name in PENDING:
+        elif folder == PRO and name in PENDING:
             why[name] = f"upstream golden {PENDING[name]} not adapted yet"
-        elif name in FUSED:
+        elif folder == PRO and name in FUSED:
             why[name] = FUSED[name]
         else:
-            why[name] = "upstream main has no golden for it"
-    from backends.upstream.adapters import VARIANTS
+            why[name] = f"no golden of models/{folder} is adapted for it"
+    from backends.upstream.adapters import variants_for
 
     commit, dirty = git_state(root)
-    provenance = {"repository": "hw-native-sys/pypto-lib", "commit": commit, "dirty": dirty,
+    provenance = {"repository": "hw-native-sys/pypto-lib", "commit": commit, "dirty": dirty, "folder": folder,
                   "goldens": {name: ADAPTERS[name].upstream for name in ops}, "called": CALLED}
     from backends.upstream.adapters import DEVIATIONS
 
-    return Backend("upstream", ops, why_missing=why, variants={k: v for k, v in VARIANTS.items() if k in ops},
+    return Backend("upstream", ops, why_missing=why, variants={k: v for k, v in variants_for(folder).items() if k in ops},
                    deviations=DEVIATIONS,
-                   description=f"upstream Torch goldens from {root} @ {revision(root)} (worker process)",
+                   description=f"upstream Torch goldens of models/{folder} from {root} @ {revision(root)} (worker "
+                               "process)",
                    provenance=provenance)

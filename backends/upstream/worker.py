@@ -3,7 +3,7 @@ modules and runs their golden functions on request. Started by ``backends.upstre
 
 Protocol on stdin/stdout: each message is an 8-byte little-endian length and a ``torch.save`` payload of plain
 containers and tensors, read back with ``torch.load(weights_only=True)``. A request names the model folder, the
-module file, the golden function, config field overrides (applied to the checkout's ``config.ACTIVE``), config
+module file, the golden function, config field overrides (applied to the folder's model object, ``MODEL_OBJECT``), config
 constant overrides, module global overrides (constants a module derives at import, e.g. ``lm_head.py``'s
 ``TP_SIZE`` from its command line, set on the imported module before each call; ``"<module>.<NAME>"`` sets one
 on another module of the folder that the golden imports by name), and the tensors dict the golden
@@ -49,6 +49,12 @@ def write_message(stream, obj: object) -> None:
     stream.flush()
 
 
+# The model config object each folder's modules import (``from config import ACTIVE as M``: V4-Pro, whose
+# DEEPSEEK_V4_VARIANT picks it; ``from config import FLASH as M``: main's two V4-Flash folders); config field
+# overrides replace that object.
+MODEL_OBJECT = {"deepseek_v4_flash_mtp": "FLASH", "deepseek_v4_flash_dspark": "FLASH"}
+
+
 class Modules:
     """The model module of the last request's (folder, file, geometry), imported afresh when any of them changes:
     one geometry at a time, so the modules a golden imports by name (and its ``config``) are this geometry's."""
@@ -75,7 +81,8 @@ class Modules:
         import config  # the checkout's models/<folder>/config.py
 
         if fields:
-            config.ACTIVE = dataclasses.replace(config.ACTIVE, **fields)
+            name = MODEL_OBJECT.get(folder, "ACTIVE")  # the model config object the folder's modules import
+            setattr(config, name, dataclasses.replace(getattr(config, name), **fields))
             if hasattr(config, "ACTIVE_BASE"):  # modules that re-derive ACTIVE from it at import (moe.py's EP)
                 config.ACTIVE_BASE = dataclasses.replace(config.ACTIVE_BASE, **fields)
         for name, value in constants.items():

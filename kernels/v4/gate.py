@@ -40,9 +40,12 @@ SPEC = "§8"
 ROUNDING_VERSION = "v4-gate-2"
 PADDING_CODES = ("quantized", "zero")  # named variants of the padding rows' x_norm_i8 (see above)
 GATE_M_TILE = 16  # upstream gate.py: the Cube M-tile the kernel codes whole
-# named variants of the dispatch factor: "product" amax · (1/127) (upstream's kernel, gate.py's ffn_norm stage) and
-# "reciprocal" 1 / (127 / amax) (upstream's golden, _per_token_int8_quant); they differ by an FP32 ulp on some rows
-DEQUANT_FACTOR = ("product", "reciprocal")
+# named variants of the dispatch factor: "product" amax · (1/127) (upstream's kernel, gate.py's ffn_norm stage),
+# "reciprocal" 1 / (127 / amax) (V4-Pro's golden, _per_token_int8_quant: a true division) and "rounded-reciprocal"
+# 1 / (fl(1/amax) · 127) (the V4-Flash folders' golden: ``INT8_SCALE_MAX / amax`` with a Python float, which torch
+# computes as reciprocal(amax) · 127, two roundings -- the codes are then taken with that quantization factor too);
+# they differ by an FP32 ulp or two on some rows
+DEQUANT_FACTOR = ("product", "reciprocal", "rounded-reciprocal")
 
 
 def _check(x_mixed, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid, input_ids, config) -> None:
@@ -98,7 +101,10 @@ def v4_gate(x_mixed: torch.Tensor, norm_w: torch.Tensor, gate_w: torch.Tensor, g
     xg = x * norm_w.float()
     inv_rms = torch.rsqrt((x.double().pow(2).sum(-1, keepdim=True) / d).float() + config.rms_norm_eps)
     amax = xg.abs().amax(-1, keepdim=True).clamp_min(config.int8_amax_eps)
-    quant = torch.full_like(amax, config.int8_scale_max) / amax
+    if dequant_factor == "rounded-reciprocal":
+        quant = torch.reciprocal(amax) * config.int8_scale_max
+    else:
+        quant = torch.full_like(amax, config.int8_scale_max) / amax
     codes = torch.clamp(torch.round(xg * quant), -config.int8_scale_max, config.int8_scale_max)
     if dequant_factor == "product":
         factor = amax * torch.tensor(1.0 / config.int8_scale_max, dtype=torch.float32)
