@@ -132,7 +132,7 @@ class Backend:
                  unavailable: str | None = None, description: str = "", why_missing: Mapping[str, str] = (),
                  replay: Callable | None = None, variants: Mapping[str, Mapping[str, str]] = (),
                  provenance: Mapping[str, object] = (), deviations: Mapping[str, str] = (),
-                 devices: tuple[int, ...] = ()):
+                 devices: tuple[int, ...] = (), reference_stand_ins: bool = False):
         unknown = sorted(set(operators) - set(OPERATORS))
         if unknown:
             raise BackendError(f"backend {name!r}: unknown operator(s) {unknown}; known: {sorted(KERNEL_OPERATORS)}")
@@ -157,6 +157,10 @@ class Backend:
         # such a contract that fails on it is reported as an expected failure naming the deviation, never a pass
         self.deviations = dict(deviations)
         self.devices = tuple(devices)  # the device ids its --device option pinned it to (empty: none given)
+        # a partial backend by nature (upstream's goldens: one folder adapts some operators): a contract that calls
+        # several operators runs with the reference standing in for the ones it lacks, labelled as a mixed run,
+        # when at least one operator the contract declares is this backend's own (pto_pytest.plugin.op)
+        self.reference_stand_ins = reference_stand_ins
 
     def has(self, op: str) -> bool:
         return op in self._ops or op in JUDGES
@@ -171,6 +175,14 @@ class Backend:
         fn = self._ops[op]
         if getattr(fn, "composes_operators", False):  # a composition runs on this backend's own operators
             return partial(fn, ops=self._ops)
+        return fn
+
+    def stand_in(self, op: str, reference: Backend) -> Callable:
+        """``reference``'s ``op`` standing in for one this backend lacks (a mixed run); a composition is composed
+        from this backend's own operators where it has them, the reference's for the rest."""
+        fn = reference._ops[op]
+        if getattr(fn, "composes_operators", False):
+            return partial(fn, ops={**reference._ops, **self._ops})
         return fn
 
     @property

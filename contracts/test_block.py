@@ -33,6 +33,7 @@ def run(fn, i: dict, kind: LayerKind, **kw) -> dict:
               i["router"], i["bias"], i["experts"], i["shared"], kind=kind, tp=TP, config=C, **kw)
 
 
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.parametrize("kind", list(LayerKind), ids=lambda k: k.value)
 @pytest.mark.operators("decode_block", "hc_mixes", "hc_post", "hc_pre")
 def test_the_block_runs_the_delayed_pre_mix_order(backend, kind):

@@ -41,6 +41,7 @@ def _chain(backend, config, i):
     return op(backend, "hc_post")(out, i["x_hc"], mixes.post, mixes.residual), cache, out
 
 
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.parametrize("config", [V4_PRO_TINY, V4_FLASH_TINY], ids=lambda c: c.name)
 @pytest.mark.operators("final_norm", "hc_mixes", "hc_post", "hc_pre", "v4_attention", "v4_attention_stage",
                         "v4_qkv_proj_rope")
@@ -58,6 +59,7 @@ def test_the_stage_is_the_chain_of_its_operators(backend, config):
     assert torch.equal(i["kv_cache"], before), "the input cache was written in place"
 
 
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.operators("final_norm", "hc_mixes", "hc_post", "hc_pre", "v4_attention", "v4_attention_stage",
                         "v4_qkv_proj_rope")
 def test_each_token_sees_its_own_kv_row(backend):
@@ -104,6 +106,7 @@ def test_bad_stage_inputs_are_refused(backend):
         op(backend, "v4_attention_stage")("SWA", **dict(i, swa_slot_mapping=slots), config=config)
 
 
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.operators("final_norm", "hc_mixes", "hc_post", "hc_pre", "v4_attention", "v4_attention_stage",
                         "v4_qkv_proj_rope")
 def test_the_stage_runs_the_backends_operators_and_any_path(backend):

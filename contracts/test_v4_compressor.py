@@ -167,6 +167,7 @@ def test_the_overlapping_window_pools_the_previous_first_half_and_the_current_se
             "the inputs do not separate an overlap of 2 rows"
 
 
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.operators("csa_compressors", "v4_compressor")
 def test_csa_keeps_the_inner_state_out_of_the_main_pool(backend):
     """CSA's main (d = 8) and inner indexer (d = 4) compressors each write only their own pool through their

@@ -99,6 +99,7 @@ def _close(got, want, rows):
     assert err <= 1e-5, f"compressed rows {rows} differ from the FP64 evaluation by {err:.3g}"
 
 
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.parametrize("ratio, steps", [(4, 24), (128, 140)], ids=["ratio4", "ratio128"])
 @pytest.mark.operators("v4_compressor", "v4_compressor_txn")
 def test_with_every_page_current_it_is_the_paged_ring(backend, ratio, steps):

@@ -19,6 +19,7 @@ from pto_pytest.plugin import op
 C = FLASH_TINY
 
 
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.parametrize("path", ["HCA", "CSA", "SWA"])
 @pytest.mark.operators("dp_attention", "v4_attention")
 def test_each_dp_rank_runs_its_own_v4_attention(backend, path):

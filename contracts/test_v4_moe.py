@@ -183,6 +183,7 @@ def _stage(backend, config, i, layer_id):
                                        i["routed"], i["shared"], config=config)
 
 
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
 @pytest.mark.operators("hc_mixes", "hc_post", "hc_pre", "v4_moe", "v4_moe_stage")
 def test_the_moe_stage_is_hc_pre_then_the_moe_then_hc_post(backend, config):

@@ -408,6 +408,7 @@ def test_the_attn_out_comparator_fails_just_outside_its_bound():
     assert not attn_out_v4("attn_out", e[:7], e, None).ok
 
 
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.operators("v4_attention", "v4_output_projection", "v4_sparse_attention")
 def test_v4_attention_composes_the_backends_own_operators(backend):
     """v4_attention runs the backend's v4_sparse_attention and v4_output_projection, once each (a kernel

@@ -107,6 +107,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("hypothesis_profile", default=None):
         settings.load_profile(default_profile())
     config.addinivalue_line("markers", "slow: longer property runs")
+    config.addinivalue_line("markers", "whole_backend(reason): the property compares a backend with itself (a "
+                                       "stage with the chain of its own operators): never a mixed run")
     config.addinivalue_line("markers", "operators(*names): the operators a contract calls, on the backend or as "
                                        "the reference (what --operator selects by; checked as the test runs)")
     config._pto_operators = wanted_operators(config.getoption("operator"))
@@ -319,6 +321,22 @@ def uses(name: str) -> None:
         _ITEM.user_properties.append(("pto_operator", name))
 
 
+def _stand_in(backend: Backend, name: str):
+    """The reference's ``name`` standing in on a partial backend, or None (the test then skips as before)."""
+    if not backend.reference_stand_ins or backend.unavailable or _ITEM is None or \
+            _ITEM.get_closest_marker("whole_backend") is not None:
+        return None
+    declared = {o for m in _ITEM.iter_markers("operators") for o in m.args}
+    if not any(backend.has(o) and o in KERNEL_OPERATORS for o in declared):
+        return None  # nothing of the backend's own would run: a reference-only run proves nothing about it
+    from backends import torch_backend
+
+    _ITEM.__dict__.setdefault("_pto_asked", set()).add(name)
+    if ("pto_standin", name) not in _ITEM.user_properties:
+        _ITEM.user_properties.append(("pto_standin", name))
+    return backend.stand_in(name, torch_backend())
+
+
 def operator_params(table, operator_of) -> list:
     """The parameters of a test that takes its operator from a table row: one per key, in sorted order, each
     declaring the operator its row calls (``@pytest.mark.operators`` per parameter), so ``--operator`` selects the
@@ -329,12 +347,18 @@ def operator_params(table, operator_of) -> list:
 
 def op(backend: Backend, name: str):
     """The operator ``name`` of ``backend``; skips (with backend and operator named) when it is missing, or
-    when the backend says a call is ``Unsupported`` (a device compiled for other constants)."""
-    uses(name)
+    when the backend says a call is ``Unsupported`` (a device compiled for other constants). A partial backend by
+    nature (``Backend.reference_stand_ins``: upstream's goldens of one folder) gets the reference for an operator it
+    lacks when the test declares at least one operator the backend has: a mixed run, labelled in the summary."""
     try:
         fn = backend.get(name)
     except MissingOperator as exc:
-        pytest.skip(str(exc))
+        stand_in = _stand_in(backend, name)
+        if stand_in is None:
+            uses(name)
+            pytest.skip(str(exc))
+        return stand_in
+    uses(name)
     if not getattr(fn, "may_be_unsupported", False):
         return fn
 
@@ -355,6 +379,7 @@ class SessionTally:
         self.reasons: dict[str, str] = {}
         self.totals = {"passed": 0, "failed": 0, "skipped": 0}
         self.devices: dict[str, dict[str, int]] = {}  # with --devices: device -> outcome counts
+        self.stand_ins: dict[str, int] = {}  # operator -> tests in which the reference stood in for it (mixed runs)
         self.verdict: str | None = None
 
     def add(self, report: pytest.TestReport) -> None:
@@ -366,6 +391,8 @@ class SessionTally:
         if outcome == "skipped" and isinstance(report.longrepr, tuple):
             reason = str(report.longrepr[2]).removeprefix("Skipped: ")
         for key, name in report.user_properties:
+            if key == "pto_standin" and outcome != "skipped":
+                self.stand_ins[name] = self.stand_ins.get(name, 0) + 1
             if key == "pto_device":
                 counts = self.devices.setdefault(name, {"passed": 0, "failed": 0, "skipped": 0})
                 counts[outcome] += 1
@@ -461,6 +488,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             reason = tally.reasons.get(name, "")
             tr.write_line(f"{name:28} {r['ran']:5d} {r['passed']:7d} {r['failed']:7d} {r['skipped']:8d}  "
                           f"{reason[:150]}")
+    if tally.stand_ins:
+        terminalreporter.write_line(
+            f"mixed runs: the reference stood in for operators backend {b.name!r} does not bind, beside its own: "
+            + ", ".join(f"{n} ({k} test(s))" for n, k in sorted(tally.stand_ins.items())))
     if tally.devices:
         tr = terminalreporter
         tr.section("pto-contracts: per-device summary (one xdist worker per device)", sep="-")

@@ -127,7 +127,7 @@ def make_backend(pypto_lib: str | None = None, model: str | None = None):
     from backends.upstream.adapters import DEVIATIONS
 
     return Backend("upstream", ops, why_missing=why, variants={k: v for k, v in variants_for(folder).items() if k in ops},
-                   deviations=DEVIATIONS,
+                   deviations=DEVIATIONS, reference_stand_ins=True,
                    description=f"upstream Torch goldens of models/{folder} from {root} @ {revision(root)} (worker "
                                "process)",
                    provenance=provenance)

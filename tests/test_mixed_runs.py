@@ -1,0 +1,45 @@
+"""Mixed runs: on a partial backend by nature (``Backend.reference_stand_ins``, as upstream's goldens of one folder
+are), a contract that declares one of the backend's operators runs with the reference standing in for the ones it
+lacks, and the summary says which; a contract with none of the backend's own, or one comparing a stage with its
+own parts (``whole_backend``), still skips; a backend without stand-ins skips as before."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tests import forkserver
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ["contracts/test_v4_moe.py::test_the_combine_is_one_fp32_sum_rounded_once",  # v4_moe + v4_gate + v4_expert
+         "contracts/test_v4_moe.py::test_the_moe_stage_is_hc_pre_then_the_moe_then_hc_post",  # whole_backend
+         "contracts/test_v4_gate.py::test_tied_experts_go_to_the_lower_id",  # v4_gate alone
+         "contracts/test_slabs.py::test_slab_bounds_spec_examples"]  # none of the backend's own
+
+
+def _pytest(target: str):
+    proc = forkserver.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:xdist", *TESTS,
+                           "--backend-module", target], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout
+
+
+def test_a_partial_backend_runs_its_contracts_with_reference_stand_ins_labelled():
+    code, out = _pytest("tests.partial_double:MIXED")
+    assert code == 0, out[-3000:]
+    summary = next(line for line in out.splitlines() if line.startswith("mixed runs:"))
+    assert "v4_expert" in summary and "v4_moe" in summary and "v4_gate" not in summary, summary
+    assert "combine_is_one_fp32_sum_rounded_once" not in _skipped(out), "the mixed contract was skipped whole"
+    assert any("moe_stage_is_hc_pre_then_the_moe_then_hc_post" in s for s in _skipped(out)), \
+        "a whole_backend contract ran mixed"
+    assert any("slab_bounds_spec_examples" in s for s in _skipped(out)), "a contract of none of its own ran"
+
+
+def test_without_stand_ins_the_same_contracts_skip_as_before():
+    code, out = _pytest("tests.partial_double:WHOLE")
+    assert code == 0, out[-3000:]
+    assert not any(line.startswith("mixed runs:") for line in out.splitlines())
+    assert any("combine_is_one_fp32_sum_rounded_once" in s for s in _skipped(out)), out[-2000:]
+
+
+def _skipped(out: str) -> list[str]:
+    return [line for line in out.splitlines() if " SKIPPED" in line and "::" in line]
