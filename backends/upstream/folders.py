@@ -1,0 +1,86 @@
+"""Every golden of upstream's DeepSeek-V4 model folders, and what the harness does with it: one Markdown table per
+folder (``docs/upstream.md`` keeps the one of the checkout named there).
+
+    python -m backends.upstream.folders --pypto-lib DIR [--model FOLDER ...]
+
+Each ``models/<folder>/<module>.py`` is read with ``ast`` (nothing imported): its ``golden_*`` functions, and its
+``@pl.jit`` entries. A golden is ``adapted`` (the operator whose adapter calls it, ``backends.upstream.adapters``)
+or ``not adapted yet``; a module without a golden says so. Exit 0, 2 on bad usage (no checkout, unknown folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+from backends.upstream.adapters import BY_FOLDER, FOLDERS
+
+
+def _module_facts(path: Path) -> tuple[list[str], list[str]]:
+    """(golden functions, @pl.jit entry functions) of one model module."""
+    tree = ast.parse(path.read_text())
+    goldens, entries = [], []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        if node.name.startswith("golden_"):
+            goldens.append(node.name)
+        if any(ast.unparse(d).startswith("pl.jit") and not ast.unparse(d).startswith("pl.jit.inline")
+               for d in node.decorator_list):
+            entries.append(node.name)
+    return goldens, entries
+
+
+def folder_rows(root: Path, folder: str) -> list[tuple[str, str, str, str]]:
+    """(module, golden, entries, status) for every golden of ``folder`` (a module without one: golden "-")."""
+    adapted = {(a.module, a.function): a.operator for a in BY_FOLDER[folder].values()}
+    also = {m: a.operator for a in BY_FOLDER[folder].values() for m in a.also}
+    rows = []
+    for path in sorted((root / "models" / folder).glob("*.py")):
+        if path.stem in ("config", "utils", "__init__"):
+            continue
+        goldens, entries = _module_facts(path)
+        shown = ", ".join(entries) or "-"
+        if not goldens:
+            rows.append((path.stem, "-", shown, f"no golden (read by {also[path.stem]})" if path.stem in also
+                         else "no golden"))
+        for g in goldens:
+            op = adapted.get((path.stem, g))
+            status = f"adapted: `{op}`" if op else (f"not adapted itself (its module is read by `{also[path.stem]}`'s "
+                                                     "adapter)" if path.stem in also else "not adapted yet")
+            rows.append((path.stem, g, shown, status))
+    return rows
+
+
+def render(root: Path, folders=FOLDERS) -> str:
+    out = []
+    for folder in folders:
+        rows = folder_rows(root, folder)
+        n = sum(1 for r in rows if r[1] != "-")
+        done = sum(1 for r in rows if r[3].startswith("adapted"))
+        out += [f"### models/{folder} ({done} of {n} goldens adapted)", "",
+                "| module | golden | `@pl.jit` entries | here |", "|---|---|---|---|"]
+        out += [f"| {m} | {g} | {e} | {s} |" for m, g, e, s in rows]
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m backends.upstream.folders", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pypto-lib", required=True, metavar="DIR", help="a pypto-lib checkout")
+    parser.add_argument("--model", action="append", choices=FOLDERS, default=None, metavar="FOLDER",
+                        help="a model folder (repeatable; default every one)")
+    args = parser.parse_args(argv)
+    root = Path(args.pypto_lib).expanduser()
+    missing = [f for f in (args.model or FOLDERS) if not (root / "models" / f).is_dir()]
+    if missing:
+        print(f"error: {root} has no models/{missing[0]} (a pypto-lib checkout of main)", file=sys.stderr)
+        return 2
+    sys.stdout.write(render(root, tuple(args.model or FOLDERS)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
