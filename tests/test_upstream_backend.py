@@ -304,3 +304,15 @@ def test_a_compressor_call_is_one_device_step_only_when_it_is_exactly_4_requests
     w = torch.randn(4, 3)
     assert _bf16_if_exact(w.to(torch.bfloat16).float()).dtype == torch.bfloat16
     assert _bf16_if_exact(w + 1e-4).dtype == torch.float32  # not BF16: kept, a kernel then refuses the dtype
+
+
+def test_the_folder_survey_lists_every_golden_and_refuses_a_folder_the_checkout_lacks(flash_root, capsys):
+    from backends.upstream import folders
+
+    rows = folders.folder_rows(flash_root, "deepseek_v4_flash_mtp")
+    assert ("toy", "golden_double", "kernel", "not adapted yet") in rows and \
+        ("toy", "golden_raises", "kernel", "not adapted yet") in rows, rows
+    assert "### models/deepseek_v4_flash_mtp (0 of 2 goldens adapted)" in folders.render(
+        flash_root, ("deepseek_v4_flash_mtp",))
+    assert folders.main(["--pypto-lib", str(flash_root), "--model", "deepseek_v4_pro"]) == 2
+    assert "has no models/deepseek_v4_pro" in capsys.readouterr().err
