@@ -83,6 +83,7 @@ def test_the_head_mix_keeps_hc_eps(backend):
     assert bool((pre[:, 0] == torch.tensor(config.hc_eps, dtype=torch.float32)).all()), pre.tolist()
 
 
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
 @pytest.mark.operators("final_norm", "hc_head", "mtp_projection", "v4_attention_stage", "v4_head_mix",
                         "v4_moe_stage", "v4_mtp_layer")
@@ -143,6 +144,7 @@ def test_the_head_mix_names_a_bad_stream_or_weight(backend):
                                    config=config)
 
 
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
 @pytest.mark.operators("final_norm", "hc_head", "mtp_projection", "v4_attention_stage", "v4_head_mix",
                         "v4_moe_stage", "v4_prefill_mtp_layer", "v4_prefill_swa_indices")
