@@ -25,7 +25,7 @@ import torch
 from kernels.config import FLASH, V41Config
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import CaseSpec, Record, Upstream, generator, in_all_folders
+from kernels.record import CaseSpec, Record, Upstream, generator, in_all_folders, is_tiny
 from kernels.reference.compressor import rms_norm
 from kernels.reference.rowwise import rowwise_matmul
 
@@ -125,6 +125,8 @@ def _norm_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
     x = torch.randn(config.decode_tokens, d, generator=g)
     x[1] = 0.0
     x[2] *= 1e3
+    if is_tiny(config):
+        x[3] *= 1e-3  # a row whose mean square (1e-6) is the epsilon's size: a wrong epsilon moves it
     return {"hidden": x.to(torch.bfloat16), "weight": (1 + 0.2 * torch.randn(d, generator=g)).to(torch.bfloat16)}
 
 
@@ -144,7 +146,7 @@ FINAL_NORM_RECORD = Record(
     call=lambda fn, i, config: {"x_normed": fn(i["hidden"], i["weight"], config=config)},
     outputs={"x_normed": "norm_bf16"},
     cases=(CaseSpec("final_norm", "the final RMSNorm at Pro width (D 7168, the 8 rows rms_norm_test's decode step "
-                    "takes): a row of zeros, a 1000x row, BF16 weights around 1", _norm_inputs,
-                    geometries=("pro",)),),
+                    "takes; tiny: also a row at the epsilon's scale): a row of zeros, a 1000x row, BF16 weights "
+                    "around 1", _norm_inputs, geometries=("tiny", "pro")),),
     bindings=in_all_folders(golden="rmsnorm.py::golden_rms_norm_test", entry="rmsnorm.py::rms_norm_test"),
 )
