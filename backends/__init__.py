@@ -55,10 +55,7 @@ def pypto_backend(platform: str | None = None, device: str | None = None, pypto_
                   model: str | None = None) -> Backend:
     from backends.pypto import make_backend
 
-    if model not in (None, "deepseek_v4_pro"):
-        raise BackendError(f"--model {model}: the pypto backend binds V4-Pro's entries only so far "
-                           "(docs/backends.md, Appendix B)")
-    return make_backend(platform or "a5sim", device=device, pypto_lib=pypto_lib)
+    return make_backend(platform or "a5sim", device=device, pypto_lib=pypto_lib, model=model)
 
 
 def _cpu(factory: Callable[..., Backend], name: str, *, checkout: bool = False) -> Callable[..., Backend]:

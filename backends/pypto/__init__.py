@@ -135,11 +135,17 @@ def _pro_operator(adapter, device: Device):
     return fn
 
 
-def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_lib: str | None = None):
+def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_lib: str | None = None,
+                 model: str | None = None):
+    """The A5 kernels of one model folder (``model``, default V4-Pro; its V4.1 entries too where the checkout has
+    that folder): each operator an adapter of that folder lays out whose module's entry ``PRO_ENTRIES`` names."""
     from backends.pypto import v41
     from backends.pypto.table import BINDINGS, PRO_ENTRIES, bound
-    from backends.upstream.adapters import ADAPTERS
+    from backends.upstream.adapters import PRO, adapters_for
     from contracts.operators import Backend, BackendError
+
+    folder = model or PRO
+    ADAPTERS = adapters_for(folder)
 
     if platform not in PLATFORMS:
         raise BackendError(f"pypto backend: platform must be one of {PLATFORMS}, got {platform!r}")
@@ -156,7 +162,7 @@ def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_li
     for name, adapter in ADAPTERS.items():
         if adapter.module in PRO_ENTRIES and (root / "models" / adapter.folder / f"{adapter.module}.py").is_file():
             ops[name] = _pro_operator(adapter, dev)
-    if (root / "models" / v41.FOLDER).is_dir():
+    if folder == PRO and (root / "models" / v41.FOLDER).is_dir():
         for b in bound():
             if b.program:
                 launchers[b.operator] = v41.Launcher(b, dev)
@@ -170,7 +176,8 @@ def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_li
         else:
             why[b.operator] = (f"{b.status}: {b.note}" if b.note else b.status) + f" (upstream {b.upstream})"
     backend = Backend("pypto-test-double" if double else "pypto", ops, platform=platform, why_missing=why,
-                   description=f"upstream A5 kernels from {root} @ {revision(root)} on {platform}, devices {devices}",
+                   description=f"upstream A5 kernels of models/{folder} from {root} @ {revision(root)} on {platform}, "
+                               f"devices {devices}",
                    replay=lambda tree, export: replay_through_upstream(launchers, tree, export),
                    provenance=_provenance(root, platform, devices), devices=tuple(devices))
     backend.toolchain = lambda: toolchain(root)  # asked only when a run is kept (goldens replay --keep-actual)

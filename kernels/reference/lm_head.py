@@ -147,6 +147,6 @@ FINAL_NORM_RECORD = Record(
     outputs={"x_normed": "norm_bf16"},
     cases=(CaseSpec("final_norm", "the final RMSNorm at Pro width (D 7168, the 8 rows rms_norm_test's decode step "
                     "takes; tiny: also a row at the epsilon's scale): a row of zeros, a 1000x row, BF16 weights "
-                    "around 1", _norm_inputs, geometries=("tiny", "pro")),),
+                    "around 1", _norm_inputs, geometries=("tiny", "pro", "v4-flash")),),
     bindings=in_all_folders(golden="rmsnorm.py::golden_rms_norm_test", entry="rmsnorm.py::rms_norm_test"),
 )

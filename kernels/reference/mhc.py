@@ -177,7 +177,7 @@ HC_POST_RECORD = Record(
     call=lambda fn, i, config: {"x_out": fn(i["sublayer"], i["x_hc"], i["post_mix"], i["residual_mix"])},
     outputs={"x_out": "fp32_ulps"},
     cases=(CaseSpec("v4_hc_post", "V4 hc_post: post·sublayer + combᵀ·x_hc in FP32 over 4 streams",
-                    _v4_hc_post_inputs, geometries=("tiny", "pro")),),
+                    _v4_hc_post_inputs, geometries=("tiny", "pro", "v4-flash")),),
     bad_calls=(BadCall("residual_mix of another width", "v4_hc_post",
                        replaced(residual_mix=lambda i: i["residual_mix"][..., :-1]), "post_mix/residual_mix"),),
     bindings=in_all_folders(golden="hc_post.py::golden_hc_post", entry="hc_post.py::hc_post_test"),

@@ -175,14 +175,14 @@ RECORD = Record(
     # exact where one rule gives one byte pattern; fp32_ulps where upstream sums the RMS and the weight
     # normalisation in another FP32 order
     outputs={"x_norm_i8": "exact", "x_norm_scale": "fp32_ulps", "indices": "exact", "weights": "fp32_ulps"},
-    outputs_at={"pro": {"x_norm_scale": "rms_scale"}},  # a 7168-term FP32 sum of squares in the kernel's order
+    outputs_at={g: {"x_norm_scale": "rms_scale"} for g in ("pro", "v4-flash")},  # a D-term FP32 sum of squares in the kernel's order
     cases=(
         CaseSpec("v4_gate_hash", "V4 router on a hash layer (layer 0): ids from tid2eid by token id, 6 real rows and "
                  "the rest padding inside the tile, a zero row, a 1000x row and row 0's logit for expert 3 near 128 "
-                 "(routed there on both layers)", _gate_inputs("hash"), geometries=("tiny", "pro")),
+                 "(routed there on both layers)", _gate_inputs("hash"), geometries=("tiny", "pro", "v4-flash")),
         CaseSpec("v4_gate_scored", "V4 router on a scored layer: biased top-k, unbiased weights, 6 real rows and the "
                  "rest padding inside the tile, a zero row, a 1000x row and row 0's logit for expert 3 near 128 "
-                 "(routed there on both layers)", _gate_inputs("scored"), geometries=("tiny", "pro")),
+                 "(routed there on both layers)", _gate_inputs("scored"), geometries=("tiny", "pro", "v4-flash")),
     ),
     bad_calls=(
         BadCall("num_tokens past the rows", "v4_gate_scored", replaced(num_tokens=torch.tensor(17)), "num_tokens"),

@@ -104,9 +104,9 @@ RECORD = Record(
     operator="mtp_projection",
     call=lambda fn, i, config: {"out": fn(*(i[n] for n in _MTP_NAMES), config=config)},
     outputs={"out": "fp32_ulps"},
-    outputs_at={"pro": {"out": "mtp_out"}},
+    outputs_at={g: {"out": "mtp_out"} for g in ("pro", "v4-flash")},
     cases=(CaseSpec("mtp_projection", "MTP projection: the embedding and previous-stream RMSNorms, smoothed INT8 "
-                    "projections, summed into the FP32 streams", _mtp_inputs, geometries=("tiny", "pro")),),
+                    "projections, summed into the FP32 streams", _mtp_inputs, geometries=("tiny", "pro", "v4-flash")),),
     bad_calls=(BadCall("prev of another width", "mtp_projection", replaced(prev=lambda i: i["prev"][..., :-1]),
                        "mtp_projection"),
                BadCall("an FP32 e_proj", "mtp_projection", replaced(e_proj=lambda i: i["e_proj"].float()), "e_proj")),
