@@ -171,7 +171,9 @@ def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_li
     for b in BINDINGS.values():
         if b.operator in ops:
             continue
-        if b.status == "bound":
+        if folder != PRO:
+            why[b.operator] = f"no kernel entry of models/{folder} is laid out for it yet (backends.upstream.adapters)"
+        elif b.status == "bound":
             why[b.operator] = f"bound to {b.upstream.split(' ')[0]}, which this checkout does not have"
         else:
             why[b.operator] = (f"{b.status}: {b.note}" if b.note else b.status) + f" (upstream {b.upstream})"
