@@ -391,6 +391,13 @@ def replay(tree: LoadedTree, backend, *, allow_stale: bool = False, keep: dict |
     if tree.stale and not allow_stale:
         raise GoldenStoreError(f"{tree.case.name}/{tree.record.wiring} is stale: {tree.stale_reason()}")
     recorded = tree.record.upstream.get("variants", {}) if tree.record.upstream else {}
+    folder = (getattr(backend, "provenance", None) or {}).get("folder")
+    if tree.record.upstream and folder and tree.record.upstream.get("folder", "deepseek_v4_pro") != folder:
+        # upstream's goldens of one model folder against another folder's numbers: the folders' own disagreements
+        # (docs/upstream.md), not this backend's error; judged by the backend of the folder that recorded them
+        raise Unsupported(f"{tree.case.name}/{tree.record.wiring} holds the numbers of models/"
+                          f"{tree.record.upstream.get('folder', 'deepseek_v4_pro')}'s goldens; backend "
+                          f"{getattr(backend, 'name', backend)!r} runs models/{folder}'s")
     for op in tree.case.operator.split("+"):  # a backend following another named rule than the tree's: not judged
         follows = getattr(backend, "variants", {}).get(op)
         if follows and follows != recorded.get(op):

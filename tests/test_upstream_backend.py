@@ -316,3 +316,31 @@ def test_the_folder_survey_lists_every_golden_and_refuses_a_folder_the_checkout_
         flash_root, ("deepseek_v4_flash_mtp",))
     assert folders.main(["--pypto-lib", str(flash_root), "--model", "deepseek_v4_pro"]) == 2
     assert "has no models/deepseek_v4_pro" in capsys.readouterr().err
+
+
+def test_a_tree_of_one_folders_goldens_is_not_judged_on_another_folders_backend():
+    """An ``up-`` tree holds one folder's numbers: on the upstream backend of another folder it is skipped naming
+    both (their disagreements are docs/upstream.md's, not that backend's error); on its own folder, and on a
+    backend that names no folder (the reference, a device), it is judged."""
+    from backends import torch_backend
+    from contracts.operators import Backend, Unsupported
+    from goldens import trees
+    from goldens.store import GoldenStore
+
+    reader = GoldenStore(Path(__file__).resolve().parents[1] / "artifacts" / "store").reader()
+
+    def on(folder):
+        ref = torch_backend()
+        return Backend("upstream", {n: ref.get(n) for n in ref.operators}, provenance={"folder": folder},
+                       variants={"v4_gate": {"dequant_factor": "reciprocal" if folder == "deepseek_v4_pro"
+                                             else "rounded-reciprocal"}})
+
+    pro_tree = trees.load_tree(reader, "up-v4_gate_hash", "replicated")  # recorded before trees named a folder
+    mtp_tree = trees.load_tree(reader, "up-mtp-v4_gate_hash", "replicated")
+    with pytest.raises(Unsupported, match="deepseek_v4_pro's goldens; backend 'upstream' runs models/deepseek_v4_fl"):
+        trees.replay(pro_tree, on("deepseek_v4_flash_mtp"))
+    with pytest.raises(Unsupported, match="deepseek_v4_flash_mtp's goldens; backend 'upstream' runs models/deepseek_v4_pro"):
+        trees.replay(mtp_tree, on("deepseek_v4_pro"))
+    assert all(r.ok for r in trees.replay(mtp_tree, on("deepseek_v4_flash_mtp")).values())
+    assert set(trees.replay(pro_tree, torch_backend().derive("ref-gate", v4_gate=lambda *a, **k: torch_backend().get(
+        "v4_gate")(*a, **{**k, "dequant_factor": "reciprocal"})))) == {"x_norm_i8", "x_norm_scale", "indices", "weights"}
