@@ -132,7 +132,7 @@ class Backend:
                  unavailable: str | None = None, description: str = "", why_missing: Mapping[str, str] = (),
                  replay: Callable | None = None, variants: Mapping[str, Mapping[str, str]] = (),
                  provenance: Mapping[str, object] = (), deviations: Mapping[str, str] = (),
-                 devices: tuple[int, ...] = (), reference_stand_ins: bool = False):
+                 devices: tuple[int, ...] = (), reference_stand_ins: bool = True):
         unknown = sorted(set(operators) - set(OPERATORS))
         if unknown:
             raise BackendError(f"backend {name!r}: unknown operator(s) {unknown}; known: {sorted(KERNEL_OPERATORS)}")
@@ -157,9 +157,9 @@ class Backend:
         # such a contract that fails on it is reported as an expected failure naming the deviation, never a pass
         self.deviations = dict(deviations)
         self.devices = tuple(devices)  # the device ids its --device option pinned it to (empty: none given)
-        # a partial backend by nature (upstream's goldens: one folder adapts some operators): a contract that calls
-        # several operators runs with the reference standing in for the ones it lacks, labelled as a mixed run,
-        # when at least one operator the contract declares is this backend's own (pto_pytest.plugin.op)
+        # a contract that calls several operators runs with the reference standing in for the ones this backend
+        # lacks, labelled as a mixed run, when at least one operator the contract declares is this backend's own
+        # (pto_pytest.plugin.op); False: the backend is judged whole or not at all
         self.reference_stand_ins = reference_stand_ins
 
     def has(self, op: str) -> bool:

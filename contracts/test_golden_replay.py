@@ -39,10 +39,10 @@ def pytest_generate_tests(metafunc):
 
 
 def test_golden_tree_replays(backend, golden_tree, pytestconfig, request):
-    from contracts.operators import MissingOperator, Unsupported
     from goldens import trees
     from goldens.errors import BackendFailure, GoldenStoreError
     from goldens.store import GoldenStore
+    from goldens.verdicts import judge
 
     path = pytestconfig.getoption("golden_store")
     if golden_tree is None:
@@ -62,19 +62,18 @@ def test_golden_tree_replays(backend, golden_tree, pytestconfig, request):
         _report(pytestconfig.getoption("golden_report"), case, wiring, "STALE", tree.stale_reason())
         pytest.fail(f"{case}/{wiring} is stale: {tree.stale_reason()} (or --regen-goldens)")
     report_dir = pytestconfig.getoption("golden_report")
-    actual: dict = {}
     asking = _Asking(backend)
     try:
-        results = trees.replay(tree, asking, keep=actual)
-    except (MissingOperator, Unsupported) as exc:  # the operator it lacks (e.g. no toolchain) / a call it cannot run
-        _report(report_dir, case, wiring, "SKIP", str(exc))
-        pytest.skip(str(exc))
-    except BackendFailure as exc:  # the backend raised: an ERROR in the report, the test errors with it
-        _report(report_dir, case, wiring, "ERROR", str(exc))
-        raise
+        judged = judge(tree, asking)  # the verdicts goldens replay gives, from the one place they are decided
     except GoldenStoreError as exc:
         _report(report_dir, case, wiring, "ERROR", str(exc))
         pytest.fail(str(exc))
+    if judged.verdict in ("SKIP", "ERROR"):
+        _report(report_dir, case, wiring, judged.verdict, judged.detail)
+        if judged.verdict == "SKIP":  # the operator it lacks (e.g. no toolchain) / a call it cannot run
+            pytest.skip(judged.detail)
+        raise BackendFailure(judged.detail)  # the backend raised: the test errors with it
+    results, actual = judged.results, judged.actual
     if report_dir:
         from goldens import report
 

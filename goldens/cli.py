@@ -622,8 +622,10 @@ def _replay_arguments(sp):
 
 
 def _model(sp) -> None:
+    from kernels.record import FOLDERS
+
     sp.add_argument("--model", default=None, metavar="FOLDER",
-                    choices=("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark"),
+                    choices=FOLDERS,
                     help="the upstream model folder whose goldens (--backend upstream, record --from upstream) or "
                          "entries (--backend pypto) are used (default deepseek_v4_pro)")
 

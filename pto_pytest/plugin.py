@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from backends import get_backend, load_backend_module
 from contracts.operators import KERNEL_OPERATORS, Backend, BackendError, MissingOperator, Unsupported
+from kernels.record import FOLDERS
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large]
 # No "explain" phase in ci and dev: it reruns a failing example under a line tracer, which took a failing rope contract
@@ -62,7 +63,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--pypto-lib", default=None, metavar="PATH",
                     help="root of the upstream pypto-lib checkout the pypto and upstream backends use (default $PYPTO_LIB_ROOT)")
     group.addoption("--model", default=None, metavar="FOLDER",
-                    choices=("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark"),
+                    choices=FOLDERS,
                     help="the upstream model folder whose goldens (--backend upstream) or entries (--backend pypto) "
                          "are judged (default deepseek_v4_pro); refused for the CPU reference backends")
     group.addoption("--tp", type=int, default=None, metavar="N",
@@ -313,28 +314,26 @@ def reproduce_command(item: pytest.Item) -> str:
             + (f"   # operators: {', '.join(used)}" if used else ""))
 
 
-def uses(name: str) -> None:
-    """Record that the running test exercises kernel operator ``name`` (for the per-operator summary)."""
-    if _ITEM is not None:
-        _ITEM.__dict__.setdefault("_pto_asked", set()).add(name)
-    if _ITEM is not None and name in KERNEL_OPERATORS and ("pto_operator", name) not in _ITEM.user_properties:
-        _ITEM.user_properties.append(("pto_operator", name))
+def uses(name: str, role: str = "pto_operator") -> None:
+    """Record that the running test exercises kernel operator ``name`` (for the per-operator summary): the
+    backend's own (``pto_operator``) or the reference standing in for it (``pto_standin``)."""
+    if _ITEM is None:
+        return
+    _ITEM.__dict__.setdefault("_pto_asked", set()).add(name)
+    if name in KERNEL_OPERATORS and (role, name) not in _ITEM.user_properties:
+        _ITEM.user_properties.append((role, name))
 
 
-def _stand_in(backend: Backend, name: str):
-    """The reference's ``name`` standing in on a partial backend, or None (the test then skips as before)."""
-    if not backend.reference_stand_ins or backend.unavailable or _ITEM is None or \
-            _ITEM.get_closest_marker("whole_backend") is not None:
-        return None
+def _no_stand_in(backend: Backend) -> str | None:
+    """Why the running test gets no reference stand-in on ``backend`` (None: it gets one)."""
+    if not backend.reference_stand_ins or backend.unavailable or _ITEM is None:
+        return "this backend runs whole or not at all"
+    if _ITEM.get_closest_marker("whole_backend") is not None:
+        return "this contract compares a stage with the backend's own parts (whole_backend)"
     declared = {o for m in _ITEM.iter_markers("operators") for o in m.args}
     if not any(backend.has(o) and o in KERNEL_OPERATORS for o in declared):
-        return None  # nothing of the backend's own would run: a reference-only run proves nothing about it
-    from backends import torch_backend
-
-    _ITEM.__dict__.setdefault("_pto_asked", set()).add(name)
-    if ("pto_standin", name) not in _ITEM.user_properties:
-        _ITEM.user_properties.append(("pto_standin", name))
-    return backend.stand_in(name, torch_backend())
+        return "none of the operators it declares is the backend's own"
+    return None
 
 
 def operator_params(table, operator_of) -> list:
@@ -347,17 +346,21 @@ def operator_params(table, operator_of) -> list:
 
 def op(backend: Backend, name: str):
     """The operator ``name`` of ``backend``; skips (with backend and operator named) when it is missing, or
-    when the backend says a call is ``Unsupported`` (a device compiled for other constants). A partial backend by
-    nature (``Backend.reference_stand_ins``: upstream's goldens of one folder) gets the reference for an operator it
-    lacks when the test declares at least one operator the backend has: a mixed run, labelled in the summary."""
+    when the backend says a call is ``Unsupported`` (a device compiled for other constants). A backend gets the
+    reference for an operator it lacks when the test declares at least one operator the backend has (a mixed run,
+    labelled in the summary), unless it says ``reference_stand_ins=False`` or the test is ``whole_backend``."""
     try:
         fn = backend.get(name)
     except MissingOperator as exc:
-        stand_in = _stand_in(backend, name)
-        if stand_in is None:
+        why = _no_stand_in(backend)
+        if why is not None:
             uses(name)
-            pytest.skip(str(exc))
-        return stand_in
+            pytest.skip(str(exc) + ("" if why.startswith("this backend runs whole") else
+                                    f"; no reference stand-in: {why}"))
+        from backends import torch_backend
+
+        uses(name, "pto_standin")
+        return backend.stand_in(name, torch_backend())
     uses(name)
     if not getattr(fn, "may_be_unsupported", False):
         return fn

@@ -1,6 +1,6 @@
 """A partial backend of the suite's own (``--backend-module tests.partial_double:MIXED``): the reference's
 ``v4_gate`` alone, under a name of its own, standing in for a backend that binds some operators of a contract and
-not others (upstream's goldens of one folder). ``WHOLE`` is the same without reference stand-ins."""
+not others (upstream's goldens of one folder, a device binding). ``WHOLE`` is the same, judged whole or not at all."""
 
 from __future__ import annotations
 
@@ -8,5 +8,5 @@ from backends import torch_backend
 from contracts.operators import Backend
 
 _GATE = {"v4_gate": torch_backend().get("v4_gate")}
-MIXED = Backend("partial", _GATE, reference_stand_ins=True, description="v4_gate only, the reference standing in")
-WHOLE = Backend("partial-whole", _GATE, description="v4_gate only, no stand-ins")
+MIXED = Backend("partial", _GATE, description="v4_gate only, the reference standing in")
+WHOLE = Backend("partial-whole", _GATE, reference_stand_ins=False, description="v4_gate only, no stand-ins")

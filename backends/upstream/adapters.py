@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-PRO = "deepseek_v4_pro"
-FLASH_MTP = "deepseek_v4_flash_mtp"
-FLASH_DSPARK = "deepseek_v4_flash_dspark"
-FOLDERS = (PRO, FLASH_MTP, FLASH_DSPARK)  # upstream main's DeepSeek-V4 model folders (--model)
+from kernels.record import FOLDERS  # upstream main's DeepSeek-V4 model folders (--model)
+
+PRO, FLASH_MTP, FLASH_DSPARK = FOLDERS
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,11 @@ import subprocess
 from functools import partial
 from pathlib import Path
 
+from kernels.record import FOLDERS
+
 TEST_DOUBLE_MARKER = "PTO_CONTRACTS_TEST_DOUBLE"
 ALLOW_TEST_DOUBLE = "PTO_CONTRACTS_ALLOW_TEST_DOUBLE"
-MODEL_FOLDERS = ("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark", "deepseek_v4_1_flash")
+MODEL_FOLDERS = (*FOLDERS, "deepseek_v4_1_flash")  # main's V4 folders, and V4.1-Flash's where a checkout has it
 
 
 def checkout_problems(option: str | None) -> list[tuple[str, str]]:
@@ -127,7 +129,7 @@ def make_backend(pypto_lib: str | None = None, model: str | None = None):
     from backends.upstream.adapters import DEVIATIONS
 
     return Backend("upstream", ops, why_missing=why, variants={k: v for k, v in variants_for(folder).items() if k in ops},
-                   deviations=DEVIATIONS, reference_stand_ins=True,
+                   deviations=DEVIATIONS,
                    description=f"upstream Torch goldens of models/{folder} from {root} @ {revision(root)} (worker "
                                "process)",
                    provenance=provenance)
