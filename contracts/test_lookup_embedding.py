@@ -77,6 +77,36 @@ def test_an_id_outside_the_vocabulary_is_refused_naming_its_row(backend, bad_id)
         f"refused naming {exc.value.field}{exc.value.index}, expected input_ids at row (2,): {exc.value}"
 
 
+BAD_CALLS = {  # (ids, table, the field the refusal names)
+    "2-D ids": (lambda: torch.zeros(2, 3, dtype=torch.int64), lambda: _table(6, 2), "input_ids"),
+    "FP32 ids": (lambda: torch.tensor([0.0, 1.0]), lambda: _table(6, 2), "input_ids"),
+    "a 1-D table": (lambda: torch.tensor([0, 1]), lambda: _table(6, 2)[:, 0], "embed_weight"),
+    "a table of another width": (lambda: torch.tensor([0, 1]), lambda: _table(6, 2)[:, :-1], "embed_weight"),
+    "an FP32 table": (lambda: torch.tensor([0, 1]), lambda: _table(6, 2).float(), "embed_weight"),
+    "an empty table": (lambda: torch.tensor([], dtype=torch.int64), lambda: _table(6, 2)[:0], "embed_weight"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_a_malformed_call_is_refused_naming_its_field(backend, case):
+    """Each malformed call is refused with ContractInputError naming its field (never accepted, never another
+    error): ids must be 1-D INT64/INT32, the table 2-D, BF16, of the model's width and at least one row."""
+    ids, table, field = BAD_CALLS[case]
+    with pytest.raises(ContractInputError) as exc:
+        op(backend, "lookup_embedding")(ids(), table(), config=CONFIG)
+    assert exc.value.field == field, f"{case}: refused naming {exc.value.field!r}, not {field!r}: {exc.value}"
+
+
+def test_a_one_row_vocabulary_is_a_vocabulary(backend):
+    """A table of one row is valid (ids all 0): the lower bound on the vocabulary is one row, not two."""
+    table = _table(1, 3)
+    try:
+        got = op(backend, "lookup_embedding")(torch.zeros(4, dtype=torch.int64), table, config=CONFIG)
+    except ContractInputError as exc:
+        pytest.fail(f"refused a one-row vocabulary: {exc}")
+    assert _first_wrong_row(got, table.expand(4, -1)) is None, "a one-row vocabulary did not give its row"
+
+
 def _widened(input_ids, embed_weight, *, config):
     return embed_weight.index_select(0, input_ids.to(torch.int64)).float()
 
@@ -97,6 +127,18 @@ def _last_row_dropped(input_ids, embed_weight, *, config):
     return out
 
 
+def _unchecked(input_ids, embed_weight, *, config):
+    """Only the id range checked: a malformed call goes through (or fails inside torch)."""
+    ids = input_ids.reshape(-1).to(torch.int64)
+    return embed_weight.reshape(embed_weight.shape[0], -1).index_select(0, ids)
+
+
+def _two_row_minimum(input_ids, embed_weight, *, config):
+    if embed_weight.shape[0] < 2:
+        raise ContractInputError("embed_weight", None, "[vocab >= 2, D]", list(embed_weight.shape), "§8")
+    return embed_weight.index_select(0, input_ids.to(torch.int64))
+
+
 SEEDED_DEFECTS = [
     SeededDefect("lookup-embedding:widened", "lookup_embedding", _widened,
                  "test_the_lookup_is_a_copy_not_a_rounding_or_a_shift", "not a widening"),
@@ -106,4 +148,8 @@ SEEDED_DEFECTS = [
                  "test_an_id_outside_the_vocabulary_is_refused_naming_its_row", "DID NOT RAISE"),
     SeededDefect("lookup-embedding:last-row-zero", "lookup_embedding", _last_row_dropped,
                  "test_each_row_is_its_ids_row_bit_for_bit", "is not row"),
+    SeededDefect("lookup-embedding:no-shape-checks", "lookup_embedding", _unchecked,
+                 "test_a_malformed_call_is_refused_naming_its_field", "DID NOT RAISE"),
+    SeededDefect("lookup-embedding:two-row-minimum", "lookup_embedding", _two_row_minimum,
+                 "test_a_one_row_vocabulary_is_a_vocabulary", "refused a one-row vocabulary"),
 ]

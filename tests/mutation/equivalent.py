@@ -248,6 +248,11 @@ CLAMP_COMMUTES = 'min(max(a, 0), w) equals max(min(a, w), 0) for the window w >=
 PER_TOKEN_ROWS = 'Each iteration writes only its own token row (out[t], closes[t]); the += is list concatenation of the window, not a running sum, so the visiting order cannot change any value.'
 
 EQUIVALENT: dict[str, str] = {
+    # lookup_embedding: index_select returns a contiguous tensor; it takes INT32 or INT64 indices alike, and every id
+    # is checked to lie in [0, vocab) before, so an INT32 index holds it
+    'kernels.v4.lookup_embedding:lookup_embedding:drop-call:embed_weight.index_select(0, input_ids.to(torch.int64)).c...[contiguous]->(skipped)#0': 'index_select already returns a contiguous tensor.',
+    'kernels.v4.lookup_embedding:lookup_embedding:drop-call:input_ids.to(torch.int64)[to]->(skipped)#0': 'index_select takes INT32 or INT64 indices alike (the ids are 1-D INT32/INT64, checked).',
+    'kernels.v4.lookup_embedding:lookup_embedding:name:int64->int32#0': 'Every id is checked to lie in [0, vocab) first, so its INT32 form is the same index.',
     'contracts.checks.precision:check_output_budget:cmp:cosine < budget.min_cosine[Lt]->LtE#0': COS_EQ,
     'contracts.checks.precision:check_owner_rows:const:True->False#1': ZIP,
     'contracts.checks.precision:check_owner_rows:drop-call:slab[count:].detach().cpu().to(torch.float64)[to]->(skipped)#0': PAD_DTYPE,
