@@ -118,19 +118,20 @@ def _pro_operator(adapter, device: Device):
     calling its golden: the tensors dict is the same (upstream's names); geometry overrides (``fields``,
     ``constants``, ``module_globals``: they re-target a golden at a tiny preset) do not apply to a kernel compiled
     at the model's geometry, so a call off that geometry is refused as unsupported by the entry check."""
-    from backends.pypto.table import PRO_ENTRIES
+    from backends.pypto.table import FOLDER_ENTRIES, PRO_ENTRIES
     from contracts.operators import Unsupported
 
     def run(tensors, fields, constants, *, module_globals=None, module=None, function=None):
-        name = module or adapter.module
+        name = module or adapter.module  # V4-Pro's module name (a folder's own name: adapter.module_of)
         if name not in PRO_ENTRIES:
-            raise Unsupported(f"no kernel entry of models/{adapter.folder}/{name}.py is bound")
+            raise Unsupported(f"no kernel entry of models/{adapter.folder}/{adapter.module_of(name)}.py is bound")
         entry, ranks = PRO_ENTRIES[name]
-        return device.run(adapter.folder, name, entry, tensors, ranks=ranks)
+        entry = dict(FOLDER_ENTRIES.get(adapter.folder, ())).get(adapter.module_of(name), entry)
+        return device.run(adapter.folder, adapter.module_of(name), entry, tensors, ranks=ranks)
 
     fn = partial(adapter.build, run)
     fn.__name__ = adapter.operator
-    fn.__doc__ = f"upstream kernel entry of models/{adapter.folder}/{adapter.module}.py on the device"
+    fn.__doc__ = f"upstream kernel entry of models/{adapter.folder}/{adapter.module_of()}.py on the device"
     fn.may_be_unsupported = True
     return fn
 
@@ -160,7 +161,7 @@ def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_li
     dev = Device(root, platform, devices)
     ops, launchers = {}, {}
     for name, adapter in ADAPTERS.items():
-        if adapter.module in PRO_ENTRIES and (root / "models" / adapter.folder / f"{adapter.module}.py").is_file():
+        if adapter.module in PRO_ENTRIES and (root / "models" / adapter.folder / f"{adapter.module_of()}.py").is_file():
             ops[name] = _pro_operator(adapter, dev)
     if folder == PRO and (root / "models" / v41.FOLDER).is_dir():
         for b in bound():

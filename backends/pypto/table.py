@@ -104,6 +104,12 @@ PRO_ENTRIES: dict[str, tuple[str, int]] = {
     "prefill_indexer": ("prefill_indexer_test", 1),
     "lookup_embedding": ("lookup_embedding_test", 1),  # the V4-Flash folders' (the entry names are shared)
 }
+# A folder's own entry name where it differs from V4-Pro's: folder -> ((its module name, entry), ...)
+FOLDER_ENTRIES: dict[str, tuple[tuple[str, str], ...]] = {
+    "deepseek_v4_flash_dspark": (("decode_sparse_attn_csa", "sparse_attn_csa_test"),
+                                 ("decode_sparse_attn_hca", "sparse_attn_hca_test"),
+                                 ("decode_sparse_attn_swa", "sparse_attn_swa_test")),
+}
 
 
 def _pro_bound() -> dict[str, Binding]:

@@ -81,9 +81,10 @@ def _operator(adapter, root: Path):
 
     def run(tensors, fields, constants, *, module_globals=None, module=None, function=None, args=None, kwargs=None,
             taps=None):
-        CALLED.append(f"models/{adapter.folder}/{module or adapter.module}.py::{function or adapter.function}")
+        module = adapter.module_of(module)
+        CALLED.append(f"models/{adapter.folder}/{module}.py::{function or adapter.function}")
         try:
-            return worker(root).call(adapter.folder, module or adapter.module, function or adapter.function, tensors,
+            return worker(root).call(adapter.folder, module, function or adapter.function, tensors,
                                      fields=fields, constants=constants, module_globals=module_globals, args=args,
                                      kwargs=kwargs, taps=taps)
         except UpstreamError as exc:

@@ -1,15 +1,17 @@
 """Cases at main's V4-Flash geometry (hidden 4096, 256 experts: ``kernels.config.V4_FLASH``), the dims the
 ``deepseek_v4_flash_mtp`` and ``deepseek_v4_flash_dspark`` entries are compiled for: every operator record's case
-that names the ``v4-flash`` geometry (``kernels.record``), named with ``_v4_flash``. Never in the sample store:
+that names the ``v4-flash`` geometry (``kernels.record``), named with ``_v4_flash``, and the decode compressor's two cases (``goldens.cases.compressor``). Never in the sample store:
 ``goldens --store DIR record --geometry v4-flash``. Spec: §7.2.
 """
 
 from __future__ import annotations
 
 from goldens.cases import register
+from goldens.cases.compressor import compressor_cases
 from goldens.cases.records import cases_at
+from kernels.config import V4_FLASH
 
-CASES = cases_at("v4-flash")
+CASES = cases_at("v4-flash") + compressor_cases(V4_FLASH.kernel_preset(), "_v4_flash", "V4-Flash")
 
 for _c in CASES:
     register(_c)

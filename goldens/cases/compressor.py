@@ -1,0 +1,92 @@
+"""The decode compressor's two cases at a model's own geometry (V4-Pro's or V4-Flash's kernel preset): the shapes
+``decode_compressor_ratio{4,128}.py::compressor_test`` is compiled for in that model's folder, so the device binding
+runs them. Used by ``goldens.cases.pro`` and ``goldens.cases.v4_flash`` (never in the sample store). Spec: §8.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from goldens.cases import Case, Tensors
+from kernels.record import generator as _g
+
+COMPRESSOR_OUT = {"compressed": "hc_out", "closes": "exact", "state_pool": "v4_state_pool"}
+
+
+def _hca_build(preset):
+    def build(seed: int, wiring: str) -> Tensors:
+        """Two requests of HCA's ratio-128 compressor: request 0 at 125..127 (its window closes at 127), request 1
+        at 254, 255 (closes at 255); BF16-exact weights (the entry's dtype), a state pool of random values, pages
+        in reverse order."""
+        g = _g(seed)
+        hidden, d, page, ratio = preset.hidden_size, preset.head_dim, preset.c128_state_block_size, 128
+        pos = torch.tensor([125, 126, 127, 254, 255])
+        req = torch.tensor([0, 0, 0, 1, 1])
+        blocks = 256 // page
+        table = torch.arange(2 * blocks, dtype=torch.int32).reshape(2, blocks).flip(1).contiguous()
+        return {"x": torch.randn(pos.numel(), hidden, generator=g).to(torch.bfloat16), "position_ids": pos,
+                "token_to_req": req, "state_block_table": table,
+                "state_pool": torch.randn(2 * blocks, page, 2 * d, generator=g),
+                "wkv": (torch.randn(hidden, d, generator=g) / hidden**0.5).to(torch.bfloat16).float(),
+                "wgate": (torch.randn(hidden, d, generator=g) / hidden**0.5).to(torch.bfloat16).float(),
+                "ape": torch.randn(ratio, d, generator=g) * 0.5,
+                "norm": (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16).float()}
+    return build
+
+
+def _csa_build(preset):
+    def build(seed: int, wiring: str) -> Tensors:
+        """One decode step of CSA's ratio-4 compressor (overlapping windows), as compressor_test is compiled (4
+        requests x 2 tokens, the preset's state pages, a block table over the whole kernel sequence): request 0 at
+        2, 3 (its first window closes at 3, the previous window before position 0), request 1 at 7, 8 (closes at
+        7, the next window opens), request 2 at 100, 101 (no close), request 3 at 4094, 4095 (closes); unmapped
+        pages are -1."""
+        g = _g(seed)
+        hidden, d, page, ratio = preset.hidden_size, preset.head_dim, preset.c4a_state_block_size, 4
+        starts = (2, 7, 100, 4094)
+        pos = torch.tensor([p + s for p in starts for s in range(2)])
+        req = torch.tensor([r for r in range(4) for _ in range(2)])
+        width = preset.kernel_max_seq_len // page
+        table = torch.full((4, width), -1, dtype=torch.int32)
+        phys = iter(torch.randperm(preset.csa_state_pool, generator=g).tolist())
+        for r, p in enumerate(starts):
+            for blk in range(max(0, (p - 2 * ratio) // page), (p + 1) // page + 1):
+                table[r, blk] = next(phys)
+        c = 2 * d
+        return {"x": torch.randn(pos.numel(), hidden, generator=g).to(torch.bfloat16), "position_ids": pos,
+                "token_to_req": req, "state_block_table": table,
+                "state_pool": torch.randn(preset.csa_state_pool, page, 2 * c, generator=g),
+                "wkv": (torch.randn(hidden, c, generator=g) / hidden**0.5).to(torch.bfloat16).float(),
+                "wgate": (torch.randn(hidden, c, generator=g) / hidden**0.5).to(torch.bfloat16).float(),
+                "ape": torch.randn(ratio, c, generator=g) * 0.5,
+                "norm": (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16).float()}
+    return build
+
+
+def _call(ratio: int, overlap: bool):
+    def call(get, i: Tensors) -> Tensors:
+        from kernels.v4.compressor import V4CompressorWeights
+
+        w = V4CompressorWeights(i["wkv"], i["wgate"], i["ape"], i["norm"])
+        out, closes, pool = get("v4_compressor")(i["x"], i["position_ids"], i["token_to_req"],
+                                                 i["state_block_table"], i["state_pool"], w, ratio=ratio,
+                                                 overlap=overlap)
+        return {"compressed": out, "closes": closes, "state_pool": pool}
+    return call
+
+
+def _case(name: str, description: str, build, call, preset) -> Case:
+    return Case(name, "v4_compressor", description, build_inputs=build, run=lambda b, i, w: call(b.get, i),
+                comparators=lambda w: dict(COMPRESSOR_OUT), preset=preset.name)
+
+
+def compressor_cases(preset, suffix: str, model: str) -> list[Case]:
+    """The HCA (ratio 128) and CSA (ratio 4, overlapping) decode compressor cases at ``preset`` (a kernel preset),
+    named ``v4_compressor_{hca,csa}<suffix>``."""
+    return [
+        _case(f"v4_compressor_hca{suffix}", f"V4 HCA compressor (ratio 128) at {model} geometry: two requests whose "
+              "windows close (127, 255), one decode step per token", _hca_build(preset), _call(128, False), preset),
+        _case(f"v4_compressor_csa{suffix}", f"V4 CSA compressor (ratio 4, overlapping windows) at {model} geometry: "
+              "one decode step of 4 requests x 2 tokens, three windows closing (one before position 0, one opening "
+              "the next, one at 4095)", _csa_build(preset), _call(4, True), preset),
+    ]
