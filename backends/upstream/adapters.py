@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -458,7 +458,7 @@ def _decode_step(position_ids: torch.Tensor, token_to_req: torch.Tensor) -> list
 
 
 def _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, pool, weights, out, closes, *,
-                        ratio, coff, eps):
+                        ratio, coff, eps, model_page=CMP_PAGE):
     """One decode step of B requests x S tokens through ``compressor_test`` / ``golden_compressor`` laid out as
     compiled (ratio 4's entry takes exactly DECODE_BATCH x DECODE_SEQ): every token's state row is written, and
     the closed row of a request whose window ends inside the step is kv[b, 0] (upstream writes the committed row
@@ -467,7 +467,7 @@ def _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, 
 
     pages, page, _ = pool.shape
     d = weights.norm.shape[0]
-    rd, cache_page = (ROPE_HEAD_DIM, CMP_PAGE) if d >= ROPE_HEAD_DIM else (2, 1)
+    rd, cache_page = (ROPE_HEAD_DIM, model_page) if d >= ROPE_HEAD_DIM else (2, 1)
     b, s = len(steps), len(steps[0][1])
     flat = [t for _req, row in steps for t in row]
     table = torch.stack([state_block_table[req] for req, _row in steps]).to(torch.int32).contiguous()
@@ -496,14 +496,15 @@ def _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, 
 
 
 def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_pool, weights, *, ratio, overlap,
-                   eps=1e-6):
+                   eps=1e-6, pages_per_ratio=False):
     """v4_compressor -> decode_compressor_ratio4.py (ratio 4, overlap) / decode_compressor_ratio128.py (ratio 128)
     ::golden_compressor, one decode step per token in the call's order (B = S = 1), the state pool carried from
     step to step: upstream's decode golden handles one step of S tokens per request and at most one closing
     window, so a call of many tokens is that many steps. The golden rotates the closed row (RoPE) before writing
     it: it is called with the identity rotation (cos 1, sin 0, exact in FP32) to read the row before its RoPE,
     which is this operator's output (the rotation is ``v4_publish_compressed``'s). Tokens at a negative position
-    are skipped (this project's padding convention; upstream's decode steps have none)."""
+    are skipped (this project's padding convention; upstream's decode steps have none). ``pages_per_ratio``: the
+    compressed cache's page holds 128 / ratio rows (the Flash folders' CMP_STORAGE_BLOCK_SIZE) instead of 128."""
     from contracts.operators import Unsupported
     from kernels.v4.compressor import _slot, check_v4_compressor
 
@@ -520,10 +521,12 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
     steps = _decode_step(position_ids, token_to_req)
     if steps is not None:  # the call is one decode step of the model's B requests x S tokens: one launch
         return _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, pool, weights, out, closes,
-                                   ratio=ratio, coff=coff, eps=eps)
+                                   ratio=ratio, coff=coff, eps=eps,
+                                   model_page=CMP_PAGE // int(ratio) if pages_per_ratio else CMP_PAGE)
     # the rotated width and the compressed-cache page: the model's (64, 128) when the row is that wide, as a kernel
     # compiled at the model's geometry takes them; any even width is the identity rotation here
-    rd, cache_page = (ROPE_HEAD_DIM, CMP_PAGE) if d >= ROPE_HEAD_DIM else (2, 1)
+    model_page = CMP_PAGE // int(ratio) if pages_per_ratio else CMP_PAGE
+    rd, cache_page = (ROPE_HEAD_DIM, model_page) if d >= ROPE_HEAD_DIM else (2, 1)
     wkv_t, wgate_t = _bf16_if_exact(weights.wkv.float().t()), _bf16_if_exact(weights.wgate.float().t())
     module_globals = {"S": 1, "B": 1, "COMPRESS_STATE_BLOCK_SIZE": page, "HEAD_DIM": d, "OUT_DIM": coff * d,
                       "ROPE_HEAD_DIM": rd, "EPS": float(eps), "BLOCK_SIZE": cache_page}
@@ -548,17 +551,21 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
     return out, closes, pool
 
 
+FLASH_HCA_K_TILE = 128  # the Flash HCA attention's ATTN_K_TILE (its compressed tail is padded to whole tiles)
 ATTENTION_MODULES = {"CSA": "decode_sparse_attn", "HCA": "decode_sparse_attn_hca", "SWA": "decode_sparse_attn_swa"}
 
 
 def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
-                  attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq=None, num_tokens=None):
+                  attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq=None, num_tokens=None,
+                  own_cmp_page=False):
     """v4_attention -> decode_sparse_attn.py (CSA: the raw indexer top-k, masked by position inside the golden),
     decode_sparse_attn_hca.py (HCA: the compressed slots), decode_sparse_attn_swa.py (SWA: the window only)
     ::golden_sparse_attn, each the sparse attention fused with the grouped output projection. Geometry: B = T /
     seq requests of S = seq rows (DECODE_BATCH, DECODE_SEQ), the call's page size as BLOCK_SIZE. The window
     is upstream's WIN columns and HCA's slots its CMP_TOPK columns (a narrower call is padded with -1, which
-    reads nothing; a wider one is unsupported: upstream's key tiles would drop the excess)."""
+    reads nothing; a wider one is unsupported: upstream's key tiles would drop the excess). ``own_cmp_page``: the
+    folder's compressed cache has a page of its own (the Flash folders' CMP_STORAGE_BLOCK_SIZE, 128 / ratio rows),
+    set to the call's compressed page."""
     from contracts.operators import Unsupported
     from kernels.reference.attention import check_inputs
     from kernels.v4.sparse_attention import (
@@ -576,12 +583,14 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
     rows = paged_compressed_rows(cmp_indices, cmp_block_table, seq=seq, block_size=cmp_kv.shape[1])
     check_inputs(q, ori, window, cmp, rows, attn_sink)
     check_output_projection(q.shape, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, config=config)
-    if ori_kv.shape[1] != cmp_kv.shape[1]:
+    if ori_kv.shape[1] != cmp_kv.shape[1] and not own_cmp_page:
         raise Unsupported(f"upstream's decode attention goldens take one BLOCK_SIZE for both caches; the call's are "
                           f"{ori_kv.shape[1]} and {cmp_kv.shape[1]}")
     win = config.sliding_window
     cmp_topk = {"CSA": config.index_topk, "HCA": min(config.max_position_embeddings // 128, config.index_topk),
                 "SWA": 0}[path]
+    if own_cmp_page and path == "HCA":  # the Flash HCA tail: the whole compressed capacity in 128-wide key tiles
+        cmp_topk = -(-config.max_position_embeddings // 128 // FLASH_HCA_K_TILE) * FLASH_HCA_K_TILE
 
     def widen(t, width, what):
         if t.shape[1] > width:
@@ -599,6 +608,14 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
         # the compressed table as wide as the entries are compiled (KV_CMP_MAX_BLOCKS, the pool's 32 pages);
         # unread columns -1
         table = cmp_block_table.to(torch.int32)
+        if own_cmp_page and path == "HCA":
+            # the Flash HCA golden reads a page of one compressed row, its table one entry per slot: the call's
+            # pages laid out as rows (row = page * P + slot % P), the table spelled out per slot
+            page = int(cmp_kv.shape[1])
+            slots = torch.arange(table.shape[1] * page)
+            phys = table[:, slots // page]
+            table = torch.where(phys >= 0, phys * page + slots % page, -1).to(torch.int32)
+            cmp_kv = cmp_kv.reshape(-1, 1, 1, cmp_kv.shape[-1])
         tensors.update(window_swa_indices=widen(window, win, "window"), cmp_kv=cmp_kv.clone(),
                        cmp_block_table=torch.nn.functional.pad(table, (0, max(0, config.cmp_pool - table.shape[1])),
                                                                value=-1))
@@ -613,8 +630,15 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
     out = run(tensors, _variant_fields(config), {"DECODE_BATCH": tokens // seq, "DECODE_SEQ": seq,
                                                   "BLOCK_SIZE": int(ori_kv.shape[1])},
               module=ATTENTION_MODULES[path],
-              module_globals={"ORI_BLOCK_NUM": int(ori_kv.shape[0])} if path == "SWA" else None)
+              module_globals={"ORI_BLOCK_NUM": int(ori_kv.shape[0])} if path == "SWA" else
+              {"CMP_STORAGE_BLOCK_SIZE": int(cmp_kv.shape[1])} if own_cmp_page and path == "CSA" else None)
     return out["attn_out"]
+
+
+def _flash_attention(run, *args, **kwargs):
+    """v4_attention -> the Flash folders' decode_sparse_attn_{csa,hca,swa}.py::golden_sparse_attn: V4-Pro's, with
+    the compressed cache paged at its own page (CMP_STORAGE_BLOCK_SIZE = 128 / ratio rows per page)."""
+    return _v4_attention(run, *args, own_cmp_page=True, **kwargs)
 
 
 def _check_swa_stage(position_ids, freqs_cos, kv_cache, swa_slot_mapping, *, tokens, num_tokens=None) -> None:
@@ -967,6 +991,12 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
 )}
 
 
+def _flash_compressor(run, *args, **kwargs):
+    """v4_compressor -> the Flash folders' decode compressor goldens: V4-Pro's, with a compressed-cache page of
+    128 / ratio rows (CMP_STORAGE_BLOCK_SIZE), the page the Flash entries are compiled for."""
+    return _v4_compressor(run, *args, pages_per_ratio=True, **kwargs)
+
+
 # The Flash folders renamed some of V4-Pro's modules (same golden function inside)
 FLASH_RENAMES: tuple[tuple[str, str], ...] = (
     ("decode_sparse_attn", "decode_sparse_attn_csa"), ("decode_attention_swa", "decode_swa"),
@@ -976,8 +1006,6 @@ FLASH_RENAMES: tuple[tuple[str, str], ...] = (
 
 
 def _in(folder: str, adapters) -> dict[str, Adapter]:
-    from dataclasses import replace
-
     renames = FLASH_RENAMES if folder != PRO else ()
     return {a.operator: replace(a, folder=folder, renames=renames) for a in adapters}
 
@@ -1005,8 +1033,9 @@ _FLASH_OWN = [Adapter("lookup_embedding", FLASH_MTP, "lookup_embedding", "golden
               Adapter("v4_gate", FLASH_MTP, "gate", "golden_gate_core", _flash_gate)]
 BY_FOLDER: dict[str, dict[str, Adapter]] = {
     PRO: dict(ADAPTERS),
-    FLASH_MTP: _in(FLASH_MTP, [*_FLASH_SHARED, *(ADAPTERS[n] for n in ("mtp_projection", "v4_compressor",
-                                                                         "v4_moe_stage")), *_FLASH_OWN]),
+    FLASH_MTP: _in(FLASH_MTP, [*_FLASH_SHARED, *(ADAPTERS[n] for n in ("mtp_projection", "v4_moe_stage")),
+                               replace(ADAPTERS["v4_compressor"], build=_flash_compressor),
+                               replace(ADAPTERS["v4_attention"], build=_flash_attention), *_FLASH_OWN]),
     FLASH_DSPARK: {**_in(FLASH_DSPARK, _FLASH_SHARED + _FLASH_OWN),
                    "lookup_embedding": Adapter("lookup_embedding", FLASH_DSPARK, "lookup_embedding",
                                                "golden_lookup_embedding_test", _dspark_lookup_embedding)},

@@ -35,8 +35,8 @@ def _module_facts(path: Path) -> tuple[list[str], list[str]]:
 
 def folder_rows(root: Path, folder: str) -> list[tuple[str, str, str, str]]:
     """(module, golden, entries, status) for every golden of ``folder`` (a module without one: golden "-")."""
-    adapted = {(a.module, a.function): a.operator for a in BY_FOLDER[folder].values()}
-    also = {m: a.operator for a in BY_FOLDER[folder].values() for m in a.also}
+    adapted = {(a.module_of(), a.function): a.operator for a in BY_FOLDER[folder].values()}
+    also = {a.module_of(m): a.operator for a in BY_FOLDER[folder].values() for m in a.also}
     rows = []
     for path in sorted((root / "models" / folder).glob("*.py")):
         if path.stem in ("config", "utils", "__init__"):
