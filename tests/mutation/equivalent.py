@@ -770,4 +770,8 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.input_pack:v4_embed_pack:drop-call:input_ids.to(torch.int64)[to]->(skipped)#0': ("Without the widening "
         "the ids keep their own integer dtype: INT64 ids are unchanged, and INT32 ids hold no value outside INT32, so "
         "the clamp and the row lookup are the same (index_select takes INT32 or INT64)."),
+    'kernels.v4.rope_interleave:lane_signs:name:float32->bfloat16#0': '±1 is exact in BF16, and an FP32 table times a BF16 tensor promotes to FP32: the same bytes.',
+    'kernels.v4.rope_interleave:v4_rope_interleave:drop-call:sin_signed.contiguous()[contiguous]->(skipped)#0': 'repeat_interleave and the product already return a contiguous tensor.',
+    'kernels.v4.rope_interleave:v4_rope_interleave:drop-call:cos_il.contiguous()[contiguous]->(skipped)#0': 'repeat_interleave already returns a contiguous tensor.',
+    'kernels.v4.rope_interleave:v4_rope_interleave:binop:sin_half.repeat_interleave(2, dim=1) * lane_signs(2 * sin...[Mult]->Div#0': 'Dividing by ±1 is exact and flips the same sign bit as multiplying by it (±0, ±inf and NaN included).',
 }
