@@ -774,4 +774,10 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.rope_interleave:v4_rope_interleave:drop-call:sin_signed.contiguous()[contiguous]->(skipped)#0': 'repeat_interleave and the product already return a contiguous tensor.',
     'kernels.v4.rope_interleave:v4_rope_interleave:drop-call:cos_il.contiguous()[contiguous]->(skipped)#0': 'repeat_interleave already returns a contiguous tensor.',
     'kernels.v4.rope_interleave:v4_rope_interleave:binop:sin_half.repeat_interleave(2, dim=1) * lane_signs(2 * sin...[Mult]->Div#0': 'Dividing by ±1 is exact and flips the same sign bit as multiplying by it (±0, ±inf and NaN included).',
+    'kernels.v4.cp_zigzag:window_sources:drop-unary:-1[USub]->(none)#1': 'The row of a window source is read only when its segment is >= 0: (-1, 1) is skipped like (-1, -1).',
+    'kernels.v4.cp_zigzag:window_sources:const:1->2#0': 'Any negative segment marks a row before the chunk (the caller tests s >= 0): -2 is -1.',
+    'kernels.v4.cp_zigzag:window_sources:const:1->2#1': 'The row of a source whose segment is negative is never read: (-1, -2) is (-1, -1).',
+    'kernels.v4.cp_zigzag:window_sources:const:True->False#0': 'starts and segment_lens are built to one length: zip(strict=False) pairs them alike.',
+    'kernels.v4.cp_zigzag:cp_zigzag_tail_exchange:drop-call:logical.unsqueeze(0).expand(cp, -1, -1).contiguous()[contiguous]->(skipped)#0': 'The expanded view holds the same values on every rank; contiguity is no part of the output.',
+    'kernels.v4.cp_zigzag:cp_zigzag_tail_exchange:drop-call:window.unsqueeze(0).expand(cp, -1, -1).contiguous()[contiguous]->(skipped)#0': 'The expanded view holds the same values on every rank; contiguity is no part of the output.',
 }
