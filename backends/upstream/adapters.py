@@ -241,10 +241,11 @@ def _both(t: torch.Tensor) -> torch.Tensor:
 
 
 def _moe_tensors(hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, routed, shared, *,
-                 config) -> tuple[dict, dict]:
+                 config, preset_world=8) -> tuple[dict, dict]:
     """moe.py::golden_moe's weights (all but x_hc, x_next, layer_id, num_tokens) at EP MOE_RANKS, rank r holding
     experts r·E/R .. (r+1)·E/R - 1, and the config fields: moe.py re-derives the expert count from the EP8 preset
-    at import (n_routed_experts // 8 · EP), so the preset given holds 8 / R times this call's experts."""
+    at import (n_routed_experts // 8 · EP; dspark: // 16), so the preset given holds preset_world / R times this
+    call's experts."""
     from contracts.operators import Unsupported
 
     experts, ranks = config.n_routed_experts, MOE_RANKS
@@ -267,20 +268,21 @@ def _moe_tensors(hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, tid2eid, i
                "shared_w1": _both(shared.w1), "shared_w1_scale": _both(shared.w1_scale.float().reshape(inter)),
                "shared_w3": _both(shared.w3), "shared_w3_scale": _both(shared.w3_scale.float().reshape(inter)),
                "shared_w2": _both(shared.w2), "shared_w2_scale": _both(shared.w2_scale.float().reshape(d))}
-    fields = dict(_variant_fields(config), vocab_size=int(tid2eid.shape[0]), n_routed_experts=experts * 8 // ranks,
+    fields = dict(_variant_fields(config), vocab_size=int(tid2eid.shape[0]), n_routed_experts=experts * preset_world // ranks,
                   moe_intermediate_size=inter)
     return tensors, fields
 
 
 def _v4_moe_stage(run, x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid,
-                  input_ids, routed, shared, *, config, padding_rows="residual"):
+                  input_ids, routed, shared, *, config, padding_rows="residual", preset_world=8):
     """v4_moe_stage -> moe.py::golden_moe (hc_pre, gate, dispatch, routed and shared experts, combine, hc_post)
     at EP 2, its smallest world: both ranks get this call's inputs, rank r holds experts r·E/2 .. (r+1)·E/2 - 1, and
     rank 0's x_next is x_out (the transport never changes a row, so rank 0 is this one-rank stage). The golden
     returns only x_next; ffn_out is what it hands to hc_post.py::golden_hc_post for rank 0 and indices / weights
     what gate.py::golden_gate_core returns for rank 0 (its own intermediates, observed, not recomputed).
     Upstream's decode stage mixes and post-mixes every row: padding rows carry hc_post(0, x_hc) (the
-    ``padding_rows="residual"`` rule); ``"zero"`` is this project's older rule only."""
+    ``padding_rows="residual"`` rule); ``"zero"`` is this project's older rule only. ``preset_world``: the EP world
+    whose expert count the folder's moe.py divides by at import (8; dspark's 16)."""
     from contracts.operators import Unsupported
 
     check_v4_moe_stage(x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid,
@@ -290,7 +292,7 @@ def _v4_moe_stage(run, x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias
                           "project's older rule only")
     tokens = x_hc.shape[0]
     tensors, fields = _moe_tensors(hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, routed,
-                                   shared, config=config)
+                                   shared, config=config, preset_world=preset_world)
     tensors.update(x_hc=_both(x_hc.float()), x_next=torch.zeros(MOE_RANKS, *x_hc.shape), layer_id=int(layer_id),
                    num_tokens=int(num_tokens))
     out = run(tensors, fields, {"MOE_TOKENS": tokens}, taps={"hc_post.golden_hc_post": ["x"],
@@ -458,7 +460,7 @@ def _decode_step(position_ids: torch.Tensor, token_to_req: torch.Tensor) -> list
 
 
 def _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, pool, weights, out, closes, *,
-                        ratio, coff, eps, model_page=CMP_PAGE):
+                        ratio, coff, eps, model_page=CMP_PAGE, flat_tokens=False):
     """One decode step of B requests x S tokens through ``compressor_test`` / ``golden_compressor`` laid out as
     compiled (ratio 4's entry takes exactly DECODE_BATCH x DECODE_SEQ): every token's state row is written, and
     the closed row of a request whose window ends inside the step is kv[b, 0] (upstream writes the committed row
@@ -475,7 +477,8 @@ def _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, 
                                 for req, row in steps], dtype=torch.int64)
     cache_blocks = CMP_BLOCKS if d >= ROPE_HEAD_DIM else b
     tensors = {
-        "x": x[flat].reshape(b, s, -1).clone(), "compress_state": pool, "compress_state_block_table": table,
+        "x": x[flat].reshape(b * s, -1).clone() if flat_tokens else x[flat].reshape(b, s, -1).clone(),
+        "compress_state": pool, "compress_state_block_table": table,
         "wkv": _bf16_if_exact(weights.wkv.float().t()), "wgate": _bf16_if_exact(weights.wgate.float().t()),
         "ape": weights.ape.float().clone(), "norm_w": _bf16_if_exact(weights.norm),
         "cos": torch.ones(b, rd // 2), "sin": torch.zeros(b, rd // 2),
@@ -483,20 +486,21 @@ def _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, 
         "position_ids": position_ids[flat].reshape(b, s).to(torch.int32).contiguous(),
         # request i commits into cache slot i (block 0 row i at the model's page; block i at a page of 1)
         "cmp_slot_mapping": torch.arange(b, dtype=torch.int64)[:, None].expand(b, s).contiguous(),
-        "state_slot_mapping": state_slots, "kv": torch.zeros(b, s, d, dtype=torch.float32)}
+        "state_slot_mapping": state_slots,
+        "kv": torch.zeros(b * s, d, dtype=torch.float32) if flat_tokens else torch.zeros(b, s, d, dtype=torch.float32)}
     module_globals = {"S": s, "B": b, "COMPRESS_STATE_BLOCK_SIZE": page, "HEAD_DIM": d, "OUT_DIM": coff * d,
-                      "ROPE_HEAD_DIM": rd, "EPS": float(eps), "BLOCK_SIZE": cache_page}
+                      "ROPE_HEAD_DIM": rd, "EPS": float(eps), "BLOCK_SIZE": cache_page, "D": int(x.shape[1])}
     got = run(tensors, {}, {}, module=module, module_globals=module_globals)
     for i, (_req, row) in enumerate(steps):
         for t in row:
             if (int(position_ids[t]) + 1) % ratio == 0:  # the window this step closes
-                out[t] = got["kv"][i, 0]
+                out[t] = got["kv"][i * s] if flat_tokens else got["kv"][i, 0]
                 closes[t] = True
     return out, closes, got["compress_state"]
 
 
 def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_pool, weights, *, ratio, overlap,
-                   eps=1e-6, pages_per_ratio=False):
+                   eps=1e-6, pages_per_ratio=False, flat_tokens=False):
     """v4_compressor -> decode_compressor_ratio4.py (ratio 4, overlap) / decode_compressor_ratio128.py (ratio 128)
     ::golden_compressor, one decode step per token in the call's order (B = S = 1), the state pool carried from
     step to step: upstream's decode golden handles one step of S tokens per request and at most one closing
@@ -504,7 +508,8 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
     it: it is called with the identity rotation (cos 1, sin 0, exact in FP32) to read the row before its RoPE,
     which is this operator's output (the rotation is ``v4_publish_compressed``'s). Tokens at a negative position
     are skipped (this project's padding convention; upstream's decode steps have none). ``pages_per_ratio``: the
-    compressed cache's page holds 128 / ratio rows (the Flash folders' CMP_STORAGE_BLOCK_SIZE) instead of 128."""
+    compressed cache's page holds 128 / ratio rows (Flash-MTP's CMP_STORAGE_BLOCK_SIZE) instead of 128;
+    ``flat_tokens``: x and kv are token-major [B * S, ...] (dspark's goldens and entries), not [B, S, ...]."""
     from contracts.operators import Unsupported
     from kernels.v4.compressor import _slot, check_v4_compressor
 
@@ -522,31 +527,34 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
     if steps is not None:  # the call is one decode step of the model's B requests x S tokens: one launch
         return _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, pool, weights, out, closes,
                                    ratio=ratio, coff=coff, eps=eps,
-                                   model_page=CMP_PAGE // int(ratio) if pages_per_ratio else CMP_PAGE)
+                                   model_page=CMP_PAGE // int(ratio) if pages_per_ratio else CMP_PAGE,
+                                   flat_tokens=flat_tokens)
     # the rotated width and the compressed-cache page: the model's (64, 128) when the row is that wide, as a kernel
     # compiled at the model's geometry takes them; any even width is the identity rotation here
     model_page = CMP_PAGE // int(ratio) if pages_per_ratio else CMP_PAGE
     rd, cache_page = (ROPE_HEAD_DIM, model_page) if d >= ROPE_HEAD_DIM else (2, 1)
     wkv_t, wgate_t = _bf16_if_exact(weights.wkv.float().t()), _bf16_if_exact(weights.wgate.float().t())
     module_globals = {"S": 1, "B": 1, "COMPRESS_STATE_BLOCK_SIZE": page, "HEAD_DIM": d, "OUT_DIM": coff * d,
-                      "ROPE_HEAD_DIM": rd, "EPS": float(eps), "BLOCK_SIZE": cache_page}
+                      "ROPE_HEAD_DIM": rd, "EPS": float(eps), "BLOCK_SIZE": cache_page, "D": int(x.shape[1])}
     for t in range(x.shape[0]):
         p, b = int(position_ids[t]), int(token_to_req[t])
         if p < 0:
             continue
         slot = _slot(state_block_table, b, p, page, pages)  # the caller's side: a page for this position
-        tensors = {"x": x[t].reshape(1, 1, -1).clone(), "compress_state": pool,
+        tensors = {"x": x[t].reshape(1, -1).clone() if flat_tokens else x[t].reshape(1, 1, -1).clone(),
+                   "compress_state": pool,
                    "compress_state_block_table": state_block_table[b:b + 1].to(torch.int32).clone(),
                    "wkv": wkv_t, "wgate": wgate_t, "ape": weights.ape.float().clone(),
                    "norm_w": _bf16_if_exact(weights.norm), "cos": torch.ones(1, rd // 2), "sin": torch.zeros(1, rd // 2),
                    "cmp_kv_cache": torch.zeros(1, cache_page, 1, d, dtype=torch.bfloat16),
                    "position_ids": torch.tensor([[p]], dtype=torch.int32),
                    "cmp_slot_mapping": torch.tensor([[0]]), "state_slot_mapping": torch.tensor([[slot]]),
-                   "kv": torch.zeros(1, 1, d, dtype=torch.float32)}
+                   "kv": torch.zeros(1, d, dtype=torch.float32) if flat_tokens else
+                   torch.zeros(1, 1, d, dtype=torch.float32)}
         got = run(tensors, {}, {}, module=module, module_globals=module_globals)
         pool = got["compress_state"]
         if (p + 1) % ratio == 0:  # upstream's boundary of a one-token step: the row it wrote to kv[:, 0]
-            out[t] = got["kv"][0, 0]
+            out[t] = got["kv"][0] if flat_tokens else got["kv"][0, 0]
             closes[t] = True
     return out, closes, pool
 
@@ -997,6 +1005,17 @@ def _flash_compressor(run, *args, **kwargs):
     return _v4_compressor(run, *args, pages_per_ratio=True, **kwargs)
 
 
+def _dspark_moe_stage(run, *args, **kwargs):
+    """v4_moe_stage -> dspark's moe.py::golden_moe: V4-Pro's, its module dividing the expert count by 16 at import
+    (n_routed_experts // 16 * EP) where the others divide by 8."""
+    return _v4_moe_stage(run, *args, preset_world=16, **kwargs)
+
+
+def _dspark_compressor(run, *args, **kwargs):
+    """v4_compressor -> dspark's decode compressor goldens: V4-Pro's, with token-major x and kv ([B * S, ...])."""
+    return _v4_compressor(run, *args, flat_tokens=True, **kwargs)
+
+
 # The Flash folders renamed some of V4-Pro's modules (same golden function inside)
 FLASH_RENAMES: tuple[tuple[str, str], ...] = (
     ("decode_sparse_attn", "decode_sparse_attn_csa"), ("decode_attention_swa", "decode_swa"),
@@ -1036,7 +1055,9 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
     FLASH_MTP: _in(FLASH_MTP, [*_FLASH_SHARED, *(ADAPTERS[n] for n in ("mtp_projection", "v4_moe_stage")),
                                replace(ADAPTERS["v4_compressor"], build=_flash_compressor),
                                replace(ADAPTERS["v4_attention"], build=_flash_attention), *_FLASH_OWN]),
-    FLASH_DSPARK: {**_in(FLASH_DSPARK, _FLASH_SHARED + _FLASH_OWN),
+    FLASH_DSPARK: {**_in(FLASH_DSPARK, [*_FLASH_SHARED, *_FLASH_OWN,
+                                        replace(ADAPTERS["v4_compressor"], build=_dspark_compressor),
+                                        replace(ADAPTERS["v4_moe_stage"], build=_dspark_moe_stage)]),
                    "lookup_embedding": Adapter("lookup_embedding", FLASH_DSPARK, "lookup_embedding",
                                                "golden_lookup_embedding_test", _dspark_lookup_embedding)},
 }
