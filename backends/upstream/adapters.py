@@ -737,14 +737,29 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": proj["qr"], "qr_scale": proj["qr_scale"]}
 
 
+def _repage(cache: torch.Tensor, scale: torch.Tensor, table: torch.Tensor, page: int):
+    """A paged cache (and its per-row scales) of pages of P rows laid out again in pages of ``page`` rows (P a
+    multiple of it): physical page q becomes pages q * P / page .., the table spelled out per new page (-1 stays)."""
+    old = int(cache.shape[1])
+    k = old // page
+    cols = torch.arange(table.shape[1] * k)
+    phys = table[:, cols // k].to(torch.int64)
+    new_table = torch.where(phys >= 0, phys * k + cols % k, -1).to(torch.int32)
+    return (cache.reshape(-1, page, *cache.shape[2:]).contiguous(), scale.reshape(-1, page, *scale.shape[2:]).contiguous(),
+            new_table)
+
+
 def _v4_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, hadamard, idx_kv_cache, idx_kv_scale,
-                idx_block_table, position_ids, kv_seq_lens, *, offset, config):
+                idx_block_table, position_ids, kv_seq_lens, *, offset, config, flash_pages=False, flat_tokens=False):
     """v4_indexer -> decode_indexer.py::golden_indexer on B = T / decode_seq requests of decode_seq rows. That
     golden first runs the indexer's inner compressor (decode_indexer_compressor.py), which would publish a closing
     window's key into the index cache; this operator is the indexer after that publication, so the inner
     compressor is given no slot to write (state and index slot mappings -1, an unmapped state table) and the call's
     cache is scored as it is. SCORE_LEN is the call's score width (kernel_max_seq_len / 4). The state pool, the
-    state table and the index table are laid out as wide as the kernel entry is compiled (unread pages -1)."""
+    state table and the index table are laid out as wide as the kernel entry is compiled (unread pages -1).
+    ``flash_pages``: the index cache is paged by the keys of one 128-token block (BLOCK_SIZE / 4, the Flash folders'
+    REDUCE_TILE), so the call's pages are laid out again at that page; ``flat_tokens``: x, positions, slot
+    mappings and outputs are token-major ([T, ...], dspark's layout)."""
     from kernels.v4.indexer import (
         check_index_cache,
         head_weights,
@@ -788,10 +803,38 @@ def _v4_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, 
                "inner_state_slot_mapping": torch.full((b, seq), -1, dtype=torch.int64),
                "kv_seq_lens": kv_seq_lens.to(torch.int32).clone(), "offset": int(offset),
                "score": torch.zeros(b, seq, width), "topk_idxs": torch.zeros(b, seq, width, dtype=torch.int32)}
+    module_globals = {"SCORE_LEN": width}
+    if flat_tokens:
+        tensors.update(x=x.clone(), inner_kv=torch.zeros(tokens, inner),
+                       position_ids=position_ids.to(torch.int32).clone(),
+                       idx_slot_mapping=torch.full((tokens,), -1, dtype=torch.int64),
+                       inner_state_slot_mapping=torch.full((tokens,), -1, dtype=torch.int64),
+                       score=torch.zeros(tokens, width), topk_idxs=torch.zeros(tokens, width, dtype=torch.int32))
+        module_globals["D"] = d
+        # dspark's inner compressor pages its state by 2 positions: a table as wide as every position (unmapped)
+        tensors["inner_compress_state_block_table"] = torch.full(
+            (b, max(config.kernel_max_seq_len, int(position_ids.max()) + 2)), -1, dtype=torch.int32)
+    if flash_pages:
+        page = max(1, int(idx_kv_cache.shape[1]) // 4)
+        cache, scale, table = _repage(tensors["idx_kv_cache"], tensors["idx_kv_scale"], tensors["idx_block_table"],
+                                      page)
+        tensors.update(idx_kv_cache=cache, idx_kv_scale=scale, idx_block_table=table)
+        module_globals.update(REDUCE_TILE=page, IDX_STORAGE_BLOCK_SIZE=page)
     out = run(tensors, _variant_fields(config), {"DECODE_BATCH": b, "DECODE_SEQ": seq,
                                                   "BLOCK_SIZE": int(idx_kv_cache.shape[1])},
-              module_globals={"SCORE_LEN": width})
+              module_globals=module_globals)
     return {"score": out["score"].reshape(tokens, width), "topk_idxs": out["topk_idxs"].reshape(tokens, width)}
+
+
+def _flash_indexer(run, *args, **kwargs):
+    """v4_indexer -> the Flash folders' decode_indexer.py::golden_indexer: V4-Pro's, the index cache paged by the
+    32 keys of one 128-token block (REDUCE_TILE)."""
+    return _v4_indexer(run, *args, flash_pages=True, **kwargs)
+
+
+def _dspark_indexer(run, *args, **kwargs):
+    """v4_indexer -> dspark's decode_indexer.py::golden_indexer: V4-Pro's pages, token-major rows."""
+    return _v4_indexer(run, *args, flat_tokens=True, **kwargs)
 
 
 def _v4_decode_metadata(run, starts, ori_table, cmp_tables, state_tables, *, config, commit_tokens=None):
@@ -1054,10 +1097,12 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
     PRO: dict(ADAPTERS),
     FLASH_MTP: _in(FLASH_MTP, [*_FLASH_SHARED, *(ADAPTERS[n] for n in ("mtp_projection", "v4_moe_stage")),
                                replace(ADAPTERS["v4_compressor"], build=_flash_compressor),
-                               replace(ADAPTERS["v4_attention"], build=_flash_attention), *_FLASH_OWN]),
+                               replace(ADAPTERS["v4_attention"], build=_flash_attention),
+                               replace(ADAPTERS["v4_indexer"], build=_flash_indexer), *_FLASH_OWN]),
     FLASH_DSPARK: {**_in(FLASH_DSPARK, [*_FLASH_SHARED, *_FLASH_OWN,
                                         replace(ADAPTERS["v4_compressor"], build=_dspark_compressor),
-                                        replace(ADAPTERS["v4_moe_stage"], build=_dspark_moe_stage)]),
+                                        replace(ADAPTERS["v4_moe_stage"], build=_dspark_moe_stage),
+                                        replace(ADAPTERS["v4_indexer"], build=_dspark_indexer)]),
                    "lookup_embedding": Adapter("lookup_embedding", FLASH_DSPARK, "lookup_embedding",
                                                "golden_lookup_embedding_test", _dspark_lookup_embedding)},
 }

@@ -1,6 +1,7 @@
-"""The decode compressor's two cases at a model's own geometry (V4-Pro's or V4-Flash's kernel preset): the shapes
-``decode_compressor_ratio{4,128}.py::compressor_test`` is compiled for in that model's folder, so the device binding
-runs them. Used by ``goldens.cases.pro`` and ``goldens.cases.v4_flash`` (never in the sample store). Spec: §8.
+"""The decode compressor's two cases and the decode indexer's case at a model's own geometry (V4-Pro's or
+V4-Flash's kernel preset): the shapes ``decode_compressor_ratio{4,128}.py::compressor_test`` and
+``decode_indexer.py::indexer_test`` are compiled for in that model's folder, so the device binding runs them. Used
+by ``goldens.cases.pro`` and ``goldens.cases.v4_flash`` (never in the sample store). Spec: §8.
 """
 
 from __future__ import annotations
@@ -90,3 +91,40 @@ def compressor_cases(preset, suffix: str, model: str) -> list[Case]:
               "one decode step of 4 requests x 2 tokens, three windows closing (one before position 0, one opening "
               "the next, one at 4095)", _csa_build(preset), _call(4, True), preset),
     ]
+
+
+def _indexer_build(preset):
+    def build(seed: int, wiring: str) -> Tensors:
+        """The CSA decode indexer as indexer_test is compiled (4 requests x 2 tokens, the preset's index heads and
+        top-k, its pool of index pages): requests at 8000, 4099, 16000 and 511 see 2000, 1025, 4000 and 128 index
+        keys, so three pick top-k of more; each request's visible pages shuffled into the pool, the rest -1."""
+        from contracts.v4_inputs import indexer_inputs
+
+        i = indexer_inputs(preset, seed, starts=(8000, 4099, 16000, 511))
+        g = _g(seed + 1)
+        bs, table = preset.block_size, i["idx_block_table"]
+        need = [-(-int(n) // (4 * bs)) for n in i["kv_seq_lens"]]
+        phys = torch.randperm(preset.idx_pool, generator=g)[: sum(need)].tolist()
+        new_table = torch.full((table.shape[0], preset.idx_pool), -1, dtype=torch.int32)
+        cache = torch.zeros_like(i["idx_kv_cache"][: preset.idx_pool])
+        scale = torch.ones_like(i["idx_kv_scale"][: preset.idx_pool])
+        for r, n in enumerate(need):
+            for blk in range(n):
+                p = phys.pop()
+                new_table[r, blk] = p
+                cache[p], scale[p] = i["idx_kv_cache"][table[r, blk]], i["idx_kv_scale"][table[r, blk]]
+        return {**i, "idx_block_table": new_table, "idx_kv_cache": cache, "idx_kv_scale": scale}
+    return build
+
+
+def indexer_case(preset, suffix: str, model: str) -> Case:
+    """The CSA decode indexer's case at ``preset`` (a kernel preset), named ``v4_indexer<suffix>``."""
+    def call(get, i: Tensors) -> Tensors:
+        return dict(get("v4_indexer")(**i, offset=preset.sliding_window, config=preset))
+
+    return Case(f"v4_indexer{suffix}", "v4_indexer", f"V4 CSA decode indexer at {model} geometry ({preset.index_n_heads} "
+                f"index heads of {preset.index_head_dim}, top-k {preset.index_topk}): 4 requests x 2 tokens seeing "
+                "2000, 1025, 4000 and 128 index keys, shuffled pages", build_inputs=_indexer_build(preset),
+                run=lambda b, i, w: call(b.get, i),
+                comparators=lambda w: {"score": "v4_index_score", "topk_idxs": "v4_index_topk"}, preset=preset.name,
+                params={"topk": preset.index_topk, "offset": preset.sliding_window, "seq": preset.decode_seq})

@@ -18,10 +18,9 @@ from __future__ import annotations
 import torch
 
 from goldens.cases import Case, Tensors, register
-from goldens.cases.compressor import compressor_cases
+from goldens.cases.compressor import compressor_cases, indexer_case
 from goldens.cases.records import cases_at
 from kernels.config import V4_PRO
-from kernels.record import generator as _g
 
 PRO = V4_PRO.kernel_preset()
 ROWS = PRO.decode_tokens  # MOE_TOKENS / one T_TILE of 8 rows: what the Pro entries are compiled to take
@@ -37,32 +36,6 @@ def _attention_case(path: str) -> Case:
                  _v4_attention_build(path, PRO, ori_pages=PRO.ori_pool, cmp_pages=PRO.cmp_pool),
                  lambda get, i: _v4_attention_call(get, i, path, PRO), {"attn_out": "attn_out_v4"},
                  params={"path": path, "preset": PRO.name})  # attn_out_v4 with the BF16-head / INT8-latent slack
-
-
-def _indexer_build(seed: int, wiring: str) -> Tensors:
-    """The CSA decode indexer at Pro geometry (64 index heads of 128, top-k 1024 of a 4096-wide score row, as
-    indexer_test is compiled: 4 requests x 2 tokens, 64 index pages of 128): requests at 8000, 4099, 16000 and
-    511 see 2000, 1025, 4000 and 128 index keys, so three pick 1024 of more."""
-    from contracts.v4_inputs import indexer_inputs
-
-    i = indexer_inputs(PRO, seed, starts=(8000, 4099, 16000, 511))
-    # into the entry's pool of 64 index pages: each request's visible pages, shuffled; the rest of the table -1
-    g = _g(seed + 1)
-    bs, table = PRO.block_size, i["idx_block_table"]
-    need = [-(-int(n) // (4 * bs)) for n in i["kv_seq_lens"]]
-    phys = torch.randperm(PRO.idx_pool, generator=g)[: sum(need)].tolist()
-    new_table = torch.full((table.shape[0], PRO.idx_pool), -1, dtype=torch.int32)
-    cache, scale = torch.zeros_like(i["idx_kv_cache"][: PRO.idx_pool]), torch.ones_like(i["idx_kv_scale"][: PRO.idx_pool])
-    for r, n in enumerate(need):
-        for blk in range(n):
-            p = phys.pop()
-            new_table[r, blk] = p
-            cache[p], scale[p] = i["idx_kv_cache"][table[r, blk]], i["idx_kv_scale"][table[r, blk]]
-    return {**i, "idx_block_table": new_table, "idx_kv_cache": cache, "idx_kv_scale": scale}
-
-
-def _indexer_call(get, i: Tensors) -> Tensors:
-    return dict(get("v4_indexer")(**i, offset=PRO.sliding_window, config=PRO))
 
 
 def _prefill_indexer_build(seed: int, wiring: str) -> Tensors:
@@ -93,10 +66,7 @@ def build() -> list[Case]:
               "(128 rows at 960 .. 1087, all real; visible 240 .. 256; 64 index heads of 128)", _prefill_indexer_build,
               _prefill_indexer_call, {"score": "v4_prefill_index_score", "topk_idxs": "v4_prefill_index_topk"},
               modules=("kernels.v4.prefill_indexer", "kernels.v4.indexer"), params={"topk": PRO.index_topk}),
-        _case("v4_indexer_pro", "v4_indexer", "V4 CSA decode indexer at Pro geometry (64 index heads of 128, top-k "
-              "1024 of 4096): 4 requests x 2 tokens seeing 2000, 1025, 4000 and 128 index keys, shuffled pages",
-              _indexer_build, _indexer_call, {"score": "v4_index_score", "topk_idxs": "v4_index_topk"},
-              params={"topk": PRO.index_topk, "offset": PRO.sliding_window, "seq": PRO.decode_seq}),
+        indexer_case(PRO, "_pro", "Pro"),
     ]
 
 
