@@ -20,7 +20,7 @@ from contracts.separation import separates
 from kernels.config import V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
-from pto_pytest.defect import shared
+from pto_pytest.defect import SeededDefect, shared
 from pto_pytest.plugin import op
 
 HIDDEN, D = 32, 8
@@ -308,6 +308,74 @@ def test_the_compressed_row_is_rounded_once_after_its_rope(backend):
                                              torch.tensor([2]), pool, cos, sin, ratio=4)
 
 
+def _half_split(x, cos, sin):
+    """Rotate (x[i], x[i + half]) instead of adjacent pairs: the other RoPE layout."""
+    width = cos.shape[-1] * 2
+    head, tail = x[..., :-width], x[..., -width:].float()
+    a, b = tail[..., :width // 2], tail[..., width // 2:]
+    return torch.cat((head.float(), a * cos - b * sin, a * sin + b * cos), dim=-1).to(x.dtype)
+
+
+@pytest.mark.parametrize("ratio, overlap, page", CASES, ids=IDS)
+@pytest.mark.operators("v4_compress_and_publish", "v4_compressor")
+def test_the_published_row_is_the_compressed_row_rotated_at_the_window_start(backend, ratio, overlap, page):
+    """The compressor run as upstream's goldens run it, pooling, rotating and publishing in one call, with RoPE rows
+    of large angles (not the identity): every closed, committed window's pool row is the backend's own compressed
+    row (``v4_compressor``) rotated by the rows of the window's first position in adjacent pairs, in FP32, rounded
+    once to BF16, byte for byte; uncommitted boundaries and other rows keep their bytes; the state pool is the
+    compressor's. The first row is separated from a rotation at the closing position, the conjugate rotation, the
+    half-split pairing and no rotation. Spec: §8."""
+    from kernels.reference.rope import rope_interleave
+
+    n = 2 * ratio + 1
+    w, x = _weights(ratio, overlap, 21), _rows(2 * n, 22)
+    pos, req = list(range(n)) * 2, [0] * n + [1] * n
+    blocks = -(-n // page)
+    table = torch.arange(2 * blocks, dtype=torch.int32).reshape(2, blocks)
+    angles = torch.arange(n + 1, dtype=torch.float32)[:, None] * 0.9 + torch.tensor([[0.4, 2.1]])
+    cos, sin = angles.cos(), angles.sin()
+    out, closes, state = _run(backend, x, pos, req, table, _pool(2 * blocks, page, overlap), w, ratio, overlap)
+    closed = closes.nonzero().flatten().tolist()
+    slots = torch.full((2 * n,), -1, dtype=torch.int64)
+    for k, t in enumerate(closed):
+        slots[t] = 5 * k + 1
+    slots[closed[-1]] = -1  # the last boundary is uncommitted
+    cmp_pool = torch.full((4, 8, 1, D), 3.0).to(torch.bfloat16)
+    got = op(backend, "v4_compress_and_publish")(x, torch.tensor(pos), torch.tensor(req), table,
+                                                 _pool(2 * blocks, page, overlap), w, slots, cmp_pool, cos, sin,
+                                                 ratio=ratio, overlap=overlap)
+    assert torch.equal(got["closes"], closes), f"closes {got['closes'].tolist()}, the compressor's {closes.tolist()}"
+    assert torch.equal(got["state_pool"], state), "the state pool differs from the compressor's"
+    want = cmp_pool.clone().reshape(-1, D)
+    for t in closed[:-1]:
+        start = pos[t] - ratio + 1
+        want[int(slots[t])] = rope_interleave(out[t:t + 1], cos[start:start + 1], sin[start:start + 1])[0].to(
+            torch.bfloat16)
+    t0, start0 = closed[0], pos[closed[0]] - ratio + 1
+    c0, s0 = cos[start0:start0 + 1], sin[start0:start0 + 1]
+    separates("the compressed row rotated at the window start", want[int(slots[t0])],
+              at_the_closing_position=rope_interleave(out[t0:t0 + 1], cos[pos[t0]:pos[t0] + 1],
+                                                      sin[pos[t0]:pos[t0] + 1])[0].to(torch.bfloat16),
+              conjugate=rope_interleave(out[t0:t0 + 1], c0, s0, inverse=True)[0].to(torch.bfloat16),
+              half_split_pairs=_half_split(out[t0:t0 + 1], c0, s0)[0].to(torch.bfloat16),
+              not_rotated=out[t0].to(torch.bfloat16))
+    flat = got["cmp_pool"].reshape(-1, D)
+    bad = (flat.view(torch.int16) != want.view(torch.int16)).any(1).nonzero().flatten().tolist()
+    assert not bad, f"cmp_pool row {bad[0]}: {flat[bad[0]].float().tolist()}, expected " \
+                    f"{want[bad[0]].float().tolist()} (rows {[int(slots[t]) for t in closed[:-1]]} are the closed " \
+                    "windows' rows rotated at the window start; every other row keeps its bytes; §8)"
+
+
+def _publish_conjugate(x, position_ids, token_to_req, state_block_table, state_pool, weights, cmp_slot_mapping,
+                       cmp_pool, rope_cos, rope_sin, *, ratio, overlap, eps=1e-6, ops=None):
+    """A compressor that publishes its row rotated the other way (sin negated)."""
+    from kernels.v4.compressor import v4_compress_and_publish
+
+    return v4_compress_and_publish(x, position_ids, token_to_req, state_block_table, state_pool, weights,
+                                   cmp_slot_mapping, cmp_pool, rope_cos, -rope_sin, ratio=ratio, overlap=overlap,
+                                   eps=eps)
+
+
 # defects of tests/defects these contracts must catch (shared with other contract files)
 SEEDED_DEFECTS = [
     shared("v4:OVERLAP_BY_TWO", "test_the_overlapping_window_pools_the_previous_first_half_and_the_current_second_half", "position 7"),
@@ -315,4 +383,6 @@ SEEDED_DEFECTS = [
     shared("v4:INNER_TO_MAIN", "test_csa_keeps_the_inner_state_out_of_the_main_pool", "main pool"),
     shared("v4:ROPE_AT_CLOSE", "test_a_closed_window_is_published_rotated_at_the_windows_first_position", "not rotated at the window start"),
     shared("v4:BF16_BEFORE_ROPE", "test_the_compressed_row_is_rounded_once_after_its_rope", "expected one rounding after the rotation"),
+    SeededDefect("v4-compress-publish:conjugate-rope", "v4_compress_and_publish", _publish_conjugate,
+                 "test_the_published_row_is_the_compressed_row_rotated_at_the_window_start", "cmp_pool row"),
 ]

@@ -559,6 +559,60 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
     return out, closes, pool
 
 
+def _v4_compress_and_publish(run, x, position_ids, token_to_req, state_block_table, state_pool, weights,
+                             cmp_slot_mapping, cmp_pool, rope_cos, rope_sin, *, ratio, overlap, eps=1e-6, ops=None,
+                             pages_per_ratio=False, flat_tokens=False):
+    """v4_compress_and_publish -> decode_compressor_ratio4.py (ratio 4, overlap) / decode_compressor_ratio128.py
+    (ratio 128) ::golden_compressor with the call's RoPE rows: one decode step per token (B = S = 1), the state pool
+    and the compressed cache carried from step to step. A closing token's step gets the rows of its window's first
+    position (pos - ratio + 1), which the golden rotates the pooled row by before writing it at the token's
+    compressed slot (its kv output, rotated too, is not this operator's); other steps get the identity rows. The
+    module's rope width is the call's (2 x the rows' width), its compressed page the pool's. ``pages_per_ratio`` /
+    ``flat_tokens``: Flash-MTP's page global / dspark's token-major rows (as ``_v4_compressor``)."""
+    from contracts.operators import Unsupported
+    from kernels.v4.compressor import _slot, check_cmp_pool, check_v4_compressor, cmp_slot
+
+    module = COMPRESSOR_MODULES.get((int(ratio), bool(overlap)))
+    if module is None:
+        raise Unsupported(f"upstream has decode compressor goldens for ratio 4 with overlap and ratio 128 without; "
+                          f"not ratio={ratio}, overlap={overlap}")
+    check_v4_compressor(state_pool, weights, ratio=ratio, overlap=overlap)  # the caller's side
+    coff, d = (2 if overlap else 1), weights.norm.shape[0]
+    check_cmp_pool(cmp_pool, d)
+    pages, page, _ = state_pool.shape
+    half = int(rope_cos.shape[1])
+    pool, cmp = state_pool.clone(), cmp_pool.clone()
+    closes = torch.zeros(x.shape[0], dtype=torch.bool)
+    wkv_t, wgate_t = _bf16_if_exact(weights.wkv.float().t()), _bf16_if_exact(weights.wgate.float().t())
+    module_globals = {"S": 1, "B": 1, "COMPRESS_STATE_BLOCK_SIZE": page, "HEAD_DIM": d, "OUT_DIM": coff * d,
+                      "ROPE_HEAD_DIM": 2 * half, "EPS": float(eps), "BLOCK_SIZE": int(cmp.shape[1]),
+                      "D": int(x.shape[1])}
+    if pages_per_ratio:
+        module_globals["CMP_STORAGE_BLOCK_SIZE"] = int(cmp.shape[1])
+    for t in range(x.shape[0]):
+        p, b = int(position_ids[t]), int(token_to_req[t])
+        if p < 0:
+            continue
+        slot = _slot(state_block_table, b, p, page, pages)  # the caller's side: a page for this position
+        closing = (p + 1) % ratio == 0
+        row = cmp_slot(cmp_slot_mapping, t, cmp.shape[0] * cmp.shape[1]) if closing else -1
+        start = p - ratio + 1
+        cos = rope_cos[start:start + 1].float().clone() if closing else torch.ones(1, half)
+        sin = rope_sin[start:start + 1].float().clone() if closing else torch.zeros(1, half)
+        one = (lambda v: torch.tensor([v])) if flat_tokens else (lambda v: torch.tensor([[v]]))
+        tensors = {"x": x[t].reshape(1, -1).clone() if flat_tokens else x[t].reshape(1, 1, -1).clone(),
+                   "compress_state": pool, "compress_state_block_table": state_block_table[b:b + 1].to(torch.int32).clone(),
+                   "wkv": wkv_t, "wgate": wgate_t, "ape": weights.ape.float().clone(),
+                   "norm_w": _bf16_if_exact(weights.norm), "cos": cos, "sin": sin, "cmp_kv_cache": cmp,
+                   "position_ids": one(p).to(torch.int32), "cmp_slot_mapping": one(row).to(torch.int64),
+                   "state_slot_mapping": one(slot).to(torch.int64),
+                   "kv": torch.zeros(1, d) if flat_tokens else torch.zeros(1, 1, d)}
+        got = run(tensors, {}, {}, module=module, module_globals=module_globals)
+        pool, cmp = got["compress_state"], got["cmp_kv_cache"]
+        closes[t] = closing
+    return {"closes": closes, "state_pool": pool, "cmp_pool": cmp}
+
+
 FLASH_HCA_K_TILE = 128  # the Flash HCA attention's ATTN_K_TILE (its compressed tail is padded to whole tiles)
 ATTENTION_MODULES = {"CSA": "decode_sparse_attn", "HCA": "decode_sparse_attn_hca", "SWA": "decode_sparse_attn_swa"}
 
@@ -818,6 +872,9 @@ def _v4_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, 
         page = max(1, int(idx_kv_cache.shape[1]) // 4)
         cache, scale, table = _repage(tensors["idx_kv_cache"], tensors["idx_kv_scale"], tensors["idx_block_table"],
                                       page)
+        # the table as wide as the score row's pages (what the entry is compiled for), never dropping a mapped page
+        mapped = (table >= 0).any(0).nonzero()
+        table = table[:, :max(-(-width // page), int(mapped.max()) + 1 if mapped.numel() else 0)].contiguous()
         tensors.update(idx_kv_cache=cache, idx_kv_scale=scale, idx_block_table=table)
         module_globals.update(REDUCE_TILE=page, IDX_STORAGE_BLOCK_SIZE=page)
     out = run(tensors, _variant_fields(config), {"DECODE_BATCH": b, "DECODE_SEQ": seq,
@@ -1039,6 +1096,8 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
             also=("mtp_projection", "prefill_attention_swa", "moe", "rmsnorm")),
     Adapter("v4_compressor", PRO, "decode_compressor_ratio4", "golden_compressor", _v4_compressor,
             also=("decode_compressor_ratio128",)),
+    Adapter("v4_compress_and_publish", PRO, "decode_compressor_ratio4", "golden_compressor",
+            _v4_compress_and_publish, also=("decode_compressor_ratio128",)),
 )}
 
 
@@ -1052,6 +1111,14 @@ def _dspark_moe_stage(run, *args, **kwargs):
     """v4_moe_stage -> dspark's moe.py::golden_moe: V4-Pro's, its module dividing the expert count by 16 at import
     (n_routed_experts // 16 * EP) where the others divide by 8."""
     return _v4_moe_stage(run, *args, preset_world=16, **kwargs)
+
+
+def _flash_compress_and_publish(run, *args, **kwargs):
+    return _v4_compress_and_publish(run, *args, pages_per_ratio=True, **kwargs)
+
+
+def _dspark_compress_and_publish(run, *args, **kwargs):
+    return _v4_compress_and_publish(run, *args, flat_tokens=True, **kwargs)
 
 
 def _dspark_compressor(run, *args, **kwargs):
@@ -1098,11 +1165,15 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
     FLASH_MTP: _in(FLASH_MTP, [*_FLASH_SHARED, *(ADAPTERS[n] for n in ("mtp_projection", "v4_moe_stage")),
                                replace(ADAPTERS["v4_compressor"], build=_flash_compressor),
                                replace(ADAPTERS["v4_attention"], build=_flash_attention),
-                               replace(ADAPTERS["v4_indexer"], build=_flash_indexer), *_FLASH_OWN]),
+                               replace(ADAPTERS["v4_indexer"], build=_flash_indexer),
+                               replace(ADAPTERS["v4_compress_and_publish"], build=_flash_compress_and_publish),
+                               *_FLASH_OWN]),
     FLASH_DSPARK: {**_in(FLASH_DSPARK, [*_FLASH_SHARED, *_FLASH_OWN,
                                         replace(ADAPTERS["v4_compressor"], build=_dspark_compressor),
                                         replace(ADAPTERS["v4_moe_stage"], build=_dspark_moe_stage),
-                                        replace(ADAPTERS["v4_indexer"], build=_dspark_indexer)]),
+                                        replace(ADAPTERS["v4_indexer"], build=_dspark_indexer),
+                                        replace(ADAPTERS["v4_compress_and_publish"],
+                                                build=_dspark_compress_and_publish)]),
                    "lookup_embedding": Adapter("lookup_embedding", FLASH_DSPARK, "lookup_embedding",
                                                "golden_lookup_embedding_test", _dspark_lookup_embedding)},
 }

@@ -129,6 +129,20 @@ def csa_compressors(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: t
 csa_compressors.composes_operators = True
 
 
+def check_cmp_pool(cmp_pool: torch.Tensor, d: int) -> None:
+    """The compressed KV pool a closed row is published into: [blocks, page, 1, d]."""
+    if cmp_pool.ndim != 4 or cmp_pool.shape[2] != 1 or cmp_pool.shape[3] != d:
+        raise ContractInputError("cmp_pool", None, f"[blocks, page, 1, {d}]", list(cmp_pool.shape), SPEC)
+
+
+def cmp_slot(cmp_slot_mapping: torch.Tensor, t: int, rows: int) -> int:
+    """Token t's compressed slot: -1 (no write) or a row of the pool's ``rows``; anything else is refused."""
+    slot = int(cmp_slot_mapping[t])
+    if slot >= rows:
+        raise ContractInputError("cmp_slot_mapping", (t,), f"a row in [0, {rows})", slot, SPEC)
+    return slot
+
+
 @operator(returns="the new cmp pool: each closed window's row, RoPE'd at the window's first "
                    'position, at its slot',
           spec='§8')
@@ -144,18 +158,36 @@ def v4_publish_compressed(compressed: torch.Tensor, closes: torch.Tensor, positi
     if compressed.dtype != torch.float32:
         raise ContractInputError("compressed", None, "the FP32 rows of v4_compressor (a BF16 row would round twice)",
                                  str(compressed.dtype), SPEC)
-    if cmp_pool.ndim != 4 or cmp_pool.shape[2] != 1 or cmp_pool.shape[3] != compressed.shape[1]:
-        raise ContractInputError("cmp_pool", None, f"[blocks, page, 1, {compressed.shape[1]}]",
-                                 list(cmp_pool.shape), SPEC)
+    check_cmp_pool(cmp_pool, compressed.shape[1])
     pool = cmp_pool.clone()
     flat = pool.reshape(-1, compressed.shape[1])
     for t in closes.nonzero().flatten().tolist():
-        slot = int(cmp_slot_mapping[t])
+        slot = cmp_slot(cmp_slot_mapping, t, flat.shape[0])
         if slot < 0:
             continue
-        if slot >= flat.shape[0]:
-            raise ContractInputError("cmp_slot_mapping", (t,), f"a row in [0, {flat.shape[0]})", slot, SPEC)
         start = int(position_ids[t]) - ratio + 1
         row = rope_interleave(compressed[t:t + 1], rope_cos[start:start + 1], rope_sin[start:start + 1])
         flat[slot] = row[0].to(pool.dtype)
     return pool
+
+
+@operator(returns="{closes [T] bool, state_pool, cmp_pool}: v4_compressor then v4_publish_compressed in one call "
+                  "(each closed window's row RoPE'd at the window's first position, rounded once into the pool)",
+          spec="§8")
+def v4_compress_and_publish(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: torch.Tensor,
+                            state_block_table: torch.Tensor, state_pool: torch.Tensor, weights: V4CompressorWeights,
+                            cmp_slot_mapping: torch.Tensor, cmp_pool: torch.Tensor, rope_cos: torch.Tensor,
+                            rope_sin: torch.Tensor, *, ratio: int, overlap: bool, eps: float = 1e-6,
+                            ops=None) -> dict[str, torch.Tensor]:
+    """The decode compressor as upstream's goldens run it: pool, normalise, rotate and publish in one (its
+    compressed rows are not an output: upstream's carry the rotation). Spec: §8."""
+    ops = ops or {}
+    compress = ops.get("v4_compressor", v4_compressor)
+    publish = ops.get("v4_publish_compressed", v4_publish_compressed)
+    out, closes, pool = compress(x, position_ids, token_to_req, state_block_table, state_pool, weights, ratio=ratio,
+                                 overlap=overlap, eps=eps)
+    new = publish(out, closes, position_ids, cmp_slot_mapping, cmp_pool, rope_cos, rope_sin, ratio=ratio)
+    return {"closes": closes, "state_pool": pool, "cmp_pool": new}
+
+
+v4_compress_and_publish.composes_operators = True
