@@ -670,16 +670,19 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
         # the compressed table as wide as the entries are compiled (KV_CMP_MAX_BLOCKS, the pool's 32 pages);
         # unread columns -1
         table = cmp_block_table.to(torch.int32)
-        if own_cmp_page and path == "HCA":
-            # the Flash HCA golden reads a page of one compressed row, its table one entry per slot: the call's
-            # pages laid out as rows (row = page * P + slot % P), the table spelled out per slot
-            page = int(cmp_kv.shape[1])
-            slots = torch.arange(table.shape[1] * page)
-            phys = table[:, slots // page]
-            table = torch.where(phys >= 0, phys * page + slots % page, -1).to(torch.int32)
-            cmp_kv = cmp_kv.reshape(-1, 1, 1, cmp_kv.shape[-1])
+        width = config.cmp_pool
+        if own_cmp_page:
+            # the Flash pages: CSA's hold the 32 compressed rows of one 128-token block (P / 4 of the call's P), HCA's
+            # one row, its table one entry per slot; the call's pages laid out again, the table as wide as the
+            # compressed capacity's pages (the entry's), never dropping a mapped page
+            cmp_page = 1 if path == "HCA" else max(1, int(cmp_kv.shape[1]) // 4)
+            cmp_kv, _, table = _repage(cmp_kv, None, table, cmp_page)
+            mapped = (table >= 0).any(0).nonzero()
+            need = cmp_topk if path == "HCA" else -(-(config.max_position_embeddings // 4) // cmp_page)
+            width = max(need, int(mapped.max()) + 1 if mapped.numel() else 0)
+            table = table[:, :width]
         tensors.update(window_swa_indices=widen(window, win, "window"), cmp_kv=cmp_kv.clone(),
-                       cmp_block_table=torch.nn.functional.pad(table, (0, max(0, config.cmp_pool - table.shape[1])),
+                       cmp_block_table=torch.nn.functional.pad(table, (0, max(0, width - table.shape[1])),
                                                                value=-1))
         if path == "CSA":  # the raw top-k: upstream masks it by position itself (as attention_indices did)
             raw = compressed.to(torch.int32).clone()
@@ -693,7 +696,7 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
                                                   "BLOCK_SIZE": int(ori_kv.shape[1])},
               module=ATTENTION_MODULES[path],
               module_globals={"ORI_BLOCK_NUM": int(ori_kv.shape[0])} if path == "SWA" else
-              {"CMP_STORAGE_BLOCK_SIZE": int(cmp_kv.shape[1])} if own_cmp_page and path == "CSA" else None)
+              {"CMP_STORAGE_BLOCK_SIZE": int(tensors["cmp_kv"].shape[1])} if own_cmp_page and path == "CSA" else None)
     return out["attn_out"]
 
 
@@ -791,16 +794,17 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": proj["qr"], "qr_scale": proj["qr_scale"]}
 
 
-def _repage(cache: torch.Tensor, scale: torch.Tensor, table: torch.Tensor, page: int):
-    """A paged cache (and its per-row scales) of pages of P rows laid out again in pages of ``page`` rows (P a
-    multiple of it): physical page q becomes pages q * P / page .., the table spelled out per new page (-1 stays)."""
+def _repage(cache: torch.Tensor, scale: torch.Tensor | None, table: torch.Tensor, page: int):
+    """A paged cache (and its per-row scales, or None) of pages of P rows laid out again in pages of ``page`` rows
+    (P a multiple of it): physical page q becomes pages q * P / page .., the table spelled out per new page (-1
+    stays)."""
     old = int(cache.shape[1])
     k = old // page
     cols = torch.arange(table.shape[1] * k)
     phys = table[:, cols // k].to(torch.int64)
     new_table = torch.where(phys >= 0, phys * k + cols % k, -1).to(torch.int32)
-    return (cache.reshape(-1, page, *cache.shape[2:]).contiguous(), scale.reshape(-1, page, *scale.shape[2:]).contiguous(),
-            new_table)
+    return (cache.reshape(-1, page, *cache.shape[2:]).contiguous(),
+            None if scale is None else scale.reshape(-1, page, *scale.shape[2:]).contiguous(), new_table)
 
 
 def _v4_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, hadamard, idx_kv_cache, idx_kv_scale,

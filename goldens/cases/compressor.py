@@ -1,6 +1,6 @@
-"""The decode compressor's two cases and the decode indexer's case at a model's own geometry (V4-Pro's or
+"""The decode compressor's two cases, the decode indexer's and the decode attention's three at a model's own geometry (V4-Pro's or
 V4-Flash's kernel preset): the shapes ``decode_compressor_ratio{4,128}.py::compressor_test`` and
-``decode_indexer.py::indexer_test`` are compiled for in that model's folder, so the device binding runs them. Used
+``decode_indexer.py::indexer_test`` and ``decode_sparse_attn*.py::sparse_attn_test`` are compiled for in that model's folder, so the device binding runs them. Used
 by ``goldens.cases.pro`` and ``goldens.cases.v4_flash`` (never in the sample store). Spec: §8.
 """
 
@@ -128,3 +128,21 @@ def indexer_case(preset, suffix: str, model: str) -> Case:
                 run=lambda b, i, w: call(b.get, i),
                 comparators=lambda w: {"score": "v4_index_score", "topk_idxs": "v4_index_topk"}, preset=preset.name,
                 params={"topk": preset.index_topk, "offset": preset.sliding_window, "seq": preset.decode_seq})
+
+
+def attention_case(preset, path: str, suffix: str, model: str) -> Case:
+    """The decode attention's case of one path (SWA, HCA, CSA) at ``preset``, named ``v4_attention_<path><suffix>``:
+    the tiny case's regimes (an unmapped window page, shuffled compressed pages) in the entry's pools."""
+    from goldens.cases.v4_attention import _v4_attention_build, _v4_attention_call
+
+    def call(get, i: Tensors) -> Tensors:
+        return _v4_attention_call(get, i, path, preset)
+
+    return Case(f"v4_attention_{path.lower()}{suffix}", "v4_attention", f"V4 decode attention, {path} path, at {model} "
+                f"geometry ({preset.num_attention_heads} heads of {preset.head_dim}, a window of "
+                f"{preset.sliding_window}, the grouped output projection to {preset.hidden_size}; pools of "
+                f"{preset.ori_pool} window pages and {preset.cmp_pool} compressed pages, as sparse_attn_test is "
+                "compiled): the tiny case's regimes (an unmapped window page, shuffled compressed pages)",
+                build_inputs=_v4_attention_build(path, preset, ori_pages=preset.ori_pool, cmp_pages=preset.cmp_pool),
+                run=lambda b, i, w: call(b.get, i), comparators=lambda w: {"attn_out": "attn_out_v4"},
+                preset=preset.name, params={"path": path, "preset": preset.name})

@@ -18,24 +18,12 @@ from __future__ import annotations
 import torch
 
 from goldens.cases import Case, Tensors, register
-from goldens.cases.compressor import compressor_cases, indexer_case
+from goldens.cases.compressor import attention_case, compressor_cases, indexer_case
 from goldens.cases.records import cases_at
 from kernels.config import V4_PRO
 
 PRO = V4_PRO.kernel_preset()
 ROWS = PRO.decode_tokens  # MOE_TOKENS / one T_TILE of 8 rows: what the Pro entries are compiled to take
-
-
-def _attention_case(path: str) -> Case:
-    from goldens.cases.v4_attention import _v4_attention_build, _v4_attention_call
-
-    return _case(f"v4_attention_{path.lower()}_pro", "v4_attention", f"V4 decode attention, {path} path, at Pro "
-                 "geometry (128 heads of 512, a window of 128, the grouped output projection to 7168; pools of 128 "
-                 "window pages and 32 compressed pages, as sparse_attn_test is compiled): the tiny case's regimes "
-                 "(an unmapped window page, shuffled compressed pages)",
-                 _v4_attention_build(path, PRO, ori_pages=PRO.ori_pool, cmp_pages=PRO.cmp_pool),
-                 lambda get, i: _v4_attention_call(get, i, path, PRO), {"attn_out": "attn_out_v4"},
-                 params={"path": path, "preset": PRO.name})  # attn_out_v4 with the BF16-head / INT8-latent slack
 
 
 def _prefill_indexer_build(seed: int, wiring: str) -> Tensors:
@@ -61,7 +49,7 @@ def _case(name: str, operator: str, description: str, build, call, comparators: 
 def build() -> list[Case]:
     return [
         *compressor_cases(PRO, "_pro", "Pro"),
-        *(_attention_case(path) for path in ("SWA", "HCA", "CSA")),
+        *(attention_case(PRO, path, "_pro", "Pro") for path in ("SWA", "HCA", "CSA")),
         _case("v4_prefill_indexer_pro", "v4_prefill_indexer", "V4 CSA indexer on a prefill chunk at Pro geometry "
               "(128 rows at 960 .. 1087, all real; visible 240 .. 256; 64 index heads of 128)", _prefill_indexer_build,
               _prefill_indexer_call, {"score": "v4_prefill_index_score", "topk_idxs": "v4_prefill_index_topk"},

@@ -7,13 +7,14 @@ that names the ``v4-flash`` geometry (``kernels.record``), named with ``_v4_flas
 from __future__ import annotations
 
 from goldens.cases import register
-from goldens.cases.compressor import compressor_cases, indexer_case
+from goldens.cases.compressor import attention_case, compressor_cases, indexer_case
 from goldens.cases.records import cases_at
 from kernels.config import V4_FLASH
 
 _FLASH = V4_FLASH.kernel_preset()
 CASES = cases_at("v4-flash") + compressor_cases(_FLASH, "_v4_flash", "V4-Flash") + [
-    indexer_case(_FLASH, "_v4_flash", "V4-Flash")]
+    indexer_case(_FLASH, "_v4_flash", "V4-Flash"),
+    *(attention_case(_FLASH, path, "_v4_flash", "V4-Flash") for path in ("SWA", "HCA", "CSA"))]
 
 for _c in CASES:
     register(_c)
