@@ -664,8 +664,12 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
                "wo_b": wo_b.clone(), "wo_b_scale": wo_b_scale.float().clone(),
                "attn_out": torch.zeros(tokens, config.hidden_size, dtype=torch.bfloat16)}
     if path == "SWA":
-        tensors["swa_indices"] = widen(window, win, "window")
-        tensors["swa_lens"] = torch.full((tokens,), win, dtype=torch.int32)
+        # the SWA entry reads a valid prefix of swa_lens columns and masks by column alone (a -1 inside the prefix
+        # is read as a row; its golden skips it): the call's valid slots first, in order, then -1, and their count
+        w = widen(window, win, "window")
+        order = torch.argsort((w < 0).to(torch.int8), dim=1, stable=True)
+        tensors["swa_indices"] = torch.gather(w, 1, order)
+        tensors["swa_lens"] = (w >= 0).sum(1).to(torch.int32)
     else:
         # the compressed table as wide as the entries are compiled (KV_CMP_MAX_BLOCKS, the pool's 32 pages);
         # unread columns -1
@@ -677,9 +681,11 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
             # compressed capacity's pages (the entry's), never dropping a mapped page
             cmp_page = 1 if path == "HCA" else max(1, int(cmp_kv.shape[1]) // 4)
             cmp_kv, _, table = _repage(cmp_kv, None, table, cmp_page)
-            mapped = (table >= 0).any(0).nonzero()
+            # as wide as the entry's table (the compressed capacity's pages), and past it only as far as a slot
+            # the call reads (a mapped page no slot reaches is never read)
+            read = cmp_indices[cmp_indices >= 0]
             need = cmp_topk if path == "HCA" else -(-(config.max_position_embeddings // 4) // cmp_page)
-            width = max(need, int(mapped.max()) + 1 if mapped.numel() else 0)
+            width = max(need, int(read.max()) // cmp_page + 1 if read.numel() else 0)
             table = table[:, :width]
         tensors.update(window_swa_indices=widen(window, win, "window"), cmp_kv=cmp_kv.clone(),
                        cmp_block_table=torch.nn.functional.pad(table, (0, max(0, width - table.shape[1])),
@@ -688,7 +694,8 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
             raw = compressed.to(torch.int32).clone()
             if num_tokens is not None:
                 raw[num_tokens:] = -1
-            tensors.update(idx_topk=widen(raw[:, :cmp_topk], cmp_topk, "top-k"),
+            score_width = config.max_position_embeddings // 4 if own_cmp_page else cmp_topk  # Flash: the score row
+            tensors.update(idx_topk=widen(raw[:, :cmp_topk], score_width, "top-k"),
                            position_ids=position_ids.reshape(tokens, 1).to(torch.int32).clone())
         else:
             tensors["cmp_sparse_indices"] = widen(cmp_indices, cmp_topk, "compressed")
