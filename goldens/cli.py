@@ -622,12 +622,13 @@ def _replay_arguments(sp):
 
 
 def _model(sp) -> None:
-    from kernels.record import FOLDERS
+    from kernels.record import MODELS
 
     sp.add_argument("--model", default=None, metavar="FOLDER",
-                    choices=FOLDERS,
+                    choices=MODELS,
                     help="the upstream model folder whose goldens (--backend upstream, record --from upstream) or "
-                         "entries (--backend pypto) are used (default deepseek_v4_pro)")
+                         "entries (--backend pypto) are used (default deepseek_v4_pro; deepseek_v4_pro:flash: that "
+                         "folder built with its flash preset, DEEPSEEK_V4_VARIANT=flash)")
 
 
 def _json(sp) -> None:

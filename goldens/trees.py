@@ -172,7 +172,8 @@ def record_from_upstream(store: GoldenStore, backend, items: list[tuple[str, str
                     "dirty": bool(provenance.get("dirty")),
                     "goldens": sorted(set(called) if isinstance(called, list) and called else
                                       {provenance.get("goldens", {}).get(op, "") for op in ops} - {""}),
-                    "variants": variants, **({"folder": provenance["folder"]} if provenance.get("folder") else {})}
+                    "variants": variants, **({"folder": provenance["folder"]} if provenance.get("folder") else {}),
+                    **({"model": provenance["model"]} if provenance.get("model") else {})}
         case = register(upstream_case(base, inputs, upstream), replace=True)
         rec = make_record(case, wiring, seed, inputs, outputs, source=f"upstream {provenance['commit'][:12]}")
         arrays.update(tree_arrays(case, rec, inputs, outputs))

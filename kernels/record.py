@@ -30,6 +30,18 @@ GEOMETRIES = {"tiny": ("V4_PRO_TINY", ""), "pro": ("V4_PRO", "_pro"), "flash-tin
               "v4-flash": ("V4_FLASH", "_v4_flash")}
 # Upstream's model folders (pypto-lib main, and the V4.1-Flash tree read through the search tools).
 FOLDERS = ("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark")
+# --model: a folder, or a folder with one of its presets (V4-Pro's folder built for Flash, DEEPSEEK_V4_VARIANT=flash)
+MODELS = (*FOLDERS, "deepseek_v4_pro:flash")
+
+
+def folder_of(model: str) -> str:
+    """The model folder of a --model value (``deepseek_v4_pro:flash`` -> ``deepseek_v4_pro``)."""
+    return model.split(":", 1)[0]
+
+
+def preset_of(model: str) -> str:
+    """The folder preset a --model value selects ("" for the folder's default)."""
+    return model.split(":", 1)[1] if ":" in model else ""
 
 
 SMALL = ("tiny", "flash-tiny")  # the geometries of the sample store and of the contracts (the others: --geometry)

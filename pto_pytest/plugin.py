@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from backends import get_backend, load_backend_module
 from contracts.operators import KERNEL_OPERATORS, Backend, BackendError, MissingOperator, Unsupported
-from kernels.record import FOLDERS
+from kernels.record import MODELS
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large]
 # No "explain" phase in ci and dev: it reruns a failing example under a line tracer, which took a failing rope contract
@@ -63,9 +63,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--pypto-lib", default=None, metavar="PATH",
                     help="root of the upstream pypto-lib checkout the pypto and upstream backends use (default $PYPTO_LIB_ROOT)")
     group.addoption("--model", default=None, metavar="FOLDER",
-                    choices=FOLDERS,
+                    choices=MODELS,
                     help="the upstream model folder whose goldens (--backend upstream) or entries (--backend pypto) "
-                         "are judged (default deepseek_v4_pro); refused for the CPU reference backends")
+                         "are judged (default deepseek_v4_pro; deepseek_v4_pro:flash: that folder built with its "
+                         "flash preset, DEEPSEEK_V4_VARIANT=flash); refused for the CPU reference backends")
     group.addoption("--tp", type=int, default=None, metavar="N",
                     help="attention TP of the deployment the topology contracts check (1, 2, 4, 8; default 4)")
     group.addoption("--ep", type=int, default=None, metavar="N",

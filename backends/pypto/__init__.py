@@ -93,8 +93,8 @@ def detect_toolchain(root: Path) -> str | None:
 class Device:
     """Runs kernel entries of one checkout on one platform and device list, through the worker."""
 
-    def __init__(self, root: Path, platform: str, devices: list[int]):
-        self.root, self.platform, self.devices = root, platform, devices
+    def __init__(self, root: Path, platform: str, devices: list[int], env: dict[str, str] | None = None):
+        self.root, self.platform, self.devices, self.env = root, platform, devices, dict(env or {})
 
     def run(self, folder: str, module: str, entry: str, tensors: dict, *, ranks: int = 1,
             golden_data: Path | None = None) -> dict[str, torch.Tensor]:
@@ -103,7 +103,7 @@ class Device:
         from contracts.operators import Unsupported
 
         try:
-            return worker(self.root).device(folder, module, entry, tensors, platform=self.platform,
+            return worker(self.root, self.env).device(folder, module, entry, tensors, platform=self.platform,
                                             devices=self.devices, ranks=ranks,
                                             golden_data=str(golden_data) if golden_data else None,
                                             tiles=DYN_TILES.get(module, {}))
@@ -142,11 +142,13 @@ def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_li
     that folder): each operator an adapter of that folder lays out whose module's entry ``PRO_ENTRIES`` names."""
     from backends.pypto import v41
     from backends.pypto.table import BINDINGS, PRO_ENTRIES, bound
-    from backends.upstream.adapters import PRO, adapters_for
+    from backends.upstream.adapters import PRO, adapters_for, preset_environment
     from contracts.operators import Backend, BackendError
+    from kernels.record import folder_of
 
-    folder = model or PRO
-    ADAPTERS = adapters_for(folder)
+    model = model or PRO
+    ADAPTERS = adapters_for(model)
+    folder, env = folder_of(model), preset_environment(model)
 
     if platform not in PLATFORMS:
         raise BackendError(f"pypto backend: platform must be one of {PLATFORMS}, got {platform!r}")
@@ -158,7 +160,7 @@ def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_li
     if reason is not None:
         return Backend("pypto", {}, platform=platform, unavailable=reason)
     double = (root / TEST_DOUBLE_MARKER).exists()
-    dev = Device(root, platform, devices)
+    dev = Device(root, platform, devices, env)
     ops, launchers = {}, {}
     for name, adapter in ADAPTERS.items():
         if adapter.module in PRO_ENTRIES and (root / "models" / adapter.folder / f"{adapter.module_of()}.py").is_file():

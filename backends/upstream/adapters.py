@@ -1190,13 +1190,27 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
 }
 
 
-def adapters_for(folder: str) -> dict[str, Adapter]:
-    """operator -> Adapter of one model folder (``FOLDERS``); a folder not known is a usage error."""
-    if folder not in BY_FOLDER:
+def adapters_for(model: str) -> dict[str, Adapter]:
+    """operator -> Adapter of one model (``MODELS``: a folder, or a folder with a preset, whose adapters are the
+    folder's); a model not known is a usage error."""
+    from kernels.record import MODELS, folder_of
+
+    if model not in MODELS:
         from contracts.operators import BackendError
 
-        raise BackendError(f"--model {folder}: expected one of {', '.join(FOLDERS)}")
-    return BY_FOLDER[folder]
+        raise BackendError(f"--model {model}: expected one of {', '.join(MODELS)}")
+    return BY_FOLDER[folder_of(model)]
+
+
+PRESET_ENV = {"flash": {"DEEPSEEK_V4_VARIANT": "flash"}}  # what a folder preset sets in the upstream worker
+
+
+def preset_environment(model: str) -> dict[str, str]:
+    """The environment the upstream worker needs for ``model``'s preset (``deepseek_v4_pro:flash``:
+    DEEPSEEK_V4_VARIANT=flash, read by V4-Pro's config.py at import); empty for a folder's default."""
+    from kernels.record import preset_of
+
+    return dict(PRESET_ENV.get(preset_of(model), {}))
 
 
 def variants_for(folder: str) -> dict[str, dict[str, str]]:

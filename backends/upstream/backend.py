@@ -75,7 +75,7 @@ def git_state(root: Path) -> tuple[str, bool]:
     return head.stdout.strip(), bool(status.stdout.strip())
 
 
-def _operator(adapter, root: Path):
+def _operator(adapter, root: Path, env: dict[str, str] | None = None):
     from backends.upstream.client import UpstreamError, worker
     from contracts.operators import BackendError
 
@@ -84,7 +84,7 @@ def _operator(adapter, root: Path):
         module = adapter.module_of(module)
         CALLED.append(f"models/{adapter.folder}/{module}.py::{function or adapter.function}")
         try:
-            return worker(root).call(adapter.folder, module, function or adapter.function, tensors,
+            return worker(root, env).call(adapter.folder, module, function or adapter.function, tensors,
                                      fields=fields, constants=constants, module_globals=module_globals, args=args,
                                      kwargs=kwargs, taps=taps)
         except UpstreamError as exc:
@@ -99,17 +99,19 @@ def _operator(adapter, root: Path):
 
 def make_backend(pypto_lib: str | None = None, model: str | None = None):
     """Upstream's goldens of one model folder (``model``, default deepseek_v4_pro) in one checkout."""
-    from backends.upstream.adapters import FUSED, PENDING, PRO, adapters_for
+    from backends.upstream.adapters import FUSED, PENDING, PRO, adapters_for, preset_environment
     from contracts.operators import KERNEL_OPERATORS, Backend
+    from kernels.record import folder_of
 
-    folder = model or PRO
-    ADAPTERS = adapters_for(folder)  # a folder not known raises BackendError: a usage error, before the checkout
+    model = model or PRO
+    ADAPTERS = adapters_for(model)  # a model not known raises BackendError: a usage error, before the checkout
+    folder, env = folder_of(model), preset_environment(model)
     root, reason = checkout(pypto_lib)
     if root is None:
         return Backend("upstream", {}, unavailable=reason)
     if not (root / "models" / folder).is_dir():
         return Backend("upstream", {}, unavailable=f"{root} has no models/{folder} (--model {folder}; pull main)")
-    ops = {name: _operator(a, root) for name, a in ADAPTERS.items()}
+    ops = {name: _operator(a, root, env) for name, a in ADAPTERS.items()}
     why = {}
     for name in KERNEL_OPERATORS:
         if name in ops:
@@ -126,11 +128,13 @@ def make_backend(pypto_lib: str | None = None, model: str | None = None):
 
     commit, dirty = git_state(root)
     provenance = {"repository": "hw-native-sys/pypto-lib", "commit": commit, "dirty": dirty, "folder": folder,
+                  **({"model": model, "environment": env} if env else {}),
                   "goldens": {name: ADAPTERS[name].upstream for name in ops}, "called": CALLED}
     from backends.upstream.adapters import DEVIATIONS
 
     return Backend("upstream", ops, why_missing=why, variants={k: v for k, v in variants_for(folder).items() if k in ops},
                    deviations=DEVIATIONS,
-                   description=f"upstream Torch goldens of models/{folder} from {root} @ {revision(root)} (worker "
-                               "process)",
+                   description=f"upstream Torch goldens of models/{folder}"
+                               + "".join(f" ({k}={v})" for k, v in env.items())
+                               + f" from {root} @ {revision(root)} (worker process)",
                    provenance=provenance)

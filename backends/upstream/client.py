@@ -43,8 +43,9 @@ def device_timeout() -> float:
 
 
 class Worker:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, env: dict[str, str] | None = None):
         self.root = root
+        self.env = dict(env or {})  # set in the worker's environment (a folder preset: DEEPSEEK_V4_VARIANT=flash)
         self.proc: subprocess.Popen | None = None
         self.info: dict = {}
         self.workdir: str | None = None
@@ -52,7 +53,7 @@ class Worker:
         self.log = tempfile.NamedTemporaryFile(prefix="pto-upstream-worker-", suffix=".log", delete=False)  # noqa: SIM115 (kept open for the worker's stderr)
 
     def _start(self) -> None:
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
         # upstream's golden package sets torch's threads from this (16 by default); one thread keeps the worker's
         # FP32 sums in one order on every machine and leaves the cores to the test process
@@ -175,10 +176,12 @@ class Worker:
             self.workdir = None
 
 
-_WORKERS: dict[Path, Worker] = {}
+_WORKERS: dict[tuple, Worker] = {}
 
 
-def worker(root: Path) -> Worker:
-    if root not in _WORKERS:
-        _WORKERS[root] = Worker(root)
-    return _WORKERS[root]
+def worker(root: Path, env: dict[str, str] | None = None) -> Worker:
+    """The worker process for one checkout and environment (one per folder preset), started on first use."""
+    key = (root, tuple(sorted((env or {}).items())))
+    if key not in _WORKERS:
+        _WORKERS[key] = Worker(root, env)
+    return _WORKERS[key]

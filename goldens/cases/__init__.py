@@ -174,7 +174,7 @@ def derived(base: Case, name: str, inputs: Tensors | None = None, *, description
 UPSTREAM_PREFIX = "up-"
 # a tree recorded from another model folder than V4-Pro's carries the folder in its name (up-mtp-v4_gate_hash), so
 # trees of one case from two folders live side by side in one store
-FOLDER_TAGS = {"deepseek_v4_flash_mtp": "mtp-", "deepseek_v4_flash_dspark": "dspark-"}
+FOLDER_TAGS = {"deepseek_v4_flash_mtp": "mtp-", "deepseek_v4_flash_dspark": "dspark-", "deepseek_v4_pro:flash": "proflash-"}
 
 
 class WithVariants:
@@ -200,7 +200,7 @@ def upstream_case(base: Case, inputs: Tensors | None, upstream: dict) -> Case:
     ``inputs``, expected outputs that are upstream's numbers (``upstream``: repository, commit, goldens, variants).
     Replayed on any backend with the named variants upstream's goldens follow; never regenerated from this
     project's reference (record it again from upstream instead)."""
-    name = UPSTREAM_PREFIX + FOLDER_TAGS.get(upstream.get("folder", ""), "") + base.name
+    name = UPSTREAM_PREFIX + FOLDER_TAGS.get(upstream.get("model") or upstream.get("folder", ""), "") + base.name
     fixed = {k: v.clone() for k, v in (inputs or {}).items()}
     variants = {op: dict(v) for op, v in upstream.get("variants", {}).items()}
 
