@@ -1118,6 +1118,20 @@ def _flash_compressor(run, *args, **kwargs):
     return _v4_compressor(run, *args, pages_per_ratio=True, **kwargs)
 
 
+def _prefill_kv_allgather(run, hidden_local):
+    """prefill_kv_allgather -> dspark's prefill_kv_allgather.py::golden_prefill_kv_allgather: the call's slabs as
+    hidden_local [tp, local_t, D]; group_out [tp, tp * local_t, D]."""
+    from kernels.v4.kv_allgather import check_kv_allgather
+
+    check_kv_allgather(hidden_local)  # the caller's side
+    tp, local_t, d = hidden_local.shape
+    tensors = {"hidden_local": hidden_local.clone(), "group_out": torch.zeros(tp, tp * local_t, d,
+                                                                              dtype=torch.bfloat16)}
+    # the module is imported at its own width (its decode_o_proj import checks the model's tiling); the golden
+    # reshapes by its module-level D, set to the call's
+    return run(tensors, {}, {}, module_globals={"D": d})["group_out"]
+
+
 def _dspark_moe_stage(run, *args, **kwargs):
     """v4_moe_stage -> dspark's moe.py::golden_moe: V4-Pro's, its module dividing the expert count by 16 at import
     (n_routed_experts // 16 * EP) where the others divide by 8."""
@@ -1184,7 +1198,9 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                         replace(ADAPTERS["v4_moe_stage"], build=_dspark_moe_stage),
                                         replace(ADAPTERS["v4_indexer"], build=_dspark_indexer),
                                         replace(ADAPTERS["v4_compress_and_publish"],
-                                                build=_dspark_compress_and_publish)]),
+                                                build=_dspark_compress_and_publish),
+                                        Adapter("prefill_kv_allgather", FLASH_DSPARK, "prefill_kv_allgather",
+                                                "golden_prefill_kv_allgather", _prefill_kv_allgather)]),
                    "lookup_embedding": Adapter("lookup_embedding", FLASH_DSPARK, "lookup_embedding",
                                                "golden_lookup_embedding_test", _dspark_lookup_embedding)},
 }

@@ -780,4 +780,6 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.cp_zigzag:window_sources:const:True->False#0': 'starts and segment_lens are built to one length: zip(strict=False) pairs them alike.',
     'kernels.v4.cp_zigzag:cp_zigzag_tail_exchange:drop-call:logical.unsqueeze(0).expand(cp, -1, -1).contiguous()[contiguous]->(skipped)#0': 'The expanded view holds the same values on every rank; contiguity is no part of the output.',
     'kernels.v4.cp_zigzag:cp_zigzag_tail_exchange:drop-call:window.unsqueeze(0).expand(cp, -1, -1).contiguous()[contiguous]->(skipped)#0': 'The expanded view holds the same values on every rank; contiguity is no part of the output.',
+    'kernels.v4.kv_allgather:check_kv_allgather:binop:GROUP_CAP // tp[FloorDiv]->Div#0': '8192 is divisible by every compiled TP (1, 2, 4): the true quotient is the floor one.',
+    'kernels.v4.kv_allgather:prefill_kv_allgather:drop-call:hidden_local.reshape(1, tp * local_t, d).expand(tp, -1, -...[contiguous]->(skipped)#0': 'The expanded view holds the same values on every rank; contiguity is no part of the output.',
 }
