@@ -14,7 +14,7 @@ import torch
 from kernels.config import V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.mtp import quantize_rows_int8
-from pto_pytest.defect import shared
+from pto_pytest.defect import SeededDefect, shared
 from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("mtp_projection")  # every contract here calls it, and only it
@@ -102,6 +102,48 @@ def test_the_int8_rows_keep_the_amax_floor_and_round_half_to_even(backend):
         codes.tolist()
 
 
+def _tie_row() -> torch.Tensor:
+    """One embedding row of D = 64 whose RMSNorm is exact and whose INT8 codes land on exact halves: entries
+    127, 2.5, -0.5, 126.5, 3.5 (the ties), then -127, 127, 33, 6, 1, 1, 1 and zeros, so the sum of squares is 65536
+    and the mean 1024 (the 1e-6 epsilon is below its ulp): the norm multiplies by exactly 1/32, the amax is 127/32
+    and the quantization factor 127 / amax is exactly 32 under every rule (a true quotient, or reciprocal · 127),
+    so the codes before rounding are the entries themselves."""
+    row = torch.zeros(D)
+    row[:12] = torch.tensor([127.0, 2.5, -0.5, 126.5, 3.5, -127.0, 127.0, 33.0, 6.0, 1.0, 1.0, 1.0])
+    assert D == 64 and float(row.pow(2).sum()) == 65536.0, "the tie row needs D = 64 and a sum of squares 4^8"
+    return row
+
+
+def test_an_exact_half_reaches_the_backends_codes_and_rounds_to_even(backend):
+    """Through the backend's own quantization (not the helper): an embedding row whose codes before rounding are
+    exactly 2.5, -0.5, 126.5 and 3.5 (``_tie_row``), unit norm weights and smoothing, the previous streams zero, and
+    a projection that reads codes 1, 2, 3, 4 into outputs 1, 2, 3, 4: the outputs are the half-to-even codes (2, 0,
+    126, 4) times the dequantization, within 4 FP32 ulps, separated from half away from zero (3, -1, 127, 4) and
+    half up (3, 0, 127, 4). Spec: §8 (upstream's torch.round)."""
+    from contracts.separation import separates
+
+    hidden = _tie_row().to(torch.bfloat16)[None].repeat(2, 1)
+    assert torch.equal(hidden[0].float(), _tie_row()), "the tie row is not BF16-exact"
+    proj = torch.zeros(D, D, dtype=torch.int8)
+    for k in range(1, 5):
+        proj[k, k] = 1
+    i = dict(hidden=hidden, prev=torch.zeros(2, HC, D), enorm=torch.ones(D), hnorm=torch.ones(D), e_proj=proj,
+             e_scale=torch.ones(D), e_smooth=torch.ones(D), h_proj=torch.zeros(D, D, dtype=torch.int8),
+             h_scale=torch.ones(D), h_smooth=torch.ones(D))
+    pre = _tie_row()[1:5].double()  # the codes before rounding (scale exactly 32 on rows normed by exactly 1/32)
+    factor = (127.0 / 32) / 127  # amax / 127: each code's dequantized value
+    want = separates("INT8 codes round half to even", torch.round(pre) * factor,
+                     half_away=pre.sign() * (pre.abs() + 0.5).floor() * factor,
+                     half_up=(pre + 0.5).floor() * factor)
+    out = _call(backend, i)
+    got = out[:, :, 1:5].double()
+    bound = 4 * 2.0**-23 * float(want.abs().max())
+    bad = ((got - want).abs() > bound).nonzero()
+    assert not bad.numel(), f"out[{bad[0].tolist()}] = {float(got[tuple(bad[0])])}, expected " \
+                            f"{want.tolist()} = half-to-even codes (2, 0, 126, 4) x {factor} (bound {bound:.3g}): " \
+                            "the exact halves 2.5, -0.5, 126.5, 3.5 rounded another way (§8)"
+
+
 def test_mtp_inputs_are_refused_naming_the_field(backend):
     """Streams of the wrong count or width, and a projection that is not INT8 [D, D], name the field. Spec: §8."""
     i = _inputs(2)
@@ -112,7 +154,26 @@ def test_mtp_inputs_are_refused_naming_the_field(backend):
             _call(backend, {**i, **bad})
 
 
+def _half_up_projection(hidden, prev, enorm, hnorm, e_proj, e_scale, e_smooth, h_proj, h_scale, h_smooth, *,
+                        config):
+    """The projection with its INT8 codes rounded half up (floor(v * quant + 0.5))."""
+    from unittest import mock
+
+    from kernels.v4 import mtp
+
+    def half_up(v, *, scale_max, amax_eps):
+        amax = v.abs().amax(dim=-1, keepdim=True).clamp_min(amax_eps)
+        quant = torch.full_like(amax, scale_max) / amax
+        return torch.clamp(torch.floor(v * quant + 0.5), -scale_max, scale_max).to(torch.int8), torch.reciprocal(quant)
+
+    with mock.patch.object(mtp, "quantize_rows_int8", half_up):
+        return mtp.mtp_projection(hidden, prev, enorm, hnorm, e_proj, e_scale, e_smooth, h_proj, h_scale, h_smooth,
+                                  config=config)
+
+
 # defects of tests/defects these contracts must catch (shared with other contract files)
 SEEDED_DEFECTS = [
     shared("v4:E_ON_STREAM_ZERO", "test_the_mtp_projection_is_the_shared_embedding_half_plus_each_streams_half", "not the released MTP projection"),
+    SeededDefect("mtp-projection:half-up", "mtp_projection", _half_up_projection,
+                 "test_an_exact_half_reaches_the_backends_codes_and_rounds_to_even", "rounded another way"),
 ]
