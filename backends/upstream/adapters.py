@@ -114,6 +114,23 @@ def _hc_post(run, sublayer, x_hc, post_mix, residual_mix, *, rule="fp32"):
     return run(tensors, {"hidden_size": d, "hc_mult": hc}, {})["y"]
 
 
+def _hc_pre_fused(run, x_hc, function, scale, base, *, config, ops=None):
+    """hc_pre_fused -> hc_pre.py::golden_hc_pre (x, hc_fn, hc_scale, hc_base -> x_mixed, post, comb): the call's
+    streams as FP32 x, the folder's model object re-targeted at the call's width, stream count, Sinkhorn
+    iterations and epsilons."""
+    from kernels.reference.mhc import hc_mixes
+
+    hc_mixes(x_hc, function, scale, base, config=config)  # the caller's side (raises on a bad call)
+    tokens, hc, d = x_hc.shape
+    tensors = {"x": x_hc.float().clone(), "hc_fn": function.float().clone(), "hc_scale": scale.float().clone(),
+               "hc_base": base.float().clone(), "x_mixed": torch.zeros(tokens, d, dtype=torch.bfloat16),
+               "post": torch.zeros(tokens, hc), "comb": torch.zeros(tokens, hc * hc)}
+    fields = {"hidden_size": d, "hc_mult": hc, "hc_sinkhorn_iters": config.hc_sinkhorn_iters, "hc_eps": config.hc_eps,
+              "rms_norm_eps": config.rms_norm_eps}
+    out = run(tensors, fields, {})
+    return {"x_mixed": out["x_mixed"], "post": out["post"], "comb": out["comb"]}
+
+
 def _v4_embed_pack(run, input_ids, embed_weight, *, config):
     """v4_embed_pack -> input_pack.py::golden_pack_x_hc: ids clamped into the vocabulary, each row widened to FP32
     in every stream, at the call's width, streams and vocabulary."""
@@ -1109,6 +1126,7 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
             also=("decode_compressor_ratio128",)),
     Adapter("v4_compress_and_publish", PRO, "decode_compressor_ratio4", "golden_compressor",
             _v4_compress_and_publish, also=("decode_compressor_ratio128",)),
+    Adapter("hc_pre_fused", PRO, "hc_pre", "golden_hc_pre", _hc_pre_fused),
 )}
 
 
@@ -1181,7 +1199,7 @@ def _flash_gate(run, *args, **kwargs):
 # though the Flash expert golden dequantizes the weights before an FP32 matmul, a BF16 ulp off V4-Pro's exact INT32
 # accumulate at some ties (docs/upstream.md, disagreement 15: V4-Pro's up- trees are not judged on a Flash folder).
 # Not yet: v4_qkv_proj_rope (its golden differs), lm_head (its golden's DP layout).
-_FLASH_SHARED: list[Adapter] = [ADAPTERS[n] for n in ("hc_post", "final_norm", "v4_expert")]
+_FLASH_SHARED: list[Adapter] = [ADAPTERS[n] for n in ("hc_post", "final_norm", "v4_expert", "hc_pre_fused")]
 _FLASH_OWN = [Adapter("lookup_embedding", FLASH_MTP, "lookup_embedding", "golden_lookup_embedding_test",
                       _lookup_embedding),
               Adapter("v4_gate", FLASH_MTP, "gate", "golden_gate_core", _flash_gate)]
@@ -1261,7 +1279,7 @@ PENDING: dict[str, str] = {
 # Operators whose arithmetic upstream's goldens cover only fused with another operator's: no golden of the
 # operator alone, so no adapter (the fused golden is adapted where this project has the fused operator)
 _PRE = f"upstream's models/{PRO}/hc_pre.py::golden_hc_pre fuses hc_mixes and hc_pre (x_hc, fn, scale, base -> " \
-       "x_mixed, post, comb; its pre mix is never an output)"
+       "x_mixed, post, comb; its pre mix is never an output): adapted as hc_pre_fused, whose contract judges both"
 _HEAD = f"upstream's models/{PRO}/hc_head.py::golden_hc_head fuses v4_head_mix and hc_head (its pre mix is never an " \
         "output)"
 FUSED: dict[str, str] = {

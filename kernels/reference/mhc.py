@@ -117,6 +117,22 @@ def hc_pre(x_hc: torch.Tensor, pre_mix: torch.Tensor, *, dtype: torch.dtype = to
     return (x_hc.float() * pre_mix.float().unsqueeze(-1)).sum(dim=1).to(dtype)
 
 
+@operator(returns="{x_mixed [T, D] BF16, post [T, hc] FP32, comb [T, hc·hc] FP32}: hc_mixes then hc_pre in one call "
+                  "(upstream's hc_pre goldens and entries)", spec="§1")
+def hc_pre_fused(x_hc: torch.Tensor, function: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *,
+                 config=FLASH, ops=None) -> dict[str, torch.Tensor]:
+    """The block's entry mix as upstream's hc_pre.py computes it: the mixes (pre, post, the Sinkhorn residual) and
+    the pre-mixed activation, one call; the pre mix itself is not an output. Spec: HC-01, HC-02."""
+    ops = ops or {}
+    mixes = ops.get("hc_mixes", hc_mixes)(x_hc, function, scale, base, config=config)
+    x_mixed = ops.get("hc_pre", hc_pre)(x_hc, mixes.pre)
+    tokens, hc = mixes.post.shape
+    return {"x_mixed": x_mixed, "post": mixes.post, "comb": mixes.residual.reshape(tokens, hc * hc)}
+
+
+hc_pre_fused.composes_operators = True
+
+
 POST_RULES = ("fp32", "via-sublayer-dtype")
 
 
