@@ -516,6 +516,20 @@ def _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, 
     return out, closes, got["compress_state"]
 
 
+def _compressor_module(state_pool, weights, *, ratio, overlap) -> tuple[str, int, int]:
+    """(the decode compressor module upstream has for this ratio, 2 with overlap else 1, the row width), after the
+    caller's side of the call is checked; another ratio / overlap is unsupported."""
+    from contracts.operators import Unsupported
+    from kernels.v4.compressor import check_v4_compressor
+
+    module = COMPRESSOR_MODULES.get((int(ratio), bool(overlap)))
+    if module is None:
+        raise Unsupported(f"upstream has decode compressor goldens for ratio 4 with overlap and ratio 128 without; "
+                          f"not ratio={ratio}, overlap={overlap}")
+    check_v4_compressor(state_pool, weights, ratio=ratio, overlap=overlap)  # the caller's side
+    return module, (2 if overlap else 1), weights.norm.shape[0]
+
+
 def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_pool, weights, *, ratio, overlap,
                    eps=1e-6, pages_per_ratio=False, flat_tokens=False):
     """v4_compressor -> decode_compressor_ratio4.py (ratio 4, overlap) / decode_compressor_ratio128.py (ratio 128)
@@ -527,15 +541,9 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
     are skipped (this project's padding convention; upstream's decode steps have none). ``pages_per_ratio``: the
     compressed cache's page holds 128 / ratio rows (Flash-MTP's CMP_STORAGE_BLOCK_SIZE) instead of 128;
     ``flat_tokens``: x and kv are token-major [B * S, ...] (dspark's goldens and entries), not [B, S, ...]."""
-    from contracts.operators import Unsupported
-    from kernels.v4.compressor import _slot, check_v4_compressor
+    from kernels.v4.compressor import _slot
 
-    module = COMPRESSOR_MODULES.get((int(ratio), bool(overlap)))
-    if module is None:
-        raise Unsupported(f"upstream has decode compressor goldens for ratio 4 with overlap and ratio 128 without; "
-                          f"not ratio={ratio}, overlap={overlap}")
-    check_v4_compressor(state_pool, weights, ratio=ratio, overlap=overlap)  # the caller's side
-    coff, d = (2 if overlap else 1), weights.norm.shape[0]
+    module, coff, d = _compressor_module(state_pool, weights, ratio=ratio, overlap=overlap)
     pages, page, _ = state_pool.shape
     pool = state_pool.clone()
     out = torch.zeros(x.shape[0], d, dtype=torch.float32)
@@ -586,15 +594,9 @@ def _v4_compress_and_publish(run, x, position_ids, token_to_req, state_block_tab
     compressed slot (its kv output, rotated too, is not this operator's); other steps get the identity rows. The
     module's rope width is the call's (2 x the rows' width), its compressed page the pool's. ``pages_per_ratio`` /
     ``flat_tokens``: Flash-MTP's page global / dspark's token-major rows (as ``_v4_compressor``)."""
-    from contracts.operators import Unsupported
-    from kernels.v4.compressor import _slot, check_cmp_pool, check_v4_compressor, cmp_slot
+    from kernels.v4.compressor import _slot, check_cmp_pool, cmp_slot
 
-    module = COMPRESSOR_MODULES.get((int(ratio), bool(overlap)))
-    if module is None:
-        raise Unsupported(f"upstream has decode compressor goldens for ratio 4 with overlap and ratio 128 without; "
-                          f"not ratio={ratio}, overlap={overlap}")
-    check_v4_compressor(state_pool, weights, ratio=ratio, overlap=overlap)  # the caller's side
-    coff, d = (2 if overlap else 1), weights.norm.shape[0]
+    module, coff, d = _compressor_module(state_pool, weights, ratio=ratio, overlap=overlap)
     check_cmp_pool(cmp_pool, d)
     pages, page, _ = state_pool.shape
     half = int(rope_cos.shape[1])
