@@ -307,7 +307,7 @@ done
 for p in /proc /sys /dev /dev/pts '$(dirname "$(dirname "$(readlink -f "$HOST_PY")")")' '$PREFIX'; do
   mountpoint -q "\$ROOTFS\$p" || { mkdir -p "\$ROOTFS\$p"; mount --bind "\$p" "\$ROOTFS\$p"; }
 done
-pass=\$(env | grep -E '^(PTO|PYPTO|OMP_|PYTHONPATH=|TMPDIR=)' | tr '\n' '\001')
+pass=\$(env | grep -E '^(PTO|PYPTO|OMP_|DEEPSEEK_V4_VARIANT=|PYTHONPATH=|TMPDIR=)' | tr '\n' '\001')
 IFS=\$(printf '\001')
 exec chroot "\$ROOTFS" /usr/bin/env -i HOME=/root LANG=C.UTF-8 PATH='$VENV/bin:/usr/lib/llvm-21/bin:/usr/bin:/bin' \\
   PTOAS_ROOT='$PREFIX/ptoas/bin' A5SIM_COMMITS='$PREFIX/commits.txt' \$pass /bin/sh -c 'cd "\$0" && exec "\$@"' "\$PWD" '$VENV/bin/python' "\$@"
