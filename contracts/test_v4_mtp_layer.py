@@ -16,7 +16,7 @@ import torch
 from contracts.v4_inputs import mtp_layer_inputs, prefill_mtp_layer_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
-from pto_pytest.defect import shared
+from pto_pytest.defect import SeededDefect, shared
 from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
@@ -81,6 +81,44 @@ def test_the_head_mix_keeps_hc_eps(backend):
     pre = op(backend, "v4_head_mix")(x, torch.zeros(hc, hc * d), torch.tensor([1.0]), base, config=config)
     assert bool((pre == want).all()), f"{pre.tolist()}: expected sigmoid(base) + hc_eps per stream, {want.tolist()}"
     assert bool((pre[:, 0] == torch.tensor(config.hc_eps, dtype=torch.float32)).all()), pre.tolist()
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("hc_head_fused", "v4_head_mix", "hc_head")
+def test_the_fused_head_is_the_head_mix_then_hc_head(backend, config):
+    """The final collapse in one call (``hc_head_fused``: upstream's hc_head.py golden and entry, so hc_head is judged
+    on upstream on its own) equals v4_head_mix then hc_head within HC-08: on a real head function and base, and on
+    streams of 1e4 whose base of -100 drives every sigmoid to 0, so each weight is hc_eps alone -- there the collapse
+    with the eps is separated from one without it, and from a mix whose logits are not normalised by the streams'
+    RMS. Spec: §8, HC-02, HC-08."""
+    from contracts.separation import separates_under
+    from contracts.tolerances import HC_OUT_TOL
+    from kernels.reference.mhc import hc_head
+
+    hc, d = config.hc_mult, config.hidden_size
+    g = torch.Generator().manual_seed(5)
+    fn = torch.randn(hc, hc * d, generator=g) / (hc * d) ** 0.5
+
+    def judge(a, b):
+        atol, rtol = HC_OUT_TOL
+        return bool(((a.float() - b.float()).abs() <= atol + rtol * b.float().abs()).all())
+
+    for case in ("mixing", "eps only"):
+        x = torch.randn(4, hc, d, generator=g) * (1e4 if case == "eps only" else 1.0)
+        base = torch.full((hc,), -100.0) if case == "eps only" else torch.randn(hc, generator=g)
+        args = (x, fn, torch.tensor([1.0]), base)
+        got = op(backend, "hc_head_fused")(*args, config=config)["y"]
+        want = op(backend, "hc_head")(x, op(backend, "v4_head_mix")(*args, config=config))
+        if case == "eps only":
+            flat = x.reshape(4, hc * d)
+            logits = flat @ fn.T
+            inverse_rms = torch.rsqrt(flat.square().mean(-1, keepdim=True) + config.rms_norm_eps)
+            separates_under("the head mix with hc_eps, over the RMS-normalised streams", judge, want,
+                            no_eps=hc_head(x, torch.sigmoid(logits * inverse_rms + base)),
+                            not_rms_normalised=hc_head(x, torch.sigmoid(logits + base) + config.hc_eps))
+        bad = ((got.float() - want.float()).abs() > HC_OUT_TOL[0] + HC_OUT_TOL[1] * want.float().abs()).nonzero()
+        assert not bad.numel(), f"hc_head_fused y{bad[0].tolist()} = {float(got[tuple(bad[0])])}, expected " \
+                                f"{float(want[tuple(bad[0])])} ({case}): not v4_head_mix then hc_head within HC-08 (§8)"
 
 
 @pytest.mark.whole_backend("a stage against its own parts, bit for bit")
@@ -274,6 +312,15 @@ def test_the_prefill_mtp_checks_fail_just_outside_each_clause():
 
 
 # defects of tests/defects these contracts must catch (shared with other contract files)
+def _fused_head_without_eps(x_hc, fn, scale, base, *, config, ops=None):
+    """The fused head whose mix leaves hc_eps out."""
+    from dataclasses import replace
+
+    from kernels.v4.mtp_layer import hc_head_fused
+
+    return hc_head_fused(x_hc, fn, scale, base, config=replace(config, hc_eps=0.0))
+
+
 SEEDED_DEFECTS = [
     shared("v4:HEAD_MIX_NO_EPS", "test_the_head_mix_keeps_hc_eps", "assert"),
     shared("v4:MTP_NEXT_FROM_ATTENTION", "test_the_mtp_layer_is_its_stages_in_order", "does not receive the MoE stage's streams"),
@@ -281,4 +328,6 @@ SEEDED_DEFECTS = [
     shared("v4:MTP_HEAD_MIX_OVER_BATCH", "test_a_decode_row_moves_only_its_own_outputs_and_cache_row", "hidden_out: rows moved"),
     shared("v4:PREFILL_MTP_COMPRESSED_PROFILE", "test_the_prefill_mtp_layer_is_its_stages_in_order", "prefill hidden_out is not the stages in order"),
     shared("v4:PREFILL_MTP_ALL_ROWS_REAL", "test_prefill_padding_rows_leave_no_trace", "moved with the padding rows"),
+    SeededDefect("mtp:FUSED_HEAD_NO_EPS", "hc_head_fused", _fused_head_without_eps,
+                 "test_the_fused_head_is_the_head_mix_then_hc_head", "eps only"),
 ]

@@ -131,6 +131,27 @@ def _hc_pre_fused(run, x_hc, function, scale, base, *, config, ops=None):
     return {"x_mixed": out["x_mixed"], "post": out["post"], "comb": out["comb"]}
 
 
+def _hc_head_fused(run, x_hc, fn, scale, base, *, config, ops=None, split_chunks=True):
+    """hc_head_fused -> hc_head.py::golden_hc_head (x_hc, hc_head_fn, hc_head_scale, hc_head_base -> y): the
+    folder's model object at the call's width and streams, the module's rows (T) the call's; ``split_chunks``: V4-Pro's
+    golden sums the head logits over 8 K splits in LINEAR_K_CHUNK chunks, one chunk per split at a tiny width (the
+    Flash goldens slice their tiles, any width)."""
+    from kernels.v4.mtp_layer import v4_head_mix
+
+    v4_head_mix(x_hc, fn, scale, base, config=config)  # the caller's side (raises on a bad call)
+    tokens, hc, d = x_hc.shape
+    tensors = {"x_hc": x_hc.float().clone(), "hc_head_fn": fn.float().clone(), "hc_head_scale": scale.float().clone(),
+               "hc_head_base": base.float().clone(), "y": torch.zeros(tokens, d, dtype=torch.bfloat16)}
+    fields = {"hidden_size": d, "hc_mult": hc, "hc_eps": config.hc_eps, "rms_norm_eps": config.rms_norm_eps}
+    tiles = {"LINEAR_K_CHUNK": min(256, hc * d // 8)} if split_chunks else {}
+    out = run(tensors, fields, {}, module_globals={"T": tokens, **tiles})
+    return {"y": out["y"]}
+
+
+def _flash_hc_head_fused(run, *args, **kwargs):
+    return _hc_head_fused(run, *args, split_chunks=False, **kwargs)
+
+
 def _v4_embed_pack(run, input_ids, embed_weight, *, config):
     """v4_embed_pack -> input_pack.py::golden_pack_x_hc: ids clamped into the vocabulary, each row widened to FP32
     in every stream, at the call's width, streams and vocabulary."""
@@ -1129,6 +1150,7 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_compress_and_publish", PRO, "decode_compressor_ratio4", "golden_compressor",
             _v4_compress_and_publish, also=("decode_compressor_ratio128",)),
     Adapter("hc_pre_fused", PRO, "hc_pre", "golden_hc_pre", _hc_pre_fused),
+    Adapter("hc_head_fused", PRO, "hc_head", "golden_hc_head", _hc_head_fused),
 )}
 
 
@@ -1201,7 +1223,8 @@ def _flash_gate(run, *args, **kwargs):
 # though the Flash expert golden dequantizes the weights before an FP32 matmul, a BF16 ulp off V4-Pro's exact INT32
 # accumulate at some ties (docs/upstream.md, disagreement 15: V4-Pro's up- trees are not judged on a Flash folder).
 # Not yet: v4_qkv_proj_rope (its golden differs), lm_head (its golden's DP layout).
-_FLASH_SHARED: list[Adapter] = [ADAPTERS[n] for n in ("hc_post", "final_norm", "v4_expert", "hc_pre_fused")]
+_FLASH_SHARED: list[Adapter] = [*(ADAPTERS[n] for n in ("hc_post", "final_norm", "v4_expert", "hc_pre_fused")),
+                                replace(ADAPTERS["hc_head_fused"], build=_flash_hc_head_fused)]
 _FLASH_OWN = [Adapter("lookup_embedding", FLASH_MTP, "lookup_embedding", "golden_lookup_embedding_test",
                       _lookup_embedding),
               Adapter("v4_gate", FLASH_MTP, "gate", "golden_gate_core", _flash_gate)]
@@ -1283,7 +1306,7 @@ PENDING: dict[str, str] = {
 _PRE = f"upstream's models/{PRO}/hc_pre.py::golden_hc_pre fuses hc_mixes and hc_pre (x_hc, fn, scale, base -> " \
        "x_mixed, post, comb; its pre mix is never an output): adapted as hc_pre_fused, whose contract judges both"
 _HEAD = f"upstream's models/{PRO}/hc_head.py::golden_hc_head fuses v4_head_mix and hc_head (its pre mix is never an " \
-        "output)"
+        "output): adapted as hc_head_fused, whose contract judges both"
 FUSED: dict[str, str] = {
     "hc_mixes": _PRE,
     "hc_pre": _PRE,

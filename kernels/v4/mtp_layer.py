@@ -55,6 +55,22 @@ def v4_head_mix(x_hc: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     return torch.sigmoid(logits * scale.float()[0] + base.float()) + config.hc_eps
 
 
+@operator(returns="{y [T, D] BF16}: v4_head_mix then hc_head in one call (upstream's hc_head goldens and entries)",
+          spec="§8")
+def hc_head_fused(x_hc: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *, config,
+                  ops=None) -> dict[str, torch.Tensor]:
+    """The final collapse as upstream's hc_head.py computes it: the head's pre mix and the collapse, one call (the
+    mix itself is not an output). Spec: §8, HC-02."""
+    from kernels.reference.mhc import hc_head
+
+    ops = ops or {}
+    pre = ops.get("v4_head_mix", v4_head_mix)(x_hc, fn, scale, base, config=config)
+    return {"y": ops.get("hc_head", hc_head)(x_hc, pre)}
+
+
+hc_head_fused.composes_operators = True
+
+
 @operator(returns='{hidden_out [T,D] BF16, next_pre_hc_hidden [T,hc,D] FP32, kv_cache}: the MTP '
                    'layer, composed from mtp_projection, v4_attention_stage (SWA), v4_moe_stage, '
                    'v4_head_mix, hc_head, final_norm',
