@@ -198,3 +198,30 @@ HC_POST_RECORD = Record(
                        replaced(residual_mix=lambda i: i["residual_mix"][..., :-1]), "post_mix/residual_mix"),),
     bindings=in_all_folders(golden="hc_post.py::golden_hc_post", entry="hc_post.py::hc_post_test"),
 )
+
+
+def _hc_pre_fused_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+    """The decode step's rows of 4 FP32 streams with upstream's fixture distribution (function ~ N(0, 1/hc·D),
+    scale and base ~ N(0, 1)), one row 8x larger and one 1/8: the entry's mix, collapse and Sinkhorn on real
+    mixes."""
+    g = generator(seed)
+    hc, d, t = config.hc_mult, config.hidden_size, config.decode_tokens
+    mix = (2 + hc) * hc
+    x = torch.randn(t, hc, d, generator=g)
+    x[1] *= 8.0
+    x[2] /= 8.0
+    return {"x_hc": x, "function": torch.randn(mix, hc * d, generator=g) / (hc * d) ** 0.5,
+            "scale": torch.randn(3, generator=g), "base": torch.randn(mix, generator=g)}
+
+
+HC_PRE_FUSED_RECORD = Record(
+    operator="hc_pre_fused",
+    call=lambda fn, i, config: dict(fn(i["x_hc"], i["function"], i["scale"], i["base"], config=config)),
+    outputs={"x_mixed": "hc_out", "post": "hc_mix", "comb": "hc_mix"},
+    cases=(CaseSpec("hc_pre_fused", "the block's entry mix in one call (hc_mixes then hc_pre, as upstream's "
+                    "hc_pre.py): 4 FP32 streams of a decode step, the fixture's mix distribution",
+                    _hc_pre_fused_inputs, geometries=("flash-tiny", "v4-flash")),),
+    bad_calls=(BadCall("a function of another width", "hc_pre_fused",
+                       replaced(function=lambda i: i["function"][:, :-1]), "function"),),
+    bindings=in_all_folders(golden="hc_pre.py::golden_hc_pre", entry="hc_pre.py::hc_pre_test"),
+)
