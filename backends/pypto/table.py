@@ -105,6 +105,7 @@ PRO_ENTRIES: dict[str, tuple[str, int]] = {
     "lookup_embedding": ("lookup_embedding_test", 1),  # the V4-Flash folders' (the entry names are shared)
     "hc_pre": ("hc_pre_test", 1),  # hc_pre_fused (hc_mixes then hc_pre, as the entry computes them)
     "hc_head": ("hc_head_test", 1),  # hc_head_fused (v4_head_mix then hc_head)
+    "markov_head": ("markov_head_test", 1),  # dspark's
 }
 # A folder's own entry name where it differs from V4-Pro's: folder -> ((its module name, entry), ...)
 FOLDER_ENTRIES: dict[str, tuple[tuple[str, str], ...]] = {

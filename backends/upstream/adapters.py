@@ -1174,6 +1174,20 @@ def _prefill_kv_allgather(run, hidden_local):
     return run(tensors, {}, {}, module_globals={"D": d})["group_out"]
 
 
+def _markov_head(run, token_ids, markov_w1, markov_w2):
+    """markov_head -> dspark's markov_head.py::golden_markov_head: the call's ids (INT64) and tables as they are (the
+    golden and the entry take any token count, vocabulary and rank-256 tables)."""
+    from kernels.v4.markov_head import check_markov_head
+
+    check_markov_head(token_ids, markov_w1, markov_w2)  # the caller's side
+    t, (vocab, rank) = token_ids.shape[0], markov_w1.shape
+    tensors = {"token_ids": token_ids.to(torch.int64).clone(), "markov_w1": markov_w1.clone(),
+               "markov_w2": markov_w2.clone(), "logits_bias": torch.zeros(t, vocab),
+               "markov_embed": torch.zeros(t, rank, dtype=torch.bfloat16)}
+    out = run(tensors, {}, {})
+    return {"markov_embed": out["markov_embed"], "logits_bias": out["logits_bias"]}
+
+
 def _dspark_moe_stage(run, *args, **kwargs):
     """v4_moe_stage -> dspark's moe.py::golden_moe: V4-Pro's, its module dividing the expert count by 16 at import
     (n_routed_experts // 16 * EP) where the others divide by 8."""
@@ -1243,7 +1257,9 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                         replace(ADAPTERS["v4_compress_and_publish"],
                                                 build=_dspark_compress_and_publish),
                                         Adapter("prefill_kv_allgather", FLASH_DSPARK, "prefill_kv_allgather",
-                                                "golden_prefill_kv_allgather", _prefill_kv_allgather)]),
+                                                "golden_prefill_kv_allgather", _prefill_kv_allgather),
+                                        Adapter("markov_head", FLASH_DSPARK, "markov_head", "golden_markov_head",
+                                                _markov_head)]),
                    "lookup_embedding": Adapter("lookup_embedding", FLASH_DSPARK, "lookup_embedding",
                                                "golden_lookup_embedding_test", _dspark_lookup_embedding)},
 }

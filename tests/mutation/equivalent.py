@@ -782,4 +782,7 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.cp_zigzag:cp_zigzag_tail_exchange:drop-call:window.unsqueeze(0).expand(cp, -1, -1).contiguous()[contiguous]->(skipped)#0': 'The expanded view holds the same values on every rank; contiguity is no part of the output.',
     'kernels.v4.kv_allgather:check_kv_allgather:binop:GROUP_CAP // tp[FloorDiv]->Div#0': '8192 is divisible by every compiled TP (1, 2, 4): the true quotient is the floor one.',
     'kernels.v4.kv_allgather:prefill_kv_allgather:drop-call:hidden_local.reshape(1, tp * local_t, d).expand(tp, -1, -...[contiguous]->(skipped)#0': 'The expanded view holds the same values on every rank; contiguity is no part of the output.',
+    'kernels.v4.markov_head:markov_head:name:int64->int32#0': 'Every id is checked to lie in [0, vocab) first, so its INT32 form is the same index.',
+    'kernels.v4.markov_head:markov_head:drop-call:token_ids.to(torch.int64)[to]->(skipped)#0': 'index_select takes INT32 or INT64 indices alike (the ids are 1-D INT32/INT64, checked).',
+    'kernels.v4.markov_head:markov_head:drop-call:embed.contiguous()[contiguous]->(skipped)#0': 'index_select already returns a contiguous tensor.',
 }
