@@ -547,6 +547,11 @@ V4_FLASH = replace(  # what V4-Flash changes of V4-Pro (the heads' widths, the M
 )
 V4_PRO_TINY = V4_PRO.tiny()
 V4_FLASH_TINY = V4_FLASH.tiny()
+# dspark's deployment of V4-Flash (models/deepseek_v4_flash_dspark/config.py): 16 requests x 8 tokens a step (its
+# MoE's 128 rows per rank), pages of 32, a ratio-4 state page of 2, and its pools; the model itself is V4-Flash
+V4_FLASH_DSPARK = replace(V4_FLASH, name="v4-flash-dspark", decode_batch=16, decode_seq=8, block_size=32,
+                          c4a_state_block_size=2, ori_pool=512, cmp_pool=256, idx_pool=256, hca_state_pool=256,
+                          csa_state_pool=260, csa_inner_state_pool=260)
 
 PRESETS: dict[str, V41Config | V4Config] = {
     "flash": FLASH,
@@ -555,6 +560,7 @@ PRESETS: dict[str, V41Config | V4Config] = {
     "v4-pro-tiny": V4_PRO_TINY,
     "v4-flash": V4_FLASH,
     "v4-flash-tiny": V4_FLASH_TINY,
+    "v4-flash-dspark": V4_FLASH_DSPARK,
 }
 
 

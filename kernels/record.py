@@ -27,7 +27,7 @@ Tensors = dict[str, torch.Tensor]
 
 # The geometries a case is built at: a config preset each (kernels.config), and the suffix of the case's name.
 GEOMETRIES = {"tiny": ("V4_PRO_TINY", ""), "pro": ("V4_PRO", "_pro"), "flash-tiny": ("V4_FLASH_TINY", "_flash_tiny"),
-              "v4-flash": ("V4_FLASH", "_v4_flash")}
+              "v4-flash": ("V4_FLASH", "_v4_flash"), "dspark": ("V4_FLASH_DSPARK", "_dspark")}
 # Upstream's model folders (pypto-lib main, and the V4.1-Flash tree read through the search tools).
 FOLDERS = ("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark")
 # --model: a folder, or a folder with one of its presets (V4-Pro's folder built for Flash, DEEPSEEK_V4_VARIANT=flash)

@@ -41,7 +41,7 @@ def test_each_geometry_names_its_cases_at_that_geometry():
     v4_flash = geometry_cases("v4-flash")
     assert "lookup_embedding_v4_flash" in v4_flash and all(n.endswith("_v4_flash") for n in v4_flash), v4_flash
     assert all(get_case(n).preset == "v4-flash" for n in v4_flash)
-    assert set(GEOMETRIES) == {"flash", "pro", "v4-flash"}
+    assert set(GEOMETRIES) == {"flash", "pro", "v4-flash", "dspark"}
 
 
 def test_the_sample_store_is_refused_and_only_cases_at_the_geometry_are_taken(tmp_path):

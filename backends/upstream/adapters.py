@@ -468,6 +468,7 @@ def _v4_qkv_proj_rope(run, x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, g
 
 COMPRESSOR_MODULES = {(4, True): "decode_compressor_ratio4", (128, False): "decode_compressor_ratio128"}
 ROPE_HEAD_DIM, CMP_PAGE, CMP_BLOCKS = 64, 128, 32  # V4's qk_rope_head_dim, compressed-cache page and pages (decode)
+DSPARK_CMP_PAGE = 32  # dspark's compressed-cache page (its BLOCK_SIZE)
 
 
 def _bf16_if_exact(t: torch.Tensor) -> torch.Tensor:
@@ -526,6 +527,9 @@ def _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, 
         "cmp_slot_mapping": torch.arange(b, dtype=torch.int64)[:, None].expand(b, s).contiguous(),
         "state_slot_mapping": state_slots,
         "kv": torch.zeros(b * s, d, dtype=torch.float32) if flat_tokens else torch.zeros(b, s, d, dtype=torch.float32)}
+    if flat_tokens:  # dspark's entries take positions and slot mappings token-major too ([T])
+        for name in ("position_ids", "cmp_slot_mapping", "state_slot_mapping"):
+            tensors[name] = tensors[name].reshape(-1).contiguous()
     module_globals = {"S": s, "B": b, "COMPRESS_STATE_BLOCK_SIZE": page, "HEAD_DIM": d, "OUT_DIM": coff * d,
                       "ROPE_HEAD_DIM": rd, "EPS": float(eps), "BLOCK_SIZE": cache_page, "D": int(x.shape[1])}
     got = run(tensors, {}, {}, module=module, module_globals=module_globals)
@@ -573,12 +577,15 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
     if steps is not None:  # the call is one decode step of the model's B requests x S tokens: one launch
         return _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, pool, weights, out, closes,
                                    ratio=ratio, coff=coff, eps=eps,
-                                   model_page=CMP_PAGE // int(ratio) if pages_per_ratio else CMP_PAGE,
+                                   model_page=(CMP_PAGE // int(ratio) if pages_per_ratio else
+                                               DSPARK_CMP_PAGE if flat_tokens else CMP_PAGE),
                                    flat_tokens=flat_tokens)
     # the rotated width and the compressed-cache page: the model's (64, 128) when the row is that wide, as a kernel
     # compiled at the model's geometry takes them; any even width is the identity rotation here
-    model_page = CMP_PAGE // int(ratio) if pages_per_ratio else CMP_PAGE
+    model_page = CMP_PAGE // int(ratio) if pages_per_ratio else DSPARK_CMP_PAGE if flat_tokens else CMP_PAGE
     rd, cache_page = (ROPE_HEAD_DIM, model_page) if d >= ROPE_HEAD_DIM else (2, 1)
+    one = (lambda v, dtype: torch.tensor([v], dtype=dtype)) if flat_tokens else \
+        (lambda v, dtype: torch.tensor([[v]], dtype=dtype))  # dspark's rows are token-major ([T])
     wkv_t, wgate_t = _bf16_if_exact(weights.wkv.float().t()), _bf16_if_exact(weights.wgate.float().t())
     module_globals = {"S": 1, "B": 1, "COMPRESS_STATE_BLOCK_SIZE": page, "HEAD_DIM": d, "OUT_DIM": coff * d,
                       "ROPE_HEAD_DIM": rd, "EPS": float(eps), "BLOCK_SIZE": cache_page, "D": int(x.shape[1])}
@@ -593,8 +600,8 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
                    "wkv": wkv_t, "wgate": wgate_t, "ape": weights.ape.float().clone(),
                    "norm_w": _bf16_if_exact(weights.norm), "cos": torch.ones(1, rd // 2), "sin": torch.zeros(1, rd // 2),
                    "cmp_kv_cache": torch.zeros(1, cache_page, 1, d, dtype=torch.bfloat16),
-                   "position_ids": torch.tensor([[p]], dtype=torch.int32),
-                   "cmp_slot_mapping": torch.tensor([[0]]), "state_slot_mapping": torch.tensor([[slot]]),
+                   "position_ids": one(p, torch.int32), "cmp_slot_mapping": one(0, torch.int64),
+                   "state_slot_mapping": one(slot, torch.int64),
                    "kv": torch.zeros(1, d, dtype=torch.float32) if flat_tokens else
                    torch.zeros(1, 1, d, dtype=torch.float32)}
         got = run(tensors, {}, {}, module=module, module_globals=module_globals)

@@ -278,7 +278,8 @@ def cases() -> dict[str, Case]:
 
 # Cases at a model's own geometry (goldens record --geometry NAME): trees of hundreds of MB, never in the sample
 # store. Their modules load when asked for, or when a store names one of their cases.
-GEOMETRIES = {"flash": "goldens.cases.flash", "pro": "goldens.cases.pro", "v4-flash": "goldens.cases.v4_flash"}
+GEOMETRIES = {"flash": "goldens.cases.flash", "pro": "goldens.cases.pro", "v4-flash": "goldens.cases.v4_flash",
+              "dspark": "goldens.cases.dspark"}
 
 
 def geometry_cases(geometry: str) -> list[str]:

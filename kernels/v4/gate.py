@@ -179,10 +179,12 @@ RECORD = Record(
     cases=(
         CaseSpec("v4_gate_hash", "V4 router on a hash layer (layer 0): ids from tid2eid by token id, 6 real rows and "
                  "the rest padding inside the tile, a zero row, a 1000x row and row 0's logit for expert 3 near 128 "
-                 "(routed there on both layers)", _gate_inputs("hash"), geometries=("tiny", "pro", "v4-flash")),
+                 "(routed there on both layers)", _gate_inputs("hash"),
+                 geometries=("tiny", "pro", "v4-flash", "dspark")),
         CaseSpec("v4_gate_scored", "V4 router on a scored layer: biased top-k, unbiased weights, 6 real rows and the "
                  "rest padding inside the tile, a zero row, a 1000x row and row 0's logit for expert 3 near 128 "
-                 "(routed there on both layers)", _gate_inputs("scored"), geometries=("tiny", "pro", "v4-flash")),
+                 "(routed there on both layers)", _gate_inputs("scored"),
+                 geometries=("tiny", "pro", "v4-flash", "dspark")),
     ),
     bad_calls=(
         BadCall("num_tokens past the rows", "v4_gate_scored", replaced(num_tokens=torch.tensor(17)), "num_tokens"),
