@@ -46,10 +46,23 @@ def _layout(name: str, a: torch.Tensor, e: torch.Tensor) -> CheckResult | None:
     return None
 
 
+def gate_codes(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """The gate's x_norm_i8 as upstream judges it: byte identity on the rows of the M-tiles the real rows occupy
+    (num_tokens rounded up to GATE_M_TILE, capped at T: padding rows inside them hold their codes); the rows past
+    them are never coded by the kernel and not judged."""
+    from kernels.v4.gate import GATE_M_TILE
+
+    n = int(ctx.inputs["num_tokens"])
+    tile = min(e.shape[0], -(-n // GATE_M_TILE) * GATE_M_TILE)
+    if a.shape != e.shape:
+        return exact(name, a, e, ctx)
+    return exact(name, a[:tile], e[:tile], ctx)
+
+
 def exact(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """Byte identity (metadata, masks, RoPE rows, slabs)."""
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     if a.numel() == 0:
         return passed("exact", "§7.3", 0)
@@ -71,7 +84,7 @@ def fp32_ulps(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Chec
     cancelled to near zero may move many of its own ulps. A changed rule moves far more (a rule that differs by
     one ulp is pinned by its contract, not here). Non-finite values must be identical."""
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     if a.numel() == 0:
         return passed("fp32_ulps", "§7.3", 0)
@@ -96,7 +109,7 @@ def qr_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Check
     chunked RMS): ratio_allclose(2.5e-5, 5e-3), the bound upstream judges it by; the INT8 codes it scales are
     judged exact on their own."""
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     atol, rtol = bounds.QR_SCALE_TOL
     return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, max_error_ratio=0.0, name=name)
@@ -113,7 +126,7 @@ def fp8_budget(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
 def masked_scores(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """Indexer scores: the -inf mask must match exactly; finite scores per row within the row rule."""
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     fa, fe = torch.isfinite(a), torch.isfinite(e)
     if not torch.equal(fa, fe):
@@ -133,7 +146,7 @@ def topk_validity(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> 
 def state_ring(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """Ring slots the reference did not touch stay byte-identical to the input; whole state within 0.5 %."""
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     before = ctx.inputs[name]
     rows = a.shape[0] * a.shape[1]
@@ -147,7 +160,7 @@ def cache_payload(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> 
     from kernels import quant  # the decoder of the stored format
 
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     rule = str(ctx.params["rule"])
     slots = ctx.inputs["slots"].to(torch.long)
@@ -173,7 +186,7 @@ def hc_mix(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
     """mHC coefficients: rows >= num_tokens exactly +0.0 (the zero tail, HC-11), the active rows within
     ratio_allclose(2.5e-5, 5e-3) (HC-07)."""
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     n = int(ctx.inputs["num_tokens"]) if "num_tokens" in ctx.inputs else a.shape[0]
     tail = a[n:].reshape(-1)
@@ -190,7 +203,7 @@ def hc_mix(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
 def hc_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """mHC collapsed / expanded / head outputs: ratio_allclose(1e-4, 1/128) (HC-08)."""
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     atol, rtol = bounds.HC_OUT_TOL
     return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol, name=name)
@@ -200,7 +213,7 @@ def engram(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
     """Engram output (HC-14): ratio_allclose(1e-3, 1e-2); a stack of TP ranks must hold the same output on
     every rank (bitwise) and each is judged."""
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     atol, rtol = bounds.ENGRAM_TOL
     if ctx.wiring == "sharded":
@@ -214,7 +227,7 @@ def bf16_stage(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
     """A BF16-ending stage (the collapsed attention input): ratio_allclose(1e-4, 1/128), then every token row
     within 2^-8 relative L2 (AP-14)."""
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     return precision.check_bf16_stage(a.float(), e.float(), name=name)
 
@@ -239,7 +252,7 @@ def gate_ids(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Check
     from contracts.checks.moe import check_gate_ids
 
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     _scores, biased = _router_scores(ctx)
     counts = ctx.inputs["num_tokens"].tolist()
@@ -253,7 +266,7 @@ def gate_weights(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> C
     from kernels.config import preset
 
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     scores, _biased = _router_scores(ctx)
     ids = ctx.actual_outputs.get("ids", ctx.expected_outputs["ids"])
@@ -269,7 +282,7 @@ def moe_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckR
     from contracts.checks.moe import check_moe_rows
 
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     counts = ctx.inputs["num_tokens"].tolist()
     return first_failure([check_moe_rows(a[r], e[r], n, name=f"{name}.rank{r}") for r, n in enumerate(counts)])
@@ -282,7 +295,7 @@ def recv_y(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
     from contracts.checks.moe import check_recv_y
 
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     got = ctx.actual_outputs.get("recv_expert_count")
     want = ctx.expected_outputs["recv_expert_count"]
@@ -295,7 +308,7 @@ def recv_y(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
 def logits(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """LM-head logits, full [T, V] or vocab shards [tp, T, V/tp]: every element within 1e-3 + 1e-3·|e| (AP-17)."""
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     if a.ndim == 3:  # shards in rank order
         tp = a.shape[0]
@@ -331,7 +344,7 @@ def ffn_input(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Chec
     from kernels.reference.mhc import hc_pre
 
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     want = hc_pre(ctx.actual_outputs["attention_hidden"], _block_attention_mixes(ctx).pre)
     atol, rtol = bounds.HC_OUT_TOL
@@ -350,7 +363,7 @@ def attention_forced(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) 
     from kernels.reference.mhc import hc_post
 
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     i, p = ctx.inputs, ctx.params
     config = preset(str(p.get("preset", "flash-tiny")))
@@ -424,7 +437,7 @@ def attn_out_v4(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Ch
     value on the other side of its rounding can do through the INT8 latent codes, and nothing else
     (contracts.checks.quant_ties.attention_output_slack): at that width one such value moves whole rows."""
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     atol, rtol = bounds.V4_ATTN_OUT_TOL
     if ctx is None or "path" not in ctx.params:
@@ -505,7 +518,7 @@ def v4_prefill_mtp_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context
     """A V4 prefill MTP output [T, ...] (§8): the first ``num_tokens`` token rows within upstream's
     ratio_reldiff(0.02, 5 %) and the padding rows exactly 0 (the zero tail the stages leave)."""
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     diff_thd, pct_thd = bounds.V4_PREFILL_MTP_RELDIFF
     return precision.check_ratio_reldiff(a, e, diff_thd=diff_thd, pct_thd=pct_thd,
@@ -525,7 +538,7 @@ def mtp_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckR
     from kernels.v4.mtp import _rms, quantize_rows_int8
 
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     missing = [k for k in MTP_OUT_INPUTS if k not in ctx.inputs]
     if missing:
@@ -572,7 +585,7 @@ def rms_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Chec
     D 7168); at D 64 the bound is 16 ulps, and a rule change (a mean over D - 1, a missing eps) is pinned by the
     tiny contracts, where it moves the scale far more."""
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     if "x_mixed" not in ctx.inputs:
         return failed("rms_scale", "§8", a.numel(), a.numel(),
@@ -605,7 +618,7 @@ def q_bf16(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckRe
     from kernels.v4.qkv_proj import q_before_rounding
 
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     missing = [k for k in Q_BF16_INPUTS if k not in ctx.inputs] + \
         [k for k in ("qr", "qr_scale") if k not in ctx.expected_outputs]
@@ -649,7 +662,7 @@ def norm_bf16(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Chec
     from kernels.reference.compressor import rms_norm
 
     bad = _layout(name, a, e)
-    if bad:
+    if bad is not None:
         return bad
     missing = [k for k in ("hidden", "weight") if k not in ctx.inputs]
     if missing:
@@ -669,7 +682,7 @@ def v4_kv_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
 
 
 COMPARATORS: dict[str, Comparator] = {
-    "exact": exact, "fp32_ulps": fp32_ulps, "norm_bf16": norm_bf16, "qr_scale": qr_scale, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
+    "exact": exact, "gate_codes": gate_codes, "fp32_ulps": fp32_ulps, "norm_bf16": norm_bf16, "qr_scale": qr_scale, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
     "cache_scale": cache_scale, "half_layer": half_layer, "hc_mix": hc_mix, "hc_out": hc_out, "bf16_stage": bf16_stage, "engram": engram, "recv_y": recv_y,
     "gate_ids": gate_ids, "gate_weights": gate_weights, "moe_out": moe_out, "logits": logits, "greedy": greedy,

@@ -308,3 +308,65 @@ def test_a_reused_selection_is_judged_byte_for_byte_and_by_layout():
     sel[0, 0] += 1
     r = judge(dict(expected, topk_indices=sel))
     assert not r.ok and "topk_indices" in r.message(), r.message()
+
+
+def test_gate_codes_judges_the_real_rows_tiles_and_nothing_past_them():
+    """``gate_codes`` (x_norm_i8 at dspark's 128 rows): 6 real rows make one 16-row M-tile. A code off by one
+    inside it (a real row, and a padding row of the tile) fails; rows past the tile left 0 (the kernel never codes
+    them) pass; another dtype or shape fails naming the layout."""
+    from contracts.compare import Context, compare_all
+
+    expected = torch.randint(-127, 128, (128, 8), dtype=torch.int8, generator=torch.Generator().manual_seed(3))
+    inputs = {"num_tokens": torch.tensor(6)}
+
+    def judge(actual):
+        return compare_all({"x_norm_i8": "gate_codes"}, Context(inputs, {"x_norm_i8": actual},
+                                                                 {"x_norm_i8": expected}, {}, "replicated"))["x_norm_i8"]
+
+    past = expected.clone()
+    past[16:] = 0
+    assert judge(past).ok, judge(past).message()
+    for row in (2, 15):  # a real row, a padding row inside the tile
+        wrong = past.clone()
+        wrong[row, 0] = wrong[row, 0] + (1 if wrong[row, 0] < 127 else -1)
+        r = judge(wrong)
+        assert not r.ok and f"[{row}]" in r.message(), r.message()
+    for bad in (past.to(torch.int32), past[:, :-1]):
+        r = judge(bad)
+        assert not r.ok and ("layout" in r.message() or "shape" in r.message()), r.message()
+
+
+def _layout_first_comparators():
+    """The library comparators whose first step is the layout check (``bad = _layout(name, a, e)``)."""
+    import inspect
+
+    from contracts import compare
+
+    out = []
+    for name, fn in sorted(compare.COMPARATORS.items()):
+        body = inspect.getsource(fn).split('"""')[-1] if '"""' in inspect.getsource(fn) else inspect.getsource(fn)
+        if body.strip().startswith("bad = _layout(name, a, e)"):
+            out.append(name)
+    return out
+
+
+@pytest.mark.parametrize("comparator", _layout_first_comparators())
+@pytest.mark.parametrize("wrong", ["dtype", "shape"])
+def test_each_layout_checking_comparator_fails_a_wrong_layout_by_name(comparator, wrong):
+    """Fed an actual output of another dtype or shape than the expected one, each comparator that starts with the
+    layout check returns a failure naming the layout -- not an exception from the arithmetic after it. (Found
+    2026-12-03: ``if bad:`` on a failed CheckResult is false, so the check was passed over and a wrong layout
+    raised inside the comparison.)"""
+    from contracts.compare import Context, compare_all
+
+    expected = torch.zeros(4, 8)
+    actual = expected.double() if wrong == "dtype" else expected[:, :-1].clone()
+    ctx = Context({}, {"out": actual}, {"out": expected}, {}, "replicated")
+    r = compare_all({"out": comparator}, ctx)["out"]
+    assert not r.ok and "layout" in r.message(), f"{comparator} on a wrong {wrong}: {r.message()}"
+
+
+def test_the_layout_first_list_is_not_empty():
+    """The parametrization above found the comparators it is meant for (exact among them)."""
+    names = _layout_first_comparators()
+    assert "exact" in names and len(names) >= 10, names

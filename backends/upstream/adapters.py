@@ -923,9 +923,9 @@ def _v4_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, 
                        inner_state_slot_mapping=torch.full((tokens,), -1, dtype=torch.int64),
                        score=torch.zeros(tokens, width), topk_idxs=torch.zeros(tokens, width, dtype=torch.int32))
         module_globals["D"] = d
-        # dspark's inner compressor pages its state by 2 positions: a table as wide as every position (unmapped)
+        # dspark's inner compressor pages its state by 2 positions: a table of that many pages (unmapped)
         tensors["inner_compress_state_block_table"] = torch.full(
-            (b, max(config.kernel_max_seq_len, int(position_ids.max()) + 2)), -1, dtype=torch.int32)
+            (b, max(config.kernel_max_seq_len // 2, int(position_ids.max()) // 2 + 2)), -1, dtype=torch.int32)
     if flash_pages:
         page = max(1, int(idx_kv_cache.shape[1]) // 4)
         cache, scale, table = _repage(tensors["idx_kv_cache"], tensors["idx_kv_scale"], tensors["idx_block_table"],

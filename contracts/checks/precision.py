@@ -625,6 +625,7 @@ def _tol(pair: tuple[float, float]) -> dict[str, float]:
 
 BOUNDS = (
     Bound("exact", "byte identity"),
+    Bound("gate_codes", "byte identity on the rows of the real rows' 16-row M-tiles (upstream's gate_active_rows)"),
     Bound("cache_scale", "byte identity, published rows and untouched rows alike"),
     Bound("greedy", "the first maximum of the backend's own logits, exactly"),
     Bound("fp32_ulps", "|a - e| <= ulps x the ulp of the row's largest |e|; non-finite values identical",

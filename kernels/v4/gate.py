@@ -175,7 +175,9 @@ RECORD = Record(
     # exact where one rule gives one byte pattern; fp32_ulps where upstream sums the RMS and the weight
     # normalisation in another FP32 order
     outputs={"x_norm_i8": "exact", "x_norm_scale": "fp32_ulps", "indices": "exact", "weights": "fp32_ulps"},
-    outputs_at={g: {"x_norm_scale": "rms_scale"} for g in ("pro", "v4-flash")},  # a D-term FP32 sum of squares in the kernel's order
+    outputs_at={**{g: {"x_norm_scale": "rms_scale"} for g in ("pro", "v4-flash")},
+                # 128 rows: the kernel codes only the real rows' M-tiles (upstream's comparator checks those)
+                "dspark": {"x_norm_scale": "rms_scale", "x_norm_i8": "gate_codes"}},  # a D-term FP32 sum of squares in the kernel's order
     cases=(
         CaseSpec("v4_gate_hash", "V4 router on a hash layer (layer 0): ids from tid2eid by token id, 6 real rows and "
                  "the rest padding inside the tile, a zero row, a 1000x row and row 0's logit for expert 3 near 128 "

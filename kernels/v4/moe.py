@@ -281,7 +281,7 @@ EXPERT_RECORD = Record(
                     "row of zero codes", _expert_inputs(True)),
            CaseSpec("v4_expert_shared", "V4 shared expert (no routing weight), a row of zero codes (at Pro: D 7168, "
                     "inter 3072, the 8 rows expert_shared_test takes)", _expert_inputs(False),
-                    geometries=("tiny", "pro", "v4-flash"))),
+                    geometries=("tiny", "pro", "v4-flash", "dspark"))),
     bad_calls=(BadCall("x_scale of another row count", "v4_expert_shared",
                        replaced(x_scale=lambda i: i["x_scale"][:-1]), "x_scale"),
                BadCall("w2 of another width", "v4_expert_routed", replaced(w2=lambda i: i["w2"][:, :-1]), "w2")),
