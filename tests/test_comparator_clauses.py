@@ -342,12 +342,8 @@ def _layout_first_comparators():
 
     from contracts import compare
 
-    out = []
-    for name, fn in sorted(compare.COMPARATORS.items()):
-        body = inspect.getsource(fn).split('"""')[-1] if '"""' in inspect.getsource(fn) else inspect.getsource(fn)
-        if body.strip().startswith("bad = _layout(name, a, e)"):
-            out.append(name)
-    return out
+    return [name for name, fn in sorted(compare.COMPARATORS.items())
+            if inspect.getsource(fn).split('"""')[-1].strip().startswith("bad = _layout(name, a, e)")]
 
 
 @pytest.mark.parametrize("comparator", _layout_first_comparators())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
@@ -146,10 +147,6 @@ def _hc_head_fused(run, x_hc, fn, scale, base, *, config, ops=None, split_chunks
     tiles = {"LINEAR_K_CHUNK": min(256, hc * d // 8)} if split_chunks else {}
     out = run(tensors, fields, {}, module_globals={"T": tokens, **tiles})
     return {"y": out["y"]}
-
-
-def _flash_hc_head_fused(run, *args, **kwargs):
-    return _hc_head_fused(run, *args, split_chunks=False, **kwargs)
 
 
 def _v4_embed_pack(run, input_ids, embed_weight, *, config):
@@ -573,16 +570,14 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
     pool = state_pool.clone()
     out = torch.zeros(x.shape[0], d, dtype=torch.float32)
     closes = torch.zeros(x.shape[0], dtype=torch.bool)
+    # the folder's compressed-cache page at the model's geometry: V4-Pro's 128, Flash-MTP's 128 / ratio, dspark's 32
+    model_page = CMP_PAGE // int(ratio) if pages_per_ratio else DSPARK_CMP_PAGE if flat_tokens else CMP_PAGE
     steps = _decode_step(position_ids, token_to_req)
     if steps is not None:  # the call is one decode step of the model's B requests x S tokens: one launch
         return _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, pool, weights, out, closes,
-                                   ratio=ratio, coff=coff, eps=eps,
-                                   model_page=(CMP_PAGE // int(ratio) if pages_per_ratio else
-                                               DSPARK_CMP_PAGE if flat_tokens else CMP_PAGE),
-                                   flat_tokens=flat_tokens)
-    # the rotated width and the compressed-cache page: the model's (64, 128) when the row is that wide, as a kernel
-    # compiled at the model's geometry takes them; any even width is the identity rotation here
-    model_page = CMP_PAGE // int(ratio) if pages_per_ratio else DSPARK_CMP_PAGE if flat_tokens else CMP_PAGE
+                                   ratio=ratio, coff=coff, eps=eps, model_page=model_page, flat_tokens=flat_tokens)
+    # the rotated width and the compressed-cache page: the model's (64, model_page) when the row is that wide, as a
+    # kernel compiled at the model's geometry takes them; any even width is the identity rotation here
     rd, cache_page = (ROPE_HEAD_DIM, model_page) if d >= ROPE_HEAD_DIM else (2, 1)
     one = (lambda v, dtype: torch.tensor([v], dtype=dtype)) if flat_tokens else \
         (lambda v, dtype: torch.tensor([[v]], dtype=dtype))  # dspark's rows are token-major ([T])
@@ -752,12 +747,6 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
               module_globals={"ORI_BLOCK_NUM": int(ori_kv.shape[0])} if path == "SWA" else
               {"CMP_STORAGE_BLOCK_SIZE": int(tensors["cmp_kv"].shape[1])} if own_cmp_page and path == "CSA" else None)
     return out["attn_out"]
-
-
-def _flash_attention(run, *args, **kwargs):
-    """v4_attention -> the Flash folders' decode_sparse_attn_{csa,hca,swa}.py::golden_sparse_attn: V4-Pro's, with
-    the compressed cache paged at its own page (CMP_STORAGE_BLOCK_SIZE = 128 / ratio rows per page)."""
-    return _v4_attention(run, *args, own_cmp_page=True, **kwargs)
 
 
 def _check_swa_stage(position_ids, freqs_cos, kv_cache, swa_slot_mapping, *, tokens, num_tokens=None) -> None:
@@ -939,17 +928,6 @@ def _v4_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, 
                                                   "BLOCK_SIZE": int(idx_kv_cache.shape[1])},
               module_globals=module_globals)
     return {"score": out["score"].reshape(tokens, width), "topk_idxs": out["topk_idxs"].reshape(tokens, width)}
-
-
-def _flash_indexer(run, *args, **kwargs):
-    """v4_indexer -> the Flash folders' decode_indexer.py::golden_indexer: V4-Pro's, the index cache paged by the
-    32 keys of one 128-token block (REDUCE_TILE)."""
-    return _v4_indexer(run, *args, flash_pages=True, **kwargs)
-
-
-def _dspark_indexer(run, *args, **kwargs):
-    """v4_indexer -> dspark's decode_indexer.py::golden_indexer: V4-Pro's pages, token-major rows."""
-    return _v4_indexer(run, *args, flat_tokens=True, **kwargs)
 
 
 def _v4_decode_metadata(run, starts, ori_table, cmp_tables, state_tables, *, config, commit_tokens=None):
@@ -1161,12 +1139,6 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
 )}
 
 
-def _flash_compressor(run, *args, **kwargs):
-    """v4_compressor -> the Flash folders' decode compressor goldens: V4-Pro's, with a compressed-cache page of
-    128 / ratio rows (CMP_STORAGE_BLOCK_SIZE), the page the Flash entries are compiled for."""
-    return _v4_compressor(run, *args, pages_per_ratio=True, **kwargs)
-
-
 def _prefill_kv_allgather(run, hidden_local):
     """prefill_kv_allgather -> dspark's prefill_kv_allgather.py::golden_prefill_kv_allgather: the call's slabs as
     hidden_local [tp, local_t, D]; group_out [tp, tp * local_t, D]."""
@@ -1195,25 +1167,6 @@ def _markov_head(run, token_ids, markov_w1, markov_w2):
     return {"markov_embed": out["markov_embed"], "logits_bias": out["logits_bias"]}
 
 
-def _dspark_moe_stage(run, *args, **kwargs):
-    """v4_moe_stage -> dspark's moe.py::golden_moe: V4-Pro's, its module dividing the expert count by 16 at import
-    (n_routed_experts // 16 * EP) where the others divide by 8."""
-    return _v4_moe_stage(run, *args, preset_world=16, **kwargs)
-
-
-def _flash_compress_and_publish(run, *args, **kwargs):
-    return _v4_compress_and_publish(run, *args, pages_per_ratio=True, **kwargs)
-
-
-def _dspark_compress_and_publish(run, *args, **kwargs):
-    return _v4_compress_and_publish(run, *args, flat_tokens=True, **kwargs)
-
-
-def _dspark_compressor(run, *args, **kwargs):
-    """v4_compressor -> dspark's decode compressor goldens: V4-Pro's, with token-major x and kv ([B * S, ...])."""
-    return _v4_compressor(run, *args, flat_tokens=True, **kwargs)
-
-
 # The Flash folders renamed some of V4-Pro's modules (same golden function inside)
 FLASH_RENAMES: tuple[tuple[str, str], ...] = (
     ("decode_sparse_attn", "decode_sparse_attn_csa"), ("decode_attention_swa", "decode_swa"),
@@ -1237,32 +1190,40 @@ def _flash_gate(run, *args, **kwargs):
     return _gate(run, *args, golden_rule="rounded-reciprocal", **kwargs)
 
 
+def _laid_out(name: str, **layout) -> Adapter:
+    """V4-Pro's adapter of ``name`` with one of the folders' layouts (its build's keyword arguments)."""
+    pro = ADAPTERS[name]
+    return replace(pro, build=partial(pro.build, **layout))
+
+
 # V4-Pro's adapters whose goldens the Flash folders share (every contract of theirs passes on both Flash folders on
-# 634e77bd); mtp_projection is Flash-MTP's alone (dspark has no mtp_projection.py), and so are v4_compressor and
-# v4_moe_stage for now (dspark's compressor golden reads a module-level batch and hidden size, its moe golden a
-# module-level EP layout: not yet re-targeted at the tiny presets). v4_expert: its contracts pass,
-# though the Flash expert golden dequantizes the weights before an FP32 matmul, a BF16 ulp off V4-Pro's exact INT32
-# accumulate at some ties (docs/upstream.md, disagreement 15: V4-Pro's up- trees are not judged on a Flash folder).
-# Not yet: v4_qkv_proj_rope (its golden differs), lm_head (its golden's DP layout).
+# 634e77bd), hc_head with the Flash goldens' sliced tiles (split_chunks=False); mtp_projection is Flash-MTP's alone
+# (dspark has no mtp_projection.py). v4_expert: its contracts pass, though the Flash expert golden dequantizes the
+# weights before an FP32 matmul, a BF16 ulp off V4-Pro's exact INT32 accumulate at some ties (docs/upstream.md,
+# disagreement 15: V4-Pro's up- trees are not judged on a Flash folder). Not yet: v4_qkv_proj_rope (its golden
+# differs), lm_head (its golden's DP layout).
 _FLASH_SHARED: list[Adapter] = [*(ADAPTERS[n] for n in ("hc_post", "final_norm", "v4_expert", "hc_pre_fused")),
-                                replace(ADAPTERS["hc_head_fused"], build=_flash_hc_head_fused)]
+                                _laid_out("hc_head_fused", split_chunks=False)]
 _FLASH_OWN = [Adapter("lookup_embedding", FLASH_MTP, "lookup_embedding", "golden_lookup_embedding_test",
                       _lookup_embedding),
               Adapter("v4_gate", FLASH_MTP, "gate", "golden_gate_core", _flash_gate)]
 BY_FOLDER: dict[str, dict[str, Adapter]] = {
     PRO: dict(ADAPTERS),
+    # Flash-MTP pages its compressed and index caches by the rows of one 128-token block (disagreement 17): the
+    # compressor's and its publication's page 128 / ratio, the attention's own compressed page, the indexer's 32 keys
     FLASH_MTP: _in(FLASH_MTP, [*_FLASH_SHARED, *(ADAPTERS[n] for n in ("mtp_projection", "v4_moe_stage")),
-                               replace(ADAPTERS["v4_compressor"], build=_flash_compressor),
-                               replace(ADAPTERS["v4_attention"], build=_flash_attention),
-                               replace(ADAPTERS["v4_indexer"], build=_flash_indexer),
-                               replace(ADAPTERS["v4_compress_and_publish"], build=_flash_compress_and_publish),
+                               _laid_out("v4_compressor", pages_per_ratio=True),
+                               _laid_out("v4_attention", own_cmp_page=True),
+                               _laid_out("v4_indexer", flash_pages=True),
+                               _laid_out("v4_compress_and_publish", pages_per_ratio=True),
                                *_FLASH_OWN]),
+    # dspark keeps V4-Pro's pages (its own page of 32 on the device) and takes its rows token-major; its moe.py
+    # divides the expert count by 16 at import
     FLASH_DSPARK: {**_in(FLASH_DSPARK, [*_FLASH_SHARED, *_FLASH_OWN,
-                                        replace(ADAPTERS["v4_compressor"], build=_dspark_compressor),
-                                        replace(ADAPTERS["v4_moe_stage"], build=_dspark_moe_stage),
-                                        replace(ADAPTERS["v4_indexer"], build=_dspark_indexer),
-                                        replace(ADAPTERS["v4_compress_and_publish"],
-                                                build=_dspark_compress_and_publish),
+                                        _laid_out("v4_compressor", flat_tokens=True),
+                                        _laid_out("v4_moe_stage", preset_world=16),
+                                        _laid_out("v4_indexer", flat_tokens=True),
+                                        _laid_out("v4_compress_and_publish", flat_tokens=True),
                                         Adapter("prefill_kv_allgather", FLASH_DSPARK, "prefill_kv_allgather",
                                                 "golden_prefill_kv_allgather", _prefill_kv_allgather),
                                         Adapter("markov_head", FLASH_DSPARK, "markov_head", "golden_markov_head",

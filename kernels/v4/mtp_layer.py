@@ -29,6 +29,7 @@ import torch
 
 from kernels.errors import ContractInputError, is_int
 from kernels.operators import operator
+from kernels.record import BadCall, CaseSpec, Record, generator, in_all_folders, replaced
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-mtp-layer-1"
@@ -174,8 +175,6 @@ v4_prefill_mtp_layer.composes_operators = True
 def _hc_head_fused_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
     """The decode step's rows of 4 FP32 streams (one 8x larger, one 1/8), a head function ~ N(0, 1/hc·D), scale and
     base ~ N(0, 1): the final collapse on a real head mix."""
-    from kernels.record import generator
-
     g = generator(seed)
     hc, d, t = config.hc_mult, config.hidden_size, config.decode_tokens
     x = torch.randn(t, hc, d, generator=g)
@@ -185,20 +184,14 @@ def _hc_head_fused_inputs(seed: int, wiring: str, config) -> dict[str, torch.Ten
             "scale": torch.randn(1, generator=g), "base": torch.randn(hc, generator=g)}
 
 
-def _hc_head_fused_record():
-    from kernels.record import BadCall, CaseSpec, Record, in_all_folders, replaced
-
-    return Record(
-        operator="hc_head_fused",
-        call=lambda fn, i, config: dict(fn(i["x_hc"], i["fn"], i["scale"], i["base"], config=config)),
-        outputs={"y": "hc_out"},
-        cases=(CaseSpec("hc_head_fused", "the final collapse in one call (v4_head_mix then hc_head, as upstream's "
-                        "hc_head.py): 4 FP32 streams of a decode step, a real head mix", _hc_head_fused_inputs,
-                        geometries=("flash-tiny", "v4-flash")),),
-        bad_calls=(BadCall("a head base per stream missing", "hc_head_fused",
-                           replaced(base=lambda i: i["base"][:-1]), "head fn/scale/base"),),
-        bindings=in_all_folders(golden="hc_head.py::golden_hc_head", entry="hc_head.py::hc_head_test"),
-    )
-
-
-HC_HEAD_FUSED_RECORD = _hc_head_fused_record()
+HC_HEAD_FUSED_RECORD = Record(
+    operator="hc_head_fused",
+    call=lambda fn, i, config: dict(fn(i["x_hc"], i["fn"], i["scale"], i["base"], config=config)),
+    outputs={"y": "hc_out"},
+    cases=(CaseSpec("hc_head_fused", "the final collapse in one call (v4_head_mix then hc_head, as upstream's "
+                    "hc_head.py): 4 FP32 streams of a decode step, a real head mix", _hc_head_fused_inputs,
+                    geometries=("flash-tiny", "v4-flash")),),
+    bad_calls=(BadCall("a head base per stream missing", "hc_head_fused", replaced(base=lambda i: i["base"][:-1]),
+                       "head fn/scale/base"),),
+    bindings=in_all_folders(golden="hc_head.py::golden_hc_head", entry="hc_head.py::hc_head_test"),
+)
