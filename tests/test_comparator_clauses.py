@@ -312,11 +312,12 @@ def test_a_reused_selection_is_judged_byte_for_byte_and_by_layout():
 
 def test_gate_codes_judges_the_real_rows_tiles_and_nothing_past_them():
     """``gate_codes`` (x_norm_i8 at dspark's 128 rows): 6 real rows make one 16-row M-tile. A code off by one
-    inside it (a real row, and a padding row of the tile) fails; rows past the tile left 0 (the kernel never codes
-    them) pass; another dtype or shape fails naming the layout."""
+    inside it (a real row, a padding row of the tile, a row of zero codes), or two of its rows exchanged, fails; rows
+    past the tile left 0 (the kernel never codes them) pass; another dtype or shape fails naming the layout."""
     from contracts.compare import Context, compare_all
 
     expected = torch.randint(-127, 128, (128, 8), dtype=torch.int8, generator=torch.Generator().manual_seed(3))
+    expected[5] = 0  # a real row of zero codes (the low-magnitude case below)
     inputs = {"num_tokens": torch.tensor(6)}
 
     def judge(actual):
@@ -329,6 +330,14 @@ def test_gate_codes_judges_the_real_rows_tiles_and_nothing_past_them():
     for row in (2, 15):  # a real row, a padding row inside the tile
         wrong = past.clone()
         wrong[row, 0] = wrong[row, 0] + (1 if wrong[row, 0] < 127 else -1)
+        r = judge(wrong)
+        assert not r.ok and f"[{row}]" in r.message(), r.message()
+    swapped = past.clone()  # an order-only difference: two rows of the tile exchanged
+    swapped[[3, 4]] = past[[4, 3]]
+    small = past.clone()  # a low-magnitude row off by one code
+    small[5] = 0
+    small[5, 7] = 1
+    for wrong, row in ((swapped, 3), (small, 5)):
         r = judge(wrong)
         assert not r.ok and f"[{row}]" in r.message(), r.message()
     for bad in (past.to(torch.int32), past[:, :-1]):
