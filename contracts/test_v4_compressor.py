@@ -367,13 +367,12 @@ def test_the_published_row_is_the_compressed_row_rotated_at_the_window_start(bac
 
 
 def _publish_conjugate(x, position_ids, token_to_req, state_block_table, state_pool, weights, cmp_slot_mapping,
-                       cmp_pool, rope_cos, rope_sin, *, ratio, overlap, eps=1e-6, ops=None):
+                       cmp_pool, rope_cos, rope_sin, *, ratio, overlap, ops=None):
     """A compressor that publishes its row rotated the other way (sin negated)."""
     from kernels.v4.compressor import v4_compress_and_publish
 
     return v4_compress_and_publish(x, position_ids, token_to_req, state_block_table, state_pool, weights,
-                                   cmp_slot_mapping, cmp_pool, rope_cos, -rope_sin, ratio=ratio, overlap=overlap,
-                                   eps=eps)
+                                   cmp_slot_mapping, cmp_pool, rope_cos, -rope_sin, ratio=ratio, overlap=overlap)
 
 
 # defects of tests/defects these contracts must catch (shared with other contract files)

@@ -177,15 +177,14 @@ def v4_publish_compressed(compressed: torch.Tensor, closes: torch.Tensor, positi
 def v4_compress_and_publish(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: torch.Tensor,
                             state_block_table: torch.Tensor, state_pool: torch.Tensor, weights: V4CompressorWeights,
                             cmp_slot_mapping: torch.Tensor, cmp_pool: torch.Tensor, rope_cos: torch.Tensor,
-                            rope_sin: torch.Tensor, *, ratio: int, overlap: bool, eps: float = 1e-6,
-                            ops=None) -> dict[str, torch.Tensor]:
+                            rope_sin: torch.Tensor, *, ratio: int, overlap: bool, ops=None) -> dict[str, torch.Tensor]:
     """The decode compressor as upstream's goldens run it: pool, normalise, rotate and publish in one (its
     compressed rows are not an output: upstream's carry the rotation). Spec: §8."""
     ops = ops or {}
     compress = ops.get("v4_compressor", v4_compressor)
     publish = ops.get("v4_publish_compressed", v4_publish_compressed)
     out, closes, pool = compress(x, position_ids, token_to_req, state_block_table, state_pool, weights, ratio=ratio,
-                                 overlap=overlap, eps=eps)
+                                 overlap=overlap)  # the compressor's own epsilon
     new = publish(out, closes, position_ids, cmp_slot_mapping, cmp_pool, rope_cos, rope_sin, ratio=ratio)
     return {"closes": closes, "state_pool": pool, "cmp_pool": new}
 

@@ -785,4 +785,7 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.markov_head:markov_head:name:int64->int32#0': 'Every id is checked to lie in [0, vocab) first, so its INT32 form is the same index.',
     'kernels.v4.markov_head:markov_head:drop-call:token_ids.to(torch.int64)[to]->(skipped)#0': 'index_select takes INT32 or INT64 indices alike (the ids are 1-D INT32/INT64, checked).',
     'kernels.v4.markov_head:markov_head:drop-call:embed.contiguous()[contiguous]->(skipped)#0': 'index_select already returns a contiguous tensor.',
+    'kernels.reference.mhc:hc_pre_fused:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
+    'kernels.v4.compressor:v4_compress_and_publish:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
+    'kernels.v4.mtp_layer:hc_head_fused:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
 }
