@@ -31,20 +31,28 @@ CASES = [(4, 0, 16), (4, 9, 16), (128, 120, 16)]
 IDS = ["ratio4-from-0", "ratio4-mid", "ratio128"]
 
 
-def _call(backend, i, ratio, **over):
+def _call(backend, i, ratio, rule=None, **over):
     i = {**i, **over}
     w = V4CompressorWeights(i["wkv"], i["wgate"], i["ape"], i["norm"])
     return op(backend, "v4_prefill_compressor")(
         i["x"], i["position_ids"], int(i["num_tokens"]), i["state_block_table"], i["state_pool"], w,
         i["cmp_slot_mapping"], i["state_slot_mapping"], i["cmp_pool"], i["rope_cos"], i["rope_sin"], ratio=ratio,
-        rope_head_dim=i.get("rope_head_dim", PREFILL_COMPRESSOR_ROPE))
+        rope_head_dim=i.get("rope_head_dim", PREFILL_COMPRESSOR_ROPE), **({} if rule is None else
+                                                                          {"unpersisted": rule}))
 
 
-def _independent(i, ratio):
+def _unpersisted_rule(backend) -> str:
+    """The rule for a row whose state mapping is -1 the backend follows by name ("pooled": V4-Pro's and Flash-MTP's
+    goldens, the reference's default; "state": dspark's goldens read the window back after the scatter)."""
+    return getattr(backend, "variants", {}).get("v4_prefill_compressor", {}).get("unpersisted", "pooled")
+
+
+def _independent(i, ratio, read_back=()):
     """Upstream's golden, written apart in FP64: each real row's projections; for each closing real row the
     window's positions (before 0: no part) from the chunk or, before it, from the state pool through the table;
     softmax per channel; RMS-normalised times the weight; rotated at the window start; BF16 once. State rows
-    written where state_slot_mapping says."""
+    written where state_slot_mapping says. Positions in ``read_back`` are read from the state pool even inside
+    the chunk (the "state" rule for an unpersisted row)."""
     overlap, d = ratio == 4, i["norm"].shape[0]
     start, real = int(i["position_ids"][0]), int(i["num_tokens"])
     page = i["state_pool"].shape[1]
@@ -54,7 +62,7 @@ def _independent(i, ratio):
     w = kv.shape[1]
 
     def row(q):  # [kv | score] of position q
-        if start <= q < start + real:
+        if start <= q < start + real and q not in read_back:
             return torch.cat((kv[q - start], score[q - start] + i["ape"][q % ratio].double()))
         return flat_state[int(i["state_block_table"][q // page]) * page + q % page]
 
@@ -149,25 +157,44 @@ def test_padding_rows_are_never_read_or_written(backend):
 
 
 @pytest.mark.operators("v4_prefill_compressor")
-def test_an_unpersisted_row_is_pooled_but_leaves_its_state_row(backend):
-    """state_slot_mapping -1 on the row that closes a window: its projection still takes part in the window
-    (the compressed row equals the persisted run's) and its state row keeps its bytes (upstream's ratio-4
-    kernel pools the chunk's own projections). Spec: §8."""
+def test_an_unpersisted_row_leaves_its_state_row_and_is_pooled_by_the_named_rule(backend):
+    """state_slot_mapping -1 on the row that closes a window: its state row keeps its bytes under either rule.
+    "pooled" (V4-Pro's and Flash-MTP's ratio-4 goldens): its projection still takes part in the window (the
+    compressed row equals the persisted run's). "state" (dspark's goldens scatter first and read the window back):
+    the window reads the bytes the state row already held -- the FP64 evaluation with that position read from
+    the pool, which here lies beyond the bound from the "pooled" one. A backend is judged by the rule it follows by
+    name, the reference by both. Spec: §8."""
     i = prefill_compressor_inputs(4, seed=6, start=8, rows=8)
     both = _call(backend, i, 4)
     slots = i["state_slot_mapping"].clone()
     t = int((i["cmp_slot_mapping"] >= 0).nonzero()[0])
-    home = int(slots[t])
+    home, p, cmp_slot = int(slots[t]), int(i["position_ids"][t]), int(i["cmp_slot_mapping"][t])
     slots[t] = -1
-    out = _call(backend, i, 4, state_slot_mapping=slots)
-    assert torch.equal(out["cmp_pool"].float(), both["cmp_pool"].float()), \
-        "the window changed when its closing row was not persisted"
-    flat = out["state_pool"].reshape(-1, out["state_pool"].shape[-1])
-    before = i["state_pool"].reshape(-1, i["state_pool"].shape[-1])
-    assert torch.equal(flat[home], before[home]), f"state row {home} was written although its mapping is -1"
-    others = torch.ones(flat.shape[0], dtype=torch.bool)
-    others[home] = False
-    assert torch.equal(flat[others], both["state_pool"].reshape(-1, flat.shape[1])[others])
+    own = _unpersisted_rule(backend)
+    for rule in (own,) if own != "pooled" else ("pooled", "state"):
+        out = _call(backend, i, 4, rule=None if rule == own else rule, state_slot_mapping=slots)
+        flat = out["state_pool"].reshape(-1, out["state_pool"].shape[-1])
+        before = i["state_pool"].reshape(-1, i["state_pool"].shape[-1])
+        assert torch.equal(flat[home], before[home]), f"{rule}: state row {home} was written although its " \
+                                                      "mapping is -1"
+        others = torch.ones(flat.shape[0], dtype=torch.bool)
+        others[home] = False
+        assert torch.equal(flat[others], both["state_pool"].reshape(-1, flat.shape[1])[others])
+        if rule == "pooled":
+            assert torch.equal(out["cmp_pool"].float(), both["cmp_pool"].float()), \
+                "pooled: the window changed when its closing row was not persisted"
+            continue
+        unpersisted = dict(i, state_slot_mapping=slots)
+        want, _ = _independent(unpersisted, 4, read_back={p})
+        pooled, _ = _independent(unpersisted, 4)
+        got = out["cmp_pool"].reshape(-1, 8)[cmp_slot].float()
+        apart = check_ratio_allclose(pooled.reshape(-1, 8)[cmp_slot].float(), want.reshape(-1, 8)[cmp_slot].float(),
+                                     atol=V4_CMP_POOL_TOL[0], rtol=V4_CMP_POOL_TOL[1], max_error_ratio=0.0,
+                                     name="cmp_pool")
+        assert not apart.ok, "the case does not separate the two rules"
+        r = check_ratio_allclose(got, want.reshape(-1, 8)[cmp_slot].float(), atol=V4_CMP_POOL_TOL[0],
+                                 rtol=V4_CMP_POOL_TOL[1], max_error_ratio=0.0, name="cmp_pool")
+        assert r.ok, f"state: {r.message()}"
 
 
 @pytest.mark.operators("v4_prefill_compressor")
@@ -361,7 +388,8 @@ def test_upstreams_full_width_rope_table_reads_its_first_half(backend, ratio, st
 # defects of tests/defects these contracts must catch (shared with other contract files)
 SEEDED_DEFECTS = [
     shared("v4:PREFILL_PADDING_COMPRESSED", "test_padding_rows_are_never_read_or_written", "a padding row was read or written"),
-    shared("v4:PREFILL_UNPERSISTED_WRITTEN", "test_an_unpersisted_row_is_pooled_but_leaves_its_state_row", "although its mapping is -1"),
+    shared("v4:PREFILL_UNPERSISTED_WRITTEN", "test_an_unpersisted_row_leaves_its_state_row_and_is_pooled_by_the_named_rule", "although its mapping is -1"),
+    shared("v4:PREFILL_STATE_RULE_IGNORED", "test_an_unpersisted_row_leaves_its_state_row_and_is_pooled_by_the_named_rule", "state: "),
     shared("v4:PREV_HALF_ZERO_SCORE", "test_the_first_windows_have_no_previous_half", "worst cmp_pool"),
     shared("v4:PREFILL_ROPE_WIDTH_FROM_TABLE", "test_upstreams_full_width_rope_table_reads_its_first_half", "first half"),
     shared("v4:PREFILL_KEYS_PADDING_READ", "test_the_prefill_index_keys_are_the_chunks_windows_written_as_int8_keys", "a padding row was written"),

@@ -196,9 +196,11 @@ def _final_norm(run, hidden, weight, *, config=None):
     return run(tensors, {"hidden_size": hidden.shape[1], "rms_norm_eps": eps}, {})["x_normed"]
 
 
-def _lm_head(run, hidden, weight, *, tp=1):
+def _lm_head(run, hidden, weight, *, tp=1, card_owners=False):
     """lm_head -> lm_head.py::golden_lm_head with one DP owner holding every row (DP_SIZE 1, TP_SIZE tp,
-    MAX_LOGIT_ROWS T, row indices 0..T-1); its [1, T, vocab] logits are cut back into tp shards."""
+    MAX_LOGIT_ROWS T, row indices 0..T-1); its [1, T, vocab] logits are cut back into tp shards.
+    ``card_owners``: the Flash folders' golden takes every card as an owner (``WORLD_SIZE`` = TP x DP owners, not
+    DP_SIZE), set to the one owner here."""
     from kernels.reference.lm_head import lm_head_layout
 
     if hidden.ndim != 2 or weight.ndim != 2 or weight.shape[1] != hidden.shape[1]:
@@ -215,7 +217,7 @@ def _lm_head(run, hidden, weight, *, tp=1):
                "sampled_ids": torch.zeros(1, tokens, 8, dtype=torch.int32)}  # the entry's greedy ids (not judged)
     out = run(tensors, {"hidden_size": d, "vocab_size": vocab}, {},
               module_globals={"TP_SIZE": tp, "DP_SIZE": 1, "MAX_LOGIT_ROWS": tokens, "D": d, "VOCAB": vocab,
-                              "VOCAB_PER_TP": rows})
+                              "VOCAB_PER_TP": rows, **({"WORLD_SIZE": 1} if card_owners else {})})
     logits = out["logits"][0]
     return [logits[:, r * rows:(r + 1) * rows].clone() for r in range(tp)]
 
@@ -444,9 +446,12 @@ def _qkv_tiling(config, module: str = "") -> dict:
     return {f"{prefix}Q_LORA_TILE": math.gcd(256, lora), f"{prefix}_A5_FP32_VECTOR_LANES": math.gcd(64, lora, dim)}
 
 
-def _v4_qkv_proj_rope(run, x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv, *, config):
+def _v4_qkv_proj_rope(run, x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv, *, config,
+                      a5_tiling=True):
     """v4_qkv_proj_rope -> qkv_proj_rope.py::golden_qkv_proj_rope: the same layout (x [T, D], wq_a [D, Q_LORA],
-    wq_b INT8 [Q_LORA, H*hd], wkv [D, hd], RoPE tables read up to rope/2 columns); no num_tokens (every row)."""
+    wq_b INT8 [Q_LORA, H*hd], wkv [D, hd], RoPE tables read up to rope/2 columns); no num_tokens (every row).
+    ``a5_tiling=False``: the Flash folders' golden (one FP32 matmul of BF16 inputs, no A5 split-K or lane tiling
+    to size at a tiny preset)."""
     from kernels.v4.qkv_proj import check_v4_qkv_proj_rope
 
     check_v4_qkv_proj_rope(x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv, config=config)
@@ -459,7 +464,7 @@ def _v4_qkv_proj_rope(run, x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, g
                "kv": torch.zeros(tokens, dim, dtype=torch.bfloat16),
                "qr": torch.zeros(tokens, lora, dtype=torch.int8),
                "qr_scale": torch.zeros(tokens, 1, dtype=torch.float32)}
-    out = run(tensors, _variant_fields(config), {}, module_globals=_qkv_tiling(config))
+    out = run(tensors, _variant_fields(config), {}, module_globals=_qkv_tiling(config) if a5_tiling else {})
     return {name: out[name] for name in ("q", "kv", "qr", "qr_scale")}
 
 
@@ -980,16 +985,26 @@ PREFILL_COMPRESSOR = {4: ("prefill_compressor_ratio4", "golden_prefill_compresso
 
 def _v4_prefill_compressor(run, x, position_ids, num_tokens, state_block_table, state_pool, weights,
                            cmp_slot_mapping, state_slot_mapping, cmp_pool, rope_cos, rope_sin, *, ratio,
-                           rope_head_dim, eps=1e-6):
+                           rope_head_dim, eps=1e-6, unpersisted=None, module_pools=False, rows_from_x=False):
     """v4_prefill_compressor -> prefill_compressor_ratio4.py / prefill_compressor_ratio128.py
     ::golden_prefill_compressor_ratio*: the packed token-major chunk (T = the call's rows), its closed windows
     pooled, normalised, rotated and written to the cmp pool, its mapped state rows written. Geometry from the
-    call (hidden, head_dim = the norm's width, rope_head_dim, eps); the state page must be upstream's (4 / 8)."""
+    call (hidden, head_dim = the norm's width, rope_head_dim, eps); the state page must be upstream's (4 / 8).
+    ``module_pools``: the Flash-MTP goldens view the state pool and the compressed cache by module-level pool sizes
+    and the Flash page (``*_STATE_BLOCK_NUM``, ``HCA_CMP_BLOCK_NUM``, ``CMP_STORAGE_BLOCK_SIZE``), set to the call's
+    pools (the rows are addressed flat through the slot mappings, so the page is the call's). ``rows_from_x``:
+    dspark's goldens take the token count from x (no module-level ``T``, no ``num_tokens``: its chunk holds only
+    real rows, so the call's padding rows are not handed over), and they read each window back from the state rows
+    after the chunk's scatter (the named rule ``unpersisted="state"``; V4-Pro's and Flash-MTP's: "pooled")."""
     from contracts.operators import Unsupported
     from kernels.v4.prefill_compressor import _check, rope_half_rows
 
     _check(x, position_ids, num_tokens, state_block_table, state_pool, cmp_slot_mapping, state_slot_mapping, ratio)
     rope_half_rows(rope_cos, rope_sin, rope_head_dim, weights.norm.shape[0])  # the caller's side
+    golden_rule = "state" if rows_from_x else "pooled"
+    if unpersisted not in (None, golden_rule):
+        raise Unsupported(f"upstream's prefill compressor goldens of this folder follow unpersisted={golden_rule!r}; "
+                          f"unpersisted={unpersisted!r} is another named rule")
     module, function, page_name = PREFILL_COMPRESSOR[int(ratio)]
     page = {4: 4, 128: 8}[int(ratio)]
     if state_pool.shape[1] != page:
@@ -1007,19 +1022,32 @@ def _v4_prefill_compressor(run, x, position_ids, num_tokens, state_block_table, 
                "position_ids": position_ids.to(torch.int32).clone(), "num_tokens": int(num_tokens),
                "cmp_slot_mapping": cmp_slot_mapping.to(torch.int64).clone(),
                "state_slot_mapping": state_slot_mapping.to(torch.int64).clone()}
+    if rows_from_x:
+        real = int(num_tokens)
+        tensors.update(x=x[:real].clone(), position_ids=tensors["position_ids"][:real].clone(),
+                       cmp_slot_mapping=tensors["cmp_slot_mapping"][:real].clone(),
+                       state_slot_mapping=tensors["state_slot_mapping"][:real].clone())
+    pools = {page_name.replace("_SIZE", "_NUM"): int(state_pool.shape[0]),
+             **({"HCA_CMP_BLOCK_NUM": int(cmp_pool.shape[0])} if int(ratio) == 128 else {}),
+             **({} if rows_from_x else {"CMP_STORAGE_BLOCK_SIZE": int(cmp_pool.shape[1])})} if module_pools else {}
     out = run(tensors, fields, {"BLOCK_SIZE": int(cmp_pool.shape[1])}, module=module, function=function,
-              module_globals={"T": tokens, page_name: page})
+              module_globals={**({} if rows_from_x else {"T": tokens}), page_name: page, **pools})
     return {"cmp_pool": out["cmp_kv"], "state_pool": out["compress_state"]}
 
 
 def _v4_prefill_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, hadamard, idx_kv_cache,
                         idx_kv_scale, idx_block_table, position_ids, num_tokens, *, config,
-                        padding_rows="scored_capped"):
+                        padding_rows=None, flash_pages=False, rows_from_x=False):
     """v4_prefill_indexer -> prefill_indexer.py::golden_prefill_indexer on the packed chunk (T = the call's rows).
     Its inner compressor (prefill_indexer_compressor.py) would publish the chunk's closing keys first; this
     operator is the indexer after that publication, so the compressor is given no slot to write. Upstream's
     golden scores every row of the chunk, padding rows included, over the real rows' widest visible range: the
-    named variant ``padding_rows="scored_capped"``."""
+    named variant ``padding_rows="scored_capped"``. ``flash_pages``: the Flash-MTP golden pages its index cache by
+    the 32 keys of one 128-token block (``CACHE_TILE`` / ``IDX_STORAGE_BLOCK_SIZE``) in a pool of a module-level size
+    (``PREFILL_IDX_BLOCK_NUM``), so the call's pages are laid out again at that page (as ``_v4_indexer``).
+    ``rows_from_x``: dspark's golden sizes the chunk by x's rows and has no padding rows: only the real rows are
+    handed over (V4-Pro's pages, the pool size ``IDX_CACHE_BLOCK_NUM`` the call's), and the padding rows' outputs
+    are this adapter's, unscored (so the padding contracts judge nothing of dspark there)."""
     from contracts.operators import Unsupported
     from kernels.v4.indexer import head_weights, visible_pages
     from kernels.v4.prefill_indexer import check_prefill_indexer, score_cap
@@ -1027,12 +1055,13 @@ def _v4_prefill_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, co
     head_weights(x, weights_proj, config=config)
     tokens, visible = check_prefill_indexer(qr, qr_scale, wq_b, wq_b_scale, cos, sin, hadamard, idx_kv_cache,
                                             idx_kv_scale, idx_block_table, position_ids, num_tokens, config=config,
-                                            padding_rows=padding_rows)  # the caller's side
+                                            padding_rows=padding_rows or "scored_capped")  # the caller's side
     for t in range(tokens):
         if int(visible[t]):
             visible_pages(idx_block_table, (), int(visible[t]), block_size=config.block_size)
-    if padding_rows != "scored_capped":
-        raise Unsupported(f"upstream's prefill indexer golden scores padding rows up to the real rows' widest range; "
+    own = "unscored" if rows_from_x else "scored_capped"
+    if padding_rows not in (None, own):
+        raise Unsupported(f"upstream's prefill indexer golden of this folder follows padding_rows={own!r}; "
                           f"padding_rows={padding_rows!r} is another named rule")
     cap, hidden, inner = score_cap(config), x.shape[1], config.index_head_dim
     writes = max(1, tokens // 4)
@@ -1060,26 +1089,62 @@ def _v4_prefill_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, co
                "idx_slot_mapping": torch.full((tokens,), -1, dtype=torch.int64),
                "inner_state_slot_mapping": torch.full((tokens,), -1, dtype=torch.int64),
                "score": torch.zeros(tokens, cap), "topk_idxs": torch.zeros(tokens, cap, dtype=torch.int32)}
-    out = run(tensors, _variant_fields(config), {"BLOCK_SIZE": config.block_size},
-              module_globals={"T": tokens, "MAX_CMP_WRITES": writes, "INDEXER_SCORE_CAP": cap,
-                              "INDEXER_TOPK_CAP": min(config.index_topk, cap), "prefill_indexer_compressor.T": tokens,
-                              "prefill_indexer_compressor.MAX_CMP_WRITES": writes})
-    return {"score": out["score"], "topk_idxs": out["topk_idxs"]}
+    module_globals = {"T": tokens, "MAX_CMP_WRITES": writes, "INDEXER_SCORE_CAP": cap,
+                      "INDEXER_TOPK_CAP": min(config.index_topk, cap), "prefill_indexer_compressor.T": tokens,
+                      "prefill_indexer_compressor.MAX_CMP_WRITES": writes}
+    if flash_pages:
+        page = max(1, int(idx_kv_cache.shape[1]) // 4)
+        cache, scale, table = _repage(tensors["idx_kv_cache"], tensors["idx_kv_scale"],
+                                      tensors["idx_block_table"].reshape(1, -1), page)
+        tensors.update(idx_kv_cache=cache, idx_kv_scale=scale, idx_block_table=table.reshape(-1).contiguous())
+        module_globals.update(CACHE_TILE=page, IDX_STORAGE_BLOCK_SIZE=page, PREFILL_IDX_BLOCK_NUM=int(cache.shape[0]))
+        # its top-k output is only as wide as the picks (INDEXER_TOPK_CAP); V4-Pro's pads the score width with -1
+        tensors["topk_idxs"] = torch.zeros(tokens, min(config.index_topk, cap), dtype=torch.int32)
+    if rows_from_x:
+        real = int(num_tokens)
+        for name in ("x", "qr", "qr_scale", "cos", "sin", "position_ids", "idx_slot_mapping",
+                     "inner_state_slot_mapping", "score"):
+            tensors[name] = tensors[name][:real].clone()
+        tensors["topk_idxs"] = torch.zeros(real, min(config.index_topk, cap), dtype=torch.int32)
+        module_globals = {"INDEXER_SCORE_CAP": cap, "INDEXER_TOPK_CAP": min(config.index_topk, cap),
+                          "IDX_CACHE_BLOCK_NUM": int(idx_kv_cache.shape[0]),
+                          "prefill_indexer_compressor.INNER_STATE_BLOCK_SIZE": page}
+        if real == 0:  # nothing to hand over: every row padding, unscored
+            return {"score": torch.full((tokens, cap), float(torch.finfo(torch.float32).min)), "topk_idxs": torch.full((tokens, cap), -1,
+                                                                                                 dtype=torch.int32)}
+    out = run(tensors, _variant_fields(config), {"BLOCK_SIZE": config.block_size}, module_globals=module_globals)
+    picks = out["topk_idxs"]
+    if rows_from_x:  # the padding rows, unscored (dspark's chunk has none)
+        pad = tokens - picks.shape[0]
+        out["score"] = torch.cat((out["score"], torch.full((pad, cap), float(torch.finfo(torch.float32).min))))
+        picks = torch.cat((picks, torch.full((pad, picks.shape[1]), -1, dtype=torch.int32)))
+    if picks.shape[1] < cap:
+        picks = torch.nn.functional.pad(picks, (0, cap - picks.shape[1]), value=-1)
+    return {"score": out["score"], "topk_idxs": picks}
 
 
 def _v4_prefill_index_keys(run, x, position_ids, num_tokens, state_block_table, state_pool, weights,
                            idx_slot_mapping, state_slot_mapping, idx_kv_cache, idx_kv_scale, rope_cos, rope_sin,
-                           hadamard, *, rope_head_dim, eps=1e-6):
+                           hadamard, *, rope_head_dim, eps=1e-6, unpersisted=None, module_pools=False,
+                           rows_from_x=False):
     """v4_prefill_index_keys -> prefill_indexer_compressor.py::golden_prefill_indexer_compressor (the packed chunk,
     T = the call's rows): the inner ratio-4 compressor's closed windows written as INT8 index keys with their
     scales, and the mapped state rows. Geometry from the call (hidden, index head_dim = the norm's width,
-    rope_head_dim, eps); the state page must be upstream's 4."""
+    rope_head_dim, eps); the state page must be upstream's 4. ``module_pools``: the Flash-MTP golden views the state
+    pool by a module-level pool size and the index cache by the Flash page (``INNER_STATE_BLOCK_NUM``,
+    ``IDX_STORAGE_BLOCK_SIZE``), set to the call's (rows addressed flat through the slot mappings). ``rows_from_x``:
+    dspark's golden sizes the chunk by x's rows (only the real ones handed over) and reads each window back from
+    the state rows after the scatter (``unpersisted="state"``, as ``_v4_prefill_compressor``)."""
     from contracts.operators import Unsupported
     from kernels.v4.prefill_compressor import _check, rope_half_rows
 
     _check(x, position_ids, num_tokens, state_block_table, state_pool, idx_slot_mapping, state_slot_mapping, 4,
            "idx_slot_mapping")
     rope_half_rows(rope_cos, rope_sin, rope_head_dim, weights.norm.shape[0])  # the caller's side
+    golden_rule = "state" if rows_from_x else "pooled"
+    if unpersisted not in (None, golden_rule):
+        raise Unsupported(f"upstream's prefill indexer compressor golden of this folder follows "
+                          f"unpersisted={golden_rule!r}; unpersisted={unpersisted!r} is another named rule")
     if state_pool.shape[1] != 4:
         raise Unsupported(f"upstream's prefill indexer compressor golden pages its state by 4 rows; the call's pool "
                           f"has {state_pool.shape[1]}")
@@ -1097,8 +1162,15 @@ def _v4_prefill_index_keys(run, x, position_ids, num_tokens, state_block_table, 
                "position_ids": position_ids.to(torch.int32).clone(), "num_tokens": int(num_tokens),
                "idx_slot_mapping": idx_slot_mapping.to(torch.int64).clone(),
                "inner_state_slot_mapping": state_slot_mapping.to(torch.int64).clone()}
-    out = run(tensors, fields, {"BLOCK_SIZE": int(idx_kv_cache.shape[1])},
-              module_globals={"T": tokens, "MAX_CMP_WRITES": max(1, tokens // 4)})
+    pools = {"INNER_STATE_BLOCK_NUM": int(state_pool.shape[0]),
+             "IDX_STORAGE_BLOCK_SIZE": int(idx_kv_cache.shape[1])} if module_pools else {}
+    sizes = {"T": tokens, "MAX_CMP_WRITES": max(1, tokens // 4)}
+    if rows_from_x:
+        real = int(num_tokens)
+        tensors.update({name: tensors[name][:real].clone() for name in
+                        ("x", "position_ids", "idx_slot_mapping", "inner_state_slot_mapping")})
+        sizes = {"INNER_STATE_BLOCK_SIZE": 4}
+    out = run(tensors, fields, {"BLOCK_SIZE": int(idx_kv_cache.shape[1])}, module_globals={**sizes, **pools})
     return {"idx_kv_cache": out["idx_kv_cache"], "idx_kv_scale": out["idx_kv_scale"],
             "state_pool": out["compress_state"]}
 
@@ -1167,6 +1239,28 @@ def _markov_head(run, token_ids, markov_w1, markov_w2):
     return {"markov_embed": out["markov_embed"], "logits_bias": out["logits_bias"]}
 
 
+def _dspark_decode_metadata(run, position_ids, *tables_and_counts, seq, block_size, window, hca_state_page=8,
+                            csa_state_page=2):
+    """dspark_decode_metadata -> dspark's decode_metadata.py::golden_decode_metadata: the call's positions, six
+    tables and counts as they are; its module-level step (``B``, ``S``, ``T``), ``WIN``, page and state pages set to
+    the call's; the outputs zero-initialised as its entry's."""
+    from kernels.v4.dspark_metadata import OUTPUTS, TABLES, dspark_decode_metadata
+
+    *tables, counts = tables_and_counts
+    # the caller's side: every page the step reads mapped and inside its table (the golden would index past it)
+    dspark_decode_metadata(position_ids, *tables, counts, seq=seq, block_size=block_size, window=window,
+                           hca_state_page=hca_state_page, csa_state_page=csa_state_page)
+    n = position_ids.numel()
+    tensors = {"position_ids": position_ids.to(torch.int32).clone(), "block_counts": counts.to(torch.int32).clone(),
+               **{name: t.to(torch.int32).clone() for name, t in zip(TABLES, tables, strict=True)},
+               **{name: torch.zeros(n, dtype=torch.int64) for name in OUTPUTS},
+               "swa_indices": torch.zeros(n, window, dtype=torch.int32), "swa_lens": torch.zeros(n, dtype=torch.int32)}
+    out = run(tensors, {}, {}, module_globals={"B": n // seq, "S": seq, "T": n, "WIN": window, "BLOCK_SIZE": block_size,
+                                               "C128_COMPRESSOR_BLOCK_SIZE": hca_state_page,
+                                               "C4A_COMPRESSOR_BLOCK_SIZE": csa_state_page})
+    return {name: out[name] for name in OUTPUTS}
+
+
 # The Flash folders renamed some of V4-Pro's modules (same golden function inside)
 FLASH_RENAMES: tuple[tuple[str, str], ...] = (
     ("decode_sparse_attn", "decode_sparse_attn_csa"), ("decode_attention_swa", "decode_swa"),
@@ -1203,7 +1297,9 @@ def _laid_out(name: str, **layout) -> Adapter:
 # disagreement 15: V4-Pro's up- trees are not judged on a Flash folder). Not yet: v4_qkv_proj_rope (its golden
 # differs), lm_head (its golden's DP layout).
 _FLASH_SHARED: list[Adapter] = [*(ADAPTERS[n] for n in ("hc_post", "final_norm", "v4_expert", "hc_pre_fused")),
-                                _laid_out("hc_head_fused", split_chunks=False)]
+                                _laid_out("hc_head_fused", split_chunks=False),
+                                _laid_out("v4_qkv_proj_rope", a5_tiling=False),
+                                _laid_out("lm_head", card_owners=True)]
 _FLASH_OWN = [Adapter("lookup_embedding", FLASH_MTP, "lookup_embedding", "golden_lookup_embedding_test",
                       _lookup_embedding),
               Adapter("v4_gate", FLASH_MTP, "gate", "golden_gate_core", _flash_gate)]
@@ -1216,6 +1312,9 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                _laid_out("v4_attention", own_cmp_page=True),
                                _laid_out("v4_indexer", flash_pages=True),
                                _laid_out("v4_compress_and_publish", pages_per_ratio=True),
+                               _laid_out("v4_prefill_compressor", module_pools=True),
+                               _laid_out("v4_prefill_index_keys", module_pools=True),
+                               _laid_out("v4_prefill_indexer", flash_pages=True),
                                *_FLASH_OWN]),
     # dspark keeps V4-Pro's pages (its own page of 32 on the device) and takes its rows token-major; its moe.py
     # divides the expert count by 16 at import
@@ -1224,10 +1323,15 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                         _laid_out("v4_moe_stage", preset_world=16),
                                         _laid_out("v4_indexer", flat_tokens=True),
                                         _laid_out("v4_compress_and_publish", flat_tokens=True),
+                                        _laid_out("v4_prefill_compressor", rows_from_x=True, module_pools=True),
+                                        _laid_out("v4_prefill_index_keys", rows_from_x=True),
+                                        _laid_out("v4_prefill_indexer", rows_from_x=True),
                                         Adapter("prefill_kv_allgather", FLASH_DSPARK, "prefill_kv_allgather",
                                                 "golden_prefill_kv_allgather", _prefill_kv_allgather),
                                         Adapter("markov_head", FLASH_DSPARK, "markov_head", "golden_markov_head",
-                                                _markov_head)]),
+                                                _markov_head),
+                                        Adapter("dspark_decode_metadata", FLASH_DSPARK, "decode_metadata",
+                                                "golden_decode_metadata", _dspark_decode_metadata)]),
                    "lookup_embedding": Adapter("lookup_embedding", FLASH_DSPARK, "lookup_embedding",
                                                "golden_lookup_embedding_test", _dspark_lookup_embedding)},
 }
@@ -1258,7 +1362,7 @@ def preset_environment(model: str) -> dict[str, str]:
 
 def variants_for(folder: str) -> dict[str, dict[str, str]]:
     """The named rules one folder's goldens follow (``VARIANTS``, then the folder's own where it differs)."""
-    own = {FLASH_MTP: FLASH_VARIANTS, FLASH_DSPARK: FLASH_VARIANTS}.get(folder, {})
+    own = {FLASH_MTP: FLASH_VARIANTS, FLASH_DSPARK: DSPARK_VARIANTS}.get(folder, {})
     return {**VARIANTS, **own}
 
 
@@ -1272,6 +1376,12 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 # The Flash folders' gate golden takes its quantization factor as reciprocal(amax) · 127 (see _flash_gate)
 FLASH_VARIANTS: dict[str, dict[str, str]] = {"v4_gate": {"dequant_factor": "rounded-reciprocal"}}
+# dspark's prefill compressors scatter the chunk's state first and read each window back from it; its prefill chunk
+# holds only real rows
+DSPARK_VARIANTS: dict[str, dict[str, str]] = {**FLASH_VARIANTS, "v4_prefill_compressor": {"unpersisted": "state"},
+                                              "v4_prefill_index_keys": {"unpersisted": "state"},
+                                              # its chunk has no padding rows (the adapter's are unscored)
+                                              "v4_prefill_indexer": {"padding_rows": "unscored"}}
 
 # Named ways upstream's goldens depart from a property a contract pins, not a rule of the kernel (docs/upstream.md)
 DEVIATIONS: dict[str, str] = {

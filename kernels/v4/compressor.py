@@ -81,7 +81,6 @@ def v4_compressor(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: tor
     score = project(x, weights.wgate)
     out = torch.zeros(x.shape[0], d, dtype=torch.float32)
     closes = torch.zeros(x.shape[0], dtype=torch.bool)
-    w = coff * d
     for t in range(x.shape[0]):
         p, b = int(position_ids[t]), int(token_to_req[t])
         if p < 0:
@@ -89,24 +88,35 @@ def v4_compressor(x: torch.Tensor, position_ids: torch.Tensor, token_to_req: tor
         pool[_slot(state_block_table, b, p, page, pages)] = torch.cat((kv[t], score[t] + weights.ape[p % ratio]))
         if (p + 1) % ratio:
             continue
-        rows_kv, rows_score = [], []
-        if overlap:
-            for q in range(p - 2 * ratio + 1, p - ratio + 1):
-                if q >= 0:
-                    row = pool[_slot(state_block_table, b, q, page, pages)]
-                    rows_kv.append(row[:d])
-                    rows_score.append(row[w:w + d])
-        for q in range(p - ratio + 1, p + 1):
-            row = pool[_slot(state_block_table, b, q, page, pages)]
-            lo = d if overlap else 0
-            rows_kv.append(row[lo:lo + d])
-            rows_score.append(row[w + lo:w + lo + d])
-        weight = torch.stack(rows_score).softmax(dim=0)
-        pooled = (torch.stack(rows_kv) * weight).sum(dim=0)
-        normed = pooled * torch.rsqrt(pooled.pow(2).mean() + eps) * weights.norm.float()
-        out[t] = normed
+        out[t] = pooled_window(pool, lambda q, b=b: _slot(state_block_table, b, q, page, pages), p, weights,
+                               ratio=ratio, overlap=overlap, eps=eps)
         closes[t] = True
     return out, closes, pool.reshape(pages, page, 2 * coff * d)
+
+
+def pooled_window(pool: torch.Tensor, slot, p: int, weights: V4CompressorWeights, *, ratio: int, overlap: bool,
+                  eps: float) -> torch.Tensor:
+    """The FP32 row of the window closing at position p, read from the state rows ``pool`` [rows, 2·coff·d]
+    (``slot(q)``: position q's row): with overlap the previous window's first-half channels and this window's
+    second-half ones (positions before 0 take no part), pooled per channel by softmax of the scores,
+    RMS-normalised with ``eps`` times the norm weight. Spec: §8."""
+    d = weights.norm.shape[0]
+    w = (2 if overlap else 1) * d
+    rows_kv, rows_score = [], []
+    if overlap:
+        for q in range(p - 2 * ratio + 1, p - ratio + 1):
+            if q >= 0:
+                row = pool[slot(q)]
+                rows_kv.append(row[:d])
+                rows_score.append(row[w:w + d])
+    lo = d if overlap else 0
+    for q in range(p - ratio + 1, p + 1):
+        row = pool[slot(q)]
+        rows_kv.append(row[lo:lo + d])
+        rows_score.append(row[w + lo:w + lo + d])
+    weight = torch.stack(rows_score).softmax(dim=0)
+    pooled = (torch.stack(rows_kv) * weight).sum(dim=0)
+    return pooled * torch.rsqrt(pooled.pow(2).mean() + eps) * weights.norm.float()
 
 
 @operator(returns="{compressed, index_key, closes, main_pool, inner_pool}: CSA's main and inner "

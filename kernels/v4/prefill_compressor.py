@@ -19,10 +19,16 @@ once to the pool's BF16 (``v4_publish_compressed``). A window position inside th
 projection; one before the chunk is read from the state pool through the table (an unmapped page there is
 refused). The state rows of the chunk's tokens are persisted only where ``state_slot_mapping`` says so.
 
-Upstream's two kernels reach this rule differently: the ratio-4 kernel overlays the chunk's projections on the
-state it reads, the ratio-128 kernel scatters the chunk's state first and reads the window back. They agree
-whenever ``state_slot_mapping`` is the table's row (the only mapping accepted besides -1); with -1 on a token
-whose window closes inside the chunk they would differ, and this rule is the ratio-4 kernel's.
+Upstream's kernels reach this rule differently: V4-Pro's and Flash-MTP's ratio-4 kernels overlay the chunk's
+projections on the state they read, dspark's goldens (and V4-Pro's ratio-128 kernel) scatter the chunk's state
+first and read the window back. They agree whenever ``state_slot_mapping`` is the table's row (the only mapping
+accepted besides -1); with -1 on a token of a window closing inside the chunk they differ, and both rules are
+named (``unpersisted``):
+
+* ``"pooled"`` (the default; V4-Pro's and Flash-MTP's ratio-4 goldens): an unpersisted row's projection takes part
+  in its windows, its state row keeps its bytes;
+* ``"state"`` (dspark's goldens, both ratios): the window is read back from the state rows after the chunk's
+  scatter, so an unpersisted position contributes the bytes its state row already held.
 
 The RoPE tables: ``rope_head_dim`` (the rotated width, qk_rope_head_dim) is required, and the tables are taken
 in either of two layouts, told apart by their width: this project's half-width rows [positions, rope_head_dim/2],
@@ -45,6 +51,13 @@ from kernels.v4.compressor import V4CompressorWeights, v4_compressor, v4_publish
 SPEC = "§8"
 ROUNDING_VERSION = "v4-prefill-compressor-1"
 STATE_PAGE = {4: 4, 128: 8}  # CSA_STATE_BLOCK_SIZE, HCA_STATE_BLOCK_SIZE: state rows per page
+UNPERSISTED = ("pooled", "state")  # the named rules for a row whose state_slot_mapping is -1 (module docstring)
+
+
+def _unpersisted_rule(unpersisted) -> str:
+    if unpersisted not in UNPERSISTED:
+        raise ContractInputError("unpersisted", None, f"one of {UNPERSISTED}", repr(unpersisted), SPEC)
+    return unpersisted
 
 
 def _check(x, position_ids, num_tokens, state_block_table, state_pool, cmp_slot_mapping, state_slot_mapping,
@@ -114,17 +127,19 @@ def v4_prefill_compressor(x: torch.Tensor, position_ids: torch.Tensor, num_token
                           state_block_table: torch.Tensor, state_pool: torch.Tensor, weights: V4CompressorWeights,
                           cmp_slot_mapping: torch.Tensor, state_slot_mapping: torch.Tensor, cmp_pool: torch.Tensor,
                           rope_cos: torch.Tensor, rope_sin: torch.Tensor, *, ratio: int, rope_head_dim: int,
-                          eps: float = 1e-6, ops=None) -> dict[str, torch.Tensor]:
+                          eps: float = 1e-6, unpersisted: str = "pooled", ops=None) -> dict[str, torch.Tensor]:
     """One request's prefill chunk -> {"cmp_pool": the compressed pool with the closed windows written (BF16),
     "state_pool": the state pool with the mapped rows written}; x [T, hidden] BF16; ratio 4 (overlapping) or 128;
-    the RoPE tables in either layout of the module's docstring. The inputs are not modified. Spec: §8."""
+    the RoPE tables in either layout of the module's docstring; ``unpersisted`` one of the named rules there. The
+    inputs are not modified. Spec: §8."""
+    rule = _unpersisted_rule(unpersisted)
     _check(x, position_ids, num_tokens, state_block_table, state_pool, cmp_slot_mapping, state_slot_mapping, ratio)
     rope_cos, rope_sin = rope_half_rows(rope_cos, rope_sin, rope_head_dim, weights.norm.shape[0])
     ops = ops or {}
     publish = ops.get("v4_publish_compressed", v4_publish_compressed)
     compressed, closes, pool = _chunk_rows(x, position_ids, num_tokens, state_block_table, state_pool, weights,
                                            state_slot_mapping, ratio=ratio, eps=eps,
-                                           compress=ops.get("v4_compressor", v4_compressor))
+                                           compress=ops.get("v4_compressor", v4_compressor), unpersisted=rule)
     n = num_tokens
     cmp = publish(compressed, closes, position_ids[:n], cmp_slot_mapping[:n], cmp_pool, rope_cos, rope_sin,
                   ratio=ratio)
@@ -132,19 +147,27 @@ def v4_prefill_compressor(x: torch.Tensor, position_ids: torch.Tensor, num_token
 
 
 def _chunk_rows(x, position_ids, num_tokens, state_block_table, state_pool, weights, state_slot_mapping, *, ratio,
-                eps, compress):
-    """The chunk's closed windows (FP32 rows, closes) and its state pool with only the mapped rows persisted."""
+                eps, compress, unpersisted="pooled"):
+    """The chunk's closed windows (FP32 rows, closes) and its state pool with only the mapped rows persisted; under
+    ``unpersisted="state"`` a window holding an unpersisted position is read back from the state rows."""
     n = num_tokens
     table = state_block_table.reshape(1, -1)
     compressed, closes, pool = compress(x[:n], position_ids[:n], torch.zeros(n, dtype=torch.int64), table,
                                         state_pool, weights, ratio=ratio, overlap=ratio == 4, eps=eps)
     page = state_pool.shape[1]
     flat, before = pool.reshape(-1, pool.shape[2]), state_pool.reshape(-1, state_pool.shape[2])
-    for t in range(n):
-        if int(state_slot_mapping[t]) < 0:  # the chunk's projection pooled, not persisted
+    home = lambda p: int(state_block_table[p // page]) * page + p % page  # noqa: E731 (position -> state row)
+    kept = [int(position_ids[t]) for t in range(n) if int(state_slot_mapping[t]) < 0]
+    for p in kept:  # the chunk's projection not persisted
+        flat[home(p)] = before[home(p)]
+    if unpersisted == "state" and kept:
+        from kernels.v4.compressor import pooled_window
+
+        span = (2 if ratio == 4 else 1) * ratio
+        for t in closes.nonzero().flatten().tolist():
             p = int(position_ids[t])
-            home = int(state_block_table[p // page]) * page + p % page
-            flat[home] = before[home]
+            if any(p - span < q <= p for q in kept):
+                compressed[t] = pooled_window(flat, home, p, weights, ratio=ratio, overlap=ratio == 4, eps=eps)
     return compressed, closes, pool
 
 
@@ -159,16 +182,17 @@ def v4_prefill_index_keys(x: torch.Tensor, position_ids: torch.Tensor, num_token
                           idx_slot_mapping: torch.Tensor, state_slot_mapping: torch.Tensor, idx_kv_cache: torch.Tensor,
                           idx_kv_scale: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
                           hadamard: torch.Tensor, *, rope_head_dim: int, eps: float = 1e-6,
-                          ops=None) -> dict[str, torch.Tensor]:
+                          unpersisted: str = "pooled", ops=None) -> dict[str, torch.Tensor]:
     """CSA's indexer compressor on a prefill chunk (upstream prefill_indexer_compressor.py): the inner ratio-4
     compressor's closed windows, as ``v4_prefill_compressor`` pools them (the same mappings and padding rules,
-    ``idx_slot_mapping`` in place of the compressed slots), each written as an INT8 index key by
+    ``idx_slot_mapping`` in place of the compressed slots, the same ``unpersisted`` rules), each written as an INT8 index key by
     ``v4_publish_index_keys`` (rotated at the window's first position, BF16, Hadamard, BF16, INT8 with its FP32
     scale) -> {"idx_kv_cache", "idx_kv_scale", "state_pool"}; RoPE tables as ``v4_prefill_compressor`` takes them.
     Composed from the backend's operators.
     Spec: §8."""
     from kernels.v4.index_cache import v4_publish_index_keys
 
+    rule = _unpersisted_rule(unpersisted)
     _check(x, position_ids, num_tokens, state_block_table, state_pool, idx_slot_mapping, state_slot_mapping, 4,
            "idx_slot_mapping")
     rope_cos, rope_sin = rope_half_rows(rope_cos, rope_sin, rope_head_dim, weights.norm.shape[0])
@@ -176,7 +200,7 @@ def v4_prefill_index_keys(x: torch.Tensor, position_ids: torch.Tensor, num_token
     publish = ops.get("v4_publish_index_keys", v4_publish_index_keys)
     keys, closes, pool = _chunk_rows(x, position_ids, num_tokens, state_block_table, state_pool, weights,
                                      state_slot_mapping, ratio=4, eps=eps,
-                                     compress=ops.get("v4_compressor", v4_compressor))
+                                     compress=ops.get("v4_compressor", v4_compressor), unpersisted=rule)
     n = num_tokens
     cache, scale = publish(keys, closes, position_ids[:n], idx_slot_mapping[:n], idx_kv_cache, idx_kv_scale,
                            rope_cos, rope_sin, hadamard, ratio=4)

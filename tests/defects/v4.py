@@ -321,7 +321,7 @@ PREFILL_DECODE_WIDTH = _base.derive("defect:v4-prefill-indexer-decode-width",
 
 
 def _prefill_compressor_variant(*, padding_read=False, unpersisted_written=False, prev_zero_score=False,
-                                rope_from_table=False):
+                                rope_from_table=False, state_rule_ignored=False):
     """A port of v4_prefill_compressor with one rule changed (see each defect below)."""
     from kernels.v4 import compressor as c
     from kernels.v4 import prefill_compressor as pc
@@ -358,7 +358,10 @@ def _prefill_compressor_variant(*, padding_read=False, unpersisted_written=False
         return out, closes, pool.reshape(pages, page, 2 * w)
 
     def run(x, position_ids, num_tokens, state_block_table, state_pool, weights, cmp_slot_mapping,
-            state_slot_mapping, cmp_pool, rope_cos, rope_sin, *, ratio, rope_head_dim, eps=1e-6, ops=None):
+            state_slot_mapping, cmp_pool, rope_cos, rope_sin, *, ratio, rope_head_dim, eps=1e-6,
+            unpersisted="pooled", ops=None):
+        if state_rule_ignored:  # the named "state" rule taken as "pooled" (the chunk's projection pooled)
+            unpersisted = "pooled"
         if padding_read:  # every row processed (num_tokens ignored)
             num_tokens = x.shape[0]
         if unpersisted_written:  # the decode rule: every row's state written at its home
@@ -370,7 +373,8 @@ def _prefill_compressor_variant(*, padding_read=False, unpersisted_written=False
             rope_head_dim = 2 * rope_cos.shape[1]
         return pc.v4_prefill_compressor(x, position_ids, num_tokens, state_block_table, state_pool, weights,
                                         cmp_slot_mapping, state_slot_mapping, cmp_pool, rope_cos, rope_sin,
-                                        ratio=ratio, rope_head_dim=rope_head_dim, eps=eps, ops=ops)
+                                        ratio=ratio, rope_head_dim=rope_head_dim, eps=eps,
+                                        unpersisted=unpersisted, ops=ops)
 
     return run
 
@@ -381,6 +385,8 @@ PREFILL_UNPERSISTED_WRITTEN = _base.derive("defect:v4-prefill-compressor-unpersi
                                            v4_prefill_compressor=_prefill_compressor_variant(unpersisted_written=True))
 PREV_HALF_ZERO_SCORE = _base.derive("defect:v4-prefill-compressor-prev-zero-score",
                                     v4_prefill_compressor=_prefill_compressor_variant(prev_zero_score=True))
+PREFILL_STATE_RULE_IGNORED = _base.derive("defect:v4-prefill-compressor-state-rule-ignored",
+                                          v4_prefill_compressor=_prefill_compressor_variant(state_rule_ignored=True))
 PREFILL_ROPE_WIDTH_FROM_TABLE = _base.derive("defect:v4-prefill-rope-width-from-table",
                                              v4_prefill_compressor=_prefill_compressor_variant(rope_from_table=True))
 

@@ -608,7 +608,7 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.decode_metadata:_windows:name:int64->int32#1': DTYPE,
     'kernels.v4.decode_metadata:hca_topk:drop-call:position_ids.to(torch.int64)[to]->(skipped)#0': CASTNOOP,
     'kernels.v4.decode_metadata:hca_topk:drop-call:kv_seq_lens.to(torch.int64)[to]->(skipped)#0': CASTNOOP,
-    'kernels.v4.compressor:v4_compressor:drop-call:weights.norm.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.compressor:pooled_window:drop-call:weights.norm.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.compressor:_slot:binop:pos // page[FloorDiv]->Div#0': INT_BOUND,
     'kernels.v4.mtp:quantize_rows_int8:drop-call:torch.clamp(torch.round(v * quant), -scale_max, scale_max)[clamp]->(skipped)#0': INT8_CLAMP,
     'kernels.v4.mtp:quantize_rows_int8:drop-call:torch.clamp(torch.round(v * quant), -scale_max, scale_max...[to]->(skipped)#0': CASTNOOP,
