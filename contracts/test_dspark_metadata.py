@@ -136,6 +136,12 @@ def test_compressed_rows_are_written_only_at_a_close_and_wrap_after_the_ring():
         if period:
             rows = out[name][writes]
             k = period // ratio
+            count, base = (2, 16) if name == "csa_cmp_slot_mapping" else (3, 32)  # the group's count and pages
+            j = torch.arange(rows.numel())  # the compressed row of each close
+            want = ((j // 4) % count + base) * 4 + j % 4
+            separates(f"the {name} ring", want, unringed=((j // 4).clamp(max=9) + base) * 4 + j % 4,
+                      other_count=((j // 4) % (5 - count) + base) * 4 + j % 4)
+            assert torch.equal(rows, want), f"{name}: rows {rows[:8].tolist()} .., expected {want[:8].tolist()} .."
             assert len(set(rows[:k].tolist())) == k, f"{name}: rows repeat inside the ring"
             assert torch.equal(rows[k:], rows[:-k]), f"{name}: the ring does not wrap after {period} positions"
 
