@@ -114,27 +114,32 @@ def test_a_hand_vector_separates_each_rule_from_its_slips(backend):
         assert out[name].tolist() == value, f"{name} = {out[name].tolist()}, expected {value} (§8)"
 
 
-def test_compressed_rows_are_written_only_at_a_close_and_wrap_after_the_ring():
-    """Positions 0 .. 1023 of one request (pages of 4, cmp count 2, idx count 3): CSA writes at positions 3, 7, ...
-    only, HCA at 127, 255, ...; CSA's rows repeat with a period of 2 pages · 4 rows · ratio 4 = 32 positions and are
-    distinct within it, the index keys' with 3 · 4 · 4 = 48."""
-    from kernels.v4.dspark_metadata import dspark_decode_metadata
-
-    n = 1024
-    i = {"position_ids": torch.arange(n, dtype=torch.int32),
-         **{name: torch.arange(10 * n).reshape(n, 10).to(torch.int32) * 0 + torch.arange(10, dtype=torch.int32) + 16 * g
-            for g, name in enumerate(TABLES)},
+def test_compressed_rows_are_written_only_at_a_close_and_wrap_after_the_ring(backend):
+    """Positions 0 .. 1023 and 16384 .. 16511 of one-token requests (pages of 4, cmp count 2, idx count 3): CSA writes
+    at positions 3, 7, ... only, HCA at 127, 255, ..., 16511 (its row 128 = 16511 // 128, not 16511 // 129 = 127);
+    CSA's rows repeat with a period of 2 pages · 4 rows · ratio 4 = 32 positions and are distinct within it, the
+    index keys' with 3 · 4 · 4 = 48; HCA's rows ring through the same two cmp pages."""
+    p = torch.cat((torch.arange(1024), torch.arange(16384, 16512)))
+    n = p.numel()
+    i = {"position_ids": p.to(torch.int32),
+         **{name: (torch.arange(10, dtype=torch.int32) + 16 * g).repeat(n, 1) for g, name in enumerate(TABLES)},
          "block_counts": torch.tensor([[1, 2, 3, 4, 5, 6]], dtype=torch.int32).repeat(n, 1)}
-    i["ori_block_table"] = torch.arange(n * 256).reshape(n, 256).to(torch.int32)
-    out = dspark_decode_metadata(*(i[k] for k in ("position_ids", *TABLES, "block_counts")), seq=1, block_size=4,
-                                 window=4)
-    p = torch.arange(n)
+    i["ori_block_table"] = torch.arange(n * 4200).reshape(n, 4200).to(torch.int32)
+    out = _call(backend, i, seq=1, block_size=4, window=4)
     for name, ratio, period in (("csa_cmp_slot_mapping", 4, 32), ("csa_idx_slot_mapping", 4, 48),
                                 ("hca_cmp_slot_mapping", 128, None)):
         writes = out[name] >= 0
         assert torch.equal(writes, (p + 1) % ratio == 0), f"{name}: written at {p[writes][:4].tolist()} .."
+        if not period:  # HCA: row p // 128 on the cmp ring of 2 pages
+            j = p[writes] // 128
+            want = ((j // 4) % 2 + 16) * 4 + j % 4
+            separates("the HCA row", want, row_by_129=((p[writes] // 129 // 4) % 2 + 16) * 4 + p[writes] // 129 % 4,
+                      idx_count=((j // 4) % 3 + 16) * 4 + j % 4)
+            assert torch.equal(out[name][writes], want), f"{name}: rows {out[name][writes][-3:].tolist()}, expected " \
+                                                         f"{want[-3:].tolist()} (row p // 128 on the cmp ring)"
+            continue
+        rows = out[name][writes][:256]  # positions 0 .. 1023
         if period:
-            rows = out[name][writes]
             k = period // ratio
             count, base = (2, 16) if name == "csa_cmp_slot_mapping" else (3, 32)  # the group's count and pages
             j = torch.arange(rows.numel())  # the compressed row of each close
@@ -150,7 +155,12 @@ def test_compressed_rows_are_written_only_at_a_close_and_wrap_after_the_ring():
     ("ori page past the table", "ori_block_table", (0, 9)),
     ("unmapped cmp page", "cmp_block_table", (0, 0)),
     ("count past the idx table", "block_counts", (0, 2)),
+    ("a zero count of the last group", "block_counts", (0, 5)),
     ("two-D positions", "position_ids", None),
+    ("a negative position", "position_ids", (0,)),
+    ("a table of another batch", "hca_state_block_table", None),
+    ("counts of another shape", "block_counts", None),
+    ("seq 0", "seq/block_size/window/pages", None),
 ])
 def test_a_bad_step_is_refused_naming_the_table_and_row(backend, case, field, index):
     """A logical ori page past its table, an unmapped (-1) page the step reads, a count larger than its table and
@@ -164,11 +174,30 @@ def test_a_bad_step_is_refused_naming_the_table_and_row(backend, case, field, in
         i["cmp_block_table"][0, 0] = -1
     elif case == "count past the idx table":
         i["block_counts"] = torch.tensor([[1, 2, 11, 3, 4, 5]], dtype=torch.int32)
-    else:
+    elif case == "a zero count of the last group":
+        i["block_counts"] = torch.tensor([[1, 2, 3, 3, 4, 0]], dtype=torch.int32)
+    elif case == "a negative position":
+        i["position_ids"] = torch.tensor([-1], dtype=torch.int32)
+    elif case == "a table of another batch":
+        i["hca_state_block_table"] = i["hca_state_block_table"].repeat(2, 1)
+    elif case == "counts of another shape":
+        i["block_counts"] = i["block_counts"][:, :5]
+    elif case == "two-D positions":
         i["position_ids"] = i["position_ids"][None]
     with pytest.raises(ContractInputError) as exc:
-        _call(backend, i, seq=1, block_size=4, window=3)
+        _call(backend, i, seq=0 if case == "seq 0" else 1, block_size=4, window=3)
     assert exc.value.field == field and (index is None or exc.value.index == index), f"{case}: refused as {exc.value}"
+
+
+def test_position_0_and_int64_inputs_are_taken(backend):
+    """Position 0 (the window one slot, no close) and INT64 positions, tables and counts are valid calls."""
+    i = {k: v.to(torch.int64) for k, v in _hand().items()}
+    i["position_ids"] = torch.tensor([0, 1], dtype=torch.int64)
+    out = _call(backend, i, seq=2, block_size=4, window=3)
+    want = separates("a window of one slot at position 0", torch.tensor([40, -1, -1]),
+                     full_width=torch.tensor([40, 41, 42]), newest_at_the_end=torch.tensor([-1, -1, 40]))
+    assert out["swa_lens"].tolist() == [1, 2] and out["swa_indices"][0].tolist() == want.tolist(), \
+        f"swa {out['swa_lens'].tolist()} {out['swa_indices'].tolist()}"
 
 
 def _variant(**change):

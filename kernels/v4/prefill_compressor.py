@@ -163,11 +163,9 @@ def _chunk_rows(x, position_ids, num_tokens, state_block_table, state_pool, weig
     if unpersisted == "state" and kept:
         from kernels.v4.compressor import pooled_window
 
-        span = (2 if ratio == 4 else 1) * ratio
-        for t in closes.nonzero().flatten().tolist():
-            p = int(position_ids[t])
-            if any(p - span < q <= p for q in kept):
-                compressed[t] = pooled_window(flat, home, p, weights, ratio=ratio, overlap=ratio == 4, eps=eps)
+        for t in closes.nonzero().flatten().tolist():  # every window read back from the state rows
+            compressed[t] = pooled_window(flat, home, int(position_ids[t]), weights, ratio=ratio, overlap=ratio == 4,
+                                          eps=eps)
     return compressed, closes, pool
 
 
