@@ -983,6 +983,17 @@ PREFILL_COMPRESSOR = {4: ("prefill_compressor_ratio4", "golden_prefill_compresso
                             "HCA_STATE_BLOCK_SIZE")}
 
 
+def _golden_unpersisted(unpersisted, rows_from_x) -> None:
+    """The prefill compressor goldens' rule for an unpersisted row: dspark's (``rows_from_x``) read the window back
+    from the state ("state"), V4-Pro's and Flash-MTP's pool the chunk's projection ("pooled"); another is refused."""
+    from contracts.operators import Unsupported
+
+    rule = "state" if rows_from_x else "pooled"
+    if unpersisted not in (None, rule):
+        raise Unsupported(f"upstream's prefill compressor goldens of this folder follow unpersisted={rule!r}; "
+                          f"unpersisted={unpersisted!r} is another named rule")
+
+
 def _v4_prefill_compressor(run, x, position_ids, num_tokens, state_block_table, state_pool, weights,
                            cmp_slot_mapping, state_slot_mapping, cmp_pool, rope_cos, rope_sin, *, ratio,
                            rope_head_dim, eps=1e-6, unpersisted=None, module_pools=False, rows_from_x=False):
@@ -1001,10 +1012,7 @@ def _v4_prefill_compressor(run, x, position_ids, num_tokens, state_block_table, 
 
     _check(x, position_ids, num_tokens, state_block_table, state_pool, cmp_slot_mapping, state_slot_mapping, ratio)
     rope_half_rows(rope_cos, rope_sin, rope_head_dim, weights.norm.shape[0])  # the caller's side
-    golden_rule = "state" if rows_from_x else "pooled"
-    if unpersisted not in (None, golden_rule):
-        raise Unsupported(f"upstream's prefill compressor goldens of this folder follow unpersisted={golden_rule!r}; "
-                          f"unpersisted={unpersisted!r} is another named rule")
+    _golden_unpersisted(unpersisted, rows_from_x)
     module, function, page_name = PREFILL_COMPRESSOR[int(ratio)]
     page = {4: 4, 128: 8}[int(ratio)]
     if state_pool.shape[1] != page:
@@ -1141,10 +1149,7 @@ def _v4_prefill_index_keys(run, x, position_ids, num_tokens, state_block_table, 
     _check(x, position_ids, num_tokens, state_block_table, state_pool, idx_slot_mapping, state_slot_mapping, 4,
            "idx_slot_mapping")
     rope_half_rows(rope_cos, rope_sin, rope_head_dim, weights.norm.shape[0])  # the caller's side
-    golden_rule = "state" if rows_from_x else "pooled"
-    if unpersisted not in (None, golden_rule):
-        raise Unsupported(f"upstream's prefill indexer compressor golden of this folder follows "
-                          f"unpersisted={golden_rule!r}; unpersisted={unpersisted!r} is another named rule")
+    _golden_unpersisted(unpersisted, rows_from_x)
     if state_pool.shape[1] != 4:
         raise Unsupported(f"upstream's prefill indexer compressor golden pages its state by 4 rows; the call's pool "
                           f"has {state_pool.shape[1]}")
