@@ -681,6 +681,33 @@ def v4_kv_pool(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Che
     return precision.check_owned_rows(a, e, ctx.inputs[name], leaf=leaf, name=name)
 
 
+def v4_cp_x_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """A CP prefill sublayer's streams [cp, 2, 2, R, hc, D] (§7.1): the rows that hold a query within upstream's
+    ratio_reldiff(3e-3, 0.5 %, max_diff 1) (prefill_cp_swa.py's compare_fn), every other row exactly 0."""
+    bad = _layout(name, a, e)
+    if bad is not None:
+        return bad
+    real = ctx.inputs["query_token_to_request"] >= 0
+    empty = a[~real]
+    if bool((empty != 0).any()):
+        row = tuple(int(v) for v in (~real).nonzero()[int((empty != 0).flatten(1).any(1).nonzero()[0])])
+        return failed("v4_cp_x_out", "§7.1", int((~real).sum()), int((empty != 0).flatten(1).any(1).sum()),
+                      Violation(f"{name} row without a query", row, float(a[row].abs().max()), 0.0,
+                                note="a tile row past the segment's tokens must stay exactly 0"))
+    diff_thd, pct_thd, max_diff = bounds.V4_CP_X_OUT_RELDIFF
+    return precision.check_ratio_reldiff(a[real], e[real], diff_thd=diff_thd, pct_thd=pct_thd, max_diff=max_diff,
+                                         name=name)
+
+
+def v4_cp_kv_cache(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """Every rank's window ring after a CP prefill (§7.1): the rows the reference wrote (the decode window) within
+    upstream's ratio_allclose(1e-4, 1e-2) and its 0.5 % quota, every other row kept byte for byte (the input of
+    the same name)."""
+    atol, rtol = bounds.V4_CP_KV_TOL
+    leaf = partial(precision.check_ratio_allclose, atol=atol, rtol=rtol, max_error_ratio=bounds.V4_CP_KV_QUOTA)
+    return precision.check_owned_rows(a, e, ctx.inputs[name], leaf=leaf, name=name)
+
+
 COMPARATORS: dict[str, Comparator] = {
     "exact": exact, "gate_codes": gate_codes, "fp32_ulps": fp32_ulps, "norm_bf16": norm_bf16, "qr_scale": qr_scale, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
@@ -691,7 +718,7 @@ COMPARATORS: dict[str, Comparator] = {
     "v4_index_topk": v4_index_topk,
     "v4_prefill_index_score": v4_prefill_index_score, "v4_prefill_index_topk": v4_prefill_index_topk,
     "v4_cmp_pool": v4_cmp_pool, "v4_state_pool": v4_state_pool,
-    "v4_prefill_mtp_out": v4_prefill_mtp_out, "v4_kv_pool": v4_kv_pool, "mtp_out": mtp_out, "q_bf16": q_bf16, "rms_scale": rms_scale,
+    "v4_prefill_mtp_out": v4_prefill_mtp_out, "v4_cp_x_out": v4_cp_x_out, "v4_cp_kv_cache": v4_cp_kv_cache, "v4_kv_pool": v4_kv_pool, "mtp_out": mtp_out, "q_bf16": q_bf16, "rms_scale": rms_scale,
 }
 
 

@@ -72,6 +72,17 @@ def golden_stage(tensors):
 '''
 
 
+def _adapted_modules(model: Path) -> None:
+    """A layout-only file for each module the folder's adapters name (the backend binds an adapter only where its
+    module is in the checkout; these tests call the goldens of toy.py and stage.py)."""
+    from backends.upstream.adapters import BY_FOLDER
+
+    for a in BY_FOLDER[model.name].values():
+        path = model / f"{a.module_of()}.py"
+        if not path.exists():
+            path.write_text("# layout only\n")
+
+
 @pytest.fixture(scope="module")
 def fake_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("checkout")
@@ -82,6 +93,7 @@ def fake_root(tmp_path_factory) -> Path:
     (model / "config.py").write_text(textwrap.dedent(CONFIG))
     (model / "toy.py").write_text(textwrap.dedent(MODULE))
     (model / "stage.py").write_text(textwrap.dedent(STAGE))
+    _adapted_modules(model)
     return root
 
 
@@ -184,6 +196,7 @@ def flash_root(tmp_path_factory) -> Path:
         model.mkdir(parents=True)
         (model / "config.py").write_text(textwrap.dedent(FLASH_CONFIG))
         (model / "toy.py").write_text(textwrap.dedent(FLASH_MODULE))
+        _adapted_modules(model)
     return root
 
 
@@ -218,6 +231,23 @@ def test_the_model_folder_selects_the_adapters_and_an_unknown_one_is_a_usage_err
         get_backend("torch", model="deepseek_v4_flash_mtp")
     with pytest.raises(BackendError, match="--model deepseek_v4_1_flash: expected one of"):
         get_backend("pypto", model="deepseek_v4_1_flash")
+
+
+def test_an_adapted_golden_whose_module_the_checkout_lacks_is_left_out_and_named(tmp_path):
+    """An older main without one of the adapted modules: that operator is not bound (its trees replay as SKIP, its
+    contracts use the reference or skip), and why_missing names the file; the others stay bound."""
+    root = tmp_path / "old-main"
+    (root / "golden").mkdir(parents=True)
+    (root / "golden" / "runner.py").write_text("# layout only\n")
+    model = root / "models" / "deepseek_v4_flash_mtp"
+    model.mkdir(parents=True)
+    (model / "config.py").write_text(textwrap.dedent(FLASH_CONFIG))
+    _adapted_modules(model)
+    (model / "prefill_cp_swa.py").unlink()
+    b = make_backend(str(root), "deepseek_v4_flash_mtp")
+    assert "prefill_cp_swa" not in b.operators and "v4_gate" in b.operators
+    assert "has no models/deepseek_v4_flash_mtp/prefill_cp_swa.py" in b.why_missing["prefill_cp_swa"], \
+        b.why_missing["prefill_cp_swa"]
 
 
 @pytest.mark.skipif(not os.environ.get("PYPTO_LIB_ROOT"), reason="needs a pypto-lib checkout (PYPTO_LIB_ROOT)")

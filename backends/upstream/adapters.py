@@ -1282,6 +1282,39 @@ def _in(folder: str, adapters) -> dict[str, Adapter]:
 # The adapters of each model folder (--model). The Flash folders' goldens adapted so far: the ones whose tensors
 # and rule are V4-Pro's (checked against a checkout: tests/test_record_bindings.py, and the contracts on
 # --backend upstream --model ...), and what only Flash has.
+def _prefill_cp_swa(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                    gamma_ckv, freqs_cos, freqs_sin, kv_cache, attn_sink, wo_a, wo_b, wo_b_scale, plan, *, config,
+                    ops=None):
+    """prefill_cp_swa -> prefill_cp_swa.py::golden_prefill_cp_swa: the plan's tables under upstream's names, the
+    ring's page count as PREFILL_ORI_MAX_BLOCKS, and the context its fixture installs on the golden (each rank's
+    two segments, the segments' starts and lengths, the prefix; it computes with the first only)."""
+    from kernels.v4.cp_swa import check_prefill_cp_swa
+
+    cp, _ = check_prefill_cp_swa(x_hc, kv_cache, plan, config)  # the caller's side
+    owners = [[int(v) for v in row] for row in plan["owner_segments"].tolist()]
+    lengths = [0] * (2 * cp)
+    for rank, segs in enumerate(owners):
+        for part, seg in enumerate(segs):
+            lengths[seg] = int(plan["overlay_active_lengths"][rank, part, :, 1].sum())
+    ctx = {"owner_segments": owners, "prefix": int(plan["segment_starts"][0]), "lengths": lengths,
+           "starts": [int(v) for v in plan["segment_starts"].tolist()]}
+    tensors = {"x_hc": x_hc.clone(), "hc_attn_fn": hc_fn.float().clone(), "hc_attn_scale": hc_scale.float().clone(),
+               "hc_attn_base": hc_base.float().clone(), "attn_norm_w": attn_norm_w.clone(), "wq_a": wq_a.clone(),
+               "wq_b": wq_b.clone(), "wq_b_scale": wq_b_scale.float().clone(), "wkv": wkv.clone(),
+               "gamma_cq": gamma_cq.clone(), "gamma_ckv": gamma_ckv.clone(), "freqs_cos": freqs_cos.clone(),
+               "freqs_sin": freqs_sin.clone(), "kv_cache": kv_cache.clone(), "attn_sink": attn_sink.float().clone(),
+               "wo_a": wo_a.clone(), "wo_b": wo_b.clone(), "wo_b_scale": wo_b_scale.float().clone(),
+               **{name: plan[name].to(torch.int32).clone() for name in (
+                   "predecessor_segments", "query_position_ids", "query_token_to_request", "overlay_position_ids",
+                   "overlay_token_to_request", "overlay_active_lengths", "swa_indices", "final_win_seg_src",
+                   "final_win_row_src", "final_slot_mapping")},
+               "x_out": torch.zeros_like(x_hc)}
+    out = run(tensors, _variant_fields(config), {"PREFILL_ORI_MAX_BLOCKS": int(kv_cache.shape[1]),
+                                                  "BLOCK_SIZE": int(kv_cache.shape[2])},
+              module_globals={"golden_prefill_cp_swa._ctx": ctx})
+    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"]}
+
+
 def _flash_gate(run, *args, **kwargs):
     """v4_gate -> the Flash folders' gate.py::golden_gate_core: V4-Pro's tensors and routing; its quantization factor
     is ``INT8_SCALE_MAX / amax`` with a Python float (torch: reciprocal(amax) · 127), the 'rounded-reciprocal' rule."""
@@ -1320,6 +1353,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                _laid_out("v4_prefill_compressor", module_pools=True),
                                _laid_out("v4_prefill_index_keys", module_pools=True),
                                _laid_out("v4_prefill_indexer", flash_pages=True),
+                               Adapter("prefill_cp_swa", FLASH_MTP, "prefill_cp_swa", "golden_prefill_cp_swa",
+                                       _prefill_cp_swa),
                                *_FLASH_OWN]),
     # dspark keeps V4-Pro's pages (its own page of 32 on the device) and takes its rows token-major; its moe.py
     # divides the expert count by 16 at import

@@ -111,12 +111,17 @@ def make_backend(pypto_lib: str | None = None, model: str | None = None):
         return Backend("upstream", {}, unavailable=reason)
     if not (root / "models" / folder).is_dir():
         return Backend("upstream", {}, unavailable=f"{root} has no models/{folder} (--model {folder}; pull main)")
-    ops = {name: _operator(a, root, env) for name, a in ADAPTERS.items()}
+    present = {name: a for name, a in ADAPTERS.items()
+               if (root / "models" / folder / f"{a.module_of()}.py").is_file()}  # an older main lacks a module
+    ops = {name: _operator(a, root, env) for name, a in present.items()}
     why = {}
     for name in KERNEL_OPERATORS:
         if name in ops:
             continue
-        if name in ADAPTERS:
+        if name in ADAPTERS and (root / "models" / folder).is_dir():
+            why[name] = f"this checkout has no {ADAPTERS[name].upstream.split('::')[0]} (its golden " \
+                        f"{ADAPTERS[name].function} is adapted; an older main?)"
+        elif name in ADAPTERS:
             why[name] = f"this checkout has no models/{ADAPTERS[name].folder}"
         elif folder == PRO and name in PENDING:
             why[name] = f"upstream golden {PENDING[name]} not adapted yet"

@@ -6,7 +6,8 @@ containers and tensors, read back with ``torch.load(weights_only=True)``. A requ
 module file, the golden function, config field overrides (applied to the folder's model object, ``MODEL_OBJECT``), config
 constant overrides, module global overrides (constants a module derives at import, e.g. ``lm_head.py``'s
 ``TP_SIZE`` from its command line, set on the imported module before each call; ``"<module>.<NAME>"`` sets one
-on another module of the folder that the golden imports by name), and the tensors dict the golden
+on another module of the folder that the golden imports by name, ``"<function>.<attr>"`` an attribute of one of the
+module's functions, as a fixture installs ``golden_prefill_cp_swa._ctx``), and the tensors dict the golden
 function fills in place (or ``args`` / ``kwargs`` for a plain host function, whose result comes back as
 ``{"result": ...}``); the answer is
 ``{"tensors": ...}`` or ``{"error": "<one line>"}``. ``taps`` {"<module>.<golden>": [names]} observes the goldens a
@@ -329,10 +330,11 @@ def main() -> int:
                                request.get("constants", {}))
             for name, value in request.get("globals", {}).items():
                 target, attr = mod, name
-                if "." in name:  # "<module>.<NAME>": a module of the folder the golden imports by name
-                    other, attr = name.split(".", 1)
-                    target = importlib.import_module(other)
-                if not hasattr(target, attr):
+                if "." in name:  # "<module>.<NAME>": a module of the folder the golden imports by name;
+                    other, attr = name.split(".", 1)  # "<function>.<attr>": one of this module's (a fixture's _ctx)
+                    target = getattr(mod, other) if callable(getattr(mod, other, None)) \
+                        else importlib.import_module(other)
+                if not hasattr(target, attr) and not callable(target):  # a function attribute may be new
                     raise AttributeError(f"models/{request['folder']}/{name.split('.')[0] if '.' in name else request['module']}"
                                          f".py has no {attr}")
                 setattr(target, attr, value)

@@ -1,0 +1,229 @@
+"""V4-Flash's context-parallel SWA prefill: the plan that lowers every rank's windows onto its ring and the two
+overlays (``cp_swa_plan``), and the sublayer computed rank by rank (``prefill_cp_swa``). Judged against the unsplit
+prefill: each window key resolved through the plan's own tables must be the position the window names (checked
+with the ring's page formula written here), and the ranks' outputs must be the unsplit SWA stage's rows, the rings
+the unsplit cache's last window. Golden case and bad calls: the records in ``kernels/v4/cp_swa.py``. Spec: §7.1,
+§8."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contracts.compare import COMPARATORS, Context
+from contracts.separation import separates
+from kernels.config import V4_FLASH_TINY
+from kernels.v4.cp_swa import PLAN_NAMES, TAIL_NAMES, WEIGHT_NAMES, chunk_inputs
+from pto_pytest.defect import SeededDefect
+from pto_pytest.plugin import op
+
+C = V4_FLASH_TINY
+R = C.sliding_window
+
+
+def _ring_row(p: int, table: list[int], bs: int) -> int:
+    """Written from the rule: the ring holds len(table) pages; position p sits in ring row p mod (pages x bs)."""
+    ring = len(table) * bs
+    return table[(p % ring) // bs] * bs + p % bs
+
+
+@pytest.mark.operators("cp_swa_plan")
+@given(cp=st.sampled_from([2, 4]), span=st.integers(R, 2 * R), fill=st.floats(0.0, 1.0),
+       prefix=st.integers(0, 400), pages=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_the_plan_lowers_every_window_key_to_its_row(backend, cp, span, fill, prefix, pages, seed):
+    """Any chunk, prefix and ring: every chunk position is one query row of one (rank, part, tile); a query at q has
+    column c valid exactly when its key q - R + 1 + c is >= 0, and each valid index resolves -- a ring row through
+    the page formula, an overlay row through ``overlay_position_ids`` -- to that key; the decode window's slots are
+    its positions' ring rows."""
+    n = max(1, round(fill * 2 * cp * span))
+    table = torch.randperm(pages, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
+    plan = op(backend, "cp_swa_plan")(n, cp, span, table, prefix=prefix, config=C)
+    bs, ring, tl = C.block_size, pages * C.block_size, table.tolist()
+    qpos, req = plan["query_position_ids"], plan["query_token_to_request"]
+    seen = sorted(int(p) for p in qpos[req >= 0])
+    assert seen == list(range(prefix, prefix + n)), \
+        f"the ranks' query rows hold {len(seen)} positions, not {prefix} .. {prefix + n - 1} once each (§7.1)"
+    idx, ovp = plan["swa_indices"], plan["overlay_position_ids"]
+    for where in (req >= 0).nonzero().tolist():
+        q = int(qpos[tuple(where)])
+        row = idx[tuple(where)].tolist()
+        for c, raw in enumerate(row):
+            key = q - R + 1 + c
+            if key < 0:
+                assert raw == -1, f"swa_indices{tuple(where)}[{c}] = {raw}: key {key} is before position 0 (-1)"
+                continue
+            if raw < 0:
+                raise AssertionError(f"swa_indices{tuple(where)}[{c}] = -1: key {key} of query {q} is in the "
+                                     f"window and must be reachable (cp {cp}, span {span}, prefix {prefix})")
+            if raw < ring:
+                assert key < prefix and raw == _ring_row(key, tl, bs), \
+                    f"swa_indices{tuple(where)}[{c}] = ring row {raw}; key {key} of query {q} is " + \
+                    (f"ring row {_ring_row(key, tl, bs)}" if key < prefix else "in the chunk (an overlay row)")
+            else:
+                named = int(ovp[tuple(where[:3])][raw - ring])
+                assert named == key, f"swa_indices{tuple(where)}[{c}] = overlay row {raw - ring}, which names " \
+                                     f"position {named}; key {key} of query {q} (prefix {prefix}, ring {ring})"
+    ovl = plan["overlay_active_lengths"]
+    for src, lo in ((0, 0), (1, R)):
+        counts = (ovp[..., lo:lo + R] >= 0).sum(-1)
+        assert torch.equal(counts.to(torch.int32), ovl[..., src]), \
+            f"overlay_active_lengths[..., {src}] does not count the named overlay rows of source {src}"
+    for j in range(R):
+        p = prefix + n - R + j
+        slot = int(plan["final_slot_mapping"][j])
+        assert slot == (_ring_row(p, tl, bs) if p >= prefix else -1), \
+            f"final_slot_mapping[{j}] = {slot}: position {p} goes to ring row {_ring_row(p, tl, bs)} " \
+            f"({'in' if p >= prefix else 'before'} the chunk)"
+
+
+@pytest.mark.operators("cp_swa_plan")
+def test_a_window_key_lowers_by_the_rule_not_an_alternative(backend):
+    """Hand vector: CP 2, span 200 (> R: a segment's tail starts inside it), 800 tokens. Segment 3 (rank 0, part 1)
+    tile 0, row 2 is position 602; its columns R-1, R-4 and 0 name keys 602 (its own: cur overlay row 2), 599 and
+    475 (segment 2's tail, which starts at 472: pred overlay rows 127 and 3). Separated from the unsplit ring row,
+    the cur overlay without its R offset, the pred overlay counted from the segment's start, and newest-first
+    columns."""
+    table = torch.arange(1, dtype=torch.int32)
+    plan = op(backend, "cp_swa_plan")(800, 2, 200, table, prefix=0, config=C)
+    ring = C.block_size
+    got = plan["swa_indices"][0, 1, 0, 2, [R - 1, R - 4, 0]].to(torch.int64)
+    keys = torch.tensor([602, 599, 475])
+    want = separates("keys lowered to the cur / pred overlays", torch.tensor([ring + R + 2, ring + 127, ring + 3]),
+                     unsplit_ring_rows=keys % ring,
+                     cur_without_offset=torch.tensor([ring + 2, ring + 127, ring + 3]),
+                     pred_from_segment_start=torch.tensor([ring + R + 2, ring + 199, ring + 75]),
+                     newest_first=torch.tensor([ring + 3, ring + 6, ring + R + 2]))
+    assert torch.equal(got, want), f"swa_indices[0, 1, 0, 2, cols R-1, R-4, 0] = {got.tolist()}, expected " \
+                                   f"{want.tolist()} (ring {ring} rows, then pred R rows, then cur R rows)"
+
+
+LAYOUTS = {"full segments": (2, R, 4 * R, 0), "two tiles, short last": (2, 2 * R, 300, 5),
+           "cp 4, prefix wrapping the ring": (4, R + 72, 5 * R + 9, 130)}
+
+
+def _unsplit(backend, i, n, prefix):
+    """The whole chunk as one request through the SWA prefill stage: a cache of the prefix's positions (read from
+    the ring) and the chunk's, identity pages, the window from the chunk's positions."""
+    bs, hd = C.block_size, C.head_dim
+    total = prefix + n
+    pages = -(-total // bs)
+    cache = torch.zeros(pages, bs, 1, hd, dtype=torch.bfloat16)
+    ring, tl = i["kv_cache"][0].reshape(-1, hd), i["block_table"].tolist()
+    for p in range(max(0, prefix - R), prefix):
+        cache.reshape(-1, hd)[p] = ring[_ring_row(p, tl, bs)]
+    pos = torch.arange(prefix, total, dtype=torch.int32)
+    window = op(backend, "v4_prefill_swa_indices")(pos, torch.arange(pages, dtype=torch.int32), n, config=C)
+    return op(backend, "v4_attention_stage")("SWA", i["x_all"][prefix:], **{k: i[k] for k in WEIGHT_NAMES},
+                                             kv_cache=cache, swa_slot_mapping=pos.long(), window_indices=window,
+                                             position_ids=pos, **{k: i[k] for k in TAIL_NAMES}, num_tokens=n,
+                                             config=C)
+
+
+def _cp(backend, i):
+    return op(backend, "prefill_cp_swa")(i["x_hc"], *(i[k] for k in WEIGHT_NAMES), i["kv_cache"],
+                                         *(i[k] for k in TAIL_NAMES), {k: i[k] for k in PLAN_NAMES}, config=C)
+
+
+@pytest.mark.operators("prefill_cp_swa", "v4_attention_stage", "v4_prefill_swa_indices")
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_cp_sublayer_is_the_unsplit_prefills(backend, layout):
+    """Every query row of every rank equals the unsplit prefill's row of its position, and every rank's ring holds
+    the unsplit cache's last R positions at their ring rows and nothing else new (judged by the comparators the
+    record names: upstream's own compare_fn bounds, the empty rows exactly 0)."""
+    cp, span, n, prefix = LAYOUTS[layout]
+    i = chunk_inputs(C, 7, cp=cp, span=span, num_tokens=n, prefix=prefix)
+    got, whole = _cp(backend, i), _unsplit(backend, i, n, prefix)
+    real = i["query_token_to_request"] >= 0
+    want_x = torch.zeros_like(got["x_out"])
+    want_x[real] = whole["x_out"][(i["query_position_ids"][real] - prefix).long()]
+    hd, bs = C.head_dim, C.block_size
+    want_kv = i["kv_cache"].clone()
+    for j in range(R):
+        p = prefix + n - R + j
+        if p >= prefix:
+            want_kv.reshape(cp, -1, hd)[:, _ring_row(p, i["block_table"].tolist(), bs)] = \
+                whole["kv_cache"].reshape(-1, hd)[p]
+    ctx = Context(inputs=i, actual_outputs=got, expected_outputs={"x_out": want_x, "kv_cache": want_kv}, params={})
+    for name, judge, want in (("x_out", "v4_cp_x_out", want_x), ("kv_cache", "v4_cp_kv_cache", want_kv)):
+        verdict = COMPARATORS[judge](name, got[name], want, ctx)
+        assert verdict.ok, f"{layout}: {name} is not the unsplit prefill's ({judge}): {verdict}"
+
+
+@pytest.mark.whole_backend("the CP split against the same backend's unsplit stage, bit for bit")
+@pytest.mark.operators("prefill_cp_swa", "v4_attention_stage", "v4_prefill_swa_indices")
+def test_the_split_changes_no_bit_on_one_backend(backend):
+    """On one backend the split is data movement only: every query row's x_out and the rings' decode window are the
+    unsplit stage's bytes (the window's columns sit elsewhere, its keys and their order are the same)."""
+    cp, span, n, prefix = LAYOUTS["two tiles, short last"]
+    i = chunk_inputs(C, 11, cp=cp, span=span, num_tokens=n, prefix=prefix)
+    got, whole = _cp(backend, i), _unsplit(backend, i, n, prefix)
+    real = i["query_token_to_request"] >= 0
+    rows = whole["x_out"][(i["query_position_ids"][real] - prefix).long()]
+    assert torch.equal(got["x_out"][real], rows), "x_out of the split differs from the unsplit stage's rows"
+    for j in range(R):
+        slot = int(i["final_slot_mapping"][j])
+        if slot >= 0:
+            want = whole["kv_cache"].reshape(-1, C.head_dim)[prefix + n - R + j]
+            assert all(torch.equal(got["kv_cache"][r].reshape(-1, C.head_dim)[slot], want) for r in range(cp)), \
+                f"ring row {slot} (decode window row {j}) differs from the unsplit cache's"
+
+
+# --- seeded defects ------------------------------------------------------------------------------------------
+
+def _rank_major_pred(*args, config, ops=None):
+    """The tile-0 overlay read from the rank-major block before the owner's (2 * rank + part - 1), not the
+    logical predecessor segment."""
+    from kernels.v4.cp_swa import prefill_cp_swa
+
+    plan = dict(args[-1])
+    cp = plan["owner_segments"].shape[0]
+    plan["predecessor_segments"] = (torch.arange(2 * cp, dtype=torch.int32) - 1).reshape(cp, 2)
+    return prefill_cp_swa(*args[:-1], plan, config=config, ops=ops)
+
+
+def _window_not_published(*args, config, ops=None):
+    from kernels.v4.cp_swa import prefill_cp_swa
+
+    out = dict(prefill_cp_swa(*args, config=config, ops=ops))
+    out["kv_cache"] = args[13].clone()
+    return out
+
+
+def _newest_first(*args, **kwargs):
+    from kernels.v4.cp_swa import cp_swa_plan
+
+    plan = dict(cp_swa_plan(*args, **kwargs))
+    plan["swa_indices"] = plan["swa_indices"].flip(-1).contiguous()
+    return plan
+
+
+def _tail_from_segment_start(*args, **kwargs):
+    """The pred overlay taken from the predecessor's first rows instead of its last (same when len <= R)."""
+    from kernels.v4.cp_swa import cp_swa_plan
+
+    plan = dict(cp_swa_plan(*args, **kwargs))
+    plan["overlay_position_ids"] = plan["overlay_position_ids"].clone()
+    r = plan["overlay_position_ids"].shape[-1] // 2
+    starts = plan["segment_starts"]
+    for rank in range(plan["owner_segments"].shape[0]):
+        for part in range(2):
+            s = int(plan["owner_segments"][rank, part])
+            if s > 0:
+                row = plan["overlay_position_ids"][rank, part, 0, :r]
+                shift = int(row[0]) - int(starts[s - 1]) if int(row[0]) >= 0 else 0
+                row[row >= 0] -= shift
+    return plan
+
+
+SEEDED_DEFECTS = [
+    SeededDefect("cp-swa:rank-major-predecessor", "prefill_cp_swa", _rank_major_pred,
+                 "test_the_cp_sublayer_is_the_unsplit_prefills", "x_out"),
+    SeededDefect("cp-swa:window-not-published", "prefill_cp_swa", _window_not_published,
+                 "test_the_cp_sublayer_is_the_unsplit_prefills", "kv_cache"),
+    SeededDefect("cp-swa-plan:newest-first", "cp_swa_plan", _newest_first,
+                 "test_the_plan_lowers_every_window_key_to_its_row", "swa_indices"),
+    SeededDefect("cp-swa-plan:tail-from-segment-start", "cp_swa_plan", _tail_from_segment_start,
+                 "test_the_plan_lowers_every_window_key_to_its_row", "which names position"),
+]
