@@ -374,3 +374,58 @@ def test_a_tree_of_one_folders_goldens_is_not_judged_on_another_folders_backend(
     assert all(r.ok for r in trees.replay(mtp_tree, on("deepseek_v4_flash_mtp")).values())
     assert set(trees.replay(pro_tree, torch_backend().derive("ref-gate", v4_gate=lambda *a, **k: torch_backend().get(
         "v4_gate")(*a, **{**k, "dequant_factor": "reciprocal"})))) == {"x_norm_i8", "x_norm_scale", "indices", "weights"}
+
+
+@pytest.mark.skipif(not os.environ.get("PYPTO_LIB_ROOT"), reason="needs a pypto-lib checkout (PYPTO_LIB_ROOT)")
+@pytest.mark.parametrize("cp", [2, 4])
+def test_real_checkout_cp_swa_fixture_is_the_plan(cp):
+    """Flash-MTP's CP-SWA fixture builds its metadata itself (prefill_cp_swa.py::build_metadata: zero history,
+    equal segments of one window, an identity ring): every table it hands the kernel equals cp_swa_plan's at that
+    layout, byte for byte."""
+    from backends.upstream.adapters import _variant_fields
+    from kernels.config import V4_FLASH
+    from kernels.v4.cp_swa import cp_swa_plan
+
+    w = Worker(Path(os.environ["PYPTO_LIB_ROOT"]))
+    try:
+        tables, _ = w.call("deepseek_v4_flash_mtp", "prefill_cp_swa", "build_metadata", {},
+                           fields=_variant_fields(V4_FLASH), constants={"PREFILL_ORI_MAX_BLOCKS": 4},
+                           args=(cp,))["result"]
+    finally:
+        w.close()
+    r = V4_FLASH.sliding_window
+    ours = cp_swa_plan(2 * cp * r, cp, r, torch.arange(4, dtype=torch.int32), config=V4_FLASH)
+    shared = sorted(set(tables) & set(ours))
+    assert len(shared) == 12, shared
+    for name in shared:
+        assert torch.equal(tables[name].to(torch.int32), ours[name]), f"{name} differs from upstream's fixture"
+
+
+def test_a_global_names_a_module_before_a_function_of_the_same_name(tmp_path):
+    """``module_globals``: "<module>.<NAME>" sets a constant on a module of the folder even where the golden's module
+    holds a kernel function of that name (Flash's prefill_indexer imports the kernel prefill_indexer_compressor);
+    "<function>.<attr>" sets an attribute a fixture would install on one of the module's functions."""
+    root = tmp_path / "co"
+    (root / "golden").mkdir(parents=True)
+    (root / "golden" / "runner.py").write_text("# layout only\n")
+    model = root / "models" / "deepseek_v4_flash_mtp"
+    model.mkdir(parents=True)
+    (model / "config.py").write_text(textwrap.dedent(FLASH_CONFIG))
+    (model / "helper.py").write_text("SCALE = 1.0\n\ndef helper(x):\n    return x\n")
+    (model / "user.py").write_text(textwrap.dedent('''
+        import helper as helper_module
+        from helper import helper
+
+        def golden_user(tensors):
+            tensors["y"][:] = tensors["x"] * helper_module.SCALE + golden_user._ctx["shift"]
+        '''))
+    w = Worker(root)
+    try:
+        out = w.call("deepseek_v4_flash_mtp", "user", "golden_user", {"x": torch.ones(2), "y": torch.zeros(2)},
+                     module_globals={"helper.SCALE": 3.0, "golden_user._ctx": {"shift": 0.5}})
+        assert torch.equal(out["y"], torch.full((2,), 3.5)), out["y"]
+        with pytest.raises(UpstreamError, match="nowhere"):
+            w.call("deepseek_v4_flash_mtp", "user", "golden_user", {"x": torch.ones(2), "y": torch.zeros(2)},
+                   module_globals={"nowhere.SCALE": 1.0})
+    finally:
+        w.close()
