@@ -131,9 +131,9 @@ def _cp(backend, i):
 def test_the_cp_sublayer_is_the_unsplit_prefills(backend, layout):
     """Every query row of every rank equals the unsplit prefill's row of its position, and every rank's ring holds
     the unsplit cache's last R positions at their ring rows and nothing else new (judged by the comparators the
-    record names: upstream's own compare_fn bounds, the empty rows exactly 0)."""
+    record names: upstream's own compare_fn bounds, the empty rows exactly 0 though their streams are not)."""
     cp, span, n, prefix = LAYOUTS[layout]
-    i = chunk_inputs(C, 7, cp=cp, span=span, num_tokens=n, prefix=prefix)
+    i = chunk_inputs(C, 7, cp=cp, span=span, num_tokens=n, prefix=prefix, noisy_padding=True)
     got, whole = _cp(backend, i), _unsplit(backend, i, n, prefix)
     real = i["query_token_to_request"] >= 0
     want_x = torch.zeros_like(got["x_out"])

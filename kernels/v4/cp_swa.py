@@ -317,11 +317,12 @@ def stage_weights(config, g: torch.Generator, positions: int) -> dict[str, torch
             "wo_b": int8_codes((dm, c.o_groups * c.o_lora_rank), g), "wo_b_scale": torch.rand(dm, generator=g) / 500}
 
 
-def chunk_inputs(config, seed: int, *, cp: int, span: int, num_tokens: int, prefix: int,
-                 pages: int = 2) -> dict[str, torch.Tensor]:
+def chunk_inputs(config, seed: int, *, cp: int, span: int, num_tokens: int, prefix: int, pages: int = 2,
+                 noisy_padding: bool = False) -> dict[str, torch.Tensor]:
     """One CP SWA chunk: the weights, every position's streams ``x_all`` [prefix + num_tokens, hc, D] (the rank
-    tiles hold the chunk's rows; an empty row holds 0), each rank's ring (a shuffled table of ``pages`` pages,
-    random rows: the prefix's), and the plan's tables."""
+    tiles hold the chunk's rows; an empty row holds 0, or streams of its own with ``noisy_padding``, which no output
+    may show), each rank's ring (a shuffled table of ``pages`` pages, random rows: the prefix's), and the plan's
+    tables."""
     g = generator(seed)
     hc, dm, hd, bs = config.hc_mult, config.hidden_size, config.head_dim, config.block_size
     i = stage_weights(config, g, prefix + num_tokens + 1)
@@ -330,7 +331,8 @@ def chunk_inputs(config, seed: int, *, cp: int, span: int, num_tokens: int, pref
     x_all = torch.randn(prefix + num_tokens, hc, dm, generator=g)
     pos = plan["query_position_ids"].long()
     real = plan["query_token_to_request"] >= 0
-    x_hc = torch.where(real[..., None, None], x_all[pos], torch.zeros(()))
+    pad = torch.randn(pos.shape + x_all.shape[1:], generator=g) if noisy_padding else torch.zeros(())
+    x_hc = torch.where(real[..., None, None], x_all[pos], pad)
     ring = (torch.rand(pages, bs, 1, hd, generator=g) - 0.5).to(torch.bfloat16)
     return {**i, "x_hc": x_hc, "kv_cache": ring.unsqueeze(0).expand(cp, -1, -1, -1, -1).contiguous(),
             "block_table": table, "x_all": x_all, **plan}
