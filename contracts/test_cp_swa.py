@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from contracts.compare import COMPARATORS, Context
 from contracts.separation import separates
 from kernels.config import V4_FLASH_TINY
+from kernels.errors import ContractInputError
 from kernels.v4.cp_swa import PLAN_NAMES, TAIL_NAMES, WEIGHT_NAMES, chunk_inputs
 from pto_pytest.defect import SeededDefect
 from pto_pytest.plugin import op
@@ -65,17 +66,64 @@ def test_the_plan_lowers_every_window_key_to_its_row(backend, cp, span, fill, pr
                 named = int(ovp[tuple(where[:3])][raw - ring])
                 assert named == key, f"swa_indices{tuple(where)}[{c}] = overlay row {raw - ring}, which names " \
                                      f"position {named}; key {key} of query {q} (prefix {prefix}, ring {ring})"
-    ovl = plan["overlay_active_lengths"]
-    for src, lo in ((0, 0), (1, R)):
-        counts = (ovp[..., lo:lo + R] >= 0).sum(-1)
-        assert torch.equal(counts.to(torch.int32), ovl[..., src]), \
-            f"overlay_active_lengths[..., {src}] does not count the named overlay rows of source {src}"
+    _check_tables(plan, n, cp, span, prefix)
     for j in range(R):
         p = prefix + n - R + j
         slot = int(plan["final_slot_mapping"][j])
         assert slot == (_ring_row(p, tl, bs) if p >= prefix else -1), \
             f"final_slot_mapping[{j}] = {slot}: position {p} goes to ring row {_ring_row(p, tl, bs)} " \
             f"({'in' if p >= prefix else 'before'} the chunk)"
+
+
+def _check_tables(plan, n, cp, span, prefix):
+    """Every table the kernel reads, from the rule written here: INT32 at its shape; the zigzag owners and their
+    predecessors; each tile's positions, requests (0 on a query / overlay row, -1 elsewhere) and overlay sources
+    (tile 0: the predecessor's last min(R, len) positions, none for segment 0; tile 1: the segment's tile 0;
+    cur: the tile's own positions) and their counts."""
+    shapes = {"segment_starts": (2 * cp,), "owner_segments": (cp, 2), "predecessor_segments": (cp, 2),
+              "query_position_ids": (cp, 2, 2, R), "query_token_to_request": (cp, 2, 2, R),
+              "overlay_position_ids": (cp, 2, 2, 2 * R), "overlay_token_to_request": (cp, 2, 2, 2 * R),
+              "overlay_active_lengths": (cp, 2, 2, 2), "swa_indices": (cp, 2, 2, R, R), "final_win_seg_src": (R,),
+              "final_win_row_src": (R,), "final_slot_mapping": (R,)}
+    for name, shape in shapes.items():
+        t = plan[name]
+        assert t.dtype == torch.int32 and tuple(t.shape) == shape, \
+            f"{name}: {t.dtype}{list(t.shape)}, expected int32{list(shape)} (the table the kernel reads)"
+    lens = [min(max(n - s * span, 0), span) for s in range(2 * cp)]
+    starts = [prefix + s * span for s in range(2 * cp)]
+    assert plan["segment_starts"].tolist() == starts, f"segment_starts {plan['segment_starts'].tolist()}"
+    for rank in range(cp):
+        for part in range(2):
+            s = rank if part == 0 else 2 * cp - 1 - rank
+            assert int(plan["owner_segments"][rank, part]) == s and \
+                int(plan["predecessor_segments"][rank, part]) == s - 1, \
+                f"rank {rank} part {part}: segment {int(plan['owner_segments'][rank, part])}, predecessor " \
+                f"{int(plan['predecessor_segments'][rank, part])}; expected {s} and {s - 1} (zigzag)"
+            for tile in range(2):
+                cur = starts[s] + tile * R
+                active = max(0, min(lens[s] - tile * R, R))
+                if tile == 0:
+                    n_pred = min(R, lens[s - 1]) if s > 0 else 0
+                    pred = list(range(starts[s - 1] + lens[s - 1] - n_pred, starts[s - 1] + lens[s - 1])) \
+                        if n_pred else []
+                else:
+                    pred = list(range(starts[s], starts[s] + min(lens[s], R)))
+                own = list(range(cur, cur + active))
+                want_ov = pred + [-1] * (R - len(pred)) + own + [-1] * (R - active)
+                got_ov = plan["overlay_position_ids"][rank, part, tile].tolist()
+                assert got_ov == want_ov, f"overlay_position_ids[{rank}, {part}, {tile}] = {got_ov[:4]}.. " \
+                                          f"{got_ov[R:R + 4]}.., expected {want_ov[:4]}.. {want_ov[R:R + 4]}.. " \
+                                          "(pred source, then cur)"
+                want_q = own + [0] * (R - active)
+                assert plan["query_position_ids"][rank, part, tile].tolist() == want_q, \
+                    f"query_position_ids[{rank}, {part}, {tile}]: expected {cur} .. for {active} rows, then 0"
+                for name, named in (("query_token_to_request", own + [-1] * (R - active)),
+                                    ("overlay_token_to_request", want_ov)):
+                    got = plan[name][rank, part, tile].tolist()
+                    assert got == [0 if p >= 0 else -1 for p in named], \
+                        f"{name}[{rank}, {part}, {tile}]: 0 on a named row, -1 elsewhere"
+                assert plan["overlay_active_lengths"][rank, part, tile].tolist() == [len(pred), active], \
+                    f"overlay_active_lengths[{rank}, {part}, {tile}]: expected [{len(pred)}, {active}]"
 
 
 @pytest.mark.operators("cp_swa_plan")
@@ -86,7 +134,7 @@ def test_a_window_key_lowers_by_the_rule_not_an_alternative(backend):
     the cur overlay without its R offset, the pred overlay counted from the segment's start, and newest-first
     columns."""
     table = torch.arange(1, dtype=torch.int32)
-    plan = op(backend, "cp_swa_plan")(800, 2, 200, table, prefix=0, config=C)
+    plan = op(backend, "cp_swa_plan")(800, 2, 200, table, config=C)  # the default prefix: 0
     ring = C.block_size
     got = plan["swa_indices"][0, 1, 0, 2, [R - 1, R - 4, 0]].to(torch.int64)
     keys = torch.tensor([602, 599, 475])
@@ -155,9 +203,14 @@ def test_the_cp_sublayer_is_the_unsplit_prefills(backend, layout):
 @pytest.mark.operators("prefill_cp_swa", "v4_attention_stage", "v4_prefill_swa_indices")
 def test_the_split_changes_no_bit_on_one_backend(backend):
     """On one backend the split is data movement only: every query row's x_out and the rings' decode window are the
-    unsplit stage's bytes (the window's columns sit elsewhere, its keys and their order are the same)."""
+    unsplit stage's bytes (the window's columns sit elsewhere, its keys and their order are the same), with KV
+    values that only BF16 (or FP32) carries unchanged."""
     cp, span, n, prefix = LAYOUTS["two tiles, short last"]
     i = chunk_inputs(C, 11, cp=cp, span=span, num_tokens=n, prefix=prefix)
+    # KV channels past FP16's range and below its normals: a row staged in another dtype than BF16 shows
+    i["gamma_ckv"] = i["gamma_ckv"].clone()
+    i["gamma_ckv"][:4] = 2.0**17
+    i["gamma_ckv"][4:8] = 2.0**-20
     got, whole = _cp(backend, i), _unsplit(backend, i, n, prefix)
     real = i["query_token_to_request"] >= 0
     rows = whole["x_out"][(i["query_position_ids"][real] - prefix).long()]
@@ -168,6 +221,102 @@ def test_the_split_changes_no_bit_on_one_backend(backend):
             want = whole["kv_cache"].reshape(-1, C.head_dim)[prefix + n - R + j]
             assert all(torch.equal(got["kv_cache"][r].reshape(-1, C.head_dim)[slot], want) for r in range(cp)), \
                 f"ring row {slot} (decode window row {j}) differs from the unsplit cache's"
+
+
+def _plan_call(case):
+    table = torch.arange(2, dtype=torch.int32)
+    args = {"cp": (300, 2, R, table), "span short": (300, 2, R - 1, table), "span long": (300, 2, 2 * R + 1, table),
+            "table 2-D": (300, 2, R, table.reshape(1, 2)), "table float": (300, 2, R, table.float()),
+            "table empty": (300, 2, R, table[:0]), "page unmapped": (300, 2, R, torch.tensor([1, -1])),
+            "tokens": (4 * R + 1, 2, R, table)}[case]
+    if case == "cp":
+        args = (300, 3, R, table)
+    return args
+
+
+@pytest.mark.operators("cp_swa_plan")
+@pytest.mark.parametrize("case, field", [("cp", "cp"), ("span short", "span"), ("span long", "span"),
+                                         ("table 2-D", "block_table"), ("table float", "block_table"),
+                                         ("table empty", "block_table"), ("page unmapped", "block_table"),
+                                         ("tokens", "num_tokens")])
+def test_a_plan_that_cannot_be_built_is_refused(backend, case, field):
+    """A CP world not compiled, a span outside one or two tiles (R - 1, 2R + 1; R and 2R are built), a table that
+    is not a 1-D integer table of mapped pages, more tokens than the segments hold: refused naming the field."""
+    plan = op(backend, "cp_swa_plan")
+    with pytest.raises(ContractInputError) as exc:
+        plan(*_plan_call(case), config=C)
+    assert exc.value.field == field, f"{case}: refused naming {exc.value.field!r}, not {field!r}: {exc.value}"
+    table = torch.arange(2, dtype=torch.int32)
+    for span in (R, 2 * R):
+        assert plan(300, 2, span, table, config=C)["swa_indices"].shape[-1] == R
+
+
+def _bad_stage(i, case):
+    i = dict(i)
+    plan = {k: i[k] for k in PLAN_NAMES}
+    ring = i["kv_cache"].shape[1] * C.block_size
+    if case == "x_hc rank dims":
+        i["x_hc"] = i["x_hc"][0]
+    elif case == "x_hc BF16":
+        i["x_hc"] = i["x_hc"].to(torch.bfloat16)
+    elif case == "kv_cache FP32":
+        i["kv_cache"] = i["kv_cache"].float()
+    elif case == "kv_cache page":
+        i["kv_cache"] = i["kv_cache"][:, :, :64].contiguous()
+    elif case == "plan float":
+        plan["swa_indices"] = plan["swa_indices"].float()
+    elif case == "plan missing":
+        del plan["final_slot_mapping"]
+    elif case == "overlay count":
+        plan["overlay_active_lengths"] = plan["overlay_active_lengths"].clone()
+        plan["overlay_active_lengths"][0, 0, 0, 1] = R + 1
+    elif case == "overlay negative":
+        plan["overlay_active_lengths"] = plan["overlay_active_lengths"].clone()
+        plan["overlay_active_lengths"][1, 1, 1, 0] = -1
+    elif case == "index past the overlays":
+        plan["swa_indices"] = plan["swa_indices"].clone()
+        plan["swa_indices"][0, 0, 0, 0, -1] = ring + 2 * R
+    elif case == "index below -1":
+        plan["swa_indices"] = plan["swa_indices"].clone()
+        plan["swa_indices"][0, 0, 0, 0, 0] = -2
+    elif case == "slot past the ring":
+        plan["final_slot_mapping"] = plan["final_slot_mapping"].clone()
+        plan["final_slot_mapping"][-1] = ring
+    return i, plan
+
+
+@pytest.mark.operators("prefill_cp_swa")
+@pytest.mark.parametrize("case, field", [
+    ("x_hc rank dims", "x_hc"), ("x_hc BF16", "x_hc"), ("kv_cache FP32", "kv_cache"), ("kv_cache page", "kv_cache"),
+    ("plan float", "plan.swa_indices"), ("plan missing", "plan"), ("overlay count", "plan.overlay_active_lengths"),
+    ("overlay negative", "plan.overlay_active_lengths"), ("index past the overlays", "plan.swa_indices"),
+    ("index below -1", "plan.swa_indices"), ("slot past the ring", "plan.final_slot_mapping")])
+def test_a_malformed_sublayer_call_is_refused_naming_its_field(backend, case, field):
+    """Each malformed piece of the call refused naming it (the ring's last row and the overlays' last row are
+    accepted: the well-formed call runs)."""
+    cp, span, n, prefix = LAYOUTS["full segments"]
+    i = chunk_inputs(C, 3, cp=cp, span=span, num_tokens=n, prefix=prefix)
+    bad, plan = _bad_stage(i, case)
+    with pytest.raises(ContractInputError) as exc:
+        op(backend, "prefill_cp_swa")(bad["x_hc"], *(bad[k] for k in WEIGHT_NAMES), bad["kv_cache"],
+                                      *(bad[k] for k in TAIL_NAMES), plan, config=C)
+    assert exc.value.field == field, f"{case}: refused naming {exc.value.field!r}, not {field!r}: {exc.value}"
+
+
+@pytest.mark.operators("prefill_cp_swa")
+def test_the_last_ring_row_and_the_last_overlay_row_are_accepted(backend):
+    """The bounds the refusals draw are the last rows themselves: a window index of the cur overlay's last row and
+    a decode-window slot of the ring's last row are a well-formed call (the rows are read and written)."""
+    cp, span, n, prefix = LAYOUTS["full segments"]
+    i = chunk_inputs(C, 3, cp=cp, span=span, num_tokens=n, prefix=prefix)
+    plan = {k: i[k] for k in PLAN_NAMES}
+    ring = i["kv_cache"].shape[1] * C.block_size
+    assert int(plan["swa_indices"].max()) == ring + 2 * R - 1, "the chunk reaches the cur overlay's last row"
+    plan["final_slot_mapping"] = plan["final_slot_mapping"].clone()
+    plan["final_slot_mapping"][-1] = ring - 1
+    out = op(backend, "prefill_cp_swa")(i["x_hc"], *(i[k] for k in WEIGHT_NAMES), i["kv_cache"],
+                                        *(i[k] for k in TAIL_NAMES), plan, config=C)
+    assert not torch.equal(out["kv_cache"][:, -1, -1], i["kv_cache"][:, -1, -1]), "ring row ring - 1 not written"
 
 
 # --- seeded defects ------------------------------------------------------------------------------------------

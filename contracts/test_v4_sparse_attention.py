@@ -17,14 +17,14 @@ import torch
 
 from backends import torch_backend
 from contracts.checks.precision import check_ratio_allclose
-from contracts.separation import separates
+from contracts.separation import separates, separates_under
 from contracts.tolerances import V4_ATTN_OUT_TOL
 from contracts.v4_inputs import attention_inputs as _inputs
 from contracts.v4_inputs import compressed_topk as _compressed
 from contracts.v4_inputs import prefill_attention_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
-from pto_pytest.defect import shared
+from pto_pytest.defect import SeededDefect, shared
 from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY, V4_FLASH_TINY]
@@ -38,10 +38,12 @@ def _call(backend, path, config, inputs, compressed):
                                        config=config)
 
 
-def _independent(path, config, inputs, compressed, *, attention_only: bool = False, seq: int | None = None) -> torch.Tensor:
+def _independent(path, config, inputs, compressed, *, attention_only: bool = False, seq: int | None = None,
+                 key_tiles: str = "columns") -> torch.Tensor:
     """A per-token FP64 evaluation written apart from the reference, after upstream's golden: hand page walk,
     128-key tiles merged one after another with BF16 probabilities for PV, explicit pair formulas, explicit
-    per-(token, group) INT8 codes. ``attention_only``: o [T, H, hd] before the projection."""
+    per-(token, group) INT8 codes. ``attention_only``: o [T, H, hd] before the projection. ``key_tiles``
+    "gathered": the token's invalid keys dropped before the walk (upstream's prefill goldens)."""
     i = {k: v for k, v in inputs.items()}
     t_n, heads, dim = i["q"].shape
     bs = config.block_size
@@ -63,6 +65,8 @@ def _independent(path, config, inputs, compressed, *, attention_only: bool = Fal
                     keys.append((zero, False))
         if not any(ok for _, ok in keys):
             continue
+        if key_tiles == "gathered":
+            keys = [(k, ok) for k, ok in keys if ok]
         run_max, run_sum, acc = None, None, None
         for start in range(0, len(keys), 128):  # upstream's tile walk: 128 keys, BF16 probabilities for PV
             kv = torch.stack([k for k, _ in keys[start:start + 128]])
@@ -446,7 +450,7 @@ def test_a_prefill_chunk_is_one_request_with_zero_padding_rows(backend):
     rows (num_tokens), compressed slots given as logical slots of the request's table. Rows 100.. are exactly 0
     although their indices point at real cache rows; rows ..99 equal the run of those 100
     rows alone, byte for byte, and are within upstream's ratio_allclose(1e-4, 1/128) of the FP64 evaluation.
-    num_tokens 128 is the whole chunk, 0 gives all zeros, outside [0, 128] (or a bool) is refused; the index
+    num_tokens 128 makes every row real, 0 gives all zeros, outside [0, 128] (or a bool) is refused; the index
     inputs are not modified. Spec: §8."""
     config = V4_PRO_TINY
     i = prefill_attention_inputs(config, 17)
@@ -462,13 +466,14 @@ def test_a_prefill_chunk_is_one_request_with_zero_padding_rows(backend):
     assert bool((out[100:] == 0).all()), f"{int((out[100:] != 0).any(1).sum())} padding rows are not zero"
     per_row = ("q", "window_indices", "compressed", "position_ids", "freqs_cos", "freqs_sin")
     real = {n: (v[:100] if n in per_row else v) for n, v in i.items()}
-    alone = attention("HCA", *(real[n] for n in names), config=config, seq=100)
+    alone = attention("HCA", *(real[n] for n in names), config=config, seq=100, num_tokens=100)
     assert torch.equal(out[:100], alone), "the real rows must not depend on the padding rows"
-    want = _independent("HCA", config, real, real["compressed"], seq=100)
+    want = _independent("HCA", config, real, real["compressed"], seq=100, key_tiles="gathered")
     r = check_ratio_allclose(out[:100], want, atol=V4_ATTN_OUT_TOL[0], rtol=V4_ATTN_OUT_TOL[1], name="attn_out")
     assert r.ok, r.message()
-    full = attention("HCA", *(i[n] for n in names), config=config, seq=128)
-    assert torch.equal(attention("HCA", *(i[n] for n in names), config=config, seq=128, num_tokens=128), full)
+    whole = attention("HCA", *(i[n] for n in names), config=config, seq=128, num_tokens=128)
+    assert torch.equal(whole[:100], out[:100]) and bool(whole[100:].ne(0).any(1).all()), \
+        "num_tokens 128: every row real, the first 100 as before"
     assert bool((attention("HCA", *(i[n] for n in names), config=config, seq=128, num_tokens=0) == 0).all())
     for bad in (-1, 129, True):
         with pytest.raises(ContractInputError, match="num_tokens"):
@@ -508,6 +513,79 @@ def test_the_group_partials_are_summed_in_group_order(backend):
 
 
 # defects of tests/defects these contracts must catch (shared with other contract files)
+_SPARSE = ("q", "ori_kv", "window_indices", "cmp_kv", "cmp_block_table", "compressed", "attn_sink")
+
+
+def _early_chunk(config):
+    """A prefill chunk at positions 8 .. 71: every window holds fewer than 128 valid keys (-1 columns after them),
+    every row has compressed slots, so the window's tile and the gathered tile hold different keys."""
+    return prefill_attention_inputs(config, 23, rows=64, start=8)
+
+
+@pytest.mark.operators("v4_sparse_attention")
+def test_gathered_key_tiles_walk_each_tokens_valid_keys_first(backend):
+    """key_tiles="gathered" (upstream's prefill goldens, prefill_sparse_attn.py): each token's valid keys, window
+    then compressed, cut into tiles of 128, against the FP64 walk written here within 1e-5 of the row peak; the
+    decode goldens' column tiles (the window's columns one tile, holes kept) lie beyond that bound on this
+    chunk, so the rule is pinned. An unknown key_tiles is refused. Spec: §8."""
+    config = V4_PRO_TINY
+    i = _early_chunk(config)
+    attend = op(backend, "v4_sparse_attention")
+    o = attend(*(i[n] for n in _SPARSE), seq=64, key_tiles="gathered")
+
+    def within(candidate, expected):
+        peak = expected.abs().amax(dim=(1, 2), keepdim=True).clamp_min(1e-30)
+        return float(((candidate.double() - expected).abs() / peak).max()) <= 1e-5
+
+    want = separates_under("gathered key tiles", within,
+                           _independent("HCA", config, i, i["compressed"], attention_only=True, seq=64,
+                                        key_tiles="gathered"),
+                           column_tiles=_independent("HCA", config, i, i["compressed"], attention_only=True,
+                                                     seq=64))
+    assert within(o, want), "o is not the walk over the gathered keys within 1e-5 of the row peak"
+    with pytest.raises(ContractInputError, match="key_tiles"):
+        attend(*(i[n] for n in _SPARSE), seq=64, key_tiles="rows")
+
+
+@pytest.mark.whole_backend("v4_attention against its own parts, bit for bit")
+@pytest.mark.operators("v4_attention", "v4_output_projection", "v4_sparse_attention")
+def test_the_prefill_form_tiles_gathered_and_the_decode_form_by_columns(backend):
+    """v4_attention's prefill form (num_tokens given) is the projection of the gathered walk, its decode form of
+    the column walk, unless the call names key_tiles; on this chunk the two walks differ, so the default is seen.
+    Spec: §8."""
+    config = V4_PRO_TINY
+    i = _early_chunk(config)
+    args = (i["q"], i["ori_kv"], i["window_indices"], i["cmp_kv"], i["cmp_block_table"], i["compressed"],
+            i["position_ids"], i["attn_sink"], i["freqs_cos"], i["freqs_sin"], i["wo_a"], i["wo_b"], i["wo_b_scale"])
+    attention, attend = op(backend, "v4_attention"), op(backend, "v4_sparse_attention")
+    project = op(backend, "v4_output_projection")
+    walk = {tiles: project(attend(*(i[n] for n in _SPARSE), seq=64, key_tiles=tiles), i["freqs_cos"],
+                           i["freqs_sin"], i["wo_a"], i["wo_b"], i["wo_b_scale"], config=config)
+            for tiles in ("gathered", "columns")}
+    assert not torch.equal(walk["gathered"], walk["columns"]), "the chunk no longer separates the two walks"
+    assert torch.equal(attention("HCA", *args, config=config, seq=64, num_tokens=64), walk["gathered"]), \
+        "the prefill form must walk the gathered keys (upstream's prefill goldens)"
+    assert torch.equal(attention("HCA", *args, config=config, seq=64), walk["columns"]), \
+        "the decode form must walk the columns (upstream's decode goldens)"
+    assert torch.equal(attention("HCA", *args, config=config, seq=64, num_tokens=64, key_tiles="columns"),
+                       walk["columns"]), "a named key_tiles is followed"
+
+
+def _prefill_by_columns(*args, **kwargs):
+    from kernels.v4.sparse_attention import v4_attention
+
+    kwargs["key_tiles"] = "columns"
+    return v4_attention(*args, **kwargs)
+
+
+def _key_tiles_ignored(*args, key_tiles="columns", **kwargs):
+    from kernels.v4.sparse_attention import v4_sparse_attention
+
+    if key_tiles not in ("columns", "gathered"):
+        raise ContractInputError("key_tiles", None, "columns or gathered", key_tiles, "§8")
+    return v4_sparse_attention(*args, **kwargs)
+
+
 SEEDED_DEFECTS = [
     shared("v4:CSA_BOUND_INCLUSIVE", "test_csa_keeps_a_raw_slot_only_below_position_plus_one_over_four", "CSA must read exactly the slots below"),
     shared("v4:CMP_SLOTS_PHYSICAL", "test_compressed_slots_are_paged_through_each_requests_table", "slots read as physical rows"),
@@ -516,4 +594,8 @@ SEEDED_DEFECTS = [
     shared("v4:ACT_SCALE_PER_TOKEN", "test_the_latent_stays_fp32_and_each_token_group_has_its_own_int8_scale", "group 0 coded on its own scale"),
     shared("v4:FORWARD_ROPE", "test_the_inverse_rotation_acts_on_the_last_rope_dims", "the inverse rotation"),
     shared("v4:PADDING_ROWS_ATTENDED", "test_a_prefill_chunk_is_one_request_with_zero_padding_rows", "padding rows are not zero"),
+    SeededDefect("v4-attention:prefill-by-columns", "v4_attention", _prefill_by_columns,
+                 "test_the_prefill_form_tiles_gathered_and_the_decode_form_by_columns", "gathered keys"),
+    SeededDefect("v4-sparse-attention:key-tiles-ignored", "v4_sparse_attention", _key_tiles_ignored,
+                 "test_gathered_key_tiles_walk_each_tokens_valid_keys_first", "gathered keys"),
 ]

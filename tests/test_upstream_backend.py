@@ -429,3 +429,27 @@ def test_a_global_names_a_module_before_a_function_of_the_same_name(tmp_path):
                    module_globals={"nowhere.SCALE": 1.0})
     finally:
         w.close()
+
+
+@pytest.mark.skipif(not os.environ.get("PYPTO_LIB_ROOT"), reason="needs a pypto-lib checkout (PYPTO_LIB_ROOT)")
+@pytest.mark.parametrize("model", ["deepseek_v4_pro", "deepseek_v4_flash_mtp"])
+def test_real_checkout_prefill_attention_gathers_its_keys(model):
+    """Disagreement 19: upstream's prefill attention golden (prefill_sparse_attn.py) on a chunk whose windows have
+    holes and compressed keys gives v4_attention's prefill form (key_tiles="gathered") byte for byte, and not the
+    decode goldens' column tiles; its padding rows are 0."""
+    from backends.upstream.backend import CALLED
+    from contracts.v4_inputs import prefill_attention_inputs
+    from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
+    from kernels.v4.sparse_attention import v4_attention
+
+    config = V4_PRO_TINY if model == "deepseek_v4_pro" else V4_FLASH_TINY
+    i = prefill_attention_inputs(config, 23, rows=64, start=8)
+    args = [i[n] for n in ("q", "ori_kv", "window_indices", "cmp_kv", "cmp_block_table", "compressed", "position_ids",
+                           "attn_sink", "freqs_cos", "freqs_sin", "wo_a", "wo_b", "wo_b_scale")]
+    b = make_backend(os.environ["PYPTO_LIB_ROOT"], model)
+    CALLED.clear()
+    got = b.get("v4_attention")("HCA", *args, config=config, seq=64, num_tokens=50)
+    assert [f"models/{model}/prefill_sparse_attn.py::golden_prefill_sparse_attn"] == CALLED, CALLED
+    assert torch.equal(got, v4_attention("HCA", *args, config=config, seq=64, num_tokens=50)), "not the gathered walk"
+    assert not torch.equal(got, v4_attention("HCA", *args, config=config, seq=64, num_tokens=50, key_tiles="columns"))
+    assert bool((got[50:] == 0).all())

@@ -33,10 +33,15 @@ def _physical_rows(slots: torch.Tensor, table: torch.Tensor, *, seq: int, block_
 
 def tiled_v4_sparse_attention(q: torch.Tensor, ori_kv: torch.Tensor, window_indices: torch.Tensor,
                               cmp_kv: torch.Tensor, cmp_block_table: torch.Tensor, cmp_indices: torch.Tensor,
-                              attn_sink: torch.Tensor, *, seq: int) -> torch.Tensor:
-    """Same signature and result as ``kernels.v4.sparse_attention.v4_sparse_attention``."""
+                              attn_sink: torch.Tensor, *, seq: int, key_tiles: str = "columns") -> torch.Tensor:
+    """Same signature and result as ``kernels.v4.sparse_attention.v4_sparse_attention`` (``key_tiles``
+    "gathered": a prefill kernel's walk over the token's valid keys only, window then compressed)."""
     check_sparse_attention_inputs(q, ori_kv, window_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink,
                                   seq=seq)
+    if key_tiles not in ("columns", "gathered"):
+        from kernels.errors import ContractInputError
+
+        raise ContractInputError("key_tiles", None, "one of ('columns', 'gathered')", repr(key_tiles), "§8")
     tokens, heads, dim = q.shape
     ori, cmp = ori_kv.reshape(-1, dim), cmp_kv.reshape(-1, dim)
     rows = _physical_rows(cmp_indices, cmp_block_table, seq=seq, block_size=cmp_kv.shape[1])
@@ -45,6 +50,8 @@ def tiled_v4_sparse_attention(q: torch.Tensor, ori_kv: torch.Tensor, window_indi
     for t in range(tokens):
         ids = torch.cat((window_indices[t].to(torch.int64), rows[t]))
         src = torch.cat((torch.zeros(window_indices.shape[1], dtype=torch.bool), torch.ones(rows.shape[1], dtype=torch.bool)))
+        if key_tiles == "gathered":
+            ids, src = ids[ids >= 0], src[ids >= 0]
         if not bool((ids >= 0).any()):
             continue
         qt = q[t].to(torch.float32)

@@ -31,6 +31,7 @@ class Adapter:
     build: Callable  # (run, *args, **kwargs) -> outputs, where run(tensors, fields, constants) calls the golden
     also: tuple[str, ...] = ()  # other modules of the folder the adapter may call (run(..., module=...))
     renames: tuple[tuple[str, str], ...] = ()  # (V4-Pro's module name, this folder's) where the folder renamed one
+    forms: tuple[tuple[str, str], ...] = ()  # (module, golden) the adapter calls itself for another path or form
 
     def module_of(self, module: str | None = None) -> str:
         """This folder's name for one of the adapter's modules (V4-Pro's name given; its own by default)."""
@@ -664,9 +665,55 @@ FLASH_HCA_K_TILE = 128  # the Flash HCA attention's ATTN_K_TILE (its compressed 
 ATTENTION_MODULES = {"CSA": "decode_sparse_attn", "HCA": "decode_sparse_attn_hca", "SWA": "decode_sparse_attn_swa"}
 
 
+def _prefill_sparse_attn(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
+                         attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq, num_tokens,
+                         key_tiles=None, own_cmp_page=False):
+    """v4_attention's prefill form -> prefill_sparse_attn.py::golden_prefill_sparse_attn: one request of T = seq
+    rows (the module's T), its window rows and logical compressed slots as given (CSA's raw top-k masked by
+    position first, as attention_indices does), its 1-D compressed table as wide as the call's (CMP_MAX_BLOCKS),
+    the compressed page the call's (V4-Pro: BLOCK_SIZE; the Flash folders: ``cmp_storage_block_size``). The golden
+    gathers each row's valid keys before tiling them, ``key_tiles="gathered"`` (disagreement 19)."""
+    from contracts.operators import Unsupported
+    from kernels.reference.attention import check_inputs
+    from kernels.v4.sparse_attention import (
+        attention_indices,
+        check_output_projection,
+        flat_pool,
+        paged_compressed_rows,
+    )
+
+    window, cmp_indices = attention_indices(path, q, window_indices, compressed, position_ids, num_tokens=num_tokens,
+                                            config=config)
+    tokens, _, dim = q.shape
+    ori, cmp = flat_pool(ori_kv, "ori_kv", dim), flat_pool(cmp_kv, "cmp_kv", dim)
+    rows = paged_compressed_rows(cmp_indices, cmp_block_table, seq=seq, block_size=cmp_kv.shape[1])
+    check_inputs(q, ori, window, cmp, rows, attn_sink)
+    check_output_projection(q.shape, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, config=config)
+    if (key_tiles or "gathered") != "gathered":
+        raise Unsupported(f"upstream's prefill attention golden gathers each row's valid keys before tiling them; "
+                          f"key_tiles={key_tiles!r} is the decode goldens' rule")
+    if seq != tokens or cmp_block_table.shape[0] != 1:
+        raise Unsupported(f"upstream's prefill attention golden takes one request's chunk (seq {seq}, T {tokens}, "
+                          f"{cmp_block_table.shape[0]} compressed tables)")
+    table = cmp_block_table.reshape(-1).to(torch.int32)
+    tensors = {"q": q.clone(), "ori_kv": ori_kv.clone(), "cmp_kv": cmp_kv.clone(), "cmp_block_table": table.clone(),
+               "swa_indices": window.to(torch.int32).clone(), "cmp_indices": cmp_indices.to(torch.int32).clone(),
+               "attn_sink": attn_sink.float().clone(), "num_tokens": int(num_tokens), "freqs_cos": freqs_cos.clone(),
+               "freqs_sin": freqs_sin.clone(), "wo_a": wo_a.clone(), "wo_b": wo_b.clone(),
+               "wo_b_scale": wo_b_scale.float().clone(),
+               "attn_out": torch.zeros(tokens, config.hidden_size, dtype=torch.bfloat16)}
+    constants = {"BLOCK_SIZE": int(cmp_kv.shape[1])}
+    if own_cmp_page:  # the Flash goldens read the compressed page from the call, their BLOCK_SIZE stays the window's
+        tensors["cmp_storage_block_size"] = int(cmp_kv.shape[1])
+        constants = {}
+    out = run(tensors, _variant_fields(config), constants, module="prefill_sparse_attn",
+              function="golden_prefill_sparse_attn", module_globals={"T": tokens, "CMP_MAX_BLOCKS": int(table.numel())})
+    return out["attn_out"]
+
+
 def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
                   attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq=None, num_tokens=None,
-                  own_cmp_page=False):
+                  key_tiles=None, own_cmp_page=False):
     """v4_attention -> decode_sparse_attn.py (CSA: the raw indexer top-k, masked by position inside the golden),
     decode_sparse_attn_hca.py (HCA: the compressed slots), decode_sparse_attn_swa.py (SWA: the window only)
     ::golden_sparse_attn, each the sparse attention fused with the grouped output projection. Geometry: B = T /
@@ -674,7 +721,7 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
     is upstream's WIN columns and HCA's slots its CMP_TOPK columns (a narrower call is padded with -1, which
     reads nothing; a wider one is unsupported: upstream's key tiles would drop the excess). ``own_cmp_page``: the
     folder's compressed cache has a page of its own (the Flash folders' CMP_STORAGE_BLOCK_SIZE, 128 / ratio rows),
-    set to the call's compressed page."""
+    set to the call's compressed page. The prefill form (``num_tokens`` given): ``_prefill_sparse_attn``."""
     from contracts.operators import Unsupported
     from kernels.reference.attention import check_inputs
     from kernels.v4.sparse_attention import (
@@ -685,6 +732,14 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
     )
 
     seq = config.decode_seq if seq is None else seq
+    if num_tokens is not None:
+        return _prefill_sparse_attn(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed,
+                                    position_ids, attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale,
+                                    config=config, seq=seq, num_tokens=num_tokens, key_tiles=key_tiles,
+                                    own_cmp_page=own_cmp_page)
+    if key_tiles not in (None, "columns"):
+        raise Unsupported(f"upstream's decode attention goldens tile the key columns; key_tiles={key_tiles!r} is "
+                          "the prefill goldens' rule")
     window, cmp_indices = attention_indices(path, q, window_indices, compressed, position_ids, num_tokens=num_tokens,
                                             config=config)
     tokens, heads, dim = q.shape
@@ -1190,7 +1245,9 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_expert", PRO, "expert_routed", "golden_expert_routed", _v4_expert, also=("expert_shared",)),
     Adapter("v4_qkv_proj_rope", PRO, "qkv_proj_rope", "golden_qkv_proj_rope", _v4_qkv_proj_rope),
     Adapter("v4_attention", PRO, "decode_sparse_attn", "golden_sparse_attn", _v4_attention,
-            also=("decode_sparse_attn_hca", "decode_sparse_attn_swa")),
+            also=("decode_sparse_attn_hca", "decode_sparse_attn_swa", "prefill_sparse_attn"),
+            forms=(("decode_sparse_attn_hca", "golden_sparse_attn"), ("decode_sparse_attn_swa", "golden_sparse_attn"),
+                   ("prefill_sparse_attn", "golden_prefill_sparse_attn"))),
     Adapter("v4_attention_stage", PRO, "decode_attention_swa", "golden_attention_swa", _v4_attention_stage,
             also=("hc_pre", "rmsnorm", "qkv_proj_rope")),
     Adapter("v4_indexer", PRO, "decode_indexer", "golden_indexer", _v4_indexer, also=("decode_indexer_compressor",)),

@@ -4,7 +4,8 @@ folder (``docs/upstream.md`` keeps the one of the checkout named there).
     python -m backends.upstream.folders --pypto-lib DIR [--model FOLDER ...]
 
 Each ``models/<folder>/<module>.py`` is read with ``ast`` (nothing imported): its ``golden_*`` functions, and its
-``@pl.jit`` entries. A golden is ``adapted`` (the operator whose adapter calls it, ``backends.upstream.adapters``)
+``@pl.jit`` entries. A golden is ``adapted`` (the operator whose adapter calls it, for the operator's main form or
+another path or form it names, ``backends.upstream.adapters``)
 or ``not adapted yet``; a module without a golden says so. Exit 0, 2 on bad usage (no checkout, unknown folder).
 """
 
@@ -36,6 +37,7 @@ def _module_facts(path: Path) -> tuple[list[str], list[str]]:
 def folder_rows(root: Path, folder: str) -> list[tuple[str, str, str, str]]:
     """(module, golden, entries, status) for every golden of ``folder`` (a module without one: golden "-")."""
     adapted = {(a.module_of(), a.function): a.operator for a in BY_FOLDER[folder].values()}
+    adapted.update({(a.module_of(m), f): a.operator for a in BY_FOLDER[folder].values() for m, f in a.forms})
     also = {a.module_of(m): a.operator for a in BY_FOLDER[folder].values() for m in a.also}
     rows = []
     for path in sorted((root / "models" / folder).glob("*.py")):

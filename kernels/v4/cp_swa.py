@@ -126,16 +126,16 @@ def cp_swa_plan(num_tokens: int, cp: int, span: int, block_table: torch.Tensor, 
                 key = q - win + 1 + cols[None, :]
                 row = torch.full(key.shape, -1, dtype=torch.int64)
                 before = (key >= 0) & (key < prefix)
-                row = torch.where(before, ring_rows(key.clamp(min=0), block_table, bs), row)
+                row = torch.where(before, ring_rows(key, block_table, bs), row)
                 own = (key >= cur) & (key <= q)
                 row = torch.where(own, base + r_rows + key - cur, row)
-                pred = (key >= max(prefix, pred_start)) & (key < pred_start + pred_len) & (key < cur)
+                pred = (key >= pred_start) & (key < pred_start + pred_len)  # the pred source ends at cur
                 row = torch.where(pred, base + key - pred_start, row)
                 swa[rank, part, tile, :active] = row.to(torch.int32)
     sources = window_sources(lens, r_rows)
     total = sum(lens)
     final = [prefix + total - r_rows + j for j in range(r_rows)]
-    slots = ring_rows(torch.tensor(final).clamp(min=0), block_table, bs)
+    slots = ring_rows(torch.tensor(final), block_table, bs)  # a position before the chunk: -1 below
     return {"segment_starts": zz["segment_starts"], "owner_segments": owners, "predecessor_segments": preds,
             "query_position_ids": q_pos, "query_token_to_request": q_req, "overlay_position_ids": ov_pos,
             "overlay_token_to_request": torch.where(ov_pos >= 0, 0, -1).to(torch.int32),
@@ -339,11 +339,11 @@ def chunk_inputs(config, seed: int, *, cp: int, span: int, num_tokens: int, pref
 
 
 def _tree(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
-    """CP 2, segments of one tile (span R), R + 22 tokens after a prefix of 5: segment 0 (rank 0) full, its first
-    rows' windows in the ring; segment 1 (rank 1) 22 rows whose windows reach into segment 0's tail, handed over
+    """CP 2, segments of one tile (span R), R + 6 tokens after a prefix of 5: segment 0 (rank 0) full, its first
+    rows' windows in the ring; segment 1 (rank 1) 6 rows whose windows reach into segment 0's tail, handed over
     from rank 0; segments 2 and 3 empty (the contracts reach the second tile; the sample store's budget)."""
     r = config.sliding_window
-    i = chunk_inputs(config, seed, cp=2, span=r, num_tokens=r + 22, prefix=5)
+    i = chunk_inputs(config, seed, cp=2, span=r, num_tokens=r + 6, prefix=5)
     del i["x_all"], i["block_table"]
     return i
 

@@ -19,7 +19,8 @@ The attention (``v4_sparse_attention``) uses one shared KV row per position (key
 one-pass reference (``kernels.reference.attention``; the input checks and the row gather are shared): the keys
 -- the window first, then the compressed slots -- are cut into tiles of 128 (``ATTN_K_TILE``; the window is
 exactly one tile); in each tile the probabilities exp(s - tile max) are summed unrounded and **rounded to BF16**
-for the product with the BF16 rows; the tiles merge by their maxima; the sink logit adds exp(sink - max) to the
+for the product with the BF16 rows (a decode row's tiles are its columns; a prefill row's valid keys are gathered
+first and then cut, ``key_tiles``); the tiles merge by their maxima; the sink logit adds exp(sink - max) to the
 denominator and carries no value; a token with no valid key outputs exactly zero. Arithmetic is FP64 around
 that one rounding; the output stays FP32, because V4 rounds after the inverse RoPE:
 
@@ -55,6 +56,10 @@ SPEC = "§8"
 ROUNDING_VERSION = "v4-sparse-attn-1"
 PATHS = ("HCA", "CSA", "SWA")
 KEY_TILE = 128  # ATTN_K_TILE: one tile is the window, the compressed keys follow in tiles of 128
+# How the keys are cut into tiles (docs/upstream.md, disagreement 19): "columns", the decode goldens' (the window's
+# columns one tile, the compressed columns after, an invalid column keeping its place); "gathered", the prefill
+# goldens' (prefill_sparse_attn.py: the valid keys gathered first, window then compressed, then cut into tiles)
+KEY_TILES = ("columns", "gathered")
 NEG_INF = -1.0e20  # the additive mask of an invalid key
 
 
@@ -124,10 +129,12 @@ def check_sparse_attention_inputs(q: torch.Tensor, ori_kv: torch.Tensor, window_
 @operator(returns="o [T, H, hd] FP32: V4's sparse attention, compressed slots paged per request", spec='§8')
 def v4_sparse_attention(q: torch.Tensor, ori_kv: torch.Tensor, window_indices: torch.Tensor, cmp_kv: torch.Tensor,
                         cmp_block_table: torch.Tensor, cmp_indices: torch.Tensor, attn_sink: torch.Tensor, *,
-                        seq: int) -> torch.Tensor:
+                        seq: int, key_tiles: str = "columns") -> torch.Tensor:
     """q [T, H, head_dim] BF16; caches [blocks, bs, 1, head_dim]; window_indices [T, W] physical ori rows;
     cmp_indices [T, K] logical compressed slots (K may be 0: SWA) -> o [T, H, head_dim] FP32, by the 128-key
-    tile rule of the module docstring. Spec: §8."""
+    tile rule of the module docstring; ``key_tiles`` (``KEY_TILES``): which keys share a tile. Spec: §8."""
+    if key_tiles not in KEY_TILES:
+        raise ContractInputError("key_tiles", None, f"one of {KEY_TILES}", repr(key_tiles), SPEC)
     if q.ndim != 3:
         raise ContractInputError("q", None, "[T, H, head_dim]", list(q.shape), SPEC)
     tokens, heads, dim = q.shape
@@ -137,6 +144,9 @@ def v4_sparse_attention(q: torch.Tensor, ori_kv: torch.Tensor, window_indices: t
     w_rows, w_valid = _gather(ori, window_indices)
     c_rows, c_valid = _gather(cmp, rows)
     kv, valid = torch.cat((w_rows, c_rows), dim=1), torch.cat((w_valid, c_valid), dim=1)  # [T, K, D], [T, K]
+    if key_tiles == "gathered":  # each token's valid keys first, in column order
+        order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)
+        kv, valid = torch.gather(kv, 1, order[..., None].expand_as(kv)), torch.gather(valid, 1, order)
     pad = -kv.shape[1] % KEY_TILE
     kv = torch.nn.functional.pad(kv, (0, 0, 0, pad))
     valid = torch.nn.functional.pad(valid, (0, pad), value=False)
@@ -241,20 +251,26 @@ def v4_attention(path: str, q: torch.Tensor, ori_kv: torch.Tensor, window_indice
                  cmp_kv: torch.Tensor, cmp_block_table: torch.Tensor, compressed: torch.Tensor | None,
                  position_ids: torch.Tensor, attn_sink: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor,
                  wo_a: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor, *, config,
-                 seq: int | None = None, num_tokens: int | None = None, ops=None) -> torch.Tensor:
+                 seq: int | None = None, num_tokens: int | None = None, key_tiles: str | None = None,
+                 ops=None) -> torch.Tensor:
     """One V4 attention stage -> attn_out [T, hidden] BF16. ``compressed``: HCA's top-k [T, K] (HCA), the
     indexer's raw top-k [T, >= index_topk] (CSA), ignored for SWA. ``seq``: rows per request (default the
     decode batch's ``decode_seq``; a prefill chunk is one request of T rows, upstream prefill_sparse_attn.py,
     which takes HCA's and CSA's compressed slots as given: path "HCA" here). ``num_tokens``: rows from
-    ``num_tokens`` on are padding -- their indices are not read and their attn_out is exactly 0. Composed from
-    the backend's ``v4_sparse_attention`` and ``v4_output_projection``. Spec: §8."""
+    ``num_tokens`` on are padding -- their indices are not read and their attn_out is exactly 0. ``key_tiles``:
+    the decode form's "columns" by default, the prefill form's (``num_tokens`` given) "gathered", as upstream's
+    decode and prefill goldens tile them. Composed from the backend's ``v4_sparse_attention`` and
+    ``v4_output_projection``. Spec: §8."""
     window_indices, cmp_indices = attention_indices(path, q, window_indices, compressed, position_ids,
                                                     num_tokens=num_tokens, config=config)
+    tiles = key_tiles or ("columns" if num_tokens is None else "gathered")
+    if tiles not in KEY_TILES:
+        raise ContractInputError("key_tiles", None, f"one of {KEY_TILES}", repr(key_tiles), SPEC)
     ops = ops or {}
     attend = ops.get("v4_sparse_attention", v4_sparse_attention)
     project = ops.get("v4_output_projection", v4_output_projection)
     o = attend(q, ori_kv, window_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink,
-               seq=config.decode_seq if seq is None else seq)
+               seq=config.decode_seq if seq is None else seq, **({"key_tiles": tiles} if tiles != "columns" else {}))
     return project(o, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, config=config)
 
 

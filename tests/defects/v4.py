@@ -170,19 +170,23 @@ def _csa_bound_inclusive(path, q, ori_kv, window_indices, cmp_kv, cmp_block_tabl
 CSA_BOUND_INCLUSIVE = _base.derive("defect:v4-csa-bound-inclusive", v4_attention=_csa_bound_inclusive)
 
 
-def _slots_as_physical(q, ori_kv, window_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, *, seq):
+def _slots_as_physical(q, ori_kv, window_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, *, seq,
+                       key_tiles="columns"):
     """Wrong: the compressed slots are read as physical rows of the cmp pool (the request's table ignored)."""
     from kernels.v4 import sparse_attention as sa
 
     identity = torch.arange(cmp_block_table.shape[1], dtype=torch.int32).expand_as(cmp_block_table).contiguous()
-    return sa.v4_sparse_attention(q, ori_kv, window_indices, cmp_kv, identity, cmp_indices, attn_sink, seq=seq)
+    return sa.v4_sparse_attention(q, ori_kv, window_indices, cmp_kv, identity, cmp_indices, attn_sink, seq=seq,
+                                  key_tiles=key_tiles)
 
 
 CMP_SLOTS_PHYSICAL = _base.derive("defect:v4-cmp-slots-physical", v4_sparse_attention=_slots_as_physical)
 
 
-def _one_pass(q, ori_kv, window_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, *, seq):
-    """Wrong: V4.1's one-pass attention (no 128-key tiles, probabilities not rounded to BF16 for PV)."""
+def _one_pass(q, ori_kv, window_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, *, seq,
+              key_tiles="columns"):
+    """Wrong: V4.1's one-pass attention (no 128-key tiles, probabilities not rounded to BF16 for PV; any
+    ``key_tiles``)."""
     from kernels.reference.attention import sparse_attention
     from kernels.v4 import sparse_attention as sa
 
