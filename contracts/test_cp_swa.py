@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from contracts.compare import COMPARATORS, Context
@@ -33,6 +33,7 @@ def _ring_row(p: int, table: list[int], bs: int) -> int:
 @pytest.mark.operators("cp_swa_plan")
 @given(cp=st.sampled_from([2, 4]), span=st.integers(R, 2 * R), fill=st.floats(0.0, 1.0),
        prefix=st.integers(0, 400), pages=st.integers(1, 3), seed=st.integers(0, 2**16))
+@example(cp=2, span=R, fill=1.0, prefix=0, pages=1, seed=0)  # every segment full: the last one is no one's pred
 def test_the_plan_lowers_every_window_key_to_its_row(backend, cp, span, fill, prefix, pages, seed):
     """Any chunk, prefix and ring: every chunk position is one query row of one (rank, part, tile); a query at q has
     column c valid exactly when its key q - R + 1 + c is >= 0, and each valid index resolves -- a ring row through
@@ -47,6 +48,8 @@ def test_the_plan_lowers_every_window_key_to_its_row(backend, cp, span, fill, pr
     assert seen == list(range(prefix, prefix + n)), \
         f"the ranks' query rows hold {len(seen)} positions, not {prefix} .. {prefix + n - 1} once each (§7.1)"
     idx, ovp = plan["swa_indices"], plan["overlay_position_ids"]
+    idle = idx[req < 0]
+    assert bool((idle == -1).all()), f"{int((idle != -1).any(-1).sum())} rows without a query list a window key"
     for where in (req >= 0).nonzero().tolist():
         q = int(qpos[tuple(where)])
         row = idx[tuple(where)].tolist()
@@ -136,6 +139,7 @@ def test_a_window_key_lowers_by_the_rule_not_an_alternative(backend):
     table = torch.arange(1, dtype=torch.int32)
     plan = op(backend, "cp_swa_plan")(800, 2, 200, table, config=C)  # the default prefix: 0
     ring = C.block_size
+    assert int(plan["query_position_ids"][0, 1, 0, 2]) == 602, "segment 3 starts at 3 x 200 (no prefix)"
     got = plan["swa_indices"][0, 1, 0, 2, [R - 1, R - 4, 0]].to(torch.int64)
     keys = torch.tensor([602, 599, 475])
     want = separates("keys lowered to the cur / pred overlays", torch.tensor([ring + R + 2, ring + 127, ring + 3]),
@@ -227,7 +231,7 @@ def _plan_call(case):
     table = torch.arange(2, dtype=torch.int32)
     args = {"cp": (300, 2, R, table), "span short": (300, 2, R - 1, table), "span long": (300, 2, 2 * R + 1, table),
             "table 2-D": (300, 2, R, table.reshape(1, 2)), "table float": (300, 2, R, table.float()),
-            "table empty": (300, 2, R, table[:0]), "page unmapped": (300, 2, R, torch.tensor([1, -1])),
+            "table empty": (300, 2, R, table[:0]), "page unmapped": (300, 2, R, torch.tensor([0, -1])),
             "tokens": (4 * R + 1, 2, R, table)}[case]
     if case == "cp":
         args = (300, 3, R, table)
@@ -237,7 +241,7 @@ def _plan_call(case):
 @pytest.mark.operators("cp_swa_plan")
 @pytest.mark.parametrize("case, field", [("cp", "cp"), ("span short", "span"), ("span long", "span"),
                                          ("table 2-D", "block_table"), ("table float", "block_table"),
-                                         ("table empty", "block_table"), ("page unmapped", "block_table"),
+                                         ("table empty", "block_table"), ("page unmapped", "block_table[1]"),
                                          ("tokens", "num_tokens")])
 def test_a_plan_that_cannot_be_built_is_refused(backend, case, field):
     """A CP world not compiled, a span outside one or two tiles (R - 1, 2R + 1; R and 2R are built), a table that
@@ -245,7 +249,8 @@ def test_a_plan_that_cannot_be_built_is_refused(backend, case, field):
     plan = op(backend, "cp_swa_plan")
     with pytest.raises(ContractInputError) as exc:
         plan(*_plan_call(case), config=C)
-    assert exc.value.field == field, f"{case}: refused naming {exc.value.field!r}, not {field!r}: {exc.value}"
+    named = exc.value.field + (f"[{', '.join(map(str, exc.value.index))}]" if exc.value.index else "")
+    assert named == field, f"{case}: refused naming {named!r}, not {field!r}: {exc.value}"
     table = torch.arange(2, dtype=torch.int32)
     for span in (R, 2 * R):
         assert plan(300, 2, span, table, config=C)["swa_indices"].shape[-1] == R
@@ -288,9 +293,11 @@ def _bad_stage(i, case):
 @pytest.mark.operators("prefill_cp_swa")
 @pytest.mark.parametrize("case, field", [
     ("x_hc rank dims", "x_hc"), ("x_hc BF16", "x_hc"), ("kv_cache FP32", "kv_cache"), ("kv_cache page", "kv_cache"),
-    ("plan float", "plan.swa_indices"), ("plan missing", "plan"), ("overlay count", "plan.overlay_active_lengths"),
-    ("overlay negative", "plan.overlay_active_lengths"), ("index past the overlays", "plan.swa_indices"),
-    ("index below -1", "plan.swa_indices"), ("slot past the ring", "plan.final_slot_mapping")])
+    ("plan float", "plan.swa_indices"), ("plan missing", "plan"),
+    ("overlay count", "plan.overlay_active_lengths[0, 0, 0, 1]"),
+    ("overlay negative", "plan.overlay_active_lengths[1, 1, 1, 0]"),
+    ("index past the overlays", "plan.swa_indices[0, 0, 0, 0, 127]"),
+    ("index below -1", "plan.swa_indices[0, 0, 0, 0, 0]"), ("slot past the ring", "plan.final_slot_mapping[127]")])
 def test_a_malformed_sublayer_call_is_refused_naming_its_field(backend, case, field):
     """Each malformed piece of the call refused naming it (the ring's last row and the overlays' last row are
     accepted: the well-formed call runs)."""
@@ -300,13 +307,15 @@ def test_a_malformed_sublayer_call_is_refused_naming_its_field(backend, case, fi
     with pytest.raises(ContractInputError) as exc:
         op(backend, "prefill_cp_swa")(bad["x_hc"], *(bad[k] for k in WEIGHT_NAMES), bad["kv_cache"],
                                       *(bad[k] for k in TAIL_NAMES), plan, config=C)
-    assert exc.value.field == field, f"{case}: refused naming {exc.value.field!r}, not {field!r}: {exc.value}"
+    named = exc.value.field + (f"[{', '.join(map(str, exc.value.index))}]" if exc.value.index else "")
+    assert named == field, f"{case}: refused naming {named!r}, not {field!r}: {exc.value}"
 
 
 @pytest.mark.operators("prefill_cp_swa")
 def test_the_last_ring_row_and_the_last_overlay_row_are_accepted(backend):
     """The bounds the refusals draw are the last rows themselves: a window index of the cur overlay's last row and
-    a decode-window slot of the ring's last row are a well-formed call (the rows are read and written)."""
+    a decode-window slot of the ring's last row are a well-formed call (the rows are read and written); a slot of
+    -1 writes nothing, whatever its source names."""
     cp, span, n, prefix = LAYOUTS["full segments"]
     i = chunk_inputs(C, 3, cp=cp, span=span, num_tokens=n, prefix=prefix)
     plan = {k: i[k] for k in PLAN_NAMES}
@@ -317,6 +326,10 @@ def test_the_last_ring_row_and_the_last_overlay_row_are_accepted(backend):
     out = op(backend, "prefill_cp_swa")(i["x_hc"], *(i[k] for k in WEIGHT_NAMES), i["kv_cache"],
                                         *(i[k] for k in TAIL_NAMES), plan, config=C)
     assert not torch.equal(out["kv_cache"][:, -1, -1], i["kv_cache"][:, -1, -1]), "ring row ring - 1 not written"
+    plan["final_slot_mapping"] = torch.full_like(plan["final_slot_mapping"], -1)
+    out = op(backend, "prefill_cp_swa")(i["x_hc"], *(i[k] for k in WEIGHT_NAMES), i["kv_cache"],
+                                        *(i[k] for k in TAIL_NAMES), plan, config=C)
+    assert torch.equal(out["kv_cache"], i["kv_cache"]), "a decode-window row whose slot is -1 must write nothing"
 
 
 # --- seeded defects ------------------------------------------------------------------------------------------
