@@ -287,6 +287,9 @@ def _bad_stage(i, case):
     elif case == "slot past the ring":
         plan["final_slot_mapping"] = plan["final_slot_mapping"].clone()
         plan["final_slot_mapping"][-1] = ring
+    elif case == "slot below -1":
+        plan["final_slot_mapping"] = plan["final_slot_mapping"].clone()
+        plan["final_slot_mapping"][0], plan["final_slot_mapping"][5] = -1, -2
     return i, plan
 
 
@@ -297,7 +300,8 @@ def _bad_stage(i, case):
     ("overlay count", "plan.overlay_active_lengths[0, 0, 0, 1]"),
     ("overlay negative", "plan.overlay_active_lengths[1, 1, 1, 0]"),
     ("index past the overlays", "plan.swa_indices[0, 0, 0, 0, 127]"),
-    ("index below -1", "plan.swa_indices[0, 0, 0, 0, 0]"), ("slot past the ring", "plan.final_slot_mapping[127]")])
+    ("index below -1", "plan.swa_indices[0, 0, 0, 0, 0]"), ("slot past the ring", "plan.final_slot_mapping[127]"),
+    ("slot below -1", "plan.final_slot_mapping[5]")])
 def test_a_malformed_sublayer_call_is_refused_naming_its_field(backend, case, field):
     """Each malformed piece of the call refused naming it (the ring's last row and the overlays' last row are
     accepted: the well-formed call runs)."""

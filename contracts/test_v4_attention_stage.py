@@ -160,9 +160,9 @@ def test_the_stage_runs_the_backends_operators_and_any_path(backend):
 
 @pytest.mark.parametrize("config", [V4_PRO_TINY, V4_FLASH_TINY], ids=lambda c: c.name)
 @pytest.mark.operators("v4_attention_stage", "v4_prefill_swa_indices")
-def test_the_prefill_form_is_the_decode_chain_on_the_real_rows_with_a_zero_tail(backend, config):
+def test_the_prefill_form_is_the_same_on_the_real_rows_alone_with_a_zero_tail(backend, config):
     """The prefill form (num_tokens 28 of 32 rows, the window from v4_prefill_swa_indices): the real rows' x_out,
-    qr and qr_scale and the cache equal the stage run on the real rows alone, bit for bit; the padding rows'
+    qr and qr_scale and the cache equal the prefill form run on the real rows alone, bit for bit; the padding rows'
     x_out, qr and qr_scale are exactly 0 and their slot (real row 0's) is not written by them. Spec: §8
     (upstream prefill_attention_swa.py: the kv write and the window stop at num_tokens, hc_post_prefill zeroes
     the tail)."""
@@ -173,7 +173,7 @@ def test_the_prefill_form_is_the_decode_chain_on_the_real_rows_with_a_zero_tail(
     got = op(backend, "v4_attention_stage")("SWA", **i, num_tokens=n, config=config)
     real = {k: (v[:n] if k in ("x_hc", "swa_slot_mapping", "window_indices", "position_ids") else v)
             for k, v in i.items()}
-    want = op(backend, "v4_attention_stage")("SWA", **real, config=config)
+    want = op(backend, "v4_attention_stage")("SWA", **real, num_tokens=n, config=config)
     assert torch.equal(got["kv_cache"].view(torch.int16), want["kv_cache"].view(torch.int16)), \
         "the cache differs from the real rows' writes alone (a padding row wrote its slot)"
     for key in ("x_out", "qr", "qr_scale"):
@@ -235,8 +235,8 @@ def test_the_prefill_form_refuses_a_bad_num_tokens_before_any_operator_runs(back
 
 # defects of tests/defects these contracts must catch (shared with other contract files)
 SEEDED_DEFECTS = [
-    shared("v4:PREFILL_PADDING_KV_WRITTEN", "test_the_prefill_form_is_the_decode_chain_on_the_real_rows_with_a_zero_tail", "a padding row wrote its slot"),
-    shared("v4:PREFILL_STAGE_NO_ZERO_TAIL", "test_the_prefill_form_is_the_decode_chain_on_the_real_rows_with_a_zero_tail", "padding rows of x_out are not 0"),
+    shared("v4:PREFILL_PADDING_KV_WRITTEN", "test_the_prefill_form_is_the_same_on_the_real_rows_alone_with_a_zero_tail", "a padding row wrote its slot"),
+    shared("v4:PREFILL_STAGE_NO_ZERO_TAIL", "test_the_prefill_form_is_the_same_on_the_real_rows_alone_with_a_zero_tail", "padding rows of x_out are not 0"),
     shared("v4:READ_BEFORE_WRITE", "test_each_token_sees_its_own_kv_row", "with this chunk's rows written"),
     shared("v4:ATTN_NORM_SKIPPED", "test_the_stage_is_the_chain_of_its_operators", "not hc_post of the chained attention"),
 ]

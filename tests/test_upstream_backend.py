@@ -220,7 +220,7 @@ def test_the_model_folder_selects_the_adapters_and_an_unknown_one_is_a_usage_err
     assert mtp.operators == tuple(sorted(BY_FOLDER["deepseek_v4_flash_mtp"])) and "lookup_embedding" in mtp.operators
     assert mtp.variants["v4_gate"] == {"dequant_factor": "rounded-reciprocal"}, "the Flash golden's own factor rule"
     assert mtp.provenance["folder"] == "deepseek_v4_flash_mtp" and "models/deepseek_v4_flash_mtp" in mtp.description
-    assert "no golden of models/deepseek_v4_flash_mtp is adapted" in mtp.why_missing["v4_attention_stage"]
+    assert "no golden of models/deepseek_v4_flash_mtp is adapted" in mtp.why_missing["v4_sparse_attention"]
     pro = make_backend(str(fake_root))
     assert "lookup_embedding" not in pro.operators and pro.variants["v4_gate"] == {"dequant_factor": "reciprocal"}
     missing = make_backend(str(fake_root), "deepseek_v4_flash_dspark")

@@ -849,35 +849,37 @@ def _swa_stage_tensors(hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_s
     return tensors, constants, module_globals
 
 
-def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
-                        gamma_ckv, freqs_cos, freqs_sin, kv_cache, swa_slot_mapping, window_indices, position_ids,
-                        attn_sink, wo_a, wo_b, wo_b_scale, cmp_kv=None, cmp_block_table=None, compressed=None, *,
-                        config, num_tokens=None):
-    """v4_attention_stage, SWA decode -> decode_attention_swa.py::golden_attention_swa (hc_pre, RMSNorm, Q/KV,
-    the window-cache write, the SWA attention with its projection, hc_post): x_out and the new cache. That golden
-    computes qr / qr_scale and drops them; they are read by running the same three goldens it chains
-    (hc_pre.py::golden_hc_pre -> rmsnorm.py::golden_rms_norm_test -> qkv_proj_rope.py::golden_qkv_proj_rope).
-    HCA / CSA: upstream's stage goldens also run the compressor (and the indexer), which this operator takes as
-    inputs; the prefill form is upstream's prefill_attention_swa golden: both unsupported here."""
+def _table_of_window(window_indices, position_ids, num_tokens, *, window: int, block_size: int) -> torch.Tensor:
+    """The 1-D page table a prefill chunk's window was lowered through, read back from it: upstream's prefill SWA
+    stage takes a table and lowers the window itself (position p sees p + 1 - min(window, p + 1) .. p in columns
+    0 ..), so a window that is not some table's lowering is unsupported. Pages no window reads are -1."""
     from contracts.operators import Unsupported
 
-    tokens = x_hc.shape[0]
-    _check_swa_stage(position_ids, freqs_cos, kv_cache, swa_slot_mapping, tokens=tokens, num_tokens=num_tokens)
-    if path != "SWA":
-        raise Unsupported(f"upstream's decode_attention_{path.lower()} golden runs the compressor{' and indexer' if path == 'CSA' else ''} "
-                          "inside the stage; this operator takes the compressed cache and top-k as inputs")
-    if num_tokens is not None:
-        raise Unsupported("the prefill form is upstream's prefill_attention_swa golden (not adapted)")
-    lora, dim = config.q_lora_rank, config.head_dim
-    tensors, constants, module_globals = _swa_stage_tensors(
-        hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos, freqs_sin,
-        kv_cache, swa_slot_mapping, window_indices, position_ids, attn_sink, wo_a, wo_b, wo_b_scale, config=config)
-    fields = _variant_fields(config)
-    tensors.update(x_hc=x_hc.float().clone(),
-                   x_out=torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32))
-    out = run(tensors, fields, constants, module="decode_attention_swa", function="golden_attention_swa",
-              module_globals=module_globals)
-    # qr / qr_scale: the same chain of upstream goldens the stage golden runs
+    pages: dict[int, int] = {}
+    for t in range(int(num_tokens)):
+        p = int(position_ids.reshape(-1)[t])
+        valid = min(window, p + 1)
+        row = window_indices[t].tolist()
+        if len(row) < valid or any(v != -1 for v in row[valid:]):
+            raise Unsupported(f"row {t}: upstream's prefill SWA stage lowers the window itself (the last {valid} "
+                              f"positions oldest first, -1 after); the call's window is another layout")
+        for k, phys in enumerate(row[:valid]):
+            key = p + 1 - valid + k
+            page = key // block_size
+            want = -1 if phys < 0 else phys // block_size
+            if phys >= 0 and phys % block_size != key % block_size or pages.setdefault(page, want) != want:
+                raise Unsupported(f"row {t}: window column {k} (position {key}) is not one page table's row")
+    table = torch.full((max(pages, default=-1) + 1,), -1, dtype=torch.int32)
+    for page, phys in pages.items():
+        table[page] = phys
+    return table
+
+
+def _stage_qr(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv,
+              rope_cos, rope_sin, *, config, fields, constants, num_tokens=None, qkv_globals=None):
+    """qr / qr_scale of a stage whose golden computes and drops them: the same chain of upstream goldens it runs
+    (hc_pre.py::golden_hc_pre -> rmsnorm.py::golden_rms_norm_test -> qkv_proj_rope.py::golden_qkv_proj_rope)."""
+    tokens, lora, dim = x_hc.shape[0], config.q_lora_rank, config.head_dim
     pre = run({"x": x_hc.float().clone(), "hc_fn": hc_fn.float().clone(), "hc_scale": hc_scale.float().clone(),
                "hc_base": hc_base.float().clone(),
                "x_mixed": torch.zeros(tokens, config.hidden_size, dtype=torch.bfloat16),
@@ -886,15 +888,95 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
     normed = run({"x": pre["x_mixed"], "norm_w": attn_norm_w.clone(),
                   "x_normed": torch.zeros(tokens, config.hidden_size, dtype=torch.bfloat16)},
                  fields, constants, module="rmsnorm", function="golden_rms_norm_test")
-    pos = position_ids.reshape(-1).to(torch.long)
     proj = run({"x": normed["x_normed"], "wq_a": wq_a.clone(), "wq_b": wq_b.clone(),
-                "wq_b_scale": wq_b_scale.float().clone(), "wkv": wkv.clone(), "rope_cos": freqs_cos[pos].clone(),
-                "rope_sin": freqs_sin[pos].clone(), "gamma_cq": gamma_cq.clone(), "gamma_ckv": gamma_ckv.clone(),
+                "wq_b_scale": wq_b_scale.float().clone(), "wkv": wkv.clone(), "rope_cos": rope_cos.clone(),
+                "rope_sin": rope_sin.clone(), "gamma_cq": gamma_cq.clone(), "gamma_ckv": gamma_ckv.clone(),
+                **({} if num_tokens is None else {"num_tokens": int(num_tokens)}),
                 "q": torch.zeros(tokens, config.num_attention_heads, dim, dtype=torch.bfloat16),
                 "kv": torch.zeros(tokens, dim, dtype=torch.bfloat16), "qr": torch.zeros(tokens, lora, dtype=torch.int8),
                 "qr_scale": torch.zeros(tokens, 1)}, fields, constants, module="qkv_proj_rope",
-               function="golden_qkv_proj_rope", module_globals=_qkv_tiling(config))
-    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": proj["qr"], "qr_scale": proj["qr_scale"]}
+               function="golden_qkv_proj_rope", module_globals=qkv_globals)
+    return proj["qr"], proj["qr_scale"]
+
+
+def _prefill_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                       gamma_ckv, freqs_cos, freqs_sin, kv_cache, swa_slot_mapping, window_indices, position_ids,
+                       attn_sink, wo_a, wo_b, wo_b_scale, *, config, num_tokens, a5_tiling=True):
+    """v4_attention_stage's SWA prefill form -> prefill_attention_swa.py (Flash: prefill_swa.py)
+    ::golden_prefill_attention_swa: one request of T rows (B 1, S T), the page table read back from the call's
+    window (``_table_of_window``), the slots as ori_slot_mapping; x_out and the cache from the golden, qr /
+    qr_scale from the chain it runs (with num_tokens; the Flash folders' qkv golden takes none, so there the
+    padding rows' qr / qr_scale are zeroed here and judge nothing of upstream). The padding rows' positions are
+    never read."""
+    tokens = x_hc.shape[0]
+    real = int(num_tokens)
+    pos = position_ids.reshape(-1).to(torch.int64).clone()
+    pos[real:] = 0
+    table = _table_of_window(window_indices, pos, real, window=config.sliding_window,
+                             block_size=int(kv_cache.shape[1]))
+    fields = _variant_fields(config)
+    constants = {"PREFILL_BATCH": 1, "PREFILL_SEQ": tokens, "BLOCK_SIZE": int(kv_cache.shape[1])}
+    qkv_globals = _qkv_tiling(config) if a5_tiling else None
+    tensors = {"x_hc": x_hc.float().clone(), "hc_attn_fn": hc_fn.float().clone(),
+               "hc_attn_scale": hc_scale.float().clone(), "hc_attn_base": hc_base.float().clone(),
+               "attn_norm_w": attn_norm_w.clone(), "wq_a": wq_a.clone(), "wq_b": wq_b.clone(),
+               "wq_b_scale": wq_b_scale.float().clone(), "wkv": wkv.clone(), "gamma_cq": gamma_cq.clone(),
+               "gamma_ckv": gamma_ckv.clone(), "freqs_cos": freqs_cos.clone(), "freqs_sin": freqs_sin.clone(),
+               "kv_cache": kv_cache.clone(), "ori_slot_mapping": swa_slot_mapping.reshape(-1).to(torch.int64).clone(),
+               "position_ids": pos.to(torch.int32), "block_table": table, "num_tokens": real,
+               "attn_sink": attn_sink.float().clone(), "wo_a": wo_a.clone(), "wo_b": wo_b.clone(),
+               "wo_b_scale": wo_b_scale.float().clone(),
+               "x_out": torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32)}
+    out = run(tensors, fields, constants, module="prefill_attention_swa", function="golden_prefill_attention_swa",
+              module_globals={**({f"qkv_proj_rope.{k}": v for k, v in qkv_globals.items()} if qkv_globals else {}),
+                              "prefill_sparse_attn.T": tokens})
+    qr, qr_scale = _stage_qr(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                             gamma_ckv, freqs_cos[pos], freqs_sin[pos], config=config, fields=fields,
+                             constants=constants, num_tokens=real, qkv_globals=qkv_globals)
+    if not a5_tiling:  # the Flash qkv golden takes no num_tokens: its padding rows' qr are the adapter's zeros
+        qr, qr_scale = qr.clone(), qr_scale.clone()
+        qr[real:], qr_scale[real:] = 0, 0
+    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale}
+
+
+def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                        gamma_ckv, freqs_cos, freqs_sin, kv_cache, swa_slot_mapping, window_indices, position_ids,
+                        attn_sink, wo_a, wo_b, wo_b_scale, cmp_kv=None, cmp_block_table=None, compressed=None, *,
+                        config, num_tokens=None, a5_tiling=True, decode=True):
+    """v4_attention_stage, SWA decode -> decode_attention_swa.py::golden_attention_swa (hc_pre, RMSNorm, Q/KV,
+    the window-cache write, the SWA attention with its projection, hc_post): x_out and the new cache. That golden
+    computes qr / qr_scale and drops them; they are read by running the same three goldens it chains
+    (hc_pre.py::golden_hc_pre -> rmsnorm.py::golden_rms_norm_test -> qkv_proj_rope.py::golden_qkv_proj_rope).
+    HCA / CSA: upstream's stage goldens also run the compressor (and the indexer), which this operator takes as
+    inputs: unsupported here. The SWA prefill form: ``_prefill_swa_stage``. ``decode=False``: a folder whose decode
+    stage golden is not adapted (its prefill one is)."""
+    from contracts.operators import Unsupported
+
+    tokens = x_hc.shape[0]
+    _check_swa_stage(position_ids, freqs_cos, kv_cache, swa_slot_mapping, tokens=tokens, num_tokens=num_tokens)
+    if path != "SWA":
+        raise Unsupported(f"upstream's decode_attention_{path.lower()} golden runs the compressor{' and indexer' if path == 'CSA' else ''} "
+                          "inside the stage; this operator takes the compressed cache and top-k as inputs")
+    if num_tokens is not None:
+        return _prefill_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
+                                  gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache, swa_slot_mapping,
+                                  window_indices, position_ids, attn_sink, wo_a, wo_b, wo_b_scale, config=config,
+                                  num_tokens=num_tokens, a5_tiling=a5_tiling)
+    if not decode:
+        raise Unsupported("this folder's decode SWA stage golden is not adapted (see docs/upstream.md)")
+    tensors, constants, module_globals = _swa_stage_tensors(
+        hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos, freqs_sin,
+        kv_cache, swa_slot_mapping, window_indices, position_ids, attn_sink, wo_a, wo_b, wo_b_scale, config=config)
+    fields = _variant_fields(config)
+    tensors.update(x_hc=x_hc.float().clone(),
+                   x_out=torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32))
+    out = run(tensors, fields, constants, module="decode_attention_swa", function="golden_attention_swa",
+              module_globals=module_globals)
+    pos = position_ids.reshape(-1).to(torch.long)
+    qr, qr_scale = _stage_qr(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                             gamma_ckv, freqs_cos[pos], freqs_sin[pos], config=config, fields=fields,
+                             constants=constants, qkv_globals=_qkv_tiling(config))
+    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale}
 
 
 def _repage(cache: torch.Tensor, scale: torch.Tensor | None, table: torch.Tensor, page: int):
@@ -1249,7 +1331,8 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
             forms=(("decode_sparse_attn_hca", "golden_sparse_attn"), ("decode_sparse_attn_swa", "golden_sparse_attn"),
                    ("prefill_sparse_attn", "golden_prefill_sparse_attn"))),
     Adapter("v4_attention_stage", PRO, "decode_attention_swa", "golden_attention_swa", _v4_attention_stage,
-            also=("hc_pre", "rmsnorm", "qkv_proj_rope")),
+            also=("hc_pre", "rmsnorm", "qkv_proj_rope", "prefill_attention_swa"),
+            forms=(("prefill_attention_swa", "golden_prefill_attention_swa"),)),
     Adapter("v4_indexer", PRO, "decode_indexer", "golden_indexer", _v4_indexer, also=("decode_indexer_compressor",)),
     Adapter("v4_decode_metadata", PRO, "decode_metadata", "(host lowering)", _v4_decode_metadata),
     Adapter("v4_prefill_compressor", PRO, "prefill_compressor_ratio4", "golden_prefill_compressor_ratio4",
@@ -1412,6 +1495,12 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                _laid_out("v4_prefill_indexer", flash_pages=True),
                                Adapter("prefill_cp_swa", FLASH_MTP, "prefill_cp_swa", "golden_prefill_cp_swa",
                                        _prefill_cp_swa),
+                               # the prefill SWA stage only: its decode one reads an A5 lane count Flash's
+                               # qkv_proj_rope.py does not have
+                               Adapter("v4_attention_stage", FLASH_MTP, "prefill_attention_swa",
+                                       "golden_prefill_attention_swa",
+                                       partial(_v4_attention_stage, a5_tiling=False, decode=False),
+                                       also=("hc_pre", "rmsnorm", "qkv_proj_rope")),
                                *_FLASH_OWN]),
     # dspark keeps V4-Pro's pages (its own page of 32 on the device) and takes its rows token-major; its moe.py
     # divides the expert count by 16 at import

@@ -26,12 +26,13 @@ After the chunk the ring must hold the first decode step's window: ``final_win_s
 ``window_sources``), ``final_slot_mapping`` its ring row (-1 before the chunk).
 
 **The sublayer** (``prefill_cp_swa``). Every rank projects its tiles (hc_pre, RMSNorm, ``v4_qkv_proj_rope`` at the
-query positions' RoPE rows) and sends its segments' tails (their last ``min(R, len)`` KV rows); then each tile runs
-the SWA prefill stage (``v4_attention_stage`` in its prefill form, ``num_tokens`` = the tile's active rows) over its
-rank's ring and the two overlays, writing its own KV rows into the cur overlay. x_out [cp, 2, 2, R, hc, D] FP32
-holds each tile's stage output (0 on empty rows); every rank's ring then gets the decode window at
-``final_slot_mapping`` and nothing else. Composed from the backend's ``v4_attention_stage`` and the stage's own
-operators. What upstream distributes (a window buffer with ready / consumed epochs) is data movement only.
+query positions' RoPE rows) and sends its segments' tails (their last ``min(R, len)`` KV rows); then each tile
+attends (``v4_attention``, SWA, prefill form: ``num_tokens`` = the tile's active rows) over its rank's ring, the
+pred overlay and its own KV rows in the cur overlay, and goes through ``hc_post`` with its mixes -- the SWA prefill
+stage, spelled out as upstream's CP golden spells it. x_out [cp, 2, 2, R, hc, D] FP32 holds each tile's output
+(0 on empty rows); every rank's ring then gets the decode window at ``final_slot_mapping`` and nothing else.
+Composed from the backend's operators. What upstream distributes (a window buffer with ready / consumed epochs) is
+data movement only.
 """
 
 from __future__ import annotations
@@ -188,6 +189,10 @@ def check_prefill_cp_swa(x_hc: torch.Tensor, kv_cache: torch.Tensor, plan: Mappi
         bad = tuple(int(v) for v in out.nonzero()[0])
         raise ContractInputError("plan.swa_indices", bad, f"-1 or a fake-cache row < {ring + 2 * r_rows} (the ring "
                                  f"of {ring} rows and 2 x {r_rows} overlay rows)", int(idx[bad]), SPEC)
+    slots = plan["final_slot_mapping"]
+    if bool(((slots < -1) | (slots >= ring)).any()):
+        j = int(((slots < -1) | (slots >= ring)).nonzero()[0])
+        raise ContractInputError("plan.final_slot_mapping", (j,), f"-1 or a ring row < {ring}", int(slots[j]), SPEC)
     return cp, ring  # the overlays' 2R rows fill whole pages: R is a multiple of the page in every preset
 
 
@@ -196,8 +201,9 @@ def _bound(ops: Mapping, name: str, default):
     return partial(fn, ops=ops) if getattr(fn, "composes_operators", False) else fn
 
 
-@operator(returns="{x_out [cp,2,2,R,hc,D] FP32, kv_cache [cp,pages,bs,1,hd] BF16}: each rank's tiles through the "
-                  "SWA prefill stage over its ring and the exchanged overlays, every ring given the decode window "
+@operator(returns="{x_out [cp,2,2,R,hc,D] FP32, kv_cache [cp,pages,bs,1,hd] BF16}: each rank's tiles through "
+                  "hc_pre, RMSNorm, Q/KV, the SWA attention over its ring and the exchanged overlays and hc_post, "
+                  "every ring given the decode window "
                   "-- composed from this backend's operators", spec=SPEC)
 def prefill_cp_swa(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
                    attn_norm_w: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor, wq_b_scale: torch.Tensor,
@@ -208,37 +214,33 @@ def prefill_cp_swa(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tens
     """The CP SWA prefill sublayer (module docstring); ``plan`` is ``cp_swa_plan``'s tables. The input cache is not
     modified."""
     from kernels.reference import lm_head, mhc
-    from kernels.v4.attention_stage import stage_positions, v4_attention_stage
+    from kernels.v4.attention_stage import stage_positions
     from kernels.v4.qkv_proj import v4_qkv_proj_rope
+    from kernels.v4.sparse_attention import v4_attention
 
     ops = ops or {}
     cp, ring = check_prefill_cp_swa(x_hc, kv_cache, plan, config)
     r_rows, hd, bs = config.sliding_window, config.head_dim, config.block_size
-    weights = {"hc_fn": hc_fn, "hc_scale": hc_scale, "hc_base": hc_base, "attn_norm_w": attn_norm_w, "wq_a": wq_a,
-               "wq_b": wq_b, "wq_b_scale": wq_b_scale, "wkv": wkv, "gamma_cq": gamma_cq, "gamma_ckv": gamma_ckv,
-               "freqs_cos": freqs_cos, "freqs_sin": freqs_sin, "attn_sink": attn_sink, "wo_a": wo_a, "wo_b": wo_b,
-               "wo_b_scale": wo_b_scale}
     active = plan["overlay_active_lengths"][..., 1]
     owners = plan["owner_segments"]
+    tiles = [(rank, part, tile) for rank in range(cp) for part in range(PARTS) for tile in range(TILES)
+             if int(active[rank, part, tile])]
 
-    # 1. every rank projects its tiles' KV rows (the stage's first half, as the stage computes it)
+    # 1. every rank projects its tiles (hc_pre, RMSNorm, Q/KV at the query positions' RoPE rows)
     local_kv = torch.zeros(cp, PARTS, TILES, r_rows, hd, dtype=torch.bfloat16)
-    for rank in range(cp):
-        for part in range(PARTS):
-            for tile in range(TILES):
-                n = int(active[rank, part, tile])
-                if not n:
-                    continue
-                x = x_hc[rank, part, tile]
-                _, pos = stage_positions(plan["query_position_ids"][rank, part, tile], freqs_cos, tokens=r_rows,
-                                         num_tokens=n)
-                mixes = _bound(ops, "hc_mixes", mhc.hc_mixes)(x, hc_fn, hc_scale, hc_base, config=config)
-                normed = _bound(ops, "final_norm", lm_head.final_norm)(
-                    _bound(ops, "hc_pre", mhc.hc_pre)(x, mixes.pre), attn_norm_w, config=config)
-                kv = _bound(ops, "v4_qkv_proj_rope", v4_qkv_proj_rope)(
-                    normed, wq_a, wq_b, wq_b_scale, wkv, freqs_cos[pos], freqs_sin[pos], gamma_cq, gamma_ckv,
-                    config=config)["kv"]
-                local_kv[rank, part, tile, :n] = kv[:n].to(torch.bfloat16)
+    projected = {}
+    for rank, part, tile in tiles:
+        n = int(active[rank, part, tile])
+        x = x_hc[rank, part, tile]
+        _, pos = stage_positions(plan["query_position_ids"][rank, part, tile], freqs_cos, tokens=r_rows,
+                                 num_tokens=n)
+        mixes = _bound(ops, "hc_mixes", mhc.hc_mixes)(x, hc_fn, hc_scale, hc_base, config=config)
+        normed = _bound(ops, "final_norm", lm_head.final_norm)(_bound(ops, "hc_pre", mhc.hc_pre)(x, mixes.pre),
+                                                               attn_norm_w, config=config)
+        proj = _bound(ops, "v4_qkv_proj_rope", v4_qkv_proj_rope)(
+            normed, wq_a, wq_b, wq_b_scale, wkv, freqs_cos[pos], freqs_sin[pos], gamma_cq, gamma_ckv, config=config)
+        local_kv[rank, part, tile, :n] = proj["kv"][:n].to(torch.bfloat16)
+        projected[rank, part, tile] = (mixes, proj["q"], pos)
 
     # 2. the exchange: each segment's tail (its last min(R, len) rows, first row first), in logical order
     logical = torch.zeros(2 * cp, r_rows, hd, dtype=torch.bfloat16)
@@ -248,27 +250,28 @@ def prefill_cp_swa(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tens
             tail = rows[max(0, rows.shape[0] - r_rows):]
             logical[int(owners[rank, part]), :tail.shape[0]] = tail
 
-    # 3. each tile's stage over the ring and its two overlays
-    stage = _bound(ops, "v4_attention_stage", v4_attention_stage)
+    # 3. each tile attends over its rank's ring, the pred overlay and its own rows (the cur overlay), then hc_post
+    attend = _bound(ops, "v4_attention", v4_attention)
+    expand = _bound(ops, "hc_post", mhc.hc_post)
     x_out = torch.zeros_like(x_hc)
-    cur_slots = torch.arange(ring + r_rows, ring + 2 * r_rows)
-    for rank in range(cp):
-        for part in range(PARTS):
-            for tile in range(TILES):
-                n = int(active[rank, part, tile])
-                if not n:
-                    continue
-                fake = torch.zeros(ring + 2 * r_rows, hd, dtype=torch.bfloat16)
-                fake[:ring] = kv_cache[rank].reshape(ring, hd)
-                pred = int(plan["predecessor_segments"][rank, part])
-                if tile == 0 and pred >= 0:
-                    fake[ring:ring + r_rows] = logical[pred]
-                elif tile == 1:
-                    fake[ring:ring + r_rows] = local_kv[rank, part, 0]
-                out = stage("SWA", x_hc[rank, part, tile], **weights, kv_cache=fake.reshape(-1, bs, 1, hd),
-                            swa_slot_mapping=cur_slots, window_indices=plan["swa_indices"][rank, part, tile],
-                            position_ids=plan["query_position_ids"][rank, part, tile], num_tokens=n, config=config)
-                x_out[rank, part, tile] = out["x_out"]
+    no_cmp = torch.zeros(1, bs, 1, hd, dtype=torch.bfloat16), torch.zeros(1, 1, dtype=torch.int32)
+    for rank, part, tile in tiles:
+        n = int(active[rank, part, tile])
+        mixes, q, pos = projected[rank, part, tile]
+        fake = torch.zeros(ring + 2 * r_rows, hd, dtype=torch.bfloat16)
+        fake[:ring] = kv_cache[rank].reshape(ring, hd)
+        pred = int(plan["predecessor_segments"][rank, part])
+        if tile == 0 and pred >= 0:
+            fake[ring:ring + r_rows] = logical[pred]
+        elif tile == 1:
+            fake[ring:ring + r_rows] = local_kv[rank, part, 0]
+        fake[ring + r_rows:] = local_kv[rank, part, tile]
+        out = attend("SWA", q, fake.reshape(-1, bs, 1, hd), plan["swa_indices"][rank, part, tile], *no_cmp, None,
+                     plan["query_position_ids"][rank, part, tile], attn_sink, freqs_cos[pos], freqs_sin[pos], wo_a,
+                     wo_b, wo_b_scale, config=config, seq=r_rows, num_tokens=n)
+        y = expand(out, x_hc[rank, part, tile], mixes.post, mixes.residual)
+        y[n:] = 0  # hc_post_prefill's zero tail
+        x_out[rank, part, tile] = y
 
     # 4. every rank's ring gets the first decode step's window
     cache = kv_cache.clone()
@@ -276,8 +279,6 @@ def prefill_cp_swa(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tens
     for j in range(r_rows):
         seg, row, dst = (int(plan[n][j]) for n in ("final_win_seg_src", "final_win_row_src", "final_slot_mapping"))
         if seg >= 0 and row >= 0 and dst >= 0:
-            if dst >= ring:
-                raise ContractInputError("plan.final_slot_mapping", (j,), f"a ring row < {ring}", dst, SPEC)
             flat[:, dst] = logical[seg, row]
     return {"x_out": x_out, "kv_cache": cache}
 
