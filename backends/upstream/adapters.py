@@ -1455,6 +1455,35 @@ def _prefill_cp_swa(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"]}
 
 
+def _q_kv_split(run, x_local, x_full, wq_a, wq_b, wq_b_scale, wkv, rope_cos_local, rope_sin_local, rope_cos_full,
+                rope_sin_full, gamma_cq, gamma_ckv, *, config, ops=None):
+    """v4_q_kv_split -> dspark's qkv_proj_rope.py::golden_q_kv_split (SPLIT_T_LOCAL / SPLIT_T_FULL the call's rows).
+    The golden projects x_full once and slices the queries of its first SPLIT_T_LOCAL rows: it never reads x_local,
+    so a call whose local rows (or RoPE rows) are not the chunk's first rows is unsupported."""
+    from contracts.operators import Unsupported
+    from kernels.v4.q_kv_split import check_q_kv_split
+    from kernels.v4.qkv_proj import check_v4_qkv_proj_rope
+
+    check_q_kv_split(x_local, x_full, rope_cos_local, rope_cos_full)
+    weights = dict(wq_a=wq_a, wq_b=wq_b, wq_b_scale=wq_b_scale, wkv=wkv, gamma_cq=gamma_cq, gamma_ckv=gamma_ckv)
+    check_v4_qkv_proj_rope(x_local, rope_cos=rope_cos_local, rope_sin=rope_sin_local, **weights, config=config)
+    check_v4_qkv_proj_rope(x_full, rope_cos=rope_cos_full, rope_sin=rope_sin_full, **weights, config=config)
+    n, t = x_local.shape[0], x_full.shape[0]
+    if not all(torch.equal(a, b[:n]) for a, b in ((x_local, x_full), (rope_cos_local, rope_cos_full),
+                                                   (rope_sin_local, rope_sin_full))):
+        raise Unsupported("upstream's golden_q_kv_split takes the queries of the chunk's first rows (it never reads "
+                          "x_local); the call's local rows are another share")
+    heads, dim, lora = config.num_attention_heads, config.head_dim, config.q_lora_rank
+    tensors = {"x_local": x_local.clone(), "x_full": x_full.clone(), "rope_cos_local": rope_cos_local.clone(),
+               "rope_sin_local": rope_sin_local.clone(), "rope_cos_full": rope_cos_full.clone(),
+               "rope_sin_full": rope_sin_full.clone(), **{k: v.clone() for k, v in weights.items()},
+               "q": torch.zeros(n, heads, dim, dtype=torch.bfloat16), "qr": torch.zeros(n, lora, dtype=torch.int8),
+               "qr_scale": torch.zeros(n, 1), "kv": torch.zeros(t, dim, dtype=torch.bfloat16)}
+    out = run(tensors, _variant_fields(config), {}, function="golden_q_kv_split",
+              module_globals={"SPLIT_T_LOCAL": n, "SPLIT_T_FULL": t})
+    return {name: out[name] for name in ("q", "qr", "qr_scale", "kv")}
+
+
 def _flash_gate(run, *args, **kwargs):
     """v4_gate -> the Flash folders' gate.py::golden_gate_core: V4-Pro's tensors and routing; its quantization factor
     is ``INT8_SCALE_MAX / amax`` with a Python float (torch: reciprocal(amax) · 127), the 'rounded-reciprocal' rule."""
@@ -1517,7 +1546,9 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                         Adapter("markov_head", FLASH_DSPARK, "markov_head", "golden_markov_head",
                                                 _markov_head),
                                         Adapter("dspark_decode_metadata", FLASH_DSPARK, "decode_metadata",
-                                                "golden_decode_metadata", _dspark_decode_metadata)]),
+                                                "golden_decode_metadata", _dspark_decode_metadata),
+                                        Adapter("v4_q_kv_split", FLASH_DSPARK, "qkv_proj_rope", "golden_q_kv_split",
+                                                _q_kv_split)]),
                    "lookup_embedding": Adapter("lookup_embedding", FLASH_DSPARK, "lookup_embedding",
                                                "golden_lookup_embedding_test", _dspark_lookup_embedding)},
 }

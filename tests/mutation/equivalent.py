@@ -815,4 +815,5 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.cp_swa:prefill_cp_swa:name:bfloat16->float32#3': 'The SWA path never reads the compressed placeholder (no compressed slots): its dtype and shape are no part of any output.',
     'kernels.v4.cp_swa:prefill_cp_swa:name:int32->int64#0': 'The SWA path never reads the compressed placeholder (no compressed slots): its dtype and shape are no part of any output.',
     'kernels.v4.cp_swa:prefill_cp_swa:stage-dtype:bfloat16->float16#3': 'The SWA path never reads the compressed placeholder (no compressed slots): its dtype and shape are no part of any output.',
+    'kernels.v4.q_kv_split:v4_q_kv_split:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
 }
