@@ -453,3 +453,26 @@ def test_real_checkout_prefill_attention_gathers_its_keys(model):
     assert torch.equal(got, v4_attention("HCA", *args, config=config, seq=64, num_tokens=50)), "not the gathered walk"
     assert not torch.equal(got, v4_attention("HCA", *args, config=config, seq=64, num_tokens=50, key_tiles="columns"))
     assert bool((got[50:] == 0).all())
+
+
+def test_a_golden_called_inside_an_adapted_golden_is_listed_as_adapted_inside_it(tmp_path):
+    """The survey reads the calls: a golden that an adapted golden of its module calls by name runs under that
+    adapter's contracts ("adapted inside"); one no adapted golden calls is not (its module is only read)."""
+    from backends.upstream import folders
+
+    model = tmp_path / "models" / "deepseek_v4_flash_mtp"
+    model.mkdir(parents=True)
+    (model / "rmsnorm.py").write_text(textwrap.dedent('''
+        def golden_rms_norm(x, w):
+            return x
+
+        def golden_rms_norm_test(tensors):
+            tensors["x_normed"][:] = golden_rms_norm(tensors["x"], tensors["norm_w"])
+
+        def golden_unused(tensors):
+            pass
+        '''))
+    rows = {r[1]: r[3] for r in folders.folder_rows(tmp_path, "deepseek_v4_flash_mtp") if r[0] == "rmsnorm"}
+    assert rows == {"golden_rms_norm": "adapted inside `golden_rms_norm_test` (`final_norm`), which calls it",
+                    "golden_rms_norm_test": "adapted: `final_norm`",
+                    "golden_unused": "not adapted itself (its module is read by `v4_attention_stage`'s adapter)"}, rows

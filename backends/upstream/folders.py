@@ -5,7 +5,8 @@ folder (``docs/upstream.md`` keeps the one of the checkout named there).
 
 Each ``models/<folder>/<module>.py`` is read with ``ast`` (nothing imported): its ``golden_*`` functions, and its
 ``@pl.jit`` entries. A golden is ``adapted`` (the operator whose adapter calls it, for the operator's main form or
-another path or form it names, ``backends.upstream.adapters``)
+another path or form it names, ``backends.upstream.adapters``), ``adapted inside`` an adapted golden of its module
+that calls it by name,
 or ``not adapted yet``; a module without a golden says so. Exit 0, 2 on bad usage (no checkout, unknown folder).
 """
 
@@ -19,19 +20,22 @@ from pathlib import Path
 from backends.upstream.adapters import BY_FOLDER, FOLDERS
 
 
-def _module_facts(path: Path) -> tuple[list[str], list[str]]:
-    """(golden functions, @pl.jit entry functions) of one model module."""
+def _module_facts(path: Path) -> tuple[list[str], list[str], dict[str, set[str]]]:
+    """(golden functions, @pl.jit entry functions, the module's goldens each golden calls by name) of one model
+    module."""
     tree = ast.parse(path.read_text())
-    goldens, entries = [], []
+    goldens, entries, calls = [], [], {}
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef):
             continue
         if node.name.startswith("golden_"):
             goldens.append(node.name)
+            calls[node.name] = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call)
+                                and isinstance(c.func, ast.Name) and c.func.id.startswith("golden_")}
         if any(ast.unparse(d).startswith("pl.jit") and not ast.unparse(d).startswith("pl.jit.inline")
                for d in node.decorator_list):
             entries.append(node.name)
-    return goldens, entries
+    return goldens, entries, calls
 
 
 def folder_rows(root: Path, folder: str) -> list[tuple[str, str, str, str]]:
@@ -43,15 +47,18 @@ def folder_rows(root: Path, folder: str) -> list[tuple[str, str, str, str]]:
     for path in sorted((root / "models" / folder).glob("*.py")):
         if path.stem in ("config", "utils", "__init__"):
             continue
-        goldens, entries = _module_facts(path)
+        goldens, entries, calls = _module_facts(path)
         shown = ", ".join(entries) or "-"
         if not goldens:
             rows.append((path.stem, "-", shown, f"no golden (read by {also[path.stem]})" if path.stem in also
                          else "no golden"))
         for g in goldens:
             op = adapted.get((path.stem, g))
-            status = f"adapted: `{op}`" if op else (f"not adapted itself (its module is read by `{also[path.stem]}`'s "
-                                                     "adapter)" if path.stem in also else "not adapted yet")
+            caller = next((c for c in goldens if g in calls[c] and (path.stem, c) in adapted), None)
+            status = f"adapted: `{op}`" if op else \
+                f"adapted inside `{caller}` (`{adapted[path.stem, caller]}`), which calls it" if caller else \
+                (f"not adapted itself (its module is read by `{also[path.stem]}`'s adapter)" if path.stem in also
+                 else "not adapted yet")
             rows.append((path.stem, g, shown, status))
     return rows
 
@@ -61,7 +68,7 @@ def render(root: Path, folders=FOLDERS) -> str:
     for folder in folders:
         rows = folder_rows(root, folder)
         n = sum(1 for r in rows if r[1] != "-")
-        done = sum(1 for r in rows if r[3].startswith("adapted"))
+        done = sum(1 for r in rows if r[3].startswith("adapted"))  # called by its adapter, or inside a golden it calls
         out += [f"### models/{folder} ({done} of {n} goldens adapted)", "",
                 "| module | golden | `@pl.jit` entries | here |", "|---|---|---|---|"]
         out += [f"| {m} | {g} | {e} | {s} |" for m, g, e, s in rows]
