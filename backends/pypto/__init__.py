@@ -163,7 +163,8 @@ def make_backend(platform: str = "a5sim", *, device: str | None = None, pypto_li
     dev = Device(root, platform, devices, env)
     ops, launchers = {}, {}
     for name, adapter in ADAPTERS.items():
-        if adapter.module in PRO_ENTRIES and (root / "models" / adapter.folder / f"{adapter.module_of()}.py").is_file():
+        if adapter.module in PRO_ENTRIES and adapter.function.startswith("golden_") \
+                and (root / "models" / adapter.folder / f"{adapter.module_of()}.py").is_file():
             ops[name] = _pro_operator(adapter, dev)
     if folder == PRO and (root / "models" / v41.FOLDER).is_dir():
         for b in bound():

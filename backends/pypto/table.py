@@ -106,6 +106,9 @@ PRO_ENTRIES: dict[str, tuple[str, int]] = {
     "hc_pre": ("hc_pre_test", 1),  # hc_pre_fused (hc_mixes then hc_pre, as the entry computes them)
     "hc_head": ("hc_head_test", 1),  # hc_head_fused (v4_head_mix then hc_head)
     "markov_head": ("markov_head_test", 1),  # dspark's
+    # dspark's device lowering (its golden_decode_metadata); V4-Pro's decode_metadata.py is a host lowering with no
+    # golden, which no entry binds (adapters of a "(host lowering)" are skipped)
+    "decode_metadata": ("decode_metadata", 1),
 }
 # A folder's own entry name where it differs from V4-Pro's: folder -> ((its module name, entry), ...)
 FOLDER_ENTRIES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -124,7 +127,7 @@ def _pro_bound() -> dict[str, Binding]:
 
     out = {}
     for name, a in ADAPTERS.items():
-        if a.folder != "deepseek_v4_pro" or a.module not in PRO_ENTRIES:
+        if a.folder != "deepseek_v4_pro" or a.module not in PRO_ENTRIES or not a.function.startswith("golden_"):
             continue
         entry, ranks = PRO_ENTRIES[a.module]
         also = [f"{m}.py::{PRO_ENTRIES[m][0]}" for m in a.also if m in PRO_ENTRIES]

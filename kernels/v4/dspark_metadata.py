@@ -27,7 +27,7 @@ import torch
 
 from kernels.errors import ContractInputError, is_int
 from kernels.operators import operator
-from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, replaced
+from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, is_tiny, replaced
 
 SPEC = "§8"
 GROUPS = ("ori", "cmp", "idx", "hca_state", "csa_state", "csa_inner_state")  # block_counts' columns
@@ -126,13 +126,21 @@ def dspark_metadata_inputs(seed: int, wiring: str, config) -> dict[str, torch.Te
     from 2 .. 10 per group (a ring that wraps), distinct shuffled pages per table (the ori table spelled out)."""
     g = generator(seed)
     seq, bs = config.decode_seq, config.block_size
-    b = 4
-    starts = torch.tensor([126, 3, 8191, 16382])[:b]
+    if is_tiny(config):
+        b = 4
+        starts = torch.tensor([126, 3, 8191, 16382])[:b]
+    else:  # the entry's step (B = decode_batch requests), the same regimes with their runs inside the positions
+        b = config.decode_batch
+        starts = torch.tensor([127 - seq // 2, 3, 8192 - seq // 2, config.max_position_embeddings - seq])[
+            torch.arange(b) % 4]
     positions = (starts[:, None] + torch.arange(seq)[None, :]).reshape(-1).to(torch.int32)
-    counts = torch.tensor([[2, 3, 4, 5, 6, 7], [3, 4, 5, 6, 7, 8], [4, 5, 6, 7, 8, 9], [5, 6, 7, 8, 9, 10]],
-                          dtype=torch.int32)[:b]
+    counts = (2 + (torch.arange(b)[:, None] + torch.arange(6)[None, :]) % 9).to(torch.int32)
     widest = int(positions.max()) + 1
-    widths = (-(-widest // bs), 10, 10, 10, 10, 10)
+    if is_tiny(config):
+        widths = (-(-widest // bs), 10, 10, 10, 10, 10)
+    else:  # the entry's compiled table widths: ori and compressed by the positions, index twice, the state pools
+        cmp = -(-(config.max_position_embeddings // 4) // bs)
+        widths = (-(-config.max_position_embeddings // bs), cmp, 2 * cmp, 2048, 4096, 4096)
     out = {"position_ids": positions}
     for gi, (name, width) in enumerate(zip(TABLES, widths, strict=True)):
         out[name] = (torch.randperm(b * width, generator=g).reshape(b, width) + 1000 * gi).to(torch.int32)
