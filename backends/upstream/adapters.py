@@ -823,7 +823,7 @@ def _check_swa_stage(position_ids, freqs_cos, kv_cache, swa_slot_mapping, *, tok
 
 def _swa_stage_tensors(hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv,
                        freqs_cos, freqs_sin, kv_cache, swa_slot_mapping, window_indices, position_ids, attn_sink, wo_a,
-                       wo_b, wo_b_scale, *, config) -> tuple[dict, dict, dict]:
+                       wo_b, wo_b_scale, *, config, a5_tiling=True) -> tuple[dict, dict, dict]:
     """decode_attention_swa.py::golden_attention_swa's tensors (all but x_hc and x_out), config constants and
     module globals for one decode batch: the window padded with -1 to upstream's width."""
     from contracts.operators import Unsupported
@@ -844,7 +844,7 @@ def _swa_stage_tensors(hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_s
                "swa_lens": torch.full((tokens,), win, dtype=torch.int32),
                "position_ids": position_ids.reshape(-1).to(torch.int32).clone(), "attn_sink": attn_sink.float().clone(),
                "wo_a": wo_a.clone(), "wo_b": wo_b.clone(), "wo_b_scale": wo_b_scale.float().clone()}
-    module_globals = {**_qkv_tiling(config, "qkv_proj_rope"),
+    module_globals = {**(_qkv_tiling(config, "qkv_proj_rope") if a5_tiling else {}),
                       "decode_sparse_attn_swa.ORI_BLOCK_NUM": int(kv_cache.shape[0])}
     return tensors, constants, module_globals
 
@@ -966,7 +966,8 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
         raise Unsupported("this folder's decode SWA stage golden is not adapted (see docs/upstream.md)")
     tensors, constants, module_globals = _swa_stage_tensors(
         hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos, freqs_sin,
-        kv_cache, swa_slot_mapping, window_indices, position_ids, attn_sink, wo_a, wo_b, wo_b_scale, config=config)
+        kv_cache, swa_slot_mapping, window_indices, position_ids, attn_sink, wo_a, wo_b, wo_b_scale, config=config,
+        a5_tiling=a5_tiling)
     fields = _variant_fields(config)
     tensors.update(x_hc=x_hc.float().clone(),
                    x_out=torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32))
@@ -975,7 +976,7 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
     pos = position_ids.reshape(-1).to(torch.long)
     qr, qr_scale = _stage_qr(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
                              gamma_ckv, freqs_cos[pos], freqs_sin[pos], config=config, fields=fields,
-                             constants=constants, qkv_globals=_qkv_tiling(config))
+                             constants=constants, qkv_globals=_qkv_tiling(config) if a5_tiling else None)
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale}
 
 
@@ -1524,12 +1525,7 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                _laid_out("v4_prefill_indexer", flash_pages=True),
                                Adapter("prefill_cp_swa", FLASH_MTP, "prefill_cp_swa", "golden_prefill_cp_swa",
                                        _prefill_cp_swa),
-                               # the prefill SWA stage only: its decode one reads an A5 lane count Flash's
-                               # qkv_proj_rope.py does not have
-                               Adapter("v4_attention_stage", FLASH_MTP, "prefill_attention_swa",
-                                       "golden_prefill_attention_swa",
-                                       partial(_v4_attention_stage, a5_tiling=False, decode=False),
-                                       also=("hc_pre", "rmsnorm", "qkv_proj_rope")),
+                               _laid_out("v4_attention_stage", a5_tiling=False),
                                *_FLASH_OWN]),
     # dspark keeps V4-Pro's pages (its own page of 32 on the device) and takes its rows token-major; its moe.py
     # divides the expert count by 16 at import

@@ -176,7 +176,7 @@ RECORD = Record(
                     "projection, hc_post", _swa_stage_inputs),),
     bindings=(Upstream("deepseek_v4_pro", golden="decode_attention_swa.py::golden_attention_swa",
                        entry="decode_attention_swa.py::attention_swa_test"),
-              Upstream("deepseek_v4_flash_mtp", golden="prefill_swa.py::golden_prefill_attention_swa",
+              Upstream("deepseek_v4_flash_mtp", golden="decode_swa.py::golden_attention_swa",
                        entry="decode_swa.py::attention_swa_test"),
               Upstream("deepseek_v4_flash_dspark", golden="decode_swa.py::golden_decode_swa",
                        entry="decode_swa.py::decode_swa_test")),
