@@ -233,15 +233,21 @@ def test_the_model_folder_selects_the_adapters_and_an_unknown_one_is_a_usage_err
         get_backend("pypto", model="deepseek_v4_1_flash")
 
 
-def test_an_adapted_golden_whose_module_the_checkout_lacks_is_left_out_and_named(tmp_path):
-    """An older main without one of the adapted modules: that operator is not bound (its trees replay as SKIP, its
-    contracts use the reference or skip), and why_missing names the file; the others stay bound."""
-    root = tmp_path / "old-main"
+def _flash_mtp_folder(root: Path) -> Path:
+    """A checkout-shaped ``root`` with an empty Flash-MTP folder (its config only): the folder."""
     (root / "golden").mkdir(parents=True)
     (root / "golden" / "runner.py").write_text("# layout only\n")
     model = root / "models" / "deepseek_v4_flash_mtp"
     model.mkdir(parents=True)
     (model / "config.py").write_text(textwrap.dedent(FLASH_CONFIG))
+    return model
+
+
+def test_an_adapted_golden_whose_module_the_checkout_lacks_is_left_out_and_named(tmp_path):
+    """An older main without one of the adapted modules: that operator is not bound (its trees replay as SKIP, its
+    contracts use the reference or skip), and why_missing names the file; the others stay bound."""
+    root = tmp_path / "old-main"
+    model = _flash_mtp_folder(root)
     _adapted_modules(model)
     (model / "prefill_cp_swa.py").unlink()
     b = make_backend(str(root), "deepseek_v4_flash_mtp")
@@ -406,11 +412,7 @@ def test_a_global_names_a_module_before_a_function_of_the_same_name(tmp_path):
     holds a kernel function of that name (Flash's prefill_indexer imports the kernel prefill_indexer_compressor);
     "<function>.<attr>" sets an attribute a fixture would install on one of the module's functions."""
     root = tmp_path / "co"
-    (root / "golden").mkdir(parents=True)
-    (root / "golden" / "runner.py").write_text("# layout only\n")
-    model = root / "models" / "deepseek_v4_flash_mtp"
-    model.mkdir(parents=True)
-    (model / "config.py").write_text(textwrap.dedent(FLASH_CONFIG))
+    model = _flash_mtp_folder(root)
     (model / "helper.py").write_text("SCALE = 1.0\n\ndef helper(x):\n    return x\n")
     (model / "user.py").write_text(textwrap.dedent('''
         import helper as helper_module

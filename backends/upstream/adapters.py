@@ -665,15 +665,10 @@ FLASH_HCA_K_TILE = 128  # the Flash HCA attention's ATTN_K_TILE (its compressed 
 ATTENTION_MODULES = {"CSA": "decode_sparse_attn", "HCA": "decode_sparse_attn_hca", "SWA": "decode_sparse_attn_swa"}
 
 
-def _prefill_sparse_attn(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
-                         attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq, num_tokens,
-                         key_tiles=None, own_cmp_page=False):
-    """v4_attention's prefill form -> prefill_sparse_attn.py::golden_prefill_sparse_attn: one request of T = seq
-    rows (the module's T), its window rows and logical compressed slots as given (CSA's raw top-k masked by
-    position first, as attention_indices does), its 1-D compressed table as wide as the call's (CMP_MAX_BLOCKS),
-    the compressed page the call's (V4-Pro: BLOCK_SIZE; the Flash folders: ``cmp_storage_block_size``). The golden
-    gathers each row's valid keys before tiling them, ``key_tiles="gathered"`` (disagreement 19)."""
-    from contracts.operators import Unsupported
+def _checked_attention(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
+                       attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq, num_tokens):
+    """The caller's side of v4_attention, both forms (every refusal the reference makes, with its fields) -> the
+    window and the compressed slots as the attention reads them (CSA's raw top-k masked by position)."""
     from kernels.reference.attention import check_inputs
     from kernels.v4.sparse_attention import (
         attention_indices,
@@ -684,11 +679,28 @@ def _prefill_sparse_attn(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block
 
     window, cmp_indices = attention_indices(path, q, window_indices, compressed, position_ids, num_tokens=num_tokens,
                                             config=config)
-    tokens, _, dim = q.shape
+    dim = q.shape[2]
     ori, cmp = flat_pool(ori_kv, "ori_kv", dim), flat_pool(cmp_kv, "cmp_kv", dim)
     rows = paged_compressed_rows(cmp_indices, cmp_block_table, seq=seq, block_size=cmp_kv.shape[1])
     check_inputs(q, ori, window, cmp, rows, attn_sink)
     check_output_projection(q.shape, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, config=config)
+    return window, cmp_indices
+
+
+def _prefill_sparse_attn(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
+                         attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, *, config, seq, num_tokens,
+                         key_tiles=None, own_cmp_page=False):
+    """v4_attention's prefill form -> prefill_sparse_attn.py::golden_prefill_sparse_attn: one request of T = seq
+    rows (the module's T), its window rows and logical compressed slots as given (CSA's raw top-k masked by
+    position first, as attention_indices does), its 1-D compressed table as wide as the call's (CMP_MAX_BLOCKS),
+    the compressed page the call's (V4-Pro: BLOCK_SIZE; the Flash folders: ``cmp_storage_block_size``). The golden
+    gathers each row's valid keys before tiling them, ``key_tiles="gathered"`` (disagreement 19)."""
+    from contracts.operators import Unsupported
+
+    window, cmp_indices = _checked_attention(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed,
+                                             position_ids, attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale,
+                                             config=config, seq=seq, num_tokens=num_tokens)
+    tokens = q.shape[0]
     if (key_tiles or "gathered") != "gathered":
         raise Unsupported(f"upstream's prefill attention golden gathers each row's valid keys before tiling them; "
                           f"key_tiles={key_tiles!r} is the decode goldens' rule")
@@ -723,13 +735,6 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
     folder's compressed cache has a page of its own (the Flash folders' CMP_STORAGE_BLOCK_SIZE, 128 / ratio rows),
     set to the call's compressed page. The prefill form (``num_tokens`` given): ``_prefill_sparse_attn``."""
     from contracts.operators import Unsupported
-    from kernels.reference.attention import check_inputs
-    from kernels.v4.sparse_attention import (
-        attention_indices,
-        check_output_projection,
-        flat_pool,
-        paged_compressed_rows,
-    )
 
     seq = config.decode_seq if seq is None else seq
     if num_tokens is not None:
@@ -740,13 +745,10 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
     if key_tiles not in (None, "columns"):
         raise Unsupported(f"upstream's decode attention goldens tile the key columns; key_tiles={key_tiles!r} is "
                           "the prefill goldens' rule")
-    window, cmp_indices = attention_indices(path, q, window_indices, compressed, position_ids, num_tokens=num_tokens,
-                                            config=config)
-    tokens, heads, dim = q.shape
-    ori, cmp = flat_pool(ori_kv, "ori_kv", dim), flat_pool(cmp_kv, "cmp_kv", dim)
-    rows = paged_compressed_rows(cmp_indices, cmp_block_table, seq=seq, block_size=cmp_kv.shape[1])
-    check_inputs(q, ori, window, cmp, rows, attn_sink)
-    check_output_projection(q.shape, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, config=config)
+    window, cmp_indices = _checked_attention(path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed,
+                                             position_ids, attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale,
+                                             config=config, seq=seq, num_tokens=num_tokens)
+    tokens = q.shape[0]
     if ori_kv.shape[1] != cmp_kv.shape[1] and not own_cmp_page:
         raise Unsupported(f"upstream's decode attention goldens take one BLOCK_SIZE for both caches; the call's are "
                           f"{ori_kv.shape[1]} and {cmp_kv.shape[1]}")
