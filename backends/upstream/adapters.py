@@ -1487,6 +1487,44 @@ def _q_kv_split(run, x_local, x_full, wq_a, wq_b, wq_b_scale, wkv, rope_cos_loca
     return {name: out[name] for name in ("q", "qr", "qr_scale", "kv")}
 
 
+def _dspark_attention_heads(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
+                            attn_sink, freqs_cos, freqs_sin, *, config, seq=None, num_tokens=None, key_tiles=None,
+                            ops=None):
+    """v4_attention_heads, SWA decode -> dspark's decode_sparse_attn_swa.py::golden_sparse_attn: the window's valid
+    slots first with their count in ``swa_lens`` (its golden reads a valid prefix), T = the call's rows (``T_PAD``
+    its 16-row floor), the heads read back from ``o_packed_heads`` [groups, T_PAD, heads per group, hd]. The HCA /
+    CSA goldens (their own position and table tensors) and the prefill form are not adapted."""
+    from contracts.operators import Unsupported
+    from kernels.v4.sparse_attention import attention_indices
+
+    if path != "SWA" or num_tokens is not None or key_tiles not in (None, "columns"):
+        raise Unsupported(f"dspark's {path} attention-heads golden (or its prefill form) is not adapted; the SWA "
+                          "decode form is")
+    window, _ = attention_indices(path, q, window_indices, compressed, position_ids, num_tokens=None, config=config)
+    tokens, heads, dim = q.shape
+    if window.shape[1] > config.sliding_window:
+        raise Unsupported(f"dspark's SWA golden reads {config.sliding_window} window columns; the call has "
+                          f"{window.shape[1]}")
+    if freqs_cos.shape[0] != tokens or freqs_sin.shape != freqs_cos.shape:
+        from kernels.errors import ContractInputError
+        from kernels.v4.attention_heads import SPEC
+
+        raise ContractInputError("freqs_cos", None, f"one RoPE row per token ([{tokens}, rope])", list(freqs_cos.shape),
+                                 SPEC)
+    w = torch.cat((window.to(torch.int32), torch.full((tokens, config.sliding_window - window.shape[1]), -1,
+                                                      dtype=torch.int32)), 1)
+    order = torch.argsort((w < 0).to(torch.int8), dim=1, stable=True)
+    groups, pad = config.o_groups, -(-tokens // 16) * 16
+    tensors = {"q": q.clone(), "ori_kv": ori_kv.clone(), "swa_indices": torch.gather(w, 1, order),
+               "swa_lens": (w >= 0).sum(1).to(torch.int32), "attn_sink": attn_sink.float().clone(),
+               "freqs_cos": freqs_cos.clone(), "freqs_sin": freqs_sin.clone(),
+               "o_packed_heads": torch.zeros(groups * pad * (heads // groups) * dim, dtype=torch.bfloat16)}
+    out = run(tensors, _variant_fields(config), {"BLOCK_SIZE": int(ori_kv.shape[1])}, module="decode_sparse_attn_swa",
+              module_globals={"T": tokens, "T_PAD": pad, "ORI_BLOCK_NUM": int(ori_kv.shape[0])})
+    packed = out["o_packed_heads"].reshape(groups, pad, heads // groups, dim)[:, :tokens]
+    return packed.permute(1, 0, 2, 3).reshape(tokens, heads, dim).contiguous()
+
+
 def _flash_gate(run, *args, **kwargs):
     """v4_gate -> the Flash folders' gate.py::golden_gate_core: V4-Pro's tensors and routing; its quantization factor
     is ``INT8_SCALE_MAX / amax`` with a Python float (torch: reciprocal(amax) · 127), the 'rounded-reciprocal' rule."""
@@ -1546,7 +1584,9 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                         Adapter("dspark_decode_metadata", FLASH_DSPARK, "decode_metadata",
                                                 "golden_decode_metadata", _dspark_decode_metadata),
                                         Adapter("v4_q_kv_split", FLASH_DSPARK, "qkv_proj_rope", "golden_q_kv_split",
-                                                _q_kv_split)]),
+                                                _q_kv_split),
+                                        Adapter("v4_attention_heads", FLASH_DSPARK, "decode_sparse_attn_swa",
+                                                "golden_sparse_attn", _dspark_attention_heads)]),
                    "lookup_embedding": Adapter("lookup_embedding", FLASH_DSPARK, "lookup_embedding",
                                                "golden_lookup_embedding_test", _dspark_lookup_embedding)},
 }

@@ -193,6 +193,16 @@ def check_output_projection(o_shape, freqs_cos: torch.Tensor, freqs_sin: torch.T
         raise ContractInputError("wo_b_scale", None, f"[{hidden}]", list(wo_b_scale.shape), SPEC)
 
 
+def output_heads(o: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, *, config) -> torch.Tensor:
+    """The projection's first step (module docstring, 1.): o [T, H, hd] FP32 -> the heads [T, H, hd] BF16, the nope
+    dims rounded, the last ``qk_rope_head_dim`` dims inversely rotated in FP32 with each token's table row, then
+    rounded once."""
+    rope = config.qk_rope_head_dim
+    cos = freqs_cos[:, : rope // 2].float().unsqueeze(1)
+    sin = freqs_sin[:, : rope // 2].float().unsqueeze(1)
+    return rope_interleave(o.float(), cos, sin, inverse=True).to(torch.bfloat16)
+
+
 @operator(returns='attn_out [T, hidden] BF16: inverse RoPE, FP32 grouped latent, per-(token, '
                    'group) INT8 W8A8',
           spec='§8')
@@ -203,11 +213,9 @@ def v4_output_projection(o: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: to
     Spec: §8."""
     check_output_projection(o.shape, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, config=config)
     tokens, heads, dim = o.shape
-    groups, lora, rope, hidden = config.o_groups, config.o_lora_rank, config.qk_rope_head_dim, config.hidden_size
+    groups, lora, hidden = config.o_groups, config.o_lora_rank, config.hidden_size
     group_in = heads * dim // groups
-    cos = freqs_cos[:, : rope // 2].float().unsqueeze(1)
-    sin = freqs_sin[:, : rope // 2].float().unsqueeze(1)
-    heads_bf16 = rope_interleave(o.float(), cos, sin, inverse=True).to(torch.bfloat16)
+    heads_bf16 = output_heads(o, freqs_cos, freqs_sin, config=config)
     x = heads_bf16.reshape(tokens, groups, group_in).to(torch.float64)
     latent = torch.einsum("tgk,gnk->tgn", x, wo_a.to(torch.float64)).to(torch.float32)  # [T, G, O_LORA], FP32
     codes, factor = quantize_rows_int8(latent, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
