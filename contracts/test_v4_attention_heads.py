@@ -80,6 +80,49 @@ def test_the_heads_are_within_upstreams_bound_of_the_formula(backend):
     assert verdict.ok, f"the heads are not the inverse pair rotation of the attention within the bound: {verdict}"
 
 
+def _hca_step():
+    """A decode batch at positions around the compressed closes (127 | 128, 130, 300, 700): each row's HCA slots the
+    first min((pos + 1) // 128, 8) compressed positions (its deterministic top-k), pages through shuffled tables."""
+    i = _heads_inputs(6, "replicated", C)
+    g = torch.Generator().manual_seed(6)
+    pos = torch.tensor([300, 301, 130, 131, 700, 701, 127, 128], dtype=torch.int32)
+    slots = torch.full((C.decode_tokens, 8), -1, dtype=torch.int32)
+    for r, p in enumerate(pos.tolist()):
+        slots[r, :min((p + 1) // 128, 8)] = torch.arange(min((p + 1) // 128, 8))
+    cmp_kv = (torch.rand(3, C.block_size, 1, C.head_dim, generator=g) - 0.5).to(torch.bfloat16)
+    table = torch.tensor([[2, 0], [1, 2], [0, 1], [2, 1]], dtype=torch.int32)
+    return (i["q"], i["ori_kv"], i["window_indices"], cmp_kv, table, slots, pos, i["attn_sink"], i["freqs_cos"],
+            i["freqs_sin"])
+
+
+@pytest.mark.operators("v4_attention_heads", "v4_sparse_attention")
+def test_an_hca_step_attends_its_first_compressed_positions(backend):
+    """HCA decode (dspark's decode_sparse_attn_hca.py golden on --backend upstream): the heads within upstream's
+    bound of the formula on the reference attention over the window and each row's compressed slots; the heads of
+    the window alone (the compressed slots dropped) lie beyond it."""
+    from contracts.checks.precision import check_ratio_allclose
+    from contracts.separation import separates_under
+    from contracts.tolerances import V4_ATTN_OUT_TOL
+    from kernels.v4.sparse_attention import v4_sparse_attention
+
+    q, ori_kv, window, cmp_kv, table, slots, pos, sink, cos, sin = _hca_step()
+
+    def within(candidate, expected):
+        return check_ratio_allclose(candidate.float(), expected.float(), atol=V4_ATTN_OUT_TOL[0],
+                                    rtol=V4_ATTN_OUT_TOL[1], name="heads")
+
+    def formula(cmp_slots):
+        o = v4_sparse_attention(q, ori_kv, window, cmp_kv, table, cmp_slots, sink, seq=C.decode_seq)
+        return _pairs(o, cos, sin, inverse=True)
+
+    want = separates_under("HCA heads over the window and the compressed slots", within, formula(slots),
+                           window_only=formula(torch.full_like(slots, -1)))
+    got = op(backend, "v4_attention_heads")("HCA", q, ori_kv, window, cmp_kv, table, slots, pos, sink, cos, sin,
+                                            config=C)
+    verdict = within(got, want)
+    assert verdict.ok, f"the HCA heads are not the formula's over the window and the compressed slots: {verdict}"
+
+
 @pytest.mark.operators("v4_attention_heads")
 def test_a_padding_row_has_no_heads_and_a_short_table_is_refused(backend):
     """Prefill form: rows from num_tokens on are exactly 0; RoPE rows that are not one per token are refused."""
@@ -133,9 +176,19 @@ def _forward(*args, **kwargs):
     return _pairs(o, cos, sin, inverse=False)
 
 
+def _window_only(path, q, ori_kv, window, cmp_kv, table, compressed, *rest, **kwargs):
+    """Wrong: the compressed slots never read."""
+    from kernels.v4.attention_heads import v4_attention_heads
+
+    none = None if compressed is None else torch.full_like(compressed, -1)
+    return v4_attention_heads(path, q, ori_kv, window, cmp_kv, table, none, *rest, **kwargs)
+
+
 SEEDED_DEFECTS = [
     SeededDefect("attention-heads:forward-rotation", "v4_attention_heads", _forward,
                  "test_the_heads_are_the_attention_inversely_rotated_and_rounded_once", "inverse pair rotation"),
     SeededDefect("attention-heads:forward-rotation-in-bound", "v4_attention_heads", _forward,
                  "test_the_heads_are_within_upstreams_bound_of_the_formula", "inverse pair rotation"),
+    SeededDefect("attention-heads:hca-window-only", "v4_attention_heads", _window_only,
+                 "test_an_hca_step_attends_its_first_compressed_positions", "compressed slots"),
 ]

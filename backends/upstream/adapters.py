@@ -1490,18 +1490,25 @@ def _q_kv_split(run, x_local, x_full, wq_a, wq_b, wq_b_scale, wkv, rope_cos_loca
 def _dspark_attention_heads(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table, compressed, position_ids,
                             attn_sink, freqs_cos, freqs_sin, *, config, seq=None, num_tokens=None, key_tiles=None,
                             ops=None):
-    """v4_attention_heads, SWA decode -> dspark's decode_sparse_attn_swa.py::golden_sparse_attn: the window's valid
-    slots first with their count in ``swa_lens`` (its golden reads a valid prefix), T = the call's rows (``T_PAD``
-    its 16-row floor), the heads read back from ``o_packed_heads`` [groups, T_PAD, heads per group, hd]. The HCA /
-    CSA goldens (their own position and table tensors) and the prefill form are not adapted."""
+    """v4_attention_heads, decode -> dspark's decode_sparse_attn_{swa,hca}.py::golden_sparse_attn, T = the call's rows
+    (``T_PAD`` its 16-row floor), the heads read back from ``o_packed_heads`` [groups, T_PAD, heads per group, hd].
+    SWA: the window's valid slots first with their count in ``swa_lens`` (its golden reads a valid prefix). HCA: the
+    golden attends each row's first min((pos + 1) // 128, K) compressed positions itself (HCA's deterministic
+    top-k), so the call's slots must be those (each request's kv length its last position + 1). CSA (the indexer's
+    raw top-k) and the prefill form are not adapted."""
     from contracts.operators import Unsupported
     from kernels.v4.sparse_attention import attention_indices
 
-    if path != "SWA" or num_tokens is not None or key_tiles not in (None, "columns"):
-        raise Unsupported(f"dspark's {path} attention-heads golden (or its prefill form) is not adapted; the SWA "
-                          "decode form is")
-    window, _ = attention_indices(path, q, window_indices, compressed, position_ids, num_tokens=None, config=config)
+    if path == "CSA":
+        raise Unsupported("dspark's CSA attention-heads golden (the indexer's raw top-k) is not adapted; SWA and "
+                          "HCA decode are")
+    if num_tokens is not None or key_tiles not in (None, "columns"):
+        raise Unsupported("dspark's attention-heads goldens are decode goldens (column key tiles): the prefill form "
+                          "has none")
+    window, cmp = attention_indices(path, q, window_indices, compressed, position_ids, num_tokens=None,
+                                    config=config)
     tokens, heads, dim = q.shape
+    seq = config.decode_seq if seq is None else seq
     if window.shape[1] > config.sliding_window:
         raise Unsupported(f"dspark's SWA golden reads {config.sliding_window} window columns; the call has "
                           f"{window.shape[1]}")
@@ -1513,14 +1520,29 @@ def _dspark_attention_heads(run, path, q, ori_kv, window_indices, cmp_kv, cmp_bl
                                  SPEC)
     w = torch.cat((window.to(torch.int32), torch.full((tokens, config.sliding_window - window.shape[1]), -1,
                                                       dtype=torch.int32)), 1)
-    order = torch.argsort((w < 0).to(torch.int8), dim=1, stable=True)
     groups, pad = config.o_groups, -(-tokens // 16) * 16
-    tensors = {"q": q.clone(), "ori_kv": ori_kv.clone(), "swa_indices": torch.gather(w, 1, order),
-               "swa_lens": (w >= 0).sum(1).to(torch.int32), "attn_sink": attn_sink.float().clone(),
+    tensors = {"q": q.clone(), "ori_kv": ori_kv.clone(), "attn_sink": attn_sink.float().clone(),
                "freqs_cos": freqs_cos.clone(), "freqs_sin": freqs_sin.clone(),
-               "o_packed_heads": torch.zeros(groups * pad * (heads // groups) * dim, dtype=torch.bfloat16)}
-    out = run(tensors, _variant_fields(config), {"BLOCK_SIZE": int(ori_kv.shape[1])}, module="decode_sparse_attn_swa",
-              module_globals={"T": tokens, "T_PAD": pad, "ORI_BLOCK_NUM": int(ori_kv.shape[0])})
+               "o_packed_heads": torch.zeros(groups, pad, heads // groups * dim, dtype=torch.bfloat16)}
+    module_globals = {"T": tokens, "T_PAD": pad}
+    if path == "SWA":
+        order = torch.argsort((w < 0).to(torch.int8), dim=1, stable=True)
+        tensors.update(swa_indices=torch.gather(w, 1, order), swa_lens=(w >= 0).sum(1).to(torch.int32))
+        module_globals["ORI_BLOCK_NUM"] = int(ori_kv.shape[0])
+    else:  # HCA: the golden reads the first compressed positions itself, up to (pos + 1) // 128 of each row
+        pos = position_ids.reshape(-1).to(torch.int64)
+        kv_lens = pos.reshape(-1, seq).amax(1) + 1
+        width = cmp.shape[1]
+        for t in range(tokens):
+            v = min(int(pos[t] + 1) // 128, width)
+            if cmp[t, :v].tolist() != list(range(v)) or bool((cmp[t, v:] != -1).any()):
+                raise Unsupported(f"row {t}: dspark's HCA golden attends the first {v} compressed positions itself "
+                                  "(HCA's deterministic top-k); the call's slots are others")
+        tensors.update(window_swa_indices=w, cmp_kv=cmp_kv.clone(), cmp_block_table=cmp_block_table.to(torch.int32),
+                       position_ids=pos.to(torch.int32), kv_seq_lens=kv_lens.to(torch.int32))
+        module_globals.update(S=seq, HCA_MAX_COMPRESSED_ROWS=width)
+    out = run(tensors, _variant_fields(config), {"BLOCK_SIZE": int(ori_kv.shape[1])},
+              module=f"decode_sparse_attn_{path.lower()}", module_globals=module_globals)
     packed = out["o_packed_heads"].reshape(groups, pad, heads // groups, dim)[:, :tokens]
     return packed.permute(1, 0, 2, 3).reshape(tokens, heads, dim).contiguous()
 
@@ -1586,7 +1608,9 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                         Adapter("v4_q_kv_split", FLASH_DSPARK, "qkv_proj_rope", "golden_q_kv_split",
                                                 _q_kv_split),
                                         Adapter("v4_attention_heads", FLASH_DSPARK, "decode_sparse_attn_swa",
-                                                "golden_sparse_attn", _dspark_attention_heads)]),
+                                                "golden_sparse_attn", _dspark_attention_heads,
+                                                also=("decode_sparse_attn_hca",),
+                                                forms=(("decode_sparse_attn_hca", "golden_sparse_attn"),))]),
                    "lookup_embedding": Adapter("lookup_embedding", FLASH_DSPARK, "lookup_embedding",
                                                "golden_lookup_embedding_test", _dspark_lookup_embedding)},
 }

@@ -80,6 +80,6 @@ RECORD = Record(
         Upstream("deepseek_v4_flash_mtp", none="Flash-MTP's attention goldens fuse the output projection "
                                                "(v4_attention)"),
         Upstream("deepseek_v4_flash_dspark", golden="decode_sparse_attn_swa.py::golden_sparse_attn",
-                 entry="decode_sparse_attn_swa.py::sparse_attn_swa_test"),
+                 entry="decode_sparse_attn_swa.py::sparse_attn_swa_test"),  # HCA: decode_sparse_attn_hca.py
     ),
 )
