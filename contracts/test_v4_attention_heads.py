@@ -31,6 +31,15 @@ def _pairs(o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inverse: bo
     return out.to(torch.bfloat16)
 
 
+def _within(candidate, expected):
+    """Upstream's compare_fn for the packed heads: ratio_allclose(1e-4, 1/128) with its 0.5 % quota."""
+    from contracts.checks.precision import check_ratio_allclose
+    from contracts.tolerances import V4_ATTN_OUT_TOL
+
+    return check_ratio_allclose(candidate.float(), expected.float(), atol=V4_ATTN_OUT_TOL[0], rtol=V4_ATTN_OUT_TOL[1],
+                                name="heads")
+
+
 @pytest.mark.whole_backend("the heads against the same backend's own attention o, bit for bit")
 @pytest.mark.operators("v4_attention_heads", "v4_sparse_attention")
 def test_the_heads_are_the_attention_inversely_rotated_and_rounded_once(backend):
@@ -59,24 +68,18 @@ def test_the_heads_are_within_upstreams_bound_of_the_formula(backend):
     """Any backend (an upstream golden runs its attention in FP32 and may round a head value to the other BF16
     neighbour): the heads within upstream's ratio_allclose(1e-4, 1/128), 0.5 % quota, of the pair formula on the
     reference attention's o; the forward rotation lies beyond that bound on this step."""
-    from contracts.checks.precision import check_ratio_allclose
     from contracts.separation import separates_under
-    from contracts.tolerances import V4_ATTN_OUT_TOL
     from kernels.v4.sparse_attention import v4_sparse_attention
 
     i = _heads_inputs(3, "replicated", C)
     o = v4_sparse_attention(i["q"], i["ori_kv"], i["window_indices"], i["cmp_kv"], i["cmp_block_table"],
                             torch.zeros(C.decode_tokens, 0, dtype=torch.int32), i["attn_sink"], seq=C.decode_seq)
 
-    def within(candidate, expected):
-        return check_ratio_allclose(candidate.float(), expected.float(), atol=V4_ATTN_OUT_TOL[0],
-                                    rtol=V4_ATTN_OUT_TOL[1], name="heads")
-
-    want = separates_under("heads inversely rotated", within, _pairs(o, i["freqs_cos"], i["freqs_sin"], inverse=True),
+    want = separates_under("heads inversely rotated", _within, _pairs(o, i["freqs_cos"], i["freqs_sin"], inverse=True),
                            forward_rotation=_pairs(o, i["freqs_cos"], i["freqs_sin"], inverse=False))
     got = op(backend, "v4_attention_heads")("SWA", *(i[n] for n in NAMES[:5]), None, *(i[n] for n in NAMES[5:]),
                                             config=C)
-    verdict = within(got, want)
+    verdict = _within(got, want)
     assert verdict.ok, f"the heads are not the inverse pair rotation of the attention within the bound: {verdict}"
 
 
@@ -100,26 +103,20 @@ def test_an_hca_step_attends_its_first_compressed_positions(backend):
     """HCA decode (dspark's decode_sparse_attn_hca.py golden on --backend upstream): the heads within upstream's
     bound of the formula on the reference attention over the window and each row's compressed slots; the heads of
     the window alone (the compressed slots dropped) lie beyond it."""
-    from contracts.checks.precision import check_ratio_allclose
     from contracts.separation import separates_under
-    from contracts.tolerances import V4_ATTN_OUT_TOL
     from kernels.v4.sparse_attention import v4_sparse_attention
 
     q, ori_kv, window, cmp_kv, table, slots, pos, sink, cos, sin = _hca_step()
-
-    def within(candidate, expected):
-        return check_ratio_allclose(candidate.float(), expected.float(), atol=V4_ATTN_OUT_TOL[0],
-                                    rtol=V4_ATTN_OUT_TOL[1], name="heads")
 
     def formula(cmp_slots):
         o = v4_sparse_attention(q, ori_kv, window, cmp_kv, table, cmp_slots, sink, seq=C.decode_seq)
         return _pairs(o, cos, sin, inverse=True)
 
-    want = separates_under("HCA heads over the window and the compressed slots", within, formula(slots),
+    want = separates_under("HCA heads over the window and the compressed slots", _within, formula(slots),
                            window_only=formula(torch.full_like(slots, -1)))
     got = op(backend, "v4_attention_heads")("HCA", q, ori_kv, window, cmp_kv, table, slots, pos, sink, cos, sin,
                                             config=C)
-    verdict = within(got, want)
+    verdict = _within(got, want)
     assert verdict.ok, f"the HCA heads are not the formula's over the window and the compressed slots: {verdict}"
 
 
