@@ -1387,6 +1387,18 @@ def _markov_head(run, token_ids, markov_w1, markov_w2):
     return {"markov_embed": out["markov_embed"], "logits_bias": out["logits_bias"]}
 
 
+def _dspark_proj(run, main_hidden, main_proj_w, main_norm_w, *, config, ops=None):
+    """dspark_proj -> dspark's dspark_proj.py::golden_dspark_proj at the call's width and ``config``'s epsilon (the
+    golden is shape-generic: its FP32 matmul, the BF16 staging, then rmsnorm.py's golden_rms_norm)."""
+    from kernels.v4.dspark_proj import check_dspark_proj
+
+    check_dspark_proj(main_hidden, main_proj_w, main_norm_w)  # the caller's side
+    tensors = {"main_hidden": main_hidden.clone(), "main_proj_w": main_proj_w.clone(),
+               "main_norm_w": main_norm_w.clone(),
+               "main_x": torch.zeros(main_hidden.shape[0], main_norm_w.shape[0], dtype=torch.bfloat16)}
+    return run(tensors, {"hidden_size": main_norm_w.shape[0], "rms_norm_eps": config.rms_norm_eps}, {})["main_x"]
+
+
 def _dspark_decode_metadata(run, position_ids, *tables_and_counts, seq, block_size, window, hca_state_page=8,
                             csa_state_page=2):
     """dspark_decode_metadata -> dspark's decode_metadata.py::golden_decode_metadata: the call's positions, six
@@ -1603,6 +1615,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                                 "golden_prefill_kv_allgather", _prefill_kv_allgather),
                                         Adapter("markov_head", FLASH_DSPARK, "markov_head", "golden_markov_head",
                                                 _markov_head),
+                                        Adapter("dspark_proj", FLASH_DSPARK, "dspark_proj", "golden_dspark_proj",
+                                                _dspark_proj),
                                         Adapter("dspark_decode_metadata", FLASH_DSPARK, "decode_metadata",
                                                 "golden_decode_metadata", _dspark_decode_metadata),
                                         Adapter("v4_q_kv_split", FLASH_DSPARK, "qkv_proj_rope", "golden_q_kv_split",
