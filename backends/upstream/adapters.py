@@ -1399,6 +1399,42 @@ def _dspark_proj(run, main_hidden, main_proj_w, main_norm_w, *, config, ops=None
     return run(tensors, {"hidden_size": main_norm_w.shape[0], "rms_norm_eps": config.rms_norm_eps}, {})["main_x"]
 
 
+def _dspark_markov_sample(run, head_hidden, final_norm_weight, lm_head_weight, anchor_token_ids, markov_w1,
+                          markov_w2, *, config, ops=None):
+    """dspark_markov_sample -> dspark's dspark_markov.py::golden_nonzero_markov (DSPARK_QUERY_WIDTH the call's W,
+    ``config``'s epsilon). The golden scores only the first 8 vocabulary ids (its fixture's support) and asserts
+    that each step's best score is positive: a call with a nonzero head or w2 row past them, or a step whose best
+    score is not positive (evaluated by this project's scores), is unsupported."""
+    from contracts.operators import Unsupported
+    from kernels.v4.dspark_markov import SUPPORT, base_logits, check_dspark_markov
+    from kernels.v4.markov_head import markov_head
+
+    check_dspark_markov(head_hidden, final_norm_weight, lm_head_weight, anchor_token_ids, markov_w1, markov_w2)
+    markov_head(anchor_token_ids, markov_w1, markov_w2)  # the caller's side: the anchors inside the vocabulary
+    for name, t in (("lm_head_weight", lm_head_weight), ("markov_w2", markov_w2)):
+        if bool(t[SUPPORT:].any()):
+            raise Unsupported(f"upstream's golden_nonzero_markov scores only the first {SUPPORT} vocabulary ids; the "
+                              f"call's {name} has a nonzero row past them")
+    batch, width, d = head_hidden.shape
+    tensors = {"head_hidden": head_hidden.clone(), "final_norm_weight": final_norm_weight.clone(),
+               "lm_head_weight": lm_head_weight.clone(), "anchor_token_ids": anchor_token_ids.to(torch.int64).clone(),
+               "markov_w1": markov_w1.clone(), "markov_w2": markov_w2.clone(),
+               "draft_token_ids": torch.zeros(batch, width, dtype=torch.int32)}
+    h = head_hidden.float()
+    normed = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + config.rms_norm_eps)
+              * final_norm_weight.float()).to(torch.bfloat16)
+    base = base_logits(normed.reshape(-1, d), lm_head_weight).reshape(batch, width, -1)
+    prev = anchor_token_ids.to(torch.int64)
+    for s in range(width):  # the golden's assertion, checked first so that it is a named skip, not an error
+        scores = base[:, s] + markov_w1.float()[prev] @ markov_w2.float().T
+        if not bool((scores.max(dim=-1).values > 0).all()):
+            raise Unsupported(f"upstream's golden_nonzero_markov asserts a positive best score at every step; "
+                              f"step {s} of the call has none")
+        prev = scores.argmax(dim=-1)
+    return run(tensors, {"hidden_size": d, "rms_norm_eps": config.rms_norm_eps}, {},
+               module_globals={"DSPARK_QUERY_WIDTH": width})["draft_token_ids"]
+
+
 def _dspark_decode_metadata(run, position_ids, *tables_and_counts, seq, block_size, window, hca_state_page=8,
                             csa_state_page=2):
     """dspark_decode_metadata -> dspark's decode_metadata.py::golden_decode_metadata: the call's positions, six
@@ -1617,6 +1653,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                                 _markov_head),
                                         Adapter("dspark_proj", FLASH_DSPARK, "dspark_proj", "golden_dspark_proj",
                                                 _dspark_proj),
+                                        Adapter("dspark_markov_sample", FLASH_DSPARK, "dspark_markov",
+                                                "golden_nonzero_markov", _dspark_markov_sample),
                                         Adapter("dspark_decode_metadata", FLASH_DSPARK, "decode_metadata",
                                                 "golden_decode_metadata", _dspark_decode_metadata),
                                         Adapter("v4_q_kv_split", FLASH_DSPARK, "qkv_proj_rope", "golden_q_kv_split",
