@@ -1435,6 +1435,24 @@ def _dspark_markov_sample(run, head_hidden, final_norm_weight, lm_head_weight, a
                module_globals={"DSPARK_QUERY_WIDTH": width})["draft_token_ids"]
 
 
+def _dspark_context_kv(run, main_x, wkv, gamma_ckv, freqs_cos, freqs_sin, position_ids, slot_mapping, kv_cache, *,
+                       config):
+    """dspark_context_kv -> dspark's dspark_context_kv.py::golden_dspark_context_kv: the call's tensors as they are
+    (the cache as [blocks, page, 1, hd]), NOPE_DIM / HEAD_DIM / ROPE_HALF and the epsilon set to the call's preset."""
+    from kernels.v4.dspark_context_kv import check_dspark_context_kv
+
+    check_dspark_context_kv(main_x, wkv, gamma_ckv, freqs_cos, freqs_sin, position_ids, slot_mapping, kv_cache,
+                            config=config)  # the caller's side
+    dim, rope = config.head_dim, config.qk_rope_head_dim
+    tensors = {"main_x": main_x.clone(), "wkv": wkv.clone(), "gamma_ckv": gamma_ckv.clone(),
+               "freqs_cos": freqs_cos.clone(), "freqs_sin": freqs_sin.clone(),
+               "position_ids": position_ids.to(torch.int32).clone(), "slot_mapping": slot_mapping.to(torch.int64).clone(),
+               "kv_cache": kv_cache.reshape(kv_cache.shape[0], kv_cache.shape[1], 1, dim).clone()}
+    out = run(tensors, {}, {}, module_globals={"HEAD_DIM": dim, "NOPE_DIM": dim - rope, "ROPE_HALF": rope // 2,
+                                               "EPS": config.rms_norm_eps})
+    return out["kv_cache"].reshape(kv_cache.shape)
+
+
 def _dspark_decode_metadata(run, position_ids, *tables_and_counts, seq, block_size, window, hca_state_page=8,
                             csa_state_page=2):
     """dspark_decode_metadata -> dspark's decode_metadata.py::golden_decode_metadata: the call's positions, six
@@ -1655,6 +1673,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                                 _dspark_proj),
                                         Adapter("dspark_markov_sample", FLASH_DSPARK, "dspark_markov",
                                                 "golden_nonzero_markov", _dspark_markov_sample),
+                                        Adapter("dspark_context_kv", FLASH_DSPARK, "dspark_context_kv",
+                                                "golden_dspark_context_kv", _dspark_context_kv),
                                         Adapter("dspark_decode_metadata", FLASH_DSPARK, "decode_metadata",
                                                 "golden_decode_metadata", _dspark_decode_metadata),
                                         Adapter("v4_q_kv_split", FLASH_DSPARK, "qkv_proj_rope", "golden_q_kv_split",

@@ -92,11 +92,8 @@ def v4_qkv_proj_rope(x: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor, wq
     """-> {"q" [T, H, head_dim] BF16, "kv" [T, head_dim] BF16, "qr" [T, Q_LORA] INT8, "qr_scale" [T, 1] FP32}.
     Spec: §8."""
     check_v4_qkv_proj_rope(x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv, config=config)
-    dim, rope, eps = config.head_dim, config.qk_rope_head_dim, config.rms_norm_eps
-    cos, sin = rope_cos[:, : rope // 2].float(), rope_sin[:, : rope // 2].float()
-    xb = x.double()
-
-    qr = (xb @ wq_a.double()).float()
+    eps = config.rms_norm_eps
+    qr = (x.double() @ wq_a.double()).float()
     inv = _rsqrt_mean_sq(qr, eps)
     g_cq = gamma_cq.float()
     amax = torch.clamp(inv * (qr * g_cq).abs().amax(-1, keepdim=True), min=config.int8_amax_eps)
@@ -106,11 +103,21 @@ def v4_qkv_proj_rope(x: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor, wq
 
     q = q_before_rounding(codes, qr_scale, wq_b, wq_b_scale, rope_cos, rope_sin, config=config)
 
-    kv = (xb @ wkv.double()).float()
-    n = kv * _rsqrt_mean_sq(kv, eps) * gamma_ckv.float()
-    kv_out = torch.cat((n[:, : dim - rope].to(torch.bfloat16), _rotate(n[:, dim - rope:], cos, sin).to(torch.bfloat16)),
-                       dim=-1)
+    kv_out = kv_branch(x, wkv, gamma_ckv, rope_cos, rope_sin, config=config)
     return {"q": q.to(torch.bfloat16), "kv": kv_out, "qr": codes, "qr_scale": qr_scale}
+
+
+def kv_branch(x: torch.Tensor, wkv: torch.Tensor, gamma_ckv: torch.Tensor, rope_cos: torch.Tensor,
+              rope_sin: torch.Tensor, *, config) -> torch.Tensor:
+    """The KV path (module docstring) alone: kv [T, head_dim] BF16 of x [T, hidden] with the rows' RoPE
+    (the first qk_rope_head_dim/2 columns of ``rope_cos`` / ``rope_sin`` [T, >= rope/2]). Shared with dspark's
+    context KV (kernels/v4/dspark_context_kv.py)."""
+    dim, rope, eps = config.head_dim, config.qk_rope_head_dim, config.rms_norm_eps
+    cos, sin = rope_cos[:, : rope // 2].float(), rope_sin[:, : rope // 2].float()
+    kv = (x.double() @ wkv.double()).float()
+    n = kv * _rsqrt_mean_sq(kv, eps) * gamma_ckv.float()
+    return torch.cat((n[:, : dim - rope].to(torch.bfloat16), _rotate(n[:, dim - rope:], cos, sin).to(torch.bfloat16)),
+                     dim=-1)
 
 
 # --- the record ----------------------------------------------------------------------------------------------
