@@ -699,6 +699,17 @@ def v4_cp_x_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Ch
                                          name=name)
 
 
+def dspark_x_out(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
+    """The drafter attention's and output projection's x_out [T, D] BF16 (§8): upstream dspark_attention.py's
+    compare_fn, ratio_allclose(1e-2, 1e-2) with a 5 % quota; NaN fails."""
+    bad = _layout(name, a, e)
+    if bad is not None:
+        return bad
+    atol, rtol = bounds.DSPARK_X_OUT_TOL
+    return precision.check_ratio_allclose(a.float(), e.float(), atol=atol, rtol=rtol,
+                                          max_error_ratio=bounds.DSPARK_X_OUT_QUOTA, name=name)
+
+
 def v4_cp_kv_cache(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """Every rank's window ring after a CP prefill (§7.1): the rows the reference wrote (the decode window) within
     upstream's ratio_allclose(1e-4, 1e-2) and its 0.5 % quota, every other row kept byte for byte (the input of
@@ -718,7 +729,7 @@ COMPARATORS: dict[str, Comparator] = {
     "v4_index_topk": v4_index_topk,
     "v4_prefill_index_score": v4_prefill_index_score, "v4_prefill_index_topk": v4_prefill_index_topk,
     "v4_cmp_pool": v4_cmp_pool, "v4_state_pool": v4_state_pool,
-    "v4_prefill_mtp_out": v4_prefill_mtp_out, "v4_cp_x_out": v4_cp_x_out, "v4_cp_kv_cache": v4_cp_kv_cache, "v4_kv_pool": v4_kv_pool, "mtp_out": mtp_out, "q_bf16": q_bf16, "rms_scale": rms_scale,
+    "v4_prefill_mtp_out": v4_prefill_mtp_out, "v4_cp_x_out": v4_cp_x_out, "v4_cp_kv_cache": v4_cp_kv_cache, "dspark_x_out": dspark_x_out, "v4_kv_pool": v4_kv_pool, "mtp_out": mtp_out, "q_bf16": q_bf16, "rms_scale": rms_scale,
 }
 
 

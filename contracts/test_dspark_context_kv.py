@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 
 from contracts.separation import separates
 from contracts.tensors import byte_rows
-from kernels.config import FLASH_TINY
+from kernels.config import V4_FLASH_TINY
 from kernels.errors import ContractInputError
 from pto_pytest.defect import SeededDefect
 from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("dspark_context_kv")
-C = FLASH_TINY
+C = V4_FLASH_TINY
 HD, ROPE = C.head_dim, C.qk_rope_head_dim
 NOPE = HD - ROPE
 
@@ -80,7 +80,7 @@ def test_each_row_lands_at_its_slot_and_nothing_else_moves(backend, tokens, page
 
 def test_a_hand_vector_pins_the_rotation_the_row_the_norm_weight_and_the_write_order(backend):
     """Four tokens. Token 0 (position 2) and tokens 1, 2 (position 0) project to rows of ±1 (one x column each
-    times a ±1 row of wkv), so the norm leaves them (eps 1e-20) and gamma scales them: gamma is 1 on the first
+    times a ±1 row of wkv), so the norm scales them by 1 / sqrt(1 + eps) only and gamma scales them: gamma is 1 on the first
     rope pair's first dim and 2 on its second. Table row 2 holds (cos, sin) = (0.6015625, 0.80078125), row 0 the
     identity. Token 0's first rope pair (1, 2) rotates forward to (1·c - 2·s, 1·s + 2·c) = (-1.0, 2.00390625),
     rounded to (-1, 2) in BF16.
@@ -106,7 +106,8 @@ def test_a_hand_vector_pins_the_rotation_the_row_the_norm_weight_and_the_write_o
     args = [t.to(bf) for t in (x, wkv, gamma, cos, sin)]
 
     def kv_of(rows, row_angles, *, inverse=False, gamma_after=False):
-        kv = rows.double() @ wkv.double()  # rows of ±1: the norm leaves them
+        kv = rows.double() @ wkv.double()
+        kv = kv / torch.sqrt(kv.pow(2).mean(-1, keepdim=True) + C.rms_norm_eps)  # rows of ±1: 1 / sqrt(1 + eps)
         n = kv if gamma_after else kv * gamma.double()
         a, b = n[:, NOPE::2], n[:, NOPE + 1::2]
         c, s = cos[row_angles, : ROPE // 2].double(), sin[row_angles, : ROPE // 2].double() * (-1 if inverse else 1)

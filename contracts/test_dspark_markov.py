@@ -15,13 +15,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.separation import separates
-from kernels.config import FLASH_TINY
+from kernels.config import V4_FLASH_TINY
 from kernels.errors import ContractInputError
 from pto_pytest.defect import SeededDefect
 from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("dspark_markov_sample")
-C = FLASH_TINY
+C = V4_FLASH_TINY
 TIE_TOL = 2.0**-16  # relative: scores closer than this to the best are a near tie (FP32 order may pick either)
 
 

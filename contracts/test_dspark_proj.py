@@ -11,13 +11,13 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from contracts.separation import separates
-from kernels.config import FLASH_TINY
+from kernels.config import V4_FLASH_TINY
 from kernels.errors import ContractInputError
 from pto_pytest.defect import SeededDefect
 from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("dspark_proj")
-C = FLASH_TINY
+C = V4_FLASH_TINY
 
 
 def _spec(hidden: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -64,6 +64,10 @@ V4_KV_POOL_RELDIFF = (0.01, 0.05)
 V4_CP_X_OUT_RELDIFF = (3e-3, 0.005, 1.0)
 V4_CP_KV_TOL = (1e-4, 1e-2)
 V4_CP_KV_QUOTA = 0.005
+# Upstream dspark_attention.py's compare_fn for the drafter's x_out: ratio_allclose(1e-2, 1e-2) with a 5 % quota
+# (its INT8 row over the whole latent moves a near-zero output element by a few percent of the row's scale).
+DSPARK_X_OUT_TOL = (1e-2, 1e-2)
+DSPARK_X_OUT_QUOTA = 0.05
 ROW_BOUND = RowBound()  # §6, prefill C1A `_compare_attention_rows` (the current rule)
 FP8_BUDGET = OutputBudget()  # §6, decode SWA / C2A `compare_output`
 

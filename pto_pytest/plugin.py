@@ -347,9 +347,10 @@ def operator_params(table, operator_of) -> list:
 
 def op(backend: Backend, name: str):
     """The operator ``name`` of ``backend``; skips (with backend and operator named) when it is missing, or
-    when the backend says a call is ``Unsupported`` (a device compiled for other constants). A backend gets the
-    reference for an operator it lacks when the test declares at least one operator the backend has (a mixed run,
-    labelled in the summary), unless it says ``reference_stand_ins=False`` or the test is ``whole_backend``."""
+    when the backend says a call of the test's subject is ``Unsupported`` (a device compiled for other constants).
+    A backend gets the reference for an operator it lacks, and for a call of a helper operator (not the subject)
+    it cannot take, when the test declares at least one operator the backend has (a mixed run, labelled in the
+    summary), unless it says ``reference_stand_ins=False`` or the test is ``whole_backend``."""
     try:
         fn = backend.get(name)
     except MissingOperator as exc:
@@ -370,9 +371,25 @@ def op(backend: Backend, name: str):
         try:
             return fn(*args, **kwargs)
         except Unsupported as exc:
-            pytest.skip(f"backend {backend.name!r}, operator {name!r}: {exc}")
+            if name == _subject() or _no_stand_in(backend) is not None:
+                pytest.skip(f"backend {backend.name!r}, operator {name!r}: {exc}")
+            from backends import torch_backend
+
+            uses(name, "pto_standin")  # a helper operator's call the backend cannot take: the reference's
+            return backend.stand_in(name, torch_backend())(*args, **kwargs)
 
     return call
+
+
+def _subject() -> str | None:
+    """The operator the running test is about: the first its ``operators`` marker names (None: no marker). A call
+    of it the backend cannot take skips the test; a call of another declared operator gets the reference instead
+    (a mixed run), so a contract is not skipped whole for a helper operator's call."""
+    if _ITEM is None:
+        return None
+    for marker in _ITEM.iter_markers("operators"):
+        return marker.args[0] if marker.args else None
+    return None
 
 
 class SessionTally:
@@ -494,7 +511,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
                           f"{reason[:150]}")
     if tally.stand_ins:
         terminalreporter.write_line(
-            f"mixed runs: the reference stood in for operators backend {b.name!r} does not bind, beside its own: "
+            f"mixed runs: the reference stood in for operators backend {b.name!r} does not bind (or calls they cannot "
+            f"take), beside its own: "
             + ", ".join(f"{n} ({k} test(s))" for n, k in sorted(tally.stand_ins.items())))
     if tally.devices:
         tr = terminalreporter

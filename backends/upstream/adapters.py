@@ -1453,6 +1453,30 @@ def _dspark_context_kv(run, main_x, wkv, gamma_ckv, freqs_cos, freqs_sin, positi
     return out["kv_cache"].reshape(kv_cache.shape)
 
 
+def _dspark_attention(run, x, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos, freqs_sin, position_ids,
+                      kv_cache, slot_mapping, swa_indices, swa_lens, attn_sink, wo_a, wo_b, wo_b_scale, *, config,
+                      ops=None):
+    """dspark_attention -> dspark's dspark_attention.py::golden_dspark_attention: B, S, T and INDEX_WIDTH set to the
+    call's requests, rows per request, rows and list width; the model fields to ``config``'s (the golden runs
+    qkv_proj_rope.py's golden_qkv_proj_rope for the projection)."""
+    from kernels.v4.dspark_attention import check_dspark_attention
+
+    seq = check_dspark_attention(x, freqs_cos, position_ids, kv_cache, slot_mapping, swa_indices,
+                                 swa_lens)  # the caller's side
+    batch, width = swa_indices.shape
+    tensors = {"x": x.clone(), "wq_a": wq_a.clone(), "wq_b": wq_b.clone(), "wq_b_scale": wq_b_scale.float().clone(),
+               "wkv": wkv.clone(), "gamma_cq": gamma_cq.clone(), "gamma_ckv": gamma_ckv.clone(),
+               "freqs_cos": freqs_cos.clone(), "freqs_sin": freqs_sin.clone(),
+               "position_ids": position_ids.to(torch.int32).clone(), "kv_cache": kv_cache.clone(),
+               "slot_mapping": slot_mapping.to(torch.int64).clone(), "swa_indices": swa_indices.to(torch.int32).clone(),
+               "swa_lens": swa_lens.to(torch.int32).clone(), "attn_sink": attn_sink.float().clone(),
+               "wo_a": wo_a.clone(), "wo_b": wo_b.clone(), "wo_b_scale": wo_b_scale.float().clone(),
+               "x_out": torch.zeros(x.shape, dtype=torch.bfloat16)}
+    out = run(tensors, _variant_fields(config), {"BLOCK_SIZE": int(kv_cache.shape[1])},
+              module_globals={"B": batch, "S": seq, "T": batch * seq, "INDEX_WIDTH": width})
+    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"]}
+
+
 def _dspark_decode_metadata(run, position_ids, *tables_and_counts, seq, block_size, window, hca_state_page=8,
                             csa_state_page=2):
     """dspark_decode_metadata -> dspark's decode_metadata.py::golden_decode_metadata: the call's positions, six
@@ -1675,6 +1699,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                                 "golden_nonzero_markov", _dspark_markov_sample),
                                         Adapter("dspark_context_kv", FLASH_DSPARK, "dspark_context_kv",
                                                 "golden_dspark_context_kv", _dspark_context_kv),
+                                        Adapter("dspark_attention", FLASH_DSPARK, "dspark_attention",
+                                                "golden_dspark_attention", _dspark_attention),
                                         Adapter("dspark_decode_metadata", FLASH_DSPARK, "decode_metadata",
                                                 "golden_decode_metadata", _dspark_decode_metadata),
                                         Adapter("v4_q_kv_split", FLASH_DSPARK, "qkv_proj_rope", "golden_q_kv_split",

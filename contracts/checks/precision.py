@@ -20,6 +20,8 @@ from contracts.tensors import byte_view
 from contracts.tolerances import (
     BF16_STAGE_ROW_BUDGET,
     BF16_STAGE_TOL,
+    DSPARK_X_OUT_QUOTA,
+    DSPARK_X_OUT_TOL,
     ENGRAM_TOL,
     FP8_BUDGET,
     FP32_ULPS,
@@ -663,4 +665,5 @@ BOUNDS = (
            "max_diff": V4_CP_X_OUT_RELDIFF[2]}),
     Bound("v4_cp_kv_cache", "written rows by ratio_allclose with a quota, every other row byte for byte",
           {**_tol(V4_CP_KV_TOL), "quota": V4_CP_KV_QUOTA}),
+    Bound("dspark_x_out", "ratio_allclose with a quota", {**_tol(DSPARK_X_OUT_TOL), "quota": DSPARK_X_OUT_QUOTA}),
 )

@@ -69,12 +69,18 @@ def dspark_context_kv(main_x: torch.Tensor, wkv: torch.Tensor, gamma_ckv: torch.
     check_dspark_context_kv(main_x, wkv, gamma_ckv, freqs_cos, freqs_sin, position_ids, slot_mapping, kv_cache,
                             config=config)
     pos = position_ids.to(torch.int64)
-    kv = kv_branch(main_x, wkv, gamma_ckv, freqs_cos[pos], freqs_sin[pos], config=config)
+    return written(kv_cache, kv_branch(main_x, wkv, gamma_ckv, freqs_cos[pos], freqs_sin[pos], config=config),
+                   slot_mapping)
+
+
+def written(kv_cache: torch.Tensor, rows: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """A copy of ``kv_cache`` with rows[t] at flat row slot_mapping[t], in token order (-1: no write; a later token
+    wins a shared slot). Slots are checked by the caller. Shared with dspark_attention's commit."""
     cache = kv_cache.clone()
     flat = cache.view(-1, cache.shape[-1])
     for t, slot in enumerate(slot_mapping.tolist()):
         if slot >= 0:
-            flat[slot] = kv[t]
+            flat[slot] = rows[t]
     return cache
 
 
