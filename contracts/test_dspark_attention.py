@@ -120,15 +120,22 @@ def test_a_draft_row_sees_the_whole_block_and_only_its_requests_list(backend):
     ("a count past the list", "swa_lens", (0,)), ("a negative count", "swa_lens", (1,)),
     ("rows not a multiple of the requests", "x", None), ("a slot past the cache", "slot_mapping", (4,)),
     ("a position past the tables", "position_ids", (5,)), ("a 3-D cache", "kv_cache", None),
-    ("float indices", "swa_indices", None)])
+    ("a cache of 2 heads", "kv_cache", None), ("float indices", "swa_indices", None),
+    ("no request", "swa_indices", None), ("no rows", "x", None), ("positions short", "position_ids", None),
+    ("float slots", "slot_mapping", None), ("a slot -2", "slot_mapping", (1,)), ("counts short", "swa_lens", None)])
 def test_a_malformed_call_is_refused_naming_its_field(backend, case, field, index):
     """A list names cache rows in its first swa_lens columns (a -1 there is refused, not read as a zero key), a count
-    in [0, K], B·S rows, slots -1 or inside the cache, positions inside the tables, a [blocks, page, 1, hd] cache.
-    A count of 0 (the request reads nothing) is well formed."""
+    in [0, K], one count per request, B >= 1 requests of S >= 1 rows, slots -1 or inside the cache, one integer
+    position and slot per row, positions inside the tables, a [blocks, page, 1, hd] cache. Well formed: a count of
+    0 (the request reads nothing), a count of K (every column listed), a padding row (slot -1)."""
     _c, i = _probe_call()
     rows = i["kv_cache"].shape[0] * i["kv_cache"].shape[1]
-    ok = dict(i, swa_lens=i["swa_lens"].clone())
+    ok = dict(i, swa_lens=i["swa_lens"].clone(), swa_indices=i["swa_indices"].clone(),
+              slot_mapping=i["slot_mapping"].clone())
     ok["swa_lens"][0] = 0
+    ok["swa_lens"][1] = ok["swa_indices"].shape[1]
+    ok["swa_indices"][1] = ok["swa_indices"][1, 0]  # every column a cache row
+    ok["slot_mapping"][2] = -1
     op(backend, "dspark_attention")(**ok, config=_c)
     bad = {k: v.clone() for k, v in i.items()}
     if case == "a -1 inside the list":
@@ -147,6 +154,20 @@ def test_a_malformed_call_is_refused_naming_its_field(backend, case, field, inde
         bad["position_ids"][5] = i["freqs_cos"].shape[0]
     elif case == "a 3-D cache":
         bad["kv_cache"] = i["kv_cache"][:, :, 0]
+    elif case == "a cache of 2 heads":
+        bad["kv_cache"] = i["kv_cache"].expand(-1, -1, 2, -1).clone()
+    elif case == "no request":
+        bad.update(swa_indices=i["swa_indices"][:0], swa_lens=i["swa_lens"][:0])
+    elif case == "no rows":
+        bad.update(x=i["x"][:0], position_ids=i["position_ids"][:0], slot_mapping=i["slot_mapping"][:0])
+    elif case == "positions short":
+        bad["position_ids"] = i["position_ids"][:-1]
+    elif case == "float slots":
+        bad["slot_mapping"] = i["slot_mapping"].float()
+    elif case == "a slot -2":
+        bad["slot_mapping"][1] = -2
+    elif case == "counts short":
+        bad["swa_lens"] = i["swa_lens"][:1]
     else:
         bad["swa_indices"] = i["swa_indices"].float()
     with pytest.raises(ContractInputError) as exc:

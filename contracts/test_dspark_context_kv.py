@@ -56,7 +56,10 @@ def test_each_row_lands_at_its_slot_and_nothing_else_moves(backend, tokens, page
     gamma = (torch.rand(HD, generator=g) + 0.5).to(torch.bfloat16)
     cos, sin = _tables(64, g)
     cache = torch.randn(pages, C.block_size, *((1,) if four_d else ()), HD, generator=g).to(torch.bfloat16)
+    before_call = cache.clone()
     got = op(backend, "dspark_context_kv")(x, wkv, gamma, cos, sin, pos, slots, cache, config=C)
+    assert torch.equal(byte_rows(cache.reshape(-1, HD)), byte_rows(before_call.reshape(-1, HD))), \
+        "the input kv_cache was modified: the operator returns a new cache (§8)"
     assert got.dtype == torch.bfloat16 and got.shape == cache.shape, \
         f"kv_cache {got.dtype}{list(got.shape)}, expected the input's bfloat16{list(cache.shape)} (§8)"
     want = _spec_kv(x, wkv, gamma, cos[pos.long(), : ROPE // 2], sin[pos.long(), : ROPE // 2])
@@ -139,24 +142,32 @@ def test_a_hand_vector_pins_the_rotation_the_row_the_norm_weight_and_the_write_o
 
 @pytest.mark.parametrize("case, field", [("x of another width", "main_x"), ("FP32 x", "main_x"),
                                          ("wkv of another head dim", "wkv"), ("gamma short", "gamma_ckv"),
-                                         ("narrow cos table", "freqs_cos"), ("positions short", "position_ids"),
+                                         ("narrow cos table", "freqs_cos"), ("cos table one column short", "freqs_cos"),
+                                         ("empty cos table", "freqs_cos"), ("positions short", "position_ids"),
                                          ("position past the table", "position_ids"),
                                          ("slot past the cache", "slot_mapping"), ("slot -2", "slot_mapping"),
                                          ("float slots", "slot_mapping"), ("cache of another head dim", "kv_cache"),
                                          ("cache with 2 heads", "kv_cache")])
 def test_a_malformed_call_is_refused_naming_its_field(backend, case, field):
-    """Shapes and dtypes against the preset; positions inside the tables; slots -1 or inside the cache (no clamp,
-    no wrap). The last cache row and the last position are accepted."""
+    """Shapes and dtypes against the preset; RoPE tables of at least one row and rope/2 columns (the rows' first
+    half is read); positions inside the tables; slots -1 or inside the cache (no clamp, no wrap). The last cache row,
+    the last position, tables of exactly rope/2 columns and of one row are accepted."""
     bf = torch.bfloat16
     d = C.hidden_size
     i = dict(main_x=torch.ones(2, d, dtype=bf), wkv=torch.ones(d, HD, dtype=bf), gamma_ckv=torch.ones(HD, dtype=bf),
              freqs_cos=torch.ones(8, ROPE, dtype=bf), freqs_sin=torch.zeros(8, ROPE, dtype=bf),
              position_ids=torch.tensor([0, 7], dtype=torch.int32), slot_mapping=torch.tensor([-1, 2 * C.block_size - 1]),
              kv_cache=torch.zeros(2, C.block_size, HD, dtype=bf))
-    op(backend, "dspark_context_kv")(**i, config=C)  # the edges are accepted
+    op(backend, "dspark_context_kv")(**i, config=C)  # the edges are accepted: the last row and position
+    op(backend, "dspark_context_kv")(**{**i, "freqs_cos": i["freqs_cos"][:, : ROPE // 2],
+                                        "freqs_sin": i["freqs_sin"][:, : ROPE // 2]}, config=C)  # rope/2 columns
+    op(backend, "dspark_context_kv")(**{**i, "freqs_cos": i["freqs_cos"][:1], "freqs_sin": i["freqs_sin"][:1],
+                                        "position_ids": i["position_ids"] * 0}, config=C)  # a table of one row
     change = {"x of another width": dict(main_x=i["main_x"][:, 1:]), "FP32 x": dict(main_x=i["main_x"].float()),
               "wkv of another head dim": dict(wkv=i["wkv"][:, 1:]), "gamma short": dict(gamma_ckv=i["gamma_ckv"][1:]),
               "narrow cos table": dict(freqs_cos=i["freqs_cos"][:, :1]),
+              "cos table one column short": dict(freqs_cos=i["freqs_cos"][:, : ROPE // 2 - 1]),
+              "empty cos table": dict(freqs_cos=i["freqs_cos"][:0], freqs_sin=i["freqs_sin"][:0]),
               "positions short": dict(position_ids=i["position_ids"][:1]),
               "position past the table": dict(position_ids=i["position_ids"] + 1),
               "slot past the cache": dict(slot_mapping=i["slot_mapping"] + 1),

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.separation import separates
+from contracts.tolerances import DSPARK_MARKOV_TIE_TOL
 from kernels.config import V4_FLASH_TINY
 from kernels.errors import ContractInputError
 from pto_pytest.defect import SeededDefect
@@ -22,7 +23,6 @@ from pto_pytest.plugin import op
 
 pytestmark = pytest.mark.operators("dspark_markov_sample")
 C = V4_FLASH_TINY
-TIE_TOL = 2.0**-16  # relative: scores closer than this to the best are a near tie (FP32 order may pick either)
 
 
 def _spec_scores(normed_row: torch.Tensor, head: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
@@ -60,7 +60,7 @@ def test_each_draft_is_the_first_best_of_its_steps_scores_along_the_chain(backen
             pick = int(got[b, s])
             scores = _spec_scores(normed[b, s], head, w1, w2, prev)
             best = float(scores.max())
-            near = (scores >= best - TIE_TOL * abs(best)).nonzero().flatten().tolist()
+            near = (scores >= best - DSPARK_MARKOV_TIE_TOL * abs(best)).nonzero().flatten().tolist()
             assert pick in near and (len(near) > 1 or pick == near[0]), \
                 f"draft_token_ids[{b}][{s}] = {pick} (score {float(scores[pick]) if 0 <= pick < vocab else 'n/a'}), " \
                 f"expected {near[0]}: the first best of base row {s} plus the Markov bias of token {prev} " \
@@ -111,7 +111,25 @@ def test_a_hand_vector_pins_the_chain_the_row_and_the_tie(backend):
                                    "lowest id (§8)"
 
 
+def test_the_base_logits_are_fp32_before_the_bias(backend):
+    """One request, one draft, D 4: the row (1, 1, 1, 1) normalises to itself; head rows (1/4, 1/4, 1/4, 1/4) and
+    (1/2, 1/2, 2^-30, 0) give base logits 1 and 1 + 2^-30, which are one FP32 number: a tie, so id 0 (the first).
+    Separated from base logits kept in FP64 (id 1). The bias is 0 (w2 zero) and the best score positive."""
+    bf = torch.bfloat16
+    head = torch.tensor([[0.25, 0.25, 0.25, 0.25], [0.5, 0.5, 2.0**-30, 0.0], [0, 0, 0, 0], [0, 0, 0, 0]])
+    base = torch.ones(4, dtype=torch.float64) @ head.double().T
+    assert base[1] - base[0] == 2.0**-30 and float(base[1].float()) == float(base[0].float()), "worked-out base"
+    want = torch.tensor([[0]], dtype=torch.int32)
+    separates("FP32 base logits", want, fp64_base=base.argmax().reshape(1, 1).to(torch.int32))
+    w = torch.zeros(4, 1, dtype=bf)
+    got = op(backend, "dspark_markov_sample")(torch.ones(1, 1, 4, dtype=bf), torch.ones(4, dtype=bf), head.to(bf),
+                                              torch.tensor([2]), w, w, config=C)
+    assert torch.equal(got, want), f"draft_token_ids {got.tolist()}, expected [[0]]: base logits 1 and 1 + 2^-30 " \
+                                   "are one FP32 number, a tie to the lowest id (§8)"
+
+
 @pytest.mark.parametrize("case, field", [("2-D block", "head_hidden"), ("empty block", "head_hidden"),
+                                         ("no request", "head_hidden"), ("1-D w1", "markov_w1"),
                                          ("head of another vocabulary", "lm_head_weight"),
                                          ("head of another width", "lm_head_weight"),
                                          ("one anchor short", "anchor_token_ids"),
@@ -123,7 +141,13 @@ def test_a_malformed_call_is_refused_naming_its_field(backend, case, field):
     bf = torch.bfloat16
     h, nw, head = torch.ones(2, 3, 4, dtype=bf), torch.ones(4, dtype=bf), torch.ones(5, 4, dtype=bf)
     w, anchors = torch.ones(5, 2, dtype=bf), torch.tensor([0, 4])
+    if case == "1-D w1":
+        with pytest.raises(ContractInputError) as exc:
+            op(backend, "dspark_markov_sample")(h, nw, head[:1], anchors[:2] * 0, w[:1, 0], w[:1], config=C)
+        assert exc.value.field == field, f"{case}: refused naming {exc.value.field!r}: {exc.value}"
+        return
     call = {"2-D block": (h[0], nw, head, anchors), "empty block": (h[:, :0], nw, head, anchors),
+            "no request": (h[:0], nw, head, anchors[:0]),
             "head of another vocabulary": (h, nw, head[:4], anchors), "head of another width": (h, nw, head[:, :3],
                                                                                                 anchors),
             "one anchor short": (h, nw, head, anchors[:1]), "float anchors": (h, nw, head, anchors.float()),
@@ -159,6 +183,21 @@ def _anchor_every_step(head_hidden, final_norm_weight, lm_head_weight, anchor_to
     return torch.cat(cols, dim=1)
 
 
+def _fp64_base(head_hidden, final_norm_weight, lm_head_weight, anchor_token_ids, markov_w1, markov_w2, *, config,
+               ops=None):
+    from kernels.reference.lm_head import final_norm, greedy_pick
+    from kernels.v4.markov_head import markov_head
+
+    b, w, d = head_hidden.shape
+    base = (final_norm(head_hidden.reshape(b * w, d), final_norm_weight, config=config).double()
+            @ lm_head_weight.double().T).reshape(b, w, -1)
+    prev, out = anchor_token_ids.long(), []
+    for s in range(w):
+        prev = greedy_pick(base[:, s] + markov_head(prev, markov_w1, markov_w2)["logits_bias"].double()).long()
+        out.append(prev)
+    return torch.stack(out, 1).to(torch.int32)
+
+
 def _row_shifted(head_hidden, final_norm_weight, lm_head_weight, anchor_token_ids, markov_w1, markov_w2, *, config,
                  ops=None):
     from kernels.v4.dspark_markov import dspark_markov_sample
@@ -175,6 +214,8 @@ SEEDED_DEFECTS = [
                  "test_each_draft_is_the_first_best_of_its_steps_scores_along_the_chain", "draft_token_ids["),
     SeededDefect("dspark-markov:row-shifted", "dspark_markov_sample", _row_shifted,
                  "test_each_draft_is_the_first_best_of_its_steps_scores_along_the_chain", "draft_token_ids["),
+    SeededDefect("dspark-markov:fp64-base", "dspark_markov_sample", _fp64_base,
+                 "test_the_base_logits_are_fp32_before_the_bias", "one FP32 number"),
     SeededDefect("dspark-markov:no-bias", "dspark_markov_sample",
                  _with(markov_head=lambda ids, w1, w2: {"logits_bias": torch.zeros(len(ids), w2.shape[0])}),
                  "test_each_draft_is_the_first_best_of_its_steps_scores_along_the_chain", "draft_token_ids["),

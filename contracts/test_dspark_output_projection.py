@@ -13,7 +13,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.separation import separates
+from contracts.separation import bf16_once, separates
 from kernels.config import V4_FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.record import int8_codes
@@ -87,6 +87,33 @@ def test_a_hand_vector_separates_the_token_row_and_the_bf16_latent(backend):
     got = op(backend, "dspark_output_projection")(heads, wo_a, wo_b, scale, config=c)
     assert torch.equal(got[0], want), f"x_out {got.tolist()}, expected {want.tolist()}: the latent staged in BF16, " \
                                       "then one INT8 row per token (§8)"
+
+
+def test_the_latent_is_rounded_to_fp32_before_bf16(backend):
+    """Two heads of 3 in two groups of one latent, D 2: group 0's latent is 1 + 2^-8 + 2^-30 exactly (heads (1,
+    2^-8, 2^-15), wo_a (1, 1, 2^-15)), group 1's is 1. The FP32 sum 1 + 2^-8 is a BF16 midpoint and rounds to even,
+    1: codes (127, 127), factor 1/127, and wo_b rows (1, 0), (1, 1) give x_out (1, 2). Rounded once from the exact
+    sum the latent is 1 + 2^-7, the amax moves and the second code becomes 126: separated."""
+    c = replace(C, num_attention_heads=2, head_dim=3, o_groups=2, o_lora_rank=1, hidden_size=2)
+    bf = torch.bfloat16
+    heads = torch.tensor([[[1.0, 2.0**-8, 2.0**-15], [1.0, 0.0, 0.0]]], dtype=bf)
+    wo_a = torch.tensor([[[1.0, 1.0, 2.0**-15]], [[1.0, 0.0, 0.0]]], dtype=bf)
+    wo_b, scale = torch.tensor([[1, 0], [1, 1]], dtype=torch.int8), torch.ones(2)
+    lat = torch.einsum("gk,gk->g", heads[0].double(), wo_a[:, 0].double())
+    assert lat.tolist() == [1 + 2**-8 + 2**-30, 1.0], "the worked-out latents"
+
+    def project(latent):
+        v = latent.float()
+        quant = torch.tensor(127.0) / v.abs().amax()
+        codes = torch.round(v * quant).double()
+        return ((wo_b.double() @ codes).float() * torch.reciprocal(quant)).to(bf)
+
+    want = project(lat.float().to(bf))
+    assert want.tolist() == [1.0, 2.0], "the worked-out x_out"
+    separates("the latent rounded to FP32, then BF16", want, rounded_once=project(bf16_once(lat)))
+    got = op(backend, "dspark_output_projection")(heads, wo_a, wo_b, scale, config=c)
+    assert torch.equal(got[0], want), f"x_out {got.tolist()}, expected {want.tolist()}: the latent's FP32 sum (a " \
+                                      "BF16 midpoint, rounded to even), not the exact sum rounded once (§8)"
 
 
 @pytest.mark.parametrize("case, field", [("heads of another head count", "heads"), ("FP32 heads", "heads"),

@@ -10,7 +10,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from contracts.separation import separates
+from contracts.separation import bf16_once, separates
 from kernels.config import V4_FLASH_TINY
 from kernels.errors import ContractInputError
 from pto_pytest.defect import SeededDefect
@@ -83,6 +83,30 @@ def test_a_hand_vector_separates_the_rule_from_its_slips(backend):
                                    "staged in BF16 (1.0234375), not of its FP32 value (§8)"
 
 
+def test_the_projection_is_rounded_to_fp32_before_bf16(backend):
+    """D 3, one layer: row 0 of the projection is 1 + 2^-8 + 2^-30 exactly (h = (1, 2^-8, 2^-15), w row (1, 1,
+    2^-15)). Its FP32 sum is 1 + 2^-8, a BF16 midpoint, which rounds to even: 1 (the kernel's FP32 accumulator, then
+    rint). Rounded to BF16 once from the exact sum it is 1 + 2^-7. The other two elements are 1: main_x is the norm
+    of (1, 1, 1), every element BF16(1 / sqrt(1 + eps)) = 1; separated from the norm of (1 + 2^-7, 1, 1)."""
+    bf = torch.bfloat16
+    h = torch.tensor([[1.0, 2.0**-8, 2.0**-15]], dtype=bf)
+    w = torch.tensor([[1.0, 1.0, 2.0**-15], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]], dtype=bf)
+    norm_w = torch.ones(3, dtype=bf)
+    p = h.double() @ w.double().T
+    assert float(p[0, 0]) == 1 + 2**-8 + 2**-30, "the worked-out projection"
+
+    def norm(x):
+        x = x.double()
+        return (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + C.rms_norm_eps)).float().to(bf)
+
+    want = norm(p.float().to(bf))
+    assert want.tolist() == [[1.0, 1.0, 1.0]], "the worked-out main_x"
+    separates("the projection rounded to FP32, then BF16", want, rounded_once=norm(bf16_once(p)))
+    got = op(backend, "dspark_proj")(h, w, norm_w, config=C)
+    assert torch.equal(got, want), f"main_x {got.tolist()}, expected {want.tolist()}: the projection's FP32 sum " \
+                                   "(a BF16 midpoint, rounded to even), not the exact sum rounded once (§8)"
+
+
 @pytest.mark.parametrize("case, field", [("hidden of another width", "main_hidden"), ("no row", "main_hidden"),
                                          ("FP32 hidden", "main_hidden"), ("projection not L·D wide", "main_proj_w"),
                                          ("projection of another D", "main_proj_w"),
@@ -127,6 +151,14 @@ def _no_eps(main_hidden, main_proj_w, main_norm_w, *, config, ops=None):
     return (p * torch.rsqrt(p.pow(2).mean(-1, keepdim=True)) * main_norm_w.float()).to(torch.bfloat16)
 
 
+def _rounded_once(main_hidden, main_proj_w, main_norm_w, *, config, ops=None):
+    from contracts.separation import bf16_once
+    from kernels.reference.lm_head import final_norm
+
+    p = bf16_once(main_hidden.double() @ main_proj_w.double().T).to(torch.bfloat16)
+    return final_norm(p, main_norm_w, config=config)
+
+
 def _norm_weight_dropped(main_hidden, main_proj_w, main_norm_w, *, config, ops=None):
     from kernels.v4.dspark_proj import dspark_proj
 
@@ -140,6 +172,8 @@ SEEDED_DEFECTS = [
                  "test_main_x_is_the_norm_of_the_bf16_staged_projection", "main_x["),
     SeededDefect("dspark-proj:no-eps", "dspark_proj", _no_eps,
                  "test_main_x_is_the_norm_of_the_bf16_staged_projection", "= nan"),
+    SeededDefect("dspark-proj:rounded-once", "dspark_proj", _rounded_once,
+                 "test_the_projection_is_rounded_to_fp32_before_bf16", "FP32 sum"),
     SeededDefect("dspark-proj:norm-weight-dropped", "dspark_proj", _norm_weight_dropped,
                  "test_main_x_is_the_norm_of_the_bf16_staged_projection", "main_x["),
 ]

@@ -68,6 +68,9 @@ V4_CP_KV_QUOTA = 0.005
 # (its INT8 row over the whole latent moves a near-zero output element by a few percent of the row's scale).
 DSPARK_X_OUT_TOL = (1e-2, 1e-2)
 DSPARK_X_OUT_QUOTA = 0.05
+# dspark's Markov sampler: scores within this relative distance of a step's best are a near tie, which an FP32
+# accumulation order may resolve either way (the exact-tie rule, the lowest id, is pinned by hand vectors).
+DSPARK_MARKOV_TIE_TOL = 2.0**-16
 ROW_BOUND = RowBound()  # §6, prefill C1A `_compare_attention_rows` (the current rule)
 FP8_BUDGET = OutputBudget()  # §6, decode SWA / C2A `compare_output`
 

@@ -88,18 +88,19 @@ def written(kv_cache: torch.Tensor, rows: torch.Tensor, slot_mapping: torch.Tens
 
 def _context_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
     """A decode step of 2 requests x 4 rows at positions 5 .. 8 and 130 .. 133 (the second request's window has
-    wrapped its first page), paged by a table of 4 pages of ``config.block_size``; one padding row (slot -1);
+    wrapped its first page), paged by a table of 2 pages of ``config.block_size`` (at a page of 128 the two requests write the two pages); one
+    padding row (slot -1);
     RoPE tables of angles up to 300 radians over 256 positions; the cache filled with unit-RMS rows (upstream's
     fixture), so an unwritten row is never zero."""
     g = generator(seed)
     hidden, dim, rope, page = config.hidden_size, config.head_dim, config.qk_rope_head_dim, config.block_size
     pos = torch.tensor([5, 6, 7, 8, 130, 131, 132, 133], dtype=torch.int32)
-    table = torch.tensor([[3, 0], [1, 2]])  # request r's logical page p -> physical page
+    table = torch.tensor([[1, 1], [1, 0]])  # request r's logical page p -> physical page (2 pages in all)
     slots = torch.tensor([int(table[t // 4, (int(pos[t]) // page) % 2]) * page + int(pos[t]) % page
                           for t in range(8)], dtype=torch.int64)
     slots[3] = -1
     angle = torch.arange(256, dtype=torch.float32)[:, None] * torch.rand(rope, generator=g) * 300 / 256
-    cache = torch.randn(4, page, 1, dim, generator=g)
+    cache = torch.randn(2, page, 1, dim, generator=g)
     cache = cache / cache.pow(2).mean(-1, keepdim=True).sqrt()
     return {"main_x": (torch.randn(8, hidden, generator=g) * 0.05).to(torch.bfloat16),
             "wkv": (torch.randn(hidden, dim, generator=g) / hidden**0.5).to(torch.bfloat16),

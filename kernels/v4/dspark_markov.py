@@ -34,7 +34,9 @@ def check_dspark_markov(head_hidden: torch.Tensor, final_norm_weight: torch.Tens
     if head_hidden.ndim != 3 or head_hidden.shape[0] < 1 or head_hidden.shape[1] < 1:
         raise ContractInputError("head_hidden", None, "[B >= 1, W >= 1, D]", list(head_hidden.shape), SPEC)
     batch, _w, d = head_hidden.shape
-    vocab = markov_w1.shape[0] if markov_w1.ndim == 2 else -1
+    if markov_w1.ndim != 2:
+        raise ContractInputError("markov_w1", None, "[vocab, R]", list(markov_w1.shape), SPEC)
+    vocab = markov_w1.shape[0]
     if lm_head_weight.ndim != 2 or tuple(lm_head_weight.shape) != (vocab, d):
         raise ContractInputError("lm_head_weight", None, f"[{vocab}, {d}] (the Markov vocabulary, the rows' width)",
                                  list(lm_head_weight.shape), SPEC)

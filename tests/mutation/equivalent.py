@@ -247,6 +247,13 @@ ONE_K_PER_EXPERT = 'A token routes to distinct experts, so for one expert at mos
 CLAMP_COMMUTES = 'min(max(a, 0), w) equals max(min(a, w), 0) for the window w >= 1: the clamp commutes with the minimum.'
 PER_TOKEN_ROWS = 'Each iteration writes only its own token row (out[t], closes[t]); the += is list concatenation of the window, not a running sum, so the visiting order cannot change any value.'
 
+DSPARK_IDS = ("markov_head takes INT32 or INT64 ids alike (each checked in [0, vocab) first), greedy_pick's INT32 ids "
+              "are those same ids, and the drafts are cast to INT32 before they leave the operator.")
+DSPARK_ROWS_FLOAT = ("An integer count computed as a float of the same value (the dividend is a multiple: a cache "
+                     "holds whole head_dim rows, H a multiple of o_groups in every preset) compares and bounds "
+                     "the same; only a printed message would show 256.0 for 256.")
+
+
 EQUIVALENT: dict[str, str] = {
     # lookup_embedding: index_select returns a contiguous tensor; it takes INT32 or INT64 indices alike, and every id
     # is checked to lie in [0, vocab) before, so an INT32 index holds it
@@ -816,4 +823,30 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.cp_swa:prefill_cp_swa:stage-dtype:bfloat16->float16#3': 'The SWA path never reads the compressed placeholder (no compressed slots): its dtype and shape are no part of any output.',
     'kernels.v4.q_kv_split:v4_q_kv_split:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
     'kernels.v4.attention_heads:v4_attention_heads:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
+    'kernels.v4.dspark_proj:dspark_proj:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
+    'kernels.v4.dspark_markov:dspark_markov_sample:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
+    'kernels.v4.dspark_markov:dspark_markov_sample:drop-call:anchor_token_ids.to(torch.int64)[to]->(skipped)#0': DSPARK_IDS,
+    'kernels.v4.dspark_markov:dspark_markov_sample:name:int64->int32#0': DSPARK_IDS,
+    'kernels.v4.dspark_markov:dspark_markov_sample:name:int64->int32#1': DSPARK_IDS,
+    'kernels.v4.dspark_markov:dspark_markov_sample:drop-call:pick(scores).to(torch.int64)[to]->(skipped)#0': DSPARK_IDS,
+    'kernels.v4.dspark_context_kv:check_dspark_context_kv:binop:kv_cache.numel() // dim[FloorDiv]->Div#0': DSPARK_ROWS_FLOAT,
+    'kernels.v4.dspark_context_kv:dspark_context_kv:drop-call:position_ids.to(torch.int64)[to]->(skipped)#0': ROPE_CAST,
+    'kernels.v4.dspark_context_kv:dspark_context_kv:name:int64->int32#0': ROPE_CAST,
+    'kernels.v4.dspark_attention:visible_window:name:int32->int64#0': DTYPE,
+    'kernels.v4.dspark_attention:visible_window:name:int32->int64#1': DTYPE,
+    'kernels.v4.dspark_attention:visible_window:drop-call:swa_indices.to(torch.int32)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.dspark_attention:dspark_attention:drop-call:position_ids.to(torch.int64)[to]->(skipped)#0': ROPE_CAST,
+    'kernels.v4.dspark_attention:dspark_attention:name:int64->int32#0': ROPE_CAST,
+    "kernels.v4.dspark_attention:dspark_attention:drop-call:proj['kv'].to(kv_cache.dtype)[to]->(skipped)#0": CASTNOOP,
+    'kernels.v4.dspark_attention:dspark_attention:const:1->2#0': V4_SWA_PLACEHOLDER,
+    'kernels.v4.dspark_attention:dspark_attention:const:1->2#1': V4_SWA_PLACEHOLDER,
+    'kernels.v4.dspark_attention:dspark_attention:const:1->2#4': V4_SWA_PLACEHOLDER,
+    'kernels.v4.dspark_attention:dspark_attention:name:int32->int64#0': V4_SWA_PLACEHOLDER,
+    'kernels.v4.dspark_attention:dspark_attention:const:False->True#0': V4_COMPOSES_DEFAULT,
+    'kernels.v4.dspark_attention:dspark_attention:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
+    'kernels.v4.dspark_o_proj:check_dspark_output_projection:binop:h // groups[FloorDiv]->Div#0': DSPARK_ROWS_FLOAT,
+    'kernels.v4.dspark_o_proj:dspark_output_projection:drop-call:wo_b_scale.float()[float]->(skipped)#0': CASTNOOP,
+    'kernels.v4.dspark_proj:projected_rows:drop-call:(main_hidden.double() @ main_proj_w.double().T).float()[float]->(skipped)#0': TORCH_F64,
+    "kernels.v4.dspark_o_proj:dspark_output_projection:drop-call:torch.einsum('tgk,grk->tgr', x, wo_a.double()).float()[float]->(skipped)#0": TORCH_F64,
+    'kernels.v4.dspark_context_kv:check_dspark_context_kv:binop:rope // 2[FloorDiv]->Div#0': V4_EVEN_ROPE,
 }
