@@ -106,6 +106,8 @@ PRO_ENTRIES: dict[str, tuple[str, int]] = {
     "hc_pre": ("hc_pre_test", 1),  # hc_pre_fused (hc_mixes then hc_pre, as the entry computes them)
     "hc_head": ("hc_head_test", 1),  # hc_head_fused (v4_head_mix then hc_head)
     "markov_head": ("markov_head_test", 1),  # dspark's
+    "dspark_proj": ("dspark_proj_test", 1),  # dspark's drafter
+    "dspark_context_kv": ("dspark_context_kv_test", 1),
     # dspark's device lowering (its golden_decode_metadata); V4-Pro's decode_metadata.py is a host lowering with no
     # golden, which no entry binds (adapters of a "(host lowering)" are skipped)
     "decode_metadata": ("decode_metadata", 1),

@@ -1435,10 +1435,23 @@ def _dspark_markov_sample(run, head_hidden, final_norm_weight, lm_head_weight, a
                module_globals={"DSPARK_QUERY_WIDTH": width})["draft_token_ids"]
 
 
+def _dspark_pages(kv_cache: torch.Tensor, dim: int) -> torch.Tensor:
+    """A paged cache [blocks, page, (1,) hd] as [blocks', 32, 1, hd]: dspark's page of 32 rows (its entries compile
+    BLOCK_SIZE 32), the flat rows -- what a slot names -- unchanged; a page that is not a multiple of 32 stays."""
+    from kernels.config import V4_FLASH_DSPARK
+
+    page = V4_FLASH_DSPARK.block_size
+    rows = kv_cache.shape[0] * kv_cache.shape[1]
+    if kv_cache.shape[1] % page:
+        return kv_cache.reshape(kv_cache.shape[0], kv_cache.shape[1], 1, dim)
+    return kv_cache.reshape(rows // page, page, 1, dim)
+
+
 def _dspark_context_kv(run, main_x, wkv, gamma_ckv, freqs_cos, freqs_sin, position_ids, slot_mapping, kv_cache, *,
                        config):
-    """dspark_context_kv -> dspark's dspark_context_kv.py::golden_dspark_context_kv: the call's tensors as they are
-    (the cache as [blocks, page, 1, hd]), NOPE_DIM / HEAD_DIM / ROPE_HALF and the epsilon set to the call's preset."""
+    """dspark_context_kv -> dspark's dspark_context_kv.py::golden_dspark_context_kv: the call's tensors as they are,
+    the cache laid out at dspark's page (``_dspark_pages``: the same flat rows), NOPE_DIM / HEAD_DIM / ROPE_HALF and
+    the epsilon set to the call's preset."""
     from kernels.v4.dspark_context_kv import check_dspark_context_kv
 
     check_dspark_context_kv(main_x, wkv, gamma_ckv, freqs_cos, freqs_sin, position_ids, slot_mapping, kv_cache,
@@ -1447,7 +1460,7 @@ def _dspark_context_kv(run, main_x, wkv, gamma_ckv, freqs_cos, freqs_sin, positi
     tensors = {"main_x": main_x.clone(), "wkv": wkv.clone(), "gamma_ckv": gamma_ckv.clone(),
                "freqs_cos": freqs_cos.clone(), "freqs_sin": freqs_sin.clone(),
                "position_ids": position_ids.to(torch.int32).clone(), "slot_mapping": slot_mapping.to(torch.int64).clone(),
-               "kv_cache": kv_cache.reshape(kv_cache.shape[0], kv_cache.shape[1], 1, dim).clone()}
+               "kv_cache": _dspark_pages(kv_cache, dim).clone()}
     out = run(tensors, {}, {}, module_globals={"HEAD_DIM": dim, "NOPE_DIM": dim - rope, "ROPE_HALF": rope // 2,
                                                "EPS": config.rms_norm_eps})
     return out["kv_cache"].reshape(kv_cache.shape)
@@ -1475,6 +1488,27 @@ def _dspark_attention(run, x, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, 
     out = run(tensors, _variant_fields(config), {"BLOCK_SIZE": int(kv_cache.shape[1])},
               module_globals={"B": batch, "S": seq, "T": batch * seq, "INDEX_WIDTH": width})
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"]}
+
+
+def _heads_projection(run, heads, wo_a, wo_b, wo_b_scale, *, config):
+    """v4_heads_projection -> dspark's decode_o_proj.py::golden_decode_o_proj_tp1 (a plain function): the heads packed
+    by output group as its o_packed_heads [G, T_PAD, H/G·hd] (T_PAD the rows' 16-row ceiling, the padding rows
+    zero), its module-level widths the call's preset's."""
+    from kernels.v4.heads_projection import check_heads_projection
+
+    check_heads_projection(heads, wo_a, wo_b, wo_b_scale, config=config)  # the caller's side
+    tokens, groups = heads.shape[0], config.o_groups
+    pad = -(-tokens // 16) * 16
+    packed = torch.zeros(groups, pad, heads.shape[1] // groups * heads.shape[2], dtype=torch.bfloat16)
+    packed[:, :tokens] = heads.reshape(tokens, groups, -1).transpose(0, 1)
+    # the module is imported at its own width (it checks the model's tiling at import); the golden reads its
+    # module-level widths, set to the call's
+    widths = {"T_PAD": pad, "D": config.hidden_size, "O_GROUPS": groups, "O_LORA": config.o_lora_rank,
+              "O_GROUP_IN": packed.shape[2], "INT8_AMAX_EPS": config.int8_amax_eps,
+              "INT8_SCALE_MAX": config.int8_scale_max}
+    out = run({}, {}, {}, module="decode_o_proj", function="golden_decode_o_proj_tp1", module_globals=widths,
+              args=[packed, wo_a.clone(), wo_b.clone(), wo_b_scale.float().clone(), tokens])
+    return out["result"]
 
 
 def _dspark_decode_metadata(run, position_ids, *tables_and_counts, seq, block_size, window, hca_state_page=8,
@@ -1701,6 +1735,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                                 "golden_dspark_context_kv", _dspark_context_kv),
                                         Adapter("dspark_attention", FLASH_DSPARK, "dspark_attention",
                                                 "golden_dspark_attention", _dspark_attention),
+                                        Adapter("v4_heads_projection", FLASH_DSPARK, "decode_o_proj",
+                                                "golden_decode_o_proj_tp1", _heads_projection),
                                         Adapter("dspark_decode_metadata", FLASH_DSPARK, "decode_metadata",
                                                 "golden_decode_metadata", _dspark_decode_metadata),
                                         Adapter("v4_q_kv_split", FLASH_DSPARK, "qkv_proj_rope", "golden_q_kv_split",

@@ -18,7 +18,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, replaced
+from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, is_tiny, replaced
 
 SPEC = "§8"
 
@@ -90,7 +90,8 @@ def _context_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
     """A decode step of 2 requests x 4 rows at positions 5 .. 8 and 130 .. 133 (the second request's window has
     wrapped its first page), paged by a table of 2 pages of ``config.block_size`` (at a page of 128 the two requests write the two pages); one
     padding row (slot -1);
-    RoPE tables of angles up to 300 radians over 256 positions; the cache filled with unit-RMS rows (upstream's
+    RoPE tables of angles up to 300 radians, 256 positions (tiny) or the entry's compiled
+    ``kernel_max_seq_len``; the cache filled with unit-RMS rows (upstream's
     fixture), so an unwritten row is never zero."""
     g = generator(seed)
     hidden, dim, rope, page = config.hidden_size, config.head_dim, config.qk_rope_head_dim, config.block_size
@@ -99,7 +100,8 @@ def _context_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
     slots = torch.tensor([int(table[t // 4, (int(pos[t]) // page) % 2]) * page + int(pos[t]) % page
                           for t in range(8)], dtype=torch.int64)
     slots[3] = -1
-    angle = torch.arange(256, dtype=torch.float32)[:, None] * torch.rand(rope, generator=g) * 300 / 256
+    positions = 256 if is_tiny(config) else config.kernel_max_seq_len  # the entry's compiled table (16384)
+    angle = torch.arange(positions, dtype=torch.float32)[:, None] * torch.rand(rope, generator=g) * 300 / 256
     cache = torch.randn(2, page, 1, dim, generator=g)
     cache = cache / cache.pow(2).mean(-1, keepdim=True).sqrt()
     return {"main_x": (torch.randn(8, hidden, generator=g) * 0.05).to(torch.bfloat16),

@@ -20,34 +20,20 @@ from __future__ import annotations
 
 import torch
 
-from kernels.errors import ContractInputError
 from kernels.operators import operator
 from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, int8_codes, replaced
 
 SPEC = "§8"
 
 
-def check_dspark_output_projection(heads: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor,
-                                   wo_b_scale: torch.Tensor, *, config) -> None:
-    """The caller's side: shapes and dtypes against the preset."""
-    h, hd, groups = config.num_attention_heads, config.head_dim, config.o_groups
-    lora, d = config.o_lora_rank, config.hidden_size
-    if heads.ndim != 3 or tuple(heads.shape[1:]) != (h, hd) or heads.dtype != torch.bfloat16:
-        raise ContractInputError("heads", None, f"BF16 [T, {h}, {hd}]", f"{heads.dtype}{list(heads.shape)}", SPEC)
-    for name, t, shape, dtype in (("wo_a", wo_a, (groups, lora, h // groups * hd), torch.bfloat16),
-                                  ("wo_b", wo_b, (d, groups * lora), torch.int8), ("wo_b_scale", wo_b_scale, (d,), None)):
-        if tuple(t.shape) != shape or (dtype is not None and t.dtype != dtype):
-            raise ContractInputError(name, None, f"{dtype or ''} {list(shape)}".strip(), f"{t.dtype}{list(t.shape)}",
-                                     SPEC)
-
-
 @operator(returns="x_out [T, D] BF16: BF16-staged grouped latent, one INT8 row per token, W8A8 wo_b", spec=SPEC)
 def dspark_output_projection(heads: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor,
                              *, config) -> torch.Tensor:
     """The drafter's output projection (module docstring)."""
+    from kernels.v4.heads_projection import check_heads_projection
     from kernels.v4.mtp import int8_matmul, quantize_rows_int8
 
-    check_dspark_output_projection(heads, wo_a, wo_b, wo_b_scale, config=config)
+    check_heads_projection(heads, wo_a, wo_b, wo_b_scale, config=config)
     tokens, groups = heads.shape[0], config.o_groups
     x = heads.reshape(tokens, groups, -1).double()
     latent = torch.einsum("tgk,grk->tgr", x, wo_a.double()).float().to(torch.bfloat16)
