@@ -108,6 +108,7 @@ PRO_ENTRIES: dict[str, tuple[str, int]] = {
     "markov_head": ("markov_head_test", 1),  # dspark's
     "dspark_proj": ("dspark_proj_test", 1),  # dspark's drafter
     "dspark_context_kv": ("dspark_context_kv_test", 1),
+    "dspark_attention": ("dspark_attention_test", 1),
     # dspark's device lowering (its golden_decode_metadata); V4-Pro's decode_metadata.py is a host lowering with no
     # golden, which no entry binds (adapters of a "(host lowering)" are skipped)
     "decode_metadata": ("decode_metadata", 1),

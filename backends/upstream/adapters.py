@@ -1468,11 +1468,17 @@ def _dspark_context_kv(run, main_x, wkv, gamma_ckv, freqs_cos, freqs_sin, positi
 
 def _dspark_attention(run, x, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos, freqs_sin, position_ids,
                       kv_cache, slot_mapping, swa_indices, swa_lens, attn_sink, wo_a, wo_b, wo_b_scale, *, config,
-                      ops=None):
+                      probabilities=None, ops=None):
     """dspark_attention -> dspark's dspark_attention.py::golden_dspark_attention: B, S, T and INDEX_WIDTH set to the
     call's requests, rows per request, rows and list width; the model fields to ``config``'s (the golden runs
-    qkv_proj_rope.py's golden_qkv_proj_rope for the projection)."""
+    qkv_proj_rope.py's golden_qkv_proj_rope for the projection). The golden follows the "fp32" probability rule
+    (DSPARK_VARIANTS); a call that asks for the kernel's "bf16" rule by name is unsupported."""
+    from contracts.operators import Unsupported
     from kernels.v4.dspark_attention import check_dspark_attention
+
+    if probabilities not in (None, "fp32"):
+        raise Unsupported(f"dspark's golden_dspark_attention keeps its probabilities in FP32; the call asks for "
+                          f"probabilities={probabilities!r} (its kernel's rule: disagreement 21)")
 
     seq = check_dspark_attention(x, freqs_cos, position_ids, kv_cache, slot_mapping, swa_indices,
                                  swa_lens)  # the caller's side
@@ -1794,7 +1800,10 @@ FLASH_VARIANTS: dict[str, dict[str, str]] = {"v4_gate": {"dequant_factor": "roun
 DSPARK_VARIANTS: dict[str, dict[str, str]] = {**FLASH_VARIANTS, "v4_prefill_compressor": {"unpersisted": "state"},
                                               "v4_prefill_index_keys": {"unpersisted": "state"},
                                               # its chunk has no padding rows (the adapter's are unscored)
-                                              "v4_prefill_indexer": {"padding_rows": "unscored"}}
+                                              "v4_prefill_indexer": {"padding_rows": "unscored"},
+                                              # the drafter attention's golden keeps its probabilities in FP32
+                                              # (its kernel rounds them to BF16): disagreement 21
+                                              "dspark_attention": {"probabilities": "fp32"}}
 
 # Named ways upstream's goldens depart from a property a contract pins, not a rule of the kernel (docs/upstream.md)
 DEVIATIONS: dict[str, str] = {

@@ -29,7 +29,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, int8_codes, replaced
+from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, int8_codes, is_tiny, replaced
 
 SPEC = "§8"
 
@@ -76,6 +76,28 @@ def check_dspark_attention(x: torch.Tensor, freqs_cos: torch.Tensor, position_id
     return tokens // batch
 
 
+PROBABILITIES = ("bf16", "fp32")  # disagreement 21: the drafter kernel's BF16 probabilities, its golden's FP32
+
+
+def fp32_heads(path: str, q: torch.Tensor, cache: torch.Tensor, window: torch.Tensor, cmp_kv, cmp_block_table,
+               compressed, position_ids, attn_sink: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, *,
+               config, seq: int) -> torch.Tensor:
+    """The "fp32" rule (dspark_attention.py's golden): each row's softmax over its window's keys and the sink in one
+    piece, the probabilities never rounded (FP64 here), then the inverse RoPE and one BF16 rounding
+    (``output_heads``). SWA only; the compressed arguments are placeholders."""
+    from kernels.reference.attention import _gather
+    from kernels.v4.sparse_attention import output_heads
+
+    rows, valid = _gather(cache.reshape(-1, cache.shape[-1]), window)  # [T, K, hd], [T, K]
+    scores = torch.einsum("thd,tkd->thk", q.double(), rows.double()) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~valid.unsqueeze(1), -torch.inf)
+    top = torch.maximum(scores.amax(-1, keepdim=True), attn_sink.double().view(1, -1, 1))
+    p = torch.exp(scores - top)
+    o = torch.einsum("thk,tkd->thd", p, rows.double()) / (p.sum(-1, keepdim=True)
+                                                           + torch.exp(attn_sink.double().view(1, -1, 1) - top))
+    return output_heads(o.float(), rope_cos, rope_sin, config=config)
+
+
 def visible_window(swa_indices: torch.Tensor, swa_lens: torch.Tensor, *, seq: int) -> torch.Tensor:
     """Each request's list repeated for its ``seq`` rows, columns past its count as -1: [B·seq, K] INT32."""
     listed = torch.arange(swa_indices.shape[1])[None, :] < swa_lens[:, None]
@@ -91,21 +113,25 @@ def dspark_attention(x: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor, wq
                      freqs_sin: torch.Tensor, position_ids: torch.Tensor, kv_cache: torch.Tensor,
                      slot_mapping: torch.Tensor, swa_indices: torch.Tensor, swa_lens: torch.Tensor,
                      attn_sink: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor, *,
-                     config, ops=None) -> dict[str, torch.Tensor]:
-    """The drafter's attention (module docstring)."""
+                     config, probabilities: str = "bf16", ops=None) -> dict[str, torch.Tensor]:
+    """The drafter's attention (module docstring). ``probabilities`` (``PROBABILITIES``): "bf16", the kernel's
+    (the probabilities rounded to BF16 per key tile before they weigh the values: ``v4_attention_heads``), or
+    "fp32", the golden's (one softmax over the list, never rounded: ``fp32_heads``)."""
     from kernels.v4.attention_heads import v4_attention_heads
     from kernels.v4.dspark_context_kv import written
     from kernels.v4.dspark_o_proj import dspark_output_projection
     from kernels.v4.qkv_proj import v4_qkv_proj_rope
 
     ops = ops or {}
+    if probabilities not in PROBABILITIES:
+        raise ContractInputError("probabilities", None, f"one of {PROBABILITIES}", repr(probabilities), SPEC)
     seq = check_dspark_attention(x, freqs_cos, position_ids, kv_cache, slot_mapping, swa_indices, swa_lens)
     pos = position_ids.to(torch.int64)
     rope_cos, rope_sin = freqs_cos[pos], freqs_sin[pos]
     proj = ops.get("v4_qkv_proj_rope", v4_qkv_proj_rope)(x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq,
                                                           gamma_ckv, config=config)
     cache = written(kv_cache, proj["kv"].to(kv_cache.dtype), slot_mapping)  # committed before the reads
-    attend = ops.get("v4_attention_heads", v4_attention_heads)
+    attend = ops.get("v4_attention_heads", v4_attention_heads) if probabilities == "bf16" else fp32_heads
     if getattr(attend, "composes_operators", False):
         attend = partial(attend, ops=ops)
     batch = swa_indices.shape[0]
@@ -130,7 +156,8 @@ def block_call(seed: int, config, *, starts, seq: int, sink: float = 0.5) -> dic
     """A drafter attention call: one request per start, ``seq`` draft rows from it, each request's pages a random
     permutation of a shared pool, the visible list = the window (clamped at position 0) then the block, as upstream's
     build_dspark_swa_indices lays it (columns past the count -1), padded to a multiple of 64 columns; a unit-RMS
-    cache; weights as upstream's fixture (W8A8 wq_b / wo_b, per-channel scales); RoPE angles over 512 positions."""
+    cache; weights as upstream's fixture (W8A8 wq_b / wo_b, per-channel scales); RoPE angles over 512 positions (tiny)
+    or the entry's compiled ``kernel_max_seq_len``."""
     from kernels.v4.qkv_proj import _qkv_inputs
 
     g = generator(seed)
@@ -155,7 +182,8 @@ def block_call(seed: int, config, *, starts, seq: int, sink: float = 0.5) -> dic
     q = _qkv_inputs(seed, "replicated", config)
     cache = torch.randn(batch * pages_per, page, 1, hd, generator=g)
     cache = cache / cache.pow(2).mean(-1, keepdim=True).sqrt()
-    angle = torch.arange(512, dtype=torch.float32)[:, None] * torch.rand(config.qk_rope_head_dim, generator=g) * 0.5
+    positions = 512 if is_tiny(config) else config.kernel_max_seq_len  # the entry's compiled table (16384)
+    angle = torch.arange(positions, dtype=torch.float32)[:, None] * torch.rand(config.qk_rope_head_dim, generator=g) * 0.5
     return {"x": (torch.randn(batch * seq, d, generator=g) * 0.05).to(torch.bfloat16), "wq_a": q["wq_a"],
             "wq_b": q["wq_b"], "wq_b_scale": q["wq_b_scale"], "wkv": q["wkv"], "gamma_cq": q["gamma_cq"],
             "gamma_ckv": q["gamma_ckv"], "freqs_cos": torch.cos(angle).to(torch.bfloat16),
@@ -168,8 +196,11 @@ def block_call(seed: int, config, *, starts, seq: int, sink: float = 0.5) -> dic
 
 def _attention_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
     """2 requests x 7 draft rows (upstream's block) from positions 3 and 200: the first window clamped at position
-    0, the second a full window of ``sliding_window`` keys (``block_call``)."""
-    return block_call(seed, config, starts=(3, 200), seq=SPEC_TOKENS)
+    0, the second a full window of ``sliding_window`` keys (``block_call``). At dspark's deployment (its entry is
+    compiled for 16 requests): 16 requests from positions 3, 100, 197, ... (windows clamped and full)."""
+    if is_tiny(config):
+        return block_call(seed, config, starts=(3, 200), seq=SPEC_TOKENS)
+    return block_call(seed, config, starts=tuple(3 + 97 * r for r in range(config.decode_batch)), seq=SPEC_TOKENS)
 
 
 _DSPARK_ONLY = "the drafter's attention is dspark's (no module of this folder)"
@@ -177,11 +208,11 @@ _DSPARK_ONLY = "the drafter's attention is dspark's (no module of this folder)"
 RECORD = Record(
     operator="dspark_attention",
     call=lambda fn, i, config: dict(fn(**i, config=config)),
-    outputs={"x_out": "dspark_x_out", "kv_cache": "exact"},
+    outputs={"x_out": "dspark_x_out", "kv_cache": "v4_kv_pool"},
     cases=(CaseSpec("dspark_attention", "dspark's drafter attention: 2 requests x 7 draft rows (a window clamped at "
                     "0, a full window), committed to a paged cache and attending window + block without a causal "
                     "mask, then the W8A8 output projection", _attention_inputs,
-                    geometries=("flash-tiny",)),),
+                    geometries=("flash-tiny", "dspark")),),
     bad_calls=(
         BadCall("a -1 inside a request's list", "dspark_attention",
                 replaced(swa_indices=lambda i: i["swa_indices"].index_fill(1, torch.tensor([0]), -1)), "swa_indices"),

@@ -254,6 +254,11 @@ DSPARK_ROWS_FLOAT = ("An integer count computed as a float of the same value (th
                      "the same; only a printed message would show 256.0 for 256.")
 
 
+DSPARK_SHIFT = ("The softmax's stabilising shift cancels between numerator and denominator: any shift inside FP64's "
+                "exponent range (the scores here are O(10)) gives the same probabilities far below the heads' BF16 "
+                "rounding.")
+
+
 EQUIVALENT: dict[str, str] = {
     # lookup_embedding: index_select returns a contiguous tensor; it takes INT32 or INT64 indices alike, and every id
     # is checked to lie in [0, vocab) before, so an INT32 index holds it
@@ -849,4 +854,7 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.dspark_proj:projected_rows:drop-call:(main_hidden.double() @ main_proj_w.double().T).float()[float]->(skipped)#0': TORCH_F64,
     "kernels.v4.dspark_o_proj:dspark_output_projection:drop-call:torch.einsum('tgk,grk->tgr', x, wo_a.double()).float()[float]->(skipped)#0": TORCH_F64,
     'kernels.v4.dspark_context_kv:check_dspark_context_kv:binop:rope // 2[FloorDiv]->Div#0': V4_EVEN_ROPE,
+    'kernels.v4.dspark_attention:fp32_heads:name:amax->amin#0': DSPARK_SHIFT,
+    'kernels.v4.dspark_attention:fp32_heads:name:maximum->minimum#0': DSPARK_SHIFT,
+    'kernels.v4.dspark_attention:fp32_heads:drop-call:o.float()[float]->(skipped)#0': CASTNOOP,
 }
