@@ -2,7 +2,7 @@
 INT8 row per token over every group's latent, then the W8A8 wo_b. Judged against the unquantised product worked
 out here in FP64 (within the INT8 step the spec allows); a worked-out hand vector separates the per-token row and
 the BF16 staging from V4's decode projection (per-group rows, FP32 latent). Golden case and bad calls: the record
-in ``kernels/v4/dspark_o_proj.py``. Spec: §8."""
+in ``kernels/v4/heads_projection.py``. Spec: §8."""
 
 from __future__ import annotations
 
@@ -135,35 +135,25 @@ def test_a_malformed_call_is_refused_naming_its_field(backend, case, field):
 # --- seeded defects ------------------------------------------------------------------------------------------
 
 def _per_group(heads, wo_a, wo_b, wo_b_scale, *, config):
-    from kernels.v4.mtp import int8_matmul, quantize_rows_int8
+    from kernels.v4.heads_projection import project_heads
 
-    t, groups = heads.shape[0], config.o_groups
-    lat = torch.einsum("tgk,grk->tgr", heads.reshape(t, groups, -1).double(), wo_a.double()).float() \
-        .to(torch.bfloat16).float()
-    codes, factor = quantize_rows_int8(lat, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
-    w = wo_b.reshape(wo_b.shape[0], groups, -1)
-    out = sum(int8_matmul(codes[:, g], w[:, g]) * factor[:, g] for g in range(groups))
-    return (out * wo_b_scale.float()).to(torch.bfloat16)
+    return project_heads(heads, wo_a, wo_b, wo_b_scale, config=config, latent="bf16", rows="group")
 
 
 def _fp32_latent(heads, wo_a, wo_b, wo_b_scale, *, config):
-    from kernels.v4.mtp import int8_matmul, quantize_rows_int8
+    from kernels.v4.heads_projection import project_heads
 
-    t = heads.shape[0]
-    lat = torch.einsum("tgk,grk->tgr", heads.reshape(t, config.o_groups, -1).double(), wo_a.double()).float()
-    codes, factor = quantize_rows_int8(lat.reshape(t, -1), scale_max=config.int8_scale_max,
-                                       amax_eps=config.int8_amax_eps)
-    return (int8_matmul(codes, wo_b) * factor * wo_b_scale.float()).to(torch.bfloat16)
+    return project_heads(heads, wo_a, wo_b, wo_b_scale, config=config, latent="fp32", rows="token")
 
 
 def _groups_swapped(heads, wo_a, wo_b, wo_b_scale, *, config):
-    from kernels.v4.dspark_o_proj import dspark_output_projection
+    from kernels.v4.heads_projection import dspark_output_projection
 
     return dspark_output_projection(heads, wo_a.flip(0), wo_b, wo_b_scale, config=config)
 
 
 def _no_channel_scale(heads, wo_a, wo_b, wo_b_scale, *, config):
-    from kernels.v4.dspark_o_proj import dspark_output_projection
+    from kernels.v4.heads_projection import dspark_output_projection
 
     return dspark_output_projection(heads, wo_a, wo_b, torch.ones_like(wo_b_scale), config=config)
 

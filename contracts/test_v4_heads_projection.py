@@ -111,15 +111,9 @@ def test_the_output_projection_is_this_projection_of_the_rounded_heads(backend):
 # --- seeded defects ------------------------------------------------------------------------------------------
 
 def _bf16_latent(heads, wo_a, wo_b, wo_b_scale, *, config):
-    from kernels.v4.mtp import int8_matmul, quantize_rows_int8
+    from kernels.v4.heads_projection import project_heads
 
-    t, groups = heads.shape[0], config.o_groups
-    lat = torch.einsum("tgk,grk->tgr", heads.reshape(t, groups, -1).double(), wo_a.double()).float() \
-        .to(torch.bfloat16).float()
-    codes, factor = quantize_rows_int8(lat, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
-    w = wo_b.reshape(wo_b.shape[0], groups, -1)
-    out = sum(int8_matmul(codes[:, g], w[:, g]) * factor[:, g] for g in range(groups))
-    return (out * wo_b_scale.float()).to(torch.bfloat16)
+    return project_heads(heads, wo_a, wo_b, wo_b_scale, config=config, latent="bf16", rows="group")
 
 
 def _wo_b_groups_swapped(heads, wo_a, wo_b, wo_b_scale, *, config):

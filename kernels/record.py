@@ -121,6 +121,13 @@ def in_all_folders(*, golden: str, entry: str) -> tuple[Upstream, ...]:
     return tuple(Upstream(f, golden=golden, entry=entry) for f in FOLDERS)
 
 
+def dspark_only(what: str, *, golden: str = "", entry: str = "", none: str = "") -> tuple[Upstream, ...]:
+    """An operator of dspark's folder alone: ``what`` names it where the other folders say why they have none."""
+    why = f"{what} is dspark's (no module of this folder)"
+    return (Upstream("deepseek_v4_pro", none=why), Upstream("deepseek_v4_flash_mtp", none=why),
+            Upstream("deepseek_v4_flash_dspark", golden=golden, entry=entry, none=none))
+
+
 @dataclass(frozen=True)
 class Record:
     operator: str

@@ -29,7 +29,16 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, int8_codes, is_tiny, replaced
+from kernels.record import (
+    BadCall,
+    CaseSpec,
+    Record,
+    dspark_only,
+    generator,
+    int8_codes,
+    is_tiny,
+    replaced,
+)
 
 SPEC = "§8"
 
@@ -119,7 +128,7 @@ def dspark_attention(x: torch.Tensor, wq_a: torch.Tensor, wq_b: torch.Tensor, wq
     "fp32", the golden's (one softmax over the list, never rounded: ``fp32_heads``)."""
     from kernels.v4.attention_heads import v4_attention_heads
     from kernels.v4.dspark_context_kv import written
-    from kernels.v4.dspark_o_proj import dspark_output_projection
+    from kernels.v4.heads_projection import dspark_output_projection
     from kernels.v4.qkv_proj import v4_qkv_proj_rope
 
     ops = ops or {}
@@ -203,7 +212,6 @@ def _attention_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]
     return block_call(seed, config, starts=tuple(3 + 97 * r for r in range(config.decode_batch)), seq=SPEC_TOKENS)
 
 
-_DSPARK_ONLY = "the drafter's attention is dspark's (no module of this folder)"
 
 RECORD = Record(
     operator="dspark_attention",
@@ -222,10 +230,6 @@ RECORD = Record(
                 replaced(swa_indices=lambda i: torch.cat((i["swa_indices"], i["swa_indices"][:1])),
                          swa_lens=lambda i: torch.cat((i["swa_lens"], i["swa_lens"][:1]))), "x"),
     ),
-    bindings=(
-        Upstream("deepseek_v4_pro", none=_DSPARK_ONLY),
-        Upstream("deepseek_v4_flash_mtp", none=_DSPARK_ONLY),
-        Upstream("deepseek_v4_flash_dspark", golden="dspark_attention.py::golden_dspark_attention",
+    bindings=dspark_only("the drafter's attention", golden="dspark_attention.py::golden_dspark_attention",
                  entry="dspark_attention.py::dspark_attention_test"),
-    ),
 )

@@ -18,7 +18,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, is_tiny, replaced
+from kernels.record import BadCall, CaseSpec, Record, dspark_only, generator, is_tiny, replaced
 
 SPEC = "§8"
 
@@ -111,7 +111,6 @@ def _context_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
             "position_ids": pos, "slot_mapping": slots, "kv_cache": cache.to(torch.bfloat16)}
 
 
-_DSPARK_ONLY = "the drafter's context KV is dspark's (no module of this folder)"
 
 RECORD = Record(
     operator="dspark_context_kv",
@@ -128,10 +127,6 @@ RECORD = Record(
         BadCall("an FP32 cache", "dspark_context_kv", replaced(kv_cache=lambda i: i["kv_cache"].float()),
                 "kv_cache"),
     ),
-    bindings=(
-        Upstream("deepseek_v4_pro", none=_DSPARK_ONLY),
-        Upstream("deepseek_v4_flash_mtp", none=_DSPARK_ONLY),
-        Upstream("deepseek_v4_flash_dspark", golden="dspark_context_kv.py::golden_dspark_context_kv",
+    bindings=dspark_only("the drafter's context KV", golden="dspark_context_kv.py::golden_dspark_context_kv",
                  entry="dspark_context_kv.py::dspark_context_kv_test"),
-    ),
 )

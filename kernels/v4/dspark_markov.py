@@ -22,7 +22,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, replaced
+from kernels.record import BadCall, CaseSpec, Record, dspark_only, generator, replaced
 
 SPEC = "§8"
 
@@ -101,7 +101,6 @@ def _markov_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
             "markov_w1": w1.to(torch.bfloat16), "markov_w2": w2.to(torch.bfloat16)}
 
 
-_DSPARK_ONLY = "the Markov sampler is dspark's drafter's (no module of this folder)"
 
 RECORD = Record(
     operator="dspark_markov_sample",
@@ -118,10 +117,6 @@ RECORD = Record(
         BadCall("an anchor past the vocabulary", "dspark_markov_sample",
                 replaced(anchor_token_ids=lambda i: i["anchor_token_ids"] + 64), "token_ids"),
     ),
-    bindings=(
-        Upstream("deepseek_v4_pro", none=_DSPARK_ONLY),
-        Upstream("deepseek_v4_flash_mtp", none=_DSPARK_ONLY),
-        Upstream("deepseek_v4_flash_dspark", golden="dspark_markov.py::golden_nonzero_markov",
+    bindings=dspark_only("the drafter's Markov sampler", golden="dspark_markov.py::golden_nonzero_markov",
                  entry="dspark_markov.py::markov_sample"),
-    ),
 )

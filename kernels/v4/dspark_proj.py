@@ -19,7 +19,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, replaced
+from kernels.record import BadCall, CaseSpec, Record, dspark_only, generator, replaced
 
 SPEC = "§8"
 
@@ -78,7 +78,6 @@ def _proj_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
             "main_norm_w": (torch.randn(d, generator=g) * 0.1 + 1.0).to(torch.bfloat16)}
 
 
-_DSPARK_ONLY = "the main-hidden projection is dspark's drafter's (no module of this folder)"
 
 RECORD = Record(
     operator="dspark_proj",
@@ -94,10 +93,6 @@ RECORD = Record(
         BadCall("an FP32 norm weight", "dspark_proj", replaced(main_norm_w=lambda i: i["main_norm_w"].float()),
                 "main_norm_w"),
     ),
-    bindings=(
-        Upstream("deepseek_v4_pro", none=_DSPARK_ONLY),
-        Upstream("deepseek_v4_flash_mtp", none=_DSPARK_ONLY),
-        Upstream("deepseek_v4_flash_dspark", golden="dspark_proj.py::golden_dspark_proj",
+    bindings=dspark_only("the drafter's main-hidden projection", golden="dspark_proj.py::golden_dspark_proj",
                  entry="dspark_proj.py::dspark_proj_test"),
-    ),
 )

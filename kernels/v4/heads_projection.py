@@ -7,8 +7,13 @@ heads [T, H, hd] BF16, ``wo_a`` [G, O_LORA, H/G·hd] BF16, ``wo_b`` [D, G·O_LOR
 the grouped latent kept in FP32 (BF16 operands; here an FP64 sum rounded once), one INT8 row per (token, group)
 (quant = 127 / amax, a true division; codes round-half-even; factor = 1 / quant), each group's exact integer
 partial rounded to FP32 and scaled, the partials summed in group order, the channel scale, one BF16 rounding.
-``v4_output_projection`` is this after ``output_heads`` (kernels.v4.sparse_attention.grouped_projection, one
-implementation). Not the drafter's projection (``dspark_output_projection``: a BF16 latent, one row per token).
+``v4_output_projection`` is this after ``output_heads`` (``project_heads``, one
+implementation).
+
+The drafter's projection (dspark's dspark_attention.py, fused into ``golden_dspark_attention`` and its kernel),
+``dspark_output_projection``, is the other choice of both steps: the grouped latent **rounded to BF16**, and one
+INT8 row per token over all G·O_LORA latents, one integer partial (disagreement 20 of docs/upstream.md: dspark's
+own decode_o_proj.py keeps V4's rule for the target model).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, int8_codes, replaced
+from kernels.record import BadCall, CaseSpec, Record, Upstream, dspark_only, generator, int8_codes, replaced
 
 SPEC = "§8"
 
@@ -37,29 +42,70 @@ def check_heads_projection(heads: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.
                                      SPEC)
 
 
+LATENTS, ROWS = ("fp32", "bf16"), ("group", "token")  # V4's decode projection: ("fp32", "group"); the drafter's:
+# ("bf16", "token") -- disagreement 20
+
+
+def project_heads(heads: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor, *, config,
+                  latent: str = "fp32", rows: str = "group") -> torch.Tensor:
+    """BF16 heads [T, H, hd] -> [T, D] BF16 through the grouped latent (an FP64 sum rounded once to FP32; with
+    ``latent="bf16"`` rounded on to BF16), INT8 rows (quant = 127 / amax, a true division; codes round-half-even;
+    factor = 1 / quant) per (token, group) -- each group's exact integer partial rounded to FP32, scaled, summed
+    in group order -- or per token (``rows="token"``: one partial over every group), the channel scale, one BF16
+    rounding. The one implementation of both projections (and of the defects that swap their choices)."""
+    from kernels.v4.mtp import int8_matmul, quantize_rows_int8
+
+    tokens, groups = heads.shape[0], config.o_groups
+    x = heads.reshape(tokens, groups, -1).to(torch.float64)
+    lat = torch.einsum("tgk,gnk->tgn", x, wo_a.to(torch.float64)).to(torch.float32)  # [T, G, O_LORA]
+    if latent == "bf16":
+        lat = lat.to(torch.bfloat16).float()
+    if rows == "token":
+        codes, factor = quantize_rows_int8(lat.reshape(tokens, -1), scale_max=config.int8_scale_max,
+                                           amax_eps=config.int8_amax_eps)
+        return (int8_matmul(codes, wo_b) * factor * wo_b_scale.float()).to(torch.bfloat16)
+    codes, factor = quantize_rows_int8(lat, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
+    w = wo_b.reshape(wo_b.shape[0], groups, -1)
+    out = torch.zeros(tokens, wo_b.shape[0], dtype=torch.float32)
+    for g in range(groups):  # each group's exact integer partial, rounded to FP32, then scaled and summed
+        out = out + int8_matmul(codes[:, g], w[:, g]) * factor[:, g]
+    return (out * wo_b_scale.float()).to(torch.bfloat16)
+
+
 @operator(returns="attn_out [T, D] BF16: FP32 grouped latent of the BF16 heads, one INT8 row per (token, group), "
                   "W8A8 wo_b", spec=SPEC)
 def v4_heads_projection(heads: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor, *,
                         config) -> torch.Tensor:
     """The heads' output projection (module docstring)."""
-    from kernels.v4.sparse_attention import grouped_projection
-
     check_heads_projection(heads, wo_a, wo_b, wo_b_scale, config=config)
-    return grouped_projection(heads, wo_a, wo_b, wo_b_scale, config=config)
+    return project_heads(heads, wo_a, wo_b, wo_b_scale, config=config)
+
+
+@operator(returns="x_out [T, D] BF16: BF16-staged grouped latent, one INT8 row per token, W8A8 wo_b", spec=SPEC)
+def dspark_output_projection(heads: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor,
+                             *, config) -> torch.Tensor:
+    """The drafter's output projection (module docstring)."""
+    check_heads_projection(heads, wo_a, wo_b, wo_b_scale, config=config)
+    return project_heads(heads, wo_a, wo_b, wo_b_scale, config=config, latent="bf16", rows="token")
 
 
 # --- the record ----------------------------------------------------------------------------------------------
 
-def _heads_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
-    """A decode step's 8 rows of heads ~ N(0, 1) in BF16; wo_a ~ N(0, 1/fan-in) in BF16, INT8 wo_b with
-    per-channel scales (upstream's fixture)."""
+def heads_inputs(seed: int, config, *, rows: int) -> dict[str, torch.Tensor]:
+    """``rows`` rows of heads ~ N(0, 1) in BF16; upstream's fixture's weights: wo_a ~ N(0, 1/fan-in) in BF16, INT8
+    wo_b with per-channel scales. Both projections' cases."""
     g = generator(seed)
     h, hd, groups, lora, d = (config.num_attention_heads, config.head_dim, config.o_groups, config.o_lora_rank,
                               config.hidden_size)
-    return {"heads": torch.randn(8, h, hd, generator=g).to(torch.bfloat16),
+    return {"heads": torch.randn(rows, h, hd, generator=g).to(torch.bfloat16),
             "wo_a": (torch.randn(groups, lora, h // groups * hd, generator=g) / (h // groups * hd) ** 0.5)
             .to(torch.bfloat16),
             "wo_b": int8_codes((d, groups * lora), g), "wo_b_scale": torch.rand(d, generator=g) / 127 / 4 + 1e-4}
+
+
+def _heads_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+    """A decode step's 8 rows (``heads_inputs``)."""
+    return heads_inputs(seed, config, rows=8)
 
 
 RECORD = Record(
@@ -80,4 +126,28 @@ RECORD = Record(
         Upstream("deepseek_v4_flash_dspark", golden="decode_o_proj.py::golden_decode_o_proj_tp1",
                  entry="decode_o_proj.py::decode_o_proj_test"),
     ),
+)
+
+
+def _projection_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+    """14 rows (2 requests x 7 drafts) of heads (``kernels.v4.heads_projection.heads_inputs``)."""
+    return heads_inputs(seed, config, rows=14)
+
+
+_FUSED = "fused into dspark_attention.py::golden_dspark_attention (judged through dspark_attention)"
+
+DSPARK_RECORD = Record(
+    operator="dspark_output_projection",
+    call=lambda fn, i, config: {"x_out": fn(**i, config=config)},
+    outputs={"x_out": "dspark_x_out"},
+    cases=(CaseSpec("dspark_output_projection", "dspark's drafter output projection: 14 rows of heads through the "
+                    "BF16-staged grouped latent, one INT8 row per token and the W8A8 wo_b",
+                    _projection_inputs, geometries=("flash-tiny",)),),
+    bad_calls=(
+        BadCall("heads of another head count", "dspark_output_projection",
+                replaced(heads=lambda i: i["heads"][:, 1:]), "heads"),
+        BadCall("a BF16 wo_b", "dspark_output_projection", replaced(wo_b=lambda i: i["wo_b"].to(torch.bfloat16)),
+                "wo_b"),
+    ),
+    bindings=dspark_only("the drafter's output projection", none=_FUSED),
 )

@@ -14,7 +14,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import BadCall, CaseSpec, Record, Upstream, replaced
+from kernels.record import BadCall, CaseSpec, Record, dspark_only, replaced
 
 SPEC = "§8"
 
@@ -58,7 +58,6 @@ def _markov_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
     return {"token_ids": ids, "markov_w1": w1, "markov_w2": w2}
 
 
-_DSPARK_ONLY = "the Markov head is dspark's drafter's (no module of this folder)"
 
 RECORD = Record(
     operator="markov_head",
@@ -74,10 +73,6 @@ RECORD = Record(
         BadCall("tables of two ranks", "markov_head", replaced(markov_w2=lambda i: i["markov_w2"][:, :-1]),
                 "markov_w2"),
     ),
-    bindings=(
-        Upstream("deepseek_v4_pro", none=_DSPARK_ONLY),
-        Upstream("deepseek_v4_flash_mtp", none=_DSPARK_ONLY),
-        Upstream("deepseek_v4_flash_dspark", golden="markov_head.py::golden_markov_head",
+    bindings=dspark_only("the Markov head", golden="markov_head.py::golden_markov_head",
                  entry="markov_head.py::markov_head_test"),
-    ),
 )

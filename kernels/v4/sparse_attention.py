@@ -50,7 +50,6 @@ from kernels.errors import ContractInputError, is_int
 from kernels.operators import operator
 from kernels.reference.attention import _gather, check_inputs
 from kernels.reference.rope import rope_interleave
-from kernels.v4.mtp import int8_matmul, quantize_rows_int8
 
 SPEC = "§8"
 ROUNDING_VERSION = "v4-sparse-attn-1"
@@ -212,25 +211,9 @@ def v4_output_projection(o: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: to
     group) INT8 activation times the INT8 ``wo_b``, group scales summed in FP32, channel scale, one BF16 cast.
     Spec: §8."""
     check_output_projection(o.shape, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale, config=config)
-    return grouped_projection(output_heads(o, freqs_cos, freqs_sin, config=config), wo_a, wo_b, wo_b_scale,
-                              config=config)
+    from kernels.v4.heads_projection import project_heads
 
-
-def grouped_projection(heads_bf16: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor, *,
-                       config) -> torch.Tensor:
-    """The projection's second step (module docstring, 2.-3.): BF16 heads [T, H, hd] -> attn_out [T, hidden] BF16,
-    the grouped latent kept FP32, one INT8 row per (token, group). Shared with ``v4_heads_projection``."""
-    tokens, heads, dim = heads_bf16.shape
-    groups, lora, hidden = config.o_groups, config.o_lora_rank, config.hidden_size
-    group_in = heads * dim // groups
-    x = heads_bf16.reshape(tokens, groups, group_in).to(torch.float64)
-    latent = torch.einsum("tgk,gnk->tgn", x, wo_a.to(torch.float64)).to(torch.float32)  # [T, G, O_LORA], FP32
-    codes, factor = quantize_rows_int8(latent, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
-    w = wo_b.reshape(hidden, groups, lora)
-    out = torch.zeros(tokens, hidden, dtype=torch.float32)
-    for g in range(groups):  # each group's exact integer partial, rounded to FP32, then scaled and summed
-        out = out + int8_matmul(codes[:, g], w[:, g]) * factor[:, g]
-    return (out * wo_b_scale.float()).to(torch.bfloat16)
+    return project_heads(output_heads(o, freqs_cos, freqs_sin, config=config), wo_a, wo_b, wo_b_scale, config=config)
 
 
 def attention_indices(path: str, q: torch.Tensor, window_indices: torch.Tensor, compressed: torch.Tensor | None,
