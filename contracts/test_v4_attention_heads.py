@@ -120,6 +120,53 @@ def test_an_hca_step_attends_its_first_compressed_positions(backend):
     assert verdict.ok, f"the HCA heads are not the formula's over the window and the compressed slots: {verdict}"
 
 
+def _csa_step():
+    """A decode batch at positions 302, 301, 130, 131, 702, 701, 6, 4 (compressed rows existing: (pos + 1) // 4 = 75,
+    75, 32, 33, 175, 175, 1, 1; every other row at pos = 2 mod 4, where (pos + 2) // 4 is one more): each row's raw
+    indexer top-k of index_topk slots mixes slots inside that range, its edges (the last existing row and the first
+    one past it), slots past it (rows of the pool that exist but are not yet the row's) and -1; the compressed pool
+    pages through shuffled tables, every row of it live."""
+    i = _heads_inputs(7, "replicated", C)
+    g = torch.Generator().manual_seed(7)
+    pos = torch.tensor([302, 301, 130, 131, 702, 701, 6, 4], dtype=torch.int32)
+    raw = torch.randint(0, 200, (C.decode_tokens, C.index_topk), generator=g, dtype=torch.int32)
+    raw[:, ::5] = -1
+    edge = (pos.long() + 1) // 4
+    raw[:, 1], raw[:, 2] = edge.to(torch.int32), (edge - 1).to(torch.int32)
+    cmp_kv = (torch.rand(4, C.block_size, 1, C.head_dim, generator=g) - 0.5).to(torch.bfloat16)
+    table = torch.tensor([[3, 0], [1, 2], [2, 3], [0, 1]], dtype=torch.int32)
+    return (i["q"], i["ori_kv"], i["window_indices"], cmp_kv, table, raw, pos, i["attn_sink"], i["freqs_cos"],
+            i["freqs_sin"])
+
+
+@pytest.mark.operators("v4_attention_heads", "v4_sparse_attention")
+def test_a_csa_step_attends_the_indexers_slots_that_exist(backend):
+    """CSA decode (dspark's decode_sparse_attn_csa.py golden on --backend upstream): the heads within upstream's
+    bound of the formula on the reference attention over the window and the raw top-k slots kept where
+    0 <= raw < (pos + 1) // 4 -- the filter written here -- and beyond it when the raw slots are read unfiltered
+    (rows past the position's compressed range), with the range one row too long ((pos + 2) // 4), or dropped."""
+    from contracts.separation import separates_under
+    from kernels.v4.sparse_attention import v4_sparse_attention
+
+    q, ori_kv, window, cmp_kv, table, raw, pos, sink, cos, sin = _csa_step()
+    bound = ((pos.long() + 1) // 4)[:, None]
+    kept = torch.where((raw >= 0) & (raw < bound), raw, torch.full_like(raw, -1))
+
+    def formula(cmp_slots):
+        o = v4_sparse_attention(q, ori_kv, window, cmp_kv, table, cmp_slots, sink, seq=C.decode_seq)
+        return _pairs(o, cos, sin, inverse=True)
+
+    one_late = torch.where((raw >= 0) & (raw < bound + ((pos.long() + 2) % 4 == 0)[:, None]), raw,
+                           torch.full_like(raw, -1))  # (pos + 2) // 4: the range one row too long at pos = 2 mod 4
+    want = separates_under("CSA heads over the window and the existing top-k slots", _within, formula(kept),
+                           unfiltered=formula(raw), range_one_late=formula(one_late),
+                           window_only=formula(torch.full_like(raw, -1)))
+    got = op(backend, "v4_attention_heads")("CSA", q, ori_kv, window, cmp_kv, table, raw, pos, sink, cos, sin,
+                                            config=C)
+    verdict = _within(got, want)
+    assert verdict.ok, f"the CSA heads are not the formula's over the window and the existing slots: {verdict}"
+
+
 @pytest.mark.operators("v4_attention_heads")
 def test_a_padding_row_has_no_heads_and_a_short_table_is_refused(backend):
     """Prefill form: rows from num_tokens on are exactly 0; RoPE rows that are not one per token are refused."""
@@ -181,7 +228,15 @@ def _window_only(path, q, ori_kv, window, cmp_kv, table, compressed, *rest, **kw
     return v4_attention_heads(path, q, ori_kv, window, cmp_kv, table, none, *rest, **kwargs)
 
 
+def _csa_unfiltered(path, *args, **kwargs):
+    from kernels.v4.attention_heads import v4_attention_heads
+
+    return v4_attention_heads("HCA" if path == "CSA" else path, *args, **kwargs)  # the raw slots taken as given
+
+
 SEEDED_DEFECTS = [
+    SeededDefect("attention-heads:csa-unfiltered", "v4_attention_heads", _csa_unfiltered,
+                 "test_a_csa_step_attends_the_indexers_slots_that_exist", "existing slots"),
     SeededDefect("attention-heads:forward-rotation", "v4_attention_heads", _forward,
                  "test_the_heads_are_the_attention_inversely_rotated_and_rounded_once", "inverse pair rotation"),
     SeededDefect("attention-heads:forward-rotation-in-bound", "v4_attention_heads", _forward,

@@ -1624,14 +1624,13 @@ def _dspark_attention_heads(run, path, q, ori_kv, window_indices, cmp_kv, cmp_bl
     (``T_PAD`` its 16-row floor), the heads read back from ``o_packed_heads`` [groups, T_PAD, heads per group, hd].
     SWA: the window's valid slots first with their count in ``swa_lens`` (its golden reads a valid prefix). HCA: the
     golden attends each row's first min((pos + 1) // 128, K) compressed positions itself (HCA's deterministic
-    top-k), so the call's slots must be those (each request's kv length its last position + 1). CSA (the indexer's
-    raw top-k) and the prefill form are not adapted."""
+    top-k), so the call's slots must be those (each request's kv length its last position + 1). CSA: the indexer's
+    raw top-k as it is (the golden keeps a slot where 0 <= raw < (pos + 1) // 4), both caches paged alike (its one
+    BLOCK_SIZE), the window's columns and the top-k's tiled as the module's SPARSE_BLOCKS. The prefill form is not
+    adapted."""
     from contracts.operators import Unsupported
     from kernels.v4.sparse_attention import attention_indices
 
-    if path == "CSA":
-        raise Unsupported("dspark's CSA attention-heads golden (the indexer's raw top-k) is not adapted; SWA and "
-                          "HCA decode are")
     if num_tokens is not None or key_tiles not in (None, "columns"):
         raise Unsupported("dspark's attention-heads goldens are decode goldens (column key tiles): the prefill form "
                           "has none")
@@ -1659,6 +1658,17 @@ def _dspark_attention_heads(run, path, q, ori_kv, window_indices, cmp_kv, cmp_bl
         order = torch.argsort((w < 0).to(torch.int8), dim=1, stable=True)
         tensors.update(swa_indices=torch.gather(w, 1, order), swa_lens=(w >= 0).sum(1).to(torch.int32))
         module_globals["ORI_BLOCK_NUM"] = int(ori_kv.shape[0])
+    elif path == "CSA":  # the raw top-k: the golden keeps a slot where 0 <= raw < (pos + 1) // 4 itself
+        if cmp_kv.shape[1] != ori_kv.shape[1]:
+            raise Unsupported(f"dspark's CSA golden pages both caches by one BLOCK_SIZE; the call's pages are "
+                              f"{ori_kv.shape[1]} (window) and {cmp_kv.shape[1]} (compressed)")
+        topk = config.index_topk
+        width = config.sliding_window + topk
+        tensors.update(window_swa_indices=w, cmp_kv=cmp_kv.clone(), cmp_block_table=cmp_block_table.to(torch.int32),
+                       idx_topk=compressed.to(torch.int32).clone(),
+                       position_ids=position_ids.reshape(-1, 1).to(torch.int32))
+        blocks = max(2, -(-width // 128))
+        module_globals.update(S=seq, CMP_TOPK=topk, TOPK=width, SPARSE_BLOCKS=blocks, PADDED_TOPK=blocks * 128)
     else:  # HCA: the golden reads the first compressed positions itself, up to (pos + 1) // 128 of each row
         pos = position_ids.reshape(-1).to(torch.int64)
         kv_lens = pos.reshape(-1, seq).amax(1) + 1
@@ -1749,8 +1759,9 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                                 _q_kv_split),
                                         Adapter("v4_attention_heads", FLASH_DSPARK, "decode_sparse_attn_swa",
                                                 "golden_sparse_attn", _dspark_attention_heads,
-                                                also=("decode_sparse_attn_hca",),
-                                                forms=(("decode_sparse_attn_hca", "golden_sparse_attn"),))]),
+                                                also=("decode_sparse_attn_hca", "decode_sparse_attn_csa"),
+                                                forms=(("decode_sparse_attn_hca", "golden_sparse_attn"),
+                                                       ("decode_sparse_attn_csa", "golden_sparse_attn")))]),
                    "lookup_embedding": Adapter("lookup_embedding", FLASH_DSPARK, "lookup_embedding",
                                                "golden_lookup_embedding_test", _dspark_lookup_embedding)},
 }
