@@ -179,10 +179,13 @@ class Backend:
 
     def stand_in(self, op: str, reference: Backend) -> Callable:
         """``reference``'s ``op`` standing in for one this backend lacks (a mixed run); a composition is composed
-        from this backend's own operators where it has them, the reference's for the rest."""
+        from this backend's own operators where it has them, the reference's for the rest -- and for a call one of
+        this backend's own cannot take (``Unsupported``: a golden's narrower domain), the reference's for that
+        call, so a stand-in never fails on what the backend merely does not cover."""
         fn = reference._ops[op]
         if getattr(fn, "composes_operators", False):
-            return partial(fn, ops={**reference._ops, **self._ops})
+            own = {name: _or_reference(f, reference._ops.get(name)) for name, f in self._ops.items()}
+            return partial(fn, ops={**reference._ops, **own})
         return fn
 
     @property
@@ -206,3 +209,18 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"Backend({self.name!r}, platform={self.platform!r}, ops={len(self._ops)})"
+
+
+def _or_reference(fn: Callable, reference: Callable | None) -> Callable:
+    """``fn``, or the reference for a call ``fn`` says it cannot take (``Unsupported``), where it may say so."""
+    if reference is None or not getattr(fn, "may_be_unsupported", False):
+        return fn
+
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Unsupported:
+            return reference(*args, **kwargs)
+
+    call.composes_operators = getattr(fn, "composes_operators", False)
+    return call

@@ -43,3 +43,15 @@ def test_without_stand_ins_the_same_contracts_skip_as_before():
 
 def _skipped(out: str) -> list[str]:
     return [line for line in out.splitlines() if " SKIPPED" in line and "::" in line]
+
+
+def test_a_call_the_backend_cannot_take_gets_the_reference_unless_it_is_the_subjects():
+    """A backend whose gate refuses every call as unsupported: the MoE contract (v4_moe composed around the gate)
+    runs on the reference's gate for those calls, labelled a mixed run, and passes; the gate's own contract (its
+    subject) skips naming why."""
+    code, out = _pytest("tests.partial_double:PICKY")
+    assert code == 0, out[-3000:]
+    assert "combine_is_one_fp32_sum_rounded_once" not in _skipped(out), "the mixed contract was skipped whole"
+    assert "PASSED" in next(line for line in out.splitlines() if "combine_is_one_fp32_sum_rounded_once" in line)
+    assert any("tied_experts_go_to_the_lower_id" in s for s in _skipped(out)), "the gate's own contract ran"
+    assert "this double's gate takes no call" in out, "the skip does not say why"
