@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from contracts.compare import COMPARATORS, Context
 from contracts.separation import separates
 from kernels.config import V4_FLASH_TINY
+from kernels.errors import ContractInputError
 from kernels.record import int8_codes
 from pto_pytest.defect import SeededDefect
 from pto_pytest.plugin import op
@@ -137,8 +138,6 @@ SEEDED_DEFECTS = [
                                          ("wo_b_scale short", "wo_b_scale")])
 def test_a_malformed_call_is_refused_naming_its_field(backend, case, field):
     """Heads [T, H, hd] BF16, wo_a [G, O_LORA, H/G·hd] BF16, wo_b [D, G·O_LORA] INT8, wo_b_scale [D]."""
-    from kernels.errors import ContractInputError
-
     g = torch.Generator().manual_seed(1)
     wo_a, wo_b, wo_b_scale = _weights(g)
     i = dict(heads=torch.ones(2, H, HD, dtype=torch.bfloat16), wo_a=wo_a, wo_b=wo_b, wo_b_scale=wo_b_scale)
@@ -147,4 +146,99 @@ def test_a_malformed_call_is_refused_naming_its_field(backend, case, field):
               "wo_b_scale short": dict(wo_b_scale=wo_b_scale[1:])}[case]
     with pytest.raises(ContractInputError) as exc:
         op(backend, "v4_heads_projection")(**{**i, **change}, config=C)
+    assert exc.value.field == field, f"{case}: refused naming {exc.value.field!r}, not {field!r}: {exc.value}"
+
+
+def _ranks(heads, wo_a, wo_b, tp: int):
+    """The full call's heads, wo_a and wo_b cut into tp ranks' group shares (heads packed by group)."""
+    local, lora = G // tp, LORA
+    packed = heads.reshape(heads.shape[0], G, -1).transpose(0, 1)
+    return [(packed[r * local:(r + 1) * local].contiguous(), wo_a[r * local:(r + 1) * local].contiguous(),
+             wo_b[:, r * local * lora:(r + 1) * local * lora].contiguous()) for r in range(tp)]
+
+
+@pytest.mark.operators("v4_heads_projection_partial", "v4_heads_projection")
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_the_ranks_partials_sum_to_the_projection(backend, tp):
+    """Tensor parallelism over the output groups (dspark's decode_o_proj.py): each rank's FP32 partial of its groups
+    [T, D], summed over the ranks and rounded once, is the whole projection within the attention-output bound; a
+    rank's partial is within its groups' INT8 steps of their unquantised product worked out here (FP64), and
+    another rank's groups' product lies beyond that (separates_under)."""
+    from contracts.separation import separates_under
+
+    g = torch.Generator().manual_seed(tp)
+    heads = torch.randn(6, H, HD, generator=g).to(torch.bfloat16)
+    wo_a, wo_b, wo_b_scale = _weights(g)
+    shares = _ranks(heads, wo_a, wo_b, tp)
+    partial = op(backend, "v4_heads_projection_partial")
+    parts = [partial(h, a, b, wo_b_scale, config=C) for h, a, b in shares]
+    for p in parts:
+        assert p.dtype == torch.float32 and tuple(p.shape) == (6, D), f"o_partial {p.dtype}{list(p.shape)}"
+
+    def product(h, a, b):
+        lat = torch.einsum("gtk,gnk->tgn", h.double(), a.double())
+        return torch.einsum("tgn,dgn->td", lat, b.double().reshape(D, h.shape[0], LORA)) * wo_b_scale.double(), lat
+
+    def judge(candidate, h, a, b):
+        want, lat = product(h, a, b)
+        step = lat.abs().amax(-1).clamp_min(C.int8_amax_eps) / 254
+        slack = torch.einsum("tg,dg->td", step, b.double().abs().reshape(D, h.shape[0], LORA).sum(-1))
+        return bool(((candidate.double() - want).abs() <= slack * wo_b_scale.double() * 1.001 + 1e-6).all())
+
+    h0, a0, b0 = shares[0]
+    if tp > 1:
+        other = product(*shares[1])[0].float()
+        separates_under("rank 0's partial of its own groups", lambda c, e: judge(c, h0, a0, b0), product(h0, a0, b0)[0],
+                        another_ranks_groups=other)
+    for r, ((h, a, b), p) in enumerate(zip(shares, parts, strict=True)):
+        assert judge(p, h, a, b), f"rank {r}'s o_partial is not its groups' product within their INT8 steps (§8)"
+    whole = op(backend, "v4_heads_projection")(heads, wo_a, wo_b, wo_b_scale, config=C)
+    summed = torch.stack(parts).double().sum(0).float().to(torch.bfloat16)
+    verdict = _attn_out(summed, whole)
+    assert verdict.ok, f"the {tp} ranks' partials do not sum to the projection: {verdict}"
+
+
+def _attn_out(a, e):
+    return COMPARATORS["attn_out_v4"]("attn_out", a, e, Context(inputs={}, actual_outputs={}, expected_outputs={},
+                                                                params={}))
+
+
+def _partial_of_the_next_ranks_wo_b(heads, wo_a, wo_b, wo_b_scale, *, config):
+    from kernels.v4.heads_projection import v4_heads_projection_partial
+
+    return v4_heads_projection_partial(heads, wo_a, wo_b.roll(LORA, 1), wo_b_scale, config=config)
+
+
+SEEDED_DEFECTS.append(SeededDefect("v4-heads-projection:partial-groups-shifted", "v4_heads_projection_partial",
+                                   _partial_of_the_next_ranks_wo_b, "test_the_ranks_partials_sum_to_the_projection",
+                                   "INT8 steps"))
+
+
+@pytest.mark.operators("v4_heads_projection_partial")
+@pytest.mark.parametrize("case, field", [("2-D heads", "heads"), ("no group", "heads"), ("more groups than the model's",
+                                                                                       "heads"),
+                                         ("heads of another width", "heads"), ("FP32 heads", "heads"),
+                                         ("wo_a of other groups", "wo_a"), ("FP32 wo_a", "wo_a"),
+                                         ("wo_b of other groups", "wo_b"), ("BF16 wo_b", "wo_b"),
+                                         ("wo_b_scale short", "wo_b_scale")])
+def test_a_malformed_share_is_refused_naming_its_field(backend, case, field):
+    """A rank's share: heads [1 .. G groups, T, H/G·hd] BF16, wo_a and wo_b of the same groups (BF16, INT8), a
+    channel scale [D]; one group and every group are well formed."""
+    g = torch.Generator().manual_seed(2)
+    heads = torch.randn(3, H, HD, generator=g).to(torch.bfloat16)
+    wo_a, wo_b, wo_b_scale = _weights(g)
+    h, a, b = _ranks(heads, wo_a, wo_b, 2)[0]
+    partial = op(backend, "v4_heads_projection_partial")
+    for tp in (1, G):  # the edges: every group, one group
+        partial(*_ranks(heads, wo_a, wo_b, tp)[0], wo_b_scale, config=C)
+    i = {"heads": h, "wo_a": a, "wo_b": b, "wo_b_scale": wo_b_scale}
+    change = {"2-D heads": dict(heads=h[0]), "no group": dict(heads=h[:0], wo_a=a[:0], wo_b=b[:, :0]),
+              "more groups than the model's": dict(heads=torch.cat((h,) * 3), wo_a=torch.cat((a,) * 3),
+                                                   wo_b=torch.cat((b,) * 3, 1)),
+              "heads of another width": dict(heads=h[..., 1:]), "FP32 heads": dict(heads=h.float()),
+              "wo_a of other groups": dict(wo_a=a[:1]), "FP32 wo_a": dict(wo_a=a.float()),
+              "wo_b of other groups": dict(wo_b=b[:, :LORA]), "BF16 wo_b": dict(wo_b=b.to(torch.bfloat16)),
+              "wo_b_scale short": dict(wo_b_scale=wo_b_scale[1:])}[case]
+    with pytest.raises(ContractInputError) as exc:
+        partial(**{**i, **change}, config=C)
     assert exc.value.field == field, f"{case}: refused naming {exc.value.field!r}, not {field!r}: {exc.value}"

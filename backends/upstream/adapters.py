@@ -1517,6 +1517,23 @@ def _heads_projection(run, heads, wo_a, wo_b, wo_b_scale, *, config):
     return out["result"]
 
 
+def _heads_projection_partial(run, heads, wo_a, wo_b, wo_b_scale, *, config):
+    """v4_heads_projection_partial -> dspark's decode_o_proj.py::golden_decode_o_proj: one rank's receive-side
+    projection of its groups (``attention_local_groups`` [G_r, T, H/G·hd]), TP_SIZE 1 and ``local_t`` the call's rows
+    so that every row is judged; imported at its own width, its module-level widths the call's."""
+    from kernels.v4.heads_projection import check_heads_projection_partial
+
+    check_heads_projection_partial(heads, wo_a, wo_b, wo_b_scale, config=config)  # the caller's side
+    local, tokens, d = heads.shape[0], heads.shape[1], config.hidden_size
+    tensors = {"attention_local_groups": heads.clone(), "wo_a": wo_a.clone(), "wo_b": wo_b.clone(),
+               "wo_b_scale": wo_b_scale.float().clone(), "local_t": tokens,
+               "o_partial": torch.zeros(tokens, d)}
+    widths = {"TP_SIZE": 1, "D": d, "LOCAL_O_GROUPS": local, "O_LORA": config.o_lora_rank,
+              "INT8_AMAX_EPS": config.int8_amax_eps, "INT8_SCALE_MAX": config.int8_scale_max}
+    return run(tensors, {}, {}, module="decode_o_proj", function="golden_decode_o_proj",
+               module_globals=widths)["o_partial"]
+
+
 def _dspark_decode_metadata(run, position_ids, *tables_and_counts, seq, block_size, window, hca_state_page=8,
                             csa_state_page=2):
     """dspark_decode_metadata -> dspark's decode_metadata.py::golden_decode_metadata: the call's positions, six
@@ -1753,6 +1770,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                                 "golden_dspark_attention", _dspark_attention),
                                         Adapter("v4_heads_projection", FLASH_DSPARK, "decode_o_proj",
                                                 "golden_decode_o_proj_tp1", _heads_projection),
+                                        Adapter("v4_heads_projection_partial", FLASH_DSPARK, "decode_o_proj",
+                                                "golden_decode_o_proj", _heads_projection_partial),
                                         Adapter("dspark_decode_metadata", FLASH_DSPARK, "decode_metadata",
                                                 "golden_decode_metadata", _dspark_decode_metadata),
                                         Adapter("v4_q_kv_split", FLASH_DSPARK, "qkv_proj_rope", "golden_q_kv_split",

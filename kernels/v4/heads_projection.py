@@ -64,12 +64,20 @@ def project_heads(heads: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor, w
         codes, factor = quantize_rows_int8(lat.reshape(tokens, -1), scale_max=config.int8_scale_max,
                                            amax_eps=config.int8_amax_eps)
         return (int8_matmul(codes, wo_b) * factor * wo_b_scale.float()).to(torch.bfloat16)
+    return (group_partials(lat, wo_b, config=config) * wo_b_scale.float()).to(torch.bfloat16)
+
+
+def group_partials(lat: torch.Tensor, wo_b: torch.Tensor, *, config) -> torch.Tensor:
+    """The latent [T, G, O_LORA] FP32 through one INT8 row per (token, group) and wo_b [D, G·O_LORA]: each group's
+    exact integer partial rounded to FP32, times its factor, summed in group order -> [T, D] FP32 (no scale)."""
+    from kernels.v4.mtp import int8_matmul, quantize_rows_int8
+
     codes, factor = quantize_rows_int8(lat, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
-    w = wo_b.reshape(wo_b.shape[0], groups, -1)
-    out = torch.zeros(tokens, wo_b.shape[0], dtype=torch.float32)
-    for g in range(groups):  # each group's exact integer partial, rounded to FP32, then scaled and summed
+    w = wo_b.reshape(wo_b.shape[0], lat.shape[1], -1)
+    out = torch.zeros(lat.shape[0], wo_b.shape[0], dtype=torch.float32)
+    for g in range(lat.shape[1]):
         out = out + int8_matmul(codes[:, g], w[:, g]) * factor[:, g]
-    return (out * wo_b_scale.float()).to(torch.bfloat16)
+    return out
 
 
 @operator(returns="attn_out [T, D] BF16: FP32 grouped latent of the BF16 heads, one INT8 row per (token, group), "
@@ -87,6 +95,37 @@ def dspark_output_projection(heads: torch.Tensor, wo_a: torch.Tensor, wo_b: torc
     """The drafter's output projection (module docstring)."""
     check_heads_projection(heads, wo_a, wo_b, wo_b_scale, config=config)
     return project_heads(heads, wo_a, wo_b, wo_b_scale, config=config, latent="bf16", rows="token")
+
+
+def check_heads_projection_partial(heads: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor,
+                                   wo_b_scale: torch.Tensor, *, config) -> None:
+    """The caller's side of one rank's share: G_r >= 1 of the model's groups, heads [G_r, T, H/G·hd] BF16 packed by
+    group, wo_a [G_r, O_LORA, H/G·hd] BF16, wo_b [D, G_r·O_LORA] INT8, wo_b_scale [D]."""
+    h, hd, groups = config.num_attention_heads, config.head_dim, config.o_groups
+    lora, d, width = config.o_lora_rank, config.hidden_size, h // groups * hd
+    if (heads.ndim != 3 or not 1 <= heads.shape[0] <= groups or heads.shape[2] != width
+            or heads.dtype != torch.bfloat16):
+        raise ContractInputError("heads", None, f"BF16 [1 .. {groups} groups, T, {width}]",
+                                 f"{heads.dtype}{list(heads.shape)}", SPEC)
+    local = heads.shape[0]
+    for name, t, shape, dtype in (("wo_a", wo_a, (local, lora, width), torch.bfloat16),
+                                  ("wo_b", wo_b, (d, local * lora), torch.int8), ("wo_b_scale", wo_b_scale, (d,), None)):
+        if tuple(t.shape) != shape or (dtype is not None and t.dtype != dtype):
+            raise ContractInputError(name, None, f"{dtype or ''} {list(shape)}".strip(), f"{t.dtype}{list(t.shape)}",
+                                     SPEC)
+
+
+@operator(returns="o_partial [T, D] FP32: one TP rank's groups of the decode projection, scaled, not rounded "
+                  "(the ranks' partials sum to the projection)", spec=SPEC)
+def v4_heads_projection_partial(heads: torch.Tensor, wo_a: torch.Tensor, wo_b: torch.Tensor,
+                                wo_b_scale: torch.Tensor, *, config) -> torch.Tensor:
+    """One rank's share of ``v4_heads_projection`` under tensor parallelism (dspark's decode_o_proj.py: after the
+    all-to-all each rank holds its G_r output groups of every token): the same FP32 latent and per-(token, group)
+    INT8 rows over its groups, their partials summed in group order, times the channel scale, left in FP32 for the
+    sum across ranks."""
+    check_heads_projection_partial(heads, wo_a, wo_b, wo_b_scale, config=config)
+    lat = torch.einsum("gtk,gnk->tgn", heads.double(), wo_a.double()).float()  # [T, G_r, O_LORA]
+    return group_partials(lat, wo_b, config=config) * wo_b_scale.float()
 
 
 # --- the record ----------------------------------------------------------------------------------------------
@@ -150,4 +189,31 @@ DSPARK_RECORD = Record(
                 "wo_b"),
     ),
     bindings=dspark_only("the drafter's output projection", none=_FUSED),
+)
+
+
+def _partial_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+    """Rank 0's half of the groups (TP 2) for the 8 rows of a decode step (``heads_inputs`` packed by group)."""
+    i = heads_inputs(seed, config, rows=8)
+    local, lora = config.o_groups // 2, config.o_lora_rank
+    packed = i["heads"].reshape(8, config.o_groups, -1).transpose(0, 1)[:local].contiguous()
+    return {"heads": packed, "wo_a": i["wo_a"][:local].contiguous(),
+            "wo_b": i["wo_b"][:, : local * lora].contiguous(), "wo_b_scale": i["wo_b_scale"]}
+
+
+PARTIAL_RECORD = Record(
+    operator="v4_heads_projection_partial",
+    call=lambda fn, i, config: {"o_partial": fn(**i, config=config)},
+    outputs={"o_partial": "fp32_ulps"},
+    cases=(CaseSpec("v4_heads_projection_partial", "one TP rank's share of the decode output projection: rank 0's "
+                    "half of the groups for a decode step's 8 rows, FP32 partial", _partial_inputs,
+                    geometries=("flash-tiny",)),),
+    bad_calls=(BadCall("more groups than the model's", "v4_heads_projection_partial",
+                       replaced(heads=lambda i: torch.cat((i["heads"], i["heads"], i["heads"]))), "heads"),),
+    bindings=(
+        Upstream("deepseek_v4_pro", none="fused into decode_sparse_attn*.py::golden_sparse_attn (v4_attention)"),
+        Upstream("deepseek_v4_flash_mtp", none="fused into decode_sparse_attn*.py::golden_sparse_attn (v4_attention)"),
+        Upstream("deepseek_v4_flash_dspark", golden="decode_o_proj.py::golden_decode_o_proj",
+                 entry="decode_o_proj.py::decode_o_proj_test"),
+    ),
 )

@@ -646,7 +646,7 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.qkv_proj:check_v4_qkv_proj_rope:binop:rope // 2[FloorDiv]->Div#0': V4_EVEN_ROPE,
     'kernels.v4.sparse_attention:output_heads:drop-call:freqs_cos[:, :rope // 2].float()[float]->(skipped)#0': V4_PROMOTE,
     'kernels.v4.sparse_attention:output_heads:drop-call:freqs_sin[:, :rope // 2].float()[float]->(skipped)#0': V4_PROMOTE,
-    'kernels.v4.heads_projection:project_heads:name:float32->bfloat16#1': V4_PROMOTE,
+    'kernels.v4.heads_projection:group_partials:name:float32->bfloat16#0': V4_PROMOTE,
     'kernels.v4.sparse_attention:csa_compressed_indices:name:int64->int32#0': DTYPE,
     'kernels.v4.sparse_attention:csa_compressed_indices:name:int64->int32#1': DTYPE,
     'kernels.v4.sparse_attention:csa_compressed_indices:drop-call:idx_topk[:, :topk].to(torch.int64)[to]->(skipped)#0': DTYPE,
@@ -856,4 +856,6 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.dspark_attention:fp32_heads:name:maximum->minimum#0': DSPARK_SHIFT,
     'kernels.v4.dspark_attention:fp32_heads:drop-call:o.float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.heads_projection:project_heads:drop-call:wo_b_scale.float()[float]->(skipped)#1': CASTNOOP,
+    'kernels.v4.heads_projection:check_heads_projection_partial:binop:h // groups[FloorDiv]->Div#0': DSPARK_ROWS_FLOAT,
+    'kernels.v4.heads_projection:v4_heads_projection_partial:drop-call:wo_b_scale.float()[float]->(skipped)#0': CASTNOOP,
 }
