@@ -48,17 +48,8 @@ def test_the_block_is_committed_then_attended_over_its_requests_list(backend, st
     ctx = Context(inputs=i, actual_outputs=got, expected_outputs={"kv_cache": cache}, params={})
     verdict = COMPARATORS["v4_kv_pool"]("kv_cache", got["kv_cache"], cache, ctx)
     assert verdict.ok, f"kv_cache is not the block's context KV at its slots (every other row unchanged): {verdict}"
-    pos = i["position_ids"].long()
-    cos, sin = i["freqs_cos"][pos], i["freqs_sin"][pos]
-    proj = op(backend, "v4_qkv_proj_rope")(i["x"], i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"], cos, sin,
-                                           i["gamma_cq"], i["gamma_ckv"], config=C)
     batch = len(starts)
-    heads = op(backend, "v4_attention_heads")("SWA", proj["q"], cache,
-                                              visible_window(i["swa_indices"], i["swa_lens"], seq=seq),
-                                              torch.zeros(1, C.block_size, 1, C.head_dim, dtype=torch.bfloat16),
-                                              torch.zeros(batch, 1, dtype=torch.int32), None, i["position_ids"],
-                                              i["attn_sink"], cos, sin, config=C, seq=seq)
-    want = op(backend, "dspark_output_projection")(heads, i["wo_a"], i["wo_b"], i["wo_b_scale"], config=C)
+    want = _kernel_rule(backend, i, seq, _parts(backend, i, cache))
     x_out = got["x_out"]
     assert x_out.dtype == torch.bfloat16 and tuple(x_out.shape) == (batch * seq, C.hidden_size), \
         f"x_out {x_out.dtype}{list(x_out.shape)}, expected bfloat16[{batch * seq}, {C.hidden_size}] (§8)"
@@ -67,17 +58,33 @@ def test_the_block_is_committed_then_attended_over_its_requests_list(backend, st
     assert verdict.ok, f"x_out is not the SWA attention over each request's list: {verdict}"
 
 
-def _both_rules(backend, i: dict, seq: int) -> dict[str, torch.Tensor]:
-    """x_out under each probability rule, on the backend's own queries, committed cache and projection: "fp32" with
-    each row's softmax evaluated here in FP64 (one piece, the sink included, never rounded), "bf16" through the
-    backend's v4_attention_heads (its BF16 probability tiles)."""
-    from kernels.v4.sparse_attention import output_heads
-
-    cache = op(backend, "dspark_context_kv")(**_context_kv_args(i), config=C)
+def _parts(backend, i: dict, cache: torch.Tensor) -> tuple:
+    """The backend's own queries of the block and their RoPE rows, with the committed ``cache``."""
     pos = i["position_ids"].long()
     cos, sin = i["freqs_cos"][pos], i["freqs_sin"][pos]
     q = op(backend, "v4_qkv_proj_rope")(i["x"], i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"], cos, sin,
                                         i["gamma_cq"], i["gamma_ckv"], config=C)["q"]
+    return cache, q, cos, sin
+
+
+def _kernel_rule(backend, i: dict, seq: int, parts: tuple) -> torch.Tensor:
+    """x_out under the kernel's "bf16" rule: the backend's v4_attention_heads over each request's list repeated for
+    its rows (its BF16 probability tiles), then the backend's dspark_output_projection."""
+    cache, q, cos, sin = parts
+    heads = op(backend, "v4_attention_heads")("SWA", q, cache, visible_window(i["swa_indices"], i["swa_lens"], seq=seq),
+                                              torch.zeros(1, C.block_size, 1, C.head_dim, dtype=torch.bfloat16),
+                                              torch.zeros(len(i["swa_lens"]), 1, dtype=torch.int32), None,
+                                              i["position_ids"], i["attn_sink"], cos, sin, config=C, seq=seq)
+    return op(backend, "dspark_output_projection")(heads, i["wo_a"], i["wo_b"], i["wo_b_scale"], config=C)
+
+
+def _both_rules(backend, i: dict, seq: int) -> dict[str, torch.Tensor]:
+    """x_out under each probability rule on the backend's own parts: "fp32" with each row's softmax evaluated here
+    in FP64 (one piece, the sink included, never rounded), "bf16" the kernel's (``_kernel_rule``)."""
+    from kernels.v4.sparse_attention import output_heads
+
+    parts = _parts(backend, i, op(backend, "dspark_context_kv")(**_context_kv_args(i), config=C))
+    cache, q, cos, sin = parts
     flat, sink = cache.reshape(-1, C.head_dim).double(), i["attn_sink"].double()
     o = torch.zeros(q.shape, dtype=torch.float64)
     for t in range(q.shape[0]):
@@ -87,14 +94,9 @@ def _both_rules(backend, i: dict, seq: int) -> dict[str, torch.Tensor]:
         top = s.amax(-1, keepdim=True)
         e = torch.exp(s - top)
         o[t] = (e @ keys) / (e.sum(-1, keepdim=True) + torch.exp(sink[:, None] - top))
-    window = visible_window(i["swa_indices"], i["swa_lens"], seq=seq)
-    bf16_heads = op(backend, "v4_attention_heads")("SWA", q, cache, window,
-                                                   torch.zeros(1, C.block_size, 1, C.head_dim, dtype=torch.bfloat16),
-                                                   torch.zeros(len(i["swa_lens"]), 1, dtype=torch.int32), None,
-                                                   i["position_ids"], i["attn_sink"], cos, sin, config=C, seq=seq)
-    project = op(backend, "dspark_output_projection")
-    return {rule: project(heads, i["wo_a"], i["wo_b"], i["wo_b_scale"], config=C)
-            for rule, heads in (("fp32", output_heads(o.float(), cos, sin, config=C)), ("bf16", bf16_heads))}
+    fp32 = op(backend, "dspark_output_projection")(output_heads(o.float(), cos, sin, config=C), i["wo_a"], i["wo_b"],
+                                                   i["wo_b_scale"], config=C)
+    return {"fp32": fp32, "bf16": _kernel_rule(backend, i, seq, parts)}
 
 
 def _rule_judge(rule: str, want: dict, i: dict):

@@ -83,6 +83,16 @@ def test_the_heads_are_within_upstreams_bound_of_the_formula(backend):
     assert verdict.ok, f"the heads are not the inverse pair rotation of the attention within the bound: {verdict}"
 
 
+def _formula(q, ori_kv, window, cmp_kv, table, sink, cos, sin):
+    """The heads by the pair formula on the reference attention over the window and the given compressed slots."""
+    from kernels.v4.sparse_attention import v4_sparse_attention
+
+    def heads(cmp_slots):
+        o = v4_sparse_attention(q, ori_kv, window, cmp_kv, table, cmp_slots, sink, seq=C.decode_seq)
+        return _pairs(o, cos, sin, inverse=True)
+    return heads
+
+
 def _hca_step():
     """A decode batch at positions around the compressed closes (127 | 128, 130, 300, 700): each row's HCA slots the
     first min((pos + 1) // 128, 8) compressed positions (its deterministic top-k), pages through shuffled tables."""
@@ -104,13 +114,9 @@ def test_an_hca_step_attends_its_first_compressed_positions(backend):
     bound of the formula on the reference attention over the window and each row's compressed slots; the heads of
     the window alone (the compressed slots dropped) lie beyond it."""
     from contracts.separation import separates_under
-    from kernels.v4.sparse_attention import v4_sparse_attention
 
     q, ori_kv, window, cmp_kv, table, slots, pos, sink, cos, sin = _hca_step()
-
-    def formula(cmp_slots):
-        o = v4_sparse_attention(q, ori_kv, window, cmp_kv, table, cmp_slots, sink, seq=C.decode_seq)
-        return _pairs(o, cos, sin, inverse=True)
+    formula = _formula(q, ori_kv, window, cmp_kv, table, sink, cos, sin)
 
     want = separates_under("HCA heads over the window and the compressed slots", _within, formula(slots),
                            window_only=formula(torch.full_like(slots, -1)))
@@ -146,15 +152,11 @@ def test_a_csa_step_attends_the_indexers_slots_that_exist(backend):
     0 <= raw < (pos + 1) // 4 -- the filter written here -- and beyond it when the raw slots are read unfiltered
     (rows past the position's compressed range), with the range one row too long ((pos + 2) // 4), or dropped."""
     from contracts.separation import separates_under
-    from kernels.v4.sparse_attention import v4_sparse_attention
 
     q, ori_kv, window, cmp_kv, table, raw, pos, sink, cos, sin = _csa_step()
     bound = ((pos.long() + 1) // 4)[:, None]
     kept = torch.where((raw >= 0) & (raw < bound), raw, torch.full_like(raw, -1))
-
-    def formula(cmp_slots):
-        o = v4_sparse_attention(q, ori_kv, window, cmp_kv, table, cmp_slots, sink, seq=C.decode_seq)
-        return _pairs(o, cos, sin, inverse=True)
+    formula = _formula(q, ori_kv, window, cmp_kv, table, sink, cos, sin)
 
     one_late = torch.where((raw >= 0) & (raw < bound + ((pos.long() + 2) % 4 == 0)[:, None]), raw,
                            torch.full_like(raw, -1))  # (pos + 2) // 4: the range one row too long at pos = 2 mod 4

@@ -1406,6 +1406,7 @@ def _dspark_markov_sample(run, head_hidden, final_norm_weight, lm_head_weight, a
     that each step's best score is positive: a call with a nonzero head or w2 row past them, or a step whose best
     score is not positive (evaluated by this project's scores), is unsupported."""
     from contracts.operators import Unsupported
+    from kernels.reference.lm_head import final_norm, greedy_pick
     from kernels.v4.dspark_markov import SUPPORT, base_logits, check_dspark_markov
     from kernels.v4.markov_head import markov_head
 
@@ -1420,17 +1421,17 @@ def _dspark_markov_sample(run, head_hidden, final_norm_weight, lm_head_weight, a
                "lm_head_weight": lm_head_weight.clone(), "anchor_token_ids": anchor_token_ids.to(torch.int64).clone(),
                "markov_w1": markov_w1.clone(), "markov_w2": markov_w2.clone(),
                "draft_token_ids": torch.zeros(batch, width, dtype=torch.int32)}
-    h = head_hidden.float()
-    normed = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + config.rms_norm_eps)
-              * final_norm_weight.float()).to(torch.bfloat16)
-    base = base_logits(normed.reshape(-1, d), lm_head_weight).reshape(batch, width, -1)
+    # the golden's assertion, checked first on this project's scores (its reference pieces) so that a call outside
+    # the golden's domain is a named skip, not an error
+    normed = final_norm(head_hidden.reshape(-1, d), final_norm_weight, config=config)
+    base = base_logits(normed, lm_head_weight).reshape(batch, width, -1)
     prev = anchor_token_ids.to(torch.int64)
-    for s in range(width):  # the golden's assertion, checked first so that it is a named skip, not an error
-        scores = base[:, s] + markov_w1.float()[prev] @ markov_w2.float().T
+    for s in range(width):
+        scores = base[:, s] + markov_head(prev, markov_w1, markov_w2)["logits_bias"]
         if not bool((scores.max(dim=-1).values > 0).all()):
             raise Unsupported(f"upstream's golden_nonzero_markov asserts a positive best score at every step; "
                               f"step {s} of the call has none")
-        prev = scores.argmax(dim=-1)
+        prev = greedy_pick(scores).to(torch.int64)
     return run(tensors, {"hidden_size": d, "rms_norm_eps": config.rms_norm_eps}, {},
                module_globals={"DSPARK_QUERY_WIDTH": width})["draft_token_ids"]
 
@@ -1496,6 +1497,13 @@ def _dspark_attention(run, x, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, 
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"]}
 
 
+def _o_proj_widths(config, **more) -> dict:
+    """decode_o_proj.py's module-level widths set to ``config``'s (the module is imported at its own width: it
+    checks the model's tiling at import), and ``more``."""
+    return {"D": config.hidden_size, "O_LORA": config.o_lora_rank, "INT8_AMAX_EPS": config.int8_amax_eps,
+            "INT8_SCALE_MAX": config.int8_scale_max, **more}
+
+
 def _heads_projection(run, heads, wo_a, wo_b, wo_b_scale, *, config):
     """v4_heads_projection -> dspark's decode_o_proj.py::golden_decode_o_proj_tp1 (a plain function): the heads packed
     by output group as its o_packed_heads [G, T_PAD, H/G·hd] (T_PAD the rows' 16-row ceiling, the padding rows
@@ -1509,9 +1517,7 @@ def _heads_projection(run, heads, wo_a, wo_b, wo_b_scale, *, config):
     packed[:, :tokens] = heads.reshape(tokens, groups, -1).transpose(0, 1)
     # the module is imported at its own width (it checks the model's tiling at import); the golden reads its
     # module-level widths, set to the call's
-    widths = {"T_PAD": pad, "D": config.hidden_size, "O_GROUPS": groups, "O_LORA": config.o_lora_rank,
-              "O_GROUP_IN": packed.shape[2], "INT8_AMAX_EPS": config.int8_amax_eps,
-              "INT8_SCALE_MAX": config.int8_scale_max}
+    widths = _o_proj_widths(config, T_PAD=pad, O_GROUPS=groups, O_GROUP_IN=packed.shape[2])
     out = run({}, {}, {}, module="decode_o_proj", function="golden_decode_o_proj_tp1", module_globals=widths,
               args=[packed, wo_a.clone(), wo_b.clone(), wo_b_scale.float().clone(), tokens])
     return out["result"]
@@ -1528,10 +1534,8 @@ def _heads_projection_partial(run, heads, wo_a, wo_b, wo_b_scale, *, config):
     tensors = {"attention_local_groups": heads.clone(), "wo_a": wo_a.clone(), "wo_b": wo_b.clone(),
                "wo_b_scale": wo_b_scale.float().clone(), "local_t": tokens,
                "o_partial": torch.zeros(tokens, d)}
-    widths = {"TP_SIZE": 1, "D": d, "LOCAL_O_GROUPS": local, "O_LORA": config.o_lora_rank,
-              "INT8_AMAX_EPS": config.int8_amax_eps, "INT8_SCALE_MAX": config.int8_scale_max}
     return run(tensors, {}, {}, module="decode_o_proj", function="golden_decode_o_proj",
-               module_globals=widths)["o_partial"]
+               module_globals=_o_proj_widths(config, TP_SIZE=1, LOCAL_O_GROUPS=local))["o_partial"]
 
 
 def _dspark_decode_metadata(run, position_ids, *tables_and_counts, seq, block_size, window, hca_state_page=8,
