@@ -1,7 +1,7 @@
 """The drafter's x_out judge (``dspark_x_out``: upstream dspark_attention.py's ratio_allclose(1e-2, 1e-2) with a
-5 % quota) shown failing on each kind of wrong input: NaN on either side, two rows swapped, a whole row wrong, the
-quota passed by one element; and passing the expected output, an element just inside its bound, and the quota's
-last element."""
+5 % quota) shown failing on each kind of wrong input: NaN on either side, two rows swapped, a whole row wrong, a row
+with its sum right and its split wrong, the quota passed by one element; and passing the expected output, an element
+just inside its bound, and the quota's last element. Its limit is pinned too: a row below atol is not judged."""
 
 from __future__ import annotations
 
@@ -68,3 +68,32 @@ def test_a_wrong_layout_fails_by_name():
     e = _expected()
     verdict = _judge(e[:, :-1], e)
     assert not verdict.ok and "x_out" in verdict.message(), verdict
+
+
+def test_a_right_row_sum_with_a_wrong_split_fails():
+    """A row whose elements are reversed (its sum and norm unchanged, an order-only difference) fails; two elements
+    traded alone (0.5 % of the elements) stay inside the 5 % quota, upstream's own allowance, pinned here."""
+    e = _expected()
+    a = e.clone()
+    a[2] = e[2].flip(0)
+    assert float(a.float().sum()) == float(e.float().sum())
+    verdict = _judge(a, e)
+    assert not verdict.ok and verdict.n_failed > DSPARK_X_OUT_QUOTA * e.numel(), verdict
+    b = e.clone()
+    b[2, 3], b[2, 30] = e[2, 30], e[2, 3]
+    assert _judge(b, e).ok, "two traded elements are past the quota: the pinned allowance moved"
+
+
+def test_a_low_magnitude_row_is_judged_only_down_to_atol():
+    """A limit of upstream's bound, pinned: a row whose values are all below atol (1e-2) may be replaced by zeros
+    and pass; the same row at 10x atol fails. Low-magnitude outputs are not judged by this comparator."""
+    e = _expected().float()
+    e[7] = e[7].sign() * 2e-3
+    a = e.clone()
+    a[7] = 0.0
+    assert _judge(a.to(torch.bfloat16), e.to(torch.bfloat16)).ok, "the pinned limit moved: update the docs"
+    e[7] = e[7].sign() * 0.1
+    a = e.clone()
+    a[7] = 0.0
+    verdict = _judge(a.to(torch.bfloat16), e.to(torch.bfloat16))
+    assert not verdict.ok and verdict.n_failed == 40, verdict
