@@ -325,3 +325,45 @@ def prefill_mtp_layer_inputs(config, seed=0, *, rows=32, num_tokens=28, start=20
     del moe["num_tokens"]
     return dict(hidden=torch.randn(rows, config.hidden_size, generator=g).to(torch.bfloat16), prev=x_hc,
                 projection=base["projection"], attention=stage, moe=moe, head=base["head"], num_tokens=num_tokens)
+
+
+def hca_stage_inputs(config, seed: int = 0) -> tuple[torch.Tensor, dict, dict]:
+    """(x_hc, attention, compressor) of one HCA decode step: ``stage_inputs``' batch moved to positions (126, 127),
+    (254, 255), (300, 301), (40, 41): request 0's second row closes window 0, request 1's second row closes window 1
+    (window 0 already in the cache), requests 2 and 3 close nothing (2 attends two compressed rows, 3 none). The
+    ratio-128 compressor's state pool holds the earlier tokens' rows (random) on a ring of 16 pages of 8 positions
+    per request; each request's compressed rows on one page of ``cmp_block_table``."""
+    from kernels.v4.compressor import V4CompressorWeights
+
+    g = torch.Generator().manual_seed(100 + seed)
+    attention = stage_inputs(config, seed)
+    x_hc = attention.pop("x_hc")
+    t, d, dm, bs, seq = config.decode_tokens, config.head_dim, config.hidden_size, config.block_size, config.decode_seq
+    firsts = (126, 254, 300, 40)
+    pos = torch.tensor([firsts[r // seq] + r % seq for r in range(t)], dtype=torch.int32)
+    page, ring = config.c128_state_block_size, 16
+    requests = t // seq
+    table = torch.tensor([[3], [1], [0], [2]], dtype=torch.int32)[:requests]
+    slots = torch.full((t,), -1, dtype=torch.int64)
+    for r in range(t):
+        p = int(pos[r])
+        if (p + 1) % 128 == 0:
+            index = (p + 1) // 128 - 1
+            slots[r] = int(table[r // seq, 0]) * bs + index
+    attention.update(position_ids=pos, cmp_kv=(torch.rand(4, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+                     cmp_block_table=table)
+    compressor = dict(
+        state_block_table=torch.tensor([[q * ring + k % ring for k in range(512 // page)] for q in range(requests)],
+                                       dtype=torch.int32),
+        state_pool=torch.randn(requests * ring, page, 2 * d, generator=g),
+        weights=V4CompressorWeights(torch.randn(dm, d, generator=g) / dm**0.5, torch.randn(dm, d, generator=g) / dm**0.5,
+                                    torch.randn(128, d, generator=g) * 0.5, torch.rand(d, generator=g) + 0.5),
+        cmp_slot_mapping=slots, kv_seq_lens=pos.reshape(requests, seq)[:, -1].to(torch.int64) + 1)
+    return x_hc, attention, compressor
+
+
+def decode_layer_moe(config, seed: int = 0, *, layer_id: int = 3) -> dict:
+    """The MoE stage's arguments of a decode layer (``mtp_layer_inputs``' weights) routing as layer ``layer_id``."""
+    moe = dict(mtp_layer_inputs(config, seed)["moe"])
+    del moe["num_tokens"]
+    return dict(moe, layer_id=layer_id)

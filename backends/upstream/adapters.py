@@ -982,6 +982,131 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale}
 
 
+def _hca_stage_tensors(x_hc, attention, compressor, *, config, a5_tiling=True,
+                       own_cmp_page=False) -> tuple[dict, dict, dict]:
+    """decode_attention_hca.py (Flash-MTP: decode_hca.py) ::golden_attention_hca's tensors, config constants and
+    module globals for one decode batch: the SWA stage's tensors under the HCA golden's names (its window
+    ``window_swa_indices``, its kv slots ``ori_slot_mapping``), the ratio-128 compressor's weights transposed as
+    upstream stores them, each token's state slot worked out from the call's state table (upstream's metadata
+    hands them over), the compressed table as wide as the entries are compiled (KV_CMP_MAX_BLOCKS).
+    ``own_cmp_page``: the Flash compressed page (BLOCK_SIZE / 128 rows: one row at the tiny block of 128), the
+    call's pages laid out again in it (the same flat rows, so the compressed slots stay)."""
+    from kernels.v4.compressor import _slot
+    from kernels.v4.layer import check_hca_stage
+
+    check_hca_stage(x_hc, attention, compressor, config=config)
+    a, c = attention, compressor
+    tokens, seq = x_hc.shape[0], config.decode_seq
+    _check_swa_stage(a["position_ids"], a["freqs_cos"], a["kv_cache"], a["swa_slot_mapping"], tokens=tokens)
+    swa, constants, module_globals = _swa_stage_tensors(
+        a["hc_fn"], a["hc_scale"], a["hc_base"], a["attn_norm_w"], a["wq_a"], a["wq_b"], a["wq_b_scale"], a["wkv"],
+        a["gamma_cq"], a["gamma_ckv"], a["freqs_cos"], a["freqs_sin"], a["kv_cache"], a["swa_slot_mapping"],
+        a["window_indices"], a["position_ids"], a["attn_sink"], a["wo_a"], a["wo_b"], a["wo_b_scale"], config=config,
+        a5_tiling=a5_tiling)
+    pool, weights = c["state_pool"], c["weights"]
+    pages, page, _ = pool.shape
+    pos = a["position_ids"].reshape(-1).to(torch.int64)
+    state_slots = torch.tensor([_slot(c["state_block_table"], t // seq, int(pos[t]), page, pages)
+                                for t in range(tokens)], dtype=torch.int64)
+    cmp_kv, table = a["cmp_kv"], a["cmp_block_table"].to(torch.int32)
+    width = config.cmp_pool
+    if own_cmp_page:
+        cmp_kv, _, table = _repage(cmp_kv, None, table, max(1, config.block_size // 128))
+        width = table.shape[1]
+    swa.update(x_hc=x_hc.float().clone(), window_swa_indices=swa.pop("swa_indices"),
+               window_swa_lens=swa.pop("swa_lens"), ori_slot_mapping=swa.pop("swa_slot_mapping"),
+               kv_seq_lens=c["kv_seq_lens"].to(torch.int32).clone(), cmp_kv=cmp_kv.clone(),
+               cmp_block_table=torch.nn.functional.pad(table, (0, max(0, width - table.shape[1])), value=-1),
+               compress_state=pool.clone(), compress_state_block_table=c["state_block_table"].to(torch.int32).clone(),
+               cmp_wkv=_bf16_if_exact(weights.wkv.float().t()), cmp_wgate=_bf16_if_exact(weights.wgate.float().t()),
+               cmp_ape=weights.ape.float().clone(), cmp_norm_w=_bf16_if_exact(weights.norm),
+               cmp_slot_mapping=c["cmp_slot_mapping"].reshape(-1).to(torch.int64).clone(),
+               state_slot_mapping=state_slots,
+               x_out=torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32))
+    constants = {**constants, "C128_COMPRESSOR_BLOCK_SIZE": int(page)}
+    return swa, constants, module_globals
+
+
+def _v4_hca_stage(run, x_hc, attention, compressor, *, config, module="decode_attention_hca", a5_tiling=True,
+                  own_cmp_page=False):
+    """v4_hca_stage -> decode_attention_hca.py (Flash-MTP: decode_hca.py) ::golden_attention_hca: hc_pre,
+    RMSNorm, Q/KV, the ratio-128 compressor writing the compressed cache and its state, the window-cache write,
+    HCA's deterministic top-k, the HCA attention with its projection, hc_post. x_out and the three caches from the
+    golden (written in place); qr / qr_scale, which it computes and drops, from the chain of goldens it runs."""
+    tensors, constants, module_globals = _hca_stage_tensors(x_hc, attention, compressor, config=config,
+                                                            a5_tiling=a5_tiling, own_cmp_page=own_cmp_page)
+    a = attention
+    fields = _variant_fields(config)
+    out = run(tensors, fields, constants, module=module, function="golden_attention_hca",
+              module_globals=module_globals)
+    pos = a["position_ids"].reshape(-1).to(torch.long)
+    qr, qr_scale = _stage_qr(run, x_hc, a["hc_fn"], a["hc_scale"], a["hc_base"], a["attn_norm_w"], a["wq_a"], a["wq_b"],
+                             a["wq_b_scale"], a["wkv"], a["gamma_cq"], a["gamma_ckv"], a["freqs_cos"][pos],
+                             a["freqs_sin"][pos], config=config, fields=fields, constants=constants,
+                             qkv_globals=_qkv_tiling(config) if a5_tiling else None)
+    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
+            "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"]}
+
+
+LAYER_GOLDENS = {"SWA": "golden_decode_layer_swa", "HCA": "golden_decode_layer_hca"}
+FLASH_LAYER_GOLDENS = {"SWA": "golden_decode_layer", "HCA": "golden_decode_layer_hca"}
+
+
+def _flash_layer_names(stage: dict, path: str, tokens: int) -> dict:
+    """The names Flash-MTP's decode_layer.py goldens read beside the stage's: HCA's table as
+    ``hca_cmp_block_table``; on SWA the other paths' metadata, which its SWA stage golden is handed and never
+    reads (placeholders: the window again, one empty compressed page)."""
+    if path == "HCA":
+        return {"hca_cmp_block_table": stage["cmp_block_table"]}
+    kv = stage["kv_cache"]
+    return {"block_table": torch.zeros(tokens, 1, dtype=torch.int32), "ori_slot_mapping": stage["swa_slot_mapping"],
+            "window_swa_indices": stage["swa_indices"], "window_swa_lens": stage["swa_lens"],
+            "cmp_kv": torch.zeros(1, kv.shape[1], 1, kv.shape[-1], dtype=kv.dtype),
+            "csa_cmp_block_table": torch.zeros(tokens, 1, dtype=torch.int32)}
+
+
+def _v4_decode_layer(run, path, x_hc, attention, moe, compressor=None, *, config, goldens=None, a5_tiling=True,
+                     own_cmp_page=False):
+    """v4_decode_layer -> decode_layer.py::golden_decode_layer_{swa,hca} (Flash-MTP: golden_decode_layer for SWA):
+    the attention stage golden on each of the MoE's EP 2 ranks, both given this call's inputs, then moe.py's golden
+    on their streams with num_tokens = T: rank 0's x_next and caches (written in place)."""
+    from kernels.errors import ContractInputError
+    from kernels.v4.layer import SPEC, _check_parts
+
+    _check_parts(attention, compressor, path)
+    if "x_hc" in moe or "num_tokens" in moe:
+        raise ContractInputError("moe", None, "the MoE stage's arguments without x_hc and num_tokens",
+                                 sorted(set(moe) & {"x_hc", "num_tokens"}), SPEC)
+    tokens = x_hc.shape[0]
+    check_v4_moe_stage(x_hc, **moe, num_tokens=tokens, config=config)
+    a = attention
+    if path == "HCA":
+        stage, constants, module_globals = _hca_stage_tensors(x_hc, a, compressor, config=config, a5_tiling=a5_tiling,
+                                                              own_cmp_page=own_cmp_page)
+    else:
+        _check_swa_stage(a["position_ids"], a["freqs_cos"], a["kv_cache"], a["swa_slot_mapping"], tokens=tokens)
+        stage, constants, module_globals = _swa_stage_tensors(
+            a["hc_fn"], a["hc_scale"], a["hc_base"], a["attn_norm_w"], a["wq_a"], a["wq_b"], a["wq_b_scale"],
+            a["wkv"], a["gamma_cq"], a["gamma_ckv"], a["freqs_cos"], a["freqs_sin"], a["kv_cache"],
+            a["swa_slot_mapping"], a["window_indices"], a["position_ids"], a["attn_sink"], a["wo_a"], a["wo_b"],
+            a["wo_b_scale"], config=config, a5_tiling=a5_tiling)
+        stage["x_hc"] = x_hc.float().clone()
+    stage.pop("x_out", None)
+    if own_cmp_page:  # Flash-MTP's layer goldens hand every path's metadata by its own names (read or not)
+        stage.update(_flash_layer_names(stage, path, tokens))
+    tensors, fields = _moe_tensors(moe["hc_fn"], moe["hc_scale"], moe["hc_base"], moe["norm_w"], moe["gate_w"],
+                                   moe["gate_bias"], moe["tid2eid"], moe["input_ids"], moe["routed"], moe["shared"],
+                                   config=config)
+    tensors.update({name: _both(value) for name, value in stage.items()})
+    tensors.update(x_next=torch.zeros(MOE_RANKS, *x_hc.shape), layer_id=int(moe["layer_id"]), num_tokens=tokens)
+    out = run(tensors, fields, {**constants, "MOE_TOKENS": tokens}, module="decode_layer",
+              function=(goldens or LAYER_GOLDENS)[path], module_globals=module_globals)
+    kept = {"kv_cache": out["kv_cache"][0]}
+    if path == "HCA":
+        kept.update(cmp_kv=out["cmp_kv"][0].reshape(a["cmp_kv"].shape), state_pool=out["compress_state"][0])
+    return {"x_out": out["x_next"][0], **kept}
+
+
 def _repage(cache: torch.Tensor, scale: torch.Tensor | None, table: torch.Tensor, page: int):
     """A paged cache (and its per-row scales, or None) of pages of P rows laid out again in pages of ``page`` rows
     (P a multiple of it): physical page q becomes pages q * P / page .., the table spelled out per new page (-1
@@ -1356,6 +1481,9 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
             _v4_compress_and_publish, also=("decode_compressor_ratio128",)),
     Adapter("hc_pre_fused", PRO, "hc_pre", "golden_hc_pre", _hc_pre_fused),
     Adapter("hc_head_fused", PRO, "hc_head", "golden_hc_head", _hc_head_fused),
+    Adapter("v4_hca_stage", PRO, "decode_attention_hca", "golden_attention_hca", _v4_hca_stage),
+    Adapter("v4_decode_layer", PRO, "decode_layer", "golden_decode_layer_swa", _v4_decode_layer,
+            forms=(("decode_layer", "golden_decode_layer_hca"),)),
 )}
 
 
@@ -1749,6 +1877,9 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                Adapter("prefill_cp_swa", FLASH_MTP, "prefill_cp_swa", "golden_prefill_cp_swa",
                                        _prefill_cp_swa),
                                _laid_out("v4_attention_stage", a5_tiling=False),
+                               _laid_out("v4_hca_stage", a5_tiling=False, own_cmp_page=True),
+                               replace(_laid_out("v4_decode_layer", a5_tiling=False, own_cmp_page=True,
+                                                 goldens=FLASH_LAYER_GOLDENS), function="golden_decode_layer"),
                                *_FLASH_OWN]),
     # dspark keeps V4-Pro's pages (its own page of 32 on the device) and takes its rows token-major; its moe.py
     # divides the expert count by 16 at import

@@ -1,0 +1,145 @@
+"""V4's decode layer and its HCA attention stage with the compressor inside (spec §8; upstream decode_layer.py,
+decode_attention_hca.py / Flash-MTP's decode_hca.py):
+
+    v4_hca_stage:    hc_mixes / hc_pre -> RMSNorm (attn_norm_w) -> v4_compress_and_publish (ratio 128)
+                     -> hca_topk -> v4_attention_stage("HCA") on the compressed cache just written
+    v4_decode_layer: the attention stage (SWA, or v4_hca_stage) -> v4_moe_stage on its streams, every row real
+
+* the compressor reads the stage's normalised row (the BF16 RMSNorm of the pre-mixed streams, the same row the
+  Q/KV projection reads); each request's rows are one decode step of its ring (``token_to_req`` = t // seq);
+* a token that closes a 128-position window publishes the pooled row at its ``cmp_slot_mapping`` slot, rotated
+  by the compressed-profile row of the window's first position (the first half of the stage's RoPE table, FP32),
+  **before** the attention reads the compressed cache, so that token already attends the row it closed;
+* the compressed positions a token attends are HCA's deterministic top-k: the first
+  min((pos + 1) // 128, kv_seq_len // 128, limit) of its request, limit = min(max_position_embeddings // 128,
+  index_topk) (upstream's HCA_TOPK_LIMIT);
+* the decode layer's MoE stage sees every row as real (num_tokens = T: a decode batch has no padding rows) and
+  routes by ``layer_id``.
+
+CSA's decode layer (its compressor and indexer inside the stage) is not composed here yet (#45): a CSA call is
+refused naming that. Composed from the backend's operators. Spec: §8; docs/coverage.md, V4 section (V4-32).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from kernels.errors import ContractInputError
+from kernels.operators import operator
+
+SPEC = "§8"
+HCA_RATIO = 128
+PATHS = ("SWA", "HCA")
+COMPRESSOR_FIELDS = ("state_block_table", "state_pool", "weights", "cmp_slot_mapping", "kv_seq_lens")
+
+
+def _binder(ops: dict):
+    def bound(name, default):
+        fn = ops.get(name, default)
+        return partial(fn, ops=ops) if getattr(fn, "composes_operators", False) else fn
+    return bound
+
+
+def hca_limit(config) -> int:
+    """The compressed positions an HCA token may attend at most (upstream's HCA_TOPK_LIMIT)."""
+    return min(config.max_position_embeddings // HCA_RATIO, config.index_topk)
+
+
+def _check_parts(attention: dict, compressor: dict | None, path: str) -> None:
+    if path not in PATHS:
+        raise ContractInputError("path", None, f"one of {PATHS} (CSA's layer, with its indexer, is not composed "
+                                 "here yet)", repr(path), SPEC)
+    for name in ("x_hc", "compressed"):
+        if name in attention:
+            raise ContractInputError("attention", None, f"the stage's arguments without {name} (the layer supplies "
+                                     "it)", name, SPEC)
+    if path == "SWA" and compressor is not None:
+        raise ContractInputError("compressor", None, "None on the SWA path (it compresses nothing)", "given", SPEC)
+    if path == "HCA":
+        missing = set(COMPRESSOR_FIELDS) - set(compressor or {})
+        if missing:
+            raise ContractInputError("compressor", None, ", ".join(COMPRESSOR_FIELDS), sorted(missing), SPEC)
+        if "cmp_kv" not in attention or "cmp_block_table" not in attention:
+            raise ContractInputError("attention", None, "cmp_kv and cmp_block_table (the compressed cache the "
+                                     "compressor writes and the attention reads)", sorted(attention), SPEC)
+
+
+def check_hca_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, *, config) -> None:
+    """The caller's side of ``v4_hca_stage`` that the stage itself checks before any operator runs: its parts, and
+    one kv length per request of ``decode_seq`` rows."""
+    _check_parts(attention, compressor, "HCA")
+    tokens, seq, lens = x_hc.shape[0], config.decode_seq, compressor["kv_seq_lens"]
+    if tokens % seq or lens.ndim != 1 or lens.numel() * seq != tokens:
+        raise ContractInputError("kv_seq_lens", None, f"one length per request of {seq} rows ({tokens // seq})",
+                                 list(lens.shape), SPEC)
+
+
+@operator(returns="{x_out [T,hc,D] FP32, kv_cache, cmp_kv, state_pool, qr, qr_scale}: the HCA attention stage "
+                  "with its ratio-128 compressor inside, composed from hc_mixes, hc_pre, final_norm, "
+                  "v4_compress_and_publish, hca_topk and v4_attention_stage",
+          spec="§8")
+def v4_hca_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, *, config, ops=None
+                 ) -> dict[str, torch.Tensor]:
+    """x_hc [T, hc, D] FP32; ``attention`` v4_attention_stage's arguments by name without x_hc and ``compressed``,
+    with ``cmp_kv`` (the compressed cache [pages, page, 1, d] BF16 the compressor writes) and ``cmp_block_table``;
+    ``compressor`` {state_block_table, state_pool, weights (V4CompressorWeights), cmp_slot_mapping [T],
+    kv_seq_lens [B]} -> {"x_out", "kv_cache", "cmp_kv" (the new compressed cache), "state_pool", "qr",
+    "qr_scale"}. No input is modified. Spec: §8."""
+    from kernels.reference import lm_head, mhc
+    from kernels.v4.attention_stage import stage_positions, v4_attention_stage
+    from kernels.v4.compressor import v4_compress_and_publish
+    from kernels.v4.decode_metadata import hca_topk
+
+    check_hca_stage(x_hc, attention, compressor, config=config)
+    bound = _binder(ops or {})
+    a, c = dict(attention), compressor
+    tokens, seq = x_hc.shape[0], config.decode_seq
+    _, pos = stage_positions(a["position_ids"], a["freqs_cos"], tokens=tokens, num_tokens=None)
+    mixes = bound("hc_mixes", mhc.hc_mixes)(x_hc, a["hc_fn"], a["hc_scale"], a["hc_base"], config=config)
+    x_normed = bound("final_norm", lm_head.final_norm)(bound("hc_pre", mhc.hc_pre)(x_hc, mixes.pre),
+                                                       a["attn_norm_w"], config=config)
+    half = config.qk_rope_head_dim // 2
+    published = bound("v4_compress_and_publish", v4_compress_and_publish)(
+        x_normed, pos, torch.arange(tokens) // seq, c["state_block_table"], c["state_pool"], c["weights"],
+        c["cmp_slot_mapping"], a.pop("cmp_kv"), a["freqs_cos"][:, :half].float(), a["freqs_sin"][:, :half].float(),
+        ratio=HCA_RATIO, overlap=False)
+    compressed = bound("hca_topk", hca_topk)(pos, c["kv_seq_lens"], seq=seq, limit=hca_limit(config),
+                                             ratio=HCA_RATIO)
+    out = bound("v4_attention_stage", v4_attention_stage)("HCA", x_hc, **a, cmp_kv=published["cmp_pool"],
+                                                          compressed=compressed, config=config)
+    return {**out, "cmp_kv": published["cmp_pool"], "state_pool": published["state_pool"]}
+
+
+v4_hca_stage.composes_operators = True
+
+
+@operator(returns="{x_out [T,hc,D] FP32, kv_cache (+ cmp_kv, state_pool on HCA)}: one decode layer, the "
+                  "attention stage (SWA, or v4_hca_stage) then v4_moe_stage on its streams, every row real",
+          spec="§8")
+def v4_decode_layer(path: str, x_hc: torch.Tensor, attention: dict, moe: dict, compressor: dict | None = None, *,
+                    config, ops=None) -> dict[str, torch.Tensor]:
+    """x_hc [T, hc, D] FP32; ``attention`` the stage's arguments by name without x_hc (HCA: with cmp_kv and
+    cmp_block_table); ``moe`` v4_moe_stage's by name without x_hc and num_tokens (with layer_id);
+    ``compressor`` v4_hca_stage's (HCA only) -> {"x_out" (the MoE stage's streams), "kv_cache", and on HCA "cmp_kv"
+    and "state_pool"} (upstream's layer goldens return these; the attention stage's streams stay inside). Spec:
+    §8."""
+    from kernels.v4.attention_stage import v4_attention_stage
+    from kernels.v4.moe import v4_moe_stage
+
+    _check_parts(attention, compressor, path)
+    if "x_hc" in moe or "num_tokens" in moe:
+        raise ContractInputError("moe", None, "the MoE stage's arguments without x_hc and num_tokens (every decode "
+                                 "row is real)", sorted(set(moe) & {"x_hc", "num_tokens"}), SPEC)
+    bound = _binder(ops or {})
+    if path == "SWA":
+        att = bound("v4_attention_stage", v4_attention_stage)("SWA", x_hc, **attention, config=config)
+    else:
+        att = bound("v4_hca_stage", v4_hca_stage)(x_hc, attention, compressor, config=config)
+    out = bound("v4_moe_stage", v4_moe_stage)(att["x_out"], **moe, num_tokens=x_hc.shape[0], config=config)
+    kept = {k: att[k] for k in ("kv_cache", "cmp_kv", "state_pool") if k in att}
+    return {"x_out": out["x_out"], **kept}
+
+
+v4_decode_layer.composes_operators = True
