@@ -94,8 +94,10 @@ def test_a_closing_token_attends_the_row_it_publishes(backend, config):
     stage's cmp_kv is the compressor's publication over the stage's own normalised rows, byte for byte, every other
     row kept, the state pool within upstream's state bound -- and the attention reads the cache after that write:
     x_out is within the stage bound of the HCA attention stage over the published cache. The input separates the
-    order: over the cache as it came in, the closing rows' x_out falls outside that bound. Spec: §8 (upstream
+    order (separated in the test): over the cache as it came in, the closing rows' x_out falls outside that
+    bound. Spec: §8 (upstream
     decode_attention_hca.py: the compressor runs before the sparse attention)."""
+    from contracts.separation import separates_under
     from contracts.tolerances import BF16_STAGE_TOL, V4_STATE_POOL_TOL
 
     x, a, c = hca_stage_inputs(config)
@@ -117,8 +119,9 @@ def test_a_closing_token_attends_the_row_it_publishes(backend, config):
         return ((x_out - want).abs() > atol + rtol * want.abs()).reshape(x_out.shape[0], -1).any(1)
 
     after = _attend(backend, config, x, a, c, pub["cmp_pool"])["x_out"]
-    stale = _attend(backend, config, x, a, c, a["cmp_kv"])["x_out"]
-    assert all(outside(stale, after)[t] for t in CLOSING), "the vector does not separate the order"
+    separates_under("the attention reads the compressed cache after the publication",
+                    lambda y, want: not any(outside(y, want)[t] for t in CLOSING), after,
+                    attended_the_cache_as_it_came_in=_attend(backend, config, x, a, c, a["cmp_kv"])["x_out"])
     bad = outside(got["x_out"], after).nonzero().flatten().tolist()
     assert not bad, f"x_out row {bad[0]} is outside {BF16_STAGE_TOL} of the attention over the published cache" \
                     f"{' (it attended the cache as it came in)' if bad[0] in CLOSING else ''} (§8)"

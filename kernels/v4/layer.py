@@ -28,6 +28,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
+from kernels.record import Record, Upstream
 
 SPEC = "§8"
 HCA_RATIO = 128
@@ -143,3 +144,36 @@ def v4_decode_layer(path: str, x_hc: torch.Tensor, attention: dict, moe: dict, c
 
 
 v4_decode_layer.composes_operators = True
+
+
+# --- the records (no sample tree: the stage's and the layer's trees are a user store's, the sample store is at its
+# budget; the contracts judge both on every backend) -------------------------------------------------------------
+
+_DSPARK_NONE = ("dspark's decode stage goldens stop at the heads packed for its TP output projection and import "
+                "decode_o_proj.py, which checks the model's tiling at import (not runnable at the contracts' width)")
+
+HCA_STAGE_RECORD = Record(
+    operator="v4_hca_stage",
+    call=lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], config=config)),
+    outputs={"x_out": "fp32_ulps", "kv_cache": "exact", "cmp_kv": "exact", "state_pool": "fp32_ulps"},
+    cases=(),
+    bindings=(Upstream("deepseek_v4_pro", golden="decode_attention_hca.py::golden_attention_hca",
+                       entry="decode_attention_hca.py::attention_hca_test"),
+              Upstream("deepseek_v4_flash_mtp", golden="decode_hca.py::golden_attention_hca",
+                       entry="decode_hca.py::attention_hca_test"),
+              Upstream("deepseek_v4_flash_dspark", entry="decode_hca.py::decode_hca_test", none=_DSPARK_NONE)),
+)
+
+DECODE_LAYER_RECORD = Record(
+    operator="v4_decode_layer",
+    call=lambda fn, i, config: dict(fn(i["path"], i["x_hc"], i["attention"], i["moe"], i.get("compressor"),
+                                       config=config)),
+    outputs={"x_out": "fp32_ulps", "kv_cache": "exact"},
+    cases=(),
+    bindings=(Upstream("deepseek_v4_pro", golden="decode_layer.py::golden_decode_layer_swa",
+                       entry="decode_layer.py::decode_layer"),
+              Upstream("deepseek_v4_flash_mtp", golden="decode_layer.py::golden_decode_layer",
+                       entry="decode_layer.py::decode_layer"),
+              Upstream("deepseek_v4_flash_dspark", none="no decode_layer.py: dspark composes its layer in its "
+                       "drivers")),
+)
