@@ -25,6 +25,7 @@ from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
 CLOSING = (1, 3)  # the rows that close a window: request 0's position 127, request 1's position 255
+FAR = (4, 5)  # with far=True: request 2's rows, positions 700 and 701, 5 compressed positions behind each
 
 
 def _normed(backend, config, x_hc, a):
@@ -48,9 +49,20 @@ def _topk(backend, config, a, c):
                                    limit=hca_limit(config))
 
 
-def _attend(backend, config, x_hc, a, c, cmp_kv):
+def _slots(config, a, c, limit):
+    """HCA's compressed positions of each row, worked out here: the first min((pos + 1) // 128, kv_len // 128,
+    limit) of its request, -1 after (``limit`` columns)."""
+    pos = a["position_ids"].long()
+    lens = c["kv_seq_lens"].long().repeat_interleave(config.decode_seq)
+    valid = torch.minimum(torch.minimum((pos + 1) // 128, lens // 128), torch.tensor(limit))
+    cols = torch.arange(limit)
+    return torch.where(cols[None] < valid[:, None], cols[None], -1).to(torch.int32)
+
+
+def _attend(backend, config, x_hc, a, c, cmp_kv, compressed=None):
     rest = {k: v for k, v in a.items() if k != "cmp_kv"}
-    return op(backend, "v4_attention_stage")("HCA", x_hc, **rest, cmp_kv=cmp_kv, compressed=_topk(backend, config, a, c),
+    compressed = _topk(backend, config, a, c) if compressed is None else compressed
+    return op(backend, "v4_attention_stage")("HCA", x_hc, **rest, cmp_kv=cmp_kv, compressed=compressed,
                                              config=config)
 
 
@@ -76,31 +88,35 @@ def test_the_hca_stage_is_its_operators_in_order(backend, config):
     got = op(backend, "v4_hca_stage")(x, a, c, config=config)
     pub = _published(backend, config, x, a, c)
     want = _attend(backend, config, x, a, c, pub["cmp_pool"])
+    assert torch.equal(_bits(got["cmp_kv"]), _bits(pub["cmp_pool"])), "cmp_kv is not the compressor's publication"
+    assert torch.equal(got["state_pool"], pub["state_pool"]), "the state pool is not the compressor's"
     for key in ("x_out", "kv_cache", "qr", "qr_scale"):
         assert got[key].dtype == want[key].dtype and torch.equal(_bits(got[key]), _bits(want[key])), \
             f"{key} is not the HCA attention stage's over the compressed cache just published (§8)"
-    assert torch.equal(_bits(got["cmp_kv"]), _bits(pub["cmp_pool"])), "cmp_kv is not the compressor's publication"
-    assert torch.equal(got["state_pool"], pub["state_pool"]), "the state pool is not the compressor's"
     for k, v in (*a.items(), *c.items()):
         if k in before:
             assert torch.equal(_bits(v), _bits(before[k])), f"the input {k} was written in place"
 
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
-@pytest.mark.operators("v4_hca_stage", "v4_compress_and_publish", "v4_attention_stage", "hca_topk", "final_norm",
-                        "hc_mixes", "hc_pre")
+@pytest.mark.operators("v4_hca_stage", "v4_compress_and_publish", "v4_attention_stage", "final_norm", "hc_mixes",
+                        "hc_pre")
 def test_a_closing_token_attends_the_row_it_publishes(backend, config):
     """The two rows that close a 128-position window publish their pooled rows at their compressed slots -- the
     stage's cmp_kv is the compressor's publication over the stage's own normalised rows, byte for byte, every other
     row kept, the state pool within upstream's state bound -- and the attention reads the cache after that write:
-    x_out is within the stage bound of the HCA attention stage over the published cache. The input separates the
+    x_out is within the stage bound of the HCA attention stage over the published cache, each row attending the
+    compressed positions worked out here (the first min((pos + 1) // 128, kv_len // 128, limit) of its request,
+    limit = min(max_position_embeddings // 128, index_topk): 4 at the kernel presets; one request sits at position
+    700, 5 compressed positions behind it, past the limit). The input separates the
     order (separated in the test): over the cache as it came in, the closing rows' x_out falls outside that
     bound. Spec: §8 (upstream
     decode_attention_hca.py: the compressor runs before the sparse attention)."""
     from contracts.separation import separates_under
     from contracts.tolerances import BF16_STAGE_TOL, V4_STATE_POOL_TOL
+    from kernels.v4.layer import hca_limit
 
-    x, a, c = hca_stage_inputs(config)
+    x, a, c = hca_stage_inputs(config, far=True)
     got = op(backend, "v4_hca_stage")(x, a, c, config=config)
     pub = _published(backend, config, x, a, c)
     slots = sorted(int(c["cmp_slot_mapping"][t]) for t in CLOSING)
@@ -118,13 +134,21 @@ def test_a_closing_token_attends_the_row_it_publishes(backend, config):
         atol, rtol = BF16_STAGE_TOL
         return ((x_out - want).abs() > atol + rtol * want.abs()).reshape(x_out.shape[0], -1).any(1)
 
-    after = _attend(backend, config, x, a, c, pub["cmp_pool"])["x_out"]
-    separates_under("the attention reads the compressed cache after the publication",
-                    lambda y, want: not any(outside(y, want)[t] for t in CLOSING), after,
-                    attended_the_cache_as_it_came_in=_attend(backend, config, x, a, c, a["cmp_kv"])["x_out"])
+    limit = hca_limit(config)
+    behind = int(_slots(config, a, c, 64)[FAR[0]].ge(0).sum())
+    assert behind > limit, f"the vector does not pass the limit ({behind} compressed positions, limit {limit})"
+    slots16 = _slots(config, a, c, limit)
+    after = _attend(backend, config, x, a, c, pub["cmp_pool"], slots16)["x_out"]
+    rows = (*CLOSING, *FAR)
+    separates_under("the attention reads the compressed cache after the publication, at most `limit` compressed "
+                    "positions", lambda y, want: not any(outside(y, want)[t] for t in rows), after,
+                    attended_the_cache_as_it_came_in=_attend(backend, config, x, a, c, a["cmp_kv"], slots16)["x_out"],
+                    no_limit=_attend(backend, config, x, a, c, pub["cmp_pool"], _slots(config, a, c, behind))["x_out"])
     bad = outside(got["x_out"], after).nonzero().flatten().tolist()
+    why = " (it attended the cache as it came in)" if bad and bad[0] in CLOSING else \
+        f" (it attended more than {limit} compressed positions)" if bad and bad[0] in FAR else ""
     assert not bad, f"x_out row {bad[0]} is outside {BF16_STAGE_TOL} of the attention over the published cache" \
-                    f"{' (it attended the cache as it came in)' if bad[0] in CLOSING else ''} (§8)"
+                    f"{why} (§8)"
 
 
 @pytest.mark.parametrize("request_", [0, 3], ids=["closing-request", "plain-request"])
@@ -199,6 +223,8 @@ def test_bad_layer_calls_are_refused_naming_the_field(backend):
     for path, attention, compressor, field in (("CSA", a, c, "path"), ("SWA", _swa_attention(a), c, "compressor"),
                                                ("HCA", a, None, "compressor"),
                                                ("HCA", _swa_attention(a), c, "attention"),
+                                               ("HCA", {k: v for k, v in a.items() if k != "cmp_block_table"}, c,
+                                                "attention"),
                                                ("HCA", dict(a, compressed=a["window_indices"]), c, "attention")):
         with pytest.raises(ContractInputError, match=field):
             layer(path, x, attention, moe, compressor, config=config)
@@ -208,6 +234,39 @@ def test_bad_layer_calls_are_refused_naming_the_field(backend):
         stage(x, a, dict(c, kv_seq_lens=c["kv_seq_lens"][:-1]), config=config)
     with pytest.raises(ContractInputError, match="compressor"):
         stage(x, a, {k: v for k, v in c.items() if k != "weights"}, config=config)
+
+
+@pytest.mark.whole_backend("a stage's calls counted on the backend's own operators")
+@pytest.mark.operators("v4_decode_layer", "v4_hca_stage", "final_norm", "hc_mixes", "hc_pre", "hca_topk",
+                        "v4_attention_stage", "v4_compress_and_publish", "v4_moe_stage")
+def test_the_layer_and_the_stage_run_the_backends_operators(backend):
+    """On a backend whose operators are wrapped to count, the HCA stage calls hc_mixes, hc_pre, final_norm,
+    v4_compress_and_publish, hca_topk and v4_attention_stage once each, and the layer its attention stage (SWA:
+    v4_attention_stage, HCA: v4_hca_stage) and v4_moe_stage once each: each is the backend's own. Spec: §8."""
+    config = MODELS[0]
+    x, a, c = hca_stage_inputs(config)
+    moe = decode_layer_moe(config)
+    calls = []
+
+    def counted(name):
+        fn = op(backend, name)
+
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **{k: v for k, v in kwargs.items() if k != "ops"})
+
+        return wrapper
+
+    leaves = ("hc_mixes", "hc_pre", "final_norm", "v4_compress_and_publish", "hca_topk", "v4_attention_stage")
+    backend.derive("counting", **{n: counted(n) for n in leaves}).get("v4_hca_stage")(x, a, c, config=config)
+    assert sorted(calls) == sorted(leaves), f"the HCA stage called {calls}, not each of {leaves} once"
+    derived = backend.derive("counting", **{n: counted(n) for n in ("v4_attention_stage", "v4_hca_stage",
+                                                                    "v4_moe_stage")})
+    for path, want in (("SWA", "v4_attention_stage"), ("HCA", "v4_hca_stage")):
+        calls.clear()
+        derived.get("v4_decode_layer")(path, x, _swa_attention(a) if path == "SWA" else a, moe,
+                                       None if path == "SWA" else c, config=config)
+        assert sorted(calls) == sorted([want, "v4_moe_stage"]), f"{path}: {calls}"
 
 
 def _attend_before_publish(x_hc, attention, compressor, *, config, ops=None):
@@ -238,7 +297,47 @@ def _moe_on_the_input(path, x_hc, attention, moe, compressor=None, *, config, op
     return {**out, "x_out": v4_moe_stage(x_hc, **moe, num_tokens=x_hc.shape[0], config=config)["x_out"]}
 
 
+def _compress_unnormed(x_hc, attention, compressor, *, config, ops=None):
+    """An HCA stage whose compressor reads the collapsed streams before the attention RMSNorm (the stage's first
+    final_norm call, the compressor's row, returns its input)."""
+    from kernels.reference.lm_head import final_norm
+    from kernels.v4.layer import v4_hca_stage
+
+    calls = []
+
+    def norm(rows, w, *, config):
+        calls.append(1)
+        return rows if len(calls) == 1 else final_norm(rows, w, config=config)
+
+    return v4_hca_stage(x_hc, attention, compressor, config=config, ops={"final_norm": norm})
+
+
+def _no_hca_limit(x_hc, attention, compressor, *, config, ops=None):
+    """An HCA stage whose top-k has no limit: every compressed position behind the token."""
+    from kernels.v4 import layer
+
+    original = layer.hca_limit
+    layer.hca_limit = lambda config: 64
+    try:
+        return layer.v4_hca_stage(x_hc, attention, compressor, config=config, ops=ops)
+    finally:
+        layer.hca_limit = original
+
+
+def _stage_with_its_own_operators(x_hc, attention, compressor, *, config, ops=None):
+    """An HCA stage that ignores the backend's operators (the reference's own inside)."""
+    from kernels.v4.layer import v4_hca_stage
+
+    return v4_hca_stage(x_hc, attention, compressor, config=config)
+
+
 SEEDED_DEFECTS = [
+    SeededDefect("v4-layer:compress-unnormed", "v4_hca_stage", _compress_unnormed,
+                 "test_the_hca_stage_is_its_operators_in_order", "cmp_kv is not the compressor's publication"),
+    SeededDefect("v4-layer:no-hca-limit", "v4_hca_stage", _no_hca_limit,
+                 "test_a_closing_token_attends_the_row_it_publishes", "more than 4 compressed positions"),
+    SeededDefect("v4-layer:own-operators", "v4_hca_stage", _stage_with_its_own_operators,
+                 "test_the_layer_and_the_stage_run_the_backends_operators", "not each of"),
     SeededDefect("v4-layer:attend-before-publish", "v4_hca_stage", _attend_before_publish,
                  "test_a_closing_token_attends_the_row_it_publishes", "attended the cache as it came in"),
     SeededDefect("v4-layer:one-state-table", "v4_hca_stage", _one_state_table,

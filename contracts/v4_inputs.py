@@ -327,19 +327,25 @@ def prefill_mtp_layer_inputs(config, seed=0, *, rows=32, num_tokens=28, start=20
                 projection=base["projection"], attention=stage, moe=moe, head=base["head"], num_tokens=num_tokens)
 
 
-def hca_stage_inputs(config, seed: int = 0) -> tuple[torch.Tensor, dict, dict]:
+def hca_stage_inputs(config, seed: int = 0, *, far: bool = False) -> tuple[torch.Tensor, dict, dict]:
     """(x_hc, attention, compressor) of one HCA decode step: ``stage_inputs``' batch moved to positions (126, 127),
     (254, 255), (300, 301), (40, 41): request 0's second row closes window 0, request 1's second row closes window 1
-    (window 0 already in the cache), requests 2 and 3 close nothing (2 attends two compressed rows, 3 none). The
-    ratio-128 compressor's state pool holds the earlier tokens' rows (random) on a ring of 16 pages of 8 positions
-    per request; each request's compressed rows on one page of ``cmp_block_table``."""
+    (window 0 already in the cache), requests 2 and 3 close nothing (2 attends two compressed rows, 3 none).
+    ``far``: request 2 at (700, 701) instead, 5 compressed positions behind it, past HCA's limit at the kernel
+    presets' 512 positions (4; the RoPE tables then 1024 rows). The ratio-128 compressor's state pool holds the earlier tokens' rows (random) on a ring
+    of 16 pages of 8 positions per request; each request's compressed rows on one page of ``cmp_block_table``."""
     from kernels.v4.compressor import V4CompressorWeights
 
     g = torch.Generator().manual_seed(100 + seed)
     attention = stage_inputs(config, seed)
     x_hc = attention.pop("x_hc")
     t, d, dm, bs, seq = config.decode_tokens, config.head_dim, config.hidden_size, config.block_size, config.decode_seq
-    firsts = (126, 254, 300, 40)
+    firsts = (126, 254, 700 if far else 300, 40)
+    positions = 1024 if far else 512
+    if far:
+        angle = torch.arange(positions, dtype=torch.float32)[:, None] * torch.rand(config.qk_rope_head_dim,
+                                                                                   generator=g) * 0.05
+        attention.update(freqs_cos=torch.cos(angle).to(torch.bfloat16), freqs_sin=torch.sin(angle).to(torch.bfloat16))
     pos = torch.tensor([firsts[r // seq] + r % seq for r in range(t)], dtype=torch.int32)
     page, ring = config.c128_state_block_size, 16
     requests = t // seq
@@ -353,7 +359,8 @@ def hca_stage_inputs(config, seed: int = 0) -> tuple[torch.Tensor, dict, dict]:
     attention.update(position_ids=pos, cmp_kv=(torch.rand(4, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
                      cmp_block_table=table)
     compressor = dict(
-        state_block_table=torch.tensor([[q * ring + k % ring for k in range(512 // page)] for q in range(requests)],
+        state_block_table=torch.tensor([[q * ring + k % ring for k in range(positions // page)]
+                                        for q in range(requests)],
                                        dtype=torch.int32),
         state_pool=torch.randn(requests * ring, page, 2 * d, generator=g),
         weights=V4CompressorWeights(torch.randn(dm, d, generator=g) / dm**0.5, torch.randn(dm, d, generator=g) / dm**0.5,
