@@ -156,7 +156,8 @@ def test_a_closing_token_attends_the_row_it_publishes(backend, config):
 def test_a_request_moves_only_its_own_rows(backend, request_):
     """Changing one request's streams (request 0, which closes window 0; request 3, which closes nothing) moves
     its own x_out and qr rows, its own window-cache slots, its own state-pool rows (the ring pages of its table)
-    and, for request 0, its own compressed row -- they do move -- and no other byte of any output. Spec: §8."""
+    and, for request 0, its own compressed row -- they do move -- and no other byte of any output. Request 3's
+    first row writes window slot 0, an ordinary slot. Spec: §8."""
     config = MODELS[0]
     seq = config.decode_seq
     x, a, c = hca_stage_inputs(config, 2)

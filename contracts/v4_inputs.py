@@ -333,7 +333,8 @@ def hca_stage_inputs(config, seed: int = 0, *, far: bool = False) -> tuple[torch
     (window 0 already in the cache), requests 2 and 3 close nothing (2 attends two compressed rows, 3 none).
     ``far``: request 2 at (700, 701) instead, 5 compressed positions behind it, past HCA's limit at the kernel
     presets' 512 positions (4; the RoPE tables then 1024 rows). The ratio-128 compressor's state pool holds the earlier tokens' rows (random) on a ring
-    of 16 pages of 8 positions per request; each request's compressed rows on one page of ``cmp_block_table``."""
+    of 16 pages of 8 positions per request; each request's compressed rows on one page of ``cmp_block_table``. The
+    last request's first row writes window-cache slot 0."""
     from kernels.v4.compressor import V4CompressorWeights
 
     g = torch.Generator().manual_seed(100 + seed)
@@ -356,7 +357,12 @@ def hca_stage_inputs(config, seed: int = 0, *, far: bool = False) -> tuple[torch
         if (p + 1) % 128 == 0:
             index = (p + 1) // 128 - 1
             slots[r] = int(table[r // seq, 0]) * bs + index
-    attention.update(position_ids=pos, cmp_kv=(torch.rand(4, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+    # the last request's first row writes window slot 0 (an ordinary slot); request 0 reads row 100 in its place
+    swa, window, first = attention["swa_slot_mapping"].clone(), attention["window_indices"].clone(), t - seq
+    window[window == 0] = 100
+    window[window == int(swa[first])] = 0
+    swa[first] = 0
+    attention.update(position_ids=pos, swa_slot_mapping=swa, window_indices=window, cmp_kv=(torch.rand(4, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
                      cmp_block_table=table)
     compressor = dict(
         state_block_table=torch.tensor([[q * ring + k % ring for k in range(positions // page)]
