@@ -1050,6 +1050,9 @@ def _v4_hca_stage(run, x_hc, attention, compressor, *, config, module="decode_at
 
 LAYER_GOLDENS = {"SWA": "golden_decode_layer_swa", "HCA": "golden_decode_layer_hca"}
 FLASH_LAYER_GOLDENS = {"SWA": "golden_decode_layer", "HCA": "golden_decode_layer_hca"}
+AUTO_RATIOS = {"SWA": 0, "HCA": 128}  # the compress ratio golden_decode_layer_auto dispatches to each path
+AUTO_HCA_NAMES = ("cmp_wkv", "cmp_wgate", "cmp_ape", "cmp_norm_w", "compress_state", "compress_state_block_table",
+                  "cmp_slot_mapping", "state_slot_mapping")
 
 
 def _flash_layer_names(stage: dict, path: str, tokens: int) -> dict:
@@ -1069,7 +1072,9 @@ def _v4_decode_layer(run, path, x_hc, attention, moe, compressor=None, *, config
                      own_cmp_page=False):
     """v4_decode_layer -> decode_layer.py::golden_decode_layer_{swa,hca} (Flash-MTP: golden_decode_layer for SWA):
     the attention stage golden on each of the MoE's EP 2 ranks, both given this call's inputs, then moe.py's golden
-    on their streams with num_tokens = T: rank 0's x_next and caches (written in place)."""
+    on their streams with num_tokens = T: rank 0's x_next and caches (written in place). When the call's layer_id
+    has the path's compress ratio in the model's config (0 SWA, 128 HCA), golden_decode_layer_auto instead, which
+    picks the path from layer_id itself (so its dispatch is judged too)."""
     from kernels.errors import ContractInputError
     from kernels.v4.layer import SPEC, _check_parts
 
@@ -1097,13 +1102,21 @@ def _v4_decode_layer(run, path, x_hc, attention, moe, compressor=None, *, config
     tensors, fields = _moe_tensors(moe["hc_fn"], moe["hc_scale"], moe["hc_base"], moe["norm_w"], moe["gate_w"],
                                    moe["gate_bias"], moe["tid2eid"], moe["input_ids"], moe["routed"], moe["shared"],
                                    config=config)
-    tensors.update({name: _both(value) for name, value in stage.items()})
+    # a layer whose compress ratio is the call's path goes through golden_decode_layer_auto, which dispatches by
+    # layer_id and hands HCA's compressor its tensors under hca_ names (Flash-MTP's cmp_kv too)
+    auto = AUTO_RATIOS[path] == config.compress_ratios[int(moe["layer_id"])]
+    prefix = {name: f"hca_{name}" if auto and path == "HCA" and (name in AUTO_HCA_NAMES or
+                                                                 (own_cmp_page and name == "cmp_kv")) else name
+              for name in stage}
+    tensors.update({prefix[name]: _both(value) for name, value in stage.items()})
     tensors.update(x_next=torch.zeros(MOE_RANKS, *x_hc.shape), layer_id=int(moe["layer_id"]), num_tokens=tokens)
     out = run(tensors, fields, {**constants, "MOE_TOKENS": tokens}, module="decode_layer",
-              function=(goldens or LAYER_GOLDENS)[path], module_globals=module_globals)
+              function="golden_decode_layer_auto" if auto else (goldens or LAYER_GOLDENS)[path],
+              module_globals=module_globals)
     kept = {"kv_cache": out["kv_cache"][0]}
     if path == "HCA":
-        kept.update(cmp_kv=out["cmp_kv"][0].reshape(a["cmp_kv"].shape), state_pool=out["compress_state"][0])
+        kept.update(cmp_kv=out[prefix["cmp_kv"]][0].reshape(a["cmp_kv"].shape),
+                    state_pool=out[prefix["compress_state"]][0])
     return {"x_out": out["x_next"][0], **kept}
 
 
@@ -1483,7 +1496,7 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("hc_head_fused", PRO, "hc_head", "golden_hc_head", _hc_head_fused),
     Adapter("v4_hca_stage", PRO, "decode_attention_hca", "golden_attention_hca", _v4_hca_stage),
     Adapter("v4_decode_layer", PRO, "decode_layer", "golden_decode_layer_swa", _v4_decode_layer,
-            forms=(("decode_layer", "golden_decode_layer_hca"),)),
+            forms=(("decode_layer", "golden_decode_layer_hca"), ("decode_layer", "golden_decode_layer_auto"))),
 )}
 
 
