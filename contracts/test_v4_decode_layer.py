@@ -100,7 +100,7 @@ def test_the_hca_stage_is_its_operators_in_order(backend, config):
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
 @pytest.mark.operators("v4_hca_stage", "v4_compress_and_publish", "v4_attention_stage", "final_norm", "hc_mixes",
-                        "hc_pre")
+                        "hc_pre", "hca_topk")
 def test_a_closing_token_attends_the_row_it_publishes(backend, config):
     """The two rows that close a 128-position window publish their pooled rows at their compressed slots -- the
     stage's cmp_kv is the compressor's publication over the stage's own normalised rows, byte for byte, every other
