@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.v4_inputs import decode_layer_moe, hca_stage_inputs
+from contracts.v4_inputs import csa_stage_inputs, decode_layer_moe, hca_stage_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 from pto_pytest.defect import SeededDefect
@@ -151,21 +151,147 @@ def test_a_closing_token_attends_the_row_it_publishes(backend, config):
                     f"{why} (§8)"
 
 
+def _csa_parts(backend, config, x, a, c):
+    """The CSA stage's first half with the backend's own operators: the normalised row, its projection, the
+    compressed half of the RoPE table, the main compressor's publication and the inner compressor's keys."""
+    pos = a["position_ids"].long()
+    req = torch.arange(x.shape[0]) // config.decode_seq
+    x_normed = _normed(backend, config, x, a)
+    proj = op(backend, "v4_qkv_proj_rope")(x_normed, a["wq_a"], a["wq_b"], a["wq_b_scale"], a["wkv"],
+                                           a["freqs_cos"][pos], a["freqs_sin"][pos], a["gamma_cq"], a["gamma_ckv"],
+                                           config=config)
+    half = config.qk_rope_head_dim // 2
+    cos, sin = a["freqs_cos"][:, :half].float(), a["freqs_sin"][:, :half].float()
+    pub = op(backend, "v4_compress_and_publish")(x_normed, pos, req, c["state_block_table"], c["state_pool"],
+                                                 c["weights"], c["cmp_slot_mapping"], a["cmp_kv"], cos, sin, ratio=4,
+                                                 overlap=True)
+    keys, closes, inner = op(backend, "v4_compressor")(x_normed, pos, req, c["inner_state_block_table"],
+                                                       c["inner_state_pool"], c["inner_weights"], ratio=4, overlap=True)
+    return x_normed, proj, cos, sin, pub, (keys, closes, inner)
+
+
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("final_norm", "hc_mixes", "hc_pre", "v4_attention_stage", "v4_compress_and_publish",
+                        "v4_compressor", "v4_csa_stage", "v4_indexer", "v4_publish_index_keys", "v4_qkv_proj_rope")
+def test_the_csa_stage_is_its_operators_in_order(backend, config):
+    """Every output equals the chain spelled out with the same backend's operators, byte for byte: the normalised
+    row and its projection (qr) -> the main compressor's publication (ratio 4, overlapping) -> the inner
+    compressor's keys published into the index cache, rotated at the step's first position -> the indexer over that
+    cache, its query rotated at the step's first position (one row per request) -> v4_attention_stage("CSA") on the
+    indexer's raw top-k over the published compressed cache. No input is modified. Spec: §8 (upstream
+    decode_attention_csa.py)."""
+    x, a, c, i = csa_stage_inputs(config)
+    parts = {"attention": a, "compressor": c, "indexer": i}
+    before = {(n, k): v.clone() for n, d in parts.items() for k, v in d.items() if isinstance(v, torch.Tensor)}
+    got = op(backend, "v4_csa_stage")(x, a, c, i, config=config)
+    x_normed, proj, cos, sin, pub, (keys, closes, inner) = _csa_parts(backend, config, x, a, c)
+    pos = a["position_ids"].long()
+    first = pos.reshape(-1, config.decode_seq)[:, 0]
+    step = first.repeat_interleave(config.decode_seq) + 3  # publish rotates at position - 3: the step's first
+    cache, scale = op(backend, "v4_publish_index_keys")(keys, closes, step, c["idx_slot_mapping"], i["idx_kv_cache"],
+                                                        i["idx_kv_scale"], cos, sin, i["hadamard"], ratio=4)
+    picks = op(backend, "v4_indexer")(x_normed, proj["qr"], proj["qr_scale"], i["wq_b"], i["wq_b_scale"],
+                                      i["weights_proj"], cos[first], sin[first], i["hadamard"], cache, scale,
+                                      i["idx_block_table"], pos, c["kv_seq_lens"], offset=0, config=config)
+    rest = {k: v for k, v in a.items() if k != "cmp_kv"}
+    want = op(backend, "v4_attention_stage")("CSA", x, **rest, cmp_kv=pub["cmp_pool"], compressed=picks["topk_idxs"],
+                                             config=config)
+    want.update(cmp_kv=pub["cmp_pool"], state_pool=pub["state_pool"], inner_state_pool=inner, idx_kv_cache=cache,
+                idx_kv_scale=scale)
+    for key in ("cmp_kv", "state_pool", "inner_state_pool", "idx_kv_cache", "idx_kv_scale", "x_out", "kv_cache", "qr",
+                "qr_scale"):
+        assert got[key].dtype == want[key].dtype and torch.equal(_bits(got[key]), _bits(want[key])), \
+            f"{key} is not the CSA stage's chain of operators (§8)"
+    for (n, k), v in before.items():
+        assert torch.equal(_bits(parts[n][k]), _bits(v)), f"the input {n}[{k}] was written in place"
+
+
+def _rotated_key(key, cos, sin, hadamard):
+    """An index key as published, worked out here in FP64: its last 2·len(cos) dims rotated in adjacent pairs,
+    rounded to BF16, times the Hadamard, rounded to BF16."""
+    k = key.double().clone()
+    w = cos.shape[-1] * 2
+    a, b = k[-w::2].clone(), k[-w + 1::2].clone()
+    k[-w::2], k[-w + 1::2] = a * cos.double() - b * sin.double(), a * sin.double() + b * cos.double()
+    return (k.to(torch.bfloat16).double() @ hadamard.double()).to(torch.bfloat16).double()
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("v4_csa_stage", "v4_compressor", "final_norm", "hc_mixes", "hc_pre")
+def test_an_index_key_is_rotated_at_the_named_position(backend, config):
+    """The two rows that close a ratio-4 window publish their index keys (the inner compressor's rows over the
+    stage's normalised rows) at their index slots: each row's INT8 codes times its scale within one INT8 step of
+    the key rotated at the backend's named position, then Hadamard, worked out here in FP64 -- for upstream's rule
+    ("step") the decode step's first position (126 and 254), the row the indexer's query uses; for
+    "window_start" the window's first (124 and 252). The other rule's row is outside that bound
+    (separates_under), and no other index row moves. Spec: §8; docs/upstream.md (disagreement 22)."""
+    from contracts.separation import separates_under
+
+    rule = getattr(backend, "variants", {}).get("v4_csa_stage", {}).get("index_key_rope", "step")
+    x, a, c, i = csa_stage_inputs(config)
+    got = op(backend, "v4_csa_stage")(x, a, c, i, config=config)
+    pos = a["position_ids"].long()
+    req = torch.arange(x.shape[0]) // config.decode_seq
+    keys, closes, _ = op(backend, "v4_compressor")(_normed(backend, config, x, a), pos, req,
+                                                   c["inner_state_block_table"], c["inner_state_pool"],
+                                                   c["inner_weights"], ratio=4, overlap=True)
+    half = config.qk_rope_head_dim // 2
+    cos, sin = a["freqs_cos"][:, :half].float(), a["freqs_sin"][:, :half].float()
+    d = config.index_head_dim
+    cache, scale = got["idx_kv_cache"].reshape(-1, d), got["idx_kv_scale"].reshape(-1)
+    slots = [int(c["idx_slot_mapping"][t]) for t in CLOSING]
+    assert closes.nonzero().flatten().tolist() == list(CLOSING), "the vector's closing rows moved"
+    moved = _rows_moved(got["idx_kv_cache"], i["idx_kv_cache"], d)
+    assert moved == sorted(slots), f"index rows {moved} were written; the closing rows' slots are {sorted(slots)}"
+    for t, slot in zip(CLOSING, slots, strict=True):
+        at = {"step": int(pos[t - t % config.decode_seq]), "window_start": int(pos[t]) - 3}
+
+        def row(where, t=t, at=at):
+            return _rotated_key(keys[t], cos[at[where]], sin[at[where]], i["hadamard"])
+
+        def within(candidate, want):
+            return bool(((candidate - want).abs() <= want.abs().max() / 127).all())
+
+        want = separates_under(f"the index key rotated at the {rule} position", within, row(rule),
+                               **{f"rotated_at_the_{other}": row(other) for other in at if other != rule})
+        decoded = cache[slot].double() * float(scale[slot])
+        off = ((decoded - want).abs() > want.abs().max() / 127).nonzero().flatten().tolist()
+        assert not off, f"index row {slot} (row {t}, position {int(pos[t])}) element {off[0]}: " \
+                        f"{float(decoded[off[0]]):.6g}, expected {float(want[off[0]]):.6g} within one INT8 step " \
+                        f"({rule} rule: rotated at position {at[rule]}; §8)"
+
+
+def _stage_call(backend, config, path, seed):
+    """(x_hc, a call of the path's stage on given streams, its inputs (attention, compressor, indexer or None))."""
+    if path == "HCA":
+        x, a, c = hca_stage_inputs(config, seed)
+        return x, (lambda y: op(backend, "v4_hca_stage")(y, a, c, config=config)), (a, c, None)
+    x, a, c, i = csa_stage_inputs(config, seed)
+    return x, (lambda y: op(backend, "v4_csa_stage")(y, a, c, i, config=config)), (a, c, i)
+
+
+def _state_rows(table, pool, positions, request_):
+    page = pool.shape[1]
+    return sorted(int(table[request_, p // page]) * page + p % page for p in positions)
+
+
 @pytest.mark.parametrize("request_", [0, 3], ids=["closing-request", "plain-request"])
-@pytest.mark.operators("v4_hca_stage")
-def test_a_request_moves_only_its_own_rows(backend, request_):
-    """Changing one request's streams (request 0, which closes window 0; request 3, which closes nothing) moves
-    its own x_out and qr rows, its own window-cache slots, its own state-pool rows (the ring pages of its table)
-    and, for request 0, its own compressed row -- they do move -- and no other byte of any output. Request 3's
-    first row writes window slot 0, an ordinary slot. Spec: §8."""
+@pytest.mark.parametrize("path", ["HCA", "CSA"])
+@pytest.mark.operators("v4_hca_stage", "v4_csa_stage")
+def test_a_request_moves_only_its_own_rows(backend, path, request_):
+    """Changing one request's streams (request 0, which closes a window; request 3, which closes nothing) moves
+    its own x_out and qr rows, its own window-cache slots, its own state-pool rows (the ring pages of its table;
+    CSA: of both compressors) and, for request 0, its own compressed row (CSA: and its index key) -- they do move
+    -- and no other byte of any output. Request 3's first row writes window slot 0, an ordinary slot. Spec: §8."""
     config = MODELS[0]
     seq = config.decode_seq
-    x, a, c = hca_stage_inputs(config, 2)
-    ref = op(backend, "v4_hca_stage")(x, a, c, config=config)
+    x, stage, (a, c, i) = _stage_call(backend, config, path, 2)
+    ref = stage(x)
     y = x.clone()
     rows = list(range(request_ * seq, (request_ + 1) * seq))
     y[rows] = y[rows] * -1.5
-    got = op(backend, "v4_hca_stage")(y, a, c, config=config)
+    got = stage(y)
     hc_d = config.hc_mult * config.hidden_size
     assert _rows_moved(got["x_out"], ref["x_out"], hc_d) == rows, \
         f"x_out rows moved {_rows_moved(got['x_out'], ref['x_out'], hc_d)}, request {request_}'s are {rows}"
@@ -174,16 +300,21 @@ def test_a_request_moves_only_its_own_rows(backend, request_):
     assert _rows_moved(_bits(got["kv_cache"]), _bits(ref["kv_cache"]), config.head_dim) == kv, \
         f"window-cache rows moved {_rows_moved(_bits(got['kv_cache']), _bits(ref['kv_cache']), config.head_dim)}; " \
         f"request {request_}'s slots are {kv}"
-    page = c["state_pool"].shape[1]
-    state = [int(c["state_block_table"][request_, int(a["position_ids"][t]) // page]) * page
-             + int(a["position_ids"][t]) % page for t in rows]
-    assert _rows_moved(got["state_pool"], ref["state_pool"], c["state_pool"].shape[2]) == sorted(state), \
-        f"state rows moved {_rows_moved(got['state_pool'], ref['state_pool'], c['state_pool'].shape[2])}; request " \
-        f"{request_}'s positions are at rows {sorted(state)}"
+    positions = [int(a["position_ids"][t]) for t in rows]
+    pools = [("state_pool", "state_block_table")] + ([("inner_state_pool", "inner_state_block_table")]
+                                                    if path == "CSA" else [])
+    for pool, table in pools:
+        want = _state_rows(c[table], c[pool], positions, request_)
+        moved = _rows_moved(got[pool], ref[pool], c[pool].shape[2])
+        assert moved == want, f"{pool}: state rows moved {moved}; request {request_}'s positions are at rows {want}"
     cmp = [int(c["cmp_slot_mapping"][t]) for t in rows if int(c["cmp_slot_mapping"][t]) >= 0]
     assert _rows_moved(_bits(got["cmp_kv"]), _bits(ref["cmp_kv"]), config.head_dim) == cmp, \
         f"compressed rows moved {_rows_moved(_bits(got['cmp_kv']), _bits(ref['cmp_kv']), config.head_dim)}; " \
         f"request {request_} publishes {cmp}"
+    if path == "CSA":
+        keys = [int(c["idx_slot_mapping"][t]) for t in rows if int(c["idx_slot_mapping"][t]) >= 0]
+        moved = _rows_moved(got["idx_kv_cache"], ref["idx_kv_cache"], config.index_head_dim)
+        assert moved == keys, f"index-cache rows moved {moved}; request {request_} publishes {keys}"
 
 
 def _swa_attention(a):
@@ -191,46 +322,51 @@ def _swa_attention(a):
 
 
 @pytest.mark.parametrize("layer_id", [1, 2, 3])
-@pytest.mark.parametrize("path", ["SWA", "HCA"])
+@pytest.mark.parametrize("path", ["SWA", "HCA", "CSA"])
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
-@pytest.mark.operators("v4_decode_layer", "v4_attention_stage", "v4_hca_stage", "v4_moe_stage")
+@pytest.mark.operators("v4_decode_layer", "v4_attention_stage", "v4_hca_stage", "v4_csa_stage", "v4_moe_stage")
 def test_the_decode_layer_is_its_stages_in_order(backend, config, path, layer_id):
     """x_out is the MoE stage over the attention stage's streams (every decode row real, routed as the given
     layer; the MoE stage over the layer's input differs), the caches the attention stage's -- chained here from the
-    backend's own stages, bit for bit. Layers 1, 2 and 3 (compress ratios 128, 4, 128 at V4-Pro; 0, 4, 128 at
+    backend's own stages, bit for bit, on each path (SWA, HCA, CSA). Layers 1, 2 and 3 (compress ratios 128, 4, 128 at V4-Pro; 0, 4, 128 at
     V4-Flash): where a layer's ratio is the path's, upstream's layer golden that dispatches by layer id is the one
     judged. Spec: §8 (upstream decode_layer.py: golden_attention_* then golden_moe with num_tokens = T)."""
-    x, a, c = hca_stage_inputs(config, 1)
     moe = decode_layer_moe(config, 1, layer_id=layer_id)
     if path == "SWA":
-        a, c = _swa_attention(a), None
+        x, a, _ = hca_stage_inputs(config, 1)
+        a, c, i = _swa_attention(a), None, None
         att = op(backend, "v4_attention_stage")("SWA", x, **a, config=config)
     else:
-        att = op(backend, "v4_hca_stage")(x, a, c, config=config)
-    got = op(backend, "v4_decode_layer")(path, x, a, moe, c, config=config)
+        x, stage, (a, c, i) = _stage_call(backend, config, path, 1)
+        att = stage(x)
+    got = op(backend, "v4_decode_layer")(path, x, a, moe, c, i, config=config)
     want = op(backend, "v4_moe_stage")(att["x_out"], **moe, num_tokens=x.shape[0], config=config)["x_out"]
     assert not torch.equal(want, op(backend, "v4_moe_stage")(x, **moe, num_tokens=x.shape[0], config=config)["x_out"])
     assert got["x_out"].dtype == torch.float32 and torch.equal(got["x_out"], want), \
         f"{path}: x_out is not the MoE stage over the attention stage's streams (§8)"
-    for key in ("kv_cache", "cmp_kv", "state_pool"):
+    for key in ("kv_cache", "cmp_kv", "state_pool", "inner_state_pool", "idx_kv_cache", "idx_kv_scale"):
         if key in att:
             assert torch.equal(_bits(got[key]), _bits(att[key])), f"{path}: {key} is not the attention stage's"
 
 
-@pytest.mark.operators("v4_decode_layer", "v4_hca_stage")
+@pytest.mark.operators("v4_decode_layer", "v4_hca_stage", "v4_csa_stage")
 def test_bad_layer_calls_are_refused_naming_the_field(backend):
     config = MODELS[0]
     x, a, c = hca_stage_inputs(config)
+    _, _, cc, i = csa_stage_inputs(config)
     moe = decode_layer_moe(config)
     layer, stage = op(backend, "v4_decode_layer"), op(backend, "v4_hca_stage")
-    for path, attention, compressor, field in (("CSA", a, c, "path"), ("SWA", _swa_attention(a), c, "compressor"),
-                                               ("HCA", a, None, "compressor"),
-                                               ("HCA", _swa_attention(a), c, "attention"),
-                                               ("HCA", {k: v for k, v in a.items() if k != "cmp_block_table"}, c,
-                                                "attention"),
-                                               ("HCA", dict(a, compressed=a["window_indices"]), c, "attention")):
+    for path, attention, compressor, indexer, field in (
+            ("MLA", a, c, None, "path"), ("SWA", _swa_attention(a), c, None, "compressor"),
+            ("HCA", a, None, None, "compressor"), ("HCA", _swa_attention(a), c, None, "attention"),
+            ("HCA", {k: v for k, v in a.items() if k != "cmp_block_table"}, c, None, "attention"),
+            ("HCA", dict(a, compressed=a["window_indices"]), c, None, "attention"), ("HCA", a, c, i, "indexer"),
+            ("CSA", a, cc, None, "indexer"), ("CSA", a, c, i, "compressor"),
+            ("CSA", a, cc, {k: v for k, v in i.items() if k != "hadamard"}, "indexer")):
         with pytest.raises(ContractInputError, match=field):
-            layer(path, x, attention, moe, compressor, config=config)
+            layer(path, x, attention, moe, compressor, indexer, config=config)
+    with pytest.raises(ContractInputError, match="index_key_rope"):
+        op(backend, "v4_csa_stage")(x, a, cc, i, config=config, index_key_rope="token")
     with pytest.raises(ContractInputError, match="moe"):
         layer("HCA", x, a, dict(moe, num_tokens=8), c, config=config)
     with pytest.raises(ContractInputError, match="kv_seq_lens"):
@@ -240,14 +376,18 @@ def test_bad_layer_calls_are_refused_naming_the_field(backend):
 
 
 @pytest.mark.whole_backend("a stage's calls counted on the backend's own operators")
-@pytest.mark.operators("v4_decode_layer", "v4_hca_stage", "final_norm", "hc_mixes", "hc_pre", "hca_topk",
-                        "v4_attention_stage", "v4_compress_and_publish", "v4_moe_stage")
+@pytest.mark.operators("v4_decode_layer", "v4_hca_stage", "v4_csa_stage", "final_norm", "hc_mixes", "hc_pre",
+                        "hca_topk", "v4_attention_stage", "v4_compress_and_publish", "v4_compressor", "v4_indexer",
+                        "v4_moe_stage", "v4_publish_index_keys", "v4_qkv_proj_rope")
 def test_the_layer_and_the_stage_run_the_backends_operators(backend):
     """On a backend whose operators are wrapped to count, the HCA stage calls hc_mixes, hc_pre, final_norm,
-    v4_compress_and_publish, hca_topk and v4_attention_stage once each, and the layer its attention stage (SWA:
-    v4_attention_stage, HCA: v4_hca_stage) and v4_moe_stage once each: each is the backend's own. Spec: §8."""
+    v4_compress_and_publish, hca_topk and v4_attention_stage once each; the CSA stage hc_mixes, hc_pre,
+    final_norm, v4_qkv_proj_rope, v4_compress_and_publish, v4_compressor, v4_publish_index_keys, v4_indexer and
+    v4_attention_stage once each; and the layer its attention stage (SWA: v4_attention_stage, HCA: v4_hca_stage,
+    CSA: v4_csa_stage) and v4_moe_stage once each: each is the backend's own. Spec: §8."""
     config = MODELS[0]
     x, a, c = hca_stage_inputs(config)
+    _, ca, cc, i = csa_stage_inputs(config)
     moe = decode_layer_moe(config)
     calls = []
 
@@ -263,12 +403,17 @@ def test_the_layer_and_the_stage_run_the_backends_operators(backend):
     leaves = ("hc_mixes", "hc_pre", "final_norm", "v4_compress_and_publish", "hca_topk", "v4_attention_stage")
     backend.derive("counting", **{n: counted(n) for n in leaves}).get("v4_hca_stage")(x, a, c, config=config)
     assert sorted(calls) == sorted(leaves), f"the HCA stage called {calls}, not each of {leaves} once"
+    calls.clear()
+    leaves = ("hc_mixes", "hc_pre", "final_norm", "v4_qkv_proj_rope", "v4_compress_and_publish", "v4_compressor",
+              "v4_publish_index_keys", "v4_indexer", "v4_attention_stage")
+    backend.derive("counting", **{n: counted(n) for n in leaves}).get("v4_csa_stage")(x, ca, cc, i, config=config)
+    assert sorted(calls) == sorted(leaves), f"the CSA stage called {calls}, not each of {leaves} once"
     derived = backend.derive("counting", **{n: counted(n) for n in ("v4_attention_stage", "v4_hca_stage",
-                                                                    "v4_moe_stage")})
-    for path, want in (("SWA", "v4_attention_stage"), ("HCA", "v4_hca_stage")):
+                                                                    "v4_csa_stage", "v4_moe_stage")})
+    for path, want, parts in (("SWA", "v4_attention_stage", (_swa_attention(a), None, None)),
+                              ("HCA", "v4_hca_stage", (a, c, None)), ("CSA", "v4_csa_stage", (ca, cc, i))):
         calls.clear()
-        derived.get("v4_decode_layer")(path, x, _swa_attention(a) if path == "SWA" else a, moe,
-                                       None if path == "SWA" else c, config=config)
+        derived.get("v4_decode_layer")(path, x, *parts[:1], moe, *parts[1:], config=config)
         assert sorted(calls) == sorted([want, "v4_moe_stage"]), f"{path}: {calls}"
 
 
@@ -291,12 +436,12 @@ def _one_state_table(x_hc, attention, compressor, *, config, ops=None):
                         config=config, ops=ops)
 
 
-def _moe_on_the_input(path, x_hc, attention, moe, compressor=None, *, config, ops=None):
+def _moe_on_the_input(path, x_hc, attention, moe, compressor=None, indexer=None, *, config, ops=None):
     """A decode layer whose MoE stage reads the layer's input streams instead of the attention stage's."""
     from kernels.v4.layer import v4_decode_layer
     from kernels.v4.moe import v4_moe_stage
 
-    out = v4_decode_layer(path, x_hc, attention, moe, compressor, config=config, ops=ops)
+    out = v4_decode_layer(path, x_hc, attention, moe, compressor, indexer, config=config, ops=ops)
     return {**out, "x_out": v4_moe_stage(x_hc, **moe, num_tokens=x_hc.shape[0], config=config)["x_out"]}
 
 
@@ -334,7 +479,31 @@ def _stage_with_its_own_operators(x_hc, attention, compressor, *, config, ops=No
     return v4_hca_stage(x_hc, attention, compressor, config=config)
 
 
+def _index_key_at_window_start(x_hc, attention, compressor, indexer, *, config, ops=None, index_key_rope="step"):
+    """A CSA stage that rotates each index key at its window's first position whatever the rule."""
+    from kernels.v4.layer import v4_csa_stage
+
+    return v4_csa_stage(x_hc, attention, compressor, indexer, config=config, ops=ops, index_key_rope="window_start")
+
+
+def _scores_before_publish(x_hc, attention, compressor, indexer, *, config, ops=None, index_key_rope="step"):
+    """A CSA stage whose indexer scores the index cache as it came in (its keys published after)."""
+    from kernels.v4.indexer import v4_indexer
+    from kernels.v4.layer import v4_csa_stage
+
+    def stale(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, hadamard, _cache, _scale, *rest, **kw):
+        return v4_indexer(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, hadamard,
+                          indexer["idx_kv_cache"], indexer["idx_kv_scale"], *rest, **kw)
+
+    return v4_csa_stage(x_hc, attention, compressor, indexer, config=config, ops={**(ops or {}), "v4_indexer": stale},
+                        index_key_rope=index_key_rope)
+
+
 SEEDED_DEFECTS = [
+    SeededDefect("v4-layer:index-key-at-window-start", "v4_csa_stage", _index_key_at_window_start,
+                 "test_an_index_key_is_rotated_at_the_named_position", "step rule: rotated at position"),
+    SeededDefect("v4-layer:scores-before-publish", "v4_csa_stage", _scores_before_publish,
+                 "test_the_csa_stage_is_its_operators_in_order", "is not the CSA stage's chain of operators"),
     SeededDefect("v4-layer:compress-unnormed", "v4_hca_stage", _compress_unnormed,
                  "test_the_hca_stage_is_its_operators_in_order", "cmp_kv is not the compressor's publication"),
     SeededDefect("v4-layer:no-hca-limit", "v4_hca_stage", _no_hca_limit,

@@ -380,3 +380,42 @@ def decode_layer_moe(config, seed: int = 0, *, layer_id: int = 3) -> dict:
     moe = dict(mtp_layer_inputs(config, seed)["moe"])
     del moe["num_tokens"]
     return dict(moe, layer_id=layer_id)
+
+
+def csa_stage_inputs(config, seed: int = 0) -> tuple[torch.Tensor, dict, dict, dict]:
+    """(x_hc, attention, compressor, indexer) of one CSA decode step on ``hca_stage_inputs``' batch: request 0's
+    position 127 and request 1's 255 close a ratio-4 window (compressed positions 31 and 63, each one step after
+    its request's first position 126 / 254, three after the window's first 124 / 252); the main and inner
+    compressors' states on rings of 4 pages of 4 positions per request, earlier rows random; the index cache
+    random INT8 rows with scales, each request's compressed rows and index keys on one page of its tables."""
+    from kernels.v4.compressor import V4CompressorWeights
+
+    g = torch.Generator().manual_seed(200 + seed)
+    x_hc, attention, _hca = hca_stage_inputs(config, seed)
+    t, d, dm, bs, seq = config.decode_tokens, config.head_dim, config.hidden_size, config.block_size, config.decode_seq
+    idx_d, page, ring, requests = config.index_head_dim, config.c4a_state_block_size, 4, t // seq
+    pos = attention["position_ids"].long()
+    table = attention["cmp_block_table"]
+    slots = torch.tensor([int(table[r // seq, 0]) * bs + (int(pos[r]) + 1) // 4 - 1 if (int(pos[r]) + 1) % 4 == 0
+                          else -1 for r in range(t)], dtype=torch.int64)
+
+    def weights(width):
+        return V4CompressorWeights(torch.randn(dm, 2 * width, generator=g) / dm**0.5,
+                                   torch.randn(dm, 2 * width, generator=g) / dm**0.5,
+                                   torch.randn(4, 2 * width, generator=g) * 0.5, torch.rand(width, generator=g) + 0.5)
+
+    rings = torch.tensor([[q * ring + k % ring for k in range(512 // page)] for q in range(requests)],
+                         dtype=torch.int32)
+    compressor = dict(state_block_table=rings, state_pool=torch.randn(requests * ring, page, 4 * d, generator=g),
+                      weights=weights(d), cmp_slot_mapping=slots,
+                      kv_seq_lens=pos.reshape(requests, seq)[:, -1] + 1,
+                      inner_state_block_table=rings.clone(),
+                      inner_state_pool=torch.randn(requests * ring, page, 4 * idx_d, generator=g),
+                      inner_weights=weights(idx_d), idx_slot_mapping=slots.clone())
+    q = _index_query_operands(config, g, t)
+    indexer = dict(wq_b=q["wq_b"], wq_b_scale=q["wq_b_scale"], weights_proj=q["weights_proj"],
+                   hadamard=q["hadamard"],
+                   idx_kv_cache=torch.randint(-127, 128, (4, bs, 1, idx_d), generator=g, dtype=torch.int8),
+                   idx_kv_scale=(torch.rand(4, bs, 1, 1, generator=g) + 0.5) * 2.0, idx_block_table=table.clone())
+    attention["cmp_kv"] = (torch.rand(4, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16)
+    return x_hc, attention, compressor, indexer

@@ -502,7 +502,7 @@ def _decode_step(position_ids: torch.Tensor, token_to_req: torch.Tensor) -> list
 
 
 def _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, pool, weights, out, closes, *,
-                        ratio, coff, eps, model_page=CMP_PAGE, flat_tokens=False):
+                        ratio, coff, eps, model_page=CMP_PAGE, flat_tokens=False, pages_per_ratio=False):
     """One decode step of B requests x S tokens through ``compressor_test`` / ``golden_compressor`` laid out as
     compiled (ratio 4's entry takes exactly DECODE_BATCH x DECODE_SEQ): every token's state row is written, and
     the closed row of a request whose window ends inside the step is kv[b, 0] (upstream writes the committed row
@@ -535,6 +535,8 @@ def _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, 
             tensors[name] = tensors[name].reshape(-1).contiguous()
     module_globals = {"S": s, "B": b, "COMPRESS_STATE_BLOCK_SIZE": page, "HEAD_DIM": d, "OUT_DIM": coff * d,
                       "ROPE_HEAD_DIM": rd, "EPS": float(eps), "BLOCK_SIZE": cache_page, "D": int(x.shape[1])}
+    if pages_per_ratio:  # Flash-MTP pages its compressed cache by its own global: the cache laid out here
+        module_globals["CMP_STORAGE_BLOCK_SIZE"] = cache_page
     got = run(tensors, {}, {}, module=module, module_globals=module_globals)
     for i, (_req, row) in enumerate(steps):
         for t in row:
@@ -581,7 +583,8 @@ def _v4_compressor(run, x, position_ids, token_to_req, state_block_table, state_
     steps = _decode_step(position_ids, token_to_req)
     if steps is not None:  # the call is one decode step of the model's B requests x S tokens: one launch
         return _v4_compressor_step(run, module, steps, x, position_ids, state_block_table, pool, weights, out, closes,
-                                   ratio=ratio, coff=coff, eps=eps, model_page=model_page, flat_tokens=flat_tokens)
+                                   ratio=ratio, coff=coff, eps=eps, model_page=model_page, flat_tokens=flat_tokens,
+                                   pages_per_ratio=pages_per_ratio)
     # the rotated width and the compressed-cache page: the model's (64, model_page) when the row is that wide, as a
     # kernel compiled at the model's geometry takes them; any even width is the identity rotation here
     rd, cache_page = (ROPE_HEAD_DIM, model_page) if d >= ROPE_HEAD_DIM else (2, 1)
@@ -982,15 +985,15 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale}
 
 
-def _hca_stage_tensors(x_hc, attention, compressor, *, config, a5_tiling=True,
-                       own_cmp_page=False) -> tuple[dict, dict, dict]:
+def _hca_stage_tensors(x_hc, attention, compressor, *, config, a5_tiling=True, own_cmp_page=False,
+                       cmp_page_rows=1) -> tuple[dict, dict, dict]:
     """decode_attention_hca.py (Flash-MTP: decode_hca.py) ::golden_attention_hca's tensors, config constants and
     module globals for one decode batch: the SWA stage's tensors under the HCA golden's names (its window
     ``window_swa_indices``, its kv slots ``ori_slot_mapping``), the ratio-128 compressor's weights transposed as
     upstream stores them, each token's state slot worked out from the call's state table (upstream's metadata
     hands them over), the compressed table as wide as the entries are compiled (KV_CMP_MAX_BLOCKS).
-    ``own_cmp_page``: the Flash compressed page (BLOCK_SIZE / 128 rows: one row at the tiny block of 128), the
-    call's pages laid out again in it (the same flat rows, so the compressed slots stay)."""
+    ``own_cmp_page``: the Flash compressed page (BLOCK_SIZE / ratio rows: ``cmp_page_rows`` at the tiny block of
+    128, 1 for HCA), the call's pages laid out again in it (the same flat rows, so the compressed slots stay)."""
     from kernels.v4.compressor import _slot
     from kernels.v4.layer import check_hca_stage
 
@@ -1011,7 +1014,7 @@ def _hca_stage_tensors(x_hc, attention, compressor, *, config, a5_tiling=True,
     cmp_kv, table = a["cmp_kv"], a["cmp_block_table"].to(torch.int32)
     width = config.cmp_pool
     if own_cmp_page:
-        cmp_kv, _, table = _repage(cmp_kv, None, table, max(1, config.block_size // 128))
+        cmp_kv, _, table = _repage(cmp_kv, None, table, max(1, config.block_size * cmp_page_rows // 128))
         width = table.shape[1]
     swa.update(x_hc=x_hc.float().clone(), window_swa_indices=swa.pop("swa_indices"),
                window_swa_lens=swa.pop("swa_lens"), ori_slot_mapping=swa.pop("swa_slot_mapping"),
@@ -1025,6 +1028,77 @@ def _hca_stage_tensors(x_hc, attention, compressor, *, config, a5_tiling=True,
                x_out=torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32))
     constants = {**constants, "C128_COMPRESSOR_BLOCK_SIZE": int(page)}
     return swa, constants, module_globals
+
+
+def _csa_stage_tensors(x_hc, attention, compressor, indexer, *, config, index_key_rope, a5_tiling=True,
+                       own_cmp_page=False) -> tuple[dict, dict, dict]:
+    """decode_attention_csa.py (Flash-MTP: decode_csa.py) ::golden_attention_csa's tensors: the HCA stage's (the
+    main compressor's under the same names) and the indexer's, its inner compressor's state slots worked out from
+    the call's inner state table, the index table as wide as the index pool. ``own_cmp_page``: the Flash pages (32
+    compressed rows and 32 index keys per page at the tiny block of 128), the call's laid out again."""
+    from contracts.operators import Unsupported
+    from kernels.v4.compressor import _slot
+    from kernels.v4.layer import check_csa_stage
+
+    check_csa_stage(x_hc, attention, compressor, indexer, config=config, index_key_rope=index_key_rope)
+    if index_key_rope != "step":
+        raise Unsupported("upstream's decode CSA stage rotates each index key at the decode step's first position "
+                          f"(index_key_rope='step'); {index_key_rope!r} is not its rule")
+    a, c, i = attention, compressor, indexer
+    tensors, constants, module_globals = _hca_stage_tensors(x_hc, a, c, config=config, a5_tiling=a5_tiling,
+                                                            own_cmp_page=own_cmp_page, cmp_page_rows=32)
+    tokens, seq = x_hc.shape[0], config.decode_seq
+    pool, weights = c["inner_state_pool"], c["inner_weights"]
+    pages, page, _ = pool.shape
+    pos = a["position_ids"].reshape(-1).to(torch.int64)
+    inner_slots = torch.tensor([_slot(c["inner_state_block_table"], t // seq, int(pos[t]), page, pages)
+                                for t in range(tokens)], dtype=torch.int64)
+    idx_cache, idx_scale, idx_table = i["idx_kv_cache"], i["idx_kv_scale"].float(), i["idx_block_table"].to(torch.int32)
+    width = config.idx_pool
+    if own_cmp_page:
+        idx_cache, idx_scale, idx_table = _repage(idx_cache, idx_scale, idx_table, max(1, config.block_size // 4))
+        width = idx_table.shape[1]
+        module_globals = {**module_globals, "decode_indexer.REDUCE_TILE": max(1, config.block_size // 4),
+                          "decode_indexer.IDX_STORAGE_BLOCK_SIZE": max(1, config.block_size // 4)}
+    tensors.update(
+        idx_wq_b=i["wq_b"].clone(), idx_wq_b_scale=i["wq_b_scale"].float().clone(),
+        weights_proj=i["weights_proj"].clone(), hadamard_idx=i["hadamard"].clone(),
+        inner_wkv=_bf16_if_exact(weights.wkv.float().t()), inner_wgate=_bf16_if_exact(weights.wgate.float().t()),
+        inner_ape=weights.ape.float().clone(), inner_norm_w=_bf16_if_exact(weights.norm),
+        inner_compress_state=pool.clone(),
+        inner_compress_state_block_table=c["inner_state_block_table"].to(torch.int32).clone(),
+        idx_kv_cache=idx_cache.clone(), idx_kv_scale=idx_scale.clone(),
+        idx_block_table=torch.nn.functional.pad(idx_table, (0, max(0, width - idx_table.shape[1])), value=-1),
+        idx_slot_mapping=c["idx_slot_mapping"].reshape(-1).to(torch.int64).clone(), inner_state_slot_mapping=inner_slots)
+    constants = {**constants, "C4A_COMPRESSOR_BLOCK_SIZE": int(c["state_pool"].shape[1])}
+    constants.pop("C128_COMPRESSOR_BLOCK_SIZE", None)
+    return tensors, constants, module_globals
+
+
+def _v4_csa_stage(run, x_hc, attention, compressor, indexer, *, config, index_key_rope="step",
+                  module="decode_attention_csa", a5_tiling=True, own_cmp_page=False):
+    """v4_csa_stage -> decode_attention_csa.py (Flash-MTP: decode_csa.py) ::golden_attention_csa: hc_pre, RMSNorm,
+    Q/KV, the ratio-4 main compressor writing the compressed cache, the indexer with its inner compressor writing
+    the index cache then scoring it, the window-cache write, the CSA attention over the raw top-k, hc_post. Every
+    cache and state from the golden (written in place); qr / qr_scale from the chain of goldens it runs."""
+    tensors, constants, module_globals = _csa_stage_tensors(x_hc, attention, compressor, indexer, config=config,
+                                                            index_key_rope=index_key_rope, a5_tiling=a5_tiling,
+                                                            own_cmp_page=own_cmp_page)
+    a = attention
+    fields = _variant_fields(config)
+    out = run(tensors, fields, constants, module=module, function="golden_attention_csa",
+              module_globals=module_globals)
+    pos = a["position_ids"].reshape(-1).to(torch.long)
+    qr, qr_scale = _stage_qr(run, x_hc, a["hc_fn"], a["hc_scale"], a["hc_base"], a["attn_norm_w"], a["wq_a"], a["wq_b"],
+                             a["wq_b_scale"], a["wkv"], a["gamma_cq"], a["gamma_ckv"], a["freqs_cos"][pos],
+                             a["freqs_sin"][pos], config=config, fields=fields, constants=constants,
+                             qkv_globals=_qkv_tiling(config) if a5_tiling else None)
+    i = indexer
+    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
+            "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"],
+            "inner_state_pool": out["inner_compress_state"],
+            "idx_kv_cache": out["idx_kv_cache"].reshape(i["idx_kv_cache"].shape),
+            "idx_kv_scale": out["idx_kv_scale"].reshape(i["idx_kv_scale"].shape)}
 
 
 def _v4_hca_stage(run, x_hc, attention, compressor, *, config, module="decode_attention_hca", a5_tiling=True,
@@ -1048,19 +1122,24 @@ def _v4_hca_stage(run, x_hc, attention, compressor, *, config, module="decode_at
             "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"]}
 
 
-LAYER_GOLDENS = {"SWA": "golden_decode_layer_swa", "HCA": "golden_decode_layer_hca"}
-FLASH_LAYER_GOLDENS = {"SWA": "golden_decode_layer", "HCA": "golden_decode_layer_hca"}
-AUTO_RATIOS = {"SWA": 0, "HCA": 128}  # the compress ratio golden_decode_layer_auto dispatches to each path
-AUTO_HCA_NAMES = ("cmp_wkv", "cmp_wgate", "cmp_ape", "cmp_norm_w", "compress_state", "compress_state_block_table",
-                  "cmp_slot_mapping", "state_slot_mapping")
+LAYER_GOLDENS = {"SWA": "golden_decode_layer_swa", "HCA": "golden_decode_layer_hca", "CSA": "golden_decode_layer_csa"}
+FLASH_LAYER_GOLDENS = {**LAYER_GOLDENS, "SWA": "golden_decode_layer"}
+AUTO_RATIOS = {"SWA": 0, "HCA": 128, "CSA": 4}  # the compress ratio golden_decode_layer_auto dispatches to each path
+_AUTO_MAIN = ("cmp_wkv", "cmp_wgate", "cmp_ape", "cmp_norm_w", "compress_state", "compress_state_block_table",
+              "cmp_slot_mapping", "state_slot_mapping")
+# the tensors golden_decode_layer_auto hands a path under its prefix (Flash-MTP's cmp_kv too)
+AUTO_NAMES = {"HCA": _AUTO_MAIN, "CSA": (*_AUTO_MAIN, "idx_wq_b", "idx_wq_b_scale", "weights_proj", "hadamard_idx",
+                                         "inner_wkv", "inner_wgate", "inner_ape", "inner_norm_w", "inner_compress_state",
+                                         "inner_compress_state_block_table", "idx_slot_mapping",
+                                         "inner_state_slot_mapping")}
 
 
 def _flash_layer_names(stage: dict, path: str, tokens: int) -> dict:
     """The names Flash-MTP's decode_layer.py goldens read beside the stage's: HCA's table as
     ``hca_cmp_block_table``; on SWA the other paths' metadata, which its SWA stage golden is handed and never
     reads (placeholders: the window again, one empty compressed page)."""
-    if path == "HCA":
-        return {"hca_cmp_block_table": stage["cmp_block_table"]}
+    if path != "SWA":
+        return {f"{path.lower()}_cmp_block_table": stage["cmp_block_table"]}
     kv = stage["kv_cache"]
     return {"block_table": torch.zeros(tokens, 1, dtype=torch.int32), "ori_slot_mapping": stage["swa_slot_mapping"],
             "window_swa_indices": stage["swa_indices"], "window_swa_lens": stage["swa_lens"],
@@ -1068,8 +1147,8 @@ def _flash_layer_names(stage: dict, path: str, tokens: int) -> dict:
             "csa_cmp_block_table": torch.zeros(tokens, 1, dtype=torch.int32)}
 
 
-def _v4_decode_layer(run, path, x_hc, attention, moe, compressor=None, *, config, goldens=None, a5_tiling=True,
-                     own_cmp_page=False):
+def _v4_decode_layer(run, path, x_hc, attention, moe, compressor=None, indexer=None, *, config, goldens=None,
+                     a5_tiling=True, own_cmp_page=False):
     """v4_decode_layer -> decode_layer.py::golden_decode_layer_{swa,hca} (Flash-MTP: golden_decode_layer for SWA):
     the attention stage golden on each of the MoE's EP 2 ranks, both given this call's inputs, then moe.py's golden
     on their streams with num_tokens = T: rank 0's x_next and caches (written in place). When the call's layer_id
@@ -1078,14 +1157,18 @@ def _v4_decode_layer(run, path, x_hc, attention, moe, compressor=None, *, config
     from kernels.errors import ContractInputError
     from kernels.v4.layer import SPEC, _check_parts
 
-    _check_parts(attention, compressor, path)
+    _check_parts(attention, compressor, path, indexer)
     if "x_hc" in moe or "num_tokens" in moe:
         raise ContractInputError("moe", None, "the MoE stage's arguments without x_hc and num_tokens",
                                  sorted(set(moe) & {"x_hc", "num_tokens"}), SPEC)
     tokens = x_hc.shape[0]
     check_v4_moe_stage(x_hc, **moe, num_tokens=tokens, config=config)
     a = attention
-    if path == "HCA":
+    if path == "CSA":
+        stage, constants, module_globals = _csa_stage_tensors(x_hc, a, compressor, indexer, config=config,
+                                                              index_key_rope="step", a5_tiling=a5_tiling,
+                                                              own_cmp_page=own_cmp_page)
+    elif path == "HCA":
         stage, constants, module_globals = _hca_stage_tensors(x_hc, a, compressor, config=config, a5_tiling=a5_tiling,
                                                               own_cmp_page=own_cmp_page)
     else:
@@ -1105,18 +1188,21 @@ def _v4_decode_layer(run, path, x_hc, attention, moe, compressor=None, *, config
     # a layer whose compress ratio is the call's path goes through golden_decode_layer_auto, which dispatches by
     # layer_id and hands HCA's compressor its tensors under hca_ names (Flash-MTP's cmp_kv too)
     auto = AUTO_RATIOS[path] == config.compress_ratios[int(moe["layer_id"])]
-    prefix = {name: f"hca_{name}" if auto and path == "HCA" and (name in AUTO_HCA_NAMES or
-                                                                 (own_cmp_page and name == "cmp_kv")) else name
-              for name in stage}
+    prefix = {name: f"{path.lower()}_{name}" if auto and path != "SWA" and (
+        name in AUTO_NAMES[path] or (own_cmp_page and name == "cmp_kv")) else name for name in stage}
     tensors.update({prefix[name]: _both(value) for name, value in stage.items()})
     tensors.update(x_next=torch.zeros(MOE_RANKS, *x_hc.shape), layer_id=int(moe["layer_id"]), num_tokens=tokens)
     out = run(tensors, fields, {**constants, "MOE_TOKENS": tokens}, module="decode_layer",
               function="golden_decode_layer_auto" if auto else (goldens or LAYER_GOLDENS)[path],
               module_globals=module_globals)
     kept = {"kv_cache": out["kv_cache"][0]}
-    if path == "HCA":
+    if path != "SWA":
         kept.update(cmp_kv=out[prefix["cmp_kv"]][0].reshape(a["cmp_kv"].shape),
                     state_pool=out[prefix["compress_state"]][0])
+    if path == "CSA":
+        kept.update(inner_state_pool=out[prefix["inner_compress_state"]][0],
+                    idx_kv_cache=out["idx_kv_cache"][0].reshape(indexer["idx_kv_cache"].shape),
+                    idx_kv_scale=out["idx_kv_scale"][0].reshape(indexer["idx_kv_scale"].shape))
     return {"x_out": out["x_next"][0], **kept}
 
 
@@ -1495,8 +1581,11 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("hc_pre_fused", PRO, "hc_pre", "golden_hc_pre", _hc_pre_fused),
     Adapter("hc_head_fused", PRO, "hc_head", "golden_hc_head", _hc_head_fused),
     Adapter("v4_hca_stage", PRO, "decode_attention_hca", "golden_attention_hca", _v4_hca_stage),
+    Adapter("v4_csa_stage", PRO, "decode_attention_csa", "golden_attention_csa", _v4_csa_stage,
+            also=("decode_indexer", "decode_indexer_compressor", "decode_compressor_ratio4")),
     Adapter("v4_decode_layer", PRO, "decode_layer", "golden_decode_layer_swa", _v4_decode_layer,
-            forms=(("decode_layer", "golden_decode_layer_hca"), ("decode_layer", "golden_decode_layer_auto"))),
+            forms=(("decode_layer", "golden_decode_layer_hca"), ("decode_layer", "golden_decode_layer_csa"),
+                   ("decode_layer", "golden_decode_layer_auto"))),
 )}
 
 
@@ -1891,6 +1980,7 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                        _prefill_cp_swa),
                                _laid_out("v4_attention_stage", a5_tiling=False),
                                _laid_out("v4_hca_stage", a5_tiling=False, own_cmp_page=True),
+                               _laid_out("v4_csa_stage", a5_tiling=False, own_cmp_page=True),
                                replace(_laid_out("v4_decode_layer", a5_tiling=False, own_cmp_page=True,
                                                  goldens=FLASH_LAYER_GOLDENS), function="golden_decode_layer"),
                                *_FLASH_OWN]),

@@ -1,23 +1,27 @@
-"""V4's decode layer and its HCA attention stage with the compressor inside (spec §8; upstream decode_layer.py,
-decode_attention_hca.py / Flash-MTP's decode_hca.py):
+"""V4's decode layer and its compressed attention stages with their compressors inside (spec §8; upstream
+decode_layer.py, decode_attention_{hca,csa}.py / Flash-MTP's decode_{hca,csa}.py):
 
     v4_hca_stage:    hc_mixes / hc_pre -> RMSNorm (attn_norm_w) -> v4_compress_and_publish (ratio 128)
                      -> hca_topk -> v4_attention_stage("HCA") on the compressed cache just written
-    v4_decode_layer: the attention stage (SWA, or v4_hca_stage) -> v4_moe_stage on its streams, every row real
+    v4_csa_stage:    the same normalised row -> its Q/KV projection (qr) -> v4_compress_and_publish (ratio 4,
+                     overlapping) -> the inner compressor's index keys -> v4_publish_index_keys -> v4_indexer
+                     over the index cache just written -> v4_attention_stage("CSA") on the indexer's raw top-k
+    v4_decode_layer: the attention stage (SWA, v4_hca_stage or v4_csa_stage) -> v4_moe_stage on its streams
 
-* the compressor reads the stage's normalised row (the BF16 RMSNorm of the pre-mixed streams, the same row the
+* the compressors read the stage's normalised row (the BF16 RMSNorm of the pre-mixed streams, the same row the
   Q/KV projection reads); each request's rows are one decode step of its ring (``token_to_req`` = t // seq);
-* a token that closes a 128-position window publishes the pooled row at its ``cmp_slot_mapping`` slot, rotated
-  by the compressed-profile row of the window's first position (the first half of the stage's RoPE table, FP32),
-  **before** the attention reads the compressed cache, so that token already attends the row it closed;
-* the compressed positions a token attends are HCA's deterministic top-k: the first
-  min((pos + 1) // 128, kv_seq_len // 128, limit) of its request, limit = min(max_position_embeddings // 128,
-  index_topk) (upstream's HCA_TOPK_LIMIT);
+* a token that closes a window publishes the pooled row at its ``cmp_slot_mapping`` slot, rotated by the
+  compressed-profile row of the window's first position (the first half of the stage's RoPE table, FP32),
+  **before** the attention reads the compressed cache, so that token already attends the row it closed; CSA's
+  index key is published before the indexer scores, rotated at the decode step's first position (upstream's rule;
+  ``index_key_rope`` names the other);
+* HCA attends its deterministic top-k: the first min((pos + 1) // 128, kv_seq_len // 128, limit) compressed
+  positions of its request, limit = min(max_position_embeddings // 128, index_topk) (upstream's HCA_TOPK_LIMIT);
+  CSA attends the indexer's top-k, its query rotated at the step's first position (one row per request);
 * the decode layer's MoE stage sees every row as real (num_tokens = T: a decode batch has no padding rows) and
   routes by ``layer_id``.
 
-CSA's decode layer (its compressor and indexer inside the stage) is not composed here yet (#45): a CSA call is
-refused naming that. Composed from the backend's operators. Spec: §8; docs/coverage.md, V4 section (V4-32).
+Composed from the backend's operators. Spec: §8; docs/coverage.md, V4 section (V4-32).
 """
 
 from __future__ import annotations
@@ -32,8 +36,14 @@ from kernels.record import Record, Upstream
 
 SPEC = "§8"
 HCA_RATIO = 128
-PATHS = ("SWA", "HCA")
+PATHS = ("SWA", "HCA", "CSA")
 COMPRESSOR_FIELDS = ("state_block_table", "state_pool", "weights", "cmp_slot_mapping", "kv_seq_lens")
+CSA_RATIO = 4
+CSA_COMPRESSOR_FIELDS = (*COMPRESSOR_FIELDS, "inner_state_block_table", "inner_state_pool", "inner_weights",
+                         "idx_slot_mapping")
+INDEXER_FIELDS = ("wq_b", "wq_b_scale", "weights_proj", "hadamard", "idx_kv_cache", "idx_kv_scale", "idx_block_table")
+INDEX_KEY_ROPE = ("step", "window_start")
+LAYER_CACHES = ("kv_cache", "cmp_kv", "state_pool", "inner_state_pool", "idx_kv_cache", "idx_kv_scale")
 
 
 def _binder(ops: dict):
@@ -48,29 +58,39 @@ def hca_limit(config) -> int:
     return min(config.max_position_embeddings // HCA_RATIO, config.index_topk)
 
 
-def _check_parts(attention: dict, compressor: dict | None, path: str) -> None:
+def _check_parts(attention: dict, compressor: dict | None, path: str, indexer: dict | None = None) -> None:
     if path not in PATHS:
-        raise ContractInputError("path", None, f"one of {PATHS} (CSA's layer, with its indexer, is not composed "
-                                 "here yet)", repr(path), SPEC)
+        raise ContractInputError("path", None, f"one of {PATHS}", repr(path), SPEC)
     for name in ("x_hc", "compressed"):
         if name in attention:
             raise ContractInputError("attention", None, f"the stage's arguments without {name} (the layer supplies "
                                      "it)", name, SPEC)
     if path == "SWA" and compressor is not None:
         raise ContractInputError("compressor", None, "None on the SWA path (it compresses nothing)", "given", SPEC)
-    if path == "HCA":
-        missing = set(COMPRESSOR_FIELDS) - set(compressor or {})
+    if path != "CSA" and indexer is not None:
+        raise ContractInputError("indexer", None, f"None on the {path} path (only CSA has an indexer)", "given", SPEC)
+    if path != "SWA":
+        fields = CSA_COMPRESSOR_FIELDS if path == "CSA" else COMPRESSOR_FIELDS
+        missing = set(fields) - set(compressor or {})
         if missing:
-            raise ContractInputError("compressor", None, ", ".join(COMPRESSOR_FIELDS), sorted(missing), SPEC)
+            raise ContractInputError("compressor", None, ", ".join(fields), sorted(missing), SPEC)
         if "cmp_kv" not in attention or "cmp_block_table" not in attention:
             raise ContractInputError("attention", None, "cmp_kv and cmp_block_table (the compressed cache the "
                                      "compressor writes and the attention reads)", sorted(attention), SPEC)
+    if path == "CSA":
+        missing = set(INDEXER_FIELDS) - set(indexer or {})
+        if missing:
+            raise ContractInputError("indexer", None, ", ".join(INDEXER_FIELDS), sorted(missing), SPEC)
 
 
 def check_hca_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, *, config) -> None:
     """The caller's side of ``v4_hca_stage`` that the stage itself checks before any operator runs: its parts, and
     one kv length per request of ``decode_seq`` rows."""
     _check_parts(attention, compressor, "HCA")
+    _check_lens(x_hc, compressor, config)
+
+
+def _check_lens(x_hc: torch.Tensor, compressor: dict, config) -> None:
     tokens, seq, lens = x_hc.shape[0], config.decode_seq, compressor["kv_seq_lens"]
     if tokens % seq or lens.ndim != 1 or lens.numel() * seq != tokens:
         raise ContractInputError("kv_seq_lens", None, f"one length per request of {seq} rows ({tokens // seq})",
@@ -116,30 +136,108 @@ def v4_hca_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, *, confi
 v4_hca_stage.composes_operators = True
 
 
-@operator(returns="{x_out [T,hc,D] FP32, kv_cache (+ cmp_kv, state_pool on HCA)}: one decode layer, the "
-                  "attention stage (SWA, or v4_hca_stage) then v4_moe_stage on its streams, every row real",
+
+
+def check_csa_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, indexer: dict, *, config,
+                    index_key_rope: str) -> None:
+    """The caller's side of ``v4_csa_stage`` that the stage itself checks before any operator runs."""
+    if index_key_rope not in INDEX_KEY_ROPE:
+        raise ContractInputError("index_key_rope", None, f"one of {INDEX_KEY_ROPE}", repr(index_key_rope), SPEC)
+    _check_parts(attention, compressor, "CSA", indexer)
+    _check_lens(x_hc, compressor, config)
+
+
+@operator(returns="{x_out, kv_cache, cmp_kv, state_pool, inner_state_pool, idx_kv_cache, idx_kv_scale, qr, "
+                  "qr_scale}: the CSA attention stage with its ratio-4 compressors and indexer inside, composed from "
+                  "hc_mixes, hc_pre, final_norm, v4_qkv_proj_rope, v4_compress_and_publish, v4_compressor, "
+                  "v4_publish_index_keys, v4_indexer and v4_attention_stage",
           spec="§8")
-def v4_decode_layer(path: str, x_hc: torch.Tensor, attention: dict, moe: dict, compressor: dict | None = None, *,
-                    config, ops=None) -> dict[str, torch.Tensor]:
-    """x_hc [T, hc, D] FP32; ``attention`` the stage's arguments by name without x_hc (HCA: with cmp_kv and
+def v4_csa_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, indexer: dict, *, config, ops=None,
+                 index_key_rope: str = "step") -> dict[str, torch.Tensor]:
+    """As ``v4_hca_stage`` with CSA's ratio-4 overlapping compressors and its indexer: ``compressor`` adds the
+    inner (index-key) compressor's {inner_state_block_table, inner_state_pool, inner_weights} and
+    ``idx_slot_mapping`` [T]; ``indexer`` {wq_b, wq_b_scale, weights_proj, hadamard, idx_kv_cache, idx_kv_scale,
+    idx_block_table}. Order (upstream decode_attention_csa.py): the normalised row and its projection (qr), the
+    main compressor publishes into cmp_kv, the inner compressor's keys are published into the index cache, the
+    indexer scores the cache with those keys in it (its query rotated at the step's first position, one row per
+    request), the attention reads the indexer's raw top-k. ``index_key_rope`` names where an index key is rotated:
+    ``"step"`` (upstream V4's decode CSA kernel and golden: at the decode step's first position, the row the
+    indexer's query uses) or ``"window_start"`` (the window's first position, as the compressed KV and the prefill
+    index keys; the V4.1 spec's compressed profile). No input is modified. Spec: §8; docs/upstream.md
+    (disagreement 22)."""
+    from kernels.reference import lm_head, mhc
+    from kernels.v4.attention_stage import stage_positions, v4_attention_stage
+    from kernels.v4.compressor import v4_compress_and_publish, v4_compressor
+    from kernels.v4.index_cache import v4_publish_index_keys
+    from kernels.v4.indexer import v4_indexer
+    from kernels.v4.qkv_proj import v4_qkv_proj_rope
+
+    check_csa_stage(x_hc, attention, compressor, indexer, config=config, index_key_rope=index_key_rope)
+    bound = _binder(ops or {})
+    a, c, i = dict(attention), compressor, indexer
+    tokens, seq = x_hc.shape[0], config.decode_seq
+    _, pos = stage_positions(a["position_ids"], a["freqs_cos"], tokens=tokens, num_tokens=None)
+    req = torch.arange(tokens) // seq
+    first = pos.reshape(-1, seq)[:, 0]
+    mixes = bound("hc_mixes", mhc.hc_mixes)(x_hc, a["hc_fn"], a["hc_scale"], a["hc_base"], config=config)
+    x_normed = bound("final_norm", lm_head.final_norm)(bound("hc_pre", mhc.hc_pre)(x_hc, mixes.pre),
+                                                       a["attn_norm_w"], config=config)
+    proj = bound("v4_qkv_proj_rope", v4_qkv_proj_rope)(
+        x_normed, a["wq_a"], a["wq_b"], a["wq_b_scale"], a["wkv"], a["freqs_cos"][pos], a["freqs_sin"][pos],
+        a["gamma_cq"], a["gamma_ckv"], config=config)
+    half = config.qk_rope_head_dim // 2
+    cos, sin = a["freqs_cos"][:, :half].float(), a["freqs_sin"][:, :half].float()
+    published = bound("v4_compress_and_publish", v4_compress_and_publish)(
+        x_normed, pos, req, c["state_block_table"], c["state_pool"], c["weights"], c["cmp_slot_mapping"],
+        a.pop("cmp_kv"), cos, sin, ratio=CSA_RATIO, overlap=True)
+    keys, closes, inner_pool = bound("v4_compressor", v4_compressor)(
+        x_normed, pos, req, c["inner_state_block_table"], c["inner_state_pool"], c["inner_weights"], ratio=CSA_RATIO,
+        overlap=True)
+    # v4_publish_index_keys rotates a key at position - ratio + 1: the step rule hands it first + ratio - 1
+    rotated_at = first[req] + CSA_RATIO - 1 if index_key_rope == "step" else pos
+    idx_cache, idx_scale = bound("v4_publish_index_keys", v4_publish_index_keys)(
+        keys, closes, rotated_at, c["idx_slot_mapping"], i["idx_kv_cache"], i["idx_kv_scale"], cos, sin,
+        i["hadamard"], ratio=CSA_RATIO)
+    picks = bound("v4_indexer", v4_indexer)(
+        x_normed, proj["qr"], proj["qr_scale"], i["wq_b"], i["wq_b_scale"], i["weights_proj"], cos[first],
+        sin[first], i["hadamard"], idx_cache, idx_scale, i["idx_block_table"], pos, c["kv_seq_lens"], offset=0,
+        config=config)
+    out = bound("v4_attention_stage", v4_attention_stage)("CSA", x_hc, **a, cmp_kv=published["cmp_pool"],
+                                                          compressed=picks["topk_idxs"], config=config)
+    return {**out, "cmp_kv": published["cmp_pool"], "state_pool": published["state_pool"],
+            "inner_state_pool": inner_pool, "idx_kv_cache": idx_cache, "idx_kv_scale": idx_scale}
+
+
+v4_csa_stage.composes_operators = True
+
+
+@operator(returns="{x_out [T,hc,D] FP32, kv_cache (+ the stage's other caches and states)}: one decode layer, the "
+                  "attention stage (SWA, v4_hca_stage or v4_csa_stage) then v4_moe_stage on its streams, every row "
+                  "real",
+          spec="§8")
+def v4_decode_layer(path: str, x_hc: torch.Tensor, attention: dict, moe: dict, compressor: dict | None = None,
+                    indexer: dict | None = None, *, config, ops=None) -> dict[str, torch.Tensor]:
+    """x_hc [T, hc, D] FP32; ``attention`` the stage's arguments by name without x_hc (HCA / CSA: with cmp_kv and
     cmp_block_table); ``moe`` v4_moe_stage's by name without x_hc and num_tokens (with layer_id);
-    ``compressor`` v4_hca_stage's (HCA only) -> {"x_out" (the MoE stage's streams), "kv_cache", and on HCA "cmp_kv"
-    and "state_pool"} (upstream's layer goldens return these; the attention stage's streams stay inside). Spec:
-    §8."""
+    ``compressor`` v4_hca_stage's / v4_csa_stage's, ``indexer`` v4_csa_stage's (CSA only) -> {"x_out" (the MoE
+    stage's streams), "kv_cache", and the stage's other caches and states} (upstream's layer goldens return these;
+    the attention stage's streams stay inside). Spec: §8."""
     from kernels.v4.attention_stage import v4_attention_stage
     from kernels.v4.moe import v4_moe_stage
 
-    _check_parts(attention, compressor, path)
+    _check_parts(attention, compressor, path, indexer)
     if "x_hc" in moe or "num_tokens" in moe:
         raise ContractInputError("moe", None, "the MoE stage's arguments without x_hc and num_tokens (every decode "
                                  "row is real)", sorted(set(moe) & {"x_hc", "num_tokens"}), SPEC)
     bound = _binder(ops or {})
     if path == "SWA":
         att = bound("v4_attention_stage", v4_attention_stage)("SWA", x_hc, **attention, config=config)
-    else:
+    elif path == "HCA":
         att = bound("v4_hca_stage", v4_hca_stage)(x_hc, attention, compressor, config=config)
+    else:
+        att = bound("v4_csa_stage", v4_csa_stage)(x_hc, attention, compressor, indexer, config=config)
     out = bound("v4_moe_stage", v4_moe_stage)(att["x_out"], **moe, num_tokens=x_hc.shape[0], config=config)
-    kept = {k: att[k] for k in ("kv_cache", "cmp_kv", "state_pool") if k in att}
+    kept = {k: att[k] for k in LAYER_CACHES if k in att}
     return {"x_out": out["x_out"], **kept}
 
 
