@@ -207,6 +207,59 @@ def test_the_csa_stage_is_its_operators_in_order(backend, config):
         assert torch.equal(_bits(parts[n][k]), _bits(v)), f"the input {n}[{k}] was written in place"
 
 
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("v4_csa_stage", "final_norm", "hc_mixes", "hc_pre", "v4_attention_stage",
+                        "v4_compress_and_publish", "v4_compressor", "v4_indexer", "v4_qkv_proj_rope")
+def test_the_csa_stage_attends_its_indexers_picks_over_the_published_caches(backend, config):
+    """The CSA stage's compressed cache is the main compressor's publication over the stage's own normalised rows
+    (byte for byte; its state within upstream's state bound), and its x_out is within the stage bound of the CSA
+    attention stage over that cache with the picks of the indexer over the stage's own index cache (its keys
+    just published, its query rotated at the step's first position, offset 0). Row 1 (position 127) closes
+    window 31 and picks it, so the input separates the order and the offset: scoring the index cache as it came
+    in, attending the compressed cache as it came in, and picks one position off all fall outside that bound.
+    Spec: §8 (upstream decode_attention_csa.py)."""
+    from contracts.separation import separates_under
+    from contracts.tolerances import BF16_STAGE_TOL, V4_STATE_POOL_TOL
+
+    x, a, c, i = csa_stage_inputs(config)
+    got = op(backend, "v4_csa_stage")(x, a, c, i, config=config)
+    x_normed, proj, cos, sin, pub, _ = _csa_parts(backend, config, x, a, c)
+    assert torch.equal(_bits(got["cmp_kv"]), _bits(pub["cmp_pool"])), \
+        "the CSA stage's compressed cache is not the compressor's publication over its normalised rows (§8)"
+    atol, rtol = V4_STATE_POOL_TOL
+    off = ((got["state_pool"] - pub["state_pool"]).abs() > atol + rtol * pub["state_pool"].abs()).nonzero()
+    assert not off.numel(), f"state_pool{off[0].tolist()} outside ({atol}, {rtol}) of the compressor's state (§8)"
+    pos = a["position_ids"].long()
+    first = pos.reshape(-1, config.decode_seq)[:, 0]
+
+    def picks(cache, scale):
+        return op(backend, "v4_indexer")(x_normed, proj["qr"], proj["qr_scale"], i["wq_b"], i["wq_b_scale"],
+                                         i["weights_proj"], cos[first], sin[first], i["hadamard"], cache, scale,
+                                         i["idx_block_table"], pos, c["kv_seq_lens"], offset=0,
+                                         config=config)["topk_idxs"]
+
+    rest = {k: v for k, v in a.items() if k != "cmp_kv"}
+
+    def attend(cmp_kv, compressed):
+        return op(backend, "v4_attention_stage")("CSA", x, **rest, cmp_kv=cmp_kv, compressed=compressed,
+                                                  config=config)["x_out"]
+
+    def outside(y, want):
+        atol, rtol = BF16_STAGE_TOL
+        return ((y - want).abs() > atol + rtol * want.abs()).reshape(y.shape[0], -1).any(1)
+
+    own = picks(got["idx_kv_cache"], got["idx_kv_scale"])
+    want = separates_under("the attention over the published caches with the indexer's own picks",
+                           lambda y, w: not bool(outside(y, w).any()), attend(pub["cmp_pool"], own),
+                           scored_before_the_publication=attend(pub["cmp_pool"], picks(i["idx_kv_cache"],
+                                                                                       i["idx_kv_scale"])),
+                           attended_the_compressed_cache_as_it_came_in=attend(a["cmp_kv"], own),
+                           picks_one_position_off=attend(pub["cmp_pool"], torch.where(own >= 0, own + 1, own)))
+    bad = outside(got["x_out"], want).nonzero().flatten().tolist()
+    assert not bad, f"x_out row {bad[0]} is outside {BF16_STAGE_TOL} of the CSA attention over the published " \
+                    "caches with the indexer's picks (§8)"
+
+
 def _rotated_key(key, cos, sin, hadamard):
     """An index key as published, worked out here in FP64: its last 2·len(cos) dims rotated in adjacent pairs,
     rounded to BF16, times the Hadamard, rounded to BF16."""

@@ -275,3 +275,15 @@ DECODE_LAYER_RECORD = Record(
               Upstream("deepseek_v4_flash_dspark", none="no decode_layer.py: dspark composes its layer in its "
                        "drivers")),
 )
+
+CSA_STAGE_RECORD = Record(
+    operator="v4_csa_stage",
+    call=lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], i["indexer"], config=config)),
+    outputs={"x_out": "fp32_ulps", "kv_cache": "exact", "cmp_kv": "exact", "idx_kv_cache": "exact"},
+    cases=(),
+    bindings=(Upstream("deepseek_v4_pro", golden="decode_attention_csa.py::golden_attention_csa",
+                       entry="decode_attention_csa.py::attention_csa_test"),
+              Upstream("deepseek_v4_flash_mtp", golden="decode_csa.py::golden_attention_csa",
+                       entry="decode_csa.py::attention_csa_test"),
+              Upstream("deepseek_v4_flash_dspark", entry="decode_csa.py::decode_csa_test", none=_DSPARK_NONE)),
+)

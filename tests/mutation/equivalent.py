@@ -7,7 +7,7 @@ key still names a generated mutant). Reviewed by hand, one key at a time."""
 # reasons
 LAYER_LIMIT_DIV = 'max_position_embeddings is a multiple of 128 in every preset, so the true quotient is the same integer value, and min() with index_topk gives the same limit.'
 LAYER_REQ_DIV = "token_to_req is read by the compressor as int(token_to_req[t]): int(t / seq) truncates to t // seq for t >= 0."
-LAYER_ROPE_BF16 = 'The compressed RoPE rows meet FP32 rows in rope_interleave: a BF16 row promotes to FP32 exactly, so the product is the same.'
+LAYER_ROPE_BF16 = 'The compressed RoPE rows meet FP32 rows (rope_interleave in the publications, the FP32 query rotation of the indexer): a BF16 row promotes to FP32 exactly, so every product is the same.'
 DTYPE = 'An internal integer or index dtype: every value the operator handles here fits the narrower type (positions < 2^20, pages < 2^24, slots < 2^31, codes < 256) and the result is cast to its ABI dtype before it leaves the operator.'
 CASTNOOP = 'Drops a cast to the dtype the value already has at that point (or the assignment target casts it the same way).'
 DIM = '-1 and 1 (or 0) name the same dimension of the 1-D or 2-D tensors this code handles.'
@@ -866,4 +866,6 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.layer:v4_hca_stage:binop:torch.arange(tokens) // seq[FloorDiv]->Div#0': LAYER_REQ_DIV,
     "kernels.v4.layer:v4_hca_stage:drop-call:a['freqs_cos'][:, :half].float()[float]->(skipped)#0": LAYER_ROPE_BF16,
     "kernels.v4.layer:v4_hca_stage:drop-call:a['freqs_sin'][:, :half].float()[float]->(skipped)#0": LAYER_ROPE_BF16,
+    "kernels.v4.layer:v4_csa_stage:drop-call:a['freqs_cos'][:, :half].float()[float]->(skipped)#0": LAYER_ROPE_BF16,
+    "kernels.v4.layer:v4_csa_stage:drop-call:a['freqs_sin'][:, :half].float()[float]->(skipped)#0": LAYER_ROPE_BF16,
 }
