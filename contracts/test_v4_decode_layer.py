@@ -25,7 +25,7 @@ from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
 CLOSING = (1, 3)  # the rows that close a window: request 0's position 127, request 1's position 255
-FAR = (4, 5)  # with far=True: request 2's rows, positions 700 and 701, 5 compressed positions behind each
+FAR = (4, 5)  # with far=True: request 2's rows, one compressed position past HCA's limit
 
 
 def _normed(backend, config, x_hc, a):
@@ -42,11 +42,16 @@ def _published(backend, config, x_hc, a, c):
         a["freqs_cos"][:, :half].float(), a["freqs_sin"][:, :half].float(), ratio=128, overlap=False)
 
 
+def _rule(backend) -> dict:
+    """The HCA top-k limit the backend names (upstream's Flash-MTP folder: "all"), as the stages' keyword."""
+    return {"hca_topk_limit": backend.variants.get("v4_hca_stage", {}).get("hca_topk_limit", "index_topk")}
+
+
 def _topk(backend, config, a, c):
     from kernels.v4.layer import hca_limit
 
     return op(backend, "hca_topk")(a["position_ids"].long(), c["kv_seq_lens"], seq=config.decode_seq,
-                                   limit=hca_limit(config))
+                                   limit=hca_limit(config, _rule(backend)["hca_topk_limit"]))
 
 
 def _slots(config, a, c, limit):
@@ -85,7 +90,7 @@ def test_the_hca_stage_is_its_operators_in_order(backend, config):
     published. No input is modified. Spec: §8."""
     x, a, c = hca_stage_inputs(config)
     before = {k: v.clone() for k, v in (*a.items(), *c.items()) if isinstance(v, torch.Tensor)}
-    got = op(backend, "v4_hca_stage")(x, a, c, config=config)
+    got = op(backend, "v4_hca_stage")(x, a, c, config=config, **_rule(backend))
     pub = _published(backend, config, x, a, c)
     want = _attend(backend, config, x, a, c, pub["cmp_pool"])
     assert torch.equal(_bits(got["cmp_kv"]), _bits(pub["cmp_pool"])), "cmp_kv is not the compressor's publication"
@@ -98,7 +103,7 @@ def test_the_hca_stage_is_its_operators_in_order(backend, config):
             assert torch.equal(_bits(v), _bits(before[k])), f"the input {k} was written in place"
 
 
-@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.parametrize("config", [*MODELS, V4_FLASH_TINY], ids=["v4-pro-kernel", "v4-flash-kernel", "v4-flash-tiny"])
 @pytest.mark.operators("v4_hca_stage", "v4_compress_and_publish", "v4_attention_stage", "final_norm", "hc_mixes",
                         "hc_pre", "hca_topk")
 def test_a_closing_token_attends_the_row_it_publishes(backend, config):
@@ -107,17 +112,20 @@ def test_a_closing_token_attends_the_row_it_publishes(backend, config):
     row kept, the state pool within upstream's state bound -- and the attention reads the cache after that write:
     x_out is within the stage bound of the HCA attention stage over the published cache, each row attending the
     compressed positions worked out here (the first min((pos + 1) // 128, kv_len // 128, limit) of its request,
-    limit = min(max_position_embeddings // 128, index_topk): 4 at the kernel presets; one request sits at position
-    700, 5 compressed positions behind it, past the limit). The input separates the
-    order (separated in the test): over the cache as it came in, the closing rows' x_out falls outside that
-    bound. Spec: §8 (upstream
+    the limit by the backend's named rule: "index_topk", min(max_position_embeddings // 128, index_topk) (V4-Pro's),
+    or "all", max_position_embeddings // 128 (Flash-MTP's; disagreement 23). One request sits one compressed
+    position past index_topk's limit: at the kernel presets (512 positions: both rules 4, the request at 700) the
+    max_position_embeddings clause binds, at V4-Flash's tiny preset (16,384 positions: 16 against 128, the request
+    at 2236) the rules part. The input separates the order and the rules (separated in the test): over the cache as
+    it came in, or under the other rule where it differs, the closing or far rows' x_out falls outside that bound.
+    Spec: §8 (upstream
     decode_attention_hca.py: the compressor runs before the sparse attention)."""
     from contracts.separation import separates_under
     from contracts.tolerances import BF16_STAGE_TOL, V4_STATE_POOL_TOL
-    from kernels.v4.layer import hca_limit
+    from kernels.v4.layer import HCA_TOPK_LIMITS, hca_limit
 
     x, a, c = hca_stage_inputs(config, far=True)
-    got = op(backend, "v4_hca_stage")(x, a, c, config=config)
+    got = op(backend, "v4_hca_stage")(x, a, c, config=config, **_rule(backend))
     pub = _published(backend, config, x, a, c)
     slots = sorted(int(c["cmp_slot_mapping"][t]) for t in CLOSING)
     d = config.head_dim
@@ -134,19 +142,24 @@ def test_a_closing_token_attends_the_row_it_publishes(backend, config):
         atol, rtol = BF16_STAGE_TOL
         return ((x_out - want).abs() > atol + rtol * want.abs()).reshape(x_out.shape[0], -1).any(1)
 
-    limit = hca_limit(config)
-    behind = int(_slots(config, a, c, 64)[FAR[0]].ge(0).sum())
-    assert behind > limit, f"the vector does not pass the limit ({behind} compressed positions, limit {limit})"
-    slots16 = _slots(config, a, c, limit)
-    after = _attend(backend, config, x, a, c, pub["cmp_pool"], slots16)["x_out"]
+    rule = _rule(backend)["hca_topk_limit"]
+    limit = hca_limit(config, rule)
+    behind = int(_slots(config, a, c, 256)[FAR[0]].ge(0).sum())
+    assert behind > hca_limit(config, "index_topk"), f"the vector does not pass the limit ({behind} positions)"
+    own = _slots(config, a, c, limit)
+    after = _attend(backend, config, x, a, c, pub["cmp_pool"], own)["x_out"]
     rows = (*CLOSING, *FAR)
-    separates_under("the attention reads the compressed cache after the publication, at most `limit` compressed "
+    others = {f"the_{other}_limit": _attend(backend, config, x, a, c, pub["cmp_pool"],
+                                            _slots(config, a, c, hca_limit(config, other)))["x_out"]
+              for other in HCA_TOPK_LIMITS if min(behind, hca_limit(config, other)) != min(behind, limit)}
+    separates_under(f"the attention reads the compressed cache after the publication, at most {limit} compressed "
                     "positions", lambda y, want: not any(outside(y, want)[t] for t in rows), after,
-                    attended_the_cache_as_it_came_in=_attend(backend, config, x, a, c, a["cmp_kv"], slots16)["x_out"],
-                    no_limit=_attend(backend, config, x, a, c, pub["cmp_pool"], _slots(config, a, c, behind))["x_out"])
+                    attended_the_cache_as_it_came_in=_attend(backend, config, x, a, c, a["cmp_kv"], own)["x_out"],
+                    **others)
     bad = outside(got["x_out"], after).nonzero().flatten().tolist()
     why = " (it attended the cache as it came in)" if bad and bad[0] in CLOSING else \
-        f" (it attended more than {limit} compressed positions)" if bad and bad[0] in FAR else ""
+        f" (it did not attend min({behind}, {limit}) compressed positions: {rule} rule)" if bad and bad[0] in FAR \
+        else ""
     assert not bad, f"x_out row {bad[0]} is outside {BF16_STAGE_TOL} of the attention over the published cache" \
                     f"{why} (§8)"
 
@@ -319,7 +332,7 @@ def _stage_call(backend, config, path, seed):
     """(x_hc, a call of the path's stage on given streams, its inputs (attention, compressor, indexer or None))."""
     if path == "HCA":
         x, a, c = hca_stage_inputs(config, seed)
-        return x, (lambda y: op(backend, "v4_hca_stage")(y, a, c, config=config)), (a, c, None)
+        return x, (lambda y: op(backend, "v4_hca_stage")(y, a, c, config=config, **_rule(backend))), (a, c, None)
     x, a, c, i = csa_stage_inputs(config, seed)
     return x, (lambda y: op(backend, "v4_csa_stage")(y, a, c, i, config=config)), (a, c, i)
 
@@ -392,7 +405,7 @@ def test_the_decode_layer_is_its_stages_in_order(backend, config, path, layer_id
     else:
         x, stage, (a, c, i) = _stage_call(backend, config, path, 1)
         att = stage(x)
-    got = op(backend, "v4_decode_layer")(path, x, a, moe, c, i, config=config)
+    got = op(backend, "v4_decode_layer")(path, x, a, moe, c, i, config=config, **_rule(backend))
     want = op(backend, "v4_moe_stage")(att["x_out"], **moe, num_tokens=x.shape[0], config=config)["x_out"]
     assert not torch.equal(want, op(backend, "v4_moe_stage")(x, **moe, num_tokens=x.shape[0], config=config)["x_out"])
     assert got["x_out"].dtype == torch.float32 and torch.equal(got["x_out"], want), \
@@ -418,6 +431,8 @@ def test_bad_layer_calls_are_refused_naming_the_field(backend):
             ("CSA", a, cc, {k: v for k, v in i.items() if k != "hadamard"}, "indexer")):
         with pytest.raises(ContractInputError, match=field):
             layer(path, x, attention, moe, compressor, indexer, config=config)
+    with pytest.raises(ContractInputError, match="hca_topk_limit"):
+        stage(x, a, c, config=config, hca_topk_limit="none")
     with pytest.raises(ContractInputError, match="index_key_rope"):
         op(backend, "v4_csa_stage")(x, a, cc, i, config=config, index_key_rope="token")
     with pytest.raises(ContractInputError, match="moe"):
@@ -470,7 +485,7 @@ def test_the_layer_and_the_stage_run_the_backends_operators(backend):
         assert sorted(calls) == sorted([want, "v4_moe_stage"]), f"{path}: {calls}"
 
 
-def _attend_before_publish(x_hc, attention, compressor, *, config, ops=None):
+def _attend_before_publish(x_hc, attention, compressor, *, config, ops=None, hca_topk_limit="index_topk"):
     """An HCA stage whose attention reads the compressed cache as it came in (the publication after it)."""
     from kernels.v4.layer import v4_hca_stage
 
@@ -480,7 +495,7 @@ def _attend_before_publish(x_hc, attention, compressor, *, config, ops=None):
     return {**out, "x_out": stale["x_out"]}
 
 
-def _one_state_table(x_hc, attention, compressor, *, config, ops=None):
+def _one_state_table(x_hc, attention, compressor, *, config, ops=None, hca_topk_limit="index_topk"):
     """An HCA stage whose compressor reads every request's state through request 0's table row."""
     from kernels.v4.layer import v4_hca_stage
 
@@ -489,16 +504,18 @@ def _one_state_table(x_hc, attention, compressor, *, config, ops=None):
                         config=config, ops=ops)
 
 
-def _moe_on_the_input(path, x_hc, attention, moe, compressor=None, indexer=None, *, config, ops=None):
+def _moe_on_the_input(path, x_hc, attention, moe, compressor=None, indexer=None, *, config, ops=None,
+                      hca_topk_limit="index_topk"):
     """A decode layer whose MoE stage reads the layer's input streams instead of the attention stage's."""
     from kernels.v4.layer import v4_decode_layer
     from kernels.v4.moe import v4_moe_stage
 
-    out = v4_decode_layer(path, x_hc, attention, moe, compressor, indexer, config=config, ops=ops)
+    out = v4_decode_layer(path, x_hc, attention, moe, compressor, indexer, config=config, ops=ops,
+                          hca_topk_limit=hca_topk_limit)
     return {**out, "x_out": v4_moe_stage(x_hc, **moe, num_tokens=x_hc.shape[0], config=config)["x_out"]}
 
 
-def _compress_unnormed(x_hc, attention, compressor, *, config, ops=None):
+def _compress_unnormed(x_hc, attention, compressor, *, config, ops=None, hca_topk_limit="index_topk"):
     """An HCA stage whose compressor reads the collapsed streams before the attention RMSNorm (the stage's first
     final_norm call, the compressor's row, returns its input)."""
     from kernels.reference.lm_head import final_norm
@@ -513,19 +530,19 @@ def _compress_unnormed(x_hc, attention, compressor, *, config, ops=None):
     return v4_hca_stage(x_hc, attention, compressor, config=config, ops={"final_norm": norm})
 
 
-def _no_hca_limit(x_hc, attention, compressor, *, config, ops=None):
+def _no_hca_limit(x_hc, attention, compressor, *, config, ops=None, hca_topk_limit="index_topk"):
     """An HCA stage whose top-k has no limit: every compressed position behind the token."""
     from kernels.v4 import layer
 
     original = layer.hca_limit
-    layer.hca_limit = lambda config: 64
+    layer.hca_limit = lambda config, rule="index_topk": 256
     try:
         return layer.v4_hca_stage(x_hc, attention, compressor, config=config, ops=ops)
     finally:
         layer.hca_limit = original
 
 
-def _stage_with_its_own_operators(x_hc, attention, compressor, *, config, ops=None):
+def _stage_with_its_own_operators(x_hc, attention, compressor, *, config, ops=None, hca_topk_limit="index_topk"):
     """An HCA stage that ignores the backend's operators (the reference's own inside)."""
     from kernels.v4.layer import v4_hca_stage
 
@@ -560,7 +577,7 @@ SEEDED_DEFECTS = [
     SeededDefect("v4-layer:compress-unnormed", "v4_hca_stage", _compress_unnormed,
                  "test_the_hca_stage_is_its_operators_in_order", "cmp_kv is not the compressor's publication"),
     SeededDefect("v4-layer:no-hca-limit", "v4_hca_stage", _no_hca_limit,
-                 "test_a_closing_token_attends_the_row_it_publishes", "more than 4 compressed positions"),
+                 "test_a_closing_token_attends_the_row_it_publishes", "rule)"),
     SeededDefect("v4-layer:own-operators", "v4_hca_stage", _stage_with_its_own_operators,
                  "test_the_layer_and_the_stage_run_the_backends_operators", "not each of"),
     SeededDefect("v4-layer:attend-before-publish", "v4_hca_stage", _attend_before_publish,

@@ -331,8 +331,9 @@ def hca_stage_inputs(config, seed: int = 0, *, far: bool = False) -> tuple[torch
     """(x_hc, attention, compressor) of one HCA decode step: ``stage_inputs``' batch moved to positions (126, 127),
     (254, 255), (300, 301), (40, 41): request 0's second row closes window 0, request 1's second row closes window 1
     (window 0 already in the cache), requests 2 and 3 close nothing (2 attends two compressed rows, 3 none).
-    ``far``: request 2 at (700, 701) instead, 5 compressed positions behind it, past HCA's limit at the kernel
-    presets' 512 positions (4; the RoPE tables then 1024 rows). The ratio-128 compressor's state pool holds the earlier tokens' rows (random) on a ring
+    ``far``: request 2 at (p, p + 1) instead, p = 128 · (limit + 1) + 60, one compressed position past HCA's limit
+    min(max_position_embeddings // 128, index_topk) (700 at the kernel presets' 512 positions, limit 4; 2236 at
+    V4-Flash's tiny preset, limit 16), the RoPE tables then 64 rows past it. The ratio-128 compressor's state pool holds the earlier tokens' rows (random) on a ring
     of 16 pages of 8 positions per request; each request's compressed rows on one page of ``cmp_block_table``. The
     last request's first row writes window-cache slot 0."""
     from kernels.v4.compressor import V4CompressorWeights
@@ -341,8 +342,11 @@ def hca_stage_inputs(config, seed: int = 0, *, far: bool = False) -> tuple[torch
     attention = stage_inputs(config, seed)
     x_hc = attention.pop("x_hc")
     t, d, dm, bs, seq = config.decode_tokens, config.head_dim, config.hidden_size, config.block_size, config.decode_seq
-    firsts = (126, 254, 700 if far else 300, 40)
-    positions = 1024 if far else 512
+    from kernels.v4.layer import hca_limit
+
+    far_at = 128 * (hca_limit(config) + 1) + 60
+    firsts = (126, 254, far_at if far else 300, 40)
+    positions = -(-(far_at + 64) // 256) * 256 if far else 512
     if far:
         angle = torch.arange(positions, dtype=torch.float32)[:, None] * torch.rand(config.qk_rope_head_dim,
                                                                                    generator=g) * 0.05

@@ -1101,14 +1101,27 @@ def _v4_csa_stage(run, x_hc, attention, compressor, indexer, *, config, index_ke
             "idx_kv_scale": out["idx_kv_scale"].reshape(i["idx_kv_scale"].shape)}
 
 
+def _check_hca_limit(given: str, folder_rule: str) -> None:
+    from contracts.operators import Unsupported
+    from kernels.errors import ContractInputError
+    from kernels.v4.layer import HCA_TOPK_LIMITS, SPEC
+
+    if given not in HCA_TOPK_LIMITS:
+        raise ContractInputError("hca_topk_limit", None, f"one of {HCA_TOPK_LIMITS}", repr(given), SPEC)
+    if given != folder_rule:
+        raise Unsupported(f"this folder's HCA decode stage limits its top-k by the {folder_rule!r} rule; "
+                          f"hca_topk_limit={given!r} is another folder's")
+
+
 def _v4_hca_stage(run, x_hc, attention, compressor, *, config, module="decode_attention_hca", a5_tiling=True,
-                  own_cmp_page=False):
+                  own_cmp_page=False, hca_topk_limit="index_topk", folder_rule="index_topk"):
     """v4_hca_stage -> decode_attention_hca.py (Flash-MTP: decode_hca.py) ::golden_attention_hca: hc_pre,
     RMSNorm, Q/KV, the ratio-128 compressor writing the compressed cache and its state, the window-cache write,
     HCA's deterministic top-k, the HCA attention with its projection, hc_post. x_out and the three caches from the
     golden (written in place); qr / qr_scale, which it computes and drops, from the chain of goldens it runs."""
     tensors, constants, module_globals = _hca_stage_tensors(x_hc, attention, compressor, config=config,
                                                             a5_tiling=a5_tiling, own_cmp_page=own_cmp_page)
+    _check_hca_limit(hca_topk_limit, folder_rule)
     a = attention
     fields = _variant_fields(config)
     out = run(tensors, fields, constants, module=module, function="golden_attention_hca",
@@ -1148,7 +1161,7 @@ def _flash_layer_names(stage: dict, path: str, tokens: int) -> dict:
 
 
 def _v4_decode_layer(run, path, x_hc, attention, moe, compressor=None, indexer=None, *, config, goldens=None,
-                     a5_tiling=True, own_cmp_page=False):
+                     a5_tiling=True, own_cmp_page=False, hca_topk_limit="index_topk", folder_rule="index_topk"):
     """v4_decode_layer -> decode_layer.py::golden_decode_layer_{swa,hca} (Flash-MTP: golden_decode_layer for SWA):
     the attention stage golden on each of the MoE's EP 2 ranks, both given this call's inputs, then moe.py's golden
     on their streams with num_tokens = T: rank 0's x_next and caches (written in place). When the call's layer_id
@@ -1169,6 +1182,7 @@ def _v4_decode_layer(run, path, x_hc, attention, moe, compressor=None, indexer=N
                                                               index_key_rope="step", a5_tiling=a5_tiling,
                                                               own_cmp_page=own_cmp_page)
     elif path == "HCA":
+        _check_hca_limit(hca_topk_limit, folder_rule)
         stage, constants, module_globals = _hca_stage_tensors(x_hc, a, compressor, config=config, a5_tiling=a5_tiling,
                                                               own_cmp_page=own_cmp_page)
     else:
@@ -1979,10 +1993,11 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                Adapter("prefill_cp_swa", FLASH_MTP, "prefill_cp_swa", "golden_prefill_cp_swa",
                                        _prefill_cp_swa),
                                _laid_out("v4_attention_stage", a5_tiling=False),
-                               _laid_out("v4_hca_stage", a5_tiling=False, own_cmp_page=True),
+                               _laid_out("v4_hca_stage", a5_tiling=False, own_cmp_page=True, folder_rule="all"),
                                _laid_out("v4_csa_stage", a5_tiling=False, own_cmp_page=True),
                                replace(_laid_out("v4_decode_layer", a5_tiling=False, own_cmp_page=True,
-                                                 goldens=FLASH_LAYER_GOLDENS), function="golden_decode_layer"),
+                                                 goldens=FLASH_LAYER_GOLDENS, folder_rule="all"),
+                                       function="golden_decode_layer"),
                                *_FLASH_OWN]),
     # dspark keeps V4-Pro's pages (its own page of 32 on the device) and takes its rows token-major; its moe.py
     # divides the expert count by 16 at import
@@ -2062,7 +2077,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     "v4_prefill_indexer": {"padding_rows": "scored_capped"},
 }
 # The Flash folders' gate golden takes its quantization factor as reciprocal(amax) · 127 (see _flash_gate)
-FLASH_VARIANTS: dict[str, dict[str, str]] = {"v4_gate": {"dequant_factor": "rounded-reciprocal"}}
+FLASH_VARIANTS: dict[str, dict[str, str]] = {"v4_gate": {"dequant_factor": "rounded-reciprocal"},
+                                             # Flash-MTP's decode HCA stage attends every compressed position the
+                                             # model holds (no index_topk limit): disagreement 23
+                                             "v4_hca_stage": {"hca_topk_limit": "all"},
+                                             "v4_decode_layer": {"hca_topk_limit": "all"}}
 # dspark's prefill compressors scatter the chunk's state first and read each window back from it; its prefill chunk
 # holds only real rows
 DSPARK_VARIANTS: dict[str, dict[str, str]] = {**FLASH_VARIANTS, "v4_prefill_compressor": {"unpersisted": "state"},

@@ -16,7 +16,8 @@ decode_layer.py, decode_attention_{hca,csa}.py / Flash-MTP's decode_{hca,csa}.py
   index key is published before the indexer scores, rotated at the decode step's first position (upstream's rule;
   ``index_key_rope`` names the other);
 * HCA attends its deterministic top-k: the first min((pos + 1) // 128, kv_seq_len // 128, limit) compressed
-  positions of its request, limit = min(max_position_embeddings // 128, index_topk) (upstream's HCA_TOPK_LIMIT);
+  positions of its request, limit = min(max_position_embeddings // 128, index_topk) (V4-Pro's HCA_TOPK_LIMIT) or,
+  by name, max_position_embeddings // 128 (Flash-MTP's decode_hca.py: ``hca_topk_limit="all"``);
   CSA attends the indexer's top-k, its query rotated at the step's first position (one row per request);
 * the decode layer's MoE stage sees every row as real (num_tokens = T: a decode batch has no padding rows) and
   routes by ``layer_id``.
@@ -37,6 +38,7 @@ from kernels.record import Record, Upstream
 SPEC = "§8"
 HCA_RATIO = 128
 PATHS = ("SWA", "HCA", "CSA")
+HCA_TOPK_LIMITS = ("index_topk", "all")
 COMPRESSOR_FIELDS = ("state_block_table", "state_pool", "weights", "cmp_slot_mapping", "kv_seq_lens")
 CSA_RATIO = 4
 CSA_COMPRESSOR_FIELDS = (*COMPRESSOR_FIELDS, "inner_state_block_table", "inner_state_pool", "inner_weights",
@@ -53,9 +55,15 @@ def _binder(ops: dict):
     return bound
 
 
-def hca_limit(config) -> int:
-    """The compressed positions an HCA token may attend at most (upstream's HCA_TOPK_LIMIT)."""
-    return min(config.max_position_embeddings // HCA_RATIO, config.index_topk)
+def hca_limit(config, rule: str = "index_topk") -> int:
+    """The compressed positions an HCA decode token may attend at most (upstream's HCA_TOPK_LIMIT), by the named
+    rule (``HCA_TOPK_LIMITS``): ``"index_topk"`` min(max_position_embeddings // 128, index_topk) (V4-Pro's
+    decode_attention_hca.py), ``"all"`` max_position_embeddings // 128, every compressed position the model holds
+    (Flash-MTP's decode_hca.py). docs/upstream.md, disagreement 23."""
+    if rule not in HCA_TOPK_LIMITS:
+        raise ContractInputError("hca_topk_limit", None, f"one of {HCA_TOPK_LIMITS}", repr(rule), SPEC)
+    every = config.max_position_embeddings // HCA_RATIO
+    return min(every, config.index_topk) if rule == "index_topk" else every
 
 
 def _check_parts(attention: dict, compressor: dict | None, path: str, indexer: dict | None = None) -> None:
@@ -101,19 +109,20 @@ def _check_lens(x_hc: torch.Tensor, compressor: dict, config) -> None:
                   "with its ratio-128 compressor inside, composed from hc_mixes, hc_pre, final_norm, "
                   "v4_compress_and_publish, hca_topk and v4_attention_stage",
           spec="§8")
-def v4_hca_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, *, config, ops=None
-                 ) -> dict[str, torch.Tensor]:
+def v4_hca_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, *, config, ops=None,
+                 hca_topk_limit: str = "index_topk") -> dict[str, torch.Tensor]:
     """x_hc [T, hc, D] FP32; ``attention`` v4_attention_stage's arguments by name without x_hc and ``compressed``,
     with ``cmp_kv`` (the compressed cache [pages, page, 1, d] BF16 the compressor writes) and ``cmp_block_table``;
     ``compressor`` {state_block_table, state_pool, weights (V4CompressorWeights), cmp_slot_mapping [T],
     kv_seq_lens [B]} -> {"x_out", "kv_cache", "cmp_kv" (the new compressed cache), "state_pool", "qr",
-    "qr_scale"}. No input is modified. Spec: §8."""
+    "qr_scale"}. ``hca_topk_limit`` names the top-k's limit (``hca_limit``). No input is modified. Spec: §8."""
     from kernels.reference import lm_head, mhc
     from kernels.v4.attention_stage import stage_positions, v4_attention_stage
     from kernels.v4.compressor import v4_compress_and_publish
     from kernels.v4.decode_metadata import hca_topk
 
     check_hca_stage(x_hc, attention, compressor, config=config)
+    limit = hca_limit(config, hca_topk_limit)
     bound = _binder(ops or {})
     a, c = dict(attention), compressor
     tokens, seq = x_hc.shape[0], config.decode_seq
@@ -126,7 +135,7 @@ def v4_hca_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, *, confi
         x_normed, pos, torch.arange(tokens) // seq, c["state_block_table"], c["state_pool"], c["weights"],
         c["cmp_slot_mapping"], a.pop("cmp_kv"), a["freqs_cos"][:, :half].float(), a["freqs_sin"][:, :half].float(),
         ratio=HCA_RATIO, overlap=False)
-    compressed = bound("hca_topk", hca_topk)(pos, c["kv_seq_lens"], seq=seq, limit=hca_limit(config),
+    compressed = bound("hca_topk", hca_topk)(pos, c["kv_seq_lens"], seq=seq, limit=limit,
                                              ratio=HCA_RATIO)
     out = bound("v4_attention_stage", v4_attention_stage)("HCA", x_hc, **a, cmp_kv=published["cmp_pool"],
                                                           compressed=compressed, config=config)
@@ -216,12 +225,13 @@ v4_csa_stage.composes_operators = True
                   "real",
           spec="§8")
 def v4_decode_layer(path: str, x_hc: torch.Tensor, attention: dict, moe: dict, compressor: dict | None = None,
-                    indexer: dict | None = None, *, config, ops=None) -> dict[str, torch.Tensor]:
+                    indexer: dict | None = None, *, config, ops=None, hca_topk_limit: str = "index_topk"
+                    ) -> dict[str, torch.Tensor]:
     """x_hc [T, hc, D] FP32; ``attention`` the stage's arguments by name without x_hc (HCA / CSA: with cmp_kv and
     cmp_block_table); ``moe`` v4_moe_stage's by name without x_hc and num_tokens (with layer_id);
     ``compressor`` v4_hca_stage's / v4_csa_stage's, ``indexer`` v4_csa_stage's (CSA only) -> {"x_out" (the MoE
     stage's streams), "kv_cache", and the stage's other caches and states} (upstream's layer goldens return these;
-    the attention stage's streams stay inside). Spec: §8."""
+    the attention stage's streams stay inside). ``hca_topk_limit``: the HCA stage's (``hca_limit``). Spec: §8."""
     from kernels.v4.attention_stage import v4_attention_stage
     from kernels.v4.moe import v4_moe_stage
 
@@ -233,7 +243,8 @@ def v4_decode_layer(path: str, x_hc: torch.Tensor, attention: dict, moe: dict, c
     if path == "SWA":
         att = bound("v4_attention_stage", v4_attention_stage)("SWA", x_hc, **attention, config=config)
     elif path == "HCA":
-        att = bound("v4_hca_stage", v4_hca_stage)(x_hc, attention, compressor, config=config)
+        att = bound("v4_hca_stage", v4_hca_stage)(x_hc, attention, compressor, config=config,
+                                                  hca_topk_limit=hca_topk_limit)
     else:
         att = bound("v4_csa_stage", v4_csa_stage)(x_hc, attention, compressor, indexer, config=config)
     out = bound("v4_moe_stage", v4_moe_stage)(att["x_out"], **moe, num_tokens=x_hc.shape[0], config=config)
