@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.v4_inputs import csa_stage_inputs, decode_layer_moe, hca_stage_inputs
+from contracts.v4_inputs import csa_stage_inputs, decode_layer_moe, hca_stage_inputs, prefill_hca_stage_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 from pto_pytest.defect import SeededDefect
@@ -271,6 +271,125 @@ def test_the_csa_stage_attends_its_indexers_picks_over_the_published_caches(back
     bad = outside(got["x_out"], want).nonzero().flatten().tolist()
     assert not bad, f"x_out row {bad[0]} is outside {BF16_STAGE_TOL} of the CSA attention over the published " \
                     "caches with the indexer's picks (§8)"
+
+
+def _prefill_parts(backend, config, x, a, c, n):
+    """The prefill HCA stage's parts with the backend's own operators: the compressor's publication over the
+    chunk's normalised rows, and the window lowered from the page table."""
+    pos = a["position_ids"].long()
+    pub = op(backend, "v4_prefill_compressor")(_normed(backend, config, x, a), pos, n, c["state_block_table"],
+                                               c["state_pool"], c["weights"], c["cmp_slot_mapping"],
+                                               c["state_slot_mapping"], a["cmp_kv"], a["freqs_cos"], a["freqs_sin"],
+                                               ratio=128, rope_head_dim=config.qk_rope_head_dim)
+    window = op(backend, "v4_prefill_swa_indices")(pos, a["block_table"], n, config=config)
+    return pub, window
+
+
+def _prefill_slots(config, a, n, *, shift=1):
+    """Each real row's first min((pos + shift) // 128, index_topk) compressed positions, worked out here (-1
+    after, padding rows all -1)."""
+    pos = a["position_ids"].long()
+    valid = torch.clamp((pos + shift) // 128, max=config.index_topk)
+    valid[n:] = 0
+    cols = torch.arange(config.index_topk)
+    return torch.where(cols[None] < valid[:, None], cols[None], -1).to(torch.int32)
+
+
+def _prefill_attend(backend, config, x, a, n, cmp_kv, window, compressed):
+    rest = {k: v for k, v in a.items() if k not in ("cmp_kv", "block_table")}
+    return op(backend, "v4_attention_stage")("HCA", x, **rest, window_indices=window, cmp_kv=cmp_kv,
+                                             compressed=compressed, num_tokens=n, config=config)
+
+
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("final_norm", "hc_mixes", "hc_pre", "hca_topk", "v4_attention_stage", "v4_prefill_compressor",
+                        "v4_prefill_hca_stage", "v4_prefill_swa_indices")
+def test_the_prefill_hca_stage_is_its_operators_in_order(backend, config):
+    """One request's prefill chunk (28 of 32 rows real): every output equals the chain spelled out with the same
+    backend's operators, byte for byte -- the chunk's normalised rows through v4_prefill_compressor (ratio 128),
+    the window lowered by v4_prefill_swa_indices, hca_topk over the request (limit index_topk, padding rows -1),
+    v4_attention_stage("HCA") in its prefill form over the published cache. No input is modified. Spec: §8."""
+    x, a, c, n = prefill_hca_stage_inputs(config)
+    parts = {"attention": a, "compressor": c}
+    before = {(p, k): v.clone() for p, d in parts.items() for k, v in d.items() if isinstance(v, torch.Tensor)}
+    got = op(backend, "v4_prefill_hca_stage")(x, a, c, n, config=config)
+    pub, window = _prefill_parts(backend, config, x, a, c, n)
+    pos = a["position_ids"].long()
+    slots = op(backend, "hca_topk")(pos, pos[:n].max().reshape(1) + 1, seq=x.shape[0], limit=config.index_topk).clone()
+    slots[n:] = -1
+    want = dict(_prefill_attend(backend, config, x, a, n, pub["cmp_pool"], window, slots), cmp_kv=pub["cmp_pool"],
+                state_pool=pub["state_pool"])
+    for key in ("cmp_kv", "state_pool", "x_out", "kv_cache", "qr", "qr_scale"):
+        assert got[key].dtype == want[key].dtype and torch.equal(_bits(got[key]), _bits(want[key])), \
+            f"{key} is not the prefill HCA stage's chain of operators (§8)"
+    for (p, k), v in before.items():
+        assert torch.equal(_bits(parts[p][k]), _bits(v)), f"the input {p}[{k}] was written in place"
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("v4_prefill_hca_stage", "v4_prefill_compressor", "v4_prefill_swa_indices",
+                        "v4_attention_stage", "final_norm", "hc_mixes", "hc_pre")
+def test_a_prefill_chunk_attends_the_row_it_publishes(backend, config):
+    """Row 15 of the chunk (position 255) closes compressed window 1: the stage's compressed cache is the prefill
+    compressor's publication over the chunk's own normalised rows, byte for byte (its state within upstream's
+    state bound), and x_out is within the stage bound of the prefill HCA attention over the published cache, each
+    real row attending the first min((pos + 1) // 128, index_topk) compressed positions worked out here -- row 15
+    already the one it closed. The input separates the order and the count (separated in the test): over the cache
+    as it came in, or with (pos // 128) positions, rows 15 .. 27 fall outside that bound. Spec: §8 (upstream
+    prefill_attention_hca.py)."""
+    from contracts.separation import separates_under
+    from contracts.tolerances import BF16_STAGE_TOL, V4_STATE_POOL_TOL
+
+    x, a, c, n = prefill_hca_stage_inputs(config)
+    got = op(backend, "v4_prefill_hca_stage")(x, a, c, n, config=config)
+    pub, window = _prefill_parts(backend, config, x, a, c, n)
+    assert _rows_moved(_bits(pub["cmp_pool"]), _bits(a["cmp_kv"]), config.head_dim) == [257], "no window closes"
+    assert torch.equal(_bits(got["cmp_kv"]), _bits(pub["cmp_pool"])), \
+        "the prefill HCA stage's compressed cache is not the compressor's publication over its normalised rows (§8)"
+    atol, rtol = V4_STATE_POOL_TOL
+    off = ((got["state_pool"] - pub["state_pool"]).abs() > atol + rtol * pub["state_pool"].abs()).nonzero()
+    assert not off.numel(), f"state_pool{off[0].tolist()} outside ({atol}, {rtol}) of the compressor's state (§8)"
+
+    def outside(y, want):
+        atol, rtol = BF16_STAGE_TOL
+        return ((y - want).abs() > atol + rtol * want.abs()).reshape(y.shape[0], -1).any(1)
+
+    slots = _prefill_slots(config, a, n)
+    want = separates_under("the prefill attention over the published cache, (pos + 1) // 128 positions",
+                           lambda y, w: not bool(outside(y, w).any()),
+                           _prefill_attend(backend, config, x, a, n, pub["cmp_pool"], window, slots)["x_out"],
+                           attended_the_cache_as_it_came_in=_prefill_attend(backend, config, x, a, n, a["cmp_kv"],
+                                                                            window, slots)["x_out"],
+                           one_position_short=_prefill_attend(backend, config, x, a, n, pub["cmp_pool"], window,
+                                                              _prefill_slots(config, a, n, shift=0))["x_out"])
+    bad = outside(got["x_out"], want).nonzero().flatten().tolist()
+    assert not bad, f"x_out row {bad[0]} (position {int(a['position_ids'][bad[0]])}) is outside {BF16_STAGE_TOL} " \
+                    "of the prefill HCA attention over the published cache (§8)"
+
+
+@pytest.mark.operators("v4_prefill_hca_stage")
+def test_prefill_padding_rows_leave_no_trace_in_the_hca_stage(backend):
+    """The chunk's padding rows (28 .. 31) carrying other streams, positions and real rows' slots move no byte of
+    any output -- the caches, the compressor's state, the real rows' x_out and qr -- and their own x_out, qr and
+    qr_scale are exactly 0. Spec: §8 (upstream prefill_attention_hca.py: the writes, the compressor and the
+    attention stop at num_tokens)."""
+    config = MODELS[0]
+    x, a, c, n = prefill_hca_stage_inputs(config, 1)
+    ref = op(backend, "v4_prefill_hca_stage")(x, a, c, n, config=config)
+    y = x.clone()
+    y[n:] = torch.randn(x.shape[0] - n, *x.shape[1:], generator=torch.Generator().manual_seed(9)) * 4
+    b = dict(a, position_ids=a["position_ids"].clone(), swa_slot_mapping=a["swa_slot_mapping"].clone())
+    b["position_ids"][n:] = b["position_ids"][n:] + 9  # one of them a window's last position (255 + 128 - 9 .. )
+    b["swa_slot_mapping"][n:] = a["swa_slot_mapping"][:x.shape[0] - n]
+    d = dict(c, cmp_slot_mapping=c["cmp_slot_mapping"].clone(), state_slot_mapping=c["state_slot_mapping"].clone())
+    d["cmp_slot_mapping"][n:] = 258
+    d["state_slot_mapping"][n:] = c["state_slot_mapping"][:x.shape[0] - n]
+    got = op(backend, "v4_prefill_hca_stage")(y, b, d, n, config=config)
+    for key in ("kv_cache", "cmp_kv", "state_pool", "x_out", "qr", "qr_scale"):
+        assert torch.equal(_bits(got[key]), _bits(ref[key])), f"{key} moved with the padding rows' contents (§8)"
+        if key in ("x_out", "qr", "qr_scale"):
+            assert not bool(got[key][n:].any()), f"the padding rows of {key} are not 0 (§8)"
 
 
 def _rotated_key(key, cos, sin, hadamard):
@@ -569,7 +688,36 @@ def _scores_before_publish(x_hc, attention, compressor, indexer, *, config, ops=
                         index_key_rope=index_key_rope)
 
 
+def _prefill_attend_before_publish(x_hc, attention, compressor, num_tokens, *, config, ops=None):
+    """A prefill HCA stage whose attention reads the compressed cache as it came in."""
+    from kernels.v4.layer import v4_prefill_hca_stage
+
+    out = v4_prefill_hca_stage(x_hc, attention, compressor, num_tokens, config=config, ops=ops)
+    stale = v4_prefill_hca_stage(x_hc, attention, dict(compressor, cmp_slot_mapping=torch.full_like(
+        compressor["cmp_slot_mapping"], -1)), num_tokens, config=config, ops=ops)
+    return {**out, "x_out": stale["x_out"]}
+
+
+def _prefill_padding_written(x_hc, attention, compressor, num_tokens, *, config, ops=None):
+    """A prefill HCA stage whose kv write runs over every row: a padding row writes its slot too (the window
+    cache's row there taken from the padding row's collapsed streams)."""
+    from kernels.v4.layer import v4_prefill_hca_stage
+
+    out = v4_prefill_hca_stage(x_hc, attention, compressor, num_tokens, config=config, ops=ops)
+    cache = out["kv_cache"].clone()
+    flat = cache.reshape(-1, cache.shape[-1])
+    for t in range(num_tokens, x_hc.shape[0]):
+        slot = int(attention["swa_slot_mapping"][t])
+        if slot >= 0:
+            flat[slot] = x_hc[t].sum(0)[:cache.shape[-1]].to(cache.dtype)
+    return {**out, "kv_cache": cache}
+
+
 SEEDED_DEFECTS = [
+    SeededDefect("v4-layer:prefill-attend-before-publish", "v4_prefill_hca_stage", _prefill_attend_before_publish,
+                 "test_a_prefill_chunk_attends_the_row_it_publishes", "of the prefill HCA attention"),
+    SeededDefect("v4-layer:prefill-padding-written", "v4_prefill_hca_stage", _prefill_padding_written,
+                 "test_prefill_padding_rows_leave_no_trace_in_the_hca_stage", "moved with the padding rows"),
     SeededDefect("v4-layer:index-key-at-window-start", "v4_csa_stage", _index_key_at_window_start,
                  "test_an_index_key_is_rotated_at_the_named_position", "step rule: rotated at position"),
     SeededDefect("v4-layer:scores-before-publish", "v4_csa_stage", _scores_before_publish,

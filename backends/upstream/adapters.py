@@ -1101,6 +1101,67 @@ def _v4_csa_stage(run, x_hc, attention, compressor, indexer, *, config, index_ke
             "idx_kv_scale": out["idx_kv_scale"].reshape(i["idx_kv_scale"].shape)}
 
 
+def _v4_prefill_hca_stage(run, x_hc, attention, compressor, num_tokens, *, config, module="prefill_attention_hca",
+                          a5_tiling=True, module_pools=False):
+    """v4_prefill_hca_stage -> prefill_attention_hca.py (Flash-MTP: prefill_hca.py) ::golden_prefill_attention_hca:
+    one request of T rows (B 1, S T), num_tokens real: hc_pre, RMSNorm, Q/KV, the window-cache write, the ratio-128
+    prefill compressor publishing into the compressed cache, the window lowered from the 1-D page table, HCA's
+    top-k (the first min((pos + 1) // 128, index_topk) compressed positions), the prefill sparse attention, the
+    prefill hc_post. x_out and the caches from the golden; qr / qr_scale from the chain of goldens it runs."""
+    from kernels.v4.layer import check_prefill_hca_stage
+
+    check_prefill_hca_stage(x_hc, attention, compressor, num_tokens)
+    a, c = attention, compressor
+    tokens, real = x_hc.shape[0], int(num_tokens)
+    _check_swa_stage(a["position_ids"], a["freqs_cos"], a["kv_cache"], a["swa_slot_mapping"], tokens=tokens,
+                     num_tokens=real)
+    pos = a["position_ids"].reshape(-1).to(torch.int64).clone()
+    pos[real:] = 0
+    weights, pool = c["weights"], c["state_pool"]
+    fields = _variant_fields(config)
+    constants = {"PREFILL_BATCH": 1, "PREFILL_SEQ": tokens, "BLOCK_SIZE": int(a["kv_cache"].shape[1])}
+    qkv_globals = _qkv_tiling(config) if a5_tiling else None
+    tensors = {"x_hc": x_hc.float().clone(), "hc_attn_fn": a["hc_fn"].float().clone(),
+               "hc_attn_scale": a["hc_scale"].float().clone(), "hc_attn_base": a["hc_base"].float().clone(),
+               **{name: a[name].clone() for name in ("attn_norm_w", "wq_a", "wq_b", "wkv", "gamma_cq", "gamma_ckv",
+                                                      "freqs_cos", "freqs_sin", "kv_cache", "wo_a", "wo_b")},
+               "wq_b_scale": a["wq_b_scale"].float().clone(), "wo_b_scale": a["wo_b_scale"].float().clone(),
+               "attn_sink": a["attn_sink"].float().clone(), "position_ids": pos.to(torch.int32), "num_tokens": real,
+               "ori_slot_mapping": a["swa_slot_mapping"].reshape(-1).to(torch.int64).clone(),
+               "ori_block_table": a["block_table"].reshape(-1).to(torch.int32).clone(),
+               "compress_state": pool.clone(),
+               "compress_state_block_table": c["state_block_table"].reshape(-1).to(torch.int32).clone(),
+               "cmp_wkv": weights.wkv.float().t().contiguous(), "cmp_wgate": weights.wgate.float().t().contiguous(),
+               "cmp_ape": weights.ape.float().clone(), "cmp_norm_w": weights.norm.clone(),
+               "cmp_kv": a["cmp_kv"].clone(), "cmp_block_table": a["cmp_block_table"].reshape(-1).to(torch.int32).clone(),
+               "cmp_slot_mapping": c["cmp_slot_mapping"].reshape(-1).to(torch.int64).clone(),
+               "state_slot_mapping": c["state_slot_mapping"].reshape(-1).to(torch.int64).clone(),
+               "x_out": torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32)}
+    module_globals = {**({f"qkv_proj_rope.{k}": v for k, v in qkv_globals.items()} if qkv_globals else {}),
+                      "prefill_sparse_attn.T": tokens, "prefill_compressor_ratio128.T": tokens,
+                      "HCA_STATE_BLOCK_SIZE": int(pool.shape[1]),
+                      "prefill_compressor_ratio128.HCA_STATE_BLOCK_SIZE": int(pool.shape[1])}
+    if module_pools:  # Flash-MTP views its pools by module-level sizes, its compressed cache in pages of 128 / 128
+        page = max(1, config.block_size // 128)
+        cmp_kv, _, table = _repage(a["cmp_kv"], None, a["cmp_block_table"].reshape(1, -1).to(torch.int32), page)
+        tensors.update(cmp_kv=cmp_kv.clone(), cmp_block_table=table.reshape(-1).contiguous())
+        pools = {"HCA_STATE_BLOCK_NUM": int(pool.shape[0]), "HCA_CMP_BLOCK_NUM": int(cmp_kv.shape[0]),
+                 "CMP_STORAGE_BLOCK_SIZE": page}
+        module_globals.update({"HCA_ORI_BLOCK_NUM": int(a["kv_cache"].shape[0]), **pools,
+                               **{f"prefill_compressor_ratio128.{k}": v for k, v in pools.items()}})
+    out = run(tensors, fields, constants, module=module, function="golden_prefill_attention_hca",
+              module_globals=module_globals)
+    qr, qr_scale = _stage_qr(run, x_hc, a["hc_fn"], a["hc_scale"], a["hc_base"], a["attn_norm_w"], a["wq_a"],
+                             a["wq_b"], a["wq_b_scale"], a["wkv"], a["gamma_cq"], a["gamma_ckv"], a["freqs_cos"][pos],
+                             a["freqs_sin"][pos], config=config, fields=fields, constants=constants, num_tokens=real,
+                             qkv_globals=qkv_globals)
+    if not a5_tiling:  # the Flash qkv golden takes no num_tokens: its padding rows' qr are the adapter's zeros
+        qr, qr_scale = qr.clone(), qr_scale.clone()
+        qr[real:], qr_scale[real:] = 0, 0
+    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
+            "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"]}
+
+
 def _check_hca_limit(given: str, folder_rule: str) -> None:
     from contracts.operators import Unsupported
     from kernels.errors import ContractInputError
@@ -1595,6 +1656,8 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("hc_pre_fused", PRO, "hc_pre", "golden_hc_pre", _hc_pre_fused),
     Adapter("hc_head_fused", PRO, "hc_head", "golden_hc_head", _hc_head_fused),
     Adapter("v4_hca_stage", PRO, "decode_attention_hca", "golden_attention_hca", _v4_hca_stage),
+    Adapter("v4_prefill_hca_stage", PRO, "prefill_attention_hca", "golden_prefill_attention_hca",
+            _v4_prefill_hca_stage, also=("prefill_compressor_ratio128", "prefill_sparse_attn")),
     Adapter("v4_csa_stage", PRO, "decode_attention_csa", "golden_attention_csa", _v4_csa_stage,
             also=("decode_indexer", "decode_indexer_compressor", "decode_compressor_ratio4")),
     Adapter("v4_decode_layer", PRO, "decode_layer", "golden_decode_layer_swa", _v4_decode_layer,
@@ -1995,6 +2058,7 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                _laid_out("v4_attention_stage", a5_tiling=False),
                                _laid_out("v4_hca_stage", a5_tiling=False, own_cmp_page=True, folder_rule="all"),
                                _laid_out("v4_csa_stage", a5_tiling=False, own_cmp_page=True),
+                               _laid_out("v4_prefill_hca_stage", a5_tiling=False, module_pools=True),
                                replace(_laid_out("v4_decode_layer", a5_tiling=False, own_cmp_page=True,
                                                  goldens=FLASH_LAYER_GOLDENS, folder_rule="all"),
                                        function="golden_decode_layer"),

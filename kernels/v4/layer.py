@@ -220,6 +220,67 @@ def v4_csa_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, indexer:
 v4_csa_stage.composes_operators = True
 
 
+PREFILL_COMPRESSOR_FIELDS = ("state_block_table", "state_pool", "weights", "cmp_slot_mapping", "state_slot_mapping")
+
+
+def check_prefill_hca_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, num_tokens) -> None:
+    """The caller's side of ``v4_prefill_hca_stage`` that the stage itself checks before any operator runs."""
+    missing = set(PREFILL_COMPRESSOR_FIELDS) - set(compressor)
+    if missing:
+        raise ContractInputError("compressor", None, ", ".join(PREFILL_COMPRESSOR_FIELDS), sorted(missing), SPEC)
+    missing = {"block_table", "cmp_kv", "cmp_block_table"} - set(attention)
+    if missing or {"x_hc", "compressed", "window_indices"} & set(attention):
+        raise ContractInputError("attention", None, "the stage's arguments with block_table, cmp_kv and "
+                                 "cmp_block_table, without x_hc, compressed and window_indices (the stage makes them)",
+                                 sorted(missing or {"x_hc", "compressed", "window_indices"} & set(attention)), SPEC)
+
+
+@operator(returns="{x_out, kv_cache, cmp_kv, state_pool, qr, qr_scale}: the HCA attention stage on one request's "
+                  "prefill chunk with its ratio-128 compressor inside, composed from hc_mixes, hc_pre, final_norm, "
+                  "v4_prefill_compressor, v4_prefill_swa_indices, hca_topk and v4_attention_stage (prefill form)",
+          spec="§8")
+def v4_prefill_hca_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, num_tokens: int, *, config,
+                         ops=None) -> dict[str, torch.Tensor]:
+    """One request's prefill chunk (upstream prefill_attention_hca.py / Flash-MTP's prefill_hca.py): x_hc [T, hc,
+    D] FP32, rows from ``num_tokens`` on padding; ``attention`` the stage's arguments by name with the 1-D window
+    page table ``block_table``, the compressed cache ``cmp_kv`` and its ``cmp_block_table`` [1, pages];
+    ``compressor`` {state_block_table (1-D), state_pool, weights, cmp_slot_mapping [T], state_slot_mapping [T]}.
+    The chunk's normalised rows go through v4_prefill_compressor (ratio 128, the stage's RoPE tables), which
+    publishes each closed window before the attention reads the compressed cache; the window is lowered from the
+    page table (v4_prefill_swa_indices); each real row attends its first min((pos + 1) // 128, index_topk)
+    compressed positions (hca_topk over the request), padding rows none -> {"x_out", "kv_cache", "cmp_kv",
+    "state_pool", "qr", "qr_scale"}. No input is modified. Spec: §8."""
+    from kernels.reference import lm_head, mhc
+    from kernels.v4.attention_stage import stage_positions, v4_attention_stage
+    from kernels.v4.decode_metadata import hca_topk, v4_prefill_swa_indices
+    from kernels.v4.prefill_compressor import v4_prefill_compressor
+
+    check_prefill_hca_stage(x_hc, attention, compressor, num_tokens)
+    bound = _binder(ops or {})
+    a, c = dict(attention), compressor
+    tokens = x_hc.shape[0]
+    real, pos = stage_positions(a["position_ids"], a["freqs_cos"], tokens=tokens, num_tokens=num_tokens)
+    mixes = bound("hc_mixes", mhc.hc_mixes)(x_hc, a["hc_fn"], a["hc_scale"], a["hc_base"], config=config)
+    x_normed = bound("final_norm", lm_head.final_norm)(bound("hc_pre", mhc.hc_pre)(x_hc, mixes.pre),
+                                                       a["attn_norm_w"], config=config)
+    published = bound("v4_prefill_compressor", v4_prefill_compressor)(
+        x_normed, pos, real, c["state_block_table"], c["state_pool"], c["weights"], c["cmp_slot_mapping"],
+        c["state_slot_mapping"], a.pop("cmp_kv"), a["freqs_cos"], a["freqs_sin"], ratio=HCA_RATIO,
+        rope_head_dim=config.qk_rope_head_dim)
+    window = bound("v4_prefill_swa_indices", v4_prefill_swa_indices)(pos, a.pop("block_table"), real, config=config)
+    last = int(pos[:real].max()) + 1 if real else 0
+    slots = bound("hca_topk", hca_topk)(pos, torch.tensor([last]), seq=tokens, limit=config.index_topk,
+                                        ratio=HCA_RATIO).clone()
+    slots[real:] = -1  # padding rows attend nothing
+    out = bound("v4_attention_stage", v4_attention_stage)("HCA", x_hc, **a, window_indices=window,
+                                                          cmp_kv=published["cmp_pool"], compressed=slots,
+                                                          num_tokens=real, config=config)
+    return {**out, "cmp_kv": published["cmp_pool"], "state_pool": published["state_pool"]}
+
+
+v4_prefill_hca_stage.composes_operators = True
+
+
 @operator(returns="{x_out [T,hc,D] FP32, kv_cache (+ the stage's other caches and states)}: one decode layer, the "
                   "attention stage (SWA, v4_hca_stage or v4_csa_stage) then v4_moe_stage on its streams, every row "
                   "real",
@@ -297,4 +358,18 @@ CSA_STAGE_RECORD = Record(
               Upstream("deepseek_v4_flash_mtp", golden="decode_csa.py::golden_attention_csa",
                        entry="decode_csa.py::attention_csa_test"),
               Upstream("deepseek_v4_flash_dspark", entry="decode_csa.py::decode_csa_test", none=_DSPARK_NONE)),
+)
+
+PREFILL_HCA_STAGE_RECORD = Record(
+    operator="v4_prefill_hca_stage",
+    call=lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], int(i["num_tokens"]),
+                                       config=config)),
+    outputs={"x_out": "fp32_ulps", "kv_cache": "exact", "cmp_kv": "exact"},
+    cases=(),
+    bindings=(Upstream("deepseek_v4_pro", golden="prefill_attention_hca.py::golden_prefill_attention_hca",
+                       entry="prefill_attention_hca.py::prefill_attention_hca_test"),
+              Upstream("deepseek_v4_flash_mtp", golden="prefill_hca.py::golden_prefill_attention_hca",
+                       entry="prefill_hca.py::prefill_attention_hca_test"),
+              Upstream("deepseek_v4_flash_dspark", entry="prefill_hca.py::prefill_attention_hca_test",
+                       none="dspark's prefill_hca.py golden is not adapted yet (#45)")),
 )
