@@ -285,13 +285,14 @@ def _prefill_parts(backend, config, x, a, c, n):
     return pub, window
 
 
-def _prefill_slots(config, a, n, *, shift=1):
-    """Each real row's first min((pos + shift) // 128, index_topk) compressed positions, worked out here (-1
-    after, padding rows all -1)."""
+def _prefill_slots(config, a, n, *, shift=1, limit=None):
+    """Each real row's first min((pos + shift) // 128, limit) compressed positions (limit: index_topk), worked out
+    here (-1 after, padding rows all -1)."""
+    limit = config.index_topk if limit is None else limit
     pos = a["position_ids"].long()
-    valid = torch.clamp((pos + shift) // 128, max=config.index_topk)
+    valid = torch.clamp((pos + shift) // 128, max=limit)
     valid[n:] = 0
-    cols = torch.arange(config.index_topk)
+    cols = torch.arange(limit)
     return torch.where(cols[None] < valid[:, None], cols[None], -1).to(torch.int32)
 
 
@@ -327,24 +328,27 @@ def test_the_prefill_hca_stage_is_its_operators_in_order(backend, config):
         assert torch.equal(_bits(parts[p][k]), _bits(v)), f"the input {p}[{k}] was written in place"
 
 
-@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.parametrize("config, start", [(MODELS[0], 240), (MODELS[1], 240), (V4_FLASH_TINY, 2288)],
+                         ids=["v4-pro-kernel", "v4-flash-kernel", "v4-flash-tiny-far"])
 @pytest.mark.operators("v4_prefill_hca_stage", "v4_prefill_compressor", "v4_prefill_swa_indices",
                         "v4_attention_stage", "final_norm", "hc_mixes", "hc_pre")
-def test_a_prefill_chunk_attends_the_row_it_publishes(backend, config):
-    """Row 15 of the chunk (position 255) closes compressed window 1: the stage's compressed cache is the prefill
-    compressor's publication over the chunk's own normalised rows, byte for byte (its state within upstream's
-    state bound), and x_out is within the stage bound of the prefill HCA attention over the published cache, each
-    real row attending the first min((pos + 1) // 128, index_topk) compressed positions worked out here -- row 15
-    already the one it closed. The input separates the order and the count (separated in the test): over the cache
-    as it came in, or with (pos // 128) positions, rows 15 .. 27 fall outside that bound. Spec: §8 (upstream
+def test_a_prefill_chunk_attends_the_row_it_publishes(backend, config, start):
+    """Row 15 of the chunk (position 255; 2303 at V4-Flash's tiny preset) closes a compressed window: the stage's
+    compressed cache is the prefill compressor's publication over the chunk's own normalised rows, byte for byte
+    (its state within upstream's state bound), and x_out is within the stage bound of the prefill HCA attention over
+    the published cache, each real row attending the first min((pos + 1) // 128, index_topk) compressed positions
+    worked out here -- row 15 already the one it closed; at 2303, 18 behind, index_topk's 16 binds. The input
+    separates the order, the count and the limit (separated in the test): over the cache as it came in, with
+    pos // 128 positions, or without the limit, rows from 15 on fall outside that bound. Spec: §8 (upstream
     prefill_attention_hca.py)."""
     from contracts.separation import separates_under
     from contracts.tolerances import BF16_STAGE_TOL, V4_STATE_POOL_TOL
 
-    x, a, c, n = prefill_hca_stage_inputs(config)
+    x, a, c, n = prefill_hca_stage_inputs(config, start=start)
     got = op(backend, "v4_prefill_hca_stage")(x, a, c, n, config=config)
     pub, window = _prefill_parts(backend, config, x, a, c, n)
-    assert _rows_moved(_bits(pub["cmp_pool"]), _bits(a["cmp_kv"]), config.head_dim) == [257], "no window closes"
+    closed = [int(c["cmp_slot_mapping"][15])]
+    assert _rows_moved(_bits(pub["cmp_pool"]), _bits(a["cmp_kv"]), config.head_dim) == closed, "no window closes"
     assert torch.equal(_bits(got["cmp_kv"]), _bits(pub["cmp_pool"])), \
         "the prefill HCA stage's compressed cache is not the compressor's publication over its normalised rows (§8)"
     atol, rtol = V4_STATE_POOL_TOL
@@ -355,14 +359,16 @@ def test_a_prefill_chunk_attends_the_row_it_publishes(backend, config):
         atol, rtol = BF16_STAGE_TOL
         return ((y - want).abs() > atol + rtol * want.abs()).reshape(y.shape[0], -1).any(1)
 
-    slots = _prefill_slots(config, a, n)
-    want = separates_under("the prefill attention over the published cache, (pos + 1) // 128 positions",
-                           lambda y, w: not bool(outside(y, w).any()),
-                           _prefill_attend(backend, config, x, a, n, pub["cmp_pool"], window, slots)["x_out"],
-                           attended_the_cache_as_it_came_in=_prefill_attend(backend, config, x, a, n, a["cmp_kv"],
-                                                                            window, slots)["x_out"],
-                           one_position_short=_prefill_attend(backend, config, x, a, n, pub["cmp_pool"], window,
-                                                              _prefill_slots(config, a, n, shift=0))["x_out"])
+    def attend(cmp_kv, **slots):
+        return _prefill_attend(backend, config, x, a, n, cmp_kv, window, _prefill_slots(config, a, n, **slots))["x_out"]
+
+    if start < 128 * config.index_topk:  # the closing row attends the row it closes
+        others = {"attended_the_cache_as_it_came_in": attend(a["cmp_kv"]),
+                  "one_position_short": attend(pub["cmp_pool"], shift=0)}
+    else:  # past the limit: every row attends index_topk positions, the one it closes not among them
+        others = {"no_limit": attend(pub["cmp_pool"], limit=64)}
+    want = separates_under("the prefill attention over the published cache, min((pos + 1) // 128, index_topk) "
+                           "positions", lambda y, w: not bool(outside(y, w).any()), attend(pub["cmp_pool"]), **others)
     bad = outside(got["x_out"], want).nonzero().flatten().tolist()
     assert not bad, f"x_out row {bad[0]} (position {int(a['position_ids'][bad[0]])}) is outside {BF16_STAGE_TOL} " \
                     "of the prefill HCA attention over the published cache (§8)"

@@ -427,30 +427,43 @@ def csa_stage_inputs(config, seed: int = 0) -> tuple[torch.Tensor, dict, dict, d
 
 def prefill_hca_stage_inputs(config, seed: int = 0, *, rows: int = 32, num_tokens: int = 28, start: int = 240
                              ) -> tuple[torch.Tensor, dict, dict, int]:
-    """(x_hc, attention, compressor, num_tokens) of one request's prefill chunk through the HCA stage:
-    ``prefill_stage_inputs``' chunk at positions 240 .. 271 (28 real), position 255 closing compressed window 1
-    (window 0 already in the cache), the ratio-128 compressor's state paged by 8 positions through a reversed 1-D
-    table with random rows before the chunk (an earlier chunk's), every real row's state slot its table row; the
-    compressed rows of the request on page 2 of a 4-page cache of the block size (BF16 random)."""
+    """(x_hc, attention, compressor, num_tokens) of one request's prefill chunk through the HCA stage: rows at
+    positions start .. (28 of 32 real), row 15 closing a compressed window (start = 240: window 1, window 0 already
+    in the cache; start = 2288: window 17, past index_topk 16 at V4-Flash's tiny preset, whose RoPE tables the
+    chunk then reaches); the window cache paged through a 1-D table mapping the chunk's two pages to physical pages
+    3 and 0 (row 16 writes slot 0, an ordinary slot; the padding rows carry real row 0's slot); the ratio-128
+    compressor's state paged by 8 positions through a reversed 1-D table with random rows before the chunk (an
+    earlier chunk's), every real row's state slot its table row; the request's compressed rows on page 2 of a
+    4-page cache of the block size (BF16 random)."""
     from kernels.v4.compressor import V4CompressorWeights
 
     g = torch.Generator().manual_seed(300 + seed)
-    attention = prefill_stage_inputs(config, seed, rows=rows, num_tokens=num_tokens, start=start)
-    x_hc = attention.pop("x_hc")
-    d, dm, bs, page = config.head_dim, config.hidden_size, config.block_size, config.c128_state_block_size
-    pos = attention["position_ids"].long()
+    attention = stage_inputs(config, seed)
+    del attention["x_hc"], attention["window_indices"]
+    hc, d, dm, bs, page = config.hc_mult, config.head_dim, config.hidden_size, config.block_size, \
+        config.c128_state_block_size
+    pos = torch.arange(start, start + rows, dtype=torch.int32)
+    logical = pos.long()
+    table = torch.full((-(-(start + rows) // bs),), -1, dtype=torch.int32)
+    table[start // bs], table[(start + rows - 1) // bs] = 3, 0
+    slots = torch.where(table[logical // bs] >= 0, table[logical // bs].long() * bs + logical % bs, -1)
+    slots[num_tokens:] = slots[0]
+    angle = torch.arange(-(-(start + rows) // 256) * 256, dtype=torch.float32)[:, None] * \
+        torch.rand(config.qk_rope_head_dim, generator=g) * 0.05
     blocks = -(-(start + rows) // page)
-    table = torch.arange(blocks - 1, -1, -1, dtype=torch.int32)
-    pool = torch.randn(blocks + 1, page, 2 * d, generator=g)
-    state_slots = torch.tensor([int(table[p // page]) * page + p % page for p in pos.tolist()])
+    state_table = torch.arange(blocks - 1, -1, -1, dtype=torch.int32)
+    state_slots = torch.tensor([int(state_table[p // page]) * page + p % page for p in logical.tolist()])
     state_slots[num_tokens:] = -1
     cmp_slots = torch.tensor([2 * bs + (p + 1) // 128 - 1 if (p + 1) % 128 == 0 and t < num_tokens else -1
-                              for t, p in enumerate(pos.tolist())], dtype=torch.int64)
-    attention.update(cmp_kv=(torch.rand(4, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+                              for t, p in enumerate(logical.tolist())], dtype=torch.int64)
+    attention.update(block_table=table, swa_slot_mapping=slots, position_ids=pos,
+                     freqs_cos=torch.cos(angle).to(torch.bfloat16), freqs_sin=torch.sin(angle).to(torch.bfloat16),
+                     kv_cache=(torch.rand(4, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
+                     cmp_kv=(torch.rand(4, bs, 1, d, generator=g) - 0.5).to(torch.bfloat16),
                      cmp_block_table=torch.tensor([[2]], dtype=torch.int32))
-    compressor = dict(state_block_table=table, state_pool=pool,
+    compressor = dict(state_block_table=state_table, state_pool=torch.randn(blocks + 1, page, 2 * d, generator=g),
                       weights=V4CompressorWeights(torch.randn(dm, d, generator=g) / dm**0.5,
                                                   torch.randn(dm, d, generator=g) / dm**0.5,
                                                   torch.randn(128, d, generator=g) * 0.5, torch.rand(d, generator=g) + 0.5),
                       cmp_slot_mapping=cmp_slots, state_slot_mapping=state_slots)
-    return x_hc, attention, compressor, num_tokens
+    return torch.randn(rows, hc, dm, generator=g), attention, compressor, num_tokens
