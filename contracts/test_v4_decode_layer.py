@@ -303,15 +303,18 @@ def _prefill_attend(backend, config, x, a, n, cmp_kv, window, compressed):
 
 
 @pytest.mark.whole_backend("a stage against its own parts, bit for bit")
+@pytest.mark.parametrize("real", [28, 16])
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
 @pytest.mark.operators("final_norm", "hc_mixes", "hc_pre", "hca_topk", "v4_attention_stage", "v4_prefill_compressor",
                         "v4_prefill_hca_stage", "v4_prefill_swa_indices")
-def test_the_prefill_hca_stage_is_its_operators_in_order(backend, config):
-    """One request's prefill chunk (28 of 32 rows real): every output equals the chain spelled out with the same
-    backend's operators, byte for byte -- the chunk's normalised rows through v4_prefill_compressor (ratio 128),
-    the window lowered by v4_prefill_swa_indices, hca_topk over the request (limit index_topk, padding rows -1),
-    v4_attention_stage("HCA") in its prefill form over the published cache. No input is modified. Spec: §8."""
-    x, a, c, n = prefill_hca_stage_inputs(config)
+def test_the_prefill_hca_stage_is_its_operators_in_order(backend, config, real):
+    """One request's prefill chunk (28, or 16, of 32 rows real: with 16 the last real row closes a window, so the
+    request's kv length is what caps it): every output equals the chain spelled out with the same backend's
+    operators, byte for byte -- the chunk's normalised rows through v4_prefill_compressor (ratio 128), the window
+    lowered by v4_prefill_swa_indices, hca_topk over the request (its kv length the last real position + 1, limit
+    index_topk, padding rows -1), v4_attention_stage("HCA") in its prefill form over the published cache. No input
+    is modified. Spec: §8."""
+    x, a, c, n = prefill_hca_stage_inputs(config, num_tokens=real)
     parts = {"attention": a, "compressor": c}
     before = {(p, k): v.clone() for p, d in parts.items() for k, v in d.items() if isinstance(v, torch.Tensor)}
     got = op(backend, "v4_prefill_hca_stage")(x, a, c, n, config=config)
@@ -540,7 +543,7 @@ def test_the_decode_layer_is_its_stages_in_order(backend, config, path, layer_id
             assert torch.equal(_bits(got[key]), _bits(att[key])), f"{path}: {key} is not the attention stage's"
 
 
-@pytest.mark.operators("v4_decode_layer", "v4_hca_stage", "v4_csa_stage")
+@pytest.mark.operators("v4_decode_layer", "v4_hca_stage", "v4_csa_stage", "v4_prefill_hca_stage")
 def test_bad_layer_calls_are_refused_naming_the_field(backend):
     config = MODELS[0]
     x, a, c = hca_stage_inputs(config)
@@ -556,6 +559,14 @@ def test_bad_layer_calls_are_refused_naming_the_field(backend):
             ("CSA", a, cc, {k: v for k, v in i.items() if k != "hadamard"}, "indexer")):
         with pytest.raises(ContractInputError, match=field):
             layer(path, x, attention, moe, compressor, indexer, config=config)
+    px, pa, pc, pn = prefill_hca_stage_inputs(config)
+    prefill = op(backend, "v4_prefill_hca_stage")
+    for attention, compressor, field in (
+            ({k: v for k, v in pa.items() if k != "block_table"}, pc, "attention"),
+            (dict(pa, window_indices=a["window_indices"]), pc, "attention"),
+            (pa, {k: v for k, v in pc.items() if k != "state_slot_mapping"}, "compressor")):
+        with pytest.raises(ContractInputError, match=field):
+            prefill(px, attention, compressor, pn, config=config)
     with pytest.raises(ContractInputError, match="hca_topk_limit"):
         stage(x, a, c, config=config, hca_topk_limit="none")
     with pytest.raises(ContractInputError, match="index_key_rope"):
@@ -569,9 +580,10 @@ def test_bad_layer_calls_are_refused_naming_the_field(backend):
 
 
 @pytest.mark.whole_backend("a stage's calls counted on the backend's own operators")
-@pytest.mark.operators("v4_decode_layer", "v4_hca_stage", "v4_csa_stage", "final_norm", "hc_mixes", "hc_pre",
-                        "hca_topk", "v4_attention_stage", "v4_compress_and_publish", "v4_compressor", "v4_indexer",
-                        "v4_moe_stage", "v4_publish_index_keys", "v4_qkv_proj_rope")
+@pytest.mark.operators("v4_decode_layer", "v4_hca_stage", "v4_csa_stage", "v4_prefill_hca_stage", "final_norm",
+                        "hc_mixes", "hc_pre", "hca_topk", "v4_attention_stage", "v4_compress_and_publish",
+                        "v4_compressor", "v4_indexer", "v4_moe_stage", "v4_prefill_compressor",
+                        "v4_prefill_swa_indices", "v4_publish_index_keys", "v4_qkv_proj_rope")
 def test_the_layer_and_the_stage_run_the_backends_operators(backend):
     """On a backend whose operators are wrapped to count, the HCA stage calls hc_mixes, hc_pre, final_norm,
     v4_compress_and_publish, hca_topk and v4_attention_stage once each; the CSA stage hc_mixes, hc_pre,
@@ -596,6 +608,13 @@ def test_the_layer_and_the_stage_run_the_backends_operators(backend):
     leaves = ("hc_mixes", "hc_pre", "final_norm", "v4_compress_and_publish", "hca_topk", "v4_attention_stage")
     backend.derive("counting", **{n: counted(n) for n in leaves}).get("v4_hca_stage")(x, a, c, config=config)
     assert sorted(calls) == sorted(leaves), f"the HCA stage called {calls}, not each of {leaves} once"
+    calls.clear()
+    leaves = ("hc_mixes", "hc_pre", "final_norm", "v4_prefill_compressor", "v4_prefill_swa_indices", "hca_topk",
+              "v4_attention_stage")
+    px, pa, pc, pn = prefill_hca_stage_inputs(config)
+    backend.derive("counting", **{n: counted(n) for n in leaves}).get("v4_prefill_hca_stage")(px, pa, pc, pn,
+                                                                                              config=config)
+    assert sorted(calls) == sorted(leaves), f"the prefill HCA stage called {calls}, not each of {leaves} once"
     calls.clear()
     leaves = ("hc_mixes", "hc_pre", "final_norm", "v4_qkv_proj_rope", "v4_compress_and_publish", "v4_compressor",
               "v4_publish_index_keys", "v4_indexer", "v4_attention_stage")

@@ -5,6 +5,10 @@ a contract kills (so this list cannot go stale unnoticed; tests/test_mutation_to
 key still names a generated mutant). Reviewed by hand, one key at a time."""
 
 # reasons
+LAYER_LAST_PLUS = "The request's kv length only caps (pos + 1) // 128 for its real rows: max position + 1 already caps none of them (each real row's own (pos + 1) // 128 is at most it), so max position + 2 caps none either."
+LAYER_NO_REAL_ROWS = 'With no real rows every row is padding and its slots are set to -1 after hca_topk: the kv length given for them is never read.'
+LAYER_FRESH_TOPK = "hca_topk returns a tensor of its own: writing its padding rows in place changes no other tensor."
+LAYER_PADDING_SLOTS = "A padding row's compressed slots are never read: the prefill attention (v4_attention_stage's prefill form) attends nothing for rows from num_tokens on and zeroes them."
 LAYER_LIMIT_DIV = 'max_position_embeddings is a multiple of 128 in every preset, so the true quotient is the same integer value, and min() with index_topk gives the same limit.'
 LAYER_REQ_DIV = "token_to_req is read by the compressor as int(token_to_req[t]): int(t / seq) truncates to t // seq for t >= 0."
 LAYER_ROPE_BF16 = 'The compressed RoPE rows meet FP32 rows (rope_interleave in the publications, the FP32 query rotation of the indexer): a BF16 row promotes to FP32 exactly, so every product is the same.'
@@ -868,4 +872,9 @@ EQUIVALENT: dict[str, str] = {
     "kernels.v4.layer:v4_hca_stage:drop-call:a['freqs_sin'][:, :half].float()[float]->(skipped)#0": LAYER_ROPE_BF16,
     "kernels.v4.layer:v4_csa_stage:drop-call:a['freqs_cos'][:, :half].float()[float]->(skipped)#0": LAYER_ROPE_BF16,
     "kernels.v4.layer:v4_csa_stage:drop-call:a['freqs_sin'][:, :half].float()[float]->(skipped)#0": LAYER_ROPE_BF16,
+    'kernels.v4.layer:v4_prefill_hca_stage:const:1->2#0': LAYER_LAST_PLUS,
+    'kernels.v4.layer:v4_prefill_hca_stage:const:0->1#1': LAYER_NO_REAL_ROWS,
+    "kernels.v4.layer:v4_prefill_hca_stage:drop-call:bound('hca_topk', hca_topk)(pos, torch.tensor([last]), se...[clone]->(skipped)#0": LAYER_FRESH_TOPK,
+    'kernels.v4.layer:v4_prefill_hca_stage:const:1->2#1': LAYER_PADDING_SLOTS,
+    'kernels.v4.layer:v4_prefill_hca_stage:drop-unary:-1[USub]->(none)#0': LAYER_PADDING_SLOTS,
 }
