@@ -467,3 +467,43 @@ def prefill_hca_stage_inputs(config, seed: int = 0, *, rows: int = 32, num_token
                                                   torch.randn(128, d, generator=g) * 0.5, torch.rand(d, generator=g) + 0.5),
                       cmp_slot_mapping=cmp_slots, state_slot_mapping=state_slots)
     return torch.randn(rows, hc, dm, generator=g), attention, compressor, num_tokens
+
+
+def prefill_csa_stage_inputs(config, seed: int = 0, *, rows: int = 32, num_tokens: int = 28, start: int = 240
+                             ) -> tuple[torch.Tensor, dict, dict, dict, int]:
+    """(x_hc, attention, compressor, indexer, num_tokens) of one request's prefill chunk through the CSA stage:
+    ``prefill_hca_stage_inputs``' chunk and window cache; every real row at a position 3 mod 4 closes a ratio-4
+    window (compressed position (pos + 1) // 4 - 1 on page 2 of the compressed cache and of the index cache);
+    the main and inner compressors' states paged by 4 positions through reversed 1-D tables with random rows
+    before the chunk; the index cache random INT8 rows with scales; the indexer's query operands."""
+    from kernels.v4.compressor import V4CompressorWeights
+
+    g = torch.Generator().manual_seed(400 + seed)
+    x_hc, attention, _hca, _ = prefill_hca_stage_inputs(config, seed, rows=rows, num_tokens=num_tokens, start=start)
+    d, dm, bs, idx_d, page = config.head_dim, config.hidden_size, config.block_size, config.index_head_dim, \
+        config.c4a_state_block_size
+    pos = attention["position_ids"].long().tolist()
+    blocks = -(-(start + rows) // page)
+    table = torch.arange(blocks - 1, -1, -1, dtype=torch.int32)
+    state_slots = torch.tensor([int(table[p // page]) * page + p % page if t < num_tokens else -1
+                                for t, p in enumerate(pos)])
+    slots = torch.tensor([2 * bs + (p + 1) // 4 - 1 if (p + 1) % 4 == 0 and t < num_tokens else -1
+                          for t, p in enumerate(pos)], dtype=torch.int64)
+
+    def weights(width):
+        return V4CompressorWeights(torch.randn(dm, 2 * width, generator=g) / dm**0.5,
+                                   torch.randn(dm, 2 * width, generator=g) / dm**0.5,
+                                   torch.randn(4, 2 * width, generator=g) * 0.5, torch.rand(width, generator=g) + 0.5)
+
+    compressor = dict(state_block_table=table, state_pool=torch.randn(blocks + 1, page, 4 * d, generator=g),
+                      weights=weights(d), cmp_slot_mapping=slots, state_slot_mapping=state_slots,
+                      inner_state_block_table=table.clone(),
+                      inner_state_pool=torch.randn(blocks + 1, page, 4 * idx_d, generator=g),
+                      inner_weights=weights(idx_d), idx_slot_mapping=slots.clone(),
+                      inner_state_slot_mapping=state_slots.clone())
+    q = _index_query_operands(config, g, rows)
+    indexer = dict(wq_b=q["wq_b"], wq_b_scale=q["wq_b_scale"], weights_proj=q["weights_proj"], hadamard=q["hadamard"],
+                   idx_kv_cache=torch.randint(-127, 128, (4, bs, 1, idx_d), generator=g, dtype=torch.int8),
+                   idx_kv_scale=(torch.rand(4, bs, 1, 1, generator=g) + 0.5) * 2.0,
+                   idx_block_table=torch.tensor([2], dtype=torch.int32))
+    return x_hc, attention, compressor, indexer, num_tokens

@@ -1101,16 +1101,11 @@ def _v4_csa_stage(run, x_hc, attention, compressor, indexer, *, config, index_ke
             "idx_kv_scale": out["idx_kv_scale"].reshape(i["idx_kv_scale"].shape)}
 
 
-def _v4_prefill_hca_stage(run, x_hc, attention, compressor, num_tokens, *, config, module="prefill_attention_hca",
-                          a5_tiling=True, module_pools=False):
-    """v4_prefill_hca_stage -> prefill_attention_hca.py (Flash-MTP: prefill_hca.py) ::golden_prefill_attention_hca:
-    one request of T rows (B 1, S T), num_tokens real: hc_pre, RMSNorm, Q/KV, the window-cache write, the ratio-128
-    prefill compressor publishing into the compressed cache, the window lowered from the 1-D page table, HCA's
-    top-k (the first min((pos + 1) // 128, index_topk) compressed positions), the prefill sparse attention, the
-    prefill hc_post. x_out and the caches from the golden; qr / qr_scale from the chain of goldens it runs."""
-    from kernels.v4.layer import check_prefill_hca_stage
-
-    check_prefill_hca_stage(x_hc, attention, compressor, num_tokens)
+def _prefill_stage_tensors(x_hc, attention, compressor, num_tokens, *, config, a5_tiling, ratio):
+    """The tensors, constants and module globals every prefill compressed-stage golden (prefill_attention_{hca,csa}.py,
+    Flash-MTP's prefill_{hca,csa}.py) takes: one request of T rows (B 1, S T), num_tokens real, the SWA stage's
+    weights, the window's 1-D page table, the main compressor's state, weights (transposed as upstream stores them)
+    and slots, the compressed cache and its 1-D table."""
     a, c = attention, compressor
     tokens, real = x_hc.shape[0], int(num_tokens)
     _check_swa_stage(a["position_ids"], a["freqs_cos"], a["kv_cache"], a["swa_slot_mapping"], tokens=tokens,
@@ -1118,7 +1113,6 @@ def _v4_prefill_hca_stage(run, x_hc, attention, compressor, num_tokens, *, confi
     pos = a["position_ids"].reshape(-1).to(torch.int64).clone()
     pos[real:] = 0
     weights, pool = c["weights"], c["state_pool"]
-    fields = _variant_fields(config)
     constants = {"PREFILL_BATCH": 1, "PREFILL_SEQ": tokens, "BLOCK_SIZE": int(a["kv_cache"].shape[1])}
     qkv_globals = _qkv_tiling(config) if a5_tiling else None
     tensors = {"x_hc": x_hc.float().clone(), "hc_attn_fn": a["hc_fn"].float().clone(),
@@ -1137,29 +1131,98 @@ def _v4_prefill_hca_stage(run, x_hc, attention, compressor, num_tokens, *, confi
                "cmp_slot_mapping": c["cmp_slot_mapping"].reshape(-1).to(torch.int64).clone(),
                "state_slot_mapping": c["state_slot_mapping"].reshape(-1).to(torch.int64).clone(),
                "x_out": torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32)}
+    module, page_name = PREFILL_COMPRESSOR[ratio][0], PREFILL_COMPRESSOR[ratio][2]
     module_globals = {**({f"qkv_proj_rope.{k}": v for k, v in qkv_globals.items()} if qkv_globals else {}),
-                      "prefill_sparse_attn.T": tokens, "prefill_compressor_ratio128.T": tokens,
-                      "HCA_STATE_BLOCK_SIZE": int(pool.shape[1]),
-                      "prefill_compressor_ratio128.HCA_STATE_BLOCK_SIZE": int(pool.shape[1])}
-    if module_pools:  # Flash-MTP views its pools by module-level sizes, its compressed cache in pages of 128 / 128
+                      "prefill_sparse_attn.T": tokens, f"{module}.T": tokens, page_name: int(pool.shape[1]),
+                      f"{module}.{page_name}": int(pool.shape[1])}
+    return tensors, constants, module_globals, pos
+
+
+def _prefill_stage_qr(run, x_hc, attention, pos, real, *, config, constants, a5_tiling):
+    """qr / qr_scale of a prefill stage golden (which computes and drops them), from the chain of goldens it runs;
+    the Flash qkv golden takes no num_tokens, so there its padding rows are the adapter's zeros."""
+    a = attention
+    qr, qr_scale = _stage_qr(run, x_hc, a["hc_fn"], a["hc_scale"], a["hc_base"], a["attn_norm_w"], a["wq_a"],
+                             a["wq_b"], a["wq_b_scale"], a["wkv"], a["gamma_cq"], a["gamma_ckv"], a["freqs_cos"][pos],
+                             a["freqs_sin"][pos], config=config, fields=_variant_fields(config), constants=constants,
+                             num_tokens=real, qkv_globals=_qkv_tiling(config) if a5_tiling else None)
+    if not a5_tiling:
+        qr, qr_scale = qr.clone(), qr_scale.clone()
+        qr[real:], qr_scale[real:] = 0, 0
+    return qr, qr_scale
+
+
+def _v4_prefill_hca_stage(run, x_hc, attention, compressor, num_tokens, *, config, module="prefill_attention_hca",
+                          a5_tiling=True, module_pools=False):
+    """v4_prefill_hca_stage -> prefill_attention_hca.py (Flash-MTP: prefill_hca.py) ::golden_prefill_attention_hca:
+    one request of T rows (B 1, S T), num_tokens real: hc_pre, RMSNorm, Q/KV, the window-cache write, the ratio-128
+    prefill compressor publishing into the compressed cache, the window lowered from the 1-D page table, HCA's
+    top-k (the first min((pos + 1) // 128, index_topk) compressed positions), the prefill sparse attention, the
+    prefill hc_post. x_out and the caches from the golden; qr / qr_scale from the chain of goldens it runs.
+    ``module_pools``: Flash-MTP views its pools by module-level sizes, its compressed cache in pages of one row."""
+    from kernels.v4.layer import check_prefill_hca_stage
+
+    check_prefill_hca_stage(x_hc, attention, compressor, num_tokens)
+    a, real = attention, int(num_tokens)
+    tensors, constants, module_globals, pos = _prefill_stage_tensors(x_hc, a, compressor, real, config=config,
+                                                                     a5_tiling=a5_tiling, ratio=128)
+    if module_pools:
         page = max(1, config.block_size // 128)
         cmp_kv, _, table = _repage(a["cmp_kv"], None, a["cmp_block_table"].reshape(1, -1).to(torch.int32), page)
         tensors.update(cmp_kv=cmp_kv.clone(), cmp_block_table=table.reshape(-1).contiguous())
-        pools = {"HCA_STATE_BLOCK_NUM": int(pool.shape[0]), "HCA_CMP_BLOCK_NUM": int(cmp_kv.shape[0]),
+        pools = {"HCA_STATE_BLOCK_NUM": int(compressor["state_pool"].shape[0]), "HCA_CMP_BLOCK_NUM": int(cmp_kv.shape[0]),
                  "CMP_STORAGE_BLOCK_SIZE": page}
         module_globals.update({"HCA_ORI_BLOCK_NUM": int(a["kv_cache"].shape[0]), **pools,
                                **{f"prefill_compressor_ratio128.{k}": v for k, v in pools.items()}})
-    out = run(tensors, fields, constants, module=module, function="golden_prefill_attention_hca",
+    out = run(tensors, _variant_fields(config), constants, module=module, function="golden_prefill_attention_hca",
               module_globals=module_globals)
-    qr, qr_scale = _stage_qr(run, x_hc, a["hc_fn"], a["hc_scale"], a["hc_base"], a["attn_norm_w"], a["wq_a"],
-                             a["wq_b"], a["wq_b_scale"], a["wkv"], a["gamma_cq"], a["gamma_ckv"], a["freqs_cos"][pos],
-                             a["freqs_sin"][pos], config=config, fields=fields, constants=constants, num_tokens=real,
-                             qkv_globals=qkv_globals)
-    if not a5_tiling:  # the Flash qkv golden takes no num_tokens: its padding rows' qr are the adapter's zeros
-        qr, qr_scale = qr.clone(), qr_scale.clone()
-        qr[real:], qr_scale[real:] = 0, 0
+    qr, qr_scale = _prefill_stage_qr(run, x_hc, a, pos, real, config=config, constants=constants, a5_tiling=a5_tiling)
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
             "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"]}
+
+
+def _v4_prefill_csa_stage(run, x_hc, attention, compressor, indexer, num_tokens, *, config,
+                          module="prefill_attention_csa", a5_tiling=True):
+    """v4_prefill_csa_stage -> prefill_attention_csa.py (Flash-MTP: prefill_csa.py) ::golden_prefill_attention_csa:
+    as the HCA prefill stage with the ratio-4 prefill compressor, the indexer's compressor publishing the index
+    keys and its scoring (prefill_indexer.py::golden_prefill_indexer_core), the attention over the raw picks.
+    Every cache and state from the golden; qr / qr_scale from the chain of goldens it runs. V4-Pro's only: Flash-MTP's
+    prefill_csa.py refuses its own indexer's picks at this layout (its top-k contract; not adapted yet)."""
+    from kernels.v4.layer import PREFILL_COMPRESSOR_FIELDS, check_prefill_hca_stage
+    from kernels.v4.prefill_indexer import score_cap
+
+    check_prefill_hca_stage(x_hc, attention, {k: compressor[k] for k in PREFILL_COMPRESSOR_FIELDS if k in compressor},
+                            num_tokens)
+    a, c, i, real = attention, compressor, indexer, int(num_tokens)
+    tokens = x_hc.shape[0]
+    tensors, constants, module_globals, pos = _prefill_stage_tensors(x_hc, a, c, real, config=config,
+                                                                     a5_tiling=a5_tiling, ratio=4)
+    inner = c["inner_weights"]
+    idx_cache, idx_scale, idx_table = i["idx_kv_cache"], i["idx_kv_scale"].float(), i["idx_block_table"].to(torch.int32)
+    cap, writes = score_cap(config), max(1, tokens // 4)
+    tensors.update(
+        idx_wq_b=i["wq_b"].clone(), idx_wq_b_scale=i["wq_b_scale"].float().clone(),
+        idx_weights_proj=i["weights_proj"].clone(), hadamard_idx=i["hadamard"].clone(),
+        inner_compress_state=c["inner_state_pool"].clone(),
+        inner_compress_state_block_table=c["inner_state_block_table"].reshape(-1).to(torch.int32).clone(),
+        inner_wkv=inner.wkv.float().t().contiguous(), inner_wgate=inner.wgate.float().t().contiguous(),
+        inner_ape=inner.ape.float().clone(), inner_norm_w=inner.norm.clone(),
+        idx_kv_cache=idx_cache.clone(), idx_kv_scale=idx_scale.clone(),
+        idx_block_table=torch.nn.functional.pad(idx_table, (0, max(0, config.idx_pool - idx_table.shape[0])), value=-1),
+        idx_slot_mapping=c["idx_slot_mapping"].reshape(-1).to(torch.int64).clone(),
+        inner_state_slot_mapping=c["inner_state_slot_mapping"].reshape(-1).to(torch.int64).clone())
+    module_globals.update({"prefill_indexer.T": tokens, "prefill_indexer.MAX_CMP_WRITES": writes,
+                           "prefill_indexer.INDEXER_SCORE_CAP": cap,
+                           "prefill_indexer.INDEXER_TOPK_CAP": min(config.index_topk, cap),
+                           "prefill_indexer_compressor.T": tokens, "prefill_indexer_compressor.MAX_CMP_WRITES": writes})
+    out = run(tensors, _variant_fields(config), constants, module=module, function="golden_prefill_attention_csa",
+              module_globals=module_globals)
+    qr, qr_scale = _prefill_stage_qr(run, x_hc, a, pos, real, config=config, constants=constants, a5_tiling=a5_tiling)
+    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
+            "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"],
+            "inner_state_pool": out["inner_compress_state"],
+            "idx_kv_cache": out["idx_kv_cache"].reshape(i["idx_kv_cache"].shape),
+            "idx_kv_scale": out["idx_kv_scale"].reshape(i["idx_kv_scale"].shape)}
 
 
 def _check_hca_limit(given: str, folder_rule: str) -> None:
@@ -1658,6 +1721,9 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_hca_stage", PRO, "decode_attention_hca", "golden_attention_hca", _v4_hca_stage),
     Adapter("v4_prefill_hca_stage", PRO, "prefill_attention_hca", "golden_prefill_attention_hca",
             _v4_prefill_hca_stage, also=("prefill_compressor_ratio128", "prefill_sparse_attn")),
+    Adapter("v4_prefill_csa_stage", PRO, "prefill_attention_csa", "golden_prefill_attention_csa",
+            _v4_prefill_csa_stage, also=("prefill_compressor_ratio4", "prefill_indexer", "prefill_indexer_compressor",
+                                         "prefill_sparse_attn")),
     Adapter("v4_csa_stage", PRO, "decode_attention_csa", "golden_attention_csa", _v4_csa_stage,
             also=("decode_indexer", "decode_indexer_compressor", "decode_compressor_ratio4")),
     Adapter("v4_decode_layer", PRO, "decode_layer", "golden_decode_layer_swa", _v4_decode_layer,

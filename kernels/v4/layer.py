@@ -281,6 +281,71 @@ def v4_prefill_hca_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, 
 v4_prefill_hca_stage.composes_operators = True
 
 
+PREFILL_CSA_FIELDS = (*PREFILL_COMPRESSOR_FIELDS, "inner_state_block_table", "inner_state_pool", "inner_weights",
+                      "idx_slot_mapping", "inner_state_slot_mapping")
+
+
+@operator(returns="{x_out, kv_cache, cmp_kv, state_pool, inner_state_pool, idx_kv_cache, idx_kv_scale, qr, qr_scale}: "
+                  "the CSA attention stage on one request's prefill chunk with its ratio-4 compressors and indexer "
+                  "inside, composed from hc_mixes, hc_pre, final_norm, v4_qkv_proj_rope, v4_prefill_compressor, "
+                  "v4_prefill_index_keys, v4_prefill_indexer, v4_prefill_swa_indices and v4_attention_stage",
+          spec="§8")
+def v4_prefill_csa_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, indexer: dict, num_tokens: int, *,
+                         config, ops=None) -> dict[str, torch.Tensor]:
+    """One request's prefill chunk (upstream prefill_attention_csa.py / Flash-MTP's prefill_csa.py): as
+    ``v4_prefill_hca_stage`` with CSA's ratio-4 main compressor (v4_prefill_compressor), the index keys
+    (v4_prefill_index_keys: ``compressor`` adds inner_state_block_table, inner_state_pool, inner_weights,
+    idx_slot_mapping, inner_state_slot_mapping) published before the indexer scores (v4_prefill_indexer, its query
+    rotated at each row's own position; ``indexer`` {wq_b, wq_b_scale, weights_proj, hadamard, idx_kv_cache,
+    idx_kv_scale, idx_block_table (1-D)}), and the attention reading the indexer's raw top-k (kept where
+    0 <= raw < (pos + 1) // 4) -> {"x_out", "kv_cache", "cmp_kv", "state_pool", "inner_state_pool",
+    "idx_kv_cache", "idx_kv_scale", "qr", "qr_scale"}. No input is modified. Spec: §8."""
+    from kernels.reference import lm_head, mhc
+    from kernels.v4.attention_stage import stage_positions, v4_attention_stage
+    from kernels.v4.decode_metadata import v4_prefill_swa_indices
+    from kernels.v4.prefill_compressor import v4_prefill_compressor, v4_prefill_index_keys
+    from kernels.v4.prefill_indexer import v4_prefill_indexer
+    from kernels.v4.qkv_proj import v4_qkv_proj_rope
+
+    check_prefill_hca_stage(x_hc, attention, {k: compressor[k] for k in PREFILL_COMPRESSOR_FIELDS if k in compressor},
+                            num_tokens)
+    missing = (set(PREFILL_CSA_FIELDS) - set(compressor)) | (set(INDEXER_FIELDS) - set(indexer or {}))
+    if missing:
+        raise ContractInputError("compressor / indexer", None, ", ".join((*PREFILL_CSA_FIELDS, *INDEXER_FIELDS)),
+                                 sorted(missing), SPEC)
+    bound = _binder(ops or {})
+    a, c, i = dict(attention), compressor, indexer
+    tokens, rope = x_hc.shape[0], config.qk_rope_head_dim
+    real, pos = stage_positions(a["position_ids"], a["freqs_cos"], tokens=tokens, num_tokens=num_tokens)
+    mixes = bound("hc_mixes", mhc.hc_mixes)(x_hc, a["hc_fn"], a["hc_scale"], a["hc_base"], config=config)
+    x_normed = bound("final_norm", lm_head.final_norm)(bound("hc_pre", mhc.hc_pre)(x_hc, mixes.pre),
+                                                       a["attn_norm_w"], config=config)
+    cos, sin = a["freqs_cos"][pos], a["freqs_sin"][pos]
+    proj = bound("v4_qkv_proj_rope", v4_qkv_proj_rope)(x_normed, a["wq_a"], a["wq_b"], a["wq_b_scale"], a["wkv"], cos,
+                                                       sin, a["gamma_cq"], a["gamma_ckv"], config=config)
+    published = bound("v4_prefill_compressor", v4_prefill_compressor)(
+        x_normed, pos, real, c["state_block_table"], c["state_pool"], c["weights"], c["cmp_slot_mapping"],
+        c["state_slot_mapping"], a.pop("cmp_kv"), a["freqs_cos"], a["freqs_sin"], ratio=CSA_RATIO, rope_head_dim=rope)
+    keys = bound("v4_prefill_index_keys", v4_prefill_index_keys)(
+        x_normed, pos, real, c["inner_state_block_table"], c["inner_state_pool"], c["inner_weights"],
+        c["idx_slot_mapping"], c["inner_state_slot_mapping"], i["idx_kv_cache"], i["idx_kv_scale"], a["freqs_cos"],
+        a["freqs_sin"], i["hadamard"], rope_head_dim=rope)
+    picks = bound("v4_prefill_indexer", v4_prefill_indexer)(
+        x_normed, proj["qr"], proj["qr_scale"], i["wq_b"], i["wq_b_scale"], i["weights_proj"],
+        cos[:, :rope // 2].float(), sin[:, :rope // 2].float(), i["hadamard"], keys["idx_kv_cache"],
+        keys["idx_kv_scale"], i["idx_block_table"], pos, real, config=config)
+    window = bound("v4_prefill_swa_indices", v4_prefill_swa_indices)(pos, a.pop("block_table"), real, config=config)
+    out = bound("v4_attention_stage", v4_attention_stage)("CSA", x_hc, **a, window_indices=window,
+                                                          cmp_kv=published["cmp_pool"], compressed=picks["topk_idxs"],
+                                                          num_tokens=real, config=config)
+    return {**out, "cmp_kv": published["cmp_pool"], "state_pool": published["state_pool"],
+            "inner_state_pool": keys["state_pool"], "idx_kv_cache": keys["idx_kv_cache"],
+            "idx_kv_scale": keys["idx_kv_scale"]}
+
+
+v4_prefill_csa_stage.composes_operators = True
+
+
 @operator(returns="{x_out [T,hc,D] FP32, kv_cache (+ the stage's other caches and states)}: one decode layer, the "
                   "attention stage (SWA, v4_hca_stage or v4_csa_stage) then v4_moe_stage on its streams, every row "
                   "real",
