@@ -17,7 +17,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.v4_inputs import csa_stage_inputs, decode_layer_moe, hca_stage_inputs, prefill_hca_stage_inputs
+from contracts.v4_inputs import (
+    csa_stage_inputs,
+    decode_layer_moe,
+    hca_stage_inputs,
+    prefill_csa_stage_inputs,
+    prefill_hca_stage_inputs,
+)
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 from pto_pytest.defect import SeededDefect
@@ -401,6 +407,113 @@ def test_prefill_padding_rows_leave_no_trace_in_the_hca_stage(backend):
             assert not bool(got[key][n:].any()), f"the padding rows of {key} are not 0 (§8)"
 
 
+def _prefill_csa_parts(backend, config, x, a, c, i, n):
+    """The prefill CSA stage's parts with the backend's own operators: the normalised rows and their projection,
+    the main compressor's publication, the index keys published, the window."""
+    pos = a["position_ids"].long()
+    x_normed = _normed(backend, config, x, a)
+    proj = op(backend, "v4_qkv_proj_rope")(x_normed, a["wq_a"], a["wq_b"], a["wq_b_scale"], a["wkv"],
+                                           a["freqs_cos"][pos], a["freqs_sin"][pos], a["gamma_cq"], a["gamma_ckv"],
+                                           config=config)
+    rope = config.qk_rope_head_dim
+    pub = op(backend, "v4_prefill_compressor")(x_normed, pos, n, c["state_block_table"], c["state_pool"], c["weights"],
+                                               c["cmp_slot_mapping"], c["state_slot_mapping"], a["cmp_kv"],
+                                               a["freqs_cos"], a["freqs_sin"], ratio=4, rope_head_dim=rope)
+    keys = op(backend, "v4_prefill_index_keys")(x_normed, pos, n, c["inner_state_block_table"], c["inner_state_pool"],
+                                                c["inner_weights"], c["idx_slot_mapping"], c["inner_state_slot_mapping"],
+                                                i["idx_kv_cache"], i["idx_kv_scale"], a["freqs_cos"], a["freqs_sin"],
+                                                i["hadamard"], rope_head_dim=rope)
+    window = op(backend, "v4_prefill_swa_indices")(pos, a["block_table"], n, config=config)
+    return x_normed, proj, pub, keys, window
+
+
+def _prefill_picks(backend, config, a, i, n, x_normed, proj, cache, scale):
+    pos = a["position_ids"].long()
+    half = config.qk_rope_head_dim // 2
+    return op(backend, "v4_prefill_indexer")(x_normed, proj["qr"], proj["qr_scale"], i["wq_b"], i["wq_b_scale"],
+                                             i["weights_proj"], a["freqs_cos"][pos][:, :half].float(),
+                                             a["freqs_sin"][pos][:, :half].float(), i["hadamard"], cache, scale,
+                                             i["idx_block_table"], pos, n, config=config)["topk_idxs"]
+
+
+def _prefill_csa_attend(backend, config, x, a, n, cmp_kv, window, picks):
+    rest = {k: v for k, v in a.items() if k not in ("cmp_kv", "block_table")}
+    return op(backend, "v4_attention_stage")("CSA", x, **rest, window_indices=window, cmp_kv=cmp_kv, compressed=picks,
+                                             num_tokens=n, config=config)
+
+
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("final_norm", "hc_mixes", "hc_pre", "v4_attention_stage", "v4_prefill_compressor",
+                        "v4_prefill_csa_stage", "v4_prefill_index_keys", "v4_prefill_indexer",
+                        "v4_prefill_swa_indices", "v4_qkv_proj_rope")
+def test_the_prefill_csa_stage_is_its_operators_in_order(backend, config):
+    """One request's prefill chunk (28 of 32 rows real, every real row at a position 3 mod 4 closing a ratio-4
+    window): every output equals the chain spelled out with the same backend's operators, byte for byte -- the
+    normalised rows and their projection (qr), v4_prefill_compressor (ratio 4), v4_prefill_index_keys, the
+    prefill indexer over the index cache just written (its query rotated at each row's own position),
+    v4_attention_stage("CSA") in its prefill form over the published compressed cache with the raw picks. No input
+    is modified. Spec: §8 (upstream prefill_attention_csa.py)."""
+    x, a, c, i, n = prefill_csa_stage_inputs(config)
+    parts = {"attention": a, "compressor": c, "indexer": i}
+    before = {(p, k): v.clone() for p, d in parts.items() for k, v in d.items() if isinstance(v, torch.Tensor)}
+    got = op(backend, "v4_prefill_csa_stage")(x, a, c, i, n, config=config)
+    x_normed, proj, pub, keys, window = _prefill_csa_parts(backend, config, x, a, c, i, n)
+    picks = _prefill_picks(backend, config, a, i, n, x_normed, proj, keys["idx_kv_cache"], keys["idx_kv_scale"])
+    want = dict(_prefill_csa_attend(backend, config, x, a, n, pub["cmp_pool"], window, picks), cmp_kv=pub["cmp_pool"],
+                state_pool=pub["state_pool"], inner_state_pool=keys["state_pool"], idx_kv_cache=keys["idx_kv_cache"],
+                idx_kv_scale=keys["idx_kv_scale"])
+    for key in ("cmp_kv", "state_pool", "inner_state_pool", "idx_kv_cache", "idx_kv_scale", "x_out", "kv_cache", "qr",
+                "qr_scale"):
+        assert got[key].dtype == want[key].dtype and torch.equal(_bits(got[key]), _bits(want[key])), \
+            f"{key} is not the prefill CSA stage's chain of operators (§8)"
+    for (p, k), v in before.items():
+        assert torch.equal(_bits(parts[p][k]), _bits(v)), f"the input {p}[{k}] was written in place"
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("v4_prefill_csa_stage", "v4_prefill_indexer", "v4_attention_stage", "v4_prefill_swa_indices",
+                        "final_norm", "hc_mixes", "hc_pre", "v4_qkv_proj_rope")
+def test_a_prefill_csa_chunk_attends_its_indexers_picks_over_the_published_caches(backend, config):
+    """x_out is within the stage bound of the prefill CSA attention over the stage's own compressed cache with the
+    picks of the prefill indexer over the stage's own index cache (its keys just published): the stage's caches are
+    the ones its attention and indexer read. The input separates the order and the offset (separated in the test):
+    scoring the index cache as it came in, attending the compressed cache as it came in, and picks one position
+    off fall outside that bound. Spec: §8 (upstream prefill_attention_csa.py)."""
+    from contracts.separation import separates_under
+    from contracts.tolerances import BF16_STAGE_TOL
+
+    x, a, c, i, n = prefill_csa_stage_inputs(config)
+    got = op(backend, "v4_prefill_csa_stage")(x, a, c, i, n, config=config)
+    pos = a["position_ids"].long()
+    x_normed = _normed(backend, config, x, a)
+    proj = op(backend, "v4_qkv_proj_rope")(x_normed, a["wq_a"], a["wq_b"], a["wq_b_scale"], a["wkv"],
+                                           a["freqs_cos"][pos], a["freqs_sin"][pos], a["gamma_cq"], a["gamma_ckv"],
+                                           config=config)
+    window = op(backend, "v4_prefill_swa_indices")(pos, a["block_table"], n, config=config)
+
+    def picks(cache, scale):
+        return _prefill_picks(backend, config, a, i, n, x_normed, proj, cache, scale)
+
+    def attend(cmp_kv, compressed):
+        return _prefill_csa_attend(backend, config, x, a, n, cmp_kv, window, compressed)["x_out"]
+
+    def outside(y, want):
+        atol, rtol = BF16_STAGE_TOL
+        return ((y - want).abs() > atol + rtol * want.abs()).reshape(y.shape[0], -1).any(1)
+
+    own = picks(got["idx_kv_cache"], got["idx_kv_scale"])
+    want = separates_under("the prefill attention over the stage's caches with its indexer's picks",
+                           lambda y, w: not bool(outside(y, w).any()), attend(got["cmp_kv"], own),
+                           scored_before_the_publication=attend(got["cmp_kv"], picks(i["idx_kv_cache"],
+                                                                                     i["idx_kv_scale"])),
+                           attended_the_compressed_cache_as_it_came_in=attend(a["cmp_kv"], own),
+                           picks_one_position_off=attend(got["cmp_kv"], torch.where(own >= 0, own + 1, own)))
+    bad = outside(got["x_out"], want).nonzero().flatten().tolist()
+    assert not bad, f"x_out row {bad[0]} (position {int(pos[bad[0]])}) is outside {BF16_STAGE_TOL} of the prefill " \
+                    "CSA attention over the stage's caches with its indexer's picks (§8)"
+
+
 def _rotated_key(key, cos, sin, hadamard):
     """An index key as published, worked out here in FP64: its last 2·len(cos) dims rotated in adjacent pairs,
     rounded to BF16, times the Hadamard, rounded to BF16."""
@@ -543,7 +656,8 @@ def test_the_decode_layer_is_its_stages_in_order(backend, config, path, layer_id
             assert torch.equal(_bits(got[key]), _bits(att[key])), f"{path}: {key} is not the attention stage's"
 
 
-@pytest.mark.operators("v4_decode_layer", "v4_hca_stage", "v4_csa_stage", "v4_prefill_hca_stage")
+@pytest.mark.operators("v4_decode_layer", "v4_hca_stage", "v4_csa_stage", "v4_prefill_hca_stage",
+                        "v4_prefill_csa_stage")
 def test_bad_layer_calls_are_refused_naming_the_field(backend):
     config = MODELS[0]
     x, a, c = hca_stage_inputs(config)
@@ -567,6 +681,13 @@ def test_bad_layer_calls_are_refused_naming_the_field(backend):
             (pa, {k: v for k, v in pc.items() if k != "state_slot_mapping"}, "compressor")):
         with pytest.raises(ContractInputError, match=field):
             prefill(px, attention, compressor, pn, config=config)
+    cx, ca, cc2, ci, cn = prefill_csa_stage_inputs(config)
+    with pytest.raises(ContractInputError, match="compressor / indexer"):
+        op(backend, "v4_prefill_csa_stage")(cx, ca, cc2, {k: v for k, v in ci.items() if k != "hadamard"}, cn,
+                                            config=config)
+    with pytest.raises(ContractInputError, match="compressor / indexer"):
+        op(backend, "v4_prefill_csa_stage")(cx, ca, {k: v for k, v in cc2.items() if k != "inner_weights"}, ci, cn,
+                                            config=config)
     with pytest.raises(ContractInputError, match="hca_topk_limit"):
         stage(x, a, c, config=config, hca_topk_limit="none")
     with pytest.raises(ContractInputError, match="index_key_rope"):
@@ -580,9 +701,10 @@ def test_bad_layer_calls_are_refused_naming_the_field(backend):
 
 
 @pytest.mark.whole_backend("a stage's calls counted on the backend's own operators")
-@pytest.mark.operators("v4_decode_layer", "v4_hca_stage", "v4_csa_stage", "v4_prefill_hca_stage", "final_norm",
-                        "hc_mixes", "hc_pre", "hca_topk", "v4_attention_stage", "v4_compress_and_publish",
-                        "v4_compressor", "v4_indexer", "v4_moe_stage", "v4_prefill_compressor",
+@pytest.mark.operators("v4_decode_layer", "v4_hca_stage", "v4_csa_stage", "v4_prefill_hca_stage",
+                        "v4_prefill_csa_stage", "final_norm", "hc_mixes", "hc_pre", "hca_topk", "v4_attention_stage",
+                        "v4_compress_and_publish", "v4_compressor", "v4_indexer", "v4_moe_stage",
+                        "v4_prefill_compressor", "v4_prefill_index_keys", "v4_prefill_indexer",
                         "v4_prefill_swa_indices", "v4_publish_index_keys", "v4_qkv_proj_rope")
 def test_the_layer_and_the_stage_run_the_backends_operators(backend):
     """On a backend whose operators are wrapped to count, the HCA stage calls hc_mixes, hc_pre, final_norm,
@@ -615,6 +737,13 @@ def test_the_layer_and_the_stage_run_the_backends_operators(backend):
     backend.derive("counting", **{n: counted(n) for n in leaves}).get("v4_prefill_hca_stage")(px, pa, pc, pn,
                                                                                               config=config)
     assert sorted(calls) == sorted(leaves), f"the prefill HCA stage called {calls}, not each of {leaves} once"
+    calls.clear()
+    leaves = ("hc_mixes", "hc_pre", "final_norm", "v4_qkv_proj_rope", "v4_prefill_compressor", "v4_prefill_index_keys",
+              "v4_prefill_indexer", "v4_prefill_swa_indices", "v4_attention_stage")
+    cx, ca2, cc2, ci, cn = prefill_csa_stage_inputs(config)
+    backend.derive("counting", **{n: counted(n) for n in leaves}).get("v4_prefill_csa_stage")(cx, ca2, cc2, ci, cn,
+                                                                                              config=config)
+    assert sorted(calls) == sorted(leaves), f"the prefill CSA stage called {calls}, not each of {leaves} once"
     calls.clear()
     leaves = ("hc_mixes", "hc_pre", "final_norm", "v4_qkv_proj_rope", "v4_compress_and_publish", "v4_compressor",
               "v4_publish_index_keys", "v4_indexer", "v4_attention_stage")
@@ -738,7 +867,39 @@ def _prefill_padding_written(x_hc, attention, compressor, num_tokens, *, config,
     return {**out, "kv_cache": cache}
 
 
+def _prefill_scores_before_publish(x_hc, attention, compressor, indexer, num_tokens, *, config, ops=None):
+    """A prefill CSA stage whose indexer scores the index cache as it came in."""
+    from kernels.v4.layer import v4_prefill_csa_stage
+    from kernels.v4.prefill_indexer import v4_prefill_indexer
+
+    def stale(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, hadamard, _cache, _scale, *rest, **kw):
+        return v4_prefill_indexer(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, hadamard,
+                                  indexer["idx_kv_cache"], indexer["idx_kv_scale"], *rest, **kw)
+
+    return v4_prefill_csa_stage(x_hc, attention, compressor, indexer, num_tokens, config=config,
+                                ops={**(ops or {}), "v4_prefill_indexer": stale})
+
+
+def _prefill_csa_picks_shifted(x_hc, attention, compressor, indexer, num_tokens, *, config, ops=None):
+    """A prefill CSA stage whose attention reads its indexer's picks one compressed position late."""
+    from kernels.v4.layer import v4_prefill_csa_stage
+    from kernels.v4.prefill_indexer import v4_prefill_indexer
+
+    def late(*args, **kw):
+        out = v4_prefill_indexer(*args, **kw)
+        picks = out["topk_idxs"]
+        return {**out, "topk_idxs": torch.where(picks >= 0, picks + 1, picks)}
+
+    return v4_prefill_csa_stage(x_hc, attention, compressor, indexer, num_tokens, config=config,
+                                ops={**(ops or {}), "v4_prefill_indexer": late})
+
+
 SEEDED_DEFECTS = [
+    SeededDefect("v4-layer:prefill-scores-before-publish", "v4_prefill_csa_stage", _prefill_scores_before_publish,
+                 "test_the_prefill_csa_stage_is_its_operators_in_order", "is not the prefill CSA stage's chain"),
+    SeededDefect("v4-layer:prefill-csa-picks-shifted", "v4_prefill_csa_stage", _prefill_csa_picks_shifted,
+                 "test_a_prefill_csa_chunk_attends_its_indexers_picks_over_the_published_caches",
+                 "with its indexer's picks"),
     SeededDefect("v4-layer:prefill-attend-before-publish", "v4_prefill_hca_stage", _prefill_attend_before_publish,
                  "test_a_prefill_chunk_attends_the_row_it_publishes", "of the prefill HCA attention"),
     SeededDefect("v4-layer:prefill-padding-written", "v4_prefill_hca_stage", _prefill_padding_written,

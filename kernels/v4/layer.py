@@ -438,3 +438,18 @@ PREFILL_HCA_STAGE_RECORD = Record(
               Upstream("deepseek_v4_flash_dspark", entry="prefill_hca.py::prefill_attention_hca_test",
                        none="dspark's prefill_hca.py golden is not adapted yet (#45)")),
 )
+
+PREFILL_CSA_STAGE_RECORD = Record(
+    operator="v4_prefill_csa_stage",
+    call=lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], i["indexer"], int(i["num_tokens"]),
+                                       config=config)),
+    outputs={"x_out": "fp32_ulps", "kv_cache": "exact", "cmp_kv": "exact", "idx_kv_cache": "exact"},
+    cases=(),
+    bindings=(Upstream("deepseek_v4_pro", golden="prefill_attention_csa.py::golden_prefill_attention_csa",
+                       entry="prefill_attention_csa.py::prefill_attention_csa_test"),
+              Upstream("deepseek_v4_flash_mtp", entry="prefill_csa.py::prefill_attention_csa_test",
+                       none="Flash-MTP's prefill_csa.py golden refuses its own indexer's picks at the contracts' "
+                            "layout (its top-k prefix check); not adapted yet (#45)"),
+              Upstream("deepseek_v4_flash_dspark", entry="prefill_csa.py::prefill_attention_csa_test",
+                       none="dspark's prefill_csa.py golden is not adapted yet (#45)")),
+)
