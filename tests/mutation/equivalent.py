@@ -872,6 +872,8 @@ EQUIVALENT: dict[str, str] = {
     "kernels.v4.layer:v4_hca_stage:drop-call:a['freqs_sin'][:, :half].float()[float]->(skipped)#0": LAYER_ROPE_BF16,
     "kernels.v4.layer:v4_csa_stage:drop-call:a['freqs_cos'][:, :half].float()[float]->(skipped)#0": LAYER_ROPE_BF16,
     "kernels.v4.layer:v4_csa_stage:drop-call:a['freqs_sin'][:, :half].float()[float]->(skipped)#0": LAYER_ROPE_BF16,
+    "kernels.v4.layer:v4_prefill_csa_stage:drop-call:cos[:, :rope // 2].float()[float]->(skipped)#0": LAYER_ROPE_BF16,
+    "kernels.v4.layer:v4_prefill_csa_stage:drop-call:sin[:, :rope // 2].float()[float]->(skipped)#0": LAYER_ROPE_BF16,
     'kernels.v4.layer:v4_prefill_hca_stage:const:1->2#0': LAYER_LAST_PLUS,
     'kernels.v4.layer:v4_prefill_hca_stage:const:0->1#1': LAYER_NO_REAL_ROWS,
     "kernels.v4.layer:v4_prefill_hca_stage:drop-call:bound('hca_topk', hca_topk)(pos, torch.tensor([last]), se...[clone]->(skipped)#0": LAYER_FRESH_TOPK,
