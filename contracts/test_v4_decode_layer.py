@@ -473,24 +473,32 @@ def test_the_prefill_csa_stage_is_its_operators_in_order(backend, config):
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
 @pytest.mark.operators("v4_prefill_csa_stage", "v4_prefill_indexer", "v4_attention_stage", "v4_prefill_swa_indices",
-                        "final_norm", "hc_mixes", "hc_pre", "v4_qkv_proj_rope")
+                        "final_norm", "hc_mixes", "hc_pre", "v4_qkv_proj_rope", "v4_prefill_compressor",
+                        "v4_prefill_index_keys")
 def test_a_prefill_csa_chunk_attends_its_indexers_picks_over_the_published_caches(backend, config):
-    """x_out is within the stage bound of the prefill CSA attention over the stage's own compressed cache with the
-    picks of the prefill indexer over the stage's own index cache (its keys just published): the stage's caches are
-    the ones its attention and indexer read. The input separates the order and the offset (separated in the test):
+    """The stage's compressed rows are the prefill compressor's publication over the chunk's normalised rows (within
+    upstream's pool bound: its batched host matmul moves a row by an ulp), every other row kept; x_out is within the
+    stage bound of the prefill CSA attention over the stage's own compressed cache with the picks of the prefill
+    indexer over the stage's own index cache (its keys just published): the stage's caches are the ones its
+    attention and indexer read. The input separates the order and the offset (separated in the test):
     scoring the index cache as it came in, attending the compressed cache as it came in, and picks one position
     off fall outside that bound. Spec: §8 (upstream prefill_attention_csa.py)."""
     from contracts.separation import separates_under
-    from contracts.tolerances import BF16_STAGE_TOL
+    from contracts.tolerances import BF16_STAGE_TOL, V4_CMP_POOL_TOL
 
     x, a, c, i, n = prefill_csa_stage_inputs(config)
     got = op(backend, "v4_prefill_csa_stage")(x, a, c, i, n, config=config)
     pos = a["position_ids"].long()
-    x_normed = _normed(backend, config, x, a)
-    proj = op(backend, "v4_qkv_proj_rope")(x_normed, a["wq_a"], a["wq_b"], a["wq_b_scale"], a["wkv"],
-                                           a["freqs_cos"][pos], a["freqs_sin"][pos], a["gamma_cq"], a["gamma_ckv"],
-                                           config=config)
-    window = op(backend, "v4_prefill_swa_indices")(pos, a["block_table"], n, config=config)
+    x_normed, proj, pub, _, window = _prefill_csa_parts(backend, config, x, a, c, i, n)
+    written = sorted(int(r) for r in c["cmp_slot_mapping"] if r >= 0)
+    d = config.head_dim
+    moved = _rows_moved(_bits(got["cmp_kv"]), _bits(a["cmp_kv"]), d)
+    assert set(moved) <= set(written), f"compressed rows {sorted(set(moved) - set(written))} written, no slot of the chunk"
+    atol, rtol = V4_CMP_POOL_TOL
+    rows, want_rows = got["cmp_kv"].reshape(-1, d)[written].float(), pub["cmp_pool"].reshape(-1, d)[written].float()
+    off = ((rows - want_rows).abs() > atol + rtol * want_rows.abs()).nonzero()
+    assert not off.numel(), f"compressed row {written[int(off[0, 0])]} is not the prefill compressor's publication " \
+                            f"over the chunk's normalised rows within ({atol}, {rtol}) (§8)"
 
     def picks(cache, scale):
         return _prefill_picks(backend, config, a, i, n, x_normed, proj, cache, scale)

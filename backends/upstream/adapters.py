@@ -1188,11 +1188,10 @@ def _v4_prefill_csa_stage(run, x_hc, attention, compressor, indexer, num_tokens,
     keys and its scoring (prefill_indexer.py::golden_prefill_indexer_core), the attention over the raw picks.
     Every cache and state from the golden; qr / qr_scale from the chain of goldens it runs. V4-Pro's only: Flash-MTP's
     prefill_csa.py refuses its own indexer's picks at this layout (its top-k contract; not adapted yet)."""
-    from kernels.v4.layer import PREFILL_COMPRESSOR_FIELDS, check_prefill_hca_stage
+    from kernels.v4.layer import check_prefill_csa_stage
     from kernels.v4.prefill_indexer import score_cap
 
-    check_prefill_hca_stage(x_hc, attention, {k: compressor[k] for k in PREFILL_COMPRESSOR_FIELDS if k in compressor},
-                            num_tokens)
+    check_prefill_csa_stage(x_hc, attention, compressor, indexer, num_tokens)
     a, c, i, real = attention, compressor, indexer, int(num_tokens)
     tokens = x_hc.shape[0]
     tensors, constants, module_globals, pos = _prefill_stage_tensors(x_hc, a, c, real, config=config,

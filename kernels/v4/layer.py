@@ -285,6 +285,16 @@ PREFILL_CSA_FIELDS = (*PREFILL_COMPRESSOR_FIELDS, "inner_state_block_table", "in
                       "idx_slot_mapping", "inner_state_slot_mapping")
 
 
+def check_prefill_csa_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, indexer: dict, num_tokens) -> None:
+    """The caller's side of ``v4_prefill_csa_stage`` that the stage itself checks before any operator runs."""
+    check_prefill_hca_stage(x_hc, attention, {k: compressor[k] for k in PREFILL_COMPRESSOR_FIELDS if k in compressor},
+                            num_tokens)
+    missing = (set(PREFILL_CSA_FIELDS) - set(compressor)) | (set(INDEXER_FIELDS) - set(indexer or {}))
+    if missing:
+        raise ContractInputError("compressor / indexer", None, ", ".join((*PREFILL_CSA_FIELDS, *INDEXER_FIELDS)),
+                                 sorted(missing), SPEC)
+
+
 @operator(returns="{x_out, kv_cache, cmp_kv, state_pool, inner_state_pool, idx_kv_cache, idx_kv_scale, qr, qr_scale}: "
                   "the CSA attention stage on one request's prefill chunk with its ratio-4 compressors and indexer "
                   "inside, composed from hc_mixes, hc_pre, final_norm, v4_qkv_proj_rope, v4_prefill_compressor, "
@@ -307,12 +317,7 @@ def v4_prefill_csa_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, 
     from kernels.v4.prefill_indexer import v4_prefill_indexer
     from kernels.v4.qkv_proj import v4_qkv_proj_rope
 
-    check_prefill_hca_stage(x_hc, attention, {k: compressor[k] for k in PREFILL_COMPRESSOR_FIELDS if k in compressor},
-                            num_tokens)
-    missing = (set(PREFILL_CSA_FIELDS) - set(compressor)) | (set(INDEXER_FIELDS) - set(indexer or {}))
-    if missing:
-        raise ContractInputError("compressor / indexer", None, ", ".join((*PREFILL_CSA_FIELDS, *INDEXER_FIELDS)),
-                                 sorted(missing), SPEC)
+    check_prefill_csa_stage(x_hc, attention, compressor, indexer, num_tokens)
     bound = _binder(ops or {})
     a, c, i = dict(attention), compressor, indexer
     tokens, rope = x_hc.shape[0], config.qk_rope_head_dim
