@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contracts.separation import separates_under
 from contracts.v4_inputs import (
     csa_stage_inputs,
     decode_layer_moe,
@@ -81,6 +82,23 @@ def _rows_moved(got, ref, width):
     return (got.reshape(-1, width) != ref.reshape(-1, width)).any(1).nonzero().flatten().tolist()
 
 
+def _outside(y, want):
+    """Which rows of y fall outside the stage bound (BF16_STAGE_TOL) of want."""
+    from contracts.tolerances import BF16_STAGE_TOL
+
+    atol, rtol = BF16_STAGE_TOL
+    return ((y - want).abs() > atol + rtol * want.abs()).reshape(y.shape[0], -1).any(1)
+
+
+def _picks_alternatives(attend, picks, cmp_kv, input_cmp, own, input_idx) -> dict:
+    """What a CSA stage's x_out is separated from, beside the attention over ``cmp_kv`` with its indexer's picks
+    ``own``: scoring the index cache as it came in (``input_idx``: cache, scale), attending the compressed cache as
+    it came in (``input_cmp``), and the picks one position off."""
+    return {"scored_before_the_publication": attend(cmp_kv, picks(*input_idx)),
+            "attended_the_compressed_cache_as_it_came_in": attend(input_cmp, own),
+            "picks_one_position_off": attend(cmp_kv, torch.where(own >= 0, own + 1, own))}
+
+
 def _bits(t):
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
 
@@ -126,7 +144,6 @@ def test_a_closing_token_attends_the_row_it_publishes(backend, config):
     it came in, or under the other rule where it differs, the closing or far rows' x_out falls outside that bound.
     Spec: §8 (upstream
     decode_attention_hca.py: the compressor runs before the sparse attention)."""
-    from contracts.separation import separates_under
     from contracts.tolerances import BF16_STAGE_TOL, V4_STATE_POOL_TOL
     from kernels.v4.layer import HCA_TOPK_LIMITS, hca_limit
 
@@ -144,10 +161,6 @@ def test_a_closing_token_attends_the_row_it_publishes(backend, config):
     off = ((got["state_pool"] - pub["state_pool"]).abs() > atol + rtol * pub["state_pool"].abs()).nonzero()
     assert not off.numel(), f"state_pool{off[0].tolist()} outside ({atol}, {rtol}) of the compressor's state (§8)"
 
-    def outside(x_out, want):
-        atol, rtol = BF16_STAGE_TOL
-        return ((x_out - want).abs() > atol + rtol * want.abs()).reshape(x_out.shape[0], -1).any(1)
-
     rule = _rule(backend)["hca_topk_limit"]
     limit = hca_limit(config, rule)
     behind = int(_slots(config, a, c, 256)[FAR[0]].ge(0).sum())
@@ -159,10 +172,10 @@ def test_a_closing_token_attends_the_row_it_publishes(backend, config):
                                             _slots(config, a, c, hca_limit(config, other)))["x_out"]
               for other in HCA_TOPK_LIMITS if min(behind, hca_limit(config, other)) != min(behind, limit)}
     separates_under(f"the attention reads the compressed cache after the publication, at most {limit} compressed "
-                    "positions", lambda y, want: not any(outside(y, want)[t] for t in rows), after,
+                    "positions", lambda y, want: not any(_outside(y, want)[t] for t in rows), after,
                     attended_the_cache_as_it_came_in=_attend(backend, config, x, a, c, a["cmp_kv"], own)["x_out"],
                     **others)
-    bad = outside(got["x_out"], after).nonzero().flatten().tolist()
+    bad = _outside(got["x_out"], after).nonzero().flatten().tolist()
     why = " (it attended the cache as it came in)" if bad and bad[0] in CLOSING else \
         f" (it did not attend min({behind}, {limit}) compressed positions: {rule} rule)" if bad and bad[0] in FAR \
         else ""
@@ -237,7 +250,6 @@ def test_the_csa_stage_attends_its_indexers_picks_over_the_published_caches(back
     window 31 and picks it, so the input separates the order and the offset: scoring the index cache as it came
     in, attending the compressed cache as it came in, and picks one position off all fall outside that bound.
     Spec: §8 (upstream decode_attention_csa.py)."""
-    from contracts.separation import separates_under
     from contracts.tolerances import BF16_STAGE_TOL, V4_STATE_POOL_TOL
 
     x, a, c, i = csa_stage_inputs(config)
@@ -263,18 +275,12 @@ def test_the_csa_stage_attends_its_indexers_picks_over_the_published_caches(back
         return op(backend, "v4_attention_stage")("CSA", x, **rest, cmp_kv=cmp_kv, compressed=compressed,
                                                   config=config)["x_out"]
 
-    def outside(y, want):
-        atol, rtol = BF16_STAGE_TOL
-        return ((y - want).abs() > atol + rtol * want.abs()).reshape(y.shape[0], -1).any(1)
-
     own = picks(got["idx_kv_cache"], got["idx_kv_scale"])
     want = separates_under("the attention over the published caches with the indexer's own picks",
-                           lambda y, w: not bool(outside(y, w).any()), attend(pub["cmp_pool"], own),
-                           scored_before_the_publication=attend(pub["cmp_pool"], picks(i["idx_kv_cache"],
-                                                                                       i["idx_kv_scale"])),
-                           attended_the_compressed_cache_as_it_came_in=attend(a["cmp_kv"], own),
-                           picks_one_position_off=attend(pub["cmp_pool"], torch.where(own >= 0, own + 1, own)))
-    bad = outside(got["x_out"], want).nonzero().flatten().tolist()
+                           lambda y, w: not bool(_outside(y, w).any()), attend(pub["cmp_pool"], own),
+                           **_picks_alternatives(attend, picks, pub["cmp_pool"], a["cmp_kv"], own,
+                                                 (i["idx_kv_cache"], i["idx_kv_scale"])))
+    bad = _outside(got["x_out"], want).nonzero().flatten().tolist()
     assert not bad, f"x_out row {bad[0]} is outside {BF16_STAGE_TOL} of the CSA attention over the published " \
                     "caches with the indexer's picks (§8)"
 
@@ -350,7 +356,6 @@ def test_a_prefill_chunk_attends_the_row_it_publishes(backend, config, start):
     separates the order, the count and the limit (separated in the test): over the cache as it came in, with
     pos // 128 positions, or without the limit, rows from 15 on fall outside that bound. Spec: §8 (upstream
     prefill_attention_hca.py)."""
-    from contracts.separation import separates_under
     from contracts.tolerances import BF16_STAGE_TOL, V4_STATE_POOL_TOL
 
     x, a, c, n = prefill_hca_stage_inputs(config, start=start)
@@ -364,10 +369,6 @@ def test_a_prefill_chunk_attends_the_row_it_publishes(backend, config, start):
     off = ((got["state_pool"] - pub["state_pool"]).abs() > atol + rtol * pub["state_pool"].abs()).nonzero()
     assert not off.numel(), f"state_pool{off[0].tolist()} outside ({atol}, {rtol}) of the compressor's state (§8)"
 
-    def outside(y, want):
-        atol, rtol = BF16_STAGE_TOL
-        return ((y - want).abs() > atol + rtol * want.abs()).reshape(y.shape[0], -1).any(1)
-
     def attend(cmp_kv, **slots):
         return _prefill_attend(backend, config, x, a, n, cmp_kv, window, _prefill_slots(config, a, n, **slots))["x_out"]
 
@@ -377,8 +378,8 @@ def test_a_prefill_chunk_attends_the_row_it_publishes(backend, config, start):
     else:  # past the limit: every row attends index_topk positions, the one it closes not among them
         others = {"no_limit": attend(pub["cmp_pool"], limit=64)}
     want = separates_under("the prefill attention over the published cache, min((pos + 1) // 128, index_topk) "
-                           "positions", lambda y, w: not bool(outside(y, w).any()), attend(pub["cmp_pool"]), **others)
-    bad = outside(got["x_out"], want).nonzero().flatten().tolist()
+                           "positions", lambda y, w: not bool(_outside(y, w).any()), attend(pub["cmp_pool"]), **others)
+    bad = _outside(got["x_out"], want).nonzero().flatten().tolist()
     assert not bad, f"x_out row {bad[0]} (position {int(a['position_ids'][bad[0]])}) is outside {BF16_STAGE_TOL} " \
                     "of the prefill HCA attention over the published cache (§8)"
 
@@ -483,7 +484,6 @@ def test_a_prefill_csa_chunk_attends_its_indexers_picks_over_the_published_cache
     attention and indexer read. The input separates the order and the offset (separated in the test):
     scoring the index cache as it came in, attending the compressed cache as it came in, and picks one position
     off fall outside that bound. Spec: §8 (upstream prefill_attention_csa.py)."""
-    from contracts.separation import separates_under
     from contracts.tolerances import BF16_STAGE_TOL, V4_CMP_POOL_TOL
 
     x, a, c, i, n = prefill_csa_stage_inputs(config)
@@ -506,18 +506,12 @@ def test_a_prefill_csa_chunk_attends_its_indexers_picks_over_the_published_cache
     def attend(cmp_kv, compressed):
         return _prefill_csa_attend(backend, config, x, a, n, cmp_kv, window, compressed)["x_out"]
 
-    def outside(y, want):
-        atol, rtol = BF16_STAGE_TOL
-        return ((y - want).abs() > atol + rtol * want.abs()).reshape(y.shape[0], -1).any(1)
-
     own = picks(got["idx_kv_cache"], got["idx_kv_scale"])
     want = separates_under("the prefill attention over the stage's caches with its indexer's picks",
-                           lambda y, w: not bool(outside(y, w).any()), attend(got["cmp_kv"], own),
-                           scored_before_the_publication=attend(got["cmp_kv"], picks(i["idx_kv_cache"],
-                                                                                     i["idx_kv_scale"])),
-                           attended_the_compressed_cache_as_it_came_in=attend(a["cmp_kv"], own),
-                           picks_one_position_off=attend(got["cmp_kv"], torch.where(own >= 0, own + 1, own)))
-    bad = outside(got["x_out"], want).nonzero().flatten().tolist()
+                           lambda y, w: not bool(_outside(y, w).any()), attend(got["cmp_kv"], own),
+                           **_picks_alternatives(attend, picks, got["cmp_kv"], a["cmp_kv"], own,
+                                                 (i["idx_kv_cache"], i["idx_kv_scale"])))
+    bad = _outside(got["x_out"], want).nonzero().flatten().tolist()
     assert not bad, f"x_out row {bad[0]} (position {int(pos[bad[0]])}) is outside {BF16_STAGE_TOL} of the prefill " \
                     "CSA attention over the stage's caches with its indexer's picks (§8)"
 
@@ -541,7 +535,6 @@ def test_an_index_key_is_rotated_at_the_named_position(backend, config):
     ("step") the decode step's first position (126 and 254), the row the indexer's query uses; for
     "window_start" the window's first (124 and 252). The other rule's row is outside that bound
     (separates_under), and no other index row moves. Spec: §8; docs/upstream.md (disagreement 22)."""
-    from contracts.separation import separates_under
 
     rule = getattr(backend, "variants", {}).get("v4_csa_stage", {}).get("index_key_rope", "step")
     x, a, c, i = csa_stage_inputs(config)

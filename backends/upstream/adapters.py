@@ -1085,14 +1085,10 @@ def _v4_csa_stage(run, x_hc, attention, compressor, indexer, *, config, index_ke
                                                             index_key_rope=index_key_rope, a5_tiling=a5_tiling,
                                                             own_cmp_page=own_cmp_page)
     a = attention
-    fields = _variant_fields(config)
-    out = run(tensors, fields, constants, module=module, function="golden_attention_csa",
+    out = run(tensors, _variant_fields(config), constants, module=module, function="golden_attention_csa",
               module_globals=module_globals)
-    pos = a["position_ids"].reshape(-1).to(torch.long)
-    qr, qr_scale = _stage_qr(run, x_hc, a["hc_fn"], a["hc_scale"], a["hc_base"], a["attn_norm_w"], a["wq_a"], a["wq_b"],
-                             a["wq_b_scale"], a["wkv"], a["gamma_cq"], a["gamma_ckv"], a["freqs_cos"][pos],
-                             a["freqs_sin"][pos], config=config, fields=fields, constants=constants,
-                             qkv_globals=_qkv_tiling(config) if a5_tiling else None)
+    qr, qr_scale = _chain_qr(run, x_hc, a, a["position_ids"].reshape(-1).to(torch.long), config=config,
+                             constants=constants, a5_tiling=a5_tiling)
     i = indexer
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
             "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"],
@@ -1138,15 +1134,16 @@ def _prefill_stage_tensors(x_hc, attention, compressor, num_tokens, *, config, a
     return tensors, constants, module_globals, pos
 
 
-def _prefill_stage_qr(run, x_hc, attention, pos, real, *, config, constants, a5_tiling):
-    """qr / qr_scale of a prefill stage golden (which computes and drops them), from the chain of goldens it runs;
-    the Flash qkv golden takes no num_tokens, so there its padding rows are the adapter's zeros."""
+def _chain_qr(run, x_hc, attention, pos, *, config, constants, a5_tiling, real=None):
+    """qr / qr_scale of a compressed stage golden (which computes and drops them), from the chain of goldens it runs
+    (``_stage_qr``); a prefill chunk's (``real`` rows of it real): the Flash qkv golden takes no num_tokens, so
+    there its padding rows are the adapter's zeros."""
     a = attention
     qr, qr_scale = _stage_qr(run, x_hc, a["hc_fn"], a["hc_scale"], a["hc_base"], a["attn_norm_w"], a["wq_a"],
                              a["wq_b"], a["wq_b_scale"], a["wkv"], a["gamma_cq"], a["gamma_ckv"], a["freqs_cos"][pos],
                              a["freqs_sin"][pos], config=config, fields=_variant_fields(config), constants=constants,
                              num_tokens=real, qkv_globals=_qkv_tiling(config) if a5_tiling else None)
-    if not a5_tiling:
+    if real is not None and not a5_tiling:
         qr, qr_scale = qr.clone(), qr_scale.clone()
         qr[real:], qr_scale[real:] = 0, 0
     return qr, qr_scale
@@ -1176,7 +1173,7 @@ def _v4_prefill_hca_stage(run, x_hc, attention, compressor, num_tokens, *, confi
                                **{f"prefill_compressor_ratio128.{k}": v for k, v in pools.items()}})
     out = run(tensors, _variant_fields(config), constants, module=module, function="golden_prefill_attention_hca",
               module_globals=module_globals)
-    qr, qr_scale = _prefill_stage_qr(run, x_hc, a, pos, real, config=config, constants=constants, a5_tiling=a5_tiling)
+    qr, qr_scale = _chain_qr(run, x_hc, a, pos, real=real, config=config, constants=constants, a5_tiling=a5_tiling)
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
             "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"]}
 
@@ -1216,7 +1213,7 @@ def _v4_prefill_csa_stage(run, x_hc, attention, compressor, indexer, num_tokens,
                            "prefill_indexer_compressor.T": tokens, "prefill_indexer_compressor.MAX_CMP_WRITES": writes})
     out = run(tensors, _variant_fields(config), constants, module=module, function="golden_prefill_attention_csa",
               module_globals=module_globals)
-    qr, qr_scale = _prefill_stage_qr(run, x_hc, a, pos, real, config=config, constants=constants, a5_tiling=a5_tiling)
+    qr, qr_scale = _chain_qr(run, x_hc, a, pos, real=real, config=config, constants=constants, a5_tiling=a5_tiling)
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
             "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"],
             "inner_state_pool": out["inner_compress_state"],
@@ -1246,14 +1243,10 @@ def _v4_hca_stage(run, x_hc, attention, compressor, *, config, module="decode_at
                                                             a5_tiling=a5_tiling, own_cmp_page=own_cmp_page)
     _check_hca_limit(hca_topk_limit, folder_rule)
     a = attention
-    fields = _variant_fields(config)
-    out = run(tensors, fields, constants, module=module, function="golden_attention_hca",
+    out = run(tensors, _variant_fields(config), constants, module=module, function="golden_attention_hca",
               module_globals=module_globals)
-    pos = a["position_ids"].reshape(-1).to(torch.long)
-    qr, qr_scale = _stage_qr(run, x_hc, a["hc_fn"], a["hc_scale"], a["hc_base"], a["attn_norm_w"], a["wq_a"], a["wq_b"],
-                             a["wq_b_scale"], a["wkv"], a["gamma_cq"], a["gamma_ckv"], a["freqs_cos"][pos],
-                             a["freqs_sin"][pos], config=config, fields=fields, constants=constants,
-                             qkv_globals=_qkv_tiling(config) if a5_tiling else None)
+    qr, qr_scale = _chain_qr(run, x_hc, a, a["position_ids"].reshape(-1).to(torch.long), config=config,
+                             constants=constants, a5_tiling=a5_tiling)
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
             "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"]}
 

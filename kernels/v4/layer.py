@@ -392,22 +392,36 @@ v4_decode_layer.composes_operators = True
 _DSPARK_NONE = ("dspark's decode stage goldens stop at the heads packed for its TP output projection and import "
                 "decode_o_proj.py, which checks the model's tiling at import (not runnable at the contracts' width)")
 
-HCA_STAGE_RECORD = Record(
-    operator="v4_hca_stage",
-    call=lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], config=config)),
-    outputs={"x_out": "fp32_ulps", "kv_cache": "exact", "cmp_kv": "exact", "state_pool": "fp32_ulps"},
-    cases=(),
-    bindings=(Upstream("deepseek_v4_pro", golden="decode_attention_hca.py::golden_attention_hca",
-                       entry="decode_attention_hca.py::attention_hca_test"),
-              Upstream("deepseek_v4_flash_mtp", golden="decode_hca.py::golden_attention_hca",
-                       entry="decode_hca.py::attention_hca_test"),
-              Upstream("deepseek_v4_flash_dspark", entry="decode_hca.py::decode_hca_test", none=_DSPARK_NONE)),
-)
+def _stage_record(operator: str, call, outputs: dict, golden: str, pro: str, mtp: str, dspark_entry: str,
+                  dspark_none: str = _DSPARK_NONE, mtp_none: str = "") -> Record:
+    """The record of a compressed stage adapted from V4-Pro's ``pro`` and Flash-MTP's ``mtp`` module (file names
+    without .py) with the golden ``golden`` and the entry ``<golden without golden_>_test`` (a Flash-MTP module
+    not adapted yet: ``mtp_none`` says why)."""
+    entry = golden.removeprefix("golden_") + "_test"
+    return Record(operator=operator, call=call, outputs=outputs, cases=(), bindings=(
+        Upstream("deepseek_v4_pro", golden=f"{pro}.py::{golden}", entry=f"{pro}.py::{entry}"),
+        Upstream("deepseek_v4_flash_mtp", golden="" if mtp_none else f"{mtp}.py::{golden}", entry=f"{mtp}.py::{entry}",
+                 none=mtp_none),
+        Upstream("deepseek_v4_flash_dspark", entry=dspark_entry, none=dspark_none)))
+
+
+_DECODE_OUT = {"x_out": "fp32_ulps", "kv_cache": "exact", "cmp_kv": "exact"}
+
+HCA_STAGE_RECORD = _stage_record(
+    "v4_hca_stage", lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], config=config)),
+    {**_DECODE_OUT, "state_pool": "fp32_ulps"}, "golden_attention_hca", "decode_attention_hca", "decode_hca",
+    "decode_hca.py::decode_hca_test")
+
+CSA_STAGE_RECORD = _stage_record(
+    "v4_csa_stage",
+    lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], i["indexer"], config=config)),
+    {**_DECODE_OUT, "idx_kv_cache": "exact"}, "golden_attention_csa", "decode_attention_csa", "decode_csa",
+    "decode_csa.py::decode_csa_test")
 
 DECODE_LAYER_RECORD = Record(
     operator="v4_decode_layer",
     call=lambda fn, i, config: dict(fn(i["path"], i["x_hc"], i["attention"], i["moe"], i.get("compressor"),
-                                       config=config)),
+                                       i.get("indexer"), config=config)),
     outputs={"x_out": "fp32_ulps", "kv_cache": "exact"},
     cases=(),
     bindings=(Upstream("deepseek_v4_pro", golden="decode_layer.py::golden_decode_layer_swa",
@@ -418,43 +432,17 @@ DECODE_LAYER_RECORD = Record(
                        "drivers")),
 )
 
-CSA_STAGE_RECORD = Record(
-    operator="v4_csa_stage",
-    call=lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], i["indexer"], config=config)),
-    outputs={"x_out": "fp32_ulps", "kv_cache": "exact", "cmp_kv": "exact", "idx_kv_cache": "exact"},
-    cases=(),
-    bindings=(Upstream("deepseek_v4_pro", golden="decode_attention_csa.py::golden_attention_csa",
-                       entry="decode_attention_csa.py::attention_csa_test"),
-              Upstream("deepseek_v4_flash_mtp", golden="decode_csa.py::golden_attention_csa",
-                       entry="decode_csa.py::attention_csa_test"),
-              Upstream("deepseek_v4_flash_dspark", entry="decode_csa.py::decode_csa_test", none=_DSPARK_NONE)),
-)
+PREFILL_HCA_STAGE_RECORD = _stage_record(
+    "v4_prefill_hca_stage",
+    lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], int(i["num_tokens"]), config=config)),
+    _DECODE_OUT, "golden_prefill_attention_hca", "prefill_attention_hca", "prefill_hca",
+    "prefill_hca.py::prefill_attention_hca_test", dspark_none="dspark's prefill_hca.py golden is not adapted yet (#45)")
 
-PREFILL_HCA_STAGE_RECORD = Record(
-    operator="v4_prefill_hca_stage",
-    call=lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], int(i["num_tokens"]),
-                                       config=config)),
-    outputs={"x_out": "fp32_ulps", "kv_cache": "exact", "cmp_kv": "exact"},
-    cases=(),
-    bindings=(Upstream("deepseek_v4_pro", golden="prefill_attention_hca.py::golden_prefill_attention_hca",
-                       entry="prefill_attention_hca.py::prefill_attention_hca_test"),
-              Upstream("deepseek_v4_flash_mtp", golden="prefill_hca.py::golden_prefill_attention_hca",
-                       entry="prefill_hca.py::prefill_attention_hca_test"),
-              Upstream("deepseek_v4_flash_dspark", entry="prefill_hca.py::prefill_attention_hca_test",
-                       none="dspark's prefill_hca.py golden is not adapted yet (#45)")),
-)
-
-PREFILL_CSA_STAGE_RECORD = Record(
-    operator="v4_prefill_csa_stage",
-    call=lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], i["indexer"], int(i["num_tokens"]),
-                                       config=config)),
-    outputs={"x_out": "fp32_ulps", "kv_cache": "exact", "cmp_kv": "exact", "idx_kv_cache": "exact"},
-    cases=(),
-    bindings=(Upstream("deepseek_v4_pro", golden="prefill_attention_csa.py::golden_prefill_attention_csa",
-                       entry="prefill_attention_csa.py::prefill_attention_csa_test"),
-              Upstream("deepseek_v4_flash_mtp", entry="prefill_csa.py::prefill_attention_csa_test",
-                       none="Flash-MTP's prefill_csa.py golden refuses its own indexer's picks at the contracts' "
-                            "layout (its top-k prefix check); not adapted yet (#45)"),
-              Upstream("deepseek_v4_flash_dspark", entry="prefill_csa.py::prefill_attention_csa_test",
-                       none="dspark's prefill_csa.py golden is not adapted yet (#45)")),
-)
+PREFILL_CSA_STAGE_RECORD = _stage_record(
+    "v4_prefill_csa_stage",
+    lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], i["indexer"], int(i["num_tokens"]),
+                                  config=config)),
+    {**_DECODE_OUT, "idx_kv_cache": "exact"}, "golden_prefill_attention_csa", "prefill_attention_csa", "prefill_csa",
+    "prefill_csa.py::prefill_attention_csa_test", dspark_none="dspark's prefill_csa.py golden is not adapted yet (#45)",
+    mtp_none="Flash-MTP's prefill_csa.py golden refuses its own indexer's picks at the contracts' layout (its top-k "
+             "prefix check); not adapted yet (#45)")
