@@ -1179,12 +1179,15 @@ def _v4_prefill_hca_stage(run, x_hc, attention, compressor, num_tokens, *, confi
 
 
 def _v4_prefill_csa_stage(run, x_hc, attention, compressor, indexer, num_tokens, *, config,
-                          module="prefill_attention_csa", a5_tiling=True):
+                          module="prefill_attention_csa", a5_tiling=True, flash_pages=False):
     """v4_prefill_csa_stage -> prefill_attention_csa.py (Flash-MTP: prefill_csa.py) ::golden_prefill_attention_csa:
     as the HCA prefill stage with the ratio-4 prefill compressor, the indexer's compressor publishing the index
     keys and its scoring (prefill_indexer.py::golden_prefill_indexer_core), the attention over the raw picks.
-    Every cache and state from the golden; qr / qr_scale from the chain of goldens it runs. V4-Pro's only: Flash-MTP's
-    prefill_csa.py refuses its own indexer's picks at this layout (its top-k contract; not adapted yet)."""
+    Every cache and state from the golden; qr / qr_scale from the chain of goldens it runs. ``flash_pages``: Flash-MTP
+    pages its compressed and index caches by the 32 rows of one 128-token block and views its pools by module-level
+    sizes (the call's laid out again, the same flat rows); its golden checks its indexer's picks as if every visible
+    compressed position were picked (each row's first min((pos + 1) // 4, INDEXER_TOPK_CAP) picks inside
+    [0, that count)), which holds only while (pos + 1) // 4 <= INDEXER_TOPK_CAP: a call past it is unsupported."""
     from kernels.v4.layer import check_prefill_csa_stage
     from kernels.v4.prefill_indexer import score_cap
 
@@ -1196,6 +1199,27 @@ def _v4_prefill_csa_stage(run, x_hc, attention, compressor, indexer, num_tokens,
     inner = c["inner_weights"]
     idx_cache, idx_scale, idx_table = i["idx_kv_cache"], i["idx_kv_scale"].float(), i["idx_block_table"].to(torch.int32)
     cap, writes = score_cap(config), max(1, tokens // 4)
+    if flash_pages:
+        from contracts.operators import Unsupported
+
+        topk_cap = min(config.index_topk, cap)
+        if real and int(((pos[:real] + 1) // 4).max()) > topk_cap:
+            raise Unsupported(f"Flash-MTP's prefill CSA golden checks its indexer's picks as if every visible compressed "
+                              f"position were picked: a row more than {topk_cap} compressed positions in fails its own "
+                              "check (docs/upstream.md)")
+        page = max(1, config.block_size // 4)
+        cmp_kv, _, table = _repage(a["cmp_kv"], None, a["cmp_block_table"].reshape(1, -1).to(torch.int32), page)
+        idx_cache, idx_scale, idx_table = _repage(idx_cache, idx_scale, idx_table.reshape(1, -1), page)
+        idx_table = idx_table.reshape(-1)
+        tensors.update(cmp_kv=cmp_kv.clone(), cmp_block_table=table.reshape(-1).contiguous())
+        module_globals.update({"CSA_ORI_BLOCK_NUM": int(a["kv_cache"].shape[0]), "CSA_CMP_BLOCK_NUM": int(cmp_kv.shape[0]),
+                               "CMP_STORAGE_BLOCK_SIZE": page,
+                               "prefill_compressor_ratio4.CSA_STATE_BLOCK_NUM": int(c["state_pool"].shape[0]),
+                               "prefill_compressor_ratio4.CMP_STORAGE_BLOCK_SIZE": page,
+                               "prefill_indexer.CACHE_TILE": page, "prefill_indexer.IDX_STORAGE_BLOCK_SIZE": page,
+                               "prefill_indexer.PREFILL_IDX_BLOCK_NUM": int(idx_cache.shape[0]),
+                               "prefill_indexer_compressor.INNER_STATE_BLOCK_NUM": int(c["inner_state_pool"].shape[0]),
+                               "prefill_indexer_compressor.IDX_STORAGE_BLOCK_SIZE": page})
     tensors.update(
         idx_wq_b=i["wq_b"].clone(), idx_wq_b_scale=i["wq_b_scale"].float().clone(),
         idx_weights_proj=i["weights_proj"].clone(), hadamard_idx=i["hadamard"].clone(),
@@ -2117,6 +2141,7 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                _laid_out("v4_hca_stage", a5_tiling=False, own_cmp_page=True, folder_rule="all"),
                                _laid_out("v4_csa_stage", a5_tiling=False, own_cmp_page=True),
                                _laid_out("v4_prefill_hca_stage", a5_tiling=False, module_pools=True),
+                               _laid_out("v4_prefill_csa_stage", a5_tiling=False, flash_pages=True),
                                replace(_laid_out("v4_decode_layer", a5_tiling=False, own_cmp_page=True,
                                                  goldens=FLASH_LAYER_GOLDENS, folder_rule="all"),
                                        function="golden_decode_layer"),
