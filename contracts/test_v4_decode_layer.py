@@ -479,7 +479,8 @@ def test_the_prefill_csa_stage_is_its_operators_in_order(backend, config):
                         "v4_prefill_index_keys")
 def test_a_prefill_csa_chunk_attends_its_indexers_picks_over_the_published_caches(backend, config, start):
     """The stage's compressed rows are the prefill compressor's publication over the chunk's normalised rows (within
-    upstream's pool bound: its batched host matmul moves a row by an ulp), every other row kept; x_out is within the
+    upstream's pool bound: its batched host matmul moves a row by an ulp), every other row kept, and its index rows
+    the index-key compressor's (within one INT8 step); x_out is within the
     stage bound of the prefill CSA attention over the stage's own compressed cache with the picks of the prefill
     indexer over the stage's own index cache (its keys just published): the stage's caches are the ones its
     attention and indexer read. The input separates the order and the offset (separated in the test):
@@ -491,7 +492,13 @@ def test_a_prefill_csa_chunk_attends_its_indexers_picks_over_the_published_cache
     x, a, c, i, n = prefill_csa_stage_inputs(config, start=start)
     got = op(backend, "v4_prefill_csa_stage")(x, a, c, i, n, config=config)
     pos = a["position_ids"].long()
-    x_normed, proj, pub, _, window = _prefill_csa_parts(backend, config, x, a, c, i, n)
+    x_normed, proj, pub, keys, window = _prefill_csa_parts(backend, config, x, a, c, i, n)
+    step = keys["idx_kv_scale"].reshape(-1, 1)  # one INT8 step of each published index row
+    decoded = (got["idx_kv_cache"].reshape(step.shape[0], -1).float() * got["idx_kv_scale"].reshape(-1, 1)
+               - keys["idx_kv_cache"].reshape(step.shape[0], -1).float() * step)
+    off = (decoded.abs() > step * 1.001).any(1).nonzero().flatten().tolist()
+    assert not off, f"index row {off[0]} is not the index-key compressor's publication over the chunk's normalised " \
+                    "rows within one INT8 step (§8)"
     written = sorted(int(r) for r in c["cmp_slot_mapping"] if r >= 0)
     d = config.head_dim
     moved = _rows_moved(_bits(got["cmp_kv"]), _bits(a["cmp_kv"]), d)
