@@ -1150,19 +1150,30 @@ def _chain_qr(run, x_hc, attention, pos, *, config, constants, a5_tiling, real=N
 
 
 def _v4_prefill_hca_stage(run, x_hc, attention, compressor, num_tokens, *, config, module="prefill_attention_hca",
-                          a5_tiling=True, module_pools=False):
+                          a5_tiling=True, module_pools=False, rows_from_x=False):
     """v4_prefill_hca_stage -> prefill_attention_hca.py (Flash-MTP: prefill_hca.py) ::golden_prefill_attention_hca:
     one request of T rows (B 1, S T), num_tokens real: hc_pre, RMSNorm, Q/KV, the window-cache write, the ratio-128
     prefill compressor publishing into the compressed cache, the window lowered from the 1-D page table, HCA's
     top-k (the first min((pos + 1) // 128, index_topk) compressed positions), the prefill sparse attention, the
     prefill hc_post. x_out and the caches from the golden; qr / qr_scale from the chain of goldens it runs.
-    ``module_pools``: Flash-MTP views its pools by module-level sizes, its compressed cache in pages of one row."""
+    ``module_pools``: Flash-MTP views its pools by module-level sizes, its compressed cache in pages of one row.
+    ``rows_from_x``: dspark's golden takes the chunk's rows from x_hc (no num_tokens, no module-level T): only the
+    real rows are handed over, and the padding rows' x_out, qr and qr_scale are the adapter's zeros."""
     from kernels.v4.layer import check_prefill_hca_stage
 
     check_prefill_hca_stage(x_hc, attention, compressor, num_tokens)
     a, real = attention, int(num_tokens)
     tensors, constants, module_globals, pos = _prefill_stage_tensors(x_hc, a, compressor, real, config=config,
                                                                      a5_tiling=a5_tiling, ratio=128)
+    if rows_from_x:
+        for name in ("x_hc", "position_ids", "ori_slot_mapping", "cmp_slot_mapping", "state_slot_mapping", "x_out"):
+            tensors[name] = tensors[name][:real].clone()
+        del tensors["num_tokens"]
+        pools = {"HCA_STATE_BLOCK_NUM": int(compressor["state_pool"].shape[0]),
+                 "HCA_CMP_BLOCK_NUM": int(a["cmp_kv"].shape[0])}  # its pools by module-level sizes, V4-Pro's page
+        module_globals = {**{k: v for k, v in module_globals.items() if not k.endswith(".T")},
+                          "HCA_ORI_BLOCK_NUM": int(a["kv_cache"].shape[0]), **pools,
+                          **{f"prefill_compressor_ratio128.{k}": v for k, v in pools.items()}}
     if module_pools:
         page = max(1, config.block_size // 128)
         cmp_kv, _, table = _repage(a["cmp_kv"], None, a["cmp_block_table"].reshape(1, -1).to(torch.int32), page)
@@ -1174,7 +1185,10 @@ def _v4_prefill_hca_stage(run, x_hc, attention, compressor, num_tokens, *, confi
     out = run(tensors, _variant_fields(config), constants, module=module, function="golden_prefill_attention_hca",
               module_globals=module_globals)
     qr, qr_scale = _chain_qr(run, x_hc, a, pos, real=real, config=config, constants=constants, a5_tiling=a5_tiling)
-    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
+    x_out = out["x_out"]
+    if rows_from_x:
+        x_out = torch.cat((x_out, torch.zeros(x_hc.shape[0] - real, *x_out.shape[1:], dtype=x_out.dtype)))
+    return {"x_out": x_out, "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
             "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"]}
 
 
@@ -2156,6 +2170,7 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                         _laid_out("v4_prefill_compressor", rows_from_x=True, module_pools=True),
                                         _laid_out("v4_prefill_index_keys", rows_from_x=True),
                                         _laid_out("v4_prefill_indexer", rows_from_x=True),
+                                        _laid_out("v4_prefill_hca_stage", a5_tiling=False, rows_from_x=True),
                                         Adapter("prefill_kv_allgather", FLASH_DSPARK, "prefill_kv_allgather",
                                                 "golden_prefill_kv_allgather", _prefill_kv_allgather),
                                         Adapter("markov_head", FLASH_DSPARK, "markov_head", "golden_markov_head",

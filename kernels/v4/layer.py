@@ -393,16 +393,16 @@ _DSPARK_NONE = ("dspark's decode stage goldens stop at the heads packed for its 
                 "decode_o_proj.py, which checks the model's tiling at import (not runnable at the contracts' width)")
 
 def _stage_record(operator: str, call, outputs: dict, golden: str, pro: str, mtp: str, dspark_entry: str,
-                  dspark_none: str = _DSPARK_NONE, mtp_none: str = "") -> Record:
+                  dspark_none: str = _DSPARK_NONE, dspark_golden: bool = False) -> Record:
     """The record of a compressed stage adapted from V4-Pro's ``pro`` and Flash-MTP's ``mtp`` module (file names
-    without .py) with the golden ``golden`` and the entry ``<golden without golden_>_test`` (a Flash-MTP module
-    not adapted yet: ``mtp_none`` says why)."""
+    without .py) with the golden ``golden`` and the entry ``<golden without golden_>_test``; dspark's entry, and its
+    golden in the Flash-MTP module's file where ``dspark_golden`` (else ``dspark_none`` says why not)."""
     entry = golden.removeprefix("golden_") + "_test"
     return Record(operator=operator, call=call, outputs=outputs, cases=(), bindings=(
         Upstream("deepseek_v4_pro", golden=f"{pro}.py::{golden}", entry=f"{pro}.py::{entry}"),
-        Upstream("deepseek_v4_flash_mtp", golden="" if mtp_none else f"{mtp}.py::{golden}", entry=f"{mtp}.py::{entry}",
-                 none=mtp_none),
-        Upstream("deepseek_v4_flash_dspark", entry=dspark_entry, none=dspark_none)))
+        Upstream("deepseek_v4_flash_mtp", golden=f"{mtp}.py::{golden}", entry=f"{mtp}.py::{entry}"),
+        Upstream("deepseek_v4_flash_dspark", golden=f"{mtp}.py::{golden}" if dspark_golden else "",
+                 entry=dspark_entry, none="" if dspark_golden else dspark_none)))
 
 
 _DECODE_OUT = {"x_out": "fp32_ulps", "kv_cache": "exact", "cmp_kv": "exact"}
@@ -436,7 +436,7 @@ PREFILL_HCA_STAGE_RECORD = _stage_record(
     "v4_prefill_hca_stage",
     lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], int(i["num_tokens"]), config=config)),
     _DECODE_OUT, "golden_prefill_attention_hca", "prefill_attention_hca", "prefill_hca",
-    "prefill_hca.py::prefill_attention_hca_test", dspark_none="dspark's prefill_hca.py golden is not adapted yet (#45)")
+    "prefill_hca.py::prefill_attention_hca_test", dspark_golden=True)
 
 PREFILL_CSA_STAGE_RECORD = _stage_record(
     "v4_prefill_csa_stage",
