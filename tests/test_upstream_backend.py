@@ -20,6 +20,10 @@ from backends.upstream.backend import checkout, make_backend
 from backends.upstream.client import UpstreamError, Worker
 from contracts.operators import BackendError
 
+# the tests that run a real pypto-lib checkout (CI has none: each names that missing piece)
+needs_checkout = pytest.mark.skipif(not os.environ.get("PYPTO_LIB_ROOT"),
+                                    reason="needs a pypto-lib checkout (PYPTO_LIB_ROOT)")
+
 CONFIG = '''
 import dataclasses, torch
 
@@ -200,6 +204,30 @@ def flash_root(tmp_path_factory) -> Path:
     return root
 
 
+def test_one_worker_switching_folders_imports_each_folders_own_config(tmp_path):
+    """One worker asked for V4-Pro's folder, then dspark's, then V4-Pro's again imports each folder's own
+    ``config`` (and helpers) every time: no module of the previous folder is found by name (a stale V4-Pro config
+    made dspark's ``from config import FLASH`` fail on a real checkout)."""
+    (tmp_path / "golden").mkdir()
+    (tmp_path / "golden" / "runner.py").write_text("# layout only\n")
+    for folder, config, module in (("deepseek_v4_pro", CONFIG, MODULE),
+                                   ("deepseek_v4_flash_dspark", FLASH_CONFIG, FLASH_MODULE)):
+        model = tmp_path / "models" / folder
+        model.mkdir(parents=True)
+        (model / "config.py").write_text(textwrap.dedent(config))
+        (model / "toy.py").write_text(textwrap.dedent(module))
+    w = Worker(tmp_path)
+    try:
+        x = torch.ones(3, 4).to(torch.bfloat16)
+        # y = 2x + len(the folder's model name): "pro" 5, "flash" 7
+        for folder, want in (("deepseek_v4_pro", 5.0), ("deepseek_v4_flash_dspark", 7.0), ("deepseek_v4_pro", 5.0)):
+            out = w.call(folder, "toy", "golden_double", {"x": x, "y": torch.zeros(3, 4)},
+                         fields={"hidden_size": 4}, constants={"MOE_TOKENS": 3})
+            assert torch.equal(out["y"], torch.full((3, 4), want)), f"{folder}: another folder's config was read"
+    finally:
+        w.close()
+
+
 def test_a_flash_folder_takes_its_geometry_on_its_own_model_object(flash_root):
     """The Flash folders import ``FLASH as M``: the worker's field overrides land there (on V4-Pro's ``ACTIVE`` they
     would leave the module at the folder's own dims)."""
@@ -256,7 +284,7 @@ def test_an_adapted_golden_whose_module_the_checkout_lacks_is_left_out_and_named
         b.why_missing["prefill_cp_swa"]
 
 
-@pytest.mark.skipif(not os.environ.get("PYPTO_LIB_ROOT"), reason="needs a pypto-lib checkout (PYPTO_LIB_ROOT)")
+@needs_checkout
 def test_real_checkout_gate_matches_the_reference():
     """Upstream main's gate golden against this project's v4_gate on one score layer: codes and routes equal;
     scale and weights within the contract's bounds (upstream's FP32 two-stage row sums, its reciprocal factor)."""
@@ -382,7 +410,7 @@ def test_a_tree_of_one_folders_goldens_is_not_judged_on_another_folders_backend(
         "v4_gate")(*a, **{**k, "dequant_factor": "reciprocal"})))) == {"x_norm_i8", "x_norm_scale", "indices", "weights"}
 
 
-@pytest.mark.skipif(not os.environ.get("PYPTO_LIB_ROOT"), reason="needs a pypto-lib checkout (PYPTO_LIB_ROOT)")
+@needs_checkout
 @pytest.mark.parametrize("cp", [2, 4])
 def test_real_checkout_cp_swa_fixture_is_the_plan(cp):
     """Flash-MTP's CP-SWA fixture builds its metadata itself (prefill_cp_swa.py::build_metadata: zero history,
@@ -433,7 +461,7 @@ def test_a_global_names_a_module_before_a_function_of_the_same_name(tmp_path):
         w.close()
 
 
-@pytest.mark.skipif(not os.environ.get("PYPTO_LIB_ROOT"), reason="needs a pypto-lib checkout (PYPTO_LIB_ROOT)")
+@needs_checkout
 @pytest.mark.parametrize("model", ["deepseek_v4_pro", "deepseek_v4_flash_mtp"])
 def test_real_checkout_prefill_attention_gathers_its_keys(model):
     """Disagreement 19: upstream's prefill attention golden (prefill_sparse_attn.py) on a chunk whose windows have
@@ -480,7 +508,7 @@ def test_a_golden_called_inside_an_adapted_golden_is_listed_as_adapted_inside_it
                     "golden_unused": "not adapted itself (its module is read by `v4_attention_stage`'s adapter)"}, rows
 
 
-@pytest.mark.skipif(not os.environ.get("PYPTO_LIB_ROOT"), reason="needs a pypto-lib checkout (PYPTO_LIB_ROOT)")
+@needs_checkout
 def test_real_checkout_dspark_attention_keeps_fp32_probabilities():
     """Disagreement 21 on dspark's deployment (16 requests x 7 drafts, windows clamped and full): upstream's
     golden_dspark_attention is within its own compare_fn (dspark_x_out) of the "fp32" probability rule, and past it

@@ -73,11 +73,11 @@ class Modules:
         model_dir = os.path.join(self.root, "models", folder)
         if not os.path.isdir(model_dir):
             raise FileNotFoundError(f"models/{folder} is not in this checkout")
+        models = os.path.join(self.root, "models")
         for name in [m for m, mod in sys.modules.items()
-                     if getattr(mod, "__file__", None) and os.path.dirname(mod.__file__) == model_dir]:
-            del sys.modules[name]  # a fresh config (and helpers) for this geometry
-        if model_dir in sys.path:
-            sys.path.remove(model_dir)
+                     if getattr(mod, "__file__", None) and os.path.dirname(os.path.dirname(mod.__file__)) == models]:
+            del sys.modules[name]  # a fresh config (and helpers) for this geometry -- and no other folder's
+        sys.path[:] = [p for p in sys.path if os.path.dirname(p) != models]  # no other folder's modules by name
         sys.path.insert(0, model_dir)
         import config  # the checkout's models/<folder>/config.py
 
