@@ -142,6 +142,20 @@ def heads_inputs(seed: int, config, *, rows: int) -> dict[str, torch.Tensor]:
             "wo_b": int8_codes((d, groups * lora), g), "wo_b_scale": torch.rand(d, generator=g) / 127 / 4 + 1e-4}
 
 
+def _malformed(case: str) -> tuple[BadCall, ...]:
+    """The calls both projections from the heads refuse (one shared check, ``check_heads_projection``): heads
+    [T, H, hd] BF16, wo_a [G, O_LORA, H/G·hd] BF16, wo_b [D, G·O_LORA] INT8, wo_b_scale [D]."""
+    return (BadCall("heads of another head count", case, replaced(heads=lambda i: i["heads"][:, 1:]), "heads"),
+            BadCall("FP32 heads", case, replaced(heads=lambda i: i["heads"].float()), "heads"),
+            BadCall("wo_a of another rank", case, replaced(wo_a=lambda i: i["wo_a"][:, 1:]), "wo_a"),
+            BadCall("a BF16 wo_b", case, replaced(wo_b=lambda i: i["wo_b"].to(torch.bfloat16)), "wo_b"),
+            BadCall("wo_b_scale short", case, replaced(wo_b_scale=lambda i: i["wo_b_scale"][1:]), "wo_b_scale"))
+
+
+_V4_FUSED = tuple(Upstream(f, none="fused into decode_sparse_attn*.py::golden_sparse_attn (v4_attention)")
+                  for f in ("deepseek_v4_pro", "deepseek_v4_flash_mtp"))
+
+
 def _heads_inputs(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
     """A decode step's 8 rows (``heads_inputs``)."""
     return heads_inputs(seed, config, rows=8)
@@ -154,14 +168,11 @@ RECORD = Record(
     cases=(CaseSpec("v4_heads_projection", "V4's decode output projection from BF16 heads: 8 rows through the FP32 "
                     "grouped latent, one INT8 row per (token, group) and the W8A8 wo_b", _heads_inputs,
                     geometries=("flash-tiny",)),),
-    bad_calls=(
-        BadCall("heads of another head dim", "v4_heads_projection", replaced(heads=lambda i: i["heads"][..., 1:]),
-                "heads"),
-        BadCall("wo_a of another rank", "v4_heads_projection", replaced(wo_a=lambda i: i["wo_a"][:, 1:]), "wo_a"),
-    ),
+    bad_calls=(BadCall("heads of another head dim", "v4_heads_projection",
+                       replaced(heads=lambda i: i["heads"][..., 1:]), "heads"),
+               *_malformed("v4_heads_projection")),
     bindings=(
-        Upstream("deepseek_v4_pro", none="fused into decode_sparse_attn*.py::golden_sparse_attn (v4_attention)"),
-        Upstream("deepseek_v4_flash_mtp", none="fused into decode_sparse_attn*.py::golden_sparse_attn (v4_attention)"),
+        *_V4_FUSED,
         Upstream("deepseek_v4_flash_dspark", golden="decode_o_proj.py::golden_decode_o_proj_tp1",
                  entry="decode_o_proj.py::decode_o_proj_test"),
     ),
@@ -182,12 +193,7 @@ DSPARK_RECORD = Record(
     cases=(CaseSpec("dspark_output_projection", "dspark's drafter output projection: 14 rows of heads through the "
                     "BF16-staged grouped latent, one INT8 row per token and the W8A8 wo_b",
                     _projection_inputs, geometries=("flash-tiny",)),),
-    bad_calls=(
-        BadCall("heads of another head count", "dspark_output_projection",
-                replaced(heads=lambda i: i["heads"][:, 1:]), "heads"),
-        BadCall("a BF16 wo_b", "dspark_output_projection", replaced(wo_b=lambda i: i["wo_b"].to(torch.bfloat16)),
-                "wo_b"),
-    ),
+    bad_calls=_malformed("dspark_output_projection"),
     bindings=dspark_only("the drafter's output projection", none=_FUSED),
 )
 
@@ -211,8 +217,7 @@ PARTIAL_RECORD = Record(
     bad_calls=(BadCall("more groups than the model's", "v4_heads_projection_partial",
                        replaced(heads=lambda i: torch.cat((i["heads"], i["heads"], i["heads"]))), "heads"),),
     bindings=(
-        Upstream("deepseek_v4_pro", none="fused into decode_sparse_attn*.py::golden_sparse_attn (v4_attention)"),
-        Upstream("deepseek_v4_flash_mtp", none="fused into decode_sparse_attn*.py::golden_sparse_attn (v4_attention)"),
+        *_V4_FUSED,
         Upstream("deepseek_v4_flash_dspark", golden="decode_o_proj.py::golden_decode_o_proj",
                  entry="decode_o_proj.py::decode_o_proj_test"),
     ),
