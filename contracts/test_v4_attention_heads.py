@@ -93,6 +93,15 @@ def _formula(q, ori_kv, window, cmp_kv, table, sink, cos, sin):
     return heads
 
 
+def _step(i, g, table, compressed, pos):
+    """A decode step's arguments of v4_attention_heads: ``i``'s query, window cache and RoPE rows, a random BF16
+    compressed pool of as many pages as ``table`` names, paged through it, and the compressed slots given."""
+    table = torch.tensor(table, dtype=torch.int32)
+    cmp_kv = (torch.rand(int(table.max()) + 1, C.block_size, 1, C.head_dim, generator=g) - 0.5).to(torch.bfloat16)
+    return (i["q"], i["ori_kv"], i["window_indices"], cmp_kv, table, compressed, pos, i["attn_sink"], i["freqs_cos"],
+            i["freqs_sin"])
+
+
 def _hca_step():
     """A decode batch at positions around the compressed closes (127 | 128, 130, 300, 700): each row's HCA slots the
     first min((pos + 1) // 128, 8) compressed positions (its deterministic top-k), pages through shuffled tables."""
@@ -102,10 +111,7 @@ def _hca_step():
     slots = torch.full((C.decode_tokens, 8), -1, dtype=torch.int32)
     for r, p in enumerate(pos.tolist()):
         slots[r, :min((p + 1) // 128, 8)] = torch.arange(min((p + 1) // 128, 8))
-    cmp_kv = (torch.rand(3, C.block_size, 1, C.head_dim, generator=g) - 0.5).to(torch.bfloat16)
-    table = torch.tensor([[2, 0], [1, 2], [0, 1], [2, 1]], dtype=torch.int32)
-    return (i["q"], i["ori_kv"], i["window_indices"], cmp_kv, table, slots, pos, i["attn_sink"], i["freqs_cos"],
-            i["freqs_sin"])
+    return _step(i, g, [[2, 0], [1, 2], [0, 1], [2, 1]], slots, pos)
 
 
 @pytest.mark.operators("v4_attention_heads", "v4_sparse_attention")
@@ -139,10 +145,7 @@ def _csa_step():
     raw[:, ::5] = -1
     edge = (pos.long() + 1) // 4
     raw[:, 1], raw[:, 2] = edge.to(torch.int32), (edge - 1).to(torch.int32)
-    cmp_kv = (torch.rand(4, C.block_size, 1, C.head_dim, generator=g) - 0.5).to(torch.bfloat16)
-    table = torch.tensor([[3, 0], [1, 2], [2, 3], [0, 1]], dtype=torch.int32)
-    return (i["q"], i["ori_kv"], i["window_indices"], cmp_kv, table, raw, pos, i["attn_sink"], i["freqs_cos"],
-            i["freqs_sin"])
+    return _step(i, g, [[3, 0], [1, 2], [2, 3], [0, 1]], raw, pos)
 
 
 @pytest.mark.operators("v4_attention_heads", "v4_sparse_attention")
