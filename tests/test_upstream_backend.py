@@ -228,6 +228,27 @@ def test_one_worker_switching_folders_imports_each_folders_own_config(tmp_path):
         w.close()
 
 
+def test_a_golden_gets_its_keyword_arguments_beside_its_tensors(tmp_path):
+    """A golden taking keyword arguments after its tensors (``golden_lm_head_all_ranks(tensors, *, n_ranks)``) gets
+    the call's ``kwargs``; without them it raises, named, as any golden does."""
+    (tmp_path / "golden").mkdir()
+    (tmp_path / "golden" / "runner.py").write_text("# layout only\n")
+    model = tmp_path / "models" / "deepseek_v4_pro"
+    model.mkdir(parents=True)
+    (model / "config.py").write_text(textwrap.dedent(CONFIG))
+    (model / "toy.py").write_text("def golden_scaled(tensors, *, n_ranks):\n"
+                                  "    tensors['y'][:] = tensors['x'] * n_ranks\n")
+    w = Worker(tmp_path)
+    try:
+        x = torch.arange(6.0).reshape(2, 3)
+        out = w.call("deepseek_v4_pro", "toy", "golden_scaled", {"x": x, "y": torch.zeros(2, 3)}, kwargs={"n_ranks": 3})
+        assert torch.equal(out["y"], x * 3), "the keyword argument did not reach the golden"
+        with pytest.raises(UpstreamError, match="n_ranks"):
+            w.call("deepseek_v4_pro", "toy", "golden_scaled", {"x": x, "y": torch.zeros(2, 3)})
+    finally:
+        w.close()
+
+
 def test_a_flash_folder_takes_its_geometry_on_its_own_model_object(flash_root):
     """The Flash folders import ``FLASH as M``: the worker's field overrides land there (on V4-Pro's ``ACTIVE`` they
     would leave the module at the folder's own dims)."""

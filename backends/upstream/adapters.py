@@ -197,11 +197,12 @@ def _final_norm(run, hidden, weight, *, config=None):
     return run(tensors, {"hidden_size": hidden.shape[1], "rms_norm_eps": eps}, {})["x_normed"]
 
 
-def _lm_head(run, hidden, weight, *, tp=1, card_owners=False):
+def _lm_head(run, hidden, weight, *, tp=1, card_owners=False, all_ranks=False):
     """lm_head -> lm_head.py::golden_lm_head with one DP owner holding every row (DP_SIZE 1, TP_SIZE tp,
     MAX_LOGIT_ROWS T, row indices 0..T-1); its [1, T, vocab] logits are cut back into tp shards.
     ``card_owners``: the Flash folders' golden takes every card as an owner (``WORLD_SIZE`` = TP x DP owners, not
-    DP_SIZE), set to the one owner here."""
+    DP_SIZE), set to the one owner here. ``all_ranks`` (V4-Pro): a call at tp > 1 goes to
+    ``golden_lm_head_all_ranks`` instead (``_lm_head_all_ranks``)."""
     from kernels.reference.lm_head import lm_head_layout
 
     if hidden.ndim != 2 or weight.ndim != 2 or weight.shape[1] != hidden.shape[1]:
@@ -211,6 +212,8 @@ def _lm_head(run, hidden, weight, *, tp=1, card_owners=False):
     rows = lm_head_layout(vocab=weight.shape[0], tp=tp, dp=tp)
     tokens, d = hidden.shape
     vocab = weight.shape[0]
+    if all_ranks and tp > 1:
+        return _lm_head_all_ranks(run, hidden, weight, tp=tp, rows=rows)
     tensors = {"hidden_states": hidden.reshape(1, tokens, d).clone(),
                "lm_head_weight": weight.reshape(tp, rows, d).clone(),
                "logit_row_indices": torch.arange(tokens, dtype=torch.int32).reshape(1, tokens),
@@ -221,6 +224,25 @@ def _lm_head(run, hidden, weight, *, tp=1, card_owners=False):
                               "VOCAB_PER_TP": rows, **({"WORLD_SIZE": 1} if card_owners else {})})
     logits = out["logits"][0]
     return [logits[:, r * rows:(r + 1) * rows].clone() for r in range(tp)]
+
+
+def _lm_head_all_ranks(run, hidden, weight, *, tp, rows):
+    """lm_head at tp > 1 -> lm_head.py::golden_lm_head_all_ranks with tp owners (n_ranks tp, card r holding vocab
+    shard r). Every owner holds all T rows in its own order (owner r's slab rotated by r rows) and lists them back
+    in call order in its logit_row_indices, so each owner's logits rows are the call's rows and an owner reading
+    another owner's slab or indices shows; shard r is cut from owner r's logits."""
+    tokens, d = hidden.shape
+    vocab = weight.shape[0]
+    order = [torch.roll(torch.arange(tokens), r) for r in range(tp)]  # slab row j of owner r holds call row order[r][j]
+    slabs = torch.stack([hidden[o] for o in order])
+    indices = torch.stack([torch.argsort(o) for o in order]).to(torch.int32)  # call row i sits at slab row indices[r, i]
+    tensors = {"hidden_out": slabs.clone(), "lm_head_weight": weight.reshape(tp, rows, d).clone(),
+               "logit_row_indices": indices, "logits": torch.zeros(tp, tokens, vocab, dtype=torch.float32),
+               "sampled_ids": torch.zeros(tp, tokens, 8, dtype=torch.int32)}  # the greedy ids (not judged)
+    out = run(tensors, {"hidden_size": d, "vocab_size": vocab}, {}, function="golden_lm_head_all_ranks",
+              kwargs={"n_ranks": tp},
+              module_globals={"TP_SIZE": tp, "D": d, "VOCAB": vocab, "VOCAB_PER_TP": rows})
+    return [out["logits"][r][:, r * rows:(r + 1) * rows].clone() for r in range(tp)]
 
 
 def _v4_expert(run, x_i8, x_scale, route_weight, weights, *, config):
@@ -1716,7 +1738,8 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_gate", PRO, "gate", "golden_gate_core", _gate),
     Adapter("mtp_projection", PRO, "mtp_projection", "golden_mtp_projection", _mtp_projection),
     Adapter("hc_post", PRO, "hc_post", "golden_hc_post", _hc_post),
-    Adapter("lm_head", PRO, "lm_head", "golden_lm_head", _lm_head),
+    Adapter("lm_head", PRO, "lm_head", "golden_lm_head", partial(_lm_head, all_ranks=True),
+            forms=(("lm_head", "golden_lm_head_all_ranks"),)),
     Adapter("final_norm", PRO, "rmsnorm", "golden_rms_norm_test", _final_norm),
     Adapter("v4_embed_pack", PRO, "input_pack", "golden_pack_x_hc", _v4_embed_pack),
     Adapter("v4_expert", PRO, "expert_routed", "golden_expert_routed", _v4_expert, also=("expert_shared",)),
@@ -2133,7 +2156,7 @@ def _laid_out(name: str, **layout) -> Adapter:
 _FLASH_SHARED: list[Adapter] = [*(ADAPTERS[n] for n in ("hc_post", "final_norm", "v4_expert", "hc_pre_fused")),
                                 _laid_out("hc_head_fused", split_chunks=False),
                                 _laid_out("v4_qkv_proj_rope", a5_tiling=False),
-                                _laid_out("lm_head", card_owners=True)]
+                                replace(_laid_out("lm_head", card_owners=True, all_ranks=False), forms=())]
 _FLASH_OWN = [Adapter("lookup_embedding", FLASH_MTP, "lookup_embedding", "golden_lookup_embedding_test",
                       _lookup_embedding),
               Adapter("v4_gate", FLASH_MTP, "gate", "golden_gate_core", _flash_gate)]

@@ -86,6 +86,8 @@ class Worker:
                    "fields": fields or {}, "constants": constants or {}, "globals": module_globals or {}}
         if args is not None:
             request.update(args=list(args), kwargs=dict(kwargs or {}))
+        elif kwargs:  # a golden's keyword arguments beside its tensors (golden_lm_head_all_ranks' n_ranks)
+            request["kwargs"] = dict(kwargs)
         if taps:
             request["taps"] = {key: list(names) for key, names in taps.items()}
         where = f"models/{folder}/{module}.py::{function}"

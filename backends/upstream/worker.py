@@ -8,8 +8,9 @@ constant overrides, module global overrides (constants a module derives at impor
 ``TP_SIZE`` from its command line, set on the imported module before each call; ``"<module>.<NAME>"`` sets one
 on another module of the folder that the golden imports by name, ``"<function>.<attr>"`` an attribute of one of the
 module's functions, as a fixture installs ``golden_prefill_cp_swa._ctx``), and the tensors dict the golden
-function fills in place (or ``args`` / ``kwargs`` for a plain host function, whose result comes back as
-``{"result": ...}``); the answer is
+function fills in place, with ``kwargs`` as its keyword arguments when given (``golden_lm_head_all_ranks``'
+``n_ranks``), or ``args`` / ``kwargs`` for a plain host function, whose result comes back as
+``{"result": ...}``; the answer is
 ``{"tensors": ...}`` or ``{"error": "<one line>"}``. ``taps`` {"<module>.<golden>": [names]} observes the goldens a
 whole-stage golden chains (it imports them by name at call time): after each call of that golden, the named
 entries of its tensors dict are copied, and the answer's tensors gain ``"<module>.<golden>"``: one dict per call,
@@ -348,7 +349,7 @@ def main() -> int:
                 continue
             tensors = request["tensors"]
             with _tapped(request.get("taps", {})) as seen:
-                fn(tensors)
+                fn(tensors, **request.get("kwargs", {}))
             write_message(stdout, {"tensors": {**tensors, **seen}})
         except Exception as exc:  # one line back to the client, the trace on the worker's stderr
             traceback.print_exc(file=sys.stderr)
