@@ -33,11 +33,12 @@ def _layer(backend, config, i):
 
 
 def _assert_the_chain(backend, config, i, out, att, moe, form):
-    """The layer's outputs against the chain's: the head (head mix, hc_head, RMSNorm) on the MoE stage's streams
-    computed here with the backend's operators, the streams themselves for the next step, the stage's cache."""
-    pre = op(backend, "v4_head_mix")(moe["x_out"], i["head"]["fn"], i["head"]["scale"], i["head"]["base"],
-                                     config=config)
-    want = op(backend, "final_norm")(op(backend, "hc_head")(moe["x_out"], pre), i["head"]["norm_w"], config=config)
+    """The layer's outputs against the chain's: the head (head mix then hc_head in one call, as upstream's hc_head
+    goldens compute it, then the RMSNorm) on the MoE stage's streams computed here with the backend's operators,
+    the streams themselves for the next step, the stage's cache."""
+    y = op(backend, "hc_head_fused")(moe["x_out"], i["head"]["fn"], i["head"]["scale"], i["head"]["base"],
+                                     config=config)["y"]
+    want = op(backend, "final_norm")(y, i["head"]["norm_w"], config=config)
     assert out["hidden_out"].dtype == torch.bfloat16 and torch.equal(out["hidden_out"], want), \
         f"{form}hidden_out is not the stages in order"
     assert out["next_pre_hc_hidden"].dtype == torch.float32 and torch.equal(out["next_pre_hc_hidden"], moe["x_out"]), \
@@ -123,7 +124,7 @@ def test_the_fused_head_is_the_head_mix_then_hc_head(backend, config):
 
 @pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
-@pytest.mark.operators("final_norm", "hc_head", "mtp_projection", "v4_attention_stage", "v4_head_mix",
+@pytest.mark.operators("final_norm", "hc_head_fused", "mtp_projection", "v4_attention_stage",
                         "v4_moe_stage", "v4_mtp_layer")
 def test_the_mtp_layer_is_its_stages_in_order(backend, config):
     """hidden_out = final_norm(hc_head(x, v4_head_mix(x)), mtp_norm_w) with x the MoE stage's streams after the SWA
@@ -184,7 +185,7 @@ def test_the_head_mix_names_a_bad_stream_or_weight(backend):
 
 @pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
-@pytest.mark.operators("final_norm", "hc_head", "mtp_projection", "v4_attention_stage", "v4_head_mix",
+@pytest.mark.operators("final_norm", "hc_head_fused", "mtp_projection", "v4_attention_stage",
                         "v4_moe_stage", "v4_prefill_mtp_layer", "v4_prefill_swa_indices")
 def test_the_prefill_mtp_layer_is_its_stages_in_order(backend, config):
     """On one request's prefill chunk (28 of 32 rows real): the window lowered by v4_prefill_swa_indices, the SWA

@@ -398,10 +398,15 @@ def _mtp_common(hidden, prev, projection, moe, head, *, config) -> dict:
     return tensors, fields
 
 
-def _v4_mtp_layer(run, hidden, prev, projection, attention, moe, head, *, config):
+def _v4_mtp_layer(run, hidden, prev, projection, attention, moe, head, *, config, fused_lm_head=False,
+                  a5_tiling=True):
     """v4_mtp_layer -> decode_mtp.py::golden_mtp_decode_layer (mtp_projection, the SWA attention stage, the MoE
     stage at EP 2, hc_head, RMSNorm) with both ranks given this call's inputs: rank 0's hidden_out and
-    next_pre_hc_hidden, and its window cache (written in place by the stage golden)."""
+    next_pre_hc_hidden, and its window cache (written in place by the stage golden).
+    ``fused_lm_head`` (Flash-MTP's ``golden_decode_mtp``): the same layer then its LM head over hidden_out; the
+    operator ends at hidden_out, so the head gets a one-id vocabulary of zeros (its logits not read: ``lm_head``'s
+    own adapter judges that golden). ``a5_tiling=False``: the Flash goldens' (no A5 split-K or lane tiling to size
+    at a tiny preset: their qkv projection's one FP32 matmul, their hc_head's sliced tiles)."""
     from kernels.errors import ContractInputError
     from kernels.v4.mtp_layer import SPEC
 
@@ -421,8 +426,19 @@ def _v4_mtp_layer(run, hidden, prev, projection, attention, moe, head, *, config
         tensors[name] = _both(value).unsqueeze(1) if name in ("freqs_cos", "freqs_sin") else _both(value)
     tensors.update(prev_pre_hc_hidden=_both(prev.float()), num_tokens=int(moe["num_tokens"]),
                    next_pre_hc_hidden=torch.zeros(MOE_RANKS, *prev.shape))
+    if not a5_tiling:
+        module_globals = {k: v for k, v in module_globals.items() if not k.startswith("qkv_proj_rope.")}
+    if fused_lm_head:
+        d = hidden.shape[1]
+        tensors.update(lm_head_weight=torch.zeros(MOE_RANKS, 1, d, dtype=torch.bfloat16),
+                       logit_row_indices=_both(torch.arange(tokens, dtype=torch.int32)),
+                       logits=torch.zeros(MOE_RANKS, tokens, 1), sampled_ids=torch.zeros(MOE_RANKS, tokens, 8,
+                                                                                          dtype=torch.int32))
+        module_globals = {**module_globals, "lm_head.TP_SIZE": 1, "lm_head.WORLD_SIZE": MOE_RANKS,
+                          "lm_head.MAX_LOGIT_ROWS": tokens, "lm_head.D": d}
     out = run(tensors, fields, {**constants, "MOE_TOKENS": tokens}, module="decode_mtp",
-              function="golden_mtp_decode_layer", module_globals={**module_globals, **_hc_head_tiling(config)})
+              function="golden_decode_mtp" if fused_lm_head else "golden_mtp_decode_layer",
+              module_globals={**module_globals, **(_hc_head_tiling(config) if a5_tiling else {})})
     return {"hidden_out": out["hidden_out"][0], "next_pre_hc_hidden": out["next_pre_hc_hidden"][0],
             "kv_cache": out["kv_cache"][0]}
 
@@ -2175,6 +2191,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                Adapter("prefill_cp_swa", FLASH_MTP, "prefill_cp_swa", "golden_prefill_cp_swa",
                                        _prefill_cp_swa),
                                _laid_out("v4_attention_stage", a5_tiling=False),
+                               replace(_laid_out("v4_mtp_layer", a5_tiling=False, fused_lm_head=True),
+                                       function="golden_decode_mtp"),
                                _laid_out("v4_hca_stage", a5_tiling=False, own_cmp_page=True, folder_rule="all"),
                                _laid_out("v4_csa_stage", a5_tiling=False, own_cmp_page=True),
                                _laid_out("v4_prefill_hca_stage", a5_tiling=False, module_pools=True),
