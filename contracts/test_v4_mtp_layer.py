@@ -183,12 +183,14 @@ def test_the_head_mix_names_a_bad_stream_or_weight(backend):
                                    config=config)
 
 
-@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit", inputs=("v4_prefill_swa_indices",))
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
 @pytest.mark.operators("final_norm", "hc_head_fused", "mtp_projection", "v4_attention_stage",
                         "v4_moe_stage", "v4_prefill_mtp_layer", "v4_prefill_swa_indices")
 def test_the_prefill_mtp_layer_is_its_stages_in_order(backend, config):
-    """On one request's prefill chunk (28 of 32 rows real): the window lowered by v4_prefill_swa_indices, the SWA
+    """On one request's prefill chunk (28 of 32 rows real): the window lowered by v4_prefill_swa_indices (the
+    reference's on a backend that lowers it inside its prefill stage, as upstream's golden does: integer metadata
+    with contracts of its own, fed to the chain), the SWA
     stage in its prefill form rotating with profile 0 of the two-profile tables, the MoE stage with the same
     num_tokens, then the head -- chained here from the backend's own operators, bit for bit; the padding rows of
     hidden_out and next_pre_hc_hidden exactly 0. Spec: §8 (upstream prefill_mtp.py)."""

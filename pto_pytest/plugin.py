@@ -109,8 +109,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("hypothesis_profile", default=None):
         settings.load_profile(default_profile())
     config.addinivalue_line("markers", "slow: longer property runs")
-    config.addinivalue_line("markers", "whole_backend(reason): the property compares a backend with itself (a "
-                                       "stage with the chain of its own operators): never a mixed run")
+    config.addinivalue_line("markers", "whole_backend(reason, inputs=()): the property compares a backend with "
+                                       "itself (a stage with the chain of its own operators): never a mixed run, "
+                                       "but for the operators named in inputs (metadata the chain is fed)")
     config.addinivalue_line("markers", "operators(*names): the operators a contract calls, on the backend or as "
                                        "the reference (what --operator selects by; checked as the test runs)")
     config._pto_operators = wanted_operators(config.getoption("operator"))
@@ -325,11 +326,15 @@ def uses(name: str, role: str = "pto_operator") -> None:
         _ITEM.user_properties.append((role, name))
 
 
-def _no_stand_in(backend: Backend) -> str | None:
-    """Why the running test gets no reference stand-in on ``backend`` (None: it gets one)."""
+def _no_stand_in(backend: Backend, name: str) -> str | None:
+    """Why the running test gets no reference stand-in for operator ``name`` on ``backend`` (None: it gets one).
+    A whole-backend contract gets one only for an operator it names as an input of its chain
+    (``whole_backend(..., inputs=(name,))``: integer metadata with contracts of its own, which a backend may lower
+    inside its stage rather than offer alone)."""
     if not backend.reference_stand_ins or backend.unavailable or _ITEM is None:
         return "this backend runs whole or not at all"
-    if _ITEM.get_closest_marker("whole_backend") is not None:
+    whole = _ITEM.get_closest_marker("whole_backend")
+    if whole is not None and name not in whole.kwargs.get("inputs", ()):
         return "this contract compares a stage with the backend's own parts (whole_backend)"
     declared = {o for m in _ITEM.iter_markers("operators") for o in m.args}
     if not any(backend.has(o) and o in KERNEL_OPERATORS for o in declared):
@@ -354,7 +359,7 @@ def op(backend: Backend, name: str):
     try:
         fn = backend.get(name)
     except MissingOperator as exc:
-        why = _no_stand_in(backend)
+        why = _no_stand_in(backend, name)
         if why is not None:
             uses(name)
             pytest.skip(str(exc) + ("" if why.startswith("this backend runs whole") else
@@ -371,7 +376,7 @@ def op(backend: Backend, name: str):
         try:
             return fn(*args, **kwargs)
         except Unsupported as exc:
-            if name == _subject() or _no_stand_in(backend) is not None:
+            if name == _subject() or _no_stand_in(backend, name) is not None:
                 pytest.skip(f"backend {backend.name!r}, operator {name!r}: {exc}")
             from backends import torch_backend
 

@@ -22,3 +22,15 @@ def _picky_gate(*args, **kwargs):
 
 _picky_gate.may_be_unsupported = True
 PICKY = Backend("partial-picky", {"v4_gate": _picky_gate}, description="a v4_gate that takes no call")
+
+
+def _all_but(name: str) -> dict:
+    ref = torch_backend()
+    return {o: ref.get(o) for o in ref.operators if o != name}
+
+
+# The reference without one operator: the window lowering (which a whole-backend chain may take from the reference,
+# being its input), and the fused head (which it may not)
+NO_WINDOW = Backend("partial-no-window", _all_but("v4_prefill_swa_indices"),
+                    description="the reference but v4_prefill_swa_indices")
+NO_HEAD = Backend("partial-no-head", _all_but("hc_head_fused"), description="the reference but hc_head_fused")

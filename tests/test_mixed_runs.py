@@ -55,3 +55,19 @@ def test_a_call_the_backend_cannot_take_gets_the_reference_unless_it_is_the_subj
     assert "PASSED" in next(line for line in out.splitlines() if "combine_is_one_fp32_sum_rounded_once" in line)
     assert any("tied_experts_go_to_the_lower_id" in s for s in _skipped(out)), "the gate's own contract ran"
     assert "this double's gate takes no call" in out, "the skip does not say why"
+
+
+def test_a_whole_backend_chain_takes_only_its_named_inputs_from_the_reference():
+    """``whole_backend(..., inputs=(...))``: the prefill MTP layer's chain on a backend without the window lowering
+    runs with the reference's lowering (labelled a mixed run) and passes; on one without the fused head it still
+    skips (a stage is compared with the backend's own parts)."""
+    test = "contracts/test_v4_mtp_layer.py::test_the_prefill_mtp_layer_is_its_stages_in_order"
+    for target, runs in (("tests.partial_double:NO_WINDOW", True), ("tests.partial_double:NO_HEAD", False)):
+        proc = forkserver.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:xdist", test,
+                               "--backend-module", target, "--allow-unavailable"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        lines = [line for line in proc.stdout.splitlines() if "prefill_mtp_layer_is_its_stages_in_order[" in line]
+        assert len(lines) == 2 and all(("PASSED" if runs else "SKIPPED") in line for line in lines), (target, lines)
+        mixed = next((line for line in proc.stdout.splitlines() if line.startswith("mixed runs:")), "")
+        assert ("v4_prefill_swa_indices" in mixed) == runs, (target, mixed)
