@@ -184,9 +184,21 @@ class Backend:
         call, so a stand-in never fails on what the backend merely does not cover."""
         fn = reference._ops[op]
         if getattr(fn, "composes_operators", False):
-            own = {name: _or_reference(f, reference._ops.get(name)) for name, f in self._ops.items()}
-            return partial(fn, ops={**reference._ops, **own})
+            return partial(fn, ops=self._own_or_reference(reference))
         return fn
+
+    def _own_or_reference(self, reference: Backend) -> dict[str, Callable]:
+        """The operators a stand-in composition calls: this backend's own, each falling back for a call it cannot
+        take to what the reference would stand in for it (a composed operator composed again over these same
+        operators, as a call of it made by a contract directly is: the two fallbacks agree), the reference's
+        for the rest."""
+        ops = dict(reference._ops)
+        for name, f in self._ops.items():
+            ref = reference._ops.get(name)
+            if ref is not None and getattr(ref, "composes_operators", False):
+                ref = partial(ref, ops=ops)  # ops is filled in below before any call
+            ops[name] = _or_reference(f, ref)
+        return ops
 
     @property
     def operators(self) -> tuple[str, ...]:

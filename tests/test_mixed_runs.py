@@ -71,3 +71,36 @@ def test_a_whole_backend_chain_takes_only_its_named_inputs_from_the_reference():
         assert len(lines) == 2 and all(("PASSED" if runs else "SKIPPED") in line for line in lines), (target, lines)
         mixed = next((line for line in proc.stdout.splitlines() if line.startswith("mixed runs:")), "")
         assert ("v4_prefill_swa_indices" in mixed) == runs, (target, mixed)
+
+
+def test_the_two_fallbacks_of_a_composed_operator_agree():
+    """A composed operator the backend cannot take a call of falls back to the reference composed over the
+    backend's own operators, both when a contract calls it (``Backend.stand_in``) and when another stand-in
+    composition calls it: both give the backend's own leaf, never the reference's (operators named after real ones,
+    arithmetic of this test's own)."""
+    from contracts.operators import Backend, Unsupported
+
+    def composed(fn):
+        fn.composes_operators = True
+        return fn
+
+    def leaf(x):
+        return x + 10
+
+    @composed
+    def outer(x, ops=None):  # a layer: its stage, plus one
+        return (ops or {"v4_attention_stage": inner})["v4_attention_stage"](x) + 1
+
+    @composed
+    def inner(x, ops=None):  # a stage: its leaf, doubled (the reference's own leaf when called plain)
+        return 2 * (ops or {"hc_pre": leaf})["hc_pre"](x)
+
+    def unsupported(x):
+        raise Unsupported("this double's stage takes no call")
+
+    unsupported.may_be_unsupported = True
+    reference = Backend("ref", {"v4_decode_layer": outer, "v4_attention_stage": inner, "hc_pre": leaf})
+    backend = Backend("picky", {"v4_attention_stage": unsupported, "hc_pre": lambda x: x + 100})
+    direct = backend.stand_in("v4_attention_stage", reference)(1)
+    in_layer = backend.stand_in("v4_decode_layer", reference)(1) - 1
+    assert direct == in_layer == 202, (direct, in_layer)  # 2 * (1 + 100): the backend's leaf both times
