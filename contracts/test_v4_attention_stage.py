@@ -6,6 +6,8 @@ Spec: §8; docs/coverage.md, V4 section (V4-21).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -16,11 +18,19 @@ from pto_pytest.defect import shared
 from pto_pytest.plugin import op
 
 
+def _entry(backend, config, i) -> SimpleNamespace:
+    """The stage's entry mix with the backend's own operator: the mixes and the pre-mixed row in one call, as
+    upstream's hc_pre golden computes them (x_mixed, post, and the Sinkhorn residual as [T, hc, hc])."""
+    fused = op(backend, "hc_pre_fused")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], config=config)
+    tokens, hc = fused["post"].shape
+    return SimpleNamespace(x_mixed=fused["x_mixed"], post=fused["post"], residual=fused["comb"].reshape(tokens, hc, hc))
+
+
 def _projected(backend, config, i):
     """The stage's first half with the backend's own operators: mixes, the normed row's projection, the RoPE
     rows, and the cache with this step's kv rows written."""
-    mixes = op(backend, "hc_mixes")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], config=config)
-    x = op(backend, "final_norm")(op(backend, "hc_pre")(i["x_hc"], mixes.pre), i["attn_norm_w"], config=config)
+    mixes = _entry(backend, config, i)
+    x = op(backend, "final_norm")(mixes.x_mixed, i["attn_norm_w"], config=config)
     pos = i["position_ids"].long()
     cos, sin = i["freqs_cos"][pos], i["freqs_sin"][pos]
     proj = op(backend, "v4_qkv_proj_rope")(x, i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"], cos, sin,
@@ -43,7 +53,7 @@ def _chain(backend, config, i):
 
 @pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.parametrize("config", [V4_PRO_TINY, V4_FLASH_TINY], ids=lambda c: c.name)
-@pytest.mark.operators("final_norm", "hc_mixes", "hc_post", "hc_pre", "v4_attention", "v4_attention_stage",
+@pytest.mark.operators("final_norm", "hc_post", "hc_pre_fused", "v4_attention", "v4_attention_stage",
                         "v4_qkv_proj_rope")
 def test_the_stage_is_the_chain_of_its_operators(backend, config):
     """x_out, the written cache and qr / qr_scale equal the chain spelled out with the same backend's
@@ -60,7 +70,7 @@ def test_the_stage_is_the_chain_of_its_operators(backend, config):
 
 
 @pytest.mark.whole_backend("a stage against its own parts, bit for bit")
-@pytest.mark.operators("final_norm", "hc_mixes", "hc_post", "hc_pre", "v4_attention", "v4_attention_stage",
+@pytest.mark.operators("final_norm", "hc_post", "hc_pre_fused", "v4_attention", "v4_attention_stage",
                         "v4_qkv_proj_rope")
 def test_each_token_sees_its_own_kv_row(backend):
     """Every window lists the token's own slot: the stage writes the current kv rows before the attention
@@ -70,12 +80,12 @@ def test_each_token_sees_its_own_kv_row(backend):
     i = stage_inputs(config, 1)
     got = op(backend, "v4_attention_stage")("SWA", **i, config=config)
     _, _, out = _chain(backend, config, i)
-    mixes = op(backend, "hc_mixes")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], config=config)
+    mixes = _entry(backend, config, i)
     assert torch.equal(got["x_out"], op(backend, "hc_post")(out, i["x_hc"], mixes.post, mixes.residual)), \
         "x_out must come from the attention over the cache with this chunk's rows written"
     pos = i["position_ids"].long()
     stale = op(backend, "v4_attention")("SWA", op(backend, "v4_qkv_proj_rope")(
-        op(backend, "final_norm")(op(backend, "hc_pre")(i["x_hc"], mixes.pre), i["attn_norm_w"], config=config),
+        op(backend, "final_norm")(mixes.x_mixed, i["attn_norm_w"], config=config),
         i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"], i["freqs_cos"][pos], i["freqs_sin"][pos], i["gamma_cq"],
         i["gamma_ckv"], config=config)["q"], i["kv_cache"], i["window_indices"],
         torch.zeros(1, config.block_size, 1, config.head_dim, dtype=torch.bfloat16),
@@ -107,8 +117,8 @@ def test_bad_stage_inputs_are_refused(backend):
 
 
 @pytest.mark.whole_backend("a stage against its own parts, bit for bit")
-@pytest.mark.operators("final_norm", "hc_mixes", "hc_post", "hc_pre", "v4_attention", "v4_attention_stage",
-                        "v4_qkv_proj_rope")
+@pytest.mark.operators("final_norm", "hc_mixes", "hc_post", "hc_pre", "hc_pre_fused", "v4_attention",
+                        "v4_attention_stage", "v4_qkv_proj_rope")
 def test_the_stage_runs_the_backends_operators_and_any_path(backend):
     """On a backend whose operators are wrapped to count (and accept no ``ops``), the stage calls each of
     hc_mixes, hc_pre, final_norm, v4_qkv_proj_rope, v4_attention and hc_post once. An HCA stage with a

@@ -36,8 +36,10 @@ FAR = (4, 5)  # with far=True: request 2's rows, one compressed position past HC
 
 
 def _normed(backend, config, x_hc, a):
-    mixes = op(backend, "hc_mixes")(x_hc, a["hc_fn"], a["hc_scale"], a["hc_base"], config=config)
-    return op(backend, "final_norm")(op(backend, "hc_pre")(x_hc, mixes.pre), a["attn_norm_w"], config=config)
+    """The stage's normalised row with the backend's own operators: the entry mix as upstream's hc_pre golden
+    computes it (mixes and pre-mixed row in one call), then the RMSNorm."""
+    x_mixed = op(backend, "hc_pre_fused")(x_hc, a["hc_fn"], a["hc_scale"], a["hc_base"], config=config)["x_mixed"]
+    return op(backend, "final_norm")(x_mixed, a["attn_norm_w"], config=config)
 
 
 def _published(backend, config, x_hc, a, c):
@@ -122,9 +124,9 @@ def _bits(t):
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
 
 
-@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit", inputs=("hca_topk",))
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
-@pytest.mark.operators("final_norm", "hc_mixes", "hc_pre", "hca_topk", "v4_attention_stage", "v4_compress_and_publish",
+@pytest.mark.operators("final_norm", "hc_pre_fused", "hca_topk", "v4_attention_stage", "v4_compress_and_publish",
                         "v4_hca_stage")
 def test_the_hca_stage_is_its_operators_in_order(backend, config):
     """x_out, the window cache, qr / qr_scale, the compressed cache and the state pool equal the chain spelled out
@@ -142,8 +144,8 @@ def test_the_hca_stage_is_its_operators_in_order(backend, config):
 
 
 @pytest.mark.parametrize("config", [*MODELS, V4_FLASH_TINY], ids=["v4-pro-kernel", "v4-flash-kernel", "v4-flash-tiny"])
-@pytest.mark.operators("v4_hca_stage", "v4_compress_and_publish", "v4_attention_stage", "final_norm", "hc_mixes",
-                        "hc_pre", "hca_topk")
+@pytest.mark.operators("final_norm", "hc_pre_fused", "hca_topk", "v4_attention_stage", "v4_compress_and_publish",
+                        "v4_hca_stage")
 def test_a_closing_token_attends_the_row_it_publishes(backend, config):
     """The two rows that close a 128-position window publish their pooled rows at their compressed slots -- the
     stage's cmp_kv is the compressor's publication over the stage's own normalised rows, byte for byte, every other
@@ -218,8 +220,8 @@ def _csa_parts(backend, config, x, a, c):
 
 @pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
-@pytest.mark.operators("final_norm", "hc_mixes", "hc_pre", "v4_attention_stage", "v4_compress_and_publish",
-                        "v4_compressor", "v4_csa_stage", "v4_indexer", "v4_publish_index_keys", "v4_qkv_proj_rope")
+@pytest.mark.operators("final_norm", "hc_pre_fused", "v4_attention_stage", "v4_compress_and_publish", "v4_compressor",
+                        "v4_csa_stage", "v4_indexer", "v4_publish_index_keys", "v4_qkv_proj_rope")
 def test_the_csa_stage_is_its_operators_in_order(backend, config):
     """Every output equals the chain spelled out with the same backend's operators, byte for byte: the normalised
     row and its projection (qr) -> the main compressor's publication (ratio 4, overlapping) -> the inner
@@ -249,8 +251,8 @@ def test_the_csa_stage_is_its_operators_in_order(backend, config):
 
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
-@pytest.mark.operators("v4_csa_stage", "final_norm", "hc_mixes", "hc_pre", "v4_attention_stage",
-                        "v4_compress_and_publish", "v4_compressor", "v4_indexer", "v4_qkv_proj_rope")
+@pytest.mark.operators("final_norm", "hc_pre_fused", "v4_attention_stage", "v4_compress_and_publish", "v4_compressor",
+                        "v4_csa_stage", "v4_indexer", "v4_qkv_proj_rope")
 def test_the_csa_stage_attends_its_indexers_picks_over_the_published_caches(backend, config):
     """The CSA stage's compressed cache is the main compressor's publication over the stage's own normalised rows
     (byte for byte; its state within upstream's state bound), and its x_out is within the stage bound of the CSA
@@ -323,10 +325,11 @@ def _prefill_attend(backend, config, x, a, n, cmp_kv, window, compressed):
                                              compressed=compressed, num_tokens=n, config=config)
 
 
-@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit",
+                          inputs=("hca_topk", "v4_prefill_swa_indices"))
 @pytest.mark.parametrize("real", [28, 16])
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
-@pytest.mark.operators("final_norm", "hc_mixes", "hc_pre", "hca_topk", "v4_attention_stage", "v4_prefill_compressor",
+@pytest.mark.operators("final_norm", "hc_pre_fused", "hca_topk", "v4_attention_stage", "v4_prefill_compressor",
                         "v4_prefill_hca_stage", "v4_prefill_swa_indices")
 def test_the_prefill_hca_stage_is_its_operators_in_order(backend, config, real):
     """One request's prefill chunk (28, or 16, of 32 rows real: with 16 the last real row closes a window, so the
@@ -350,8 +353,8 @@ def test_the_prefill_hca_stage_is_its_operators_in_order(backend, config, real):
 
 @pytest.mark.parametrize("config, start", [(MODELS[0], 240), (MODELS[1], 240), (V4_FLASH_TINY, 2288)],
                          ids=["v4-pro-kernel", "v4-flash-kernel", "v4-flash-tiny-far"])
-@pytest.mark.operators("v4_prefill_hca_stage", "v4_prefill_compressor", "v4_prefill_swa_indices",
-                        "v4_attention_stage", "final_norm", "hc_mixes", "hc_pre")
+@pytest.mark.operators("final_norm", "hc_pre_fused", "v4_attention_stage", "v4_prefill_compressor",
+                        "v4_prefill_hca_stage", "v4_prefill_swa_indices")
 def test_a_prefill_chunk_attends_the_row_it_publishes(backend, config, start):
     """Row 15 of the chunk (position 255; 2303 at V4-Flash's tiny preset) closes a compressed window: the stage's
     compressed cache is the prefill compressor's publication over the chunk's own normalised rows, byte for byte
@@ -448,9 +451,9 @@ def _prefill_csa_attend(backend, config, x, a, n, cmp_kv, window, picks):
                                              num_tokens=n, config=config)
 
 
-@pytest.mark.whole_backend("a stage against its own parts, bit for bit")
+@pytest.mark.whole_backend("a stage against its own parts, bit for bit", inputs=("v4_prefill_swa_indices",))
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
-@pytest.mark.operators("final_norm", "hc_mixes", "hc_pre", "v4_attention_stage", "v4_prefill_compressor",
+@pytest.mark.operators("final_norm", "hc_pre_fused", "v4_attention_stage", "v4_prefill_compressor",
                         "v4_prefill_csa_stage", "v4_prefill_index_keys", "v4_prefill_indexer",
                         "v4_prefill_swa_indices", "v4_qkv_proj_rope")
 def test_the_prefill_csa_stage_is_its_operators_in_order(backend, config):
@@ -474,9 +477,9 @@ def test_the_prefill_csa_stage_is_its_operators_in_order(backend, config):
 
 @pytest.mark.parametrize("start", [240, 0])
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
-@pytest.mark.operators("v4_prefill_csa_stage", "v4_prefill_indexer", "v4_attention_stage", "v4_prefill_swa_indices",
-                        "final_norm", "hc_mixes", "hc_pre", "v4_qkv_proj_rope", "v4_prefill_compressor",
-                        "v4_prefill_index_keys")
+@pytest.mark.operators("final_norm", "hc_pre_fused", "v4_attention_stage", "v4_prefill_compressor",
+                        "v4_prefill_csa_stage", "v4_prefill_index_keys", "v4_prefill_indexer",
+                        "v4_prefill_swa_indices", "v4_qkv_proj_rope")
 def test_a_prefill_csa_chunk_attends_its_indexers_picks_over_the_published_caches(backend, config, start):
     """The stage's compressed rows are the prefill compressor's publication over the chunk's normalised rows (within
     upstream's pool bound: its batched host matmul moves a row by an ulp), every other row kept, and its index rows
@@ -537,7 +540,7 @@ def _rotated_key(key, cos, sin, hadamard):
 
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
-@pytest.mark.operators("v4_csa_stage", "v4_compressor", "final_norm", "hc_mixes", "hc_pre")
+@pytest.mark.operators("final_norm", "hc_pre_fused", "v4_compressor", "v4_csa_stage")
 def test_an_index_key_is_rotated_at_the_named_position(backend, config):
     """The two rows that close a ratio-4 window publish their index keys (the inner compressor's rows over the
     stage's normalised rows) at their index slots: each row's INT8 codes times its scale within one INT8 step of

@@ -185,7 +185,7 @@ def _stage(backend, config, i, layer_id):
 
 @pytest.mark.whole_backend("a stage against its own parts, bit for bit")
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
-@pytest.mark.operators("hc_mixes", "hc_post", "hc_pre", "v4_moe", "v4_moe_stage")
+@pytest.mark.operators("hc_post", "hc_pre_fused", "v4_moe", "v4_moe_stage")
 def test_the_moe_stage_is_hc_pre_then_the_moe_then_hc_post(backend, config):
     """The MTP layer's MoE stage (two padding rows): x_out equals hc_post(v4_moe(hc_pre(x_hc)), x_hc) with the
     stage's own mixes over every row, chained here from the backend's operators, bit for bit; the collapsed row
@@ -193,11 +193,12 @@ def test_the_moe_stage_is_hc_pre_then_the_moe_then_hc_post(backend, config):
     i = _stage_inputs(config)
     layer, n = config.num_hidden_layers, i["num_tokens"]
     out = _stage(backend, config, i, layer)
-    mixes = op(backend, "hc_mixes")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], config=config)
-    x = op(backend, "hc_pre")(i["x_hc"], mixes.pre)
+    mixes = op(backend, "hc_pre_fused")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], config=config)
+    x = mixes["x_mixed"]  # the mixes and the pre-mixed row in one call, as upstream's hc_pre golden computes them
     moe = op(backend, "v4_moe")(x, i["norm_w"], i["gate_w"], i["gate_bias"], layer, n, i["tid2eid"], i["input_ids"],
                                 i["routed"], i["shared"], config=config)
-    want = op(backend, "hc_post")(moe["ffn_out"], i["x_hc"], mixes.post, mixes.residual)
+    tokens, hc = mixes["post"].shape
+    want = op(backend, "hc_post")(moe["ffn_out"], i["x_hc"], mixes["post"], mixes["comb"].reshape(tokens, hc, hc))
     assert out["x_out"].dtype == torch.float32 and torch.equal(out["x_out"], want), \
         "x_out is not hc_post(v4_moe(hc_pre(x_hc)))"
     assert torch.equal(out["ffn_out"], moe["ffn_out"]) and not bool(out["ffn_out"][n:].any())
