@@ -232,18 +232,22 @@ def stage_inputs(config, seed: int = 0) -> dict:
     )
 
 
-def prefill_stage_inputs(config, seed: int = 0, *, rows: int = 32, num_tokens: int = 28, start: int = 200) -> dict:
+def prefill_stage_inputs(config, seed: int = 0, *, rows: int = 32, num_tokens: int = 28, start: int = 200,
+                         table: list[int] | None = None) -> dict:
     """One request's prefill chunk for the SWA stage: ``rows`` rows at positions start .., ``num_tokens`` real.
     The window pages go through a shuffled 1-D ``block_table`` (in place of ``window_indices``) whose first page
-    is unmapped (-1: holes in the early rows' windows); the padding rows carry real-looking positions and the
-    slot of real row 0, which they must not write."""
+    is unmapped (-1: holes in the early rows' windows), or the ``table`` given (one physical page more than it
+    maps); the padding rows carry real-looking positions and the slot of real row 0, which they must not write."""
     g = torch.Generator().manual_seed(seed + 100)
     i = stage_inputs(config, seed)
     hc, d, bs = config.hc_mult, config.hidden_size, config.block_size
     pos = torch.arange(start, start + rows, dtype=torch.int32)
     pages = -(-(start + rows) // bs)
-    table = torch.randperm(pages + 1, generator=g)[:pages].to(torch.int32)
-    table[0] = -1
+    shuffled = torch.randperm(pages + 1, generator=g)[:pages].to(torch.int32)
+    shuffled[0] = -1
+    table = shuffled if table is None else torch.tensor(table, dtype=torch.int32)
+    if table.numel() != pages:
+        raise ValueError(f"table: {pages} pages for positions {start} .. {start + rows - 1}, got {table.numel()}")
     logical = pos.long()
     slots = torch.where(table[logical // bs] >= 0, table[logical // bs].long() * bs + logical % bs, -1)
     slots[num_tokens:] = slots[0]

@@ -944,13 +944,14 @@ def _stage_qr(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b
 
 def _prefill_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
                        gamma_ckv, freqs_cos, freqs_sin, kv_cache, swa_slot_mapping, window_indices, position_ids,
-                       attn_sink, wo_a, wo_b, wo_b_scale, *, config, num_tokens, a5_tiling=True):
+                       attn_sink, wo_a, wo_b, wo_b_scale, *, config, num_tokens, a5_tiling=True, rows_from_x=False):
     """v4_attention_stage's SWA prefill form -> prefill_attention_swa.py (Flash: prefill_swa.py)
     ::golden_prefill_attention_swa: one request of T rows (B 1, S T), the page table read back from the call's
     window (``_table_of_window``), the slots as ori_slot_mapping; x_out and the cache from the golden, qr /
     qr_scale from the chain it runs (with num_tokens; the Flash folders' qkv golden takes none, so there the
     padding rows' qr / qr_scale are zeroed here and judge nothing of upstream). The padding rows' positions are
-    never read."""
+    never read. ``rows_from_x``: dspark's golden sizes the chunk by x_hc's rows (no num_tokens, no module-level
+    T): only the real rows are handed over, and the padding rows' x_out is the adapter's zeros."""
     tokens = x_hc.shape[0]
     real = int(num_tokens)
     pos = position_ids.reshape(-1).to(torch.int64).clone()
@@ -970,9 +971,17 @@ def _prefill_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, w
                "attn_sink": attn_sink.float().clone(), "wo_a": wo_a.clone(), "wo_b": wo_b.clone(),
                "wo_b_scale": wo_b_scale.float().clone(),
                "x_out": torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32)}
+    module_globals = {**({f"qkv_proj_rope.{k}": v for k, v in qkv_globals.items()} if qkv_globals else {}),
+                      "prefill_sparse_attn.T": tokens}
+    if rows_from_x:
+        for name in ("x_hc", "ori_slot_mapping", "position_ids", "x_out"):
+            tensors[name] = tensors[name][:real].clone()
+        del tensors["num_tokens"]
+        module_globals = {"BLOCK_NUM": int(kv_cache.shape[0])}
     out = run(tensors, fields, constants, module="prefill_attention_swa", function="golden_prefill_attention_swa",
-              module_globals={**({f"qkv_proj_rope.{k}": v for k, v in qkv_globals.items()} if qkv_globals else {}),
-                              "prefill_sparse_attn.T": tokens})
+              module_globals=module_globals)
+    if rows_from_x:
+        out["x_out"] = torch.cat((out["x_out"], torch.zeros(tokens - real, *out["x_out"].shape[1:])))
     qr, qr_scale = _stage_qr(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
                              gamma_ckv, freqs_cos[pos], freqs_sin[pos], config=config, fields=fields,
                              constants=constants, num_tokens=real, qkv_globals=qkv_globals)
@@ -985,7 +994,7 @@ def _prefill_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, w
 def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
                         gamma_ckv, freqs_cos, freqs_sin, kv_cache, swa_slot_mapping, window_indices, position_ids,
                         attn_sink, wo_a, wo_b, wo_b_scale, cmp_kv=None, cmp_block_table=None, compressed=None, *,
-                        config, num_tokens=None, a5_tiling=True, decode=True):
+                        config, num_tokens=None, a5_tiling=True, decode=True, rows_from_x=False):
     """v4_attention_stage, SWA decode -> decode_attention_swa.py::golden_attention_swa (hc_pre, RMSNorm, Q/KV,
     the window-cache write, the SWA attention with its projection, hc_post): x_out and the new cache. That golden
     computes qr / qr_scale and drops them; they are read by running the same three goldens it chains
@@ -1004,7 +1013,7 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
         return _prefill_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
                                   gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache, swa_slot_mapping,
                                   window_indices, position_ids, attn_sink, wo_a, wo_b, wo_b_scale, config=config,
-                                  num_tokens=num_tokens, a5_tiling=a5_tiling)
+                                  num_tokens=num_tokens, a5_tiling=a5_tiling, rows_from_x=rows_from_x)
     if not decode:
         raise Unsupported("this folder's decode SWA stage golden is not adapted (see docs/upstream.md)")
     tensors, constants, module_globals = _swa_stage_tensors(
@@ -2212,6 +2221,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                         _laid_out("v4_prefill_index_keys", rows_from_x=True),
                                         _laid_out("v4_prefill_indexer", rows_from_x=True),
                                         _laid_out("v4_prefill_hca_stage", a5_tiling=False, rows_from_x=True),
+                                        _laid_out("v4_attention_stage", a5_tiling=False, decode=False,
+                                                  rows_from_x=True),
                                         Adapter("prefill_kv_allgather", FLASH_DSPARK, "prefill_kv_allgather",
                                                 "golden_prefill_kv_allgather", _prefill_kv_allgather),
                                         Adapter("markov_head", FLASH_DSPARK, "markov_head", "golden_markov_head",

@@ -831,8 +831,8 @@ def _stage_variant(*, read_before_write=False, skip_norm=False):
             kv_cache = dict(zip(names, args, strict=False)).get("kv_cache", kw.get("kv_cache"))
             original = kv_cache.clone()
 
-            def stale(path_, q, cache, *rest, config):
-                return v4_attention(path_, q, original, *rest, config=config)
+            def stale(path_, q, cache, *rest, config, **chunk):  # chunk: the prefill form's seq and num_tokens
+                return v4_attention(path_, q, original, *rest, config=config, **chunk)
 
             ops["v4_attention"] = stale
         return st.v4_attention_stage(path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, *args, config=config,
