@@ -1240,7 +1240,7 @@ def _v4_prefill_hca_stage(run, x_hc, attention, compressor, num_tokens, *, confi
 
 
 def _v4_prefill_csa_stage(run, x_hc, attention, compressor, indexer, num_tokens, *, config,
-                          module="prefill_attention_csa", a5_tiling=True, flash_pages=False):
+                          module="prefill_attention_csa", a5_tiling=True, flash_pages=False, rows_from_x=False):
     """v4_prefill_csa_stage -> prefill_attention_csa.py (Flash-MTP: prefill_csa.py) ::golden_prefill_attention_csa:
     as the HCA prefill stage with the ratio-4 prefill compressor, the indexer's compressor publishing the index
     keys and its scoring (prefill_indexer.py::golden_prefill_indexer_core), the attention over the raw picks.
@@ -1248,7 +1248,9 @@ def _v4_prefill_csa_stage(run, x_hc, attention, compressor, indexer, num_tokens,
     pages its compressed and index caches by the 32 rows of one 128-token block and views its pools by module-level
     sizes (the call's laid out again, the same flat rows); its golden checks its indexer's picks as if every visible
     compressed position were picked (each row's first min((pos + 1) // 4, INDEXER_TOPK_CAP) picks inside
-    [0, that count)), which holds only while (pos + 1) // 4 <= INDEXER_TOPK_CAP: a call past it is unsupported."""
+    [0, that count)), which holds only while (pos + 1) // 4 <= INDEXER_TOPK_CAP: a call past it is unsupported.
+    ``rows_from_x``: dspark's golden (V4-Pro's pages, the same check of its picks) sizes the chunk by x_hc's rows:
+    only the real rows are handed over, and the padding rows' x_out is the adapter's zeros."""
     from kernels.v4.layer import check_prefill_csa_stage
     from kernels.v4.prefill_indexer import score_cap
 
@@ -1260,14 +1262,15 @@ def _v4_prefill_csa_stage(run, x_hc, attention, compressor, indexer, num_tokens,
     inner = c["inner_weights"]
     idx_cache, idx_scale, idx_table = i["idx_kv_cache"], i["idx_kv_scale"].float(), i["idx_block_table"].to(torch.int32)
     cap, writes = score_cap(config), max(1, tokens // 4)
-    if flash_pages:
+    if flash_pages or rows_from_x:
         from contracts.operators import Unsupported
 
         topk_cap = min(config.index_topk, cap)
         if real and int(((pos[:real] + 1) // 4).max()) > topk_cap:
-            raise Unsupported(f"Flash-MTP's prefill CSA golden checks its indexer's picks as if every visible compressed "
-                              f"position were picked: a row more than {topk_cap} compressed positions in fails its own "
-                              "check (docs/upstream.md)")
+            raise Unsupported(f"the Flash folders' prefill CSA goldens check their indexer's picks as if every visible "
+                              f"compressed position were picked: a row more than {topk_cap} compressed positions in "
+                              "fails its own check (docs/upstream.md)")
+    if flash_pages:
         page = max(1, config.block_size // 4)
         cmp_kv, _, table = _repage(a["cmp_kv"], None, a["cmp_block_table"].reshape(1, -1).to(torch.int32), page)
         idx_cache, idx_scale, idx_table = _repage(idx_cache, idx_scale, idx_table.reshape(1, -1), page)
@@ -1296,9 +1299,24 @@ def _v4_prefill_csa_stage(run, x_hc, attention, compressor, indexer, num_tokens,
                            "prefill_indexer.INDEXER_SCORE_CAP": cap,
                            "prefill_indexer.INDEXER_TOPK_CAP": min(config.index_topk, cap),
                            "prefill_indexer_compressor.T": tokens, "prefill_indexer_compressor.MAX_CMP_WRITES": writes})
+    if rows_from_x:
+        for name in ("x_hc", "position_ids", "ori_slot_mapping", "cmp_slot_mapping", "state_slot_mapping",
+                     "idx_slot_mapping", "inner_state_slot_mapping", "x_out"):
+            tensors[name] = tensors[name][:real].clone()
+        del tensors["num_tokens"]
+        page = int(c["inner_state_pool"].shape[1])
+        module_globals = {"CSA_ORI_BLOCK_NUM": int(a["kv_cache"].shape[0]),
+                          "prefill_indexer.INDEXER_SCORE_CAP": cap,
+                          "prefill_indexer.INDEXER_TOPK_CAP": min(config.index_topk, cap),
+                          "prefill_indexer.IDX_CACHE_BLOCK_NUM": int(idx_cache.shape[0]),
+                          "prefill_indexer_compressor.INNER_STATE_BLOCK_SIZE": page,
+                          "prefill_compressor_ratio4.CSA_STATE_BLOCK_SIZE": int(c["state_pool"].shape[1]),
+                          "prefill_compressor_ratio4.CSA_STATE_BLOCK_NUM": int(c["state_pool"].shape[0])}
     out = run(tensors, _variant_fields(config), constants, module=module, function="golden_prefill_attention_csa",
               module_globals=module_globals)
     qr, qr_scale = _chain_qr(run, x_hc, a, pos, real=real, config=config, constants=constants, a5_tiling=a5_tiling)
+    if rows_from_x:
+        out["x_out"] = torch.cat((out["x_out"], torch.zeros(tokens - real, *out["x_out"].shape[1:])))
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
             "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"],
             "inner_state_pool": out["inner_compress_state"],
@@ -2223,6 +2241,7 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                         _laid_out("v4_prefill_hca_stage", a5_tiling=False, rows_from_x=True),
                                         _laid_out("v4_attention_stage", a5_tiling=False, decode=False,
                                                   rows_from_x=True),
+                                        _laid_out("v4_prefill_csa_stage", a5_tiling=False, rows_from_x=True),
                                         Adapter("prefill_kv_allgather", FLASH_DSPARK, "prefill_kv_allgather",
                                                 "golden_prefill_kv_allgather", _prefill_kv_allgather),
                                         Adapter("markov_head", FLASH_DSPARK, "markov_head", "golden_markov_head",
