@@ -121,7 +121,9 @@ def _pro_operator(adapter, device: Device):
     from backends.pypto.table import FOLDER_ENTRIES, PRO_ENTRIES
     from contracts.operators import Unsupported
 
-    def run(tensors, fields, constants, *, module_globals=None, module=None, function=None):
+    def run(tensors, fields, constants, *, module_globals=None, module=None, function=None, **golden_only):
+        # golden_only: what only a golden takes (its keyword arguments, modules imported at the folder's own
+        # geometry), nothing to a kernel entry compiled at the model's geometry
         name = module or adapter.module  # V4-Pro's module name (a folder's own name: adapter.module_of)
         if name not in PRO_ENTRIES:
             raise Unsupported(f"no kernel entry of models/{adapter.folder}/{adapter.module_of(name)}.py is bound")
@@ -129,6 +131,7 @@ def _pro_operator(adapter, device: Device):
         entry = dict(FOLDER_ENTRIES.get(adapter.folder, ())).get(adapter.module_of(name), entry)
         return device.run(adapter.folder, adapter.module_of(name), entry, tensors, ranks=ranks)
 
+    run.calls_goldens = False  # an adapter with a golden-only form (another golden of the module) keeps its main one
     fn = partial(adapter.build, run)
     fn.__name__ = adapter.operator
     fn.__doc__ = f"upstream kernel entry of models/{adapter.folder}/{adapter.module_of()}.py on the device"

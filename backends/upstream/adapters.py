@@ -202,7 +202,8 @@ def _lm_head(run, hidden, weight, *, tp=1, card_owners=False, all_ranks=False):
     MAX_LOGIT_ROWS T, row indices 0..T-1); its [1, T, vocab] logits are cut back into tp shards.
     ``card_owners``: the Flash folders' golden takes every card as an owner (``WORLD_SIZE`` = TP x DP owners, not
     DP_SIZE), set to the one owner here. ``all_ranks`` (V4-Pro): a call at tp > 1 goes to
-    ``golden_lm_head_all_ranks`` instead (``_lm_head_all_ranks``)."""
+    ``golden_lm_head_all_ranks`` instead (``_lm_head_all_ranks``), the golden's only (a kernel entry keeps this
+    layout)."""
     from kernels.reference.lm_head import lm_head_layout
 
     if hidden.ndim != 2 or weight.ndim != 2 or weight.shape[1] != hidden.shape[1]:
@@ -212,7 +213,7 @@ def _lm_head(run, hidden, weight, *, tp=1, card_owners=False, all_ranks=False):
     rows = lm_head_layout(vocab=weight.shape[0], tp=tp, dp=tp)
     tokens, d = hidden.shape
     vocab = weight.shape[0]
-    if all_ranks and tp > 1:
+    if all_ranks and tp > 1 and getattr(run, "calls_goldens", True):  # a kernel entry takes the one-owner layout
         return _lm_head_all_ranks(run, hidden, weight, tp=tp, rows=rows)
     tensors = {"hidden_states": hidden.reshape(1, tokens, d).clone(),
                "lm_head_weight": weight.reshape(tp, rows, d).clone(),
@@ -2239,8 +2240,10 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                         _laid_out("v4_prefill_index_keys", rows_from_x=True),
                                         _laid_out("v4_prefill_indexer", rows_from_x=True),
                                         _laid_out("v4_prefill_hca_stage", a5_tiling=False, rows_from_x=True),
-                                        _laid_out("v4_attention_stage", a5_tiling=False, decode=False,
-                                                  rows_from_x=True),
+                                        replace(_laid_out("v4_attention_stage", a5_tiling=False, decode=False,
+                                                          rows_from_x=True),
+                                                module="prefill_attention_swa",
+                                                function="golden_prefill_attention_swa"),
                                         _laid_out("v4_prefill_csa_stage", a5_tiling=False, rows_from_x=True),
                                         Adapter("prefill_kv_allgather", FLASH_DSPARK, "prefill_kv_allgather",
                                                 "golden_prefill_kv_allgather", _prefill_kv_allgather),

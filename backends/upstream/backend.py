@@ -80,13 +80,13 @@ def _operator(adapter, root: Path, env: dict[str, str] | None = None):
     from contracts.operators import BackendError
 
     def run(tensors, fields, constants, *, module_globals=None, module=None, function=None, args=None, kwargs=None,
-            taps=None):
+            taps=None, native=()):
         module = adapter.module_of(module)
         CALLED.append(f"models/{adapter.folder}/{module}.py::{function or adapter.function}")
         try:
             return worker(root, env).call(adapter.folder, module, function or adapter.function, tensors,
                                      fields=fields, constants=constants, module_globals=module_globals, args=args,
-                                     kwargs=kwargs, taps=taps)
+                                     kwargs=kwargs, taps=taps, native=native)
         except UpstreamError as exc:
             raise BackendError(str(exc)) from None
 

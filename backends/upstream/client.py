@@ -79,7 +79,7 @@ class Worker:
 
     def call(self, folder: str, module: str, function: str, tensors: dict, *, fields: dict | None = None,
              constants: dict | None = None, module_globals: dict | None = None, args: tuple | None = None,
-             kwargs: dict | None = None, taps: dict | None = None) -> dict:
+             kwargs: dict | None = None, taps: dict | None = None, native: tuple[str, ...] = ()) -> dict:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
         request = {"folder": folder, "module": module, "function": function, "tensors": tensors,
@@ -90,6 +90,8 @@ class Worker:
             request["kwargs"] = dict(kwargs)
         if taps:
             request["taps"] = {key: list(names) for key, names in taps.items()}
+        if native:
+            request["native"] = list(native)
         where = f"models/{folder}/{module}.py::{function}"
         try:
             return self._ask(request, where)

@@ -42,7 +42,9 @@ def folder_rows(root: Path, folder: str) -> list[tuple[str, str, str, str]]:
     """(module, golden, entries, status) for every golden of ``folder`` (a module without one: golden "-")."""
     adapted = {(a.module_of(), a.function): a.operator for a in BY_FOLDER[folder].values()}
     adapted.update({(a.module_of(m), f): a.operator for a in BY_FOLDER[folder].values() for m, f in a.forms})
-    also = {a.module_of(m): a.operator for a in BY_FOLDER[folder].values() for m in a.also}
+    also: dict[str, str] = {}  # module -> the first operator (by name) whose adapter reads it
+    for a in sorted(BY_FOLDER[folder].values(), key=lambda a: a.operator, reverse=True):
+        also.update({a.module_of(m): a.operator for m in a.also})
     rows = []
     for path in sorted((root / "models" / folder).glob("*.py")):
         if path.stem in ("config", "utils", "__init__"):

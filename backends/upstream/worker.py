@@ -10,7 +10,8 @@ on another module of the folder that the golden imports by name, ``"<function>.<
 module's functions, as a fixture installs ``golden_prefill_cp_swa._ctx``), and the tensors dict the golden
 function fills in place, with ``kwargs`` as its keyword arguments when given (``golden_lm_head_all_ranks``'
 ``n_ranks``), or ``args`` / ``kwargs`` for a plain host function, whose result comes back as
-``{"result": ...}``; the answer is
+``{"result": ...}``; ``native`` names modules imported first at the folder's own geometry (``Modules.load``); the
+answer is
 ``{"tensors": ...}`` or ``{"error": "<one line>"}``. ``taps`` {"<module>.<golden>": [names]} observes the goldens a
 whole-stage golden chains (it imports them by name at call time): after each call of that golden, the named
 entries of its tensors dict are copied, and the answer's tensors gain ``"<module>.<golden>"``: one dict per call,
@@ -67,8 +68,11 @@ class Modules:
         self.module = None
         self.loads = 0
 
-    def load(self, folder: str, module: str, fields: dict, constants: dict):
-        key = (folder, module, tuple(sorted(fields.items())), tuple(sorted(constants.items())))
+    def load(self, folder: str, module: str, fields: dict, constants: dict, native: tuple[str, ...] = ()):
+        """``native``: modules of the folder imported first, at the folder's own geometry, so the module (imported
+        at ``fields``) finds them by name as they are (one that checks the model's tiling at import, as dspark's
+        ``decode_o_proj.py``); the golden is handed their widths as module globals."""
+        key = (folder, module, tuple(sorted(fields.items())), tuple(sorted(constants.items())), tuple(native))
         if key == self.key:
             return self.module
         model_dir = os.path.join(self.root, "models", folder)
@@ -82,6 +86,8 @@ class Modules:
         sys.path.insert(0, model_dir)
         import config  # the checkout's models/<folder>/config.py
 
+        for name in native:
+            importlib.import_module(name)
         if fields:
             name = MODEL_OBJECT.get(folder, "ACTIVE")  # the model config object the folder's modules import
             setattr(config, name, dataclasses.replace(getattr(config, name), **fields))
@@ -328,7 +334,7 @@ def main() -> int:
                     write_message(stdout, device_run(modules, request))
                 continue
             mod = modules.load(request["folder"], request["module"], request.get("fields", {}),
-                               request.get("constants", {}))
+                               request.get("constants", {}), tuple(request.get("native", ())))
             for name, value in request.get("globals", {}).items():
                 target, attr = mod, name
                 if "." in name:  # "<module>.<NAME>": a module of the folder the golden imports by name;

@@ -443,4 +443,4 @@ PREFILL_CSA_STAGE_RECORD = _stage_record(
     lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], i["indexer"], int(i["num_tokens"]),
                                   config=config)),
     {**_DECODE_OUT, "idx_kv_cache": "exact"}, "golden_prefill_attention_csa", "prefill_attention_csa", "prefill_csa",
-    "prefill_csa.py::prefill_attention_csa_test", dspark_none="dspark's prefill_csa.py golden is not adapted yet (#45)")
+    "prefill_csa.py::prefill_attention_csa_test", dspark_golden=True)
