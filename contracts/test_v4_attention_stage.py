@@ -243,28 +243,19 @@ def test_the_prefill_form_refuses_a_bad_num_tokens_before_any_operator_runs(back
                                           config=config)
 
 
-@pytest.mark.parametrize("config", [V4_PRO_TINY, V4_FLASH_TINY], ids=lambda c: c.name)
-@pytest.mark.operators("v4_attention_stage", "final_norm", "hc_post", "hc_pre_fused", "v4_attention",
-                        "v4_prefill_swa_indices", "v4_qkv_proj_rope")
-def test_the_prefill_form_attends_each_window_over_the_rows_it_wrote(backend, config):
-    """The prefill form (28 of 32 rows real) against its parts (the backend's own where it has them, the reference
-    for the rest: a mixed run on upstream, labelled): the real rows' kv rows are the projection's, byte for byte, at
-    their slots; x_out's real rows are within the stage bound of hc_post over the prefill attention of each row's
-    lowered window over the cache with the chunk's rows written. Positions 250 .. 277 real: page 0 unmapped (holes
-    at the early rows' oldest keys), from position 255 on whole windows, and position 256 on physical page 0 (slot
-    0, an ordinary slot). The input separates the order and the window (separated in the test): attending the cache
-    as it came in, or each window one key short, falls outside that bound. Spec: §8 (upstream
-    prefill_attention_swa.py / prefill_swa.py)."""
+def _attends_over_the_written_rows(backend, config, i, form: str, n: int | None = None) -> None:
+    """The stage (decode, or prefill with ``n`` real rows) against its parts, the backend's own where it has them
+    and the reference for the rest (a mixed run where it lacks one, labelled): the real rows' kv rows are the
+    projection's, byte for byte, at their slots; x_out's real rows are within the stage bound of hc_post over the
+    attention of each row's window over the cache with the rows written. Separated in here: attending the cache
+    as it came in, and each window one key short (its oldest listed key dropped)."""
     from contracts.separation import separates_under
     from contracts.tolerances import BF16_STAGE_TOL
 
-    i = prefill_stage_inputs(config, start=250, table=[-1, 3, 0])
-    assert int(i["swa_slot_mapping"][6]) == 0 and int(i["position_ids"][6]) == 256, "the vector's slot-0 row moved"
-    n, rows = 28, i["x_hc"].shape[0]
-    table = i.pop("block_table")
-    window = op(backend, "v4_prefill_swa_indices")(i["position_ids"], table, n, config=config)
-    i["window_indices"] = window
-    got = op(backend, "v4_attention_stage")("SWA", **i, num_tokens=n, config=config)
+    rows = i["x_hc"].shape[0]
+    real = rows if n is None else n
+    chunk = {} if n is None else {"num_tokens": n}
+    got = op(backend, "v4_attention_stage")("SWA", **i, **chunk, config=config)
     mixes = _entry(backend, config, i)
     pos = i["position_ids"].long().clamp(min=0)
     cos, sin = i["freqs_cos"][pos], i["freqs_sin"][pos]
@@ -272,54 +263,86 @@ def test_the_prefill_form_attends_each_window_over_the_rows_it_wrote(backend, co
                                            i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"], cos, sin, i["gamma_cq"],
                                            i["gamma_ckv"], config=config)
     cache = i["kv_cache"].clone()
-    cache.reshape(-1, cache.shape[-1])[i["swa_slot_mapping"][:n].long()] = proj["kv"][:n]
+    cache.reshape(-1, cache.shape[-1])[i["swa_slot_mapping"][:real].long()] = proj["kv"][:real]
     assert torch.equal(got["kv_cache"].view(torch.int16), cache.view(torch.int16)), \
-        "the cache is not the input with the real rows' kv rows written at their slots (§8)"
+        f"the {form} form's cache is not the input with the real rows' kv rows written at their slots (§8)"
     placeholder = torch.zeros(1, cache.shape[1], 1, cache.shape[-1], dtype=cache.dtype)
+    table = torch.zeros(1 if n is not None else rows // config.decode_seq, 1, dtype=torch.int32)
 
     def attend(kv, win):
-        return op(backend, "v4_attention")("SWA", proj["q"], kv, win, placeholder, torch.zeros(1, 1, dtype=torch.int32),
-                                           None, i["position_ids"], i["attn_sink"], cos, sin, i["wo_a"], i["wo_b"],
-                                           i["wo_b_scale"], config=config, seq=rows, num_tokens=n)
+        return op(backend, "v4_attention")("SWA", proj["q"], kv, win, placeholder, table, None, i["position_ids"],
+                                           i["attn_sink"], cos, sin, i["wo_a"], i["wo_b"], i["wo_b_scale"],
+                                           config=config, **({} if n is None else {"seq": rows, "num_tokens": n}))
 
     def x_out(kv, win):
-        return op(backend, "hc_post")(attend(kv, win), i["x_hc"], mixes.post, mixes.residual)[:n]
+        return op(backend, "hc_post")(attend(kv, win), i["x_hc"], mixes.post, mixes.residual)[:real]
 
+    window = i["window_indices"]
+    short = window.clone()  # each real row's oldest key dropped (its first listed slot, the window oldest first)
+    for t in range(real):
+        short[t, int((window[t] >= 0).nonzero()[0])] = -1
     # the stage bound relative to x_out's terms, not to their sum: post[h] · attn_out enters every stream, so an
     # attention output one BF16 step off moves an element where the residual term cancels it (upstream's prefill
     # attention golden and this project's differ so in some rows: dspark's stage against the reference's attention)
-    short = window.clone()  # each real row's oldest key dropped (its first listed slot, the window oldest first)
-    for t in range(n):
-        short[t, int((window[t] >= 0).nonzero()[0])] = -1
     atol, rtol = BF16_STAGE_TOL
-    terms = mixes.post[:n, :, None].abs() * attend(cache, window)[:n, None, :].float().abs()
+    terms = mixes.post[:real, :, None].abs() * attend(cache, window)[:real, None, :].float().abs()
 
     def outside(y, w):
-        return ((y - w).abs() > atol + rtol * (w.abs() + terms)).reshape(n, -1).any(1)
+        return ((y - w).abs() > atol + rtol * (w.abs() + terms)).reshape(real, -1).any(1)
 
-    want = separates_under("the prefill attention over the cache with the chunk's rows written, each row's whole "
-                           "window", lambda y, w: not bool(outside(y, w).any()), x_out(cache, window),
+    want = separates_under(f"the {form} attention over the cache with the rows written, each row's whole window",
+                           lambda y, w: not bool(outside(y, w).any()), x_out(cache, window),
                            attended_the_cache_as_it_came_in=x_out(i["kv_cache"], window),
                            each_window_one_key_short=x_out(cache, short))
-    bad = outside(got["x_out"][:n], want).nonzero().flatten()
+    bad = outside(got["x_out"][:real], want).nonzero().flatten()
     assert not bad.numel(), f"x_out row {int(bad[0])} (position {int(i['position_ids'][bad[0]])}) is outside " \
-                            f"{BF16_STAGE_TOL} (of x_out and of post · attn_out) of the prefill SWA attention over " \
+                            f"{BF16_STAGE_TOL} (of x_out and of post · attn_out) of the {form} SWA attention over " \
                             "the written cache (§8)"
 
 
-def _prefill_window_short(path, x_hc, *args, config, num_tokens=None, ops=None, **kw):
-    """Wrong: the prefill form attends each real row's window without its oldest key."""
+@pytest.mark.parametrize("config", [V4_PRO_TINY, V4_FLASH_TINY], ids=lambda c: c.name)
+@pytest.mark.operators("v4_attention_stage", "final_norm", "hc_post", "hc_pre_fused", "v4_attention",
+                        "v4_prefill_swa_indices", "v4_qkv_proj_rope")
+def test_the_prefill_form_attends_each_window_over_the_rows_it_wrote(backend, config):
+    """The prefill form (28 of 32 rows real) against its parts (``_attends_over_the_written_rows``). Positions
+    250 .. 277 real: page 0 unmapped (holes at the early rows' oldest keys), from position 255 on whole windows, and
+    position 256 on physical page 0 (slot 0, an ordinary slot). The input separates the order and the window.
+    Spec: §8 (upstream prefill_attention_swa.py / prefill_swa.py)."""
+    i = prefill_stage_inputs(config, start=250, table=[-1, 3, 0])
+    assert int(i["swa_slot_mapping"][6]) == 0 and int(i["position_ids"][6]) == 256, "the vector's slot-0 row moved"
+    n = 28
+    i["window_indices"] = op(backend, "v4_prefill_swa_indices")(i["position_ids"], i.pop("block_table"), n,
+                                                                config=config)
+    _attends_over_the_written_rows(backend, config, i, "prefill", n)
+
+
+@pytest.mark.parametrize("config", [V4_PRO_TINY, V4_FLASH_TINY], ids=lambda c: c.name)
+@pytest.mark.operators("v4_attention_stage", "final_norm", "hc_post", "hc_pre_fused", "v4_attention",
+                        "v4_qkv_proj_rope")
+def test_the_decode_form_attends_each_window_over_the_rows_it_wrote(backend, config):
+    """The decode form against its parts (``_attends_over_the_written_rows``): four requests of two rows, each row's
+    window its request's 8 earlier rows and its own chunk's rows up to itself; request 1's second row written at
+    slot 0 (an ordinary slot, which request 0's windows read too: every write lands before the attention reads).
+    The input separates the order and the window. Spec: §8 (upstream decode_attention_swa.py / decode_swa.py)."""
+    i = stage_inputs(config)
+    i["swa_slot_mapping"] = i["swa_slot_mapping"].clone()
+    i["swa_slot_mapping"][3] = 0
+    i["window_indices"] = torch.where(i["window_indices"] == 203, 0, i["window_indices"]).to(torch.int32)
+    _attends_over_the_written_rows(backend, config, i, "decode")
+
+
+def _window_short(path, x_hc, *args, config, num_tokens=None, ops=None, **kw):
+    """Wrong: the stage attends each real row's window without its oldest key (both forms)."""
     from kernels.v4.attention_stage import v4_attention_stage
 
-    if num_tokens is not None:
-        window = kw["window_indices"].clone()
-        for t in range(num_tokens):
-            window[t, int((window[t] >= 0).nonzero()[0])] = -1
-        kw["window_indices"] = window
+    window = kw["window_indices"].clone()
+    for t in range(x_hc.shape[0] if num_tokens is None else num_tokens):
+        window[t, int((window[t] >= 0).nonzero()[0])] = -1
+    kw["window_indices"] = window
     return v4_attention_stage(path, x_hc, *args, config=config, num_tokens=num_tokens, ops=ops, **kw)
 
 
-_prefill_window_short.composes_operators = True
+_window_short.composes_operators = True
 
 
 # defects these contracts must catch: of tests/defects (shared with other contract files), and this file's own
@@ -330,7 +353,9 @@ SEEDED_DEFECTS = [
     shared("v4:ATTN_NORM_SKIPPED", "test_the_stage_is_the_chain_of_its_operators", "not hc_post of the chained attention"),
     shared("v4:READ_BEFORE_WRITE", "test_the_prefill_form_attends_each_window_over_the_rows_it_wrote",
            "of the prefill SWA attention over the written cache"),
-    SeededDefect("v4-stage:prefill-window-short", "v4_attention_stage", _prefill_window_short,
-                 "test_the_prefill_form_attends_each_window_over_the_rows_it_wrote",
-                 "of the prefill SWA attention over the written cache"),
+    shared("v4:READ_BEFORE_WRITE", "test_the_decode_form_attends_each_window_over_the_rows_it_wrote",
+           "of the decode SWA attention over the written cache"),
+    *(SeededDefect("v4-stage:window-short", "v4_attention_stage", _window_short,
+                   f"test_the_{form}_form_attends_each_window_over_the_rows_it_wrote",
+                   f"of the {form} SWA attention over the written cache") for form in ("prefill", "decode")),
 ]

@@ -249,6 +249,31 @@ def test_a_golden_gets_its_keyword_arguments_beside_its_tensors(tmp_path):
         w.close()
 
 
+def test_a_module_named_native_is_imported_at_the_folders_own_geometry(tmp_path):
+    """A module that checks the model's tiling at import (as dspark's decode_o_proj.py) raises when the golden's
+    module imports it at a tiny geometry; named ``native``, it is imported first at the folder's own geometry and
+    the golden (imported at the call's fields) finds it by name."""
+    (tmp_path / "golden").mkdir()
+    (tmp_path / "golden" / "runner.py").write_text("# layout only\n")
+    model = tmp_path / "models" / "deepseek_v4_pro"
+    model.mkdir(parents=True)
+    (model / "config.py").write_text(textwrap.dedent(CONFIG))
+    (model / "tiled.py").write_text("from config import ACTIVE as M\nWIDTH = M.hidden_size\n"
+                                    "if WIDTH % 8:\n    raise ValueError(f'width {WIDTH} is not a tile of 8')\n")
+    (model / "stage.py").write_text("from config import ACTIVE as M\nimport tiled\n\n"
+                                    "def golden_stage(tensors):\n"
+                                    "    tensors['y'][:] = tiled.WIDTH * 100 + M.hidden_size\n")
+    w = Worker(tmp_path)
+    try:
+        with pytest.raises(UpstreamError, match="not a tile of 8"):
+            w.call("deepseek_v4_pro", "stage", "golden_stage", {"y": torch.zeros(1)}, fields={"hidden_size": 4})
+        out = w.call("deepseek_v4_pro", "stage", "golden_stage", {"y": torch.zeros(1)}, fields={"hidden_size": 4},
+                     native=("tiled",))
+        assert float(out["y"]) == 804.0, "tiled was not imported at the folder's own width (8) before the fields"
+    finally:
+        w.close()
+
+
 def test_a_flash_folder_takes_its_geometry_on_its_own_model_object(flash_root):
     """The Flash folders import ``FLASH as M``: the worker's field overrides land there (on V4-Pro's ``ACTIVE`` they
     would leave the module at the folder's own dims)."""

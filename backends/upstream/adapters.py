@@ -1017,6 +1017,10 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
                                   num_tokens=num_tokens, a5_tiling=a5_tiling, rows_from_x=rows_from_x)
     if not decode:
         raise Unsupported("this folder's decode SWA stage golden is not adapted (see docs/upstream.md)")
+    if rows_from_x:  # dspark: its TP1 decode stage golden
+        return _dspark_decode_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
+                                        gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache, swa_slot_mapping,
+                                        window_indices, position_ids, attn_sink, wo_a, wo_b, wo_b_scale, config=config)
     tensors, constants, module_globals = _swa_stage_tensors(
         hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos, freqs_sin,
         kv_cache, swa_slot_mapping, window_indices, position_ids, attn_sink, wo_a, wo_b, wo_b_scale, config=config,
@@ -1030,6 +1034,48 @@ def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, 
     qr, qr_scale = _stage_qr(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
                              gamma_ckv, freqs_cos[pos], freqs_sin[pos], config=config, fields=fields,
                              constants=constants, qkv_globals=_qkv_tiling(config) if a5_tiling else None)
+    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale}
+
+
+def _dspark_decode_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                             gamma_ckv, freqs_cos, freqs_sin, kv_cache, swa_slot_mapping, window_indices, position_ids,
+                             attn_sink, wo_a, wo_b, wo_b_scale, *, config):
+    """v4_attention_stage, SWA decode, on dspark -> decode_swa.py::golden_decode_swa_tp1 (hc_pre, RMSNorm, Q/KV, the
+    window-cache write, its sparse attention into heads packed by output group, its TP1 output projection,
+    hc_post), T = the call's rows: the RoPE rows token-local (the table read at each row's position), the window's
+    valid slots first with their count in ``swa_lens`` (its attention reads a valid prefix). ``decode_o_proj.py``
+    checks the model's tiling at import, so it is imported at dspark's own geometry first and handed the call's
+    widths; the packed heads' row padding (``T_PAD``, the rows' 16-row ceiling) is set alike on the three modules
+    that share it. qr / qr_scale, which the golden drops, from the chain of goldens it runs."""
+    tokens = x_hc.shape[0]
+    pos = position_ids.reshape(-1).to(torch.long)
+    win = config.sliding_window
+    w = torch.cat((window_indices.to(torch.int32), torch.full((tokens, win - window_indices.shape[1]), -1,
+                                                               dtype=torch.int32)), 1)
+    order = torch.argsort((w < 0).to(torch.int8), dim=1, stable=True)
+    groups, pad = config.o_groups, -(-tokens // 16) * 16
+    tensors = {"x_hc": x_hc.float().clone(), "hc_attn_fn": hc_fn.float().clone(),
+               "hc_attn_scale": hc_scale.float().clone(), "hc_attn_base": hc_base.float().clone(),
+               "attn_norm_w": attn_norm_w.clone(), "wq_a": wq_a.clone(), "wq_b": wq_b.clone(),
+               "wq_b_scale": wq_b_scale.float().clone(), "wkv": wkv.clone(), "gamma_cq": gamma_cq.clone(),
+               "gamma_ckv": gamma_ckv.clone(), "freqs_cos": freqs_cos[pos].clone(), "freqs_sin": freqs_sin[pos].clone(),
+               "kv_cache": kv_cache.clone(), "swa_slot_mapping": swa_slot_mapping.reshape(-1).to(torch.int64).clone(),
+               "swa_indices": torch.gather(w, 1, order), "swa_lens": (w >= 0).sum(1).to(torch.int32),
+               "attn_sink": attn_sink.float().clone(), "wo_a": wo_a.clone(), "wo_b": wo_b.clone(),
+               "wo_b_scale": wo_b_scale.float().clone(),
+               "x_out": torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32)}
+    heads_in = config.num_attention_heads // groups * config.head_dim
+    module_globals = {"T_PAD": pad, "decode_sparse_attn_swa.T": tokens, "decode_sparse_attn_swa.T_PAD": pad,
+                      "decode_sparse_attn_swa.ORI_BLOCK_NUM": int(kv_cache.shape[0]),
+                      **{f"decode_o_proj.{k}": v for k, v in _o_proj_widths(config, T_PAD=pad, O_GROUPS=groups,
+                                                                            O_GROUP_IN=heads_in).items()}}
+    fields = _variant_fields(config)
+    constants = {"BLOCK_SIZE": int(kv_cache.shape[1])}
+    out = run(tensors, fields, constants, module="decode_attention_swa", function="golden_decode_swa_tp1",
+              module_globals=module_globals, native=("decode_o_proj",))
+    qr, qr_scale = _stage_qr(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                             gamma_ckv, freqs_cos[pos], freqs_sin[pos], config=config, fields=fields,
+                             constants=constants, qkv_globals=None)
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale}
 
 
@@ -2240,10 +2286,12 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                         _laid_out("v4_prefill_index_keys", rows_from_x=True),
                                         _laid_out("v4_prefill_indexer", rows_from_x=True),
                                         _laid_out("v4_prefill_hca_stage", a5_tiling=False, rows_from_x=True),
-                                        replace(_laid_out("v4_attention_stage", a5_tiling=False, decode=False,
+                                        replace(_laid_out("v4_attention_stage", a5_tiling=False,
                                                           rows_from_x=True),
                                                 module="prefill_attention_swa",
-                                                function="golden_prefill_attention_swa"),
+                                                function="golden_prefill_attention_swa",
+                                                also=("decode_attention_swa", "decode_o_proj"),
+                                                forms=(("decode_attention_swa", "golden_decode_swa_tp1"),)),
                                         _laid_out("v4_prefill_csa_stage", a5_tiling=False, rows_from_x=True),
                                         Adapter("prefill_kv_allgather", FLASH_DSPARK, "prefill_kv_allgather",
                                                 "golden_prefill_kv_allgather", _prefill_kv_allgather),
