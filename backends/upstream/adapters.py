@@ -1046,7 +1046,8 @@ def _dspark_decode_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, w
     valid slots first with their count in ``swa_lens`` (its attention reads a valid prefix). ``decode_o_proj.py``
     checks the model's tiling at import, so it is imported at dspark's own geometry first and handed the call's
     widths; the packed heads' row padding (``T_PAD``, the rows' 16-row ceiling) is set alike on the three modules
-    that share it. qr / qr_scale, which the golden drops, from the chain of goldens it runs."""
+    that share it. qr / qr_scale, which the golden drops, from the chain of goldens it runs. A call of whole
+    requests in two equal parts also runs the TP golden (``_dspark_decode_swa_tp``), judged against this one."""
     tokens = x_hc.shape[0]
     pos = position_ids.reshape(-1).to(torch.long)
     win = config.sliding_window
@@ -1073,10 +1074,45 @@ def _dspark_decode_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, w
     constants = {"BLOCK_SIZE": int(kv_cache.shape[1])}
     out = run(tensors, fields, constants, module="decode_attention_swa", function="golden_decode_swa_tp1",
               module_globals=module_globals, native=("decode_o_proj",))
+    seq = config.decode_seq
+    if tokens % (2 * seq) == 0:  # whole requests on each of two ranks: the TP golden judged against the TP1 one
+        _dspark_decode_swa_tp(run, tensors, fields, constants, module_globals, ranks=2)
     qr, qr_scale = _stage_qr(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
                              gamma_ckv, freqs_cos[pos], freqs_sin[pos], config=config, fields=fields,
                              constants=constants, qkv_globals=None)
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale}
+
+
+def _dspark_decode_swa_tp(run, tensors, fields, constants, module_globals, *, ranks):
+    """dspark's decode_swa.py::golden_decode_swa (its TP world): the call's requests dealt to ``ranks`` ranks in
+    equal parts (each rank its own rows, RoPE rows, slots and windows, and a copy of the cache), the output
+    projection's weights in its TP layout (wo_b as [ranks, D, groups · o_lora / ranks], which its permute reads back
+    as the TP1 golden's [D, groups · o_lora]). Each rank's x_out and cache must be the TP1 golden's over that rank's
+    rows alone, byte for byte, or the call fails naming both (over the whole call an FP32 ulp apart: upstream's host
+    matmuls depend on how many rows share them, the deviation ``batched-host-matmul``)."""
+    from contracts.operators import BackendError
+
+    tokens = tensors["x_hc"].shape[0]
+    local = tokens // ranks
+    per_rank = ("x_hc", "freqs_cos", "freqs_sin", "swa_slot_mapping", "swa_indices", "swa_lens", "position_ids",
+                "x_out")
+    tp = {name: (value.reshape(ranks, local, *value.shape[1:]).clone() if name in per_rank
+                 else torch.stack([value] * ranks))
+          for name, value in tensors.items() if name not in ("wo_a", "wo_b")}
+    d = tensors["wo_b"].shape[0]
+    tp.update(wo_a=tensors["wo_a"].clone(), wo_b=tensors["wo_b"].reshape(d, ranks, -1).permute(1, 0, 2).contiguous(),
+              local_t=local)
+    out = run(tp, fields, constants, module="decode_attention_swa", function="golden_decode_swa",
+              module_globals={**module_globals, "TP_SIZE": ranks}, native=("decode_o_proj",))
+    for r in range(ranks):
+        own = {name: (value[r * local:(r + 1) * local].clone() if name in per_rank else value.clone())
+               for name, value in tensors.items()}
+        want = run(own, fields, constants, module="decode_attention_swa", function="golden_decode_swa_tp1",
+                   module_globals=module_globals, native=("decode_o_proj",))
+        for name in ("x_out", "kv_cache"):
+            if not torch.equal(out[name][r], want[name]):
+                raise BackendError(f"upstream dspark decode_swa.py: golden_decode_swa's rank {r} of {ranks} differs "
+                                   f"from golden_decode_swa_tp1 over the same rows in {name}")
 
 
 def _hca_stage_tensors(x_hc, attention, compressor, *, config, a5_tiling=True, own_cmp_page=False,
@@ -2291,7 +2327,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                                 module="prefill_attention_swa",
                                                 function="golden_prefill_attention_swa",
                                                 also=("decode_attention_swa", "decode_o_proj"),
-                                                forms=(("decode_attention_swa", "golden_decode_swa_tp1"),)),
+                                                forms=(("decode_attention_swa", "golden_decode_swa_tp1"),
+                                                       ("decode_attention_swa", "golden_decode_swa"))),
                                         _laid_out("v4_prefill_csa_stage", a5_tiling=False, rows_from_x=True),
                                         Adapter("prefill_kv_allgather", FLASH_DSPARK, "prefill_kv_allgather",
                                                 "golden_prefill_kv_allgather", _prefill_kv_allgather),
