@@ -1047,7 +1047,7 @@ def _dspark_decode_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, w
     checks the model's tiling at import, so it is imported at dspark's own geometry first and handed the call's
     widths; the packed heads' row padding (``T_PAD``, the rows' 16-row ceiling) is set alike on the three modules
     that share it. qr / qr_scale, which the golden drops, from the chain of goldens it runs. A call of whole
-    requests in two equal parts also runs the TP golden (``_dspark_decode_swa_tp``), judged against this one."""
+    requests in two equal parts also runs the TP golden (``_dspark_tp_judged``), judged against this one."""
     tokens = x_hc.shape[0]
     pos = position_ids.reshape(-1).to(torch.long)
     win = config.sliding_window
@@ -1076,43 +1076,50 @@ def _dspark_decode_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, w
               module_globals=module_globals, native=("decode_o_proj",))
     seq = config.decode_seq
     if tokens % (2 * seq) == 0:  # whole requests on each of two ranks: the TP golden judged against the TP1 one
-        _dspark_decode_swa_tp(run, tensors, fields, constants, module_globals, ranks=2)
+        _dspark_tp_judged(run, tensors, module="decode_attention_swa", tp_function="golden_decode_swa",
+                          tp1_function="golden_decode_swa_tp1", per_token=_DSPARK_TOKEN_ROWS, per_request=(),
+                          outputs=("x_out", "kv_cache"), seq=seq, fields=fields, constants=constants,
+                          module_globals=module_globals)
     qr, qr_scale = _stage_qr(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
                              gamma_ckv, freqs_cos[pos], freqs_sin[pos], config=config, fields=fields,
                              constants=constants, qkv_globals=None)
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale}
 
 
-def _dspark_decode_swa_tp(run, tensors, fields, constants, module_globals, *, ranks):
-    """dspark's decode_swa.py::golden_decode_swa (its TP world): the call's requests dealt to ``ranks`` ranks in
-    equal parts (each rank its own rows, RoPE rows, slots and windows, and a copy of the cache), the output
-    projection's weights in its TP layout (wo_b as [ranks, D, groups · o_lora / ranks], which its permute reads back
-    as the TP1 golden's [D, groups · o_lora]). Each rank's x_out and cache must be the TP1 golden's over that rank's
-    rows alone, byte for byte, or the call fails naming both (over the whole call an FP32 ulp apart: upstream's host
-    matmuls depend on how many rows share them, the deviation ``batched-host-matmul``)."""
+def _dspark_tp_judged(run, tensors, *, module, tp_function, tp1_function, per_token, per_request, outputs, seq,
+                      fields, constants, module_globals, ranks=2):
+    """One of dspark's TP decode stage goldens (``tp_function``: its TP world of ``ranks``): the call's requests
+    dealt to the ranks in equal parts (each rank its own rows ``per_token``, its requests' ``per_request`` rows, and
+    a copy of every cache), the output projection's wo_b in its TP layout ([ranks, D, groups · o_lora / ranks], which
+    its permute reads back as the TP1 golden's [D, groups · o_lora]). Each rank's ``outputs`` must be the TP1
+    golden's over that rank's rows alone, byte for byte, or the call fails naming both (over the whole call they
+    are an FP32 ulp apart in some rows: upstream's host matmuls depend on how many rows share them, the deviation
+    ``batched-host-matmul``)."""
     from contracts.operators import BackendError
 
     tokens = tensors["x_hc"].shape[0]
     local = tokens // ranks
-    per_rank = ("x_hc", "freqs_cos", "freqs_sin", "swa_slot_mapping", "swa_indices", "swa_lens", "position_ids",
-                "x_out")
-    tp = {name: (value.reshape(ranks, local, *value.shape[1:]).clone() if name in per_rank
-                 else torch.stack([value] * ranks))
-          for name, value in tensors.items() if name not in ("wo_a", "wo_b")}
+
+    def own(name, value, r=None):
+        part = local if name in per_token else local // seq if name in per_request else None
+        if part is None:
+            return value.clone() if r is not None else torch.stack([value] * ranks)
+        return value[r * part:(r + 1) * part].clone() if r is not None else \
+            value.reshape(ranks, part, *value.shape[1:]).clone()
+
+    tp = {name: own(name, value) for name, value in tensors.items() if name not in ("wo_a", "wo_b")}
     d = tensors["wo_b"].shape[0]
     tp.update(wo_a=tensors["wo_a"].clone(), wo_b=tensors["wo_b"].reshape(d, ranks, -1).permute(1, 0, 2).contiguous(),
               local_t=local)
-    out = run(tp, fields, constants, module="decode_attention_swa", function="golden_decode_swa",
+    out = run(tp, fields, constants, module=module, function=tp_function,
               module_globals={**module_globals, "TP_SIZE": ranks}, native=("decode_o_proj",))
     for r in range(ranks):
-        own = {name: (value[r * local:(r + 1) * local].clone() if name in per_rank else value.clone())
-               for name, value in tensors.items()}
-        want = run(own, fields, constants, module="decode_attention_swa", function="golden_decode_swa_tp1",
-                   module_globals=module_globals, native=("decode_o_proj",))
-        for name in ("x_out", "kv_cache"):
+        want = run({name: own(name, value, r) for name, value in tensors.items()}, fields, constants, module=module,
+                   function=tp1_function, module_globals=module_globals, native=("decode_o_proj",))
+        for name in outputs:
             if not torch.equal(out[name][r], want[name]):
-                raise BackendError(f"upstream dspark decode_swa.py: golden_decode_swa's rank {r} of {ranks} differs "
-                                   f"from golden_decode_swa_tp1 over the same rows in {name}")
+                raise BackendError(f"upstream dspark {module}: {tp_function}'s rank {r} of {ranks} differs from "
+                                   f"{tp1_function} over the same rows in {name}")
 
 
 def _hca_stage_tensors(x_hc, attention, compressor, *, config, a5_tiling=True, own_cmp_page=False,
@@ -1433,6 +1440,79 @@ def _v4_hca_stage(run, x_hc, attention, compressor, *, config, module="decode_at
               module_globals=module_globals)
     qr, qr_scale = _chain_qr(run, x_hc, a, a["position_ids"].reshape(-1).to(torch.long), config=config,
                              constants=constants, a5_tiling=a5_tiling)
+    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
+            "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"]}
+
+
+# dspark's decode stage goldens' per-token and per-request tensors (what its TP goldens deal to each rank)
+_DSPARK_TOKEN_ROWS = ("x_hc", "freqs_cos", "freqs_sin", "swa_slot_mapping", "swa_indices", "swa_lens", "position_ids",
+                      "x_out", "ori_slot_mapping", "window_swa_indices", "cmp_slot_mapping", "state_slot_mapping",
+                      "idx_slot_mapping", "inner_state_slot_mapping")
+_DSPARK_REQUEST_ROWS = ("cmp_freqs_cos", "cmp_freqs_sin", "kv_seq_lens", "compress_state_block_table",
+                        "cmp_block_table", "inner_compress_state_block_table", "idx_block_table")
+
+
+def _dspark_stage_tensors(tensors: dict, a: dict, *, config, ratio: int) -> dict:
+    """dspark's decode stage goldens' layout of a V4-Pro stage golden's tensors: the RoPE rows token-local (the
+    table read at each row's position), the compressor's rows of each request's first window start
+    (``cmp_freqs_cos`` [B, rope / 2] FP32, as Flash-MTP's golden reads them from the table itself), no window
+    lengths (its attention reads the window's columns as given)."""
+    pos = a["position_ids"].reshape(-1).to(torch.long)
+    half = config.qk_rope_head_dim // 2
+    first = pos[::config.decode_seq]
+    start = first - first % ratio
+    tensors = dict(tensors)
+    tensors.pop("window_swa_lens", None)
+    tensors.update(freqs_cos=a["freqs_cos"][pos].clone(), freqs_sin=a["freqs_sin"][pos].clone(),
+                   cmp_freqs_cos=a["freqs_cos"][start, :half].float().clone(),
+                   cmp_freqs_sin=a["freqs_sin"][start, :half].float().clone())
+    return tensors
+
+
+def _dspark_o_proj_globals(config, tokens: int, attention_module: str) -> dict:
+    """The module globals dspark's decode stage goldens need at the call's width: its packed heads' row padding
+    (``T_PAD``, the rows' 16-row ceiling) on the stage's module, its sparse attention's and ``decode_o_proj.py``'s
+    (imported at dspark's own geometry: ``native``), the latter's widths the call's."""
+    groups, pad = config.o_groups, -(-tokens // 16) * 16
+    heads_in = config.num_attention_heads // groups * config.head_dim
+    return {"T_PAD": pad, f"{attention_module}.T": tokens, f"{attention_module}.T_PAD": pad,
+            **{f"decode_o_proj.{k}": v for k, v in _o_proj_widths(config, T_PAD=pad, O_GROUPS=groups,
+                                                                  O_GROUP_IN=heads_in).items()}}
+
+
+def _dspark_hca_stage(run, x_hc, attention, compressor, *, config, hca_topk_limit="all"):
+    """v4_hca_stage -> dspark's decode_hca.py::golden_decode_hca_tp1: V4-Pro's stage tensors (its pages) in dspark's
+    layout (``_dspark_stage_tensors``), the compressor token-major, the attention's packed heads through its TP1
+    output projection (``_dspark_o_proj_globals``). Its attention attends every compressed position the request
+    holds (min((pos + 1) // 128, kv_len // 128), no index_topk limit): the rule "all". A call of whole requests in
+    two equal parts also runs its TP golden (``golden_decode_hca``), judged against the TP1 one."""
+    from contracts.operators import Unsupported
+
+    _check_hca_limit(hca_topk_limit, "all")
+    a = attention
+    tensors, constants, module_globals = _hca_stage_tensors(x_hc, attention, compressor, config=config,
+                                                            a5_tiling=False)
+    if int(a["position_ids"].max()) >= config.max_position_embeddings:  # after the caller's side is checked
+        raise Unsupported(f"dspark's HCA attention golden caps the compressed positions at the model's capacity "
+                          f"(max_position_embeddings {config.max_position_embeddings} // 128): a position past it "
+                          "is outside its domain")
+    tensors = _dspark_stage_tensors(tensors, a, config=config, ratio=128)
+    # its token capacity is checked against decode_o_proj's at import: the decode batch stays dspark's own, the rows
+    # per request (S) the call's
+    constants = {k: v for k, v in constants.items() if k not in ("DECODE_BATCH", "DECODE_SEQ")}
+    module_globals = {**_dspark_o_proj_globals(config, x_hc.shape[0], "decode_sparse_attn_hca"),
+                      "decode_sparse_attn_hca.ORI_BLOCK_NUM": int(a["kv_cache"].shape[0]),
+                      **{f"{m}S": config.decode_seq for m in ("", "decode_sparse_attn_hca.", "decode_compressor_ratio128.")}}
+    fields = _variant_fields(config)
+    out = run(tensors, fields, constants, module="decode_attention_hca", function="golden_decode_hca_tp1",
+              module_globals=module_globals, native=("decode_o_proj",))
+    if x_hc.shape[0] % (2 * config.decode_seq) == 0:  # the TP golden on two ranks, judged against the TP1 one
+        _dspark_tp_judged(run, tensors, module="decode_attention_hca", tp_function="golden_decode_hca",
+                          tp1_function="golden_decode_hca_tp1", per_token=_DSPARK_TOKEN_ROWS,
+                          per_request=_DSPARK_REQUEST_ROWS, outputs=("x_out", "kv_cache", "cmp_kv", "compress_state"),
+                          seq=config.decode_seq, fields=fields, constants=constants, module_globals=module_globals)
+    qr, qr_scale = _chain_qr(run, x_hc, a, a["position_ids"].reshape(-1).to(torch.long), config=config,
+                             constants=constants, a5_tiling=False)
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
             "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"]}
 
@@ -2330,6 +2410,10 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                                 forms=(("decode_attention_swa", "golden_decode_swa_tp1"),
                                                        ("decode_attention_swa", "golden_decode_swa"))),
                                         _laid_out("v4_prefill_csa_stage", a5_tiling=False, rows_from_x=True),
+                                        replace(ADAPTERS["v4_hca_stage"], build=_dspark_hca_stage,
+                                                function="golden_decode_hca_tp1",
+                                                also=(*ADAPTERS["v4_hca_stage"].also, "decode_o_proj"),
+                                                forms=(("decode_attention_hca", "golden_decode_hca"),)),
                                         Adapter("prefill_kv_allgather", FLASH_DSPARK, "prefill_kv_allgather",
                                                 "golden_prefill_kv_allgather", _prefill_kv_allgather),
                                         Adapter("markov_head", FLASH_DSPARK, "markov_head", "golden_markov_head",

@@ -393,15 +393,20 @@ _DSPARK_NONE = ("dspark's decode stage goldens stop at the heads packed for its 
                 "decode_o_proj.py, which checks the model's tiling at import (not runnable at the contracts' width)")
 
 def _stage_record(operator: str, call, outputs: dict, golden: str, pro: str, mtp: str, dspark_entry: str,
-                  dspark_none: str = _DSPARK_NONE, dspark_golden: bool = False) -> Record:
+                  dspark_none: str = _DSPARK_NONE, dspark_golden: bool | str = False) -> Record:
     """The record of a compressed stage adapted from V4-Pro's ``pro`` and Flash-MTP's ``mtp`` module (file names
     without .py) with the golden ``golden`` and the entry ``<golden without golden_>_test``; dspark's entry, and its
-    golden in the Flash-MTP module's file where ``dspark_golden`` (else ``dspark_none`` says why not)."""
+    golden in the Flash-MTP module's file where ``dspark_golden`` (a name: dspark's own golden of that file; else
+    ``dspark_none`` says why not)."""
     entry = golden.removeprefix("golden_") + "_test"
+    if isinstance(dspark_golden, str):
+        golden_of_dspark = dspark_golden
+    else:
+        golden_of_dspark = golden
     return Record(operator=operator, call=call, outputs=outputs, cases=(), bindings=(
         Upstream("deepseek_v4_pro", golden=f"{pro}.py::{golden}", entry=f"{pro}.py::{entry}"),
         Upstream("deepseek_v4_flash_mtp", golden=f"{mtp}.py::{golden}", entry=f"{mtp}.py::{entry}"),
-        Upstream("deepseek_v4_flash_dspark", golden=f"{mtp}.py::{golden}" if dspark_golden else "",
+        Upstream("deepseek_v4_flash_dspark", golden=f"{mtp}.py::{golden_of_dspark}" if dspark_golden else "",
                  entry=dspark_entry, none="" if dspark_golden else dspark_none)))
 
 
@@ -410,7 +415,7 @@ _DECODE_OUT = {"x_out": "fp32_ulps", "kv_cache": "exact", "cmp_kv": "exact"}
 HCA_STAGE_RECORD = _stage_record(
     "v4_hca_stage", lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], config=config)),
     {**_DECODE_OUT, "state_pool": "fp32_ulps"}, "golden_attention_hca", "decode_attention_hca", "decode_hca",
-    "decode_hca.py::decode_hca_test")
+    "decode_hca.py::decode_hca_tp1_test", dspark_golden="golden_decode_hca_tp1")
 
 CSA_STAGE_RECORD = _stage_record(
     "v4_csa_stage",
