@@ -399,10 +399,7 @@ def _stage_record(operator: str, call, outputs: dict, golden: str, pro: str, mtp
     golden in the Flash-MTP module's file where ``dspark_golden`` (a name: dspark's own golden of that file; else
     ``dspark_none`` says why not)."""
     entry = golden.removeprefix("golden_") + "_test"
-    if isinstance(dspark_golden, str):
-        golden_of_dspark = dspark_golden
-    else:
-        golden_of_dspark = golden
+    golden_of_dspark = dspark_golden if isinstance(dspark_golden, str) else golden
     return Record(operator=operator, call=call, outputs=outputs, cases=(), bindings=(
         Upstream("deepseek_v4_pro", golden=f"{pro}.py::{golden}", entry=f"{pro}.py::{entry}"),
         Upstream("deepseek_v4_flash_mtp", golden=f"{mtp}.py::{golden}", entry=f"{mtp}.py::{entry}"),
