@@ -1517,6 +1517,42 @@ def _dspark_hca_stage(run, x_hc, attention, compressor, *, config, hca_topk_limi
             "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"]}
 
 
+def _dspark_csa_stage(run, x_hc, attention, compressor, indexer, *, config, index_key_rope="step"):
+    """v4_csa_stage -> dspark's decode_csa.py::golden_decode_csa_tp1: V4-Pro's stage tensors (its pages, one
+    BLOCK_SIZE for both caches) without the window lengths, the RoPE tables whole (it reads each row's, the step's
+    and the compressor's rows itself, as Flash-MTP's), the call's rows per request (``S``) on the stage, its
+    compressor, indexer and attention, its attention's packed heads through its TP1 output projection
+    (``_dspark_o_proj_globals``). A call of whole requests in two equal parts also runs its TP golden
+    (``golden_decode_csa``), judged against the TP1 one."""
+    tensors, constants, module_globals = _csa_stage_tensors(x_hc, attention, compressor, indexer, config=config,
+                                                            index_key_rope=index_key_rope, a5_tiling=False)
+    a, i, seq = attention, indexer, config.decode_seq
+    tensors.pop("window_swa_lens")
+    constants = {k: v for k, v in constants.items() if k not in ("DECODE_BATCH", "DECODE_SEQ")}
+    module_globals = {**module_globals, **_dspark_o_proj_globals(config, x_hc.shape[0], "decode_sparse_attn_csa"),
+                      "decode_sparse_attn_csa.ORI_BLOCK_NUM": int(a["kv_cache"].shape[0]),
+                      **{f"{m}S": seq for m in ("", "decode_sparse_attn_csa.", "decode_compressor_ratio4.",
+                                                "decode_indexer.", "decode_indexer_compressor.")}}
+    fields = _variant_fields(config)
+    out = run(tensors, fields, constants, module="decode_attention_csa", function="golden_decode_csa_tp1",
+              module_globals=module_globals, native=("decode_o_proj",))
+    if x_hc.shape[0] % (2 * seq) == 0:
+        _dspark_tp_judged(run, tensors, module="decode_attention_csa", tp_function="golden_decode_csa",
+                          tp1_function="golden_decode_csa_tp1",
+                          per_token=tuple(n for n in _DSPARK_TOKEN_ROWS if n not in ("freqs_cos", "freqs_sin")),
+                          per_request=_DSPARK_REQUEST_ROWS,
+                          outputs=("x_out", "kv_cache", "cmp_kv", "compress_state", "inner_compress_state",
+                                   "idx_kv_cache", "idx_kv_scale"),
+                          seq=seq, fields=fields, constants=constants, module_globals=module_globals)
+    qr, qr_scale = _chain_qr(run, x_hc, a, a["position_ids"].reshape(-1).to(torch.long), config=config,
+                             constants=constants, a5_tiling=False)
+    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale,
+            "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"],
+            "inner_state_pool": out["inner_compress_state"],
+            "idx_kv_cache": out["idx_kv_cache"].reshape(i["idx_kv_cache"].shape),
+            "idx_kv_scale": out["idx_kv_scale"].reshape(i["idx_kv_scale"].shape)}
+
+
 LAYER_GOLDENS = {"SWA": "golden_decode_layer_swa", "HCA": "golden_decode_layer_hca", "CSA": "golden_decode_layer_csa"}
 FLASH_LAYER_GOLDENS = {**LAYER_GOLDENS, "SWA": "golden_decode_layer"}
 AUTO_RATIOS = {"SWA": 0, "HCA": 128, "CSA": 4}  # the compress ratio golden_decode_layer_auto dispatches to each path
@@ -2414,6 +2450,10 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                                 function="golden_decode_hca_tp1",
                                                 also=(*ADAPTERS["v4_hca_stage"].also, "decode_o_proj"),
                                                 forms=(("decode_attention_hca", "golden_decode_hca"),)),
+                                        replace(ADAPTERS["v4_csa_stage"], build=_dspark_csa_stage,
+                                                function="golden_decode_csa_tp1",
+                                                also=(*ADAPTERS["v4_csa_stage"].also, "decode_o_proj"),
+                                                forms=(("decode_attention_csa", "golden_decode_csa"),)),
                                         Adapter("prefill_kv_allgather", FLASH_DSPARK, "prefill_kv_allgather",
                                                 "golden_prefill_kv_allgather", _prefill_kv_allgather),
                                         Adapter("markov_head", FLASH_DSPARK, "markov_head", "golden_markov_head",

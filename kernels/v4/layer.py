@@ -418,7 +418,7 @@ CSA_STAGE_RECORD = _stage_record(
     "v4_csa_stage",
     lambda fn, i, config: dict(fn(i["x_hc"], i["attention"], i["compressor"], i["indexer"], config=config)),
     {**_DECODE_OUT, "idx_kv_cache": "exact"}, "golden_attention_csa", "decode_attention_csa", "decode_csa",
-    "decode_csa.py::decode_csa_test")
+    "decode_csa.py::decode_csa_tp1_test", dspark_golden="golden_decode_csa_tp1")
 
 DECODE_LAYER_RECORD = Record(
     operator="v4_decode_layer",
