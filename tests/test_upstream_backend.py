@@ -532,8 +532,9 @@ def test_real_checkout_prefill_attention_gathers_its_keys(model):
 
 
 def test_a_golden_called_inside_an_adapted_golden_is_listed_as_adapted_inside_it(tmp_path):
-    """The survey reads the calls: a golden that an adapted golden of its module calls by name runs under that
-    adapter's contracts ("adapted inside"); one no adapted golden calls is not (its module is only read)."""
+    """The survey reads the calls: a golden that an adapted golden calls by name -- of its own module, or of another
+    importing it, under another name too -- runs under that adapter's contracts ("adapted inside"); one no adapted
+    golden calls is not (its module is only read)."""
     from backends.upstream import folders
 
     model = tmp_path / "models" / "deepseek_v4_flash_mtp"
@@ -547,11 +548,22 @@ def test_a_golden_called_inside_an_adapted_golden_is_listed_as_adapted_inside_it
 
         def golden_unused(tensors):
             pass
+
+        def golden_imported(tensors):
+            pass
+        '''))
+    # an adapted golden of another module importing one of rmsnorm.py's (at call time, under another name)
+    (model / "lookup_embedding.py").write_text(textwrap.dedent('''
+        def golden_lookup_embedding_test(tensors):
+            from rmsnorm import golden_imported as norm_rows
+            norm_rows(tensors)
         '''))
     rows = {r[1]: r[3] for r in folders.folder_rows(tmp_path, "deepseek_v4_flash_mtp") if r[0] == "rmsnorm"}
     assert rows == {"golden_rms_norm": "adapted inside `golden_rms_norm_test` (`final_norm`), which calls it",
                     "golden_rms_norm_test": "adapted: `final_norm`",
-                    "golden_unused": "not adapted itself (its module is read by `v4_attention_stage`'s adapter)"}, rows
+                    "golden_unused": "not adapted itself (its module is read by `v4_attention_stage`'s adapter)",
+                    "golden_imported": "adapted inside `lookup_embedding.py::golden_lookup_embedding_test` "
+                                       "(`lookup_embedding`), which calls it"}, rows
 
 
 @needs_checkout

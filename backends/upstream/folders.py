@@ -5,8 +5,8 @@ folder (``docs/upstream.md`` keeps the one of the checkout named there).
 
 Each ``models/<folder>/<module>.py`` is read with ``ast`` (nothing imported): its ``golden_*`` functions, and its
 ``@pl.jit`` entries. A golden is ``adapted`` (the operator whose adapter calls it, for the operator's main form or
-another path or form it names, ``backends.upstream.adapters``), ``adapted inside`` an adapted golden of its module
-that calls it by name,
+another path or form it names, ``backends.upstream.adapters``), ``adapted inside`` an adapted golden that calls it
+by name (of its own module, or one importing it from this one),
 or ``not adapted yet``; a module without a golden says so. Exit 0, 2 on bad usage (no checkout, unknown folder).
 """
 
@@ -20,18 +20,27 @@ from pathlib import Path
 from backends.upstream.adapters import BY_FOLDER, FOLDERS
 
 
-def _module_facts(path: Path) -> tuple[list[str], list[str], dict[str, set[str]]]:
-    """(golden functions, @pl.jit entry functions, the module's goldens each golden calls by name) of one model
-    module."""
+def _module_facts(path: Path) -> tuple[list[str], list[str], dict[str, set[tuple[str, str]]]]:
+    """(golden functions, @pl.jit entry functions, the goldens each golden calls by name: (module, golden), its own
+    module's or one it imports from another module of the folder, at module level or inside the function) of one
+    model module."""
     tree = ast.parse(path.read_text())
+
+    def imported(nodes) -> dict[str, tuple[str, str]]:
+        return {a.asname or a.name: (n.module, a.name) for n in nodes if isinstance(n, ast.ImportFrom) and n.module
+                for a in n.names if a.name.startswith("golden_")}
+
+    at_top = imported(tree.body)
     goldens, entries, calls = [], [], {}
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef):
             continue
         if node.name.startswith("golden_"):
             goldens.append(node.name)
-            calls[node.name] = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call)
-                                and isinstance(c.func, ast.Name) and c.func.id.startswith("golden_")}
+            names = {**at_top, **imported(ast.walk(node))}
+            calls[node.name] = {names.get(c.func.id, (path.stem, c.func.id)) for c in ast.walk(node)
+                                if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                                and (c.func.id.startswith("golden_") or c.func.id in names)}
         if any(ast.unparse(d).startswith("pl.jit") and not ast.unparse(d).startswith("pl.jit.inline")
                for d in node.decorator_list):
             entries.append(node.name)
@@ -45,20 +54,27 @@ def folder_rows(root: Path, folder: str) -> list[tuple[str, str, str, str]]:
     also: dict[str, str] = {}  # module -> the first operator (by name) whose adapter reads it
     for a in sorted(BY_FOLDER[folder].values(), key=lambda a: a.operator, reverse=True):
         also.update({a.module_of(m): a.operator for m in a.also})
+    paths = [p for p in sorted((root / "models" / folder).glob("*.py")) if p.stem not in ("config", "utils", "__init__")]
+    facts = {p.stem: _module_facts(p) for p in paths}
+    callers: dict[tuple[str, str], tuple[str, str]] = {}  # (module, golden) -> an adapted golden calling it
+    for module, (_, _, calls) in sorted(facts.items()):
+        for caller, called in sorted(calls.items()):
+            if (module, caller) in adapted:
+                for key in sorted(called):
+                    callers.setdefault(key, (module, caller))
     rows = []
-    for path in sorted((root / "models" / folder).glob("*.py")):
-        if path.stem in ("config", "utils", "__init__"):
-            continue
-        goldens, entries, calls = _module_facts(path)
+    for path in paths:
+        goldens, entries, calls = facts[path.stem]
         shown = ", ".join(entries) or "-"
         if not goldens:
             rows.append((path.stem, "-", shown, f"no golden (read by {also[path.stem]})" if path.stem in also
                          else "no golden"))
         for g in goldens:
             op = adapted.get((path.stem, g))
-            caller = next((c for c in goldens if g in calls[c] and (path.stem, c) in adapted), None)
+            caller = callers.get((path.stem, g))
+            where = caller and (caller[1] if caller[0] == path.stem else f"{caller[0]}.py::{caller[1]}")
             status = f"adapted: `{op}`" if op else \
-                f"adapted inside `{caller}` (`{adapted[path.stem, caller]}`), which calls it" if caller else \
+                f"adapted inside `{where}` (`{adapted[caller]}`), which calls it" if caller else \
                 (f"not adapted itself (its module is read by `{also[path.stem]}`'s adapter)" if path.stem in also
                  else "not adapted yet")
             rows.append((path.stem, g, shown, status))
