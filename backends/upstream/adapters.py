@@ -133,11 +133,13 @@ def _hc_pre_fused(run, x_hc, function, scale, base, *, config, ops=None):
     return {"x_mixed": out["x_mixed"], "post": out["post"], "comb": out["comb"]}
 
 
-def _hc_head_fused(run, x_hc, fn, scale, base, *, config, ops=None, split_chunks=True):
+def _hc_head_fused(run, x_hc, fn, scale, base, *, config, ops=None, split_chunks=True, rows_port=False):
     """hc_head_fused -> hc_head.py::golden_hc_head (x_hc, hc_head_fn, hc_head_scale, hc_head_base -> y): the
     folder's model object at the call's width and streams, the module's rows (T) the call's; ``split_chunks``: V4-Pro's
     golden sums the head logits over 8 K splits in LINEAR_K_CHUNK chunks, one chunk per split at a tiny width (the
-    Flash goldens slice their tiles, any width)."""
+    Flash goldens slice their tiles, any width). ``rows_port`` (V4-Pro): its row-count-agnostic port
+    ``golden_hc_head_rows`` (the prefill forward's, which reads the rows from x_hc) runs on the same call too and
+    must give the same bytes, or the call fails naming both."""
     from kernels.v4.mtp_layer import v4_head_mix
 
     v4_head_mix(x_hc, fn, scale, base, config=config)  # the caller's side (raises on a bad call)
@@ -147,6 +149,14 @@ def _hc_head_fused(run, x_hc, fn, scale, base, *, config, ops=None, split_chunks
     fields = {"hidden_size": d, "hc_mult": hc, "hc_eps": config.hc_eps, "rms_norm_eps": config.rms_norm_eps}
     tiles = {"LINEAR_K_CHUNK": min(256, hc * d // 8)} if split_chunks else {}
     out = run(tensors, fields, {}, module_globals={"T": tokens, **tiles})
+    if rows_port and getattr(run, "calls_goldens", True):
+        from contracts.operators import BackendError
+
+        port = run({**tensors, "y": torch.zeros(tokens, d, dtype=torch.bfloat16)}, fields, {},
+                   function="golden_hc_head_rows", module_globals=tiles)
+        if not torch.equal(port["y"], out["y"]):
+            raise BackendError("upstream hc_head.py: golden_hc_head_rows differs from golden_hc_head on the same "
+                               f"call ({int((port['y'] != out['y']).sum())} elements of y)")
     return {"y": out["y"]}
 
 
@@ -2015,7 +2025,8 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
             _v4_compress_and_publish, also=("decode_compressor_ratio128",),
             forms=(("decode_compressor_ratio128", "golden_compressor"),)),
     Adapter("hc_pre_fused", PRO, "hc_pre", "golden_hc_pre", _hc_pre_fused),
-    Adapter("hc_head_fused", PRO, "hc_head", "golden_hc_head", _hc_head_fused),
+    Adapter("hc_head_fused", PRO, "hc_head", "golden_hc_head", partial(_hc_head_fused, rows_port=True),
+            forms=(("hc_head", "golden_hc_head_rows"),)),
     Adapter("v4_hca_stage", PRO, "decode_attention_hca", "golden_attention_hca", _v4_hca_stage),
     Adapter("v4_prefill_hca_stage", PRO, "prefill_attention_hca", "golden_prefill_attention_hca",
             _v4_prefill_hca_stage, also=("prefill_compressor_ratio128", "prefill_sparse_attn")),
@@ -2399,7 +2410,7 @@ def _laid_out(name: str, **layout) -> Adapter:
 # disagreement 15: V4-Pro's up- trees are not judged on a Flash folder). Not yet: v4_qkv_proj_rope (its golden
 # differs), lm_head (its golden's DP layout).
 _FLASH_SHARED: list[Adapter] = [*(ADAPTERS[n] for n in ("hc_post", "final_norm", "v4_expert", "hc_pre_fused")),
-                                _laid_out("hc_head_fused", split_chunks=False),
+                                replace(_laid_out("hc_head_fused", split_chunks=False, rows_port=False), forms=()),
                                 _laid_out("v4_qkv_proj_rope", a5_tiling=False),
                                 replace(_laid_out("lm_head", card_owners=True, all_ranks=False), forms=())]
 _FLASH_OWN = [Adapter("lookup_embedding", FLASH_MTP, "lookup_embedding", "golden_lookup_embedding_test",
