@@ -102,7 +102,8 @@ def _mtp_projection(run, hidden, prev, enorm, hnorm, e_proj, e_scale, e_smooth, 
 
 def _hc_post(run, sublayer, x_hc, post_mix, residual_mix, *, rule="fp32"):
     """hc_post -> hc_post.py::golden_hc_post: x = the sublayer's output, residual = the streams, post, comb.
-    Upstream's V4 streams are FP32 end to end, which is this project's ``rule="fp32"``."""
+    Upstream's V4 streams are FP32 end to end, which is this project's ``rule="fp32"``. A call of two rows or more
+    also judges the prefill form ``golden_hc_post_prefill`` against it (``_hc_post_prefill_judged``)."""
     from contracts.operators import Unsupported
     from kernels.reference.mhc import check_hc_post
 
@@ -113,7 +114,24 @@ def _hc_post(run, sublayer, x_hc, post_mix, residual_mix, *, rule="fp32"):
     tensors = {"x": sublayer.clone(), "residual": x_hc.clone(), "post": post_mix.float().clone(),
                "comb": residual_mix.float().reshape(tokens, hc * hc).clone(),
                "y": torch.zeros(tokens, hc, d, dtype=torch.float32)}
-    return run(tensors, {"hidden_size": d, "hc_mult": hc}, {})["y"]
+    y = run(tensors, {"hidden_size": d, "hc_mult": hc}, {})["y"]
+    if tokens > 1 and getattr(run, "calls_goldens", True):
+        _hc_post_prefill_judged(run, tensors, y, hc=hc, d=d)
+    return y
+
+
+def _hc_post_prefill_judged(run, tensors, y, *, hc, d):
+    """hc_post.py::golden_hc_post_prefill (the prefill stages' hc_post) on the same call with its last row padding
+    (num_tokens T - 1): its real rows must be golden_hc_post's, byte for byte, and its padding row exactly 0, or the
+    call fails naming both goldens."""
+    from contracts.operators import BackendError
+
+    tokens = y.shape[0]
+    out = run({**tensors, "y": torch.zeros(tokens, hc, d, dtype=torch.float32), "num_tokens": tokens - 1},
+              {"hidden_size": d, "hc_mult": hc}, {}, function="golden_hc_post_prefill")["y"]
+    if not torch.equal(out[:-1], y[:-1]) or bool(out[-1].any()):
+        raise BackendError("upstream hc_post.py: golden_hc_post_prefill with the last row padding is not "
+                           "golden_hc_post on the real rows and 0 on the padding row")
 
 
 def _hc_pre_fused(run, x_hc, function, scale, base, *, config, ops=None):
@@ -1989,7 +2007,7 @@ def _v4_prefill_index_keys(run, x, position_ids, num_tokens, state_block_table, 
 ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_gate", PRO, "gate", "golden_gate_core", _gate),
     Adapter("mtp_projection", PRO, "mtp_projection", "golden_mtp_projection", _mtp_projection),
-    Adapter("hc_post", PRO, "hc_post", "golden_hc_post", _hc_post),
+    Adapter("hc_post", PRO, "hc_post", "golden_hc_post", _hc_post, forms=(("hc_post", "golden_hc_post_prefill"),)),
     Adapter("lm_head", PRO, "lm_head", "golden_lm_head", partial(_lm_head, all_ranks=True),
             forms=(("lm_head", "golden_lm_head_all_ranks"),)),
     Adapter("final_norm", PRO, "rmsnorm", "golden_rms_norm_test", _final_norm),
