@@ -287,3 +287,32 @@ SEEDED_DEFECTS = [
     SeededDefect("cp-zigzag:window-from-last-block", "cp_zigzag_tail_exchange", _window_from_last_block,
                  "test_the_exchanged_tails_are_the_unsplit_prefills", "decode_window"),
 ]
+
+
+@pytest.mark.operators("cp_zigzag_tail_exchange")
+@pytest.mark.parametrize("cp", [2, 4])
+def test_tails_that_carry_their_positions_come_back_in_position_order(backend, cp):
+    """2cp full segments of a tail of 4 rows whose rows carry their positions (column 1 pos // 4, column 2 pos % 4:
+    upstream's exchange fixture, so its golden is judged on it): on every rank, logical row k carries position k and
+    the decode window the chunk's last 4 positions. Separated from reading the blocks rank-major and from each
+    rank's two parts swapped. Spec: §7.1."""
+    from kernels.v4.cp_zigzag import position_markers
+
+    tail, dim = 4, 4
+    local = position_markers(cp, tail, dim)
+    assert sorted(int(v) for v in (local[:, :, 1] * tail + local[:, :, 2]).flatten()) == list(range(2 * cp * tail)), \
+        "the fixture does not hold every position once"
+    out = _exchange(backend)(local, torch.full((2 * cp,), tail, dtype=torch.int32))
+    pos = torch.arange(2 * cp * tail)
+    want = torch.zeros(2 * cp * tail, dim, dtype=torch.bfloat16)
+    want[:, 1], want[:, 2] = (pos // tail).to(torch.bfloat16), (pos % tail).to(torch.bfloat16)
+    swapped = torch.cat([local[r, (1 - p) * tail:][:tail] for r, p in
+                         (_zigzag_owner(s, cp) for s in range(2 * cp))])
+    separates("the logical order of positions", want, rank_major=local.reshape(-1, dim), parts_swapped=swapped)
+    for r in range(cp):
+        bad = (byte_rows(out["logical_tails"][r]) != byte_rows(want)).any(1)
+        assert not bool(bad.any()), f"rank {r}: logical row {int(bad.nonzero()[0])} does not carry position " \
+                                    f"{int(bad.nonzero()[0])} (cp {cp}; §7.1)"
+        bad = (byte_rows(out["decode_window"][r]) != byte_rows(want[-tail:])).any(1)
+        assert not bool(bad.any()), f"rank {r}: decode_window row {int(bad.nonzero()[0])} does not carry position " \
+                                    f"{2 * cp * tail - tail + int(bad.nonzero()[0])} (cp {cp}; §7.1)"

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from contracts.separation import separates_under
 from contracts.v4_inputs import prefill_stage_inputs, stage_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
@@ -243,13 +244,13 @@ def test_the_prefill_form_refuses_a_bad_num_tokens_before_any_operator_runs(back
                                           config=config)
 
 
-def _attends_over_the_written_rows(backend, config, i, form: str, n: int | None = None) -> None:
+def _attends_over_the_written_rows(backend, config, i, form: str, n: int | None = None) -> SimpleNamespace:
     """The stage (decode, or prefill with ``n`` real rows) against its parts, the backend's own where it has them
-    and the reference for the rest (a mixed run where it lacks one, labelled): the real rows' kv rows are the
-    projection's, byte for byte, at their slots; x_out's real rows are within the stage bound of hc_post over the
-    attention of each row's window over the cache with the rows written. Separated in here: attending the cache
-    as it came in, and each window one key short (its oldest listed key dropped)."""
-    from contracts.separation import separates_under
+    and the reference for the rest (a mixed run where it lacks one, labelled): asserts the real rows' kv rows are
+    the projection's, byte for byte, at their slots; returns the real rows' x_out, what hc_post over the attention
+    of each row's window over the cache with the rows written gives (``want``), the bound (``within``, and
+    ``outside`` per row), and the alternatives the caller separates: attending the cache as it came in, and each
+    window one key short (its oldest listed key dropped)."""
     from contracts.tolerances import BF16_STAGE_TOL
 
     rows = i["x_hc"].shape[0]
@@ -290,11 +291,16 @@ def _attends_over_the_written_rows(backend, config, i, form: str, n: int | None 
     def outside(y, w):
         return ((y - w).abs() > atol + rtol * (w.abs() + terms)).reshape(real, -1).any(1)
 
-    want = separates_under(f"the {form} attention over the cache with the rows written, each row's whole window",
-                           lambda y, w: not bool(outside(y, w).any()), x_out(cache, window),
-                           attended_the_cache_as_it_came_in=x_out(i["kv_cache"], window),
-                           each_window_one_key_short=x_out(cache, short))
-    bad = outside(got["x_out"][:real], want).nonzero().flatten()
+    rest = {"attended_the_cache_as_it_came_in": x_out(i["kv_cache"], window),
+            "each_window_one_key_short": x_out(cache, short)}
+    return SimpleNamespace(x_out=got["x_out"][:real], want=x_out(cache, window), alternatives=rest,
+                           within=lambda y, w: not bool(outside(y, w).any()), outside=outside)
+
+
+def _assert_within(parts, i, form: str) -> None:
+    from contracts.tolerances import BF16_STAGE_TOL
+
+    bad = parts.outside(parts.x_out, parts.want).nonzero().flatten()
     assert not bad.numel(), f"x_out row {int(bad[0])} (position {int(i['position_ids'][bad[0]])}) is outside " \
                             f"{BF16_STAGE_TOL} (of x_out and of post · attn_out) of the {form} SWA attention over " \
                             "the written cache (§8)"
@@ -313,7 +319,10 @@ def test_the_prefill_form_attends_each_window_over_the_rows_it_wrote(backend, co
     n = 28
     i["window_indices"] = op(backend, "v4_prefill_swa_indices")(i["position_ids"], i.pop("block_table"), n,
                                                                 config=config)
-    _attends_over_the_written_rows(backend, config, i, "prefill", n)
+    parts = _attends_over_the_written_rows(backend, config, i, "prefill", n)
+    separates_under("the prefill attention over the cache with the rows written, each row's whole window",
+                    parts.within, parts.want, **parts.alternatives)
+    _assert_within(parts, i, "prefill")
 
 
 @pytest.mark.parametrize("config", [V4_PRO_TINY, V4_FLASH_TINY], ids=lambda c: c.name)
@@ -328,7 +337,10 @@ def test_the_decode_form_attends_each_window_over_the_rows_it_wrote(backend, con
     i["swa_slot_mapping"] = i["swa_slot_mapping"].clone()
     i["swa_slot_mapping"][3] = 0
     i["window_indices"] = torch.where(i["window_indices"] == 203, 0, i["window_indices"]).to(torch.int32)
-    _attends_over_the_written_rows(backend, config, i, "decode")
+    parts = _attends_over_the_written_rows(backend, config, i, "decode")
+    separates_under("the decode attention over the cache with the rows written, each row's whole window",
+                    parts.within, parts.want, **parts.alternatives)
+    _assert_within(parts, i, "decode")
 
 
 def _window_short(path, x_hc, *args, config, num_tokens=None, ops=None, **kw):
@@ -355,7 +367,7 @@ SEEDED_DEFECTS = [
            "of the prefill SWA attention over the written cache"),
     shared("v4:READ_BEFORE_WRITE", "test_the_decode_form_attends_each_window_over_the_rows_it_wrote",
            "of the decode SWA attention over the written cache"),
-    *(SeededDefect("v4-stage:window-short", "v4_attention_stage", _window_short,
+    *(SeededDefect(f"v4-stage:{form}-window-short", "v4_attention_stage", _window_short,
                    f"test_the_{form}_form_attends_each_window_over_the_rows_it_wrote",
                    f"of the {form} SWA attention over the written cache") for form in ("prefill", "decode")),
 ]

@@ -2,7 +2,7 @@
 
 A checkout-shaped folder is written here (``models/deepseek_v4_flash_mtp``: a config whose model object the worker
 re-targets, and three modules whose goldens are a few lines of Torch written for this test from the spec's rules:
-the embedding lookup, the final RMSNorm, the hyper-connection post mix). Each injected bug is one line changed, as
+the embedding lookup, the final RMSNorm, the hyper-connection post mix and its prefill form). Each injected bug is one line changed, as
 a kernel engineer's slip would be (an index, an epsilon, a weight left out, a rounding moved, a transposed mix); the
 operator's contracts are run on the bugged folder in a pytest of their own and must fail, naming the operator;
 on the clean folder they must pass, so a catch is the bug's and not the folder's. The same injection against a real
@@ -70,6 +70,10 @@ MODULES = {
                 for i in range(hc):
                     y = y + residual[:, i, :] * comb[:, i, o:o + 1]
                 tensors["y"][:, o, :] = y
+
+        def golden_hc_post_prefill(tensors):
+            golden_hc_post(tensors)
+            tensors["y"][int(tensors["num_tokens"]):] = 0
         ''',
 }
 
@@ -91,6 +95,8 @@ BUGS = [
      "y = y + residual[:, i, :] * comb[:, o, i:i + 1]", "hc_post"),
     ("hc_post: the post mix of stream 0 for every stream", "hc_post", "y = x * post[:, o:o + 1]",
      "y = x * post[:, 0:1]", "hc_post"),
+    ("hc_post_prefill: the last real row zeroed too", "hc_post", 'tensors["y"][int(tensors["num_tokens"]):] = 0',
+     'tensors["y"][int(tensors["num_tokens"]) - 1:] = 0', "hc_post"),
 ]
 OPERATORS = sorted({b[4] for b in BUGS})
 

@@ -2059,6 +2059,35 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
 )}
 
 
+def _cp_zigzag_tail_exchange(run, local_kv_tail, segment_lens):
+    """cp_zigzag_tail_exchange -> Flash-MTP's prefill_cp_zigzag.py::golden_prefill_cp_zigzag_kv_tail_exchange. That
+    golden ignores the tails it is handed: it writes the exchange of its own fixture, 2cp full segments whose rows
+    carry their positions (``position_markers``), at its module's CP world, tail and width (set to the call's). So
+    only that call is its domain: any other is unsupported, named."""
+    from contracts.operators import Unsupported
+    from kernels.v4.cp_zigzag import check_tail_exchange, position_markers
+
+    check_tail_exchange(local_kv_tail, segment_lens)  # the caller's side
+    cp, rows, dim = local_kv_tail.shape
+    tail = rows // 2
+    if dim < 3 or segment_lens.tolist() != [tail] * (2 * cp) or \
+            not torch.equal(local_kv_tail.view(torch.int16), position_markers(cp, tail, dim).view(torch.int16)):
+        raise Unsupported("upstream's zigzag tail-exchange golden writes the exchange of its own fixture (2cp full "
+                          "segments of position markers) whatever it is handed; the call's tails are not that "
+                          "fixture")
+    segments = 2 * cp
+    tensors = {"local_kv_tail": local_kv_tail.clone(),
+               "reverse_index": torch.zeros(segments, dtype=torch.int32),  # the kernel's tables: not read by it
+               "owner_rank_table": torch.zeros(segments, dtype=torch.int32),
+               "final_win_seg_src": torch.zeros(tail, dtype=torch.int32),
+               "final_win_row_src": torch.zeros(tail, dtype=torch.int32),
+               "logical_tails_out": torch.zeros(cp, segments * tail, dim, dtype=torch.bfloat16),
+               "decode_raw_window_out": torch.zeros(cp, tail, dim, dtype=torch.bfloat16)}
+    out = run(tensors, {}, {}, module_globals={"CP_SIZE": cp, "NUM_SEGMENTS": segments, "TAIL_ROWS": tail,
+                                               "HEAD_DIM": dim, "CP_TAIL_WINDOW_ROWS": segments * tail})
+    return {"logical_tails": out["logical_tails_out"], "decode_window": out["decode_raw_window_out"]}
+
+
 def _prefill_kv_allgather(run, hidden_local):
     """prefill_kv_allgather -> dspark's prefill_kv_allgather.py::golden_prefill_kv_allgather: the call's slabs as
     hidden_local [tp, local_t, D]; group_out [tp, tp * local_t, D]."""
@@ -2446,6 +2475,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                _laid_out("v4_prefill_compressor", module_pools=True),
                                _laid_out("v4_prefill_index_keys", module_pools=True),
                                _laid_out("v4_prefill_indexer", flash_pages=True),
+                               Adapter("cp_zigzag_tail_exchange", FLASH_MTP, "prefill_cp_zigzag",
+                                       "golden_prefill_cp_zigzag_kv_tail_exchange", _cp_zigzag_tail_exchange),
                                Adapter("prefill_cp_swa", FLASH_MTP, "prefill_cp_swa", "golden_prefill_cp_swa",
                                        _prefill_cp_swa),
                                _laid_out("v4_attention_stage", a5_tiling=False),

@@ -134,6 +134,19 @@ def cp_zigzag_tail_exchange(local_kv_tail: torch.Tensor, segment_lens: torch.Ten
             "decode_window": window.unsqueeze(0).expand(cp, -1, -1).contiguous()}
 
 
+def position_markers(cp: int, tail: int, dim: int) -> torch.Tensor:
+    """The local tails of a chunk of 2cp full segments of ``tail`` rows whose rows carry their positions (column 1
+    = pos // tail, column 2 = pos % tail, the rest 0), laid out as cp_zigzag_tail_exchange takes them: rank r holds
+    segment r's tail, then segment 2cp - 1 - r's. Upstream's zigzag exchange fixture is this chunk (its golden's only domain)."""
+    local = torch.zeros(cp, 2 * tail, dim, dtype=torch.bfloat16)
+    for r in range(cp):
+        for part, segment in enumerate((r, 2 * cp - 1 - r)):
+            pos = segment * tail + torch.arange(tail)
+            local[r, part * tail:(part + 1) * tail, 1] = (pos // tail).to(torch.bfloat16)
+            local[r, part * tail:(part + 1) * tail, 2] = (pos % tail).to(torch.bfloat16)
+    return local
+
+
 # --- the records ---------------------------------------------------------------------------------------------
 
 def _tails(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
@@ -153,9 +166,6 @@ def _tails(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
 def _exchange_call(fn, i: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
     return dict(fn(i["local_kv_tail"], i["segment_lens"]))
 
-
-_MARKERS = "its golden ignores the tensors it is given: it rebuilds the fixture's position markers from module " \
-           "constants (equal segments of TAIL_ROWS), so it judges only its own fixture; not yet adapted"
 
 TAIL_EXCHANGE_RECORD = Record(
     operator="cp_zigzag_tail_exchange",
@@ -178,7 +188,8 @@ TAIL_EXCHANGE_RECORD = Record(
     ),
     bindings=(
         Upstream("deepseek_v4_pro", none="V4-Pro has no context-parallel prefill"),
-        Upstream("deepseek_v4_flash_mtp", none=_MARKERS,
+        # its golden writes the exchange of its own fixture (position_markers) whatever it is handed: judged there
+        Upstream("deepseek_v4_flash_mtp", golden="prefill_cp_zigzag.py::golden_prefill_cp_zigzag_kv_tail_exchange",
                  entry="prefill_cp_zigzag.py::prefill_cp_zigzag_kv_tail_exchange_test"),
         Upstream("deepseek_v4_flash_dspark", none="dspark has no context-parallel prefill"),
     ),
