@@ -228,17 +228,23 @@ def test_one_worker_switching_folders_imports_each_folders_own_config(tmp_path):
         w.close()
 
 
+def _pro_checkout(root: Path, **modules: str) -> Path:
+    """A checkout-shaped folder at ``root`` with V4-Pro's folder holding CONFIG and ``modules`` (name -> source)."""
+    (root / "golden").mkdir()
+    (root / "golden" / "runner.py").write_text("# layout only\n")
+    model = root / "models" / "deepseek_v4_pro"
+    model.mkdir(parents=True)
+    (model / "config.py").write_text(textwrap.dedent(CONFIG))
+    for name, source in modules.items():
+        (model / f"{name}.py").write_text(source)
+    return root
+
+
 def test_a_golden_gets_its_keyword_arguments_beside_its_tensors(tmp_path):
     """A golden taking keyword arguments after its tensors (``golden_lm_head_all_ranks(tensors, *, n_ranks)``) gets
     the call's ``kwargs``; without them it raises, named, as any golden does."""
-    (tmp_path / "golden").mkdir()
-    (tmp_path / "golden" / "runner.py").write_text("# layout only\n")
-    model = tmp_path / "models" / "deepseek_v4_pro"
-    model.mkdir(parents=True)
-    (model / "config.py").write_text(textwrap.dedent(CONFIG))
-    (model / "toy.py").write_text("def golden_scaled(tensors, *, n_ranks):\n"
-                                  "    tensors['y'][:] = tensors['x'] * n_ranks\n")
-    w = Worker(tmp_path)
+    w = Worker(_pro_checkout(tmp_path, toy="def golden_scaled(tensors, *, n_ranks):\n"
+                                           "    tensors['y'][:] = tensors['x'] * n_ranks\n"))
     try:
         x = torch.arange(6.0).reshape(2, 3)
         out = w.call("deepseek_v4_pro", "toy", "golden_scaled", {"x": x, "y": torch.zeros(2, 3)}, kwargs={"n_ranks": 3})
@@ -253,17 +259,11 @@ def test_a_module_named_native_is_imported_at_the_folders_own_geometry(tmp_path)
     """A module that checks the model's tiling at import (as dspark's decode_o_proj.py) raises when the golden's
     module imports it at a tiny geometry; named ``native``, it is imported first at the folder's own geometry and
     the golden (imported at the call's fields) finds it by name."""
-    (tmp_path / "golden").mkdir()
-    (tmp_path / "golden" / "runner.py").write_text("# layout only\n")
-    model = tmp_path / "models" / "deepseek_v4_pro"
-    model.mkdir(parents=True)
-    (model / "config.py").write_text(textwrap.dedent(CONFIG))
-    (model / "tiled.py").write_text("from config import ACTIVE as M\nWIDTH = M.hidden_size\n"
-                                    "if WIDTH % 8:\n    raise ValueError(f'width {WIDTH} is not a tile of 8')\n")
-    (model / "stage.py").write_text("from config import ACTIVE as M\nimport tiled\n\n"
-                                    "def golden_stage(tensors):\n"
-                                    "    tensors['y'][:] = tiled.WIDTH * 100 + M.hidden_size\n")
-    w = Worker(tmp_path)
+    w = Worker(_pro_checkout(tmp_path, tiled="from config import ACTIVE as M\nWIDTH = M.hidden_size\n"
+                                             "if WIDTH % 8:\n    raise ValueError(f'width {WIDTH} is not a tile of 8')\n",
+                             stage="from config import ACTIVE as M\nimport tiled\n\n"
+                                   "def golden_stage(tensors):\n"
+                                   "    tensors['y'][:] = tiled.WIDTH * 100 + M.hidden_size\n"))
     try:
         with pytest.raises(UpstreamError, match="not a tile of 8"):
             w.call("deepseek_v4_pro", "stage", "golden_stage", {"y": torch.zeros(1)}, fields={"hidden_size": 4})
