@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from backends import torch_backend
 from contracts.separation import pairwise_sum, running_sum
 from kernels.sequence_parallel import sp_bounds
-from pto_pytest.defect import shared
+from pto_pytest.defect import SeededDefect, shared
 from pto_pytest.plugin import op
 
 REF = torch_backend()
@@ -145,4 +145,49 @@ SEEDED_DEFECTS = [
     shared("attention:REVERSED_RANKS", "test_reduce_scatter_is_the_all_reduce_split_into_owner_slabs", "differs from the reference's bytes"),
     shared("attention:PAIRWISE_TREE", "test_reduce_scatter_is_the_all_reduce_split_into_owner_slabs", "differs from the reference's bytes"),
     shared("attention:STALE_PADDING", "test_reduce_scatter_is_the_all_reduce_split_into_owner_slabs", "not exactly zero"),
+]
+
+
+@pytest.mark.operators("tp_reduce_scatter")
+@pytest.mark.parametrize("tp", [2, 4])
+def test_full_owner_slabs_are_the_rank_order_sum_cast_once(backend, tp):
+    """Every row active and an equal share per rank (3 rows each, width 8): each rank's slab is its rows of the FP32
+    sum of the partials in rank order, cast to BF16 once, byte for byte, on partials that cancel across the ranks
+    (where a cast per partial gives other bytes, and at TP4 another order too: separated for the reversed order, a
+    pairwise tree and the exact sum). Spec: §7.1, SP-05."""
+    from contracts.separation import separates
+    from contracts.strategies import reduction_partials
+
+    g = torch.Generator().manual_seed(tp)
+    partials = reduction_partials("cancelling", tp, (3 * tp, 8), g)
+    others = {"cast_each_partial_first": cast_each_partial_first(partials)}
+    if tp > 2:  # two FP32 partials sum to the same bytes in either order, as a tree, and (here) exactly
+        others.update(reversed_order=reversed_order(partials), pairwise_tree=pairwise_tree(partials),
+                      exact_sum=exact_sum(partials))
+    want = separates(f"FP32 sum in rank order, cast once (TP{tp})", rank_order(partials), **others)
+    slabs = op(backend, "tp_reduce_scatter")(partials, active_tokens=3 * tp, capacity=3 * tp)
+    assert len(slabs) == tp, f"{len(slabs)} slabs for TP{tp}"
+    for r, slab in enumerate(slabs):
+        bad = (slab.view(torch.int16) != want[3 * r:3 * r + 3].view(torch.int16)).any(1) if slab.shape == (3, 8) \
+            else None
+        assert bad is not None and slab.dtype == torch.bfloat16, f"rank {r}: {slab.dtype}{list(slab.shape)}, " \
+                                                                 "expected bf16[3, 8]"
+        assert not bool(bad.any()), f"rank {r}: row {3 * r + int(bad.nonzero()[0])} is not the rank-order FP32 sum " \
+                                    "cast once (§7.1)"
+
+
+def _scatter_of(reduce):
+    """A reduce-scatter whose all-reduce is ``reduce`` (one of the plausible other reductions)."""
+    def scatter(partials, *, active_tokens, capacity=None):
+        total = reduce(list(partials))
+        return [total[b.first:b.first + b.width].clone() for b in sp_bounds(active_tokens, len(partials), capacity)]
+
+    return scatter
+
+
+SEEDED_DEFECTS += [  # the full-slab contract's own (the shared ones above replace the all-reduce it does not call)
+    SeededDefect("tp:scatter-reversed-ranks", "tp_reduce_scatter", _scatter_of(reversed_order),
+                 "test_full_owner_slabs_are_the_rank_order_sum_cast_once", "rank-order FP32 sum"),
+    SeededDefect("tp:scatter-cast-each-partial", "tp_reduce_scatter", _scatter_of(cast_each_partial_first),
+                 "test_full_owner_slabs_are_the_rank_order_sum_cast_once", "rank-order FP32 sum"),
 ]

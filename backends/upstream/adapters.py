@@ -2088,6 +2088,38 @@ def _cp_zigzag_tail_exchange(run, local_kv_tail, segment_lens):
     return {"logical_tails": out["logical_tails_out"], "decode_window": out["decode_raw_window_out"]}
 
 
+def _tp_reduce_scatter(run, partials, *, active_tokens, capacity=None):
+    """tp_reduce_scatter -> dspark's decode_o_proj.py::golden_decode_attention_collectives_fixture, its third
+    collective (the reduce-scatter of the ranks' FP32 output-projection partials: the sum over the ranks, each
+    rank's ``local_t`` rows cast to BF16), the fixture's module imported at dspark's own geometry and its widths set
+    to the call's: TP the partials' count, ``local_t`` rows per rank, one output group per rank of width 1 for the
+    all-to-all it also runs (its all-gather and all-to-all outputs are not this operator's). Its domain: every row
+    active and the rows an equal share per rank (it writes no padding rows: a call with any is unsupported)."""
+    from contracts.operators import Unsupported
+    from kernels.reference.tp import tp_reduce_scatter
+
+    tp = len(partials) if isinstance(partials, (list, tuple)) else 0
+    rows = int(partials[0].shape[0]) if tp and isinstance(partials[0], torch.Tensor) and partials[0].ndim == 2 else -1
+    if rows < 0 or any(not isinstance(p, torch.Tensor) or p.dtype != torch.float32 or p.shape != partials[0].shape
+                       for p in partials) or not 0 <= active_tokens <= rows:
+        return tp_reduce_scatter(partials, active_tokens=active_tokens, capacity=capacity)  # raises the caller-side error
+    cap = rows if capacity is None else int(capacity)
+    if active_tokens != rows or cap != rows or rows % tp or not rows:
+        raise Unsupported(f"dspark's collectives fixture reduce-scatters every row in equal shares and writes no padding "
+                          f"rows: the call has {active_tokens} active of {rows} rows (capacity {cap}) over TP {tp}")
+    local, d = rows // tp, int(partials[0].shape[1])
+    tensors = {"kv_local": torch.zeros(tp, local, d, dtype=torch.bfloat16),
+               "attention_grouped": torch.zeros(tp, tp * local, 1, dtype=torch.bfloat16),
+               "o_partial": torch.stack([p.clone() for p in partials]),
+               "kv_group": torch.zeros(tp, tp * local, d, dtype=torch.bfloat16),
+               "attention_local_groups": torch.zeros(tp, tp * local, 1, dtype=torch.bfloat16),
+               "o_local": torch.zeros(tp, local, d, dtype=torch.bfloat16), "local_t": local}
+    widths = {"TP_SIZE": tp, "D": d, "O_GROUPS": tp, "LOCAL_O_GROUPS": 1, "O_GROUP_IN": 1, "LOCAL_T_PAD": local,
+              "GROUP_T_PAD": tp * local}
+    out = run(tensors, {}, {}, module_globals=widths)
+    return [out["o_local"][r].clone() for r in range(tp)]
+
+
 def _prefill_kv_allgather(run, hidden_local):
     """prefill_kv_allgather -> dspark's prefill_kv_allgather.py::golden_prefill_kv_allgather: the call's slabs as
     hidden_local [tp, local_t, D]; group_out [tp, tp * local_t, D]."""
@@ -2517,6 +2549,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                                 function="golden_decode_csa_tp1",
                                                 also=(*ADAPTERS["v4_csa_stage"].also, "decode_o_proj"),
                                                 forms=(("decode_attention_csa", "golden_decode_csa"),)),
+                                        Adapter("tp_reduce_scatter", FLASH_DSPARK, "decode_o_proj",
+                                                "golden_decode_attention_collectives_fixture", _tp_reduce_scatter),
                                         Adapter("prefill_kv_allgather", FLASH_DSPARK, "prefill_kv_allgather",
                                                 "golden_prefill_kv_allgather", _prefill_kv_allgather),
                                         Adapter("markov_head", FLASH_DSPARK, "markov_head", "golden_markov_head",
