@@ -765,7 +765,6 @@ EQUIVALENT: dict[str, str] = {
     "kernels.v4.attention_stage:v4_attention_stage:drop-call:proj['kv'][t].to(cache.dtype)[to]->(skipped)#0": CASTNOOP,
     'kernels.v4.attention_stage:v4_attention_stage:const:1->2#3': V4_SWA_PLACEHOLDER,
     'kernels.v4.attention_stage:v4_attention_stage:const:1->2#4': V4_SWA_PLACEHOLDER,
-    'kernels.v4.attention_stage:v4_attention_stage:const:1->2#5': V4_SWA_PLACEHOLDER,
     'kernels.v4.attention_stage:v4_attention_stage:const:1->2#8': V4_SWA_PLACEHOLDER,
     'kernels.v4.attention_stage:v4_attention_stage:name:int32->int64#0': V4_SWA_PLACEHOLDER,
     'kernels.v4.attention_stage:stage_positions:const:0->1#2': V4_PADDING_POSITION,
