@@ -178,7 +178,8 @@ RECORD = Record(
                        entry="decode_attention_swa.py::attention_swa_test"),
               Upstream("deepseek_v4_flash_mtp", golden="decode_swa.py::golden_attention_swa",
                        entry="decode_swa.py::attention_swa_test"),
-              # dspark: the prefill form's golden (its decode stage goldens end at its TP output projection)
+              # dspark: the prefill form's golden; its decode form's (decode_swa.py::golden_decode_swa_tp1, through
+              # dspark's TP1 output projection) is a form of the same adapter
               Upstream("deepseek_v4_flash_dspark", golden="prefill_swa.py::golden_prefill_attention_swa",
                        entry="prefill_swa.py::prefill_attention_swa_test")),
 )
