@@ -430,9 +430,10 @@ def _mtp_common(hidden, prev, projection, moe, head, *, config) -> dict:
 def _v4_mtp_layer(run, hidden, prev, projection, attention, moe, head, *, config, fused_lm_head=False,
                   a5_tiling=True):
     """v4_mtp_layer -> decode_mtp.py::golden_mtp_decode_layer (mtp_projection, the SWA attention stage, the MoE
-    stage at EP 2, hc_head, RMSNorm) with both ranks given this call's inputs: rank 0's hidden_out and
-    next_pre_hc_hidden, and its window cache (written in place by the stage golden).
-    ``fused_lm_head`` (Flash-MTP's ``golden_decode_mtp``): the same layer then its LM head over hidden_out; the
+    stage at EP 2, hc_head, RMSNorm): rank 0 given this call's inputs, rank 1 the same requests in reverse order;
+    rank 0's hidden_out and next_pre_hc_hidden, and its window cache (written in place by the stage golden), and
+    rank 1's must be the same rows, byte for byte, or the call fails naming the output (a rank reading another's
+    rows shows). ``fused_lm_head`` (Flash-MTP's ``golden_decode_mtp``): the same layer then its LM head over hidden_out; the
     operator ends at hidden_out, so the head gets a one-id vocabulary of zeros (its logits not read: ``lm_head``'s
     own adapter judges that golden). ``a5_tiling=False``: the Flash goldens' (no A5 split-K or lane tiling to size
     at a tiny preset: their qkv projection's one FP32 matmul, their hc_head's sliced tiles)."""
@@ -465,9 +466,23 @@ def _v4_mtp_layer(run, hidden, prev, projection, attention, moe, head, *, config
                                                                                           dtype=torch.int32))
         module_globals = {**module_globals, "lm_head.TP_SIZE": 1, "lm_head.WORLD_SIZE": MOE_RANKS,
                           "lm_head.MAX_LOGIT_ROWS": tokens, "lm_head.D": d}
+    seq = config.decode_seq
+    order = torch.arange(tokens).reshape(-1, seq).flip(0).reshape(-1) if tokens % seq == 0 and \
+        int(moe["num_tokens"]) == tokens else torch.arange(tokens)
+    for name in ("hidden_states", "prev_pre_hc_hidden", "input_ids", "swa_slot_mapping", "swa_indices", "swa_lens",
+                 "position_ids"):  # rank 1: the same requests in reverse order (every row's inputs its own)
+        tensors[name][1] = tensors[name][1][order]
     out = run(tensors, fields, {**constants, "MOE_TOKENS": tokens}, module="decode_mtp",
               function="golden_decode_mtp" if fused_lm_head else "golden_mtp_decode_layer",
               module_globals={**module_globals, **(_hc_head_tiling(config) if a5_tiling else {})})
+    back = torch.argsort(order)
+    for name in ("hidden_out", "next_pre_hc_hidden", "kv_cache"):
+        rank1 = out[name][1] if name == "kv_cache" else out[name][1][back]
+        if not torch.equal(rank1, out[name][0]):
+            from contracts.operators import BackendError
+
+            raise BackendError(f"upstream decode_mtp.py: rank 1 (the call's requests in reverse order) differs from "
+                               f"rank 0 in {name}: a rank's rows are not its own")
     return {"hidden_out": out["hidden_out"][0], "next_pre_hc_hidden": out["next_pre_hc_hidden"][0],
             "kv_cache": out["kv_cache"][0]}
 
