@@ -19,7 +19,7 @@ from contracts.v4_inputs import int8_rows, moe_inputs, v4_expert_weights
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.moe import V4ExpertWeights
-from pto_pytest.defect import shared
+from pto_pytest.defect import SeededDefect, shared
 from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY.kernel_preset(), V4_FLASH_TINY.kernel_preset()]
@@ -181,6 +181,26 @@ def _stage(backend, config, i, layer_id):
     return op(backend, "v4_moe_stage")(i["x_hc"], i["hc_fn"], i["hc_scale"], i["hc_base"], i["norm_w"], i["gate_w"],
                                        i["gate_bias"], layer_id, i["num_tokens"], i["tid2eid"], i["input_ids"],
                                        i["routed"], i["shared"], config=config)
+
+
+@pytest.mark.operators("v4_moe_stage")
+def test_a_hash_layer_stage_routes_each_row_by_its_token(backend):
+    """The MoE stage on a hash layer (layer 0, every row real): zeroing one routed expert's w2 moves exactly the
+    rows whose token tid2eid routes to that expert -- they do move -- and no byte of any other row of x_out. So each
+    row is routed by its own token id (a row routed by another row's id, or by score, moves others). Spec: §8."""
+    config = MODELS[0]
+    i = _stage_inputs(config, num_tokens=T)
+    base = _stage(backend, config, i, 0)
+    e = int(i["tid2eid"][int(i["input_ids"][0]), 2])
+    hit = (i["tid2eid"][i["input_ids"].long()] == e).any(1)
+    assert bool(hit[0]) and not bool(hit.all()), "the vector routes every row, or not row 0, to the zeroed expert"
+    zeroed = list(i["routed"])
+    w = zeroed[e]
+    zeroed[e] = V4ExpertWeights(w.w1, w.w1_scale, w.w3, w.w3_scale, torch.zeros_like(w.w2), w.w2_scale)
+    out = _stage(backend, config, dict(i, routed=zeroed), 0)
+    moved = (out["x_out"] != base["x_out"]).reshape(T, -1).any(1)
+    assert torch.equal(moved, hit), f"rows moved {moved.nonzero().flatten().tolist()}, rows whose token routes to " \
+                                    f"expert {e}: {hit.nonzero().flatten().tolist()} (§8)"
 
 
 @pytest.mark.whole_backend("a stage against its own parts, bit for bit")
@@ -352,7 +372,21 @@ def test_the_ep_combine_sums_shared_then_routed_in_slot_order(backend, config):
 
 
 # defects of tests/defects these contracts must catch (shared with other contract files)
+def _ids_of_the_next_row(x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid,
+                         input_ids, routed, shared, *, config, ops=None, **kw):
+    """Wrong: a hash layer routes each row by the next row's token id."""
+    from kernels.v4.moe import v4_moe_stage
+
+    return v4_moe_stage(x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid,
+                        input_ids.roll(-1), routed, shared, config=config, ops=ops, **kw)
+
+
+_ids_of_the_next_row.composes_operators = True
+
+
 SEEDED_DEFECTS = [
+    SeededDefect("v4-moe:ids-of-the-next-row", "v4_moe_stage", _ids_of_the_next_row,
+                 "test_a_hash_layer_stage_routes_each_row_by_its_token", "rows whose token routes"),
     shared("v4:EXPERT_UP_OPEN_BELOW", "test_the_swiglu_limits_clamp_gate_above_and_up_on_both_sides", "worst"),
     shared("v4:EXPERT_NO_ROUTE_WEIGHT", "test_an_expert_row_matches_an_independent_evaluation", "worst"),
     shared("v4:EXPERT_H_NOT_RECODED", "test_an_expert_row_matches_an_independent_evaluation", "relative"),

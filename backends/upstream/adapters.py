@@ -329,6 +329,26 @@ def _both(t: torch.Tensor) -> torch.Tensor:
     return torch.stack([t] * MOE_RANKS).clone()
 
 
+def _rank1_reordered(tensors: dict, names, order: torch.Tensor) -> torch.Tensor:
+    """Rank 1's rows of ``names`` (stacked per rank) put in ``order`` (the same rows, another order); returns the
+    order that puts them back."""
+    for name in names:
+        tensors[name][1] = tensors[name][1][order]
+    return torch.argsort(order)
+
+
+def _ranks_agree(out: dict, names, back: torch.Tensor, where: str, *, unordered=()) -> None:
+    """Rank 1 (its rows reordered, ``back`` restoring them) must give rank 0's rows of ``names`` byte for byte
+    (``unordered``: outputs not per row, equal as they are), or the call fails naming the output."""
+    from contracts.operators import BackendError
+
+    for name in (*names, *unordered):
+        rank1 = out[name][1] if name in unordered else out[name][1][back]
+        if not torch.equal(rank1, out[name][0]):
+            raise BackendError(f"upstream {where}: rank 1 (the call's rows in another order) differs from rank 0 in "
+                               f"{name}: a rank's rows are not its own")
+
+
 def _moe_tensors(hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, routed, shared, *,
                  config, preset_world=8) -> tuple[dict, dict]:
     """moe.py::golden_moe's weights (all but x_hc, x_next, layer_id, num_tokens) at EP MOE_RANKS, rank r holding
@@ -365,8 +385,9 @@ def _moe_tensors(hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, tid2eid, i
 def _v4_moe_stage(run, x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias, layer_id, num_tokens, tid2eid,
                   input_ids, routed, shared, *, config, padding_rows="residual", preset_world=8):
     """v4_moe_stage -> moe.py::golden_moe (hc_pre, gate, dispatch, routed and shared experts, combine, hc_post)
-    at EP 2, its smallest world: both ranks get this call's inputs, rank r holds experts r·E/2 .. (r+1)·E/2 - 1, and
-    rank 0's x_next is x_out (the transport never changes a row, so rank 0 is this one-rank stage). The golden
+    at EP 2, its smallest world: rank 0 gets this call's inputs, rank 1 the same real rows reversed (the padding
+    rows last) and must give rank 0's rows byte for byte; rank r holds experts r·E/2 .. (r+1)·E/2 - 1, and rank 0's x_next is
+    x_out (the transport never changes a row, so rank 0 is this one-rank stage). The golden
     returns only x_next; ffn_out is what it hands to hc_post.py::golden_hc_post for rank 0 and indices / weights
     what gate.py::golden_gate_core returns for rank 0 (its own intermediates, observed, not recomputed).
     Upstream's decode stage mixes and post-mixes every row: padding rows carry hc_post(0, x_hc) (the
@@ -384,8 +405,13 @@ def _v4_moe_stage(run, x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias
                                    shared, config=config, preset_world=preset_world)
     tensors.update(x_hc=_both(x_hc.float()), x_next=torch.zeros(MOE_RANKS, *x_hc.shape), layer_id=int(layer_id),
                    num_tokens=int(num_tokens))
+    # rank 1: the real rows reversed (the padding rows stay last), its x_next judged against rank 0's
+    real = int(num_tokens)
+    order = torch.cat((torch.arange(real).flip(0), torch.arange(real, tokens)))
+    back = _rank1_reordered(tensors, ("x_hc", "input_ids"), order)
     out = run(tensors, fields, {"MOE_TOKENS": tokens}, taps={"hc_post.golden_hc_post": ["x"],
                                                              "gate.golden_gate_core": ["indices", "weights"]})
+    _ranks_agree(out, ("x_next",), back, "moe.py")
     gate = out["gate.golden_gate_core"][0]
     return {"x_out": out["x_next"][0], "ffn_out": out["hc_post.golden_hc_post"][0]["x"],
             "indices": gate["indices"], "weights": gate["weights"]}
@@ -469,20 +495,12 @@ def _v4_mtp_layer(run, hidden, prev, projection, attention, moe, head, *, config
     seq = config.decode_seq
     order = torch.arange(tokens).reshape(-1, seq).flip(0).reshape(-1) if tokens % seq == 0 and \
         int(moe["num_tokens"]) == tokens else torch.arange(tokens)
-    for name in ("hidden_states", "prev_pre_hc_hidden", "input_ids", "swa_slot_mapping", "swa_indices", "swa_lens",
-                 "position_ids"):  # rank 1: the same requests in reverse order (every row's inputs its own)
-        tensors[name][1] = tensors[name][1][order]
+    back = _rank1_reordered(tensors, ("hidden_states", "prev_pre_hc_hidden", "input_ids", "swa_slot_mapping",
+                                      "swa_indices", "swa_lens", "position_ids"), order)  # the requests reversed
     out = run(tensors, fields, {**constants, "MOE_TOKENS": tokens}, module="decode_mtp",
               function="golden_decode_mtp" if fused_lm_head else "golden_mtp_decode_layer",
               module_globals={**module_globals, **(_hc_head_tiling(config) if a5_tiling else {})})
-    back = torch.argsort(order)
-    for name in ("hidden_out", "next_pre_hc_hidden", "kv_cache"):
-        rank1 = out[name][1] if name == "kv_cache" else out[name][1][back]
-        if not torch.equal(rank1, out[name][0]):
-            from contracts.operators import BackendError
-
-            raise BackendError(f"upstream decode_mtp.py: rank 1 (the call's requests in reverse order) differs from "
-                               f"rank 0 in {name}: a rank's rows are not its own")
+    _ranks_agree(out, ("hidden_out", "next_pre_hc_hidden"), back, "decode_mtp.py", unordered=("kv_cache",))
     return {"hidden_out": out["hidden_out"][0], "next_pre_hc_hidden": out["next_pre_hc_hidden"][0],
             "kv_cache": out["kv_cache"][0]}
 
