@@ -508,8 +508,9 @@ def _v4_mtp_layer(run, hidden, prev, projection, attention, moe, head, *, config
 def _v4_prefill_mtp_layer(run, hidden, prev, projection, attention, moe, head, num_tokens, *, config):
     """v4_prefill_mtp_layer -> prefill_mtp.py::golden_mtp_prefill_fwd (mtp_projection, the prefill SWA attention
     stage lowering its window from the chunk's positions and page table, the MoE stage at EP 2, hc_head, RMSNorm)
-    on one request's chunk (PREFILL_BATCH 1, PREFILL_SEQ the chunk's rows), both ranks given this call's inputs:
-    rank 0's outputs and its window cache."""
+    on one request's chunk (PREFILL_BATCH 1, PREFILL_SEQ the chunk's rows): rank 0 given this call's inputs, rank 1
+    the same real rows reversed (the padding rows last), whose outputs must be rank 0's rows byte for byte; rank 0's
+    outputs and its window cache."""
     from kernels.v4.mtp_layer import check_prefill_mtp_layer
 
     check_prefill_mtp_layer(hidden, attention, head, num_tokens)
@@ -532,8 +533,13 @@ def _v4_prefill_mtp_layer(run, hidden, prev, projection, attention, moe, head, n
     # PREFILL_TOKENS is derived in config.py at import; prefill_mtp.py sets MOE_TOKENS from it
     constants = {"PREFILL_BATCH": 1, "PREFILL_SEQ": tokens, "PREFILL_TOKENS": tokens,
                  "BLOCK_SIZE": int(a["kv_cache"].shape[1])}
+    real = int(num_tokens)  # rank 1: the real rows reversed (each with its position and slot), the padding rows last
+    order = torch.cat((torch.arange(real).flip(0), torch.arange(real, tokens)))
+    back = _rank1_reordered(tensors, ("hidden_states", "prev_hidden_states", "input_ids", "ori_slot_mapping",
+                                      "position_ids"), order)
     out = run(tensors, fields, constants, module="prefill_mtp", function="golden_mtp_prefill_fwd",
               module_globals={**_qkv_tiling(config, "qkv_proj_rope")})
+    _ranks_agree(out, ("hidden_out", "pre_hc_hidden_out"), back, "prefill_mtp.py", unordered=("kv_cache",))
     return {"hidden_out": out["hidden_out"][0], "next_pre_hc_hidden": out["pre_hc_hidden_out"][0],
             "kv_cache": out["kv_cache"][0]}
 
