@@ -1648,8 +1648,9 @@ def _flash_layer_names(stage: dict, path: str, tokens: int) -> dict:
 def _v4_decode_layer(run, path, x_hc, attention, moe, compressor=None, indexer=None, *, config, goldens=None,
                      a5_tiling=True, own_cmp_page=False, hca_topk_limit="index_topk", folder_rule="index_topk"):
     """v4_decode_layer -> decode_layer.py::golden_decode_layer_{swa,hca} (Flash-MTP: golden_decode_layer for SWA):
-    the attention stage golden on each of the MoE's EP 2 ranks, both given this call's inputs, then moe.py's golden
-    on their streams with num_tokens = T: rank 0's x_next and caches (written in place). When the call's layer_id
+    the attention stage golden on each of the MoE's EP 2 ranks, rank 0 given this call's inputs and rank 1 its
+    requests in reverse order (which must give rank 0's rows and caches byte for byte), then moe.py's golden on their
+    streams with num_tokens = T: rank 0's x_next and caches (written in place). When the call's layer_id
     has the path's compress ratio in the model's config (0 SWA, 128 HCA), golden_decode_layer_auto instead, which
     picks the path from layer_id itself (so its dispatch is judged too)."""
     from kernels.errors import ContractInputError
@@ -1691,9 +1692,24 @@ def _v4_decode_layer(run, path, x_hc, attention, moe, compressor=None, indexer=N
         name in AUTO_NAMES[path] or (own_cmp_page and name == "cmp_kv")) else name for name in stage}
     tensors.update({prefix[name]: _both(value) for name, value in stage.items()})
     tensors.update(x_next=torch.zeros(MOE_RANKS, *x_hc.shape), layer_id=int(moe["layer_id"]), num_tokens=tokens)
+    # rank 1: the call's requests in reverse order (each row with its own slots, positions and id, each request with
+    # its own tables and kv length); its x_next and caches must be rank 0's
+    seq = config.decode_seq
+    requests = torch.arange(tokens // seq).flip(0)
+    order = (requests[:, None] * seq + torch.arange(seq)).reshape(-1)
+    per_token = {prefix.get(n, n) for n in (*_DSPARK_TOKEN_ROWS, "input_ids")} - {"freqs_cos", "freqs_sin"}
+    per_request = {prefix.get(n, n) for n in _DSPARK_REQUEST_ROWS} | {"hca_cmp_block_table", "csa_cmp_block_table"}
+    back = _rank1_reordered(tensors, sorted(n for n in per_token if n in tensors and
+                                            tensors[n].shape[1:2] == (tokens,)), order)
+    _rank1_reordered(tensors, sorted(n for n in per_request if n in tensors and
+                                     tensors[n].shape[1:2] == (tokens // seq,)), requests)
     out = run(tensors, fields, {**constants, "MOE_TOKENS": tokens}, module="decode_layer",
               function="golden_decode_layer_auto" if auto else (goldens or LAYER_GOLDENS)[path],
               module_globals=module_globals)
+    caches = [n for n in ("kv_cache", prefix.get("cmp_kv", "cmp_kv"), prefix.get("compress_state", "compress_state"),
+                          prefix.get("inner_compress_state", "inner_compress_state"), "idx_kv_cache", "idx_kv_scale")
+              if n in out and isinstance(out[n], torch.Tensor) and out[n].ndim > 1]
+    _ranks_agree(out, ("x_next",), back, "decode_layer.py", unordered=tuple(dict.fromkeys(caches)))
     kept = {"kv_cache": out["kv_cache"][0]}
     if path != "SWA":
         kept.update(cmp_kv=out[prefix["cmp_kv"]][0].reshape(a["cmp_kv"].shape),
