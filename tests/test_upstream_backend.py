@@ -590,3 +590,25 @@ def test_real_checkout_dspark_attention_keeps_fp32_probabilities():
     fp32, bf16 = judge("fp32"), judge("bf16")
     assert fp32.ok, f"the golden is not the fp32 rule: {fp32}"
     assert not bf16.ok, "the golden is within its bound of the bf16 rule here: the tree no longer separates them"
+
+
+def test_rank_one_reordered_must_give_rank_zeros_rows():
+    """The adapters' rank check: rank 1's rows put in another order are put back and compared with rank 0's, byte
+    for byte; a golden that handed rank 1 rank 0's rows (the same bytes in the original order) fails, naming the
+    output; an output not per row is compared as it is."""
+    from backends.upstream.adapters import _rank1_reordered, _ranks_agree
+    from contracts.operators import BackendError
+
+    rows = torch.arange(12.0).reshape(4, 3)
+    tensors = {"x": torch.stack([rows, rows]), "cache": torch.stack([rows, rows])}
+    order = torch.tensor([3, 2, 1, 0])
+    back = _rank1_reordered(tensors, ("x",), order)
+    assert torch.equal(tensors["x"][0], rows) and torch.equal(tensors["x"][1], rows[order]), "rank 1 not reordered"
+    good = {"y": tensors["x"] * 2, "cache": tensors["cache"]}  # a row-local golden: each rank its own rows
+    _ranks_agree(good, ("y",), back, "toy.py", unordered=("cache",))
+    bad = {"y": torch.stack([rows, rows]) * 2, "cache": tensors["cache"]}  # rank 1 computed from rank 0's rows
+    with pytest.raises(BackendError, match="rank 1 .* differs from rank 0 in y"):
+        _ranks_agree(bad, ("y",), back, "toy.py")
+    with pytest.raises(BackendError, match="in cache"):
+        _ranks_agree({"y": good["y"], "cache": torch.stack([rows, rows + 1])}, ("y",), back, "toy.py",
+                     unordered=("cache",))
