@@ -100,6 +100,20 @@ def _mtp_projection(run, hidden, prev, enorm, hnorm, e_proj, e_scale, e_smooth, 
     return run(tensors, _variant_fields(config), {})["hidden_states_out"]
 
 
+def _valid_prefix(window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A window's valid slots first, in order, then -1, and their count: the layout the entries and goldens that read
+    a valid prefix of ``swa_lens`` columns take (``swa_indices``, ``swa_lens``)."""
+    order = torch.argsort((window < 0).to(torch.int8), dim=1, stable=True)
+    return torch.gather(window, 1, order), (window >= 0).sum(1).to(torch.int32)
+
+
+def _calls_goldens(run) -> bool:
+    """Whether ``run`` calls the folder's goldens (the upstream backend), not a device's kernel entries
+    (``backends.pypto`` marks its run ``calls_goldens = False``): a golden-only form or check -- another golden of
+    the module, judged against this one -- runs only then."""
+    return getattr(run, "calls_goldens", True)
+
+
 def _hc_post(run, sublayer, x_hc, post_mix, residual_mix, *, rule="fp32"):
     """hc_post -> hc_post.py::golden_hc_post: x = the sublayer's output, residual = the streams, post, comb.
     Upstream's V4 streams are FP32 end to end, which is this project's ``rule="fp32"``. A call of two rows or more
@@ -115,7 +129,7 @@ def _hc_post(run, sublayer, x_hc, post_mix, residual_mix, *, rule="fp32"):
                "comb": residual_mix.float().reshape(tokens, hc * hc).clone(),
                "y": torch.zeros(tokens, hc, d, dtype=torch.float32)}
     y = run(tensors, {"hidden_size": d, "hc_mult": hc}, {})["y"]
-    if tokens > 1 and getattr(run, "calls_goldens", True):
+    if tokens > 1 and _calls_goldens(run):
         _hc_post_prefill_judged(run, tensors, y, hc=hc, d=d)
     return y
 
@@ -167,7 +181,7 @@ def _hc_head_fused(run, x_hc, fn, scale, base, *, config, ops=None, split_chunks
     fields = {"hidden_size": d, "hc_mult": hc, "hc_eps": config.hc_eps, "rms_norm_eps": config.rms_norm_eps}
     tiles = {"LINEAR_K_CHUNK": min(256, hc * d // 8)} if split_chunks else {}
     out = run(tensors, fields, {}, module_globals={"T": tokens, **tiles})
-    if rows_port and getattr(run, "calls_goldens", True):
+    if rows_port and _calls_goldens(run):
         from contracts.operators import BackendError
 
         port = run({**tensors, "y": torch.zeros(tokens, d, dtype=torch.bfloat16)}, fields, {},
@@ -241,7 +255,7 @@ def _lm_head(run, hidden, weight, *, tp=1, card_owners=False, all_ranks=False):
     rows = lm_head_layout(vocab=weight.shape[0], tp=tp, dp=tp)
     tokens, d = hidden.shape
     vocab = weight.shape[0]
-    if all_ranks and tp > 1 and getattr(run, "calls_goldens", True):  # a kernel entry takes the one-owner layout
+    if all_ranks and tp > 1 and _calls_goldens(run):  # a kernel entry takes the one-owner layout
         return _lm_head_all_ranks(run, hidden, weight, tp=tp, rows=rows)
     tensors = {"hidden_states": hidden.reshape(1, tokens, d).clone(),
                "lm_head_weight": weight.reshape(tp, rows, d).clone(),
@@ -879,10 +893,7 @@ def _v4_attention(run, path, q, ori_kv, window_indices, cmp_kv, cmp_block_table,
     if path == "SWA":
         # the SWA entry reads a valid prefix of swa_lens columns and masks by column alone (a -1 inside the prefix
         # is read as a row; its golden skips it): the call's valid slots first, in order, then -1, and their count
-        w = widen(window, win, "window")
-        order = torch.argsort((w < 0).to(torch.int8), dim=1, stable=True)
-        tensors["swa_indices"] = torch.gather(w, 1, order)
-        tensors["swa_lens"] = (w >= 0).sum(1).to(torch.int32)
+        tensors["swa_indices"], tensors["swa_lens"] = _valid_prefix(widen(window, win, "window"))
     else:
         # the compressed table as wide as the entries are compiled (KV_CMP_MAX_BLOCKS, the pool's 32 pages);
         # unread columns -1
@@ -1120,23 +1131,19 @@ def _dspark_decode_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, w
     win = config.sliding_window
     w = torch.cat((window_indices.to(torch.int32), torch.full((tokens, win - window_indices.shape[1]), -1,
                                                                dtype=torch.int32)), 1)
-    order = torch.argsort((w < 0).to(torch.int8), dim=1, stable=True)
-    groups, pad = config.o_groups, -(-tokens // 16) * 16
+    swa_indices, swa_lens = _valid_prefix(w)
     tensors = {"x_hc": x_hc.float().clone(), "hc_attn_fn": hc_fn.float().clone(),
                "hc_attn_scale": hc_scale.float().clone(), "hc_attn_base": hc_base.float().clone(),
                "attn_norm_w": attn_norm_w.clone(), "wq_a": wq_a.clone(), "wq_b": wq_b.clone(),
                "wq_b_scale": wq_b_scale.float().clone(), "wkv": wkv.clone(), "gamma_cq": gamma_cq.clone(),
                "gamma_ckv": gamma_ckv.clone(), "freqs_cos": freqs_cos[pos].clone(), "freqs_sin": freqs_sin[pos].clone(),
                "kv_cache": kv_cache.clone(), "swa_slot_mapping": swa_slot_mapping.reshape(-1).to(torch.int64).clone(),
-               "swa_indices": torch.gather(w, 1, order), "swa_lens": (w >= 0).sum(1).to(torch.int32),
+               "swa_indices": swa_indices, "swa_lens": swa_lens,
                "attn_sink": attn_sink.float().clone(), "wo_a": wo_a.clone(), "wo_b": wo_b.clone(),
                "wo_b_scale": wo_b_scale.float().clone(),
                "x_out": torch.zeros(tokens, config.hc_mult, config.hidden_size, dtype=torch.float32)}
-    heads_in = config.num_attention_heads // groups * config.head_dim
-    module_globals = {"T_PAD": pad, "decode_sparse_attn_swa.T": tokens, "decode_sparse_attn_swa.T_PAD": pad,
-                      "decode_sparse_attn_swa.ORI_BLOCK_NUM": int(kv_cache.shape[0]),
-                      **{f"decode_o_proj.{k}": v for k, v in _o_proj_widths(config, T_PAD=pad, O_GROUPS=groups,
-                                                                            O_GROUP_IN=heads_in).items()}}
+    module_globals = {**_dspark_o_proj_globals(config, tokens, "decode_sparse_attn_swa"),
+                      "decode_sparse_attn_swa.ORI_BLOCK_NUM": int(kv_cache.shape[0])}
     fields = _variant_fields(config)
     constants = {"BLOCK_SIZE": int(kv_cache.shape[1])}
     out = run(tensors, fields, constants, module="decode_attention_swa", function="golden_decode_swa_tp1",
@@ -1144,7 +1151,7 @@ def _dspark_decode_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, w
     seq = config.decode_seq
     if tokens % (2 * seq) == 0:  # whole requests on each of two ranks: the TP golden judged against the TP1 one
         _dspark_tp_judged(run, tensors, module="decode_attention_swa", tp_function="golden_decode_swa",
-                          tp1_function="golden_decode_swa_tp1", per_token=_DSPARK_TOKEN_ROWS, per_request=(),
+                          tp1_function="golden_decode_swa_tp1", per_token=_TOKEN_ROWS, per_request=(),
                           outputs=("x_out", "kv_cache"), seq=seq, fields=fields, constants=constants,
                           module_globals=module_globals)
     qr, qr_scale = _stage_qr(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
@@ -1164,6 +1171,8 @@ def _dspark_tp_judged(run, tensors, *, module, tp_function, tp1_function, per_to
     ``batched-host-matmul``)."""
     from contracts.operators import BackendError
 
+    if not _calls_goldens(run):
+        return
     tokens = tensors["x_hc"].shape[0]
     local = tokens // ranks
 
@@ -1511,11 +1520,12 @@ def _v4_hca_stage(run, x_hc, attention, compressor, *, config, module="decode_at
             "cmp_kv": out["cmp_kv"].reshape(a["cmp_kv"].shape), "state_pool": out["compress_state"]}
 
 
-# dspark's decode stage goldens' per-token and per-request tensors (what its TP goldens deal to each rank)
-_DSPARK_TOKEN_ROWS = ("x_hc", "freqs_cos", "freqs_sin", "swa_slot_mapping", "swa_indices", "swa_lens", "position_ids",
+# the decode stage goldens' per-token and per-request tensors (what dspark's TP goldens deal to each rank, and
+# what the rank checks reorder)
+_TOKEN_ROWS = ("x_hc", "freqs_cos", "freqs_sin", "swa_slot_mapping", "swa_indices", "swa_lens", "position_ids",
                       "x_out", "ori_slot_mapping", "window_swa_indices", "cmp_slot_mapping", "state_slot_mapping",
                       "idx_slot_mapping", "inner_state_slot_mapping")
-_DSPARK_REQUEST_ROWS = ("cmp_freqs_cos", "cmp_freqs_sin", "kv_seq_lens", "compress_state_block_table",
+_REQUEST_ROWS = ("cmp_freqs_cos", "cmp_freqs_sin", "kv_seq_lens", "compress_state_block_table",
                         "cmp_block_table", "inner_compress_state_block_table", "idx_block_table")
 
 
@@ -1575,8 +1585,8 @@ def _dspark_hca_stage(run, x_hc, attention, compressor, *, config, hca_topk_limi
               module_globals=module_globals, native=("decode_o_proj",))
     if x_hc.shape[0] % (2 * config.decode_seq) == 0:  # the TP golden on two ranks, judged against the TP1 one
         _dspark_tp_judged(run, tensors, module="decode_attention_hca", tp_function="golden_decode_hca",
-                          tp1_function="golden_decode_hca_tp1", per_token=_DSPARK_TOKEN_ROWS,
-                          per_request=_DSPARK_REQUEST_ROWS, outputs=("x_out", "kv_cache", "cmp_kv", "compress_state"),
+                          tp1_function="golden_decode_hca_tp1", per_token=_TOKEN_ROWS,
+                          per_request=_REQUEST_ROWS, outputs=("x_out", "kv_cache", "cmp_kv", "compress_state"),
                           seq=config.decode_seq, fields=fields, constants=constants, module_globals=module_globals)
     qr, qr_scale = _chain_qr(run, x_hc, a, a["position_ids"].reshape(-1).to(torch.long), config=config,
                              constants=constants, a5_tiling=False)
@@ -1606,8 +1616,8 @@ def _dspark_csa_stage(run, x_hc, attention, compressor, indexer, *, config, inde
     if x_hc.shape[0] % (2 * seq) == 0:
         _dspark_tp_judged(run, tensors, module="decode_attention_csa", tp_function="golden_decode_csa",
                           tp1_function="golden_decode_csa_tp1",
-                          per_token=tuple(n for n in _DSPARK_TOKEN_ROWS if n not in ("freqs_cos", "freqs_sin")),
-                          per_request=_DSPARK_REQUEST_ROWS,
+                          per_token=tuple(n for n in _TOKEN_ROWS if n not in ("freqs_cos", "freqs_sin")),
+                          per_request=_REQUEST_ROWS,
                           outputs=("x_out", "kv_cache", "cmp_kv", "compress_state", "inner_compress_state",
                                    "idx_kv_cache", "idx_kv_scale"),
                           seq=seq, fields=fields, constants=constants, module_globals=module_globals)
@@ -1697,8 +1707,8 @@ def _v4_decode_layer(run, path, x_hc, attention, moe, compressor=None, indexer=N
     seq = config.decode_seq
     requests = torch.arange(tokens // seq).flip(0)
     order = (requests[:, None] * seq + torch.arange(seq)).reshape(-1)
-    per_token = {prefix.get(n, n) for n in (*_DSPARK_TOKEN_ROWS, "input_ids")} - {"freqs_cos", "freqs_sin"}
-    per_request = {prefix.get(n, n) for n in _DSPARK_REQUEST_ROWS} | {"hca_cmp_block_table", "csa_cmp_block_table"}
+    per_token = {prefix.get(n, n) for n in (*_TOKEN_ROWS, "input_ids")} - {"freqs_cos", "freqs_sin"}
+    per_request = {prefix.get(n, n) for n in _REQUEST_ROWS} | {"hca_cmp_block_table", "csa_cmp_block_table"}
     back = _rank1_reordered(tensors, sorted(n for n in per_token if n in tensors and
                                             tensors[n].shape[1:2] == (tokens,)), order)
     _rank1_reordered(tensors, sorted(n for n in per_request if n in tensors and
@@ -2492,8 +2502,7 @@ def _dspark_attention_heads(run, path, q, ori_kv, window_indices, cmp_kv, cmp_bl
                "o_packed_heads": torch.zeros(groups, pad, heads // groups * dim, dtype=torch.bfloat16)}
     module_globals = {"T": tokens, "T_PAD": pad}
     if path == "SWA":
-        order = torch.argsort((w < 0).to(torch.int8), dim=1, stable=True)
-        tensors.update(swa_indices=torch.gather(w, 1, order), swa_lens=(w >= 0).sum(1).to(torch.int32))
+        tensors["swa_indices"], tensors["swa_lens"] = _valid_prefix(w)
         module_globals["ORI_BLOCK_NUM"] = int(ori_kv.shape[0])
     elif path == "CSA":  # the raw top-k: the golden keeps a slot where 0 <= raw < (pos + 1) // 4 itself
         if cmp_kv.shape[1] != ori_kv.shape[1]:
