@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from contracts.checks.precision import rows_outside_stage_bound
 from contracts.separation import separates_under
 from contracts.v4_inputs import prefill_stage_inputs, stage_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
@@ -251,7 +252,6 @@ def _attends_over_the_written_rows(backend, config, i, form: str, n: int | None 
     of each row's window over the cache with the rows written gives (``want``), the bound (``within``, and
     ``outside`` per row), and the alternatives the caller separates: attending the cache as it came in, and each
     window one key short (its oldest listed key dropped)."""
-    from contracts.tolerances import BF16_STAGE_TOL
 
     rows = i["x_hc"].shape[0]
     real = rows if n is None else n
@@ -285,11 +285,10 @@ def _attends_over_the_written_rows(backend, config, i, form: str, n: int | None 
     # the stage bound relative to x_out's terms, not to their sum: post[h] · attn_out enters every stream, so an
     # attention output one BF16 step off moves an element where the residual term cancels it (upstream's prefill
     # attention golden and this project's differ so in some rows: dspark's stage against the reference's attention)
-    atol, rtol = BF16_STAGE_TOL
     terms = mixes.post[:real, :, None].abs() * attend(cache, window)[:real, None, :].float().abs()
 
     def outside(y, w):
-        return ((y - w).abs() > atol + rtol * (w.abs() + terms)).reshape(real, -1).any(1)
+        return rows_outside_stage_bound(y, w, terms)
 
     rest = {"attended_the_cache_as_it_came_in": x_out(i["kv_cache"], window),
             "each_window_one_key_short": x_out(cache, short)}

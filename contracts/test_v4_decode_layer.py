@@ -86,10 +86,9 @@ def _rows_moved(got, ref, width):
 
 def _outside(y, want):
     """Which rows of y fall outside the stage bound (BF16_STAGE_TOL) of want."""
-    from contracts.tolerances import BF16_STAGE_TOL
+    from contracts.checks.precision import rows_outside_stage_bound
 
-    atol, rtol = BF16_STAGE_TOL
-    return ((y - want).abs() > atol + rtol * want.abs()).reshape(y.shape[0], -1).any(1)
+    return rows_outside_stage_bound(y, want)
 
 
 def _picks_alternatives(attend, picks, cmp_kv, input_cmp, own, input_idx) -> dict:

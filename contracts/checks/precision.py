@@ -667,3 +667,18 @@ BOUNDS = (
           {**_tol(V4_CP_KV_TOL), "quota": V4_CP_KV_QUOTA}),
     Bound("dspark_x_out", "ratio_allclose with a quota", {**_tol(DSPARK_X_OUT_TOL), "quota": DSPARK_X_OUT_QUOTA}),
 )
+
+
+def rows_outside_stage_bound(actual: torch.Tensor, expected: torch.Tensor,
+                             terms: torch.Tensor | None = None) -> torch.Tensor:
+    """[rows] bool: the rows of ``actual`` with an element outside the stage bound (BF16_STAGE_TOL) of ``expected``:
+    |a - e| <= atol + rtol · (|e| + terms), ``terms`` the magnitude of the summands that make the element (e.g.
+    post · attn_out beside x_out, where the residual term may cancel them; none: |e| alone). A NaN or an infinity
+    on either side is outside (the comparison is written so that it cannot pass). A row is every leading index."""
+    from contracts.tolerances import BF16_STAGE_TOL
+
+    atol, rtol = BF16_STAGE_TOL
+    a, e = actual.double(), expected.double()
+    scale = e.abs() if terms is None else e.abs() + terms.double()
+    within = (a - e).abs() <= atol + rtol * scale
+    return (~within).reshape(actual.shape[0], -1).any(1)
