@@ -399,6 +399,11 @@ def replay(tree: LoadedTree, backend, *, allow_stale: bool = False, keep: dict |
         raise Unsupported(f"{tree.case.name}/{tree.record.wiring} holds the numbers of models/"
                           f"{tree.record.upstream.get('folder', 'deepseek_v4_pro')}'s goldens; backend "
                           f"{getattr(backend, 'name', backend)!r} runs models/{folder}'s")
+    deviations = getattr(backend, "deviations", {})
+    for name in tree.case.deviations:  # the backend departs from what this case's numbers assume, by name
+        if name in deviations:
+            raise Unsupported(f"{tree.case.name}/{tree.record.wiring} is not a judge of backend "
+                              f"{getattr(backend, 'name', backend)!r}: named deviation {name}: {deviations[name]}")
     for op in tree.case.operator.split("+"):  # a backend following another named rule than the tree's: not judged
         follows = getattr(backend, "variants", {}).get(op)
         if follows and follows != recorded.get(op):

@@ -919,3 +919,33 @@ def test_du_names_a_content_a_tree_links_to_but_the_store_lacks(store, capsys):
     assert run_cli(store, "du") == 2
     err = capsys.readouterr().err
     assert f"{victim}, named by a tree, is missing" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_case_names_the_deviations_under_which_its_numbers_judge_no_backend():
+    """A case listing a named deviation (``Case.deviations``): its tree is not judged on a backend declaring that
+    deviation (Unsupported, naming it and the backend's reason), and is judged on every other backend, where a
+    wrong output still fails."""
+    from dataclasses import replace as _replace
+
+    from backends import torch_backend
+    from contracts.operators import Backend, Unsupported
+
+    reader = GoldenStore(Path(__file__).resolve().parents[1] / "artifacts" / "store").reader()
+    tree = trees.load_tree(reader, "v4_mtp_layer_prefill", "replicated")
+    assert tree.case.deviations == ("fp32-layer-chain",)
+    ref = torch_backend()
+    ops = {op: ref.get(op) for op in ref.operators}
+    declaring = Backend("upstream", ops, deviations={"fp32-layer-chain": "its own FP32 order"})
+    with pytest.raises(Unsupported, match="named deviation fp32-layer-chain: its own FP32 order"):
+        trees.replay(tree, declaring)
+    other = Backend("upstream", ops, deviations={"batched-host-matmul": "x"})
+    assert all(r.ok for r in trees.replay(tree, other).values())
+
+    def wrong(*args, **kwargs):
+        out = dict(ops["v4_prefill_mtp_layer"](*args, **kwargs))
+        out["hidden_out"] = out["hidden_out"].flip(0)
+        return out
+    results = trees.replay(tree, Backend("upstream", {**ops, "v4_prefill_mtp_layer": wrong}, deviations={}))
+    assert not results["hidden_out"].ok and results["kv_cache"].ok
+    unnamed = _replace(tree, case=_replace(tree.case, deviations=()))
+    assert all(r.ok for r in trees.replay(unnamed, declaring).values())  # judged once the case names none

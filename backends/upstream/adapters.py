@@ -467,6 +467,17 @@ def _mtp_common(hidden, prev, projection, moe, head, *, config) -> dict:
     return tensors, fields
 
 
+def _empty_lm_head(tensors: dict, tokens: int, d: int) -> dict:
+    """The Flash-MTP layer goldens end in their LM head over hidden_out; the layer operators end at hidden_out, so
+    the head gets a one-id vocabulary of zeros (its logits are not read: ``lm_head``'s own adapter judges that
+    golden). Adds its tensors to ``tensors``; returns the lm_head module's globals at this call's size."""
+    tensors.update(lm_head_weight=torch.zeros(MOE_RANKS, 1, d, dtype=torch.bfloat16),
+                   logit_row_indices=_both(torch.arange(tokens, dtype=torch.int32)),
+                   logits=torch.zeros(MOE_RANKS, tokens, 1),
+                   sampled_ids=torch.zeros(MOE_RANKS, tokens, 8, dtype=torch.int32))
+    return {"lm_head.TP_SIZE": 1, "lm_head.WORLD_SIZE": MOE_RANKS, "lm_head.MAX_LOGIT_ROWS": tokens, "lm_head.D": d}
+
+
 def _v4_mtp_layer(run, hidden, prev, projection, attention, moe, head, *, config, fused_lm_head=False,
                   a5_tiling=True):
     """v4_mtp_layer -> decode_mtp.py::golden_mtp_decode_layer (mtp_projection, the SWA attention stage, the MoE
@@ -499,13 +510,7 @@ def _v4_mtp_layer(run, hidden, prev, projection, attention, moe, head, *, config
     if not a5_tiling:
         module_globals = {k: v for k, v in module_globals.items() if not k.startswith("qkv_proj_rope.")}
     if fused_lm_head:
-        d = hidden.shape[1]
-        tensors.update(lm_head_weight=torch.zeros(MOE_RANKS, 1, d, dtype=torch.bfloat16),
-                       logit_row_indices=_both(torch.arange(tokens, dtype=torch.int32)),
-                       logits=torch.zeros(MOE_RANKS, tokens, 1), sampled_ids=torch.zeros(MOE_RANKS, tokens, 8,
-                                                                                          dtype=torch.int32))
-        module_globals = {**module_globals, "lm_head.TP_SIZE": 1, "lm_head.WORLD_SIZE": MOE_RANKS,
-                          "lm_head.MAX_LOGIT_ROWS": tokens, "lm_head.D": d}
+        module_globals = {**module_globals, **_empty_lm_head(tensors, tokens, hidden.shape[1])}
     seq = config.decode_seq
     order = torch.arange(tokens).reshape(-1, seq).flip(0).reshape(-1) if tokens % seq == 0 and \
         int(moe["num_tokens"]) == tokens else torch.arange(tokens)
@@ -519,12 +524,15 @@ def _v4_mtp_layer(run, hidden, prev, projection, attention, moe, head, *, config
             "kv_cache": out["kv_cache"][0]}
 
 
-def _v4_prefill_mtp_layer(run, hidden, prev, projection, attention, moe, head, num_tokens, *, config):
+def _v4_prefill_mtp_layer(run, hidden, prev, projection, attention, moe, head, num_tokens, *, config,
+                          a5_tiling=True, fused_lm_head=False):
     """v4_prefill_mtp_layer -> prefill_mtp.py::golden_mtp_prefill_fwd (mtp_projection, the prefill SWA attention
     stage lowering its window from the chunk's positions and page table, the MoE stage at EP 2, hc_head, RMSNorm)
     on one request's chunk (PREFILL_BATCH 1, PREFILL_SEQ the chunk's rows): rank 0 given this call's inputs, rank 1
     the same real rows reversed (the padding rows last), whose outputs must be rank 0's rows byte for byte; rank 0's
-    outputs and its window cache."""
+    outputs and its window cache. ``a5_tiling=False``: the Flash goldens' (their qkv projection's one FP32
+    matmul: no A5 lane tiling to size at a tiny preset); ``fused_lm_head``: Flash-MTP's, ending in its LM head
+    (``_empty_lm_head``)."""
     from kernels.v4.mtp_layer import check_prefill_mtp_layer
 
     check_prefill_mtp_layer(hidden, attention, head, num_tokens)
@@ -551,8 +559,11 @@ def _v4_prefill_mtp_layer(run, hidden, prev, projection, attention, moe, head, n
     order = torch.cat((torch.arange(real).flip(0), torch.arange(real, tokens)))
     back = _rank1_reordered(tensors, ("hidden_states", "prev_hidden_states", "input_ids", "ori_slot_mapping",
                                       "position_ids"), order)
+    module_globals = _qkv_tiling(config, "qkv_proj_rope") if a5_tiling else {}
+    if fused_lm_head:
+        module_globals.update(_empty_lm_head(tensors, tokens, hidden.shape[1]))
     out = run(tensors, fields, constants, module="prefill_mtp", function="golden_mtp_prefill_fwd",
-              module_globals={**_qkv_tiling(config, "qkv_proj_rope")})
+              module_globals=module_globals)
     _ranks_agree(out, ("hidden_out", "pre_hc_hidden_out"), back, "prefill_mtp.py", unordered=("kv_cache",))
     return {"hidden_out": out["hidden_out"][0], "next_pre_hc_hidden": out["pre_hc_hidden_out"][0],
             "kv_cache": out["kv_cache"][0]}
@@ -2578,6 +2589,7 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                _laid_out("v4_attention_stage", a5_tiling=False),
                                replace(_laid_out("v4_mtp_layer", a5_tiling=False, fused_lm_head=True),
                                        function="golden_decode_mtp"),
+                               _laid_out("v4_prefill_mtp_layer", a5_tiling=False, fused_lm_head=True),
                                _laid_out("v4_hca_stage", a5_tiling=False, own_cmp_page=True, folder_rule="all"),
                                _laid_out("v4_csa_stage", a5_tiling=False, own_cmp_page=True),
                                _laid_out("v4_prefill_hca_stage", a5_tiling=False, module_pools=True),
@@ -2703,6 +2715,13 @@ DEVIATIONS: dict[str, str] = {
     "batched-host-matmul": "upstream's goldens project a whole chunk with one FP32 host matmul (x @ w.t()), whose "
                            "rows depend on how many rows share the call by an ulp on this CPU; a kernel's rows do "
                            "not, and the contracts pin that (chunk-split invariance)",
+    "fp32-layer-chain": "upstream's whole-layer goldens run every stage in their own FP32 order; through the MoE "
+                        "stage's INT8 requantization and experts, a prefill MTP layer's outputs then land past "
+                        "upstream's own kernel bound (ratio_reldiff 0.02, 5 %) against this project's FP64 reference "
+                        "on some inputs and not others, on both folders (seeds 0-5 and 17: V4-Pro past at seed 3, "
+                        "15.6 %; Flash-MTP at seed 17, 6.7 %), with every stage inside its own contract's bound; the "
+                        "layer is judged by its contracts (each stage against the reference, the layer against its "
+                        "stages in order)",
 }
 
 # Operators upstream main has a golden for, not yet adapted (the golden named); every other operator: upstream

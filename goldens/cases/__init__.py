@@ -51,6 +51,9 @@ class Case:
     preset: str = "flash-tiny"
     base: str | None = None  # a case derived from another (a recorded counterexample): its operator and call
     upstream: dict = field(default_factory=dict)  # a case whose expected outputs are upstream's (see upstream_case)
+    # named deviations (a backend's ``deviations``) under which this case's numbers do not judge that backend: its
+    # trees are then not judged on it, naming the deviation (docs/upstream.md)
+    deviations: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.reference is None:
