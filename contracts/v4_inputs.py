@@ -511,3 +511,36 @@ def prefill_csa_stage_inputs(config, seed: int = 0, *, rows: int = 32, num_token
                    idx_kv_scale=(torch.rand(4, bs, 1, 1, generator=g) + 0.5) * 2.0,
                    idx_block_table=torch.tensor([2], dtype=torch.int32))
     return x_hc, attention, compressor, indexer, num_tokens
+
+
+def prefill_layer_inputs(config, seed: int = 0) -> dict:
+    """Two requests packed into 40 rows for the model's first SWA layer (tile 16): request 0's 24 rows at positions
+    120 .. 143 (rows 0 .. 23: two tiles, its window crossing its page boundary at 128 into the random rows it holds
+    before 120), a gap row (24), request 1's 8 rows at positions 130 .. 137 (rows 25 .. 32, its one tile running
+    past the packed end; the same positions as request 0's, on other pages), rows 33 .. 39 after. Request-local
+    page tables over a pool of 4 pages: request 0 on physical pages 2 then 0, request 1 on 3 then 1. The rows outside both chunks (``outside``) carry
+    position 0, slot -1 and token id 0. Weights: ``prefill_stage_inputs``' SWA stage and ``mtp_layer_inputs``'
+    MoE stage (score-routed at this layer)."""
+    g = torch.Generator().manual_seed(seed + 300)
+    hc, d, bs = config.hc_mult, config.hidden_size, config.block_size
+    stage = prefill_stage_inputs(config, seed)
+    for name in ("x_hc", "block_table", "swa_slot_mapping", "position_ids", "kv_cache", "num_tokens"):
+        stage.pop(name, None)
+    moe = dict(mtp_layer_inputs(config, seed)["moe"])
+    del moe["num_tokens"]
+    n, offsets, lens = 40, torch.tensor([0, 25], dtype=torch.int32), torch.tensor([24, 8], dtype=torch.int32)
+    tables = torch.tensor([[2, 0], [3, 1]], dtype=torch.int32)
+    pos = torch.zeros(n, dtype=torch.int32)
+    slots = torch.full((n,), -1, dtype=torch.int64)
+    for b, start in enumerate((120, 130)):
+        off, length = int(offsets[b]), int(lens[b])
+        p = torch.arange(start, start + length)
+        pos[off:off + length] = p.to(torch.int32)
+        slots[off:off + length] = tables[b][p // bs].long() * bs + p % bs
+    outside = [r for r in range(n) if not any(int(o) <= r < int(o) + int(ln) for o, ln in zip(offsets, lens, strict=True))]
+    ids = torch.randint(0, moe["tid2eid"].shape[0], (n,), generator=g)
+    ids[outside] = 0
+    stage.update(block_tables=tables, swa_slot_mapping=slots, position_ids=pos,
+                 kv_cache=(torch.rand(4, bs, 1, config.head_dim, generator=g) - 0.5).to(torch.bfloat16))
+    return dict(x_hc=torch.randn(n, hc, d, generator=g), chunk_lens=lens, chunk_offsets=offsets, attention=stage,
+                moe={**moe, "input_ids": ids}, layer_id=config.compress_ratios.index(0), tile=16, outside=outside)
