@@ -33,16 +33,32 @@ def _tile(t, base, tile):
     return torch.cat((rows, torch.zeros(tile - rows.shape[0], *t.shape[1:], dtype=t.dtype)))
 
 
+def _one_tile(i: dict) -> dict:
+    """Request 0's first tile alone: one request of one whole tile at row 0 (Flash-MTP's golden's only packing)."""
+    t = i["tile"]
+    return {**i, "x_hc": i["x_hc"][:t].clone(), "chunk_lens": torch.tensor([t], dtype=torch.int32),
+            "chunk_offsets": torch.tensor([0], dtype=torch.int32), "outside": [],
+            "attention": {**i["attention"], "block_tables": i["attention"]["block_tables"][:1],
+                          "swa_slot_mapping": i["attention"]["swa_slot_mapping"][:t],
+                          "position_ids": i["attention"]["position_ids"][:t]},
+            "moe": {**i["moe"], "input_ids": i["moe"]["input_ids"][:t]}}
+
+
+PACKINGS = {"two-requests": lambda i: i, "one-tile": _one_tile}
+
+
 @pytest.mark.whole_backend("a layer against its own stages, bit for bit", inputs=("v4_prefill_swa_indices",))
+@pytest.mark.parametrize("packing", PACKINGS)
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
 @pytest.mark.operators("v4_attention_stage", "v4_moe_stage", "v4_prefill_layer", "v4_prefill_swa_indices")
-def test_the_packed_layer_is_each_requests_tiles_through_its_stages_in_order(backend, config):
+def test_the_packed_layer_is_each_requests_tiles_through_its_stages_in_order(backend, config, packing):
     """Two requests packed with a gap row between them and rows after (a chunk of 1.5 tiles at positions 120 ..,
-    one of half a tile at 130 ..): each tile of each request, in order, through the SWA stage's prefill form (its
-    window lowered from the tile's positions through that request's own page table, the cache carried from the
-    tile before) and the MoE stage (the same real rows), chained here from the backend's operators, bit for bit;
-    the rows outside both chunks of x_next exactly 0. Spec: §8 (upstream prefill_layer.py)."""
-    i = prefill_layer_inputs(config)
+    one of half a tile at 130 ..), and request 0's first tile alone: each tile of each request, in order, through
+    the SWA stage's prefill form (its window lowered from the tile's positions through that request's own page
+    table, the cache carried from the tile before) and the MoE stage (the same real rows), chained here from the
+    backend's operators, bit for bit; the rows outside both chunks of x_next exactly 0. Spec: §8 (upstream
+    prefill_layer.py)."""
+    i = PACKINGS[packing](prefill_layer_inputs(config))
     out = _layer(backend, config, i)
     a, t = i["attention"], i["tile"]
     stage = {k: v for k, v in a.items() if k not in ("block_tables", "swa_slot_mapping", "position_ids")}
