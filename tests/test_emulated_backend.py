@@ -25,7 +25,8 @@ def test_the_emulated_backend_replaces_sparse_attention():
                        "v4_attention",
                        "v4_attention_heads", "v4_attention_stage", "v4_compress_and_publish", "v4_csa_stage", "v4_decode_layer",
                        "v4_hca_stage", "v4_moe", "v4_moe_ep", "v4_moe_stage",
-                       "v4_mtp_layer", "v4_prefill_compressor", "v4_prefill_csa_stage", "v4_prefill_hca_stage", "v4_prefill_index_keys", "v4_prefill_mtp_layer",
+                       "v4_mtp_layer", "v4_prefill_compressor", "v4_prefill_csa_stage", "v4_prefill_hca_stage", "v4_prefill_index_keys", "v4_prefill_layer",
+                       "v4_prefill_mtp_layer",
                        "v4_q_kv_split", "v4_sparse_attention"], TWINNED
     assert CONTRACTS, "no contract calls the twinned operators"
 
