@@ -1081,44 +1081,33 @@ def _prefill_swa_stage(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, w
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "qr": qr, "qr_scale": qr_scale}
 
 
-# prefill_layer.py's packed HCA / CSA pools and tables (both folders' names), which its golden slices per request
-# whatever the layer's kind
-_PREFILL_LAYER_OTHER_KINDS = ("cmp_kv", "cmp_block_table", "hca_cmp_kv", "csa_cmp_kv", "hca_cmp_block_table",
-                              "csa_cmp_block_table", "idx_kv_cache", "idx_kv_scale", "idx_block_table",
-                              "hca_compress_state", "hca_compress_state_block_table", "csa_compress_state",
-                              "csa_compress_state_block_table", "csa_inner_compress_state",
+# Flash-MTP's prefill_layer.py's packed HCA / CSA pools and tables, which its golden slices per request whatever the
+# layer's kind
+_PREFILL_LAYER_OTHER_KINDS = ("hca_cmp_kv", "csa_cmp_kv", "hca_cmp_block_table", "csa_cmp_block_table", "idx_kv_cache",
+                              "idx_kv_scale", "idx_block_table", "hca_compress_state", "hca_compress_state_block_table",
+                              "csa_compress_state", "csa_compress_state_block_table", "csa_inner_compress_state",
                               "csa_inner_compress_state_block_table")
 
 
-def _v4_prefill_layer(run, x_hc, chunk_lens, chunk_offsets, attention, moe, *, layer_id, tile, config,
-                      packed=True):
-    """v4_prefill_layer -> prefill_layer.py::golden_prefill_layer at an SWA layer: the golden's child
-    (prefill_attention_swa.py / prefill_swa.py) fed tile by tile from the packed rows, then moe.py::golden_moe,
-    over two replicated EP ranks (whose x_next must agree byte for byte). The page tables packed request after
-    request (``ORI_TABLE_BLOCKS`` the call's pages per request), one global window cache, T the call's tile.
-    ``packed=False`` (Flash-MTP's golden): one request of one whole tile at row 0 (its golden loops a fixed
-    USER_BATCH over the same rows 0 .. T-1 with every row real); any other packing is unsupported, named."""
+def _v4_prefill_layer(run, x_hc, chunk_lens, chunk_offsets, attention, moe, *, layer_id, tile, config):
+    """v4_prefill_layer -> Flash-MTP's prefill_layer.py::golden_prefill_layer at an SWA layer: its child
+    (prefill_swa.py) then moe.py::golden_moe over two replicated EP ranks, whose x_next and cache must agree byte
+    for byte. The golden loops a fixed USER_BATCH over the same rows 0 .. T-1 with every row real, so its domain is
+    one request of one whole tile at row 0 (``USER_BATCH`` 1, ``T`` the call's tile, ``ORI_TABLE_BLOCKS`` its
+    pages); any other packing is unsupported, named."""
     from contracts.operators import Unsupported
     from kernels.v4.prefill_layer import check_v4_prefill_layer
 
-    spans = check_v4_prefill_layer(x_hc, chunk_lens, chunk_offsets, attention, moe, tile=tile)
-    if config.compress_ratios[layer_id] != 0:
-        raise Unsupported(f"layer {layer_id} is not an SWA layer; the HCA / CSA kinds of prefill_layer.py are not "
-                          "adapted")
-    rows = x_hc.shape[0]
-    if not packed and (spans != [(0, tile)] or rows < tile):
+    spans = check_v4_prefill_layer(x_hc, chunk_lens, chunk_offsets, attention, moe, layer_id=layer_id, tile=tile,
+                                   config=config)
+    if spans != [(0, tile)] or x_hc.shape[0] < tile:
         raise Unsupported(f"this folder's prefill_layer.py golden runs one request of one whole tile at row 0 "
-                          f"(the call: chunks {spans}, tile {tile})")
-    if packed and any(off + -(-length // tile) * tile > rows for off, length in spans):
-        raise Unsupported("prefill_layer.py's golden reads a whole tile of packed rows past a chunk's end: the "
-                          f"packed rows ({rows}) end inside a request's last tile")
+                          f"(the call: chunks {spans} of {x_hc.shape[0]} packed rows, tile {tile})")
     a = attention
-    check_v4_moe_stage(x_hc[:tile], **{**moe, "input_ids": moe["input_ids"].reshape(-1)[:tile]}, layer_id=layer_id,
-                       num_tokens=tile, config=config)
+    ids = moe["input_ids"].reshape(-1)
+    check_v4_moe_stage(x_hc, **{**moe, "input_ids": ids}, layer_id=layer_id, num_tokens=tile, config=config)
     tensors, fields = _moe_tensors(moe["hc_fn"], moe["hc_scale"], moe["hc_base"], moe["norm_w"], moe["gate_w"],
-                                   moe["gate_bias"], moe["tid2eid"], moe["input_ids"].reshape(-1)[:tile],
-                                   moe["routed"], moe["shared"], config=config)
-    pages = a["block_tables"].shape[1]
+                                   moe["gate_bias"], moe["tid2eid"], ids, moe["routed"], moe["shared"], config=config)
     tensors.update({
         "x_hc": _both(x_hc.float()), "hc_attn_fn": _both(a["hc_fn"].float()),
         "hc_attn_scale": _both(a["hc_scale"].float()), "hc_attn_base": _both(a["hc_base"].float()),
@@ -1128,19 +1117,15 @@ def _v4_prefill_layer(run, x_hc, chunk_lens, chunk_offsets, attention, moe, *, l
         "attn_sink": _both(a["attn_sink"].float()),
         "ori_block_table": _both(a["block_tables"].reshape(-1).to(torch.int32)),
         "ori_slot_mapping": _both(a["swa_slot_mapping"].reshape(-1).to(torch.int64)),
-        "position_ids": _both(a["position_ids"].reshape(-1).to(torch.int32)),
-        "input_ids": _both(moe["input_ids"].reshape(-1).to(torch.int64)),
-        "chunk_lens": _both(chunk_lens.to(torch.int32)), "chunk_offsets": _both(chunk_offsets.to(torch.int32)),
-        "layer_id": int(layer_id), "x_next": torch.zeros(MOE_RANKS, *x_hc.shape)})
-    for name in _PREFILL_LAYER_OTHER_KINDS:  # the golden slices every kind's pools per request; an SWA layer reads none
-        tensors[name] = torch.zeros(MOE_RANKS, 1)
-    constants = {"PREFILL_BATCH": 1, "PREFILL_SEQ": tile, "PREFILL_TOKENS": tile,
+        "position_ids": _both(a["position_ids"].reshape(-1).to(torch.int32)), "input_ids": _both(ids.to(torch.int64)),
+        "layer_id": int(layer_id), "x_next": torch.zeros(MOE_RANKS, *x_hc.shape),
+        **{name: torch.zeros(MOE_RANKS, 1) for name in _PREFILL_LAYER_OTHER_KINDS}})  # an SWA layer reads none
+    constants = {"PREFILL_BATCH": 1, "PREFILL_SEQ": tile, "PREFILL_TOKENS": tile, "MOE_TOKENS": tile,
                  "BLOCK_SIZE": int(a["kv_cache"].shape[1])}
-    module_globals = {"ORI_TABLE_BLOCKS": pages, "T": tile, "prefill_sparse_attn.T": tile}
-    if not packed:
-        module_globals["USER_BATCH"] = 1
-    out = run(tensors, fields, {**constants, "MOE_TOKENS": tile}, module="prefill_layer",
-              function="golden_prefill_layer", module_globals=module_globals)
+    module_globals = {"ORI_TABLE_BLOCKS": a["block_tables"].shape[1], "T": tile, "prefill_sparse_attn.T": tile,
+                      "USER_BATCH": 1}
+    out = run(tensors, fields, constants, module="prefill_layer", function="golden_prefill_layer",
+              module_globals=module_globals)
     _ranks_agree(out, (), None, "prefill_layer.py", unordered=("x_next", "kv_cache"))
     return {"x_next": out["x_next"][0], "kv_cache": out["kv_cache"][0]}
 
@@ -2655,7 +2640,7 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                        function="golden_decode_mtp"),
                                _laid_out("v4_prefill_mtp_layer", a5_tiling=False, fused_lm_head=True),
                                Adapter("v4_prefill_layer", FLASH_MTP, "prefill_layer", "golden_prefill_layer",
-                                       partial(_v4_prefill_layer, packed=False),
+                                       _v4_prefill_layer,
                                        also=("prefill_swa", "moe")),
                                _laid_out("v4_hca_stage", a5_tiling=False, own_cmp_page=True, folder_rule="all"),
                                _laid_out("v4_csa_stage", a5_tiling=False, own_cmp_page=True),

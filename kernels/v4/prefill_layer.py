@@ -19,8 +19,6 @@ Spec: §8; docs/coverage.md, V4 section (V4-36).
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 
 from kernels.errors import ContractInputError, is_int
@@ -33,9 +31,14 @@ _PACKED = ("swa_slot_mapping", "position_ids")  # packed [N] per-row attention a
 
 
 def check_v4_prefill_layer(x_hc: torch.Tensor, chunk_lens: torch.Tensor, chunk_offsets: torch.Tensor,
-                           attention: dict, moe: dict, *, tile: int) -> list[tuple[int, int]]:
-    """The layer's own arguments (its stages check theirs): -> each request's (offset, length). The chunks must
-    lie inside the packed rows without overlapping; ``tile`` a positive int; one page table per request."""
+                           attention: dict, moe: dict, *, layer_id: int, tile: int, config) -> list[tuple[int, int]]:
+    """The layer's own arguments (its stages check theirs): -> each request's (offset, length). ``layer_id`` a layer
+    of the model whose compress ratio is 0 (SWA); the chunks inside the packed rows without overlapping; ``tile`` a
+    positive int; one page table per request."""
+    ratios = config.compress_ratios[:config.num_hidden_layers]
+    if not is_int(layer_id) or not 0 <= layer_id < len(ratios) or ratios[layer_id] != 0:
+        raise ContractInputError("layer_id", None, "a layer of the model whose compress ratio is 0 (SWA): "
+                                 f"{[k for k, r in enumerate(ratios) if r == 0]}", repr(layer_id), SPEC)
     if x_hc.ndim != 3:
         raise ContractInputError("x_hc", None, "[N, hc, D] packed rows", list(x_hc.shape), SPEC)
     n = x_hc.shape[0]
@@ -95,19 +98,12 @@ def v4_prefill_layer(x_hc: torch.Tensor, chunk_lens: torch.Tensor, chunk_offsets
     doc). Spec: §8."""
     from kernels.v4.attention_stage import v4_attention_stage
     from kernels.v4.decode_metadata import v4_prefill_swa_indices
+    from kernels.v4.layer import _binder
     from kernels.v4.moe import v4_moe_stage
 
-    spans = check_v4_prefill_layer(x_hc, chunk_lens, chunk_offsets, attention, moe, tile=tile)
-    ratios = config.compress_ratios[:config.num_hidden_layers]
-    if not is_int(layer_id) or not 0 <= layer_id < len(ratios) or ratios[layer_id] != 0:
-        raise ContractInputError("layer_id", None, "a layer of the model whose compress ratio is 0 (SWA): "
-                                 f"{[k for k, r in enumerate(ratios) if r == 0]}", repr(layer_id), SPEC)
-    ops = ops or {}
-
-    def bound(name, default):
-        fn = ops.get(name, default)
-        return partial(fn, ops=ops) if getattr(fn, "composes_operators", False) else fn
-
+    spans = check_v4_prefill_layer(x_hc, chunk_lens, chunk_offsets, attention, moe, layer_id=layer_id, tile=tile,
+                                   config=config)
+    bound = _binder(ops or {})
     stage = {k: v for k, v in attention.items() if k not in ("block_tables", *_PACKED)}
     kv = attention["kv_cache"]
     x_next = torch.zeros_like(x_hc, dtype=torch.float32)
