@@ -128,24 +128,57 @@ def test_a_request_never_reads_another_requests_rows(backend, config):
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
 @pytest.mark.operators("v4_prefill_layer")
 def test_a_chunk_in_tiles_is_the_chunk_in_one_tile(backend, config):
-    """Tile 16 (request 0 in two tiles, its second tile reading the first's kv rows) and tile 32 (each request in
-    one): x_next and the cache the same bytes on every real row. A tile that did not carry the cache, or read its
-    window before the earlier tile wrote, moves request 0's second-tile rows. Spec: §8."""
+    """Tiles of 1 (one row at a time) and 16 (request 0 in two tiles, its second tile reading the first's kv rows)
+    against tile 32 (each request in one): x_next and the cache the same bytes on every row. A tile that did not
+    carry the cache, or read its window before the earlier tile wrote, moves request 0's later rows. Spec: §8."""
     i = prefill_layer_inputs(config)
-    small, whole = _layer(backend, config, i, tile=16), _layer(backend, config, i, tile=32)
+    whole = _layer(backend, config, i, tile=32)
+    for tile in (1, 16):
+        small = _layer(backend, config, i, tile=tile)
+        for key in ("x_next", "kv_cache"):
+            moved = (small[key] != whole[key]).reshape(small[key].shape[0], -1).any(1).nonzero().flatten().tolist()
+            assert not moved, f"{key} rows {moved[:8]}: tile {tile} differs from one tile of 32"
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("v4_prefill_layer")
+def test_a_request_with_no_rows_this_step_changes_nothing(backend, config):
+    """Request 1 with no rows this step (chunk length 0, INT64 spans): request 0's x_next rows and every kv row
+    are the bytes of the call without request 1's rows; request 1's rows of x_next 0 and its pages untouched.
+    Spec: §8."""
+    i = prefill_layer_inputs(config)
+    one = _layer(backend, config, {**i, "chunk_lens": torch.tensor([24, 0], dtype=torch.int32)})
+    out = _layer(backend, config, {**i, "chunk_lens": torch.tensor([24, 0]), "chunk_offsets": torch.tensor([0, 25])})
     for key in ("x_next", "kv_cache"):
-        moved = (small[key] != whole[key]).reshape(small[key].shape[0], -1).any(1).nonzero().flatten().tolist()
-        assert not moved, f"{key} rows {moved[:8]}: tile 16 differs from one tile of 32"
+        assert torch.equal(out[key], one[key]), f"{key}: INT64 spans differ from INT32"
+    (o1, n1) = int(i["chunk_offsets"][1]), int(i["chunk_lens"][1])
+    assert not bool(out["x_next"][o1:o1 + n1].any()), "a request with no rows this step has x_next rows"
+    for page in i["attention"]["block_tables"][1].tolist():
+        assert torch.equal(out["kv_cache"][page].view(torch.int16),
+                           i["attention"]["kv_cache"][page].view(torch.int16)), f"page {page} of request 1 moved"
 
 
 @pytest.mark.operators("v4_prefill_layer")
 def test_packed_layer_inputs_are_refused_naming_the_field(backend):
-    """Overlapping chunks, a chunk past the packed rows, a page table per request missing, a packed argument of
-    another length, a tile of 0: each refused naming the field. Spec: §8."""
+    """Overlapping chunks (inside and at the edge), a chunk past the packed rows, spans of another shape or dtype, a
+    page table per request missing, a packed argument or token ids of another length or missing, a layer that is
+    not an SWA layer of the model, a tile of 0: each refused naming the field. Spec: §8."""
     config = MODELS[0]
     i = prefill_layer_inputs(config)
-    with pytest.raises(ContractInputError, match="chunk_offsets.*overlap"):
-        _layer(backend, config, {**i, "chunk_offsets": torch.tensor([0, 5], dtype=torch.int32)})
+    for offsets in ([0, 5], [0, 20]):  # request 1 inside request 0, and overlapping its last rows
+        with pytest.raises(ContractInputError, match="chunk_offsets.*overlap"):
+            _layer(backend, config, {**i, "chunk_offsets": torch.tensor(offsets, dtype=torch.int32)})
+    for name, bad in (("chunk_lens", torch.tensor([[24, 8]], dtype=torch.int32)),
+                      ("chunk_lens", torch.tensor([24.0, 8.0])), ("chunk_offsets", torch.tensor([0, 25]).short())):
+        with pytest.raises(ContractInputError, match=name):
+            _layer(backend, config, {**i, name: bad})
+    with pytest.raises(ContractInputError, match="moe.input_ids"):
+        _layer(backend, config, {**i, "moe": {**i["moe"], "input_ids": i["moe"]["input_ids"][:-1]}})
+    with pytest.raises(ContractInputError, match="moe.input_ids"):
+        _layer(backend, config, {**i, "moe": {k: v for k, v in i["moe"].items() if k != "input_ids"}})
+    for layer_id in (2, config.num_hidden_layers, "0"):  # a CSA layer, the MTP layer (past the model), not an int
+        with pytest.raises(ContractInputError, match="layer_id"):
+            _layer(backend, config, {**i, "layer_id": layer_id})
     with pytest.raises(ContractInputError, match="chunk_offsets"):
         _layer(backend, config, {**i, "chunk_offsets": torch.tensor([0, 40], dtype=torch.int32)})
     with pytest.raises(ContractInputError, match="block_tables"):

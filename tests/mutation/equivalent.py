@@ -215,6 +215,11 @@ V4_OPS_SAME = ("Under the reference backend a composition receives the reference
                "to the module's defaults runs the very same functions.")
 
 
+V4_TILE_PADDING = ("A tile's rows past the packed end are padding rows of both stages (num_tokens is the tile's real rows), "
+                   "whose contracts show padding rows leave no trace and their inputs untouched: a tile with more, "
+                   "fewer or aliased padding rows gives the same real rows and cache.")
+
+
 V4_NEG_FIRST = ("Within a request's rows a negative later position means a negative first one or a gap, both refused "
                 "already; testing more columns for < 0 refuses the same inputs, naming the same request.")
 
@@ -878,4 +883,9 @@ EQUIVALENT: dict[str, str] = {
     "kernels.v4.layer:v4_prefill_hca_stage:drop-call:bound('hca_topk', hca_topk)(pos, torch.tensor([last]), se...[clone]->(skipped)#0": LAYER_FRESH_TOPK,
     'kernels.v4.layer:v4_prefill_hca_stage:const:1->2#1': LAYER_PADDING_SLOTS,
     'kernels.v4.layer:v4_prefill_hca_stage:drop-unary:-1[USub]->(none)#0': LAYER_PADDING_SLOTS,
+    'kernels.v4.prefill_layer:check_v4_prefill_layer:const:True->False#0': ZIP,
+    'kernels.v4.prefill_layer:_tile_rows:binop:tile - rows.shape[0][Sub]->Add#0': V4_TILE_PADDING,
+    'kernels.v4.prefill_layer:_tile_rows:cmp:rows.shape[0] == tile[Eq]->NotEq#0': V4_TILE_PADDING,
+    'kernels.v4.prefill_layer:_tile_rows:drop-call:rows.clone()[clone]->(skipped)#0': V4_TILE_PADDING,
+    'kernels.v4.prefill_layer:v4_prefill_layer:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
 }
