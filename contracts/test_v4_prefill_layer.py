@@ -28,6 +28,11 @@ def _layer(backend, config, i, **kw):
                                            config=config)
 
 
+def _rows_moved(a: torch.Tensor, b: torch.Tensor) -> list[int]:
+    """The leading indices (rows, or pages of a cache) where a and b differ in any byte."""
+    return (a != b).reshape(a.shape[0], -1).any(1).nonzero().flatten().tolist()
+
+
 def _tile(t, base, tile):
     rows = t[base:base + tile]
     return torch.cat((rows, torch.zeros(tile - rows.shape[0], *t.shape[1:], dtype=t.dtype)))
@@ -77,7 +82,7 @@ def test_the_packed_layer_is_each_requests_tiles_through_its_stages_in_order(bac
                                                                                               base, t)},
                                               layer_id=i["layer_id"], num_tokens=valid, config=config)
             want[base:base + valid] = moe["x_out"][:valid]
-    bad = (out["x_next"] != want).reshape(want.shape[0], -1).any(1).nonzero().flatten().tolist()
+    bad = _rows_moved(out["x_next"], want)
     assert not bad, f"x_next rows {bad[:8]} are not their tiles' stages in order (chunks at " \
                     f"{i['chunk_offsets'].tolist()}, lengths {i['chunk_lens'].tolist()}, tile {t})"
     assert torch.equal(out["kv_cache"].view(torch.int16), kv.view(torch.int16)), \
@@ -100,7 +105,7 @@ def test_rows_outside_every_chunk_move_nothing(backend, config):
     out = _layer(backend, config, j)
     assert not bool(ref["x_next"][outside].any()), f"rows {outside} outside every chunk are not 0"
     for key in ("x_next", "kv_cache"):
-        moved = (out[key] != ref[key]).reshape(out[key].shape[0], -1).any(1).nonzero().flatten().tolist()
+        moved = _rows_moved(out[key], ref[key])
         assert not moved, f"{key} rows {moved[:8]} moved with the contents of rows {outside} outside every chunk"
 
 
@@ -118,8 +123,8 @@ def test_a_request_never_reads_another_requests_rows(backend, config):
     j["x_hc"][o0:o0 + n0] *= -1.0
     out = _layer(backend, config, j)
     assert not torch.equal(out["x_next"][o0:o0 + n0], ref["x_next"][o0:o0 + n0]), "request 0's own rows did not move"
-    moved = (out["x_next"][o1:o1 + n1] != ref["x_next"][o1:o1 + n1]).reshape(n1, -1).any(1).nonzero().flatten()
-    assert not moved.numel(), f"request 1's x_next rows {(moved + o1).tolist()} moved with request 0's streams"
+    moved = _rows_moved(out["x_next"][o1:o1 + n1], ref["x_next"][o1:o1 + n1])
+    assert not moved, f"request 1's x_next rows {[r + o1 for r in moved]} moved with request 0's streams"
     for page in i["attention"]["block_tables"][1].tolist():
         assert torch.equal(out["kv_cache"][page].view(torch.int16), ref["kv_cache"][page].view(torch.int16)), \
             f"request 1's page {page} moved with request 0's streams"
@@ -136,7 +141,7 @@ def test_a_chunk_in_tiles_is_the_chunk_in_one_tile(backend, config):
     for tile in (1, 16):
         small = _layer(backend, config, i, tile=tile)
         for key in ("x_next", "kv_cache"):
-            moved = (small[key] != whole[key]).reshape(small[key].shape[0], -1).any(1).nonzero().flatten().tolist()
+            moved = _rows_moved(small[key], whole[key])
             assert not moved, f"{key} rows {moved[:8]}: tile {tile} differs from one tile of 32"
 
 
