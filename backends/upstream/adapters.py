@@ -2462,15 +2462,13 @@ def _in(folder: str, adapters) -> dict[str, Adapter]:
 # The adapters of each model folder (--model). The Flash folders' goldens adapted so far: the ones whose tensors
 # and rule are V4-Pro's (checked against a checkout: tests/test_record_bindings.py, and the contracts on
 # --backend upstream --model ...), and what only Flash has.
-def _prefill_cp_swa(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
-                    gamma_ckv, freqs_cos, freqs_sin, kv_cache, attn_sink, wo_a, wo_b, wo_b_scale, plan, *, config,
-                    ops=None):
-    """prefill_cp_swa -> prefill_cp_swa.py::golden_prefill_cp_swa: the plan's tables under upstream's names, the
-    ring's page count as PREFILL_ORI_MAX_BLOCKS, and the context its fixture installs on the golden (each rank's
-    two segments, the segments' starts and lengths, the prefix; it computes with the first only)."""
-    from kernels.v4.cp_swa import check_prefill_cp_swa
-
-    cp, _ = check_prefill_cp_swa(x_hc, kv_cache, plan, config)  # the caller's side
+def _cp_swa_tensors(x_hc, weights, kv_cache, tail, plan) -> tuple[dict, dict]:
+    """The CP SWA goldens' tensors under upstream's names (the plan's tables among them) and the context their
+    fixtures install on the golden (each rank's two segments, the segments' starts and lengths, the prefix)."""
+    hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos, freqs_sin = \
+        weights
+    attn_sink, wo_a, wo_b, wo_b_scale = tail
+    cp = x_hc.shape[0]
     owners = [[int(v) for v in row] for row in plan["owner_segments"].tolist()]
     lengths = [0] * (2 * cp)
     for rank, segs in enumerate(owners):
@@ -2489,10 +2487,74 @@ def _prefill_cp_swa(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b
                    "overlay_token_to_request", "overlay_active_lengths", "swa_indices", "final_win_seg_src",
                    "final_win_row_src", "final_slot_mapping")},
                "x_out": torch.zeros_like(x_hc)}
+    return tensors, ctx
+
+
+def _prefill_cp_swa(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                    gamma_ckv, freqs_cos, freqs_sin, kv_cache, attn_sink, wo_a, wo_b, wo_b_scale, plan, *, config,
+                    ops=None):
+    """prefill_cp_swa -> prefill_cp_swa.py::golden_prefill_cp_swa: the plan's tables under upstream's names, the
+    ring's page count as PREFILL_ORI_MAX_BLOCKS, and the context its fixture installs on the golden (it computes
+    with the first only)."""
+    from kernels.v4.cp_swa import check_prefill_cp_swa
+
+    check_prefill_cp_swa(x_hc, kv_cache, plan, config)  # the caller's side
+    tensors, ctx = _cp_swa_tensors(x_hc, (hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                                          gamma_ckv, freqs_cos, freqs_sin), kv_cache,
+                                   (attn_sink, wo_a, wo_b, wo_b_scale), plan)
     out = run(tensors, _variant_fields(config), {"PREFILL_ORI_MAX_BLOCKS": int(kv_cache.shape[1]),
                                                   "BLOCK_SIZE": int(kv_cache.shape[2])},
               module_globals={"golden_prefill_cp_swa._ctx": ctx})
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"]}
+
+
+def _state_tables_to(tables: torch.Tensor, config) -> torch.Tensor:
+    """Each rank's state table padded with unmapped pages (-1) to every position the model holds: the CP HCA
+    golden looks up the state row of every segment's snapshot, an empty segment's (past the chunk) included, and
+    skips an unmapped page."""
+    blocks = -(-config.max_position_embeddings // config.c128_state_block_size)
+    out = torch.full((tables.shape[0], max(blocks, tables.shape[1])), -1, dtype=torch.int32)
+    out[:, :tables.shape[1]] = tables
+    return out
+
+
+def _prefill_cp_hca(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                    gamma_ckv, freqs_cos, freqs_sin, kv_cache, attn_sink, wo_a, wo_b, wo_b_scale, compressor, plan, *,
+                    config, ops=None):
+    """prefill_cp_hca -> prefill_cp_hca.py::golden_prefill_cp_hca: CP SWA's tensors and context, the compressor's
+    weights (wkv / wgate transposed, as upstream stores them), each rank's state pool and compressed cache with
+    their tables, the plan's HCA tables, and the fields of the context the HCA fixture adds (the world, the final
+    segment). The golden pages the compressed cache by its module's CMP_STORAGE_BLOCK_SIZE (the Flash page, 128 /
+    128 = 1 row), views each leaf's publication and the compressor's pools by module-level pool sizes, and sizes
+    its segment loops by NUM_SEGMENTS (the compiled CP_SIZE's): all set to the call's."""
+    from kernels.v4.cp_hca import check_prefill_cp_hca
+
+    cp = check_prefill_cp_hca(x_hc, kv_cache, compressor, plan, config)  # the caller's side
+    tensors, ctx = _cp_swa_tensors(x_hc, (hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                                          gamma_ckv, freqs_cos, freqs_sin), kv_cache,
+                                   (attn_sink, wo_a, wo_b, wo_b_scale), plan)
+    cpage = int(compressor["cmp_kv"].shape[2])
+    tensors.update({
+        "cmp_wkv": compressor["cmp_wkv"].float().t().contiguous(),
+        "cmp_wgate": compressor["cmp_wgate"].float().t().contiguous(),
+        "cmp_ape": compressor["cmp_ape"].float().clone(), "cmp_norm_w": compressor["cmp_norm_w"].clone(),
+        "compress_state": compressor["state_pool"].clone(),
+        "compress_state_block_table": _state_tables_to(compressor["state_block_table"], config),
+        "cmp_kv": compressor["cmp_kv"].clone(), "cmp_block_table": compressor["cmp_block_table"].to(torch.int32).clone(),
+        **{name: plan[name].to(torch.int32).clone() for name in (
+            "cmp_indices", "segment_tail_positions", "snapshot_positions", "snapshot_valid")},
+        "query_positions": plan["query_position_ids"].to(torch.int32).clone()})
+    ctx = {"cp_size": cp, "prefix": ctx["prefix"], "lengths": ctx["lengths"], "starts": ctx["starts"],
+           "owners": ctx["owner_segments"], "final_segment": int(plan["final_segment"][0])}
+    ratio128 = "prefill_compressor_ratio128."
+    out = run(tensors, _variant_fields(config), {"PREFILL_ORI_MAX_BLOCKS": int(kv_cache.shape[1]),
+                                                  "BLOCK_SIZE": int(kv_cache.shape[2])},
+              module_globals={"golden_prefill_cp_hca._ctx": ctx, "NUM_SEGMENTS": 2 * cp,
+                              "CMP_STORAGE_BLOCK_SIZE": cpage, "LEAF_CMP_BLOCKS": 1,
+                              ratio128 + "CMP_STORAGE_BLOCK_SIZE": cpage, ratio128 + "HCA_CMP_BLOCK_NUM": 1,
+                              ratio128 + "HCA_STATE_BLOCK_NUM": int(compressor["state_pool"].shape[1])})
+    return {name: out[name] for name in ("x_out", "kv_cache")} | {"cmp_kv": out["cmp_kv"],
+                                                                 "state_pool": out["compress_state"]}
 
 
 def _q_kv_split(run, x_local, x_full, wq_a, wq_b, wq_b_scale, wkv, rope_cos_local, rope_sin_local, rope_cos_full,
@@ -2635,6 +2697,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                        "golden_prefill_cp_zigzag_kv_tail_exchange", _cp_zigzag_tail_exchange),
                                Adapter("prefill_cp_swa", FLASH_MTP, "prefill_cp_swa", "golden_prefill_cp_swa",
                                        _prefill_cp_swa),
+                               Adapter("prefill_cp_hca", FLASH_MTP, "prefill_cp_hca", "golden_prefill_cp_hca",
+                                       _prefill_cp_hca),
                                _laid_out("v4_attention_stage", a5_tiling=False),
                                replace(_laid_out("v4_mtp_layer", a5_tiling=False, fused_lm_head=True),
                                        function="golden_decode_mtp"),

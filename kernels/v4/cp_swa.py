@@ -213,21 +213,38 @@ def prefill_cp_swa(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tens
                    ops=None) -> dict[str, torch.Tensor]:
     """The CP SWA prefill sublayer (module docstring); ``plan`` is ``cp_swa_plan``'s tables. The input cache is not
     modified."""
+    ops = ops or {}
+    check_prefill_cp_swa(x_hc, kv_cache, plan, config)
+    weights = (hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv)
+    tiles = active_tiles(plan)
+    local_kv, _, projected = project_tiles(x_hc, weights, freqs_cos, freqs_sin, plan, tiles, config=config, ops=ops)
+    logical = exchange_tails(local_kv, plan)
+    x_out = attend_tiles("SWA", x_hc, kv_cache, local_kv, logical, projected, plan, tiles,
+                         (attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale), config=config, ops=ops)
+    return {"x_out": x_out, "kv_cache": publish_window(kv_cache, logical, plan)}
+
+
+def active_tiles(plan: Mapping[str, torch.Tensor]) -> list[tuple[int, int, int]]:
+    """Every (rank, part, tile) holding at least one query row."""
+    active = plan["overlay_active_lengths"][..., 1]
+    cp = active.shape[0]
+    return [(rank, part, tile) for rank in range(cp) for part in range(PARTS) for tile in range(TILES)
+            if int(active[rank, part, tile])]
+
+
+def project_tiles(x_hc, weights, freqs_cos, freqs_sin, plan, tiles, *, config, ops):
+    """Step 1, every rank on its own tiles: hc_pre, RMSNorm, Q/KV at the query positions' RoPE rows -> (local_kv
+    [cp, 2, 2, R, hd] BF16, local_norm [cp, 2, 2, R, D] (the normalised rows, their dtype), {tile: (mixes, q,
+    RoPE rows)})."""
     from kernels.reference import lm_head, mhc
     from kernels.v4.attention_stage import stage_positions
     from kernels.v4.qkv_proj import v4_qkv_proj_rope
-    from kernels.v4.sparse_attention import v4_attention
 
-    ops = ops or {}
-    cp, ring = check_prefill_cp_swa(x_hc, kv_cache, plan, config)
-    r_rows, hd, bs = config.sliding_window, config.head_dim, config.block_size
+    hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv = weights
+    cp, r_rows, hd = x_hc.shape[0], config.sliding_window, config.head_dim
     active = plan["overlay_active_lengths"][..., 1]
-    owners = plan["owner_segments"]
-    tiles = [(rank, part, tile) for rank in range(cp) for part in range(PARTS) for tile in range(TILES)
-             if int(active[rank, part, tile])]
-
-    # 1. every rank projects its tiles (hc_pre, RMSNorm, Q/KV at the query positions' RoPE rows)
     local_kv = torch.zeros(cp, PARTS, TILES, r_rows, hd, dtype=torch.bfloat16)
+    local_norm = None
     projected = {}
     for rank, part, tile in tiles:
         n = int(active[rank, part, tile])
@@ -237,24 +254,46 @@ def prefill_cp_swa(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tens
         mixes = _bound(ops, "hc_mixes", mhc.hc_mixes)(x, hc_fn, hc_scale, hc_base, config=config)
         normed = _bound(ops, "final_norm", lm_head.final_norm)(_bound(ops, "hc_pre", mhc.hc_pre)(x, mixes.pre),
                                                                attn_norm_w, config=config)
+        if local_norm is None:
+            local_norm = torch.zeros(cp, PARTS, TILES, r_rows, normed.shape[-1], dtype=normed.dtype)
+        local_norm[rank, part, tile, :n] = normed[:n]
         proj = _bound(ops, "v4_qkv_proj_rope", v4_qkv_proj_rope)(
             normed, wq_a, wq_b, wq_b_scale, wkv, freqs_cos[pos], freqs_sin[pos], gamma_cq, gamma_ckv, config=config)
         local_kv[rank, part, tile, :n] = proj["kv"][:n].to(torch.bfloat16)
         projected[rank, part, tile] = (mixes, proj["q"], pos)
+    return local_kv, local_norm, projected
 
-    # 2. the exchange: each segment's tail (its last min(R, len) rows, first row first), in logical order
-    logical = torch.zeros(2 * cp, r_rows, hd, dtype=torch.bfloat16)
+
+def exchange_tails(local: torch.Tensor, plan: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Step 2, the exchange: each segment's tail (its last min(R, len) rows of ``local`` [cp, 2, 2, R, ...], first
+    row first), in logical order -> [2cp, R, ...]."""
+    cp, r_rows = local.shape[0], local.shape[3]
+    active = plan["overlay_active_lengths"][..., 1]
+    logical = torch.zeros(2 * cp, *local.shape[3:], dtype=local.dtype)
     for rank in range(cp):
         for part in range(PARTS):
-            rows = torch.cat([local_kv[rank, part, t, :int(active[rank, part, t])] for t in range(TILES)])
+            rows = torch.cat([local[rank, part, t, :int(active[rank, part, t])] for t in range(TILES)])
             tail = rows[max(0, rows.shape[0] - r_rows):]
-            logical[int(owners[rank, part]), :tail.shape[0]] = tail
+            logical[int(plan["owner_segments"][rank, part]), :tail.shape[0]] = tail
+    return logical
 
-    # 3. each tile attends over its rank's ring, the pred overlay and its own rows (the cur overlay), then hc_post
+
+def attend_tiles(path, x_hc, kv_cache, local_kv, logical, projected, plan, tiles, tail, *, config, ops,
+                 compressed=None):
+    """Step 3: each tile attends over its rank's ring, the pred overlay and its own rows (the cur overlay), then
+    hc_post -> x_out [cp, 2, 2, R, hc, D] FP32 (0 on empty rows). ``compressed`` (HCA / CSA): a function of (rank,
+    part, tile) -> (cmp_kv, cmp_block_table [1, pages], the tile's compressed slots)."""
+    from kernels.reference import mhc
+    from kernels.v4.sparse_attention import v4_attention
+
+    attn_sink, freqs_cos, freqs_sin, wo_a, wo_b, wo_b_scale = tail
+    r_rows, hd, bs = config.sliding_window, config.head_dim, config.block_size
+    ring = kv_cache.shape[1] * bs
+    active = plan["overlay_active_lengths"][..., 1]
     attend = _bound(ops, "v4_attention", v4_attention)
     expand = _bound(ops, "hc_post", mhc.hc_post)
     x_out = torch.zeros_like(x_hc)
-    no_cmp = torch.zeros(1, bs, 1, hd, dtype=torch.bfloat16), torch.zeros(1, 1, dtype=torch.int32)
+    no_cmp = torch.zeros(1, bs, 1, hd, dtype=torch.bfloat16), torch.zeros(1, 1, dtype=torch.int32), None
     for rank, part, tile in tiles:
         n = int(active[rank, part, tile])
         mixes, q, pos = projected[rank, part, tile]
@@ -266,21 +305,26 @@ def prefill_cp_swa(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tens
         elif tile == 1:
             fake[ring:ring + r_rows] = local_kv[rank, part, 0]
         fake[ring + r_rows:] = local_kv[rank, part, tile]
-        out = attend("SWA", q, fake.reshape(-1, bs, 1, hd), plan["swa_indices"][rank, part, tile], *no_cmp, None,
+        cmp = no_cmp if compressed is None else compressed(rank, part, tile)
+        out = attend(path, q, fake.reshape(-1, bs, 1, hd), plan["swa_indices"][rank, part, tile], *cmp,
                      plan["query_position_ids"][rank, part, tile], attn_sink, freqs_cos[pos], freqs_sin[pos], wo_a,
                      wo_b, wo_b_scale, config=config, seq=r_rows, num_tokens=n)
         y = expand(out, x_hc[rank, part, tile], mixes.post, mixes.residual)
         y[n:] = 0  # hc_post_prefill's zero tail
         x_out[rank, part, tile] = y
+    return x_out
 
-    # 4. every rank's ring gets the first decode step's window
+
+def publish_window(kv_cache: torch.Tensor, logical: torch.Tensor, plan: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Step 4: every rank's ring gets the first decode step's window (the input cache is not modified)."""
     cache = kv_cache.clone()
-    flat = cache.reshape(cp, ring, hd)
+    cp, r_rows, hd = kv_cache.shape[0], logical.shape[1], kv_cache.shape[-1]
+    flat = cache.reshape(cp, -1, hd)
     for j in range(r_rows):
         seg, row, dst = (int(plan[n][j]) for n in ("final_win_seg_src", "final_win_row_src", "final_slot_mapping"))
         if seg >= 0 and row >= 0 and dst >= 0:
             flat[:, dst] = logical[seg, row]
-    return {"x_out": x_out, "kv_cache": cache}
+    return cache
 
 
 prefill_cp_swa.composes_operators = True
