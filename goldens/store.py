@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import sys
 import threading
 import time
@@ -518,7 +519,30 @@ class GoldenStore:
             self._record_sums(rewritten=True)  # expiry rewrites the parent of the oldest snapshot kept
             summary = repo.garbage_collect(older_than)
             self._record_sums(rewritten=True)
+            self._prune_tag_tombstones(repo)
             return doomed, dropped, summary
+
+    def _prune_tag_tombstones(self, repo: icechunk.Repository) -> list[str]:
+        """Under the lock, after an expiry: a deleted tag leaves a tombstone (its ref folder, two files: about 8 KiB
+        on disk each, most of a small store's refs); one whose snapshot is no longer on the branch can never be
+        restored from that snapshot's metadata (``_restore_tags``), so its folder is removed. Local stores only.
+        Returns the tag names pruned."""
+        if self.location.remote:
+            return []
+        on_branch = {snap.id for snap in repo.ancestry(branch="main")}
+        pruned = []
+        for folder in sorted((self.root / REPO_DIR / "refs").glob("tag.*")):
+            ref = folder / "ref.json"
+            if not (folder / "ref.json.deleted").exists() or not ref.is_file():
+                continue
+            try:
+                snapshot = json.loads(ref.read_text()).get("snapshot")
+            except (OSError, ValueError, AttributeError):
+                continue  # not a tombstone this code understands: left alone
+            if snapshot and snapshot not in on_branch:
+                shutil.rmtree(folder)
+                pruned.append(folder.name.removeprefix("tag."))
+        return pruned
 
     def sweep(self) -> tuple[list[str], int, CommitResult]:
         """One commit: every array stored the old way becomes a link to its content, and contents no link names

@@ -610,8 +610,18 @@ def test_gc_keep_regen_tags_deletes_only_old_regen_tags_with_their_snapshots(sto
     store._repo().delete_tag("regen-20260104T000000000000Z")
     trees.record(store, [("sp_slabs", "replicated")], seed=11)  # restores tags: the deleted name stays deleted
     assert "regen-20260104T000000000000Z" not in {t for e in store.log() for t in e.tags}
+    with store.lock():  # its snapshot still on the branch: the tombstone stays, or a restore would bring it back
+        assert store._prune_tag_tombstones(store._repo()) == []
+    assert (store.root / "icechunk" / "refs" / "tag.regen-20260104T000000000000Z" / "ref.json.deleted").exists()
     assert run_cli(store, "gc", "--older-than-days", "0", "--keep-last", "0") == 0, capsys.readouterr().err
     assert snap not in {e.snapshot for e in store.log()}
+    # the deleted tags' tombstones went with their snapshots (a few KiB on disk each), and no name comes back
+    refs = store.root / "icechunk" / "refs"
+    assert not [p.name for p in refs.glob("tag.*") if (p / "ref.json.deleted").exists()], sorted(refs.iterdir())
+    assert {p.name for p in refs.glob("tag.*")} == {"tag.pinned", "tag.regen-20260103T000000000000Z"}
+    trees.record(store, [("sp_slabs", "replicated")], seed=12)
+    assert {t for e in store.log() for t in e.tags} == {"pinned", "regen-20260103T000000000000Z"}
+    assert run_cli(store, "replay", "--rev", "regen-20260103T000000000000Z") == 0
 
 
 @pytest.mark.parametrize("value", ["-1", "x", "1.5"])

@@ -258,7 +258,7 @@ def chunk_inputs(config, seed: int, *, cp: int, span: int, num_tokens: int, pref
     tables, the ratio-128 compressor's weights, each rank's state pool (random rows: an earlier chunk's, the
     prefix's among them, the same on every rank) through a shuffled table of pages of 8 positions, and each rank's
     compressed cache (the prefix's completed windows, the same on every rank; other rows random) through a table of
-    its own, pages of 2 rows (``cmp_table``: rank r's page k at physical page (3k + r + 1) mod pages)."""
+    its own, pages of 2 rows; the compressor's weights BF16 values (held in FP32) (``cmp_table``: rank r's page k at physical page (3k + r + 1) mod pages)."""
     from kernels.v4.cp_swa import chunk_inputs as swa_inputs
 
     i = swa_inputs(config, seed, cp=cp, span=span, num_tokens=num_tokens, prefix=prefix, pages=pages,
@@ -284,18 +284,27 @@ def chunk_inputs(config, seed: int, *, cp: int, span: int, num_tokens: int, pref
     for r in range(cp):
         for k in range(prefix // RATIO):
             cmp[r].reshape(-1, hd)[int(cmp_table[r, k // cpage]) * cpage + k % cpage] = logical_cmp[k]
-    return {**i, **plan, "cmp_wkv": torch.randn(dm, hd, generator=g) / dm**0.5,
-            "cmp_wgate": torch.randn(dm, hd, generator=g) / dm**0.5, "cmp_ape": torch.randn(RATIO, hd, generator=g) * 0.5,
-            "cmp_norm_w": torch.rand(hd, generator=g) + 0.5, "state_pool": state, "state_block_table": state_table,
+    bf16 = lambda t: t.to(torch.bfloat16).float()  # noqa: E731 (BF16 values in FP32, as upstream's weights are)
+    return {**i, **plan, "cmp_wkv": bf16(torch.randn(dm, hd, generator=g) / dm**0.5),
+            "cmp_wgate": bf16(torch.randn(dm, hd, generator=g) / dm**0.5),
+            "cmp_ape": bf16(torch.randn(RATIO, hd, generator=g) * 0.5), "cmp_norm_w": bf16(torch.rand(hd, generator=g) + 0.5), "state_pool": state, "state_block_table": state_table,
             "cmp_kv": cmp, "cmp_block_table": cmp_table}
 
 
 def _tree(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
-    """CP 2, segments of one tile (span R), 2R + 10 tokens after a prefix of 5: window 0 (0 .. 127) closes in
-    segment 0 over the prefix's state rows; window 1 (128 .. 255) starts in segment 0 (rank 0) and closes in segment
-    1 (rank 1): it straddles the ranks; segment 2 (rank 1, part 1) holds 10 rows, the final state's segment."""
+    """CP SWA's tree (``kernels.v4.cp_swa``: CP 2, span R, R + 6 tokens after a prefix of 5; the same inputs, which
+    the store keeps once) with HCA's compressor: window 0 (0 .. 127) closes in segment 0 over the prefix's state
+    rows 0 .. 4 (rank 0's); segment 1 (rank 1) is the final state's, its snapshot reaching back into segment 0.
+    Every other state row comes in as 0 (the sample store's budget; the contracts give the pools random bytes, and
+    windows straddling ranks)."""
     r = config.sliding_window
-    i = chunk_inputs(config, seed, cp=2, span=r, num_tokens=2 * r + 10, prefix=5)
+    i = chunk_inputs(config, seed, cp=2, span=r, num_tokens=r + 6, prefix=5)
+    page, hd = config.c128_state_block_size, config.head_dim
+    state = torch.zeros_like(i["state_pool"])
+    for p in range(5):
+        row = int(i["state_block_table"][0, p // page]) * page + p % page
+        state[0].reshape(-1, 2 * hd)[row] = i["state_pool"][0].reshape(-1, 2 * hd)[row]
+    i["state_pool"] = state
     del i["x_all"], i["block_table"]
     return i
 
@@ -308,11 +317,11 @@ def _call(fn, i: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
 RECORD = Record(
     operator="prefill_cp_hca",
     call=_call,
-    outputs={"x_out": "v4_cp_x_out", "kv_cache": "v4_cp_kv_cache", "cmp_kv": "v4_cp_kv_cache",
+    outputs={"x_out": "v4_cp_x_out", "kv_cache": "v4_cp_kv_cache", "cmp_kv": "v4_cmp_pool",
              "state_pool": "v4_state_pool"},
     cases=(CaseSpec("prefill_cp_hca", "V4-Flash CP HCA prefill, CP 2: CP SWA's tiles with the ratio-128 compressor "
-                    "run per segment by its owner over the predecessor's exchanged tail (a window straddling the "
-                    "ranks), every compressed row and the final state given to every rank", _tree,
+                    "run per segment by its owner over the predecessor's exchanged tail (a window over the prefix's "
+                    "state closing in segment 0), every compressed row and the final state given to every rank", _tree,
                     geometries=("flash-tiny",)),),
     bad_calls=(
         BadCall("one compressed cache for all ranks", "prefill_cp_hca",
