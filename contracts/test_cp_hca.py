@@ -60,6 +60,10 @@ def test_the_hca_plan_picks_each_querys_closed_windows(backend, cp, span, fill, 
         assert row == list(range(seen)) + [-1] * (topk - seen), \
             f"cmp_indices{tuple(where)} = {row[:seen + 2]}..: query {int(qpos[tuple(where)])} " + \
             (f"picks compressed positions 0 .. {seen - 1}" if int(req[tuple(where)]) >= 0 else "is an empty row")
+    shapes = {"segment_tail_positions": (2 * cp, R), "snapshot_positions": (cp, 2, R), "snapshot_valid": (cp, 2),
+              "final_segment": (1,)}
+    for name, shape in shapes.items():
+        assert tuple(plan[name].shape) == shape, f"{name} {list(plan[name].shape)}, expected {list(shape)}"
     lens = [min(max(n - s * span, 0), span) for s in range(2 * cp)]
     starts = [prefix + s * span for s in range(2 * cp)]
     for s in range(2 * cp):
@@ -101,7 +105,8 @@ def test_a_query_picks_by_the_rule_not_an_alternative(backend):
 LAYOUTS = {"windows on segment bounds": (2, R, 4 * R, 0),
            "a window straddling two ranks": (2, R, 2 * R + 10, 5),
            "two tiles, short last, prefix's state": (2, 2 * R, 300, 70),
-           "cp 4, every window straddles": (4, R + 72, 5 * R + 9, 130)}
+           "cp 4, every window straddles": (4, R + 72, 5 * R + 9, 130),
+           "segments opening on a closing row": (2, R, 3 * R, 127)}
 
 
 def _unsplit(backend, i, n, prefix):
@@ -152,7 +157,7 @@ def _expected(i, whole, n, prefix):
         kv.reshape(cp, -1, hd)[:, tl[(p % ring) // C.block_size] * C.block_size + p % C.block_size] = \
             whole["kv_cache"].reshape(-1, hd)[p]
     for r in range(cp):
-        for k in range((prefix + 1) // 128, total // 128):
+        for k in range(prefix // 128, total // 128):  # every window closing at 128k + 127 >= prefix
             cmp[r].reshape(-1, hd)[_row(i["cmp_block_table"][r], k, cpage)] = \
                 whole["cmp_kv"].reshape(-1, hd)[_row(i["cmp_block_table"][0], k, cpage)]
         for p in range(max(prefix, total - R), total):
@@ -176,7 +181,7 @@ def test_the_cp_hca_sublayer_is_the_unsplit_prefills(backend, layout):
     i = chunk_inputs(C, 7, cp=cp, span=span, num_tokens=n, prefix=prefix, noisy_padding=True)
     got, whole = _cp(backend, i), _unsplit(backend, i, n, prefix)
     want = _expected(i, whole, n, prefix)
-    assert (prefix + n) // 128 > (prefix + 1) // 128, f"{layout}: no window closes in the chunk"
+    assert (prefix + n) // 128 > prefix // 128, f"{layout}: no window closes in the chunk"
     ctx = Context(inputs=i, actual_outputs=got, expected_outputs=want, params={})
     for name, judge in JUDGES.items():
         verdict = COMPARATORS[judge](name, got[name], want[name], ctx)
@@ -222,6 +227,20 @@ def _bad(i, case):
     elif case == "state page unmapped":
         comp["state_block_table"] = comp["state_block_table"].clone()
         comp["state_block_table"][0, 20] = -1
+    elif case == "plan table float":
+        plan["snapshot_valid"] = plan["snapshot_valid"].float()
+    elif case == "final segment -1":
+        plan["final_segment"] = torch.tensor([-1], dtype=torch.int32)
+    elif case == "first window's page unmapped on rank 1":
+        comp["state_block_table"] = comp["state_block_table"].clone()
+        comp["state_block_table"][1, 0] = -1
+    elif case == "last chunk page unmapped on rank 1":
+        comp["state_block_table"] = comp["state_block_table"].clone()
+        comp["state_block_table"][1, (5 + 2 * R + 10 - 1) // PAGE] = -1
+    elif case == "one state pool for all ranks":
+        comp["state_pool"] = comp["state_pool"][:1]
+    elif case == "state table a page short":
+        comp["state_block_table"] = comp["state_block_table"][:, :(5 + 2 * R + 10 - 1) // PAGE]
     return i, comp, plan
 
 
@@ -230,18 +249,45 @@ def _bad(i, case):
     ("state pool BF16", "state_pool"), ("state pool width", "state_pool"), ("cmp cache FP32", "cmp_kv"),
     ("cmp table float", "cmp_block_table"), ("compressor missing", "compressor"), ("plan missing", "plan"),
     ("final segment", "plan.final_segment[0]"), ("cmp page unmapped", "cmp_block_table[1, 0]"),
-    ("state page unmapped", "state_block_table[0, 20]")])
+    ("state page unmapped", "state_block_table[0, 20]"), ("plan table float", "plan.snapshot_valid"),
+    ("final segment -1", "plan.final_segment[0]"),
+    ("first window's page unmapped on rank 1", "state_block_table[1, 0]"),
+    ("last chunk page unmapped on rank 1", f"state_block_table[1, {(5 + 2 * R + 10 - 1) // PAGE}]"),
+    ("state table a page short", f"state_block_table[0, {(5 + 2 * R + 10 - 1) // PAGE}]"),
+    ("one state pool for all ranks", "state_pool"),
+    ("the chunk's last row opens a page on rank 1", "state_block_table[1, 34]")])
 def test_a_malformed_cp_hca_call_is_refused_naming_its_field(backend, case, field):
     """Each malformed piece refused naming it: the pools' dtypes and shapes, a table that is not an integer table,
-    a missing piece, a final segment outside the world, a compressed slot (window 1, page 0 of rank 1's table) or a
-    state row (position 160, page 20 of rank 0's table) the chunk writes through an unmapped page."""
-    i = chunk_inputs(C, 3, cp=2, span=R, num_tokens=2 * R + 10, prefix=5)
+    a missing piece, a final segment outside the world (4, -1), a compressed slot (window 1, page 0 of rank 1's
+    table) or a state row the chunk's windows touch through an unmapped page or past the table (position 160 on
+    rank 0; on rank 1 the first window's page 0, which reaches back into the prefix, and the chunk's last page) --
+    every rank's tables map every window the chunk touches: each rank holds the state after it."""
+    if case == "the chunk's last row opens a page on rank 1":  # position 272 alone on page 34
+        i = chunk_inputs(C, 3, cp=2, span=R, num_tokens=2 * R + 12, prefix=5)
+        i["state_block_table"] = i["state_block_table"].clone()
+        i["state_block_table"][1, 34] = -1
+    else:
+        i = chunk_inputs(C, 3, cp=2, span=R, num_tokens=2 * R + 10, prefix=5)
     bad, comp, plan = _bad(i, case)
     with pytest.raises(ContractInputError) as exc:
         op(backend, "prefill_cp_hca")(bad["x_hc"], *(bad[k] for k in WEIGHT_NAMES), bad["kv_cache"],
                                       *(bad[k] for k in TAIL_NAMES), comp, plan, config=C)
     named = exc.value.field + (f"[{', '.join(map(str, exc.value.index))}]" if exc.value.index else "")
     assert named == field, f"{case}: refused naming {named!r}, not {field!r}: {exc.value}"
+
+
+@pytest.mark.operators("prefill_cp_hca", "cp_hca_plan")
+def test_a_chunk_inside_segment_zero_is_accepted(backend):
+    """The refusals' bounds are the edges themselves: a chunk of 10 tokens (default prefix 0) lies in segment 0,
+    the final segment 0, and runs; its state snapshot is positions 0 .. 9 on every rank."""
+    i = chunk_inputs(C, 5, cp=2, span=R, num_tokens=10, prefix=0)
+    plan = op(backend, "cp_hca_plan")(10, 2, R, i["block_table"], config=C)
+    assert plan["final_segment"].tolist() == [0] and int(plan["segment_starts"][0]) == 0, \
+        f"final segment {plan['final_segment'].tolist()}, first start {int(plan['segment_starts'][0])}"
+    out = _cp(backend, i)
+    rows = {_row(i["state_block_table"][r], p, PAGE) for r in range(1) for p in range(10)}
+    moved = (out["state_pool"][0] != i["state_pool"][0]).reshape(-1, 2 * C.head_dim).any(1).nonzero().flatten()
+    assert set(moved.tolist()) == rows, f"rank 0's state rows moved: {sorted(moved.tolist())[:12]}"
 
 
 # --- seeded defects ------------------------------------------------------------------------------------------

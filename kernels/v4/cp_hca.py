@@ -131,7 +131,7 @@ def check_prefill_cp_hca(x_hc: torch.Tensor, kv_cache: torch.Tensor, compressor:
     first = int(plan["segment_starts"][0])
     end = max(int(p) for p in plan["query_position_ids"][plan["query_token_to_request"] >= 0].tolist()) + 1
     windows = range(first - first % RATIO, end)  # every state row the chunk's windows read or write
-    closed = range((first + 1) // RATIO, end // RATIO)  # every compressed slot the chunk closes
+    closed = range(first // RATIO, end // RATIO)  # every compressed slot the chunk closes (at 128k + 127 >= first)
     for rank in range(cp):
         for name, rows, rpage in (("state_block_table", windows, page), ("cmp_block_table", closed, cmp.shape[2])):
             table = compressor[name][rank]
@@ -143,13 +143,10 @@ def check_prefill_cp_hca(x_hc: torch.Tensor, kv_cache: torch.Tensor, compressor:
     return cp
 
 
-def _home(table: torch.Tensor, p: int, page: int, name: str, rank: int) -> int:
-    """Row of logical index ``p`` through a rank's page table (pages of ``page`` rows), refused when unmapped."""
-    block = p // page
-    if block >= table.numel() or int(table[block]) < 0:
-        raise ContractInputError(name, (rank, block), f"a mapped page for row {p} (pages of {page})",
-                                 "past the table" if block >= table.numel() else int(table[block]), SPEC)
-    return int(table[block]) * page + p % page
+def _home(table: torch.Tensor, p: int, page: int) -> int:
+    """Row of logical index ``p`` through a page table of pages of ``page`` rows (check_prefill_cp_hca has checked
+    every page the chunk touches is mapped)."""
+    return int(table[p // page]) * page + p % page
 
 
 def compress_segments(local_norm, logical_norm, plan, compressor, freqs_cos, freqs_sin, *, config, ops):
@@ -182,7 +179,7 @@ def compress_segments(local_norm, logical_norm, plan, compressor, freqs_cos, fre
         x, pos = torch.cat(rows), torch.cat(pos)
         table = compressor["state_block_table"][rank]
         scratch = compressor["state_pool"][rank] if s == 0 else torch.zeros_like(compressor["state_pool"][rank])
-        state_slots = torch.tensor([_home(table, int(p), page, "state_block_table", rank) for p in pos.tolist()],
+        state_slots = torch.tensor([_home(table, int(p), page) for p in pos.tolist()],
                                    dtype=torch.int64)
         n = x.shape[0]
         closing = [(t, (int(p) + 1) // RATIO - 1) for t, p in enumerate(pos.tolist())
@@ -200,7 +197,7 @@ def compress_segments(local_norm, logical_norm, plan, compressor, freqs_cos, fre
             r0, p0 = owners[s]
             for j in range(int(plan["snapshot_valid"][r0, p0])):
                 p = int(plan["snapshot_positions"][r0, p0, j])
-                snapshot.append((p, flat[_home(table, p, page, "state_block_table", rank)]))
+                snapshot.append((p, flat[_home(table, p, page)]))
     return published, snapshot
 
 
@@ -233,9 +230,9 @@ def prefill_cp_hca(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tens
     for rank in range(cp):
         flat_cmp, flat_state = cmp_kv[rank].reshape(-1, hd), state[rank].reshape(-1, state.shape[-1])
         for slot, row in published.items():
-            flat_cmp[_home(compressor["cmp_block_table"][rank], slot, cpage, "cmp_block_table", rank)] = row
+            flat_cmp[_home(compressor["cmp_block_table"][rank], slot, cpage)] = row
         for p, row in snapshot:
-            flat_state[_home(compressor["state_block_table"][rank], p, page, "state_block_table", rank)] = row
+            flat_state[_home(compressor["state_block_table"][rank], p, page)] = row
 
     def compressed(rank, part, tile):
         return cmp_kv[rank], compressor["cmp_block_table"][rank][None], plan["cmp_indices"][rank, part, tile]
