@@ -1521,7 +1521,8 @@ def _v4_prefill_hca_stage(run, x_hc, attention, compressor, num_tokens, *, confi
 
 
 def _v4_prefill_csa_stage(run, x_hc, attention, compressor, indexer, num_tokens, *, config,
-                          module="prefill_attention_csa", a5_tiling=True, flash_pages=False, rows_from_x=False):
+                          module="prefill_attention_csa", a5_tiling=True, flash_pages=False, rows_from_x=False,
+                          query_staging="bf16"):
     """v4_prefill_csa_stage -> prefill_attention_csa.py (Flash-MTP: prefill_csa.py) ::golden_prefill_attention_csa:
     as the HCA prefill stage with the ratio-4 prefill compressor, the indexer's compressor publishing the index
     keys and its scoring (prefill_indexer.py::golden_prefill_indexer_core), the attention over the raw picks.
@@ -1532,6 +1533,11 @@ def _v4_prefill_csa_stage(run, x_hc, attention, compressor, indexer, num_tokens,
     [0, that count)), which holds only while (pos + 1) // 4 <= INDEXER_TOPK_CAP: a call past it is unsupported.
     ``rows_from_x``: dspark's golden (V4-Pro's pages, the same check of its picks) sizes the chunk by x_hc's rows:
     only the real rows are handed over, and the padding rows' x_out is the adapter's zeros."""
+    if query_staging != "bf16":
+        from contracts.operators import Unsupported
+
+        raise Unsupported(f"this golden rounds its whole index query to BF16 before the Hadamard; "
+                          f"query_staging={query_staging!r} is another named rule (disagreement 25)")
     from kernels.v4.layer import check_prefill_csa_stage
     from kernels.v4.prefill_indexer import score_cap
 
@@ -2049,7 +2055,7 @@ def _v4_prefill_compressor(run, x, position_ids, num_tokens, state_block_table, 
 
 def _v4_prefill_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos, sin, hadamard, idx_kv_cache,
                         idx_kv_scale, idx_block_table, position_ids, num_tokens, *, config,
-                        padding_rows=None, flash_pages=False, rows_from_x=False):
+                        padding_rows=None, flash_pages=False, rows_from_x=False, query_staging="bf16"):
     """v4_prefill_indexer -> prefill_indexer.py::golden_prefill_indexer on the packed chunk (T = the call's rows).
     Its inner compressor (prefill_indexer_compressor.py) would publish the chunk's closing keys first; this
     operator is the indexer after that publication, so the compressor is given no slot to write. Upstream's
@@ -2060,6 +2066,11 @@ def _v4_prefill_indexer(run, x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, co
     ``rows_from_x``: dspark's golden sizes the chunk by x's rows and has no padding rows: only the real rows are
     handed over (V4-Pro's pages, the pool size ``IDX_CACHE_BLOCK_NUM`` the call's), and the padding rows' outputs
     are this adapter's, unscored (so the padding contracts judge nothing of dspark there)."""
+    if query_staging != "bf16":
+        from contracts.operators import Unsupported
+
+        raise Unsupported(f"this golden rounds its whole index query to BF16 before the Hadamard; "
+                          f"query_staging={query_staging!r} is another named rule (disagreement 25)")
     from contracts.operators import Unsupported
     from kernels.v4.indexer import head_weights, visible_pages
     from kernels.v4.prefill_indexer import check_prefill_indexer, score_cap
@@ -2614,6 +2625,76 @@ def _prefill_cp_hca(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b
                                                                  "state_pool": out["compress_state"]}
 
 
+def _prefill_cp_csa(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                    gamma_ckv, freqs_cos, freqs_sin, kv_cache, attn_sink, wo_a, wo_b, wo_b_scale, compressor, plan, *,
+                    config, ops=None, query_staging="bf16"):
+    """prefill_cp_csa -> prefill_cp_csa.py::golden_prefill_cp_csa: CP SWA's tensors and context, both ratio-4
+    compressors' weights (wkv / wgate transposed, as upstream stores them), each rank's states, compressed and index
+    caches with their tables, the indexer's query weights, the rank-major places of the segments (reverse_index)
+    and the context fields the CSA fixture adds (the world, the final segment). The golden pages its compressed and
+    index caches alike by its module's CMP_STORAGE_BLOCK_SIZE (the Flash page, 128 / 4 = 32 rows): the call's must
+    share one page, which is set there, in its compressors' leaf caches (one block each) and in the two compressor
+    goldens' views (their state pools' sizes, T and their write buffers the CP tile's); its indexer scores at most
+    CP_CANDIDATE_CAPACITY compressed positions and picks SPARSE_SELECTED_WIDTH of them: this project's score row
+    (two cache blocks) and index_topk; its segment loops run over NUM_SEGMENTS, set to the call's world."""
+    from contracts.operators import Unsupported
+    from kernels.v4.cp_csa import check_prefill_cp_csa
+    from kernels.v4.prefill_indexer import score_cap
+
+    cp = check_prefill_cp_csa(x_hc, kv_cache, compressor, plan, config)  # the caller's side
+    if query_staging != "rope-bf16":
+        raise Unsupported("this golden's inline indexer rounds only the rope dims of its index query to BF16 "
+                          f"(FLASH_VARIANTS: query_staging='rope-bf16'); query_staging={query_staging!r} is another "
+                          "named rule (disagreement 25)")
+    c = compressor
+    page = int(c["idx_kv_cache"].shape[2])
+    if int(c["cmp_kv"].shape[2]) != page:
+        raise Unsupported(f"upstream's CP CSA golden pages its compressed and index caches alike; the call's pages "
+                          f"are {int(c['cmp_kv'].shape[2])} and {page} rows")
+    tensors, ctx = _cp_swa_tensors(x_hc, (hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                                          gamma_ckv, freqs_cos, freqs_sin), kv_cache,
+                                   (attn_sink, wo_a, wo_b, wo_b_scale), plan)
+    owners = plan["owner_segments"]
+    reverse = torch.zeros(2 * cp, dtype=torch.int32)
+    for rank in range(cp):
+        for part in range(2):
+            reverse[int(owners[rank, part])] = 2 * rank + part
+    tensors.update({
+        **{f"{w}_{k}": c[f"{w}_{k}"].float().t().contiguous() for w in ("cmp", "inner") for k in ("wkv", "wgate")},
+        **{f"{w}_{k}": c[f"{w}_{k}"].float().clone() for w in ("cmp", "inner") for k in ("ape", "norm_w")},
+        "compress_state": c["state_pool"].clone(),
+        "compress_state_block_table": c["state_block_table"].to(torch.int32).clone(),
+        "inner_compress_state": c["inner_state_pool"].clone(),
+        "inner_compress_state_block_table": c["inner_state_block_table"].to(torch.int32).clone(),
+        "cmp_kv": c["cmp_kv"].clone(), "cmp_block_table": c["cmp_block_table"].to(torch.int32).clone(),
+        "idx_kv_cache": c["idx_kv_cache"].clone(), "idx_kv_scale": c["idx_kv_scale"].float().clone(),
+        "idx_block_table": c["idx_block_table"].to(torch.int32).clone(),
+        "idx_wq_b": c["idx_wq_b"].clone(), "idx_wq_b_scale": c["idx_wq_b_scale"].float().clone(),
+        "idx_weights_proj": c["weights_proj"].clone(), "hadamard_idx": c["hadamard"].clone(),
+        "reverse_index": reverse, "query_positions": plan["query_position_ids"].to(torch.int32).clone(),
+        "query_requests": plan["query_token_to_request"].to(torch.int32).clone(),
+        "overlay_positions": plan["overlay_position_ids"].to(torch.int32).clone(),
+        "overlay_requests": plan["overlay_token_to_request"].to(torch.int32).clone()})
+    ctx = {"cp_size": cp, "starts": ctx["starts"], "lengths": ctx["lengths"], "owners": ctx["owner_segments"],
+           "final_segment": int(plan["final_segment"][0])}
+    tile = config.sliding_window
+    leaf = {"T": tile, "MAX_CMP_WRITES": tile // 4}
+    ratio4, inner = "prefill_compressor_ratio4.", "prefill_indexer_compressor."
+    out = run(tensors, _variant_fields(config), {"PREFILL_ORI_MAX_BLOCKS": int(kv_cache.shape[1]),
+                                                  "BLOCK_SIZE": int(kv_cache.shape[2])},
+              module_globals={"golden_prefill_cp_csa._ctx": ctx, "NUM_SEGMENTS": 2 * cp,
+                              "CMP_STORAGE_BLOCK_SIZE": page, "MAIN_LEAF_CACHE_BLOCKS": 1,
+                              "IDX_LEAF_CACHE_BLOCKS": 1, "CP_CANDIDATE_CAPACITY": score_cap(config),
+                              "SPARSE_SELECTED_WIDTH": config.index_topk,
+                              **{ratio4 + k: v for k, v in leaf.items()}, **{inner + k: v for k, v in leaf.items()},
+                              ratio4 + "CMP_STORAGE_BLOCK_SIZE": page, inner + "IDX_STORAGE_BLOCK_SIZE": page,
+                              ratio4 + "CSA_STATE_BLOCK_NUM": int(c["state_pool"].shape[1]),
+                              inner + "INNER_STATE_BLOCK_NUM": int(c["inner_state_pool"].shape[1])})
+    return {"x_out": out["x_out"], "kv_cache": out["kv_cache"], "cmp_kv": out["cmp_kv"],
+            "state_pool": out["compress_state"], "inner_state_pool": out["inner_compress_state"],
+            "idx_kv_cache": out["idx_kv_cache"], "idx_kv_scale": out["idx_kv_scale"].to(c["idx_kv_scale"].dtype)}
+
+
 def _q_kv_split(run, x_local, x_full, wq_a, wq_b, wq_b_scale, wkv, rope_cos_local, rope_sin_local, rope_cos_full,
                 rope_sin_full, gamma_cq, gamma_ckv, *, config, ops=None):
     """v4_q_kv_split -> dspark's qkv_proj_rope.py::golden_q_kv_split (SPLIT_T_LOCAL / SPLIT_T_FULL the call's rows).
@@ -2756,6 +2837,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                        _prefill_cp_swa),
                                Adapter("prefill_cp_hca", FLASH_MTP, "prefill_cp_hca", "golden_prefill_cp_hca",
                                        _prefill_cp_hca),
+                               Adapter("prefill_cp_csa", FLASH_MTP, "prefill_cp_csa", "golden_prefill_cp_csa",
+                                       _prefill_cp_csa),
                                _laid_out("v4_attention_stage", a5_tiling=False),
                                replace(_laid_out("v4_mtp_layer", a5_tiling=False, fused_lm_head=True),
                                        function="golden_decode_mtp"),
@@ -2872,7 +2955,10 @@ FLASH_VARIANTS: dict[str, dict[str, str]] = {"v4_gate": {"dequant_factor": "roun
                                              # Flash-MTP's decode HCA stage attends every compressed position the
                                              # model holds (no index_topk limit): disagreement 23
                                              "v4_hca_stage": {"hca_topk_limit": "all"},
-                                             "v4_decode_layer": {"hca_topk_limit": "all"}}
+                                             "v4_decode_layer": {"hca_topk_limit": "all"},
+                                             # Flash-MTP's CP CSA golden keeps its index query's nope dims in FP32
+                                             # (its kernel rounds the whole query to BF16): disagreement 25
+                                             "prefill_cp_csa": {"query_staging": "rope-bf16"}}
 # dspark's prefill compressors scatter the chunk's state first and read each window back from it; its prefill chunk
 # holds only real rows
 DSPARK_VARIANTS: dict[str, dict[str, str]] = {**FLASH_VARIANTS, "v4_prefill_compressor": {"unpersisted": "state"},
@@ -2885,6 +2971,17 @@ DSPARK_VARIANTS: dict[str, dict[str, str]] = {**FLASH_VARIANTS, "v4_prefill_comp
 
 # Named ways upstream's goldens depart from a property a contract pins, not a rule of the kernel (docs/upstream.md)
 DEVIATIONS: dict[str, str] = {
+    "cp-csa-seed-state": "Flash-MTP's CP CSA golden compresses a segment over only the last start % 4 + 4 rows of "
+                         "its predecessor (what its first overlapping window reads) and then hands every rank the "
+                         "final segment's states of the chunk's last 8 positions: when the final segment holds fewer "
+                         "than 4 - start % 4 rows, the earliest of those positions precede that seed and their rows "
+                         "are written as 0; the next step's windows never read them (found 2026-12-04: a final "
+                         "segment of one row at 130, position 123's rows 0 on every rank)",
+    "topk-tie-order": "upstream's goldens pick an indexer's top-k with torch.topk, whose order among equal scores is "
+                      "unspecified; the ABI takes the lower position first. Scores tie exactly where a candidate's "
+                      "every head is cut by the relu (a score of 0), so a row whose k-th and (k + 1)-th scores are "
+                      "equal may pick other candidates (found 2026-12-04 on Flash-MTP's prefill_cp_csa.py golden: every "
+                      "pick that differed from this project's, under the golden's own query rule, was such a tie at 0)",
     "batched-host-matmul": "upstream's goldens project a whole chunk with one FP32 host matmul (x @ w.t()), whose "
                            "rows depend on how many rows share the call by an ulp on this CPU; a kernel's rows do "
                            "not, and the contracts pin that (chunk-split invariance)",

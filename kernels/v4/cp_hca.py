@@ -255,7 +255,8 @@ def chunk_inputs(config, seed: int, *, cp: int, span: int, num_tokens: int, pref
     tables, the ratio-128 compressor's weights, each rank's state pool (random rows: an earlier chunk's, the
     prefix's among them, the same on every rank) through a shuffled table of pages of 8 positions, and each rank's
     compressed cache (the prefix's completed windows, the same on every rank; other rows random) through a table of
-    its own, pages of 2 rows; the compressor's weights BF16 values (held in FP32) (``cmp_table``: rank r's page k at physical page (3k + r + 1) mod pages)."""
+    its own, pages of 2 rows (each rank's a shuffled list of distinct pages); the compressor's weights BF16 values
+    (held in FP32)."""
     from kernels.v4.cp_swa import chunk_inputs as swa_inputs
 
     i = swa_inputs(config, seed, cp=cp, span=span, num_tokens=num_tokens, prefix=prefix, pages=pages,
@@ -275,7 +276,7 @@ def chunk_inputs(config, seed: int, *, cp: int, span: int, num_tokens: int, pref
     cpage, slots = 2, end // RATIO + 1
     cblocks = -(-slots // cpage)
     phys = cblocks + 2
-    cmp_table = torch.tensor([[(3 * k + r + 1) % phys for k in range(cblocks)] for r in range(cp)], dtype=torch.int32)
+    cmp_table = torch.stack([torch.randperm(phys, generator=g)[:cblocks] for _ in range(cp)]).to(torch.int32)
     logical_cmp = (torch.rand(slots, hd, generator=g) - 0.5).to(torch.bfloat16)
     cmp = (torch.rand(cp, phys, cpage, 1, hd, generator=g) - 0.5).to(torch.bfloat16)
     for r in range(cp):

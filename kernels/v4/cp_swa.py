@@ -234,8 +234,8 @@ def active_tiles(plan: Mapping[str, torch.Tensor]) -> list[tuple[int, int, int]]
 
 def project_tiles(x_hc, weights, freqs_cos, freqs_sin, plan, tiles, *, config, ops):
     """Step 1, every rank on its own tiles: hc_pre, RMSNorm, Q/KV at the query positions' RoPE rows -> (local_kv
-    [cp, 2, 2, R, hd] BF16, local_norm [cp, 2, 2, R, D] (the normalised rows, their dtype), {tile: (mixes, q,
-    RoPE rows)})."""
+    [cp, 2, 2, R, hd] BF16, local_norm [cp, 2, 2, R, D] (the normalised rows, their dtype), {tile: (mixes, the
+    Q/KV projection's outputs (q, kv, qr, qr_scale), RoPE rows)})."""
     from kernels.reference import lm_head, mhc
     from kernels.v4.attention_stage import stage_positions
     from kernels.v4.qkv_proj import v4_qkv_proj_rope
@@ -260,7 +260,7 @@ def project_tiles(x_hc, weights, freqs_cos, freqs_sin, plan, tiles, *, config, o
         proj = _bound(ops, "v4_qkv_proj_rope", v4_qkv_proj_rope)(
             normed, wq_a, wq_b, wq_b_scale, wkv, freqs_cos[pos], freqs_sin[pos], gamma_cq, gamma_ckv, config=config)
         local_kv[rank, part, tile, :n] = proj["kv"][:n].to(torch.bfloat16)
-        projected[rank, part, tile] = (mixes, proj["q"], pos)
+        projected[rank, part, tile] = (mixes, proj, pos)
     return local_kv, local_norm, projected
 
 
@@ -296,7 +296,7 @@ def attend_tiles(path, x_hc, kv_cache, local_kv, logical, projected, plan, tiles
     no_cmp = torch.zeros(1, bs, 1, hd, dtype=torch.bfloat16), torch.zeros(1, 1, dtype=torch.int32), None
     for rank, part, tile in tiles:
         n = int(active[rank, part, tile])
-        mixes, q, pos = projected[rank, part, tile]
+        mixes, proj, pos = projected[rank, part, tile]
         fake = torch.zeros(ring + 2 * r_rows, hd, dtype=torch.bfloat16)
         fake[:ring] = kv_cache[rank].reshape(ring, hd)
         pred = int(plan["predecessor_segments"][rank, part])
@@ -306,7 +306,7 @@ def attend_tiles(path, x_hc, kv_cache, local_kv, logical, projected, plan, tiles
             fake[ring:ring + r_rows] = local_kv[rank, part, 0]
         fake[ring + r_rows:] = local_kv[rank, part, tile]
         cmp = no_cmp if compressed is None else compressed(rank, part, tile)
-        out = attend(path, q, fake.reshape(-1, bs, 1, hd), plan["swa_indices"][rank, part, tile], *cmp,
+        out = attend(path, proj["q"], fake.reshape(-1, bs, 1, hd), plan["swa_indices"][rank, part, tile], *cmp,
                      plan["query_position_ids"][rank, part, tile], attn_sink, freqs_cos[pos], freqs_sin[pos], wo_a,
                      wo_b, wo_b_scale, config=config, seq=r_rows, num_tokens=n)
         y = expand(out, x_hc[rank, part, tile], mixes.post, mixes.residual)

@@ -78,16 +78,29 @@ def check_query_inputs(qr: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.Ten
     return tokens
 
 
+QUERY_STAGING = ("bf16", "rope-bf16")  # the index query before the Hadamard (``index_query``)
+
+
 def index_query(qr: torch.Tensor, qr_scale: torch.Tensor, wq_b: torch.Tensor, wq_b_scale: torch.Tensor,
                 row_cos: torch.Tensor, row_sin: torch.Tensor, hadamard: torch.Tensor, *,
-                config) -> tuple[torch.Tensor, torch.Tensor]:
+                config, staging: str = "bf16") -> tuple[torch.Tensor, torch.Tensor]:
     """Steps 1-4 with each row's own table row (``row_cos`` / ``row_sin`` [T, rope/2]; operands checked by
-    ``check_query_inputs``) -> (q_i8 [T, H, d] INT8, q_scale [T, H, 1] FP32). Spec: §8."""
+    ``check_query_inputs``) -> (q_i8 [T, H, d] INT8, q_scale [T, H, 1] FP32). ``staging``, the named rules for the
+    query the Hadamard rotates: "bf16" (the whole rotated query rounded to BF16: the kernels, and every indexer
+    golden but one) or "rope-bf16" (only its rotated rope dims rounded, the nope dims kept in FP32: Flash-MTP's
+    prefill_cp_csa.py golden; disagreement 25 of docs/upstream.md). Spec: §8."""
+    if staging not in QUERY_STAGING:
+        raise ContractInputError("query_staging", None, f"one of {QUERY_STAGING}", repr(staging), SPEC)
     tokens, heads, dim = qr.shape[0], config.index_n_heads, config.index_head_dim
     acc = qr.to(torch.int64) @ wq_b.to(torch.int64)  # exact (|sum| <= 127 · 127 · Q_LORA < 2^31)
     q = (acc.to(torch.float32) * qr_scale.float()) * wq_b_scale.float()  # three FP32 roundings, in this order
     q = q.reshape(tokens, heads, dim)
-    q = rope_interleave(q, row_cos.float().unsqueeze(1), row_sin.float().unsqueeze(1)).to(torch.bfloat16)
+    q = rope_interleave(q, row_cos.float().unsqueeze(1), row_sin.float().unsqueeze(1))
+    if staging == "bf16":
+        q = q.to(torch.bfloat16)
+    else:
+        rope = config.qk_rope_head_dim
+        q = torch.cat((q[..., :-rope], q[..., -rope:].to(torch.bfloat16).float()), dim=-1)
     q = (q.double() @ hadamard.double()).float()
     return quantize_rows_int8(q, scale_max=config.int8_scale_max, amax_eps=config.int8_amax_eps)
 

@@ -301,7 +301,7 @@ def check_prefill_csa_stage(x_hc: torch.Tensor, attention: dict, compressor: dic
                   "v4_prefill_index_keys, v4_prefill_indexer, v4_prefill_swa_indices and v4_attention_stage",
           spec="§8")
 def v4_prefill_csa_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, indexer: dict, num_tokens: int, *,
-                         config, ops=None) -> dict[str, torch.Tensor]:
+                         config, ops=None, query_staging: str = "bf16") -> dict[str, torch.Tensor]:
     """One request's prefill chunk (upstream prefill_attention_csa.py / Flash-MTP's prefill_csa.py): as
     ``v4_prefill_hca_stage`` with CSA's ratio-4 main compressor (v4_prefill_compressor), the index keys
     (v4_prefill_index_keys: ``compressor`` adds inner_state_block_table, inner_state_pool, inner_weights,
@@ -309,7 +309,8 @@ def v4_prefill_csa_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, 
     rotated at each row's own position; ``indexer`` {wq_b, wq_b_scale, weights_proj, hadamard, idx_kv_cache,
     idx_kv_scale, idx_block_table (1-D)}), and the attention reading the indexer's raw top-k (kept where
     0 <= raw < (pos + 1) // 4) -> {"x_out", "kv_cache", "cmp_kv", "state_pool", "inner_state_pool",
-    "idx_kv_cache", "idx_kv_scale", "qr", "qr_scale"}. No input is modified. Spec: §8."""
+    "idx_kv_cache", "idx_kv_scale", "qr", "qr_scale"}. ``query_staging``: the indexer's (``v4_prefill_indexer``).
+    No input is modified. Spec: §8."""
     from kernels.reference import lm_head, mhc
     from kernels.v4.attention_stage import stage_positions, v4_attention_stage
     from kernels.v4.decode_metadata import v4_prefill_swa_indices
@@ -338,7 +339,8 @@ def v4_prefill_csa_stage(x_hc: torch.Tensor, attention: dict, compressor: dict, 
     picks = bound("v4_prefill_indexer", v4_prefill_indexer)(
         x_normed, proj["qr"], proj["qr_scale"], i["wq_b"], i["wq_b_scale"], i["weights_proj"],
         cos[:, :rope // 2].float(), sin[:, :rope // 2].float(), i["hadamard"], keys["idx_kv_cache"],
-        keys["idx_kv_scale"], i["idx_block_table"], pos, real, config=config)
+        keys["idx_kv_scale"], i["idx_block_table"], pos, real, config=config,
+        **({"query_staging": query_staging} if query_staging != "bf16" else {}))
     window = bound("v4_prefill_swa_indices", v4_prefill_swa_indices)(pos, a.pop("block_table"), real, config=config)
     out = bound("v4_attention_stage", v4_attention_stage)("CSA", x_hc, **a, window_indices=window,
                                                           cmp_kv=published["cmp_pool"], compressed=picks["topk_idxs"],

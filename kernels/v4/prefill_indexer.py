@@ -98,16 +98,17 @@ def v4_prefill_indexer(x: torch.Tensor, qr: torch.Tensor, qr_scale: torch.Tensor
                        wq_b_scale: torch.Tensor, weights_proj: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        hadamard: torch.Tensor, idx_kv_cache: torch.Tensor, idx_kv_scale: torch.Tensor,
                        idx_block_table: torch.Tensor, position_ids: torch.Tensor, num_tokens: int, *, config,
-                       padding_rows: str = "unscored") -> dict[str, torch.Tensor]:
+                       padding_rows: str = "unscored", query_staging: str = "bf16") -> dict[str, torch.Tensor]:
     """One request's prefill chunk -> {"score" [T, score_cap] FP32, "topk_idxs" [T, score_cap] INT32}. x [T, hidden]
     BF16; cos / sin [T, rope/2] FP32 (a row each); idx_block_table [P] (the request's pages); num_tokens: rows
-    from it on are padding. Spec: §8."""
+    from it on are padding; ``query_staging``: ``kernels.v4.indexer.index_query``'s named rules. Spec: §8."""
     weights = head_weights(x, weights_proj, config=config)
     tokens, visible = check_prefill_indexer(qr, qr_scale, wq_b, wq_b_scale, cos, sin, hadamard, idx_kv_cache,
                                             idx_kv_scale, idx_block_table, position_ids, num_tokens, config=config,
                                             padding_rows=padding_rows)
     cap = score_cap(config)
-    q_i8, q_scale = index_query(qr, qr_scale, wq_b, wq_b_scale, cos, sin, hadamard, config=config)
+    q_i8, q_scale = index_query(qr, qr_scale, wq_b, wq_b_scale, cos, sin, hadamard, config=config,
+                                staging=query_staging)
     scores = score_rows(q_i8, q_scale, weights, idx_kv_cache, idx_kv_scale,
                         [(idx_block_table, ())] * tokens, visible, width=cap, block_size=config.block_size)
     visible[num_tokens:] = 0  # a padding row's top-k is -1 under both rules
