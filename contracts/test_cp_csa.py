@@ -174,7 +174,7 @@ def _seed_state_rows(i, want, got, n, prefix):
                 want[name][r].reshape(-1, width)[row] = got[name][r].reshape(-1, width)[row]
 
 
-@pytest.mark.operators("prefill_cp_csa", "v4_prefill_csa_stage")
+@pytest.mark.operators("prefill_cp_csa", "v4_prefill_csa_stage", "v4_prefill_indexer")
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_the_cp_csa_sublayer_is_the_unsplit_prefills(backend, layout):
     """Every query row of every rank equals the unsplit prefill CSA stage's row of its position (its indexer's picks
