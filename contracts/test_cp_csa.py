@@ -261,6 +261,12 @@ def _bad(i, case):
     elif case == "index page unmapped on rank 1":
         comp["idx_block_table"] = comp["idx_block_table"].clone()
         comp["idx_block_table"][1, 0] = -1
+    elif case == "index scales INT32":
+        comp["idx_kv_scale"] = comp["idx_kv_scale"].int()
+    elif case == "final segment -1":
+        plan["final_segment"] = torch.tensor([-1], dtype=torch.int32)
+    elif case == "state table a page short":
+        comp["state_block_table"] = comp["state_block_table"][:, :(5 + 2 * R + 10 - 1) // PAGE]
     return comp, plan
 
 
@@ -274,18 +280,87 @@ def _bad(i, case):
     ("inner state page unmapped on rank 1", "inner_state_block_table[1, 0]"),
     ("last state page unmapped on rank 1", f"state_block_table[1, {(5 + 2 * R + 10 - 1) // PAGE}]"),
     ("cmp page unmapped on rank 1", "cmp_block_table[1, 0]"),
-    ("index page unmapped on rank 1", "idx_block_table[1, 0]")])
+    ("index page unmapped on rank 1", "idx_block_table[1, 0]"), ("index scales INT32", "idx_kv_scale"),
+    ("final segment -1", "plan.final_segment[0]"),
+    ("state table a page short", f"state_block_table[0, {(5 + 2 * R + 10 - 1) // PAGE}]"),
+    ("the chunk's last row opens a page on rank 1", "state_block_table[1, 68]"),
+    ("the first window's page unmapped on rank 1", "state_block_table[1, 16]")])
 def test_a_malformed_cp_csa_call_is_refused_naming_its_field(backend, case, field):
     """Each malformed piece refused naming it: the pools' dtypes and shapes, a table that is not an integer table,
     a missing piece, a final segment outside the world, tails of another width, and a page the chunk's windows,
     compressed slots or index keys touch unmapped on one rank (every rank holds the states and caches after it)."""
-    i = chunk_inputs(C, 3, cp=2, span=R, num_tokens=2 * R + 10, prefix=5)
+    if case == "the chunk's last row opens a page on rank 1":  # position 272 alone on page 68
+        i = chunk_inputs(C, 3, cp=2, span=R, num_tokens=2 * R + 12, prefix=5)
+        i["state_block_table"][1, 68] = -1
+    elif case == "the first window's page unmapped on rank 1":  # after 70 cached: the close at 71 reads 64 .. 71
+        i = chunk_inputs(C, 3, cp=2, span=R, num_tokens=2 * R + 10, prefix=70)
+        i["state_block_table"][1, 16] = -1
+    else:
+        i = chunk_inputs(C, 3, cp=2, span=R, num_tokens=2 * R + 10, prefix=5)
     comp, plan = _bad(i, case)
     with pytest.raises(ContractInputError) as exc:
         op(backend, "prefill_cp_csa")(i["x_hc"], *(i[k] for k in WEIGHT_NAMES), i["kv_cache"],
                                       *(i[k] for k in TAIL_NAMES), comp, plan, config=C)
     named = exc.value.field + (f"[{', '.join(map(str, exc.value.index))}]" if exc.value.index else "")
     assert named == field, f"{case}: refused naming {named!r}, not {field!r}: {exc.value}"
+
+
+@pytest.mark.operators("prefill_cp_csa")
+def test_the_refusals_stop_at_the_pages_the_chunk_touches(backend):
+    """The bounds are the edges themselves. After 70 cached, the chunk's first close (71) reads back to 64: rank 1's
+    state page 12 (positions 48 .. 51), which no window of the chunk touches, may be unmapped, and the call runs. A
+    chunk of 6 tokens after none lies in segment 0 (the final segment 0): it runs, and every rank holds its states
+    of positions 0 .. 5, rank 0's rows."""
+    i = chunk_inputs(C, 3, cp=2, span=R, num_tokens=2 * R + 10, prefix=70)
+    i["state_block_table"][1, 12] = -1
+    _cp(backend, i)
+    j = chunk_inputs(C, 5, cp=2, span=R, num_tokens=6, prefix=0)
+    assert j["final_segment"].tolist() == [0]
+    out = _cp(backend, j)
+    for name, table in (("state_pool", "state_block_table"), ("inner_state_pool", "inner_state_block_table")):
+        width = j[name].shape[-1]
+        for p in range(6):
+            mine = out[name][1].reshape(-1, width)[_row(j[table][1], p, PAGE)]
+            owner = out[name][0].reshape(-1, width)[_row(j[table][0], p, PAGE)]
+            assert torch.equal(mine, owner), f"rank 1's {name} row of position {p} is not rank 0's (the final states)"
+
+
+@pytest.mark.operators("prefill_cp_csa", "v4_prefill_indexer")
+def test_each_query_staging_rule_is_the_index_query_worked_out_here(backend):
+    """Hand-built index query (disagreement 25): for each named rule the INT8 codes of one row are worked out in
+    FP64 in this test -- the dequantized product rotated at its position, then either the whole query rounded to
+    BF16 ("bf16") or only its rope dims ("rope-bf16"), the Hadamard, per-head INT8 -- and the two rules are
+    separated; prefill_cp_csa's query_staging reaches the indexer (its picks under each rule are the indexer's)."""
+    from kernels.reference.rope import rope_interleave
+    from kernels.v4.indexer import index_query
+    from kernels.v4.mtp import quantize_rows_int8
+
+    g = torch.Generator().manual_seed(3)
+    heads, d, rope = C.index_n_heads, C.index_head_dim, C.qk_rope_head_dim
+    qr = torch.randint(-127, 128, (1, C.q_lora_rank), generator=g, dtype=torch.int8)
+    qs = torch.tensor([[0.013]])
+    wq = torch.randint(-127, 128, (C.q_lora_rank, heads * d), generator=g, dtype=torch.int8)
+    ws = torch.rand(heads * d, generator=g) / 127 + 1e-4
+    cos, sin = torch.cos(torch.arange(rope // 2) * 0.3)[None], torch.sin(torch.arange(rope // 2) * 0.3)[None]
+    had = ((torch.rand(d, d, generator=g) - 0.5) * d**-0.5).to(torch.bfloat16)
+    q = ((qr.long() @ wq.long()).float() * qs * ws).reshape(1, heads, d)
+    q = rope_interleave(q, cos.unsqueeze(1), sin.unsqueeze(1))
+    rules = {"bf16": q.to(torch.bfloat16).double(),
+             "rope-bf16": torch.cat((q[..., :-rope], q[..., -rope:].to(torch.bfloat16).float()), -1).double()}
+    want = {k: quantize_rows_int8((v @ had.double()).float(), scale_max=C.int8_scale_max,
+                                  amax_eps=C.int8_amax_eps)[0] for k, v in rules.items()}
+    assert not torch.equal(want["bf16"], want["rope-bf16"]), "the row does not separate the two rules"
+    for rule, codes in want.items():
+        got, _ = index_query(qr, qs, wq, ws, cos, sin, had, config=C, staging=rule)
+        assert torch.equal(got, codes), f"query_staging={rule!r}: codes {got[0, 0, :6].tolist()}.., worked out " \
+                                        f"{codes[0, 0, :6].tolist()}.."
+    i = chunk_inputs(C, 5, cp=2, span=R, num_tokens=R + 40, prefix=300)
+    x = {rule: op(backend, "prefill_cp_csa")(i["x_hc"], *(i[k] for k in WEIGHT_NAMES), i["kv_cache"],
+                                             *(i[k] for k in TAIL_NAMES), {k: i[k] for k in COMPRESSOR_NAMES},
+                                             {k: i[k] for k in PLAN_NAMES}, config=C, query_staging=rule)["x_out"]
+         for rule in ("bf16", "rope-bf16") if rule == _staging(backend) or backend.name == "torch"}
+    if len(x) == 2:
+        assert not torch.equal(x["bf16"], x["rope-bf16"]), "query_staging does not reach the indexer's picks"
 
 
 # --- seeded defects ------------------------------------------------------------------------------------------

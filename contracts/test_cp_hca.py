@@ -255,7 +255,8 @@ def _bad(i, case):
     ("last chunk page unmapped on rank 1", f"state_block_table[1, {(5 + 2 * R + 10 - 1) // PAGE}]"),
     ("state table a page short", f"state_block_table[0, {(5 + 2 * R + 10 - 1) // PAGE}]"),
     ("one state pool for all ranks", "state_pool"),
-    ("the chunk's last row opens a page on rank 1", "state_block_table[1, 34]")])
+    ("the chunk's last row opens a page on rank 1", "state_block_table[1, 34]"),
+    ("the first window's page unmapped on rank 1 after 200 cached", "state_block_table[1, 16]")])
 def test_a_malformed_cp_hca_call_is_refused_naming_its_field(backend, case, field):
     """Each malformed piece refused naming it: the pools' dtypes and shapes, a table that is not an integer table,
     a missing piece, a final segment outside the world (4, -1), a compressed slot (window 1, page 0 of rank 1's
@@ -266,6 +267,10 @@ def test_a_malformed_cp_hca_call_is_refused_naming_its_field(backend, case, fiel
         i = chunk_inputs(C, 3, cp=2, span=R, num_tokens=2 * R + 12, prefix=5)
         i["state_block_table"] = i["state_block_table"].clone()
         i["state_block_table"][1, 34] = -1
+    elif case == "the first window's page unmapped on rank 1 after 200 cached":  # window 1 opens at 128: page 16
+        i = chunk_inputs(C, 3, cp=2, span=R, num_tokens=2 * R + 10, prefix=200)
+        i["state_block_table"] = i["state_block_table"].clone()
+        i["state_block_table"][1, 16] = -1
     else:
         i = chunk_inputs(C, 3, cp=2, span=R, num_tokens=2 * R + 10, prefix=5)
     bad, comp, plan = _bad(i, case)
