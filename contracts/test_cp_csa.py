@@ -41,8 +41,8 @@ LAYOUTS = {"windows on segment bounds": (2, R, 4 * R, 0),
 def _unsplit(backend, i, n, prefix):
     """The whole chunk as one request through the prefill CSA stage over rank 0's pools and tables: a window cache
     of the prefix's positions (read from the ring) and the chunk's, identity pages; every closing position
-    publishing its compressed row and index key at its slots through rank 0's tables; both states persisted for the
-    chunk's last 8 positions only (what the CP sublayer hands every rank)."""
+    publishing its compressed row and index key at its slots through rank 0's tables; every chunk row's states
+    persisted (so the named unpersisted rules agree), of which the expectation reads the chunk's last 8 positions."""
     bs, hd = C.block_size, C.head_dim
     total = prefix + n
     pages = -(-total // bs)
@@ -58,7 +58,7 @@ def _unsplit(backend, i, n, prefix):
                             dtype=torch.int64)
 
     def kept(table):
-        return torch.tensor([_row(table, p, PAGE) if p >= total - KEEP else -1 for p in pos.tolist()],
+        return torch.tensor([_row(table, p, PAGE) if p >= prefix else -1 for p in pos.tolist()],
                             dtype=torch.int64)
 
     attention = {**{k: i[k] for k in WEIGHT_NAMES}, **{k: i[k] for k in TAIL_NAMES}, "kv_cache": cache,
@@ -128,10 +128,10 @@ JUDGES = {"x_out": "v4_cp_x_out", "kv_cache": "v4_cp_kv_cache", "cmp_kv": "v4_cm
           "inner_state_pool": "v4_state_pool", "idx_kv_cache": "exact", "idx_kv_scale": "exact"}
 
 
-def _tie_rows(i, staging: str) -> torch.Tensor:
+def _tie_rows(i, staging: str, near: float = 0.0) -> torch.Tensor:
     """[cp, 2, 2, R] bool: the query rows whose indexer top-k ends inside a run of equal scores (the k-th and the
-    (k + 1)-th best visible scores equal), found by running this project's reference with the backend's query rule
-    and reading each tile's scores."""
+    (k + 1)-th best visible scores equal, or within ``near`` of the k-th's magnitude), found by running this
+    project's reference with the backend's query rule and reading each tile's scores."""
     from kernels.v4 import cp_csa
     from kernels.v4.prefill_indexer import prefill_visible, score_cap, v4_prefill_indexer
 
@@ -154,7 +154,7 @@ def _tie_rows(i, staging: str) -> torch.Tensor:
         for r in range(n):
             v, k = int(visible[r]), min(C.index_topk, int(visible[r]))
             best = score[r, :v].sort(descending=True).values
-            ties[(*where, r)] = k < v and bool(best[k - 1] == best[k])
+            ties[(*where, r)] = k < v and bool(best[k - 1] - best[k] <= near * best[k - 1].abs())
     return ties
 
 
@@ -190,7 +190,8 @@ def test_the_cp_csa_sublayer_is_the_unsplit_prefills(backend, layout):
     want = _expected(i, whole, n, prefix)
     deviations = getattr(backend, "deviations", {})
     if "topk-tie-order" in deviations:
-        ties = _tie_rows(i, _staging(backend))
+        # a golden's batched host matmul moves a score by FP32 ulps: a near tie may flip there too
+        ties = _tie_rows(i, _staging(backend), near=2.0**-16 if "batched-host-matmul" in deviations else 0.0)
         assert int(ties.sum()) <= n // 4, f"{layout}: {int(ties.sum())} of {n} rows end their top-k in a tie"
         want["x_out"] = torch.where(ties[..., None, None], got["x_out"], want["x_out"])
     if "batched-host-matmul" in deviations:  # one key's projection an FP32 ulp off moves its INT8 code by at most 1

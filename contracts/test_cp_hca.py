@@ -112,8 +112,8 @@ LAYOUTS = {"windows on segment bounds": (2, R, 4 * R, 0),
 def _unsplit(backend, i, n, prefix):
     """The whole chunk as one request through the prefill HCA stage over rank 0's compressor pools and tables: a
     window cache of the prefix's positions (read from the ring) and the chunk's, identity pages; every closing
-    position publishing at its slot through rank 0's cmp_block_table; the state persisted for the chunk's last R
-    positions only (what the CP sublayer hands every rank), the other rows' projections pooled but not kept."""
+    position publishing at its slot through rank 0's cmp_block_table; every chunk row's state persisted (so the
+    named unpersisted rules agree), of which the expectation reads the chunk's last R positions."""
     bs, hd = C.block_size, C.head_dim
     total = prefix + n
     pages = -(-total // bs)
@@ -125,7 +125,7 @@ def _unsplit(backend, i, n, prefix):
     cpage = i["cmp_kv"].shape[2]
     cmp_slots = torch.tensor([_row(i["cmp_block_table"][0], (p + 1) // 128 - 1, cpage) if (p + 1) % 128 == 0
                               else -1 for p in pos.tolist()], dtype=torch.int64)
-    state_slots = torch.tensor([_row(i["state_block_table"][0], p, PAGE) if p >= total - R else -1
+    state_slots = torch.tensor([_row(i["state_block_table"][0], p, PAGE) if p >= prefix else -1
                                 for p in pos.tolist()], dtype=torch.int64)
     attention = {**{k: i[k] for k in WEIGHT_NAMES}, **{k: i[k] for k in TAIL_NAMES}, "kv_cache": cache,
                  "swa_slot_mapping": pos.long(), "position_ids": pos, "block_table": torch.arange(pages, dtype=torch.int32),

@@ -1491,6 +1491,11 @@ def _v4_prefill_hca_stage(run, x_hc, attention, compressor, num_tokens, *, confi
 
     check_prefill_hca_stage(x_hc, attention, compressor, num_tokens)
     a, real = attention, int(num_tokens)
+    if not module_pools and int(a["cmp_kv"].shape[1]) != int(a["kv_cache"].shape[1]):
+        from contracts.operators import Unsupported
+
+        raise Unsupported(f"this folder's prefill HCA golden pages its compressed cache by the block size "
+                          f"({int(a['kv_cache'].shape[1])} rows); the call's page is {int(a['cmp_kv'].shape[1])}")
     tensors, constants, module_globals, pos = _prefill_stage_tensors(x_hc, a, compressor, real, config=config,
                                                                      a5_tiling=a5_tiling, ratio=128)
     if rows_from_x:
