@@ -35,7 +35,8 @@ LAYOUTS = {"windows on segment bounds": (2, R, 4 * R, 0),
            "windows straddling two ranks": (2, R, 2 * R + 10, 5),
            "two tiles, short last, prefix's state": (2, 2 * R, 300, 70),
            "cp 4, a prefix of 130": (4, R + 72, 5 * R + 9, 130),
-           "a final segment of one row": (2, R, R + 1, 2)}
+           "a final segment of one row": (2, R, R + 1, 2),
+           "segments opening on a closing row": (2, R, 2 * R + 10, 3)}
 
 
 def _unsplit(backend, i, n, prefix):
@@ -311,7 +312,7 @@ def test_the_refusals_stop_at_the_pages_the_chunk_touches(backend):
     """The bounds are the edges themselves. After 70 cached, the chunk's first close (71) reads back to 64: rank 1's
     state page 12 (positions 48 .. 51), which no window of the chunk touches, may be unmapped, and the call runs. A
     chunk of 6 tokens after none lies in segment 0 (the final segment 0): it runs, and every rank holds its states
-    of positions 0 .. 5, rank 0's rows."""
+    of positions 0 .. 5 (position 0 among them), the chunk's, the same as rank 0's."""
     i = chunk_inputs(C, 3, cp=2, span=R, num_tokens=2 * R + 10, prefix=70)
     i["state_block_table"][1, 12] = -1
     _cp(backend, i)
@@ -324,6 +325,8 @@ def test_the_refusals_stop_at_the_pages_the_chunk_touches(backend):
             mine = out[name][1].reshape(-1, width)[_row(j[table][1], p, PAGE)]
             owner = out[name][0].reshape(-1, width)[_row(j[table][0], p, PAGE)]
             assert torch.equal(mine, owner), f"rank 1's {name} row of position {p} is not rank 0's (the final states)"
+            came_in = j[name][0].reshape(-1, width)[_row(j[table][0], p, PAGE)]
+            assert not torch.equal(owner, came_in), f"{name}: position {p}'s state is the input's, not the chunk's"
 
 
 @pytest.mark.operators("prefill_cp_csa", "v4_prefill_indexer")
@@ -359,7 +362,7 @@ def test_each_query_staging_rule_is_the_index_query_worked_out_here(backend):
     x = {rule: op(backend, "prefill_cp_csa")(i["x_hc"], *(i[k] for k in WEIGHT_NAMES), i["kv_cache"],
                                              *(i[k] for k in TAIL_NAMES), {k: i[k] for k in COMPRESSOR_NAMES},
                                              {k: i[k] for k in PLAN_NAMES}, config=C, query_staging=rule)["x_out"]
-         for rule in ("bf16", "rope-bf16") if rule == _staging(backend) or backend.name == "torch"}
+         for rule in ("bf16", "rope-bf16") if rule == _staging(backend) or "prefill_cp_csa" not in backend.variants}
     if len(x) == 2:
         assert not torch.equal(x["bf16"], x["rope-bf16"]), "query_staging does not reach the indexer's picks"
 
