@@ -206,6 +206,11 @@ def test_the_cp_csa_sublayer_is_the_unsplit_prefills(backend, layout):
     ctx = Context(inputs=i, actual_outputs=got, expected_outputs=want, params={})
     for name, judge in JUDGES.items():
         verdict = COMPARATORS[judge](name, got[name], want[name], ctx)
+        moved = int((got["kv_cache"] != want["kv_cache"]).sum())
+        if not verdict.ok and name == "x_out" and moved and "batched-host-matmul" in deviations:
+            # the tiles' projection (one golden call per tile) and the unsplit chunk's (one call) differ by ulps
+            pytest.xfail(f"{layout}: x_out {verdict}, with {moved} KV elements of the window moved by the "
+                         f"projection's batch: named deviation batched-host-matmul: {deviations['batched-host-matmul']}")
         assert verdict.ok, f"{layout}: {name} is not the unsplit prefill's ({judge}): {verdict}"
 
 
