@@ -21,7 +21,7 @@ def test_the_emulated_backend_replaces_sparse_attention():
     too."""
     assert TWINNED == ["attention_half_layer", "causal_encoder", "csa_compressors", "decode_block",
                        "decode_block_sharded", "dp_attention", "dspark_attention", "dspark_markov_sample", "dspark_proj", "final_norm", "hc_head_fused", "hc_pre_fused",
-                       "prefill_cp_csa", "prefill_cp_hca", "prefill_cp_swa", "sparse_attention",
+                       "prefill_cp_csa", "prefill_cp_hca", "prefill_cp_layer", "prefill_cp_swa", "sparse_attention",
                        "v4_attention",
                        "v4_attention_heads", "v4_attention_stage", "v4_compress_and_publish", "v4_csa_stage", "v4_decode_layer",
                        "v4_hca_stage", "v4_moe", "v4_moe_ep", "v4_moe_stage",

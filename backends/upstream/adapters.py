@@ -2700,6 +2700,75 @@ def _prefill_cp_csa(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b
             "idx_kv_cache": out["idx_kv_cache"], "idx_kv_scale": out["idx_kv_scale"].to(c["idx_kv_scale"].dtype)}
 
 
+class _Captured(Exception):
+    """What a CP sublayer's adapter would hand the worker (captured, not run)."""
+
+    def __init__(self, tensors, fields, constants, module_globals):
+        super().__init__("captured")
+        self.call = (tensors, fields, constants, module_globals)
+
+
+def _capture(tensors, fields, constants, *, module_globals=None, **_):
+    raise _Captured(tensors, fields, constants, module_globals or {})
+
+
+def _prefill_cp_layer(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+                      gamma_ckv, freqs_cos, freqs_sin, kv_cache, attn_sink, wo_a, wo_b, wo_b_scale, moe, compressor,
+                      plan, *, layer_id, config, ops=None, query_staging="bf16"):
+    """prefill_cp_layer -> prefill_cp_layer.py::golden_prefill_layer_cp: the layer kind's CP sublayer tensors, laid
+    out by that sublayer's adapter (its module-level settings aimed at its own module, its fixture context on its
+    golden), and moe.py::golden_moe's weights; the golden dispatches on its SWA / CSA / HCA layer ids (set to the
+    call's layer for its kind) and runs the MoE as one wave per (part, tile) over the CP ranks as EP ranks, so its
+    domain is a world of MOE_RANKS ranks whose waves each hold one row count on every rank (its fixture's equal
+    segments); any other call is unsupported, named."""
+    from contracts.operators import Unsupported
+    from kernels.v4.cp_layer import check_prefill_cp_layer
+
+    kind = check_prefill_cp_layer(x_hc, moe, compressor, layer_id=layer_id, config=config)
+    cp = x_hc.shape[0]
+    if cp != MOE_RANKS:
+        raise Unsupported(f"this golden runs its MoE over the {cp} CP ranks as EP ranks; its MoE golden is adapted at "
+                          f"EP {MOE_RANKS}")
+    active = plan["overlay_active_lengths"][..., 1]
+    for part in range(2):
+        for tile in range(2):
+            counts = active[:, part, tile].tolist()
+            if len(set(counts)) > 1:
+                raise Unsupported(f"this golden runs one MoE wave per (part, tile) over the ranks, each holding one row "
+                                  f"count: wave ({part}, {tile}) holds {counts} rows (equal segments only)")
+    args = (x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos,
+            freqs_sin, kv_cache, attn_sink, wo_a, wo_b, wo_b_scale)
+    sub = {"prefill_cp_swa": lambda: _prefill_cp_swa(_capture, *args, plan, config=config),
+           "prefill_cp_hca": lambda: _prefill_cp_hca(_capture, *args, compressor, plan, config=config),
+           "prefill_cp_csa": lambda: _prefill_cp_csa(_capture, *args, compressor, plan, config=config,
+                                                     query_staging=query_staging)}[kind]
+    try:
+        sub()
+    except _Captured as got:
+        tensors, _fields, constants, sub_globals = got.call
+    module = kind  # the sublayer golden's module: its module-level settings are aimed there
+    module_globals = {(k if "." in k else f"{module}.{k}"): v for k, v in sub_globals.items()}
+    ids = moe["input_ids"]
+    moe_tensors, fields = _moe_tensors(moe["hc_fn"], moe["hc_scale"], moe["hc_base"], moe["norm_w"], moe["gate_w"],
+                                       moe["gate_bias"], moe["tid2eid"], ids.reshape(cp, -1)[0], moe["routed"],
+                                       moe["shared"], config=config)
+    tensors.update({**moe_tensors, "input_ids": ids.to(torch.int64).clone(), "layer_id": int(layer_id),
+                    "x_next": torch.zeros_like(x_hc)})
+    ids_name = {"prefill_cp_swa": "SWA_LAYER_ID", "prefill_cp_hca": "HCA_LAYER_ID", "prefill_cp_csa": "CSA_LAYER_ID"}
+    module_globals[ids_name[kind]] = int(layer_id)
+    constants = {**constants, "MOE_TOKENS": config.sliding_window}
+    out = run(tensors, fields, constants, module="prefill_cp_layer", function="golden_prefill_layer_cp",
+              module_globals=module_globals)
+    names = {"prefill_cp_swa": ("kv_cache",), "prefill_cp_hca": ("kv_cache", "cmp_kv", "compress_state"),
+             "prefill_cp_csa": ("kv_cache", "cmp_kv", "compress_state", "inner_compress_state", "idx_kv_cache",
+                                "idx_kv_scale")}[kind]
+    ours = {"compress_state": "state_pool", "inner_compress_state": "inner_state_pool"}
+    result = {"x_next": out["x_next"], **{ours.get(n, n): out[n] for n in names}}
+    if "idx_kv_scale" in result:
+        result["idx_kv_scale"] = result["idx_kv_scale"].to(compressor["idx_kv_scale"].dtype)
+    return result
+
+
 def _q_kv_split(run, x_local, x_full, wq_a, wq_b, wq_b_scale, wkv, rope_cos_local, rope_sin_local, rope_cos_full,
                 rope_sin_full, gamma_cq, gamma_ckv, *, config, ops=None):
     """v4_q_kv_split -> dspark's qkv_proj_rope.py::golden_q_kv_split (SPLIT_T_LOCAL / SPLIT_T_FULL the call's rows).
@@ -2844,6 +2913,9 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                        _prefill_cp_hca),
                                Adapter("prefill_cp_csa", FLASH_MTP, "prefill_cp_csa", "golden_prefill_cp_csa",
                                        _prefill_cp_csa),
+                               Adapter("prefill_cp_layer", FLASH_MTP, "prefill_cp_layer", "golden_prefill_layer_cp",
+                                       _prefill_cp_layer, also=("prefill_cp_swa", "prefill_cp_hca", "prefill_cp_csa",
+                                                                "moe")),
                                _laid_out("v4_attention_stage", a5_tiling=False),
                                replace(_laid_out("v4_mtp_layer", a5_tiling=False, fused_lm_head=True),
                                        function="golden_decode_mtp"),
@@ -2963,7 +3035,8 @@ FLASH_VARIANTS: dict[str, dict[str, str]] = {"v4_gate": {"dequant_factor": "roun
                                              "v4_decode_layer": {"hca_topk_limit": "all"},
                                              # Flash-MTP's CP CSA golden keeps its index query's nope dims in FP32
                                              # (its kernel rounds the whole query to BF16): disagreement 25
-                                             "prefill_cp_csa": {"query_staging": "rope-bf16"}}
+                                             "prefill_cp_csa": {"query_staging": "rope-bf16"},
+                                             "prefill_cp_layer": {"query_staging": "rope-bf16"}}
 # dspark's prefill compressors scatter the chunk's state first and read each window back from it; its prefill chunk
 # holds only real rows
 DSPARK_VARIANTS: dict[str, dict[str, str]] = {**FLASH_VARIANTS, "v4_prefill_compressor": {"unpersisted": "state"},
