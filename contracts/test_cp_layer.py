@@ -59,10 +59,11 @@ def _parts(backend, i, layer_id):
     plan = {k: i[k] for k in PLAN_NAMES}
     kind = KIND[layer_id]
     if kind == "prefill_cp_swa":
-        att = op(backend, kind)(*args, plan, config=C)
+        att = op(backend, "prefill_cp_swa")(*args, plan, config=C)
+    elif kind == "prefill_cp_hca":
+        att = op(backend, "prefill_cp_hca")(*args, i["compressor"], plan, config=C)
     else:
-        att = op(backend, kind)(*args, i["compressor"], plan, config=C,
-                                **(_staging(backend) if kind == "prefill_cp_csa" else {}))
+        att = op(backend, "prefill_cp_csa")(*args, i["compressor"], plan, config=C, **_staging(backend))
     active = i["overlay_active_lengths"][..., 1]
     x_next = torch.zeros_like(i["x_hc"])
     for rank, part, tile in (active > 0).nonzero().tolist():
