@@ -53,8 +53,9 @@ def _staging(backend) -> dict:
     return {"query_staging": rule} if rule != "bf16" else {}
 
 
-def _parts(backend, i, layer_id):
-    """The layer spelled out with the backend's own operators: the sublayer, then the MoE stage tile by tile."""
+def _parts(backend, i, layer_id, staging: dict | None = None):
+    """The layer spelled out with the backend's own operators: the sublayer (CSA: under ``staging``, default the
+    backend's query rule), then the MoE stage tile by tile."""
     args = (i["x_hc"], *(i[k] for k in WEIGHT_NAMES), i["kv_cache"], *(i[k] for k in TAIL_NAMES))
     plan = {k: i[k] for k in PLAN_NAMES}
     kind = KIND[layer_id]
@@ -63,7 +64,8 @@ def _parts(backend, i, layer_id):
     elif kind == "prefill_cp_hca":
         att = op(backend, "prefill_cp_hca")(*args, i["compressor"], plan, config=C)
     else:
-        att = op(backend, "prefill_cp_csa")(*args, i["compressor"], plan, config=C, **_staging(backend))
+        att = op(backend, "prefill_cp_csa")(*args, i["compressor"], plan, config=C,
+                                            **(_staging(backend) if staging is None else staging))
     active = i["overlay_active_lengths"][..., 1]
     x_next = torch.zeros_like(i["x_hc"])
     for rank, part, tile in (active > 0).nonzero().tolist():
@@ -99,6 +101,29 @@ def test_the_cp_layer_is_its_sublayer_then_the_moe_stage_per_tile(backend, layer
         assert verdict.ok, f"layer {layer_id}, {layout}: {name} is not its parts' ({JUDGES[name]}): {verdict}"
     empty = i["query_token_to_request"] < 0
     assert not bool(got["x_next"][empty].any()), f"layer {layer_id}: x_next rows without a query are not 0"
+
+
+@pytest.mark.operators("prefill_cp_csa", "prefill_cp_hca", "prefill_cp_layer", "prefill_cp_swa", "v4_moe_stage")
+def test_the_csa_layer_hands_its_query_rule_to_the_sublayer(backend):
+    """At the CSA layer (2) each named query rule the backend can take gives the layer's parts under that rule
+    (x_next within the CP output's comparator), and the two rules give other x_next; an SWA or HCA layer, which
+    has no indexer, refuses a rule named for it."""
+    i = layer_inputs(2, "equal segments")
+    named = backend.variants.get("prefill_cp_csa", {}).get("query_staging")
+    rules = [named] if named else ["bf16", "rope-bf16"]
+    got = {}
+    for rule in rules:
+        got[rule] = _call(backend, i, 2, query_staging=rule)["x_next"]
+        want = _parts(backend, i, 2, {"query_staging": rule} if rule != "bf16" else {})["x_next"]
+        verdict = COMPARATORS["v4_cp_x_out"]("x_next", got[rule], want,
+                                            Context(inputs=i, actual_outputs={}, expected_outputs={}, params={}))
+        assert verdict.ok, f"query_staging={rule!r}: the layer's x_next is not its parts' under that rule: {verdict}"
+    if len(got) == 2:
+        assert not torch.equal(got["bf16"], got["rope-bf16"]), "the query rule does not reach the CSA sublayer"
+    j = layer_inputs(3, "equal segments")
+    with pytest.raises(ContractInputError) as exc:
+        _call(backend, j, 3, query_staging="rope-bf16")
+    assert exc.value.field == "query_staging", f"an HCA layer took a query rule: refused naming {exc.value.field!r}"
 
 
 @pytest.mark.operators("prefill_cp_layer", "v4_prefill_layer")

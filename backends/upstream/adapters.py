@@ -2724,7 +2724,8 @@ def _prefill_cp_layer(run, x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq
     from contracts.operators import Unsupported
     from kernels.v4.cp_layer import check_prefill_cp_layer
 
-    kind = check_prefill_cp_layer(x_hc, moe, compressor, layer_id=layer_id, config=config)
+    kind = check_prefill_cp_layer(x_hc, moe, compressor, layer_id=layer_id, config=config,
+                                  query_staging=query_staging)
     cp = x_hc.shape[0]
     if cp != MOE_RANKS:
         raise Unsupported(f"this golden runs its MoE over the {cp} CP ranks as EP ranks; its MoE golden is adapted at "

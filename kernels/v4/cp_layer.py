@@ -27,7 +27,8 @@ SPEC = "§7.1"
 KINDS = {0: "prefill_cp_swa", 4: "prefill_cp_csa", 128: "prefill_cp_hca"}  # compress ratio -> CP sublayer
 
 
-def check_prefill_cp_layer(x_hc: torch.Tensor, moe: Mapping, compressor, *, layer_id, config) -> str:
+def check_prefill_cp_layer(x_hc: torch.Tensor, moe: Mapping, compressor, *, layer_id, config,
+                           query_staging: str = "bf16") -> str:
     """The layer's own arguments (its sublayer and stage check theirs) -> the sublayer operator's name."""
     ratios = config.compress_ratios[:config.num_hidden_layers]
     if not is_int(layer_id) or not 0 <= layer_id < len(ratios) or ratios[layer_id] not in KINDS:
@@ -41,6 +42,9 @@ def check_prefill_cp_layer(x_hc: torch.Tensor, moe: Mapping, compressor, *, laye
     if ids is None or tuple(ids.shape) != tuple(x_hc.shape[:4]) or ids.is_floating_point():
         raise ContractInputError("moe.input_ids", None, f"{list(x_hc.shape[:4])} integers (a token id per query row)",
                                  "missing" if ids is None else f"{ids.dtype}{list(ids.shape)}", SPEC)
+    if query_staging != "bf16" and kind != "prefill_cp_csa":
+        raise ContractInputError("query_staging", None, f"the CSA indexer's rule: layer {layer_id} is {kind}'s "
+                                 "(no indexer)", repr(query_staging), SPEC)
     if kind != "prefill_cp_swa" and compressor is None:
         raise ContractInputError("compressor", None, f"the {kind} sublayer's compressor pools and weights (layer "
                                  f"{layer_id}, compress ratio {ratios[layer_id]})", None, SPEC)
@@ -68,16 +72,17 @@ def prefill_cp_layer(x_hc: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Te
     from kernels.v4.moe import v4_moe_stage
 
     ops = ops or {}
-    kind = check_prefill_cp_layer(x_hc, moe, compressor, layer_id=layer_id, config=config)
+    kind = check_prefill_cp_layer(x_hc, moe, compressor, layer_id=layer_id, config=config,
+                                  query_staging=query_staging)
     args = (x_hc, hc_fn, hc_scale, hc_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos,
             freqs_sin, kv_cache, attn_sink, wo_a, wo_b, wo_b_scale)
+    sublayer = _bound(ops, kind, {"prefill_cp_swa": prefill_cp_swa, "prefill_cp_hca": prefill_cp_hca,
+                                  "prefill_cp_csa": prefill_cp_csa}[kind])
     if kind == "prefill_cp_swa":
-        att = _bound(ops, kind, prefill_cp_swa)(*args, plan, config=config)
-    elif kind == "prefill_cp_hca":
-        att = _bound(ops, kind, prefill_cp_hca)(*args, compressor, plan, config=config)
+        att = sublayer(*args, plan, config=config)
     else:
-        att = _bound(ops, kind, prefill_cp_csa)(*args, compressor, plan, config=config,
-                                                **({"query_staging": query_staging} if query_staging != "bf16" else {}))
+        att = sublayer(*args, compressor, plan, config=config,
+                       **({"query_staging": query_staging} if query_staging != "bf16" else {}))
     stage = _bound(ops, "v4_moe_stage", v4_moe_stage)
     active = plan["overlay_active_lengths"][..., 1]
     x_next = torch.zeros_like(x_hc)

@@ -868,6 +868,7 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.cp_csa:prefill_cp_csa:drop-call:freqs_sin[pos][:, :rope // 2].float()[float]->(skipped)#0': 'index_query converts the table rows to FP32 itself (row_sin.float()): BF16 rows reach it with the same values.',
     'kernels.v4.cp_csa:check_prefill_cp_csa:const:0->1#9': "The windows' first page: a start of 1 instead of 0 lies on the same page 0 (pages of 4 positions).",
     'kernels.v4.cp_csa:check_prefill_cp_csa:const:0->1#10': "The index keys' first page: slot 1 instead of 0 lies on the same page 0 (pages of the block size).",
+    'kernels.v4.cp_layer:prefill_cp_layer:boolop:ops or {}[Or]->And#0': 'The backends call a composing operator with their operator table (a dict): None never reaches it there.',
     'kernels.v4.q_kv_split:v4_q_kv_split:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
     'kernels.v4.attention_heads:v4_attention_heads:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
     'kernels.v4.dspark_proj:dspark_proj:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
