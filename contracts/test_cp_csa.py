@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from contracts.compare import COMPARATORS, Context
+from contracts.separation import separates
 from kernels.config import V4_FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
@@ -356,9 +357,14 @@ def test_each_query_staging_rule_is_the_index_query_worked_out_here(backend):
     q = rope_interleave(q, cos.unsqueeze(1), sin.unsqueeze(1))
     rules = {"bf16": q.to(torch.bfloat16).double(),
              "rope-bf16": torch.cat((q[..., :-rope], q[..., -rope:].to(torch.bfloat16).float()), -1).double()}
-    want = {k: quantize_rows_int8((v @ had.double()).float(), scale_max=C.int8_scale_max,
-                                  amax_eps=C.int8_amax_eps)[0] for k, v in rules.items()}
-    assert not torch.equal(want["bf16"], want["rope-bf16"]), "the row does not separate the two rules"
+    worked = {k: quantize_rows_int8((v @ had.double()).float(), scale_max=C.int8_scale_max,
+                                    amax_eps=C.int8_amax_eps)[0] for k, v in rules.items()}
+    nope_fp32 = quantize_rows_int8((q.double() @ had.double()).float(), scale_max=C.int8_scale_max,
+                                   amax_eps=C.int8_amax_eps)[0]  # nothing rounded to BF16
+    want = {"bf16": separates("the whole rotated query in BF16", worked["bf16"], rope_only=worked["rope-bf16"],
+                              nothing_rounded=nope_fp32),
+            "rope-bf16": separates("only the rope dims in BF16", worked["rope-bf16"], whole_query=worked["bf16"],
+                                   nothing_rounded=nope_fp32)}
     for rule, codes in want.items():
         got, _ = index_query(qr, qs, wq, ws, cos, sin, had, config=C, staging=rule)
         assert torch.equal(got, codes), f"query_staging={rule!r}: codes {got[0, 0, :6].tolist()}.., worked out " \

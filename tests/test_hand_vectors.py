@@ -53,6 +53,9 @@ NOT_A_RULE = {
     "test_rope.py::test_rope_rows_reject_position_beyond_capacity": "a refusal of bad input",
     "test_v4_metadata.py::test_bad_starts_and_tables_are_refused_naming_the_field": "a refusal of bad input",
     "test_v4_prefill_layer.py::test_packed_layer_inputs_are_refused_naming_the_field": "a refusal of bad input",
+    "test_cp_layer.py::test_the_cp_swa_layer_is_the_unsplit_packed_layer": (
+        "two operators against each other (the CP layer and the unsplit packed layer on the same chunk): no value "
+        "is worked out by hand"),
     "test_v4_prefill_layer.py::test_a_request_with_no_rows_this_step_changes_nothing": (
         "an edge of the packing (a request with no rows, INT64 spans) judged against the same layer called without "
         "it, not a value rule"),
