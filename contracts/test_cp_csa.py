@@ -12,6 +12,7 @@ import torch
 
 from contracts.compare import COMPARATORS, Context
 from contracts.separation import separates
+from contracts.v4_inputs import cp_unsplit_window
 from kernels.config import V4_FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
@@ -45,14 +46,8 @@ def _unsplit(backend, i, n, prefix):
     of the prefix's positions (read from the ring) and the chunk's, identity pages; every closing position
     publishing its compressed row and index key at its slots through rank 0's tables; every chunk row's states
     persisted (so the named unpersisted rules agree), of which the expectation reads the chunk's last 8 positions."""
-    bs, hd = C.block_size, C.head_dim
-    total = prefix + n
-    pages = -(-total // bs)
-    cache = torch.zeros(pages, bs, 1, hd, dtype=torch.bfloat16)
-    ring, tl = i["kv_cache"][0].reshape(-1, hd), i["block_table"].tolist()
-    for p in range(max(0, prefix - R), prefix):
-        cache.reshape(-1, hd)[p] = ring[tl[(p % len(ring)) // bs] * bs + p % bs]
-    pos = torch.arange(prefix, total, dtype=torch.int32)
+    cache, pos, pages = cp_unsplit_window(i, n, prefix, C)
+    bs = C.block_size
     cpage = i["cmp_kv"].shape[2]
 
     def closing(table, page):

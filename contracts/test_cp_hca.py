@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from contracts.compare import COMPARATORS, Context
 from contracts.separation import separates
+from contracts.v4_inputs import cp_unsplit_window
 from kernels.config import V4_FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.compressor import V4CompressorWeights
@@ -114,14 +115,7 @@ def _unsplit(backend, i, n, prefix):
     window cache of the prefix's positions (read from the ring) and the chunk's, identity pages; every closing
     position publishing at its slot through rank 0's cmp_block_table; every chunk row's state persisted (so the
     named unpersisted rules agree), of which the expectation reads the chunk's last R positions."""
-    bs, hd = C.block_size, C.head_dim
-    total = prefix + n
-    pages = -(-total // bs)
-    cache = torch.zeros(pages, bs, 1, hd, dtype=torch.bfloat16)
-    ring, tl = i["kv_cache"][0].reshape(-1, hd), i["block_table"].tolist()
-    for p in range(max(0, prefix - R), prefix):
-        cache.reshape(-1, hd)[p] = ring[tl[(p % len(ring)) // bs] * bs + p % bs]
-    pos = torch.arange(prefix, total, dtype=torch.int32)
+    cache, pos, pages = cp_unsplit_window(i, n, prefix, C)
     cpage = i["cmp_kv"].shape[2]
     cmp_slots = torch.tensor([_row(i["cmp_block_table"][0], (p + 1) // 128 - 1, cpage) if (p + 1) % 128 == 0
                               else -1 for p in pos.tolist()], dtype=torch.int64)

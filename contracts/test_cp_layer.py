@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from contracts.compare import COMPARATORS, Context
-from contracts.v4_inputs import mtp_layer_inputs
+from contracts.v4_inputs import cp_unsplit_window, mtp_layer_inputs
 from kernels.config import V4_FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.v4 import cp_csa, cp_hca
@@ -134,14 +134,7 @@ def test_the_cp_swa_layer_is_the_unsplit_packed_layer(backend):
     cp, span, n, prefix = LAYOUTS["equal segments"]
     i = layer_inputs(0, "equal segments")
     got = _call(backend, i, 0)
-    bs, hd = C.block_size, C.head_dim
-    total = prefix + n
-    pages = -(-total // bs)
-    cache = torch.zeros(pages, bs, 1, hd, dtype=torch.bfloat16)
-    ring, tl = i["kv_cache"][0].reshape(-1, hd), i["block_table"].tolist()
-    for p in range(max(0, prefix - R), prefix):
-        cache.reshape(-1, hd)[p] = ring[tl[(p % len(ring)) // bs] * bs + p % bs]
-    pos = torch.arange(prefix, total, dtype=torch.int32)
+    cache, pos, pages = cp_unsplit_window(i, n, prefix, C)
     real = i["query_token_to_request"] >= 0
     ids = torch.zeros(n, dtype=torch.int64)
     ids[(i["query_position_ids"][real] - prefix).long()] = i["moe"]["input_ids"][real]

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from contracts.compare import COMPARATORS, Context
 from contracts.separation import separates
+from contracts.v4_inputs import cp_unsplit_window
 from kernels.config import V4_FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.cp_swa import PLAN_NAMES, TAIL_NAMES, WEIGHT_NAMES, chunk_inputs
@@ -158,14 +159,7 @@ LAYOUTS = {"full segments": (2, R, 4 * R, 0), "two tiles, short last": (2, 2 * R
 def _unsplit(backend, i, n, prefix):
     """The whole chunk as one request through the SWA prefill stage: a cache of the prefix's positions (read from
     the ring) and the chunk's, identity pages, the window from the chunk's positions."""
-    bs, hd = C.block_size, C.head_dim
-    total = prefix + n
-    pages = -(-total // bs)
-    cache = torch.zeros(pages, bs, 1, hd, dtype=torch.bfloat16)
-    ring, tl = i["kv_cache"][0].reshape(-1, hd), i["block_table"].tolist()
-    for p in range(max(0, prefix - R), prefix):
-        cache.reshape(-1, hd)[p] = ring[_ring_row(p, tl, bs)]
-    pos = torch.arange(prefix, total, dtype=torch.int32)
+    cache, pos, pages = cp_unsplit_window(i, n, prefix, C)
     window = op(backend, "v4_prefill_swa_indices")(pos, torch.arange(pages, dtype=torch.int32), n, config=C)
     return op(backend, "v4_attention_stage")("SWA", i["x_all"][prefix:], **{k: i[k] for k in WEIGHT_NAMES},
                                              kv_cache=cache, swa_slot_mapping=pos.long(), window_indices=window,

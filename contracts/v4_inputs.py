@@ -544,3 +544,18 @@ def prefill_layer_inputs(config, seed: int = 0) -> dict:
                  kv_cache=(torch.rand(4, bs, 1, config.head_dim, generator=g) - 0.5).to(torch.bfloat16))
     return dict(x_hc=torch.randn(n, hc, d, generator=g), chunk_lens=lens, chunk_offsets=offsets, attention=stage,
                 moe={**moe, "input_ids": ids}, layer_id=config.compress_ratios.index(0), tile=16, outside=outside)
+
+
+def cp_unsplit_window(i: dict, n: int, prefix: int, config) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The unsplit prefill's window cache for a CP chunk's inputs ``i`` (``kernels.v4.cp_swa.chunk_inputs``): the
+    prefix's last R positions read from rank 0's ring (page ``(p % ring) // bs`` of its table, row ``p % bs``, the
+    ring's rule written here) into a cache of identity pages for positions 0 .. prefix + n - 1 -> (cache, the
+    chunk's positions INT32, the pages)."""
+    bs, hd, r = config.block_size, config.head_dim, config.sliding_window
+    total = prefix + n
+    pages = -(-total // bs)
+    cache = torch.zeros(pages, bs, 1, hd, dtype=torch.bfloat16)
+    ring, tl = i["kv_cache"][0].reshape(-1, hd), i["block_table"].tolist()
+    for p in range(max(0, prefix - r), prefix):
+        cache.reshape(-1, hd)[p] = ring[tl[(p % len(ring)) // bs] * bs + p % bs]
+    return cache, torch.arange(prefix, total, dtype=torch.int32), pages
