@@ -30,7 +30,7 @@ import torch
 from kernels.errors import ContractInputError
 from kernels.operators import operator
 from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, replaced
-from kernels.v4.cp_hca import PLAN_NAMES, cp_hca_plan
+from kernels.v4.cp_hca import PLAN_NAMES, _home, cp_hca_plan, windows_mapped
 from kernels.v4.cp_swa import (
     PARTS,
     TAIL_NAMES,
@@ -54,14 +54,6 @@ POOLS = ("state_pool", "state_block_table", "cmp_kv", "cmp_block_table", "inner_
          "inner_state_block_table", "idx_kv_cache", "idx_kv_scale", "idx_block_table")
 INDEXER_NAMES = ("idx_wq_b", "idx_wq_b_scale", "weights_proj", "hadamard")
 COMPRESSOR_NAMES = (*MAIN_WEIGHTS, *INNER_WEIGHTS, *POOLS, *INDEXER_NAMES)
-
-
-def _windows_mapped(name: str, table: torch.Tensor, rank: int, rows: range, rpage: int) -> None:
-    for block in range(rows.start // rpage, -(-rows.stop // rpage)) if len(rows) else ():
-        if block >= table.numel() or int(table[block]) < 0:
-            raise ContractInputError(name, (rank, block), f"a mapped page for rows {block * rpage} .. "
-                                     f"{block * rpage + rpage - 1} (what the chunk reads or writes)",
-                                     "past the table" if block >= table.numel() else int(table[block]), SPEC)
 
 
 def check_prefill_cp_csa(x_hc: torch.Tensor, kv_cache: torch.Tensor, compressor: Mapping[str, torch.Tensor],
@@ -112,15 +104,10 @@ def check_prefill_cp_csa(x_hc: torch.Tensor, kv_cache: torch.Tensor, compressor:
     closed = range(first // RATIO, end // RATIO)  # every slot the chunk closes (at 4k + 3 >= first)
     for rank in range(cp):
         for name in ("state_block_table", "inner_state_block_table"):
-            _windows_mapped(name, c[name][rank], rank, windows, page)
-        _windows_mapped("cmp_block_table", c["cmp_block_table"][rank], rank, closed, cmp.shape[2])
-        _windows_mapped("idx_block_table", c["idx_block_table"][rank], rank, range(0, end // RATIO), bs)
+            windows_mapped(name, c[name][rank], rank, windows, page)
+        windows_mapped("cmp_block_table", c["cmp_block_table"][rank], rank, closed, cmp.shape[2])
+        windows_mapped("idx_block_table", c["idx_block_table"][rank], rank, range(0, end // RATIO), bs)
     return cp
-
-
-def _home(table: torch.Tensor, p: int, page: int) -> int:
-    """Row of logical index ``p`` through a page table of pages of ``page`` rows (checked mapped)."""
-    return int(table[p // page]) * page + p % page
 
 
 def compress_segments(local_norm, logical_norm, plan, compressor, freqs_cos, freqs_sin, *, config, ops):

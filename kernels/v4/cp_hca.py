@@ -133,14 +133,19 @@ def check_prefill_cp_hca(x_hc: torch.Tensor, kv_cache: torch.Tensor, compressor:
     windows = range(first - first % RATIO, end)  # every state row the chunk's windows read or write
     closed = range(first // RATIO, end // RATIO)  # every compressed slot the chunk closes (at 128k + 127 >= first)
     for rank in range(cp):
-        for name, rows, rpage in (("state_block_table", windows, page), ("cmp_block_table", closed, cmp.shape[2])):
-            table = compressor[name][rank]
-            for block in range(rows.start // rpage, -(-rows.stop // rpage)) if len(rows) else ():
-                if block >= table.numel() or int(table[block]) < 0:
-                    raise ContractInputError(name, (rank, block), f"a mapped page for rows {block * rpage} .. "
-                                             f"{block * rpage + rpage - 1} (the chunk's {'windows' if rpage == page else 'closed windows'})",
-                                             "past the table" if block >= table.numel() else int(table[block]), SPEC)
+        windows_mapped("state_block_table", compressor["state_block_table"][rank], rank, windows, page)
+        windows_mapped("cmp_block_table", compressor["cmp_block_table"][rank], rank, closed, cmp.shape[2])
     return cp
+
+
+def windows_mapped(name: str, table: torch.Tensor, rank: int, rows: range, rpage: int) -> None:
+    """Every page of ``rows`` (pages of ``rpage`` rows) mapped in one rank's table, else refused naming (rank,
+    page)."""
+    for block in range(rows.start // rpage, -(-rows.stop // rpage)) if len(rows) else ():
+        if block >= table.numel() or int(table[block]) < 0:
+            raise ContractInputError(name, (rank, block), f"a mapped page for rows {block * rpage} .. "
+                                     f"{block * rpage + rpage - 1} (what the chunk reads or writes)",
+                                     "past the table" if block >= table.numel() else int(table[block]), SPEC)
 
 
 def _home(table: torch.Tensor, p: int, page: int) -> int:
