@@ -41,7 +41,7 @@ LAYOUTS = {"windows on segment bounds": (2, R, 4 * R, 0),
            "segments opening on a closing row": (2, R, 2 * R + 10, 3)}
 
 
-def _unsplit(backend, i, n, prefix):
+def _unsplit(backend, i, n, prefix, staging: str | None = None):
     """The whole chunk as one request through the prefill CSA stage over rank 0's pools and tables: a window cache
     of the prefix's positions (read from the ring) and the chunk's, identity pages; every closing position
     publishing its compressed row and index key at its slots through rank 0's tables; every chunk row's states
@@ -74,7 +74,7 @@ def _unsplit(backend, i, n, prefix):
     indexer = {"wq_b": i["idx_wq_b"], "wq_b_scale": i["idx_wq_b_scale"], "weights_proj": i["weights_proj"],
                "hadamard": i["hadamard"], "idx_kv_cache": i["idx_kv_cache"][0], "idx_kv_scale": i["idx_kv_scale"][0],
                "idx_block_table": i["idx_block_table"][0]}
-    staging = _staging(backend)
+    staging = _staging(backend) if staging is None else staging
     return op(backend, "v4_prefill_csa_stage")(i["x_all"][prefix:], attention, compressor, indexer, n, config=C,
                                                **({"query_staging": staging} if staging != "bf16" else {}))
 
@@ -183,12 +183,17 @@ def test_the_cp_csa_sublayer_is_the_unsplit_prefills(backend, layout):
     tie (worked out from the reference's scores; the inputs' positive streams and head weights keep them few)."""
     cp, span, n, prefix = LAYOUTS[layout]
     i = chunk_inputs(C, 7, cp=cp, span=span, num_tokens=n, prefix=prefix, noisy_padding=True)
-    got, whole = _cp(backend, i), _unsplit(backend, i, n, prefix)
+    _judge(backend, layout, i, _cp(backend, i), _unsplit(backend, i, n, prefix), n, prefix, _staging(backend))
+
+
+def _judge(backend, layout, i, got, whole, n, prefix, staging):
+    """Every output of the CP sublayer against the unsplit stage's (``_expected``), by the record's comparators;
+    on a backend declaring them, the named deviations take the rows they name (see the test above)."""
     want = _expected(i, whole, n, prefix)
     deviations = getattr(backend, "deviations", {})
     if "topk-tie-order" in deviations:
         # a golden's batched host matmul moves a score by FP32 ulps: a near tie may flip there too
-        ties = _tie_rows(i, _staging(backend), near=2.0**-16 if "batched-host-matmul" in deviations else 0.0)
+        ties = _tie_rows(i, staging, near=2.0**-16 if "batched-host-matmul" in deviations else 0.0)
         assert int(ties.sum()) <= n // 4, f"{layout}: {int(ties.sum())} of {n} rows end their top-k in a tie"
         want["x_out"] = torch.where(ties[..., None, None], got["x_out"], want["x_out"])
     if "batched-host-matmul" in deviations:  # one key's projection an FP32 ulp off moves its INT8 code by at most 1
@@ -330,12 +335,13 @@ def test_the_refusals_stop_at_the_pages_the_chunk_touches(backend):
             assert not torch.equal(owner, came_in), f"{name}: position {p}'s state is the input's, not the chunk's"
 
 
-@pytest.mark.operators("prefill_cp_csa")
+@pytest.mark.operators("prefill_cp_csa", "v4_prefill_csa_stage")
 def test_each_query_staging_rule_is_the_index_query_worked_out_here(backend):
     """Hand-built index query (disagreement 25): for each named rule the INT8 codes of one row are worked out in
     FP64 in this test -- the dequantized product rotated at its position, then either the whole query rounded to
     BF16 ("bf16") or only its rope dims ("rope-bf16"), the Hadamard, per-head INT8 -- and the two rules are
-    separated; prefill_cp_csa's query_staging reaches the indexer (its picks under each rule are the indexer's)."""
+    separated; under each rule prefill_cp_csa's x_out is the unsplit prefill CSA stage's under the same rule, and
+    the two rules give other x_out."""
     from kernels.reference.rope import rope_interleave
     from kernels.v4.indexer import index_query
     from kernels.v4.mtp import quantize_rows_int8
@@ -364,11 +370,18 @@ def test_each_query_staging_rule_is_the_index_query_worked_out_here(backend):
         got, _ = index_query(qr, qs, wq, ws, cos, sin, had, config=C, staging=rule)
         assert torch.equal(got, codes), f"query_staging={rule!r}: codes {got[0, 0, :6].tolist()}.., worked out " \
                                         f"{codes[0, 0, :6].tolist()}.."
-    i = chunk_inputs(C, 5, cp=2, span=R, num_tokens=R + 40, prefix=300)
-    x = {rule: op(backend, "prefill_cp_csa")(i["x_hc"], *(i[k] for k in WEIGHT_NAMES), i["kv_cache"],
-                                             *(i[k] for k in TAIL_NAMES), {k: i[k] for k in COMPRESSOR_NAMES},
-                                             {k: i[k] for k in PLAN_NAMES}, config=C, query_staging=rule)["x_out"]
-         for rule in ("bf16", "rope-bf16") if rule == _staging(backend) or "prefill_cp_csa" not in backend.variants}
+    n, prefix = R + 40, 300
+    i = chunk_inputs(C, 5, cp=2, span=R, num_tokens=n, prefix=prefix)
+    x = {}
+    for rule in ("bf16", "rope-bf16"):
+        if rule != _staging(backend) and "prefill_cp_csa" in backend.variants:
+            continue
+        got = op(backend, "prefill_cp_csa")(i["x_hc"], *(i[k] for k in WEIGHT_NAMES), i["kv_cache"],
+                                            *(i[k] for k in TAIL_NAMES), {k: i[k] for k in COMPRESSOR_NAMES},
+                                            {k: i[k] for k in PLAN_NAMES}, config=C, query_staging=rule)
+        x[rule] = got["x_out"]
+        _judge(backend, f"query_staging={rule!r}", i, got, _unsplit(backend, i, n, prefix, staging=rule), n, prefix,
+               rule)  # the unsplit stage under the same rule
     if len(x) == 2:
         assert not torch.equal(x["bf16"], x["rope-bf16"]), "query_staging does not reach the indexer's picks"
 
