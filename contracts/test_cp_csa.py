@@ -335,7 +335,7 @@ def test_the_refusals_stop_at_the_pages_the_chunk_touches(backend):
             assert not torch.equal(owner, came_in), f"{name}: position {p}'s state is the input's, not the chunk's"
 
 
-@pytest.mark.operators("prefill_cp_csa", "v4_prefill_csa_stage")
+@pytest.mark.operators("prefill_cp_csa", "v4_prefill_csa_stage", "v4_prefill_indexer")
 def test_each_query_staging_rule_is_the_index_query_worked_out_here(backend):
     """Hand-built index query (disagreement 25): for each named rule the INT8 codes of one row are worked out in
     FP64 in this test -- the dequantized product rotated at its position, then either the whole query rounded to
