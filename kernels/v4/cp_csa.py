@@ -29,17 +29,16 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, replaced
-from kernels.v4.cp_hca import PLAN_NAMES, _home, cp_hca_plan, windows_mapped
+from kernels.record import BadCall, CaseSpec, Record, generator, replaced
+from kernels.v4.cp_hca import PLAN_NAMES, _home, compressor_call, cp_hca_plan, paged_states, windows_mapped
 from kernels.v4.cp_swa import (
     PARTS,
-    TAIL_NAMES,
     TILES,
-    WEIGHT_NAMES,
     _bound,
     active_tiles,
     attend_tiles,
     check_prefill_cp_swa,
+    cp_only,
     exchange_tails,
     project_tiles,
     publish_window,
@@ -273,24 +272,14 @@ def chunk_inputs(config, seed: int, *, cp: int, span: int, num_tokens: int, pref
     blocks = -(-end // page)
     bf16 = lambda t: t.to(torch.bfloat16).float()  # noqa: E731
 
-    def states(width):
-        table = torch.stack([torch.randperm(blocks + 1, generator=g)[:blocks] for _ in range(cp)]).to(torch.int32)
-        logical = torch.randn(blocks * page, width, generator=g)
-        pool = torch.randn(cp, blocks + 1, page, width, generator=g)
-        for r in range(cp):
-            flat = pool[r].reshape(-1, width)
-            for p in range(blocks * page):
-                flat[int(table[r, p // page]) * page + p % page] = logical[p]
-        return pool, table
-
     def weights(prefix_name, width):
         return {f"{prefix_name}_wkv": bf16(torch.randn(dm, 2 * width, generator=g) / dm**0.5),
                 f"{prefix_name}_wgate": bf16(torch.randn(dm, 2 * width, generator=g) / dm**0.5),
                 f"{prefix_name}_ape": bf16(torch.randn(RATIO, 2 * width, generator=g) * 0.5),
                 f"{prefix_name}_norm_w": bf16(torch.rand(width, generator=g) + 0.5)}
 
-    state, state_table = states(4 * hd)
-    inner, inner_table = states(4 * idx_d)
+    state, state_table = paged_states(g, cp, blocks, page, 4 * hd)
+    inner, inner_table = paged_states(g, cp, blocks, page, 4 * idx_d)
     slots = end // RATIO + 1
     cpage = bs
     cblocks = -(-slots // cpage)
@@ -331,9 +320,7 @@ def _tree(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
     return i
 
 
-def _call(fn, i: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
-    return dict(fn(*(i[n] for n in ("x_hc", *WEIGHT_NAMES, "kv_cache", *TAIL_NAMES)),
-                   {n: i[n] for n in COMPRESSOR_NAMES}, {n: i[n] for n in PLAN_NAMES}, config=config))
+_call = compressor_call(COMPRESSOR_NAMES)
 
 
 RECORD = Record(
@@ -354,11 +341,6 @@ RECORD = Record(
         BadCall("an unmapped compressed page", "prefill_cp_csa",
                 replaced(cmp_block_table=lambda i: torch.full_like(i["cmp_block_table"], -1)), "cmp_block_table"),
     ),
-    bindings=(
-        Upstream("deepseek_v4_pro", none="V4-Pro has no context-parallel prefill"),
-        Upstream("deepseek_v4_flash_mtp", golden="prefill_cp_csa.py::golden_prefill_cp_csa",
-                 entry="prefill_cp_csa.py::prefill_cp_csa_test"),
-        Upstream("deepseek_v4_flash_dspark", none="dspark has no context-parallel prefill"),
-    ),
+    bindings=cp_only(golden="prefill_cp_csa.py::golden_prefill_cp_csa", entry="prefill_cp_csa.py::prefill_cp_csa_test"),
 )
 

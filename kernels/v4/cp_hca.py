@@ -34,7 +34,7 @@ import torch
 
 from kernels.errors import ContractInputError
 from kernels.operators import operator
-from kernels.record import BadCall, CaseSpec, Record, Upstream, generator, replaced
+from kernels.record import BadCall, CaseSpec, Record, generator, replaced
 from kernels.v4.cp_swa import (
     PARTS,
     TAIL_NAMES,
@@ -44,8 +44,11 @@ from kernels.v4.cp_swa import (
     active_tiles,
     attend_tiles,
     check_prefill_cp_swa,
+    cp_only,
     cp_swa_plan,
     exchange_tails,
+    plan_call,
+    plan_case,
     project_tiles,
     publish_window,
 )
@@ -254,6 +257,28 @@ prefill_cp_hca.composes_operators = True
 
 # --- the record ----------------------------------------------------------------------------------------------
 
+def paged_states(g: torch.Generator, cp: int, blocks: int, page: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each rank's compressor state pool of ``blocks`` + 1 pages of ``page`` rows (random rows) through a shuffled
+    table of its own, the same logical row of every position on every rank -> (pool [cp, blocks + 1, page,
+    width] FP32, tables [cp, blocks] INT32)."""
+    table = torch.stack([torch.randperm(blocks + 1, generator=g)[:blocks] for _ in range(cp)]).to(torch.int32)
+    logical = torch.randn(blocks * page, width, generator=g)
+    pool = torch.randn(cp, blocks + 1, page, width, generator=g)
+    for r in range(cp):
+        flat = pool[r].reshape(-1, width)
+        for p in range(blocks * page):
+            flat[_home(table[r], p, page)] = logical[p]
+    return pool, table
+
+
+def compressor_call(names: tuple[str, ...]):
+    """A CP compressed sublayer record's call: the sublayer's arguments, its compressor ``names``, the plan."""
+    def call(fn, i: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+        return dict(fn(*(i[n] for n in ("x_hc", *WEIGHT_NAMES, "kv_cache", *TAIL_NAMES)),
+                       {n: i[n] for n in names}, {n: i[n] for n in PLAN_NAMES}, config=config))
+    return call
+
+
 def chunk_inputs(config, seed: int, *, cp: int, span: int, num_tokens: int, prefix: int, pages: int = 2,
                  noisy_padding: bool = False) -> dict[str, torch.Tensor]:
     """One CP HCA chunk: CP SWA's inputs (``kernels.v4.cp_swa.chunk_inputs``, the same draws) with the plan's HCA
@@ -271,13 +296,7 @@ def chunk_inputs(config, seed: int, *, cp: int, span: int, num_tokens: int, pref
     plan = cp_hca_plan(num_tokens, cp, span, i["block_table"], prefix=prefix, config=config)
     end = prefix + num_tokens
     blocks = -(-end // page)
-    state_table = torch.stack([torch.randperm(blocks + 1, generator=g)[:blocks] for _ in range(cp)]).to(torch.int32)
-    logical_state = torch.randn(blocks * page, 2 * hd, generator=g)
-    state = torch.randn(cp, blocks + 1, page, 2 * hd, generator=g)
-    for r in range(cp):
-        flat = state[r].reshape(-1, 2 * hd)
-        for p in range(blocks * page):
-            flat[int(state_table[r, p // page]) * page + p % page] = logical_state[p]
+    state, state_table = paged_states(g, cp, blocks, page, 2 * hd)
     cpage, slots = 2, end // RATIO + 1
     cblocks = -(-slots // cpage)
     phys = cblocks + 2
@@ -312,9 +331,7 @@ def _tree(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
     return i
 
 
-def _call(fn, i: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
-    return dict(fn(*(i[n] for n in ("x_hc", *WEIGHT_NAMES, "kv_cache", *TAIL_NAMES)),
-                   {n: i[n] for n in COMPRESSOR_NAMES}, {n: i[n] for n in PLAN_NAMES}, config=config))
+_call = compressor_call(COMPRESSOR_NAMES)
 
 
 RECORD = Record(
@@ -337,34 +354,20 @@ RECORD = Record(
                 replaced(cmp_indices=lambda i: torch.cat((i["cmp_indices"], i["cmp_indices"][..., :1]), -1)),
                 "plan.cmp_indices"),
     ),
-    bindings=(
-        Upstream("deepseek_v4_pro", none="V4-Pro has no context-parallel prefill"),
-        Upstream("deepseek_v4_flash_mtp", golden="prefill_cp_hca.py::golden_prefill_cp_hca",
-                 entry="prefill_cp_hca.py::prefill_cp_hca_test"),
-        Upstream("deepseek_v4_flash_dspark", none="dspark has no context-parallel prefill"),
-    ),
+    bindings=cp_only(golden="prefill_cp_hca.py::golden_prefill_cp_hca", entry="prefill_cp_hca.py::prefill_cp_hca_test"),
 )
 
 PLAN_RECORD = Record(
     operator="cp_hca_plan",
-    call=lambda fn, i, config: dict(fn(int(i["num_tokens"]), int(i["cp"]), int(i["span"]), i["block_table"],
-                                       prefix=int(i["prefix"]), config=config)),
+    call=plan_call,
     outputs={n: "exact" for n in PLAN_NAMES},
     cases=(CaseSpec("cp_hca_plan", "V4-Flash CP HCA prefill metadata, CP 4, span 1.5R, 700 tokens after 61 cached: "
                     "CP SWA's tables with each query's compressed picks, the segments' tails and state snapshots",
-                    lambda seed, wiring, config: {
-                        "num_tokens": torch.tensor(700), "cp": torch.tensor(4),
-                        "span": torch.tensor(3 * config.sliding_window // 2), "prefix": torch.tensor(61),
-                        "block_table": torch.randperm(3, generator=generator(seed)).to(torch.int32)},
-                    geometries=("flash-tiny",)),),
+                    plan_case, geometries=("flash-tiny",)),),
     bad_calls=(
         BadCall("a span longer than two tiles", "cp_hca_plan",
                 replaced(span=lambda i: torch.tensor(2 * int(i["span"]) + 1)), "span"),
     ),
-    bindings=(
-        Upstream("deepseek_v4_pro", none="V4-Pro has no context-parallel prefill"),
-        Upstream("deepseek_v4_flash_mtp", none="built by the test fixture (prefill_cp_hca.py::build_hca_metadata, "
-                                               "zero history, equal segments), not a golden; the host lowers it"),
-        Upstream("deepseek_v4_flash_dspark", none="dspark has no context-parallel prefill"),
-    ),
+    bindings=cp_only(none="built by the test fixture (prefill_cp_hca.py::build_hca_metadata, zero history, equal "
+                          "segments), not a golden; the host lowers it"),
 )

@@ -380,6 +380,26 @@ def chunk_inputs(config, seed: int, *, cp: int, span: int, num_tokens: int, pref
             "block_table": table, "x_all": x_all, **plan}
 
 
+def cp_only(*, golden: str = "", entry: str = "", none: str = "") -> tuple[Upstream, ...]:
+    """An operator of the context-parallel prefill, which Flash-MTP's folder alone has."""
+    return (Upstream("deepseek_v4_pro", none="V4-Pro has no context-parallel prefill"),
+            Upstream("deepseek_v4_flash_mtp", golden=golden, entry=entry, none=none),
+            Upstream("deepseek_v4_flash_dspark", none="dspark has no context-parallel prefill"))
+
+
+def plan_call(fn, i: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    """A CP plan record's call: (num_tokens, cp, span, block_table, prefix) from the case's tensors."""
+    return dict(fn(int(i["num_tokens"]), int(i["cp"]), int(i["span"]), i["block_table"], prefix=int(i["prefix"]),
+                   config=config))
+
+
+def plan_case(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
+    """The CP plans' case: CP 4, span 1.5R, 700 tokens after 61 cached, a shuffled ring of 3 pages."""
+    return {"num_tokens": torch.tensor(700), "cp": torch.tensor(4),
+            "span": torch.tensor(3 * config.sliding_window // 2), "prefix": torch.tensor(61),
+            "block_table": torch.randperm(3, generator=generator(seed)).to(torch.int32)}
+
+
 def _tree(seed: int, wiring: str, config) -> dict[str, torch.Tensor]:
     """CP 2, segments of one tile (span R), R + 6 tokens after a prefix of 5: segment 0 (rank 0) full, its first
     rows' windows in the ring; segment 1 (rank 1) 6 rows whose windows reach into segment 0's tail, handed over
@@ -414,25 +434,15 @@ RECORD = Record(
         BadCall("a segment owned twice", "prefill_cp_swa",
                 replaced(owner_segments=lambda i: torch.zeros_like(i["owner_segments"])), "plan.owner_segments"),
     ),
-    bindings=(
-        Upstream("deepseek_v4_pro", none="V4-Pro has no context-parallel prefill"),
-        Upstream("deepseek_v4_flash_mtp", golden="prefill_cp_swa.py::golden_prefill_cp_swa",
-                 entry="prefill_cp_swa.py::prefill_cp_swa_test"),
-        Upstream("deepseek_v4_flash_dspark", none="dspark has no context-parallel prefill"),
-    ),
+    bindings=cp_only(golden="prefill_cp_swa.py::golden_prefill_cp_swa", entry="prefill_cp_swa.py::prefill_cp_swa_test"),
 )
 
 PLAN_RECORD = Record(
     operator="cp_swa_plan",
-    call=lambda fn, i, config: dict(fn(int(i["num_tokens"]), int(i["cp"]), int(i["span"]), i["block_table"],
-                                       prefix=int(i["prefix"]), config=config)),
+    call=plan_call,
     outputs={n: "exact" for n in PLAN_NAMES},
     cases=(CaseSpec("cp_swa_plan", "V4-Flash CP SWA prefill metadata, CP 4, span 1.5R, 700 tokens after 61 cached: "
-                    "the zigzag tiles, the overlays and every window lowered to ring or overlay rows",
-                    lambda seed, wiring, config: {
-                        "num_tokens": torch.tensor(700), "cp": torch.tensor(4),
-                        "span": torch.tensor(3 * config.sliding_window // 2), "prefix": torch.tensor(61),
-                        "block_table": torch.randperm(3, generator=generator(seed)).to(torch.int32)},
+                    "the zigzag tiles, the overlays and every window lowered to ring or overlay rows", plan_case,
                     geometries=("flash-tiny",)),),
     bad_calls=(
         BadCall("a span shorter than the window", "cp_swa_plan", replaced(span=torch.tensor(5)), "span"),
@@ -441,10 +451,6 @@ PLAN_RECORD = Record(
         BadCall("more tokens than the segments hold", "cp_swa_plan", replaced(num_tokens=torch.tensor(10**4)),
                 "num_tokens"),
     ),
-    bindings=(
-        Upstream("deepseek_v4_pro", none="V4-Pro has no context-parallel prefill"),
-        Upstream("deepseek_v4_flash_mtp", none="built by the test fixture (prefill_cp_swa.py::build_metadata, "
-                                               "zero history, equal segments), not a golden; the host lowers it"),
-        Upstream("deepseek_v4_flash_dspark", none="dspark has no context-parallel prefill"),
-    ),
+    bindings=cp_only(none="built by the test fixture (prefill_cp_swa.py::build_metadata, zero history, equal "
+                          "segments), not a golden; the host lowers it"),
 )
