@@ -20,7 +20,7 @@ def test_the_emulated_backend_replaces_sparse_attention():
     causal encoder composed on the emulated backend run on it (a composition is bound to its backend's operators), so their contracts run here
     too."""
     assert TWINNED == ["attention_half_layer", "causal_encoder", "csa_compressors", "decode_block",
-                       "decode_block_sharded", "dp_attention", "dspark_attention", "dspark_markov_sample", "dspark_proj", "final_norm", "hc_head_fused", "hc_pre_fused",
+                       "decode_block_sharded", "dp_attention", "dspark_attention", "dspark_drafter", "dspark_markov_sample", "dspark_proj", "final_norm", "hc_head_fused", "hc_pre_fused",
                        "prefill_cp_csa", "prefill_cp_hca", "prefill_cp_layer", "prefill_cp_swa", "sparse_attention",
                        "v4_attention",
                        "v4_attention_heads", "v4_attention_stage", "v4_compress_and_publish", "v4_csa_stage", "v4_decode_layer",

@@ -2456,6 +2456,102 @@ def _dspark_attention(run, x, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, 
     return {"x_out": out["x_out"], "kv_cache": out["kv_cache"]}
 
 
+def _drafter_domain(i: dict, *, config) -> str | None:
+    """What golden_dspark_drafter assumes of the weights and is not so in the call (None: its domain). The golden
+    evaluates no layer: it writes what its fixture's weights give (every hc mix function and base 0, the identity
+    projection of the first D target columns and unit norm, identity wkv with unit gamma and no rotation at the
+    positions read, attention and expert outputs 0)."""
+    d, hd = config.hidden_size, config.head_dim
+
+    def zero(t):
+        return not bool(t.any())
+
+    def ones(t):
+        return bool((t.float() == 1).all())
+
+    proj = i["main_proj_w"].float()
+    if proj.shape[1] < d or not torch.equal(proj[:, :d], torch.eye(d)) or bool(proj[:, d:].any()):
+        return "main_proj_w is not the identity of the first D target columns (its projection assumed as main_x = " \
+               "RMSNorm(target_hidden[:, :D]))"
+    if not ones(i["main_norm_w"]):
+        return "main_norm_w is not 1"
+    anchors = i["anchor_positions"].long()
+    read = torch.cat((i["context_position_ids"].long(),
+                      (anchors[:, None] + torch.arange(1, QUERY_WIDTH_DSPARK + 1)).reshape(-1)))
+    if not ones(i["freqs_cos"][read]) or not zero(i["freqs_sin"][read]):
+        return "the RoPE rows read are not cos 1 / sin 0 (the golden's KV has no rotation)"
+    for name in ("hc_head_fn", "hc_head_base"):
+        if not zero(i[name]):
+            return f"{name} is not 0 (the golden's head mix is sigmoid(0) + eps)"
+    eye = torch.zeros(d, hd)
+    eye[:hd, :hd] = torch.eye(hd)
+    for index, layer in enumerate(i["layers"]):
+        a, m = layer["attention"], layer["moe"]
+        for part, name in (("attention", "hc_fn"), ("attention", "hc_base"), ("moe", "hc_fn"), ("moe", "hc_base")):
+            if not zero(layer[part][name]):
+                return f"layers[{index}].{part}.{name} is not 0 (the golden's mixes are sigmoid(0) + eps, " \
+                       "2·sigmoid(0) and the Sinkhorn of a uniform matrix)"
+        if not torch.equal(a["wkv"].float(), eye) or not ones(a["gamma_ckv"]) or not ones(a["attn_norm_w"]):
+            return f"layers[{index}].attention: wkv is not the identity of the first head_dim columns, or " \
+                   "gamma_ckv / attn_norm_w not 1 (the golden's KV is RMSNorm(x[:, :head_dim]))"
+        if not any(zero(a[n]) for n in ("wo_a", "wo_b", "wo_b_scale")):
+            return f"layers[{index}].attention's output projection is not 0 (the golden adds no attention output)"
+        for e, expert in enumerate([*m["routed"], m["shared"]]):
+            if not any(zero(getattr(expert, f)) for f in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")):
+                which = "the shared expert" if e == len(m["routed"]) else f"routed expert {e}"
+                return f"layers[{index}].moe: {which} gives an output (the golden adds no expert output)"
+    if bool((i["context_slot_mapping"] < 0).any()):
+        return "a context slot is -1 (the golden pairs the valid slots with the first context rows)"
+    if config.hc_mult != 4:
+        return f"hc_mult {config.hc_mult} (the golden's head sums four streams by name)"
+    return None
+
+
+QUERY_WIDTH_DSPARK = 7  # the drafter's block rows per request (kernels.v4.dspark_drafter.QUERY_WIDTH)
+
+
+def _dspark_drafter(run, target_hidden, main_proj_w, main_norm_w, anchor_token_ids, anchor_positions,
+                    embedding_weight, context_position_ids, context_slot_mapping, block_tables, kv_caches, freqs_cos,
+                    freqs_sin, layers, hc_head_fn, hc_head_scale, hc_head_base, *, config, noise_token_id=None,
+                    probabilities=None, ops=None):
+    """dspark_drafter -> dspark's dspark_drafter.py::golden_dspark_drafter on one rank (N_RANKS 1), its module-level
+    widths the call's (D, HEAD_DIM, HC_MULT, BLOCK_SIZE, DECODE_SEQ the target rows per request, DSPARK_MAX_BATCH the
+    requests, DSPARK_DRAFT_LAYERS the layers, the noise id). The golden evaluates no layer (``_drafter_domain``): a
+    call outside its fixture's weights is unsupported, naming the first weight that is not."""
+    from contracts.operators import Unsupported
+    from kernels.v4.dspark_drafter import NOISE_TOKEN_ID, QUERY_WIDTH, check_dspark_drafter
+
+    assert QUERY_WIDTH == QUERY_WIDTH_DSPARK
+    noise = NOISE_TOKEN_ID if noise_token_id is None else noise_token_id
+    batch, rows = check_dspark_drafter(target_hidden, anchor_token_ids, anchor_positions, context_position_ids,
+                                       context_slot_mapping, block_tables, kv_caches, freqs_cos, layers,
+                                       config=config, noise_token_id=noise)  # the caller's side
+    why = _drafter_domain(dict(main_proj_w=main_proj_w, main_norm_w=main_norm_w, anchor_positions=anchor_positions,
+                               context_position_ids=context_position_ids, freqs_cos=freqs_cos, freqs_sin=freqs_sin,
+                               hc_head_fn=hc_head_fn, hc_head_base=hc_head_base, layers=layers,
+                               context_slot_mapping=context_slot_mapping), config=config)
+    if why:
+        raise Unsupported(f"upstream's golden_dspark_drafter writes its fixture's closed form, not the layers: {why}")
+    depth, d, hc = len(layers), config.hidden_size, config.hc_mult
+    padded = batch * 8  # the golden's MoE tile: DSPARK_MAX_BATCH x DSPARK_QUERY_PAD rows
+    tensors = {"target_hidden": target_hidden[None].clone(), "anchor_positions": anchor_positions.to(torch.int32)[None],
+               "anchor_token_ids": anchor_token_ids.to(torch.int64)[None],
+               "embedding_weight": embedding_weight[None].clone(),
+               "context_position_ids": context_position_ids.to(torch.int32)[None],
+               "context_slot_mapping": context_slot_mapping.to(torch.int64)[None],
+               "block_tables": block_tables.to(torch.int32)[None], "kv_caches": kv_caches[None].clone(),
+               "head_hidden": torch.zeros(1, batch, QUERY_WIDTH, d, dtype=torch.bfloat16),
+               "initial_hidden": torch.zeros(1, padded, hc, d),
+               "intermediate_hidden": torch.zeros(1, depth, padded, hc, d)}
+    out = run(tensors, _variant_fields(config), {},
+              module_globals={"N_RANKS": 1, "D": d, "HEAD_DIM": config.head_dim, "HC_MULT": hc,
+                              "BLOCK_SIZE": int(kv_caches.shape[2]), "DECODE_SEQ": rows, "DSPARK_MAX_BATCH": batch,
+                              "DSPARK_DRAFT_LAYERS": depth, "DSPARK_NOISE_TOKEN_ID": int(noise)})
+    n = batch * QUERY_WIDTH
+    return {"head_hidden": out["head_hidden"][0], "initial_hidden": out["initial_hidden"][0, :n],
+            "intermediate_hidden": out["intermediate_hidden"][0, :, :n], "kv_caches": out["kv_caches"][0]}
+
+
 def _o_proj_widths(config, **more) -> dict:
     """decode_o_proj.py's module-level widths set to ``config``'s (the module is imported at its own width: it
     checks the model's tiling at import), and ``more``."""
@@ -2973,6 +3069,8 @@ BY_FOLDER: dict[str, dict[str, Adapter]] = {
                                                 "golden_dspark_context_kv", _dspark_context_kv),
                                         Adapter("dspark_attention", FLASH_DSPARK, "dspark_attention",
                                                 "golden_dspark_attention", _dspark_attention),
+                                        Adapter("dspark_drafter", FLASH_DSPARK, "dspark_drafter",
+                                                "golden_dspark_drafter", _dspark_drafter),
                                         Adapter("v4_heads_projection", FLASH_DSPARK, "decode_o_proj",
                                                 "golden_decode_o_proj_tp1", _heads_projection),
                                         Adapter("v4_heads_projection_partial", FLASH_DSPARK, "decode_o_proj",
