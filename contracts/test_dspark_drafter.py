@@ -158,7 +158,7 @@ def block_rule(i: dict) -> dict:
             "lists": lists, "lens": lens, "ids": torch.tensor(ids)}
 
 
-def _parts(backend, i: dict) -> dict:
+def _parts(backend, i: dict, probabilities: str = "bf16") -> dict:
     """The step spelled out with the backend's own operators over the metadata of ``block_rule``."""
     rule = block_rule(i)
     rows = i["target_hidden"].shape[0] // i["anchor_token_ids"].shape[0]
@@ -178,7 +178,8 @@ def _parts(backend, i: dict) -> dict:
         att = op(backend, "dspark_attention")(
             normed, *(a[k] for k in ("wq_a", "wq_b", "wq_b_scale", "wkv", "gamma_cq", "gamma_ckv")), i["freqs_cos"],
             i["freqs_sin"], rule["positions"], caches[index], rule["slots"][index], rule["lists"][index],
-            rule["lens"][index], a["attn_sink"], a["wo_a"], a["wo_b"], a["wo_b_scale"], config=C)
+            rule["lens"][index], a["attn_sink"], a["wo_a"], a["wo_b"], a["wo_b_scale"], config=C,
+            **({"probabilities": probabilities} if probabilities != "bf16" else {}))
         caches[index] = att["kv_cache"]
         t = hidden.shape[0]
         hidden = op(backend, "hc_post")(att["x_out"], hidden, mixed["post"], mixed["comb"].reshape(t, C.hc_mult, -1))
@@ -411,6 +412,103 @@ def test_a_malformed_drafter_call_is_refused_naming_its_field(backend, case, fie
     with pytest.raises(ContractInputError) as exc:
         _call(backend, i)
     assert exc.value.field == field, f"{case}: refused naming {exc.value.field!r}, not {field!r}: {exc.value}"
+
+
+def _one_request(anchor: int, pages: int, page: int = C.block_size, rows: int = 1, seed: int = 6) -> dict:
+    """One request at ``anchor`` with ``rows`` target rows, each layer's table ``pages`` wide (page p -> block p) over
+    a cache of ``pages`` blocks of ``page`` rows, the context slot at the anchor."""
+    i = drafter_inputs(seed, anchors=(3,))
+    i["anchor_positions"] = torch.tensor([anchor], dtype=torch.int32)
+    i["context_position_ids"] = i["anchor_positions"].clone()
+    depth, hd = len(LAYER_IDS), C.head_dim
+    i["target_hidden"] = i["target_hidden"][:1].repeat(rows, 1)
+    i["block_tables"] = torch.arange(pages, dtype=torch.int32).repeat(depth, 1, 1)
+    i["kv_caches"] = (torch.randn(depth, pages, page, 1, hd, generator=torch.Generator().manual_seed(seed))
+                      .to(torch.bfloat16))
+    i["context_slot_mapping"] = torch.full((depth, 1), anchor, dtype=torch.int64)
+    return i
+
+
+def _refused(backend, i, field, index=None, **kw):
+    with pytest.raises(ContractInputError) as exc:
+        _call(backend, i, **kw)
+    assert exc.value.field == field, f"refused naming {exc.value.field!r}, not {field!r}: {exc.value}"
+    if index is not None:
+        assert exc.value.index == index, f"{field}: refused at {exc.value.index}, not {index}: {exc.value}"
+    return exc.value
+
+
+@pytest.mark.operators("dspark_drafter")
+def test_the_drafters_edges_are_taken_or_refused_exactly(backend):
+    """Each bound of the call at its edge, taken on one side and refused on the other: one request with one target
+    row; a table one page wide; the block's last position at the RoPE table's last row (taken) and one past it
+    (refused); a window that opens on a page's first row (the page before it unmapped: taken) and one row earlier
+    (refused at that page), and a later window page unmapped (refused naming it); a page unmapped just past the block (taken: nothing reads it); a page id at the cache's
+    block count (refused); pages of one row (the window's page 0 unmapped: refused); noise id 0 (taken) and -1; no
+    layers; no target rows; a table of another request count; anchor positions of another length; a negative
+    anchor."""
+    page, top = C.block_size, 512
+    i = _one_request(3, pages=1)
+    assert _call(backend, i)["head_hidden"].shape == (1, W, C.hidden_size), "one request, one target row"
+    last = _one_request(top - 1 - W, pages=top // page)
+    _call(backend, last)
+    _refused(backend, _one_request(top - W, pages=top // page + 1), "anchor_positions", (0,))
+    opens = _one_request(2 * page - 1, pages=4)  # window 128 .. 255, block 256 .. 262; page 3 unmapped
+    opens["block_tables"][:, :, 0] = -1
+    opens["block_tables"][:, :, 3] = -1
+    _call(backend, opens)
+    early = _one_request(2 * page - 2, pages=3)  # window 127 .. 254: page 0 read
+    early["block_tables"][1, 0, 0] = -1
+    _refused(backend, early, "block_tables", (1, 0, 0))
+    later = _one_request(300, pages=3)  # window 173 .. 300, block 301 .. 307: pages 1 and 2 read
+    later["block_tables"][0, 0, 2] = -1
+    _refused(backend, later, "block_tables", (0, 0, 2))
+    beyond = _one_request(3, pages=2)
+    beyond["block_tables"][2, 0, 0] = 2  # the cache holds blocks 0 and 1
+    _refused(backend, beyond, "block_tables", (2, 0, 0))
+    ones = _one_request(3, pages=12, page=1)  # positions 0 .. 10, a page each
+    ones["block_tables"][0, 0, 0] = -1
+    _refused(backend, ones, "block_tables", (0, 0, 0))
+    with pytest.raises(ContractInputError) as exc:
+        op(backend, "dspark_drafter")(**i, config=C, noise_token_id=-1)
+    assert exc.value.field == "noise_token_id", f"noise id -1 refused naming {exc.value.field!r}"
+    taken = op(backend, "dspark_drafter")(**i, config=C, noise_token_id=0)
+    assert taken["initial_hidden"].shape[0] == W, "noise id 0 (an id of the vocabulary) was not taken"
+    _refused(backend, {**i, "layers": []}, "layers")
+    _refused(backend, {**i, "target_hidden": i["target_hidden"][:0]}, "target_hidden")
+    _refused(backend, {**i, "block_tables": i["block_tables"].repeat(1, 2, 1)}, "block_tables")
+    _refused(backend, {**i, "anchor_positions": torch.tensor([3, 4], dtype=torch.int32)}, "anchor_positions")
+    _refused(backend, {**i, "anchor_positions": torch.tensor([-1], dtype=torch.int32)}, "anchor_positions", (0,))
+    _refused(backend, {**i, "anchor_token_ids": torch.zeros(0, dtype=torch.int64)}, "anchor_token_ids")
+
+
+@pytest.mark.operators("dspark_drafter")
+def test_the_noise_id_is_upstreams_by_default(backend):
+    """Without ``noise_token_id`` the block's six draft rows look up id 128799 (upstream's DSPARK_NOISE_TOKEN_ID): a
+    40-row vocabulary refuses the call naming the block's first draft row and that id."""
+    i = drafter_inputs(7)
+    with pytest.raises(ContractInputError) as exc:
+        op(backend, "dspark_drafter")(**i, config=C)
+    assert exc.value.field == "input_ids" and exc.value.index == (1,) and exc.value.actual == 128799, \
+        f"the default noise id: refused {exc.value}, expected input_ids[1] = 128799"
+
+
+@pytest.mark.operators("dspark_drafter", "dspark_attention", "dspark_proj", "dspark_context_kv", "lookup_embedding",
+                       "hc_pre_fused", "final_norm", "hc_post", "v4_moe_stage", "hc_head_fused")
+def test_the_drafter_hands_its_probability_rule_to_the_attention(backend):
+    """Each named probability rule of the drafter attention the backend takes gives the drafter's parts under that
+    rule (the attention called with it); the two rules give other head rows."""
+    i = drafter_inputs(8)
+    named = backend.variants.get("dspark_attention", {}).get("probabilities")
+    rules = [named] if named else ["bf16", "fp32"]
+    heads = {}
+    for rule in rules:
+        got = _call(backend, i, probabilities=rule)
+        want = _parts(backend, i, probabilities=rule)
+        _judge(i, got, want, f"probabilities={rule!r}")
+        heads[rule] = got["head_hidden"]
+    if len(heads) == 2:
+        assert not torch.equal(heads["bf16"], heads["fp32"]), "the probability rule does not reach the attention"
 
 
 # --- seeded defects ------------------------------------------------------------------------------------------

@@ -9,6 +9,10 @@ LAYER_LAST_PLUS = "The request's kv length only caps (pos + 1) // 128 for its re
 LAYER_NO_REAL_ROWS = 'With no real rows every row is padding and its slots are set to -1 after hca_topk: the kv length given for them is never read.'
 LAYER_FRESH_TOPK = "hca_topk returns a tensor of its own: writing its padding rows in place changes no other tensor."
 LAYER_PADDING_SLOTS = "A padding row's compressed slots are never read: the prefill attention (v4_attention_stage's prefill form) attends nothing for rows from num_tokens on and zeroes them."
+DRAFTER_LIST_PAD = ("Columns of a request's visible list past its count are never read (dspark_attention masks the "
+                    "list by swa_lens): their width and fill value change no output.")
+DRAFTER_LAST_DIV = ("last and page are non-negative integers and the table width an integer: last // page >= width "
+                    "exactly when last / page >= width.")
 LAYER_LIMIT_DIV = 'max_position_embeddings is a multiple of 128 in every preset, so the true quotient is the same integer value, and min() with index_topk gives the same limit.'
 LAYER_REQ_DIV = "token_to_req is read by the compressor as int(token_to_req[t]): int(t / seq) truncates to t // seq for t >= 0."
 LAYER_ROPE_BF16 = 'The compressed RoPE rows meet FP32 rows (rope_interleave in the publications, the FP32 query rotation of the indexer): a BF16 row promotes to FP32 exactly, so every product is the same.'
@@ -920,4 +924,28 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.prefill_layer:_tile_rows:cmp:rows.shape[0] == tile[Eq]->NotEq#0': V4_TILE_PADDING,
     'kernels.v4.prefill_layer:_tile_rows:drop-call:rows.clone()[clone]->(skipped)#0': V4_TILE_PADDING,
     'kernels.v4.prefill_layer:v4_prefill_layer:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
+
+    # kernels.v4.dspark_drafter
+    'kernels.v4.dspark_drafter:<module>:const:64->65#0': DRAFTER_LIST_PAD,
+    'kernels.v4.dspark_drafter:drafter_plan:drop-unary:-1[USub]->(none)#1': DRAFTER_LIST_PAD,
+    'kernels.v4.dspark_drafter:drafter_plan:const:1->2#3': DRAFTER_LIST_PAD,
+    'kernels.v4.dspark_drafter:check_dspark_drafter:binop:last // page[FloorDiv]->Div#0': DRAFTER_LAST_DIV,
+    'kernels.v4.dspark_drafter:dspark_drafter:boolop:ops or {}[Or]->And#0': V4_OPS_SAME,
+    'kernels.v4.dspark_drafter:dspark_drafter:drop-call:main_x[rows - 1::rows].contiguous()[contiguous]->(skipped)#0': CONTIG,
+    "kernels.v4.dspark_drafter:dspark_drafter:drop-call:rows_bf16.float()[:, None, :].expand(-1, config.hc_mult, ...[contiguous]->(skipped)#0": CONTIG,
+    'kernels.v4.dspark_drafter:check_dspark_drafter:name:int64->int32#0': DTYPE,
+    'kernels.v4.dspark_drafter:check_dspark_drafter:drop-call:anchor_positions.to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.dspark_drafter:drafter_plan:drop-call:anchor_positions.to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.dspark_drafter:drafter_plan:drop-call:block_tables.to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.dspark_drafter:drafter_plan:name:int32->int64#0': DTYPE,
+    'kernels.v4.dspark_drafter:drafter_plan:name:int32->int64#1': DTYPE,
+    'kernels.v4.dspark_drafter:drafter_plan:name:int32->int64#2': DTYPE,
+    'kernels.v4.dspark_drafter:drafter_plan:name:int32->int64#3': DTYPE,
+    'kernels.v4.dspark_drafter:drafter_plan:name:int64->int32#0': DTYPE,
+    'kernels.v4.dspark_drafter:drafter_plan:name:int64->int32#1': DTYPE,
+    'kernels.v4.dspark_drafter:drafter_plan:drop-call:positions.to(torch.int32)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.dspark_drafter:query_ids:name:int64->int32#0': DTYPE,
+    'kernels.v4.dspark_drafter:query_ids:name:int64->int32#1': DTYPE,
+    'kernels.v4.dspark_drafter:query_ids:drop-call:anchor_token_ids.to(torch.int64)[to]->(skipped)#0': DTYPE,
+    'kernels.v4.dspark_drafter:drafter_plan:drop-call:slot(layer, b, visible).to(torch.int32)[to]->(skipped)#0': CASTNOOP,
 }
