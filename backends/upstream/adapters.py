@@ -2492,9 +2492,11 @@ def _drafter_domain(i: dict, *, config) -> str | None:
                "RMSNorm(target_hidden[:, :D]))"
     if not ones(i["main_norm_w"]):
         return "main_norm_w is not 1"
+    from kernels.v4.dspark_drafter import QUERY_WIDTH
+
     anchors = i["anchor_positions"].long()
     read = torch.cat((i["context_position_ids"].long(),
-                      (anchors[:, None] + torch.arange(1, QUERY_WIDTH_DSPARK + 1)).reshape(-1)))
+                      (anchors[:, None] + torch.arange(1, QUERY_WIDTH + 1)).reshape(-1)))
     if not ones(i["freqs_cos"][read]) or not zero(i["freqs_sin"][read]):
         return "the RoPE rows read are not cos 1 / sin 0 (the golden's KV has no rotation)"
     for name in ("hc_head_fn", "hc_head_base"):
@@ -2524,9 +2526,6 @@ def _drafter_domain(i: dict, *, config) -> str | None:
     return None
 
 
-QUERY_WIDTH_DSPARK = 7  # the drafter's block rows per request (kernels.v4.dspark_drafter.QUERY_WIDTH)
-
-
 def _dspark_drafter(run, target_hidden, main_proj_w, main_norm_w, anchor_token_ids, anchor_positions,
                     embedding_weight, context_position_ids, context_slot_mapping, block_tables, kv_caches, freqs_cos,
                     freqs_sin, layers, hc_head_fn, hc_head_scale, hc_head_base, *, config, noise_token_id=None,
@@ -2539,7 +2538,6 @@ def _dspark_drafter(run, target_hidden, main_proj_w, main_norm_w, anchor_token_i
     from kernels.v4.dspark_drafter import NOISE_TOKEN_ID, QUERY_WIDTH, check_dspark_drafter, query_ids
     from kernels.v4.lookup_embedding import check_lookup_inputs
 
-    assert QUERY_WIDTH == QUERY_WIDTH_DSPARK
     noise = NOISE_TOKEN_ID if noise_token_id is None else noise_token_id
     batch, rows = check_dspark_drafter(target_hidden, anchor_token_ids, anchor_positions, context_position_ids,
                                        context_slot_mapping, block_tables, kv_caches, freqs_cos, layers,

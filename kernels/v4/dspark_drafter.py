@@ -10,8 +10,8 @@ composed from this project's operators:
        (FP32, every stream the row): ``initial_hidden``
     -> per draft layer l (``layers[l]``): ``hc_pre_fused`` (its attention mixes), ``final_norm`` (attn_norm_w),
        ``dspark_attention`` (its KV committed at the block's slots through ``block_tables[l]``, each request's list
-       the window ``max(anchor + 1 - window, 0) .. anchor`` then its own block), ``hc_post``, ``v4_moe_stage`` (the
-       block's ids route a hash layer): ``intermediate_hidden[l]``
+       the window ``max(anchor + 1 - window, 0) .. anchor`` then its own block), ``hc_post``, ``v4_moe_stage`` (a hash
+       layer routes by the block's ids; upstream's draft layers 40 .. 42 route by score): ``intermediate_hidden[l]``
     -> ``hc_head_fused`` of the last layer's streams: ``head_hidden`` [B, W, D] BF16.
 
 Upstream's kernel pads the block to 16 requests x 8 rows (its MoE tile) and zeroes the padding rows; this
