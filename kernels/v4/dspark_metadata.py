@@ -37,7 +37,7 @@ OUTPUTS = ("ori_slot_mapping", "swa_slot_mapping", "swa_indices", "swa_lens", "h
            "csa_inner_state_slot_mapping")
 
 
-def _check(position_ids, tables, block_counts, *, seq, block_size, window, pages):
+def _check(position_ids, tables, block_counts, *, seq, block_size, window, pages, groups=GROUPS):
     if not all(is_int(v) and v >= 1 for v in (seq, block_size, window, *pages)):
         raise ContractInputError("seq/block_size/window/pages", None, "ints >= 1",
                                  repr((seq, block_size, window, *pages)), SPEC)
@@ -49,11 +49,12 @@ def _check(position_ids, tables, block_counts, *, seq, block_size, window, pages
     if bool((position_ids < 0).any()):
         t = int((position_ids < 0).nonzero()[0])
         raise ContractInputError("position_ids", (t,), ">= 0", int(position_ids[t]), SPEC)
-    for name, table in zip(TABLES, tables, strict=True):
+    names = tuple(f"{g}_block_table" for g in groups)
+    for name, table in zip(names, tables, strict=True):
         if table.ndim != 2 or table.shape[0] != b or table.dtype not in (torch.int32, torch.int64):
             raise ContractInputError(name, None, f"[{b}, pages] INT32", f"{table.dtype}{list(table.shape)}", SPEC)
-    if block_counts.shape != (b, len(GROUPS)) or block_counts.dtype not in (torch.int32, torch.int64):
-        raise ContractInputError("block_counts", None, f"[{b}, {len(GROUPS)}] INT32",
+    if block_counts.shape != (b, len(groups)) or block_counts.dtype not in (torch.int32, torch.int64):
+        raise ContractInputError("block_counts", None, f"[{b}, {len(groups)}] INT32",
                                  f"{block_counts.dtype}{list(block_counts.shape)}", SPEC)
     for g, table in enumerate(tables):
         if g == 0:
@@ -61,7 +62,7 @@ def _check(position_ids, tables, block_counts, *, seq, block_size, window, pages
         bad = (block_counts[:, g] < 1) | (block_counts[:, g] > table.shape[1])
         if bool(bad.any()):
             r = int(bad.nonzero()[0])
-            raise ContractInputError("block_counts", (r, g), f"a {GROUPS[g]} count in [1, {table.shape[1]}]",
+            raise ContractInputError("block_counts", (r, g), f"a {groups[g]} count in [1, {table.shape[1]}]",
                                      int(block_counts[r, g]), SPEC)
 
 
@@ -88,6 +89,16 @@ def dspark_decode_metadata(position_ids: torch.Tensor, ori_block_table: torch.Te
               csa_inner_state_block_table)
     _check(position_ids, tables, block_counts, seq=seq, block_size=block_size, window=window,
            pages=(hca_state_page, csa_state_page))
+    bs = block_size  # HCA and CSA rows share the cmp table's pages of block_size rows; the index keys the idx table's
+    return _lowered(position_ids, tables, block_counts, TABLES, seq=seq, block_size=bs, window=window,
+                    compressed=(("hca_cmp_slot_mapping", 1, 128, bs), ("csa_cmp_slot_mapping", 1, 4, bs),
+                                ("csa_idx_slot_mapping", 2, 4, bs)),
+                    states=((3, hca_state_page), (4, csa_state_page), (5, csa_state_page)))
+
+
+def _lowered(position_ids, tables, block_counts, names, *, seq, block_size, window, compressed, states):
+    """The step's metadata over checked inputs: ``compressed`` (output, table, ratio, page) rings the rows of each
+    compressor's closes, ``states`` (table, page) ring every position's state row, in the order of OUTPUTS."""
     n, bs = position_ids.numel(), block_size
     out = {name: torch.full((n,), -1, dtype=torch.int64) for name in OUTPUTS if name not in ("swa_indices", "swa_lens")}
     out["swa_indices"] = torch.full((n, window), -1, dtype=torch.int32)
@@ -95,11 +106,12 @@ def dspark_decode_metadata(position_ids: torch.Tensor, ori_block_table: torch.Te
     count = lambda r, g: int(block_counts[r, g])  # noqa: E731
 
     def ori(r, q):
-        return _page(ori_block_table, "ori_block_table", r, q // bs) * bs + q % bs
+        return _page(tables[0], names[0], r, q // bs) * bs + q % bs
 
-    def ring(table, g, r, row, page):
-        return _page(table, TABLES[g], r, (row // page) % count(r, g)) * page + row % page
+    def ring(g, r, row, page):
+        return _page(tables[g], names[g], r, (row // page) % count(r, g)) * page + row % page
 
+    state_outputs = ("hca_state_slot_mapping", "csa_state_slot_mapping", "csa_inner_state_slot_mapping")
     for t in range(n):
         r, p = t // seq, int(position_ids[t])
         out["ori_slot_mapping"][t] = out["swa_slot_mapping"][t] = ori(r, p)
@@ -107,15 +119,45 @@ def dspark_decode_metadata(position_ids: torch.Tensor, ori_block_table: torch.Te
         out["swa_lens"][t] = span
         for i, q in enumerate(range(p - span + 1, p + 1)):
             out["swa_indices"][t, i] = ori(r, q)
-        if (p + 1) % 128 == 0:
-            out["hca_cmp_slot_mapping"][t] = ring(cmp_block_table, 1, r, p // 128, bs)
-        if (p + 1) % 4 == 0:
-            out["csa_cmp_slot_mapping"][t] = ring(cmp_block_table, 1, r, p // 4, bs)
-            out["csa_idx_slot_mapping"][t] = ring(idx_block_table, 2, r, p // 4, bs)
-        out["hca_state_slot_mapping"][t] = ring(hca_state_block_table, 3, r, p, hca_state_page)
-        out["csa_state_slot_mapping"][t] = ring(csa_state_block_table, 4, r, p, csa_state_page)
-        out["csa_inner_state_slot_mapping"][t] = ring(csa_inner_state_block_table, 5, r, p, csa_state_page)
+        for name, g, ratio, page in compressed:
+            if (p + 1) % ratio == 0:
+                out[name][t] = ring(g, r, p // ratio, page)
+        for name, (g, page) in zip(state_outputs, states, strict=True):
+            out[name][t] = ring(g, r, p, page)
     return out
+
+
+FLASH_MTP_GROUPS = ("ori", "hca_cmp", "csa_cmp", "idx", "hca_state", "csa_state", "csa_inner_state")
+FLASH_MTP_TABLES = tuple(f"{g}_block_table" for g in FLASH_MTP_GROUPS)
+
+
+@operator(returns="the outputs of dspark_decode_metadata, as Flash-MTP's decode_prepare.py lowers them: the HCA "
+                  "and CSA compressed rows on tables of their own, each page the rows of one block_size-token block "
+                  "(block_size / ratio), the index keys at CSA's page", spec=SPEC)
+def flash_mtp_decode_metadata(position_ids: torch.Tensor, ori_block_table: torch.Tensor,
+                              hca_cmp_block_table: torch.Tensor, csa_cmp_block_table: torch.Tensor,
+                              idx_block_table: torch.Tensor, hca_state_block_table: torch.Tensor,
+                              csa_state_block_table: torch.Tensor, csa_inner_state_block_table: torch.Tensor,
+                              block_counts: torch.Tensor, *, seq: int, block_size: int, window: int,
+                              hca_state_page: int = 8, csa_state_page: int = 2) -> dict[str, torch.Tensor]:
+    """Flash-MTP's decode metadata (upstream models/deepseek_v4_flash_mtp/decode_prepare.py, inlined into its decode
+    step; no golden): dspark's rules (the module's docstring) but for the compressed rows, which follow the Flash
+    page (disagreement 17): a close at position p writes HCA row p // 128 at ``hca_cmp[r, (p // bs) % count] *
+    (bs / 128) + (p % bs) // 128`` and CSA row p // 4 at ``csa_cmp[r, (p // bs) % count] * (bs / 4) + (p % bs) //
+    4``, its index key at the same row of the idx table (CSA's page). ``block_counts`` [B, 7]: ori, hca_cmp,
+    csa_cmp, idx, hca_state, csa_state, csa_inner_state. block_size must be a multiple of 128."""
+    tables = (ori_block_table, hca_cmp_block_table, csa_cmp_block_table, idx_block_table, hca_state_block_table,
+              csa_state_block_table, csa_inner_state_block_table)
+    _check(position_ids, tables, block_counts, seq=seq, block_size=block_size, window=window,
+           pages=(hca_state_page, csa_state_page), groups=FLASH_MTP_GROUPS)
+    if block_size % 128:
+        raise ContractInputError("block_size", None, "a multiple of 128 (a page holds the compressed rows of one "
+                                 "block: block_size / ratio)", block_size, SPEC)
+    bs = block_size
+    return _lowered(position_ids, tables, block_counts, FLASH_MTP_TABLES, seq=seq, block_size=bs, window=window,
+                    compressed=(("hca_cmp_slot_mapping", 1, 128, bs // 128), ("csa_cmp_slot_mapping", 2, 4, bs // 4),
+                                ("csa_idx_slot_mapping", 3, 4, bs // 4)),
+                    states=((4, hca_state_page), (5, csa_state_page), (6, csa_state_page)))
 
 
 # --- the record ----------------------------------------------------------------------------------------------
@@ -173,8 +215,9 @@ RECORD = Record(
     bindings=(
         Upstream("deepseek_v4_pro", none="V4-Pro's decode metadata is host lowering (v4_decode_metadata), no ring "
                                          "counts"),
-        Upstream("deepseek_v4_flash_mtp", none="Flash-MTP's decode_prepare.py has no golden (its metadata is host "
-                                               "lowering)"),
+        Upstream("deepseek_v4_flash_mtp", none="Flash-MTP's decode_prepare.py lowers its own layout (separate HCA "
+                                               "and CSA tables at the Flash page: flash_mtp_decode_metadata) and has "
+                                               "no golden"),
         Upstream("deepseek_v4_flash_dspark", golden="decode_metadata.py::golden_decode_metadata",
                  none="its entry decode_metadata.py::decode_metadata is not bound on the device backend yet"),
     ),

@@ -948,4 +948,8 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.dspark_drafter:query_ids:name:int64->int32#1': DTYPE,
     'kernels.v4.dspark_drafter:query_ids:drop-call:anchor_token_ids.to(torch.int64)[to]->(skipped)#0': DTYPE,
     'kernels.v4.dspark_drafter:drafter_plan:drop-call:slot(layer, b, visible).to(torch.int32)[to]->(skipped)#0': CASTNOOP,
+    # kernels.v4.dspark_metadata
+    'kernels.v4.dspark_metadata:_check:const:True->False#0': ZIP,
+    'kernels.v4.dspark_metadata:_lowered:const:True->False#0': ZIP,
+    'kernels.v4.dspark_metadata:_check:binop:position_ids.numel() // seq[FloorDiv]->Div#0': INT_FLOAT,
 }
