@@ -46,3 +46,28 @@ class SeededDefect:
 def shared(source: str, test: str, mentions: str) -> SeededDefect:
     """A defect of ``tests/defects`` (``family:OBJECT``) that ``test`` of this contract file must catch."""
     return SeededDefect(source, "", None, test, mentions, source=source)
+
+
+def reference_edit(function: str, old: str, new: str) -> Callable:
+    """The reference function ``module:qualname`` with one literal edit of its source (``old`` -> ``new``, which must
+    occur exactly once): the edit a maintainer could make to the reference, as a seeded defect's implementation.
+    The edited function is compiled in its module's namespace (so it sees the module's helpers as they are), and
+    the edit is checked to change the source, so a stale ``old`` fails loudly instead of seeding nothing."""
+    import ast
+    import importlib
+    import inspect
+    import textwrap
+
+    module_name, name = function.split(":")
+    module = importlib.import_module(module_name)
+    original = getattr(module, name)
+    source = textwrap.dedent(inspect.getsource(original))
+    if source.count(old) != 1:
+        raise ValueError(f"reference_edit {function}: {old!r} occurs {source.count(old)} times in its source")
+    tree = ast.parse(source.replace(old, new))
+    tree.body[0].decorator_list = []  # the declaration decorators (@operator) are not the function
+    namespace: dict = {}
+    exec(compile(tree, f"<edited {function}>", "exec"), module.__dict__.copy(), namespace)
+    edited = namespace[name]
+    edited.__wrapped_reference__ = original
+    return edited
