@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from contracts.separation import separates
 from contracts.strategies import mx_cases
 from kernels.quant import FP4_MIDPOINTS, RULES, e8m0_decode, half_step, unpack_fp4
-from pto_pytest.defect import shared
+from pto_pytest.defect import SeededDefect, shared
 from pto_pytest.plugin import op
 
 RULE_NAMES = sorted(RULES)
@@ -340,17 +340,22 @@ def test_blocked_quantization_equals_one_pass(rule_name, monkeypatch):
 #   F  [0.1875 + 2^-26, 0...] the same for the E8M0 FP4 index path: amax/6 = 2^-5·(1 + 2^-23). log2 ceiling: scale
 #                            2^-5 (0x7A), normalized 6.0000005 saturates to 6 (code 7); exact ceiling: 2^-4
 #                            (0x7B), normalized 3.0000002 -> code 5; CED (BF16 input 0.1875): 0x7A, code 7.
+#   G  [5·2^-12, 0...]       the FP4 scale floor of the E4M3 rules (CQ-13 2^-9; CQ-17 kv_fp4's amax floor 6·2^-9):
+#                            raw = max(5·2^-12/6, 2^-9) = 2^-9, the smallest E4M3 subnormal (0x01); payload
+#                            0.625 -> code 1 (0.5; not a tie). A floor of 2^-7 gives scale 0x04 and code 0 (0.156);
+#                            no floor, a raw scale below every E4M3 value.
 _A, _B = [2.0**-20], [1.0625 + 2.0**-12, 448.0]
 _C, _D = [0.75, 1.25 + 2.0**-10, 6.0], [2.0**-20]
 _E, _F = [7.0 + 2.0**-21], [0.1875 + 2.0**-26]
+_G = [5 * 2.0**-12]
 RULE_VECTORS: dict[str, list[tuple[list[float], int, list[int]]]] = {
     "window": [(_A, 0x69, [0x48]), (_B, 0x7F, [0x39, 0x7E]), (_E, 0x7A, [0x76])],
     "window_host": [(_A, 0x63, [0x78]), (_B, 0x7F, [0x39, 0x7E]), (_E, 0x79, [0x7E])],
     "window_host_exact": [(_A, 0x63, [0x78]), (_B, 0x7F, [0x39, 0x7E]), (_E, 0x7A, [0x76])],
     "ced_mxfp8": [(_A, 0x69, [0x48]), (_B, 0x7F, [0x38, 0x7E]), (_E, 0x79, [0x7E])],
-    "compressed": [(_C, 0x38, [0x31, 0x07])],
-    "compressed_even": [(_C, 0x38, [0x32, 0x07])],
-    "ced_kv_fp4": [(_C, 0x38, [0x22, 0x07])],
+    "compressed": [(_C, 0x38, [0x31, 0x07]), (_G, 0x01, [0x01])],
+    "compressed_even": [(_C, 0x38, [0x32, 0x07]), (_G, 0x01, [0x01])],
+    "ced_kv_fp4": [(_C, 0x38, [0x22, 0x07]), (_G, 0x01, [0x01])],
     "index": [(_C, 0x7F, [0x31, 0x07]), (_D, 0x76, [0x00]), (_F, 0x7A, [0x07])],
     "index_exact": [(_C, 0x7F, [0x31, 0x07]), (_D, 0x76, [0x00]), (_F, 0x7B, [0x05])],
     "index_even": [(_C, 0x7F, [0x32, 0x07]), (_D, 0x76, [0x00]), (_F, 0x7A, [0x07])],
@@ -430,6 +435,18 @@ def test_the_ulp_probes_separate_the_log2_ceiling_from_the_exact_one(probe, qmax
     assert RULE_VECTORS[log2_rule][-1][1] == 127 + log2_fp32 and RULE_VECTORS[exact_rule][-1][1] == 127 + exact
 
 
+def _floor_moved(rule: str):
+    """mx_quantize with one E4M3 FP4 rule's scale floor at 2^-7 instead of 2^-9 (the rule-table edit #47 names)."""
+    from dataclasses import replace
+
+    from kernels.quant import RULES, mx_quantize
+
+    def run(x, rule_name):
+        name = rule_name if isinstance(rule_name, str) else rule_name.name
+        return mx_quantize(x, replace(RULES[name], scale_floor=2.0**-7) if name == rule else rule_name)
+    return run
+
+
 # defects of tests/defects these contracts must catch (shared with other contract files)
 SEEDED_DEFECTS = [
     shared("quant:SWAPPED_NIBBLES", "test_fp4_nibble_order_hand_vectors", "nibble order"),
@@ -447,4 +464,6 @@ SEEDED_DEFECTS = [
     shared("quant:SIGNLESS_ZERO", "test_zero_subnormal_and_huge_groups", "lost its sign"),
     shared("quant:DEQUANT_SATURATES", "test_e8m0_fp4_decode_can_overflow_fp32", "assert"),
     shared("quant:PAD_TO_GROUP", "test_codec_rejects_bad_input", "DID NOT RAISE"),
+    *(SeededDefect(f"quant:{rule}-floor-2^-7", "mx_quantize", _floor_moved(rule), "test_each_rule_matches_its_hand_vectors",
+                   "probe 1") for rule in ("compressed", "compressed_even", "ced_kv_fp4")),
 ]
