@@ -37,6 +37,19 @@ def _independent_freqs(compressed: bool, c) -> list[float]:
     return out
 
 
+@pytest.mark.parametrize("length", [0, -1, 2.0, True])
+def test_rope_tables_refuse_a_length_that_is_not_a_positive_int(length):
+    """RR-01: the table's sequence length must be a positive int (0, -1, a float and a bool are refused naming
+    ``length``); a length of one is a table of one row (position 0: cos 1, sin 0)."""
+    from kernels.errors import ContractInputError
+
+    with pytest.raises(ContractInputError) as exc:
+        precompute_rope_tables(length, False, FLASH_TINY)
+    assert exc.value.field == "length", f"length {length!r} refused naming {exc.value.field!r}"
+    cos, sin = precompute_rope_tables(1, False, FLASH_TINY)
+    assert cos.shape == (1, FLASH_TINY.qk_rope_head_dim // 2) and bool((cos == 1).all()) and not bool(sin.any())
+
+
 @pytest.mark.parametrize("compressed", [False, True], ids=["plain", "compressed"])
 @pytest.mark.parametrize("config", [FLASH, FLASH_TINY, V4_PRO, V4_PRO_TINY, V4_FLASH], ids=lambda c: c.name)
 def test_rope_tables_match_the_spec_formula(compressed, config):
