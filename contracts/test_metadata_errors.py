@@ -134,7 +134,8 @@ def test_metadata_rejects_unsupported_tp(backend, case, tp):
 @given(case=BATCHES)
 @pytest.mark.operators("build_forward_metadata")
 def test_metadata_rejects_structural_mistakes(backend, case):
-    """Wrong state dtype/shape, diverging same-ratio tables, a missing source table, short capacity."""
+    """Wrong state dtype/shape, diverging same-ratio tables, a missing source table, short capacity; query_start_loc
+    and kv_seq_lens not 1-D integer vectors (MD-01)."""
     build = op(backend, "build_forward_metadata")
     inputs = materialize(case)
     states = inputs["state_block_tables"]
@@ -149,6 +150,10 @@ def test_metadata_rejects_structural_mistakes(backend, case):
             r"compressed_block_tables\[20\].*missing")
     _raises(build, {**inputs, "query_start_loc": inputs["query_start_loc"] + 1}, r"query_start_loc\[0\]")
     _raises(build, {**inputs, "query_start_loc": inputs["query_start_loc"][:-1]}, r"query_start_loc")
+    # MD-01: both vectors 1-D integers (a [1, B+1] row or a [B, 1] column is not a batch)
+    _raises(build, {**inputs, "query_start_loc": inputs["query_start_loc"][None]}, r"query_start_loc.*1-D")
+    _raises(build, {**inputs, "kv_seq_lens": inputs["kv_seq_lens"][:, None]}, r"kv_seq_lens.*1-D")
+    _raises(build, {**inputs, "kv_seq_lens": inputs["kv_seq_lens"].float()}, r"kv_seq_lens.*integer")
     _raises(build, {**inputs, "window_block_table": inputs["window_block_table"][:-1]}, r"window_block_table")
     if case.num_tokens:
         _raises(build, {**inputs, "capacity": case.num_tokens - 1}, r"capacity")
@@ -156,7 +161,9 @@ def test_metadata_rejects_structural_mistakes(backend, case):
 
 def test_paged_slots_reject_bad_requests_and_pages():
     """G2 paged_slots: a request outside the table, a logical page past its width and a page < 0 raise,
-    naming the table, row and page (G1 returned negative slots instead: the PR1280 regression)."""
+    naming the table, row and page (G1 returned negative slots instead: the PR1280 regression); positions and
+    request ids that are not matching 1-D integer vectors, a table that is not a 2-D integer table, and a block size
+    or divisor of 0 are refused naming them (MD-08)."""
     from kernels.metadata import paged_slots
 
     table = torch.tensor([[3, -1], [0, 1]])
@@ -167,6 +174,17 @@ def test_paged_slots_reject_bad_requests_and_pages():
         paged_slots(torch.tensor([300]), torch.tensor([1]), table, block_size=128)
     with pytest.raises(ValueError, match=r"block_table\[0\]\[1\].*physical page >= 0.*got -1"):
         paged_slots(pos, torch.tensor([0, 0]), table, block_size=128)
+    # MD-08's argument checks: matching 1-D integer vectors, a 2-D integer table, a block size and divisor > 0
+    for args, kw, match in (((pos[None], torch.tensor([[1, 1]]), table), {}, r"positions.*1-D integer"),
+                            ((pos.float(), torch.tensor([1, 1]), table), {}, r"positions.*1-D integer"),
+                            ((pos, torch.tensor([1]), table), {}, r"request_ids.*one per position"),
+                            ((pos, torch.tensor([1.0, 1.0]), table), {}, r"request_ids.*1-D integer"),
+                            ((pos, torch.tensor([1, 1]), table[0]), {}, r"block_table.*2-D integer"),
+                            ((pos, torch.tensor([1, 1]), table.float()), {}, r"block_table.*2-D integer"),
+                            ((pos, torch.tensor([1, 1]), table), {"block_size": 0}, r"block_size/divisor"),
+                            ((pos, torch.tensor([1, 1]), table), {"divisor": 0}, r"block_size/divisor")):
+        with pytest.raises(ValueError, match=match):
+            paged_slots(*args, **{"block_size": 128, **kw})
     assert paged_slots(pos, torch.tensor([1, 1]), table, block_size=128).tolist() == [0, 128 + 72]
     assert paged_slots(torch.tensor([-1, 5]), torch.tensor([0, 0]), table, block_size=128, divisor=2,
                        only_complete=True).tolist() == [-1, 3 * 128 + 2]

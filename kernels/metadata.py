@@ -117,6 +117,15 @@ def paged_slots(
     """
     if block_size <= 0 or divisor <= 0:
         raise ContractInputError("block_size/divisor", None, "> 0", (block_size, divisor), SPEC)
+    for name, vector in (("positions", positions), ("request_ids", request_ids)):
+        if vector.ndim != 1 or vector.dtype.is_floating_point or vector.dtype == torch.bool:
+            raise ContractInputError(name, None, "a 1-D integer tensor", f"{vector.dtype}{list(vector.shape)}", SPEC)
+    if request_ids.shape != positions.shape:
+        raise ContractInputError("request_ids", None, f"one per position ({positions.shape[0]})",
+                                 request_ids.shape[0], SPEC)
+    if block_table.ndim != 2 or block_table.dtype.is_floating_point or block_table.dtype == torch.bool:
+        raise ContractInputError(field, None, "a 2-D integer table", f"{block_table.dtype}{list(block_table.shape)}",
+                                 SPEC)
     positions = positions.to(torch.int64)
     request_ids = request_ids.to(torch.int64)
     slots = torch.full_like(positions, -1)
