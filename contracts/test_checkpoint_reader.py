@@ -211,6 +211,13 @@ def test_resident_fp4_blocks_keep_32_rows_of_16_packed_bytes_with_their_row_code
         resident_fp4_blocks(raw[:, :24].contiguous().view(torch.int8), codes.view(torch.float8_e8m0fnu))
     with pytest.raises(ContractInputError, match=r"\[64, 2\]"):
         resident_fp4_blocks(raw.view(torch.int8), codes[:, :1].contiguous().view(torch.float8_e8m0fnu))
+    # CQ-23: the packed expert is INT8 (not its uint8 bytes) with rows % 32 (48 rows refused, 32 taken)
+    with pytest.raises(ContractInputError, match="INT8 packed FP4"):
+        resident_fp4_blocks(raw, codes.view(torch.float8_e8m0fnu))
+    with pytest.raises(ContractInputError, match="N % 32 == 0"):
+        resident_fp4_blocks(raw[:48].contiguous().view(torch.int8), codes[:48].contiguous().view(torch.float8_e8m0fnu))
+    assert resident_fp4_blocks(raw[:32].contiguous().view(torch.int8),
+                               codes[:32].contiguous().view(torch.float8_e8m0fnu))[0].shape == (2, 512)
 
 
 def test_the_resident_plan_offsets_follow_the_layers_and_refuse_bad_layouts(tmp_path):
@@ -229,6 +236,18 @@ def test_the_resident_plan_offsets_follow_the_layers_and_refuse_bad_layouts(tmp_
     assert plan.experts_of(3)[-1] == C.n_routed_experts - 1
     with pytest.raises(ContractInputError, match="rank"):
         plan.experts_of(4)
+    # CQ-23: offsets are INT32: a bank of 2^31 entries or more is refused (from the headers' sizes alone: an FP4 bank
+    # of the preset's layers x 64 local experts x 3 projections of 2^16 x 2^16 is far past it); a smaller one is taken
+    from dataclasses import replace as _replace
+
+    (tmp_path / "big").mkdir()
+    (tmp_path / "small").mkdir()
+    big = _replace(C, hidden_size=2**16, moe_intermediate_size=2**16, n_routed_experts=4 * 64)
+    with pytest.raises(ContractInputError, match=r"fp4 bank.*2\^31"):
+        resident_plan(CheckpointReader(_write(tmp_path / "big", f, config=big), config=big))
+    small = _replace(big, hidden_size=2**12, moe_intermediate_size=2**12)  # 2^14 blocks an expert: under 2^31
+    taken = resident_plan(CheckpointReader(_write(tmp_path / "small", f, config=small), config=small)).fp4_blocks
+    assert taken == C.num_hidden_layers * 64 * 3 * 2**14 < 2**31, taken
     for name, value, match in (("layers.0.attn.wq_a.weight", torch.ones(32, 32, dtype=torch.bfloat16), "E4M3"),
                                ("layers.0.attn_norm.weight", _e4m3(1, 5), "dense F32 or BF16"),
                                ("layers.0.attn.wkv.weight", _e4m3(48, 32), "N % 32")):
