@@ -45,14 +45,14 @@ def _compressed(i, *, seq, block_size):
 
 def _step(data, seq, b, bs, window, seed):
     g = torch.Generator().manual_seed(seed)
-    starts = torch.tensor(data.draw(st.lists(st.integers(0, 3000), min_size=b, max_size=b)))
+    starts = torch.tensor(data.draw(st.lists(st.integers(0, 3000), min_size=b, max_size=b), label="starts"))
     positions = (starts[:, None] + torch.arange(seq)[None, :]).reshape(-1).to(torch.int32)
     widths = (-(-(int(positions.max()) + 1) // bs), 6, 6, 6, 6, 6, 6)
     i = {"position_ids": positions}
     for gi, (name, width) in enumerate(zip(FLASH_MTP_TABLES, widths, strict=True)):
         i[name] = (torch.randperm(b * width, generator=g).reshape(b, width) + 1000 * gi).to(torch.int32)
     i["block_counts"] = torch.tensor(data.draw(st.lists(st.lists(st.integers(1, 6), min_size=7, max_size=7),
-                                                        min_size=b, max_size=b)), dtype=torch.int32)
+                                                        min_size=b, max_size=b), label="counts"), dtype=torch.int32)
     return i
 
 

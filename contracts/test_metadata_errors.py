@@ -11,6 +11,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from contracts.separation import separates
 from contracts.strategies import materialize, request_batches
 from pto_pytest.defect import shared
 from pto_pytest.plugin import op
@@ -166,7 +167,7 @@ def test_paged_slots_reject_bad_requests_and_pages():
     or divisor of 0 are refused naming them (MD-08)."""
     from kernels.metadata import paged_slots
 
-    table = torch.tensor([[3, -1], [0, 1]])
+    table = torch.tensor([[3, -1], [2, 0]])
     pos = torch.tensor([0, 200])
     with pytest.raises(ValueError, match=r"block_table\[2\].*request row in \[0, 2\)"):
         paged_slots(pos[:1], torch.tensor([2]), table, block_size=128)
@@ -185,7 +186,9 @@ def test_paged_slots_reject_bad_requests_and_pages():
                             ((pos, torch.tensor([1, 1]), table), {"divisor": 0}, r"block_size/divisor")):
         with pytest.raises(ValueError, match=match):
             paged_slots(*args, **{"block_size": 128, **kw})
-    assert paged_slots(pos, torch.tensor([1, 1]), table, block_size=128).tolist() == [0, 128 + 72]
+    want = separates("slot = table[req, p // bs] * bs + p % bs", torch.tensor([2 * 128, 72]),
+                     no_table=pos, request_0s_table=torch.tensor([3 * 128, -1]))
+    assert paged_slots(pos, torch.tensor([1, 1]), table, block_size=128).tolist() == want.tolist()
     assert paged_slots(torch.tensor([-1, 5]), torch.tensor([0, 0]), table, block_size=128, divisor=2,
                        only_complete=True).tolist() == [-1, 3 * 128 + 2]
 

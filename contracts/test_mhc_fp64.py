@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from contracts.separation import separates
+from contracts.tolerances import HC_MIXES_FP64_TOL as TOL
 from kernels.config import FLASH_TINY, V4_FLASH_TINY
 from pto_pytest.defect import SeededDefect, reference_edit
 from pto_pytest.plugin import op
 
 CONFIGS = [pytest.param(FLASH_TINY, id="v41-tiny"), pytest.param(V4_FLASH_TINY, id="v4-flash-tiny")]
-TOL = 2e-5  # FP32 mixes (20 Sinkhorn rounds) against FP64: a few ulps of values in [0, 2]
 
 
 def inputs(config, seed: int = 0) -> tuple:

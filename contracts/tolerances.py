@@ -50,6 +50,10 @@ LOGITS_TOL = (1e-3, 1e-3)
 MXFP8_ACTIVATION_TOL = (2e-3, 2e-3)
 # Bounds of the comparators built on this module's checks. The V4 ones are upstream's own compare_fn numbers.
 FP32_ULPS = 4  # fp32_ulps: units in the last place of the row's largest |expected|
+HC_MIXES_FP64_TOL = 2e-5  # hc_mixes in FP32 (20 Sinkhorn rounds) against HC-01 evaluated in FP64: values in [0, 2]
+# upstream goldens' rank check (rank 1 gets the call's rows reordered): FP32 ulps of a row's largest value that rows
+# in another order may move (the named deviation batched-host-matmul: a host matmul over the whole batch)
+UPSTREAM_RANK_ULPS = 8
 QR_SCALE_TOL = (2.5e-5, 5e-3)  # upstream qkv_proj_rope.py's qr_scale_compare (atol, rtol)
 V4_ATTN_OUT_TOL = (1e-4, 1.0 / 128)  # upstream decode_sparse_attn*.py compare_fn for attn_out
 V4_ATTN_OUT_QUOTA = 0.005  # of the elements may fall outside it

@@ -351,16 +351,15 @@ def _rank1_reordered(tensors: dict, names, order: torch.Tensor) -> torch.Tensor:
     return torch.argsort(order)
 
 
-RANK_ULPS = 8  # FP32 ulps of a row's largest value that rows in another order may move (batched-host-matmul)
-
-
 def _ranks_agree(out: dict, names, back: torch.Tensor, where: str, *, unordered=()) -> None:
     """Rank 1 (its rows reordered, ``back`` restoring them) must give rank 0's rows of ``names`` (``unordered``:
     outputs not per row, equal as they are), or the call fails naming the output and row. Integer and BF16 outputs
-    byte for byte; an FP32 output within RANK_ULPS ulps of its row's largest value: a golden's host matmul over the
+    byte for byte; an FP32 output within UPSTREAM_RANK_ULPS (contracts.tolerances) ulps of its row's largest value: a
+    golden's host matmul over the
     whole call rounds a row by where it sits in the batch (the named deviation batched-host-matmul, seen from 16
     rows on), while a rank reading another's rows is off by whole values."""
     from contracts.operators import BackendError
+    from contracts.tolerances import UPSTREAM_RANK_ULPS as RANK_ULPS
 
     for name in (*names, *unordered):
         rank1, rank0 = (out[name][1] if name in unordered else out[name][1][back]), out[name][0]
