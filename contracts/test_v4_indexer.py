@@ -21,7 +21,7 @@ from contracts.separation import separates
 from contracts.v4_inputs import indexer_inputs
 from kernels.config import V4_FLASH_TINY, V4_PRO_TINY
 from kernels.errors import ContractInputError
-from pto_pytest.defect import shared
+from pto_pytest.defect import SeededDefect, reference_edit, shared
 from pto_pytest.plugin import op
 
 MODELS = [V4_PRO_TINY, V4_FLASH_TINY]
@@ -177,6 +177,57 @@ def test_both_mtp_rows_of_a_request_use_the_requests_rope_row(backend):
     out = _call(backend, config, inputs)["score"]
     assert torch.equal(out[0], out[1]), "rows 0 and 1 (request 0) must use request 0's RoPE row"
     assert not torch.equal(out[0], out[2]), "row 2 (request 1) uses request 1's RoPE row"
+
+
+def _tied_request(config, seed: int = 5):
+    """indexer_inputs with request 0's (positions 300, 301: 75 visible, top-k 16) every logical key the same INT8
+    row, scaled 2.0 at positions 3 mod 10 and 1.0 elsewhere: two score levels, each an exact tie. The row is the
+    first of the cache whose score is positive for both of the request's queries (so the doubled level is the
+    higher) -> (inputs, the high positions, the low positions)."""
+    inputs = indexer_inputs(config, seed)
+    bs, n = config.block_size, 75
+    pages = inputs["idx_block_table"][0]
+    for candidate in range(inputs["idx_kv_cache"].shape[1]):
+        i = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        row = inputs["idx_kv_cache"][int(pages[0]), candidate].clone()
+        for j in range(n):
+            i["idx_kv_cache"][int(pages[j // bs]), j % bs] = row
+            i["idx_kv_scale"][int(pages[j // bs]), j % bs] = 2.0 if j % 10 == 3 else 1.0
+        score = _independent(config, i, 0)[0]
+        if bool((score[:2, 0] > 0).all()):
+            high = [j for j in range(n) if j % 10 == 3]
+            return i, high, [j for j in range(n) if j % 10 != 3]
+    raise AssertionError("no cache row scores positive for both queries: another seed")
+
+
+@pytest.mark.parametrize("config", MODELS, ids=lambda c: c.name)
+@pytest.mark.operators("v4_indexer")
+def test_tied_scores_are_picked_best_first_and_lower_position_first(backend, config):
+    """Top-K ties (§8, IX rules; #47): request 0's 75 visible keys share one INT8 row, at two scales, so its scores
+    are two exact ties: 8 positions at the higher level (3, 13, .., 73), 67 at the lower. Its 16 picks are the 8
+    high positions in ascending order, then the first 8 low ones (0, 1, 2, 4, ..): best first, and among equal
+    scores the lower position first. Separated here from ties to the higher position, from picks in position
+    order across levels, and from the lower level first. On a backend that declares the named deviation
+    topk-tie-order (upstream's goldens: torch.topk's order among equal scores is unspecified), the picks must
+    still be the 8 high positions first and then 8 distinct low ones."""
+    i, high, low = _tied_request(config)
+    k = config.index_topk
+    got = _call(backend, config, i, offset=0)["topk_idxs"][:2, :k]
+    rule = (high + low)[:k]
+    want = separates("best first, ties to the lower position", torch.tensor(rule, dtype=torch.int32),
+                     ties_to_the_higher_position=torch.tensor((high[::-1] + low[::-1])[:k], dtype=torch.int32),
+                     position_order=torch.tensor(sorted(rule), dtype=torch.int32),
+                     lower_level_first=torch.tensor(low[:k], dtype=torch.int32))
+    tie_order = getattr(backend, "deviations", {}).get("topk-tie-order")
+    for row in range(2):
+        if tie_order:
+            picked = got[row].tolist()
+            first, rest = picked[:len(high)], picked[len(high):]
+            assert sorted(first) == high and len(set(rest)) == len(rest) and set(rest) <= set(low), \
+                f"row {row}: picks {picked} are not the {len(high)} higher-level positions then distinct lower ones"
+            continue
+        assert torch.equal(got[row], want), f"row {row}: picks {got[row].tolist()}, expected {want.tolist()} " \
+                                           "(best first; among equal scores the lower position first)"
 
 
 @pytest.mark.operators("v4_indexer")
@@ -446,7 +497,23 @@ def test_the_query_dequantization_is_staged_in_fp32_row_scale_first(backend, con
 
 
 # defects of tests/defects these contracts must catch (shared with other contract files)
+def _indexer_with_topk(old: str, new: str):
+    """v4_indexer whose top-k helper carries one edit of its source (pto_pytest.defect.reference_edit)."""
+    topk = reference_edit("kernels.v4.indexer:v4_indexer_topk", old, new)
+    indexer = reference_edit("kernels.v4.indexer:v4_indexer", "v4_indexer_topk(scores", "v4_indexer_topk(scores")
+    indexer.__globals__["v4_indexer_topk"] = topk
+    return indexer
+
+
+_SORT = "torch.sort(-scores[t, :n].double(), stable=True).indices[:k]"
 SEEDED_DEFECTS = [
+    SeededDefect("v4-indexer:ties-to-the-higher-position", "v4_indexer",
+                 _indexer_with_topk(_SORT, "(n - 1 - torch.sort(-scores[t, :n].double().flip(0), stable=True).indices)"
+                                           "[:k]"),
+                 "test_tied_scores_are_picked_best_first_and_lower_position_first", "among equal scores"),
+    SeededDefect("v4-indexer:picks-in-position-order", "v4_indexer",
+                 _indexer_with_topk(_SORT, _SORT + ".sort().values"),
+                 "test_tied_scores_are_picked_best_first_and_lower_position_first", "among equal scores"),
     shared("v4:RELU_AFTER_SUM", "test_the_relu_acts_per_head_before_the_head_weights", "ReLU per head, then weights 1 and 2"),
     shared("v4:VISIBLE_FROM_POSITION", "test_the_visible_range_is_the_cache_and_the_causal_bound", "expected [2, 3, 3, 4, 3, 3, 0, 1]"),
     shared("v4:OFFSET_DROPPED", "test_every_pick_carries_the_window_offset", "must shift every pick"),
