@@ -719,6 +719,30 @@ def v4_cp_kv_cache(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) ->
     return precision.check_owned_rows(a, e, ctx.inputs[name], leaf=leaf, name=name)
 
 
+def _nan_guarded(fn: Comparator) -> Comparator:
+    """``fn``, first failing an actual output that is not NaN where the expected one is (a judge that masks or
+    skips the expected side's NaN positions would pass a finite value there: #47's wrong-input table). A NaN the
+    actual side holds where the expected one does not is each judge's own business (a tail it does not judge may
+    hold anything)."""
+    from functools import wraps
+
+    @wraps(fn)
+    def judge(name: str, a, e, ctx):
+        if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor) and e.is_floating_point() \
+                and tuple(a.shape) == tuple(e.shape):
+            lost = torch.isnan(e.float()) & ~(torch.isnan(a.float()) if a.is_floating_point()
+                                              else torch.zeros_like(e, dtype=torch.bool))
+            if bool(lost.any()):
+                k = int(lost.reshape(-1).to(torch.uint8).argmax())
+                idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(k), e.shape))
+                return failed(fn.__name__, "§7.3", e.numel(), int(lost.sum()),
+                              Violation(name, idx, float(a.reshape(-1)[k]), float("nan"),
+                                        note="the expected output is NaN there; a finite value is not it"))
+        return fn(name, a, e, ctx)
+
+    return judge
+
+
 COMPARATORS: dict[str, Comparator] = {
     "exact": exact, "gate_codes": gate_codes, "fp32_ulps": fp32_ulps, "norm_bf16": norm_bf16, "qr_scale": qr_scale, "row_rms_peak": row_rms_peak, "fp8_budget": fp8_budget, "masked_scores": masked_scores,
     "topk_validity": topk_validity, "state_ring": state_ring, "cache_payload": cache_payload,
@@ -730,6 +754,14 @@ COMPARATORS: dict[str, Comparator] = {
     "v4_prefill_index_score": v4_prefill_index_score, "v4_prefill_index_topk": v4_prefill_index_topk,
     "v4_cmp_pool": v4_cmp_pool, "v4_state_pool": v4_state_pool,
     "v4_prefill_mtp_out": v4_prefill_mtp_out, "v4_cp_x_out": v4_cp_x_out, "v4_cp_kv_cache": v4_cp_kv_cache, "dspark_x_out": dspark_x_out, "v4_kv_pool": v4_kv_pool, "mtp_out": mtp_out, "q_bf16": q_bf16, "rms_scale": rms_scale,
+}
+COMPARATORS = {name: _nan_guarded(fn) for name, fn in COMPARATORS.items()}
+# the other actual outputs a comparator reads (a chain judge: a wrong one of those can fail it too)
+READS_ACTUAL: dict[str, tuple[str, ...]] = {
+    "cache_payload": ("scale",), "greedy": ("logits", "logit_shards"), "ffn_input": ("attention_hidden",),
+    "attention_forced": ("attention_input",), "v4_index_topk": ("score",), "v4_prefill_index_topk": ("score",),
+    "gate_weights": ("ids",), "recv_y": ("recv_expert_count",),
+    "half_layer": ("*",),  # the whole layer's actual outputs (judge_half_layer)
 }
 
 

@@ -208,12 +208,14 @@ def test_digest_changes_with_bytes_dtype_and_shape():
 
 
 def test_every_case_records_and_replays_in_every_wiring(tmp_path):
-    """Every known case records in every wiring; those the sample store does not hold also replay here on the
-    reference (the sample store's trees replay on every run: contracts/test_golden_replay.py)."""
+    """Every known case of the tiny presets records in every wiring; those the sample store does not hold also
+    replay here on the reference (the sample store's trees replay on every run: contracts/test_golden_replay.py).
+    A model geometry's cases (goldens.cases.pro, .v4_flash, .dspark: registered when another test imports them to
+    rebuild a kept device run) are the device's, not this host check's: at their dims one record takes minutes."""
     from goldens.cases import cases
 
     s = GoldenStore(tmp_path / "all")
-    items = [(n, w) for n, c in sorted(cases().items()) if not c.base for w in c.wirings]
+    items = [(n, w) for n, c in sorted(cases().items()) if not c.base and c.preset.endswith("tiny") for w in c.wirings]
     trees.record(s, items, seed=3)
     sample = _sample_reader()
     unreplayed = [(n, w) for n, w in items if not sample.has(f"{n}/{w}")]
