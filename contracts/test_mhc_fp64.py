@@ -82,17 +82,11 @@ def test_the_mixes_are_their_fp64_rule(backend, config):
 # --- seeded defects: the edits #47 names, made to the reference ------------------------------------------------
 
 _MIXES = "kernels.reference.mhc:hc_mixes"
-SEEDED_DEFECTS = [
-    SeededDefect("hc-mixes-fp64:post-1.5", "hc_mixes",
-                 reference_edit(_MIXES, "post = 2 * _sigmoid", "post = 1.5 * _sigmoid"),
-                 "test_the_mixes_are_their_fp64_rule", "post"),
-    SeededDefect("hc-mixes-fp64:pre-s1", "hc_mixes",
-                 reference_edit(_MIXES, "logits[:, :hc] * s[0]", "logits[:, :hc] * s[1]"),
-                 "test_the_mixes_are_their_fp64_rule", "pre"),
-    SeededDefect("hc-mixes-fp64:post-s0", "hc_mixes",
-                 reference_edit(_MIXES, "logits[:, hc:2 * hc] * s[1]", "logits[:, hc:2 * hc] * s[0]"),
-                 "test_the_mixes_are_their_fp64_rule", "post"),
-    SeededDefect("hc-mixes-fp64:residual-transposed", "hc_mixes",
-                 reference_edit(_MIXES, ".reshape(tokens, hc, hc)", ".reshape(tokens, hc, hc).transpose(1, 2)"),
-                 "test_the_mixes_are_their_fp64_rule", "residual"),
-]
+_EDITS = (  # (defect, the reference's text, the edit, what the failure names)
+    ("post-1.5", "post = 2 * _sigmoid", "post = 1.5 * _sigmoid", "post"),
+    ("pre-s1", "logits[:, :hc] * s[0]", "logits[:, :hc] * s[1]", "pre"),
+    ("post-s0", "logits[:, hc:2 * hc] * s[1]", "logits[:, hc:2 * hc] * s[0]", "post"),
+    ("residual-transposed", ".reshape(tokens, hc, hc)", ".reshape(tokens, hc, hc).transpose(1, 2)", "residual"),
+)
+SEEDED_DEFECTS = [SeededDefect(f"hc-mixes-fp64:{name}", "hc_mixes", reference_edit(_MIXES, old, new),
+                               "test_the_mixes_are_their_fp64_rule", mentions) for name, old, new, mentions in _EDITS]
