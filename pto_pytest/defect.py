@@ -49,10 +49,11 @@ def shared(source: str, test: str, mentions: str) -> SeededDefect:
 
 
 def reference_edit(function: str, old: str, new: str) -> Callable:
-    """The reference function ``module:qualname`` with one literal edit of its source (``old`` -> ``new``, which must
-    occur exactly once): the edit a maintainer could make to the reference, as a seeded defect's implementation.
-    The edited function is compiled in its module's namespace (so it sees the module's helpers as they are), and
-    the edit is checked to change the source, so a stale ``old`` fails loudly instead of seeding nothing."""
+    """The reference function ``module:qualname`` with one literal edit of its source (``old`` -> ``new``): the edit a
+    maintainer could make to the reference, as a seeded defect's implementation. ``old`` must occur exactly once,
+    so a stale ``old`` fails loudly instead of seeding nothing. The function is compiled in a copy of its module's
+    namespace (its ``__globals__``): it sees the module's helpers as they are, and a caller may re-bind one there
+    to an edited helper (``new == old`` gives such a copy)."""
     import ast
     import importlib
     import inspect
