@@ -952,4 +952,6 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.dspark_metadata:_check:const:True->False#0': ZIP,
     'kernels.v4.dspark_metadata:_lowered:const:True->False#0': ZIP,
     'kernels.v4.dspark_metadata:_check:binop:position_ids.numel() // seq[FloorDiv]->Div#0': INT_FLOAT,
+    'kernels.metadata:paged_slots:boolop:vector.ndim != 1 or vector.dtype.is_floating_point or vec...[Or]->And#0': UNREACHABLE,  # refused by contracts/test_metadata_errors.py's direct call (MD-08)
+    'kernels.metadata:paged_slots:boolop:block_table.ndim != 2 or block_table.dtype.is_floating_po...[Or]->And#0': UNREACHABLE,  # refused by contracts/test_metadata_errors.py's direct call (MD-08)
 }
