@@ -193,7 +193,6 @@ V4_ROPE_FP32 = ("rope_interleave computes every element in FP32 (the unrotated d
                 "dtype, so q reaches its BF16 rounding through FP32 either way.")
 V4_TRUNC = ("The visible length is only consumed through int(): truncating the non-negative quotient equals the floor "
             "division.")
-V4_TIES = ("The order of exactly equal scores: the ABI leaves it open (upstream's golden uses torch.topk) and "
            "check_v4_topk accepts any order of picks within their score bounds.")
 V4_WEIGHTS = ("FP32 vs FP64 rounding of the head weights scales a score by at most 1 + 2^-24: the hand vectors use "
               "weights that are exact in FP32, and the ABI's score bound is 1/128 relative.")
@@ -751,7 +750,6 @@ EQUIVALENT: dict[str, str] = {
     'kernels.v4.indexer:visible_lengths:drop-call:position_ids.reshape(-1).to(torch.int64)[to]->(skipped)#0': DTYPE,
     'kernels.v4.indexer:visible_lengths:drop-call:kv_seq_lens.reshape(-1).to(torch.int64)[to]->(skipped)#0': DTYPE,
     'kernels.v4.indexer:visible_lengths:binop:lens.repeat_interleave(seq) // RATIO[FloorDiv]->Div#0': V4_TRUNC,
-    'kernels.v4.indexer:v4_indexer_topk:const:True->False#0': V4_TIES,
     'kernels.v4.sparse_attention:attention_indices:const:1->2#1': V4_PAD_SENTINEL,
     'kernels.v4.index_cache:v4_publish_index_keys:drop-call:rope_cos[start].float()[float]->(skipped)#0': CASTNOOP,
     'kernels.v4.index_cache:v4_publish_index_keys:drop-call:rope_sin[start].float()[float]->(skipped)#0': CASTNOOP,
