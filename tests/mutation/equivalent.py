@@ -193,7 +193,6 @@ V4_ROPE_FP32 = ("rope_interleave computes every element in FP32 (the unrotated d
                 "dtype, so q reaches its BF16 rounding through FP32 either way.")
 V4_TRUNC = ("The visible length is only consumed through int(): truncating the non-negative quotient equals the floor "
             "division.")
-           "check_v4_topk accepts any order of picks within their score bounds.")
 V4_WEIGHTS = ("FP32 vs FP64 rounding of the head weights scales a score by at most 1 + 2^-24: the hand vectors use "
               "weights that are exact in FP32, and the ABI's score bound is 1/128 relative.")
 
