@@ -65,6 +65,19 @@ def bf16_once(x: torch.Tensor | float) -> torch.Tensor:
     return torch.where(v == 0, v, torch.round(v * torch.exp2(8.0 - e)) * torch.exp2(e - 8.0)).float()
 
 
+def bf16_clear_of_midpoints(x: torch.Tensor, what: str, err: torch.Tensor | None = None) -> torch.Tensor:
+    """The BF16 nearest an FP64 value, asserting the test's inputs keep it clear of a BF16 midpoint by 2^-13 of a step
+    plus ``err`` (what an FP32 evaluation may be off by: a sum of terms of either sign errs by their magnitudes, not
+    the result's), so a backend computing in FP32 has one right answer."""
+    down = x.to(torch.bfloat16)
+    _, exponent = torch.frexp(x)  # |x| in [2^(exponent-1), 2^exponent): a BF16 step there is 2^(exponent-8)
+    step = torch.ldexp(torch.ones_like(x), exponent - 8)
+    slack = 2**-13 + (0 if err is None else err / step)
+    near = ((((x - down.double()) / step).abs() - 0.5).abs() < slack) & (x != 0)
+    assert not bool(near.any()), f"the test's inputs reach a BF16 midpoint in {what}: choose another seed"
+    return down
+
+
 def running_sum(parts, start=None) -> torch.Tensor:
     """``start`` (or zero) plus each part in the order given, in the parts' dtype: a loop's summation order."""
     parts = list(parts)

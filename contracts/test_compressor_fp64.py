@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.separation import separates
+from contracts.separation import bf16_clear_of_midpoints, separates
 from kernels.config import FLASH_TINY
 from kernels.reference.compressor import CompressorWeights
 from pto_pytest.defect import SeededDefect, reference_edit
@@ -19,18 +19,6 @@ from pto_pytest.plugin import op
 C = FLASH_TINY
 EPS = 1e-20  # the compressor's RMSNorm epsilon (§4.1), not the model's rms_norm_eps
 CAPACITY = 4
-
-
-def _bf16_of(x: torch.Tensor, what: str, err: torch.Tensor | None = None) -> torch.Tensor:
-    """The BF16 nearest an FP64 value, the inputs kept clear of a midpoint by 2^-13 of a step plus ``err`` (what an
-    FP32 evaluation may be off by: a sum of terms of either sign errs by their magnitudes, not the result's)."""
-    down = x.to(torch.bfloat16)
-    _, exponent = torch.frexp(x)
-    step = torch.ldexp(torch.ones_like(x), exponent - 8)
-    slack = 2**-13 + (0 if err is None else err / step)
-    near = (((x - down.double()) / step).abs() - 0.5).abs() < slack
-    assert not bool((near & (x != 0)).any()), f"the test's inputs reach a BF16 midpoint in {what}: another seed"
-    return down
 
 
 def inputs(seed: int = 0, *, scale: float = 1e-4) -> dict:
@@ -86,10 +74,10 @@ def fp64_rule(i: dict, *, eps: float = EPS) -> dict:
                 prev_kv, prev_score = ring[(p - 1) % CAPACITY, :d], ring[(p - 1) % CAPACITY, d:]
             e0, e1 = torch.exp(prev_score), torch.exp(score[t])
             terms = (prev_kv * e0).abs() + (kv[t] * e1).abs()
-            pooled = _bf16_of((prev_kv * e0 + kv[t] * e1) / (e0 + e1), f"row {t}'s pooled pair",
+            pooled = bf16_clear_of_midpoints((prev_kv * e0 + kv[t] * e1) / (e0 + e1), f"row {t}'s pooled pair",
                               err=2**-20 * terms / (e0 + e1)).double()
             normed = pooled / torch.sqrt(pooled.pow(2).mean() + eps) * w.norm.double()
-            latent[t] = _bf16_of(normed, f"row {t}'s latent")
+            latent[t] = bf16_clear_of_midpoints(normed, f"row {t}'s latent")
             publish[t] = True
         for t in (t for t in real if t >= end - CAPACITY):
             p = int(i["position_ids"][t])

@@ -12,13 +12,14 @@ import pytest
 import torch
 
 from contracts.compare import COMPARATORS, Context
+from contracts.separation import bf16_clear_of_midpoints
 from contracts.v4_inputs import moe_inputs, v4_expert_weights
 from kernels.config import V4_FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.v4.dspark_attention import block_call
 from kernels.v4.dspark_drafter import ATTENTION_NAMES, QUERY_WIDTH, drafter_plan
 from kernels.v4.moe import V4ExpertWeights
-from pto_pytest.defect import SeededDefect
+from pto_pytest.defect import SeededDefect, reference_edit
 from pto_pytest.plugin import op
 
 C = V4_FLASH_TINY
@@ -218,18 +219,6 @@ def test_the_drafter_is_its_parts_in_order(backend, anchors):
 
 # --- upstream's fixture: the closed form ------------------------------------------------------------------------
 
-def _bf16_of(x: torch.Tensor, what: str) -> torch.Tensor:
-    """The BF16 nearest an FP64 value; the inputs must keep it clear of a midpoint (2^-13 of a BF16 step: FP32 evaluation errs by a few 2^-16), so that
-    a backend computing in FP32 has one right answer."""
-    down = x.to(torch.bfloat16)
-    _, exponent = torch.frexp(x)  # |x| in [2^(exponent-1), 2^exponent): a BF16 step there is 2^(exponent-8)
-    step = torch.ldexp(torch.ones_like(x), exponent - 8)
-    frac = ((x - down.double()) / step).abs()
-    near = ((frac - 0.5).abs() < 2**-13) & (x != 0)
-    assert not bool(near.any()), f"the test's inputs reach a BF16 midpoint in {what}: choose another seed"
-    return down
-
-
 def _rms64(x: torch.Tensor) -> torch.Tensor:
     return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + C.rms_norm_eps)
 
@@ -253,21 +242,21 @@ def closed_form(i: dict) -> dict:
     e = i["embedding_weight"][rule["ids"]].double()
     rows = i["target_hidden"].shape[0] // i["anchor_token_ids"].shape[0]
     d, hd = C.hidden_size, C.head_dim
-    main_x = _bf16_of(_rms64(i["target_hidden"][rows - 1::rows, :d].double()), "main_x")
-    context_kv = _bf16_of(_rms64(main_x[:, :hd].double()), "the context KV")
+    main_x = bf16_clear_of_midpoints(_rms64(i["target_hidden"][rows - 1::rows, :d].double()), "main_x")
+    context_kv = bf16_clear_of_midpoints(_rms64(main_x[:, :hd].double()), "the context KV")
     caches = i["kv_caches"].clone()
     streams = []
     h = e
     for layer in range(len(i["layers"])):
-        mixed = _bf16_of(hc * pre * h, f"layer {layer}'s pre-mixed rows")
-        normed = _bf16_of(_rms64(mixed.double()), f"layer {layer}'s normed rows")
-        kv = _bf16_of(_rms64(normed[:, :hd].double()), f"layer {layer}'s block KV")
+        mixed = bf16_clear_of_midpoints(hc * pre * h, f"layer {layer}'s pre-mixed rows")
+        normed = bf16_clear_of_midpoints(_rms64(mixed.double()), f"layer {layer}'s normed rows")
+        kv = bf16_clear_of_midpoints(_rms64(normed[:, :hd].double()), f"layer {layer}'s block KV")
         flat = caches[layer].view(-1, hd)
         flat[i["context_slot_mapping"][layer].long()] = context_kv
         flat[rule["slots"][layer]] = kv
         h = h * gain ** 2
         streams.append(h)
-    head = _bf16_of(hc * pre * h, "the head")
+    head = bf16_clear_of_midpoints(hc * pre * h, "the head")
     return {"head_hidden": head.reshape(-1, W, d), "streams": torch.stack(streams), "embedding": e,
             "kv_caches": caches, "gain": gain}
 
@@ -514,19 +503,10 @@ def test_the_drafter_hands_its_probability_rule_to_the_attention(backend):
 # --- seeded defects ------------------------------------------------------------------------------------------
 
 def _drafter(**over):
-    """dspark_drafter with one of its module's helpers replaced."""
-    from kernels.v4 import dspark_drafter as module
-
-    def run(*args, **kw):
-        saved = {k: getattr(module, k) for k in over}
-        try:
-            for k, v in over.items():
-                setattr(module, k, v)
-            return module.dspark_drafter(*args, **kw)
-        finally:
-            for k, v in saved.items():
-                setattr(module, k, v)
-    return run
+    """dspark_drafter compiled again with some of its module's helpers re-bound (pto_pytest.defect.reference_edit)."""
+    fn = reference_edit("kernels.v4.dspark_drafter:dspark_drafter", "def dspark_drafter(", "def dspark_drafter(")
+    fn.__globals__.update(over)
+    return fn
 
 
 def _noise_first(anchor_token_ids, noise_token_id=128799):
