@@ -184,11 +184,14 @@ def cache_scale(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> Ch
 
 def hc_mix(name: str, a: torch.Tensor, e: torch.Tensor, ctx: Context) -> CheckResult:
     """mHC coefficients: rows >= num_tokens exactly +0.0 (the zero tail, HC-11), the active rows within
-    ratio_allclose(2.5e-5, 5e-3) (HC-07)."""
+    ratio_allclose(2.5e-5, 5e-3) (HC-07); a tree without num_tokens has the active rows its expected output
+    names (the last non-zero row ends them, SP-04), never all its rows."""
     bad = _layout(name, a, e)
     if bad is not None:
         return bad
-    n = int(ctx.inputs["num_tokens"]) if "num_tokens" in ctx.inputs else a.shape[0]
+    from contracts.checks.attention import owner_active_rows
+
+    n, _source = owner_active_rows(e.reshape(1, e.shape[0], -1), inputs=ctx.inputs)  # never the capacity (SP-04)
     tail = a[n:].reshape(-1)
     nonzero = tail.view(torch.int32) != 0
     if bool(nonzero.any()):

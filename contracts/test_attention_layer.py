@@ -620,3 +620,56 @@ SEEDED_DEFECTS = [
     shared("half_layer:STALE_SLAB_PADDING", "test_sharded_wiring_equals_the_replicated_wiring", "sharded-vs-replicated TP1: output.rank0 padding row[18][0] = 13, expected 0"),
     shared("half_layer:WINDOW_ONE_PAST", "test_flash_head_geometry", "C1A_FULL decode replicated TP4: output.rank0[active rows] row[2]"),
 ]
+
+
+def test_the_active_count_is_the_callers_then_num_tokens_then_the_golden():
+    """SP-04, by hand: TP 3 slabs of width 4 (capacity 12) holding 6 active rows -- rank 0 rows 0..3, rank 1 rows
+    0..1 (its row 1 non-zero only in its last column), rank 2 only padding. The caller's count wins over
+    num_tokens, num_tokens over the golden, and the golden names 6: not the capacity (12), not the owning ranks'
+    whole slabs (8), not a count that stops at a rank's first zero column (5). Spec: SP-04, §7.1."""
+    from contracts.checks.attention import active_rows_from_golden, owner_active_rows
+
+    golden = torch.zeros(3, 4, 2, dtype=torch.bfloat16)
+    golden[0] = torch.tensor([[1.0, -2.0], [0.5, 3.0], [-1.0, 1.0], [2.0, 0.25]])
+    golden[1, 0] = torch.tensor([4.0, -0.5])
+    golden[1, 1] = torch.tensor([0.0, 1.5])
+    inputs = {"num_tokens": torch.tensor(5, dtype=torch.int32)}
+    assert owner_active_rows(golden, active=4, inputs=inputs) == (4, "explicit")
+    assert owner_active_rows(golden, inputs=inputs) == (5, "num_tokens")
+    assert owner_active_rows(golden, inputs={}) == (6, "golden")
+    count = torch.tensor([active_rows_from_golden(golden)])
+    separates("SP-04 active rows from the golden", count, capacity=torch.tensor([12]), whole_slabs=torch.tensor([8]),
+              first_column=torch.tensor([5]))
+    with pytest.raises(KeyError, match="num_tokens"):
+        owner_active_rows(None, inputs={})
+
+
+@pytest.mark.parametrize("kind", [LayerKind.C1A_FULL, LayerKind.C1A_REUSE], ids=str)
+@pytest.mark.operators("attention_half_layer")
+def test_a_sharded_tree_without_num_tokens_is_judged_on_the_golden_count(backend, kind):
+    """SP-04 through the judge: a sharded prefill (TP 4, 18 of 25 rows active in slabs of 7: the last owning
+    rank is partly filled) handed to judge_half_layer without num_tokens. The backend's outputs pass on the count the golden
+    names; the same outputs with a stale 2^-30 left in the first padding row fail ("exactly zero"), while the
+    capacity as the count would judge that row as a data row against the reference's zero row within the C1A
+    bound and pass it. Spec: SP-04, SP-05, §7.1."""
+    case = HalfLayerCase(kind, "prefill", "sharded", 4, padding=7)
+    expected, scores = _expected(case)
+    inputs = {k: v for k, v in _inputs(case).items() if k != "num_tokens"}
+    active, tokens = int(_built(case)["num_tokens"]), int(inputs["position_ids"].shape[0])
+    actual = _run(op(backend, "attention_half_layer"), case)
+
+    def judge(got, **kw):
+        return judge_half_layer(got, expected, inputs, kind=kind, phase="prefill", wiring="sharded", tp=4,
+                                block_size=case.config.block_size, scores=scores,
+                                reference_for=lambda s: for_selection(_inputs(case), s, **_call(case)), **kw)
+
+    assert_ok(judge(actual))
+    width = actual["output"].shape[1]
+    rank, row = divmod(active, width)
+    assert 0 < row < width and rank < 4, f"the case must end inside a slab, not at its edge ({active}, {width})"
+    stale = actual["output"].clone()
+    stale[rank, row, 0] = 2.0 ** -30
+    verdict = judge({**actual, "output": stale})
+    assert not verdict.ok and "padding row" in str(verdict), f"a stale padding row passed: {verdict}"
+    assert judge({**actual, "output": stale}, active=tokens).ok, \
+        "the capacity count no longer passes the stale row: the vector does not separate the rule from it"

@@ -19,6 +19,7 @@ from contracts import compare
 from contracts.checks import cache as cache_checks
 from contracts.checks.precision import check_ratio_allclose, check_row_precision
 from contracts.checks.topk import TopKContext, check_topk_overlap, check_topk_validity
+from contracts.separation import separates
 from contracts.tolerances import OutputBudget
 from pto_pytest.plugin import op, operator_params
 
@@ -532,6 +533,26 @@ def test_replay_comparators_exact_and_masked_scores():
     u = s.clone()
     u[0, 0] += 0.07  # RMS(e) of the row = 1.29 with the masked column as 0: peak bound 0.0645
     assert not compare.masked_scores("s", u, s, ctx).ok, "a finite score past the row bound passed"
+
+
+def test_hc_mix_without_num_tokens_takes_the_active_rows_its_golden_names():
+    """SP-04 / HC-11 on the replay comparator: coefficients of 4 rows whose last 2 are the zero tail, in a tree
+    without num_tokens. The expected output names 2 active rows, so a stale 2^-30 in a tail row fails as a
+    padding row; the capacity as the count (every row active) would judge it within ratio_allclose(2.5e-5, ..)
+    and pass it. Spec: SP-04, HC-11."""
+    e = torch.zeros(4, 3)
+    e[:2] = torch.tensor([[0.5, -1.25, 2.0], [1.0, 0.75, -0.5]])
+    a = e.clone()
+    a[3, 1] = 2.0 ** -30
+    from contracts.checks.attention import owner_active_rows
+
+    count = owner_active_rows(e.reshape(1, 4, 3), inputs={})[0]
+    separates("SP-04 hc_mix active rows", torch.tensor([count]), capacity=torch.tensor([4]))
+    verdict = compare.hc_mix("post", a, e, compare.Context({}, {}, {}, {}))
+    assert not verdict.ok and "padding row" in str(verdict), f"a stale tail row passed: {verdict}"
+    assert compare.hc_mix("post", e.clone(), e, compare.Context({}, {}, {}, {})).ok
+    every_row = compare.Context({"num_tokens": torch.tensor(4)}, {}, {}, {})
+    assert compare.hc_mix("post", a, e, every_row).ok, "the capacity count fails the row too: not a separating vector"
 
 
 def test_unchanged_storage_is_compared_byte_for_byte():

@@ -125,17 +125,55 @@ def check_layer_output(where: str, actual: torch.Tensor, expected: torch.Tensor,
     return first_failure(results)
 
 
+ACTIVE_SOURCES = ("explicit", "num_tokens", "golden")
+
+
+def active_rows_from_golden(expected: torch.Tensor) -> int:
+    """The active token count an ownership-padded sharded golden ``[ranks, width, ...]`` names: each rank's owned
+    rows lead its slab and its padding rows are exactly zero, so the last non-zero row of the last rank holding
+    one ends the batch (``rank * width + row + 1``); 0 when every row is zero. Spec: SP-04."""
+    if expected.dim() < 2:
+        raise ValueError(f"an ownership-padded golden is [ranks, width, ...], got shape {list(expected.shape)}")
+    ranks, width = int(expected.shape[0]), int(expected.shape[1])
+    rows = expected.detach().reshape(ranks, width, -1)
+    live = (rows != 0).any(-1) if rows.shape[-1] else torch.zeros(ranks, width, dtype=torch.bool)
+    active = 0
+    for rank in range(ranks):
+        hit = live[rank].nonzero()
+        if hit.numel():
+            active = rank * width + int(hit[-1, 0]) + 1
+    return active
+
+
+def owner_active_rows(golden: torch.Tensor | None, *, active: int | None = None,
+                      inputs: Mapping[str, torch.Tensor] | None = None) -> tuple[int, str]:
+    """(the batch's active token count, where it came from) for an owner-row comparison: the caller's
+    ``active`` when given, else the inputs' ``num_tokens``, else read from the ownership-padded ``golden``
+    (:func:`active_rows_from_golden`) -- never the slab capacity, which overstates ownership whenever the last
+    slab ends partly filled. ``golden=None`` (a replicated output keeps the caller's bytes past the batch, so it
+    names no count) makes a missing ``num_tokens`` a ``KeyError``. Spec: SP-04."""
+    if active is not None:
+        return int(active), "explicit"
+    if inputs is not None and "num_tokens" in inputs:
+        return int(inputs["num_tokens"]), "num_tokens"
+    if golden is None:
+        raise KeyError("num_tokens: the inputs name no active count and a replicated golden cannot name one")
+    return active_rows_from_golden(golden), "golden"
+
+
 def judge_half_layer(actual: Tensors, expected: Tensors, inputs: Tensors, *, kind: LayerKind | str, phase: str,
                      wiring: str, tp: int, block_size: int, variant: str | None = None,
                      scores: torch.Tensor | Callable[[], torch.Tensor] | None = None,
                      reference_for: Callable[[torch.Tensor], Tensors] | None = None,
-                     only: str | None = None, cache_rule: str = "mode") -> CheckResult:
+                     only: str | None = None, cache_rule: str = "mode", active: int | None = None) -> CheckResult:
     """Judge every output of one half-layer call (see module doc); ``only`` names one output and returns its
     verdict alone (the golden replay's per-output table). ``scores``: the reference index scores, or a callable
     computing them (needed when a C1A FULL/REINDEX selection differs from the reference);
     ``reference_for(selection)``: the reference outputs recomputed for an accepted alternative selection;
     ``cache_rule``: ``"mode"`` (decode C2A ``compare_cache``: 1 % for C2A FULL's MXFP4 caches) or ``"format"``
-    (``quantized_cache_compare``: MXFP8 1 %, MXFP4 4 % for every mode). Spec: §6, §5.3."""
+    (``quantized_cache_compare``: MXFP8 1 %, MXFP4 4 % for every mode); ``active``: the batch's active token
+    count when the caller knows it, else the inputs' ``num_tokens``, else (sharded) read from the golden output
+    (:func:`owner_active_rows`, SP-04). Spec: §6, §5.3."""
     if cache_rule not in CACHE_RULES:
         raise ValueError(f"cache_rule: expected one of {CACHE_RULES}, got {cache_rule!r}")
     kind = LayerKind(kind)
@@ -153,7 +191,12 @@ def judge_half_layer(actual: Tensors, expected: Tensors, inputs: Tensors, *, kin
             note="a mode returns only the caches it owns"))))
     if missing:
         return _pick(results, only)
-    active = int(inputs["num_tokens"])
+    try:
+        active, _source = owner_active_rows(expected["output"] if wiring == "sharded" else None, active=active,
+                                            inputs=inputs)
+    except KeyError as e:
+        return failed("judge_half_layer", "SP-04", 1, 1, Violation(f"{where}: active count", (), "absent",
+                                                                   "num_tokens in the inputs", note=str(e)))
     tokens = int(inputs["position_ids"].shape[0])
     want = expected
     if "topk_indices" in expected:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ("contracts.checks.cache", "contracts.checks.topk", "contracts.checks.moe", "contracts.checks.metadata",
-           "contracts.checks.attention", "contracts.checks.teacher")
+           "contracts.checks.attention", "contracts.checks.teacher", "contracts.compare")
 TEST_DIRS = ("contracts", "tests")
 COPY = ("contracts", "kernels", "goldens", "backends", "tests", "conftest.py", "pyproject.toml")
 
@@ -123,8 +123,9 @@ def _callers(module: str, func: str) -> set[str]:
     uses = {n.name: {m.id for m in ast.walk(n) if isinstance(m, ast.Name)}
             for n in tree.body if isinstance(n, ast.FunctionDef)}
     for n in tree.body:  # a module-level table of checks (ALL_CHECKS = (...)) reaches what it lists
-        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
-            uses[n.targets[0].id] = {m.id for m in ast.walk(n.value) if isinstance(m, ast.Name)}
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+        if len(targets) == 1 and isinstance(targets[0], ast.Name) and n.value is not None:
+            uses.setdefault(targets[0].id, set()).update(m.id for m in ast.walk(n.value) if isinstance(m, ast.Name))
     reach, todo = {func}, [func]
     while todo:
         f = todo.pop()
