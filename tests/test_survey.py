@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from backends.upstream.survey import classify, drivers
 from tests import forkserver
 
@@ -26,7 +28,8 @@ for s in stages:
     print(f"[RUN] {{s}} done (0.01s)", flush=True)
 {tail}
 def main():
-    run_jit(None)
+    result = run_jit(None)
+{check}
 
 
 if __name__ == "__main__":
@@ -43,7 +46,10 @@ _TAILS = {
     "nosim": ('[]', 'sys.stderr.write("usage: nosim.py [-h] [-p {a2a3,a5}]\\nnosim.py: error: argument -p/--platform: '
               'invalid choice: \'a5sim\' (choose from \'a2a3\', \'a5\')\\n"); sys.exit(2)'),
     "slow": ('["compile"]', 'import time; time.sleep(60)'),
+    "swallow": ('["compile", "generate inputs", "compute golden", "runtime", "validate"]',
+                'print("[RUN] PASS (0.05s)")'),
 }
+_CHECK = "    if not result.passed:\n        raise SystemExit(1)"
 
 
 def _checkout(tmp_path: Path) -> Path:
@@ -53,7 +59,8 @@ def _checkout(tmp_path: Path) -> Path:
     (root / "golden").mkdir()
     (root / "golden" / "__init__.py").write_text("run_jit = None\n")
     for name, (stages, tail) in _TAILS.items():
-        (models / f"{name}.py").write_text(_DRIVER.format(stages=eval(stages), tail=tail))
+        check = "    print(result)" if name == "swallow" else _CHECK  # swallow exits 0 whatever its result
+        (models / f"{name}.py").write_text(_DRIVER.format(stages=eval(stages), tail=tail, check=check))
     (models / "config.py").write_text("X = 1\n")  # no driver
     (tmp_path / "pypto").mkdir()
     (tmp_path / "pypto" / "__init__.py").write_text("")
@@ -61,7 +68,7 @@ def _checkout(tmp_path: Path) -> Path:
 
 
 def test_drivers_are_the_modules_whose_main_runs_an_entry(tmp_path):
-    assert drivers(_checkout(tmp_path), "deepseek_v4_pro") == ["nosim", "ok", "refused", "slow", "sort"]
+    assert drivers(_checkout(tmp_path), "deepseek_v4_pro") == ["nosim", "ok", "refused", "slow", "sort", "swallow"]
 
 
 def test_each_way_a_driver_ends_gets_its_status(tmp_path):
@@ -77,6 +84,8 @@ def test_each_way_a_driver_ends_gets_its_status(tmp_path):
     assert got["refused"]["status"] == "FAIL validate" and "does not match golden" in got["refused"]["detail"]
     assert got["nosim"]["status"] == "NOT OFFERED" and "invalid choice" in got["nosim"]["detail"]
     assert got["slow"]["status"] == "TIMEOUT" and got["slow"]["exit_code"] is None
+    assert got["swallow"]["status"] == "UNJUDGED" and "never ends the process" in got["swallow"]["detail"], \
+        "exit 0 from a driver that exits 0 on a failed result too was read as a pass"
     # resumable: nothing left to run
     again = forkserver.run([sys.executable, "-m", "backends.upstream.survey", "--pypto-lib", str(root), "--resume",
                             "--results", str(results), "--list"], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -126,3 +135,44 @@ def test_the_survey_reads_every_stage_upstreams_runner_opens():
     root = os.environ.get("PYPTO_LIB_ROOT")
     if root:  # against the real runner: the same facts (a difference means the survey must learn a new line)
         assert _runner_facts(Path(root) / "golden" / "runner.py") == RUNNER_FACTS
+
+
+UNCHECKED = {  # driver sources, and the lines unchecked_results must name (CH-21: a failed result exits non-zero)
+    "checked": ("r = run_jit(f)\nif not r.passed:\n    print(r.error)\n    raise SystemExit(1)\n", []),
+    "sys.exit": ("import sys\nr = run(p)\nif not r.passed:\n    sys.exit(3)\n", []),
+    "message": ("r = run_jit(f)\nif not r.passed:\n    raise SystemExit('failed')\n", []),
+    "bare": ("r = run_jit(f)\nif not r.passed:\n    raise SystemExit\n", []),
+    "loop": ("for m in modes:\n    r = run_jit(f, m)\n    if not r.passed:\n        raise SystemExit(1)\n", []),
+    "printed only": ("r = run_jit(f)\nif not r.passed:\n    print(r.error)\n", [1]),
+    "exit zero": ("r = run_jit(f)\nif not r.passed:\n    raise SystemExit(0)\n", [1]),
+    "other name": ("r = run_jit(f)\ns = run_jit(g)\nif not s.passed:\n    raise SystemExit(1)\n", [1]),
+    "guard before": ("r = None\nif not r.passed:\n    raise SystemExit(1)\nr = run_jit(f)\n", [4]),
+    "unbound": ("run_jit(f)\n", [1]),
+    "passed kept": ("r = run_jit(f)\nok = r.passed\n", [1]),
+}
+
+
+def test_a_driver_that_exits_zero_on_a_failed_result_is_named():
+    """CH-21 as the survey relies on it: each run / run_jit result of a driver ends the process non-zero when
+    not passed. Accepted: ``raise SystemExit`` (no code, 1, a message) and ``sys.exit(3)`` under ``if not
+    R.passed``, in a loop too; named: a failure only printed, ``SystemExit(0)``, a guard on another result or
+    before the call, a result never bound or only stored."""
+    from backends.upstream.survey import unchecked_results
+
+    for what, (source, lines) in UNCHECKED.items():
+        assert [line for line, _ in unchecked_results(source)] == lines, what
+
+
+@pytest.mark.skipif(not os.environ.get("PYPTO_LIB_ROOT"), reason="needs a pypto-lib checkout (PYPTO_LIB_ROOT)")
+@pytest.mark.parametrize("folder", ["deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark"])
+def test_real_checkout_drivers_exit_nonzero_on_a_failed_result(folder):
+    """Every driver of the checkout's folder ends the process non-zero when a result has not passed, so the
+    survey's PASS (exit 0) is the driver's own verdict (CH-21 on main, whose drivers print no ``[GOLDEN]`` line)."""
+    from backends.upstream.survey import unchecked_results
+
+    root = Path(os.environ["PYPTO_LIB_ROOT"]).expanduser()
+    found = drivers(root, folder)
+    assert found, f"no driver in {root}/models/{folder}"
+    bad = {m: unchecked_results((root / "models" / folder / f"{m}.py").read_text()) for m in found}
+    bad = {m: v for m, v in bad.items() if v}
+    assert not bad, f"drivers that can exit 0 on a failed result: {bad}"

@@ -99,6 +99,17 @@ try:
     out["validate_default"] = "passed"
 except AssertionError as exc:
     out["validate_default"] = ["AssertionError", "'q'" in str(exc), "'p'" in str(exc)]
+def refusal(fn, **kw):
+    try:
+        result = fn(None, [], **kw)
+    except ModuleNotFoundError as exc:  # the real run imports pypto first: only upstream's toolchain Python has it
+        if (exc.name or "").split(".")[0] == "pypto":
+            return "needs pypto"
+        raise
+    return [bool(result.passed), str(result.error)]
+out["runtime_dir"] = {f"{name}_{k}": outcome(lambda: refusal(fn, **kw)) for name, fn in (("run", golden.run), ("run_jit", golden.run_jit))
+                      for k, kw in {"missing": {"runtime_dir": "/nonexistent/pto-runtime-dir"},
+                                    "compile_only": {"runtime_dir": sys.argv[1], "compile_only": True}}.items()}
 out["threads"] = torch.get_num_threads()
 print(json.dumps(out))
 '''
@@ -110,11 +121,13 @@ PINNED_TENSOR_SPEC = [("name", None), ("shape", None), ("dtype", None), ("init_v
                       ("is_output", "False"), ("resident", "None")]
 
 
-def describe(root: Path, threads: str = "3") -> dict:
+def describe(root: Path, threads: str = "3", python: list[str] | None = None) -> dict:
+    """The probe's JSON for the golden package under ``root``, run by ``python`` (default this interpreter; the
+    real package is described by upstream's own Python, ``$PTO_UPSTREAM_PYTHON``, whose pypto ``run`` imports)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYPTO_GOLDEN_NUM_THREADS"] = threads
-    proc = forkserver.run([sys.executable, "-c", PROBE, str(root)], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=str(root))
+    proc = forkserver.run([*(python or [sys.executable]), "-c", PROBE, str(root)], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=str(root))
     assert proc.returncode == 0, f"describing the golden package of {root} failed: {proc.stderr[-1500:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -128,6 +141,10 @@ def test_the_double_keeps_upstreams_pinned_signatures_and_semantics():
                                       "output": [["out", "y.pt"]], "inout": [["out", "z.pt"], ["in", "z.pt"]]}
     assert d["validate_spy"]["kwargs"] == ["actual_outputs", "atol", "expected_outputs", "inputs", "rtol"]
     assert d["validate_default"] == ["AssertionError", True, False], "only the allclose output fails"
+    assert d["runtime_dir"] == {  # RP-04: a replay directory must exist, and a compile-only run takes none
+        f"{fn}_{k}": ["value", repr(v)] for fn in ("run", "run_jit") for k, v in (
+            ("missing", [False, "runtime_dir does not exist: /nonexistent/pto-runtime-dir"]),
+            ("compile_only", [False, "runtime_dir is incompatible with compile_only"]))}
     assert d["threads"] == 3, "like the real package, importing it sets torch's threads (the worker must isolate it)"
 
 
@@ -136,7 +153,9 @@ def test_the_double_matches_the_real_golden_package():
     from backends.upstream.backend import revision
 
     real_root = Path(os.environ["PYPTO_LIB_ROOT"]).expanduser()
-    real, double = describe(real_root), describe(FAKE)
+    from backends.upstream.python import worker_python
+
+    real, double = describe(real_root, python=worker_python()), describe(FAKE)
     sys.path.insert(0, str(FAKE))
     try:
         from golden import CHECKED_AGAINST
@@ -144,6 +163,10 @@ def test_the_double_matches_the_real_golden_package():
         sys.path.remove(str(FAKE))
         for name in [m for m in sys.modules if m == "golden" or m.startswith("golden.")]:
             del sys.modules[name]
+    # without upstream's toolchain Python the real run stops at its pypto import: those refusals are held to the
+    # pinned facts only (test_the_double_keeps_upstreams_pinned_signatures_and_semantics)
+    for key in [k for k, v in real["runtime_dir"].items() if v == ["value", repr("needs pypto")]]:
+        del real["runtime_dir"][key], double["runtime_dir"][key]
     differ = sorted(k for k in real if real[k] != double.get(k))
     assert not differ, (f"the test double differs from the golden package of {real_root} @ {revision(real_root)} "
                         f"in {differ} (last checked against {CHECKED_AGAINST}): "

@@ -14,6 +14,8 @@ golden with upstream's own comparators. This survey only reads what the driver p
   (the stage the runner had started and not finished; the first error line is kept);
 - ``FAIL before any stage``: it stopped before the runner started a stage (an import or argument error);
 - ``NOT OFFERED``: the driver's ``-p`` refuses the platform (its argparse choices);
+- ``UNJUDGED``: exit 0 from a driver that would exit 0 on a failed result too (a ``run_jit`` result its
+  ``__main__`` never ends the process on: :func:`unchecked_results`, upstream_checks CH-21);
 - ``TIMEOUT``: still running after ``--timeout`` seconds (the process group is killed).
 
 One JSON object per module is appended to ``--results`` as each ends, so a long survey can be stopped and
@@ -61,6 +63,56 @@ def drivers(root: Path, folder: str) -> list[str]:
     return out
 
 
+def _exits_nonzero(stmts: list) -> bool:
+    """A statement list that ends the process with a non-zero status: ``raise SystemExit`` with no code, a
+    non-zero int or a message, or ``sys.exit`` / ``exit`` the same way."""
+    import ast
+
+    for node in (n for s in stmts for n in ast.walk(s)):
+        call = None
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            exc = node.exc
+            if isinstance(exc, ast.Name) and exc.id == "SystemExit":
+                return True
+            if isinstance(exc, ast.Call) and isinstance(exc.func, ast.Name) and exc.func.id == "SystemExit":
+                call = exc
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.exit", "exit"):
+            call = node
+        if call is not None:
+            code = call.args[0] if call.args else None
+            if code is None or not isinstance(code, ast.Constant) or code.value not in (0, None, False):
+                return True
+    return False
+
+
+def unchecked_results(source: str) -> list[tuple[int, str]]:
+    """(line, what) of each ``golden.run`` / ``run_jit`` result of a driver module that does not end the process
+    with a non-zero status when it has not passed -- the survey reads a driver's exit status as its verdict
+    (upstream_checks CH-21). A result is checked by a later ``if not V.passed:`` whose body exits non-zero
+    (:func:`_exits_nonzero`); a call whose result is not bound to a name is never checked."""
+    import ast
+
+    tree = ast.parse(source)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id in ("run", "run_jit")]
+    bound = {id(n.value): n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
+             and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Call)}
+    guards = [n for n in ast.walk(tree) if isinstance(n, ast.If) and isinstance(n.test, ast.UnaryOp)
+              and isinstance(n.test.op, ast.Not) and isinstance(n.test.operand, ast.Attribute)
+              and n.test.operand.attr == "passed" and isinstance(n.test.operand.value, ast.Name)
+              and _exits_nonzero(n.body)]
+    out = []
+    for call in calls:
+        assign = bound.get(id(call))
+        if assign is None:
+            out.append((call.lineno, f"{call.func.id}(...) result not bound to a name"))
+            continue
+        name = assign.targets[0].id
+        if not any(g.test.operand.value.id == name and g.lineno > assign.lineno for g in guards):
+            out.append((assign.lineno, f"{name} = {call.func.id}(...) never ends the process when not passed"))
+    return out
+
+
 def classify(stdout: str, stderr: str, code: int | None) -> tuple[str, str]:
     """(status, detail) from a driver's output: the stage the runner last started (it prints "done" for a stage
     that raised too), and the most telling error line."""
@@ -96,6 +148,9 @@ def run_one(python: list[str], root: Path, folder: str, module: str, platform: s
         out, err = proc.communicate(timeout=timeout)
         status, detail = classify(out, err, proc.returncode)
         code = proc.returncode
+        unchecked = unchecked_results(Path(script).read_text(errors="replace")) if status == "PASS" else []
+        if unchecked:  # exit 0 is no verdict from a driver that exits 0 on a failed result too
+            status, detail = "UNJUDGED", f"exit 0, but line {unchecked[0][0]}: {unchecked[0][1]}"
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()

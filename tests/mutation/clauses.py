@@ -36,7 +36,16 @@ ROOT = Path(__file__).resolve().parents[2]
 MODULES = ("contracts.checks.cache", "contracts.checks.topk", "contracts.checks.moe", "contracts.checks.metadata",
            "contracts.checks.attention", "contracts.checks.teacher", "contracts.compare")
 TEST_DIRS = ("contracts", "tests")
-COPY = ("contracts", "kernels", "goldens", "backends", "tests", "conftest.py", "pyproject.toml")
+def _packages() -> tuple[str, ...]:
+    """The project's packages as pyproject.toml lists them (``contracts*`` -> ``contracts``): a package added there
+    is copied into the shadow tree without editing this file."""
+    import tomllib
+
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    return tuple(name.rstrip("*") for name in found["include"])
+
+
+COPY = (*_packages(), "tests", "docs", "conftest.py", "pyproject.toml")
 
 
 # Clauses whose drop changes no verdict on any input, each with why (keyed by module:function and the clause's

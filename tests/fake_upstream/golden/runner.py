@@ -109,6 +109,8 @@ def _harness(kernel_of: Callable, specs, golden_fn, golden_data, compile_cfg, ru
     start = time.time()
     if compile_only and runtime_dir is not None:
         return RunResult(passed=False, error="runtime_dir is incompatible with compile_only")
+    if runtime_dir is not None and not Path(runtime_dir).is_dir():
+        return RunResult(passed=False, error=f"runtime_dir does not exist: {Path(runtime_dir)}")
     kernel, work_dir = kernel_of(dict(compile_cfg or {}), runtime_cfg.get("platform"))
     if compile_only:
         return RunResult(passed=True, execution_time=time.time() - start, work_dir=work_dir)
