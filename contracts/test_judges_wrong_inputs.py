@@ -280,3 +280,34 @@ def test_every_chain_judge_names_the_actual_outputs_it_reads():
         read = set(re.findall(r'actual_outputs(?:\["|\.get\(")(\w+)"', source))
         assert read <= set(READS_ACTUAL.get(name, ())), f"{name} reads {sorted(read)}: add them to READS_ACTUAL"
     assert compare.READS_ACTUAL is READS_ACTUAL
+
+
+# (comparator, what the context lacks, the text its failure names): a judge that reads a companion -- another
+# actual output, or an input giving a reduction length -- handed a tree without it
+MISSING_COMPANION = [
+    ("recv_y", "actual recv_expert_count", "recv_expert_count"),
+    ("greedy", "actual logits", "no logits"),
+    ("rms_scale", "input x_mixed", "x_mixed"),
+    ("norm_bf16", "inputs hidden and weight", "hidden"),
+]
+
+
+@pytest.mark.parametrize("comparator, lacks, names", MISSING_COMPANION, ids=[m[0] for m in MISSING_COMPANION])
+def test_a_judge_without_its_companion_fails_naming_it(comparator, lacks, names):
+    """A wrong input of another kind: the tree lacks what the judge reads besides the pair (here the expected
+    output itself is handed as the actual one). The judge fails naming what is missing -- never passes, never
+    crashes. Spec: §7.3."""
+    e = torch.ones(2, 2, 4) if comparator == "recv_y" else torch.ones(2, 4)
+    if comparator == "greedy":
+        e = torch.zeros(2, dtype=torch.int32)
+    expected = {"recv_expert_count": torch.zeros(2, 2, dtype=torch.int32)} if comparator == "recv_y" else {}
+    verdict = COMPARATORS[comparator]("out", e.clone(), e, Context({}, {}, expected, {}))
+    assert not verdict.ok and names in str(verdict), f"{comparator} without its {lacks}: {verdict}"
+
+
+def test_compare_all_fails_an_output_the_backend_did_not_return():
+    """compare_all over a tree whose backend returned all outputs but one: that output fails as missing, the others
+    are judged. Spec: §7.3."""
+    e = {"a": torch.ones(2, 3), "b": torch.zeros(2, 3)}
+    verdicts = compare_all({"a": "exact", "b": "exact"}, Context({}, {"a": e["a"].clone()}, e, {}))
+    assert verdicts["a"].ok and not verdicts["b"].ok and "missing" in str(verdicts["b"]), verdicts

@@ -21,7 +21,7 @@ from contracts.checks.moe import check_gate_ids, check_gate_weights, check_moe_r
 from kernels.config import FLASH_TINY
 from kernels.errors import ContractInputError
 from kernels.reference.moe import ExpertWeights, expert_weights
-from pto_pytest.defect import shared
+from pto_pytest.defect import SeededDefect, reference_edit, shared
 from pto_pytest.plugin import op
 
 REF = torch_backend()
@@ -542,6 +542,28 @@ def test_the_bf16_projection_rule_rounds_each_projection(backend):
     assert torch.equal(bf16, bf16.to(torch.bfloat16).float()), "a bf16-proj contribution holds BF16 values"
 
 
+@pytest.mark.operators("moe_expert")
+def test_the_bf16_projection_rule_keeps_the_swiglu_in_fp32(backend):
+    """``bf16-proj`` rounds the projections to BF16 and then evaluates silu(gate)·up in FP32 with one BF16 cast of
+    the hidden: gate 2^-6 and up 1.5 (exact in BF16, so the projections' rounding is a no-op and only the SwiGLU's
+    staging decides) give BF16(silu(2^-6)·1.5) = 0.01177978515625. Computed alternative: silu and the product in
+    BF16 (the projection kept BF16, each op rounding): BF16(BF16(silu(2^-6))·1.5) = 0.0118408203125.
+    Spec: MO-02 (the older rule kept by name)."""
+    from contracts.separation import separates
+
+    moe_expert = op(backend, "moe_expert")
+    gate, up = torch.tensor([2.0**-6]), torch.tensor([1.5])
+    silu = torch.nn.functional.silu(gate.double())
+    want = separates("bf16-proj: SwiGLU in FP32, one BF16 cast", (silu * up.double()).float().to(torch.bfloat16).float(),
+                     swiglu_in_bf16=(silu.float().to(torch.bfloat16).float() * up).to(torch.bfloat16).float())
+    x = torch.zeros(1, D, dtype=torch.bfloat16)
+    x[0, 0] = 1.0
+    w1, w3, w2 = torch.zeros(INTER, D), torch.zeros(INTER, D), torch.zeros(D, INTER)
+    w1[0, 0], w3[0, 0], w2[0, 0] = float(gate), float(up), 1.0
+    got = moe_expert(x, ExpertWeights(w1, w3, w2), None, config=C, rule="bf16-proj")[0, :1]
+    assert torch.equal(got, want), f"bf16-proj contribution {got.item()!r}, expected {want.item()!r} (FP32 SwiGLU)"
+
+
 @pytest.mark.operators("moe_ep", "moe_expert", "moe_gate")
 def test_the_moe_operators_refuse_bad_calls_naming_the_field(backend):
     """Every shape clause alone, the id range at its edges (E refused, E-1 accepted), the receive capacity at
@@ -661,9 +683,20 @@ def test_the_combine_sums_shared_then_routed_in_slot_order(backend):
 
 
 # defects of tests/defects these contracts must catch (shared with other contract files)
+def _swiglu_in_bf16():
+    """bf16-proj's projections left in BF16, so silu and the product round in BF16 (the #47 staging edit)."""
+    expert = reference_edit("kernels.reference.moe:moe_expert", "limit = config.swiglu_limit",
+                            "limit = config.swiglu_limit")
+    expert.__globals__["_project"] = reference_edit("kernels.reference.moe:_project", "y.to(torch.bfloat16).float()",
+                                                    "y.to(torch.bfloat16)")
+    return expert
+
+
 SEEDED_DEFECTS = [
     shared("moe:BIAS_IN_WEIGHTS", "test_the_correction_bias_moves_the_selection_and_never_the_weights", "unbiased scores normalised"),
     shared("moe:TIES_TO_LAST", "test_ties_go_to_the_lower_expert_id_and_the_topk_rule_stays_selectable", "ties:"),
+    SeededDefect("moe:swiglu-in-bf16", "moe_expert", _swiglu_in_bf16(),
+                 "test_the_bf16_projection_rule_keeps_the_swiglu_in_fp32", "FP32 SwiGLU"),
     shared("moe:ROUTE_AFTER_DOWN", "test_the_route_weight_multiplies_the_hidden_before_its_bf16_boundary", "outputs are not BF16 values"),
     shared("moe:SYMMETRIC_GATE_CLAMP", "test_the_swiglu_clamp_placement_is_separated_from_each_alternative", "one BF16 rounding"),
     shared("moe:CLAMP_AFTER_SILU", "test_the_swiglu_clamp_placement_is_separated_from_each_alternative", "one BF16 rounding"),

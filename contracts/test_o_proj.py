@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from backends import torch_backend
 from contracts.checks.precision import check_row_precision
+from pto_pytest.defect import SeededDefect, reference_edit
 from pto_pytest.plugin import op
 
 REF = torch_backend()
@@ -60,6 +61,32 @@ def test_o_proj_rounds_the_grouped_latent_to_bf16(backend):
     assert out.dtype == torch.float32 and out.shape == (2, 1), f"{out.dtype}{list(out.shape)}"
     assert torch.equal(out[:, 0], want), \
         f"partials {out[:, 0].tolist()}: expected {want.tolist()} (latents 1 + 2^-8, 1 + 3·2^-8 round to BF16 1, 1 + 2^-6)"
+
+
+@pytest.mark.operators("o_proj")
+def test_o_proj_stages_the_latent_in_fp32_before_bf16(backend):
+    """Staging that the data reaches: one token whose latent is 1 + 2^-8 + 2^-30 exactly (x = [1, 2^-8, 2^-30, 0],
+    all exact in BF16, Wo-A ones), Wo-B = [[1], [-1]] against a latent of 1. The latent accumulates in FP32, where
+    2^-30 is below half an ulp of 1: 1 + 2^-8, a BF16 tie, to even 1, so the partial is 0. Computed alternatives:
+    the exact sum rounded to BF16 once (above the tie: 1 + 2^-7, partial 2^-7; torch's own FP64 -> BF16
+    cast goes through FP32, so the test rounds it with bf16_once) and no BF16 rounding (2^-8 + 2^-30
+    in FP32: 2^-8). Spec: AP-09 (the FP32 matmul, then one BF16 cast)."""
+    from contracts.separation import bf16_once, separates
+
+    x = torch.tensor([[[1.0, 2.0**-8, 2.0**-30, 0.0], [0.0, 0.0, 0.0, 0.0]]]).to(torch.bfloat16)
+    assert x[0, 0, 2].item() == 2.0**-30, "2^-30 is exact in BF16"
+    w = torch.zeros(1, 2, 8)
+    w[0, 0, :3], w[0, 1, 0] = 1.0, 1.0
+    exact = torch.tensor([1 + 2.0**-8 + 2.0**-30], dtype=torch.float64)
+    one = torch.ones(1, dtype=torch.float64)
+    staged = exact.float().to(torch.bfloat16).float() - 1.0
+    want = separates("the latent accumulated in FP32, then one BF16 cast", staged,
+                     exact_sum_to_bf16=(bf16_once(exact).double() - one).float(),
+                     no_bf16=(exact - one).float())
+    cos, sin = _identity_tables(1, 1)
+    out = op(backend, "o_proj")(x, cos, sin, w.to(torch.bfloat16), torch.tensor([[1.0], [-1.0]]))
+    assert torch.equal(out[:, 0], want), \
+        f"partial {out[:, 0].tolist()}: expected {want.tolist()} (FP32 1 + 2^-8, a BF16 tie, rounds to even 1)"
 
 
 @pytest.mark.operators("o_proj")
@@ -170,3 +197,13 @@ def test_the_qkv_projection_is_an_fp32_gemm_with_one_bf16_cast():
     for v in x[0]:
         acc = (acc + v.to(torch.bfloat16)).to(torch.bfloat16)
     separates("an FP32 GEMM, one BF16 cast", out.to(torch.bfloat16).reshape(()), bf16_accumulating_gemm=acc)
+
+
+SEEDED_DEFECTS = [
+    SeededDefect("o-proj:latent-rounded-once", "o_proj",
+                 reference_edit("kernels.reference.o_proj:o_proj",
+                                'torch.einsum("tgk,gnk->tgn", x, wo_a.to(torch.float64)).to(torch.float32)',
+                                '__import__("contracts.separation", fromlist=["bf16_once"]).bf16_once('
+                                'torch.einsum("tgk,gnk->tgn", x, wo_a.to(torch.float64)))'),
+                 "test_o_proj_stages_the_latent_in_fp32_before_bf16", "FP32 1 + 2^-8"),
+]
