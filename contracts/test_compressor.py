@@ -395,6 +395,7 @@ def test_epochs_thread_the_ring_and_are_not_idempotent(backend):
     fresh = fn(inputs["x"][1], starts, inputs["position_ids"][1], reqs, inputs["state_block_table"],
                inputs["state_cache"].clone(), weights)[0]
     assert not torch.equal(threaded, fresh), "epoch 2 ignored the state epoch 1 left"
+    assert _same(got["latent"][1], threaded), "the epoch golden's second epoch did not take the state the first left"
 
 
 @pytest.mark.operators("compressor_ratio2")

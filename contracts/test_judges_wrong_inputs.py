@@ -311,3 +311,30 @@ def test_compare_all_fails_an_output_the_backend_did_not_return():
     e = {"a": torch.ones(2, 3), "b": torch.zeros(2, 3)}
     verdicts = compare_all({"a": "exact", "b": "exact"}, Context({}, {"a": e["a"].clone()}, e, {}))
     assert verdicts["a"].ok and not verdicts["b"].ok and "missing" in str(verdicts["b"]), verdicts
+
+
+@pytest.mark.parametrize("judge", ["v4_kv_pool", "v4_cp_kv_cache"])
+def test_an_in_place_cache_judge_keeps_every_unwritten_byte(judge):
+    """A wrong input of the in-place kind: a cache the call writes in place, whose written rows are exact and one
+    element of a row it does not write is moved by one ULP. Within the written rows' relative budget that is
+    nothing, but the row belongs to the caller: the judge fails it byte for byte (upstream's mapped-pool
+    comparators compare the unmapped rows with the input exactly). Spec: §8."""
+    from contracts import compare
+
+    fn = {"v4_kv_pool": compare.v4_kv_pool, "v4_cp_kv_cache": compare.v4_cp_kv_cache}[judge]
+    case, wiring, output = _examples()[judge]
+    tree = _tree(case, wiring)
+    e, before = tree.expected[output], tree.inputs[output]
+    rows = e.reshape(-1, e.shape[-1])
+    kept = (rows.view(torch.int16) == before.reshape(-1, e.shape[-1]).view(torch.int16)).all(-1) \
+        if e.dtype == torch.bfloat16 else (rows == before.reshape(-1, e.shape[-1])).all(-1)
+    assert bool(kept.any()) and not bool(kept.all()), f"{case}: the cache needs written and unwritten rows"
+    r = int(kept.nonzero()[0])
+    a = rows.clone()
+    col = int(a[r].abs().argmax())
+    a[r, col] = torch.nextafter(a[r, col].float(), torch.tensor(float("inf"))).to(a.dtype) \
+        if a.dtype != torch.bfloat16 else (a[r, col:col + 1].view(torch.int16) + 1).view(torch.bfloat16)[0]
+    a = a.reshape(e.shape)
+    assert fn(output, e.clone(), e, _context(tree, output, e.clone(), e)).ok
+    verdict = fn(output, a, e, _context(tree, output, a, e))
+    assert not verdict.ok, f"{judge} passed a one-ULP change of an unwritten row ({case}/{wiring}:{output} row {r})"

@@ -24,7 +24,7 @@ from kernels.config import FLASH, LayerKind
 from kernels.errors import ContractInputError
 from kernels.metadata import paged_slots
 from kernels.prefill_plan import causal_encoder_layer, prefill_layer_plan
-from pto_pytest.defect import shared
+from pto_pytest.defect import SeededDefect, reference_edit, shared
 from pto_pytest.plugin import op
 
 
@@ -285,6 +285,24 @@ def test_a_resumed_request_replays_its_cached_tail_before_its_new_rows(backend):
 
 
 @pytest.mark.operators("decoder_replay")
+def test_a_cached_tail_longer_than_needed_gives_its_last_rows(backend):
+    """A tail that reaches the rule: window 4, request 1 resumes a prefix of 5 with 1 new row, so it replays
+    min(5 + 1, 4) = 4 rows of which 3 come from its cached tail -- and its tail holds 4 (at most min(prefix,
+    window) is allowed). The replay takes the tail's last 3 rows (cached rows 1..3, the positions just before
+    the new row), then the new row: source rows [4, 5, 1, 2, 3, 6] (request 0's 2 new rows first). Computed
+    alternative: the tail's first 3 rows ([4, 5, 0, 1, 2, 6], positions one step too early). Spec: MD-17, MD-18."""
+    starts, positions, requests, kv, table = _resumed([2, 1], [0, 5])
+    tail = torch.tensor([0, 0, 4], dtype=torch.int32)
+    r = op(backend, "decoder_replay")(starts, positions, requests, kv, table, window=4, block_size=4,
+                                      cached_tail_starts=tail)
+    as_rows = partial(torch.tensor, dtype=r.source_rows.dtype)
+    want = separates("MD-18 a longer cached tail gives its last rows", as_rows([4, 5, 1, 2, 3, 6]),
+                     first_tail_rows=as_rows([4, 5, 0, 1, 2, 6]))
+    assert torch.equal(r.source_rows, want), f"source_rows {r.source_rows.tolist()}, expected {want.tolist()}"
+    assert r.position_ids.tolist() == [0, 1, 2, 3, 4, 5] and r.query_lens.tolist() == [2, 4]
+
+
+@pytest.mark.operators("decoder_replay")
 def test_a_missing_or_oversized_cached_tail_is_refused_naming_the_request(backend):
     """Request 1 (prefix 5, 2 new rows, window 4) needs 2 tail rows: a tail of 1 row, or none at all, is
     refused ("needs encoder replay rows from its cached prefix"); a tail longer than min(prefix, window) is
@@ -512,5 +530,10 @@ def test_only_the_last_capacity_rows_of_a_request_own_ring_slots():
 SEEDED_DEFECTS = [
     shared("prefill_plan:REPLAY_KEEPS_129", "test_upstreams_hand_checked_replay_vector", "[0, 1, 127, 128, 129]"),
     shared("prefill_plan:NEW_BEFORE_TAIL", "test_a_resumed_request_replays_its_cached_tail_before_its_new_rows", "[3, 4, 5, 6, 0, 1]"),
+    SeededDefect("prefill-plan:first-tail-rows", "decoder_replay",
+                 reference_edit("kernels.prefill_plan:decoder_replay",
+                                "torch.arange(int(cached[b + 1]) - from_cache, int(cached[b + 1]))",
+                                "torch.arange(int(cached[b]), int(cached[b]) + from_cache)"),
+                 "test_a_cached_tail_longer_than_needed_gives_its_last_rows", "[4, 5, 0, 1, 2, 6]"),
     shared("prefill_plan:ALL_ROWS_NEW", "test_the_encoder_replay_marks_only_new_rows_and_truncates_the_window", "is_new"),
 ]

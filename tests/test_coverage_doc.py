@@ -244,3 +244,13 @@ def test_this_sessions_collection_stands_in_only_when_it_was_the_whole_of_contra
         assert (kept is not None) == whole, (args, options, kept)
         if whole:
             assert kept == {"tests/test_a.py::test_b", "contracts/test_c.py::test_d"}, kept
+
+
+def test_every_covered_row_names_an_edit_its_tests_catch():
+    """#47 item 4: a covered row names the edit of the reference its cited tests catch -- a seeded defect declared
+    for one of them (run by tests/test_seeded_defects.py), or an entry of tests.mutation.rows.EDITS whose old text
+    occurs once where it says (run on demand: python -m tests.mutation.rows)."""
+    from tests.mutation.rows import problems
+
+    bad = problems()
+    assert not bad, "\n".join(bad)

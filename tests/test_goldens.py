@@ -165,6 +165,30 @@ def test_export_then_import_pt_round_trip_is_byte_exact(store, tmp_path):
     assert cli.main(["--store", str(fresh.root), "replay", "sp_slabs"]) == 0
 
 
+def test_export_writes_inout_initial_values_and_scalars_under_in(store, tmp_path):
+    """RP-01: an InOut argument is written twice -- its initial value under in/ (the stored input's bytes) and
+    its expected value under out/ -- and a scalar under in/ as a 0-dim tensor of its dtype; a plain output only
+    under out/. The attention half-layer tree has all three (the window cache is InOut, num_tokens a scalar)."""
+    from goldens import trees
+
+    trees.record(store, [("attn_c1a_full_decode", "replicated")], seed=5)
+    out = tmp_path / "pt"
+    assert run_cli(store, "export-pt", "attn_c1a_full_decode", str(out)) == 0
+    tree = trees.load_tree(store.reader(), "attn_c1a_full_decode", "replicated")
+    base = out / "replicated"
+    inout = [a.name for a in tree.record.args if a.is_input and a.is_output]
+    assert "window_payload" in inout
+    for name in inout:
+        initial = torch.load(base / "in" / f"{name}.pt", weights_only=True)
+        final = torch.load(base / "out" / f"{name}.pt", weights_only=True)
+        assert torch.equal(initial.view(torch.uint8), tree.inputs[name].view(torch.uint8)), f"in/{name}.pt"
+        assert torch.equal(final.view(torch.uint8), tree.expected[name].view(torch.uint8)), f"out/{name}.pt"
+    scalar = torch.load(base / "in" / "num_tokens.pt", weights_only=True)
+    assert scalar.ndim == 0 and scalar.dtype == tree.inputs["num_tokens"].dtype
+    only_out = [a.name for a in tree.record.args if a.is_output and not a.is_input]
+    assert only_out and all(not (base / "in" / f"{n}.pt").exists() for n in only_out)
+
+
 class _Evil:
     def __reduce__(self):
         return (os.system, ("echo pwned",))

@@ -92,7 +92,8 @@ CAST_BEFORE_SUM = _base.derive("defect:layer-cast-before-sum", tp_all_reduce=_ca
 
 
 def _reuse_republishes(inputs, *, kind, **kw):
-    """Wrong: a REUSE layer writes its selected compressed rows back (re-encoded from halved values)."""
+    """Wrong: a REUSE layer writes its selected compressed rows back (re-encoded from halved values), in place into
+    the caller's cache tensors."""
     out = _layer(inputs, kind=kind, **kw)
     if LayerKind(kind) not in REUSE:
         return out
@@ -105,7 +106,10 @@ def _reuse_republishes(inputs, *, kind, **kw):
     rows = rows[rows >= 0].to(torch.int64)
     values = cache_abi.cache_read(cache, dtype=torch.float32).reshape(-1, layout.logical_width)[rows] * 0.5
     cache = cache_abi.cache_publish(cache, values, rows)
-    return {**out, "compressed_payload": cache.payload, "compressed_scale": cache.scale}
+    # as a device writes an InOut buffer: into the caller's tensors (a replay must hand it copies, RP-06)
+    inputs["compressed_payload"].copy_(cache.payload)
+    inputs["compressed_scale"].copy_(cache.scale)
+    return {**out, "compressed_payload": inputs["compressed_payload"], "compressed_scale": inputs["compressed_scale"]}
 
 
 def _lenient_call(kind, *, phase, tokens, active=None, **kw):
