@@ -122,20 +122,54 @@ def load_backend_module(target: str, *, device: str | None = None) -> Backend:
         obj = getattr(module, attr)
     except AttributeError:
         raise BackendError(f"--backend-module {target!r}: {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, Backend):
+        _check_factory(target, attr, obj, device)
     if device is not None:
         return _with_device(target, attr, obj, device)
-    if callable(obj) and not isinstance(obj, Backend):
+    if not isinstance(obj, Backend):
         try:
             obj = obj()
         except BackendError:
             raise
-        except Exception as exc:  # not a zero-argument factory (os:system), or one that fails: one line, named
+        except SystemExit as exc:  # a factory that exits: no green run where nothing ran
+            raise BackendError(f"--backend-module {target!r}: calling {attr} raised SystemExit({exc.code!r}) "
+                               "(expected a Backend, or a zero-argument callable returning one)") from None
+        except Exception as exc:  # a factory that fails: one line, named
             raise BackendError(f"--backend-module {target!r}: calling {attr} raised {type(exc).__name__}: "
                                f"{str(exc).splitlines()[0][:200] if str(exc) else ''} (expected a Backend, or a "
                                "zero-argument callable returning one)") from None
     if not isinstance(obj, Backend):
         raise BackendError(f"--backend-module {target!r}: expected a Backend, got {type(obj).__name__}")
     return obj
+
+
+def _check_factory(target: str, attr: str, obj, device: str | None) -> None:
+    """Before anything is called: ``obj`` (not a Backend) must be a factory written in Python -- a function, a
+    method or a ``functools.partial`` of one -- whose required parameters are none (or ``device``). A builtin or
+    any other callable (``sys:exit``, ``os:abort``, ``builtins:exit``, a class) is refused unrun."""
+    import functools
+    import inspect
+
+    fn = inspect.unwrap(obj.func if isinstance(obj, functools.partial) else obj)  # functools.cache / wraps
+    if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
+        what = "a builtin" if inspect.isbuiltin(fn) or type(fn).__module__ == "builtins" else type(obj).__name__
+        raise BackendError(f"--backend-module {target!r}: {attr} is {what}, not a Backend nor a factory function "
+                           "returning one (a def taking no required argument); nothing was called")
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return
+    returns = sig.return_annotation
+    if returns is not inspect.Signature.empty and "Backend" not in str(getattr(returns, "__name__", returns)):
+        raise BackendError(f"--backend-module {target!r}: {attr} is annotated to return "
+                           f"{getattr(returns, '__name__', returns)}, not a Backend; nothing was called")
+    params = sig.parameters.values()
+    required = [p.name for p in params if p.default is inspect.Parameter.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                and not (device is not None and p.name == "device")]
+    if required:
+        raise BackendError(f"--backend-module {target!r}: {attr} needs argument(s) {', '.join(required)}; a backend "
+                           "factory takes none (device= with --device); nothing was called")
 
 
 def _with_device(target: str, attr: str, obj, device: str) -> Backend:

@@ -806,6 +806,24 @@ def _days(text: str) -> float:
 _count = _int_arg(0, expected="expected a whole number >= 0")
 
 
+# output options of the subcommands: (argparse dest, how the error names it)
+OUTPUTS = (("junit", "--junit"), ("report", "--report"), ("out", "--out"), ("dir", "export-pt DIR"))
+
+
+def _refuse_outputs_in_stores(args) -> None:
+    """Before a command runs: no file or folder it would write lies inside a golden store, and a local store is
+    not inside another store (issue #48 item 2). One line, exit 2, nothing written."""
+    from goldens.outside import refuse_inside_store, refuse_store_inside_store
+
+    for dest, what in OUTPUTS:
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and value:
+            refuse_inside_store(value, what)
+    store = getattr(args, "store", None)
+    if isinstance(store, str) and "://" not in store:
+        refuse_store_inside_store(store)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -814,6 +832,7 @@ def main(argv: list[str] | None = None) -> int:
             from goldens.cases import load_case_modules
 
             load_case_modules(args.cases_module)
+        _refuse_outputs_in_stores(args)
         return args.fn(args)
     except RuleChange as exc:  # regen: outputs past their comparators, nothing committed (out of bound: 1)
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)

@@ -129,6 +129,16 @@ def pytest_configure(config: pytest.Config) -> None:
         check_location(config.getoption("golden_store"))
     except GoldenStoreError as exc:
         raise pytest.UsageError(f"--golden-store: {exc}") from None
+    from goldens.outside import refuse_inside_store
+
+    for option, what in (("golden_report", "--golden-report"), ("xmlpath", "--junit-xml"),
+                         ("resultlog", "--result-log")):
+        value = config.getoption(option, default=None)
+        if value and not hasattr(config, "workerinput"):
+            try:  # an output inside a store's folder can break every later command on it (#48)
+                refuse_inside_store(value, what)
+            except GoldenStoreError as exc:
+                raise pytest.UsageError(str(exc)) from None
     global _CONFIG
     _CONFIG = config
     if config.getoption("golden_cases"):

@@ -20,7 +20,14 @@ BAD_CALLS = [
     (["replay", "../x"], 2, "case name '../x'"),
     (["regen", "../x"], 2, "case name '../x'"),
     (["export-pt", "../x", "out"], 2, "case name '../x'"),
-    (["replay", "--backend-module", "os:system", "sp_slabs"], 2, "calling system raised TypeError"),
+    (["replay", "--backend-module", "os:system", "sp_slabs"], 2, "system is a builtin, not a Backend"),
+    # #48: a backend module names a backend, checked before anything is called (sys:exit was a green run)
+    (["replay", "--backend-module", "sys:exit", "sp_slabs"], 2, "exit is a builtin, not a Backend"),
+    (["replay", "--backend-module", "builtins:exit", "sp_slabs"], 2, "exit is Quitter, not a Backend"),
+    (["replay", "--backend-module", "os:abort", "sp_slabs"], 2, "abort is a builtin, not a Backend"),
+    (["replay", "--backend-module", "goldens.cli:main", "sp_slabs"], 2, "main is annotated to return int"),
+    (["replay", "--backend-module", "goldens.trees:load_tree", "sp_slabs"], 2, "load_tree is annotated to return"),
+    (["replay", "--backend-module", "shutil:rmtree", "sp_slabs"], 2, "rmtree needs argument(s) path"),
 ]
 
 
@@ -226,3 +233,61 @@ def test_log_names_a_damaged_tag_instead_of_hiding_it(store, capsys):
     assert "tag 'keep-me' cannot be read" in err and "not protected from gc" in err and "Traceback" not in err, err
     assert cli.main(["--store", str(store.root), "gc", "--older-than-days", "0"]) == 2
     assert "gc refused: tag 'keep-me'" in capsys.readouterr().err
+
+
+def _snapshot_files(root) -> dict:
+    """Every file under a store's folder with its bytes' digest: what 'nothing changed' is checked against."""
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# (argv after --store STORE, with {S} for the store's folder; what the one line names) -- #48 item 2: no output
+# lands inside a store. Each was exit 0 and wrote into the store before.
+INTO_THE_STORE = [
+    (["--store", "{S}/icechunk/refs", "record", "sp_slabs"], "a store cannot be created inside another"),
+    (["--store", "{S}", "report", "--out", "{S}/icechunk/refs", "sp_slabs"], "--out"),
+    (["--store", "{S}", "replay", "--junit", "{S}/icechunk/x.xml", "sp_slabs"], "--junit"),
+    (["--store", "{S}", "replay", "--report", "{S}/rep", "sp_slabs"], "--report"),
+    (["--store", "{S}", "export-pt", "sp_slabs", "{S}"], "export-pt DIR"),
+    (["--store", "{S}", "export-pt", "sp_slabs", "{S}/in"], "export-pt DIR"),
+    (["--store", "{S}", "replay", "--junit", "{S}", "sp_slabs"], "--junit"),
+]
+
+
+@pytest.mark.parametrize("argv,names", INTO_THE_STORE, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_no_command_writes_inside_a_store(store, capsys, argv, names):
+    root = store.root
+    before = _snapshot_files(root)
+    got = cli.main([a.replace("{S}", str(root)) for a in argv])
+    err = capsys.readouterr().err
+    assert got == 2 and names in err and f"inside the golden store {root.resolve()}" in err, (got, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert _snapshot_files(root) == before, "the store's folder changed"
+    assert cli.main(["--store", str(root), "replay"]) == 0, "the store no longer replays"
+
+
+def test_pytest_refuses_a_golden_report_inside_a_store(store, tmp_path):
+    """pytest --golden-report STORE/rep: a usage error (exit 4), one line, before any test; nothing written."""
+    import subprocess
+    import sys
+
+    before = _snapshot_files(store.root)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "contracts/test_slabs.py",
+                           "--golden-store", str(store.root), "--golden-report", str(store.root / "rep")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 4 and "--golden-report" in proc.stderr and "inside the golden store" in proc.stderr, \
+        (proc.returncode, proc.stderr[-500:])
+    assert _snapshot_files(store.root) == before
+
+
+def test_pytest_refuses_a_backend_module_that_is_not_a_backend():
+    """pytest --backend-module sys:exit: a usage error (exit 4), named, nothing called (it was a green run)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "contracts/test_slabs.py",
+                           "--backend-module", "sys:exit"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 4 and "exit is a builtin, not a Backend" in proc.stderr, (proc.returncode,
+                                                                                       proc.stderr[-500:])

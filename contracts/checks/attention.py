@@ -125,9 +125,6 @@ def check_layer_output(where: str, actual: torch.Tensor, expected: torch.Tensor,
     return first_failure(results)
 
 
-ACTIVE_SOURCES = ("explicit", "num_tokens", "golden")
-
-
 def active_rows_from_golden(expected: torch.Tensor) -> int:
     """The active token count an ownership-padded sharded golden ``[ranks, width, ...]`` names: each rank's owned
     rows lead its slab and its padding rows are exactly zero, so the last non-zero row of the last rank holding

@@ -1,6 +1,6 @@
 """Every ``covered`` row of docs/coverage.md names an edit of the reference that its cited tests catch (#47 item 4).
 
-    .venv/bin/python -m tests.mutation.rows                  # every row's edit, 2 workers (about 15 min)
+    .venv/bin/python -m tests.mutation.rows                  # every row's edit, 2 workers (about 2 min)
     .venv/bin/python -m tests.mutation.rows --only 'SC-*' --verbose
     .venv/bin/python -m tests.mutation.rows --list           # each covered row and the edit it names
 
