@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import zarr
 import zarr.codecs
@@ -85,15 +86,50 @@ class StoreReader:
             self._root = root if root is not None else zarr.open_group(zarr.storage.MemoryStore(), mode="w")
         return self._root
 
-    def _cache_file(self, attrs: dict) -> Path | None:
+    def _cache_file(self, attrs: dict, chunks: str | None) -> Path | None:
+        """The cache entry of an array: named by its content digest and by the fingerprint of the store's own
+        chunk bytes holding it (``_chunk_fingerprints``), so a chunk damaged in the store names another entry,
+        the store is read, and its checksum fails there (#48: the cache never hides damage)."""
         d = attrs.get("digest")
-        return None if self.cache is None or not isinstance(d, str) else \
-            self.cache / d.removeprefix(DIGEST_PREFIX)[:2] / f"{d}.npy"
+        return None if self.cache is None or not isinstance(d, str) or not chunks else \
+            self.cache / d.removeprefix(DIGEST_PREFIX)[:2] / f"{d}.{chunks}.npy"
 
-    def _cached(self, attrs: dict, dtype, shape) -> np.ndarray | None:
+    def _chunk_fingerprints(self, contents: dict[str, zarr.Array]) -> dict[str, str | None]:
+        """{path: CRC32C fingerprint of the raw (encoded) chunk bytes the store holds for it}, all fetched in one
+        gather without decoding; None for an array whose chunks cannot be fetched (then nothing is served from
+        the cache for it, and the store read names the failure)."""
+        import itertools
+
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.core.sync import sync
+
+        prototype = default_buffer_prototype()
+
+        async def one(node: zarr.Array) -> str | None:
+            grid = [range(-(-s // c)) for s, c in zip(node.shape, node.chunks, strict=True)] if node.ndim else []
+            store, base = node.store_path.store, node.store_path.path
+            keys = [f"{base}/{node.metadata.encode_chunk_key(coords)}" for coords in itertools.product(*grid)]
+            bufs = await asyncio.gather(*(store.get(k, prototype=prototype) for k in keys))
+            crc = 0
+            for key, buf in zip(keys, bufs, strict=True):
+                raw = b"" if buf is None else buf.to_bytes()
+                crc = int(crc32c.crc32c(key.encode() + len(raw).to_bytes(8, "little") + raw, crc))
+            return f"{crc:08x}{len(keys):x}"
+
+        async def gather():
+            return await asyncio.gather(*(one(n) for n in contents.values()), return_exceptions=True)
+
+        try:
+            found = sync(gather())
+        except Exception:  # noqa: BLE001 (the store read below names what fails)
+            return dict.fromkeys(contents)
+        return {p: (None if isinstance(f, BaseException) else f) for p, f in zip(contents, found, strict=True)}
+
+    def _cached(self, attrs: dict, dtype, shape, chunks: str | None = None) -> np.ndarray | None:
         """The array from the read cache when a verified copy is there: same dtype and shape as the stored
-        array and the stored CRC32C (a damaged or foreign cache file is dropped and the store is read)."""
-        f = self._cache_file(attrs)
+        array and the stored CRC32C, under the fingerprint of the store's chunk bytes it was read from (a
+        damaged or foreign cache file is dropped and the store is read)."""
+        f = self._cache_file(attrs, chunks)
         if f is None or not f.is_file() or f.is_symlink():
             return None
         try:
@@ -107,11 +143,11 @@ class StoreReader:
             return None
         return data
 
-    def _to_cache(self, node: zarr.Array, data: np.ndarray) -> None:
-        self.store_in_cache(data, dict(node.attrs))
+    def _to_cache(self, node: zarr.Array, data: np.ndarray, chunks: str | None) -> None:
+        self.store_in_cache(data, dict(node.attrs), chunks)
 
-    def store_in_cache(self, data: np.ndarray, attrs: dict) -> None:
-        f = self._cache_file(attrs)
+    def store_in_cache(self, data: np.ndarray, attrs: dict, chunks: str | None) -> None:
+        f = self._cache_file(attrs, chunks)
         if f is None or data.nbytes < CACHE_MIN_BYTES:
             return
         with contextlib.suppress(OSError):  # best effort: a read-only or full disk only loses the speed-up
@@ -208,21 +244,48 @@ class StoreReader:
         different arrays overlap) and then cached; same checks as ``read``. A failing array is re-read
         alone so the error names it. A frozen reader with a cache answers a read it has answered before
         (same snapshot, same paths) from its pack (``goldens.readpack``): one file, no store lookup."""
-        pack = None if self._nodes is None or self.packs is None else \
-            readpack.pack_file(self.packs, self.snapshot, list(paths))
+        fps = self._fingerprints_of(paths) if self.cache is not None else {}
+        keyed = self._keyed(paths, fps)  # a pack names the chunk bytes it was read from
+        pack = None if self._nodes is None or self.packs is None or None in fps.values() else \
+            readpack.pack_file(self.packs, self.snapshot, keyed)
         if pack is not None:
-            got = self._from_pack(pack, list(paths))
+            got = self._from_pack(pack, keyed, fps)
             if got is not None:
                 return got
-        out = self._read_many(paths)
+        out = self._read_many(paths, fps)
         if pack is not None:
             with contextlib.suppress(OSError):  # best effort, as the read cache: a full disk loses the speed-up
-                readpack.save(pack, self.snapshot, list(paths), out, lambda a: a.nbytes < CACHE_MIN_BYTES)
+                readpack.save(pack, self.snapshot, keyed, {k: out[p] for k, p in zip(keyed, paths, strict=True)},
+                              lambda a: a.nbytes < CACHE_MIN_BYTES)
         return out
 
-    def _from_pack(self, pack: Path, paths: list[str]) -> dict[str, tuple[np.ndarray, dict]] | None:
-        """``read_many``'s answer from its pack, every array verified (the small ones against the CRC32C
-        their attributes record, the large ones through the read cache); None when any is not there."""
+    @staticmethod
+    def _keyed(paths, fps: dict) -> list[str]:
+        return [f"{p}#{fps.get(p)}" for p in paths]
+
+    def pack_keys(self, paths: list[str]) -> list[str]:
+        """The names a pack of ``paths`` is filed and checked under: each path with the fingerprint of the store's
+        chunk bytes for it (``readpack.pack_file`` / ``readpack.load`` take these)."""
+        return self._keyed(paths, self._fingerprints_of(paths))
+
+    def _fingerprints_of(self, paths) -> dict[str, str | None]:
+        """The chunk fingerprint of every path's content (its pool entry for a link); None where a node is not
+        an array (the read then names it)."""
+        self._prefetch(paths)
+        nodes = {p: self._get(p) for p in paths}
+        self._prefetch(n.attrs.get("pool") for n in nodes.values() if isinstance(n, zarr.Array))
+        contents = {}
+        for p, n in nodes.items():
+            if isinstance(n, zarr.Array):
+                with contextlib.suppress(GoldenStoreError):
+                    contents[p] = self._data(p, n)
+        found = self._chunk_fingerprints(contents) if contents else {}
+        return {p: found.get(p) for p in paths}
+
+    def _from_pack(self, pack: Path, paths: list[str], fps: dict) -> dict[str, tuple[np.ndarray, dict]] | None:
+        """``read_many``'s answer from its pack (``paths``: each path keyed by its chunk fingerprint), every
+        array verified (the small ones against the CRC32C their attributes record, the large ones through the
+        read cache); None when any is not there."""
         entries = readpack.load(pack, self.snapshot, paths)
         if entries is None:
             with contextlib.suppress(OSError):
@@ -231,7 +294,8 @@ class StoreReader:
         large = [e for e in entries if e["data"] is None]  # mapped and checked on the worker pool, side by side,
         large.sort(key=lambda e: -math.prod(e["shape"]) * np.dtype(e["dtype"]).itemsize)  # the largest first
         mapped = dict(zip((e["path"] for e in large),
-                          workers.pool().map(lambda e: self._cached(e["attrs"], e["dtype"], e["shape"]), large),
+                          workers.pool().map(lambda e: self._cached(e["attrs"], e["dtype"], e["shape"],
+                                                                    fps.get(e["path"].rsplit("#", 1)[0])), large),
                           strict=True))
         out = {}
         for e in entries:
@@ -242,10 +306,10 @@ class StoreReader:
                 data = None  # (as a store read: an array written before checksums has none to check)
             if data is None:
                 return None
-            out[e["path"]] = (data, e["attrs"])
+            out[e["path"].rsplit("#", 1)[0]] = (data, e["attrs"])
         return out
 
-    def _read_many(self, paths: list[str]) -> dict[str, tuple[np.ndarray, dict]]:
+    def _read_many(self, paths: list[str], fps: dict) -> dict[str, tuple[np.ndarray, dict]]:
         self._prefetch(paths)
         nodes = {}
         for path in paths:
@@ -253,7 +317,8 @@ class StoreReader:
             if not isinstance(node, zarr.Array):
                 raise GoldenStoreError(f"missing array {path!r} in snapshot {self.snapshot}")
             nodes[path] = node
-        cached = dict(zip(nodes, workers.pool().map(lambda n: self._cached(dict(n.attrs), n.dtype, n.shape), nodes.values()),
+        cached = dict(zip(nodes, workers.pool().map(lambda pn: self._cached(dict(pn[1].attrs), pn[1].dtype, pn[1].shape,
+                                                                            fps.get(pn[0])), nodes.items()),
                           strict=True)) if self.cache is not None else dict.fromkeys(nodes)
         out = {p: (cached[p], dict(n.attrs)) for p, n in nodes.items() if cached[p] is not None}
         missing = {p: n for p, n in nodes.items() if cached[p] is None}
@@ -275,7 +340,7 @@ class StoreReader:
         for i, (path, node) in enumerate(missing.items()):
             data, attrs = self.read(path) if datas is None else _verified(path, datas[i], node)  # names a failure
             out[path] = (data, attrs)
-            self._to_cache(node, data)
+            self._to_cache(node, data, fps.get(path))
         return out
 
     def walk_arrays(self, path: str = "") -> list[str]:

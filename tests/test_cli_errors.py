@@ -291,3 +291,33 @@ def test_pytest_refuses_a_backend_module_that_is_not_a_backend():
                            "--backend-module", "sys:exit"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 4 and "exit is a builtin, not a Backend" in proc.stderr, (proc.returncode,
                                                                                        proc.stderr[-500:])
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated"])
+def test_a_damaged_chunk_under_a_warm_read_cache_is_reported(tmp_path, monkeypatch, capsys, damage):
+    """#48 item 1: v4_prefill_indexer's tree replayed twice (the read cache and its pack warm), then its largest
+    chunk file damaged in the store: the replay reads the store's chunk bytes before serving any cached copy, so
+    it exits 2 naming the array (it exited 0 with PASS from the cache), and doctor says DAMAGED; the chunk
+    restored, the replay passes again (nothing lost)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = tmp_path / "store"
+    assert cli.main(["--store", str(root), "record", "v4_prefill_indexer"]) == 0
+    for _ in range(2):
+        assert cli.main(["--store", str(root), "replay", "v4_prefill_indexer"]) == 0
+    assert list((tmp_path / "cache").rglob("*.npy")) and list((tmp_path / "cache").rglob("*.pack")), "cache cold"
+    chunk = max((root / "icechunk" / "chunks").iterdir(), key=lambda p: p.stat().st_size)
+    good = chunk.read_bytes()
+    bad = bytearray(good)
+    if damage == "truncated":
+        bad = bad[: len(bad) // 2]
+    else:
+        bad[len(bad) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(bad))
+    capsys.readouterr()
+    assert cli.main(["--store", str(root), "replay", "v4_prefill_indexer"]) == 2
+    err = capsys.readouterr().err
+    assert "v4_prefill_indexer/replicated" in err and "Traceback" not in err, err
+    assert cli.main(["--store", str(root), "doctor"]) == 2
+    assert "DAMAGED" in capsys.readouterr().out
+    chunk.write_bytes(good)
+    assert cli.main(["--store", str(root), "replay", "v4_prefill_indexer"]) == 0
