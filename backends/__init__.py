@@ -207,6 +207,9 @@ def _load_file(target: str, path_text: str):
         raise BackendError(f"--backend-module {target!r}: no file {path_text}")
     name = "pto_backend_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:  # not a Python source file (/etc/passwd:X)
+        raise BackendError(f"--backend-module {target!r}: {path_text} is not a Python file (expected "
+                           "path/to/file.py:OBJECT)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:

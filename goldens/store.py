@@ -18,6 +18,7 @@ import datetime as dt
 import fcntl
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -80,6 +81,18 @@ class LogEntry:
     message: str
     metadata: dict
     tags: tuple[str, ...]
+
+
+def lock_timeout() -> float:
+    """``PTO_STORE_LOCK_TIMEOUT`` in seconds (default 600): a finite number >= 0, else a usage error naming it."""
+    text = os.environ.get("PTO_STORE_LOCK_TIMEOUT", "600")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise GoldenStoreError(f"PTO_STORE_LOCK_TIMEOUT={text!r}: expected a number of seconds >= 0")
+    return value
 
 
 class GoldenStore:
@@ -226,7 +239,7 @@ class GoldenStore:
             yield
             return
         if timeout is None:
-            timeout = float(os.environ.get("PTO_STORE_LOCK_TIMEOUT", "600"))
+            timeout = lock_timeout()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             fh = open(self.root / LOCK_NAME, "a+b", buffering=0)  # noqa: SIM115 (held across the yield)

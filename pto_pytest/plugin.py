@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -139,6 +140,14 @@ def pytest_configure(config: pytest.Config) -> None:
                 refuse_inside_store(value, what)
             except GoldenStoreError as exc:
                 raise pytest.UsageError(str(exc)) from None
+    report = config.getoption("golden_report")
+    if report and not hasattr(config, "workerinput"):  # a folder every golden test writes into: checked once, here
+        try:
+            Path(report).mkdir(parents=True, exist_ok=True)
+            if not os.access(report, os.W_OK | os.X_OK):
+                raise PermissionError(13, "not writable")
+        except OSError as exc:
+            raise pytest.UsageError(f"--golden-report {report}: cannot write there ({exc.strerror or exc})") from None
     global _CONFIG
     _CONFIG = config
     if config.getoption("golden_cases"):

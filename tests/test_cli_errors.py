@@ -28,6 +28,8 @@ BAD_CALLS = [
     (["replay", "--backend-module", "goldens.cli:main", "sp_slabs"], 2, "main is annotated to return int"),
     (["replay", "--backend-module", "goldens.trees:load_tree", "sp_slabs"], 2, "load_tree is annotated to return"),
     (["replay", "--backend-module", "shutil:rmtree", "sp_slabs"], 2, "rmtree needs argument(s) path"),
+    # #48: the tracebacks
+    (["replay", "--backend-module", "/etc/passwd:X", "sp_slabs"], 2, "/etc/passwd is not a Python file"),
 ]
 
 
@@ -321,3 +323,27 @@ def test_a_damaged_chunk_under_a_warm_read_cache_is_reported(tmp_path, monkeypat
     assert "DAMAGED" in capsys.readouterr().out
     chunk.write_bytes(good)
     assert cli.main(["--store", str(root), "replay", "v4_prefill_indexer"]) == 0
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf"])
+def test_a_bad_lock_timeout_is_one_line(store, capsys, monkeypatch, value):
+    """PTO_STORE_LOCK_TIMEOUT that is not a finite number of seconds >= 0: exit 2 naming it (a ValueError
+    traceback before), nothing committed."""
+    monkeypatch.setenv("PTO_STORE_LOCK_TIMEOUT", value)
+    before = [e.snapshot for e in store.log()]
+    assert cli.main(["--store", str(store.root), "record", "cache_index"]) == 2
+    err = capsys.readouterr().err
+    assert f"PTO_STORE_LOCK_TIMEOUT={value!r}" in err and "Traceback" not in err, err
+    assert [e.snapshot for e in store.log()] == before
+
+
+def test_pytest_refuses_a_golden_report_it_cannot_write(tmp_path):
+    """pytest --golden-report /proc/nope: one usage error before any test (a FileNotFoundError in every golden
+    test before)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "contracts/test_slabs.py",
+                           "--golden-report", "/proc/nope"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 4 and "--golden-report /proc/nope: cannot write there" in proc.stderr, \
+        (proc.returncode, proc.stderr[-500:])
