@@ -130,6 +130,18 @@ def pytest_configure(config: pytest.Config) -> None:
         check_location(config.getoption("golden_store"))
     except GoldenStoreError as exc:
         raise pytest.UsageError(f"--golden-store: {exc}") from None
+    location = str(config.getoption("golden_store"))
+    if "://" not in location and not config.getoption("record_counterexamples") and \
+            not hasattr(config, "workerinput") and not Path(location).is_dir():
+        raise pytest.UsageError(f"--golden-store {location}: no golden store there ("
+                                f"{'a file' if Path(location).exists() else 'no such folder'}; goldens --store "
+                                f"{location} record creates one)")
+    lib = config.getoption("pypto_lib")
+    if lib and not hasattr(config, "workerinput"):  # checked before any test runs, not after the last
+        root = Path(os.path.expanduser(lib))
+        if not root.is_dir() or not (root / "models").is_dir():
+            raise pytest.UsageError(f"--pypto-lib {lib}: {'no such folder' if not root.is_dir() else 'no models/ in it'}"
+                                    " (pass the folder of a pypto-lib clone)")
     from goldens.outside import refuse_inside_store
 
     for option, what in (("golden_report", "--golden-report"), ("xmlpath", "--junit-xml"),

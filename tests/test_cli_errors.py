@@ -347,3 +347,17 @@ def test_pytest_refuses_a_golden_report_it_cannot_write(tmp_path):
                            "--golden-report", "/proc/nope"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 4 and "--golden-report /proc/nope: cannot write there" in proc.stderr, \
         (proc.returncode, proc.stderr[-500:])
+
+
+def test_pytest_checks_the_pypto_lib_path_before_any_test(tmp_path):
+    """pytest --backend upstream --pypto-lib with no checkout there: a usage error at once (exit 4), not NOTHING RAN
+    after every other test (45-53 s before)."""
+    import subprocess
+    import sys
+
+    for lib, words in ((tmp_path / "nope", "no such folder"), (tmp_path, "no models/ in it")):
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "contracts/",
+                               "--backend", "upstream", "--pypto-lib", str(lib)], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 4 and f"--pypto-lib {lib}: {words}" in proc.stderr, (proc.returncode,
+                                                                                       proc.stderr[-500:])

@@ -269,13 +269,19 @@ def test_import_requires_every_file(store, tmp_path, capsys):
 
 
 def test_pytest_replay_fails_when_the_store_is_missing(tmp_path):
-    """A missing or empty golden store is a failure of the replay contract, never a skip."""
+    """A missing golden store is a usage error before any test (exit 4, as the README's table says); an empty one
+    is a failure of the replay contract, never a skip."""
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     proc = forkserver.run([sys.executable, "-m", "pytest", "-q", "contracts/test_golden_replay.py",
                            "--golden-store", str(tmp_path / "none")], cwd=root, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 4 and "no golden store there" in proc.stderr, (proc.returncode, proc.stderr[-800:])
+    (tmp_path / "empty").mkdir()
+    proc = forkserver.run([sys.executable, "-m", "pytest", "-q", "contracts/test_golden_replay.py",
+                           "--golden-store", str(tmp_path / "empty")], cwd=root, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1 and "no replay trees in a golden store" in proc.stdout, proc.stdout[-1500:]
 
