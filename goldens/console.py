@@ -17,7 +17,7 @@ def _num(x: float) -> str:
 DEFAULT_STORE = os.environ.get("PTO_GOLDEN_STORE", "artifacts/store")
 
 
-console = Console(width=160)
+console = Console(width=160, emoji=False)  # a name like a:b:c is text, never an emoji
 
 
-err = Console(stderr=True, width=160)
+err = Console(stderr=True, width=160, emoji=False)

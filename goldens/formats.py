@@ -28,5 +28,11 @@ def write_junit(path: Path, document: dict) -> None:
         kind = {"FAIL": "failure", "ERROR": "error", "STALE": "error", "SKIP": "skipped"}.get(r["verdict"])
         if kind:
             ET.SubElement(case, kind, message=r["detail"][:500]).text = r["detail"]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+    except OSError as exc:  # the JUnit file's own failure, named as such (not the store's)
+        from goldens.errors import GoldenStoreError
+
+        raise GoldenStoreError(f"--junit {path}: cannot write it ({exc.strerror or exc}); the store is "
+                               "untouched") from None

@@ -30,6 +30,10 @@ BAD_CALLS = [
     (["replay", "--backend-module", "shutil:rmtree", "sp_slabs"], 2, "rmtree needs argument(s) path"),
     # #48: the tracebacks
     (["replay", "--backend-module", "/etc/passwd:X", "sp_slabs"], 2, "/etc/passwd is not a Python file"),
+    # #48: messages that misled
+    (["replay", "--backend-module", "a:b:c", "sp_slabs"], 2, "--backend-module 'a:b:c'"),  # was 'a🅱c'
+    (["replay", "--junit", "/dev/full", "sp_slabs"], 2, "--junit /dev/full: cannot write it (No space left"),
+    (["--cases-module", "os", "replay", "sp_slabs"], 2, "cases module 'os' registers no case"),
 ]
 
 

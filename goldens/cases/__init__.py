@@ -266,6 +266,12 @@ def load_case_modules(names=()) -> None:
             raise
         except Exception as exc:
             raise GoldenStoreError(f"cases module {name!r} failed to import: {type(exc).__name__}: {exc}") from None
+        module = sys.modules.get(name) or sys.modules.get(f"pto_cases_{Path(name).stem}")
+        mine = getattr(module, "__name__", None)
+        if not getattr(module, "CASES", None) and not any(getattr(c.build_inputs, "__module__", None) == mine
+                                                          for c in _CASES.values()):
+            raise GoldenStoreError(f"cases module {name!r} registers no case (a cases module calls "
+                                   "goldens.cases.register, or lists CASES)")
 
 
 def cases() -> dict[str, Case]:
