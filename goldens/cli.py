@@ -5,6 +5,7 @@ Exit codes: 0 pass, 1 contract failure (a replayed output out of bound), 2 usage
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import math
@@ -355,17 +356,29 @@ def doctor_report(store_spec: str, pypto_lib: str | None) -> list[tuple[str, str
             return rows
         reader = store.reader()
         items = [(c, w) for c in trees.recorded_cases(reader) for w in trees.recorded_wirings(reader, c)]
-    except GoldenStoreError as exc:
-        rows.append(("MISSING", "golden store", str(exc)))
+    except GoldenStoreError as exc:  # the store is there (exists() said so): it cannot be read
+        rows.append(("DAMAGED", "golden store", str(exc)))
         return rows
-    stale, unreadable = [], []
+    except icechunk.IcechunkError as exc:
+        rows.append(("DAMAGED", "golden store", damaged(store_spec, exc)))
+        return rows
+    stale, unreadable, raising = [], [], []
     for c, w in items:  # one bad tree is that tree's problem, not a missing store
         try:
             if trees.load_tree(reader, c, w).stale:
                 stale.append(f"{c}/{w}")
-        except (GoldenStoreError, BackendFailure) as exc:
+        except BackendFailure as exc:  # readable: the current reference raises on it (replay exits 3)
+            raising.append(f"{exc}")
+            with contextlib.suppress(Exception):
+                if trees.staleness(reader, c, w):
+                    stale.append(f"{c}/{w}")
+        except GoldenStoreError as exc:
             unreadable.append(f"{exc}")
     rows.append(("ok", "golden store", f"{store_spec} @ {reader.snapshot[:12]}: {len(items)} tree(s)"))
+    if raising:
+        rows.append(("ERROR", "current reference", f"raises on {len(raising)} of {len(items)} tree(s), which are "
+                                                   f"readable (goldens replay exits 3 for them): {raising[0]}"
+                                                   + (f" (+{len(raising) - 1} more)" if len(raising) > 1 else "")))
     if unreadable:
         rows.append(("DAMAGED", "readable trees", f"{len(unreadable)} of {len(items)} cannot be read or judged "
                                                   f"(goldens replay gives them ERROR rows, exit 2): {unreadable[0]}"
@@ -396,7 +409,7 @@ def cmd_doctor(args) -> int:
     for col in ("state", "piece", "detail"):
         table.add_column(col, overflow="fold")
     for state, piece, detail in rows:
-        color = {"ok": "green", "MISSING": "red", "DAMAGED": "red", "info": "cyan"}[state]
+        color = {"ok": "green", "MISSING": "red", "DAMAGED": "red", "ERROR": "red", "info": "cyan"}[state]
         table.add_row(f"[{color}]{state}[/]", piece, escape(detail))
     console.print(table)
     needed = {"python", "torch", "numpy", "zarr", "icechunk", "hypothesis", "crc32c", "golden store"}
@@ -405,9 +418,12 @@ def cmd_doctor(args) -> int:
         err.print(f"[bold red]error:[/] the default job cannot run: {', '.join(broken)} missing (see above)")
         return 2
     if any(state == "DAMAGED" for state, _p, _d in rows):
-        err.print("[bold red]error:[/] the store is there but some trees cannot be read (DAMAGED row above); the "
-                  "others replay")
+        err.print("[bold red]error:[/] the store is there but cannot be read, or some trees cannot (DAMAGED row "
+                  "above)")
         return 2
+    if any(state == "ERROR" for state, _p, _d in rows):
+        err.print("[bold red]reference error:[/] the current reference raises on readable trees (ERROR row above)")
+        return 3
     return 0
 
 

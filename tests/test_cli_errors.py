@@ -365,3 +365,35 @@ def test_pytest_checks_the_pypto_lib_path_before_any_test(tmp_path):
                               timeout=300)
         assert proc.returncode == 4 and f"--pypto-lib {lib}: {words}" in proc.stderr, (proc.returncode,
                                                                                        proc.stderr[-500:])
+
+
+def test_doctor_tells_a_raising_reference_from_a_damaged_store(store, capsys, monkeypatch):
+    """#48 item 5: a current reference that raises on a tree (and changed since it was recorded): doctor says
+    the tree is readable, the reference raises (exit 3, as replay does) and the tree is stale -- it said
+    "DAMAGED readable trees ... exit 2" and "none stale"."""
+    real = trees._spec_probe
+
+    def raising(case, wiring):
+        if case.name == "rope_rows":
+            raise RuntimeError("a reference edit broke it")
+        return real(case, wiring)
+
+    monkeypatch.setattr(trees, "_spec_probe", raising)
+    monkeypatch.setattr(trees, "staleness", lambda reader, c, w: ("reference changed",) if c == "rope_rows" else ())
+    capsys.readouterr()
+    assert cli.main(["--store", str(store.root), "doctor"]) == 3
+    out = capsys.readouterr().out
+    assert "current reference" in out and "raises on 1 of" in out and "DAMAGED" not in out, out
+    assert "1 stale (rope_rows/replicated" in out, out
+    assert cli.main(["--store", str(store.root), "replay", "rope_rows"]) == 3
+
+
+def test_doctor_calls_an_unreadable_store_damaged_not_missing(store, capsys):
+    """#48 item 5: a store whose branch ref is damaged is DAMAGED golden store (exit 2), never MISSING."""
+    refs = store.root / REPO_DIR / "refs"
+    ref = next(p for p in refs.rglob("*") if p.is_file())
+    ref.write_bytes(b"\x00garbage")
+    capsys.readouterr()
+    assert cli.main(["--store", str(store.root), "doctor"]) == 2
+    out = capsys.readouterr().out
+    assert "DAMAGED" in out and "MISSING │ golden store" not in out.replace("  ", " "), out
