@@ -139,3 +139,20 @@ SEEDED_DEFECTS = [
     shared("reference:ROPE_CLAMPS_POSITIONS", "test_rope_rows_reject_position_beyond_capacity", "DID NOT RAISE"),
     shared("reference:ROPE_INTO_PADDING", "test_rope_rows_exact_identity_and_untouched", "sentinels 17/19 lost"),
 ]
+
+
+def test_a_compiled_table_dtype_refuses_another():
+    """check_rope_rows with ``dtype`` (the device binding's compiled table dtype, FP32): FP32 tables pass, BF16 tables
+    of the same shape are refused naming freqs_cos/freqs_sin; without ``dtype`` (the reference) both pass. Spec:
+    §4.2."""
+    from kernels.errors import ContractInputError
+    from kernels.reference.rope import check_rope_rows
+
+    cos, sin = torch.ones(8, 2), torch.zeros(8, 2)
+    pos = torch.arange(3, dtype=torch.int32)
+    out_cos, out_sin = torch.empty(3, 2), torch.empty(3, 2)
+    check_rope_rows(cos, sin, pos, 3, out_cos, out_sin, dtype=torch.float32)
+    check_rope_rows(cos.bfloat16(), sin.bfloat16(), pos, 3, out_cos.bfloat16(), out_sin.bfloat16())
+    with pytest.raises(ContractInputError, match="freqs_cos/freqs_sin"):
+        check_rope_rows(cos.bfloat16(), sin.bfloat16(), pos, 3, out_cos.bfloat16(), out_sin.bfloat16(),
+                        dtype=torch.float32)

@@ -225,3 +225,29 @@ def test_a_malformed_share_is_refused_naming_its_field(backend, case, field):
     with pytest.raises(ContractInputError) as exc:
         partial(**{**i, **change}, config=C)
     assert exc.value.field == field, f"{case}: refused naming {exc.value.field!r}, not {field!r}: {exc.value}"
+
+
+@pytest.mark.operators("v4_heads_projection")
+@pytest.mark.parametrize("case, field", [("2-D heads", "heads"), ("heads of another width", "heads"),
+                                         ("fewer heads", "heads"), ("FP32 heads", "heads"),
+                                         ("wo_a of other groups", "wo_a"), ("FP32 wo_a", "wo_a"),
+                                         ("wo_b of another width", "wo_b"), ("BF16 wo_b", "wo_b"),
+                                         ("wo_b_scale short", "wo_b_scale")])
+def test_a_malformed_projection_call_is_refused_naming_its_field(backend, case, field):
+    """The whole projection's caller side: heads [T, H, hd] BF16, wo_a [G, O_LORA, H/G·hd] BF16, wo_b
+    [D, G·O_LORA] INT8, wo_b_scale [D]; each field wrong in one way alone (its shape or its dtype) is refused
+    naming it, and the well-formed call runs."""
+    g = torch.Generator().manual_seed(3)
+    heads = torch.randn(3, H, HD, generator=g).to(torch.bfloat16)
+    wo_a, wo_b, wo_b_scale = _weights(g)
+    project = op(backend, "v4_heads_projection")
+    project(heads, wo_a, wo_b, wo_b_scale, config=C)
+    i = {"heads": heads, "wo_a": wo_a, "wo_b": wo_b, "wo_b_scale": wo_b_scale}
+    change = {"2-D heads": dict(heads=heads[0]), "heads of another width": dict(heads=heads[..., 1:]),
+              "fewer heads": dict(heads=heads[:, 1:]), "FP32 heads": dict(heads=heads.float()),
+              "wo_a of other groups": dict(wo_a=wo_a[:1]), "FP32 wo_a": dict(wo_a=wo_a.float()),
+              "wo_b of another width": dict(wo_b=wo_b[:, 1:]), "BF16 wo_b": dict(wo_b=wo_b.to(torch.bfloat16)),
+              "wo_b_scale short": dict(wo_b_scale=wo_b_scale[1:])}[case]
+    with pytest.raises(ContractInputError) as exc:
+        project(**{**i, **change}, config=C)
+    assert exc.value.field == field, f"{case}: refused naming {exc.value.field!r}, not {field!r}: {exc.value}"

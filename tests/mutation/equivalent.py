@@ -37,6 +37,11 @@ E4M3_BF16 = 'E4M3 values (3 mantissa bits) are exact in BF16.'
 CLAMP_PASS = 'Only decides whether to run a saturation pass that cannot change any code (the pair tables saturate up to J_MAX).'
 Y_FP32 = 'y is FP32 at this point for every rule.'
 CONTIG = 'The tensor is already contiguous.'
+NEG_SLOT = ('Masks unpublished rows with slot -2 instead of -1: cache_publish writes only slots >= 0, so every negative '
+            'slot skips its row alike.')
+BINDING_DTYPE = ('The compiled-dtype clause runs only when a device binding passes dtype= (backends/pypto/v41.py); the '
+                 'reference passes None, so no torch-backend contract reaches it. '
+                 'contracts/test_rope.py::test_a_compiled_table_dtype_refuses_another pins the clause by a direct call.')
 TORCH_FP64_BF16 = ("torch casts FP64 to BF16 through FP32 (1 + 2^-8 + 2^-30 becomes 1.0 either way), so an FP32 cast "
                    "before the BF16 one changes no byte on any input; a kernel that rounds the exact sum once fails "
                    "contracts/test_o_proj.py::test_o_proj_stages_the_latent_in_fp32_before_bf16.")
@@ -488,6 +493,9 @@ EQUIVALENT: dict[str, str] = {
     'kernels.reference.o_proj:o_proj:drop-unary:-1[USub]->(none)#0': DIM,
     "kernels.reference.o_proj:o_proj:drop-call:torch.einsum('tgk,gnk->tgn', x, wo_a.to(torch.float64)).t...[to]->(skipped)#1": TORCH_F64,
     'kernels.reference.o_proj:o_proj:name:float32->bfloat16#0': TORCH_FP64_BF16,
+    'kernels.v4.compressor:v4_publish_compressed:const:1->2#4': V4_ONE_ROW_SLICE,
+    'kernels.reference.attention_layer:_compressed_part:const:1->2#0': NEG_SLOT,
+    'kernels.reference.rope:check_rope_rows:cmp:freqs_cos.dtype != dtype[NotEq]->Eq#0': BINDING_DTYPE,
     'kernels.reference.o_proj:o_proj:binop:heads * dim // wo_a.shape[0][FloorDiv]->Div#0': INT_FLOAT,
     'kernels.reference.rope:rope_interleave:drop-call:x[..., -width:].float()[float]->(skipped)#0': FP32_TABLES,
     'kernels.reference.rope:rope_interleave:drop-call:head.float()[float]->(skipped)#0': FP32_TABLES,
