@@ -18,6 +18,13 @@ def check_location(text: str) -> None:
     Location.parse(text)
 
 
+def refuse_inside_store(path, what: str) -> None:
+    """GoldenStoreError when ``path`` (an output an option names) is inside a golden store's folder."""
+    from goldens.outside import refuse_inside_store as refuse
+
+    refuse(path, what)
+
+
 def load_case_modules(names) -> None:
     from goldens.cases import load_case_modules as load
 

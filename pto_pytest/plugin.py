@@ -142,7 +142,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if not root.is_dir() or not (root / "models").is_dir():
             raise pytest.UsageError(f"--pypto-lib {lib}: {'no such folder' if not root.is_dir() else 'no models/ in it'}"
                                     " (pass the folder of a pypto-lib clone)")
-    from goldens.outside import refuse_inside_store
+    from goldens.pytest_api import refuse_inside_store
 
     for option, what in (("golden_report", "--golden-report"), ("xmlpath", "--junit-xml"),
                          ("resultlog", "--result-log")):
