@@ -195,10 +195,12 @@ def _shadow() -> Path:
     return d
 
 
-def _run(clause: Clause, tests: list[str], shadow: Path, timeout: float) -> tuple[str, str]:
-    target = _path(clause.module, shadow)
+def run_edited(target: Path, text: str, tests: list[str], shadow: Path, timeout: float) -> tuple[str, str]:
+    """Run ``tests`` (``-x``, the ``ci`` hypothesis profile) in the shadow tree with ``target`` holding ``text``,
+    then put the file back: ("killed", the first failing test) / ("killed (timeout)", "") / ("survived", "") /
+    ("error", pytest's last line)."""
     original = target.read_text()
-    target.write_text(mutated(clause))
+    target.write_text(text)
     try:
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", HYPOTHESIS_PROFILE="ci")
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *tests]
@@ -212,9 +214,14 @@ def _run(clause: Clause, tests: list[str], shadow: Path, timeout: float) -> tupl
             failed = [line.split(" ", 1)[1].split(" - ")[0] for line in proc.stdout.splitlines()
                       if line.startswith("FAILED ")]
             return "killed", failed[0] if failed else "(a test failed)"
-        return "error", (proc.stdout + proc.stderr).strip().splitlines()[-1:][0] if proc.stdout + proc.stderr else ""
+        tail = (proc.stdout + proc.stderr).strip().splitlines()
+        return "error", tail[-1] if tail else f"pytest exit {proc.returncode}"
     finally:
         target.write_text(original)
+
+
+def _run(clause: Clause, tests: list[str], shadow: Path, timeout: float) -> tuple[str, str]:
+    return run_edited(_path(clause.module, shadow), mutated(clause), tests, shadow, timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

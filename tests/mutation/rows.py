@@ -24,7 +24,6 @@ import argparse
 import fnmatch
 import os
 import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -316,26 +315,10 @@ def candidates(subject: str) -> list[Edit]:
 
 
 def _run(row: str, edit: Edit, tests: list[str], shadow: Path, timeout: float) -> tuple[str, str]:
+    from tests.mutation.clauses import run_edited
+
     target = shadow / edit.path
-    original = target.read_text()
-    target.write_text(original.replace(edit.old, edit.new, 1))
-    try:
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", HYPOTHESIS_PROFILE="ci")
-        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *tests]
-        try:
-            proc = subprocess.run(cmd, cwd=shadow, env=env, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return "killed (timeout)", ""
-        if proc.returncode == 1:
-            failed = [line.split(" ", 1)[1].split(" - ")[0] for line in proc.stdout.splitlines()
-                      if line.startswith("FAILED ")]
-            return "killed", failed[0] if failed else "(a test failed)"
-        if proc.returncode == 0:
-            return "survived", ""
-        tail = (proc.stdout + proc.stderr).strip().splitlines()
-        return "error", tail[-1] if tail else f"pytest exit {proc.returncode}"
-    finally:
-        target.write_text(original)
+    return run_edited(target, target.read_text().replace(edit.old, edit.new, 1), tests, shadow, timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
