@@ -139,7 +139,8 @@ def _judge_all(args, store, reader, backend, items, rebuilt, verdicts: Verdicts)
                           "are below; nothing was committed", highlight=False, soft_wrap=True)
                 return kept, digests, True
             progress.advance(task)
-            tree = _load(reader, backend, case, wiring, rebuilt, verdicts, single=len(items) == 1)
+            tree = _load(reader, backend, case, wiring, rebuilt, verdicts, single=len(items) == 1,
+                         verbose=getattr(args, "verbose", False))
             judged = None if tree is None else _judge_one(args, tree, case, wiring, backend, verdicts)
             if judged is None:
                 continue
@@ -159,7 +160,7 @@ def _judge_all(args, store, reader, backend, items, rebuilt, verdicts: Verdicts)
     return kept, digests, False
 
 
-def _load(reader, backend, case, wiring, rebuilt, verdicts: Verdicts, *, single: bool):
+def _load(reader, backend, case, wiring, rebuilt, verdicts: Verdicts, *, single: bool, verbose: bool = False):
     """The tree of (case, wiring), or None with its row (a kept run that cannot be rebuilt: SKIP; a reference that
     raises on it: ERROR; a tree that cannot be read: ERROR, unless it is the only one asked for)."""
     from contracts.operators import Unsupported
@@ -176,7 +177,12 @@ def _load(reader, backend, case, wiring, rebuilt, verdicts: Verdicts, *, single:
     try:
         return trees.load_tree(reader, case, wiring)
     except BackendFailure as exc:  # the reference fails on this tree: an ERROR row, the others still run
-        verdicts.tree(case, wiring, "ERROR", str(exc), count="errors")
+        detail = str(exc)
+        if verbose and exc.__cause__ is not None:  # the traceback the closing line promises
+            import traceback
+
+            detail += "\n" + "".join(traceback.format_exception(exc.__cause__)).rstrip()
+        verdicts.tree(case, wiring, "ERROR", detail, count="errors")
     except GoldenStoreError as exc:  # this tree cannot be read or judged: its row, the others still run
         if single:
             raise

@@ -826,9 +826,12 @@ def import_pt(store: GoldenStore, case_name: str, directory: Path, wirings: tupl
         for got, want in zip(rec.args, specs, strict=True):  # what load_tree will check, before anything is written
             if (got.name, got.direction, got.dtype, got.scalar) != (want.name, want.direction, want.dtype, want.scalar):
                 shape = "a 0-dim scalar" if want.scalar else "a tensor, not a 0-dim scalar"
+                held = (inputs if want.is_input else outputs).get(want.name)
+                held_shape = f" of shape {list(held.shape)}" if held is not None else ""
                 raise GoldenStoreError(f"{base}/{'in' if want.is_input else 'out'}/{want.name}.pt: the operator "
                                        f"{case.operator} takes {shape} {want.dtype} here; the file holds "
-                                       f"{got.dtype}{' (0-dim)' if got.scalar else ''}: nothing was imported")
+                                       f"{got.dtype}{held_shape}{' (0-dim)' if got.scalar else ''}: nothing was "
+                                       "imported")
         arrays.update(tree_arrays(case, rec, inputs, outputs))
         groups[tree_path(case_name, wiring)] = rec.to_attrs()
 

@@ -119,7 +119,7 @@ def test_import_pt_refuses_a_tree_the_replay_could_not_take_and_writes_nothing(s
     capsys.readouterr()
     assert cli.main(["--store", str(store.root), "import-pt", str(out), "--case", "sp_slabs"]) == 2
     err = capsys.readouterr().err
-    assert f"{scalar.stem}.pt: the operator" in err and "0-dim scalar" in err and "nothing was imported" in err, err
+    assert f"{scalar.stem}.pt: the operator" in err and "0-dim scalar" in err and "nothing was imported" in err and "of shape [1]" in err, err
     out2 = _exported(store, tmp_path / "b")
     moved = next((out2 / "replicated" / "out").glob("*.pt"))
     shutil.copy(moved, out2 / "replicated" / "in" / moved.name)
@@ -397,3 +397,23 @@ def test_doctor_calls_an_unreadable_store_damaged_not_missing(store, capsys):
     assert cli.main(["--store", str(store.root), "doctor"]) == 2
     out = capsys.readouterr().out
     assert "DAMAGED" in out and "MISSING │ golden store" not in out.replace("  ", " "), out
+
+
+def test_verbose_shows_the_traceback_of_a_reference_that_raises(store, capsys, monkeypatch):
+    """#48: a reference that raises while describing a tree: replay exits 3 with its one line, and --verbose adds
+    the traceback the closing line promises (it printed none)."""
+    real = trees._spec_probe
+
+    def raising(case, wiring):
+        if case.name == "rope_rows":
+            raise RuntimeError("a reference edit broke it")
+        return real(case, wiring)
+
+    monkeypatch.setattr(trees, "_spec_probe", raising)
+    capsys.readouterr()
+    assert cli.main(["--store", str(store.root), "replay", "rope_rows"]) == 3
+    quiet = capsys.readouterr()
+    assert "Traceback" not in quiet.out + quiet.err and "a reference edit broke it" in quiet.out + quiet.err
+    assert cli.main(["--store", str(store.root), "replay", "--verbose", "rope_rows"]) == 3
+    loud = capsys.readouterr()
+    assert "Traceback (most recent call last)" in loud.out and "RuntimeError: a reference edit broke it" in loud.out
