@@ -375,6 +375,12 @@ def doctor_report(store_spec: str, pypto_lib: str | None) -> list[tuple[str, str
         except GoldenStoreError as exc:
             unreadable.append(f"{exc}")
     rows.append(("ok", "golden store", f"{store_spec} @ {reader.snapshot[:12]}: {len(items)} tree(s)"))
+    if store.damaged_snapshots:  # main reads; the history does not (a write, log, or that revision refuses)
+        first = next(iter(store.damaged_snapshots))
+        rows.append(("DAMAGED", "snapshot history", f"{len(store.damaged_snapshots)} older snapshot(s) damaged "
+                                                     f"(e.g. {first}): main replays, but record, regen, gc, log and "
+                                                     "--rev on them refuse; restore the store directory from version "
+                                                     "control or a backup"))
     if raising:
         rows.append(("ERROR", "current reference", f"raises on {len(raising)} of {len(items)} tree(s), which are "
                                                    f"readable (goldens replay exits 3 for them): {raising[0]}"
@@ -418,8 +424,7 @@ def cmd_doctor(args) -> int:
         err.print(f"[bold red]error:[/] the default job cannot run: {', '.join(broken)} missing (see above)")
         return 2
     if any(state == "DAMAGED" for state, _p, _d in rows):
-        err.print("[bold red]error:[/] the store is there but cannot be read, or some trees cannot (DAMAGED row "
-                  "above)")
+        err.print("[bold red]error:[/] the store is damaged (DAMAGED row above)")
         return 2
     if any(state == "ERROR" for state, _p, _d in rows):
         err.print("[bold red]reference error:[/] the current reference raises on readable trees (ERROR row above)")

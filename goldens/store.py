@@ -111,6 +111,7 @@ class GoldenStore:
         self.retries = 0  # optimistic commits (S3) this handle reran because the branch had moved
         self._locked = False  # this handle holds the store's lock
         self._verified: dict[str, tuple[int, int, str]] = {}  # snapshot -> (size, mtime_ns, sha256) hashed here
+        self.damaged_snapshots: dict[str, str] = {}  # snapshot -> why, found by a read's open (not its own)
 
     @property
     def packs(self) -> Path | None:
@@ -144,7 +145,7 @@ class GoldenStore:
                     return icechunk.Repository.open(storage)  # another writer created it first
             if not self.exists():
                 raise GoldenStoreError(f"no golden store at {self.root} (record a case first: goldens record ...)")
-            sums = self._verify_snapshots()
+            sums = self._verify_snapshots(strict=False)  # a read refuses only the snapshot it reads (reader)
             if not shared or not sums:  # (a remote store's credentials come from the environment of each open)
                 return icechunk.Repository.open(storage)
             key = (str(self.root.resolve()), tuple(sorted(sums.items())))
@@ -174,13 +175,17 @@ class GoldenStore:
                                    "restore the store directory from version control or a backup")
         return sums
 
-    def _verify_snapshots(self) -> dict[str, str]:
+    def _verify_snapshots(self, *, strict: bool = True) -> dict[str, str]:
         """Every snapshot file still has the sha256 recorded when it was written, checked before icechunk parses
-        any of them (a missing file is icechunk's to report); returns those sums ({} for a remote store)."""
+        any of them (a missing file is icechunk's to report); returns those sums ({} for a remote store).
+        ``strict`` (a write): a damaged snapshot anywhere is an error -- never write on top of a damaged history.
+        Not strict (a read): the damaged ones are kept in ``damaged_snapshots`` and only a read of one of them is
+        refused (``reader``), so a damaged old tag does not block replaying main."""
         if self.location.remote:
             return {}
         folder = self.root / REPO_DIR / "snapshots"
         sums = self._sums()
+        self.damaged_snapshots = {}
         for snapshot, want in sums.items():
             try:
                 got = self._sha256(folder / snapshot)
@@ -189,15 +194,17 @@ class GoldenStore:
             if got != want and not self._locked:  # gc rewrites a file, then its sum, under the lock: wait
                 try:
                     with self.lock(timeout=60):
-                        return self._verify_snapshots()
+                        return self._verify_snapshots(strict=strict)
                 except GoldenStoreError as exc:
                     if "damaged" in str(exc):
                         raise
             if got != want:  # (no lock to be had, e.g. a read-only copy: what is on disk is what there is)
-                raise GoldenStoreError(f"golden store {self.root} is damaged or unreadable: snapshot {snapshot} "
-                                       f"({REPO_DIR}/snapshots/{snapshot}) is not the file that was written (its "
-                                       f"sha256 differs from {SUMS_NAME}); restore the store directory from version "
-                                       "control or a backup")
+                why = (f"golden store {self.root} is damaged or unreadable: snapshot {snapshot} "
+                       f"({REPO_DIR}/snapshots/{snapshot}) is not the file that was written (its sha256 differs from "
+                       f"{SUMS_NAME}); restore the store directory from version control or a backup")
+                if strict:
+                    raise GoldenStoreError(why)
+                self.damaged_snapshots[snapshot] = why
         return sums
 
     def _sha256(self, path: Path) -> str:
@@ -427,6 +434,8 @@ class GoldenStore:
             raise
         except Exception as exc:
             raise GoldenStoreError(f"cannot open revision {rev or 'main'} of {self.root}: {condensed(exc)}") from exc
+        if session.snapshot_id in self.damaged_snapshots:  # the snapshot this read needs (others do not block it)
+            raise GoldenStoreError(self.damaged_snapshots[session.snapshot_id])
 
         def open_root() -> zarr.Group | None:
             try:

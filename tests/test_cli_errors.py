@@ -417,3 +417,30 @@ def test_verbose_shows_the_traceback_of_a_reference_that_raises(store, capsys, m
     assert cli.main(["--store", str(store.root), "replay", "--verbose", "rope_rows"]) == 3
     loud = capsys.readouterr()
     assert "Traceback (most recent call last)" in loud.out and "RuntimeError: a reference edit broke it" in loud.out
+
+
+def test_a_damaged_old_tagged_snapshot_does_not_block_replaying_main(store, capsys):
+    """#48 item 5: an older snapshot (tagged) whose file is damaged: replaying main still passes; a write, and a
+    replay of that tag, refuse naming the snapshot (exit 2); doctor reports the damaged history (exit 2) -- every
+    command refused before, a replay of main included. The file restored, everything passes."""
+    from goldens.store_format import REPO_DIR
+
+    assert cli.main(["--store", str(store.root), "record", "cache_index"]) == 0
+    repo = store._repo()
+    old = [a.id for a in repo.ancestry(branch="main")][1]
+    repo.create_tag("regen-old", old)
+    snap = store.root / REPO_DIR / "snapshots" / old
+    good = snap.read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    snap.write_bytes(bytes(bad))
+    capsys.readouterr()
+    assert cli.main(["--store", str(store.root), "replay"]) == 0
+    for argv in (["record", "rope_rows"], ["replay", "--rev", "regen-old"]):
+        assert cli.main(["--store", str(store.root), *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert f"snapshot {old}" in err and "Traceback" not in err, (argv, err)
+    assert cli.main(["--store", str(store.root), "doctor"]) == 2
+    assert "snapshot history" in capsys.readouterr().out
+    snap.write_bytes(good)
+    assert cli.main(["--store", str(store.root), "replay", "--rev", "regen-old"]) == 0
