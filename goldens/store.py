@@ -145,7 +145,8 @@ class GoldenStore:
                     return icechunk.Repository.open(storage)  # another writer created it first
             if not self.exists():
                 raise GoldenStoreError(f"no golden store at {self.root} (record a case first: goldens record ...)")
-            sums = self._verify_snapshots(strict=False)  # a read refuses only the snapshot it reads (reader)
+            sums = self._verify_snapshots(strict=not shared)  # a read refuses only the snapshot it reads (reader);
+            # log, diff's history, gc and every write still refuse a damaged history
             if not shared or not sums:  # (a remote store's credentials come from the environment of each open)
                 return icechunk.Repository.open(storage)
             key = (str(self.root.resolve()), tuple(sorted(sums.items())))
