@@ -367,10 +367,8 @@ def test_pytest_checks_the_pypto_lib_path_before_any_test(tmp_path):
                                                                                        proc.stderr[-500:])
 
 
-def test_doctor_tells_a_raising_reference_from_a_damaged_store(store, capsys, monkeypatch):
-    """#48 item 5: a current reference that raises on a tree (and changed since it was recorded): doctor says
-    the tree is readable, the reference raises (exit 3, as replay does) and the tree is stale -- it said
-    "DAMAGED readable trees ... exit 2" and "none stale"."""
+def _reference_raises_on_rope_rows(monkeypatch) -> None:
+    """The current reference raises while describing rope_rows' tree (as a reference edit that broke it would)."""
     real = trees._spec_probe
 
     def raising(case, wiring):
@@ -379,6 +377,13 @@ def test_doctor_tells_a_raising_reference_from_a_damaged_store(store, capsys, mo
         return real(case, wiring)
 
     monkeypatch.setattr(trees, "_spec_probe", raising)
+
+
+def test_doctor_tells_a_raising_reference_from_a_damaged_store(store, capsys, monkeypatch):
+    """#48 item 5: a current reference that raises on a tree (and changed since it was recorded): doctor says
+    the tree is readable, the reference raises (exit 3, as replay does) and the tree is stale -- it said
+    "DAMAGED readable trees ... exit 2" and "none stale"."""
+    _reference_raises_on_rope_rows(monkeypatch)
     monkeypatch.setattr(trees, "staleness", lambda reader, c, w: ("reference changed",) if c == "rope_rows" else ())
     capsys.readouterr()
     assert cli.main(["--store", str(store.root), "doctor"]) == 3
@@ -402,14 +407,7 @@ def test_doctor_calls_an_unreadable_store_damaged_not_missing(store, capsys):
 def test_verbose_shows_the_traceback_of_a_reference_that_raises(store, capsys, monkeypatch):
     """#48: a reference that raises while describing a tree: replay exits 3 with its one line, and --verbose adds
     the traceback the closing line promises (it printed none)."""
-    real = trees._spec_probe
-
-    def raising(case, wiring):
-        if case.name == "rope_rows":
-            raise RuntimeError("a reference edit broke it")
-        return real(case, wiring)
-
-    monkeypatch.setattr(trees, "_spec_probe", raising)
+    _reference_raises_on_rope_rows(monkeypatch)
     capsys.readouterr()
     assert cli.main(["--store", str(store.root), "replay", "rope_rows"]) == 3
     quiet = capsys.readouterr()
