@@ -130,3 +130,36 @@ def test_pytest_writes_one_page_from_every_xdist_worker(tmp_path):
     assert '<td class="FAIL">FAIL</td>' in page and 'id="sp_slabs-replicated-gathered" data-verdict="FAIL"' in page
     assert 'id="rope_rows-replicated-rope_cos" data-verdict="PASS"' in page
     assert not (tmp_path / "r" / report.PARTS).exists(), "the parts are merged and removed"
+
+
+def test_an_exact_output_is_plotted_as_differing_bytes_not_the_row_bound():
+    """#48: an ``exact`` comparator's plot was titled "§6 row bound (RMS and peak)"; it shows differing bytes per
+    row against a bound of 0, whatever the dtype (-0.0 vs 0.0 differs)."""
+    import torch
+
+    from goldens.report import row_profile
+
+    e = torch.tensor([[0.0, 1.0], [2.0, 3.0]])
+    a = e.clone()
+    a[1, 0] = 2.5
+    a[0, 0] = -0.0
+    values, bound, what = row_profile("x", "exact", a, e)
+    assert what == "differing bytes per row" and bound == 0.0 and values.tolist()[0] > 0 and values.tolist()[1] > 0
+    values, _b, _w = row_profile("x", "exact", e.clone(), e)
+    assert values.tolist() == [0.0, 0.0]
+
+
+def test_the_row_plot_legend_hides_no_point():
+    """#48: the legend sat over the plot's upper right corner and hid a plotted point there; it now sits outside
+    the axes: no point's display position falls inside the legend's box."""
+    import numpy as np
+
+    from goldens.report import row_figure
+
+    values = np.array([0.1, 0.2, 0.3, 0.4, 2.0, 0.5, 0.6, 3.0])  # the largest values sit at the top right
+    fig = row_figure(values, 1.0, "row error", "t")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    box = ax.get_legend().get_window_extent()
+    points = ax.transData.transform(np.column_stack([np.arange(len(values)), values]))
+    assert not any(box.contains(x, y) for x, y in points), "the legend covers a point"
