@@ -59,8 +59,11 @@ def test_golden_tree_replays(backend, golden_tree, pytestconfig, request):
             moved = [d.name for _c, _w, ds in report for d in ds]
             pytest.fail(f"{case}/{wiring} was stale and has been regenerated (outputs moved: {moved or 'none'}; "
                         f"snapshot {result.snapshot}); rerun to replay it")
-        _report(pytestconfig.getoption("golden_report"), case, wiring, "STALE", tree.stale_reason())
-        pytest.fail(f"{case}/{wiring} is stale: {tree.stale_reason()} (or --regen-goldens)")
+        from goldens.replay import stale_advice
+
+        advice = stale_advice(tree)  # as `goldens replay` says it: whether the outputs move past their comparators
+        _report(pytestconfig.getoption("golden_report"), case, wiring, "STALE", advice)
+        pytest.fail(f"{case}/{wiring} is stale: {advice} (or --regen-goldens)")
     report_dir = pytestconfig.getoption("golden_report")
     asking = _Asking(backend)
     try:

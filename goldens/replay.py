@@ -197,7 +197,7 @@ def _judge_one(args, tree, case, wiring, backend, verdicts: Verdicts):
                   f"{tree.record.fingerprint}); replaying anyway because of --allow-stale. Its expected outputs "
                   "do not reflect the current reference.[/]")
     judged = judge(tree, backend, allow_stale=args.allow_stale, verbose=args.verbose, stale_detail=lambda t: (
-        _stale_advice(t) if args.rev is None else
+        stale_advice(t) if args.rev is None else
         f"recorded at {args.rev} with an older reference: replay it with --allow-stale (regen rewrites main, not "
         "an old revision)"))
     if judged.verdict in ("STALE", "SKIP", "ERROR"):
@@ -288,7 +288,7 @@ def _replay_on_devices(args) -> int:
 
 
 
-def _stale_advice(tree) -> str:
+def stale_advice(tree) -> str:
     """What changed, and whether regenerating is safe: the current reference's outputs on the stored inputs
     judged against the stored ones by the tree's own comparators (goldens.trees.classify_change)."""
     from goldens import trees

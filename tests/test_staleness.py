@@ -72,10 +72,10 @@ def test_a_changed_rounding_rule_makes_exactly_the_trees_that_read_it_stale(monk
                                                                                           "replicated")):
         t = trees.load_tree(reader, *key)  # (one of each kind: the whole set costs a minute of CI)
         assert trees.classify_change(t, trees.reference_outputs(t)).kind == "none", key  # bytes do not move
-    from goldens.replay import _stale_advice
+    from goldens.replay import stale_advice
 
     index = trees.load_tree(reader, "cache_index", "replicated")
-    advice = _stale_advice(index)
+    advice = stale_advice(index)
     assert "payload: 3/1536 codes, at most 1 FP4 code" in advice and "is safe" in advice, advice  # how far, in steps
     assert trees.classify_change(index, trees.reference_outputs(index)).kind == "rounding"  # felt by a reader
 
@@ -222,3 +222,22 @@ def test_a_modules_rounding_version_reaches_every_tree_that_calls_it(monkeypatch
     monkeypatch.setattr(sequence_parallel, "ROUNDING_VERSION", "sp-test-bump")
     tree = trees.load_tree(reader, "sp_slabs", "replicated")
     assert tree.stale and tree.moved == ("changed const kernels.sequence_parallel.ROUNDING_VERSION",), tree.moved
+
+
+def test_pytest_says_how_far_a_stale_trees_outputs_move(tmp_path):
+    """#48: pytest's stale failure said only "run `goldens regen NAME`"; it now says what `goldens replay` says:
+    whether the outputs move within their comparators (a rounding change, regen is safe) or past them. The index
+    rule's ties changed to even inside the pytest run (a plugin loaded first) make cache_index stale."""
+    import subprocess
+    import sys
+
+    plugin = tmp_path / "tie_even_plugin.py"
+    plugin.write_text("from dataclasses import replace\nfrom kernels import quant\n"
+                      "quant.RULES['index'] = replace(quant.RULES['index'], tie='even')\n")
+    env = dict(__import__("os").environ, PYTHONPATH=f"{tmp_path}{__import__('os').pathsep}{ROOT}")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tie_even_plugin",
+                           "contracts/test_golden_replay.py", "-k", "cache_index and replicated"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-1500:]
+    assert "cache_index/replicated is stale" in proc.stdout and "a rounding change" in proc.stdout \
+        and "goldens regen cache_index` is safe" in proc.stdout, proc.stdout[-2000:]
