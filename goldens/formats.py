@@ -13,6 +13,15 @@ def emit_json(document: dict) -> None:
     sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
 
 
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a space, never inside a number or a word, with an ellipsis
+    when anything was cut (a cut number, `expected=-0` for -0.0397908, misleads)."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return (text[:cut] if cut > 0 else text[:limit]).rstrip() + " …"
+
+
 def write_junit(path: Path, document: dict) -> None:
     """JUnit XML: one testcase per (case, wiring, output) row; FAIL a failure, ERROR an error, SKIP/STALE
     skipped (STALE also counted as an error: it exits 2)."""
@@ -27,7 +36,7 @@ def write_junit(path: Path, document: dict) -> None:
         case = ET.SubElement(suite, "testcase", classname=f"{r['case']}.{r['wiring']}", name=r["output"])
         kind = {"FAIL": "failure", "ERROR": "error", "STALE": "error", "SKIP": "skipped"}.get(r["verdict"])
         if kind:
-            ET.SubElement(case, kind, message=r["detail"][:500]).text = r["detail"]
+            ET.SubElement(case, kind, message=clip(r["detail"], 500)).text = r["detail"]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)

@@ -26,6 +26,7 @@ import torch
 
 from contracts import tolerances
 from contracts.evidence import e2m1_order, is_packed_fp4, is_payload, ordered
+from goldens.formats import clip
 
 PAGE = "index.html"
 MAX_ROWS_LISTED = 12
@@ -337,7 +338,7 @@ def page(title: str, trees: list[TreeReport], summary: Mapping[str, int]) -> str
     order = {"ERROR": 0, "FAIL": 1, "STALE": 2, "SKIP": 3, "PASS": 4}
     trees = sorted(trees, key=lambda t: (order.get(t.verdict, 5), t.case, t.wiring))
     index = "".join(f'<tr><td><a href="#{_esc(t.case)}-{_esc(t.wiring)}">{_esc(t.case)}</a></td><td>{_esc(t.wiring)}'
-                    f'</td><td class="{t.verdict}">{t.verdict}</td><td>{_esc(t.detail[:160])}</td></tr>' for t in trees)
+                    f'</td><td class="{t.verdict}">{t.verdict}</td><td>{_esc(clip(t.detail, 160))}</td></tr>' for t in trees)
     body = []
     for t in trees:
         body.append(f'<h2 id="{_esc(t.case)}-{_esc(t.wiring)}">{_esc(t.case)} / {_esc(t.wiring)} '

@@ -163,3 +163,16 @@ def test_the_row_plot_legend_hides_no_point():
     box = ax.get_legend().get_window_extent()
     points = ax.transData.transform(np.column_stack([np.arange(len(values)), values]))
     assert not any(box.contains(x, y) for x, y in points), "the legend covers a point"
+
+
+def test_a_long_detail_is_never_cut_inside_a_number():
+    """#48: the evidence was cut mid-number (`expected=-0` for -0.0397908) where a detail is shortened (the JUnit
+    message, the report's tree row); it is now cut at a space, with an ellipsis."""
+    from goldens.formats import clip
+
+    detail = "first mismatches: [3, 7] actual=0.125 expected=-0.0397908 |diff|=0.165 " * 4
+    for limit in range(40, len(detail)):
+        short = clip(detail, limit)
+        assert len(short) <= limit + 2 and short.endswith(" …"), (limit, short)
+        assert short[:-2].split()[-1] in detail.split(), (limit, short)  # whole words and numbers only
+    assert clip("short", 10) == "short"
