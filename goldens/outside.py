@@ -36,22 +36,18 @@ def store_containing(path: str | os.PathLike) -> Path | None:
     return None
 
 
-def refuse_inside_store(path: str | os.PathLike, what: str, *, allow: str | os.PathLike | None = None) -> None:
+def refuse_inside_store(path: str | os.PathLike, what: str) -> None:
     """Raise ``GoldenStoreError`` (exit 2, one line, nothing written) when ``path`` -- an output ``what`` names,
-    e.g. "--junit" -- is inside a store's folder. ``allow``: a store that may contain it (none of today's
-    outputs: a store holds only what its own commands commit)."""
+    e.g. "--junit" -- is inside a store's folder."""
     store = store_containing(path)
-    if store is not None and (allow is None or store != Path(os.path.abspath(os.fspath(allow))).resolve()):
+    if store is not None:
         raise GoldenStoreError(f"{what} {os.fspath(path)}: inside the golden store {store}; write it outside any "
                                "store (a file in a store's folder can break every later command on it)")
 
 
 def refuse_store_inside_store(root: str | os.PathLike, what: str = "--store") -> None:
     """A new store must not be created inside another store's folder (its repository would be read as damage)."""
-    p = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
-    with contextlib.suppress(OSError, RuntimeError):
-        p = p.resolve(strict=False)
-    for folder in p.parents:
-        if is_store_root(folder):
-            raise GoldenStoreError(f"{what} {os.fspath(root)}: inside the golden store {folder}; a store cannot be "
-                                   "created inside another")
+    outer = store_containing(Path(os.path.abspath(os.path.expanduser(os.fspath(root)))).parent)
+    if outer is not None:
+        raise GoldenStoreError(f"{what} {os.fspath(root)}: inside the golden store {outer}; a store cannot be "
+                               "created inside another")

@@ -16,6 +16,7 @@ import pytest
 
 from backends.upstream.survey import classify, drivers
 from tests import forkserver
+from tests.test_upstream_backend import needs_checkout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,7 +164,7 @@ def test_a_driver_that_exits_zero_on_a_failed_result_is_named():
         assert [line for line, _ in unchecked_results(source)] == lines, what
 
 
-@pytest.mark.skipif(not os.environ.get("PYPTO_LIB_ROOT"), reason="needs a pypto-lib checkout (PYPTO_LIB_ROOT)")
+@needs_checkout  # in CI without one, test_a_driver_that_exits_zero_on_a_failed_result_is_named holds the rule
 @pytest.mark.parametrize("folder", ["deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark"])
 def test_real_checkout_drivers_exit_nonzero_on_a_failed_result(folder):
     """Every driver of the checkout's folder ends the process non-zero when a result has not passed, so the
