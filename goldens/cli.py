@@ -157,7 +157,7 @@ def cmd_regen(args) -> int:
     if args.json:
         _emit({"dry_run": args.dry_run, "snapshot": None if result is None else result.snapshot,
                "trees": [{"case": c, "wiring": w, "change": ch.kind, "change_detail": ch.detail,
-                          "deltas": [_delta(d) for d in ds]} for c, w, ds, ch in report]})
+                          "deltas": [{**_delta(d), "change": ch.of(d.name)} for d in ds]} for c, w, ds, ch in report]})
         return 1 if beyond and args.dry_run and not args.accept_rule_change else 0
     table = Table(title="regen (dry run: nothing committed)" if args.dry_run else "regen")
     for col in ("case", "wiring", "output", "elements changed", "max abs", "mean abs", "max rel", "rows affected",
@@ -169,7 +169,7 @@ def cmd_regen(args) -> int:
             table.add_row(case, wiring, "(no output changed)", "0", "", "", "", "", "")
         for d in deltas:
             table.add_row(case, wiring, d.name, f"{d.elements_changed}/{d.elements}", _num(d.max_abs),
-                          _num(d.mean_abs), _num(d.max_rel), str(d.rows_affected), kinds[change.kind])
+                          _num(d.mean_abs), _num(d.max_rel), str(d.rows_affected), kinds[change.of(d.name)])
     console.print(table)
     if beyond and args.accept_rule_change and not args.dry_run:  # what was recorded past its comparators, all of it
         for c, w, ch in beyond:

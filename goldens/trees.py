@@ -13,7 +13,7 @@ import math
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -524,6 +524,11 @@ class Change:
 
     kind: str  # "none" | "rounding" (every moved output within its comparator, or one step of its format) | "beyond"
     detail: str = ""
+    outputs: dict = field(default_factory=dict)  # each moved output's own kind: "rounding" | "beyond"
+
+    def of(self, output: str) -> str:
+        """This output's own change: "none" when it did not move."""
+        return self.outputs.get(output, "none")
 
 
 def _ordinals(t: torch.Tensor, name: str) -> torch.Tensor:
@@ -588,11 +593,13 @@ def classify_change(tree: LoadedTree, outputs: dict) -> Change:
     except Exception as exc:  # a comparator that cannot judge the new outputs: not a rounding change
         verdicts = {k: None for k in moved}
         why = f"{type(exc).__name__}: {exc}"
-    beyond = []
+    beyond, kinds = [], {}
     for k in moved:
         r = verdicts.get(k)
         if (r is not None and r.ok) or _unit_sized(k, tree.expected[k], outputs[k]):
+            kinds[k] = "rounding"
             continue
+        kinds[k] = "beyond"
         d = delta(k, tree.expected[k], outputs[k])
         size = (f"{d.elements_changed}/{d.elements} elements in {d.rows_affected} rows, max rel {d.max_rel:.3g}"
                 if not math.isnan(d.max_rel) else f"{d.elements_changed}/{d.elements} elements in {d.rows_affected} rows")
@@ -600,8 +607,8 @@ def classify_change(tree: LoadedTree, outputs: dict) -> Change:
         beyond.append(f"{k} ({size}; {tree.record.comparators[k]}: {cause})")
     if not beyond:
         return Change("rounding", "; ".join(_how_far(k, tree.expected[k], outputs[k]) for k in moved)
-                      + " (within the comparators, or one step)")
-    return Change("beyond", "; ".join(beyond))
+                      + " (within the comparators, or one step)", kinds)
+    return Change("beyond", "; ".join(beyond), kinds)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -241,3 +241,33 @@ def test_pytest_says_how_far_a_stale_trees_outputs_move(tmp_path):
     assert proc.returncode == 1, proc.stdout[-1500:]
     assert "cache_index/replicated is stale" in proc.stdout and "a rounding change" in proc.stdout \
         and "goldens regen cache_index` is safe" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_the_change_is_said_per_output_not_per_tree(monkeypatch, capsys):
+    """#48: the dry run's "change" column said the tree's kind on every output row, so an output that moved one ulp
+    beside one that moved past its comparator was labelled PAST ITS COMPARATOR too. rope_rows: rope_cos moved one
+    ulp (a rounding change), rope_sin moved 0.25 (past its exact comparator)."""
+    from goldens import cli
+
+    reader = GoldenStore(ROOT / "artifacts" / "store").reader()
+    tree = trees.load_tree(reader, "rope_rows", "replicated")
+    cos, sin = tree.expected["rope_cos"], tree.expected["rope_sin"]
+    outputs = {"rope_cos": cos.clone(), "rope_sin": sin.clone()}
+    outputs["rope_cos"][3, 2] = float(cos[3, 2].nextafter(cos.new_tensor(9.0)))
+    outputs["rope_sin"][5, 1] += 0.25
+    change = trees.classify_change(tree, outputs)
+    assert change.kind == "beyond" and change.of("rope_cos") == "rounding" and change.of("rope_sin") == "beyond"
+    unmoved = trees.classify_change(tree, {k: v.clone() for k, v in tree.expected.items()})
+    assert unmoved.kind == "none" and unmoved.of("rope_cos") == "none"
+
+    deltas = [trees.delta(k, tree.expected[k], outputs[k]) for k in ("rope_cos", "rope_sin")]
+    monkeypatch.setattr(trees, "regen", lambda *a, **k: ([("rope_rows", "replicated", deltas, change)], None))
+    monkeypatch.setenv("COLUMNS", "400")
+    rc = cli.main(["--store", str(ROOT / "artifacts" / "store"), "regen", "rope_rows", "--dry-run"])
+    rows = {line.split("│")[3].strip(): line for line in capsys.readouterr().out.splitlines() if "rope_rows" in line}
+    assert rc == 1 and "rounding" in rows["rope_cos"] and "PAST" not in rows["rope_cos"], rows
+    assert "PAST ITS COMPARATOR" in rows["rope_sin"], rows
+    monkeypatch.setattr(trees, "regen", lambda *a, **k: ([("rope_rows", "replicated", deltas, change)], None))
+    rc = cli.main(["--store", str(ROOT / "artifacts" / "store"), "regen", "rope_rows", "--dry-run", "--json"])
+    got = {d["output"]: d["change"] for d in __import__("json").loads(capsys.readouterr().out)["trees"][0]["deltas"]}
+    assert rc == 1 and got == {"rope_cos": "rounding", "rope_sin": "beyond"}, got
