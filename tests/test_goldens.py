@@ -21,6 +21,8 @@ from goldens.store import GoldenStore
 from goldens.store_format import digest
 from tests import forkserver
 
+ROOT = Path(__file__).resolve().parents[1]
+
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.uint8,
           torch.int32, torch.int64, torch.bool]
 
@@ -604,6 +606,33 @@ def test_the_v4_attention_trees_replay_on_the_twin_and_catch_each_attention_defe
             assert {"hca", "csa", "prefill_hca"} <= failing and not failing & {"swa", "prefill_swa"}, failing
         if name == "PADDING_ROWS_ATTENDED":
             assert {"prefill", "prefill_hca", "prefill_swa"} <= failing, failing
+
+
+def test_the_sample_store_is_at_the_retention_the_docs_give(tmp_path):
+    """#48: docs/guide.md said the sample store keeps one regen tag with the retention it names, and a trial found
+    none. The retention command is read from the guide (and must match reference.md's); on a copy of
+    artifacts/store it would expire nothing and delete no tag, and the store holds the head plus exactly one
+    regen tag, on the newest regen snapshot."""
+    import re
+    import shutil
+
+    from goldens.store_format import REGEN_TAG_PREFIX
+
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    said = re.search(r"retention is\s+`goldens gc ([^`]+)`", guide)
+    assert said, "docs/guide.md no longer names the sample store's retention"
+    flags = dict(re.findall(r"--([a-z-]+) (\S+)", said.group(1)))
+    assert flags == {"older-than-days": "0", "keep-last": "1", "keep-regen-tags": "1"}, flags
+    assert f"goldens gc {said.group(1)}" in (ROOT / "docs" / "reference.md").read_text()
+    shutil.copytree(ROOT / "artifacts" / "store", tmp_path / "store")
+    copy = GoldenStore(tmp_path / "store")
+    doomed, dropped, _ = copy.gc(dt.datetime.now(dt.UTC), keep_last=1, keep_regen_tags=1, dry_run=True)
+    assert not doomed and not dropped, ([e.snapshot for e in doomed], dropped)
+    log = copy.log()
+    regen = [(e, t) for e in log for t in e.tags if t.startswith(REGEN_TAG_PREFIX)]
+    assert len(regen) == 1, [t for _e, t in regen]
+    newest_regen = next(e for e in log if e.message.startswith("regen "))
+    assert regen[0][0].snapshot == newest_regen.snapshot, (regen[0][1], newest_regen.snapshot)
 
 
 def test_gc_keep_regen_tags_deletes_only_old_regen_tags_with_their_snapshots(store, capsys):
