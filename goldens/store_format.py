@@ -83,6 +83,8 @@ class Location:
     @classmethod
     def parse(cls, spec: str | os.PathLike) -> Location:
         text = os.fspath(spec)
+        if not text.strip():  # Path("") is the current folder: a store nobody named (#48)
+            raise GoldenStoreError("store '': an empty location (give a local directory or s3://bucket/prefix)")
         if "://" not in text:
             return cls(text, path=Path(text))
         scheme, _, rest = text.partition("://")

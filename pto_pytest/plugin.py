@@ -212,7 +212,7 @@ def worker_device(config: pytest.Config) -> str | None:
         workers = config.getoption("numprocesses", default=None)
         if workers != len(ids):
             raise pytest.UsageError(f"--devices {given}: {len(ids)} device(s) need -n {len(ids)} (one xdist worker "
-                                    f"per device), got -n {workers}")
+                                    f"per device), got {'no -n' if workers is None else f'-n {workers}'}")
         return ",".join(map(str, ids))  # the controller: every id (its header; it runs no test)
     return str(ids[int(worker.removeprefix("gw")) % len(ids)])
 

@@ -120,3 +120,89 @@ def test_a_bad_input_changes_nothing_and_says_what(store, tmp_path, capsys, argv
 
 def test_the_table_is_broad():
     assert len(BAD) >= 50 and len({row[0][0] if row[0][0] != "--store" else row[0][2] for row in BAD}) >= 12
+
+
+# pytest's options (#48 item 6): each a usage error at start-up, exit 4, one "ERROR:" line naming what was wrong,
+# before any test, nothing written. {S}: a store (its files must not change), {T}: a fresh folder, {F}: a file.
+BAD_PYTEST = [
+    (["--golden-store", NOWHERE], "--golden-store /nonexistent/pto-bad-input: no golden store there (no such folder"),
+    (["--golden-store", "{F}"], "no golden store there (a file"),
+    (["--golden-store", "s3://"], "--golden-store"),
+    (["--golden-store", ""], "--golden-store"),
+    (["--backend", "upstream", "--pypto-lib", NOWHERE], f"--pypto-lib {NOWHERE}: no such folder"),
+    (["--backend", "upstream", "--pypto-lib", "{T}"], "no models/ in it"),
+    (["--golden-report", "/proc/nope"], "--golden-report /proc/nope: cannot write there"),
+    (["--golden-report", "{F}"], "--golden-report"),
+    (["--golden-report", "{S}/rep"], "inside the golden store"),
+    (["--golden-report", "{S}/icechunk/refs"], "inside the golden store"),
+    (["--junit-xml", "{S}/x.xml"], "--junit-xml"),
+    (["--golden-cases", "no_such_module"], "no_such_module"),
+    (["--golden-cases", "os"], "registers no case"),
+    (["--golden-cases", f"{NOWHERE}.py"], "no file"),
+    (["--backend", "no_such_backend"], "no_such_backend"),
+    (["--backend-module", "sys:exit"], "exit is a builtin, not a Backend"),
+    (["--backend-module", "json:dumps"], "dumps"),
+    (["--backend-module", "/etc/passwd:X"], "/etc/passwd is not a Python file"),
+    (["--backend-module", "no_such_module:X"], "no_such_module"),
+    (["--operator", "no_such_operator"], "no_such_operator"),
+    (["--devices", "x"], "--devices 'x'"),
+    (["--devices", "0-1"], "2 device(s) need -n 2 (one xdist worker per device), got no -n"),
+    (["--devices", "0-1", "--device", "0"], "not both"),
+    (["--tp", "3"], "deployment.tp: expected one of (1, 2, 4, 8), got 3"),
+    (["--dp", "0"], "deployment.dp"),
+    (["--ep", "5"], "deployment.ep"),
+    (["--tp", "x"], "argument --tp"),
+    (["--platform", "a9"], "argument --platform"),
+    (["--model", "no_such_model"], "argument --model"),
+]
+
+_DRIVER = r"""
+import contextlib, io, json, sys
+import pytest
+rows = json.loads(sys.argv[1])
+out = []
+for argv in rows:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()) as std:
+        code = pytest.main(["-q", "-p", "no:cacheprovider", "contracts/test_slabs.py", *argv])
+    out.append({"code": int(code), "err": err.getvalue(), "out": std.getvalue()})
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def pytest_runs(store, tmp_path_factory):
+    """Every BAD_PYTEST row run through pytest.main in one child process (each row in-process there: the plugin
+    keeps session state in module globals, never shared with this session's)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    tmp = tmp_path_factory.mktemp("badpytest")
+    (tmp / "a-file").write_text("not a folder\n")
+    rows = [[a.replace("{S}", str(store.root)).replace("{T}", str(tmp / "empty")).replace("{F}", str(tmp / "a-file"))
+             for a in argv] for argv, _ in BAD_PYTEST]
+    (tmp / "empty").mkdir()
+    before = _files(store.root)
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(rows)], cwd=root, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.splitlines()[-1]), before, tmp
+
+
+@pytest.mark.parametrize("i", range(len(BAD_PYTEST)), ids=[" ".join(a) for a, _ in BAD_PYTEST])
+def test_a_bad_pytest_option_is_one_usage_error_before_any_test(pytest_runs, store, i):
+    runs, before, tmp = pytest_runs
+    got, (_argv, names) = runs[i], BAD_PYTEST[i]
+    errors = [line for line in got["err"].splitlines() if line.startswith("ERROR:")]
+    assert got["code"] == 4 and len(errors) == 1, (got["code"], got["err"][-1500:])
+    assert names in got["err"], got["err"][-1500:]
+    assert "Traceback" not in got["err"] + got["out"] and " passed" not in got["out"], got["err"][-1500:]
+    assert _files(store.root) == before, "something stored changed"
+    assert sorted(p.name for p in tmp.iterdir()) == ["a-file", "empty"] and not any((tmp / "empty").iterdir())
+
+
+def test_the_pytest_table_is_broad():
+    assert len(BAD_PYTEST) >= 25 and len({argv[0] for argv, _ in BAD_PYTEST}) >= 12
