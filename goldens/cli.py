@@ -381,6 +381,15 @@ def doctor_report(store_spec: str, pypto_lib: str | None) -> list[tuple[str, str
                                                      f"(e.g. {first}): main replays, but record, regen, gc, log and "
                                                      "--rev on them refuse; restore the store directory from version "
                                                      "control or a backup"))
+    try:
+        problems = store.history_problems()
+    except (GoldenStoreError, icechunk.IcechunkError) as exc:
+        problems = [str(exc)]
+    if problems:  # main replays; log, --rev, record, regen and gc need these
+        rows.append(("DAMAGED", "tags and history", f"{problems[0]}" + (f" (+{len(problems) - 1} more)"
+                                                                         if len(problems) > 1 else "")
+                     + ": main replays, but goldens log, gc and a read of that revision refuse; restore the store "
+                       "directory from version control or a backup"))
     if raising:
         rows.append(("ERROR", "current reference", f"raises on {len(raising)} of {len(items)} tree(s), which are "
                                                    f"readable (goldens replay exits 3 for them): {raising[0]}"

@@ -423,9 +423,25 @@ class GoldenStore:
         try:
             repo.readonly_session(snapshot_id=rev)
         except Exception:
+            for name, why in self.unreadable_tags(repo):  # a tag that is there but damaged is not "unknown"
+                if name == rev:
+                    raise GoldenStoreError(f"tag {rev!r} of {self.root} cannot be read ({why})") from None
             raise GoldenStoreError(f"unknown revision {rev!r}: not 'main', a tag ({sorted(repo.list_tags())}) "
                                    "or a snapshot id (see goldens log)") from None
         return {"snapshot_id": rev}
+
+    def history_problems(self) -> list[str]:
+        """What of the history a read of main does not need but log, --rev, record, regen and gc do: each tag
+        whose ref cannot be read, and a break in main's ancestry (a snapshot file missing or unparsable) -- one
+        line each. (Damaged snapshot files found by their sums are in ``damaged_snapshots``.)"""
+        repo = self._repo()
+        out = [f"tag {name!r} cannot be read ({why})" for name, why in self.unreadable_tags(repo)]
+        try:
+            for _snap in repo.ancestry(branch="main"):
+                pass
+        except Exception as exc:
+            out.append(f"main's history cannot be walked: {damaged(self.root, exc).split(': ', 1)[1]}")
+        return out
 
     def reader(self, rev: str | None = None) -> StoreReader:
         repo = self._repo(shared=True)

@@ -137,5 +137,65 @@ def test_a_damaged_read_cache_is_read_around(pristine, tmp_path, monkeypatch, ca
     assert _files(root) == before
 
 
+def _old(root: Path) -> str:
+    import json
+
+    return json.loads((root / REPO_DIR / "refs" / "tag.regen-old" / "ref.json").read_text())["snapshot"]
+
+
+HISTORY = {
+    "old tag": lambda r: r / REPO_DIR / "refs" / "tag.regen-old" / "ref.json",
+    "old tagged snapshot": lambda r: r / REPO_DIR / "snapshots" / _old(r),
+    "head transaction log": lambda r: r / REPO_DIR / "transactions" / _head(r).name,
+    "lock file": lambda r: r / "pto-store.lock",
+}
+# (where, how, exit codes of replay / doctor / log / diff regen-old main / a record): what main's replay reads is
+# intact, so it passes; doctor says DAMAGED (it said ok for a damaged tag or a deleted old snapshot), log and the
+# old revision refuse naming the damage (diff said "unknown revision" for a damaged tag); a write refuses a damaged
+# history. Nothing the harness runs reads icechunk's transaction logs (conflict rebase and icechunk's own diff,
+# never called: writes are serialised by the lock): they damage nothing. The lock file holds only its holder's
+# pid and command, rewritten by the next holder.
+HISTORY_DAMAGE = (
+    [("old tag", h, (0, 2, 2, 2, 0)) for h in HOW]
+    + [("old tagged snapshot", h, (0, 2, 2, 2, 2)) for h in HOW]
+    + [("head transaction log", h, (0, 0, 0, 0, 0)) for h in HOW]
+    + [("lock file", h, (0, 0, 0, 0, 0)) for h in ("garbage", "deleted")]
+)
+HISTORY_SAYS = {"old tag": "tag 'regen-old'", "old tagged snapshot": "snapshot"}
+
+
+@pytest.mark.parametrize("where,how,codes", HISTORY_DAMAGE, ids=[f"{w}-{h}" for w, h, _c in HISTORY_DAMAGE])
+def test_a_damaged_history_blocks_only_what_reads_it(pristine, tmp_path, monkeypatch, capsys, where, how, codes):
+    root, cache = _copy(pristine, tmp_path)
+    monkeypatch.setenv("PTO_STORE_READ_CACHE", str(cache))
+    old = _old(root)
+    target = HISTORY[where](root)
+    good = target.read_bytes() if target.exists() else None
+    HOW[how](target)
+    damaged = _files(root)
+    got = []
+    for argv in (["replay"], ["doctor"], ["log"], ["diff", "regen-old", "main"],
+                 ["record", "sp_slabs", "--wiring", "sharded"]):
+        _new_process()
+        got.append(cli.main(["--store", str(root), *argv]))
+        text = capsys.readouterr()
+        assert "Traceback" not in text.err + text.out, (argv, text.err[-1500:])
+        if got[-1] == 2 and where in HISTORY_SAYS:
+            assert HISTORY_SAYS[where] in text.err + text.out, (argv, text.err[-800:])
+        if argv[0] == "doctor" and got[-1] == 2:
+            assert "DAMAGED" in text.out, text.out
+        if argv[0] == "record" and got[-1] == 0:
+            damaged = None  # a write went ahead on an intact history: compared after the restore below
+    assert tuple(got) == codes, (got, codes)
+    if damaged is not None:
+        assert _files(root) == damaged, "a command changed the damaged store"
+    if good is not None:
+        target.write_bytes(good)
+    _new_process()
+    assert cli.main(["--store", str(root), "replay"]) == 0 and cli.main(["--store", str(root), "log"]) == 0
+    assert cli.main(["--store", str(root), "replay", "--rev", old]) == 0, "restored, the old snapshot is lost"
+
+
 def test_the_suite_has_thirty_damages():
-    assert len(STORE_DAMAGE) + 2 * len(CACHE_DAMAGE) >= 30
+    assert len(STORE_DAMAGE) + 2 * len(CACHE_DAMAGE) + len(HISTORY_DAMAGE) >= 30
+    assert {"old tag", "old tagged snapshot"} <= {w for w, _h, _c in HISTORY_DAMAGE}
