@@ -66,6 +66,35 @@ def _verified(path: str, data, node: zarr.Array) -> tuple[np.ndarray, dict]:
     return data, attrs
 
 
+class _Fetched(zarr.storage.WrapperStore):
+    """The store, answering a whole-chunk get from the bytes the chunk fingerprints were taken of:
+    a read-cache miss decodes what was fetched for the check instead of fetching it again (#48). The bytes live
+    as long as the read_many that fetched them."""
+
+    def __init__(self, store, fetched: dict):
+        super().__init__(store)
+        self._fetched = fetched
+
+    async def get(self, key, prototype, byte_range=None):
+        mine = (id(self._store), key)
+        if byte_range is None and mine in self._fetched:
+            return self._fetched[mine]
+        return await self._store.get(key, prototype, byte_range)
+
+    @staticmethod
+    def reading(node: zarr.Array, fetched: dict | None):
+        """``node``'s async array, reading through the fetched bytes when there are any for its store."""
+        array = node._async_array
+        if not fetched or id(node.store_path.store) not in fetched:
+            return array
+        from zarr.core.array import AsyncArray
+        from zarr.storage import StorePath
+
+        wrapped = _Fetched(node.store_path.store, fetched)
+        return AsyncArray(metadata=array.metadata, store_path=StorePath(wrapped, node.store_path.path),
+                          config=array.config)
+
+
 class StoreReader:
     """Read-only view of one snapshot (``root`` None: an empty snapshot, e.g. the repository's first)."""
 
@@ -94,10 +123,12 @@ class StoreReader:
         return None if self.cache is None or not isinstance(d, str) or not chunks else \
             self.cache / d.removeprefix(DIGEST_PREFIX)[:2] / f"{d}.{chunks}.npy"
 
-    def _chunk_fingerprints(self, contents: dict[str, zarr.Array]) -> dict[str, str | None]:
+    def _chunk_fingerprints(self, contents: dict[str, zarr.Array],
+                            keep: dict | None = None) -> dict[str, str | None]:
         """{path: CRC32C fingerprint of the raw (encoded) chunk bytes the store holds for it}, all fetched in one
         gather without decoding; None for an array whose chunks cannot be fetched (then nothing is served from
-        the cache for it, and the store read names the failure)."""
+        the cache for it, and the store read names the failure). ``keep``: filled with the fetched bytes by chunk
+        key, so a cache miss decodes them instead of fetching them again (``_Fetched``)."""
         import itertools
 
         from zarr.core.buffer import default_buffer_prototype
@@ -114,6 +145,9 @@ class StoreReader:
             for key, buf in zip(keys, bufs, strict=True):
                 raw = b"" if buf is None else buf.to_bytes()
                 crc = int(crc32c.crc32c(key.encode() + len(raw).to_bytes(8, "little") + raw, crc))
+            if keep is not None:
+                keep[id(node.store_path.store)] = node.store_path.store
+                keep.update(((id(node.store_path.store), k), b) for k, b in zip(keys, bufs, strict=True))
             return f"{crc:08x}{len(keys):x}"
 
         async def gather():
@@ -244,7 +278,8 @@ class StoreReader:
         different arrays overlap) and then cached; same checks as ``read``. A failing array is re-read
         alone so the error names it. A frozen reader with a cache answers a read it has answered before
         (same snapshot, same paths) from its pack (``goldens.readpack``): one file, no store lookup."""
-        fps = self._fingerprints_of(paths) if self.cache is not None else {}
+        fetched: dict = {}  # the raw chunk bytes the fingerprints were taken of: a miss decodes these
+        fps = self._fingerprints_of(paths, keep=fetched) if self.cache is not None else {}
         keyed = self._keyed(paths, fps)  # a pack names the chunk bytes it was read from
         pack = None if self._nodes is None or self.packs is None or None in fps.values() else \
             readpack.pack_file(self.packs, self.snapshot, keyed)
@@ -252,7 +287,7 @@ class StoreReader:
             got = self._from_pack(pack, keyed, fps)
             if got is not None:
                 return got
-        out = self._read_many(paths, fps)
+        out = self._read_many(paths, fps, fetched)
         if pack is not None:
             with contextlib.suppress(OSError):  # best effort, as the read cache: a full disk loses the speed-up
                 readpack.save(pack, self.snapshot, keyed, {k: out[p] for k, p in zip(keyed, paths, strict=True)},
@@ -268,9 +303,9 @@ class StoreReader:
         chunk bytes for it (``readpack.pack_file`` / ``readpack.load`` take these)."""
         return self._keyed(paths, self._fingerprints_of(paths))
 
-    def _fingerprints_of(self, paths) -> dict[str, str | None]:
+    def _fingerprints_of(self, paths, keep: dict | None = None) -> dict[str, str | None]:
         """The chunk fingerprint of every path's content (its pool entry for a link); None where a node is not
-        an array (the read then names it)."""
+        an array (the read then names it). ``keep``: as ``_chunk_fingerprints``."""
         self._prefetch(paths)
         nodes = {p: self._get(p) for p in paths}
         self._prefetch(n.attrs.get("pool") for n in nodes.values() if isinstance(n, zarr.Array))
@@ -279,7 +314,7 @@ class StoreReader:
             if isinstance(n, zarr.Array):
                 with contextlib.suppress(GoldenStoreError):
                     contents[p] = self._data(p, n)
-        found = self._chunk_fingerprints(contents) if contents else {}
+        found = self._chunk_fingerprints(contents, keep) if contents else {}
         return {p: found.get(p) for p in paths}
 
     def _from_pack(self, pack: Path, paths: list[str], fps: dict) -> dict[str, tuple[np.ndarray, dict]] | None:
@@ -309,7 +344,7 @@ class StoreReader:
             out[e["path"].rsplit("#", 1)[0]] = (data, e["attrs"])
         return out
 
-    def _read_many(self, paths: list[str], fps: dict) -> dict[str, tuple[np.ndarray, dict]]:
+    def _read_many(self, paths: list[str], fps: dict, fetched: dict | None = None) -> dict[str, tuple[np.ndarray, dict]]:
         self._prefetch(paths)
         nodes = {}
         for path in paths:
@@ -328,11 +363,10 @@ class StoreReader:
         try:
             from zarr.core.sync import sync
 
-            contents = [self._data(p, n) for p, n in missing.items()]
+            contents = [_Fetched.reading(self._data(p, n), fetched) for p, n in missing.items()]
 
             async def gather():
-                return await asyncio.gather(*(n._async_array.getitem(() if n.ndim == 0 else ...)
-                                              for n in contents))
+                return await asyncio.gather(*(n.getitem(() if n.ndim == 0 else ...) for n in contents))
 
             datas = sync(gather())
         except Exception:

@@ -373,3 +373,34 @@ def test_the_read_cache_is_verified_and_disposable(tmp_path, monkeypatch):
     monkeypatch.setenv("PTO_STORE_READ_CACHE", "")
     off = GoldenStore(tmp_path / "s")
     assert off.read_cache is None and np.array_equal(off.reader().read_many(["t/x"])["t/x"][0], big)
+
+
+def test_a_read_cache_miss_fetches_each_chunk_once(tmp_path):
+    """#48: the chunk check fetched every raw chunk to fingerprint it, and a miss then fetched the same chunks again
+    to decode them; a miss now decodes the bytes the check fetched (each chunk key got once), and reads the same
+    arrays as a store without a read cache."""
+    import collections
+
+    import icechunk
+    import numpy as np
+
+    store = GoldenStore(tmp_path / "s", read_cache=tmp_path / "cache")
+    trees.record(store, [("v4_prefill_indexer", "replicated")], seed=5)
+    calls = collections.Counter()
+    original = icechunk.IcechunkStore.get
+
+    async def counting(self, key, prototype, byte_range=None):
+        if "/c/" in key or key.endswith("/c"):
+            calls[key] += 1
+        return await original(self, key, prototype, byte_range)
+
+    reader = store.reader()
+    paths = reader.walk_arrays("v4_prefill_indexer/replicated")
+    icechunk.IcechunkStore.get = counting
+    try:
+        got = reader.read_many(paths)
+    finally:
+        icechunk.IcechunkStore.get = original
+    assert calls and max(calls.values()) == 1, calls.most_common(3)
+    plain = GoldenStore(tmp_path / "s", read_cache=None).reader().read_many(paths)
+    assert all(np.array_equal(got[p][0], plain[p][0]) and got[p][0].dtype == plain[p][0].dtype for p in paths)
