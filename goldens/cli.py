@@ -884,6 +884,27 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"[bold red]error:[/] {escape(str(where))}: {escape(exc.strerror or str(exc))} (store "
                   f"{escape(str(args.store))}; nothing was committed)", highlight=False, soft_wrap=True)
         return 2
+    except Exception as exc:  # a bug of goldens (or of what it runs on): one line, never a traceback (exit 3)
+        if os.environ.get("PTO_DEBUG"):
+            raise
+        err.print(f"[bold red]internal error:[/] {escape(internal_error(exc))}", highlight=False, soft_wrap=True)
+        return 3
+
+
+def internal_error(exc: BaseException) -> str:
+    """One line for an exception nothing expected: its type, its first line, and the innermost frame of this
+    project's code it passed through (else the innermost of all)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    root = str(Path(__file__).resolve().parents[1])
+    ours = [f for f in frames if f.filename.startswith(root) and "/.venv/" not in f.filename]
+    at = (ours or frames)[-1:]
+    where = f" (at {Path(at[0].filename).resolve().relative_to(root) if ours else at[0].filename}:{at[0].lineno})" \
+        if at else ""
+    text = (str(exc).strip().splitlines() or [""])[0][:300]
+    return (f"{type(exc).__name__}: {text}{where}; the store holds only completed commits (goldens log lists "
+            "them); PTO_DEBUG=1 shows the traceback")
 
 
 if __name__ == "__main__":

@@ -442,3 +442,51 @@ def test_a_damaged_old_tagged_snapshot_does_not_block_replaying_main(store, caps
     assert "snapshot history" in capsys.readouterr().out
     snap.write_bytes(good)
     assert cli.main(["--store", str(store.root), "replay", "--rev", "regen-old"]) == 0
+
+
+def test_a_crash_of_goldens_itself_is_one_line_exit_3(store, capsys, monkeypatch):
+    """#48: `goldens report` once ended in a SystemError traceback (exit 1, the out-of-bound code). Anything
+    unexpected is now one line -- type, message, the innermost frame of the project's code -- exit 3 (README),
+    nothing committed; PTO_DEBUG=1 lets the traceback through."""
+    from goldens import fingerprint
+
+    def broken(source):
+        raise SystemError("AST constructor recursion depth mismatch (before=48, after=47)")
+
+    monkeypatch.setattr(fingerprint, "_parse", broken)
+    monkeypatch.setattr(fingerprint, "_CODE", {})
+    before = [e.snapshot for e in store.log()]
+    got = cli.main(["--store", str(store.root), "report", "--out", str(store.root.parent / "rep"), "sp_slabs"])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert got == 3 and len(lines) == 1 and "Traceback" not in err, (got, err)
+    assert "internal error: SystemError: AST constructor recursion depth mismatch" in err, err
+    assert "(at tests/test_cli_errors.py:" in err and "PTO_DEBUG=1" in err, err  # the innermost frame: broken
+    assert [e.snapshot for e in store.log()] == before
+    monkeypatch.setenv("PTO_DEBUG", "1")
+    with pytest.raises(SystemError):
+        cli.main(["--store", str(store.root), "report", "--out", str(store.root.parent / "rep"), "sp_slabs"])
+
+
+def test_cpythons_spurious_ast_depth_error_is_parsed_again(monkeypatch):
+    """python/cpython#106905 (3.11): ast.parse may raise a spurious "recursion depth mismatch" SystemError; the
+    fingerprint parses once more, and raises a second failure or any other SystemError."""
+    import ast
+
+    from goldens import fingerprint
+
+    real, calls = ast.parse, []
+
+    def flaky(source, *a, **k):
+        calls.append(source)
+        if len(calls) == 1:
+            raise SystemError("AST constructor recursion depth mismatch (before=3, after=2)")
+        return real(source, *a, **k)
+
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(fingerprint, "ast", SimpleNamespace(parse=flaky))  # (pytest's own reports use ast.parse)
+    assert isinstance(fingerprint._parse("x = 1\n"), ast.Module) and len(calls) == 2
+    monkeypatch.setattr(fingerprint, "ast", SimpleNamespace(parse=lambda s: (_ for _ in ()).throw(SystemError("other"))))
+    with pytest.raises(SystemError, match="other"):
+        fingerprint._parse("x = 1\n")
