@@ -73,24 +73,25 @@ class _Fetched(zarr.storage.WrapperStore):
 
     def __init__(self, store, fetched: dict):
         super().__init__(store)
-        self._fetched = fetched
+        self._fetched = fetched  # chunk key -> the bytes fetched for the check (None: no such chunk)
 
     async def get(self, key, prototype, byte_range=None):
-        mine = (id(self._store), key)
-        if byte_range is None and mine in self._fetched:
-            return self._fetched[mine]
+        if byte_range is None and key in self._fetched:
+            return self._fetched[key]
         return await self._store.get(key, prototype, byte_range)
 
     @staticmethod
     def reading(node: zarr.Array, fetched: dict | None):
-        """``node``'s async array, reading through the fetched bytes when there are any for its store."""
+        """``node``'s async array, reading through the bytes fetched from its store (``fetched``: store id ->
+        chunk key -> bytes) when there are any."""
         array = node._async_array
-        if not fetched or id(node.store_path.store) not in fetched:
+        mine = (fetched or {}).get(id(node.store_path.store))
+        if not mine:
             return array
         from zarr.core.array import AsyncArray
         from zarr.storage import StorePath
 
-        wrapped = _Fetched(node.store_path.store, fetched)
+        wrapped = _Fetched(node.store_path.store, mine)
         return AsyncArray(metadata=array.metadata, store_path=StorePath(wrapped, node.store_path.path),
                           config=array.config)
 
@@ -145,9 +146,8 @@ class StoreReader:
             for key, buf in zip(keys, bufs, strict=True):
                 raw = b"" if buf is None else buf.to_bytes()
                 crc = int(crc32c.crc32c(key.encode() + len(raw).to_bytes(8, "little") + raw, crc))
-            if keep is not None:
-                keep[id(node.store_path.store)] = node.store_path.store
-                keep.update(((id(node.store_path.store), k), b) for k, b in zip(keys, bufs, strict=True))
+            if keep is not None:  # {store: {chunk key: bytes}} (the store object is alive through the read)
+                keep.setdefault(id(store), {}).update(zip(keys, bufs, strict=True))
             return f"{crc:08x}{len(keys):x}"
 
         async def gather():
