@@ -112,6 +112,7 @@ class GoldenStore:
         self._locked = False  # this handle holds the store's lock
         self._verified: dict[str, tuple[int, int, str]] = {}  # snapshot -> (size, mtime_ns, sha256) hashed here
         self.damaged_snapshots: dict[str, str] = {}  # snapshot -> why, found by a read's open (not its own)
+        self.missing_snapshots: list[str] = []
 
     @property
     def packs(self) -> Path | None:
@@ -187,10 +188,12 @@ class GoldenStore:
         folder = self.root / REPO_DIR / "snapshots"
         sums = self._sums()
         self.damaged_snapshots = {}
+        self.missing_snapshots = []  # summed when written, gone now: a gc killed before it forgot them, or damage
         for snapshot, want in sums.items():
             try:
                 got = self._sha256(folder / snapshot)
             except FileNotFoundError:
+                self.missing_snapshots.append(snapshot)
                 continue
             if got != want and not self._locked:  # gc rewrites a file, then its sum, under the lock: wait
                 try:
@@ -299,6 +302,8 @@ class GoldenStore:
         crash left behind are restored first (the tag name also rides in the snapshot's metadata)."""
         with self.lock():
             repo = self._repo(create=True)
+            if self.missing_snapshots:  # never write on top of a history with a snapshot file gone
+                self._walk_history(repo)
             checked = self._restore_tags(repo)
             stamp = {TAGS_CHECKED: checked} if checked else {}  # in every commit's metadata
             attempts = S3_COMMIT_ATTEMPTS if self.location.remote else 1
@@ -430,6 +435,14 @@ class GoldenStore:
                                    "or a snapshot id (see goldens log)") from None
         return {"snapshot_id": rev}
 
+    def _walk_history(self, repo: icechunk.Repository) -> None:
+        """Every snapshot of main's history parses (a GoldenStoreError naming the store when one does not)."""
+        try:
+            for _snap in repo.ancestry(branch="main"):
+                pass
+        except Exception as exc:
+            raise GoldenStoreError(damaged(self.root, exc)) from None
+
     def history_problems(self) -> list[str]:
         """What of the history a read of main does not need but log, --rev, record, regen and gc do: each tag
         whose ref cannot be read, and a break in main's ancestry (a snapshot file missing or unparsable) -- one
@@ -437,10 +450,9 @@ class GoldenStore:
         repo = self._repo()
         out = [f"tag {name!r} cannot be read ({why})" for name, why in self.unreadable_tags(repo)]
         try:
-            for _snap in repo.ancestry(branch="main"):
-                pass
-        except Exception as exc:
-            out.append(f"main's history cannot be walked: {damaged(self.root, exc).split(': ', 1)[1]}")
+            self._walk_history(repo)
+        except GoldenStoreError as exc:
+            out.append(f"main's history cannot be walked: {str(exc).split(': ', 1)[1]}")
         return out
 
     def reader(self, rev: str | None = None) -> StoreReader:

@@ -487,6 +487,13 @@ def test_cpythons_spurious_ast_depth_error_is_parsed_again(monkeypatch):
 
     monkeypatch.setattr(fingerprint, "ast", SimpleNamespace(parse=flaky))  # (pytest's own reports use ast.parse)
     assert isinstance(fingerprint._parse("x = 1\n"), ast.Module) and len(calls) == 2
-    monkeypatch.setattr(fingerprint, "ast", SimpleNamespace(parse=lambda s: (_ for _ in ()).throw(SystemError("other"))))
+    others = []
+
+    def other(source):
+        others.append(source)
+        raise SystemError("other")
+
+    monkeypatch.setattr(fingerprint, "ast", SimpleNamespace(parse=other))
     with pytest.raises(SystemError, match="other"):
         fingerprint._parse("x = 1\n")
+    assert len(others) == 1, "another SystemError is not a reason to parse again"

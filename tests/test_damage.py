@@ -143,25 +143,35 @@ def _old(root: Path) -> str:
     return json.loads((root / REPO_DIR / "refs" / "tag.regen-old" / "ref.json").read_text())["snapshot"]
 
 
+def _first(root: Path) -> str:
+    """The repository's first snapshot: on main's history, under no tag."""
+    repo = GoldenStore(root)._repo()
+    return [s.id for s in repo.ancestry(branch="main")][-1]
+
+
 HISTORY = {
     "old tag": lambda r: r / REPO_DIR / "refs" / "tag.regen-old" / "ref.json",
     "old tagged snapshot": lambda r: r / REPO_DIR / "snapshots" / _old(r),
     "head transaction log": lambda r: r / REPO_DIR / "transactions" / _head(r).name,
     "lock file": lambda r: r / "pto-store.lock",
+    "first snapshot (untagged)": lambda r: r / REPO_DIR / "snapshots" / _first(r),
 }
 # (where, how, exit codes of replay / doctor / log / diff regen-old main / a record): what main's replay reads is
 # intact, so it passes; doctor says DAMAGED (it said ok for a damaged tag or a deleted old snapshot), log and the
 # old revision refuse naming the damage (diff said "unknown revision" for a damaged tag); a write refuses a damaged
 # history. Nothing the harness runs reads icechunk's transaction logs (conflict rebase and icechunk's own diff,
 # never called: writes are serialised by the lock): they damage nothing. The lock file holds only its holder's
-# pid and command, rewritten by the next holder.
+# pid and command, rewritten by the next holder. The untagged first snapshot gone: diff of two intact revisions
+# reads neither its history nor that file and passes; a record refused to write on top of the broken history
+# (it committed, exit 0).
 HISTORY_DAMAGE = (
     [("old tag", h, (0, 2, 2, 2, 0)) for h in HOW]
     + [("old tagged snapshot", h, (0, 2, 2, 2, 2)) for h in HOW]
     + [("head transaction log", h, (0, 0, 0, 0, 0)) for h in HOW]
     + [("lock file", h, (0, 0, 0, 0, 0)) for h in ("garbage", "deleted")]
+    + [("first snapshot (untagged)", "deleted", (0, 2, 2, 0, 2))]
 )
-HISTORY_SAYS = {"old tag": "tag 'regen-old'", "old tagged snapshot": "snapshot"}
+HISTORY_SAYS = {"old tag": "tag 'regen-old'", "old tagged snapshot": "snapshot", "first snapshot (untagged)": "snapshot"}
 
 
 @pytest.mark.parametrize("where,how,codes", HISTORY_DAMAGE, ids=[f"{w}-{h}" for w, h, _c in HISTORY_DAMAGE])
