@@ -645,6 +645,17 @@ def _replay_arguments(sp):
                     help="replay on several devices at once: one worker process per id (0-15, 0,2,4-7), each "
                          "with the backend pinned to its device through --device, trees shared out by case, "
                          "largest first; one table with a device column, then a per-device summary")
+    sp.add_argument("--cluster", default=None, metavar="ray[://HOST:PORT]",
+                    help="replay on a Ray cluster (pip install -e '.[cluster]'): one task per case, each asking "
+                         "for one NPU on --platform a5, else --task-cpus CPU slots; a task whose node dies runs "
+                         "again elsewhere, one that runs past $PTO_DEVICE_TIMEOUT per tree is an ERROR naming its "
+                         "node; one table with a node column, per-node and per-task summaries. `ray`: "
+                         "$RAY_ADDRESS, else the cluster `ray start` left here, else a new one here; "
+                         "ray://HOST:PORT: the Ray client. The store must be one every node reaches (s3:// or a "
+                         "shared path); kept outputs go in once per tree")
+    sp.add_argument("--task-cpus", type=_positive_float, default=1.0, metavar="N",
+                    help="CPU slots one --cluster task asks Ray for (default 1; a5sim compiles with g++)")
+    sp.add_argument("--run-id", default=None, help=argparse.SUPPRESS)  # a distributed replay's tasks: keep once
     sp.add_argument("--operator", action="append", default=[], metavar="NAME",
                     help="only the trees that reach operator NAME: its own trees, and those of compositions "
                          "whose reference goes through it; repeatable or comma-separated")
@@ -821,6 +832,16 @@ def _add_transfer_commands(sub) -> None:
     ep.add_argument("--rev", default=None)
     _wiring(ep)
     ep.set_defaults(fn=cmd_export)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
 
 
 def _days(text: str) -> float:

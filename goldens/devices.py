@@ -15,8 +15,10 @@ failed, else 0.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -65,23 +67,32 @@ def tree_bytes(reader, case: str, wiring: str) -> int:
 
 @dataclass
 class DeviceRun:
-    device: int
+    """One task of a distributed replay: its cases, the device (None: a CPU backend's task) and, once run, the node
+    it ran on, its exit code, seconds, JSON document and rows."""
+
+    device: int | None
     cases: list[str]
     code: int | None = None
     seconds: float = 0.0
     document: dict | None = None
     error: str = ""
     rows: list[dict] = field(default_factory=list)
+    node: str = "local"
+    attempts: int = 0
 
 
-def _worker_argv(args, device: int, cases: list[str]) -> list[str]:
-    argv = [sys.executable, "-m", "goldens.cli", "--store", str(args.store)]
+def worker_argv(args, device: int | None, cases: list[str], *, python: str | None = None,
+                run_id: str | None = None) -> list[str]:
+    """The ``goldens replay`` one task runs: its cases, --json, its device, and the caller's other options."""
+    argv = [python or sys.executable, "-m", "goldens.cli", "--store", str(args.store)]
     for m in args.cases_module:
         argv += ["--cases-module", m]
-    argv += ["replay", *cases, "--json", "--device", str(device), "--wiring", args.wiring]
+    argv += ["replay", *cases, "--json", "--wiring", args.wiring]
+    if device is not None:
+        argv += ["--device", str(device)]
     for flag, value in (("--backend", args.backend), ("--backend-module", args.backend_module),
                         ("--platform", args.platform), ("--pypto-lib", args.pypto_lib), ("--rev", args.rev),
-                        ("--model", getattr(args, "model", None))):
+                        ("--model", getattr(args, "model", None)), ("--run-id", run_id)):
         if value is not None:
             argv += [flag, value]
     for flag, on in (("--allow-unavailable", args.allow_unavailable), ("--allow-stale", args.allow_stale),
@@ -93,46 +104,111 @@ def _worker_argv(args, device: int, cases: list[str]) -> list[str]:
     return argv
 
 
-def run(args, items: list[tuple[str, str]], reader, devices: list[int]) -> tuple[list[DeviceRun], list[dict]]:
-    """Replay ``items`` over ``devices``: (per-device runs, every row in case order)."""
+def _die_with_parent() -> None:  # (Linux) the task's process dies with the worker that started it
+    import ctypes
+    import signal
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def run_task(argv: list[str], *, timeout: float | None, where: str, env: dict | None = None) -> dict:
+    """Run one task's ``goldens replay`` to the end, or stop it (its whole process group) after ``timeout``
+    seconds: {"code", "stdout", "stderr", "seconds", "timed_out"}. Shared by the local pool and the cluster's
+    tasks, so both report a hang the same way."""
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+    except OSError as exc:
+        return {"code": 3, "stdout": "", "stderr": f"{where}: the task could not start ({exc})",
+                "seconds": 0.0, "timed_out": False}
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        timed_out = True
+    return {"code": proc.returncode, "stdout": out, "stderr": err, "seconds": time.perf_counter() - t0,
+            "timed_out": timed_out}
+
+
+def settle(r: DeviceRun, result: dict, *, where: str, timeout: float | None) -> None:
+    """Fill ``r`` from a finished task: its JSON rows, or an ERROR row per case naming where it ran (a task that
+    died, printed no JSON, or was stopped after ``timeout`` seconds)."""
+    r.seconds, r.code = result["seconds"], result["code"]
+    try:
+        if result["timed_out"]:
+            raise ValueError("timed out")
+        r.document = json.loads(result["stdout"])
+        r.rows = r.document["rows"]
+    except (ValueError, KeyError, TypeError):
+        if result["timed_out"]:
+            r.error = (f"{where}: the task did not finish within {timeout:g} s ($PTO_DEVICE_TIMEOUT) and was "
+                       "stopped")
+            r.code = 3
+        else:
+            last = (result["stderr"].strip().splitlines() or ["no output"])[-1][:300]
+            r.error = f"{where}: the worker exited {result['code']} without a result: {last}"
+            r.code = r.code if r.code in (2, 3) else 3
+        r.rows = [{"case": c, "wiring": "*", "output": "*", "comparator": "-", "verdict": "ERROR",
+                   "detail": r.error, "cause": "", "evidence": []} for c in r.cases]
+    else:
+        if r.code not in (0, 1):
+            r.error = (result["stderr"].strip().splitlines() or [""])[-1][:300]
+    for row in r.rows:
+        row["device"] = r.device
+        row["node"] = r.node
+
+
+def tree_timeout(args) -> float | None:
+    """Seconds a task may spend per tree before it is stopped: $PTO_DEVICE_TIMEOUT (a device backend's limit for one
+    launch, compile included; default 1800); None (no limit) for a built-in CPU backend when the variable is
+    unset."""
+    from backends.upstream.client import TIMEOUT_ENV, UpstreamError, device_timeout
+
+    try:
+        per_launch = device_timeout()
+    except UpstreamError as exc:
+        raise GoldenStoreError(str(exc)) from None
+    return None if os.environ.get(TIMEOUT_ENV) is None and args.backend in ("torch", "emulated") \
+        and not args.backend_module else per_launch
+
+
+def ordered_rows(runs: list[DeviceRun], items: list[tuple[str, str]]) -> list[dict]:
+    """Every task's rows merged, in the order of the cases asked for."""
+    order = {c: i for i, c in enumerate(dict.fromkeys(c for c, _w in items))}
+    return sorted((row for r in runs for row in r.rows), key=lambda row: order.get(row["case"], len(order)))
+
+
+def run(args, items: list[tuple[str, str]], reader, devices: list[int],
+        run_id: str | None = None) -> tuple[list[DeviceRun], list[dict]]:
+    """Replay ``items`` over ``devices`` on this host: one task per device, its cases shared out by bytes
+    (``share``); (per-device runs, every row in case order)."""
     weights: dict[str, int] = {}
     for case, wiring in items:
         weights[case] = weights.get(case, 0) + tree_bytes(reader, case, wiring)
     runs = [DeviceRun(d, cases) for d, cases in share(weights, devices).items()]
+    per_tree = tree_timeout(args)
 
     def work(r: DeviceRun) -> None:
         if not r.cases:
             return
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(_worker_argv(args, r.device, r.cases), capture_output=True, text=True)
-        except OSError as exc:
-            r.code, r.error = 3, f"device {r.device}: the worker could not start ({exc})"
-            return
-        r.seconds, r.code = time.perf_counter() - t0, proc.returncode
-        try:
-            r.document = json.loads(proc.stdout)
-            r.rows = r.document["rows"]
-        except (ValueError, KeyError, TypeError):
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
-            r.error = f"device {r.device}: the worker exited {proc.returncode} without a result: {last}"
-            r.code = r.code if r.code in (2, 3) else 3
-            r.rows = [{"case": c, "wiring": "*", "output": "*", "comparator": "-", "verdict": "ERROR",
-                       "detail": r.error, "cause": "", "evidence": []} for c in r.cases]
-        else:
-            if r.code not in (0, 1):
-                r.error = (proc.stderr.strip().splitlines() or [""])[-1][:300]
-        for row in r.rows:
-            row["device"] = r.device
+        r.attempts = 1
+        where = f"device {r.device}"
+        limit = None if per_tree is None else per_tree * sum(c in r.cases for c, _w in items)
+        settle(r, run_task(worker_argv(args, r.device, r.cases, run_id=run_id), timeout=limit, where=where),
+               where=where,
+               timeout=limit)
 
     threads = [threading.Thread(target=work, args=(r,)) for r in runs]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    order = {c: i for i, c in enumerate(dict.fromkeys(c for c, _w in items))}
-    rows = sorted((row for r in runs for row in r.rows), key=lambda row: order.get(row["case"], len(order)))
-    return runs, rows
+    return runs, ordered_rows(runs, items)
 
 
 def exit_code(runs: list[DeviceRun]) -> int:

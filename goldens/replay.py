@@ -55,8 +55,8 @@ def cmd_replay(args) -> int:
 def _cmd_replay(args) -> int:
     from goldens.store import GoldenStore
 
-    if getattr(args, "devices", None):
-        return _replay_on_devices(args)
+    if getattr(args, "devices", None) or getattr(args, "cluster", None):
+        return _replay_distributed(args)
     backend = backend_of(args)
     if backend is not None and backend.unavailable and not args.allow_unavailable:
         raise BackendFailure(f"backend {backend.name!r} (platform {backend.platform}) is unavailable here: "
@@ -86,7 +86,8 @@ def _cmd_replay(args) -> int:
     if args.keep_actual and kept:
         from goldens import trees
 
-        result = trees.keep_actual(store, backend, reader.snapshot, kept, verdicts.by_tree(), digests)
+        result = trees.keep_actual(store, backend, reader.snapshot, kept, verdicts.by_tree(), digests,
+                                   run_id=getattr(args, "run_id", None))
         out.print(f"kept the actual outputs of {len(kept)} tree(s) under {trees.ACTUAL_ROOT}/ "
                   f"(snapshot {result.snapshot or 'unchanged'})")
     code, why = verdicts.exit_code(rev=args.rev, allow_unavailable=args.allow_unavailable)
@@ -225,60 +226,91 @@ def _write_forms(args, reader, backend, verdicts: Verdicts, code: int) -> None:
         write_junit(Path(args.junit), document)
 
 
-def _replay_on_devices(args) -> int:
-    """``goldens replay --devices IDS``: goldens.devices runs one worker per id; one table, a per-device summary."""
+def _replay_distributed(args) -> int:
+    """``goldens replay --devices IDS`` (goldens.devices: one worker per id on this host) or ``--cluster ray``
+    (goldens.cluster: one Ray task per case over a cluster's nodes): the same tasks, one table with the node and
+    device of each row, then a per-device (or per-node) summary. Kept outputs go in under one run id."""
+    import uuid
+
     from goldens import devices
     from goldens.store import GoldenStore
 
-    ids = devices.parse_devices(args.devices)
+    cluster = getattr(args, "cluster", None)
+    ids = devices.parse_devices(args.devices) if args.devices else []
+    option = "--cluster" if cluster else "--devices"
+    if cluster and args.devices:
+        raise GoldenStoreError("--cluster schedules every case itself (devices from Ray's resources): not with "
+                               "--devices")
     for flag, given in (("--device", args.device), ("--report", args.report),
                         ("--backend recorded", args.backend.startswith("recorded"))):
         if given:
-            raise GoldenStoreError(f"--devices runs one worker per device: it does not combine with {flag} "
-                                   + ("(each worker is given its own --device)" if flag == "--device" else
-                                      "(replay without --devices for it)"))
-    # the backend once here, on all the ids: a backend that cannot take them, or is unavailable, is one line
-    # before any worker starts
-    probe = backend_of(argparse.Namespace(**{**vars(args), "device": ",".join(map(str, ids))}))
-    if probe is not None and probe.unavailable and not args.allow_unavailable:
-        raise BackendFailure(f"backend {probe.name!r} (platform {probe.platform}) is unavailable here: "
-                             f"{probe.unavailable}; nothing was replayed (--allow-unavailable accepts that)")
-    reader = GoldenStore(args.store).reader(args.rev)
+            raise GoldenStoreError(f"{option} runs one task per {'case' if cluster else 'device'}: it does not "
+                                   f"combine with {flag} "
+                                   + ("(each task is given its own --device)" if flag == "--device" else
+                                      f"(replay without {option} for it)"))
+    if not cluster:  # the backend once here, on all the ids: a backend that cannot take them, or is unavailable,
+        # is one line before any worker starts (on a cluster each node checks its own)
+        probe = backend_of(argparse.Namespace(**{**vars(args), "device": ",".join(map(str, ids))}))
+        if probe is not None and probe.unavailable and not args.allow_unavailable:
+            raise BackendFailure(f"backend {probe.name!r} (platform {probe.platform}) is unavailable here: "
+                                 f"{probe.unavailable}; nothing was replayed (--allow-unavailable accepts that)")
+    store = GoldenStore(args.store)
+    reader = store.reader(args.rev)
     items = tree_items(list(args.cases), args.wiring, reader=reader)
     if args.operator:
         items = reaching(reader, items, args.operator)
-    runs, rows = devices.run(args, items, reader, ids)
+    run_id = uuid.uuid4().hex[:16] if args.keep_actual else None
+    if cluster:
+        from goldens import cluster as engine
+
+        runs, rows = engine.run(args, items, reader, run_id=run_id)
+    else:
+        runs, rows = devices.run(args, items, reader, ids, run_id=run_id)
     code = devices.exit_code(runs)
     out = console if not args.json else Console(quiet=True)
-    table = Table(title=escape(f"replay on backend {args.backend_module or args.backend} over devices {ids} from "
+    where = f"the Ray cluster {cluster}" if cluster else f"devices {ids}"
+    table = Table(title=escape(f"replay on backend {args.backend_module or args.backend} over {where} from "
                                f"{args.store}@{reader.snapshot[:12]}"))
-    for col in ("device", "case", "wiring", "output", "comparator", "verdict", "detail"):
+    for col in (("node",) if cluster else ()) + ("device", "case", "wiring", "output", "comparator", "verdict",
+                                                  "detail"):
         table.add_column(col, overflow="fold")
     for r in rows:
         if not (args.quiet and r["verdict"] == "PASS"):
-            table.add_row(str(r["device"]), r["case"], r["wiring"], r["output"], r["comparator"],
+            table.add_row(*((r["node"],) if cluster else ()), str(r["device"] if r["device"] is not None else "-"),
+                          r["case"], r["wiring"], r["output"], r["comparator"],
                           f"[{STYLES[r['verdict']]}]{r['verdict']}[/]", escape(r["detail"]))
     out.print(table)
-    summary = Table(title="per device")
-    for col in ("device", "cases", "trees", "passed", "failed", "errors", "skipped", "stale", "exit", "seconds",
-                "note"):
-        summary.add_column(col, overflow="fold")
     per_device = []
     for r in runs:
         s = (r.document or {}).get("summary", {})
-        row = {"device": r.device, "cases": len(r.cases), "trees": s.get("ran", 0),
-               "passed": sum(x["verdict"] == "PASS" for x in r.rows),
-               "failed": sum(x["verdict"] == "FAIL" for x in r.rows),
-               "errors": sum(x["verdict"] == "ERROR" for x in r.rows), "skipped": s.get("skipped", 0),
-               "stale": s.get("stale", 0), "exit": r.code, "seconds": round(r.seconds, 2), "note": r.error,
-               "backend_devices": list((r.document or {}).get("devices", []))}
-        per_device.append(row)
-        summary.add_row(*(str(row[c] if row[c] is not None else "-") for c in
-                          ("device", "cases", "trees", "passed", "failed", "errors", "skipped", "stale", "exit",
-                           "seconds", "note")))
-    out.print(summary)
+        per_device.append({"device": r.device, "node": r.node, "cases": len(r.cases), "trees": s.get("ran", 0),
+                           "passed": sum(x["verdict"] == "PASS" for x in r.rows),
+                           "failed": sum(x["verdict"] == "FAIL" for x in r.rows),
+                           "errors": sum(x["verdict"] == "ERROR" for x in r.rows), "skipped": s.get("skipped", 0),
+                           "stale": s.get("stale", 0), "exit": r.code, "seconds": round(r.seconds, 2),
+                           "note": r.error, "backend_devices": list((r.document or {}).get("devices", []))})
+    summaries = {}
+    if cluster:
+        from goldens import cluster as engine
+
+        summaries["per node"] = engine.by_node(runs)
+    summaries["per device" if not cluster else "per task"] = per_device
+    for title, got in summaries.items():
+        summary = Table(title=title)
+        cols = [c for c in (got[0] if got else {}) if c != "backend_devices"]
+        for col in cols:
+            summary.add_column(col, overflow="fold")
+        for row in got:
+            summary.add_row(*(escape(str(row[c])) if row[c] is not None else "-" for c in cols))
+        out.print(summary)
+    kept = None
+    if run_id:
+        kept = _kept_under(GoldenStore(args.store), run_id)
+        out.print(f"kept the actual outputs of {len(kept)} tree(s) under run {run_id}")
     document = {"store": str(args.store), "snapshot": reader.snapshot, "backend": args.backend_module or args.backend,
-                "platform": args.platform, "devices": ids, "rows": rows, "per_device": per_device, "exit_code": code}
+                "platform": args.platform, "devices": ids, "cluster": cluster, "rows": rows,
+                "per_device": per_device, **({"per_node": summaries["per node"]} if cluster else {}),
+                **({"run_id": run_id, "kept": kept} if run_id else {}), "exit_code": code}
     if args.json:
         emit_json(document)
     if args.junit:
@@ -286,6 +318,20 @@ def _replay_on_devices(args) -> int:
     return code
 
 
+def _kept_under(store, run_id: str) -> list[str]:
+    """The trees (``<source>/<case>/<wiring>``) whose kept run in the branch head is this run's."""
+    from goldens.catalog import ACTUAL_ROOT
+
+    reader = store.reader()
+    out = []
+    if not reader.has(ACTUAL_ROOT):
+        return out
+    for source in reader.groups(ACTUAL_ROOT):
+        for case in reader.groups(f"{ACTUAL_ROOT}/{source}"):
+            for wiring in reader.groups(f"{ACTUAL_ROOT}/{source}/{case}"):
+                if reader.group_attrs(f"{ACTUAL_ROOT}/{source}/{case}/{wiring}").get("run_id") == run_id:
+                    out.append(f"{source}/{case}/{wiring}")
+    return out
 
 
 def stale_advice(tree) -> str:

@@ -291,7 +291,7 @@ class GoldenStore:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
     def update(self, body: Callable[[Transaction], object], message: str | Callable[[object], str], *,
-               metadata: dict | None = None, tag: str | None = None) -> tuple[object, CommitResult]:
+               metadata: dict | Callable[[object], dict] | None = None, tag: str | None = None) -> tuple[object, CommitResult]:
         """One read-modify-write: ``body(txn)`` reads its base through ``txn.reader`` (the branch head the commit
         will go on top of) and stages changes with ``txn.write``; then one commit, tagged with ``tag`` in the
         same step. Returns (what ``body`` returned, the commit result).
@@ -318,7 +318,8 @@ class GoldenStore:
                     return value, CommitResult(None, (), tuple(txn.unchanged))
                 if os.environ.get("PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"):  # reliability tests kill us here
                     time.sleep(float(os.environ["PTO_STORE_TEST_PAUSE_BEFORE_COMMIT"]))
-                meta = {**(metadata or {}), **({"tag": tag} if tag else {}), **stamp}
+                meta = {**((metadata(value) if callable(metadata) else metadata) or {}), **({"tag": tag} if tag else {}),
+                        **stamp}
                 try:
                     snapshot = session.commit(message(value) if callable(message) else message, metadata=meta)
                     break

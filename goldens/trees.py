@@ -435,11 +435,15 @@ def replay(tree: LoadedTree, backend, *, allow_stale: bool = False, keep: dict |
 
 
 def keep_actual(store: GoldenStore, backend, replayed: str, kept: dict[tuple[str, str], dict], verdicts: dict,
-                inputs: dict[tuple[str, str], str] | None = None) -> CommitResult:
+                inputs: dict[tuple[str, str], str] | None = None, *, run_id: str | None = None) -> CommitResult:
     """Commit the actual outputs of a replay beside the trees (``actual/<backend>-<platform>/<case>/<wiring>/``),
     one commit, so ``goldens diff`` shows them against earlier kept runs and ``--backend recorded`` judges them
     again; the expected outputs are untouched. Each run records the backend's provenance (toolchain, upstream
-    commits) and the digest of the inputs it ran on (``inputs``: (case, wiring) -> ``recorded.inputs_digest``)."""
+    commits) and the digest of the inputs it ran on (``inputs``: (case, wiring) -> ``recorded.inputs_digest``).
+
+    ``run_id`` (a distributed replay's, given to every task): a tree whose kept run the branch head already holds
+    under this id is left alone -- decided inside the commit, on its base -- so a task run again after its node
+    died, or a task that finished twice, keeps each tree once."""
     import json
 
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{backend.name}-{backend.platform}").strip("-")
@@ -452,11 +456,24 @@ def keep_actual(store: GoldenStore, backend, replayed: str, kept: dict[tuple[str
         base = f"{ACTUAL_ROOT}/{slug}/{case}/{wiring}"
         groups[base] = {"backend": backend.name, "platform": backend.platform, "replayed_snapshot": replayed,
                         "case": case, "wiring": wiring, "verdicts": verdicts.get((case, wiring), {}),
-                        "inputs_digest": (inputs or {}).get((case, wiring)), "provenance": provenance}
+                        "inputs_digest": (inputs or {}).get((case, wiring)), "provenance": provenance,
+                        **({"run_id": run_id} if run_id else {})}
         for name, t in outputs.items():
             arrays[f"{base}/{name}"] = to_numpy(t.detach().cpu().contiguous())
-    return store.commit(arrays, groups, f"keep-actual {backend.name} ({backend.platform}) replay of {replayed[:12]}",
-                        metadata={"action": "keep-actual"})
+    message = f"keep-actual {backend.name} ({backend.platform}) replay of {replayed[:12]}" + \
+        (f" (run {run_id})" if run_id else "")
+    if not run_id:
+        return store.commit(arrays, groups, message, metadata={"action": "keep-actual"})
+
+    def body(txn):
+        done = {b for b in groups if txn.reader.has(b) and txn.reader.group_attrs(b).get("run_id") == run_id}
+        txn.write({k: v for k, v in arrays.items() if k.rsplit("/", 1)[0] not in done},
+                  {b: a for b, a in groups.items() if b not in done})
+        return sorted(set(groups) - done)
+
+    _kept, result = store.update(body, message, metadata=lambda kept: {"action": "keep-actual", "run_id": run_id,
+                                                                         "kept": kept})
+    return result
 
 
 @dataclass(frozen=True)
