@@ -102,11 +102,21 @@ def _task(argv: list[str], env: dict, timeout: float | None, device_resource: st
 
 
 def run(args, items: list[tuple[str, str]], reader, run_id: str | None = None) -> tuple[list[DeviceRun], list[dict]]:
-    """Replay ``items`` on the cluster: one task per case, largest first; (per-task runs, every row in case
-    order)."""
+    """Replay ``items`` on the cluster; (per-task runs, every row in case order). What Ray prints meanwhile (a
+    lost task's retry, a node gone) goes to stderr: stdout carries only the table or the JSON document."""
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):
+        ray = connect(args.cluster)
+        try:
+            return _run(ray, args, items, reader, run_id)
+        finally:
+            ray.shutdown()
+
+
+def _run(ray, args, items, reader, run_id):
     import argparse
 
-    ray = connect(args.cluster)
     args = argparse.Namespace(**{**vars(args), **_absolute(args)})
     weights: dict[str, int] = {}
     for case, wiring in items:

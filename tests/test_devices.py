@@ -153,3 +153,46 @@ def test_xdist_workers_share_the_cores_out_among_themselves():
     assert share(None, {}, 2) is None and share({}, {}, 2) is None
     assert share({"workerid": "gw0", "workercount": 2}, {"OMP_NUM_THREADS": "4"}, 2) is None
     assert share({"workerid": "gw0", "workercount": 2}, {}, None) == 1
+
+
+def test_a_run_keeps_each_tree_once_however_often_its_tasks_finish(small_store):
+    """#49: a task run again (its node died after it committed) or finishing twice keeps each tree once: kept outputs
+    carry the run's id and a tree the branch head already holds under it is left alone, decided inside the
+    commit. Four processes keep the same run at once; then the same run again from here: one commit kept each
+    tree, every other kept nothing."""
+    import multiprocessing
+
+    from backends import torch_backend
+
+    store, run_id = small_store, "run-under-test"
+    ctx = multiprocessing.get_context("spawn")  # (fork after icechunk's threads can deadlock)
+    procs = [ctx.Process(target=_keep_the_run, args=(str(store.root), run_id)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 4
+    before = len(store.log())
+    _keep_the_run(str(store.root), run_id)
+    assert len(store.log()) == before, "the same run kept again"
+    counts: dict = {}
+    for e in store.log():
+        if e.metadata.get("run_id") == run_id:
+            for base in e.metadata["kept"]:
+                counts[base] = counts.get(base, 0) + 1
+    want = {f"actual/{torch_backend().name}-cpu/{c}/{w}" for c, w in _KEPT}
+    assert counts == dict.fromkeys(want, 1), counts
+    other = _keep_the_run(str(store.root), "another-run")  # another run keeps its own outputs
+    assert other is not None
+
+
+_KEPT = [("rope_rows", "replicated"), ("sp_slabs", "replicated"), ("sp_slabs", "sharded")]
+
+
+def _keep_the_run(root: str, run_id: str):
+    from backends import torch_backend
+
+    store = GoldenStore(root)
+    reader = store.reader()
+    kept = {(c, w): trees.load_tree(reader, c, w).expected for c, w in _KEPT}
+    return trees.keep_actual(store, torch_backend(), reader.snapshot, kept, {}, run_id=run_id).snapshot
