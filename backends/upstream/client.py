@@ -49,6 +49,8 @@ class Worker:
         self.proc: subprocess.Popen | None = None
         self.info: dict = {}
         self.workdir: str | None = None
+        self._toolchain_key: str | None = None  # the toolchain rows, once: part of every compile-cache key
+        self.compile_log: list[tuple[str, str, str]] = []  # (entry, hit | stored | miss | ..., key) per launch
         atexit.register(self.close)
         self.log = tempfile.NamedTemporaryFile(prefix="pto-upstream-worker-", suffix=".log", delete=False)  # noqa: SIM115 (kept open for the worker's stderr)
 
@@ -111,6 +113,45 @@ class Worker:
         request = {"kind": "device", "folder": folder, "module": module, "entry": entry, "tensors": tensors,
                    "platform": platform, "devices": list(devices), "ranks": ranks, "golden_data": golden_data,
                    "tiles": dict(tiles or {})}
+        cache, key, hit = self._cached_build(request)
+        answer = self._launch(request, module, entry, platform)
+        built = answer.get("work_dir")
+        if cache is not None and hit is None and built:
+            where = Path(built)
+            if where.is_dir() and where.resolve().is_relative_to(Path(self.workdir).resolve()):
+                stored = cache.store(key, where)  # (a build outside the worker's own folder is never packed)
+                self.compile_log.append((f"{module}::{entry}", "stored" if stored else "miss", key))
+            else:
+                self.compile_log.append((f"{module}::{entry}", "not stored (outside the work folder)", key))
+        return answer["tensors"]
+
+    def _cached_build(self, request: dict):
+        """(cache, key, unpacked build or None) for a device request: $PTO_COMPILE_CACHE looked up first; a hit
+        becomes the request's ``runtime_dir``."""
+        from backends.upstream.compile_cache import CompileCache, CompileCacheError, entry_key
+
+        try:
+            cache = CompileCache.from_env()
+        except CompileCacheError as exc:
+            raise UpstreamError(str(exc)) from None
+        if cache is None:
+            return None, None, None
+        if self._toolchain_key is None:
+            self._toolchain_key = "; ".join(f"{piece}={detail}" for _state, piece, detail in self.toolchain())
+        module_file = None
+        if not request["folder"]:
+            import importlib.util
+
+            spec = importlib.util.find_spec(request["module"])
+            module_file = spec.origin if spec else None
+        key = entry_key(self.root, request, self._toolchain_key, module_file)
+        hit = cache.fetch(key, Path(self.workdir) / "compiled" / key[:16])
+        if hit is not None:
+            request["runtime_dir"] = str(hit)
+            self.compile_log.append((f"{request['module']}::{request['entry']}", "hit", key))
+        return cache, key, hit
+
+    def _launch(self, request: dict, module: str, entry: str, platform: str) -> dict:
         limit = device_timeout()
         stopped = threading.Event()
 
@@ -123,7 +164,7 @@ class Worker:
         watchdog.daemon = True
         watchdog.start()
         try:
-            return self._ask(request, f"{module}::{entry}")
+            return self._answer(request, f"{module}::{entry}")
         except UpstreamError:
             if stopped.is_set():
                 raise UpstreamError(f"{module}::{entry} did not finish within {limit:g} s on {platform} "
@@ -151,6 +192,9 @@ class Worker:
         return self.info
 
     def _ask(self, request: dict, what: str) -> dict:
+        return self._answer(request, what)["tensors"]
+
+    def _answer(self, request: dict, what: str) -> dict:
         try:
             protocol.write_message(self.proc.stdin, request)
             answer = protocol.read_message(self.proc.stdout)
@@ -163,7 +207,7 @@ class Worker:
             raise UpstreamUnsupported(answer["unsupported"])
         if "error" in answer:
             raise UpstreamError(answer["error"])
-        return answer["tensors"]
+        return answer
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -207,9 +207,11 @@ def device_run(modules: Modules, request: dict) -> dict:
     runner = golden.run_jit if hasattr(fn, "compile") else golden.run
     outputs = [p.name for p in params if p.is_output]
     golden_data = request.get("golden_data")
+    runtime_dir = request.get("runtime_dir")  # a build from the compile cache: upstream skips compiling
     result = runner(fn, specs, golden_fn=None if golden_data else _leave_outputs, golden_data=golden_data,
                     compile_cfg=compile_cfg, runtime_cfg=runtime_cfg, rtol=0.0, atol=0.0,
-                    compare_fn=dict.fromkeys(outputs, capture), save_data=False)
+                    compare_fn=dict.fromkeys(outputs, capture), save_data=False,
+                    **({"runtime_dir": runtime_dir} if runtime_dir else {}))
     if not result.passed:
         first = str(result.error or "no error text").strip().splitlines()[0][:300]
         return {"error": f"upstream {runner.__name__} of {where} on {request['platform']} failed: {first}"}
@@ -217,7 +219,9 @@ def device_run(modules: Modules, request: dict) -> dict:
     if missing:
         return {"error": f"upstream {runner.__name__} of {where} handed back no {missing} (compare_fn never "
                          "called): nothing to judge"}
-    return {"tensors": {o: captured[o] for o in outputs}}
+    work_dir = getattr(result, "work_dir", None)
+    return {"tensors": {o: captured[o] for o in outputs},
+            "work_dir": None if work_dir is None else os.path.abspath(str(work_dir))}
 
 
 BF16_PROBE = "#include <stdfloat>\n#ifndef __STDCPP_BFLOAT16_T__\n#error no std::bfloat16_t\n#endif\n" \

@@ -101,6 +101,21 @@ def _execute(kernel: Callable, specs, tensors, scalars, runtime_cfg: dict) -> No
     kernel(*[tensors[s.name] if isinstance(s, TensorSpec) else scalars[s.name].to_python() for s in specs])
 
 
+def _build_folder(compiled_at: Path) -> Path:
+    """Where a compile leaves its build: ``build_output/<n>/`` under the working folder, as the real runner
+    does, with a stand-in binary; each compile is one line in ``$PTO_FAKE_COMPILES`` when it is set (how the
+    compile-cache tests count compiles)."""
+    import os
+
+    folder = Path.cwd() / "build_output" / f"fake_{time.time_ns()}"
+    folder.mkdir(parents=True)
+    (folder / "kernel.so").write_text(f"built from {compiled_at}\n")
+    if os.environ.get("PTO_FAKE_COMPILES"):
+        with open(os.environ["PTO_FAKE_COMPILES"], "a", encoding="utf-8") as fh:
+            fh.write(f"{folder}\n")
+    return folder
+
+
 def _harness(kernel_of: Callable, specs, golden_fn, golden_data, compile_cfg, runtime_cfg, rtol, atol, compare_fn,
              compile_only, runtime_dir) -> RunResult:
     runtime_cfg = dict(runtime_cfg or {})
@@ -112,6 +127,8 @@ def _harness(kernel_of: Callable, specs, golden_fn, golden_data, compile_cfg, ru
     if runtime_dir is not None and not Path(runtime_dir).is_dir():
         return RunResult(passed=False, error=f"runtime_dir does not exist: {Path(runtime_dir)}")
     kernel, work_dir = kernel_of(dict(compile_cfg or {}), runtime_cfg.get("platform"))
+    # compile skipped when a build is given (the kernel is the entry itself); else the build it leaves
+    work_dir = Path(runtime_dir) if runtime_dir is not None else _build_folder(work_dir)
     if compile_only:
         return RunResult(passed=True, execution_time=time.time() - start, work_dir=work_dir)
     data_dir = Path(golden_data) if golden_data is not None else None
