@@ -147,3 +147,25 @@ def test_a_bad_cluster_is_one_line(tmp_path, capsys):
         assert got == code and said in text and "Traceback" not in text, (spec, got, text)
     got = cli.main(["--store", str(tmp_path / "store"), "replay", "--cluster", "ray", "--devices", "0,1"])
     assert got == 2 and "not with --devices" in capsys.readouterr().err
+
+
+def test_the_upstream_survey_runs_on_the_cluster_with_the_statuses_of_a_local_survey(cluster, tmp_path):
+    """`python -m backends.upstream.survey --cluster ray`: each driver module a task on a node; the statuses are
+    the local survey's (tests/test_survey.py's drivers: a pass, a compile failure, a refused validation, a platform
+    not offered, a timeout, an unjudged exit 0), and each line names the node it ran on."""
+    from tests.test_survey import _checkout
+
+    root = _checkout(tmp_path)
+    env = {**os.environ, "PTO_UPSTREAM_PYTHON": sys.executable, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}",
+           "RAY_ADDRESS": cluster.address}
+    got = {}
+    for where, extra in (("local", []), ("cluster", ["--cluster", "ray"])):
+        results = tmp_path / f"{where}.jsonl"
+        proc = subprocess.run([sys.executable, "-m", "backends.upstream.survey", "--pypto-lib", str(root),
+                               "--timeout", "5", "--results", str(results), *extra], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        got[where] = {r["module"]: r for r in map(json.loads, results.read_text().splitlines())}
+    assert {m: r["status"] for m, r in got["cluster"].items()} == {m: r["status"] for m, r in got["local"].items()}
+    assert len(got["cluster"]) == 6 and all(r["node"].count("/") == 1 for r in got["cluster"].values())
+    assert not any(r["node"] for r in got["local"].values())

@@ -1,6 +1,7 @@
 """Which upstream kernels compile and pass on a platform: each model module's own driver, run as upstream runs it.
 
-    python -m backends.upstream.survey --pypto-lib DIR [--platform a5sim] [--timeout 1800] [--results FILE] [MODULE ...]
+    python -m backends.upstream.survey --pypto-lib DIR [--platform a5sim] [--timeout 1800] [--results FILE]
+        [--cluster ray[://HOST:PORT]] [MODULE ...]
 
 Every ``models/<folder>/<module>.py`` of the checkout whose ``__main__`` hands an entry to ``golden.run_jit`` is run
 as ``python <module>.py -p PLATFORM`` in the upstream Python (``$PTO_UPSTREAM_PYTHON``, e.g. the a5sim
@@ -16,7 +17,8 @@ golden with upstream's own comparators. This survey only reads what the driver p
 - ``NOT OFFERED``: the driver's ``-p`` refuses the platform (its argparse choices);
 - ``UNJUDGED``: exit 0 from a driver that would exit 0 on a failed result too (a ``run_jit`` result its
   ``__main__`` never ends the process on: :func:`unchecked_results`, upstream_checks CH-21);
-- ``TIMEOUT``: still running after ``--timeout`` seconds (the process group is killed).
+- ``TIMEOUT``: still running after ``--timeout`` seconds (the process group is killed);
+- ``LOST``: with ``--cluster``, the node(s) running it died more often than Ray retries a task.
 
 One JSON object per module is appended to ``--results`` as each ends, so a long survey can be stopped and
 resumed (``--resume`` skips modules already there). Nothing is judged by this project here: the harness's own
@@ -51,6 +53,7 @@ class Outcome:
     seconds: float
     detail: str
     exit_code: int | None
+    node: str = ""  # where it ran, on a --cluster survey
 
 
 def drivers(root: Path, folder: str) -> list[str]:
@@ -173,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logs", type=Path, default=None, help="keep each driver's full output in this folder")
     ap.add_argument("--resume", action="store_true", help="skip modules already in --results")
     ap.add_argument("--list", action="store_true", help="list the modules that would run, then stop")
+    ap.add_argument("--cluster", default=None, metavar="ray[://HOST:PORT]",
+                    help="run the modules as tasks on a Ray cluster (as `goldens replay --cluster`): each asks for "
+                         "--task-cpus CPUs, a module whose node dies runs again elsewhere; every node needs the "
+                         "checkout and $PTO_UPSTREAM_PYTHON at the same paths")
+    ap.add_argument("--task-cpus", type=float, default=1.0, help="CPUs one --cluster task asks for (default 1)")
     ap.add_argument("modules", nargs="*", help="module names (default: every driver of the folder)")
     args = ap.parse_args(argv)
     root = args.pypto_lib.resolve()
@@ -205,13 +213,49 @@ def main(argv: list[str] | None = None) -> int:
               "the a5sim toolchain's PREFIX/bin/python (scripts/a5sim-setup.sh)", file=sys.stderr)
         return 3
     print(f"{'module':34} {'status':22} {'seconds':>8}  detail", flush=True)
-    for module in chosen:
-        o = run_one(python, root, args.folder, module, args.platform, args.timeout, args.logs)
-        print(f"{o.module:34} {o.status:22} {o.seconds:8.1f}  {o.detail[:160]}", flush=True)
+    for o in (_on_cluster(args, python, root, chosen) if args.cluster else
+              (run_one(python, root, args.folder, m, args.platform, args.timeout, args.logs) for m in chosen)):
+        where = f" [{o.node}]" if o.node else ""
+        print(f"{o.module:34} {o.status:22} {o.seconds:8.1f}  {o.detail[:160]}{where}", flush=True)
         if args.results:
             with args.results.open("a") as f:
                 f.write(json.dumps(asdict(o)) + "\n")
     return 0
+
+
+def _survey_task(python, root, folder, module, platform, timeout, log_dir) -> Outcome:
+    import ray
+
+    o = run_one(python, root, folder, module, platform, timeout, log_dir)
+    o.node = f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}"
+    return o
+
+
+def _on_cluster(args, python, root: Path, chosen: list[str]):
+    """The modules as Ray tasks (goldens.cluster's connection and retry rules), yielded as each ends."""
+    from goldens.cluster import MAX_RETRIES, connect
+    from goldens.errors import BackendFailure, GoldenStoreError
+
+    try:
+        ray = connect(args.cluster)
+    except (GoldenStoreError, BackendFailure) as exc:
+        print(f"survey: {exc}", file=sys.stderr)
+        raise SystemExit(2 if isinstance(exc, GoldenStoreError) else 3) from None
+    remote = ray.remote(num_cpus=args.task_cpus, max_retries=MAX_RETRIES, retry_exceptions=False)(_survey_task)
+    logs = args.logs.resolve() if args.logs else None
+    pending = {remote.remote(python, root, args.folder, m, args.platform, args.timeout, logs): m for m in chosen}
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                module = pending.pop(ref)
+                try:
+                    yield ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 (lost MAX_RETRIES + 1 times)
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                    yield Outcome(module, "LOST", 0.0, f"the task was lost {MAX_RETRIES + 1} times: {first}", None)
+    finally:
+        ray.shutdown()
 
 
 if __name__ == "__main__":
