@@ -129,3 +129,17 @@ def test_a_second_launch_compiles_nothing_and_a_changed_source_compiles_again(tm
     assert launch() == 2, "a changed source reused a stale build"
     assert launch() == 2
     assert len(list((tmp_path / "cache").rglob("*.tar"))) == 2
+
+
+def test_an_s3_compile_cache_stores_once_and_fetches(s3_store, tmp_path):
+    """The cache on S3 (the local S3 test server): a put that finds the entry there already stores nothing (a
+    conditional write), a fetch unpacks it, a missing key is a miss."""
+    spec = s3_store.rsplit("/", 1)[0] + "/compiled"
+    cache = CompileCache(spec)
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "kernel.so").write_text("binary\n")
+    key = "cd" * 32
+    assert cache.fetch(key, tmp_path / "out") is None
+    assert cache.store(key, build) and not cache.store(key, build)
+    assert (cache.fetch(key, tmp_path / "out") / "kernel.so").read_text() == "binary\n"
