@@ -31,39 +31,21 @@ from goldens.errors import BackendFailure, GoldenStoreError
 
 ASCEND_RESOURCE = "NPU"  # the resource name of Ray's Ascend NPU support (ray.util.accelerators)
 FORWARDED_ENV = ("PTO_", "PYPTO_", "AWS_", "HYPOTHESIS_")  # the caller's settings a task on another node needs
-MAX_RETRIES = 3  # system failures (a node or worker lost) before a task is an ERROR
 TASKS_PER_SLOT = 4  # tasks per slot the cluster offers: small enough to balance and to lose little with a node
 
 
-def parse(spec: str) -> str | None:
-    """``ray`` -> None (Ray finds the cluster: $RAY_ADDRESS, a local ``ray start``, else a new one here);
-    ``ray://HOST:PORT`` -> that address (the Ray client). Anything else is a usage error."""
-    if spec == "ray":
-        return None
-    if spec.startswith("ray://") and len(spec) > len("ray://"):
-        return spec
-    raise GoldenStoreError(f"--cluster {spec!r}: expected ray or ray://HOST:PORT (the only engine supported)")
-
-
-def _ray():
-    try:
-        import ray
-    except ImportError:
-        raise GoldenStoreError("--cluster ray needs Ray, an optional extra: pip install -e '.[cluster]'") from None
-    return ray
-
-
 def connect(spec: str):
-    ray = _ray()
-    address = parse(spec)
-    if not ray.is_initialized():
-        try:
-            ray.init(address=address, log_to_driver=False, logging_level="WARNING",
-                     **({} if address or os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
-        except Exception as exc:  # noqa: BLE001 (Ray's own connection errors)
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            raise BackendFailure(f"--cluster {spec}: cannot reach a Ray cluster ({first})") from None
-    return ray
+    """``backends.cluster.connect``, its errors as goldens reports them: a bad spec or no Ray is a usage error
+    (exit 2), an unreachable cluster a backend error (exit 3)."""
+    from backends.cluster import ClusterUnreachable, ClusterUsage
+    from backends.cluster import connect as ray_connect
+
+    try:
+        return ray_connect(spec)
+    except ClusterUsage as exc:
+        raise GoldenStoreError(str(exc)) from None
+    except ClusterUnreachable as exc:
+        raise BackendFailure(str(exc)) from None
 
 
 def _absolute(args) -> dict:
@@ -84,10 +66,11 @@ def _task(argv: list[str], env: dict, timeout: float | None, device_resource: st
     """One Ray task: run the case's ``goldens replay`` on this node (``goldens.devices.run_task``)."""
     import ray
 
+    from backends.cluster import node_label
     from goldens import devices
 
     ctx = ray.get_runtime_context()
-    node = f"{ray.util.get_node_ip_address()}/{ctx.get_node_id()[:8]}"
+    node = node_label()
     environ = {**os.environ, **env}
     device = None
     if device_resource:
@@ -123,6 +106,8 @@ def _run(ray, args, items, reader, run_id):
         weights[case] = weights.get(case, 0) + tree_bytes(reader, case, wiring)
     per_tree = tree_timeout(args)
     device_resource = ASCEND_RESOURCE if args.platform == "a5" else None
+    from backends.cluster import MAX_RETRIES
+
     options = {"max_retries": MAX_RETRIES, "retry_exceptions": False}
     options.update({"num_cpus": 0, "resources": {ASCEND_RESOURCE: 1}} if device_resource else
                    {"num_cpus": args.task_cpus})

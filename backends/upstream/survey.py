@@ -224,23 +224,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _survey_task(python, root, folder, module, platform, timeout, log_dir) -> Outcome:
-    import ray
+    from backends.cluster import node_label
 
     o = run_one(python, root, folder, module, platform, timeout, log_dir)
-    o.node = f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}"
+    o.node = node_label()
     return o
 
 
 def _on_cluster(args, python, root: Path, chosen: list[str]):
-    """The modules as Ray tasks (goldens.cluster's connection and retry rules), yielded as each ends."""
-    from goldens.cluster import MAX_RETRIES, connect
-    from goldens.errors import BackendFailure, GoldenStoreError
+    """The modules as Ray tasks (backends.cluster's connection and retry rules), yielded as each ends."""
+    from backends.cluster import MAX_RETRIES, ClusterUnreachable, ClusterUsage, connect
 
     try:
         ray = connect(args.cluster)
-    except (GoldenStoreError, BackendFailure) as exc:
+    except (ClusterUsage, ClusterUnreachable) as exc:
         print(f"survey: {exc}", file=sys.stderr)
-        raise SystemExit(2 if isinstance(exc, GoldenStoreError) else 3) from None
+        raise SystemExit(2 if isinstance(exc, ClusterUsage) else 3) from None
     remote = ray.remote(num_cpus=args.task_cpus, max_retries=MAX_RETRIES, retry_exceptions=False)(_survey_task)
     logs = args.logs.resolve() if args.logs else None
     pending = {remote.remote(python, root, args.folder, m, args.platform, args.timeout, logs): m for m in chosen}
