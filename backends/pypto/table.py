@@ -112,6 +112,8 @@ PRO_ENTRIES: dict[str, tuple[str, int]] = {
     # dspark's device lowering (its golden_decode_metadata); V4-Pro's decode_metadata.py is a host lowering with no
     # golden, which no entry binds (adapters of a "(host lowering)" are skipped)
     "decode_metadata": ("decode_metadata", 1),
+    # dspark's CP prefill KV all-gather: an L3 program over TP_SIZE (2, its default) simulated devices
+    "prefill_kv_allgather": ("l3_prefill_kv_allgather_fixture", 2),
 }
 # A folder's own entry name where it differs from V4-Pro's: folder -> ((its module name, entry), ...)
 FOLDER_ENTRIES: dict[str, tuple[tuple[str, str], ...]] = {
