@@ -646,8 +646,9 @@ def _replay_arguments(sp):
                          "with the backend pinned to its device through --device, trees shared out by case, "
                          "largest first; one table with a device column, then a per-device summary")
     sp.add_argument("--cluster", default=None, metavar="ray[://HOST:PORT]",
-                    help="replay on a Ray cluster (pip install -e '.[cluster]'): one task per case, each asking "
-                         "for one NPU on --platform a5, else --task-cpus CPU slots; a task whose node dies runs "
+                    help="replay on a Ray cluster (pip install -e '.[cluster]'): the cases shared out by bytes "
+                         "into four tasks per slot, each asking for one NPU on --platform a5, else --task-cpus CPU "
+                         "slots; a task whose node dies runs "
                          "again elsewhere, one that runs past $PTO_DEVICE_TIMEOUT per tree is an ERROR naming its "
                          "node; one table with a node column, per-node and per-task summaries. `ray`: "
                          "$RAY_ADDRESS, else the cluster `ray start` left here, else a new one here; "
