@@ -244,8 +244,8 @@ def _replay_distributed(args) -> int:
     for flag, given in (("--device", args.device), ("--report", args.report),
                         ("--backend recorded", args.backend.startswith("recorded"))):
         if given:
-            raise GoldenStoreError(f"{option} runs one task per {'case' if cluster else 'device'}: it does not "
-                                   f"combine with {flag} "
+            raise GoldenStoreError(f"{option} runs its own tasks ({'shares of the cases' if cluster else 'one per device'}): "
+                                   f"it does not combine with {flag} "
                                    + ("(each task is given its own --device)" if flag == "--device" else
                                       f"(replay without {option} for it)"))
     if not cluster:  # the backend once here, on all the ids: a backend that cannot take them, or is unavailable,
