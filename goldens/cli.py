@@ -342,6 +342,7 @@ def doctor_report(store_spec: str, pypto_lib: str | None) -> list[tuple[str, str
     from backends.pypto.table import BINDINGS
 
     bound = sorted(b.operator for b in BINDINGS.values() if b.status == "bound")
+    rows.append(_compile_cache_row())
     rows.append(("info", "pypto bindings", f"{len(bound)}/{len(BINDINGS)} operators bound ({', '.join(bound)}); "
                                            "see docs/backends.md"))
     from goldens import trees
@@ -418,6 +419,24 @@ def _quick_toolchain_reason(python: list[str]) -> str | None:
     return f"upstream pypto toolchain not installed (import pypto.language failed: {last})"
 
 
+def _compile_cache_row() -> tuple[str, str, str]:
+    """$PTO_COMPILE_CACHE: off, a folder (its entries), an S3 prefix, or a value that cannot be used (ERROR)."""
+    from backends.upstream.compile_cache import ENV, CompileCache, CompileCacheError
+
+    try:
+        cache = CompileCache.from_env()
+    except CompileCacheError as exc:
+        return ("ERROR", "compile cache", str(exc))
+    if cache is None:
+        return ("info", "compile cache", f"off: every device launch compiles its entry (${ENV}=DIR or "
+                                         "s3://bucket/prefix keeps builds for later runs and other nodes)")
+    if cache.folder is None:
+        return ("info", "compile cache", f"{cache.spec} (S3; entries not listed here)")
+    entries = list(cache.folder.rglob("*.tar")) if cache.folder.is_dir() else []
+    return ("ok", "compile cache", f"{cache.folder}: {len(entries)} build(s), "
+                                   f"{sum(e.stat().st_size for e in entries) / 2**20:.1f} MiB")
+
+
 def cmd_doctor(args) -> int:
     rows = doctor_report(args.store, args.pypto_lib)
     table = Table(title="goldens doctor")
@@ -434,6 +453,9 @@ def cmd_doctor(args) -> int:
         return 2
     if any(state == "DAMAGED" for state, _p, _d in rows):
         err.print("[bold red]error:[/] the store is damaged (DAMAGED row above)")
+        return 2
+    if ("ERROR", "compile cache") in {(state, p) for state, p, _d in rows}:
+        err.print("[bold red]error:[/] $PTO_COMPILE_CACHE cannot be used (compile cache row above)")
         return 2
     if any(state == "ERROR" for state, _p, _d in rows):
         err.print("[bold red]reference error:[/] the current reference raises on readable trees (ERROR row above)")

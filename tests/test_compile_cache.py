@@ -143,3 +143,24 @@ def test_an_s3_compile_cache_stores_once_and_fetches(s3_store, tmp_path):
     assert cache.fetch(key, tmp_path / "out") is None
     assert cache.store(key, build) and not cache.store(key, build)
     assert (cache.fetch(key, tmp_path / "out") / "kernel.so").read_text() == "binary\n"
+
+
+def test_doctor_says_what_the_compile_cache_holds(tmp_path, monkeypatch, capsys):
+    """goldens doctor: the cache off (info), a folder with its builds (ok), a value that cannot be used (exit 2,
+    named; it was reported as a reference that raises, exit 3)."""
+    from goldens import cli
+
+    store = str(ROOT / "artifacts" / "store")
+    monkeypatch.delenv("PTO_COMPILE_CACHE", raising=False)
+    assert cli.main(["--store", store, "doctor"]) == 0 and "compile cache" in capsys.readouterr().out
+    cache = CompileCache(str(tmp_path / "cache"))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "k.so").write_text("x")
+    cache.store("ef" * 32, tmp_path / "b")
+    monkeypatch.setenv("PTO_COMPILE_CACHE", str(tmp_path / "cache"))
+    assert cli.main(["--store", store, "doctor"]) == 0
+    assert "1 build(s)" in capsys.readouterr().out.replace("│", " ")
+    monkeypatch.setenv("PTO_COMPILE_CACHE", "")
+    got = cli.main(["--store", store, "doctor"])
+    text = capsys.readouterr()
+    assert got == 2 and "$PTO_COMPILE_CACHE cannot be used" in text.err and "reference" not in text.err, text.err
