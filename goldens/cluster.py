@@ -122,7 +122,7 @@ def _run(ray, args, items, reader, run_id):
     env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}
     runs, pending = [], {}
     for cases in tasks:
-        r = DeviceRun(None, cases, attempts=1)
+        r = DeviceRun(None, cases)
         trees = sum(c in cases for c, _w in items)
         limit = None if per_tree is None else per_tree * trees
         ref = remote.remote(worker_argv(args, None, cases, run_id=run_id), env, limit, device_resource)

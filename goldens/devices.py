@@ -78,13 +78,11 @@ class DeviceRun:
     error: str = ""
     rows: list[dict] = field(default_factory=list)
     node: str = "local"
-    attempts: int = 0
 
 
-def worker_argv(args, device: int | None, cases: list[str], *, python: str | None = None,
-                run_id: str | None = None) -> list[str]:
+def worker_argv(args, device: int | None, cases: list[str], *, run_id: str | None = None) -> list[str]:
     """The ``goldens replay`` one task runs: its cases, --json, its device, and the caller's other options."""
-    argv = [python or sys.executable, "-m", "goldens.cli", "--store", str(args.store)]
+    argv = [sys.executable, "-m", "goldens.cli", "--store", str(args.store)]
     for m in args.cases_module:
         argv += ["--cases-module", m]
     argv += ["replay", *cases, "--json", "--wiring", args.wiring]
@@ -196,7 +194,6 @@ def run(args, items: list[tuple[str, str]], reader, devices: list[int],
     def work(r: DeviceRun) -> None:
         if not r.cases:
             return
-        r.attempts = 1
         where = f"device {r.device}"
         limit = None if per_tree is None else per_tree * sum(c in r.cases for c, _w in items)
         settle(r, run_task(worker_argv(args, r.device, r.cases, run_id=run_id), timeout=limit, where=where),
