@@ -899,6 +899,9 @@ def _refuse_outputs_in_stores(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from goldens.devices import die_with_parent
+
+    die_with_parent()  # a distributed replay's task: never outlive the worker that started it
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -102,7 +102,17 @@ def worker_argv(args, device: int | None, cases: list[str], *, run_id: str | Non
     return argv
 
 
-def _die_with_parent() -> None:  # (Linux) the task's process dies with the worker that started it
+DIE_WITH_PARENT = "PTO_DIE_WITH_PARENT"  # set for a task's process: the pid it must not outlive (goldens.cli)
+
+
+def die_with_parent() -> None:
+    """In a task's process (``$PTO_DIE_WITH_PARENT`` set by ``run_task``): be killed when the process that started
+    it dies (Linux ``PR_SET_PDEATHSIG``; a launcher that forks the task elsewhere makes that process the parent).
+    Done by the child itself at start-up, not in a ``preexec_fn``, which is unsafe while the parent runs threads
+    (the local pool's, a Ray worker's)."""
+    want = os.environ.pop(DIE_WITH_PARENT, None)
+    if not want:
+        return
     import ctypes
     import signal
 
@@ -116,8 +126,9 @@ def run_task(argv: list[str], *, timeout: float | None, where: str, env: dict | 
     tasks, so both report a hang the same way."""
     t0 = time.perf_counter()
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**(os.environ if env is None else env), DIE_WITH_PARENT: str(os.getpid())},
+                                start_new_session=True)
     except OSError as exc:
         return {"code": 3, "stdout": "", "stderr": f"{where}: the task could not start ({exc})",
                 "seconds": 0.0, "timed_out": False}

@@ -42,6 +42,14 @@ def _replay(cluster, store, *args, env=None, timeout=600) -> tuple[int, dict, st
         return proc.returncode, {}, proc.stderr + proc.stdout[-2000:]
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _verdicts(doc: dict) -> dict:
     return {(r["case"], r["wiring"], r["output"]): r["verdict"] for r in doc["rows"]}
 
@@ -83,13 +91,17 @@ def test_a_node_killed_mid_run_loses_nothing_and_keeps_no_tree_twice(cluster, tm
                              "--cluster", "ray", "--keep-actual", "--backend-module", "tests.cluster_double:slow",
                              *cases], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "RAY_ADDRESS": cluster.address, "PTO_TEST_MARKS": str(marks),
-                                 "PTO_TEST_SLOW": "0.5"})
+                                 "PTO_TEST_SLOW": "1.5"})
     deadline = time.monotonic() + 120
     while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
     assert len(list(marks.iterdir())) >= 2, "two tasks never ran at once"
+    running = [int(m.name) for m in marks.iterdir()]
     victim = next(n for n in cluster.worker_nodes if n is not cluster.head_node)
     cluster.remove_node(victim)
+    time.sleep(2)  # the victim's task process dies with its worker at once; the head's is still sleeping in its calls
+    alive = [pid for pid in running if _alive(pid)]
+    assert len(alive) < len(running), f"a task process outlived its node: {alive}"
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]
     doc = json.loads(out)
