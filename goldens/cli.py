@@ -857,24 +857,22 @@ def _add_transfer_commands(sub) -> None:
     ep.set_defaults(fn=cmd_export)
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
+def _float_arg(low: float, *, inclusive: bool, expected: str):
+    """An argparse type: a finite float above ``low`` (or equal to it when ``inclusive``), else the usage error
+    "<expected>, got <text>"."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < low or (value == low and not inclusive):
+            raise argparse.ArgumentTypeError(f"{expected}, got {text!r}")
+        return value
+    return parse
 
 
-def _days(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number of days >= 0, got {text!r}")
-    return value
+_positive_float = _float_arg(0.0, inclusive=False, expected="expected a finite number > 0")
+_days = _float_arg(0.0, inclusive=True, expected="expected a finite number of days >= 0")
 
 
 _count = _int_arg(0, expected="expected a whole number >= 0")

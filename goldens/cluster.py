@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from goldens.devices import DeviceRun, ordered_rows, settle, share, tree_bytes, tree_timeout, worker_argv
+from goldens.devices import DeviceRun, case_weights, ordered_rows, settle, share, tree_timeout, worker_argv
 from goldens.errors import BackendFailure, GoldenStoreError
 
 ASCEND_RESOURCE = "NPU"  # the resource name of Ray's Ascend NPU support (ray.util.accelerators)
@@ -101,9 +101,7 @@ def _run(ray, args, items, reader, run_id):
     import argparse
 
     args = argparse.Namespace(**{**vars(args), **_absolute(args)})
-    weights: dict[str, int] = {}
-    for case, wiring in items:
-        weights[case] = weights.get(case, 0) + tree_bytes(reader, case, wiring)
+    weights = case_weights(reader, items)
     per_tree = tree_timeout(args)
     device_resource = ASCEND_RESOURCE if args.platform == "a5" else None
     from backends.cluster import MAX_RETRIES

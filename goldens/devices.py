@@ -65,6 +65,14 @@ def tree_bytes(reader, case: str, wiring: str) -> int:
     return sum(math.prod(a.shape) * torch_dtype(a.dtype).itemsize for a in rec.args)
 
 
+def case_weights(reader, items: list[tuple[str, str]]) -> dict[str, int]:
+    """Each case's bytes over the wirings asked for (what ``share`` balances)."""
+    weights: dict[str, int] = {}
+    for case, wiring in items:
+        weights[case] = weights.get(case, 0) + tree_bytes(reader, case, wiring)
+    return weights
+
+
 @dataclass
 class DeviceRun:
     """One task of a distributed replay: its cases, the device (None: a CPU backend's task) and, once run, the node
@@ -196,9 +204,7 @@ def run(args, items: list[tuple[str, str]], reader, devices: list[int],
         run_id: str | None = None) -> tuple[list[DeviceRun], list[dict]]:
     """Replay ``items`` over ``devices`` on this host: one task per device, its cases shared out by bytes
     (``share``); (per-device runs, every row in case order)."""
-    weights: dict[str, int] = {}
-    for case, wiring in items:
-        weights[case] = weights.get(case, 0) + tree_bytes(reader, case, wiring)
+    weights = case_weights(reader, items)
     runs = [DeviceRun(d, cases) for d, cases in share(weights, devices).items()]
     per_tree = tree_timeout(args)
 

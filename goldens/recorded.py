@@ -95,15 +95,17 @@ MOVED_CASE_MODULES = {"goldens.cases_pro": "goldens.cases.pro", "goldens.cases_v
                       "goldens.cases.v4_ops": "goldens.cases.records"}
 
 
+def kept_runs(reader: StoreReader, source: str) -> list[tuple[str, str, dict]]:
+    """(case, wiring, attributes) of every kept run of ``source`` in this snapshot."""
+    root = f"{ACTUAL_ROOT}/{source}"
+    return [(case, wiring, reader.group_attrs(f"{root}/{case}/{wiring}"))
+            for case in (reader.groups(root) if reader.has(root) else [])
+            for wiring in reader.groups(f"{root}/{case}")]
+
+
 def rebuilt_items(reader: StoreReader, source: str) -> list[tuple[str, str]]:
     """(case, wiring) of the kept runs of ``source`` that carry a rebuild recipe instead of a tree."""
-    out = []
-    root = f"{ACTUAL_ROOT}/{source}"
-    for case in reader.groups(root) if reader.has(root) else []:
-        for wiring in reader.groups(f"{root}/{case}"):
-            if REBUILD in reader.group_attrs(f"{root}/{case}/{wiring}"):
-                out.append((case, wiring))
-    return out
+    return [(case, wiring) for case, wiring, attrs in kept_runs(reader, source) if REBUILD in attrs]
 
 
 def _recipe_case(recipe: dict, case_name: str, where: str):

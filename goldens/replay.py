@@ -265,6 +265,7 @@ def _replay_distributed(args) -> int:
 
         runs, rows = engine.run(args, items, reader, run_id=run_id)
     else:
+        engine = None
         runs, rows = devices.run(args, items, reader, ids, run_id=run_id)
     code = devices.exit_code(runs)
     out = console if not args.json else Console(quiet=True)
@@ -290,9 +291,7 @@ def _replay_distributed(args) -> int:
                            "stale": s.get("stale", 0), "exit": r.code, "seconds": round(r.seconds, 2),
                            "note": r.error, "backend_devices": list((r.document or {}).get("devices", []))})
     summaries = {}
-    if cluster:
-        from goldens import cluster as engine
-
+    if engine is not None:
         summaries["per node"] = engine.by_node(runs)
     summaries["per device" if not cluster else "per task"] = per_device
     for title, got in summaries.items():
@@ -320,18 +319,11 @@ def _replay_distributed(args) -> int:
 
 def _kept_under(store, run_id: str) -> list[str]:
     """The trees (``<source>/<case>/<wiring>``) whose kept run in the branch head is this run's."""
-    from goldens.catalog import ACTUAL_ROOT
+    from goldens.recorded import kept_runs, sources
 
     reader = store.reader()
-    out = []
-    if not reader.has(ACTUAL_ROOT):
-        return out
-    for source in reader.groups(ACTUAL_ROOT):
-        for case in reader.groups(f"{ACTUAL_ROOT}/{source}"):
-            for wiring in reader.groups(f"{ACTUAL_ROOT}/{source}/{case}"):
-                if reader.group_attrs(f"{ACTUAL_ROOT}/{source}/{case}/{wiring}").get("run_id") == run_id:
-                    out.append(f"{source}/{case}/{wiring}")
-    return out
+    return [f"{source}/{case}/{wiring}" for source in sources(reader)
+            for case, wiring, attrs in kept_runs(reader, source) if attrs.get("run_id") == run_id]
 
 
 def stale_advice(tree) -> str:
