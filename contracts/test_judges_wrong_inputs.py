@@ -26,90 +26,17 @@ that one. Spec: §7.3."""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
 from contracts.compare import COMPARATORS, READS_ACTUAL, Context, compare_all
+from contracts.judges_table import _judged, _rows, _tree, table
 
-FLOAT_KINDS = ("low row", "nan actual", "inf actual", "nan expected", "split", "order")
-INT_KINDS = ("off by one", "split", "order")
-
-
-@functools.cache
-def _reader():
-    """One read session of the sample store for the whole module (each session holds its own worker threads)."""
-    from pathlib import Path
-
-    from goldens.store import GoldenStore
-
-    return GoldenStore(Path(__file__).resolve().parents[1] / "artifacts" / "store").reader()
+TABLE = table()  # the committed table (contracts/judges_table.json): collection reads no tree
 
 
-@functools.cache
 def _examples() -> dict[str, tuple[str, str, str]]:
-    """comparator -> (case, wiring, output) of the first tree of the sample store that judges an output with it
-    (outputs with at least two judged rows preferred)."""
-    from goldens import trees
-
-    reader = _reader()
-    found: dict[str, tuple[str, str, str]] = {}
-    for case in trees.recorded_cases(reader):
-        for wiring in trees.recorded_wirings(reader, case):
-            tree = trees.load_tree(reader, case, wiring)
-            if tree.stale:
-                continue
-            for output, comparator in sorted(tree.record.comparators.items()):
-                e = tree.expected[output]
-                rows = _distinct_rows(e)
-                if comparator not in found or (rows >= 2 and found[comparator][3] < 2):
-                    found[comparator] = (case, wiring, output, rows)
-    from goldens.recorded import REBUILD
-
-    for case in reader.groups("actual/pypto-a5sim"):  # the kept device runs: Pro-geometry judges (outputs_at)
-        for wiring in reader.groups(f"actual/pypto-a5sim/{case}"):
-            if REBUILD not in reader.group_attrs(f"actual/pypto-a5sim/{case}/{wiring}"):
-                continue
-            for output, comparator in sorted(_tree(case, wiring).record.comparators.items()):
-                if comparator not in found:
-                    found[comparator] = (case, wiring, output, _distinct_rows(_tree(case, wiring).expected[output]))
-    return {k: v[:3] for k, v in found.items()}
-
-
-@functools.cache
-def _tree(case: str, wiring: str):
-    """A tree of the sample store, or a kept device run's tree rebuilt from its case (inputs checked by digest)."""
-    from goldens import trees
-    from goldens.recorded import REBUILD, rebuild_tree
-
-    reader = _reader()
-    kept = f"actual/pypto-a5sim/{case}/{wiring}"
-    if case in set(trees.recorded_cases(reader)):
-        return trees.load_tree(reader, case, wiring)
-    assert REBUILD in reader.group_attrs(kept), f"{case}/{wiring}: neither a tree nor a kept run of the store"
-    return rebuild_tree(reader, "pypto-a5sim", case, wiring)
-
-
-def _distinct_rows(e: torch.Tensor) -> int:
-    """How many distinct judged rows ``e`` has (0 when nothing is judged)."""
-    if not e.numel():
-        return 0
-    rows, judged = _rows(e), _rows(_judged(e))
-    live = [r for r in range(rows.shape[0]) if bool(judged[r].any())]
-    return len({tuple(rows[r][judged[r]].double().tolist()) for r in live[:64]})
-
-
-def _judged(e: torch.Tensor) -> torch.Tensor:
-    """Elements a judge reads as values: finite, not a sentinel past a visible range (|e| < 1e30)."""
-    if e.is_floating_point():
-        f = e.float()
-        return torch.isfinite(f) & (f.abs() < 1e30)
-    return torch.ones_like(e, dtype=torch.bool)
-
-
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(t.shape[0], -1) if t.ndim >= 2 else t.reshape(1, -1)
+    return TABLE["examples"]
 
 
 COVER = 0.1  # the row kinds reach a tenth of the judged elements: past every judge's quota (the widest is 5 %)
@@ -174,21 +101,6 @@ def wrong(kind: str, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return a, exp
 
 
-def _rows_of_the_table() -> list:
-    params = []
-    for comparator, (case, wiring, output) in sorted(_examples().items()):
-        e = _tree(case, wiring).expected[output]
-        kinds = FLOAT_KINDS if e.is_floating_point() else INT_KINDS
-        rows = _distinct_rows(e)
-        for kind in kinds:
-            if kind in ("split", "order") and rows < 2:
-                continue
-            if kind == "split" and e.dtype == torch.bool:
-                continue
-            params.append(pytest.param(comparator, kind, id=f"{comparator}-{kind.replace(' ', '-')}"))
-    return params
-
-
 def _context(tree, output, a, e) -> Context:
     actual = {**tree.expected, output: a}
     expected = {**tree.expected, output: e}
@@ -204,6 +116,20 @@ NO_TREE = {
                                   "it; its judge is check_v4_index_scores with tail='lowest', in the table through "
                                   "v4_index_score",
 }
+
+
+def test_the_table_is_the_sample_stores():
+    """The committed table (collection reads it, so that no pytest process loads every tree to collect) is the one
+    the sample store gives now: each comparator's tree and output, and each row's kinds."""
+    from contracts.judges_table import COMMAND, compute
+
+    now = compute()
+    now = {"examples": {k: tuple(v) for k, v in now["examples"].items()}, "rows": [tuple(r) for r in now["rows"]]}
+    moved = sorted(k for k in set(now["examples"]) | set(TABLE["examples"])
+                   if now["examples"].get(k) != TABLE["examples"].get(k))
+    rows = sorted(set(now["rows"]) ^ set(TABLE["rows"]))
+    assert not moved and not rows and now["rows"] == TABLE["rows"], \
+        f"contracts/judges_table.json is not the sample store's: comparators {moved}, rows {rows}; run {COMMAND}"
 
 
 def test_the_judges_without_a_tree_are_named():
@@ -223,7 +149,8 @@ def test_every_judge_passes_its_trees_expected_output(comparator):
     assert verdict.ok, f"{comparator} on {case}/{wiring}:{output}, its own expected output: {verdict}"
 
 
-@pytest.mark.parametrize("comparator, kind", _rows_of_the_table())
+@pytest.mark.parametrize("comparator, kind", [pytest.param(c, k, id=f"{c}-{k.replace(' ', '-')}")
+                                              for c, k in TABLE["rows"]])
 def test_every_judge_fails_every_kind_of_wrong_input(comparator, kind):
     """One row of the table (module docstring): the comparator, on a real tree that uses it, fails the wrong input
     of this kind built from that tree's expected output."""

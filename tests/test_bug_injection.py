@@ -116,12 +116,12 @@ def _checkout(where: Path, bug: tuple | None = None) -> Path:
     return where
 
 
-def _contracts(root: Path, operator: str) -> subprocess.CompletedProcess:
+def _contracts(root: Path, operator: str, *extra: str) -> subprocess.CompletedProcess:
     """The operator's contracts (and its trees) on the upstream backend over ``root`` (one pytest process, no
     xdist)."""
     env = {**os.environ, "PYPTO_LIB_ROOT": str(root), "CI": "true"}
     env.pop("PTO_UPSTREAM_PYTHON", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *extra,
                            "contracts/", "--backend", "upstream", "--model", FOLDER, "--operator", operator,
                            "-k", "not moe"],  # the MoE stage's contracts mix in hc_post; this folder has no moe.py
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -139,6 +139,6 @@ def test_the_clean_goldens_pass_their_contracts(tmp_path, operator):
 @pytest.mark.parametrize("bug", BUGS, ids=[b[0] for b in BUGS])
 def test_a_bug_injected_into_a_golden_is_caught(tmp_path, bug):
     """One line of one golden changed: the operator's contracts on the upstream backend fail."""
-    run = _contracts(_checkout(tmp_path, bug), bug[4])
+    run = _contracts(_checkout(tmp_path, bug), bug[4], "-x")  # one failure is the catch
     tail = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-400:]
     assert run.returncode == 1 and "failed" in tail, f"{bug[0]}: not caught by {bug[4]}'s contracts ({tail})"
