@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from contracts.compare import COMPARATORS, READS_ACTUAL, Context, compare_all
-from contracts.judges_table import _judged, _rows, _tree, table
+from tests.judges_table import _judged, _rows, _tree, table
 
 TABLE = table()  # the committed table (contracts/judges_table.json): collection reads no tree
 
@@ -121,7 +121,7 @@ NO_TREE = {
 def test_the_table_is_the_sample_stores():
     """The committed table (collection reads it, so that no pytest process loads every tree to collect) is the one
     the sample store gives now: each comparator's tree and output, and each row's kinds."""
-    from contracts.judges_table import COMMAND, compute
+    from tests.judges_table import COMMAND, compute
 
     now = compute()
     now = {"examples": {k: tuple(v) for k, v in now["examples"].items()}, "rows": [tuple(r) for r in now["rows"]]}

@@ -19,7 +19,7 @@ from goldens.catalog import ACTUAL_ROOT
 from goldens.codec import from_numpy, to_numpy
 from goldens.errors import GoldenStoreError
 from goldens.store_read import StoreReader
-from goldens.trees import LoadedTree, _clone, load_tree, make_record
+from goldens.trees import LoadedTree, _reference_run, load_tree, make_record
 from kernels.errors import is_int
 
 
@@ -143,7 +143,7 @@ def rebuild_tree(reader: StoreReader, source: str, case_name: str, wiring: str):
                           f"{recipe['seed']}) are not the ones {source} ran on (digest {inputs_digest(inputs)} vs "
                           f"{attrs.get('inputs_digest')}): the case's builder changed since the run; replay on the "
                           "device again and import the kept run again")
-    expected = case.reference(_clone(inputs), wiring)
+    expected = _reference_run(case, inputs, wiring)[0]  # the outputs judged at the case's geometry
     record = make_record(case, wiring, recipe["seed"], inputs, expected, source="rebuilt")
     return LoadedTree(case, record, inputs, expected, False)
 

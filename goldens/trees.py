@@ -90,7 +90,8 @@ def _reference_run(case: Case, inputs: dict, wiring: str) -> tuple[dict, set[str
     """The reference on a copy of ``inputs`` -> (outputs, the rule-table entries it looked up)."""
     with watch_reads() as read:
         outputs = case.reference(_clone(inputs), wiring)
-    return outputs, read
+    judged = case.comparators(wiring)  # a record's output not judged at the case's geometry (outputs_at: None)
+    return {k: v for k, v in outputs.items() if k in judged}, read
 
 
 def build_tree(case: Case, wiring: str, seed: int, source: str = "record") -> tuple[TreeRecord, dict, dict]:
@@ -372,8 +373,14 @@ def _spec_probe(case: Case, wiring: str) -> tuple[dict, dict]:
     key = (case.name, wiring)
     if key not in _PROBES:
         inputs = case.build_inputs(0, wiring)
-        _PROBES[key] = (inputs, case.reference(_clone(inputs), wiring))
+        outputs = _reference_run(case, inputs, wiring)[0]
+        # kept as shapes and dtypes only (meta tensors): a model-geometry case's tensors run to gigabytes
+        _PROBES[key] = tuple({k: _meta(v) for k, v in d.items()} for d in (inputs, outputs))
     return _PROBES[key]
+
+
+def _meta(t):
+    return torch.empty(t.shape, dtype=t.dtype, device="meta") if isinstance(t, torch.Tensor) else t
 
 
 def _as_tensor(path: str, arr, attrs: dict, spec: ArgSpec) -> torch.Tensor:

@@ -547,6 +547,9 @@ V4_FLASH = replace(  # what V4-Flash changes of V4-Pro (the heads' widths, the M
 )
 V4_PRO_TINY = V4_PRO.tiny()
 V4_FLASH_TINY = V4_FLASH.tiny()
+# main's Flash-MTP moe.py at its smallest EP world, 2 devices: it keeps n_routed_experts // 8 * EP = 64 experts (32 a
+# device), the geometry its l3_moe is compiled for with --ep 2 (the EP-8 deployment's 256 do not fit a 2-device run)
+V4_FLASH_EP2 = replace(V4_FLASH, name="v4-flash-ep2", n_routed_experts=64)
 # dspark's deployment of V4-Flash (models/deepseek_v4_flash_dspark/config.py): 16 requests x 8 tokens a step (its
 # MoE's 128 rows per rank), pages of 32, a ratio-4 state page of 2, and its pools; the model itself is V4-Flash
 V4_FLASH_DSPARK = replace(V4_FLASH, name="v4-flash-dspark", decode_batch=16, decode_seq=8, block_size=32,
@@ -560,6 +563,7 @@ PRESETS: dict[str, V41Config | V4Config] = {
     "v4-pro-tiny": V4_PRO_TINY,
     "v4-flash": V4_FLASH,
     "v4-flash-tiny": V4_FLASH_TINY,
+    "v4-flash-ep2": V4_FLASH_EP2,
     "v4-flash-dspark": V4_FLASH_DSPARK,
 }
 

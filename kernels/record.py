@@ -27,7 +27,8 @@ Tensors = dict[str, torch.Tensor]
 
 # The geometries a case is built at: a config preset each (kernels.config), and the suffix of the case's name.
 GEOMETRIES = {"tiny": ("V4_PRO_TINY", ""), "pro": ("V4_PRO", "_pro"), "flash-tiny": ("V4_FLASH_TINY", "_flash_tiny"),
-              "v4-flash": ("V4_FLASH", "_v4_flash"), "dspark": ("V4_FLASH_DSPARK", "_dspark")}
+              "v4-flash": ("V4_FLASH", "_v4_flash"), "dspark": ("V4_FLASH_DSPARK", "_dspark"),
+              "v4-flash-ep2": ("V4_FLASH_EP2", "_v4_flash_ep2")}
 # Upstream's model folders (pypto-lib main, and the V4.1-Flash tree read through the search tools).
 FOLDERS = ("deepseek_v4_pro", "deepseek_v4_flash_mtp", "deepseek_v4_flash_dspark")
 # --model: a folder, or a folder with one of its presets (V4-Pro's folder built for Flash, DEEPSEEK_V4_VARIANT=flash)
@@ -137,8 +138,9 @@ class Record:
     modules: tuple[str, ...] = ()  # further modules whose arithmetic the expected outputs go through
     bad_calls: tuple[BadCall, ...] = ()
     bindings: tuple[Upstream, ...] = ()
-    # per geometry, the outputs judged otherwise there (a 7168-term FP32 sum moves a scale past 4 ulps at Pro's dims)
-    outputs_at: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # per geometry, the outputs judged otherwise there (a 7168-term FP32 sum moves a scale past 4 ulps at Pro's dims);
+    # None: not an output there (the kernel entry compiled at that geometry hands back only the others)
+    outputs_at: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
 
     def __post_init__(self):
         names = [c.name for c in self.cases]
@@ -152,7 +154,11 @@ class Record:
             raise ValueError(f"record {self.operator}: a folder bound twice: {folders}")
 
     def comparators(self, geometry: str) -> dict[str, str]:
-        return {**self.outputs, **self.outputs_at.get(geometry, {})}
+        return {k: v for k, v in {**self.outputs, **self.outputs_at.get(geometry, {})}.items() if v is not None}
+
+    def dropped(self, geometry: str) -> frozenset[str]:
+        """The outputs ``outputs_at`` takes away at ``geometry`` (a call's result loses them there)."""
+        return frozenset(k for k, v in self.outputs_at.get(geometry, {}).items() if v is None)
 
     def small_geometry(self, case: str) -> str | None:
         """The geometry a case is judged at in the contracts (its first small one; None: a model's own only)."""

@@ -168,6 +168,23 @@ def test_a_launch_that_never_finishes_is_stopped_after_the_timeout_and_named(fak
             device_timeout()
 
 
+def test_an_output_handed_in_filled_shows_every_element_the_kernel_leaves(fake_copy, monkeypatch):
+    """``fill`` (the MoE stage's x_next, MO-08): the output starts as the value instead of upstream's zeros, so a
+    row the kernel never writes comes back as that value -- and as a plausible 0 without it. A fill naming what is
+    not an output of the entry is an error naming it, before any launch."""
+    monkeypatch.setenv("PTO_FAKE_UPSTREAM_DEFECT", "hc_post_last_row_unwritten")
+    dev = pb.Device(fake_copy, "a5sim", [0])
+    g = torch.Generator().manual_seed(0)
+    t = {"x": torch.randn(8, 64, generator=g).to(torch.bfloat16), "residual": torch.randn(8, 4, 64, generator=g),
+         "post": torch.rand(8, 4, generator=g), "comb": torch.rand(8, 16, generator=g), "y": torch.zeros(8, 4, 64)}
+    plain = dev.run("deepseek_v4_pro", "hc_post", "hc_post_test", t)["y"]
+    filled = dev.run("deepseek_v4_pro", "hc_post", "hc_post_test", t, fill={"y": 13.0})["y"]
+    assert bool((plain[-1] == 0).all()) and bool((filled[-1] == 13.0).all()), (plain[-1, 0, :4], filled[-1, 0, :4])
+    assert torch.equal(plain[:-1], filled[:-1]) and not bool((filled[:-1] == 13.0).any())
+    with pytest.raises(pb.UpstreamRunError, match=r"outputs to fill \['x'\] are not outputs of the entry"):
+        dev.run("deepseek_v4_pro", "hc_post", "hc_post_test", t, fill={"x": 1.0})
+
+
 def test_a_v4_pro_entry_runs_with_specs_from_its_declaration_and_refuses_other_geometry(fake_upstream):
     """hc_post through models/deepseek_v4_pro/hc_post.py::hc_post_test: the double's runner validates only the
     is_output spec (y) and hands it back; a call at another hidden size, or with rows that are not whole tiles

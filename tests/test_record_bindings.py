@@ -88,3 +88,28 @@ def test_every_file_and_function_a_record_names_exists_upstream():
                     missing.append(f"{r.operator} {what} {folder}/{named}")
     assert not missing, "record bindings that are not in the checkout:\n" + "\n".join(missing)
     assert checked >= 20
+
+
+def test_an_output_a_geometry_takes_away_is_neither_stored_nor_judged_there(tmp_path):
+    """``outputs_at`` None: main's l3_moe hands back x_next alone, so at v4-flash-ep2 the MoE stage judges x_out
+    only (its router and expert outputs stay judged at tiny). A record with an output taken away at tiny records
+    trees without it, replays them (the argument check agrees), and keeps it everywhere else."""
+    from dataclasses import replace
+
+    from goldens import trees
+    from goldens.cases.records import record_case
+    from kernels.v4.moe import MOE_STAGE_RECORD
+
+    assert MOE_STAGE_RECORD.comparators("v4-flash-ep2") == {"x_out": "fp32_ulps"}
+    assert MOE_STAGE_RECORD.dropped("v4-flash-ep2") == {"ffn_out", "indices"}
+    assert set(MOE_STAGE_RECORD.comparators("tiny")) == {"x_out", "ffn_out", "indices"}
+    assert not MOE_STAGE_RECORD.dropped("tiny")
+    cut = replace(MOE_STAGE_RECORD, outputs_at={"tiny": {"indices": None}})
+    case = replace(record_case(cut, cut.cases[0], "tiny"), name="moe_without_indices")
+    record, inputs, outputs = trees.build_tree(case, "replicated", 0)
+    assert set(outputs) == {"x_out", "ffn_out"} and {a.name for a in record.args if a.is_output} == set(outputs)
+    assert set(record.comparators) == {"x_out", "ffn_out"}
+    whole = record_case(MOE_STAGE_RECORD, MOE_STAGE_RECORD.cases[0], "tiny")
+    assert set(trees.build_tree(whole, "replicated", 0)[2]) == {"x_out", "ffn_out", "indices"}
+    probe = case.arg_specs(*trees._spec_probe(case, "replicated"))  # what a replay checks the stored arguments by
+    assert [(a.name, a.direction, a.dtype) for a in probe] == [(a.name, a.direction, a.dtype) for a in record.args]

@@ -97,7 +97,7 @@ class Device:
         self.root, self.platform, self.devices, self.env = root, platform, devices, dict(env or {})
 
     def run(self, folder: str, module: str, entry: str, tensors: dict, *, ranks: int = 1,
-            golden_data: Path | None = None) -> dict[str, torch.Tensor]:
+            golden_data: Path | None = None, fill: dict[str, float] | None = None) -> dict[str, torch.Tensor]:
         from backends.pypto.table import DYN_TILES
         from backends.upstream.client import UpstreamError, UpstreamUnsupported, worker
         from contracts.operators import Unsupported
@@ -106,7 +106,7 @@ class Device:
             return worker(self.root, self.env).device(folder, module, entry, tensors, platform=self.platform,
                                             devices=self.devices, ranks=ranks,
                                             golden_data=str(golden_data) if golden_data else None,
-                                            tiles=DYN_TILES.get(module, {}))
+                                            tiles=DYN_TILES.get(module, {}), fill=fill)
         except UpstreamUnsupported as exc:
             raise Unsupported(str(exc)) from None
         except UpstreamError as exc:
@@ -121,7 +121,8 @@ def _pro_operator(adapter, device: Device):
     from backends.pypto.table import FOLDER_ENTRIES, PRO_ENTRIES
     from contracts.operators import Unsupported
 
-    def run(tensors, fields, constants, *, module_globals=None, module=None, function=None, **golden_only):
+    def run(tensors, fields, constants, *, module_globals=None, module=None, function=None, fill=None,
+            **golden_only):
         # golden_only: what only a golden takes (its keyword arguments, modules imported at the folder's own
         # geometry), nothing to a kernel entry compiled at the model's geometry
         name = module or adapter.module  # V4-Pro's module name (a folder's own name: adapter.module_of)
@@ -129,7 +130,7 @@ def _pro_operator(adapter, device: Device):
             raise Unsupported(f"no kernel entry of models/{adapter.folder}/{adapter.module_of(name)}.py is bound")
         entry, ranks = PRO_ENTRIES[name]
         entry = dict(FOLDER_ENTRIES.get(adapter.folder, ())).get(adapter.module_of(name), entry)
-        return device.run(adapter.folder, adapter.module_of(name), entry, tensors, ranks=ranks)
+        return device.run(adapter.folder, adapter.module_of(name), entry, tensors, ranks=ranks, fill=fill)
 
     run.calls_goldens = False  # an adapter with a golden-only form (another golden of the module) keeps its main one
     fn = partial(adapter.build, run)

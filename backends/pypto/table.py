@@ -114,6 +114,9 @@ PRO_ENTRIES: dict[str, tuple[str, int]] = {
     "decode_metadata": ("decode_metadata", 1),
     # dspark's CP prefill KV all-gather: an L3 program over TP_SIZE (2, its default) simulated devices
     "prefill_kv_allgather": ("l3_prefill_kv_allgather_fixture", 2),
+    # the MoE stage over EP 2 (moe.py's smallest world): dispatch and combine across 2 devices; compiled for the
+    # v4-flash-ep2 geometry in the Flash folders (64 experts); V4-Pro's (96 experts at EP 2) outgrows 24 GiB on a5sim
+    "moe": ("l3_moe", 2),
 }
 # A folder's own entry name where it differs from V4-Pro's: folder -> ((its module name, entry), ...)
 FOLDER_ENTRIES: dict[str, tuple[tuple[str, str], ...]] = {

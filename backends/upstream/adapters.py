@@ -336,6 +336,7 @@ def check_v4_moe_stage(x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias
 
 
 MOE_RANKS = 2  # moe.py's smallest EP world (its default)
+MOE_UNWRITTEN = 13.0  # what a device's x_next holds before the MoE stage runs (a value no row of the stage gives)
 
 
 def _both(t: torch.Tensor) -> torch.Tensor:
@@ -439,6 +440,12 @@ def _v4_moe_stage(run, x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias
     real = int(num_tokens)
     order = torch.cat((torch.arange(real).flip(0), torch.arange(real, tokens)))
     back = _rank1_reordered(tensors, ("x_hc", "input_ids"), order)
+    if not _calls_goldens(run):  # the kernel entry (l3_moe, one rank a device) hands back x_next alone
+        # x_next handed over full of MOE_UNWRITTEN, not upstream's zeros: the kernel zero-fills its output before
+        # the combine (MO-08), so a padding row comes out as its residual expansion and never as what was there
+        out = run(tensors, fields, {"MOE_TOKENS": tokens}, fill={"x_next": MOE_UNWRITTEN})
+        _ranks_agree(out, ("x_next",), back, "moe.py")
+        return {"x_out": out["x_next"][0]}
     out = run(tensors, fields, {"MOE_TOKENS": tokens}, taps={"hc_post.golden_hc_post": ["x"],
                                                              "gate.golden_gate_core": ["indices", "weights"]})
     _ranks_agree(out, ("x_next",), back, "moe.py")

@@ -105,14 +105,19 @@ class Worker:
             raise UpstreamError(f"upstream {where} raised {exc}") from None
 
     def device(self, folder: str, module: str, entry: str, tensors: dict, *, platform: str, devices: list[int],
-               ranks: int = 1, golden_data: str | None = None, tiles: dict | None = None) -> dict:
+               ranks: int = 1, golden_data: str | None = None, tiles: dict | None = None,
+               fill: dict[str, float] | None = None) -> dict:
         """Run a kernel entry on ``platform`` through upstream's runner (in the worker) -> the captured outputs.
-        ``folder`` "" means ``module`` is one of this project's wrapper programs (a dotted module name)."""
+        ``folder`` "" means ``module`` is one of this project's wrapper programs (a dotted module name). ``fill``:
+        outputs handed to the kernel filled with a value (upstream's runner zeroes an output otherwise), so an
+        element the kernel never writes shows as that value."""
         if self.proc is None or self.proc.poll() is not None:
             self._start()
         request = {"kind": "device", "folder": folder, "module": module, "entry": entry, "tensors": tensors,
                    "platform": platform, "devices": list(devices), "ranks": ranks, "golden_data": golden_data,
                    "tiles": dict(tiles or {})}
+        if fill:
+            request["fill"] = {name: float(v) for name, v in fill.items()}
         cache, key, hit = self._cached_build(request)
         answer = self._launch(request, module, entry, platform)
         built = answer.get("work_dir")

@@ -179,14 +179,19 @@ def device_run(modules: Modules, request: dict) -> dict:
     import golden
     import torch as _torch
 
+    fill = request.get("fill") or {}
+    unknown = sorted(set(fill) - {p.name for p in params if p.direction == "out"})
+    if unknown:
+        return {"error": f"{where}: outputs to fill {unknown} are not outputs of the entry"}
     specs = []
     for p in params:
         value = tensors[p.name]
         if p.direction == "scalar":
             specs.append(golden.ScalarSpec(p.name, getattr(_torch, p.dtype), int(value)))
-        else:
+        else:  # an output starts zeroed (upstream's runner), or filled as asked (then it is an in-out to the runner)
+            start = _torch.full(list(value.shape), fill[p.name], dtype=value.dtype) if p.name in fill else None
             specs.append(golden.TensorSpec(p.name, list(value.shape), value.dtype,
-                                           init_value=None if p.direction == "out" else value.clone(),
+                                           init_value=start if p.direction == "out" else value.clone(),
                                            is_output=p.is_output))
     captured: dict = {}
 

@@ -12,7 +12,7 @@ from goldens.cases.records import cases_at
 from kernels.config import V4_FLASH
 
 _FLASH = V4_FLASH.kernel_preset()
-CASES = cases_at("v4-flash") + compressor_cases(_FLASH, "_v4_flash", "V4-Flash") + [
+CASES = cases_at("v4-flash") + cases_at("v4-flash-ep2") + compressor_cases(_FLASH, "_v4_flash", "V4-Flash") + [
     indexer_case(_FLASH, "_v4_flash", "V4-Flash"),
     *(attention_case(_FLASH, path, "_v4_flash", "V4-Flash") for path in ("SWA", "HCA", "CSA"))]
 

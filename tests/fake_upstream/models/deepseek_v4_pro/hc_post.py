@@ -1,7 +1,8 @@
 """TEST DOUBLE of upstream ``models/deepseek_v4_pro/hc_post.py``'s kernel entry ``hc_post_test``, in Torch: the
 mHC expansion y[:, j] = x · post[:, j] + Σ_i residual[:, i] · comb[:, i, j], FP32 end to end.
 
-``PTO_FAKE_UPSTREAM_DEFECT=hc_post_untransposed`` seeds a wrong kernel: comb read as [j, i]."""
+``PTO_FAKE_UPSTREAM_DEFECT=hc_post_untransposed`` seeds a wrong kernel: comb read as [j, i];
+``hc_post_last_row_unwritten``: the last row of y never written (it keeps what the runner handed in)."""
 
 import os
 
@@ -27,5 +28,8 @@ def hc_post_test(
     if os.environ.get("PTO_FAKE_UPSTREAM_DEFECT") == "hc_post_untransposed":
         c = c.transpose(1, 2)
     out = x.float().unsqueeze(1) * post.float().unsqueeze(-1) + torch.einsum("tij,tid->tjd", c, residual.float())
+    if os.environ.get("PTO_FAKE_UPSTREAM_DEFECT") == "hc_post_last_row_unwritten":
+        y[:-1].copy_(out[:-1])
+        return y
     y.copy_(out)
     return y

@@ -4,7 +4,7 @@ input that apply to that output. Working it out loads every tree of the store (a
 ``contracts/judges_table.json`` and collection reads that file; ``test_the_table_is_the_sample_stores`` works it
 out again from the store on every run and fails on any drift, naming the command that writes it::
 
-    python -m contracts.judges_table        # after goldens regen or a new comparator
+    python -m tests.judges_table        # after goldens regen or a new comparator
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 
 FLOAT_KINDS = ("low row", "nan actual", "inf actual", "nan expected", "split", "order")
 INT_KINDS = ("off by one", "split", "order")
-PATH = Path(__file__).with_name("judges_table.json")
-COMMAND = "python -m contracts.judges_table"
+PATH = Path(__file__).resolve().parents[1] / "contracts" / "judges_table.json"
+COMMAND = "python -m tests.judges_table"
 
 
 @functools.cache
