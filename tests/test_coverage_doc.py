@@ -34,7 +34,7 @@ STATUSES = ("covered", "ready", "partial", "planned", "n/a")
 # a device output judged here: what lets a device-only row be "covered" rather than "ready"
 DEVICE_RUN = "tests/test_goldens.py::test_the_kept_a5sim_outputs_are_judged_again_on_every_run"
 # The capabilities still open (the issue tracker's open issues): a planned row must name one of them.
-OPEN_CAPABILITIES = {45: "the V4-Flash folders", 49: "beyond one machine"}  # #24-#28 and #46-#48 are resolved
+OPEN_CAPABILITIES: dict[int, str] = {}  # #24-#28 and #45-#49 are resolved
 V4_ID = r"V4-\d{2}"  # the V4 section's own rules (no upstream_checks ID): spec §8 and the V4 sources
 TEST_REF = re.compile(r"((?:contracts|tests)/[\w/]+\.py)::(\w+)")
 
