@@ -726,7 +726,8 @@ def _add_store_commands(sub) -> None:
     r.add_argument("--geometry", choices=("flash", "pro", "v4-flash"), default=None,
                    help="record the cases at a model's own geometry, as a device compiled for it takes them "
                         "(flash: every attention half-layer at V4.1-Flash's dims, 400-500 MB a tree; pro: the V4-Pro "
-                        "operator cases; v4-flash: the operator records' cases at main's V4-Flash dims); no CASE: "
+                        "operator cases; v4-flash: the operator records' cases at main's V4-Flash dims, and the MoE "
+                        "stage at the 64 experts Flash-MTP's moe.py keeps at EP 2, 1.6 GB); no CASE: "
                         "all of them. Never into the sample store: name a --store (a "
                         "directory or s3://BUCKET/PREFIX). Replay, report and show find these cases by themselves")
     r.set_defaults(fn=cmd_record)

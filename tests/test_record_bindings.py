@@ -111,5 +111,7 @@ def test_an_output_a_geometry_takes_away_is_neither_stored_nor_judged_there(tmp_
     assert set(record.comparators) == {"x_out", "ffn_out"}
     whole = record_case(MOE_STAGE_RECORD, MOE_STAGE_RECORD.cases[0], "tiny")
     assert set(trees.build_tree(whole, "replicated", 0)[2]) == {"x_out", "ffn_out", "indices"}
-    probe = case.arg_specs(*trees._spec_probe(case, "replicated"))  # what a replay checks the stored arguments by
+    held = trees._spec_probe(case, "replicated")  # what a replay checks the stored arguments by: shapes only, no data
+    assert all(t.is_meta for d in held for t in d.values() if hasattr(t, "is_meta")), "the probe keeps tensor data"
+    probe = case.arg_specs(*held)
     assert [(a.name, a.direction, a.dtype) for a in probe] == [(a.name, a.direction, a.dtype) for a in record.args]

@@ -336,7 +336,7 @@ def check_v4_moe_stage(x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias
 
 
 MOE_RANKS = 2  # moe.py's smallest EP world (its default)
-MOE_UNWRITTEN = 13.0  # what a device's x_next holds before the MoE stage runs (a value no row of the stage gives)
+MOE_UNWRITTEN = 13.0  # what a device's x_next holds before the MoE stage runs (no row of the stage is all 13.0)
 
 
 def _both(t: torch.Tensor) -> torch.Tensor:
@@ -441,8 +441,8 @@ def _v4_moe_stage(run, x_hc, hc_fn, hc_scale, hc_base, norm_w, gate_w, gate_bias
     order = torch.cat((torch.arange(real).flip(0), torch.arange(real, tokens)))
     back = _rank1_reordered(tensors, ("x_hc", "input_ids"), order)
     if not _calls_goldens(run):  # the kernel entry (l3_moe, one rank a device) hands back x_next alone
-        # x_next handed over full of MOE_UNWRITTEN, not upstream's zeros: the kernel zero-fills its output before
-        # the combine (MO-08), so a padding row comes out as its residual expansion and never as what was there
+        # x_next handed over full of MOE_UNWRITTEN, not upstream's zeros: MO-08 has the kernel zero-fill its output
+        # first, so a padding row is its residual expansion whatever the buffer held; a skipped fill shows
         out = run(tensors, fields, {"MOE_TOKENS": tokens}, fill={"x_next": MOE_UNWRITTEN})
         _ranks_agree(out, ("x_next",), back, "moe.py")
         return {"x_out": out["x_next"][0]}
