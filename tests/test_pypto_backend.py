@@ -185,6 +185,47 @@ def test_an_output_handed_in_filled_shows_every_element_the_kernel_leaves(fake_c
         dev.run("deepseek_v4_pro", "hc_post", "hc_post_test", t, fill={"x": 1.0})
 
 
+def test_a_worker_dies_with_the_process_that_started_it_even_mid_launch(fake_copy, tmp_path):
+    """A goldens process killed while its worker runs a launch (the OOM killer took one on a5sim, 2026-12-04):
+    the worker must not run the launch on to its end holding its memory. Here the launch never ends (the double's
+    kernel_hangs); 2 s after the parent's SIGKILL the worker is gone. A worker between launches ends anyway, on
+    its stdin's EOF."""
+    import signal
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, torch\n"
+        "from pathlib import Path\n"
+        "from backends import pypto as pb\n"
+        "from backends.upstream.client import worker\n"
+        f"root = Path({str(fake_copy)!r})\n"
+        "w = worker(root, {})\n"
+        "w._start()\n"
+        "print(w.proc.pid, flush=True)\n"
+        "t = {'x': torch.zeros(8, 64, dtype=torch.bfloat16), 'residual': torch.zeros(8, 4, 64),\n"
+        "     'post': torch.zeros(8, 4), 'comb': torch.zeros(8, 16), 'y': torch.zeros(8, 4, 64)}\n"
+        "pb.Device(root, 'a5sim', [0]).run('deepseek_v4_pro', 'hc_post', 'hc_post_test', t)\n")
+    env = {**os.environ, "PTO_FAKE_UPSTREAM_DEFECT": "kernel_hangs", "PTO_DEVICE_TIMEOUT": "600",
+           "PYTHONPATH": str(ROOT)}
+    for launcher in ("PTO_UPSTREAM_PYTHON", "PTO_TEST_ZYGOTE_SOCKET"):  # the worker a child of the script itself
+        env.pop(launcher, None)  # (the suite's fast launcher forks workers from a server of its own)
+    parent = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(parent.stdout.readline())
+        time.sleep(3)  # the launch is under way (the double's kernel sleeps for good)
+        os.kill(pid, 0)  # the worker is alive while its parent is
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        time.sleep(2)
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    finally:
+        parent.kill()
+        with contextlib.suppress(ProcessLookupError, NameError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_v4_pro_entry_runs_with_specs_from_its_declaration_and_refuses_other_geometry(fake_upstream):
     """hc_post through models/deepseek_v4_pro/hc_post.py::hc_post_test: the double's runner validates only the
     is_output spec (y) and hands it back; a call at another hidden size, or with rows that are not whole tiles
