@@ -19,8 +19,10 @@ rebuilt from their cases (``goldens.recorded.rebuild_tree``).
 * integer and byte outputs (codes, ids, slots): ``split`` and ``order`` as above (a unit moved), and ``off by one``
   (one element plus one).
 
-Each (judge, kind) is one row of the table below, proven to fail the judge; a kind that cannot apply to a judge's
-outputs (NaN in an integer output) is not a row. ``test_a_replay_with_one_wrong_output_among_several_fails_it`` is
+Each (judge, kind) is one row of the table, proven to fail the judge; a kind that cannot apply to a judge's
+outputs (NaN in an integer output) is not a row. The table is committed (``contracts/judges_table.json``, written
+by ``python -m tests.judges_table``) so that collecting it loads no tree; ``test_the_table_is_the_sample_stores``
+works it out from the store again on every run. ``test_a_replay_with_one_wrong_output_among_several_fails_it`` is
 the negative replay: ``compare_all`` over a tree of several outputs, one of them wrong, fails that output and only
 that one. Spec: §7.3."""
 

@@ -39,8 +39,9 @@ def test_each_geometry_names_its_cases_at_that_geometry():
     pro = geometry_cases("pro")
     assert pro and all(get_case(n).preset == V4_PRO.kernel_preset().name for n in pro), pro
     v4_flash = geometry_cases("v4-flash")
-    assert "lookup_embedding_v4_flash" in v4_flash and all(n.endswith("_v4_flash") for n in v4_flash), v4_flash
-    assert all(get_case(n).preset == "v4-flash" for n in v4_flash)
+    assert "lookup_embedding_v4_flash" in v4_flash and "v4_moe_stage_v4_flash_ep2" in v4_flash, v4_flash
+    assert all(n.endswith(("_v4_flash", "_v4_flash_ep2")) for n in v4_flash), v4_flash
+    assert all(get_case(n).preset == ("v4-flash-ep2" if n.endswith("_ep2") else "v4-flash") for n in v4_flash)
     assert set(GEOMETRIES) == {"flash", "pro", "v4-flash", "dspark"}
 
 
