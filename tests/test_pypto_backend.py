@@ -116,7 +116,7 @@ def test_a_bound_operator_runs_through_upstreams_runner_and_matches_the_referenc
 
     b = get_backend("pypto", pypto_lib=str(fake_upstream))
     assert b.name == "pypto-test-double"
-    assert b.operators == ("candidate_blocks", "hc_post", "lm_head", "materialize_rope_rows")
+    assert b.operators == ("candidate_blocks", "hc_post", "lm_head", "materialize_rope_rows", "v4_moe_stage")
     assert "not bound" in b.why_missing["o_proj"] and "host" in b.why_missing["sp_shard"]
     assert b.why_missing["v4_gate"] == ("bound to models/deepseek_v4_pro/gate.py::gate_test, which this checkout "
                                         "does not have")
@@ -224,6 +224,39 @@ def test_a_worker_dies_with_the_process_that_started_it_even_mid_launch(fake_cop
         parent.kill()
         with contextlib.suppress(ProcessLookupError, NameError):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_the_moe_stage_runs_on_two_devices_its_output_filled_and_each_ranks_rows_its_own(fake_copy, monkeypatch):
+    """The MoE stage's kernel path (moe.py::l3_moe, EP 2, MO-08's device run on a5sim): on the double's l3_moe at
+    tiny dims it hands back x_out alone, equal to the reference's. A kernel that leaves the padding rows unwritten
+    shows them as the fill (13.0, not upstream's plausible zeros); a rank that gives back another rank's rows
+    fails the call naming rank 1; one device is refused."""
+    from backends.upstream import client
+    from backends.upstream.adapters import MOE_UNWRITTEN
+    from contracts.operators import Unsupported
+    from kernels.config import V4_PRO_TINY
+    from kernels.v4.moe import _moe_stage_call, _moe_stage_inputs, v4_moe_stage
+
+    config = V4_PRO_TINY.kernel_preset()
+    i = _moe_stage_inputs(0, "replicated", config)
+    want = _moe_stage_call(v4_moe_stage, i, config)["x_out"]
+    two = get_backend("pypto", pypto_lib=str(fake_copy), device="0,1")
+
+    def run(defect):
+        for w in client._WORKERS.values():  # a worker reads the double's defect when it starts
+            w.close()
+        monkeypatch.setenv("PTO_FAKE_UPSTREAM_DEFECT", defect)
+        return _moe_stage_call(two.get("v4_moe_stage"), i, config)
+
+    got = run("")
+    assert set(got) == {"x_out"} and torch.equal(got["x_out"], want)
+    n = int(i["num_tokens"])
+    left = run("moe_padding_unwritten")["x_out"]
+    assert torch.equal(left[:n], want[:n]) and bool((left[n:] == MOE_UNWRITTEN).all()), left[n:, 0, :4]
+    with pytest.raises(BackendError, match=r"rank 1 \(the call's rows in another order\) differs from rank 0"):
+        run("moe_rank1_unordered")
+    with pytest.raises(Unsupported, match=r"l3_moe runs on 2 devices; --device gives \[0\]"):
+        _moe_stage_call(get_backend("pypto", pypto_lib=str(fake_copy)).get("v4_moe_stage"), i, config)
 
 
 def test_a_v4_pro_entry_runs_with_specs_from_its_declaration_and_refuses_other_geometry(fake_upstream):
