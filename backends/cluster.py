@@ -49,3 +49,19 @@ def node_label() -> str:
     import ray
 
     return f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}"
+
+
+def finished(ray, pending: dict):
+    """Yield ``(pending[ref], result, None)`` as each task of ``pending`` (Ray object ref -> the caller's key) ends,
+    or ``(key, None, why)`` for one Ray gave up on (its node or worker lost MAX_RETRIES + 1 times)."""
+    pending = dict(pending)
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        for ref in done:
+            key = pending.pop(ref)
+            try:
+                result, lost = ray.get(ref), None
+            except Exception as exc:  # noqa: BLE001 (Ray's own: the task's node(s) died under it every time)
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                result, lost = None, f"the task was lost {MAX_RETRIES + 1} times: {first}"
+            yield key, result, lost

@@ -898,9 +898,9 @@ def _refuse_outputs_in_stores(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from goldens.devices import die_with_parent
+    from backends.lifetime import TASK, die_with_parent
 
-    die_with_parent()  # a distributed replay's task: never outlive the worker that started it
+    die_with_parent(TASK)  # a distributed replay's task: never outlive the worker that started it
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -26,7 +26,17 @@ import sys
 import time
 from pathlib import Path
 
-from goldens.devices import DeviceRun, case_weights, ordered_rows, settle, share, tree_timeout, worker_argv
+from goldens.devices import (
+    DeviceRun,
+    case_weights,
+    ordered_rows,
+    settle,
+    share,
+    task_limit,
+    tree_timeout,
+    verdict_counts,
+    worker_argv,
+)
 from goldens.errors import BackendFailure, GoldenStoreError
 
 ASCEND_RESOURCE = "NPU"  # the resource name of Ray's Ascend NPU support (ray.util.accelerators)
@@ -104,7 +114,7 @@ def _run(ray, args, items, reader, run_id):
     weights = case_weights(reader, items)
     per_tree = tree_timeout(args)
     device_resource = ASCEND_RESOURCE if args.platform == "a5" else None
-    from backends.cluster import MAX_RETRIES
+    from backends.cluster import MAX_RETRIES, finished
 
     options = {"max_retries": MAX_RETRIES, "retry_exceptions": False}
     options.update({"num_cpus": 0, "resources": {ASCEND_RESOURCE: 1}} if device_resource else
@@ -121,24 +131,17 @@ def _run(ray, args, items, reader, run_id):
     runs, pending = [], {}
     for cases in tasks:
         r = DeviceRun(None, cases)
-        trees = sum(c in cases for c, _w in items)
-        limit = None if per_tree is None else per_tree * trees
+        limit = task_limit(per_tree, items, cases)
         ref = remote.remote(worker_argv(args, None, cases, run_id=run_id), env, limit, device_resource)
         runs.append(r)
         pending[ref] = (r, limit)
     t0 = time.perf_counter()
-    while pending:
-        done, _ = ray.wait(list(pending), num_returns=1)
-        for ref in done:
-            r, limit = pending.pop(ref)
-            try:
-                result = ray.get(ref)
-            except Exception as exc:  # noqa: BLE001 (lost MAX_RETRIES times: the node(s) died under it)
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-                result = {"code": 3, "stdout": "", "stderr": f"the task was lost {MAX_RETRIES + 1} times: {first}",
-                          "seconds": time.perf_counter() - t0, "timed_out": False, "node": "?", "device": None}
-            r.node, r.device = result["node"], result["device"]
-            settle(r, result, where=f"node {r.node}", timeout=limit)
+    for (r, limit), result, lost in finished(ray, pending):
+        if lost is not None:
+            result = {"code": 3, "stdout": "", "stderr": lost, "seconds": time.perf_counter() - t0,
+                      "timed_out": False, "node": "?", "device": None}
+        r.node, r.device = result["node"], result["device"]
+        settle(r, result, where=f"node {r.node}", timeout=limit)
     return runs, ordered_rows(runs, items)
 
 
@@ -150,8 +153,7 @@ def by_node(runs: list[DeviceRun]) -> list[dict]:
                                     "seconds": 0.0})
         s["tasks"] += 1
         s["trees"] += len({(x["case"], x["wiring"]) for x in r.rows})
-        s["passed"] += sum(x["verdict"] == "PASS" for x in r.rows)
-        s["failed"] += sum(x["verdict"] == "FAIL" for x in r.rows)
-        s["errors"] += sum(x["verdict"] == "ERROR" for x in r.rows)
+        for k, n in verdict_counts(r.rows).items():
+            s[k] += n
         s["seconds"] = round(s["seconds"] + r.seconds, 2)
     return sorted(out.values(), key=lambda s: s["node"])

@@ -110,32 +110,16 @@ def worker_argv(args, device: int | None, cases: list[str], *, run_id: str | Non
     return argv
 
 
-DIE_WITH_PARENT = "PTO_DIE_WITH_PARENT"  # set for a task's process: the pid it must not outlive (goldens.cli)
-
-
-def die_with_parent() -> None:
-    """In a task's process (``$PTO_DIE_WITH_PARENT`` set by ``run_task``): be killed when the process that started
-    it dies (Linux ``PR_SET_PDEATHSIG``; a launcher that forks the task elsewhere makes that process the parent).
-    Done by the child itself at start-up, not in a ``preexec_fn``, which is unsafe while the parent runs threads
-    (the local pool's, a Ray worker's)."""
-    want = os.environ.pop(DIE_WITH_PARENT, None)
-    if not want:
-        return
-    import ctypes
-    import signal
-
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def run_task(argv: list[str], *, timeout: float | None, where: str, env: dict | None = None) -> dict:
     """Run one task's ``goldens replay`` to the end, or stop it (its whole process group) after ``timeout``
     seconds: {"code", "stdout", "stderr", "seconds", "timed_out"}. Shared by the local pool and the cluster's
-    tasks, so both report a hang the same way."""
+    tasks, so both report a hang the same way. The task dies with this process (``backends.lifetime``)."""
+    from backends import lifetime
+
     t0 = time.perf_counter()
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**(os.environ if env is None else env), DIE_WITH_PARENT: str(os.getpid())},
+                                env={**(os.environ if env is None else env), lifetime.TASK: str(os.getpid())},
                                 start_new_session=True)
     except OSError as exc:
         return {"code": 3, "stdout": "", "stderr": f"{where}: the task could not start ({exc})",
@@ -194,6 +178,17 @@ def tree_timeout(args) -> float | None:
         and not args.backend_module else per_launch
 
 
+def task_limit(per_tree: float | None, items: list[tuple[str, str]], cases: list[str]) -> float | None:
+    """Seconds a task of ``cases`` may run: the per-tree limit times its trees among ``items`` (None: no limit)."""
+    return None if per_tree is None else per_tree * sum(c in cases for c, _w in items)
+
+
+def verdict_counts(rows: list[dict]) -> dict[str, int]:
+    """{"passed", "failed", "errors"}: the rows of each verdict (a task's summary, per device or per node)."""
+    return {k: sum(r["verdict"] == v for r in rows) for k, v in (("passed", "PASS"), ("failed", "FAIL"),
+                                                                   ("errors", "ERROR"))}
+
+
 def ordered_rows(runs: list[DeviceRun], items: list[tuple[str, str]]) -> list[dict]:
     """Every task's rows merged, in the order of the cases asked for."""
     order = {c: i for i, c in enumerate(dict.fromkeys(c for c, _w in items))}
@@ -212,7 +207,7 @@ def run(args, items: list[tuple[str, str]], reader, devices: list[int],
         if not r.cases:
             return
         where = f"device {r.device}"
-        limit = None if per_tree is None else per_tree * sum(c in r.cases for c, _w in items)
+        limit = task_limit(per_tree, items, r.cases)
         settle(r, run_task(worker_argv(args, r.device, r.cases, run_id=run_id), timeout=limit, where=where),
                where=where,
                timeout=limit)

@@ -285,9 +285,7 @@ def _replay_distributed(args) -> int:
     for r in runs:
         s = (r.document or {}).get("summary", {})
         per_device.append({"device": r.device, "node": r.node, "cases": len(r.cases), "trees": s.get("ran", 0),
-                           "passed": sum(x["verdict"] == "PASS" for x in r.rows),
-                           "failed": sum(x["verdict"] == "FAIL" for x in r.rows),
-                           "errors": sum(x["verdict"] == "ERROR" for x in r.rows), "skipped": s.get("skipped", 0),
+                           **devices.verdict_counts(r.rows), "skipped": s.get("skipped", 0),
                            "stale": s.get("stale", 0), "exit": r.code, "seconds": round(r.seconds, 2),
                            "note": r.error, "backend_devices": list((r.document or {}).get("devices", []))})
     summaries = {}

@@ -27,9 +27,6 @@ TIMEOUT_ENV = "PTO_DEVICE_TIMEOUT"
 DEFAULT_DEVICE_TIMEOUT = 1800.0  # seconds: compiling a V4-Pro entry and running it on a5sim takes 1-10 minutes
 
 
-DIE_WITH_PARENT_ENV = "PTO_WORKER_DIE_WITH_PARENT"  # read by backends.upstream.worker at start-up
-
-
 def device_timeout() -> float:
     """Seconds one kernel launch (compile + run) may take before the worker is stopped: $PTO_DEVICE_TIMEOUT, or
     30 minutes."""
@@ -66,10 +63,12 @@ class Worker:
         env.setdefault("OMP_NUM_THREADS", "1")
         # a worker dies with the process that started it (killed mid-launch, it would run the launch to its end and
         # hold its memory); asked only from the main thread, as the signal follows the starting thread's exit
+        from backends import lifetime
+
         if threading.current_thread() is threading.main_thread():
-            env[DIE_WITH_PARENT_ENV] = "1"
+            env[lifetime.WORKER] = "1"
         else:
-            env.pop(DIE_WITH_PARENT_ENV, None)
+            env.pop(lifetime.WORKER, None)
         # upstream's runner writes its build_output/ into the working folder: the worker gets one of its own
         self.workdir = self.workdir or tempfile.mkdtemp(prefix="pto-upstream-work-")
         python = worker_python()

@@ -233,7 +233,7 @@ def _survey_task(python, root, folder, module, platform, timeout, log_dir) -> Ou
 
 def _on_cluster(args, python, root: Path, chosen: list[str]):
     """The modules as Ray tasks (backends.cluster's connection and retry rules), yielded as each ends."""
-    from backends.cluster import MAX_RETRIES, ClusterUnreachable, ClusterUsage, connect
+    from backends.cluster import MAX_RETRIES, ClusterUnreachable, ClusterUsage, connect, finished
 
     try:
         ray = connect(args.cluster)
@@ -244,15 +244,8 @@ def _on_cluster(args, python, root: Path, chosen: list[str]):
     logs = args.logs.resolve() if args.logs else None
     pending = {remote.remote(python, root, args.folder, m, args.platform, args.timeout, logs): m for m in chosen}
     try:
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                module = pending.pop(ref)
-                try:
-                    yield ray.get(ref)
-                except Exception as exc:  # noqa: BLE001 (lost MAX_RETRIES + 1 times)
-                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-                    yield Outcome(module, "LOST", 0.0, f"the task was lost {MAX_RETRIES + 1} times: {first}", None)
+        for module, outcome, lost in finished(ray, pending):
+            yield outcome if lost is None else Outcome(module, "LOST", 0.0, lost, None)
     finally:
         ray.shutdown()
 

@@ -306,22 +306,10 @@ def toolchain_facts() -> list[tuple[str, str, str]]:
     return rows
 
 
-def _die_with_parent() -> None:
-    """Be killed when the process that started this worker dies (Linux ``PR_SET_PDEATHSIG``), when the client
-    asks ($PTO_WORKER_DIE_WITH_PARENT): a launch under way would otherwise run to its end, its memory held."""
-    if os.environ.pop("PTO_WORKER_DIE_WITH_PARENT", None) != "1":
-        return
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the worker still ends on its stdin's EOF between launches
-        return
-
-
 def main() -> int:
-    _die_with_parent()
+    from backends.lifetime import WORKER, die_with_parent
+
+    die_with_parent(WORKER)  # killed mid-launch, it would otherwise run the launch on to its end, memory held
     root = sys.argv[1]
     sys.path.insert(0, root)  # upstream's golden package, for modules that import it
     from backends.upstream.shim import install_if_missing
