@@ -171,3 +171,48 @@ def test_the_double_matches_the_real_golden_package():
     assert not differ, (f"the test double differs from the golden package of {real_root} @ {revision(real_root)} "
                         f"in {differ} (last checked against {CHECKED_AGAINST}): "
                         + "; ".join(f"{k}: real {real[k]} double {double.get(k)}" for k in differ))
+
+
+def _entry_shape(path: Path, entry: str) -> list[tuple[str, str, str, int]]:
+    """(name, kind, dtype, rank) of each parameter of ``entry`` in ``path`` (kind: Tensor, Out, InOut, Scalar,
+    DistributedTensor), read from the source: the double's dims are tiny, the real ones the model's."""
+    import ast
+
+    fn = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == entry)
+    out = []
+    for a in fn.args.args:
+        node, kind, outer = a.annotation, "", None
+        while isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute):
+            if node.value.attr in ("Out", "InOut"):  # pl.Out[pl.Tensor[...]]: an output tensor
+                outer, node = node.value.attr, node.slice
+                continue
+            kind = node.value.attr
+            break
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        dtype = parts[-1].attr if isinstance(parts[-1], ast.Attribute) else ast.unparse(parts[-1])
+        rank = len(parts[0].elts) if len(parts) == 2 and isinstance(parts[0], ast.List) else 0
+        out.append((a.arg, outer or kind, dtype, rank))
+    return out
+
+
+DOUBLE_ENTRIES = [("deepseek_v4_pro", "hc_post", "hc_post_test"), ("deepseek_v4_pro", "lm_head", "l3_lm_head"),
+                  ("deepseek_v4_pro", "moe", "l3_moe")]
+
+
+@pytest.mark.skipif(not os.environ.get("PYPTO_LIB_ROOT"), reason="needs a pypto-lib checkout (PYPTO_LIB_ROOT)")
+@pytest.mark.parametrize("folder, module, entry", DOUBLE_ENTRIES, ids=[m for _f, m, _e in DOUBLE_ENTRIES])
+def test_the_doubles_kernel_entries_declare_the_real_parameters(folder, module, entry):
+    """Each kernel entry of the double takes the real entry's parameters: the same names in the same order, each
+    an input, output or scalar alike, of the same dtype and rank (the dims are the double's tiny ones)."""
+    real = Path(os.environ["PYPTO_LIB_ROOT"]).expanduser() / "models" / folder / f"{module}.py"
+    double = FAKE / "models" / folder / f"{module}.py"
+    assert _entry_shape(double, entry) == _entry_shape(real, entry), f"{module}.py::{entry}"
+
+
+def test_the_entry_reader_tells_kinds_dtypes_and_ranks_apart(tmp_path):
+    """The reader above sees a renamed, retyped, re-ranked or redirected parameter (so the comparison can fail)."""
+    src = tmp_path / "m.py"
+    src.write_text("def e(a: pl.Tensor[[N, D], pl.FP32], b: pl.Out[pl.Tensor[[T], pl.BF16]], "
+                   "c: pl.Scalar[pl.INT32], d: pld.DistributedTensor[[R, 1], pl.INT32]):\n    pass\n")
+    assert _entry_shape(src, "e") == [("a", "Tensor", "FP32", 2), ("b", "Out", "BF16", 1), ("c", "Scalar", "INT32", 0),
+                                      ("d", "DistributedTensor", "INT32", 2)]
